@@ -1,0 +1,141 @@
+"""The running service: settings, plugins, store, provider, engine and channels wired together."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+from bot.channel import Channel, ChannelSpec
+from bot.commands import Command
+from bot.config import Settings
+from bot.dispatcher import Dispatcher
+from bot.llm import LLMProvider
+from bot.pluginmanager import PluginHost, get_plugin_manager
+from bot.providers import ProviderSpec
+from bot.runloop import RunEngine
+from bot.sanitize import Sanitizer
+from bot.sessions import SessionStore
+from bot.tools import Tool
+
+log = logging.getLogger("roost")
+
+T = TypeVar("T")
+
+
+class SetupError(Exception):
+    """Roost cannot start as configured; the message says exactly what to set."""
+
+
+async def provider_specs(settings: Settings, host: PluginHost) -> dict[str, ProviderSpec]:
+    """Every provider plugins offer, by name."""
+    specs = await host.collect("roost_providers", settings=settings)
+    return {s.name: s for s in specs if isinstance(s, ProviderSpec)}
+
+
+async def resolve_provider(settings: Settings, host: PluginHost) -> ProviderSpec:
+    """The configured provider's spec, or :class:`SetupError` saying what to set."""
+    specs = await provider_specs(settings, host)
+    spec = specs.get(settings.provider)
+    if spec is None:
+        raise SetupError(f"unknown provider {settings.provider!r}; set ROOST_PROVIDER to one "
+                         f"of: {', '.join(sorted(specs))}")
+    missing = spec.missing(settings)
+    if missing:
+        raise SetupError(missing)
+    return spec
+
+
+class Roost:
+    """One Roost service. Build it with :meth:`create`, end it with :meth:`close`."""
+
+    def __init__(self, settings: Settings, host: PluginHost, store: SessionStore,
+                 engine: RunEngine, commands: dict[str, Command],
+                 channel_specs: dict[str, ChannelSpec]) -> None:
+        self.settings = settings
+        self.host = host
+        self.store = store
+        self.engine = engine
+        self.commands = commands
+        self.channel_specs = channel_specs
+        self.channels: dict[str, Channel] = {}
+        self.dispatcher = Dispatcher(self)
+
+    @property
+    def provider(self) -> LLMProvider:
+        """The LLM provider runs use."""
+        return self.engine.provider
+
+    @classmethod
+    async def create(cls, settings: Settings, *, host: PluginHost | None = None,
+                     provider: LLMProvider | None = None) -> Roost:
+        """Load plugins, open the database and build the engine.
+
+        ``provider`` overrides the configured one (tests, embedding).
+        """
+        host = host or get_plugin_manager()
+        if provider is None:
+            provider = (await resolve_provider(settings, host)).create(settings)
+        tools = await _unique(host, "roost_tools", settings, Tool)
+        sanitizers = [s for s in await host.collect("roost_output_sanitizers", settings=settings)
+                      if isinstance(s, Sanitizer)]
+        commands: dict[str, Command] = {}
+        for command in (await _unique(host, "roost_commands", settings, Command)).values():
+            for name in (command.name, *command.aliases):
+                commands.setdefault(name, command)
+        channel_specs = await _unique(host, "roost_channels", settings, ChannelSpec)
+        store = await SessionStore.open(settings.db_path, settings.session_cache_size)
+        engine = RunEngine(settings, host, store, provider, tools, sanitizers)
+        app = cls(settings, host, store, engine, commands, channel_specs)
+        await host.call("roost_startup", app=app)
+        return app
+
+    def configured_channels(self) -> list[str]:
+        """Channels whose credentials are set, which ``roost run`` starts."""
+        return [name for name, spec in self.channel_specs.items() if spec.configured(self.settings)]
+
+    async def start_channel(self, name: str) -> Channel:
+        """Create and start the channel ``name``; inbound messages go to the dispatcher."""
+        spec = self.channel_specs.get(name)
+        if spec is None:
+            raise SetupError(f"no channel named {name!r}; known: {', '.join(self.channel_specs)}")
+        channel = spec.create(self.settings)
+        await self.add_channel(channel)
+        return channel
+
+    async def add_channel(self, channel: Channel) -> None:
+        """Start an already built channel (tests and embedders use this)."""
+        self.channels[channel.name] = channel
+        await channel.start(self.dispatcher.submit)
+        log.info("channel %s ready", channel.name)
+
+    async def close(self) -> None:
+        """Stop taking messages, cancel runs, stop channels, close everything."""
+        for channel in list(self.channels.values()):
+            await _quietly(channel.stop(), f"stopping channel {channel.name}")
+        await self.dispatcher.close()
+        await self.host.call("roost_shutdown", app=self)
+        await _quietly(self.engine.provider.aclose(), "closing the provider")
+        await self.store.close()
+
+
+async def _unique(host: PluginHost, hook: str, settings: Settings, kind: type[T]) -> dict[str, T]:
+    """Collect named items from ``hook``; a later duplicate name is refused and logged."""
+    items: dict[str, T] = {}
+    for item in await host.collect(hook, settings=settings):
+        if not isinstance(item, kind):
+            log.error("%s returned %r, not a %s; ignored", hook, item, kind.__name__)
+            continue
+        name = str(getattr(item, "name", ""))
+        if name in items:
+            log.error("%s: duplicate name %r ignored", hook, name)
+            continue
+        items[name] = item
+    return items
+
+
+async def _quietly(awaitable: Awaitable[Any], what: str) -> None:
+    try:
+        await awaitable
+    except Exception:
+        log.exception("%s failed", what)

@@ -1,0 +1,74 @@
+"""The channel contract: what an adapter implements and how the core calls it."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from bot.messages import InboundMessage, OutboundMessage
+
+if TYPE_CHECKING:
+    from bot.config import Settings
+
+InboundHandler = Callable[[InboundMessage], Awaitable[None]]
+"""The core's entry point: adapters await it for every normalized message."""
+
+
+class ReplyStream(Protocol):
+    """A reply being streamed into one platform message."""
+
+    async def push(self, text_so_far: str) -> None:
+        """Show the reply text produced so far (adapters throttle as needed)."""
+
+    async def finish(self, final_text: str | None) -> None:
+        """Replace the streamed text with the final, sanitized reply.
+
+        ``None`` means nothing is to be shown (a silent reply or a cancelled
+        run): the adapter removes whatever it showed.
+        """
+
+
+class Channel:
+    """Base for channel adapters. Adapters only translate; they hold no logic.
+
+    ``start`` connects and returns once the adapter is receiving; inbound
+    messages go to the handler given to it. ``send`` delivers one reply.
+    """
+
+    name: str = ""
+
+    async def start(self, handler: InboundHandler) -> None:
+        """Connect to the platform and begin delivering inbound messages."""
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        """Disconnect; pending sends finish first."""
+
+    async def send(self, message: OutboundMessage) -> None:
+        """Deliver one reply."""
+        raise NotImplementedError
+
+    def open_stream(self, message: InboundMessage) -> ReplyStream | None:
+        """A stream for the reply to ``message``, or ``None`` to send it whole."""
+        return None
+
+    @contextlib.asynccontextmanager
+    async def typing(self, message: InboundMessage) -> AsyncIterator[None]:
+        """Show a typing indicator in ``message``'s chat while the block runs."""
+        yield
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelSpec:
+    """A channel a plugin offers.
+
+    ``configured(settings)`` says whether its credentials are set (``roost run``
+    starts only those); ``create(settings)`` builds the adapter and is the only
+    place the platform SDK may be imported, so unconfigured SDKs cost nothing.
+    """
+
+    name: str
+    configured: Callable[[Settings], bool]
+    create: Callable[[Settings], Channel]

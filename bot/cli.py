@@ -1,0 +1,226 @@
+"""The ``roost`` command line: run, chat, plugins, config, version."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import sys
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+import click
+
+from bot import __version__
+from bot.config import ConfigError, Settings, load_settings
+
+log = logging.getLogger("roost")
+
+EXIT_SETUP = 2
+
+
+def _setup_logging(level: str, *, quiet: bool = False) -> None:
+    logging.basicConfig(
+        level=logging.WARNING if quiet else getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # Library chatter (HTTP requests) would drown Roost's own lines.
+    for noisy in ("httpx", "httpcore", "anthropic", "openai", "aiosqlite"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _settings(ctx: click.Context, **overrides: Any) -> Settings:
+    try:
+        return load_settings(ctx.obj.get("config"), **overrides)
+    except ConfigError as exc:
+        click.echo(f"roost: {exc}", err=True)
+        sys.exit(EXIT_SETUP)
+
+
+def _run_async(coro: Coroutine[Any, Any, int]) -> None:
+    sys.exit(asyncio.run(coro))
+
+
+@click.group()
+@click.option("--config", "config", type=click.Path(path_type=Path), default=None,
+              help="Path to roost.toml (default: ./roost.toml if present).")
+@click.pass_context
+def cli(ctx: click.Context, config: Path | None) -> None:
+    """Roost: an LLM agent in your chats, extended by plugins."""
+    ctx.ensure_object(dict)
+    ctx.obj["config"] = config
+
+
+@cli.command()
+@click.pass_context
+def run(ctx: click.Context) -> None:
+    """Start every channel whose credentials are set; Ctrl-C or SIGTERM stops cleanly."""
+    settings = _settings(ctx)
+    _setup_logging(settings.log_level)
+    _run_async(_serve(settings))
+
+
+async def _serve(settings: Settings) -> int:
+    from bot.app import Roost, SetupError, resolve_provider
+    from bot.pluginmanager import get_plugin_manager
+
+    host = get_plugin_manager()
+    try:
+        await resolve_provider(settings, host)
+    except SetupError as exc:
+        click.echo(f"roost: {exc}", err=True)
+        return EXIT_SETUP
+    app = await Roost.create(settings, host=host)
+    try:
+        names = app.configured_channels()
+        if not names:
+            click.echo("roost: no channel is configured: set a channel's credentials "
+                       f"(channels available: {', '.join(app.channel_specs)}; "
+                       "ROOST_CONSOLE=1 enables the console)", err=True)
+            return EXIT_SETUP
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        for name in names:
+            await app.start_channel(name)
+        log.info("roost ready: provider=%s model=%s channels=%s",
+                 app.provider.name, settings.model, ",".join(names))
+        console = app.channels.get("console")
+        eof = getattr(console, "eof", None)
+        waiters = [asyncio.ensure_future(stop.wait())]
+        if isinstance(eof, asyncio.Event):
+            waiters.append(asyncio.ensure_future(eof.wait()))
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in waiters:
+            waiter.cancel()
+        log.info("roost shutting down")
+    finally:
+        await app.close()
+    return 0
+
+
+@cli.command()
+@click.option("-m", "--message", help="Send one message, print the answer, exit.")
+@click.option("--demo", is_flag=True, help="Use the shipped demo script (no API key needed).")
+@click.option("--no-stream", is_flag=True, help="Print answers whole instead of streaming.")
+@click.pass_context
+def chat(ctx: click.Context, message: str | None, demo: bool, no_stream: bool) -> None:
+    """Chat with Roost in this terminal (the console channel)."""
+    overrides: dict[str, Any] = {"provider": "scripted"} if demo else {}
+    settings = _settings(ctx, **overrides)
+    if demo:
+        from plugins.providers import DEMO_SCRIPT
+
+        settings.script = DEMO_SCRIPT
+    _setup_logging(settings.log_level, quiet=True)
+    _run_async(_chat(settings, message, stream=not no_stream))
+
+
+async def _chat(settings: Settings, message: str | None, *, stream: bool) -> int:
+    from bot.app import Roost, SetupError, resolve_provider
+    from bot.pluginmanager import get_plugin_manager
+    from channels.console import ConsoleChannel
+
+    host = get_plugin_manager()
+    try:
+        await resolve_provider(settings, host)
+    except SetupError as exc:
+        click.echo(f"roost: {exc}", err=True)
+        return EXIT_SETUP
+    app = await Roost.create(settings, host=host)
+    console = ConsoleChannel(read_stdin=message is None, stream=stream)
+    try:
+        await app.add_channel(console)
+        if message is not None:
+            await console.say(message)
+            await app.dispatcher.drain()
+            return 0
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        eof = asyncio.ensure_future(console.eof.wait())
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([eof, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if eof.done() and not stop.is_set():
+            # End of input: let answers to what was typed finish first.
+            drained = asyncio.ensure_future(app.dispatcher.drain())
+            await asyncio.wait([drained, stopped], return_when=asyncio.FIRST_COMPLETED)
+            drained.cancel()
+        eof.cancel()
+        stopped.cancel()
+        return 0
+    finally:
+        await app.close()
+
+
+@cli.group()
+def plugins() -> None:
+    """Inspect plugins."""
+
+
+@plugins.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def plugins_list(as_json: bool) -> None:
+    """List loaded plugins with the hooks they implement and any errors."""
+    from bot.pluginmanager import get_plugin_manager
+
+    host = get_plugin_manager()
+    rows: list[dict[str, Any]] = []
+    for name, plugin in host.pm.list_name_plugin():
+        info = host.info.get(name)
+        hooks = sorted(h.name for h in host.pm.get_hookcallers(plugin) or [])
+        rows.append({
+            "name": name,
+            "distribution": info.distribution if info else "",
+            "version": info.version if info else "",
+            "builtin": bool(info and info.builtin),
+            "hooks": hooks,
+            "enabled": name not in host.disabled,
+            "error": host.errors.get(name, ""),
+        })
+    for name, error in host.errors.items():
+        if not any(r["name"] == name for r in rows):
+            rows.append({"name": name, "distribution": "", "version": "", "builtin": False,
+                         "hooks": [], "enabled": False, "error": error})
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        state = "error" if row["error"] else ("enabled" if row["enabled"] else "disabled")
+        dist = f"{row['distribution']} {row['version']}".strip()
+        click.echo(f"{row['name']:<28} {dist:<16} {state:<8} {', '.join(row['hooks'])}")
+        if row["error"]:
+            click.echo(f"    error: {row['error']}")
+
+
+@cli.group()
+def config() -> None:
+    """Inspect configuration."""
+
+
+@config.command("show")
+@click.pass_context
+def config_show(ctx: click.Context) -> None:
+    """Print the effective configuration with secrets masked."""
+    settings = _settings(ctx)
+    for key, value in settings.masked().items():
+        if value is None:
+            click.echo(f"# {key} = (unset)")
+        else:
+            click.echo(f"{key} = {json.dumps(value)}")
+
+
+@cli.command()
+def version() -> None:
+    """Print Roost's version."""
+    click.echo(f"roost {__version__}")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(obj={})

@@ -1,0 +1,204 @@
+"""Configuration: ``roost.toml`` overridden by the environment, validated once.
+
+Precedence, highest first: explicit overrides (CLI flags) → environment
+(``ROOST_*`` plus the SDKs' and platforms' own variables) → ``roost.toml`` →
+defaults. A bad value fails at start with a message naming the key.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+_toml_data: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "roost_toml_data", default=None
+)
+
+SECRET_MASK = "********"
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message names the key and the fix."""
+
+
+def _env(name: str, field_name: str) -> Any:
+    # The SDKs read these exact names, so Roost honours them too; the field
+    # name keeps roost.toml readable.
+    return AliasChoices(name, f"ROOST_{field_name.upper()}", field_name)
+
+
+class _TomlSource(PydanticBaseSettingsSource):
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_toml_data.get() or {})
+
+
+class Settings(BaseSettings):
+    """Every setting Roost reads. Field ``x`` is ``x`` in roost.toml, ``ROOST_X`` in the env."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="ROOST_", extra="forbid", case_sensitive=False, populate_by_name=True
+    )
+
+    data_dir: Path = Path("./data")
+    log_level: str = "INFO"
+    bot_name: str = "Roost"
+    console: bool = False
+    """Also start the console channel under ``roost run`` (local debugging)."""
+
+    provider: str = "anthropic"
+    model: str = "claude-sonnet-4-5"
+    max_tokens: int = Field(4096, ge=1)
+    script: Path | None = None
+
+    max_iterations: int = Field(20, ge=1)
+    run_timeout: float = Field(600.0, gt=0)
+    tool_timeout: float = Field(120.0, gt=0)
+    group_max_concurrent: int = Field(3, ge=1)
+    queue_cap: int = Field(10, ge=1)
+    merge_window_ms: int = Field(800, ge=0)
+    session_cache_size: int = Field(1000, ge=1)
+    max_file_bytes: int = Field(1_000_000, ge=1)
+    max_history_messages: int = Field(200, ge=2)
+
+    admins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
+    anthropic_api_key: SecretStr | None = Field(
+        None, validation_alias=_env("ANTHROPIC_API_KEY", "anthropic_api_key")
+    )
+    anthropic_base_url: str | None = Field(
+        None, validation_alias=_env("ANTHROPIC_BASE_URL", "anthropic_base_url")
+    )
+    openai_api_key: SecretStr | None = Field(
+        None, validation_alias=_env("OPENAI_API_KEY", "openai_api_key")
+    )
+    openai_base_url: str | None = Field(
+        None, validation_alias=_env("OPENAI_BASE_URL", "openai_base_url")
+    )
+    telegram_bot_token: SecretStr | None = Field(
+        None, validation_alias=_env("TELEGRAM_BOT_TOKEN", "telegram_bot_token")
+    )
+    discord_bot_token: SecretStr | None = Field(
+        None, validation_alias=_env("DISCORD_BOT_TOKEN", "discord_bot_token")
+    )
+    slack_bot_token: SecretStr | None = Field(
+        None, validation_alias=_env("SLACK_BOT_TOKEN", "slack_bot_token")
+    )
+    slack_signing_secret: SecretStr | None = Field(
+        None, validation_alias=_env("SLACK_SIGNING_SECRET", "slack_signing_secret")
+    )
+    slack_app_token: SecretStr | None = Field(
+        None, validation_alias=_env("SLACK_APP_TOKEN", "slack_app_token")
+    )
+
+    plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    @field_validator("admins", mode="before")
+    @classmethod
+    def _split_admins(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("admins")
+    @classmethod
+    def _check_admins(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            channel, sep, user = entry.partition(":")
+            if not sep or not channel or not user:
+                raise ValueError(f"{entry!r} is not 'channel:user_id'")
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, _TomlSource(settings_cls)
+
+    @property
+    def db_path(self) -> Path:
+        """The SQLite database file."""
+        return self.data_dir / "roost.db"
+
+    @property
+    def workspaces_dir(self) -> Path:
+        """Root of every user's workspace."""
+        return self.data_dir / "workspaces"
+
+    def is_admin(self, channel: str, user_id: str) -> bool:
+        """Whether ``user_id`` on ``channel`` is listed in ``admins``."""
+        return f"{channel}:{user_id}" in self.admins
+
+    def masked(self) -> dict[str, Any]:
+        """The effective settings as plain data, every secret replaced by a mask."""
+        data = self.model_dump(mode="json")
+        for name, value in self:
+            if isinstance(value, SecretStr):
+                data[name] = SECRET_MASK
+        data["plugins"] = {k: _mask_tree(v) for k, v in self.plugins.items()}
+        return data
+
+
+_SECRET_WORDS = ("token", "secret", "key", "password")
+
+
+def _mask_tree(value: Any, key: str = "") -> Any:
+    if isinstance(value, dict):
+        return {k: _mask_tree(v, k) for k, v in value.items()}
+    if value and any(w in key.lower() for w in _SECRET_WORDS):
+        return SECRET_MASK
+    return value
+
+
+def load_settings(config_path: Path | None = None, **overrides: Any) -> Settings:
+    """Read ``roost.toml`` (or ``config_path``), apply the env and ``overrides``.
+
+    Raises :class:`ConfigError` naming the offending key.
+    """
+    explicit = config_path is not None
+    path = config_path or Path("roost.toml")
+    data: dict[str, Any] = {}
+    if path.exists():
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    elif explicit:
+        raise ConfigError(f"config file {path} does not exist")
+    token = _toml_data.set(data)
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, path)) from None
+    finally:
+        _toml_data.reset(token)
+
+
+def _describe(exc: ValidationError, path: Path) -> str:
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(root)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown setting"
+        env = f"ROOST_{key.upper()}" if "." not in key else ""
+        where = f" (in {path} or {env})" if env else f" (in {path})"
+        lines.append(f"invalid config: {key}: {msg}{where}")
+    return "\n".join(lines)

@@ -1,0 +1,83 @@
+"""The SQLite database: connection settings and schema migrations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aiosqlite
+
+MIGRATIONS: list[str] = [
+    # 1: sessions and their messages.
+    """
+    CREATE TABLE sessions (
+        id INTEGER PRIMARY KEY,
+        key TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        archived_at REAL,
+        model TEXT NOT NULL DEFAULT '',
+        provider TEXT NOT NULL DEFAULT '',
+        input_tokens INTEGER NOT NULL DEFAULT 0,
+        output_tokens INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE UNIQUE INDEX sessions_active_key ON sessions(key) WHERE archived_at IS NULL;
+    CREATE INDEX sessions_updated_at ON sessions(updated_at);
+    CREATE TABLE messages (
+        id INTEGER PRIMARY KEY,
+        session_id INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+        run_id TEXT NOT NULL,
+        role TEXT NOT NULL CHECK (role IN ('user', 'assistant', 'tool')),
+        content TEXT NOT NULL,
+        sender_id TEXT,
+        sender_name TEXT,
+        tool_calls TEXT,
+        tool_call_id TEXT,
+        tool_name TEXT,
+        is_error INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL
+    );
+    CREATE INDEX messages_session ON messages(session_id, id);
+    """,
+]
+"""Schema steps in order; ``PRAGMA user_version`` records how many have run.
+
+Later features append steps here; a step never changes once released.
+"""
+
+
+async def connect(path: Path) -> aiosqlite.Connection:
+    """Open the database (creating it), tuned for one writer, and migrate it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # isolation_level=None: Roost issues BEGIN/COMMIT itself so a run's flush is
+    # exactly one transaction.
+    db = await aiosqlite.connect(path, isolation_level=None)
+    try:
+        await db.execute("PRAGMA journal_mode=WAL")
+        await db.execute("PRAGMA synchronous=NORMAL")
+        await db.execute("PRAGMA foreign_keys=ON")
+        await db.execute("PRAGMA busy_timeout=5000")
+        await migrate(db)
+    except BaseException:
+        await db.close()
+        raise
+    return db
+
+
+async def schema_version(db: aiosqlite.Connection) -> int:
+    """How many migration steps this database has applied."""
+    async with db.execute("PRAGMA user_version") as cur:
+        row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def migrate(db: aiosqlite.Connection) -> None:
+    """Apply the steps this database has not seen, each in its own transaction."""
+    current = await schema_version(db)
+    if current > len(MIGRATIONS):
+        raise RuntimeError(
+            f"database schema version {current} is newer than this Roost "
+            f"({len(MIGRATIONS)}); upgrade Roost"
+        )
+    for number, script in enumerate(MIGRATIONS[current:], start=current + 1):
+        # user_version cannot be bound as a parameter; number is our own int.
+        await db.executescript(f"BEGIN;\n{script}\nPRAGMA user_version = {number:d};\nCOMMIT;")

@@ -1,0 +1,78 @@
+"""The normalized message types every channel translates to and from.
+
+Channel adapters turn platform events into :class:`InboundMessage` and turn
+:class:`OutboundMessage` back into platform calls; the core sees nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+ChatType = Literal["direct", "group"]
+
+
+@dataclass(frozen=True, slots=True)
+class Attachment:
+    """A file or media item that came with an inbound message."""
+
+    kind: str  # "image", "file", "audio", ...
+    name: str = ""
+    url: str = ""
+    mime_type: str = ""
+    size: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class InboundMessage:
+    """One message from any channel, in the shape the core understands."""
+
+    channel: str
+    chat_id: str
+    chat_type: ChatType
+    sender_id: str
+    text: str
+    sender_name: str = ""
+    message_id: str = ""
+    reply_to: str | None = None
+    thread_id: str | None = None
+    mentioned: bool = False
+    attachments: tuple[Attachment, ...] = ()
+    raw: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def display_name(self) -> str:
+        """The sender's display name, falling back to their id."""
+        return self.sender_name or self.sender_id
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundMessage:
+    """A reply the core asks a channel to deliver."""
+
+    channel: str
+    chat_id: str
+    text: str
+    chat_type: ChatType = "direct"
+    reply_to: str | None = None
+    thread_id: str | None = None
+    kind: Literal["reply", "notice", "error"] = "reply"
+
+    @classmethod
+    def reply_to_message(
+        cls, msg: InboundMessage, text: str, kind: Literal["reply", "notice", "error"] = "reply"
+    ) -> OutboundMessage:
+        """Address a reply to the chat (and thread) ``msg`` came from.
+
+        In groups the reply threads to the triggering message, which is what
+        people in a busy group expect; in direct chats it does not.
+        """
+        return cls(
+            channel=msg.channel,
+            chat_id=msg.chat_id,
+            text=text,
+            chat_type=msg.chat_type,
+            reply_to=msg.message_id if msg.chat_type == "group" and msg.message_id else None,
+            thread_id=msg.thread_id,
+            kind=kind,
+        )

@@ -1,0 +1,388 @@
+"""The run loop: one inbound message becomes a think → act → observe run.
+
+Phases: setup → input checks → build messages → LLM iterations with tool
+execution → finalization (sanitize, NO_REPLY, one atomic flush) →
+post-processing (events). Cancellation (``/stop``, merges, shutdown) is plain
+asyncio cancellation: it reaches the provider's HTTP stream and running tools,
+and nothing of a cancelled run is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from bot.config import Settings
+from bot.events import EventType, RunEvent
+from bot.guard import InputCheck
+from bot.llm import ChatMessage, LLMProvider, LLMRequest, ToolCall, Usage
+from bot.messages import InboundMessage
+from bot.pluginmanager import PluginHost
+from bot.prompt import PromptContext, PromptMode, assemble
+from bot.sanitize import Sanitizer, run_pipeline
+from bot.sessions import Session, SessionStore
+from bot.tools import Tool, ToolContext, ToolError, ToolResult
+from workspaces import ensure_workspace, workspace_dir
+
+log = logging.getLogger("roost.run")
+
+NO_REPLY = "NO_REPLY"
+MAX_TOOL_RESULT_CHARS = 16_000
+
+Listener = Callable[[RunEvent], Awaitable[None]]
+RunStatus = Literal["completed", "failed", "cancelled", "refused"]
+
+
+@dataclass(slots=True)
+class RunRequest:
+    """One run to execute. ``message.text`` is the (possibly merged) user text."""
+
+    message: InboundMessage
+    session: Session
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    max_iterations: int | None = None
+    mode: PromptMode = "full"
+    agent: str = "default"
+
+
+@dataclass(slots=True)
+class RunResult:
+    """How a run ended. ``reply`` is what to deliver (``None`` when silent)."""
+
+    run_id: str
+    status: RunStatus
+    reply: str | None
+    usage: Usage
+    iterations: int = 0
+    error: str = ""
+
+    @property
+    def silent(self) -> bool:
+        """True when nothing is to be delivered."""
+        return self.reply is None
+
+
+class RunEngine:
+    """Executes runs against one provider with the tools and sanitizers plugins gave."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        host: PluginHost,
+        store: SessionStore,
+        provider: LLMProvider,
+        tools: Mapping[str, Tool],
+        sanitizers: Sequence[Sanitizer],
+    ) -> None:
+        self.settings = settings
+        self.host = host
+        self.store = store
+        self.provider = provider
+        self.tools = dict(tools)
+        self.sanitizers = sorted(sanitizers, key=lambda s: s.order)
+        self.active_runs = 0
+
+    async def run(self, req: RunRequest, listener: Listener | None = None) -> RunResult:
+        """Execute ``req`` to completion; raises ``CancelledError`` if cancelled."""
+        run = _Run(self, req, listener)
+        self.active_runs += 1
+        req.session.pins += 1
+        try:
+            return await run.execute()
+        finally:
+            req.session.pins -= 1
+            self.active_runs -= 1
+
+
+class _Run:
+    """The state of one run; lives only as long as the run."""
+
+    def __init__(self, engine: RunEngine, req: RunRequest, listener: Listener | None) -> None:
+        self.engine = engine
+        self.settings = engine.settings
+        self.req = req
+        self.listener = listener
+        self.observers = bool(engine.host.implementations("roost_run_event"))
+        self.usage = Usage()
+        self.buffer: list[ChatMessage] = []
+        self.iterations = 0
+        self.started = time.monotonic()
+
+    async def emit(self, type_: EventType, **payload: Any) -> None:
+        if not self.observers and self.listener is None:
+            return
+        event = RunEvent(type_, self.req.run_id, self.req.session.key, payload)
+        if self.listener is not None:
+            await self.listener(event)
+        if self.observers:
+            await self.engine.host.call("roost_run_event", event=event)
+
+    async def execute(self) -> RunResult:
+        msg = self.req.message
+        await self.emit("run.started", message=msg.text)
+        try:
+            async with asyncio.timeout(self.settings.run_timeout):
+                result = await self._phases()
+        except asyncio.CancelledError:
+            await self._record("cancelled")
+            await self.emit("run.cancelled", reason="cancelled")
+            raise
+        except TimeoutError:
+            result = await self._fail(f"the run took longer than {self.settings.run_timeout:g}s")
+        except Exception as exc:
+            log.exception("run %s failed", self.req.run_id)
+            result = await self._fail(_describe_error(exc))
+        return result
+
+    async def _phases(self) -> RunResult:
+        req, msg = self.req, self.req.message
+        # Setup: the workspace is always the sender's, even in a group.
+        workspace = workspace_dir(self.settings.workspaces_dir, msg.channel, msg.sender_id)
+        await asyncio.to_thread(ensure_workspace, workspace)
+
+        # Input checks (guard, truncation) are plugins.
+        text, notes = msg.text, []
+        for check in await self.engine.host.call(
+            "roost_check_input", message=msg, text=text, settings=self.settings
+        ):
+            if not isinstance(check, InputCheck):
+                continue
+            if check.refusal is not None:
+                return await self._refuse(check.refusal)
+            if check.text is not None:
+                text = check.text
+            if check.note:
+                notes.append(check.note)
+        user = ChatMessage(
+            "user", text, sender_id=msg.sender_id, sender_name=msg.display_name
+        )
+        self.buffer.append(user)
+
+        # Build messages.
+        tools = self.engine.tools
+        prompt = PromptContext(
+            message=msg, session_key=req.session.key, workspace=workspace,
+            tool_names=sorted(tools), model=self.settings.model,
+            provider=self.engine.provider.name, agent=req.agent, mode=req.mode,
+        )
+        system = assemble(await self.engine.host.collect("roost_prompt_sections", prompt=prompt))
+        group = msg.chat_type == "group"
+        history = _history(req.session.messages, self.settings.max_history_messages)
+        convo = [_for_model(m, group) for m in history]
+        current = _for_model(user, group)
+        if notes:
+            current = ChatMessage("user", current.content + "\n\n" + "\n".join(notes),
+                                  created_at=user.created_at)
+        convo.append(current)
+        specs = tuple(t.spec() for t in tools.values())
+
+        # LLM iterations.
+        limit = req.max_iterations or self.settings.max_iterations
+        context = ToolContext(
+            user_id=msg.sender_id, channel=msg.channel, chat_id=msg.chat_id,
+            session_key=req.session.key, run_id=req.run_id, workspace=workspace,
+            deadline=self.started + self.settings.run_timeout,
+        )
+        final: str | None = None
+        while self.iterations < limit:
+            self.iterations += 1
+            await self.emit("activity", phase="thinking", iteration=self.iterations)
+            response = await self._call_llm(LLMRequest(
+                model=self.settings.model, system=system, messages=tuple(convo),
+                tools=specs, max_tokens=self.settings.max_tokens,
+            ))
+            self.usage.add(response.usage)
+            if not response.tool_calls:
+                final = response.text
+                break
+            assistant = ChatMessage("assistant", response.text, tool_calls=response.tool_calls)
+            convo.append(assistant)
+            self.buffer.append(assistant)
+            if response.text.strip():
+                await self.emit("block.reply", content=response.text)
+            await self.emit("activity", phase="tools", iteration=self.iterations)
+            for call, result in zip(
+                response.tool_calls, await self._run_tools(response.tool_calls, context),
+                strict=True,
+            ):
+                answer = ChatMessage("tool", result.content, tool_call_id=call.id,
+                                     tool_name=call.name, is_error=result.is_error)
+                convo.append(answer)
+                self.buffer.append(answer)
+        if final is None:
+            final = (f"I stopped after {limit} steps without finishing. "
+                     "Tell me how to continue, or ask for something smaller.")
+
+        # Finalization: sanitize before the NO_REPLY check, then one flush.
+        cleaned = run_pipeline(final, self.engine.sanitizers)
+        silent = cleaned == NO_REPLY or not cleaned
+        self.buffer.append(ChatMessage("assistant", final))
+        await self.engine.store.append_run(
+            req.session, req.run_id, self.buffer, self.usage,
+            self.settings.model, self.engine.provider.name,
+        )
+        await self._record("completed")
+        await self.emit("run.completed", content=cleaned, silent=silent,
+                        usage={"input_tokens": self.usage.input_tokens,
+                               "output_tokens": self.usage.output_tokens})
+        return RunResult(req.run_id, "completed", None if silent else cleaned, self.usage,
+                         self.iterations)
+
+    async def _call_llm(self, request: LLMRequest) -> Any:
+        on_text = None
+        pump: asyncio.Task[None] | None = None
+        queue: asyncio.Queue[str | None] = asyncio.Queue()
+        if self.listener is not None or self.observers:
+            # Providers call on_text synchronously from their stream loop; a pump
+            # task forwards fragments so slow observers never stall the stream.
+            on_text = queue.put_nowait
+            pump = asyncio.create_task(self._pump(queue))
+
+        async def on_retry(attempt: int, max_attempts: int, error: str) -> None:
+            await self.emit("run.retrying", attempt=attempt, maxAttempts=max_attempts,
+                            error=error)
+
+        try:
+            return await self.engine.provider.complete(request, on_text=on_text,
+                                                       on_retry=on_retry)
+        finally:
+            if pump is not None:
+                queue.put_nowait(None)
+                await pump
+
+    async def _pump(self, queue: asyncio.Queue[str | None]) -> None:
+        while (fragment := await queue.get()) is not None:
+            await self.emit("chunk", content=fragment)
+
+    async def _run_tools(
+        self, calls: Sequence[ToolCall], context: ToolContext
+    ) -> list[ToolResult]:
+        if len(calls) == 1:
+            return [await self._run_tool(calls[0], context)]
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(self._run_tool(c, context)) for c in calls]
+        return [t.result() for t in tasks]
+
+    async def _run_tool(self, call: ToolCall, context: ToolContext) -> ToolResult:
+        await self.emit("tool.call", name=call.name, id=call.id, arguments=dict(call.arguments))
+        result = await self._execute_tool(call, context)
+        if len(result.content) > MAX_TOOL_RESULT_CHARS:
+            cut = len(result.content) - MAX_TOOL_RESULT_CHARS
+            result = ToolResult(result.content[:MAX_TOOL_RESULT_CHARS]
+                                + f"\n[... {cut} more characters cut]", result.is_error)
+        await self.emit("tool.result", name=call.name, id=call.id, is_error=result.is_error,
+                        result=result.content[:500])
+        return result
+
+    async def _execute_tool(self, call: ToolCall, context: ToolContext) -> ToolResult:
+        tool = self.engine.tools.get(call.name)
+        if tool is None:
+            known = ", ".join(sorted(self.engine.tools)) or "none"
+            return ToolResult(f"Unknown tool '{call.name}'. Available tools: {known}.", True)
+        problem = _check_arguments(tool, call.arguments)
+        if problem:
+            return ToolResult(f"Tool '{call.name}' was called with invalid arguments: "
+                              f"{problem}", True)
+        timeout = tool.timeout or self.settings.tool_timeout
+        try:
+            async with asyncio.timeout(timeout):
+                out = await tool.execute(context, call.arguments)
+        except TimeoutError:
+            return ToolResult(f"Tool '{call.name}' timed out after {timeout:g}s.", True)
+        except ToolError as exc:
+            return ToolResult(f"Tool '{call.name}' failed: [{exc.code}] {exc}", True)
+        except Exception as exc:
+            log.warning("tool %s raised", call.name, exc_info=exc)
+            return ToolResult(f"Tool '{call.name}' failed: {_describe_error(exc)}", True)
+        return out if isinstance(out, ToolResult) else ToolResult(str(out))
+
+    async def _refuse(self, refusal: str) -> RunResult:
+        msg = self.req.message
+        self.buffer = [
+            ChatMessage("user", msg.text, sender_id=msg.sender_id, sender_name=msg.display_name),
+            ChatMessage("assistant", refusal),
+        ]
+        await self.engine.store.append_run(self.req.session, self.req.run_id, self.buffer)
+        await self._record("refused")
+        await self.emit("run.completed", content=refusal, silent=False, refused=True,
+                        usage={"input_tokens": 0, "output_tokens": 0})
+        return RunResult(self.req.run_id, "refused", refusal, self.usage, 0)
+
+    async def _fail(self, error: str) -> RunResult:
+        # Keep what the user said (so "try again" has context) but none of the
+        # half-finished tool exchange.
+        user = [m for m in self.buffer if m.role == "user"]
+        try:
+            await self.engine.store.append_run(self.req.session, self.req.run_id, user,
+                                               self.usage)
+            await self._record("failed", error)
+        except Exception:
+            log.exception("could not persist failed run %s", self.req.run_id)
+        await self.emit("run.failed", error=error)
+        return RunResult(self.req.run_id, "failed",
+                         f"Sorry, I couldn't answer that: {error}", self.usage,
+                         self.iterations, error)
+
+    async def _record(self, status: str, error: str = "") -> None:
+        log.info("run %s %s session=%s iterations=%d tokens=%d/%d %.0fms%s",
+                 self.req.run_id[:8], status, self.req.session.key, self.iterations,
+                 self.usage.input_tokens, self.usage.output_tokens,
+                 (time.monotonic() - self.started) * 1000, f" error={error}" if error else "")
+
+
+def _history(messages: list[ChatMessage], limit: int) -> list[ChatMessage]:
+    """The newest ``limit`` messages, never starting inside a tool exchange."""
+    start = max(0, len(messages) - limit)
+    while start < len(messages) and messages[start].role != "user":
+        start += 1
+    return messages[start:]
+
+
+def _for_model(message: ChatMessage, group: bool) -> ChatMessage:
+    """Attribute user messages in groups, where several people share a history."""
+    if not group or message.role != "user" or not message.sender_id:
+        return message
+    who = message.sender_name or message.sender_id
+    return ChatMessage("user", f"[{who} (id {message.sender_id})]: {message.content}",
+                       created_at=message.created_at)
+
+
+_JSON_TYPES: dict[str, type | tuple[type, ...]] = {
+    "string": str, "integer": int, "number": (int, float), "boolean": bool,
+    "object": dict, "array": list,
+}
+
+
+def _check_arguments(tool: Tool, args: Mapping[str, Any]) -> str:
+    """A one-line problem with ``args`` against the tool's schema, or ''."""
+    if not isinstance(args, Mapping):
+        return "arguments must be a JSON object"
+    if "_invalid_arguments" in args:
+        return "the arguments were not valid JSON"
+    schema = tool.input_schema
+    missing = [k for k in schema.get("required", ()) if k not in args]
+    if missing:
+        return "missing " + ", ".join(repr(k) for k in missing)
+    props: Mapping[str, Any] = schema.get("properties", {})
+    for key, value in args.items():
+        spec = props.get(key)
+        if spec is None:
+            if schema.get("additionalProperties") is False:
+                return f"unexpected argument {key!r}"
+            continue
+        expected = _JSON_TYPES.get(spec.get("type", ""))
+        if expected and (not isinstance(value, expected) or
+                         (expected is not bool and isinstance(value, bool))):
+            return f"{key!r} must be {spec['type']}, got {json.dumps(value)[:40]}"
+    return ""
+
+
+def _describe_error(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text[:300]

@@ -1,0 +1,231 @@
+"""Sessions: conversation history in SQLite with an in-memory LRU in front.
+
+A run never writes while it works. It hands everything it produced to
+:meth:`SessionStore.append_run`, which writes it in one transaction, so
+concurrent runs cannot interleave half-finished history and a crash mid-run
+leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+
+from bot import db as dbmod
+from bot.llm import ChatMessage, ToolCall, Usage
+from bot.messages import InboundMessage
+
+
+@dataclass(slots=True, eq=False)
+class Session:
+    """One conversation: a key, its history and its running totals."""
+
+    id: int
+    key: str
+    messages: list[ChatMessage]
+    created_at: float
+    updated_at: float
+    model: str = ""
+    provider: str = ""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    pins: int = field(default=0, repr=False)
+    """Runs currently using this session; a pinned session is never evicted."""
+
+
+def session_key(message: InboundMessage, agent: str = "default") -> str:
+    """The conversation a message belongs to.
+
+    Direct chats are per user per channel; a group shares one history.
+    """
+    if message.chat_type == "group":
+        return f"{agent}:{message.channel}:group:{message.chat_id}"
+    return f"{agent}:{message.channel}:direct:{message.sender_id}"
+
+
+class SessionStore:
+    """Loads sessions on demand, caches up to ``cache_size``, writes runs atomically."""
+
+    def __init__(self, db: aiosqlite.Connection, cache_size: int = 1000) -> None:
+        self.db = db
+        self.cache_size = cache_size
+        self._cache: OrderedDict[str, Session] = OrderedDict()
+        self._loading: dict[str, asyncio.Future[Session]] = {}
+        # One connection serves every coroutine; a transaction must not have
+        # another coroutine's statements slip into it between awaits.
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    async def open(cls, path: Path, cache_size: int = 1000) -> SessionStore:
+        """Open (and migrate) the database at ``path``."""
+        return cls(await dbmod.connect(path), cache_size)
+
+    async def close(self) -> None:
+        """Close the database; a later call does nothing."""
+        await self.db.close()
+
+    def cached(self, key: str) -> Session | None:
+        """The cached session for ``key``, without touching the database."""
+        return self._cache.get(key)
+
+    def cached_count(self) -> int:
+        """How many sessions are held in memory."""
+        return len(self._cache)
+
+    async def get(self, key: str) -> Session:
+        """The active session for ``key``: from cache, from disk, or new."""
+        session = self._cache.get(key)
+        if session is not None:
+            self._cache.move_to_end(key)
+            return session
+        pending = self._loading.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[Session] = asyncio.get_running_loop().create_future()
+        self._loading[key] = future
+        try:
+            session = await self._load_or_create(key)
+            self._remember(session)
+            future.set_result(session)
+            return session
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # mark retrieved: nobody else may be waiting
+            raise
+        finally:
+            del self._loading[key]
+
+    async def append_run(
+        self,
+        session: Session,
+        run_id: str,
+        messages: Sequence[ChatMessage],
+        usage: Usage | None = None,
+        model: str = "",
+        provider: str = "",
+    ) -> None:
+        """Write everything one run produced in a single transaction."""
+        now = time.time()
+        usage = usage or Usage()
+        rows = [_row(session.id, run_id, m) for m in messages]
+        async with self._lock:
+            await self.db.execute("BEGIN IMMEDIATE")
+            try:
+                await self.db.executemany(
+                    "INSERT INTO messages (session_id, run_id, role, content, sender_id,"
+                    " sender_name, tool_calls, tool_call_id, tool_name, is_error, created_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    rows,
+                )
+                await self.db.execute(
+                    "UPDATE sessions SET updated_at = ?, input_tokens = input_tokens + ?,"
+                    " output_tokens = output_tokens + ?,"
+                    " model = CASE WHEN ? = '' THEN model ELSE ? END,"
+                    " provider = CASE WHEN ? = '' THEN provider ELSE ? END WHERE id = ?",
+                    (now, usage.input_tokens, usage.output_tokens,
+                     model, model, provider, provider, session.id),
+                )
+                await self.db.execute("COMMIT")
+            except BaseException:
+                await self.db.execute("ROLLBACK")
+                raise
+        session.messages.extend(messages)
+        session.updated_at = now
+        session.input_tokens += usage.input_tokens
+        session.output_tokens += usage.output_tokens
+        session.model = model or session.model
+        session.provider = provider or session.provider
+
+    async def reset(self, key: str) -> Session:
+        """Archive the active session for ``key`` and start an empty one."""
+        now = time.time()
+        async with self._lock:
+            await self.db.execute("BEGIN IMMEDIATE")
+            try:
+                await self.db.execute(
+                    "UPDATE sessions SET archived_at = ? WHERE key = ? AND archived_at IS NULL",
+                    (now, key),
+                )
+                session = await self._insert(key, now)
+                await self.db.execute("COMMIT")
+            except BaseException:
+                await self.db.execute("ROLLBACK")
+                raise
+        self._cache.pop(key, None)
+        self._remember(session)
+        return session
+
+    async def _load_or_create(self, key: str) -> Session:
+        async with self._lock:
+            async with self.db.execute(
+                "SELECT id, created_at, updated_at, model, provider, input_tokens,"
+                " output_tokens FROM sessions WHERE key = ? AND archived_at IS NULL",
+                (key,),
+            ) as cur:
+                row = await cur.fetchone()
+            if row is None:
+                await self.db.execute("BEGIN IMMEDIATE")
+                try:
+                    session = await self._insert(key, time.time())
+                    await self.db.execute("COMMIT")
+                except BaseException:
+                    await self.db.execute("ROLLBACK")
+                    raise
+                return session
+            async with self.db.execute(
+                "SELECT role, content, sender_id, sender_name, tool_calls, tool_call_id,"
+                " tool_name, is_error, created_at FROM messages WHERE session_id = ?"
+                " ORDER BY id",
+                (row[0],),
+            ) as cur:
+                messages = [_message(r) for r in await cur.fetchall()]
+        return Session(
+            id=row[0], key=key, messages=messages, created_at=row[1], updated_at=row[2],
+            model=row[3], provider=row[4], input_tokens=row[5], output_tokens=row[6],
+        )
+
+    async def _insert(self, key: str, now: float) -> Session:
+        cur = await self.db.execute(
+            "INSERT INTO sessions (key, created_at, updated_at) VALUES (?, ?, ?)",
+            (key, now, now),
+        )
+        assert cur.lastrowid is not None
+        return Session(id=cur.lastrowid, key=key, messages=[], created_at=now, updated_at=now)
+
+    def _remember(self, session: Session) -> None:
+        self._cache[session.key] = session
+        self._cache.move_to_end(session.key)
+        if len(self._cache) <= self.cache_size:
+            return
+        for key in list(self._cache):
+            if len(self._cache) <= self.cache_size:
+                break
+            if self._cache[key].pins == 0:
+                del self._cache[key]
+
+
+def _row(session_id: int, run_id: str, m: ChatMessage) -> tuple[Any, ...]:
+    calls = (
+        json.dumps([{"id": c.id, "name": c.name, "arguments": dict(c.arguments)}
+                    for c in m.tool_calls])
+        if m.tool_calls else None
+    )
+    return (session_id, run_id, m.role, m.content, m.sender_id, m.sender_name, calls,
+            m.tool_call_id, m.tool_name, int(m.is_error), m.created_at)
+
+
+def _message(r: Any) -> ChatMessage:
+    calls = tuple(ToolCall(c["id"], c["name"], c["arguments"]) for c in json.loads(r[4])) \
+        if r[4] else ()
+    return ChatMessage(
+        role=r[0], content=r[1], sender_id=r[2], sender_name=r[3], tool_calls=calls,
+        tool_call_id=r[5], tool_name=r[6], is_error=bool(r[7]), created_at=r[8],
+    )

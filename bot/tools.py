@@ -1,0 +1,76 @@
+"""The tool contract: what a plugin provides and what a tool receives when run."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bot.llm import ToolSpec
+
+
+class ToolError(Exception):
+    """Raised by a tool to report a failure the model should see.
+
+    ``code`` is a short machine-readable tag (``NOT_FOUND``, ``PATH_ESCAPE``...);
+    ``retryable`` marks failures that may succeed when tried again.
+    """
+
+    def __init__(self, message: str, *, code: str = "TOOL_ERROR", retryable: bool = False):
+        super().__init__(message)
+        self.code = code
+        self.retryable = retryable
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    """Who is running the tool, where, and until when.
+
+    ``deadline`` is a ``time.monotonic()`` value; the executor enforces it with
+    asyncio cancellation, and a tool may read it to size its own work.
+    """
+
+    user_id: str
+    channel: str
+    chat_id: str
+    session_key: str
+    run_id: str
+    workspace: Path
+    deadline: float
+
+    def remaining(self) -> float:
+        """Seconds left before the executor cancels this tool."""
+        return max(0.0, self.deadline - time.monotonic())
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """What a tool returns: text for the model, and whether it is an error."""
+
+    content: str
+    is_error: bool = False
+
+
+ToolFunc = Callable[[ToolContext, Mapping[str, Any]], Awaitable["ToolResult | str"]]
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """A named capability the model can call.
+
+    ``execute(context, args)`` returns a :class:`ToolResult` or plain text, or
+    raises :class:`ToolError` for failures the model should read.
+    """
+
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
+    execute: ToolFunc
+    timeout: float | None = None
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def spec(self) -> ToolSpec:
+        """The part of the tool the model is shown."""
+        return ToolSpec(self.name, self.description, self.input_schema)
