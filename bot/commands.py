@@ -46,7 +46,7 @@ def parse_command(text: str, bot_username: str = "") -> tuple[str, str] | None:
     ours, which matters in groups with several bots.
     """
     stripped = text.strip()
-    if not stripped.startswith("/"):
+    if not stripped.startswith("/") or stripped[1:2].isspace():
         return None
     parts = stripped[1:].split(maxsplit=1)
     if not parts:
