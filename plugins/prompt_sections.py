@@ -39,11 +39,12 @@ def roost_prompt_sections(prompt: PromptContext) -> list[PromptSection]:
     sections = [PromptSection("identity", identity, 100)]
     if prompt.mode == "minimal":
         return [*sections, _file_section("AGENTS.md", ws, 600), _file_section("TOOLS.md", ws, 610)]
-    if (ws / "BOOTSTRAP.md").exists():
+    bootstrap = _read(ws, "BOOTSTRAP.md")  # an emptied file counts as done
+    if bootstrap:
         sections.append(PromptSection(
-            "bootstrap", "This is a first conversation: follow BOOTSTRAP.md below, then delete "
+            "bootstrap", "This is a first conversation: follow BOOTSTRAP.md below, then empty "
             "it when you are done.", 110))
-        sections.append(_file_section("BOOTSTRAP.md", ws, 115))
+        sections.append(PromptSection("BOOTSTRAP.md", f"## BOOTSTRAP.md\n{bootstrap}", 115))
     sections += [
         _file_section("SOUL.md", ws, 150),
         _file_section("IDENTITY.md", ws, 160),

@@ -1,0 +1,35 @@
+"""Per-user workspaces: where they live, how they are seeded, and confinement.
+
+Every user gets a private directory ``<workspaces_dir>/<channel>/<user_id>``
+(see :func:`workspace_dir`), seeded once with the bootstrap templates by
+:func:`ensure_workspace`. File tools reach files only through
+:func:`resolve_in_workspace`, which refuses anything that lands outside.
+"""
+
+from workspaces.paths import (
+    MAX_COMPONENT_LENGTH,
+    resolve_in_workspace,
+    safe_component,
+    workspace_dir,
+)
+from workspaces.seed import (
+    FIRST_RUN_TEMPLATE,
+    MEMORY_DIR,
+    TEMPLATE_NAMES,
+    ensure_workspace,
+    forget_workspace,
+    template_text,
+)
+
+__all__ = [
+    "FIRST_RUN_TEMPLATE",
+    "MAX_COMPONENT_LENGTH",
+    "MEMORY_DIR",
+    "TEMPLATE_NAMES",
+    "ensure_workspace",
+    "forget_workspace",
+    "resolve_in_workspace",
+    "safe_component",
+    "template_text",
+    "workspace_dir",
+]

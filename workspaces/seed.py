@@ -1,0 +1,99 @@
+"""Creating a workspace and seeding it with the bootstrap templates."""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from importlib import resources
+from pathlib import Path
+
+TEMPLATE_NAMES: tuple[str, ...] = (
+    "BOOTSTRAP.md",
+    "AGENTS.md",
+    "SOUL.md",
+    "IDENTITY.md",
+    "TOOLS.md",
+    "USER.md",
+)
+"""Files copied from ``workspaces/templates`` into every new workspace."""
+
+FIRST_RUN_TEMPLATE = "BOOTSTRAP.md"
+"""Seeded only into a brand-new workspace: the agent deletes it once done."""
+
+MEMORY_DIR = "memory"
+"""Directory created in every workspace for the agent's notes."""
+
+_seeded: set[str] = set()
+_seeded_lock = threading.Lock()
+
+
+@functools.cache
+def template_text(name: str) -> str:
+    """The packaged text of template ``name`` (one of :data:`TEMPLATE_NAMES`)."""
+    return resources.files("workspaces").joinpath("templates", name).read_text(encoding="utf-8")
+
+
+def ensure_workspace(path: Path) -> bool:
+    """Create ``path`` and add any missing bootstrap files; never overwrite.
+
+    Copies every template in :data:`TEMPLATE_NAMES` that is missing and creates
+    ``memory/``. ``BOOTSTRAP.md`` is the exception: it is seeded only while the
+    directory is new (absent or empty), so it stays gone once the agent has
+    deleted it. Existing files are never touched, even when a concurrent
+    process seeds the same workspace. The first call per path and process does
+    the work; later calls return at once.
+
+    Returns ``True`` when something was created.
+    """
+    key = os.path.abspath(path)
+    if key in _seeded:
+        return False
+    with _seeded_lock:
+        if key in _seeded:
+            return False
+        created = _seed(Path(key))
+        _seeded.add(key)
+        return created
+
+
+def forget_workspace(path: Path | None = None) -> None:
+    """Drop ``path`` (or every path) from the cache of :func:`ensure_workspace`.
+
+    Call it after deleting or resetting a workspace so the next
+    :func:`ensure_workspace` seeds it again.
+    """
+    with _seeded_lock:
+        if path is None:
+            _seeded.clear()
+        else:
+            _seeded.discard(os.path.abspath(path))
+
+
+def _seed(path: Path) -> bool:
+    fresh = not path.exists() or not any(path.iterdir())
+    path.mkdir(parents=True, exist_ok=True)
+    created = False
+    # BOOTSTRAP.md is first in TEMPLATE_NAMES, so a seed interrupted part-way
+    # still leaves it behind for the next attempt.
+    for name in TEMPLATE_NAMES:
+        if name == FIRST_RUN_TEMPLATE and not fresh:
+            continue
+        created |= _create_exclusive(path / name, template_text(name))
+    try:
+        (path / MEMORY_DIR).mkdir()
+        created = True
+    except FileExistsError:
+        pass  # also when the user made a file called "memory"; leave it be
+    return created
+
+
+def _create_exclusive(target: Path, text: str) -> bool:
+    # "x" mode (O_EXCL) rather than an exists() check, so a file created by a
+    # racing process, or a dangling symlink, is never written through.
+    try:
+        with target.open("x", encoding="utf-8") as fh:
+            fh.write(text)
+    except FileExistsError:
+        return False
+    return True
