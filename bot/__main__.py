@@ -1,0 +1,5 @@
+"""``python -m bot`` runs the ``roost`` command line."""
+
+from bot.cli import main
+
+main()
