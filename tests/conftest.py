@@ -94,13 +94,13 @@ class EventLog:
     def types(self) -> list[str]:
         return [e.type for e in self.events]
 
-    async def wait_for(self, type_: str, timeout: float = 5.0) -> RunEvent:
+    async def wait_for(self, type_: str, limit: float = 5.0) -> RunEvent:
         for event in self.events:
             if event.type == type_:
                 return event
         fut: asyncio.Future[RunEvent] = asyncio.get_running_loop().create_future()
         self.waiters.append((lambda e: e.type == type_, fut))
-        return await asyncio.wait_for(fut, timeout)
+        return await asyncio.wait_for(fut, limit)
 
 
 def scripted(*turns: dict[str, Any], loop: bool = False) -> ScriptedProvider:
@@ -138,6 +138,6 @@ async def make_app(tmp_path: Path) -> AsyncIterator[AppFactory]:
             await app.close()
 
 
-async def settle(app: Roost, timeout: float = 5.0) -> None:
+async def settle(app: Roost, limit: float = 5.0) -> None:
     """Wait until the app has nothing running or queued."""
-    await asyncio.wait_for(app.dispatcher.drain(), timeout)
+    await asyncio.wait_for(app.dispatcher.drain(), limit)

@@ -126,7 +126,7 @@ async def test_rapid_messages_from_one_sender_merge_into_one_run(make_app: AppFa
 async def test_a_lone_message_is_not_delayed_by_the_merge_window(make_app: AppFactory) -> None:
     app, channel, _ = await make_app(scripted({"reply": "quick"}), merge_window_ms=60_000)
     await channel.say("alone")
-    await settle(app, timeout=5)  # a 60 s window would blow this timeout if it delayed runs
+    await settle(app, limit=5)  # a 60 s window would blow this timeout if it delayed runs
     assert channel.texts() == ["quick"]
 
 
