@@ -38,6 +38,23 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX messages_session ON messages(session_id, id);
     """,
+    # 2: one trace record per run, whatever its outcome.
+    """
+    CREATE TABLE runs (
+        id TEXT PRIMARY KEY,
+        session_key TEXT NOT NULL,
+        status TEXT NOT NULL
+            CHECK (status IN ('completed', 'failed', 'cancelled', 'refused')),
+        started_at REAL NOT NULL,
+        ended_at REAL NOT NULL,
+        iterations INTEGER NOT NULL DEFAULT 0,
+        input_tokens INTEGER NOT NULL DEFAULT 0,
+        output_tokens INTEGER NOT NULL DEFAULT 0,
+        model TEXT NOT NULL DEFAULT '',
+        error TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX runs_session ON runs(session_key, started_at);
+    """,
 ]
 """Schema steps in order; ``PRAGMA user_version`` records how many have run.
 

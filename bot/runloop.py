@@ -26,7 +26,7 @@ from bot.messages import InboundMessage
 from bot.pluginmanager import PluginHost
 from bot.prompt import PromptContext, PromptMode, assemble
 from bot.sanitize import Sanitizer, run_pipeline
-from bot.sessions import Session, SessionStore
+from bot.sessions import RunRecord, Session, SessionStore
 from bot.tools import Tool, ToolContext, ToolError, ToolResult
 from workspaces import ensure_workspace, workspace_dir
 
@@ -113,6 +113,7 @@ class _Run:
         self.buffer: list[ChatMessage] = []
         self.iterations = 0
         self.started = time.monotonic()
+        self.started_wall = time.time()
 
     async def emit(self, type_: EventType, **payload: Any) -> None:
         if not self.observers and self.listener is None:
@@ -129,9 +130,15 @@ class _Run:
         try:
             async with asyncio.timeout(self.settings.run_timeout):
                 result = await self._phases()
-        except asyncio.CancelledError:
-            await self._record("cancelled")
-            await self.emit("run.cancelled", reason="cancelled")
+        except asyncio.CancelledError as exc:
+            # The message given to task.cancel(): "stop", "merged" or "shutdown".
+            reason = str(exc.args[0]) if exc.args and exc.args[0] else "cancelled"
+            try:
+                await self.engine.store.record_run(self._trace("cancelled", reason))
+            except Exception:
+                log.exception("could not record cancelled run %s", self.req.run_id)
+            self._log("cancelled", reason)
+            await self.emit("run.cancelled", reason=reason)
             raise
         except TimeoutError:
             result = await self._fail(f"the run took longer than {self.settings.run_timeout:g}s")
@@ -225,9 +232,9 @@ class _Run:
         self.buffer.append(ChatMessage("assistant", final))
         await self.engine.store.append_run(
             req.session, req.run_id, self.buffer, self.usage,
-            self.settings.model, self.engine.provider.name,
+            self.settings.model, self.engine.provider.name, self._trace("completed"),
         )
-        await self._record("completed")
+        self._log("completed")
         await self.emit("run.completed", content=cleaned, silent=silent,
                         usage={"input_tokens": self.usage.input_tokens,
                                "output_tokens": self.usage.output_tokens})
@@ -308,8 +315,9 @@ class _Run:
             ChatMessage("user", msg.text, sender_id=msg.sender_id, sender_name=msg.display_name),
             ChatMessage("assistant", refusal),
         ]
-        await self.engine.store.append_run(self.req.session, self.req.run_id, self.buffer)
-        await self._record("refused")
+        await self.engine.store.append_run(self.req.session, self.req.run_id, self.buffer,
+                                           record=self._trace("refused"))
+        self._log("refused")
         await self.emit("run.completed", content=refusal, silent=False, refused=True,
                         usage={"input_tokens": 0, "output_tokens": 0})
         return RunResult(self.req.run_id, "refused", refusal, self.usage, 0)
@@ -320,8 +328,8 @@ class _Run:
         user = [m for m in self.buffer if m.role == "user"]
         try:
             await self.engine.store.append_run(self.req.session, self.req.run_id, user,
-                                               self.usage)
-            await self._record("failed", error)
+                                               self.usage, record=self._trace("failed", error))
+            self._log("failed", error)
         except Exception:
             log.exception("could not persist failed run %s", self.req.run_id)
         await self.emit("run.failed", error=error)
@@ -329,7 +337,14 @@ class _Run:
                          f"Sorry, I couldn't answer that: {error}", self.usage,
                          self.iterations, error)
 
-    async def _record(self, status: str, error: str = "") -> None:
+    def _trace(self, status: str, error: str = "") -> RunRecord:
+        return RunRecord(
+            self.req.run_id, self.req.session.key, status, self.started_wall, time.time(),
+            self.iterations, self.usage.input_tokens, self.usage.output_tokens,
+            self.settings.model, error,
+        )
+
+    def _log(self, status: str, error: str = "") -> None:
         log.info("run %s %s session=%s iterations=%d tokens=%d/%d %.0fms%s",
                  self.req.run_id[:8], status, self.req.session.key, self.iterations,
                  self.usage.input_tokens, self.usage.output_tokens,

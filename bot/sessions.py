@@ -24,6 +24,28 @@ from bot.llm import ChatMessage, ToolCall, Usage
 from bot.messages import InboundMessage
 
 
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """The trace record of one run: how it ended and what it cost."""
+
+    run_id: str
+    session_key: str
+    status: str
+    started_at: float
+    ended_at: float
+    iterations: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    model: str = ""
+    error: str = ""
+
+
+_INSERT_RUN = (
+    "INSERT OR REPLACE INTO runs (id, session_key, status, started_at, ended_at, iterations,"
+    " input_tokens, output_tokens, model, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
 @dataclass(slots=True, eq=False)
 class Session:
     """One conversation: a key, its history and its running totals."""
@@ -111,8 +133,9 @@ class SessionStore:
         usage: Usage | None = None,
         model: str = "",
         provider: str = "",
+        record: RunRecord | None = None,
     ) -> None:
-        """Write everything one run produced in a single transaction."""
+        """Write everything one run produced, and its trace record, in one transaction."""
         now = time.time()
         usage = usage or Usage()
         rows = [_row(session.id, run_id, m) for m in messages]
@@ -133,6 +156,8 @@ class SessionStore:
                     (now, usage.input_tokens, usage.output_tokens,
                      model, model, provider, provider, session.id),
                 )
+                if record is not None:
+                    await self.db.execute(_INSERT_RUN, _record_row(record))
                 await self.db.execute("COMMIT")
             except BaseException:
                 await self.db.execute("ROLLBACK")
@@ -143,6 +168,21 @@ class SessionStore:
         session.output_tokens += usage.output_tokens
         session.model = model or session.model
         session.provider = provider or session.provider
+
+    async def record_run(self, record: RunRecord) -> None:
+        """Write a run's trace record on its own (runs that flush no history)."""
+        async with self._lock:
+            await self.db.execute(_INSERT_RUN, _record_row(record))
+
+    async def runs(self, session_key: str, limit: int = 50) -> list[RunRecord]:
+        """The newest trace records of a session, newest first."""
+        async with self._lock, self.db.execute(
+            "SELECT id, session_key, status, started_at, ended_at, iterations, input_tokens,"
+            " output_tokens, model, error FROM runs WHERE session_key = ?"
+            " ORDER BY started_at DESC LIMIT ?",
+            (session_key, limit),
+        ) as cur:
+            return [RunRecord(*row) for row in await cur.fetchall()]
 
     async def reset(self, key: str) -> Session:
         """Archive the active session for ``key`` and start an empty one."""
@@ -210,6 +250,11 @@ class SessionStore:
                 break
             if self._cache[key].pins == 0:
                 del self._cache[key]
+
+
+def _record_row(r: RunRecord) -> tuple[Any, ...]:
+    return (r.run_id, r.session_key, r.status, r.started_at, r.ended_at, r.iterations,
+            r.input_tokens, r.output_tokens, r.model, r.error)
 
 
 def _row(session_id: int, run_id: str, m: ChatMessage) -> tuple[Any, ...]:

@@ -228,3 +228,20 @@ def test_command_parsing_handles_bot_suffixes_and_rejects_non_commands() -> None
     assert parse_command("/ nothing") is None
     assert parse_command("not /a command") is None
     assert parse_command("/path/to/file") is None
+
+
+async def test_every_run_leaves_a_trace_record_with_its_outcome(make_app: AppFactory) -> None:
+    gate = GateTools()
+    provider = scripted({"match": "^block$", **BLOCK}, {"reply": "fine"}, loop=True)
+    app, channel, log = await make_app(provider, gate)
+    await channel.say("hello")
+    await settle(app)
+    await channel.say("block")
+    await asyncio.wait_for(gate.started.wait(), 5)
+    await channel.say("/stop")
+    await settle(app)
+    runs = await app.store.runs("default:test:direct:u1")
+    assert [(r.status, r.error) for r in runs] == [("cancelled", "stop"), ("completed", "")]
+    assert runs[1].iterations == 1 and runs[1].output_tokens > 0
+    cancelled = [e for e in log.events if e.type == "run.cancelled"]
+    assert cancelled[0].payload["reason"] == "stop"
