@@ -227,8 +227,8 @@ async def test_input_check_can_rewrite_text_and_add_a_note(make_app: AppFactory)
             return InputCheck(text=text[:5], note="[input was shortened]")
 
     provider = scripted({"reply": "ok"})
-    app, _, _ = await make_app(provider, Shortener())
-    await app.channels["test"].say("abcdefghij")  # type: ignore[attr-defined]
+    app, channel, _ = await make_app(provider, Shortener())
+    await channel.say("abcdefghij")
     await settle(app)
     sent = provider.requests[0].messages[-1].content
     assert sent.startswith("abcde\n") and "[input was shortened]" in sent
@@ -284,3 +284,34 @@ async def test_history_survives_a_restart(make_app: AppFactory) -> None:
     await settle(app2)
     contents = [m.content for m in provider.requests[0].messages]
     assert contents == ["first", "first answer", "second"]
+
+
+async def test_null_bytes_and_huge_messages_are_handled_and_stored_intact(
+    make_app: AppFactory,
+) -> None:
+    provider = scripted({"reply": "read it"}, loop=True)
+    app, channel, _ = await make_app(provider)
+    weird = "a\x00b" + "x" * 1_000_000
+    await channel.say(weird)
+    await settle(app)
+    assert channel.texts() == ["read it"]
+    await app.close()
+    app2, _, _ = await make_app(scripted({"reply": "x"}))
+    session = await app2.store.get("default:test:direct:u1")
+    assert session.messages[0].content == weird
+
+
+async def test_a_failed_delivery_is_logged_and_the_session_stays_intact(
+    make_app: AppFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    app, channel, _ = await make_app(scripted({"reply": "lost in transit"}))
+
+    async def broken_send(message: object) -> None:
+        raise ConnectionError("platform down")
+
+    setattr(channel, "send", broken_send)  # noqa: B010 - replace the bound method
+    await channel.say("hello")
+    await settle(app)
+    assert "delivering run" in caplog.text and "platform down" in caplog.text
+    session = await app.store.get("default:test:direct:u1")
+    assert [m.content for m in session.messages] == ["hello", "lost in transit"]
