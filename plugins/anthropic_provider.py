@@ -1,0 +1,401 @@
+"""The Anthropic Messages API as an :class:`~bot.llm.LLMProvider`.
+
+Every call streams, so text reaches the chat while the model writes and a
+cancelled run closes the HTTP stream at once. The SDK's own retries are off:
+this module retries transient failures itself so it can report each retry via
+``on_retry`` and refuse to retry once text has already been shown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import anthropic
+from anthropic.types import (
+    MessageParam,
+    RawMessageStreamEvent,
+    TextBlockParam,
+    ToolParam,
+    ToolResultBlockParam,
+    ToolUseBlockParam,
+)
+
+from bot.config import Settings
+from bot.llm import (
+    ChatMessage,
+    LLMRequest,
+    LLMResponse,
+    OnRetry,
+    OnText,
+    ProviderError,
+    ToolCall,
+    ToolSpec,
+    Usage,
+)
+
+__all__ = ["AnthropicProvider"]
+
+_RETRYABLE_STATUSES = frozenset({408, 409, 429})
+_RETRYABLE_STREAM_ERRORS = frozenset({"overloaded_error", "api_error", "rate_limit_error"})
+_MAX_RETRY_AFTER = 30.0
+# The SDK does not wrap errors raised while reading a streamed body, and its
+# HTTP stack is httpx2 in SDK 1.x/2.x but httpx in 0.x, so transport failures
+# are recognised by the package that raised them.
+_TRANSPORT_PACKAGES = frozenset({"httpx", "httpx2", "httpcore", "httpcore2", "h11", "anyio"})
+
+_Block = TextBlockParam | ToolUseBlockParam | ToolResultBlockParam
+
+
+class AnthropicProvider:
+    """Streams Claude completions with tool use, retrying transient failures.
+
+    ``max_attempts`` counts the first try; retry ``n`` waits about
+    ``retry_base_delay * 2**(n-1)`` seconds (longer if the API sends
+    ``retry-after``, capped at 30 s).
+    """
+
+    name = "anthropic"
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        max_attempts: int = 3,
+        retry_base_delay: float = 0.5,
+    ) -> None:
+        key = settings.anthropic_api_key
+        try:
+            self._client = anthropic.AsyncAnthropic(
+                api_key=key.get_secret_value() if key is not None else None,
+                base_url=settings.anthropic_base_url or None,
+                max_retries=0,
+            )
+        except anthropic.AnthropicError as exc:
+            # Without a key the SDK looks for credential profiles on disk, and
+            # a broken profile fails construction.
+            raise ProviderError(f"Anthropic credentials could not be loaded: {exc}") from exc
+        # If the SDK found no credentials either, every request would fail
+        # with a bare TypeError; fail with the setting to fix instead.
+        self._missing_key = (
+            self._client.api_key is None
+            and self._client.auth_token is None
+            and getattr(self._client, "credentials", None) is None
+        )
+        self._max_attempts = max(1, max_attempts)
+        self._retry_base_delay = retry_base_delay
+
+    async def complete(
+        self,
+        request: LLMRequest,
+        *,
+        on_text: OnText | None = None,
+        on_retry: OnRetry | None = None,
+    ) -> LLMResponse:
+        """Run one model call, streaming text to ``on_text``.
+
+        Raises :class:`ProviderError` when the call fails for good.
+        """
+        if self._missing_key:
+            raise ProviderError("no Anthropic API key is configured: set ANTHROPIC_API_KEY")
+        messages = to_anthropic_messages(request.messages)
+        tools = to_anthropic_tools(request.tools)
+        attempt = 1
+        while True:
+            progress = _Progress()
+            try:
+                return await self._stream_once(request, messages, tools, on_text, progress)
+            except _AttemptFailed as failed:
+                error, cause, retry_after = failed.error, failed.__cause__, failed.retry_after
+            if not error.retryable or progress.emitted_text or attempt >= self._max_attempts:
+                if error.retryable and attempt > 1:
+                    error = ProviderError(
+                        f"{error} (gave up after {attempt} attempts)",
+                        retryable=True,
+                        status=error.status,
+                    )
+                raise error from cause
+            attempt += 1
+            if on_retry is not None:
+                await on_retry(attempt, self._max_attempts, str(error))
+            await asyncio.sleep(self._backoff(attempt, retry_after))
+
+    async def aclose(self) -> None:
+        """Close the HTTP client and its connections."""
+        await self._client.close()
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float:
+        delay = self._retry_base_delay * 2.0 ** (attempt - 2)
+        delay += random.uniform(0, delay * 0.1)
+        if retry_after is not None:
+            delay = max(delay, min(retry_after, _MAX_RETRY_AFTER))
+        return delay
+
+    async def _stream_once(
+        self,
+        request: LLMRequest,
+        messages: list[MessageParam],
+        tools: list[ToolParam],
+        on_text: OnText | None,
+        progress: _Progress,
+    ) -> LLMResponse:
+        try:
+            stream = await self._client.messages.create(
+                model=request.model,
+                max_tokens=request.max_tokens,
+                system=request.system or anthropic.omit,
+                messages=messages,
+                tools=tools or anthropic.omit,
+                stream=True,
+            )
+        except Exception as exc:
+            raise _AttemptFailed.from_exception(exc) from exc
+        # The context manager closes the HTTP response on every exit,
+        # including CancelledError from the awaiting task.
+        async with stream:
+            iterator = aiter(stream)
+            while True:
+                try:
+                    event = await anext(iterator)
+                except StopAsyncIteration:
+                    break
+                except Exception as exc:
+                    raise _AttemptFailed.from_exception(exc) from exc
+                progress.handle(event, on_text)
+        return progress.result()
+
+
+@dataclass(slots=True)
+class _ToolBuffer:
+    id: str
+    name: str
+    json_parts: list[str] = field(default_factory=list)
+    initial: Mapping[str, Any] | None = None
+
+    def to_call(self) -> ToolCall:
+        raw = "".join(self.json_parts)
+        if not raw.strip():
+            return ToolCall(self.id, self.name, dict(self.initial or {}))
+        try:
+            parsed = json.loads(raw)
+        except json.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            # A stream cut short by max_tokens leaves truncated JSON; hand the
+            # raw text on so the tool layer can report it to the model.
+            return ToolCall(self.id, self.name, {"_invalid_arguments": raw})
+        return ToolCall(self.id, self.name, parsed)
+
+
+@dataclass(slots=True)
+class _Progress:
+    """Accumulates one streamed attempt."""
+
+    text_parts: list[str] = field(default_factory=list)
+    blocks: dict[int, _ToolBuffer | None] = field(default_factory=dict)
+    usage: Usage = field(default_factory=Usage)
+    stop_reason: str = ""
+    emitted_text: bool = False
+    finished: bool = False
+
+    def _text(self, fragment: str, on_text: OnText | None) -> None:
+        if not fragment:
+            return
+        self.text_parts.append(fragment)
+        if on_text is not None:
+            self.emitted_text = True
+            on_text(fragment)
+
+    def handle(self, event: RawMessageStreamEvent, on_text: OnText | None) -> None:
+        if event.type == "message_start":
+            usage = event.message.usage
+            self.usage.input_tokens = usage.input_tokens or 0
+            self.usage.output_tokens = usage.output_tokens or 0
+        elif event.type == "content_block_start":
+            block = event.content_block
+            if block.type == "text":
+                self.blocks[event.index] = None
+                self._text(block.text, on_text)
+            elif block.type == "tool_use":
+                initial = block.input if isinstance(block.input, dict) else None
+                self.blocks[event.index] = _ToolBuffer(block.id, block.name, initial=initial)
+        elif event.type == "content_block_delta":
+            delta = event.delta
+            if delta.type == "text_delta":
+                self._text(delta.text, on_text)
+            elif delta.type == "input_json_delta":
+                buffer = self.blocks.get(event.index)
+                if buffer is not None:
+                    buffer.json_parts.append(delta.partial_json)
+        elif event.type == "message_delta":
+            self.stop_reason = event.delta.stop_reason or self.stop_reason
+            self.usage.output_tokens = event.usage.output_tokens
+            if event.usage.input_tokens is not None:
+                self.usage.input_tokens = event.usage.input_tokens
+        elif event.type == "message_stop":
+            self.finished = True
+
+    def result(self) -> LLMResponse:
+        if not self.finished:
+            raise _AttemptFailed(
+                ProviderError("the Anthropic stream ended before message_stop", retryable=True)
+            )
+        calls = tuple(
+            b.to_call() for _, b in sorted(self.blocks.items()) if isinstance(b, _ToolBuffer)
+        )
+        return LLMResponse(
+            text="".join(self.text_parts),
+            tool_calls=calls,
+            usage=self.usage,
+            stop_reason=self.stop_reason,
+        )
+
+
+class _AttemptFailed(Exception):
+    """Internal: one attempt failed with ``error``; ``retry_after`` from the server."""
+
+    def __init__(self, error: ProviderError, retry_after: float | None = None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.retry_after = retry_after
+
+    @classmethod
+    def from_exception(cls, exc: Exception) -> _AttemptFailed:
+        if isinstance(exc, anthropic.APIStatusError):
+            return cls(_status_error(exc), _retry_after(exc))
+        if isinstance(exc, anthropic.APITimeoutError):
+            return cls(ProviderError("the request to Anthropic timed out", retryable=True))
+        if isinstance(exc, anthropic.APIConnectionError):
+            return cls(ProviderError(f"could not reach Anthropic: {_cause(exc)}", retryable=True))
+        if type(exc).__module__.split(".")[0] in _TRANSPORT_PACKAGES:
+            if "Timeout" in type(exc).__name__:
+                return cls(ProviderError("the Anthropic stream timed out", retryable=True))
+            text = f"the connection to Anthropic failed: {_describe(exc)}"
+            return cls(ProviderError(text, retryable=True))
+        return cls(ProviderError(f"Anthropic call failed: {_describe(exc)}"))
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _cause(exc: BaseException) -> str:
+    cause = exc.__cause__ or exc.__context__
+    return _describe(cause) if cause is not None else _describe(exc)
+
+
+def _retry_after(exc: anthropic.APIStatusError) -> float | None:
+    value = exc.response.headers.get("retry-after")
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _api_message(body: object) -> tuple[str | None, str | None]:
+    """``(error.type, error.message)`` from an API error body."""
+    if isinstance(body, Mapping):
+        error = body.get("error", body)
+        if isinstance(error, Mapping):
+            etype, message = error.get("type"), error.get("message")
+            return (
+                etype if isinstance(etype, str) else None,
+                message if isinstance(message, str) else None,
+            )
+    return None, None
+
+
+def _status_error(exc: anthropic.APIStatusError) -> ProviderError:
+    status = exc.status_code
+    etype, message = _api_message(exc.body)
+    detail = message or exc.message
+    if status < 400:
+        # An ``event: error`` inside a 200 stream: classify by its type.
+        retryable = etype in _RETRYABLE_STREAM_ERRORS
+        kind = etype or "error"
+        return ProviderError(f"Anthropic stream failed ({kind}): {detail}", retryable=retryable)
+    retryable = status in _RETRYABLE_STATUSES or status >= 500
+    if status == 401:
+        text = "Anthropic rejected the API key (401): check ANTHROPIC_API_KEY"
+    elif status == 403:
+        text = f"Anthropic refused the request (403 permission denied): {detail}"
+    elif status == 404:
+        text = f"Anthropic returned 404 ({detail}): check the model name and ANTHROPIC_BASE_URL"
+    elif status == 429:
+        text = f"Anthropic rate limit reached (429): {detail}"
+    elif status == 529 or etype == "overloaded_error":
+        text = f"Anthropic is overloaded ({status}): {detail}"
+    elif status >= 500:
+        text = f"Anthropic server error ({status}): {detail}"
+    else:
+        text = f"Anthropic rejected the request ({status}): {detail}"
+    return ProviderError(text, retryable=retryable, status=status)
+
+
+def to_anthropic_messages(history: Sequence[ChatMessage]) -> list[MessageParam]:
+    """Convert neutral history to Messages API ``messages``.
+
+    Tool results become ``tool_result`` blocks in a user message, and
+    consecutive messages of one role are merged, because the API requires
+    strictly alternating roles. Within a user message tool results go first,
+    as the API requires them right after the assistant's ``tool_use``.
+    """
+    merged: list[tuple[str, list[_Block]]] = []
+    for message in history:
+        role, blocks = _blocks_for(message)
+        if not blocks:
+            continue
+        if merged and merged[-1][0] == role:
+            merged[-1][1].extend(blocks)
+        else:
+            merged.append((role, blocks))
+    result: list[MessageParam] = []
+    for role, blocks in merged:
+        if role == "user":
+            blocks.sort(key=lambda b: b["type"] != "tool_result")
+            result.append({"role": "user", "content": blocks})
+        else:
+            result.append({"role": "assistant", "content": blocks})
+    return result
+
+
+def _blocks_for(message: ChatMessage) -> tuple[str, list[_Block]]:
+    if message.role == "tool":
+        result: ToolResultBlockParam = {
+            "type": "tool_result",
+            "tool_use_id": message.tool_call_id or "",
+            "content": message.content,
+            "is_error": message.is_error,
+        }
+        return "user", [result]
+    blocks: list[_Block] = []
+    if message.content:
+        blocks.append({"type": "text", "text": message.content})
+    if message.role == "assistant":
+        for call in message.tool_calls:
+            blocks.append(
+                {
+                    "type": "tool_use",
+                    "id": call.id,
+                    "name": call.name,
+                    "input": dict(call.arguments),
+                }
+            )
+    return message.role, blocks
+
+
+def to_anthropic_tools(tools: Sequence[ToolSpec]) -> list[ToolParam]:
+    """Convert tool specs to the Messages API ``tools`` parameter."""
+    return [
+        {
+            "name": tool.name,
+            "description": tool.description,
+            "input_schema": cast(dict[str, object], dict(tool.input_schema)),
+        }
+        for tool in tools
+    ]

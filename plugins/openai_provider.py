@@ -1,0 +1,403 @@
+"""OpenAI-compatible Chat Completions as an :class:`~bot.llm.LLMProvider`.
+
+Targets OpenAI itself and the servers that copy its API (Ollama, vLLM,
+llama.cpp, LM Studio): only Chat Completions with ``stream=True`` and function
+tools are used. Every call streams, so text reaches the chat while the model
+writes and a cancelled run closes the HTTP stream at once. The SDK's own
+retries are off: this module retries transient failures itself so it can
+report each retry via ``on_retry`` and refuse to retry once text was shown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import openai
+from openai.types.chat import (
+    ChatCompletionChunk,
+    ChatCompletionFunctionToolParam,
+    ChatCompletionMessageFunctionToolCallParam,
+    ChatCompletionMessageParam,
+)
+
+from bot.config import Settings
+from bot.llm import (
+    ChatMessage,
+    LLMRequest,
+    LLMResponse,
+    OnRetry,
+    OnText,
+    ProviderError,
+    ToolCall,
+    ToolSpec,
+    Usage,
+)
+
+__all__ = ["OpenAIProvider"]
+
+_RETRYABLE_STATUSES = frozenset({408, 409, 429})
+_CLIENT_ERROR_TYPES = frozenset({"invalid_request_error", "BadRequestError", "NotFoundError"})
+_MAX_RETRY_AFTER = 30.0
+
+
+class OpenAIProvider:
+    """Streams Chat Completions with function tools, retrying transient failures.
+
+    ``max_attempts`` counts the first try; retry ``n`` waits about
+    ``retry_base_delay * 2**(n-1)`` seconds (longer if the server sends
+    ``retry-after``, capped at 30 s).
+    """
+
+    name = "openai"
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        max_attempts: int = 3,
+        retry_base_delay: float = 0.5,
+    ) -> None:
+        key = settings.openai_api_key
+        self._client = openai.AsyncOpenAI(
+            base_url=settings.openai_base_url,
+            # Local servers need no key, but the SDK refuses to start without one.
+            api_key=(key.get_secret_value() if key is not None else "") or "not-needed",
+            max_retries=0,
+        )
+        self._max_attempts = max(1, max_attempts)
+        self._retry_base_delay = retry_base_delay
+        # Adjusted once if the server rejects them; see _adapt_to.
+        self._include_usage = True
+        self._token_param = "max_tokens"
+
+    async def complete(
+        self,
+        request: LLMRequest,
+        *,
+        on_text: OnText | None = None,
+        on_retry: OnRetry | None = None,
+    ) -> LLMResponse:
+        """Run one model call, streaming text to ``on_text``.
+
+        Raises :class:`ProviderError` when the call fails for good.
+        """
+        messages = to_openai_messages(request.system, request.messages)
+        tools = to_openai_tools(request.tools)
+        attempt = 1
+        while True:
+            progress = _Progress()
+            try:
+                return await self._stream_once(request, messages, tools, on_text, progress)
+            except _AttemptFailed as failed:
+                error, cause, retry_after = failed.error, failed.__cause__, failed.retry_after
+            if self._adapt_to(error):
+                continue
+            if not error.retryable or progress.emitted_text or attempt >= self._max_attempts:
+                if error.retryable and attempt > 1:
+                    error = ProviderError(
+                        f"{error} (gave up after {attempt} attempts)",
+                        retryable=True,
+                        status=error.status,
+                    )
+                raise error from cause
+            attempt += 1
+            if on_retry is not None:
+                await on_retry(attempt, self._max_attempts, str(error))
+            await asyncio.sleep(self._backoff(attempt, retry_after))
+
+    async def aclose(self) -> None:
+        """Close the HTTP client and its connections."""
+        await self._client.close()
+
+    def _adapt_to(self, error: ProviderError) -> bool:
+        """Drop a request option the server rejected; True if the call should be re-sent."""
+        if error.status not in (400, 422):
+            return False
+        text = str(error)
+        # Some OpenAI-compatible servers reject stream_options outright.
+        if self._include_usage and "stream_options" in text:
+            self._include_usage = False
+            return True
+        # Newer OpenAI models accept only max_completion_tokens.
+        if self._token_param == "max_tokens" and "max_completion_tokens" in text:
+            self._token_param = "max_completion_tokens"
+            return True
+        return False
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float:
+        delay = self._retry_base_delay * 2.0 ** (attempt - 2)
+        delay += random.uniform(0, delay * 0.1)
+        if retry_after is not None:
+            delay = max(delay, min(retry_after, _MAX_RETRY_AFTER))
+        return delay
+
+    async def _stream_once(
+        self,
+        request: LLMRequest,
+        messages: list[ChatCompletionMessageParam],
+        tools: list[ChatCompletionFunctionToolParam],
+        on_text: OnText | None,
+        progress: _Progress,
+    ) -> LLMResponse:
+        extra: dict[str, Any] = {self._token_param: request.max_tokens}
+        if self._include_usage:
+            extra["stream_options"] = {"include_usage": True}
+        try:
+            stream = await self._client.chat.completions.create(
+                model=request.model,
+                messages=messages,
+                tools=tools or openai.omit,
+                stream=True,
+                extra_body=extra,
+            )
+        except openai.APIError as exc:
+            raise _AttemptFailed.from_exception(exc, self._where) from exc
+        # The context manager closes the HTTP response on every exit,
+        # including CancelledError from the awaiting task.
+        async with stream:
+            iterator = aiter(stream)
+            while True:
+                try:
+                    chunk = await anext(iterator)
+                except StopAsyncIteration:
+                    break
+                except openai.APIError as exc:
+                    raise _AttemptFailed.from_exception(exc, self._where) from exc
+                progress.handle(chunk, on_text)
+        return progress.result()
+
+    @property
+    def _where(self) -> str:
+        return str(self._client.base_url).rstrip("/")
+
+
+@dataclass(slots=True)
+class _ToolBuffer:
+    id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+    def to_call(self) -> ToolCall:
+        raw = "".join(self.arguments)
+        call_id = self.id or f"call_{uuid.uuid4().hex[:16]}"
+        if not raw.strip():
+            return ToolCall(call_id, self.name, {})
+        try:
+            parsed = json.loads(raw)
+        except json.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            # Small local models often emit broken JSON; hand the raw text on
+            # so the tool layer can tell the model what went wrong.
+            return ToolCall(call_id, self.name, {"_invalid_arguments": raw})
+        return ToolCall(call_id, self.name, parsed)
+
+
+@dataclass(slots=True)
+class _Progress:
+    """Accumulates one streamed attempt."""
+
+    text_parts: list[str] = field(default_factory=list)
+    tools: dict[int, _ToolBuffer] = field(default_factory=dict)
+    usage: Usage = field(default_factory=Usage)
+    finish_reason: str = ""
+    emitted_text: bool = False
+
+    def handle(self, chunk: ChatCompletionChunk, on_text: OnText | None) -> None:
+        if chunk.usage is not None:
+            self.usage = Usage(
+                input_tokens=chunk.usage.prompt_tokens or 0,
+                output_tokens=chunk.usage.completion_tokens or 0,
+            )
+        for choice in chunk.choices or ():
+            if choice.index != 0:
+                continue
+            delta = choice.delta
+            if delta.content:
+                self.text_parts.append(delta.content)
+                if on_text is not None:
+                    self.emitted_text = True
+                    on_text(delta.content)
+            for call in delta.tool_calls or ():
+                self._tool_delta(call)
+            if choice.finish_reason:
+                self.finish_reason = choice.finish_reason
+
+    def _tool_delta(self, call: Any) -> None:
+        index = getattr(call, "index", None)
+        call_id = getattr(call, "id", None)
+        if not isinstance(index, int):
+            # Some servers omit the index; a new id then means a new call.
+            known = {b.id for b in self.tools.values()}
+            if (call_id and call_id not in known) or not self.tools:
+                index = len(self.tools)
+            else:
+                index = max(self.tools)
+        buffer = self.tools.setdefault(index, _ToolBuffer())
+        if call_id and not buffer.id:
+            buffer.id = call_id
+        function = getattr(call, "function", None)
+        if function is not None:
+            if function.name and not buffer.name:
+                buffer.name = function.name
+            if function.arguments:
+                buffer.arguments.append(function.arguments)
+
+    def result(self) -> LLMResponse:
+        calls = tuple(b.to_call() for _, b in sorted(self.tools.items()))
+        return LLMResponse(
+            text="".join(self.text_parts),
+            tool_calls=calls,
+            usage=self.usage,
+            stop_reason=self.finish_reason,
+        )
+
+
+class _AttemptFailed(Exception):
+    """Internal: one attempt failed with ``error``; ``retry_after`` from the server."""
+
+    def __init__(self, error: ProviderError, retry_after: float | None = None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.retry_after = retry_after
+
+    @classmethod
+    def from_exception(cls, exc: openai.APIError, where: str) -> _AttemptFailed:
+        if isinstance(exc, openai.APIStatusError):
+            return cls(_status_error(exc, where), _retry_after(exc))
+        if isinstance(exc, openai.APITimeoutError):
+            return cls(ProviderError(f"the request to {where} timed out", retryable=True))
+        if isinstance(exc, openai.APIConnectionError):
+            cause = exc.__cause__ or exc.__context__
+            reason = f"{type(cause).__name__}: {cause}" if cause is not None else exc.message
+            return cls(ProviderError(f"the connection to {where} failed: {reason}", retryable=True))
+        return cls(_stream_error(exc))
+
+
+def _retry_after(exc: openai.APIStatusError) -> float | None:
+    value = exc.response.headers.get("retry-after")
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _error_detail(exc: openai.APIError) -> str:
+    body = exc.body
+    if isinstance(body, Mapping):
+        message = body.get("message")
+        if isinstance(message, str) and message:
+            return message
+    if isinstance(body, str) and body:
+        return body
+    return exc.message
+
+
+def _status_error(exc: openai.APIStatusError, where: str) -> ProviderError:
+    status = exc.status_code
+    detail = _error_detail(exc)
+    retryable = status in _RETRYABLE_STATUSES or status >= 500
+    if status == 401:
+        text = f"{where} rejected the API key (401): check OPENAI_API_KEY"
+    elif status == 403:
+        text = f"{where} refused the request (403 permission denied): {detail}"
+    elif status == 404:
+        text = f"{where} returned 404 ({detail}): check the model name and OPENAI_BASE_URL"
+    elif status == 429:
+        text = f"rate limit reached at {where} (429): {detail}"
+    elif status >= 500:
+        text = f"server error from {where} ({status}): {detail}"
+    else:
+        text = f"{where} rejected the request ({status}): {detail}"
+    return ProviderError(text, retryable=retryable, status=status)
+
+
+def _stream_error(exc: openai.APIError) -> ProviderError:
+    """An error object sent inside a 200 stream (``data: {"error": ...}``)."""
+    detail = _error_detail(exc)
+    status: int | None = None
+    code = exc.code
+    if code is not None and code.isdigit():
+        status = int(code)
+    # Servers put an HTTP-like code or an error type in the object; treat the
+    # failure as transient unless either says the request itself was bad.
+    client_fault = (status is not None and 400 <= status < 500) and status not in (
+        _RETRYABLE_STATUSES
+    )
+    client_fault = client_fault or exc.type in _CLIENT_ERROR_TYPES
+    return ProviderError(f"the model stream failed: {detail}", retryable=not client_fault)
+
+
+def to_openai_messages(
+    system: str, history: Sequence[ChatMessage]
+) -> list[ChatCompletionMessageParam]:
+    """Convert neutral history to Chat Completions ``messages``.
+
+    Consecutive user messages are joined into one, as some local chat
+    templates insist that user and assistant turns alternate.
+    """
+    result: list[ChatCompletionMessageParam] = []
+    if system:
+        result.append({"role": "system", "content": system})
+    for message in _join_user_runs(history):
+        if message.role == "user":
+            result.append({"role": "user", "content": message.content})
+        elif message.role == "assistant":
+            calls: list[ChatCompletionMessageFunctionToolCallParam] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {
+                        "name": call.name,
+                        "arguments": json.dumps(dict(call.arguments), ensure_ascii=False),
+                    },
+                }
+                for call in message.tool_calls
+            ]
+            if calls:
+                result.append(
+                    {"role": "assistant", "content": message.content, "tool_calls": calls}
+                )
+            else:
+                result.append({"role": "assistant", "content": message.content})
+        else:
+            result.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": message.tool_call_id or "",
+                    "content": message.content,
+                }
+            )
+    return result
+
+
+def _join_user_runs(history: Sequence[ChatMessage]) -> list[ChatMessage]:
+    joined: list[ChatMessage] = []
+    for message in history:
+        if message.role == "user" and joined and joined[-1].role == "user":
+            last = joined[-1]
+            joined[-1] = replace(last, content=f"{last.content}\n\n{message.content}")
+        else:
+            joined.append(message)
+    return joined
+
+
+def to_openai_tools(tools: Sequence[ToolSpec]) -> list[ChatCompletionFunctionToolParam]:
+    """Convert tool specs to Chat Completions function ``tools``."""
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": tool.name,
+                "description": tool.description,
+                "parameters": dict(tool.input_schema),
+            },
+        }
+        for tool in tools
+    ]

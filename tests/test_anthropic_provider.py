@@ -1,0 +1,530 @@
+"""AnthropicProvider driven through the real ``anthropic`` SDK against FakeAnthropic."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anthropic
+import pytest
+
+from bot.config import Settings
+from bot.llm import ChatMessage, LLMRequest, ProviderError, ToolCall, ToolSpec
+from plugins.anthropic_provider import AnthropicProvider
+from tests.fakes.anthropic_api import FakeAnthropic, ToolUse
+
+KEY = "sk-ant-test"
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeAnthropic]:
+    async with FakeAnthropic(api_key=KEY) as server:
+        yield server
+
+
+@pytest.fixture
+async def provider(fake: FakeAnthropic) -> AsyncIterator[AnthropicProvider]:
+    settings = Settings(anthropic_api_key=KEY, anthropic_base_url=fake.base_url)
+    p = AnthropicProvider(settings, retry_base_delay=0.001)
+    yield p
+    await p.aclose()
+
+
+class RetryLog:
+    """Records on_retry calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int, str]] = []
+
+    async def __call__(self, attempt: int, max_attempts: int, error: str) -> None:
+        self.calls.append((attempt, max_attempts, error))
+
+
+def ask(*messages: ChatMessage, tools: tuple[ToolSpec, ...] = ()) -> LLMRequest:
+    history = messages or (ChatMessage("user", "hi"),)
+    return LLMRequest(model="claude-test", system="be brief", messages=history, tools=tools)
+
+
+async def test_streamed_text_reaches_on_text_in_order_and_equals_final_text(
+    fake: FakeAnthropic, provider: AnthropicProvider
+) -> None:
+    fake.reply_text(["Hel", "lo, ", "wor", "ld!"])
+    fragments: list[str] = []
+
+    response = await provider.complete(ask(), on_text=fragments.append)
+
+    assert fragments == ["Hel", "lo, ", "wor", "ld!"]
+    assert response.text == "Hello, world!"
+    assert response.tool_calls == ()
+    assert response.stop_reason == "end_turn"
+
+
+async def test_tool_call_partial_json_deltas_are_joined_and_parsed(
+    fake: FakeAnthropic, provider: AnthropicProvider
+) -> None:
+    arguments = {"path": "notes/ä.txt", "lines": [1, 2, 3], "options": {"strip": True}}
+    fake.reply_tool_calls(
+        ToolUse("read_file", arguments, id="toolu_A"),
+        ToolUse("list_dir", {}, id="toolu_B"),
+        text="Let me look.",
+    )
+
+    response = await provider.complete(ask())
+
+    assert response.text == "Let me look."
+    assert response.tool_calls == (
+        ToolCall("toolu_A", "read_file", arguments),
+        ToolCall("toolu_B", "list_dir", {}),
+    )
+    assert response.stop_reason == "tool_use"
+
+
+async def test_usage_and_stop_reason_come_from_the_stream(
+    fake: FakeAnthropic, provider: AnthropicProvider
+) -> None:
+    fake.reply("partial answer", input_tokens=321, output_tokens=54, stop_reason="max_tokens")
+
+    response = await provider.complete(ask())
+
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (321, 54)
+    assert response.stop_reason == "max_tokens"
+
+
+async def test_truncated_tool_json_becomes_invalid_arguments_instead_of_crashing(
+    fake: FakeAnthropic, provider: AnthropicProvider
+) -> None:
+    fake.reply(ToolUse("write_file", '{"path": "a.txt", "content": "unfinis', id="toolu_T"))
+
+    response = await provider.complete(ask())
+
+    assert response.tool_calls == (
+        ToolCall(
+            "toolu_T", "write_file", {"_invalid_arguments": '{"path": "a.txt", "content": "unfinis'}
+        ),
+    )
+
+
+async def test_request_streams_with_model_system_tools_and_api_key(
+    fake: FakeAnthropic, provider: AnthropicProvider
+) -> None:
+    fake.reply_text("ok")
+    schema = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+    request = LLMRequest(
+        model="claude-test",
+        system="You are Roost.",
+        messages=(ChatMessage("user", "read a.txt"),),
+        tools=(ToolSpec("read_file", "Read a file.", schema),),
+        max_tokens=777,
+    )
+
+    await provider.complete(request)
+
+    sent = fake.last_request
+    assert sent.path == "/v1/messages"
+    assert sent.api_key == KEY
+    assert sent.body["stream"] is True
+    assert sent.body["model"] == "claude-test"
+    assert sent.body["max_tokens"] == 777
+    assert sent.body["system"] == "You are Roost."
+    assert sent.body["tools"] == [
+        {"name": "read_file", "description": "Read a file.", "input_schema": schema}
+    ]
+    assert sent.body["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "read a.txt"}]}
+    ]
+
+
+async def test_empty_system_and_no_tools_are_left_out_of_the_request(
+    fake: FakeAnthropic, provider: AnthropicProvider
+) -> None:
+    fake.reply_text("ok")
+
+    await provider.complete(LLMRequest(model="m", system="", messages=(ChatMessage("user", "x"),)))
+
+    assert "system" not in fake.last_request.body
+    assert "tools" not in fake.last_request.body
+
+
+async def test_history_groups_tool_results_and_merges_roles_so_they_alternate(
+    fake: FakeAnthropic, provider: AnthropicProvider
+) -> None:
+    fake.reply_text("done")
+    history = (
+        ChatMessage("user", "[Ann]: read both files"),
+        ChatMessage("user", "[Bob]: and hurry"),
+        ChatMessage(
+            "assistant",
+            "Reading.",
+            tool_calls=(
+                ToolCall("toolu_1", "read_file", {"path": "a.txt"}),
+                ToolCall("toolu_2", "read_file", {"path": "b.txt"}),
+            ),
+        ),
+        ChatMessage("tool", "alpha", tool_call_id="toolu_1", tool_name="read_file"),
+        ChatMessage(
+            "tool", "no such file", tool_call_id="toolu_2", tool_name="read_file", is_error=True
+        ),
+        ChatMessage("assistant", "", tool_calls=(ToolCall("toolu_3", "list_dir", {}),)),
+        ChatMessage("tool", "a.txt", tool_call_id="toolu_3", tool_name="list_dir"),
+        ChatMessage("user", "[Ann]: well?"),
+    )
+
+    await provider.complete(ask(*history))
+
+    assert fake.last_request.body["messages"] == [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "[Ann]: read both files"},
+                {"type": "text", "text": "[Bob]: and hurry"},
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Reading."},
+                {
+                    "type": "tool_use",
+                    "id": "toolu_1",
+                    "name": "read_file",
+                    "input": {"path": "a.txt"},
+                },
+                {
+                    "type": "tool_use",
+                    "id": "toolu_2",
+                    "name": "read_file",
+                    "input": {"path": "b.txt"},
+                },
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_1",
+                    "content": "alpha",
+                    "is_error": False,
+                },
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_2",
+                    "content": "no such file",
+                    "is_error": True,
+                },
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "toolu_3", "name": "list_dir", "input": {}}],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_3",
+                    "content": "a.txt",
+                    "is_error": False,
+                },
+                {"type": "text", "text": "[Ann]: well?"},
+            ],
+        },
+    ]
+
+
+async def test_tool_results_come_before_text_when_a_user_message_precedes_them(
+    fake: FakeAnthropic, provider: AnthropicProvider
+) -> None:
+    fake.reply_text("ok")
+    history = (
+        ChatMessage("user", "go"),
+        ChatMessage("assistant", "", tool_calls=(ToolCall("toolu_1", "t", {}),)),
+        ChatMessage("user", "[Bob]: me too"),
+        ChatMessage("tool", "result", tool_call_id="toolu_1"),
+    )
+
+    await provider.complete(ask(*history))
+
+    last = fake.last_request.body["messages"][-1]
+    assert [block["type"] for block in last["content"]] == ["tool_result", "text"]
+
+
+@pytest.mark.parametrize("status", [529, 429, 500, 503])
+async def test_transient_http_error_is_retried_with_on_retry_then_succeeds(
+    fake: FakeAnthropic, provider: AnthropicProvider, status: int
+) -> None:
+    fake.fail(status, message="busy")
+    fake.reply_text("recovered")
+    retries = RetryLog()
+
+    response = await provider.complete(ask(), on_retry=retries)
+
+    assert response.text == "recovered"
+    assert len(fake.requests) == 2
+    assert [(a, m) for a, m, _ in retries.calls] == [(2, 3)]
+    assert str(status) in retries.calls[0][2]
+
+
+async def test_overloaded_error_names_the_overload_in_the_retry_message(
+    fake: FakeAnthropic, provider: AnthropicProvider
+) -> None:
+    fake.fail(529, "overloaded_error", "Overloaded")
+    fake.reply_text("ok")
+    retries = RetryLog()
+
+    await provider.complete(ask(), on_retry=retries)
+
+    assert "overloaded" in retries.calls[0][2].lower()
+
+
+async def test_three_failures_raise_retryable_provider_error_after_two_retries(
+    fake: FakeAnthropic, provider: AnthropicProvider
+) -> None:
+    for _ in range(3):
+        fake.fail(529, "overloaded_error", "Overloaded")
+    fake.reply_text("never reached")
+    retries = RetryLog()
+
+    with pytest.raises(ProviderError) as caught:
+        await provider.complete(ask(), on_retry=retries)
+
+    assert caught.value.retryable is True
+    assert caught.value.status == 529
+    assert "3 attempts" in str(caught.value)
+    assert [(a, m) for a, m, _ in retries.calls] == [(2, 3), (3, 3)]
+    assert len(fake.requests) == 3
+    assert isinstance(caught.value.__cause__, anthropic.OverloadedError)
+
+
+async def test_max_attempts_bounds_the_number_of_requests(fake: FakeAnthropic) -> None:
+    settings = Settings(anthropic_api_key=KEY, anthropic_base_url=fake.base_url)
+    provider = AnthropicProvider(settings, max_attempts=5, retry_base_delay=0.001)
+    for _ in range(5):
+        fake.fail(500)
+    retries = RetryLog()
+    try:
+        with pytest.raises(ProviderError):
+            await provider.complete(ask(), on_retry=retries)
+    finally:
+        await provider.aclose()
+
+    assert len(fake.requests) == 5
+    assert [a for a, _, _ in retries.calls] == [2, 3, 4, 5]
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        (400, "rejected the request (400)"),
+        (401, "ANTHROPIC_API_KEY"),
+        (403, "403"),
+        (404, "model name"),
+    ],
+)
+async def test_client_error_raises_at_once_without_retry(
+    fake: FakeAnthropic, provider: AnthropicProvider, status: int, expected: str
+) -> None:
+    fake.fail(status, message="scripted client error")
+    fake.reply_text("must not be used")
+    retries = RetryLog()
+
+    with pytest.raises(ProviderError) as caught:
+        await provider.complete(ask(), on_retry=retries)
+
+    assert caught.value.retryable is False
+    assert caught.value.status == status
+    assert expected in str(caught.value)
+    assert retries.calls == []
+    assert len(fake.requests) == 1
+
+
+async def test_wrong_api_key_is_reported_as_rejected_key(fake: FakeAnthropic) -> None:
+    settings = Settings(anthropic_api_key="sk-ant-wrong", anthropic_base_url=fake.base_url)
+    provider = AnthropicProvider(settings, retry_base_delay=0.001)
+    try:
+        with pytest.raises(ProviderError) as caught:
+            await provider.complete(ask())
+    finally:
+        await provider.aclose()
+
+    assert caught.value.status == 401
+    assert "API key" in str(caught.value)
+    assert "ANTHROPIC_API_KEY" in str(caught.value)
+
+
+async def test_missing_api_key_fails_with_a_hint_and_sends_nothing(
+    fake: FakeAnthropic, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Keep the SDK's own credential discovery (env, profiles on disk) out of it.
+    for name in (
+        "ANTHROPIC_API_KEY",
+        "ANTHROPIC_AUTH_TOKEN",
+        "ANTHROPIC_PROFILE",
+        "ANTHROPIC_CONFIG_DIR",
+        "ANTHROPIC_FEDERATION_RULE_ID",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    provider = AnthropicProvider(Settings(anthropic_base_url=fake.base_url))
+    try:
+        with pytest.raises(ProviderError, match="ANTHROPIC_API_KEY"):
+            await provider.complete(ask())
+    finally:
+        await provider.aclose()
+
+    assert fake.requests == []
+
+
+async def test_error_event_after_text_raises_provider_error_without_retry(
+    fake: FakeAnthropic, provider: AnthropicProvider
+) -> None:
+    fake.fail_mid_stream("overloaded_error", "Overloaded", text_before="Half an ans")
+    fake.reply_text("must not be used")
+    fragments: list[str] = []
+    retries = RetryLog()
+
+    with pytest.raises(ProviderError) as caught:
+        await provider.complete(ask(), on_text=fragments.append, on_retry=retries)
+
+    assert "".join(fragments) == "Half an ans"
+    assert "Overloaded" in str(caught.value)
+    assert retries.calls == []
+    assert len(fake.requests) == 1
+
+
+async def test_error_event_before_any_text_is_retried(
+    fake: FakeAnthropic, provider: AnthropicProvider
+) -> None:
+    fake.fail_mid_stream("overloaded_error", "Overloaded")
+    fake.reply_text("second try")
+    fragments: list[str] = []
+    retries = RetryLog()
+
+    response = await provider.complete(ask(), on_text=fragments.append, on_retry=retries)
+
+    assert response.text == "second try"
+    assert "".join(fragments) == "second try"
+    assert len(retries.calls) == 1
+
+
+async def test_invalid_request_error_event_is_not_retried(
+    fake: FakeAnthropic, provider: AnthropicProvider
+) -> None:
+    fake.fail_mid_stream("invalid_request_error", "bad input")
+    fake.reply_text("must not be used")
+
+    with pytest.raises(ProviderError) as caught:
+        await provider.complete(ask())
+
+    assert caught.value.retryable is False
+    assert len(fake.requests) == 1
+
+
+async def test_dropped_connection_before_text_is_retried(
+    fake: FakeAnthropic, provider: AnthropicProvider
+) -> None:
+    fake.drop_connection()
+    fake.reply_text("after the drop")
+    retries = RetryLog()
+
+    response = await provider.complete(ask(), on_text=lambda _: None, on_retry=retries)
+
+    assert response.text == "after the drop"
+    assert "connection" in retries.calls[0][2]
+
+
+async def test_dropped_connection_after_text_raises_provider_error(
+    fake: FakeAnthropic, provider: AnthropicProvider
+) -> None:
+    fake.drop_connection(text_before="Some words")
+    fake.reply_text("must not be used")
+
+    with pytest.raises(ProviderError) as caught:
+        await provider.complete(ask(), on_text=lambda _: None)
+
+    assert caught.value.retryable is True
+    assert len(fake.requests) == 1
+
+
+async def test_text_without_listener_does_not_block_retry(
+    fake: FakeAnthropic, provider: AnthropicProvider
+) -> None:
+    fake.drop_connection(text_before="unseen words")
+    fake.reply_text("clean answer")
+
+    response = await provider.complete(ask())
+
+    assert response.text == "clean answer"
+
+
+async def test_retry_after_header_delays_the_retry(
+    fake: FakeAnthropic, provider: AnthropicProvider
+) -> None:
+    fake.fail(429, headers={"retry-after": "0.3"})
+    fake.reply_text("ok")
+
+    started = time.monotonic()
+    await provider.complete(ask())
+
+    assert time.monotonic() - started >= 0.3
+
+
+async def test_backoff_doubles_between_attempts(fake: FakeAnthropic) -> None:
+    settings = Settings(anthropic_api_key=KEY, anthropic_base_url=fake.base_url)
+    provider = AnthropicProvider(settings, max_attempts=3, retry_base_delay=0.1)
+    fake.fail(500)
+    fake.fail(500)
+    fake.reply_text("ok")
+    stamps: list[float] = []
+
+    async def on_retry(attempt: int, max_attempts: int, error: str) -> None:
+        stamps.append(time.monotonic())
+
+    try:
+        await provider.complete(ask(), on_retry=on_retry)
+    finally:
+        await provider.aclose()
+
+    # on_retry runs just before each sleep: ~0.1 s, then ~0.2 s (+ up to 10 % jitter).
+    first_wait = stamps[1] - stamps[0]
+    second_wait = time.monotonic() - stamps[1]
+    assert first_wait >= 0.1
+    assert second_wait >= 0.2
+    assert second_wait > first_wait
+
+
+async def test_cancelling_a_slow_stream_raises_cancelled_and_closes_the_connection(
+    fake: FakeAnthropic, provider: AnthropicProvider
+) -> None:
+    fake.reply_text("this answer trickles in very slowly", chunk_delay=30)
+    task = asyncio.create_task(provider.complete(ask(), on_text=lambda _: None))
+    await asyncio.wait_for(fake.request_received.wait(), 5)
+    await asyncio.sleep(0.1)
+
+    started = time.monotonic()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert time.monotonic() - started < 1.0
+
+    await asyncio.wait_for(fake.disconnected.wait(), 2)
+    assert fake.disconnects == 1
+
+
+async def test_fake_serves_non_streaming_json_to_the_sdk(fake: FakeAnthropic) -> None:
+    fake.reply_tool_calls(ToolUse("read_file", {"path": "a.txt"}, id="toolu_X"), text="Sure.")
+    client = anthropic.AsyncAnthropic(api_key=KEY, base_url=fake.base_url, max_retries=0)
+    try:
+        message = await client.messages.create(
+            model="m", max_tokens=10, messages=[{"role": "user", "content": "hi"}]
+        )
+    finally:
+        await client.close()
+
+    assert message.stop_reason == "tool_use"
+    assert message.content[0].type == "text"
+    assert message.content[1].type == "tool_use"
+    assert message.content[1].input == {"path": "a.txt"}
