@@ -59,7 +59,7 @@ class Settings(BaseSettings):
     """Also start the console channel under ``roost run`` (local debugging)."""
 
     provider: str = "anthropic"
-    model: str = "claude-sonnet-4-5"
+    model: str = "claude-sonnet-5-5"
     max_tokens: int = Field(4096, ge=1)
     script: Path | None = None
 

@@ -110,13 +110,15 @@ def scripted(*turns: dict[str, Any], loop: bool = False) -> ScriptedProvider:
 
 
 AppFactory = Callable[..., Awaitable[tuple[Roost, RecordingChannel, EventLog]]]
+"""``make_app(provider_or_None, *plugins, stream=False, **settings)``; ``None`` builds the
+provider the configured way, from ``settings`` through the provider plugins."""
 
 
 @pytest.fixture
 async def make_app(tmp_path: Path) -> AsyncIterator[AppFactory]:
     apps: list[Roost] = []
 
-    async def factory(provider: LLMProvider, *plugins: object, stream: bool = False,
+    async def factory(llm: LLMProvider | None, /, *plugins: object, stream: bool = False,
                       host: PluginHost | None = None,
                       **settings: Any) -> tuple[Roost, RecordingChannel, EventLog]:
         settings.setdefault("data_dir", tmp_path / "data")
@@ -126,7 +128,7 @@ async def make_app(tmp_path: Path) -> AsyncIterator[AppFactory]:
         host.register(log, "test-event-log")
         for i, plugin in enumerate(plugins):
             host.register(plugin, f"test-plugin-{i}")
-        app = await Roost.create(Settings(**settings), host=host, provider=provider)
+        app = await Roost.create(Settings(**settings), host=host, provider=llm)
         apps.append(app)
         channel = RecordingChannel(stream=stream)
         await app.add_channel(channel)
