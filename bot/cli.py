@@ -7,14 +7,17 @@ import json
 import logging
 import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from bot import __version__
 from bot.config import ConfigError, Settings, load_settings
+
+if TYPE_CHECKING:
+    from bot.app import Roost
 
 log = logging.getLogger("roost")
 
@@ -63,7 +66,8 @@ def run(ctx: click.Context) -> None:
     _run_async(_serve(settings))
 
 
-async def _serve(settings: Settings) -> int:
+async def _open_app(settings: Settings) -> Roost | None:
+    """The app, or ``None`` after saying exactly what to set for the provider."""
     from bot.app import Roost, SetupError, resolve_provider
     from bot.pluginmanager import get_plugin_manager
 
@@ -72,8 +76,33 @@ async def _serve(settings: Settings) -> int:
         await resolve_provider(settings, host)
     except SetupError as exc:
         click.echo(f"roost: {exc}", err=True)
+        return None
+    return await Roost.create(settings, host=host)
+
+
+def _stop_signal() -> asyncio.Event:
+    """An event set by Ctrl-C or SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def _first(*awaitables: Awaitable[Any]) -> None:
+    """Wait until one of ``awaitables`` is done; cancel the rest."""
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def _serve(settings: Settings) -> int:
+    app = await _open_app(settings)
+    if app is None:
         return EXIT_SETUP
-    app = await Roost.create(settings, host=host)
     try:
         names = app.configured_channels()
         if not names:
@@ -81,22 +110,13 @@ async def _serve(settings: Settings) -> int:
                        f"(channels available: {', '.join(app.channel_specs)}; "
                        "ROOST_CONSOLE=1 enables the console)", err=True)
             return EXIT_SETUP
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        stop = _stop_signal()
         for name in names:
             await app.start_channel(name)
         log.info("roost ready: provider=%s model=%s channels=%s",
                  app.provider.name, settings.model, ",".join(names))
-        console = app.channels.get("console")
-        eof = getattr(console, "eof", None)
-        waiters = [asyncio.ensure_future(stop.wait())]
-        if isinstance(eof, asyncio.Event):
-            waiters.append(asyncio.ensure_future(eof.wait()))
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        for waiter in waiters:
-            waiter.cancel()
+        eof = getattr(app.channels.get("console"), "eof", None)
+        await _first(stop.wait(), *([eof.wait()] if isinstance(eof, asyncio.Event) else []))
         log.info("roost shutting down")
     finally:
         await app.close()
@@ -121,17 +141,11 @@ def chat(ctx: click.Context, message: str | None, demo: bool, no_stream: bool) -
 
 
 async def _chat(settings: Settings, message: str | None, *, stream: bool) -> int:
-    from bot.app import Roost, SetupError, resolve_provider
-    from bot.pluginmanager import get_plugin_manager
     from channels.console import ConsoleChannel
 
-    host = get_plugin_manager()
-    try:
-        await resolve_provider(settings, host)
-    except SetupError as exc:
-        click.echo(f"roost: {exc}", err=True)
+    app = await _open_app(settings)
+    if app is None:
         return EXIT_SETUP
-    app = await Roost.create(settings, host=host)
     console = ConsoleChannel(read_stdin=message is None, stream=stream)
     try:
         await app.add_channel(console)
@@ -139,20 +153,11 @@ async def _chat(settings: Settings, message: str | None, *, stream: bool) -> int
             await console.say(message)
             await app.dispatcher.drain()
             return 0
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        eof = asyncio.ensure_future(console.eof.wait())
-        stopped = asyncio.ensure_future(stop.wait())
-        await asyncio.wait([eof, stopped], return_when=asyncio.FIRST_COMPLETED)
-        if eof.done() and not stop.is_set():
+        stop = _stop_signal()
+        await _first(console.eof.wait(), stop.wait())
+        if not stop.is_set():
             # End of input: let answers to what was typed finish first.
-            drained = asyncio.ensure_future(app.dispatcher.drain())
-            await asyncio.wait([drained, stopped], return_when=asyncio.FIRST_COMPLETED)
-            drained.cancel()
-        eof.cancel()
-        stopped.cancel()
+            await _first(app.dispatcher.drain(), stop.wait())
         return 0
     finally:
         await app.close()
