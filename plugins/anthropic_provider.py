@@ -2,17 +2,15 @@
 
 Every call streams, so text reaches the chat while the model writes and a
 cancelled run closes the HTTP stream at once. The SDK's own retries are off:
-this module retries transient failures itself so it can report each retry via
-``on_retry`` and refuse to retry once text has already been shown.
+:mod:`plugins.provider_retry` retries transient failures instead, so each
+retry is reported via ``on_retry`` and none happens once text was shown.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, cast
 
 import anthropic
@@ -37,12 +35,19 @@ from bot.llm import (
     ToolSpec,
     Usage,
 )
+from plugins.provider_retry import (
+    AttemptFailed,
+    RetryPolicy,
+    is_retryable_status,
+    parse_retry_after,
+    read_stream,
+    tool_call_from_json,
+    with_retries,
+)
 
 __all__ = ["AnthropicProvider"]
 
-_RETRYABLE_STATUSES = frozenset({408, 409, 429})
 _RETRYABLE_STREAM_ERRORS = frozenset({"overloaded_error", "api_error", "rate_limit_error"})
-_MAX_RETRY_AFTER = 30.0
 # The SDK does not wrap errors raised while reading a streamed body, and its
 # HTTP stack is httpx2 in SDK 1.x/2.x but httpx in 0.x, so transport failures
 # are recognised by the package that raised them.
@@ -54,9 +59,8 @@ _Block = TextBlockParam | ToolUseBlockParam | ToolResultBlockParam
 class AnthropicProvider:
     """Streams Claude completions with tool use, retrying transient failures.
 
-    ``max_attempts`` counts the first try; retry ``n`` waits about
-    ``retry_base_delay * 2**(n-1)`` seconds (longer if the API sends
-    ``retry-after``, capped at 30 s).
+    ``max_attempts`` and ``retry_base_delay`` make its
+    :class:`~plugins.provider_retry.RetryPolicy`.
     """
 
     name = "anthropic"
@@ -86,8 +90,7 @@ class AnthropicProvider:
             and self._client.auth_token is None
             and getattr(self._client, "credentials", None) is None
         )
-        self._max_attempts = max(1, max_attempts)
-        self._retry_base_delay = retry_base_delay
+        self.retry = RetryPolicy(max_attempts, retry_base_delay)
 
     async def complete(
         self,
@@ -104,36 +107,16 @@ class AnthropicProvider:
             raise ProviderError("no Anthropic API key is configured: set ANTHROPIC_API_KEY")
         messages = to_anthropic_messages(request.messages)
         tools = to_anthropic_tools(request.tools)
-        attempt = 1
-        while True:
-            progress = _Progress()
-            try:
-                return await self._stream_once(request, messages, tools, on_text, progress)
-            except _AttemptFailed as failed:
-                error, cause, retry_after = failed.error, failed.__cause__, failed.retry_after
-            if not error.retryable or progress.emitted_text or attempt >= self._max_attempts:
-                if error.retryable and attempt > 1:
-                    error = ProviderError(
-                        f"{error} (gave up after {attempt} attempts)",
-                        retryable=True,
-                        status=error.status,
-                    )
-                raise error from cause
-            attempt += 1
-            if on_retry is not None:
-                await on_retry(attempt, self._max_attempts, str(error))
-            await asyncio.sleep(self._backoff(attempt, retry_after))
+        return await with_retries(
+            partial(self._stream_once, request, messages, tools),
+            self.retry,
+            on_text=on_text,
+            on_retry=on_retry,
+        )
 
     async def aclose(self) -> None:
         """Close the HTTP client and its connections."""
         await self._client.close()
-
-    def _backoff(self, attempt: int, retry_after: float | None) -> float:
-        delay = self._retry_base_delay * 2.0 ** (attempt - 2)
-        delay += random.uniform(0, delay * 0.1)
-        if retry_after is not None:
-            delay = max(delay, min(retry_after, _MAX_RETRY_AFTER))
-        return delay
 
     async def _stream_once(
         self,
@@ -141,31 +124,23 @@ class AnthropicProvider:
         messages: list[MessageParam],
         tools: list[ToolParam],
         on_text: OnText | None,
-        progress: _Progress,
     ) -> LLMResponse:
-        try:
-            stream = await self._client.messages.create(
+        progress = _Progress()
+        await read_stream(
+            lambda: self._client.messages.create(
                 model=request.model,
                 max_tokens=request.max_tokens,
                 system=request.system or anthropic.omit,
                 messages=messages,
                 tools=tools or anthropic.omit,
                 stream=True,
-            )
-        except Exception as exc:
-            raise _AttemptFailed.from_exception(exc) from exc
-        # The context manager closes the HTTP response on every exit,
-        # including CancelledError from the awaiting task.
-        async with stream:
-            iterator = aiter(stream)
-            while True:
-                try:
-                    event = await anext(iterator)
-                except StopAsyncIteration:
-                    break
-                except Exception as exc:
-                    raise _AttemptFailed.from_exception(exc) from exc
-                progress.handle(event, on_text)
+            ),
+            lambda event: progress.handle(event, on_text),
+            _failure,
+            # Errors of the HTTP stack arrive unwrapped mid-stream (see
+            # _TRANSPORT_PACKAGES), so everything goes to _failure to sort.
+            catch=Exception,
+        )
         return progress.result()
 
 
@@ -177,18 +152,7 @@ class _ToolBuffer:
     initial: Mapping[str, Any] | None = None
 
     def to_call(self) -> ToolCall:
-        raw = "".join(self.json_parts)
-        if not raw.strip():
-            return ToolCall(self.id, self.name, dict(self.initial or {}))
-        try:
-            parsed = json.loads(raw)
-        except json.JSONDecodeError:
-            parsed = None
-        if not isinstance(parsed, dict):
-            # A stream cut short by max_tokens leaves truncated JSON; hand the
-            # raw text on so the tool layer can report it to the model.
-            return ToolCall(self.id, self.name, {"_invalid_arguments": raw})
-        return ToolCall(self.id, self.name, parsed)
+        return tool_call_from_json(self.id, self.name, "".join(self.json_parts), self.initial)
 
 
 @dataclass(slots=True)
@@ -199,7 +163,6 @@ class _Progress:
     blocks: dict[int, _ToolBuffer | None] = field(default_factory=dict)
     usage: Usage = field(default_factory=Usage)
     stop_reason: str = ""
-    emitted_text: bool = False
     finished: bool = False
 
     def _text(self, fragment: str, on_text: OnText | None) -> None:
@@ -207,7 +170,6 @@ class _Progress:
             return
         self.text_parts.append(fragment)
         if on_text is not None:
-            self.emitted_text = True
             on_text(fragment)
 
     def handle(self, event: RawMessageStreamEvent, on_text: OnText | None) -> None:
@@ -241,7 +203,7 @@ class _Progress:
 
     def result(self) -> LLMResponse:
         if not self.finished:
-            raise _AttemptFailed(
+            raise AttemptFailed(
                 ProviderError("the Anthropic stream ended before message_stop", retryable=True)
             )
         calls = tuple(
@@ -255,28 +217,22 @@ class _Progress:
         )
 
 
-class _AttemptFailed(Exception):
-    """Internal: one attempt failed with ``error``; ``retry_after`` from the server."""
-
-    def __init__(self, error: ProviderError, retry_after: float | None = None) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.retry_after = retry_after
-
-    @classmethod
-    def from_exception(cls, exc: Exception) -> _AttemptFailed:
-        if isinstance(exc, anthropic.APIStatusError):
-            return cls(_status_error(exc), _retry_after(exc))
-        if isinstance(exc, anthropic.APITimeoutError):
-            return cls(ProviderError("the request to Anthropic timed out", retryable=True))
-        if isinstance(exc, anthropic.APIConnectionError):
-            return cls(ProviderError(f"could not reach Anthropic: {_cause(exc)}", retryable=True))
-        if type(exc).__module__.split(".")[0] in _TRANSPORT_PACKAGES:
-            if "Timeout" in type(exc).__name__:
-                return cls(ProviderError("the Anthropic stream timed out", retryable=True))
-            text = f"the connection to Anthropic failed: {_describe(exc)}"
-            return cls(ProviderError(text, retryable=True))
-        return cls(ProviderError(f"Anthropic call failed: {_describe(exc)}"))
+def _failure(exc: Exception) -> AttemptFailed:
+    """Classify anything the SDK or its HTTP stack raised during one attempt."""
+    if isinstance(exc, anthropic.APIStatusError):
+        retry_after = parse_retry_after(exc.response.headers.get("retry-after"))
+        return AttemptFailed(_status_error(exc), retry_after)
+    if isinstance(exc, anthropic.APITimeoutError):
+        return AttemptFailed(ProviderError("the request to Anthropic timed out", retryable=True))
+    if isinstance(exc, anthropic.APIConnectionError):
+        text = f"could not reach Anthropic: {_cause(exc)}"
+        return AttemptFailed(ProviderError(text, retryable=True))
+    if type(exc).__module__.split(".")[0] in _TRANSPORT_PACKAGES:
+        if "Timeout" in type(exc).__name__:
+            return AttemptFailed(ProviderError("the Anthropic stream timed out", retryable=True))
+        text = f"the connection to Anthropic failed: {_describe(exc)}"
+        return AttemptFailed(ProviderError(text, retryable=True))
+    return AttemptFailed(ProviderError(f"Anthropic call failed: {_describe(exc)}"))
 
 
 def _describe(exc: BaseException) -> str:
@@ -287,14 +243,6 @@ def _describe(exc: BaseException) -> str:
 def _cause(exc: BaseException) -> str:
     cause = exc.__cause__ or exc.__context__
     return _describe(cause) if cause is not None else _describe(exc)
-
-
-def _retry_after(exc: anthropic.APIStatusError) -> float | None:
-    value = exc.response.headers.get("retry-after")
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
-        return None
 
 
 def _api_message(body: object) -> tuple[str | None, str | None]:
@@ -319,7 +267,7 @@ def _status_error(exc: anthropic.APIStatusError) -> ProviderError:
         retryable = etype in _RETRYABLE_STREAM_ERRORS
         kind = etype or "error"
         return ProviderError(f"Anthropic stream failed ({kind}): {detail}", retryable=retryable)
-    retryable = status in _RETRYABLE_STATUSES or status >= 500
+    retryable = is_retryable_status(status)
     if status == 401:
         text = "Anthropic rejected the API key (401): check ANTHROPIC_API_KEY"
     elif status == 403:

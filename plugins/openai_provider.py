@@ -4,18 +4,18 @@ Targets OpenAI itself and the servers that copy its API (Ollama, vLLM,
 llama.cpp, LM Studio): only Chat Completions with ``stream=True`` and function
 tools are used. Every call streams, so text reaches the chat while the model
 writes and a cancelled run closes the HTTP stream at once. The SDK's own
-retries are off: this module retries transient failures itself so it can
-report each retry via ``on_retry`` and refuse to retry once text was shown.
+retries are off: :mod:`plugins.provider_retry` retries transient failures
+instead, so each retry is reported via ``on_retry`` and none happens once text
+was shown.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import random
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import openai
@@ -38,20 +38,27 @@ from bot.llm import (
     ToolSpec,
     Usage,
 )
+from plugins.provider_retry import (
+    RETRYABLE_STATUSES,
+    AttemptFailed,
+    RetryPolicy,
+    is_retryable_status,
+    parse_retry_after,
+    read_stream,
+    tool_call_from_json,
+    with_retries,
+)
 
 __all__ = ["OpenAIProvider"]
 
-_RETRYABLE_STATUSES = frozenset({408, 409, 429})
 _CLIENT_ERROR_TYPES = frozenset({"invalid_request_error", "BadRequestError", "NotFoundError"})
-_MAX_RETRY_AFTER = 30.0
 
 
 class OpenAIProvider:
     """Streams Chat Completions with function tools, retrying transient failures.
 
-    ``max_attempts`` counts the first try; retry ``n`` waits about
-    ``retry_base_delay * 2**(n-1)`` seconds (longer if the server sends
-    ``retry-after``, capped at 30 s).
+    ``max_attempts`` and ``retry_base_delay`` make its
+    :class:`~plugins.provider_retry.RetryPolicy`.
     """
 
     name = "openai"
@@ -70,8 +77,7 @@ class OpenAIProvider:
             api_key=(key.get_secret_value() if key is not None else "") or "not-needed",
             max_retries=0,
         )
-        self._max_attempts = max(1, max_attempts)
-        self._retry_base_delay = retry_base_delay
+        self.retry = RetryPolicy(max_attempts, retry_base_delay)
         # Adjusted once if the server rejects them; see _adapt_to.
         self._include_usage = True
         self._token_param = "max_tokens"
@@ -89,27 +95,13 @@ class OpenAIProvider:
         """
         messages = to_openai_messages(request.system, request.messages)
         tools = to_openai_tools(request.tools)
-        attempt = 1
-        while True:
-            progress = _Progress()
-            try:
-                return await self._stream_once(request, messages, tools, on_text, progress)
-            except _AttemptFailed as failed:
-                error, cause, retry_after = failed.error, failed.__cause__, failed.retry_after
-            if self._adapt_to(error):
-                continue
-            if not error.retryable or progress.emitted_text or attempt >= self._max_attempts:
-                if error.retryable and attempt > 1:
-                    error = ProviderError(
-                        f"{error} (gave up after {attempt} attempts)",
-                        retryable=True,
-                        status=error.status,
-                    )
-                raise error from cause
-            attempt += 1
-            if on_retry is not None:
-                await on_retry(attempt, self._max_attempts, str(error))
-            await asyncio.sleep(self._backoff(attempt, retry_after))
+        return await with_retries(
+            partial(self._stream_once, request, messages, tools),
+            self.retry,
+            on_text=on_text,
+            on_retry=on_retry,
+            resend=self._adapt_to,
+        )
 
     async def aclose(self) -> None:
         """Close the HTTP client and its connections."""
@@ -130,46 +122,31 @@ class OpenAIProvider:
             return True
         return False
 
-    def _backoff(self, attempt: int, retry_after: float | None) -> float:
-        delay = self._retry_base_delay * 2.0 ** (attempt - 2)
-        delay += random.uniform(0, delay * 0.1)
-        if retry_after is not None:
-            delay = max(delay, min(retry_after, _MAX_RETRY_AFTER))
-        return delay
-
     async def _stream_once(
         self,
         request: LLMRequest,
         messages: list[ChatCompletionMessageParam],
         tools: list[ChatCompletionFunctionToolParam],
         on_text: OnText | None,
-        progress: _Progress,
     ) -> LLMResponse:
         extra: dict[str, Any] = {self._token_param: request.max_tokens}
         if self._include_usage:
             extra["stream_options"] = {"include_usage": True}
-        try:
-            stream = await self._client.chat.completions.create(
+        progress = _Progress()
+        await read_stream(
+            lambda: self._client.chat.completions.create(
                 model=request.model,
                 messages=messages,
                 tools=tools or openai.omit,
                 stream=True,
                 extra_body=extra,
-            )
-        except openai.APIError as exc:
-            raise _AttemptFailed.from_exception(exc, self._where) from exc
-        # The context manager closes the HTTP response on every exit,
-        # including CancelledError from the awaiting task.
-        async with stream:
-            iterator = aiter(stream)
-            while True:
-                try:
-                    chunk = await anext(iterator)
-                except StopAsyncIteration:
-                    break
-                except openai.APIError as exc:
-                    raise _AttemptFailed.from_exception(exc, self._where) from exc
-                progress.handle(chunk, on_text)
+            ),
+            lambda chunk: progress.handle(chunk, on_text),
+            lambda exc: _failure(exc, self._where),
+            # This SDK wraps transport failures in APIError even mid-stream, so
+            # anything else is a bug, not a failed call, and must not be retried.
+            catch=openai.APIError,
+        )
         return progress.result()
 
     @property
@@ -184,19 +161,10 @@ class _ToolBuffer:
     arguments: list[str] = field(default_factory=list)
 
     def to_call(self) -> ToolCall:
-        raw = "".join(self.arguments)
+        # Some local servers send no call id; the history needs one to pair
+        # the tool result with its call.
         call_id = self.id or f"call_{uuid.uuid4().hex[:16]}"
-        if not raw.strip():
-            return ToolCall(call_id, self.name, {})
-        try:
-            parsed = json.loads(raw)
-        except json.JSONDecodeError:
-            parsed = None
-        if not isinstance(parsed, dict):
-            # Small local models often emit broken JSON; hand the raw text on
-            # so the tool layer can tell the model what went wrong.
-            return ToolCall(call_id, self.name, {"_invalid_arguments": raw})
-        return ToolCall(call_id, self.name, parsed)
+        return tool_call_from_json(call_id, self.name, "".join(self.arguments))
 
 
 @dataclass(slots=True)
@@ -207,7 +175,6 @@ class _Progress:
     tools: dict[int, _ToolBuffer] = field(default_factory=dict)
     usage: Usage = field(default_factory=Usage)
     finish_reason: str = ""
-    emitted_text: bool = False
 
     def handle(self, chunk: ChatCompletionChunk, on_text: OnText | None) -> None:
         if chunk.usage is not None:
@@ -222,7 +189,6 @@ class _Progress:
             if delta.content:
                 self.text_parts.append(delta.content)
                 if on_text is not None:
-                    self.emitted_text = True
                     on_text(delta.content)
             for call in delta.tool_calls or ():
                 self._tool_delta(call)
@@ -259,33 +225,19 @@ class _Progress:
         )
 
 
-class _AttemptFailed(Exception):
-    """Internal: one attempt failed with ``error``; ``retry_after`` from the server."""
-
-    def __init__(self, error: ProviderError, retry_after: float | None = None) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.retry_after = retry_after
-
-    @classmethod
-    def from_exception(cls, exc: openai.APIError, where: str) -> _AttemptFailed:
-        if isinstance(exc, openai.APIStatusError):
-            return cls(_status_error(exc, where), _retry_after(exc))
-        if isinstance(exc, openai.APITimeoutError):
-            return cls(ProviderError(f"the request to {where} timed out", retryable=True))
-        if isinstance(exc, openai.APIConnectionError):
-            cause = exc.__cause__ or exc.__context__
-            reason = f"{type(cause).__name__}: {cause}" if cause is not None else exc.message
-            return cls(ProviderError(f"the connection to {where} failed: {reason}", retryable=True))
-        return cls(_stream_error(exc))
-
-
-def _retry_after(exc: openai.APIStatusError) -> float | None:
-    value = exc.response.headers.get("retry-after")
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
-        return None
+def _failure(exc: openai.APIError, where: str) -> AttemptFailed:
+    """Classify an ``openai.APIError`` raised during one attempt against ``where``."""
+    if isinstance(exc, openai.APIStatusError):
+        retry_after = parse_retry_after(exc.response.headers.get("retry-after"))
+        return AttemptFailed(_status_error(exc, where), retry_after)
+    if isinstance(exc, openai.APITimeoutError):
+        return AttemptFailed(ProviderError(f"the request to {where} timed out", retryable=True))
+    if isinstance(exc, openai.APIConnectionError):
+        cause = exc.__cause__ or exc.__context__
+        reason = f"{type(cause).__name__}: {cause}" if cause is not None else exc.message
+        text = f"the connection to {where} failed: {reason}"
+        return AttemptFailed(ProviderError(text, retryable=True))
+    return AttemptFailed(_stream_error(exc))
 
 
 def _error_detail(exc: openai.APIError) -> str:
@@ -302,7 +254,7 @@ def _error_detail(exc: openai.APIError) -> str:
 def _status_error(exc: openai.APIStatusError, where: str) -> ProviderError:
     status = exc.status_code
     detail = _error_detail(exc)
-    retryable = status in _RETRYABLE_STATUSES or status >= 500
+    retryable = is_retryable_status(status)
     if status == 401:
         text = f"{where} rejected the API key (401): check OPENAI_API_KEY"
     elif status == 403:
@@ -328,7 +280,7 @@ def _stream_error(exc: openai.APIError) -> ProviderError:
     # Servers put an HTTP-like code or an error type in the object; treat the
     # failure as transient unless either says the request itself was bad.
     client_fault = (status is not None and 400 <= status < 500) and status not in (
-        _RETRYABLE_STATUSES
+        RETRYABLE_STATUSES
     )
     client_fault = client_fault or exc.type in _CLIENT_ERROR_TYPES
     return ProviderError(f"the model stream failed: {detail}", retryable=not client_fault)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 
 import anthropic
@@ -14,8 +14,10 @@ from bot.config import Settings
 from bot.llm import ChatMessage, LLMRequest, ProviderError, ToolCall, ToolSpec
 from plugins.anthropic_provider import AnthropicProvider
 from tests.fakes.anthropic_api import FakeAnthropic, ToolUse
+from tests.fakes.providers import ANTHROPIC_KEY as KEY
+from tests.fakes.providers import RetryLog, anthropic_for, request_for
 
-KEY = "sk-ant-test"
+ask = partial(request_for, "claude-test")
 
 
 @pytest.fixture
@@ -26,25 +28,9 @@ async def fake() -> AsyncIterator[FakeAnthropic]:
 
 @pytest.fixture
 async def provider(fake: FakeAnthropic) -> AsyncIterator[AnthropicProvider]:
-    settings = Settings(anthropic_api_key=KEY, anthropic_base_url=fake.base_url)
-    p = AnthropicProvider(settings, retry_base_delay=0.001)
+    p = anthropic_for(fake)
     yield p
     await p.aclose()
-
-
-class RetryLog:
-    """Records on_retry calls."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[int, int, str]] = []
-
-    async def __call__(self, attempt: int, max_attempts: int, error: str) -> None:
-        self.calls.append((attempt, max_attempts, error))
-
-
-def ask(*messages: ChatMessage, tools: tuple[ToolSpec, ...] = ()) -> LLMRequest:
-    history = messages or (ChatMessage("user", "hi"),)
-    return LLMRequest(model="claude-test", system="be brief", messages=history, tools=tools)
 
 
 async def test_streamed_text_reaches_on_text_in_order_and_equals_final_text(
@@ -423,32 +409,6 @@ async def test_invalid_request_error_event_is_not_retried(
     assert len(fake.requests) == 1
 
 
-async def test_dropped_connection_before_text_is_retried(
-    fake: FakeAnthropic, provider: AnthropicProvider
-) -> None:
-    fake.drop_connection()
-    fake.reply_text("after the drop")
-    retries = RetryLog()
-
-    response = await provider.complete(ask(), on_text=lambda _: None, on_retry=retries)
-
-    assert response.text == "after the drop"
-    assert "connection" in retries.calls[0][2]
-
-
-async def test_dropped_connection_after_text_raises_provider_error(
-    fake: FakeAnthropic, provider: AnthropicProvider
-) -> None:
-    fake.drop_connection(text_before="Some words")
-    fake.reply_text("must not be used")
-
-    with pytest.raises(ProviderError) as caught:
-        await provider.complete(ask(), on_text=lambda _: None)
-
-    assert caught.value.retryable is True
-    assert len(fake.requests) == 1
-
-
 async def test_text_without_listener_does_not_block_retry(
     fake: FakeAnthropic, provider: AnthropicProvider
 ) -> None:
@@ -458,18 +418,6 @@ async def test_text_without_listener_does_not_block_retry(
     response = await provider.complete(ask())
 
     assert response.text == "clean answer"
-
-
-async def test_retry_after_header_delays_the_retry(
-    fake: FakeAnthropic, provider: AnthropicProvider
-) -> None:
-    fake.fail(429, headers={"retry-after": "0.3"})
-    fake.reply_text("ok")
-
-    started = time.monotonic()
-    await provider.complete(ask())
-
-    assert time.monotonic() - started >= 0.3
 
 
 async def test_backoff_doubles_between_attempts(fake: FakeAnthropic) -> None:
@@ -494,24 +442,6 @@ async def test_backoff_doubles_between_attempts(fake: FakeAnthropic) -> None:
     assert first_wait >= 0.1
     assert second_wait >= 0.2
     assert second_wait > first_wait
-
-
-async def test_cancelling_a_slow_stream_raises_cancelled_and_closes_the_connection(
-    fake: FakeAnthropic, provider: AnthropicProvider
-) -> None:
-    fake.reply_text("this answer trickles in very slowly", chunk_delay=30)
-    task = asyncio.create_task(provider.complete(ask(), on_text=lambda _: None))
-    await asyncio.wait_for(fake.request_received.wait(), 5)
-    await asyncio.sleep(0.1)
-
-    started = time.monotonic()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert time.monotonic() - started < 1.0
-
-    await asyncio.wait_for(fake.disconnected.wait(), 2)
-    assert fake.disconnects == 1
 
 
 async def test_fake_serves_non_streaming_json_to_the_sdk(fake: FakeAnthropic) -> None:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
+from functools import partial
 
 import openai
 import pytest
@@ -14,8 +13,10 @@ from bot.config import Settings
 from bot.llm import ChatMessage, LLMRequest, ProviderError, ToolCall, ToolSpec
 from plugins.openai_provider import OpenAIProvider
 from tests.fakes.openai_api import FakeOpenAI, FunctionCall
+from tests.fakes.providers import OPENAI_KEY as KEY
+from tests.fakes.providers import RetryLog, openai_for, request_for
 
-KEY = "sk-test"
+ask = partial(request_for, "llama3.2")
 
 
 @pytest.fixture
@@ -26,25 +27,9 @@ async def fake() -> AsyncIterator[FakeOpenAI]:
 
 @pytest.fixture
 async def provider(fake: FakeOpenAI) -> AsyncIterator[OpenAIProvider]:
-    settings = Settings(openai_api_key=KEY, openai_base_url=fake.base_url)
-    p = OpenAIProvider(settings, retry_base_delay=0.001)
+    p = openai_for(fake)
     yield p
     await p.aclose()
-
-
-class RetryLog:
-    """Records on_retry calls."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[int, int, str]] = []
-
-    async def __call__(self, attempt: int, max_attempts: int, error: str) -> None:
-        self.calls.append((attempt, max_attempts, error))
-
-
-def ask(*messages: ChatMessage, tools: tuple[ToolSpec, ...] = ()) -> LLMRequest:
-    history = messages or (ChatMessage("user", "hi"),)
-    return LLMRequest(model="llama3.2", system="be brief", messages=history, tools=tools)
 
 
 async def test_streamed_text_reaches_on_text_in_order_and_equals_final_text(
@@ -333,32 +318,6 @@ async def test_bad_request_error_mid_stream_is_not_retried(
     assert len(fake.requests) == 1
 
 
-async def test_dropped_connection_before_text_is_retried(
-    fake: FakeOpenAI, provider: OpenAIProvider
-) -> None:
-    fake.drop_connection()
-    fake.reply_text("after the drop")
-    retries = RetryLog()
-
-    response = await provider.complete(ask(), on_text=lambda _: None, on_retry=retries)
-
-    assert response.text == "after the drop"
-    assert "connection" in retries.calls[0][2]
-
-
-async def test_dropped_connection_after_text_raises_provider_error(
-    fake: FakeOpenAI, provider: OpenAIProvider
-) -> None:
-    fake.drop_connection(text_before="Some words")
-    fake.reply_text("must not be used")
-
-    with pytest.raises(ProviderError) as caught:
-        await provider.complete(ask(), on_text=lambda _: None)
-
-    assert caught.value.retryable is True
-    assert len(fake.requests) == 1
-
-
 async def test_unreachable_server_is_a_retryable_error_naming_the_url() -> None:
     async with FakeOpenAI() as fake:
         url = fake.base_url
@@ -407,36 +366,6 @@ async def test_model_requiring_max_completion_tokens_is_asked_again_with_it(
 
     assert fake.requests[1].body["max_completion_tokens"] == 4096
     assert "max_tokens" not in fake.requests[1].body
-
-
-async def test_retry_after_header_delays_the_retry(
-    fake: FakeOpenAI, provider: OpenAIProvider
-) -> None:
-    fake.fail(429, headers={"retry-after": "0.3"})
-    fake.reply_text("ok")
-
-    started = time.monotonic()
-    await provider.complete(ask())
-
-    assert time.monotonic() - started >= 0.3
-
-
-async def test_cancelling_a_slow_stream_raises_cancelled_and_closes_the_connection(
-    fake: FakeOpenAI, provider: OpenAIProvider
-) -> None:
-    fake.reply_text("this answer trickles in very slowly", chunk_delay=30)
-    task = asyncio.create_task(provider.complete(ask(), on_text=lambda _: None))
-    await asyncio.wait_for(fake.request_received.wait(), 5)
-    await asyncio.sleep(0.1)
-
-    started = time.monotonic()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert time.monotonic() - started < 1.0
-
-    await asyncio.wait_for(fake.disconnected.wait(), 2)
-    assert fake.disconnects == 1
 
 
 async def test_fake_serves_non_streaming_json_to_the_sdk(fake: FakeOpenAI) -> None:

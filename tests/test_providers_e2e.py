@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from plugins.provider_retry import RetryPolicy
 from tests.conftest import AppFactory, settle
 from tests.fakes.anthropic_api import FakeAnthropic, ToolUse
 from tests.fakes.openai_api import FakeOpenAI, FunctionCall
@@ -39,7 +40,7 @@ async def test_claude_overload_is_retried_and_reported_as_run_retrying(
         app, channel, log = await make_app(
             None, provider="anthropic", anthropic_api_key="sk-test",
             anthropic_base_url=fake.base_url)
-        setattr(app.provider, "retry_base_delay", 0.01)  # noqa: B010 - speed up the backoff
+        setattr(app.provider, "retry", RetryPolicy(3, 0.01))  # noqa: B010 - a quick backoff
         await channel.say("hello")
         await settle(app)
         assert channel.texts() == ["Recovered."]

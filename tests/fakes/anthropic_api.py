@@ -20,17 +20,24 @@ that under-scripts fails loudly instead of hanging.
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import json
-import re
-from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
 from aiohttp import web
+
+from tests.fakes._server import (
+    DropConnection,
+    FakeServer,
+    ReceivedRequest,
+    drop_after,
+    json_error,
+    open_sse,
+    split_json,
+    split_words,
+    sse,
+)
 
 __all__ = [
     "DropConnection",
@@ -92,25 +99,7 @@ class StreamError:
     text_before: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class DropConnection:
-    """A stream that starts, emits ``text_before`` (if any), then loses its connection."""
-
-    text_before: str = ""
-
-
-Scripted = Reply | HttpError | StreamError | DropConnection
-
-
-@dataclass(frozen=True, slots=True)
-class ReceivedRequest:
-    """What the fake received: path, headers (lower-cased names), JSON body, API key."""
-
-    path: str
-    headers: Mapping[str, str]
-    body: dict[str, Any]
-    api_key: str | None
-
+_Event = tuple[str, dict[str, Any]]
 
 _ERROR_STATUS = {
     400: "invalid_request_error",
@@ -124,17 +113,7 @@ _ERROR_STATUS = {
 }
 
 
-def _split_words(text: str) -> list[str]:
-    return re.findall(r"\s*\S+\s*", text) or [text]
-
-
-def _split_json(raw: str, size: int = 7) -> list[str]:
-    # Small pieces so a partial fragment is never valid JSON on its own: the
-    # client must join them before parsing.
-    return [raw[i : i + size] for i in range(0, len(raw), size)] or [""]
-
-
-class FakeAnthropic:
+class FakeAnthropic(FakeServer[Reply | HttpError | StreamError]):
     """An aiohttp server on 127.0.0.1 that answers ``POST /v1/messages`` from a script.
 
     ``api_key``: when set, requests carrying another key (in ``X-Api-Key`` or
@@ -142,66 +121,12 @@ class FakeAnthropic:
     Requests with no key at all always get a 401.
     """
 
+    route = "/v1/messages"
+
     def __init__(self, *, api_key: str | None = None, model: str = "fake-claude") -> None:
-        self.api_key = api_key
-        self.model = model
-        self.requests: list[ReceivedRequest] = []
-        """Every request received, in order (including rejected ones)."""
-        self.disconnects = 0
-        """How many streamed responses the client abandoned before they finished."""
-        self.disconnected = asyncio.Event()
-        """Set the first time a client abandons a streamed response."""
-        self.request_received = asyncio.Event()
-        """Set each time a request arrives; clear it to wait for the next one."""
-        self._script: deque[Scripted] = deque()
-        self._ids = itertools.count(1)
-        self._runner: web.AppRunner | None = None
-        self._port = 0
-
-    # -- lifecycle ---------------------------------------------------------
-
-    async def start(self) -> None:
-        """Bind to a free port on 127.0.0.1 and start serving."""
-        app = web.Application()
-        app.router.add_post("/v1/messages", self._handle_messages)
-        # Cancel the handler when the client goes away so a disconnect is seen
-        # at once, not at the next write.
-        self._runner = web.AppRunner(app, handler_cancellation=True)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self._port = self._runner.addresses[0][1]
-
-    async def stop(self) -> None:
-        """Stop serving and release the port."""
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> FakeAnthropic:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
-
-    @property
-    def base_url(self) -> str:
-        """The URL to give the SDK as ``base_url`` (no trailing ``/v1``)."""
-        if not self._port:
-            raise RuntimeError("FakeAnthropic is not started")
-        return f"http://127.0.0.1:{self._port}"
+        super().__init__(api_key=api_key, model=model)
 
     # -- scripting ---------------------------------------------------------
-
-    def enqueue(self, item: Scripted) -> None:
-        """Append any scripted response to the FIFO."""
-        self._script.append(item)
 
     def reply(
         self,
@@ -257,47 +182,22 @@ class FakeAnthropic:
         """Enqueue a 200 stream that sends ``text_before`` then ``event: error``."""
         self.enqueue(StreamError(error_type, message, text_before))
 
-    def drop_connection(self, *, text_before: str = "") -> None:
-        """Enqueue a stream that sends ``text_before`` then closes the socket mid-body."""
-        self.enqueue(DropConnection(text_before))
-
-    @property
-    def pending(self) -> int:
-        """How many scripted responses are still queued."""
-        return len(self._script)
-
-    @property
-    def last_request(self) -> ReceivedRequest:
-        """The most recent request (raises if none arrived)."""
-        if not self.requests:
-            raise AssertionError("FakeAnthropic received no request")
-        return self.requests[-1]
-
     # -- serving -----------------------------------------------------------
 
-    async def _handle_messages(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
         api_key = request.headers.get("X-Api-Key")
         auth = request.headers.get("Authorization", "")
         if api_key is None and auth.lower().startswith("bearer "):
             api_key = auth[7:].strip()
-        self.requests.append(
-            ReceivedRequest(
-                path=request.path,
-                headers={k.lower(): v for k, v in request.headers.items()},
-                body=body,
-                api_key=api_key,
-            )
-        )
-        self.request_received.set()
+        body = await self._receive(request, api_key)
 
         if not api_key or (self.api_key is not None and api_key != self.api_key):
             return _error_response(401, "authentication_error", "invalid x-api-key")
-        if not self._script:
+        item = self._next_item()
+        if item is None:
             return _error_response(
                 400, "invalid_request_error", "FakeAnthropic: no scripted response queued"
             )
-        item = self._script.popleft()
         if isinstance(item, HttpError):
             return _error_response(item.status, item.error_type, item.message, item.headers)
 
@@ -370,10 +270,8 @@ class FakeAnthropic:
     async def _stream_reply(
         self, request: web.Request, body: Mapping[str, Any], reply: Reply
     ) -> web.StreamResponse:
-        response = await _open_sse(request)
-        events: list[tuple[str, dict[str, Any]]] = [
-            ("message_start", self._start_event(body, reply.input_tokens))
-        ]
+        response = await open_sse(request)
+        events: list[_Event] = [("message_start", self._start_event(body, reply.input_tokens))]
         if reply.ping:
             events.append(("ping", {"type": "ping"}))
         for index, block in enumerate(reply.blocks):
@@ -389,13 +287,11 @@ class FakeAnthropic:
             )
         )
         events.append(("message_stop", {"type": "message_stop"}))
-        await self._send_events(response, events, reply.chunk_delay)
+        await self._send(response, _frames(events), reply.chunk_delay)
         return response
 
-    def _block_events(
-        self, index: int, block: str | Sequence[str] | ToolUse
-    ) -> list[tuple[str, dict[str, Any]]]:
-        events: list[tuple[str, dict[str, Any]]] = []
+    def _block_events(self, index: int, block: str | Sequence[str] | ToolUse) -> list[_Event]:
+        events: list[_Event] = []
         if isinstance(block, ToolUse):
             start = {
                 "type": "tool_use",
@@ -404,10 +300,11 @@ class FakeAnthropic:
                 "input": {},
             }
             raw = block.input if isinstance(block.input, str) else json.dumps(block.input)
-            deltas = [{"type": "input_json_delta", "partial_json": p} for p in _split_json(raw)]
+            pieces = split_json(raw, 7) or [""]
+            deltas = [{"type": "input_json_delta", "partial_json": p} for p in pieces]
         else:
             start = {"type": "text", "text": ""}
-            pieces = _split_words(block) if isinstance(block, str) else list(block)
+            pieces = split_words(block) if isinstance(block, str) else list(block)
             deltas = [{"type": "text_delta", "text": p} for p in pieces]
         events.append(
             (
@@ -425,66 +322,35 @@ class FakeAnthropic:
         events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
         return events
 
+    def _opening(self, text_before: str) -> list[_Event]:
+        """A stream's start, with ``text_before`` in an unfinished text block."""
+        events: list[_Event] = [("message_start", self._start_event({}, 5))]
+        if text_before:
+            events.extend(self._block_events(0, [text_before])[:-1])
+        return events
+
     async def _stream_error(self, request: web.Request, item: StreamError) -> web.StreamResponse:
-        response = await _open_sse(request)
-        events: list[tuple[str, dict[str, Any]]] = [("message_start", self._start_event({}, 5))]
-        if item.text_before:
-            events.extend(self._block_events(0, [item.text_before])[:-1])
+        response = await open_sse(request)
+        events = self._opening(item.text_before)
         events.append(
             (
                 "error",
                 {"type": "error", "error": {"type": item.error_type, "message": item.message}},
             )
         )
-        await self._send_events(response, events, 0.0)
+        await self._send(response, _frames(events), 0.0)
         return response
 
     async def _drop(self, request: web.Request, item: DropConnection) -> web.StreamResponse:
-        transport = request.transport
-        response = await _open_sse(request)
-        events: list[tuple[str, dict[str, Any]]] = [("message_start", self._start_event({}, 5))]
-        if item.text_before:
-            events.extend(self._block_events(0, [item.text_before])[:-1])
-        for name, data in events:
-            await response.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
-        if transport is not None:
-            transport.close()
-        return response
-
-    async def _send_events(
-        self,
-        response: web.StreamResponse,
-        events: Sequence[tuple[str, Mapping[str, Any]]],
-        delay: float,
-    ) -> None:
-        try:
-            for name, data in events:
-                if delay:
-                    await asyncio.sleep(delay)
-                await response.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
-            await response.write_eof()
-        except (asyncio.CancelledError, ConnectionError):
-            self.disconnects += 1
-            self.disconnected.set()
-            raise
+        return await drop_after(request, _frames(self._opening(item.text_before)))
 
 
-async def _open_sse(request: web.Request) -> web.StreamResponse:
-    response = web.StreamResponse(
-        status=200,
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
-    )
-    await response.prepare(request)
-    return response
+def _frames(events: list[_Event]) -> list[bytes]:
+    return [sse(data, name) for name, data in events]
 
 
 def _error_response(
     status: int, error_type: str, message: str, headers: Mapping[str, str] | None = None
 ) -> web.Response:
     payload = {"type": "error", "error": {"type": error_type, "message": message}}
-    return web.Response(
-        status=status,
-        body=json.dumps(payload).encode(),
-        content_type="application/json",
-        headers=dict(headers or {}),
-    )
+    return json_error(status, payload, headers)

@@ -20,18 +20,25 @@ A request that finds the queue empty gets a 400 naming the problem.
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import json
-import re
 import time
-from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
 from aiohttp import web
+
+from tests.fakes._server import (
+    DropConnection,
+    FakeServer,
+    ReceivedRequest,
+    drop_after,
+    json_error,
+    open_sse,
+    split_json,
+    split_words,
+    sse,
+)
 
 __all__ = [
     "DropConnection",
@@ -95,25 +102,7 @@ class StreamError:
     text_before: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class DropConnection:
-    """A stream that starts, emits ``text_before`` (if any), then loses its connection."""
-
-    text_before: str = ""
-
-
-Scripted = Reply | HttpError | StreamError | DropConnection
-
-
-@dataclass(frozen=True, slots=True)
-class ReceivedRequest:
-    """What the fake received: path, headers (lower-cased names), JSON body, API key."""
-
-    path: str
-    headers: Mapping[str, str]
-    body: dict[str, Any]
-    api_key: str | None
-
+_DONE = b"data: [DONE]\n\n"
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -124,17 +113,7 @@ _ERROR_TYPES = {
 }
 
 
-def _split_words(text: str) -> list[str]:
-    return re.findall(r"\s*\S+\s*", text) or [text]
-
-
-def _split_json(raw: str, size: int = 6) -> list[str]:
-    # Small pieces so no single fragment parses on its own: the client must
-    # join them by index before parsing.
-    return [raw[i : i + size] for i in range(0, len(raw), size)]
-
-
-class FakeOpenAI:
+class FakeOpenAI(FakeServer[Reply | HttpError | StreamError]):
     """An aiohttp server on 127.0.0.1 that answers ``POST /v1/chat/completions`` from a script.
 
     ``api_key``: when set, requests carrying another key (``Authorization:
@@ -142,66 +121,13 @@ class FakeOpenAI:
     (local servers such as Ollama ignore keys).
     """
 
+    route = "/v1/chat/completions"
+    url_suffix = "/v1"
+
     def __init__(self, *, api_key: str | None = None, model: str = "fake-gpt") -> None:
-        self.api_key = api_key
-        self.model = model
-        self.requests: list[ReceivedRequest] = []
-        """Every request received, in order (including rejected ones)."""
-        self.disconnects = 0
-        """How many streamed responses the client abandoned before they finished."""
-        self.disconnected = asyncio.Event()
-        """Set the first time a client abandons a streamed response."""
-        self.request_received = asyncio.Event()
-        """Set each time a request arrives; clear it to wait for the next one."""
-        self._script: deque[Scripted] = deque()
-        self._ids = itertools.count(1)
-        self._runner: web.AppRunner | None = None
-        self._port = 0
-
-    # -- lifecycle ---------------------------------------------------------
-
-    async def start(self) -> None:
-        """Bind to a free port on 127.0.0.1 and start serving."""
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self._handle_completions)
-        # Cancel the handler when the client goes away so a disconnect is seen
-        # at once, not at the next write.
-        self._runner = web.AppRunner(app, handler_cancellation=True)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self._port = self._runner.addresses[0][1]
-
-    async def stop(self) -> None:
-        """Stop serving and release the port."""
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> FakeOpenAI:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
-
-    @property
-    def base_url(self) -> str:
-        """The URL to give the SDK as ``base_url`` (ends in ``/v1``)."""
-        if not self._port:
-            raise RuntimeError("FakeOpenAI is not started")
-        return f"http://127.0.0.1:{self._port}/v1"
+        super().__init__(api_key=api_key, model=model)
 
     # -- scripting ---------------------------------------------------------
-
-    def enqueue(self, item: Scripted) -> None:
-        """Append any scripted response to the FIFO."""
-        self._script.append(item)
 
     def reply(
         self,
@@ -260,48 +186,23 @@ class FakeOpenAI:
         """Enqueue a 200 stream that sends ``text_before`` then an error object."""
         self.enqueue(StreamError(message, error_type, code, text_before))
 
-    def drop_connection(self, *, text_before: str = "") -> None:
-        """Enqueue a stream that sends ``text_before`` then closes the socket mid-body."""
-        self.enqueue(DropConnection(text_before))
-
-    @property
-    def pending(self) -> int:
-        """How many scripted responses are still queued."""
-        return len(self._script)
-
-    @property
-    def last_request(self) -> ReceivedRequest:
-        """The most recent request (raises if none arrived)."""
-        if not self.requests:
-            raise AssertionError("FakeOpenAI received no request")
-        return self.requests[-1]
-
     # -- serving -----------------------------------------------------------
 
-    async def _handle_completions(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
         auth = request.headers.get("Authorization", "")
         api_key = auth[7:].strip() if auth.lower().startswith("bearer ") else None
         api_key = api_key or request.headers.get("X-Api-Key")
-        self.requests.append(
-            ReceivedRequest(
-                path=request.path,
-                headers={k.lower(): v for k, v in request.headers.items()},
-                body=body,
-                api_key=api_key,
-            )
-        )
-        self.request_received.set()
+        body = await self._receive(request, api_key)
 
         if self.api_key is not None and api_key != self.api_key:
             return _error_response(
                 401, "Incorrect API key provided", "invalid_request_error", "invalid_api_key"
             )
-        if not self._script:
+        item = self._next_item()
+        if item is None:
             return _error_response(
                 400, "FakeOpenAI: no scripted response queued", "invalid_request_error"
             )
-        item = self._script.popleft()
         if isinstance(item, HttpError):
             return _error_response(
                 item.status, item.message, item.error_type, item.code, item.headers
@@ -313,17 +214,15 @@ class FakeOpenAI:
                 return self._json_reply(model, item)
             return _error_response(500, "stream failure outside a stream", "server_error")
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        response = web.StreamResponse(
-            status=200,
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
-        )
-        transport = request.transport
-        await response.prepare(request)
         chunk_id = f"chatcmpl-{next(self._ids):04d}"
+        if isinstance(item, DropConnection):
+            chunks = self._text_chunks(chunk_id, model, item.text_before)
+            return await drop_after(request, _frames(chunks))
+        response = await open_sse(request)
         if isinstance(item, Reply):
             chunks = self._reply_chunks(chunk_id, model, item, include_usage)
-            await self._send(response, chunks, item.chunk_delay, done=True)
-        elif isinstance(item, StreamError):
+            await self._send(response, _frames(chunks), item.chunk_delay, trailer=_DONE)
+        else:
             chunks = self._text_chunks(chunk_id, model, item.text_before)
             error = {
                 "message": item.message,
@@ -332,13 +231,8 @@ class FakeOpenAI:
                 "code": item.code,
             }
             chunks.append({"error": error})
-            await self._send(response, chunks, 0.0, done=False)
-        else:
-            chunks = self._text_chunks(chunk_id, model, item.text_before)
-            for chunk in chunks:
-                await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
-            if transport is not None:
-                transport.close()
+            # No [DONE]: a server that hits an error ends the stream there.
+            await self._send(response, _frames(chunks), 0.0)
         return response
 
     def _call_id(self, call: FunctionCall) -> str:
@@ -388,7 +282,7 @@ class FakeOpenAI:
         self, chunk_id: str, model: str, text: str | Sequence[str]
     ) -> list[dict[str, Any]]:
         chunks = [self._chunk(chunk_id, model, {"role": "assistant", "content": ""})]
-        pieces = _split_words(text) if isinstance(text, str) else list(text)
+        pieces = split_words(text) if isinstance(text, str) else list(text)
         chunks.extend(self._chunk(chunk_id, model, {"content": p}) for p in pieces if p)
         return chunks
 
@@ -404,7 +298,7 @@ class FakeOpenAI:
                 "function": {"name": call.name, "arguments": ""},
             }
             chunks.append(self._chunk(chunk_id, model, {"tool_calls": [opening]}))
-            for piece in _split_json(_raw_arguments(call)):
+            for piece in split_json(_raw_arguments(call), 6):
                 fragment = {"index": index, "function": {"arguments": piece}}
                 chunks.append(self._chunk(chunk_id, model, {"tool_calls": [fragment]}))
         chunks.append(self._chunk(chunk_id, model, {}, self._finish_reason(reply)))
@@ -415,26 +309,9 @@ class FakeOpenAI:
             chunks.append(final)
         return chunks
 
-    async def _send(
-        self,
-        response: web.StreamResponse,
-        chunks: Sequence[Mapping[str, Any]],
-        delay: float,
-        *,
-        done: bool,
-    ) -> None:
-        try:
-            for chunk in chunks:
-                if delay:
-                    await asyncio.sleep(delay)
-                await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
-            if done:
-                await response.write(b"data: [DONE]\n\n")
-            await response.write_eof()
-        except (asyncio.CancelledError, ConnectionError):
-            self.disconnects += 1
-            self.disconnected.set()
-            raise
+
+def _frames(chunks: Sequence[Mapping[str, Any]]) -> list[bytes]:
+    return [sse(chunk) for chunk in chunks]
 
 
 def _raw_arguments(call: FunctionCall) -> str:
@@ -457,9 +334,4 @@ def _error_response(
     headers: Mapping[str, str] | None = None,
 ) -> web.Response:
     payload = {"error": {"message": message, "type": error_type, "param": None, "code": code}}
-    return web.Response(
-        status=status,
-        body=json.dumps(payload).encode(),
-        content_type="application/json",
-        headers=dict(headers or {}),
-    )
+    return json_error(status, payload, headers)

@@ -1,0 +1,215 @@
+"""Retry, backoff and stream-failure plumbing shared by the HTTP providers.
+
+A provider runs each model call as one *attempt* that streams the answer and
+raises :class:`AttemptFailed` (carrying a classified :class:`ProviderError`)
+when it fails. :func:`with_retries` repeats attempts with jittered exponential
+backoff, reports each retry via ``on_retry``, and refuses to retry once any
+text reached ``on_text``, since the chat cannot take back what it showed.
+Mapping SDK exceptions to errors stays in each provider: the SDKs differ.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Protocol, TypeVar
+
+from bot.llm import OnRetry, OnText, ProviderError, ToolCall
+
+__all__ = [
+    "MAX_RETRY_AFTER",
+    "RETRYABLE_STATUSES",
+    "AttemptFailed",
+    "EventStream",
+    "RetryPolicy",
+    "backoff_delay",
+    "is_retryable_status",
+    "parse_retry_after",
+    "read_stream",
+    "tool_call_from_json",
+    "with_retries",
+]
+
+T = TypeVar("T")
+E_co = TypeVar("E_co", covariant=True)
+X = TypeVar("X", bound=Exception)
+
+RETRYABLE_STATUSES = frozenset({408, 409, 429})
+"""HTTP statuses below 500 that are worth another try."""
+
+MAX_RETRY_AFTER = 30.0
+"""The longest ``retry-after`` honoured, in seconds; a chat cannot wait longer."""
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How often and how patiently a provider retries.
+
+    ``max_attempts`` counts the first try (below 1 means 1); retry ``n`` waits
+    about ``base_delay * 2**(n-1)`` seconds, longer if the server sends
+    ``retry-after`` (honoured up to :data:`MAX_RETRY_AFTER`).
+    """
+
+    max_attempts: int = 3
+    base_delay: float = 0.5
+
+
+class AttemptFailed(Exception):
+    """One attempt failed with ``error``; ``retry_after`` is the server's hint in seconds."""
+
+    def __init__(self, error: ProviderError, retry_after: float | None = None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.retry_after = retry_after
+
+
+class EventStream(Protocol[E_co]):
+    """What both SDKs' ``AsyncStream`` offer: an async iterator that closes on exit."""
+
+    def __aiter__(self) -> AsyncIterator[E_co]: ...
+
+    async def __aenter__(self) -> Any: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Any: ...
+
+
+def is_retryable_status(status: int) -> bool:
+    """Whether an HTTP error status may succeed on a later try."""
+    return status in RETRYABLE_STATUSES or status >= 500
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds from a ``retry-after`` header value; ``None`` if absent or not a number."""
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+def backoff_delay(attempt: int, base_delay: float, retry_after: float | None) -> float:
+    """Seconds to wait before ``attempt`` (2 for the first retry).
+
+    ``base_delay * 2**(attempt-2)`` plus up to 10 % jitter, so clients that
+    failed together do not retry together; at least ``retry_after`` when the
+    server sent one, capped at :data:`MAX_RETRY_AFTER`.
+    """
+    delay = base_delay * 2.0 ** (attempt - 2)
+    delay += random.uniform(0, delay * 0.1)
+    if retry_after is not None:
+        delay = max(delay, min(retry_after, MAX_RETRY_AFTER))
+    return delay
+
+
+class _Relay:
+    """Forwards text to ``on_text`` and remembers whether any got through."""
+
+    def __init__(self, on_text: OnText) -> None:
+        self.on_text = on_text
+        self.used = False
+
+    def __call__(self, fragment: str) -> None:
+        self.used = True
+        self.on_text(fragment)
+
+
+async def with_retries(
+    attempt: Callable[[OnText | None], Awaitable[T]],
+    policy: RetryPolicy,
+    *,
+    on_text: OnText | None,
+    on_retry: OnRetry | None,
+    resend: Callable[[ProviderError], bool] | None = None,
+) -> T:
+    """Await ``attempt(on_text)`` until it succeeds or fails for good.
+
+    ``attempt`` raises :class:`AttemptFailed` on failure. A retryable error is
+    tried again as ``policy`` allows, unless the failed attempt already passed
+    text to ``on_text``. ``resend(error)`` returning True sends
+    the call again at once without counting a try: the provider changed its
+    request to suit the server. Raises the final :class:`ProviderError`, caused
+    by the SDK exception behind it.
+    """
+    max_attempts = max(1, policy.max_attempts)
+    number = 1
+    while True:
+        relay = _Relay(on_text) if on_text is not None else None
+        try:
+            return await attempt(relay)
+        except AttemptFailed as failed:
+            error, cause, retry_after = failed.error, failed.__cause__, failed.retry_after
+        if resend is not None and resend(error):
+            continue
+        shown = relay is not None and relay.used
+        if not error.retryable or shown or number >= max_attempts:
+            if error.retryable and number > 1:
+                error = ProviderError(
+                    f"{error} (gave up after {number} attempts)",
+                    retryable=True,
+                    status=error.status,
+                )
+            raise error from cause
+        number += 1
+        if on_retry is not None:
+            await on_retry(number, max_attempts, str(error))
+        await asyncio.sleep(backoff_delay(number, policy.base_delay, retry_after))
+
+
+async def read_stream(
+    start: Callable[[], Awaitable[EventStream[T]]],
+    handle: Callable[[T], None],
+    failure: Callable[[X], AttemptFailed],
+    *,
+    catch: type[X],
+) -> None:
+    """Open a stream with ``start()`` and pass each event to ``handle``.
+
+    An exception of type ``catch``, raised on opening or while reading, is
+    turned into ``failure(exc)``, chained to it; others propagate as they are.
+    The stream is closed on every
+    exit, including cancellation of the awaiting task, so the HTTP response
+    never outlives the call.
+    """
+    try:
+        stream = await start()
+    except catch as exc:
+        raise failure(exc) from exc
+    async with stream:
+        iterator = aiter(stream)
+        while True:
+            try:
+                event = await anext(iterator)
+            except StopAsyncIteration:
+                break
+            except catch as exc:
+                raise failure(exc) from exc
+            handle(event)
+
+
+def tool_call_from_json(
+    call_id: str, name: str, raw: str, empty: Mapping[str, Any] | None = None
+) -> ToolCall:
+    """A :class:`ToolCall` from streamed JSON arguments.
+
+    Blank ``raw`` gives ``empty`` (or no arguments). Text that is not a JSON
+    object, as a stream cut short by the token limit or a small local model
+    leaves, is handed on as ``_invalid_arguments`` so the tool layer can tell
+    the model what went wrong instead of the run crashing.
+    """
+    if not raw.strip():
+        return ToolCall(call_id, name, dict(empty or {}))
+    try:
+        parsed = json.loads(raw)
+    except json.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        return ToolCall(call_id, name, {"_invalid_arguments": raw})
+    return ToolCall(call_id, name, parsed)
