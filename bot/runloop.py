@@ -10,12 +10,14 @@ and nothing of a cancelled run is written.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from bot.config import Settings
@@ -28,7 +30,7 @@ from bot.prompt import PromptContext, PromptMode, assemble
 from bot.sanitize import Sanitizer, run_pipeline
 from bot.sessions import RunRecord, Session, SessionStore
 from bot.tools import Tool, ToolContext, ToolError, ToolResult
-from workspaces import ensure_workspace, workspace_dir
+from workspaces import ensure_workspace, is_seeded, workspace_dir
 
 log = logging.getLogger("roost.run")
 
@@ -87,6 +89,7 @@ class RunEngine:
         self.tools = dict(tools)
         self.sanitizers = sorted(sanitizers, key=lambda s: s.order)
         self.active_runs = 0
+        self.workspaces_root = settings.workspaces_dir
 
     async def run(self, req: RunRequest, listener: Listener | None = None) -> RunResult:
         """Execute ``req`` to completion; raises ``CancelledError`` if cancelled."""
@@ -114,6 +117,7 @@ class _Run:
         self.iterations = 0
         self.started = time.monotonic()
         self.started_wall = time.time()
+        self.committed = False
 
     async def emit(self, type_: EventType, **payload: Any) -> None:
         if not self.observers and self.listener is None:
@@ -133,10 +137,13 @@ class _Run:
         except asyncio.CancelledError as exc:
             # The message given to task.cancel(): "stop", "merged" or "shutdown".
             reason = str(exc.args[0]) if exc.args and exc.args[0] else "cancelled"
-            try:
-                await self.engine.store.record_run(self._trace("cancelled", reason))
-            except Exception:
-                log.exception("could not record cancelled run %s", self.req.run_id)
+            # A run cancelled while its flush is being written is committed all
+            # the same (the store finishes the write); its trace stays as written.
+            if not self.committed:
+                try:
+                    await self.engine.store.record_run(self._trace("cancelled", reason))
+                except Exception:
+                    log.exception("could not record cancelled run %s", self.req.run_id)
             self._log("cancelled", reason)
             await self.emit("run.cancelled", reason=reason)
             raise
@@ -150,8 +157,9 @@ class _Run:
     async def _phases(self) -> RunResult:
         req, msg = self.req, self.req.message
         # Setup: the workspace is always the sender's, even in a group.
-        workspace = workspace_dir(self.settings.workspaces_dir, msg.channel, msg.sender_id)
-        await asyncio.to_thread(ensure_workspace, workspace)
+        workspace = _workspace(self.engine.workspaces_root, msg.channel, msg.sender_id)
+        if not is_seeded(workspace):
+            await asyncio.to_thread(ensure_workspace, workspace)
 
         # Input checks (guard, truncation) are plugins.
         text, notes = msg.text, []
@@ -230,6 +238,7 @@ class _Run:
         cleaned = run_pipeline(final, self.engine.sanitizers)
         silent = cleaned == NO_REPLY or not cleaned
         self.buffer.append(ChatMessage("assistant", final))
+        self.committed = True
         await self.engine.store.append_run(
             req.session, req.run_id, self.buffer, self.usage,
             self.settings.model, self.engine.provider.name, self._trace("completed"),
@@ -349,6 +358,12 @@ class _Run:
                  self.req.run_id[:8], status, self.req.session.key, self.iterations,
                  self.usage.input_tokens, self.usage.output_tokens,
                  (time.monotonic() - self.started) * 1000, f" error={error}" if error else "")
+
+
+@functools.lru_cache(maxsize=4096)
+def _workspace(root: Path, channel: str, user_id: str) -> Path:
+    # Sanitizing and hashing ids is pure; active users hit this every run.
+    return workspace_dir(root, channel, user_id)
 
 
 def _history(messages: list[ChatMessage], limit: int) -> list[ChatMessage]:

@@ -40,6 +40,16 @@ class RunRecord:
     error: str = ""
 
 
+_INSERT_MESSAGE = (
+    "INSERT INTO messages (session_id, run_id, role, content, sender_id, sender_name,"
+    " tool_calls, tool_call_id, tool_name, is_error, created_at)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_UPDATE_SESSION = (
+    "UPDATE sessions SET updated_at = ?, input_tokens = input_tokens + ?,"
+    " output_tokens = output_tokens + ?, model = CASE WHEN ? = '' THEN model ELSE ? END,"
+    " provider = CASE WHEN ? = '' THEN provider ELSE ? END WHERE id = ?"
+)
 _INSERT_RUN = (
     "INSERT OR REPLACE INTO runs (id, session_key, status, started_at, ended_at, iterations,"
     " input_tokens, output_tokens, model, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -84,6 +94,8 @@ class SessionStore:
         # One connection serves every coroutine; a transaction must not have
         # another coroutine's statements slip into it between awaits.
         self._lock = asyncio.Lock()
+        self._pending: list[_Flush] = []
+        self._writer: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(cls, path: Path, cache_size: int = 1000) -> SessionStore:
@@ -91,7 +103,9 @@ class SessionStore:
         return cls(await dbmod.connect(path), cache_size)
 
     async def close(self) -> None:
-        """Close the database; a later call does nothing."""
+        """Finish pending writes and close the database."""
+        if self._writer is not None:
+            await self._writer
         await self.db.close()
 
     def cached(self, key: str) -> Session | None:
@@ -135,39 +149,58 @@ class SessionStore:
         provider: str = "",
         record: RunRecord | None = None,
     ) -> None:
-        """Write everything one run produced, and its trace record, in one transaction."""
+        """Write everything one run produced, and its trace record, atomically.
+
+        Flushes that arrive while a write is in progress are batched into the
+        next transaction (group commit): each run is still all-or-nothing, and
+        a busy service pays one commit for many runs. Once called, the write
+        completes even if the caller is cancelled.
+        """
+        flush = _Flush(session, run_id, tuple(messages), usage or Usage(), model, provider,
+                       record, asyncio.get_running_loop().create_future())
+        self._pending.append(flush)
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_pending())
+        await asyncio.shield(flush.done)
+
+    async def _write_pending(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            await self._commit(batch)
+
+    async def _commit(self, batch: list[_Flush]) -> None:
+        try:
+            await self._write(batch)
+        except Exception as exc:
+            if len(batch) > 1:
+                # One bad run must not sink the others: write them one by one.
+                for flush in batch:
+                    await self._commit([flush])
+                return
+            batch[0].done.set_exception(exc)
+            batch[0].done.exception()  # retrieved: its caller may be gone
+            return
+        for flush in batch:
+            flush.apply()
+            flush.done.set_result(None)
+
+    async def _write(self, batch: list[_Flush]) -> None:
         now = time.time()
-        usage = usage or Usage()
-        rows = [_row(session.id, run_id, m) for m in messages]
+        messages = [_row(f.session.id, f.run_id, m) for f in batch for m in f.messages]
+        updates = [(now, f.usage.input_tokens, f.usage.output_tokens, f.model, f.model,
+                    f.provider, f.provider, f.session.id) for f in batch]
+        records = [_record_row(f.record) for f in batch if f.record is not None]
         async with self._lock:
             await self.db.execute("BEGIN IMMEDIATE")
             try:
-                await self.db.executemany(
-                    "INSERT INTO messages (session_id, run_id, role, content, sender_id,"
-                    " sender_name, tool_calls, tool_call_id, tool_name, is_error, created_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    rows,
-                )
-                await self.db.execute(
-                    "UPDATE sessions SET updated_at = ?, input_tokens = input_tokens + ?,"
-                    " output_tokens = output_tokens + ?,"
-                    " model = CASE WHEN ? = '' THEN model ELSE ? END,"
-                    " provider = CASE WHEN ? = '' THEN provider ELSE ? END WHERE id = ?",
-                    (now, usage.input_tokens, usage.output_tokens,
-                     model, model, provider, provider, session.id),
-                )
-                if record is not None:
-                    await self.db.execute(_INSERT_RUN, _record_row(record))
+                await self.db.executemany(_INSERT_MESSAGE, messages)
+                await self.db.executemany(_UPDATE_SESSION, updates)
+                if records:
+                    await self.db.executemany(_INSERT_RUN, records)
                 await self.db.execute("COMMIT")
             except BaseException:
                 await self.db.execute("ROLLBACK")
                 raise
-        session.messages.extend(messages)
-        session.updated_at = now
-        session.input_tokens += usage.input_tokens
-        session.output_tokens += usage.output_tokens
-        session.model = model or session.model
-        session.provider = provider or session.provider
 
     async def record_run(self, record: RunRecord) -> None:
         """Write a run's trace record on its own (runs that flush no history)."""
@@ -250,6 +283,30 @@ class SessionStore:
                 break
             if self._cache[key].pins == 0:
                 del self._cache[key]
+
+
+@dataclass(slots=True)
+class _Flush:
+    """One run's write, waiting for the next group commit."""
+
+    session: Session
+    run_id: str
+    messages: tuple[ChatMessage, ...]
+    usage: Usage
+    model: str
+    provider: str
+    record: RunRecord | None
+    done: asyncio.Future[None]
+
+    def apply(self) -> None:
+        """Mirror the committed write into the cached session."""
+        s = self.session
+        s.messages.extend(self.messages)
+        s.updated_at = time.time()
+        s.input_tokens += self.usage.input_tokens
+        s.output_tokens += self.usage.output_tokens
+        s.model = self.model or s.model
+        s.provider = self.provider or s.provider
 
 
 def _record_row(r: RunRecord) -> tuple[Any, ...]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
+from collections import OrderedDict
 from pathlib import Path
 
 from bot.hookspecs import hookimpl
@@ -12,14 +14,38 @@ MAX_FILE_CHARS = 8_000
 """Bootstrap files are capped so a huge USER.md cannot crowd out the conversation."""
 
 
+_CACHE_SIZE = 4096
+_cache: OrderedDict[str, tuple[tuple[int, int, int], str]] = OrderedDict()
+"""Prompt files by path, with the (inode, mtime, size) they were read at.
+
+Every run needs the same half-dozen small files; a stat is far cheaper than a
+read, and an edit by hand or an atomic replace by a file tool changes the key.
+"""
+
+
 def _read(workspace: Path, name: str) -> str:
+    path = os.path.join(workspace, name)
     try:
-        text = (workspace / name).read_text(encoding="utf-8", errors="replace")
+        st = os.stat(path)
+    except OSError:
+        return ""
+    stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+    hit = _cache.get(path)
+    if hit is not None and hit[0] == stamp:
+        _cache.move_to_end(path)
+        return hit[1]
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read(MAX_FILE_CHARS + 1)
     except OSError:
         return ""
     if len(text) > MAX_FILE_CHARS:
         text = text[:MAX_FILE_CHARS] + f"\n[... {name} truncated]"
-    return text.strip()
+    text = text.strip()
+    _cache[path] = (stamp, text)
+    if len(_cache) > _CACHE_SIZE:
+        _cache.popitem(last=False)
+    return text
 
 
 def _file_section(name: str, workspace: Path, order: int) -> PromptSection:

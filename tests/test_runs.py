@@ -315,3 +315,28 @@ async def test_a_failed_delivery_is_logged_and_the_session_stays_intact(
     assert "delivering run" in caplog.text and "platform down" in caplog.text
     session = await app.store.get("default:test:direct:u1")
     assert [m.content for m in session.messages] == ["hello", "lost in transit"]
+
+
+async def test_prompt_follows_workspace_files_edited_by_tools_and_by_hand(
+    make_app: AppFactory, tmp_path: Path
+) -> None:
+    provider = scripted(
+        {"match": "^save", "steps": [
+            {"tool_calls": [{"name": "write_file",
+                             "arguments": {"path": "USER.md", "content": "Likes: tea"}}]},
+            {"reply": "saved"}]},
+        {"reply": "ok"}, loop=True)
+    app, channel, _ = await make_app(provider)
+    await channel.say("hello")
+    await settle(app)
+    assert "Likes: tea" not in provider.requests[-1].system
+    await channel.say("save that")
+    await settle(app)
+    await channel.say("again")
+    await settle(app)
+    assert "Likes: tea" in provider.requests[-1].system
+    user_md = tmp_path / "data/workspaces/test/u1/USER.md"
+    user_md.write_text("Likes: coffee, strongly")
+    await channel.say("and now")
+    await settle(app)
+    assert "Likes: coffee, strongly" in provider.requests[-1].system

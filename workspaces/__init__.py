@@ -18,6 +18,7 @@ from workspaces.seed import (
     TEMPLATE_NAMES,
     ensure_workspace,
     forget_workspace,
+    is_seeded,
     template_text,
 )
 
@@ -28,6 +29,7 @@ __all__ = [
     "TEMPLATE_NAMES",
     "ensure_workspace",
     "forget_workspace",
+    "is_seeded",
     "resolve_in_workspace",
     "safe_component",
     "template_text",

@@ -57,6 +57,14 @@ def ensure_workspace(path: Path) -> bool:
         return created
 
 
+def is_seeded(path: Path) -> bool:
+    """Whether this process already ran :func:`ensure_workspace` for ``path``.
+
+    Cheap enough for the event loop, so callers can skip a thread hop.
+    """
+    return os.path.abspath(path) in _seeded
+
+
 def forget_workspace(path: Path | None = None) -> None:
     """Drop ``path`` (or every path) from the cache of :func:`ensure_workspace`.
 
