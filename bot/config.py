@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextvars
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
@@ -25,6 +25,8 @@ _toml_data: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextV
 )
 
 SECRET_MASK = "********"
+
+GuardMode = Literal["off", "log", "warn", "block"]
 
 
 class ConfigError(Exception):
@@ -74,6 +76,29 @@ class Settings(BaseSettings):
     max_history_messages: int = Field(200, ge=2)
 
     admins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
+    # Input guard and limits.
+    guard_mode: GuardMode = "warn"
+    guard_modes: dict[str, GuardMode] = Field(default_factory=dict)
+    """Per-channel overrides of ``guard_mode``, e.g. ``{telegram = "block"}``."""
+    max_message_chars: int = Field(32_768, ge=1)
+
+    # Context window, history pipeline and compaction.
+    context_window: int = Field(200_000, ge=1_000)
+    output_reserve: int = Field(8_192, ge=256)
+    history_turns: int = Field(40, ge=1)
+    """User turns (with their assistant and tool messages) sent to the model."""
+    prune_soft_ratio: float = Field(0.3, gt=0, le=1)
+    prune_hard_ratio: float = Field(0.5, gt=0, le=1)
+    compact_ratio: float = Field(0.75, gt=0, le=1)
+    """Share of the window that triggers mid-loop and post-run compaction."""
+    compact_min_messages: int = Field(50, ge=5)
+    compact_keep_messages: int = Field(4, ge=1)
+    memory_flush: bool = True
+
+    # Traces.
+    trace_verbose: bool = False
+    """Also store each LLM call's input (truncated at 50,000 chars)."""
 
     anthropic_api_key: SecretStr | None = Field(
         None, validation_alias=_env("ANTHROPIC_API_KEY", "anthropic_api_key")
