@@ -10,7 +10,9 @@ from bot.channel import Channel, ChannelSpec
 from bot.commands import Command
 from bot.config import Settings
 from bot.dispatcher import Dispatcher
+from bot.guard import GuardPattern, InputGuard
 from bot.llm import LLMProvider
+from bot.otel import OTelExporter
 from bot.pluginmanager import PluginHost, get_plugin_manager
 from bot.providers import ProviderSpec
 from bot.runloop import RunEngine
@@ -85,7 +87,12 @@ class Roost:
                 commands.setdefault(name, command)
         channel_specs = await _unique(host, "roost_channels", settings, ChannelSpec)
         store = await SessionStore.open(settings.db_path, settings.session_cache_size)
-        engine = RunEngine(settings, host, store, provider, tools, sanitizers)
+        guard = InputGuard(
+            [p for p in await host.collect("roost_guard_patterns", settings=settings)
+             if isinstance(p, GuardPattern)],
+            settings.guard_mode, settings.guard_modes)
+        engine = RunEngine(settings, host, store, provider, tools, sanitizers, guard)
+        engine.exporter = OTelExporter.from_environment()
         app = cls(settings, host, store, engine, commands, channel_specs)
         await host.call("roost_startup", app=app)
         return app
@@ -114,7 +121,10 @@ class Roost:
         for channel in list(self.channels.values()):
             await _quietly(channel.stop(), f"stopping channel {channel.name}")
         await self.dispatcher.close()
+        await self.engine.compactor.wait()
         await self.host.call("roost_shutdown", app=self)
+        if isinstance(self.engine.exporter, OTelExporter):
+            self.engine.exporter.shutdown()
         await _quietly(self.engine.provider.aclose(), "closing the provider")
         await self.store.close()
 

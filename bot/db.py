@@ -55,6 +55,29 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX runs_session ON runs(session_key, started_at);
     """,
+    # 3: spans of each run's trace.
+    """
+    CREATE TABLE spans (
+        id TEXT PRIMARY KEY,
+        run_id TEXT NOT NULL,
+        parent_id TEXT,
+        kind TEXT NOT NULL CHECK (kind IN ('agent', 'llm', 'tool')),
+        name TEXT NOT NULL,
+        started_at REAL NOT NULL,
+        duration_ms REAL NOT NULL,
+        error INTEGER NOT NULL DEFAULT 0,
+        attributes TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE INDEX spans_run ON spans(run_id);
+    """,
+    # 4: compaction state: summary, counters, archived (compacted) messages, pinned facts.
+    """
+    ALTER TABLE sessions ADD COLUMN summary TEXT NOT NULL DEFAULT '';
+    ALTER TABLE sessions ADD COLUMN compactions INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE sessions ADD COLUMN flushed_compaction INTEGER NOT NULL DEFAULT -1;
+    ALTER TABLE sessions ADD COLUMN pins TEXT NOT NULL DEFAULT '[]';
+    ALTER TABLE messages ADD COLUMN compacted INTEGER NOT NULL DEFAULT 0;
+    """,
 ]
 """Schema steps in order; ``PRAGMA user_version`` records how many have run.
 

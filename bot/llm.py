@@ -74,6 +74,9 @@ class LLMRequest:
     messages: tuple[ChatMessage, ...]
     tools: tuple[ToolSpec, ...] = ()
     max_tokens: int = 4096
+    temperature: float | None = None
+    """``None`` leaves the provider's default; providers whose API has no such
+    parameter (Anthropic's current Messages API) ignore it."""
 
 
 @dataclass(slots=True)

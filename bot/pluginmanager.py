@@ -26,6 +26,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "plugins.core_commands",
     "plugins.file_tools",
     "plugins.prompt_sections",
+    "plugins.guard_patterns",
     "plugins.providers",
     "plugins.channels",
 )

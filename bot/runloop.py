@@ -20,22 +20,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from bot.compaction import Compactor, split_point, summarize
 from bot.config import Settings
+from bot.context import build_context, kernel_text
 from bot.events import EventType, RunEvent
-from bot.guard import InputCheck
-from bot.llm import ChatMessage, LLMProvider, LLMRequest, ToolCall, Usage
+from bot.guard import BLOCK_REFUSAL, InputCheck, InputGuard, truncate
+from bot.history import PruneSettings, limit_turns, prune, repair_pairing, summary_messages
+from bot.llm import ChatMessage, LLMProvider, LLMRequest, LLMResponse, ToolCall, Usage
 from bot.messages import InboundMessage
 from bot.pluginmanager import PluginHost
 from bot.prompt import PromptContext, PromptMode, assemble
 from bot.sanitize import Sanitizer, run_pipeline
 from bot.sessions import RunRecord, Session, SessionStore
+from bot.tokens import TokenEstimator
 from bot.tools import Tool, ToolContext, ToolError, ToolResult
-from workspaces import ensure_workspace, is_seeded, workspace_dir
+from bot.tracing import VERBOSE_INPUT_CHARS, RunTrace, Span, SpanExporter, preview
+from workspaces import ensure_workspace, is_seeded, read_cached, workspace_dir
 
 log = logging.getLogger("roost.run")
 
 NO_REPLY = "NO_REPLY"
 MAX_TOOL_RESULT_CHARS = 16_000
+LOOP_REPEATS = 3
+"""Identical tool calls in one run before the model is warned it is looping."""
 
 Listener = Callable[[RunEvent], Awaitable[None]]
 RunStatus = Literal["completed", "failed", "cancelled", "refused"]
@@ -43,7 +50,13 @@ RunStatus = Literal["completed", "failed", "cancelled", "refused"]
 
 @dataclass(slots=True)
 class RunRequest:
-    """One run to execute. ``message.text`` is the (possibly merged) user text."""
+    """One run to execute. ``message.text`` is the (possibly merged) user text.
+
+    Background runs (memory flush, cron) narrow what the run may do: ``tools``
+    limits the tools offered and executable, ``history`` replaces the session
+    history, ``persist=False`` writes nothing to the session (the trace is
+    still stored), and ``timeout`` replaces ``run_timeout``.
+    """
 
     message: InboundMessage
     session: Session
@@ -51,6 +64,11 @@ class RunRequest:
     max_iterations: int | None = None
     mode: PromptMode = "full"
     agent: str = "default"
+    tools: Sequence[str] | None = None
+    history: Sequence[ChatMessage] | None = None
+    persist: bool = True
+    timeout: float | None = None
+    kind: str = "chat"
 
 
 @dataclass(slots=True)
@@ -81,6 +99,7 @@ class RunEngine:
         provider: LLMProvider,
         tools: Mapping[str, Tool],
         sanitizers: Sequence[Sanitizer],
+        guard: InputGuard | None = None,
     ) -> None:
         self.settings = settings
         self.host = host
@@ -88,6 +107,12 @@ class RunEngine:
         self.provider = provider
         self.tools = dict(tools)
         self.sanitizers = sorted(sanitizers, key=lambda s: s.order)
+        self.guard = guard or InputGuard([], settings.guard_mode, settings.guard_modes)
+        self.estimator = TokenEstimator(provider.name)
+        self.compactor = Compactor(self)
+        self.prune = PruneSettings(soft_ratio=settings.prune_soft_ratio,
+                                   hard_ratio=settings.prune_hard_ratio)
+        self.exporter: SpanExporter | None = None
         self.active_runs = 0
         self.workspaces_root = settings.workspaces_dir
 
@@ -97,10 +122,13 @@ class RunEngine:
         self.active_runs += 1
         req.session.pins += 1
         try:
-            return await run.execute()
+            result = await run.execute()
         finally:
             req.session.pins -= 1
             self.active_runs -= 1
+        if req.persist and result.status == "completed":
+            self.compactor.schedule(req.session, req.message)
+        return result
 
 
 class _Run:
@@ -116,8 +144,13 @@ class _Run:
         self.buffer: list[ChatMessage] = []
         self.iterations = 0
         self.started = time.monotonic()
-        self.started_wall = time.time()
         self.committed = False
+        self.trace = RunTrace(req.run_id, req.session.key, verbose=self.settings.trace_verbose)
+        self.trace.root.attributes["kind"] = req.kind
+        self.tools = engine.tools if req.tools is None else {
+            name: engine.tools[name] for name in req.tools if name in engine.tools}
+        self.repeats: dict[tuple[str, str], int] = {}
+        self.compacted_midloop = False
 
     async def emit(self, type_: EventType, **payload: Any) -> None:
         if not self.observers and self.listener is None:
@@ -130,9 +163,10 @@ class _Run:
 
     async def execute(self) -> RunResult:
         msg = self.req.message
-        await self.emit("run.started", message=msg.text)
+        await self.emit("run.started", message=msg.text, kind=self.req.kind)
+        timeout = self.req.timeout or self.settings.run_timeout
         try:
-            async with asyncio.timeout(self.settings.run_timeout):
+            async with asyncio.timeout(timeout):
                 result = await self._phases()
         except asyncio.CancelledError as exc:
             # The message given to task.cancel(): "stop", "merged" or "shutdown".
@@ -140,30 +174,32 @@ class _Run:
             # A run cancelled while its flush is being written is committed all
             # the same (the store finishes the write); its trace stays as written.
             if not self.committed:
-                try:
-                    await self.engine.store.record_run(self._trace("cancelled", reason))
-                except Exception:
-                    log.exception("could not record cancelled run %s", self.req.run_id)
+                await self._store_trace("cancelled", reason)
             self._log("cancelled", reason)
             await self.emit("run.cancelled", reason=reason)
             raise
         except TimeoutError:
-            result = await self._fail(f"the run took longer than {self.settings.run_timeout:g}s")
+            result = await self._fail(f"the run took longer than {timeout:g}s")
         except Exception as exc:
             log.exception("run %s failed", self.req.run_id)
             result = await self._fail(_describe_error(exc))
         return result
 
     async def _phases(self) -> RunResult:
-        req, msg = self.req, self.req.message
+        req, msg, engine = self.req, self.req.message, self.engine
         # Setup: the workspace is always the sender's, even in a group.
-        workspace = _workspace(self.engine.workspaces_root, msg.channel, msg.sender_id)
+        workspace = _workspace(engine.workspaces_root, msg.channel, msg.sender_id)
         if not is_seeded(workspace):
             await asyncio.to_thread(ensure_workspace, workspace)
 
-        # Input checks (guard, truncation) are plugins.
-        text, notes = msg.text, []
-        for check in await self.engine.host.call(
+        # Input validation: guard, length, then plugin checks.
+        verdict = engine.guard.check(msg.text, channel=msg.channel, user=msg.sender_id,
+                                     session=req.session.key)
+        if verdict.blocked:
+            return await self._refuse(BLOCK_REFUSAL)
+        text, truncation_note = truncate(msg.text, self.settings.max_message_chars)
+        notes = [truncation_note] if truncation_note else []
+        for check in await engine.host.call(
             "roost_check_input", message=msg, text=text, settings=self.settings
         ):
             if not isinstance(check, InputCheck):
@@ -174,44 +210,49 @@ class _Run:
                 text = check.text
             if check.note:
                 notes.append(check.note)
-        user = ChatMessage(
-            "user", text, sender_id=msg.sender_id, sender_name=msg.display_name
-        )
+        user = ChatMessage("user", text, sender_id=msg.sender_id, sender_name=msg.display_name)
         self.buffer.append(user)
 
-        # Build messages.
-        tools = self.engine.tools
+        # Build messages: ROM (system prompt), Kernel, L2 (summary), L1 (history).
         prompt = PromptContext(
             message=msg, session_key=req.session.key, workspace=workspace,
-            tool_names=sorted(tools), model=self.settings.model,
-            provider=self.engine.provider.name, agent=req.agent, mode=req.mode,
+            tool_names=sorted(self.tools), model=self.settings.model,
+            provider=engine.provider.name, agent=req.agent, mode=req.mode,
         )
-        system = assemble(await self.engine.host.collect("roost_prompt_sections", prompt=prompt))
+        rom = assemble(await engine.host.collect("roost_prompt_sections", prompt=prompt))
+        kernel = "" if req.mode == "minimal" else kernel_text(
+            read_cached(workspace / "USER.md", 8_000), req.session.facts)
         group = msg.chat_type == "group"
-        history = _history(req.session.messages, self.settings.max_history_messages)
-        convo = [_for_model(m, group) for m in history]
         current = _for_model(user, group)
         if notes:
             current = ChatMessage("user", current.content + "\n\n" + "\n".join(notes),
                                   created_at=user.created_at)
-        convo.append(current)
-        specs = tuple(t.spec() for t in tools.values())
+        context = build_context(
+            rom=rom, kernel=kernel, summary="" if req.history is not None else req.session.summary,
+            history=self._history(group), current=current, estimator=engine.estimator,
+            window=self.settings.context_window, reserve=self.settings.output_reserve,
+        )
+        if req.persist:
+            req.session.context_tokens = context.tokens
+        convo = context.messages
+        specs = tuple(t.spec() for t in self.tools.values())
 
         # LLM iterations.
         limit = req.max_iterations or self.settings.max_iterations
-        context = ToolContext(
+        tool_context = ToolContext(
             user_id=msg.sender_id, channel=msg.channel, chat_id=msg.chat_id,
             session_key=req.session.key, run_id=req.run_id, workspace=workspace,
-            deadline=self.started + self.settings.run_timeout,
+            deadline=self.started + (req.timeout or self.settings.run_timeout),
         )
         final: str | None = None
         while self.iterations < limit:
             self.iterations += 1
             await self.emit("activity", phase="thinking", iteration=self.iterations)
-            response = await self._call_llm(LLMRequest(
-                model=self.settings.model, system=system, messages=tuple(convo),
+            request = LLMRequest(
+                model=self.settings.model, system=context.system, messages=tuple(convo),
                 tools=specs, max_tokens=self.settings.max_tokens,
-            ))
+            )
+            response = await self._call_llm(request)
             self.usage.add(response.usage)
             if not response.tool_calls:
                 final = response.text
@@ -222,27 +263,34 @@ class _Run:
             if response.text.strip():
                 await self.emit("block.reply", content=response.text)
             await self.emit("activity", phase="tools", iteration=self.iterations)
-            for call, result in zip(
-                response.tool_calls, await self._run_tools(response.tool_calls, context),
-                strict=True,
-            ):
+            results = await self._run_tools(response.tool_calls, tool_context)
+            for call, result in zip(response.tool_calls, results, strict=True):
                 answer = ChatMessage("tool", result.content, tool_call_id=call.id,
                                      tool_name=call.name, is_error=result.is_error)
                 convo.append(answer)
                 self.buffer.append(answer)
+            warning = self._loop_warning(response.tool_calls)
+            if warning:
+                convo.append(ChatMessage("user", warning))
+            convo = await self._maybe_compact_midloop(convo, response.usage.input_tokens
+                                                      or engine.estimator.request(request))
         if final is None:
             final = (f"I stopped after {limit} steps without finishing. "
                      "Tell me how to continue, or ask for something smaller.")
 
         # Finalization: sanitize before the NO_REPLY check, then one flush.
-        cleaned = run_pipeline(final, self.engine.sanitizers)
+        cleaned = run_pipeline(final, engine.sanitizers)
         silent = cleaned == NO_REPLY or not cleaned
         self.buffer.append(ChatMessage("assistant", final))
-        self.committed = True
-        await self.engine.store.append_run(
-            req.session, req.run_id, self.buffer, self.usage,
-            self.settings.model, self.engine.provider.name, self._trace("completed"),
-        )
+        self.trace.root.attributes["output_preview"] = preview(cleaned)
+        if req.persist:
+            self.committed = True
+            await engine.store.append_run(
+                req.session, req.run_id, self.buffer, self.usage, self.settings.model,
+                engine.provider.name, self._record("completed"), self._spans("completed"),
+            )
+        else:
+            await self._store_trace("completed")
         self._log("completed")
         await self.emit("run.completed", content=cleaned, silent=silent,
                         usage={"input_tokens": self.usage.input_tokens,
@@ -250,7 +298,53 @@ class _Run:
         return RunResult(req.run_id, "completed", None if silent else cleaned, self.usage,
                          self.iterations)
 
-    async def _call_llm(self, request: LLMRequest) -> Any:
+    def _history(self, group: bool) -> list[ChatMessage]:
+        """Stored history through the pipeline: limit turns → prune → repair pairing."""
+        source = self.req.history if self.req.history is not None else self.req.session.messages
+        limited = limit_turns(source, self.settings.history_turns)
+        window = self.settings.context_window
+        estimator = self.engine.estimator
+        pruned = prune(limited, lambda ms: estimator.messages(ms) / window, self.engine.prune)
+        return [_for_model(m, group) for m in repair_pairing(pruned)]
+
+    def _loop_warning(self, calls: Sequence[ToolCall]) -> str:
+        """A no-progress warning once a call repeats with identical arguments 3 times."""
+        repeated = []
+        for call in calls:
+            key = (call.name, json.dumps(call.arguments, sort_keys=True, default=str))
+            self.repeats[key] = self.repeats.get(key, 0) + 1
+            if self.repeats[key] == LOOP_REPEATS:
+                repeated.append(call.name)
+        if not repeated:
+            return ""
+        return (f"[No progress: you called {', '.join(repeated)} with identical arguments "
+                f"{LOOP_REPEATS} times in this run and the result will not change. Try "
+                "something different, or answer with what you have.]")
+
+    async def _maybe_compact_midloop(self, convo: list[ChatMessage],
+                                     prompt_tokens: int) -> list[ChatMessage]:
+        """Once per run, summarize the oldest ~70% when the prompt fills the window."""
+        threshold = self.settings.compact_ratio * self.settings.context_window
+        if self.compacted_midloop or prompt_tokens < threshold or len(convo) < 4:
+            return convo
+        self.compacted_midloop = True
+        cut = split_point(convo, max(2, round(len(convo) * 0.3)))
+        if cut <= 0:
+            return convo
+        span = self.trace.start("llm", "compaction", model=self.settings.model,
+                                messages=cut)
+        try:
+            summary = await summarize(self.engine, convo[:cut])
+        except Exception as exc:
+            span.end(error=True, error_message=_describe_error(exc))
+            log.warning("mid-run compaction of %s failed; continuing uncompacted",
+                        self.req.session.key, exc_info=exc)
+            return convo
+        span.end()
+        log.info("mid-run compaction of %s: %d messages summarized", self.req.session.key, cut)
+        return [*summary_messages(summary), *convo[cut:]]
+
+    async def _call_llm(self, request: LLMRequest) -> LLMResponse:
         on_text = None
         pump: asyncio.Task[None] | None = None
         queue: asyncio.Queue[str | None] = asyncio.Queue()
@@ -264,13 +358,25 @@ class _Run:
             await self.emit("run.retrying", attempt=attempt, maxAttempts=max_attempts,
                             error=error)
 
+        provider = self.engine.provider
+        span = self.trace.start("llm", "llm", provider=provider.name,
+                                model=request.model, iteration=self.iterations)
+        if self.trace.verbose:
+            span.attributes["input"] = _verbose_input(request)
         try:
-            return await self.engine.provider.complete(request, on_text=on_text,
-                                                       on_retry=on_retry)
+            response = await provider.complete(request, on_text=on_text, on_retry=on_retry)
+        except BaseException as exc:
+            span.end(error=True, error_message=_describe_error(exc))
+            raise
         finally:
             if pump is not None:
                 queue.put_nowait(None)
                 await pump
+        span.end(input_tokens=response.usage.input_tokens,
+                 output_tokens=response.usage.output_tokens,
+                 output_preview=preview(response.text), tool_calls=len(response.tool_calls))
+        self.engine.estimator.calibrate(request, response.usage.input_tokens)
+        return response
 
     async def _pump(self, queue: asyncio.Queue[str | None]) -> None:
         while (fragment := await queue.get()) is not None:
@@ -287,7 +393,9 @@ class _Run:
 
     async def _run_tool(self, call: ToolCall, context: ToolContext) -> ToolResult:
         await self.emit("tool.call", name=call.name, id=call.id, arguments=dict(call.arguments))
+        span = self.trace.start("tool", call.name, call_id=call.id)
         result = await self._execute_tool(call, context)
+        span.end(error=result.is_error)
         if len(result.content) > MAX_TOOL_RESULT_CHARS:
             cut = len(result.content) - MAX_TOOL_RESULT_CHARS
             result = ToolResult(result.content[:MAX_TOOL_RESULT_CHARS]
@@ -297,9 +405,9 @@ class _Run:
         return result
 
     async def _execute_tool(self, call: ToolCall, context: ToolContext) -> ToolResult:
-        tool = self.engine.tools.get(call.name)
+        tool = self.tools.get(call.name)
         if tool is None:
-            known = ", ".join(sorted(self.engine.tools)) or "none"
+            known = ", ".join(sorted(self.tools)) or "none"
             return ToolResult(f"Unknown tool '{call.name}'. Available tools: {known}.", True)
         problem = _check_arguments(tool, call.arguments)
         if problem:
@@ -320,12 +428,15 @@ class _Run:
 
     async def _refuse(self, refusal: str) -> RunResult:
         msg = self.req.message
+        text, _ = truncate(msg.text, self.settings.max_message_chars)
         self.buffer = [
-            ChatMessage("user", msg.text, sender_id=msg.sender_id, sender_name=msg.display_name),
+            ChatMessage("user", text, sender_id=msg.sender_id, sender_name=msg.display_name),
             ChatMessage("assistant", refusal),
         ]
-        await self.engine.store.append_run(self.req.session, self.req.run_id, self.buffer,
-                                           record=self._trace("refused"))
+        if self.req.persist:
+            await self.engine.store.append_run(self.req.session, self.req.run_id, self.buffer,
+                                               record=self._record("refused"),
+                                               spans=self._spans("refused"))
         self._log("refused")
         await self.emit("run.completed", content=refusal, silent=False, refused=True,
                         usage={"input_tokens": 0, "output_tokens": 0})
@@ -336,22 +447,40 @@ class _Run:
         # half-finished tool exchange.
         user = [m for m in self.buffer if m.role == "user"]
         try:
-            await self.engine.store.append_run(self.req.session, self.req.run_id, user,
-                                               self.usage, record=self._trace("failed", error))
-            self._log("failed", error)
+            if self.req.persist:
+                await self.engine.store.append_run(
+                    self.req.session, self.req.run_id, user, self.usage,
+                    record=self._record("failed", error), spans=self._spans("failed", error))
+            else:
+                await self._store_trace("failed", error)
         except Exception:
             log.exception("could not persist failed run %s", self.req.run_id)
+        self._log("failed", error)
         await self.emit("run.failed", error=error)
         return RunResult(self.req.run_id, "failed",
                          f"Sorry, I couldn't answer that: {error}", self.usage,
                          self.iterations, error)
 
-    def _trace(self, status: str, error: str = "") -> RunRecord:
+    async def _store_trace(self, status: str, error: str = "") -> None:
+        """Store the trace on its own; never raises (it runs on failure paths)."""
+        try:
+            await self.engine.store.record_run(self._record(status, error),
+                                               self._spans(status, error))
+        except Exception:
+            log.exception("could not record the trace of run %s", self.req.run_id)
+
+    def _record(self, status: str, error: str = "") -> RunRecord:
         return RunRecord(
-            self.req.run_id, self.req.session.key, status, self.started_wall, time.time(),
-            self.iterations, self.usage.input_tokens, self.usage.output_tokens,
+            self.req.run_id, self.req.session.key, status, self.trace.root.started_at,
+            time.time(), self.iterations, self.usage.input_tokens, self.usage.output_tokens,
             self.settings.model, error,
         )
+
+    def _spans(self, status: str, error: str = "") -> list[Span]:
+        spans = self.trace.finish(status, error)
+        if self.engine.exporter is not None:
+            self.engine.exporter.export(spans)
+        return spans
 
     def _log(self, status: str, error: str = "") -> None:
         log.info("run %s %s session=%s iterations=%d tokens=%d/%d %.0fms%s",
@@ -366,12 +495,10 @@ def _workspace(root: Path, channel: str, user_id: str) -> Path:
     return workspace_dir(root, channel, user_id)
 
 
-def _history(messages: list[ChatMessage], limit: int) -> list[ChatMessage]:
-    """The newest ``limit`` messages, never starting inside a tool exchange."""
-    start = max(0, len(messages) - limit)
-    while start < len(messages) and messages[start].role != "user":
-        start += 1
-    return messages[start:]
+def _verbose_input(request: LLMRequest) -> str:
+    data = {"system": request.system,
+            "messages": [{"role": m.role, "content": m.content} for m in request.messages]}
+    return json.dumps(data, ensure_ascii=False)[:VERBOSE_INPUT_CHARS]
 
 
 def _for_model(message: ChatMessage, group: bool) -> ChatMessage:

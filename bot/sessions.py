@@ -22,6 +22,7 @@ import aiosqlite
 from bot import db as dbmod
 from bot.llm import ChatMessage, ToolCall, Usage
 from bot.messages import InboundMessage
+from bot.tracing import Span, attributes_of, span_row
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,10 @@ _UPDATE_SESSION = (
     " output_tokens = output_tokens + ?, model = CASE WHEN ? = '' THEN model ELSE ? END,"
     " provider = CASE WHEN ? = '' THEN provider ELSE ? END WHERE id = ?"
 )
+_INSERT_SPAN = (
+    "INSERT OR REPLACE INTO spans (id, run_id, parent_id, kind, name, started_at, duration_ms,"
+    " error, attributes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
 _INSERT_RUN = (
     "INSERT OR REPLACE INTO runs (id, session_key, status, started_at, ended_at, iterations,"
     " input_tokens, output_tokens, model, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -69,6 +74,15 @@ class Session:
     provider: str = ""
     input_tokens: int = 0
     output_tokens: int = 0
+    summary: str = ""
+    """The latest compaction summary of the history before ``messages``."""
+    compactions: int = 0
+    flushed_compaction: int = -1
+    """The compaction cycle whose memory flush already ran."""
+    facts: list[str] = field(default_factory=list)
+    """Facts pinned to this conversation (``/pin``); part of the Kernel segment."""
+    context_tokens: dict[str, int] = field(default_factory=dict, repr=False)
+    """Token counts of each context segment in the latest run (for ``/status``)."""
     pins: int = field(default=0, repr=False)
     """Runs currently using this session; a pinned session is never evicted."""
 
@@ -148,8 +162,9 @@ class SessionStore:
         model: str = "",
         provider: str = "",
         record: RunRecord | None = None,
+        spans: Sequence[Span] = (),
     ) -> None:
-        """Write everything one run produced, and its trace record, atomically.
+        """Write everything one run produced, and its trace, atomically.
 
         Flushes that arrive while a write is in progress are batched into the
         next transaction (group commit): each run is still all-or-nothing, and
@@ -157,7 +172,7 @@ class SessionStore:
         completes even if the caller is cancelled.
         """
         flush = _Flush(session, run_id, tuple(messages), usage or Usage(), model, provider,
-                       record, asyncio.get_running_loop().create_future())
+                       record, tuple(spans), asyncio.get_running_loop().create_future())
         self._pending.append(flush)
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write_pending())
@@ -190,6 +205,7 @@ class SessionStore:
         updates = [(now, f.usage.input_tokens, f.usage.output_tokens, f.model, f.model,
                     f.provider, f.provider, f.session.id) for f in batch]
         records = [_record_row(f.record) for f in batch if f.record is not None]
+        spans = [span_row(s) for f in batch for s in f.spans]
         async with self._lock:
             await self.db.execute("BEGIN IMMEDIATE")
             try:
@@ -197,15 +213,74 @@ class SessionStore:
                 await self.db.executemany(_UPDATE_SESSION, updates)
                 if records:
                     await self.db.executemany(_INSERT_RUN, records)
+                if spans:
+                    await self.db.executemany(_INSERT_SPAN, spans)
                 await self.db.execute("COMMIT")
             except BaseException:
                 await self.db.execute("ROLLBACK")
                 raise
 
-    async def record_run(self, record: RunRecord) -> None:
-        """Write a run's trace record on its own (runs that flush no history)."""
+    async def record_run(self, record: RunRecord, spans: Sequence[Span] = ()) -> None:
+        """Write a run's trace on its own (runs that flush no history)."""
         async with self._lock:
-            await self.db.execute(_INSERT_RUN, _record_row(record))
+            await self.db.execute("BEGIN IMMEDIATE")
+            try:
+                await self.db.execute(_INSERT_RUN, _record_row(record))
+                await self.db.executemany(_INSERT_SPAN, [span_row(s) for s in spans])
+                await self.db.execute("COMMIT")
+            except BaseException:
+                await self.db.execute("ROLLBACK")
+                raise
+
+    async def spans(self, run_id: str) -> list[Span]:
+        """The stored spans of one run, root first."""
+        async with self._lock, self.db.execute(
+            "SELECT id, run_id, parent_id, kind, name, started_at, duration_ms, error, attributes"
+            " FROM spans WHERE run_id = ? ORDER BY started_at, parent_id IS NOT NULL", (run_id,),
+        ) as cur:
+            rows = await cur.fetchall()
+        return [Span(run_id=r[1], kind=r[3], name=r[4], started_at=r[5], span_id=r[0],
+                     parent_id=r[2], duration_ms=r[6], error=bool(r[7]),
+                     attributes=dict(attributes_of(r[8]))) for r in rows]
+
+    async def compact(self, session: Session, count: int, summary: str) -> None:
+        """Replace the oldest ``count`` messages of ``session`` by ``summary``.
+
+        The messages stay in the database (marked compacted) but leave the
+        active history; the compaction counter goes up by one.
+        """
+        async with self._lock:
+            await self.db.execute("BEGIN IMMEDIATE")
+            try:
+                await self.db.execute(
+                    "UPDATE messages SET compacted = 1 WHERE id IN (SELECT id FROM messages"
+                    " WHERE session_id = ? AND compacted = 0 ORDER BY id LIMIT ?)",
+                    (session.id, count))
+                await self.db.execute(
+                    "UPDATE sessions SET summary = ?, compactions = compactions + 1 WHERE id = ?",
+                    (summary, session.id))
+                await self.db.execute("COMMIT")
+            except BaseException:
+                await self.db.execute("ROLLBACK")
+                raise
+        # Runs only ever append, so the oldest ``count`` are the ones summarized.
+        del session.messages[:count]
+        session.summary = summary
+        session.compactions += 1
+
+    async def mark_flushed(self, session: Session) -> None:
+        """Record that the memory flush ran for the current compaction cycle."""
+        async with self._lock:
+            await self.db.execute("UPDATE sessions SET flushed_compaction = ? WHERE id = ?",
+                                  (session.compactions, session.id))
+        session.flushed_compaction = session.compactions
+
+    async def set_facts(self, session: Session, facts: Sequence[str]) -> None:
+        """Replace the session's pinned facts."""
+        async with self._lock:
+            await self.db.execute("UPDATE sessions SET pins = ? WHERE id = ?",
+                                  (json.dumps(list(facts)), session.id))
+        session.facts = list(facts)
 
     async def runs(self, session_key: str, limit: int = 50) -> list[RunRecord]:
         """The newest trace records of a session, newest first."""
@@ -240,7 +315,8 @@ class SessionStore:
         async with self._lock:
             async with self.db.execute(
                 "SELECT id, created_at, updated_at, model, provider, input_tokens,"
-                " output_tokens FROM sessions WHERE key = ? AND archived_at IS NULL",
+                " output_tokens, summary, compactions, flushed_compaction, pins"
+                " FROM sessions WHERE key = ? AND archived_at IS NULL",
                 (key,),
             ) as cur:
                 row = await cur.fetchone()
@@ -256,13 +332,15 @@ class SessionStore:
             async with self.db.execute(
                 "SELECT role, content, sender_id, sender_name, tool_calls, tool_call_id,"
                 " tool_name, is_error, created_at FROM messages WHERE session_id = ?"
-                " ORDER BY id",
+                " AND compacted = 0 ORDER BY id",
                 (row[0],),
             ) as cur:
                 messages = [_message(r) for r in await cur.fetchall()]
         return Session(
             id=row[0], key=key, messages=messages, created_at=row[1], updated_at=row[2],
             model=row[3], provider=row[4], input_tokens=row[5], output_tokens=row[6],
+            summary=row[7], compactions=row[8], flushed_compaction=row[9],
+            facts=list(json.loads(row[10])),
         )
 
     async def _insert(self, key: str, now: float) -> Session:
@@ -296,6 +374,7 @@ class _Flush:
     model: str
     provider: str
     record: RunRecord | None
+    spans: tuple[Span, ...]
     done: asyncio.Future[None]
 
     def apply(self) -> None:

@@ -133,6 +133,7 @@ class AnthropicProvider:
                 system=request.system or anthropic.omit,
                 messages=messages,
                 tools=tools or anthropic.omit,
+                # No temperature: this Messages API version no longer accepts one.
                 stream=True,
             ),
             lambda event: progress.handle(event, on_text),

@@ -138,6 +138,7 @@ class OpenAIProvider:
                 model=request.model,
                 messages=messages,
                 tools=tools or openai.omit,
+                temperature=openai.omit if request.temperature is None else request.temperature,
                 stream=True,
                 extra_body=extra,
             ),

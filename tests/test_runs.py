@@ -286,7 +286,7 @@ async def test_history_survives_a_restart(make_app: AppFactory) -> None:
     assert contents == ["first", "first answer", "second"]
 
 
-async def test_null_bytes_and_huge_messages_are_handled_and_stored_intact(
+async def test_huge_messages_with_null_bytes_are_shortened_for_the_model_not_rejected(
     make_app: AppFactory,
 ) -> None:
     provider = scripted({"reply": "read it"}, loop=True)
@@ -295,10 +295,12 @@ async def test_null_bytes_and_huge_messages_are_handled_and_stored_intact(
     await channel.say(weird)
     await settle(app)
     assert channel.texts() == ["read it"]
+    sent = provider.requests[0].messages[-1].content
+    assert sent.startswith(weird[:32_768]) and "shortened to the first 32,768" in sent
     await app.close()
     app2, _, _ = await make_app(scripted({"reply": "x"}))
     session = await app2.store.get("default:test:direct:u1")
-    assert session.messages[0].content == weird
+    assert session.messages[0].content == weird[:32_768]
 
 
 async def test_a_failed_delivery_is_logged_and_the_session_stays_intact(

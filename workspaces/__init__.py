@@ -6,6 +6,7 @@ Every user gets a private directory ``<workspaces_dir>/<channel>/<user_id>``
 :func:`resolve_in_workspace`, which refuses anything that lands outside.
 """
 
+from workspaces.cache import read_cached
 from workspaces.paths import (
     MAX_COMPONENT_LENGTH,
     resolve_in_workspace,
@@ -30,6 +31,7 @@ __all__ = [
     "ensure_workspace",
     "forget_workspace",
     "is_seeded",
+    "read_cached",
     "resolve_in_workspace",
     "safe_component",
     "template_text",

@@ -1,0 +1,71 @@
+"""Token estimates for budgeting, calibrated by what providers actually count.
+
+Method: tokens ≈ characters / ratio, plus a fixed overhead per message and per
+tool call. The ratio starts at a per-provider default (Claude ≈ 3.5 characters
+per token on English chat, GPT-family BPEs ≈ 4) and is then calibrated from
+every response's real ``usage.input_tokens`` against the characters of the
+request that produced it (an exponentially weighted average), so an estimator
+converges to whatever tokenizer the model behind the provider uses. See
+``bench/bench_context.py`` for its measured error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+from bot.llm import ChatMessage, LLMRequest
+
+DEFAULT_RATIOS = {"anthropic": 3.5, "openai": 4.0}
+MESSAGE_OVERHEAD = 4
+TOOL_CALL_OVERHEAD = 8
+_MIN_RATIO, _MAX_RATIO = 1.0, 8.0
+_SMOOTHING = 0.2
+
+
+class TokenEstimator:
+    """Estimates tokens for one provider; ``calibrate`` keeps it honest."""
+
+    def __init__(self, provider: str = "", ratio: float | None = None) -> None:
+        self.ratio = ratio or DEFAULT_RATIOS.get(provider, 4.0)
+        self.samples = 0
+
+    def text(self, text: str) -> int:
+        """Tokens in a piece of text."""
+        return int(len(text) / self.ratio) + 1 if text else 0
+
+    def message(self, message: ChatMessage) -> int:
+        """Tokens one history message costs, tool calls included."""
+        total = MESSAGE_OVERHEAD + self.text(message.content)
+        for call in message.tool_calls:
+            total += TOOL_CALL_OVERHEAD + self.text(call.name)
+            total += self.text(json.dumps(call.arguments, ensure_ascii=False, default=str))
+        return total
+
+    def messages(self, messages: Iterable[ChatMessage]) -> int:
+        """Tokens of a list of messages."""
+        return sum(self.message(m) for m in messages)
+
+    def request_chars(self, request: LLMRequest) -> int:
+        """Characters a request carries (system, messages, tool schemas)."""
+        chars = len(request.system)
+        for m in request.messages:
+            chars += len(m.content) + MESSAGE_OVERHEAD * int(self.ratio)
+            for c in m.tool_calls:
+                chars += len(c.name) + len(json.dumps(c.arguments, default=str))
+        for t in request.tools:
+            chars += len(t.name) + len(t.description) + len(json.dumps(t.input_schema))
+        return chars
+
+    def request(self, request: LLMRequest) -> int:
+        """Tokens of a whole request."""
+        return int(self.request_chars(request) / self.ratio) + 1
+
+    def calibrate(self, request: LLMRequest, actual_input_tokens: int) -> None:
+        """Move the ratio toward what the provider reported for ``request``."""
+        if actual_input_tokens <= 0:
+            return
+        observed = self.request_chars(request) / actual_input_tokens
+        observed = min(_MAX_RATIO, max(_MIN_RATIO, observed))
+        self.ratio += _SMOOTHING * (observed - self.ratio)
+        self.samples += 1

@@ -1,0 +1,101 @@
+"""Run traces: a root span per run, an LLM span per model call, a tool span per tool call.
+
+Spans are collected in memory while the run works and stored with the run's
+flush (or on their own for failed and cancelled runs), so tracing costs no
+extra database round trip on the hot path.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+SpanKind = Literal["agent", "llm", "tool"]
+
+OUTPUT_PREVIEW_CHARS = 500
+VERBOSE_INPUT_CHARS = 50_000
+
+
+@dataclass(slots=True)
+class Span:
+    """One timed step of a run. ``attributes`` holds kind-specific fields.
+
+    ``llm``: provider, model, iteration, input_tokens, output_tokens,
+    output_preview (and input when verbose). ``tool``: name, call_id, is_error.
+    ``agent`` (root): session_key, status, error_message.
+    """
+
+    run_id: str
+    kind: SpanKind
+    name: str
+    started_at: float
+    span_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    parent_id: str | None = None
+    duration_ms: float = 0.0
+    error: bool = False
+    attributes: dict[str, Any] = field(default_factory=dict)
+    _t0: float = field(default_factory=time.monotonic, repr=False)
+
+    def end(self, *, error: bool = False, **attributes: Any) -> None:
+        """Close the span now, marking ``error`` and adding ``attributes``."""
+        self.duration_ms = (time.monotonic() - self._t0) * 1000
+        self.error = self.error or error
+        self.attributes.update(attributes)
+
+
+class RunTrace:
+    """Collects the spans of one run under a root ``agent`` span."""
+
+    def __init__(self, run_id: str, session_key: str, *, verbose: bool = False) -> None:
+        self.run_id = run_id
+        self.verbose = verbose
+        self.root = Span(run_id, "agent", "run", time.time(),
+                         attributes={"session_key": session_key})
+        self.spans: list[Span] = [self.root]
+
+    def start(self, kind: SpanKind, name: str, **attributes: Any) -> Span:
+        """Open a child span of the root."""
+        span = Span(self.run_id, kind, name, time.time(), parent_id=self.root.span_id,
+                    attributes=dict(attributes))
+        self.spans.append(span)
+        return span
+
+    def finish(self, status: str, error: str = "") -> list[Span]:
+        """Close the root span with the run's outcome; returns every span.
+
+        Spans still open (a tool cut off by cancellation) are closed too, as
+        errors, so a cancelled run's trace is complete.
+        """
+        for span in self.spans[1:]:
+            if span.duration_ms == 0.0:
+                span.end(error=True, interrupted=True)
+        self.root.end(error=status in ("failed", "cancelled"), status=status, error_message=error)
+        return self.spans
+
+
+def preview(text: str, limit: int = OUTPUT_PREVIEW_CHARS) -> str:
+    """The first ``limit`` characters of ``text``."""
+    return text if len(text) <= limit else text[:limit]
+
+
+def span_row(span: Span) -> tuple[Any, ...]:
+    """The ``spans`` table row for ``span``."""
+    return (span.span_id, span.run_id, span.parent_id, span.kind, span.name, span.started_at,
+            span.duration_ms, int(span.error), json.dumps(span.attributes, default=str))
+
+
+def attributes_of(raw: str) -> Mapping[str, Any]:
+    """Decode a stored ``attributes`` column."""
+    value = json.loads(raw)
+    return value if isinstance(value, dict) else {}
+
+
+class SpanExporter(Protocol):
+    """Something that ships finished spans elsewhere (OpenTelemetry)."""
+
+    def export(self, spans: Sequence[Span]) -> None:
+        """Export one run's spans; must not raise."""

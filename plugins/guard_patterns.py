@@ -1,0 +1,54 @@
+"""The six built-in prompt-injection patterns for the input guard.
+
+They flag, they do not judge: in the default ``warn`` mode a match is only
+logged. Patterns stay narrow so ordinary chat ("ignore my last message")
+does not trip them.
+"""
+
+from __future__ import annotations
+
+from bot.config import Settings
+from bot.guard import GuardPattern
+from bot.hookspecs import hookimpl
+
+PATTERNS = [
+    GuardPattern(
+        "ignore_instructions",
+        r"\b(ignore|disregard|forget|override)\s+(all\s+|any\s+|the\s+|your\s+)*"
+        r"(previous|prior|above|earlier|preceding|system)\s+"
+        r"(instructions?|prompts?|rules|directives|messages?)",
+        "asks the model to drop the instructions it was given",
+    ),
+    GuardPattern(
+        "role_override",
+        r"\b(you\s+are\s+now|from\s+now\s+on,?\s+you\s+are|act\s+as\s+if\s+you\s+(are|were)|"
+        r"pretend\s+(to\s+be|you\s+are))\s+(a|an|the|my)?\s*(new|different|unrestricted|"
+        r"jailbroken|evil|DAN)\b",
+        "tries to give the model a different identity",
+    ),
+    GuardPattern(
+        "system_tags",
+        r"<\|?(im_start|im_end|system|endoftext)\|?>|\[/?(SYSTEM|INST)\]|<<\s*/?SYS\s*>>|"
+        r"</?system>",
+        "fake chat-template or system tags",
+    ),
+    GuardPattern(
+        "instruction_injection",
+        r"(^|\n)\s*(new|updated|real|actual)\s+(system\s+)?instructions?\s*:|"
+        r"(^|\n)\s*(system\s+)?override\s*:",
+        "inserts a block of 'new instructions'",
+    ),
+    GuardPattern("null_bytes", r"\x00", "null bytes, used to hide or split content"),
+    GuardPattern(
+        "delimiter_escape",
+        r"\b(end\s+of\s+(the\s+)?(system\s+)?(prompt|instructions|context))\b|"
+        r"</(instructions|prompt|context|user_input)>",
+        "claims the instructions ended to start a new context",
+    ),
+]
+
+
+@hookimpl
+def roost_guard_patterns(settings: Settings) -> list[GuardPattern]:
+    """The spec's six detection patterns."""
+    return PATTERNS
