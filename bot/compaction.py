@@ -107,6 +107,8 @@ class Compactor:
 
     def needed(self, session: Session) -> bool:
         """Whether the session's active history calls for compaction."""
+        if not self.settings.compaction:
+            return False
         if len(session.messages) > self.settings.compact_min_messages:
             return True
         tokens = self.engine.estimator.messages(session.messages)

@@ -94,6 +94,7 @@ class Settings(BaseSettings):
     """Share of the window that triggers mid-loop and post-run compaction."""
     compact_min_messages: int = Field(50, ge=5)
     compact_keep_messages: int = Field(4, ge=1)
+    compaction: bool = True
     memory_flush: bool = True
 
     # Traces.

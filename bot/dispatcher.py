@@ -70,6 +70,8 @@ class Dispatcher:
         self._tasks: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
         self._closed = False
+        # Commands of one chat run in the order they were sent ("/pin a", "/pin b").
+        self._command_locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
 
     # -- entry point -------------------------------------------------------
 
@@ -237,6 +239,18 @@ class Dispatcher:
     # -- commands --------------------------------------------------------------
 
     async def _command(self, message: InboundMessage, name: str, args: str) -> None:
+        key = session_key(message)
+        lock, users = self._command_locks.setdefault(key, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                await self._run_command(message, name, args)
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._command_locks[key]
+
+    async def _run_command(self, message: InboundMessage, name: str, args: str) -> None:
         command = self.app.commands.get(name)
         is_admin = self.settings.is_admin(message.channel, message.sender_id)
         if command is None:

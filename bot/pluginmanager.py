@@ -29,6 +29,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "plugins.guard_patterns",
     "plugins.providers",
     "plugins.channels",
+    "plugins.sanitizers",
 )
 """Modules of the built-in plugins, registered like external ones."""
 

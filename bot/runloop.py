@@ -10,6 +10,7 @@ and nothing of a cancelled run is written.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import logging
@@ -29,7 +30,7 @@ from bot.history import PruneSettings, limit_turns, prune, repair_pairing, summa
 from bot.llm import ChatMessage, LLMProvider, LLMRequest, LLMResponse, ToolCall, Usage
 from bot.messages import InboundMessage
 from bot.pluginmanager import PluginHost
-from bot.prompt import PromptContext, PromptMode, assemble
+from bot.prompt import Order, PromptContext, PromptMode, PromptSection, assemble
 from bot.sanitize import Sanitizer, run_pipeline
 from bot.sessions import RunRecord, Session, SessionStore
 from bot.tokens import TokenEstimator
@@ -69,6 +70,8 @@ class RunRequest:
     persist: bool = True
     timeout: float | None = None
     kind: str = "chat"
+    extra_context: str = ""
+    """Extra text for the prompt's ``<extra_context>`` section (cron jobs, sub-tasks)."""
 
 
 @dataclass(slots=True)
@@ -218,10 +221,14 @@ class _Run:
             message=msg, session_key=req.session.key, workspace=workspace,
             tool_names=sorted(self.tools), model=self.settings.model,
             provider=engine.provider.name, agent=req.agent, mode=req.mode,
+            extra_context=req.extra_context,
         )
-        rom = assemble(await engine.host.collect("roost_prompt_sections", prompt=prompt))
+        sections = await engine.host.collect("roost_prompt_sections", prompt=prompt)
+        rom = assemble(sections)
         kernel = "" if req.mode == "minimal" else kernel_text(
             read_cached(workspace / "USER.md", 8_000), req.session.facts)
+        # The Kernel goes before the recency reminders; it is counted as its own segment.
+        system = assemble([*sections, PromptSection("kernel", kernel, Order.KERNEL)])
         group = msg.chat_type == "group"
         current = _for_model(user, group)
         if notes:
@@ -249,7 +256,7 @@ class _Run:
             self.iterations += 1
             await self.emit("activity", phase="thinking", iteration=self.iterations)
             request = LLMRequest(
-                model=self.settings.model, system=context.system, messages=tuple(convo),
+                model=self.settings.model, system=system, messages=tuple(convo),
                 tools=specs, max_tokens=self.settings.max_tokens,
             )
             response = await self._call_llm(request)
@@ -271,7 +278,9 @@ class _Run:
                 self.buffer.append(answer)
             warning = self._loop_warning(response.tool_calls)
             if warning:
-                convo.append(ChatMessage("user", warning))
+                # On the result the model reads next; the stored history stays as it was.
+                convo[-1] = dataclasses.replace(convo[-1], content=f"{convo[-1].content}\n\n"
+                                                f"{warning}")
             convo = await self._maybe_compact_midloop(convo, response.usage.input_tokens
                                                       or engine.estimator.request(request))
         if final is None:
@@ -325,7 +334,8 @@ class _Run:
                                      prompt_tokens: int) -> list[ChatMessage]:
         """Once per run, summarize the oldest ~70% when the prompt fills the window."""
         threshold = self.settings.compact_ratio * self.settings.context_window
-        if self.compacted_midloop or prompt_tokens < threshold or len(convo) < 4:
+        if (not self.settings.compaction or self.compacted_midloop
+                or prompt_tokens < threshold or len(convo) < 4):
             return convo
         self.compacted_midloop = True
         cut = split_point(convo, max(2, round(len(convo) * 0.3)))
@@ -342,7 +352,13 @@ class _Run:
             return convo
         span.end()
         log.info("mid-run compaction of %s: %d messages summarized", self.req.session.key, cut)
-        return [*summary_messages(summary), *convo[cut:]]
+        # The request being worked on stays verbatim even when it was summarized.
+        task = [current] if (current := self._current(convo)) in convo[:cut] else []
+        return [*summary_messages(summary), *task, *convo[cut:]]
+
+    def _current(self, convo: list[ChatMessage]) -> ChatMessage | None:
+        created = self.buffer[0].created_at if self.buffer else None
+        return next((m for m in convo if m.role == "user" and m.created_at == created), None)
 
     async def _call_llm(self, request: LLMRequest) -> LLMResponse:
         on_text = None

@@ -49,11 +49,55 @@ async def _status(ctx: CommandContext) -> str:
         f"Running: {app.dispatcher.running_count(ctx.session_key)}, "
         f"queued: {app.dispatcher.queue_length(ctx.session_key)}",
         f"Active runs (all chats): {app.engine.active_runs}",
+        f"Compactions: {session.compactions}"
+        + (f", summary of {len(session.summary)} chars" if session.summary else ""),
     ]
+    if session.context_tokens:
+        t = session.context_tokens
+        lines.append(
+            f"Context (tokens, last run): system {t['rom']}, kernel {t['kernel']}, "
+            f"summary {t['l2']}, recent {t['l1']}, message {t['current']}; "
+            f"total {t['total']} of {t['budget']}")
     if app.host.errors:
         lines.append("Plugin errors:")
         lines.extend(f"  {name}: {error}" for name, error in sorted(app.host.errors.items()))
     return "\n".join(lines)
+
+
+MAX_PINS = 20
+MAX_PIN_CHARS = 500
+
+
+async def _pin(ctx: CommandContext) -> str:
+    fact = ctx.args.strip()
+    if not fact:
+        return "Usage: /pin <a fact to keep in mind for this conversation>"
+    if len(fact) > MAX_PIN_CHARS:
+        return f"That is too long to pin ({len(fact)} characters; the limit is {MAX_PIN_CHARS})."
+    session = await ctx.app.store.get(ctx.session_key)
+    if len(session.facts) >= MAX_PINS:
+        return f"This conversation already has {MAX_PINS} pinned facts; /unpin one first."
+    await ctx.app.store.set_facts(session, [*session.facts, fact])
+    return f"Pinned as #{len(session.facts)}."
+
+
+async def _pins(ctx: CommandContext) -> str:
+    session = await ctx.app.store.get(ctx.session_key)
+    if not session.facts:
+        return "Nothing is pinned. Use /pin <fact>."
+    return "Pinned facts:\n" + "\n".join(f"#{i} {f}" for i, f in enumerate(session.facts, 1))
+
+
+async def _unpin(ctx: CommandContext) -> str:
+    session = await ctx.app.store.get(ctx.session_key)
+    arg = ctx.args.strip().lstrip("#")
+    if not arg.isdigit() or not 1 <= int(arg) <= len(session.facts):
+        return f"Usage: /unpin <number from /pins, 1..{len(session.facts)}>" \
+            if session.facts else "Nothing is pinned."
+    facts = list(session.facts)
+    removed = facts.pop(int(arg) - 1)
+    await ctx.app.store.set_facts(session, facts)
+    return f"Unpinned: {removed}"
 
 
 async def _whoami(ctx: CommandContext) -> str:
@@ -74,4 +118,8 @@ def roost_commands(settings: Settings) -> list[Command]:
         Command("new", "start a fresh conversation", _new, aliases=("reset",)),
         Command("status", "session, model, queue and token counts", _status),
         Command("whoami", "who Roost thinks you are", _whoami),
+        Command("pin", "keep a fact in mind for this whole conversation", _pin,
+                usage="<fact>"),
+        Command("pins", "list the pinned facts", _pins),
+        Command("unpin", "remove a pinned fact", _unpin, usage="<number>"),
     ]

@@ -124,9 +124,10 @@ class ScriptedProvider:
         self.loop = loop
         self._ordered = [i for i, t in enumerate(turns) if t.match is None]
         self._cursor = 0
-        # Which turn answers a given user message, so follow-up steps (after
-        # tool results) continue the same turn.
-        self._chosen: dict[tuple[str, float], int] = {}
+        # Which turn answers a given user message and how many of its steps were
+        # served, so follow-up calls (after tool results) continue that turn even
+        # when the conversation in between was compacted.
+        self._chosen: dict[tuple[str, float], list[int]] = {}
         self.requests: list[LLMRequest] = []
 
     @classmethod
@@ -144,8 +145,10 @@ class ScriptedProvider:
     ) -> LLMResponse:
         """Answer with the next step of the turn for the last user message."""
         self.requests.append(request)
-        user, step_index = _position(request.messages)
-        turn = self.turns[self._turn_for(user)]
+        user = _last_user(request.messages)
+        progress = self._progress(user)
+        turn, step_index = self.turns[progress[0]], progress[1]
+        progress[1] += 1
         if step_index >= len(turn.steps):
             raise ProviderError(
                 f"scripted provider: the turn for {user.content[:40]!r} has only "
@@ -171,17 +174,21 @@ class ScriptedProvider:
             )
             for n, c in enumerate(step.tool_calls)
         )
-        usage = Usage(sum(len(m.content) for m in request.messages) // 4 + 1, len(text) // 4 + 1)
+        # Like a real provider, count the whole request: system, messages, tools.
+        chars = len(request.system) + sum(len(m.content) for m in request.messages)
+        chars += sum(len(json.dumps(dict(t.input_schema))) + len(t.description)
+                     for t in request.tools)
+        usage = Usage(chars // 4 + 1, len(text) // 4 + 1)
         return LLMResponse(text, calls, usage, "tool_use" if calls else "end_turn")
 
     async def aclose(self) -> None:
         """Nothing to close."""
 
-    def _turn_for(self, user: ChatMessage) -> int:
+    def _progress(self, user: ChatMessage) -> list[int]:
         key = (user.content, user.created_at)
-        chosen = self._chosen.get(key)
-        if chosen is not None:
-            return chosen
+        progress = self._chosen.get(key)
+        if progress is not None:
+            return progress
         for i, turn in enumerate(self.turns):
             if turn.match is not None and turn.match.search(user.content):
                 chosen = i
@@ -198,18 +205,14 @@ class ScriptedProvider:
             self._cursor += 1
         if len(self._chosen) > 10_000:
             self._chosen.clear()
-        self._chosen[key] = chosen
-        return chosen
+        progress = self._chosen[key] = [chosen, 0]
+        return progress
 
 
-def _position(messages: tuple[ChatMessage, ...]) -> tuple[ChatMessage, int]:
-    """The last user message and how many model answers followed it."""
-    answers = 0
+def _last_user(messages: tuple[ChatMessage, ...]) -> ChatMessage:
     for message in reversed(messages):
         if message.role == "user":
-            return message, answers
-        if message.role == "assistant":
-            answers += 1
+            return message
     raise ProviderError("scripted provider: the request has no user message")
 
 

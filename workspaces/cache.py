@@ -31,10 +31,18 @@ def read_cached(path: Path | str, max_chars: int) -> str:
             text = f.read(max_chars + 1)
     except OSError:
         return ""
-    if len(text) > max_chars:
-        text = text[:max_chars] + f"\n[... {os.path.basename(key)} truncated]"
-    text = text.strip()
+    text = clip(text.strip(), max_chars, f"{os.path.basename(key)} is {st.st_size:,} bytes")
     _cache[key] = (stamp, text)
     if len(_cache) > _CACHE_SIZE:
         _cache.popitem(last=False)
     return text
+
+
+def clip(text: str, limit: int, why: str) -> str:
+    """``text`` cut to about ``limit`` characters (at a line end if one is near), marked."""
+    if len(text) <= limit:
+        return text
+    cut = text.rfind("\n", 0, limit)
+    if cut < limit * 4 // 5:
+        cut = limit
+    return f"{text[:cut].rstrip()}\n[... truncated: {why}]"
