@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import re
 import time
 import uuid
 from collections import deque
@@ -318,6 +319,7 @@ class _StreamBridge:
         self.sanitizers = sanitizers
         self.stream = channel.open_stream(message) if channel is not None else None
         self.text = ""
+        self.visible = ""
         self.shown = False
 
     async def end_block(self) -> None:
@@ -328,14 +330,36 @@ class _StreamBridge:
             await self.stream.finish(block if block and block != NO_REPLY else None)
             self.stream = self.channel.open_stream(self.message)
         self.text = ""
+        self.visible = ""
         self.shown = False
 
     async def add(self, fragment: str) -> None:
         if self.stream is None:
             return
         self.text += fragment
-        head = self.text.strip()
-        if not head or NO_REPLY.startswith(head):
+        # Show only what the final reply will show: sanitized, and nothing from
+        # a thinking or tool block whose closing tag has not arrived yet.
+        visible = run_pipeline(_settled(self.text), self.sanitizers)
+        if not visible or NO_REPLY.startswith(visible) or visible == self.visible:
             return
         self.shown = True
-        await self.stream.push(self.text)
+        self.visible = visible
+        await self.stream.push(visible)
+
+
+_HIDDEN_BLOCK = re.compile(
+    r"<(think|thinking|thought|antthinking|tool_call|function_calls?|tool_use|invoke)\b",
+    re.IGNORECASE)
+
+
+def _settled(text: str) -> str:
+    """``text`` up to any hidden block still open, or a tag still being written."""
+    for match in _HIDDEN_BLOCK.finditer(text):
+        close = re.compile(rf"</{match.group(1)}\s*>", re.IGNORECASE)
+        if not close.search(text, match.end()):
+            text = text[:match.start()]
+            break
+    lt = text.rfind("<")
+    if lt != -1 and ">" not in text[lt:]:
+        text = text[:lt]
+    return text

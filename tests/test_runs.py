@@ -138,7 +138,7 @@ async def test_streaming_splits_text_before_tool_calls_from_the_final_answer(
     await settle(app)
     assert channel.streams[0] == ["Looking.", "Looking."]
     assert channel.streams[1][-1] == "Found it."
-    assert channel.streams[1][:-1] == ["Fou", "Found ", "Found it."]
+    assert channel.streams[1][:-1] == ["Fou", "Found", "Found it."]
 
 
 async def test_iteration_limit_ends_the_run_with_an_explanation(make_app: AppFactory) -> None:

@@ -347,3 +347,14 @@ def test_large_adversarial_inputs_finish(unit: str) -> None:
     for step in STEPS:
         assert len(step(text)) <= len(text)
     assert len(run_pipeline(text, BUILTINS)) <= len(text)
+
+
+async def test_streamed_text_never_shows_thinking_or_tool_markup(make_app: AppFactory) -> None:
+    reply = "<think>secret plan: flatter them</think>Hello <b>there</b>, friend."
+    app, channel, _ = await make_app(scripted({"reply": reply, "chunk": 3}), stream=True)
+    await channel.say("hi")
+    await settle(app)
+    pushed = [t for t in channel.streams[0] if t is not None]
+    assert pushed[-1] == "Hello <b>there</b>, friend."
+    assert all("secret" not in t and "think" not in t for t in pushed)
+    assert all(not t.endswith("<") and not t.endswith("<b") for t in pushed)
