@@ -162,3 +162,29 @@ async def test_kernel_carries_user_md_and_pinned_facts_and_status_shows_segments
     await channel.say("/pins")
     await settle(app)
     assert channel.texts()[-1] == "Pinned facts:\n#1 The launch is on Friday"
+
+
+async def test_rom_is_fixed_for_a_run_and_the_summary_precedes_recent_turns(
+    make_app: AppFactory,
+) -> None:
+    provider = scripted(
+        {"match": r"^(\[Earlier summary\]|u1: )", "reply": "earlier: greetings"},
+        {"match": "^many$", "steps": [
+            {"tool_calls": [{"name": "list_files", "arguments": {"path": str(i)}}]}
+            for i in range(3)] + [{"reply": "done"}]},
+        {"reply": "ok"}, loop=True)
+    app, channel, _ = await make_app(provider, compact_min_messages=5, memory_flush=False)
+    for text in ("a", "b", "c"):
+        await channel.say(text)
+        await settle(app)
+    await app.engine.compactor.wait()
+    await channel.say("many")
+    await settle(app)
+    run = [r for r in provider.requests if r.messages[-1].content == "many"
+           or (r.messages and any(m.content == "many" for m in r.messages))]
+    assert len(run) == 4 and len({r.system for r in run}) == 1  # ROM immutable within a run
+    first = run[0].messages
+    assert first[0].content.startswith("[Summary of earlier conversation]")  # L2 ...
+    assert first[2].role == "user"  # ... then L1, newer, starting at a whole turn
+    tokens = (await app.store.get("default:test:direct:u1")).context_tokens
+    assert tokens["l2"] > 0 and tokens["total"] <= tokens["budget"]

@@ -18,6 +18,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from bot import otel
 from bot.otel import OTelExporter
 from bot.tracing import RunTrace, Span
+from tests.conftest import AppFactory, scripted, settle
 
 
 class RecordingSpanExporter(InMemorySpanExporter):
@@ -352,3 +353,17 @@ def test_from_environment_picks_the_http_exporter_for_the_http_protocol(
     assert found is not None
     found.shutdown()
     assert [type(e) for e in RecordingSpanExporter.instances] == [OtherSpanExporter]
+
+
+async def test_the_engine_exports_each_finished_run_through_opentelemetry(
+    make_app: AppFactory, exporter: OTelExporter, memory: InMemorySpanExporter
+) -> None:
+    provider = scripted({"steps": [
+        {"tool_calls": [{"name": "list_files", "arguments": {}}]}, {"reply": "done"}]})
+    app, channel, _ = await make_app(provider)
+    app.engine.exporter = exporter
+    await channel.say("look around")
+    await settle(app)
+    names = sorted(span.name for span in memory.get_finished_spans())
+    assert names == ["roost.llm claude-sonnet-5-5", "roost.llm claude-sonnet-5-5",
+                     "roost.run", "roost.tool list_files"]
