@@ -67,7 +67,13 @@ class Settings(BaseSettings):
 
     max_iterations: int = Field(20, ge=1)
     run_timeout: float = Field(600.0, gt=0)
-    tool_timeout: float = Field(120.0, gt=0)
+    tool_timeout: float = Field(30.0, gt=0)
+    """Per-tool timeout (a tool's own ``timeout`` wins)."""
+    turn_timeout: float = Field(300.0, gt=0)
+    """All tool calls of one model answer; unfinished ones are cancelled and skipped."""
+    error_retention_days: int = Field(30, ge=1)
+    large_result_chars: int = Field(16_000, ge=1_000)
+    """Tool results longer than this are stored; the model gets a preview and a reference."""
     group_max_concurrent: int = Field(3, ge=1)
     queue_cap: int = Field(10, ge=1)
     merge_window_ms: int = Field(800, ge=0)

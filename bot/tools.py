@@ -18,10 +18,14 @@ class ToolError(Exception):
     ``retryable`` marks failures that may succeed when tried again.
     """
 
-    def __init__(self, message: str, *, code: str = "TOOL_ERROR", retryable: bool = False):
+    def __init__(self, message: str, *, code: str = "TOOL_ERROR", retryable: bool = False,
+                 details: Mapping[str, Any] | None = None):
         super().__init__(message)
         self.code = code
         self.retryable = retryable
+        self.details: Mapping[str, Any] = details or {}
+        """Structured facts the tool knows better than any pattern (``error_type``,
+        ``affected_resources``, ``dependencies``, ``suggested_actions``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +61,23 @@ ToolFunc = Callable[[ToolContext, Mapping[str, Any]], Awaitable["ToolResult | st
 
 
 @dataclass(frozen=True, slots=True)
+class ToolRetry:
+    """How a tool's transient failures are retried (exponential backoff with jitter).
+
+    Attempt ``n`` (from 1) waits ``min(initial_delay * multiplier**(n-1), max_delay)``
+    seconds ±``jitter``; no more than ``max_attempts`` attempts or ``max_total``
+    seconds in all.
+    """
+
+    max_attempts: int = 5
+    initial_delay: float = 0.1
+    multiplier: float = 2.0
+    max_delay: float = 0.8
+    max_total: float = 2.0
+    jitter: float = 0.1
+
+
+@dataclass(frozen=True, slots=True)
 class Tool:
     """A named capability the model can call.
 
@@ -69,6 +90,19 @@ class Tool:
     input_schema: Mapping[str, Any]
     execute: ToolFunc
     timeout: float | None = None
+    """Seconds before the call is cancelled (``None``: the ``tool_timeout`` setting)."""
+    retry: ToolRetry | None = None
+    """Retry policy for transient failures (``None``: the default policy)."""
+    transient_codes: frozenset[str] = frozenset()
+    permanent_codes: frozenset[str] = frozenset()
+    """Error codes this tool classifies differently from the defaults."""
+    requires: tuple[str, ...] = ()
+    """Tools whose output this one needs: if one fails permanently in the same
+    batch, this call is skipped (or answered with ``default``)."""
+    optional: bool = False
+    """A skipped optional call is not an error for the model, just a note."""
+    default: str | None = None
+    """The result to use when this call is skipped because a requirement failed."""
     meta: Mapping[str, Any] = field(default_factory=dict)
 
     def spec(self) -> ToolSpec:
