@@ -17,6 +17,7 @@ from bot.pluginmanager import PluginHost, get_plugin_manager
 from bot.providers import ProviderSpec
 from bot.runloop import RunEngine
 from bot.sanitize import Sanitizer
+from bot.services import Services
 from bot.sessions import SessionStore
 from bot.tools import Tool
 
@@ -78,7 +79,9 @@ class Roost:
         host = host or get_plugin_manager()
         if provider is None:
             provider = (await resolve_provider(settings, host)).create(settings)
-        tools = await _unique(host, "roost_tools", settings, Tool)
+        store = await SessionStore.open(settings.db_path, settings.session_cache_size)
+        services = Services(store)
+        tools = await _unique(host, "roost_tools", settings, Tool, services=services)
         sanitizers = [s for s in await host.collect("roost_output_sanitizers", settings=settings)
                       if isinstance(s, Sanitizer)]
         commands: dict[str, Command] = {}
@@ -86,7 +89,6 @@ class Roost:
             for name in (command.name, *command.aliases):
                 commands.setdefault(name, command)
         channel_specs = await _unique(host, "roost_channels", settings, ChannelSpec)
-        store = await SessionStore.open(settings.db_path, settings.session_cache_size)
         guard = InputGuard(
             [p for p in await host.collect("roost_guard_patterns", settings=settings)
              if isinstance(p, GuardPattern)],
@@ -129,10 +131,11 @@ class Roost:
         await self.store.close()
 
 
-async def _unique(host: PluginHost, hook: str, settings: Settings, kind: type[T]) -> dict[str, T]:
+async def _unique(host: PluginHost, hook: str, settings: Settings, kind: type[T],
+                  **kwargs: Any) -> dict[str, T]:
     """Collect named items from ``hook``; a later duplicate name is refused and logged."""
     items: dict[str, T] = {}
-    for item in await host.collect(hook, settings=settings):
+    for item in await host.collect(hook, settings=settings, **kwargs):
         if not isinstance(item, kind):
             log.error("%s returned %r, not a %s; ignored", hook, item, kind.__name__)
             continue

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from bot.prompt import PromptContext, PromptSection
     from bot.providers import ProviderSpec
     from bot.sanitize import Sanitizer
+    from bot.services import Services
     from bot.tools import Tool
 
 PROJECT_NAME = "roost"
@@ -51,12 +52,14 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 
 @hookspec
-def roost_tools(settings: Settings) -> list[Tool] | Tool | None:
+def roost_tools(settings: Settings, services: Services) -> list[Tool] | Tool | None:
     """Offer tools the model can call.
 
     Called once at startup (and again when plugins are enabled or disabled).
     Return :class:`bot.tools.Tool` objects. Tool names must be unique across
-    plugins; a later duplicate is refused with a log line naming both plugins.
+    plugins; a later duplicate is refused with a log line naming it.
+    ``services`` (:class:`bot.services.Services`) gives access to shared
+    stores; offer a tool only when what it depends on is configured.
     """
 
 

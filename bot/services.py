@@ -1,0 +1,19 @@
+"""Shared objects that plugins may need when they build tools."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bot.sessions import SessionStore
+
+
+@dataclass(slots=True)
+class Services:
+    """What the service offers plugins at tool-building time.
+
+    ``sessions`` is the session store (its ``db`` is the shared SQLite
+    connection). Optional services are ``None`` when not configured, and tools
+    that depend on them should not be offered then.
+    """
+
+    sessions: SessionStore
