@@ -97,7 +97,7 @@ def test_plugin_offers_four_tools_through_the_hook(settings: Settings) -> None:
     pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
     pm.register(file_tools, name="plugins.file_tools")
-    (offered,) = pm.hook.roost_tools(settings=settings)
+    (offered,) = pm.hook.roost_tools(settings=settings, services=None)
     assert sorted(t.name for t in offered) == ["edit_file", "list_files", "read_file", "write_file"]
 
 
