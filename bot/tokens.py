@@ -12,11 +12,17 @@ converges to whatever tokenizer the model behind the provider uses. See
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 
 from bot.llm import ChatMessage, LLMRequest
 
 DEFAULT_RATIOS = {"anthropic": 3.5, "openai": 4.0}
+NON_LATIN_CHARS_PER_TOKEN = 1.5
+_DENSE = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020000-\U0002fa1f]")
+"""CJK ideographs, kana and Hangul: about one token per character."""
+_NON_LATIN = re.compile(r"[\u0370-\u03ff\u0400-\u052f\u0590-\u06ff\u0900-\u0dff\u0e00-\u0e7f]")
+"""Greek, Cyrillic, Hebrew, Arabic, Indic scripts and Thai."""
 MESSAGE_OVERHEAD = 4
 TOOL_CALL_OVERHEAD = 8
 _MIN_RATIO, _MAX_RATIO = 1.0, 8.0
@@ -32,7 +38,21 @@ class TokenEstimator:
 
     def text(self, text: str) -> int:
         """Tokens in a piece of text."""
-        return int(len(text) / self.ratio) + 1 if text else 0
+        return int(self.weight(text) / self.ratio) + 1 if text else 0
+
+    def weight(self, text: str) -> float:
+        """``text``'s length in English-equivalent characters.
+
+        BPE vocabularies split other scripts far finer than English: about a
+        token per CJK character and one per 1-2 letters of Cyrillic, Arabic,
+        Hebrew or Devanagari. At the English ratio those would be
+        underestimated by 60-77% and overflow the window (bench_context.py).
+        """
+        if text.isascii():  # the common case, and O(1) to check
+            return len(text)
+        dense = len(_DENSE.findall(text))
+        other = len(_NON_LATIN.findall(text))
+        return len(text) - dense - other + (dense + other / NON_LATIN_CHARS_PER_TOKEN) * self.ratio
 
     def message(self, message: ChatMessage) -> int:
         """Tokens one history message costs, tool calls included."""
@@ -46,13 +66,13 @@ class TokenEstimator:
         """Tokens of a list of messages."""
         return sum(self.message(m) for m in messages)
 
-    def request_chars(self, request: LLMRequest) -> int:
-        """Characters a request carries (system, messages, tool schemas)."""
-        chars = len(request.system)
+    def request_chars(self, request: LLMRequest) -> float:
+        """English-equivalent characters of a request: system, messages, tool schemas."""
+        chars = self.weight(request.system)
         for m in request.messages:
-            chars += len(m.content) + MESSAGE_OVERHEAD * int(self.ratio)
+            chars += self.weight(m.content) + MESSAGE_OVERHEAD * self.ratio
             for c in m.tool_calls:
-                chars += len(c.name) + len(json.dumps(c.arguments, default=str))
+                chars += len(c.name) + self.weight(json.dumps(c.arguments, default=str))
         for t in request.tools:
             chars += len(t.name) + len(t.description) + len(json.dumps(t.input_schema))
         return chars
