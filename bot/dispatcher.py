@@ -204,6 +204,8 @@ class Dispatcher:
                 elif event.type == "tool.call":
                     entry.output = True
                     await bridge.end_block()
+                elif event.type == "activity" and event.payload.get("notice"):
+                    self._notify(message, event.payload["notice"])
 
             typing = channel.typing(message) if channel else contextlib.nullcontext()
             async with typing:

@@ -34,18 +34,30 @@ from bot.prompt import Order, PromptContext, PromptMode, PromptSection, assemble
 from bot.sanitize import Sanitizer, run_pipeline
 from bot.sessions import RunRecord, Session, SessionStore
 from bot.tokens import TokenEstimator
-from bot.tools import Tool, ToolContext, ToolError, ToolResult
+from bot.tool_exec import (
+    Breakers,
+    RawError,
+    ToolExecutor,
+    ToolMetricsRegistry,
+    ToolOutcome,
+    describe_error,
+    turn_timeout_notice,
+)
+from bot.tools import Tool, ToolContext, ToolResult
 from bot.tracing import VERBOSE_INPUT_CHARS, RunTrace, Span, SpanExporter, preview
 from workspaces import ensure_workspace, is_seeded, read_cached, workspace_dir
 
 log = logging.getLogger("roost.run")
 
 NO_REPLY = "NO_REPLY"
-MAX_TOOL_RESULT_CHARS = 16_000
 LOOP_REPEATS = 3
 """Identical tool calls in one run before the model is warned it is looping."""
 
 Listener = Callable[[RunEvent], Awaitable[None]]
+FailureHandler = Callable[[ToolCall, RawError, str], Awaitable[str]]
+"""``(call, raw_error, session_key) -> text for the model``."""
+LargeResultHandler = Callable[[str, str, str], Awaitable[str]]
+"""``(session_key, tool_name, content) -> preview with a reference``."""
 RunStatus = Literal["completed", "failed", "cancelled", "refused"]
 
 
@@ -116,6 +128,12 @@ class RunEngine:
         self.prune = PruneSettings(soft_ratio=settings.prune_soft_ratio,
                                    hard_ratio=settings.prune_hard_ratio)
         self.exporter: SpanExporter | None = None
+        self.breakers = Breakers()
+        self.tool_metrics = ToolMetricsRegistry()
+        self.on_tool_failure: FailureHandler | None = None
+        """Turns a tool failure into what the model reads (the error channel)."""
+        self.on_large_result: LargeResultHandler | None = None
+        """Stores a large result and returns the preview the model reads."""
         self.active_runs = 0
         self.workspaces_root = settings.workspaces_dir
 
@@ -152,6 +170,8 @@ class _Run:
         self.trace.root.attributes["kind"] = req.kind
         self.tools = engine.tools if req.tools is None else {
             name: engine.tools[name] for name in req.tools if name in engine.tools}
+        self.executor = ToolExecutor(self.tools, self.settings, breakers=engine.breakers,
+                                     metrics=engine.tool_metrics)
         self.repeats: dict[tuple[str, str], int] = {}
         self.compacted_midloop = False
 
@@ -185,7 +205,7 @@ class _Run:
             result = await self._fail(f"the run took longer than {timeout:g}s")
         except Exception as exc:
             log.exception("run %s failed", self.req.run_id)
-            result = await self._fail(_describe_error(exc))
+            result = await self._fail(describe_error(exc))
         return result
 
     async def _phases(self) -> RunResult:
@@ -346,7 +366,7 @@ class _Run:
         try:
             summary = await summarize(self.engine, convo[:cut])
         except Exception as exc:
-            span.end(error=True, error_message=_describe_error(exc))
+            span.end(error=True, error_message=describe_error(exc))
             log.warning("mid-run compaction of %s failed; continuing uncompacted",
                         self.req.session.key, exc_info=exc)
             return convo
@@ -382,7 +402,7 @@ class _Run:
         try:
             response = await provider.complete(request, on_text=on_text, on_retry=on_retry)
         except BaseException as exc:
-            span.end(error=True, error_message=_describe_error(exc))
+            span.end(error=True, error_message=describe_error(exc))
             raise
         finally:
             if pump is not None:
@@ -401,46 +421,43 @@ class _Run:
     async def _run_tools(
         self, calls: Sequence[ToolCall], context: ToolContext
     ) -> list[ToolResult]:
-        if len(calls) == 1:
-            return [await self._run_tool(calls[0], context)]
-        async with asyncio.TaskGroup() as tg:
-            tasks = [tg.create_task(self._run_tool(c, context)) for c in calls]
-        return [t.result() for t in tasks]
+        outcomes = await self.executor.run_batch(
+            calls, context, trace=self.trace, on_call=self._on_tool_call,
+            on_result=self._on_tool_result,
+            on_failure=self._on_failure if self.engine.on_tool_failure else None)
+        notice = turn_timeout_notice(outcomes)
+        if notice:
+            await self.emit("activity", phase="turn_timeout", notice=notice)
+        results = []
+        for outcome in outcomes:
+            result = outcome.result
+            if not result.is_error and len(result.content) > self.settings.large_result_chars:
+                result = await self._shorten(outcome.call, result)
+            results.append(result)
+        return results
 
-    async def _run_tool(self, call: ToolCall, context: ToolContext) -> ToolResult:
+    async def _shorten(self, call: ToolCall, result: ToolResult) -> ToolResult:
+        """A large successful result: stored for slices when a result store exists."""
+        limit = self.settings.large_result_chars
+        if self.engine.on_large_result is not None:
+            try:
+                return ToolResult(await self.engine.on_large_result(
+                    self.req.session.key, call.name, result.content))
+            except Exception:
+                log.exception("storing a large %s result failed; cutting it", call.name)
+        cut = len(result.content) - limit
+        return ToolResult(f"{result.content[:limit]}\n[... {cut} more characters cut]")
+
+    async def _on_failure(self, call: ToolCall, raw: RawError) -> str:
+        assert self.engine.on_tool_failure is not None
+        return await self.engine.on_tool_failure(call, raw, self.req.session.key)
+
+    async def _on_tool_call(self, call: ToolCall) -> None:
         await self.emit("tool.call", name=call.name, id=call.id, arguments=dict(call.arguments))
-        span = self.trace.start("tool", call.name, call_id=call.id)
-        result = await self._execute_tool(call, context)
-        span.end(error=result.is_error)
-        if len(result.content) > MAX_TOOL_RESULT_CHARS:
-            cut = len(result.content) - MAX_TOOL_RESULT_CHARS
-            result = ToolResult(result.content[:MAX_TOOL_RESULT_CHARS]
-                                + f"\n[... {cut} more characters cut]", result.is_error)
-        await self.emit("tool.result", name=call.name, id=call.id, is_error=result.is_error,
-                        result=result.content[:500])
-        return result
 
-    async def _execute_tool(self, call: ToolCall, context: ToolContext) -> ToolResult:
-        tool = self.tools.get(call.name)
-        if tool is None:
-            known = ", ".join(sorted(self.tools)) or "none"
-            return ToolResult(f"Unknown tool '{call.name}'. Available tools: {known}.", True)
-        problem = _check_arguments(tool, call.arguments)
-        if problem:
-            return ToolResult(f"Tool '{call.name}' was called with invalid arguments: "
-                              f"{problem}", True)
-        timeout = tool.timeout or self.settings.tool_timeout
-        try:
-            async with asyncio.timeout(timeout):
-                out = await tool.execute(context, call.arguments)
-        except TimeoutError:
-            return ToolResult(f"Tool '{call.name}' timed out after {timeout:g}s.", True)
-        except ToolError as exc:
-            return ToolResult(f"Tool '{call.name}' failed: [{exc.code}] {exc}", True)
-        except Exception as exc:
-            log.warning("tool %s raised", call.name, exc_info=exc)
-            return ToolResult(f"Tool '{call.name}' failed: {_describe_error(exc)}", True)
-        return out if isinstance(out, ToolResult) else ToolResult(str(out))
+    async def _on_tool_result(self, outcome: ToolOutcome) -> None:
+        await self.emit("tool.result", name=outcome.call.name, id=outcome.call.id,
+                        is_error=outcome.is_error, result=outcome.content[:500])
 
     async def _refuse(self, refusal: str) -> RunResult:
         msg = self.req.message
@@ -524,38 +541,3 @@ def _for_model(message: ChatMessage, group: bool) -> ChatMessage:
     who = message.sender_name or message.sender_id
     return ChatMessage("user", f"[{who} (id {message.sender_id})]: {message.content}",
                        created_at=message.created_at)
-
-
-_JSON_TYPES: dict[str, type | tuple[type, ...]] = {
-    "string": str, "integer": int, "number": (int, float), "boolean": bool,
-    "object": dict, "array": list,
-}
-
-
-def _check_arguments(tool: Tool, args: Mapping[str, Any]) -> str:
-    """A one-line problem with ``args`` against the tool's schema, or ''."""
-    if not isinstance(args, Mapping):
-        return "arguments must be a JSON object"
-    if "_invalid_arguments" in args:
-        return "the arguments were not valid JSON"
-    schema = tool.input_schema
-    missing = [k for k in schema.get("required", ()) if k not in args]
-    if missing:
-        return "missing " + ", ".join(repr(k) for k in missing)
-    props: Mapping[str, Any] = schema.get("properties", {})
-    for key, value in args.items():
-        spec = props.get(key)
-        if spec is None:
-            if schema.get("additionalProperties") is False:
-                return f"unexpected argument {key!r}"
-            continue
-        expected = _JSON_TYPES.get(spec.get("type", ""))
-        if expected and (not isinstance(value, expected) or
-                         (expected is not bool and isinstance(value, bool))):
-            return f"{key!r} must be {spec['type']}, got {json.dumps(value)[:40]}"
-    return ""
-
-
-def _describe_error(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return text[:300]
