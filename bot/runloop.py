@@ -456,8 +456,12 @@ class _Run:
         await self.emit("tool.call", name=call.name, id=call.id, arguments=dict(call.arguments))
 
     async def _on_tool_result(self, outcome: ToolOutcome) -> None:
-        await self.emit("tool.result", name=outcome.call.name, id=outcome.call.id,
-                        is_error=outcome.is_error, result=outcome.content[:500])
+        if not self.observers and self.listener is None:
+            return
+        name = outcome.call.name
+        await self.emit("tool.result", name=name, id=outcome.call.id,
+                        is_error=outcome.is_error, result=outcome.content[:500],
+                        metrics=self.engine.tool_metrics.get(name).snapshot())
 
     async def _refuse(self, refusal: str) -> RunResult:
         msg = self.req.message

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from bot.commands import Command, CommandContext
 from bot.config import Settings
 from bot.hookspecs import hookimpl
@@ -58,6 +60,9 @@ async def _status(ctx: CommandContext) -> str:
             f"Context (tokens, last run): system {t['rom']}, kernel {t['kernel']}, "
             f"summary {t['l2']}, recent {t['l1']}, message {t['current']}; "
             f"total {t['total']} of {t['budget']}")
+    if ctx.is_admin:
+        lines.extend(_tool_health(app.engine.tool_metrics.snapshot(),
+                                  app.engine.breakers.snapshot()))
     if app.host.errors:
         lines.append("Plugin errors:")
         lines.extend(f"  {name}: {error}" for name, error in sorted(app.host.errors.items()))
@@ -98,6 +103,25 @@ async def _unpin(ctx: CommandContext) -> str:
     removed = facts.pop(int(arg) - 1)
     await ctx.app.store.set_facts(session, facts)
     return f"Unpinned: {removed}"
+
+
+def _tool_health(metrics: dict[str, dict[str, Any]],
+                 breakers: dict[str, dict[str, Any]]) -> list[str]:
+    """Admin lines: per-tool errors, retries, timeouts and breaker state."""
+    lines = []
+    for name in sorted(set(metrics) | set(breakers)):
+        m, b = metrics.get(name, {}), breakers.get(name, {})
+        if not m.get("error_count") and b.get("state", "closed") == "closed":
+            continue
+        rate = m.get("retry_success_rate")
+        lines.append(
+            f"  {name}: {m.get('error_count', 0)} errors ({m.get('transient_error_count', 0)}"
+            f" transient, {m.get('permanent_error_count', 0)} permanent), "
+            f"{m.get('retry_count', 0)} retries"
+            + (f" ({rate:.0%} succeeded)" if rate is not None else "")
+            + f", {m.get('timeout_count', 0)} timeouts, breaker {b.get('state', 'closed')}"
+            f" (opened {m.get('circuit_breaker_opens', 0)}x)")
+    return ["Tool health:", *lines] if lines else ["Tool health: no tool errors."]
 
 
 async def _whoami(ctx: CommandContext) -> str:

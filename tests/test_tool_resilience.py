@@ -93,3 +93,20 @@ async def test_an_open_breaker_is_shared_by_every_session(make_app: AppFactory) 
     assert "CIRCUIT_OPEN" in bob_result.content or "circuit" in bob_result.content.lower()
     metrics = app.engine.tool_metrics.snapshot()["down"]
     assert metrics["circuit_breaker_opens"] == 1 and metrics["short_circuits"] >= 1
+
+
+async def test_admins_see_tool_health_and_observers_get_metrics(make_app: AppFactory) -> None:
+    provider = scripted({"steps": [{"tool_calls": [call("down")]}, {"reply": "down"}]},
+                        loop=True)
+    app, channel, log = await make_app(provider, Flaky(), admins=["test:boss"])
+    await channel.say("try", sender="alice")
+    await settle(app)
+    result = next(e for e in log.events if e.type == "tool.result")
+    assert result.payload["metrics"]["transient_error_count"] == 5
+    await channel.say("/status", sender="alice")
+    await channel.say("/status", sender="boss")
+    await settle(app)
+    alice, boss = channel.texts()[-2:]
+    assert "Tool health" not in alice
+    assert "down: 5 errors (5 transient, 0 permanent), 4 retries" in boss
+    assert "breaker open (opened 1x)" in boss
