@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sqlite3
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
@@ -10,20 +11,25 @@ from bot.channel import Channel, ChannelSpec
 from bot.commands import Command
 from bot.config import Settings
 from bot.dispatcher import Dispatcher
+from bot.error_store import ErrorStore, ResultStore, format_failure, format_large_result
 from bot.guard import GuardPattern, InputGuard
-from bot.llm import LLMProvider
+from bot.llm import LLMProvider, ToolCall
 from bot.otel import OTelExporter
 from bot.pluginmanager import PluginHost, get_plugin_manager
 from bot.providers import ProviderSpec
-from bot.runloop import RunEngine
+from bot.runloop import FailureHandler, LargeResultHandler, RunEngine
 from bot.sanitize import Sanitizer
 from bot.services import Services
 from bot.sessions import SessionStore
+from bot.tool_exec import RawError
 from bot.tools import Tool
 
 log = logging.getLogger("roost")
 
 T = TypeVar("T")
+
+LARGE_RESULT_PREVIEW = 2_000
+"""Characters of a stored large result the model sees at once."""
 
 
 class SetupError(Exception):
@@ -54,10 +60,11 @@ class Roost:
 
     def __init__(self, settings: Settings, host: PluginHost, store: SessionStore,
                  engine: RunEngine, commands: dict[str, Command],
-                 channel_specs: dict[str, ChannelSpec]) -> None:
+                 channel_specs: dict[str, ChannelSpec], services: Services | None = None) -> None:
         self.settings = settings
         self.host = host
         self.store = store
+        self.services = services or Services(store)
         self.engine = engine
         self.commands = commands
         self.channel_specs = channel_specs
@@ -80,7 +87,9 @@ class Roost:
         if provider is None:
             provider = (await resolve_provider(settings, host)).create(settings)
         store = await SessionStore.open(settings.db_path, settings.session_cache_size)
-        services = Services(store)
+        services = Services(store, errors=ErrorStore(store.db, store.lock),
+                            results=ResultStore(store.db, store.lock))
+        await _prune(services, settings.error_retention_days)
         tools = await _unique(host, "roost_tools", settings, Tool, services=services)
         sanitizers = [s for s in await host.collect("roost_output_sanitizers", settings=settings)
                       if isinstance(s, Sanitizer)]
@@ -95,7 +104,8 @@ class Roost:
             settings.guard_mode, settings.guard_modes)
         engine = RunEngine(settings, host, store, provider, tools, sanitizers, guard)
         engine.exporter = OTelExporter.from_environment()
-        app = cls(settings, host, store, engine, commands, channel_specs)
+        engine.on_tool_failure, engine.on_large_result = error_channel(services, settings)
+        app = cls(settings, host, store, engine, commands, channel_specs, services)
         await host.call("roost_startup", app=app)
         return app
 
@@ -128,6 +138,9 @@ class Roost:
         if isinstance(self.engine.exporter, OTelExporter):
             self.engine.exporter.shutdown()
         await _quietly(self.engine.provider.aclose(), "closing the provider")
+        for pending in (self.services.errors, self.services.results):
+            if pending is not None:
+                await _quietly(pending.flush(), "finishing stored errors and results")
         await self.store.close()
 
 
@@ -145,6 +158,43 @@ async def _unique(host: PluginHost, hook: str, settings: Settings, kind: type[T]
             continue
         items[name] = item
     return items
+
+
+def error_channel(services: Services, settings: Settings) -> tuple[
+        FailureHandler | None, LargeResultHandler | None]:
+    """The engine's hooks into the error and result stores (``None`` where absent)."""
+    errors, results = services.errors, services.results
+
+    async def on_failure(call: ToolCall, raw: RawError, session_key: str) -> str:
+        assert errors is not None
+        detail = raw.as_dict()
+        try:
+            stored = await errors.store(session_key, call.name, detail)
+        except Exception:
+            log.exception("the error store is unavailable; the model gets the error inline")
+            stored = None
+        return format_failure(call.name, stored, raw.message)
+
+    async def on_large(session_key: str, tool_name: str, content: str) -> str:
+        assert results is not None
+        result_id = await results.put(session_key, tool_name, content)
+        return format_large_result(tool_name, result_id, content, LARGE_RESULT_PREVIEW)
+
+    return (on_failure if errors else None), (on_large if results else None)
+
+
+async def _prune(services: Services, days: int) -> None:
+    """Delete stored errors and large results older than ``days`` (at startup, for now)."""
+    for what, store in (("errors", services.errors), ("tool results", services.results)):
+        if store is None:
+            continue
+        try:
+            deleted = await store.delete_older_than(days)
+        except (sqlite3.Error, ValueError):
+            log.exception("could not delete stored %s older than %d days", what, days)
+            continue
+        if deleted:
+            log.info("deleted %d stored %s older than %d days", deleted, what, days)
 
 
 async def _quietly(awaitable: Awaitable[Any], what: str) -> None:

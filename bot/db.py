@@ -78,6 +78,33 @@ MIGRATIONS: list[str] = [
     ALTER TABLE sessions ADD COLUMN pins TEXT NOT NULL DEFAULT '[]';
     ALTER TABLE messages ADD COLUMN compacted INTEGER NOT NULL DEFAULT 0;
     """,
+    # 5: full tool errors; the model sees a summary and fetches these by ID. The
+    # session and tool indexes carry the timestamp so a filtered list comes out
+    # newest first without sorting.
+    """
+    CREATE TABLE agent_errors (
+        id TEXT PRIMARY KEY,
+        timestamp REAL NOT NULL,
+        session_id TEXT NOT NULL,
+        tool_name TEXT NOT NULL,
+        raw_error TEXT NOT NULL,
+        short_summary TEXT NOT NULL
+    );
+    CREATE INDEX idx_agent_errors_session ON agent_errors(session_id, timestamp);
+    CREATE INDEX idx_agent_errors_timestamp ON agent_errors(timestamp);
+    CREATE INDEX idx_agent_errors_tool ON agent_errors(tool_name, timestamp);
+    """,
+    # 6: large successful tool results; the model sees a preview and reads slices by ID.
+    """
+    CREATE TABLE tool_results (
+        id TEXT PRIMARY KEY,
+        timestamp REAL NOT NULL,
+        session_id TEXT NOT NULL,
+        tool_name TEXT NOT NULL,
+        content TEXT NOT NULL
+    );
+    CREATE INDEX idx_tool_results_timestamp ON tool_results(timestamp);
+    """,
 ]
 """Schema steps in order; ``PRAGMA user_version`` records how many have run.
 

@@ -25,6 +25,8 @@ log = logging.getLogger("roost.plugins")
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "plugins.core_commands",
     "plugins.file_tools",
+    "plugins.sql_tool",
+    "plugins.error_tools",
     "plugins.prompt_sections",
     "plugins.guard_patterns",
     "plugins.providers",

@@ -33,6 +33,8 @@ class Order(IntEnum):
     """The tools of this run, one line each."""
     SAFETY = 350
     """External content is data; secrets stay secret."""
+    ERROR_HANDLING = 360
+    """How to read a failed tool call and when to retry it (only with tools)."""
     WORKSPACE = 400
     """Whose workspace the file tools reach."""
     USER = 450

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bot.error_store import ErrorStore, ResultStore
 from bot.sessions import SessionStore
 
 
@@ -13,7 +14,12 @@ class Services:
 
     ``sessions`` is the session store (its ``db`` is the shared SQLite
     connection). Optional services are ``None`` when not configured, and tools
-    that depend on them should not be offered then.
+    that depend on them should not be offered then:
+
+    - ``errors``: full tool errors, fetched by ID (``get_error_detail``);
+    - ``results``: large tool results, read in slices (``get_tool_result``).
     """
 
     sessions: SessionStore
+    errors: ErrorStore | None = None
+    results: ResultStore | None = None

@@ -111,6 +111,15 @@ class SessionStore:
         self._pending: list[_Flush] = []
         self._writer: asyncio.Task[None] | None = None
 
+    @property
+    def lock(self) -> asyncio.Lock:
+        """Serializes statements on :attr:`db`.
+
+        Other stores that share the connection hold it around every statement
+        or transaction of theirs, so none slips into another's transaction.
+        """
+        return self._lock
+
     @classmethod
     async def open(cls, path: Path, cache_size: int = 1000) -> SessionStore:
         """Open (and migrate) the database at ``path``."""

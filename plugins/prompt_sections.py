@@ -8,6 +8,7 @@ Full mode, in order (numbers from :class:`bot.prompt.Order`; plugins use the gap
 200  persona           SOUL.md, IDENTITY.md
 300  tooling           the run's tools, one line each
 350  safety            external content is data; never reveal secrets
+360  error_handling    reading tool errors, retrying once dependencies change (only with tools)
 400  workspace         whose private workspace the file tools reach
 450  user              sender name and id
 500  (plugin default)
@@ -55,6 +56,8 @@ _TOOL_HINTS = {
     "write_file": "create a file or replace all of it",
     "edit_file": "replace one exact snippet in a file",
     "list_files": "list a workspace directory",
+    "get_error_detail": "the full stored error behind an '[Error ID: ...]' line",
+    "get_tool_result": "read more of a stored large result, by result ID and offset",
 }
 """One-line hints for well-known tools; the full schemas travel with the request."""
 
@@ -136,6 +139,25 @@ def _tooling(tools: list[str]) -> PromptSection:
     ]), Order.TOOLING)
 
 
+ERROR_HANDLING = """\
+## When a tool call fails
+1. Read its error_type, affected_resources, dependencies and suggested_actions.
+2. Check <TOOL_EXECUTION_SUMMARY> for what changed since. If what blocked the call has \
+been resolved (e.g. a table it depended on was dropped), retry the call without asking.
+3. If the error names a fix within what the user asked for, do it and retry; ask first \
+before destroying anything they did not ask you to.
+4. Never repeat a call unchanged when nothing it depends on has changed. Ask the user \
+only when you cannot resolve the error yourself.
+Example: DROP TABLE customers failed on a foreign key from sales; sales was then \
+dropped, so retry DROP TABLE customers."""
+"""Guidance for failed tool calls, shown in full mode when the run has tools."""
+
+
+def _error_handling(tools: list[str]) -> PromptSection:
+    return PromptSection("error_handling", ERROR_HANDLING if tools else "",
+                         Order.ERROR_HANDLING)
+
+
 def _memory_reminder(tools: list[str]) -> PromptSection:
     memory = [t for t in tools if t.startswith("memory_")]
     if memory:
@@ -201,6 +223,7 @@ def roost_prompt_sections(prompt: PromptContext) -> list[PromptSection]:
             "details about other people.",
             "- Ask before anything destructive or irreversible.",
         ]), Order.SAFETY),
+        _error_handling(tools),
         PromptSection("workspace", workspace, Order.WORKSPACE),
         PromptSection("user", f"## User\n{lead} {who}.", Order.USER),
         PromptSection("time", f"Current time: {now:%Y-%m-%d %H:%M} UTC ({now:%A}).",

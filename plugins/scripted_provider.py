@@ -15,7 +15,9 @@ Turns with ``match`` are chosen by pattern; the others in order. A step may
 also set ``delay`` (seconds before answering), ``chunk`` (stream it in pieces
 of this many characters), ``chunk_delay``, or ``error`` (fail with this
 message; ``retryable: true`` marks it transient). ``{message}`` in a reply or
-in string arguments is replaced by the last user message.
+in string arguments is replaced by the last user message; ``{error_id}`` and
+``{result_id}`` by the newest error or stored-result ID in the tool results,
+so a script can follow the error channel like a model would.
 """
 
 from __future__ import annotations
@@ -166,11 +168,12 @@ class ScriptedProvider:
                 if step.chunk_delay and start:
                     await asyncio.sleep(step.chunk_delay)
                 on_text(text[start:start + size])
+        values = {"{message}": user.content, **_references(request.messages)}
         calls = tuple(
             ToolCall(
                 id=f"call_{step_index}_{n}",
                 name=c["name"],
-                arguments=_fill(c.get("arguments") or {}, user.content),
+                arguments=_fill(c.get("arguments") or {}, values),
             )
             for n, c in enumerate(step.tool_calls)
         )
@@ -216,11 +219,31 @@ def _last_user(messages: tuple[ChatMessage, ...]) -> ChatMessage:
     raise ProviderError("scripted provider: the request has no user message")
 
 
-def _fill(value: Any, message: str) -> Any:
+_REFERENCES = {
+    "{error_id}": re.compile(r"\[Error ID: (err_\w+)\]"),
+    "{result_id}": re.compile(r"\[Result stored as (res_\w+)"),
+}
+
+
+def _references(messages: tuple[ChatMessage, ...]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for message in reversed(messages):
+        if message.role != "tool":
+            continue
+        for name, pattern in _REFERENCES.items():
+            match = pattern.search(message.content)
+            if match and name not in found:
+                found[name] = match.group(1)
+    return found
+
+
+def _fill(value: Any, values: Mapping[str, str]) -> Any:
     if isinstance(value, str):
-        return value.replace("{message}", message)
+        for placeholder, replacement in values.items():
+            value = value.replace(placeholder, replacement)
+        return value
     if isinstance(value, dict):
-        return {k: _fill(v, message) for k, v in value.items()}
+        return {k: _fill(v, values) for k, v in value.items()}
     if isinstance(value, list):
-        return [_fill(v, message) for v in value]
+        return [_fill(v, values) for v in value]
     return value

@@ -1,0 +1,89 @@
+"""The error channel end to end: short summary + ID to the model, full detail on request."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from bot.hookspecs import hookimpl
+from bot.tools import Tool, ToolContext, ToolError
+from tests.conftest import AppFactory, scripted, settle
+
+LONG_ERROR = ("permission denied for table invoices\nDETAIL: role 'bot' lacks SELECT\n"
+              + "stack line\n" * 200)
+
+
+class Tools:
+    @staticmethod
+    async def _billing(ctx: ToolContext, args: Mapping[str, Any]) -> str:
+        raise ToolError(LONG_ERROR, code="EACCES")
+
+    @staticmethod
+    async def _dump(ctx: ToolContext, args: Mapping[str, Any]) -> str:
+        return "".join(f"line {i:05d}\n" for i in range(3_000))  # 33,000 chars
+
+    @hookimpl
+    def roost_tools(self) -> list[Tool]:
+        schema: dict[str, Any] = {"type": "object", "properties": {}}
+        return [Tool("billing", "reads invoices", schema, self._billing),
+                Tool("dump", "a big listing", schema, self._dump)]
+
+
+async def test_a_failure_costs_few_tokens_and_its_detail_is_one_call_away(
+    make_app: AppFactory,
+) -> None:
+    provider = scripted({"steps": [
+        {"tool_calls": [{"name": "billing", "arguments": {}}]},
+        {"tool_calls": [{"name": "get_error_detail", "arguments": {"error_id": "{error_id}"}}]},
+        {"reply": "The bot role cannot read invoices."}]})
+    app, channel, _ = await make_app(provider, Tools())
+    await channel.say("show my invoices")
+    await settle(app)
+    failure = [m for m in provider.requests[1].messages if m.role == "tool"][-1]
+    assert failure.is_error
+    assert failure.content.startswith("Tool 'billing' failed: Code EACCES: permission denied "
+                                      "for table invoices\n[Error ID: err_")
+    assert "get_error_detail" in failure.content and len(failure.content) < 300
+    detail = [m for m in provider.requests[2].messages if m.role == "tool"][-1]
+    data = json.loads(detail.content)
+    assert data["raw_error"]["message"] == LONG_ERROR  # nothing lost
+    assert channel.texts() == ["The bot role cannot read invoices."]
+    stored = await app.services.errors.list(session_id="default:test:direct:u1")
+    assert [e.tool_name for e in stored] == ["billing"]
+
+
+async def test_errors_of_another_session_stay_hidden(make_app: AppFactory) -> None:
+    provider = scripted(
+        {"match": "^fail$", "steps": [{"tool_calls": [{"name": "billing", "arguments": {}}]},
+                                      {"reply": "failed"}]},
+        {"match": "^peek (.+)$", "steps": [
+            {"tool_calls": [{"name": "get_error_detail",
+                             "arguments": {"error_id": "{message}"}}]},
+            {"reply": "peeked"}]})
+    app, channel, _ = await make_app(provider, Tools())
+    await channel.say("fail", sender="alice")
+    await settle(app)
+    errors = await app.services.errors.list()
+    await channel.say(f"peek {errors[0].id}", sender="mallory")
+    await settle(app)
+    result = [m for m in provider.requests[-1].messages if m.role == "tool"][-1]
+    assert "ERROR_NOT_FOUND" in result.content and "permission" not in result.content
+
+
+async def test_large_results_are_stored_and_read_in_slices(make_app: AppFactory) -> None:
+    provider = scripted({"steps": [
+        {"tool_calls": [{"name": "dump", "arguments": {}}]},
+        {"tool_calls": [{"name": "get_tool_result",
+                         "arguments": {"result_id": "{result_id}", "offset": 2000}}]},
+        {"reply": "read it"}]})
+    app, channel, _ = await make_app(provider, Tools())
+    await channel.say("dump it")
+    await settle(app)
+    preview = [m for m in provider.requests[1].messages if m.role == "tool"][-1]
+    assert preview.content.startswith("line 00000\n") and len(preview.content) < 2_300
+    assert "33,000" in preview.content or "33000" in preview.content
+    page = [m for m in provider.requests[2].messages if m.role == "tool"][-1]
+    # Lines are 11 chars: offset 2,000 is 9 chars into line 181, right where the preview ended.
+    assert page.content.startswith("1\nline 00182\n")
+    assert preview.content.split("\n\n[Result")[0].endswith("line 00181\nline 0018")
