@@ -86,4 +86,4 @@ async def test_large_results_are_stored_and_read_in_slices(make_app: AppFactory)
     page = [m for m in provider.requests[2].messages if m.role == "tool"][-1]
     # Lines are 11 chars: offset 2,000 is 9 chars into line 181, right where the preview ended.
     assert page.content.startswith("1\nline 00182\n")
-    assert preview.content.split("\n\n[Result")[0].endswith("line 00181\nline 0018")
+    assert preview.content.split("\n\n[Result")[0].endswith("line 00180\nline 0018")

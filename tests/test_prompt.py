@@ -287,7 +287,8 @@ async def test_tool_section_lists_exactly_the_runs_tools(make_app: AppFactory) -
     system = await run_once(app, provider)
     tools = system.split("## Tools\n")[1].split("## Safety")[0]
     listed = re.findall(r"^- (\w+)", tools, re.MULTILINE)
-    assert listed == sorted(app.engine.tools) == ["echo", "edit_file", "list_files",
+    assert listed == sorted(app.engine.tools) == ["echo", "edit_file", "get_error_detail",
+                                                   "get_tool_result", "list_files",
                                                    "read_file", "write_file"]
     assert "- read_file: read a workspace file" in tools
 
