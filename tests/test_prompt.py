@@ -289,7 +289,7 @@ async def test_tool_section_lists_exactly_the_runs_tools(make_app: AppFactory) -
     listed = re.findall(r"^- (\w+)", tools, re.MULTILINE)
     assert listed == sorted(app.engine.tools) == ["echo", "edit_file", "get_error_detail",
                                                    "get_tool_result", "list_files",
-                                                   "read_file", "write_file"]
+                                                   "read_file", "sql", "write_file"]
     assert "- read_file: read a workspace file" in tools
 
     ws = workspace(app)
