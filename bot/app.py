@@ -21,6 +21,7 @@ from bot.runloop import FailureHandler, LargeResultHandler, RunEngine
 from bot.sanitize import Sanitizer
 from bot.services import Services
 from bot.sessions import SessionStore
+from bot.structured_errors import extract, structured_hint
 from bot.tool_exec import RawError
 from bot.tools import Tool
 
@@ -167,13 +168,16 @@ def error_channel(services: Services, settings: Settings) -> tuple[
 
     async def on_failure(call: ToolCall, raw: RawError, session_key: str) -> str:
         assert errors is not None
-        detail = raw.as_dict()
+        structured = extract(raw.message, code=raw.code, details=raw.details)
+        detail = {**raw.as_dict(), **structured.to_dict()}
         try:
             stored = await errors.store(session_key, call.name, detail)
         except Exception:
             log.exception("the error store is unavailable; the model gets the error inline")
             stored = None
-        return format_failure(call.name, stored, raw.message)
+        text = format_failure(call.name, stored, raw.message)
+        hint = structured_hint(structured)
+        return f"{text}\n{hint}" if hint else text
 
     async def on_large(session_key: str, tool_name: str, content: str) -> str:
         assert results is not None

@@ -25,6 +25,7 @@ from bot.compaction import Compactor, split_point, summarize
 from bot.config import Settings
 from bot.context import build_context, kernel_text
 from bot.events import EventType, RunEvent
+from bot.exec_summary import ExecutionSummary
 from bot.guard import BLOCK_REFUSAL, InputCheck, InputGuard, truncate
 from bot.history import PruneSettings, limit_turns, prune, repair_pairing, summary_messages
 from bot.llm import ChatMessage, LLMProvider, LLMRequest, LLMResponse, ToolCall, Usage
@@ -33,6 +34,7 @@ from bot.pluginmanager import PluginHost
 from bot.prompt import Order, PromptContext, PromptMode, PromptSection, assemble
 from bot.sanitize import Sanitizer, run_pipeline
 from bot.sessions import RunRecord, Session, SessionStore
+from bot.structured_errors import extract
 from bot.tokens import TokenEstimator
 from bot.tool_exec import (
     Breakers,
@@ -173,6 +175,7 @@ class _Run:
         self.executor = ToolExecutor(self.tools, self.settings, breakers=engine.breakers,
                                      metrics=engine.tool_metrics)
         self.repeats: dict[tuple[str, str], int] = {}
+        self.exec_summary = ExecutionSummary()  # one per run = one per user turn
         self.compacted_midloop = False
 
     async def emit(self, type_: EventType, **payload: Any) -> None:
@@ -276,7 +279,8 @@ class _Run:
             self.iterations += 1
             await self.emit("activity", phase="thinking", iteration=self.iterations)
             request = LLMRequest(
-                model=self.settings.model, system=system, messages=tuple(convo),
+                model=self.settings.model, system=system,
+                messages=_with_summary(convo, self.exec_summary.render()),
                 tools=specs, max_tokens=self.settings.max_tokens,
             )
             response = await self._call_llm(request)
@@ -431,6 +435,12 @@ class _Run:
         results = []
         for outcome in outcomes:
             result = outcome.result
+            raw = outcome.error
+            # From the raw error: the text the model sees may be the error channel's.
+            self.exec_summary.record(
+                outcome.call.name, outcome.call.arguments, not outcome.is_error,
+                raw.message if raw else result.content,
+                extract(raw.message, code=raw.code, details=raw.details) if raw else None)
             if not result.is_error and len(result.content) > self.settings.large_result_chars:
                 result = await self._shorten(outcome.call, result)
             results.append(result)
@@ -524,6 +534,18 @@ class _Run:
                  self.req.run_id[:8], status, self.req.session.key, self.iterations,
                  self.usage.input_tokens, self.usage.output_tokens,
                  (time.monotonic() - self.started) * 1000, f" error={error}" if error else "")
+
+
+def _with_summary(convo: list[ChatMessage], block: str) -> tuple[ChatMessage, ...]:
+    """The execution summary on the last tool result, for this request only.
+
+    Kept off the system prompt and earlier messages (prompt caching) and out of
+    the stored history.
+    """
+    if not block or not convo or convo[-1].role != "tool":
+        return tuple(convo)
+    last = convo[-1]
+    return (*convo[:-1], dataclasses.replace(last, content=f"{last.content}\n\n{block}"))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -654,3 +654,18 @@ def _dedup(items: Iterable[str]) -> list[str]:
         if item and item not in seen:
             seen[item] = None
     return list(seen)
+
+
+def structured_hint(error: StructuredError) -> str:
+    """One line of what is known about a failure, for the model's short error result.
+
+    Empty when nothing beyond the message is known, so unknown errors cost no tokens.
+    """
+    if error.error_type == "unknown":
+        return ""
+    parts = [f"type: {error.error_type}"]
+    if error.dependencies:
+        parts.append("depends on: " + ", ".join(error.dependencies[:5]))
+    if error.suggested_actions:
+        parts.append("suggested: " + error.suggested_actions[0])
+    return "[" + "; ".join(parts) + "]"

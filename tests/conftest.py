@@ -140,6 +140,11 @@ async def make_app(tmp_path: Path) -> AsyncIterator[AppFactory]:
             await app.close()
 
 
+def without_summary(content: str) -> str:
+    """A tool result as the tool produced it, without the injected execution summary."""
+    return content.split("\n\n<TOOL_EXECUTION_SUMMARY>")[0]
+
+
 async def settle(app: Roost, limit: float = 5.0) -> None:
     """Wait until the app has nothing running or queued."""
     await asyncio.wait_for(app.dispatcher.drain(), limit)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from typing import Any
 
 from bot.hookspecs import hookimpl
 from bot.tools import Tool, ToolContext, ToolError
-from tests.conftest import AppFactory, scripted, settle
+from tests.conftest import AppFactory, scripted, settle, without_summary
 
 LONG_ERROR = ("permission denied for table invoices\nDETAIL: role 'bot' lacks SELECT\n"
               + "stack line\n" * 200)
@@ -42,11 +43,13 @@ async def test_a_failure_costs_few_tokens_and_its_detail_is_one_call_away(
     await settle(app)
     failure = [m for m in provider.requests[1].messages if m.role == "tool"][-1]
     assert failure.is_error
+    assert "- billing → FAILED (permission_denied; invoices)" in failure.content  # summary
+    failure = dataclasses.replace(failure, content=without_summary(failure.content))
     assert failure.content.startswith("Tool 'billing' failed: Code EACCES: permission denied "
                                       "for table invoices\n[Error ID: err_")
     assert "get_error_detail" in failure.content and len(failure.content) < 300
     detail = [m for m in provider.requests[2].messages if m.role == "tool"][-1]
-    data = json.loads(detail.content)
+    data = json.loads(without_summary(detail.content))
     assert data["raw_error"]["message"] == LONG_ERROR  # nothing lost
     assert channel.texts() == ["The bot role cannot read invoices."]
     stored = await app.services.errors.list(session_id="default:test:direct:u1")
