@@ -7,7 +7,7 @@ import json
 import logging
 import signal
 import sys
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +18,7 @@ from bot.config import ConfigError, Settings, load_settings
 
 if TYPE_CHECKING:
     from bot.app import Roost
+    from bot.error_store import ErrorStore
 
 log = logging.getLogger("roost")
 
@@ -218,6 +219,90 @@ def config_show(ctx: click.Context) -> None:
             click.echo(f"# {key} = (unset)")
         else:
             click.echo(f"{key} = {json.dumps(value)}")
+
+
+@cli.group()
+def errors() -> None:
+    """Inspect stored tool errors."""
+
+
+def parse_since(value: str, now: float) -> float:
+    """``2h``, ``30m``, ``7d``, ``45s`` ago, or an ISO date/time (UTC if no zone)."""
+    import datetime as dt
+
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if value[-1:] in units and value[:-1].isdigit():
+        return now - int(value[:-1]) * units[value[-1]]
+    try:
+        when = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is not like 2h, 30m, 7d or 2026-11-21T10:00") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return when.timestamp()
+
+
+@errors.command("list")
+@click.option("--session", help="Only this session key.")
+@click.option("--tool", help="Only this tool.")
+@click.option("--since", help="Only newer errors: 2h, 30m, 7d or an ISO date/time.")
+@click.option("--limit", default=50, show_default=True, help="At most this many.")
+@click.pass_context
+def errors_list(ctx: click.Context, session: str | None, tool: str | None, since: str | None,
+                limit: int) -> None:
+    """List stored tool errors, newest first."""
+    import time
+
+    settings = _settings(ctx)
+    start = parse_since(since, time.time()) if since else None
+
+    async def show(store: ErrorStore) -> int:
+        rows = await store.list(session_id=session, tool_name=tool, since=start, limit=limit)
+        for e in rows:
+            click.echo(f"{e.id}  {e.iso_timestamp()}  {e.tool_name:<16} {e.session_id}  "
+                       f"{e.short_summary}")
+        if not rows:
+            click.echo("no errors match")
+        return 0
+
+    _run_async(_with_errors(settings, show))
+
+
+@errors.command("show")
+@click.argument("error_id")
+@click.pass_context
+def errors_show(ctx: click.Context, error_id: str) -> None:
+    """Show one stored error in full."""
+    settings = _settings(ctx)
+
+    async def show(store: ErrorStore) -> int:
+        found = await store.get(error_id)
+        if found is None:
+            click.echo(f"roost: no error {error_id}", err=True)
+            return 1
+        click.echo(json.dumps({"id": found.id, "timestamp": found.iso_timestamp(),
+                               "session": found.session_id, "tool": found.tool_name,
+                               "summary": found.short_summary, "error": found.raw_error},
+                              indent=2, ensure_ascii=False))
+        return 0
+
+    _run_async(_with_errors(settings, show))
+
+
+async def _with_errors(settings: Settings,
+                       action: Callable[[ErrorStore], Awaitable[int]]) -> int:
+    from bot.error_store import ErrorStore
+    from bot.sessions import SessionStore
+
+    if not settings.db_path.exists():
+        click.echo(f"roost: no database at {settings.db_path}", err=True)
+        return 1
+    store = await SessionStore.open(settings.db_path)
+    try:
+        return await action(ErrorStore(store.db, store.lock))
+    finally:
+        await store.close()
 
 
 @cli.command()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from bot.commands import Command, CommandContext
@@ -69,6 +70,7 @@ async def _status(ctx: CommandContext) -> str:
     return "\n".join(lines)
 
 
+MAX_ERROR_CHARS = 3_000
 MAX_PINS = 20
 MAX_PIN_CHARS = 500
 
@@ -124,6 +126,27 @@ def _tool_health(metrics: dict[str, dict[str, Any]],
     return ["Tool health:", *lines] if lines else ["Tool health: no tool errors."]
 
 
+async def _errors(ctx: CommandContext) -> str:
+    store = ctx.app.services.errors
+    if store is None:
+        return "The error store is not configured."
+    error_id = ctx.args.strip()
+    if not error_id:
+        recent = await store.list(limit=10)
+        if not recent:
+            return "No tool errors stored."
+        return "Latest tool errors:\n" + "\n".join(
+            f"{e.id} {e.tool_name}: {e.short_summary}" for e in recent)
+    found = await store.get(error_id)
+    if found is None:
+        return f"No error {error_id}."
+    body = json.dumps(found.raw_error, indent=1, ensure_ascii=False)
+    if len(body) > MAX_ERROR_CHARS:
+        body = body[:MAX_ERROR_CHARS] + f"\n... (full error: roost errors show {found.id})"
+    return (f"{found.id} at {found.iso_timestamp()} in {found.session_id}\n"
+            f"Tool: {found.tool_name}\n{body}")
+
+
 async def _whoami(ctx: CommandContext) -> str:
     m = ctx.message
     return (f"You are {m.display_name} (id {m.sender_id}) on {m.channel}, "
@@ -146,4 +169,6 @@ def roost_commands(settings: Settings) -> list[Command]:
                 usage="<fact>"),
         Command("pins", "list the pinned facts", _pins),
         Command("unpin", "remove a pinned fact", _unpin, usage="<number>"),
+        Command("errors", "latest tool errors, or one in full", _errors, admin_only=True,
+                usage="[error id]"),
     ]

@@ -90,3 +90,81 @@ async def test_large_results_are_stored_and_read_in_slices(make_app: AppFactory)
     # Lines are 11 chars: offset 2,000 is 9 chars into line 181, right where the preview ended.
     assert page.content.startswith("1\nline 00182\n")
     assert preview.content.split("\n\n[Result")[0].endswith("line 00180\nline 0018")
+
+
+def sql(query: str) -> dict[str, Any]:
+    return {"tool_calls": [{"name": "sql", "arguments": {"query": query}}]}
+
+
+async def test_dropping_tables_with_foreign_keys_plays_out_through_the_engine(
+    make_app: AppFactory, tmp_path: Any
+) -> None:
+    provider = scripted({"steps": [
+        sql("CREATE TABLE customers (id INTEGER PRIMARY KEY)"),
+        sql("CREATE TABLE sales (id INTEGER PRIMARY KEY, "
+            "customer_id INTEGER REFERENCES customers(id))"),
+        sql("INSERT INTO customers VALUES (1)"),
+        sql("INSERT INTO sales VALUES (10, 1)"),
+        sql("DROP TABLE customers"),
+        {"tool_calls": [{"name": "get_error_detail", "arguments": {"error_id": "{error_id}"}}]},
+        sql("DROP TABLE sales"),
+        sql("DROP TABLE customers"),
+        {"reply": "Dropped sales, then customers."}]})
+    app, channel, _ = await make_app(provider)
+    await channel.say("drop the customers table")
+    await settle(app)
+    failed = without_summary(
+        [m for m in provider.requests[5].messages if m.role == "tool"][-1].content)
+    assert failed.startswith("Tool 'sql' failed: ")
+    assert "[type: foreign_key_constraint; depends on: sales; " \
+           "suggested: Drop dependent tables first: sales]" in failed
+    detail = json.loads(without_summary(
+        [m for m in provider.requests[6].messages if m.role == "tool"][-1].content))
+    assert detail["raw_error"]["dependencies"] == ["sales"]
+    summary = [m for m in provider.requests[8].messages if m.role == "tool"][-1].content
+    assert "<TOOL_EXECUTION_SUMMARY>" in summary and "FAILED" in summary
+    assert channel.texts() == ["Dropped sales, then customers."]
+    check = scripted({"steps": [sql("SELECT name FROM sqlite_master"), {"reply": "x"}]})
+    app.engine.provider = check
+    await channel.say("what tables?")
+    await settle(app)
+    tables = without_summary([m for m in check.requests[1].messages
+                              if m.role == "tool"][-1].content)
+    assert "customers" not in tables and "sales" not in tables
+
+
+async def test_admins_read_errors_in_chat_and_operators_on_the_command_line(
+    make_app: AppFactory, tmp_path: Any
+) -> None:
+    import subprocess
+    import sys
+
+    from tests.test_cli import clean_env
+
+    provider = scripted({"steps": [{"tool_calls": [{"name": "billing", "arguments": {}}]},
+                                   {"reply": "failed"}]})
+    app, channel, _ = await make_app(provider, Tools(), admins=["test:boss"])
+    await channel.say("bill me", sender="alice")
+    await settle(app)
+    (error,) = await app.services.errors.list()
+    await channel.say(f"/errors {error.id}", sender="alice")
+    await channel.say(f"/errors {error.id}", sender="boss")
+    await channel.say("/errors", sender="boss")
+    await settle(app)
+    refused, detail, listing = channel.texts()[-3:]
+    assert refused == "/errors is for admins only."
+    assert detail.startswith(f"{error.id} at ") and "permission denied" in detail
+    assert listing.startswith("Latest tool errors:\n" + error.id)
+    await app.close()
+
+    def roost(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "bot", *args], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60, env=clean_env())
+
+    listed = roost("errors", "list", "--tool", "billing", "--since", "1h")
+    assert listed.returncode == 0 and error.id in listed.stdout
+    assert "permission denied" in listed.stdout
+    assert roost("errors", "list", "--tool", "other").stdout.strip() == "no errors match"
+    shown = roost("errors", "show", error.id)
+    assert json.loads(shown.stdout)["error"]["message"] == LONG_ERROR
+    assert roost("errors", "show", "err_nope").returncode == 1
