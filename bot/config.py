@@ -27,6 +27,8 @@ _toml_data: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextV
 SECRET_MASK = "********"
 
 GuardMode = Literal["off", "log", "warn", "block"]
+DmPolicy = Literal["open", "allowlist", "disabled"]
+GroupPolicy = Literal["mention", "all", "off"]
 
 
 class ConfigError(Exception):
@@ -135,16 +137,45 @@ class Settings(BaseSettings):
         None, validation_alias=_env("SLACK_APP_TOKEN", "slack_app_token")
     )
 
+    # Chat policies.
+    dm_policy: DmPolicy = "open"
+    dm_policies: dict[str, DmPolicy] = Field(default_factory=dict)
+    """Per-channel DM policy, e.g. ``{telegram = "allowlist"}``."""
+    dm_allowlist: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """``channel:user_id`` entries allowed to DM under the ``allowlist`` policy."""
+    group_policy: GroupPolicy = "mention"
+    group_policies: dict[str, GroupPolicy] = Field(default_factory=dict)
+    """Per channel (``telegram``) or per group (``telegram:-100123``)."""
+    group_context_messages: int = Field(50, ge=0)
+    """Un-addressed group messages kept and handed to the next run as context."""
+    stream_replies: bool = True
+    stream_channels: dict[str, bool] = Field(default_factory=dict)
+
+    # Platform endpoints (proxies, self-hosted Bot API servers, tests).
+    telegram_api_base: str | None = Field(
+        None, validation_alias=_env("TELEGRAM_API_BASE", "telegram_api_base"))
+    telegram_webhook_url: str | None = None
+    """Public HTTPS URL for webhook mode; long polling when unset."""
+    telegram_webhook_secret: SecretStr | None = None
+    telegram_webhook_port: int = 8443
+    discord_api_base: str | None = Field(
+        None, validation_alias=_env("DISCORD_API_BASE", "discord_api_base"))
+    discord_gateway_url: str | None = Field(
+        None, validation_alias=_env("DISCORD_GATEWAY_URL", "discord_gateway_url"))
+    slack_api_base: str | None = Field(
+        None, validation_alias=_env("SLACK_API_BASE", "slack_api_base"))
+    slack_port: int = 3000
+
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
-    @field_validator("admins", mode="before")
+    @field_validator("admins", "dm_allowlist", mode="before")
     @classmethod
     def _split_admins(cls, value: Any) -> Any:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
-    @field_validator("admins")
+    @field_validator("admins", "dm_allowlist")
     @classmethod
     def _check_admins(cls, value: list[str]) -> list[str]:
         for entry in value:
@@ -173,6 +204,19 @@ class Settings(BaseSettings):
     def workspaces_dir(self) -> Path:
         """Root of every user's workspace."""
         return self.data_dir / "workspaces"
+
+    def dm_policy_for(self, channel: str) -> DmPolicy:
+        """The DM policy in force on ``channel``."""
+        return self.dm_policies.get(channel, self.dm_policy)
+
+    def group_policy_for(self, channel: str, chat_id: str) -> GroupPolicy:
+        """The group policy for one group: per group, else per channel, else the default."""
+        return self.group_policies.get(f"{channel}:{chat_id}",
+                                       self.group_policies.get(channel, self.group_policy))
+
+    def streams(self, channel: str) -> bool:
+        """Whether replies on ``channel`` are streamed by editing a message."""
+        return self.stream_channels.get(channel, self.stream_replies)
 
     def is_admin(self, channel: str, user_id: str) -> bool:
         """Whether ``user_id`` on ``channel`` is listed in ``admins``."""

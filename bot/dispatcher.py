@@ -71,6 +71,7 @@ class Dispatcher:
         self._tasks: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
         self._closed = False
+        self._group_context: dict[str, deque[InboundMessage]] = {}
         # Commands of one chat run in the order they were sent ("/pin a", "/pin b").
         self._command_locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
 
@@ -85,10 +86,47 @@ class Dispatcher:
         if not message.text.strip() and not message.attachments:
             return
         parsed = parse_command(message.text)
+        if not self._allowed(message, parsed is not None):
+            return
         if parsed is not None:
             self._spawn(self._command(message, *parsed))
             return
         self._enqueue(message)
+
+    def _allowed(self, message: InboundMessage, is_command: bool) -> bool:
+        """Apply the DM and group policies; keep un-addressed group messages as context."""
+        s = self.settings
+        admin = s.is_admin(message.channel, message.sender_id)
+        if message.chat_type == "direct":
+            dm = s.dm_policy_for(message.channel)
+            if admin or dm == "open" or (
+                    dm == "allowlist"
+                    and f"{message.channel}:{message.sender_id}" in s.dm_allowlist):
+                return True
+            log.info("DM from %s:%s ignored (dm policy %s)", message.channel,
+                     message.sender_id, dm)
+            return False
+        policy = s.group_policy_for(message.channel, message.chat_id)
+        if policy == "all" or (policy == "mention" and (message.mentioned or is_command)):
+            return True
+        if policy == "off":
+            return is_command and admin
+        if s.group_context_messages:
+            key = session_key(message)
+            kept = self._group_context.get(key)
+            if kept is None:
+                kept = self._group_context[key] = deque(maxlen=s.group_context_messages)
+            kept.append(message)
+        return False
+
+    def _take_context(self, key: str) -> str:
+        """Group messages the bot was not addressed in since its last run, as prompt text."""
+        kept = self._group_context.pop(key, None)
+        if not kept:
+            return ""
+        lines = [f"[{m.display_name} (id {m.sender_id})]: {m.text[:2_000]}" for m in kept]
+        return ("Recent messages in this group that were not addressed to you, oldest "
+                "first:\n" + "\n".join(lines))
 
     # -- queries and controls used by commands -------------------------------
 
@@ -210,7 +248,8 @@ class Dispatcher:
             typing = channel.typing(message) if channel else contextlib.nullcontext()
             async with typing:
                 result = await self.app.engine.run(
-                    RunRequest(message, session, run_id=run_id), listener)
+                    RunRequest(message, session, run_id=run_id,
+                               extra_context=self._take_context(lane.key)), listener)
             await self._deliver(channel, message, result, bridge.stream)
         except asyncio.CancelledError:
             if bridge is not None and bridge.stream is not None:

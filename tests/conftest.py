@@ -65,12 +65,12 @@ class RecordingChannel(Channel):
         yield
 
     async def say(self, text: str, *, sender: str = "u1", name: str = "", chat: str = "",
-                  chat_type: ChatType = "direct") -> None:
+                  chat_type: ChatType = "direct", mentioned: bool = True) -> None:
         assert self.handler is not None
         self._ids += 1
         await self.handler(InboundMessage(
             channel=self.name, chat_id=chat or sender, chat_type=chat_type, sender_id=sender,
-            sender_name=name, text=text, message_id=str(self._ids),
+            sender_name=name, text=text, message_id=str(self._ids), mentioned=mentioned,
         ))
 
     def texts(self) -> list[str]:

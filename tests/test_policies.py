@@ -1,0 +1,72 @@
+"""DM and group policies, and un-addressed group messages as context."""
+
+from __future__ import annotations
+
+from tests.conftest import AppFactory, scripted, settle
+
+
+async def test_in_mention_mode_only_addressed_group_messages_run(make_app: AppFactory) -> None:
+    provider = scripted({"reply": "hi"}, loop=True)
+    app, channel, _ = await make_app(provider)
+    group = {"chat": "g", "chat_type": "group"}
+    await channel.say("lunch at noon?", sender="a", name="Ann", mentioned=False, **group)
+    await channel.say("pizza please", sender="b", name="Bob", mentioned=False, **group)
+    await settle(app)
+    assert provider.requests == [] and channel.sent == []
+    await channel.say("@bot what did we decide?", sender="a", name="Ann", **group)
+    await settle(app)
+    assert len(provider.requests) == 1
+    system = provider.requests[0].system
+    assert "[Ann (id a)]: lunch at noon?" in system and "[Bob (id b)]: pizza please" in system
+    await channel.say("@bot and now?", sender="a", **group)
+    await settle(app)
+    assert "lunch at noon?" not in provider.requests[1].system  # handed over once
+
+
+async def test_group_context_is_capped(make_app: AppFactory) -> None:
+    provider = scripted({"reply": "hi"}, loop=True)
+    app, channel, _ = await make_app(provider, group_context_messages=3)
+    for i in range(6):
+        await channel.say(f"chatter {i}", chat="g", chat_type="group", mentioned=False)
+    await channel.say("@bot hi", chat="g", chat_type="group")
+    await settle(app)
+    system = provider.requests[0].system
+    assert "chatter 2" not in system and all(f"chatter {i}" in system for i in (3, 4, 5))
+
+
+async def test_commands_work_in_groups_without_a_mention(make_app: AppFactory) -> None:
+    app, channel, _ = await make_app(scripted({"reply": "x"}))
+    await channel.say("/whoami", chat="g", chat_type="group", mentioned=False)
+    await settle(app)
+    assert "group chat g" in channel.texts()[0]
+
+
+async def test_all_and_off_group_policies_per_channel_and_per_group(
+    make_app: AppFactory,
+) -> None:
+    provider = scripted({"reply": "{message}"}, loop=True)
+    app, channel, _ = await make_app(provider, group_policy="all",
+                                     group_policies={"test:quiet": "off"},
+                                     admins=["test:boss"])
+    await channel.say("anyone?", chat="loud", chat_type="group", mentioned=False)
+    await channel.say("@bot hello?", chat="quiet", chat_type="group")
+    await channel.say("/whoami", sender="pleb", chat="quiet", chat_type="group")
+    await channel.say("/whoami", sender="boss", chat="quiet", chat_type="group")
+    await settle(app)
+    texts = channel.texts()
+    assert "[u1 (id u1)]: anyone?" in texts
+    assert len(texts) == 2 and any("id boss" in t for t in texts)
+
+
+async def test_dm_policies_allowlist_and_disabled(make_app: AppFactory) -> None:
+    provider = scripted({"reply": "ok"}, loop=True)
+    app, channel, _ = await make_app(provider, dm_policy="allowlist",
+                                     dm_allowlist=["test:friend"], admins=["test:boss"],
+                                     dm_policies={"other": "disabled"})
+    await channel.say("hi", sender="stranger")
+    await channel.say("hi", sender="friend")
+    await channel.say("hi", sender="boss")
+    await settle(app)
+    assert len(provider.requests) == 2
+    assert [r.messages[-1].sender_id for r in provider.requests] in (
+        ["friend", "boss"], ["boss", "friend"])
