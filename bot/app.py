@@ -127,6 +127,11 @@ class Roost:
         """Start an already built channel (tests and embedders use this)."""
         self.channels[channel.name] = channel
         await channel.start(self.dispatcher.submit)
+        unique = {id(c): c for c in self.commands.values()}
+        try:
+            await channel.register_commands(list(unique.values()))
+        except Exception:
+            log.exception("channel %s could not register its commands", channel.name)
         log.info("channel %s ready", channel.name)
 
     async def close(self) -> None:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from bot.messages import InboundMessage, OutboundMessage
 
 if TYPE_CHECKING:
+    from bot.commands import Command
     from bot.config import Settings
 
 InboundHandler = Callable[[InboundMessage], Awaitable[None]]
@@ -49,6 +50,9 @@ class Channel:
     async def send(self, message: OutboundMessage) -> None:
         """Deliver one reply."""
         raise NotImplementedError
+
+    async def register_commands(self, commands: Sequence[Command]) -> None:
+        """Tell the platform which slash commands exist (menus, autocompletion)."""
 
     def open_stream(self, message: InboundMessage) -> ReplyStream | None:
         """A stream for the reply to ``message``, or ``None`` to send it whole."""
