@@ -1,0 +1,119 @@
+"""Delivering to platforms: retry-after, 5xx backoff, and throttled streaming edits."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+log = logging.getLogger("roost.channels")
+
+T = TypeVar("T")
+
+
+class RateLimited(Exception):
+    """A platform said to wait ``retry_after`` seconds."""
+
+    def __init__(self, retry_after: float) -> None:
+        super().__init__(f"rate limited for {retry_after:g}s")
+        self.retry_after = retry_after
+
+
+class Transient(Exception):
+    """A platform error worth retrying (5xx, connection reset)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryPolicy:
+    """How often and how patiently a platform call is retried."""
+
+    attempts: int = 5
+    base_delay: float = 0.5
+    max_delay: float = 30.0
+    max_retry_after: float = 60.0
+
+
+async def deliver(call: Callable[[], Awaitable[T]], *, what: str,
+                  policy: DeliveryPolicy = DeliveryPolicy(),
+                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> T:
+    """Run a platform call, honouring retry-after and backing off on transient errors.
+
+    Adapters translate their SDK's errors into :class:`RateLimited` and
+    :class:`Transient`; anything else is not retried. After the last attempt
+    the error propagates, and the caller logs the reply as failed.
+    """
+    for attempt in range(1, policy.attempts + 1):
+        try:
+            return await call()
+        except RateLimited as exc:
+            if attempt == policy.attempts:
+                raise
+            wait = min(exc.retry_after, policy.max_retry_after)
+            log.warning("%s: rate limited, retrying in %.1fs", what, wait)
+        except Transient as exc:
+            if attempt == policy.attempts:
+                raise
+            wait = min(policy.base_delay * 2 ** (attempt - 1), policy.max_delay)
+            wait *= random.uniform(0.9, 1.1)
+            log.warning("%s failed (%s), retrying in %.1fs", what, exc, wait)
+        await sleep(wait)
+    raise AssertionError("unreachable")
+
+
+class EditStream:
+    """A reply streamed into one platform message, edited at most once per ``interval``.
+
+    ``send(text) -> message id`` posts the first version; ``edit(id, text)``
+    updates it; ``finalize(id | None, text | None)`` delivers the final reply
+    (which may need chunking or markup the drafts did not) and removes the
+    draft when the reply turns out silent.
+    """
+
+    def __init__(self, *, send: Callable[[str], Awaitable[str]],
+                 edit: Callable[[str, str], Awaitable[None]],
+                 finalize: Callable[[str | None, str | None], Awaitable[None]],
+                 limit: int, interval: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._send, self._edit, self._finalize = send, edit, finalize
+        self.limit = limit
+        self.interval = interval
+        self.clock = clock
+        self.message_id: str | None = None
+        self._last = 0.0
+        self._shown = ""
+        self._pending: str | None = None
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def push(self, text_so_far: str) -> None:
+        """Show the draft; edits inside the interval are coalesced into one."""
+        draft = text_so_far if len(text_so_far) <= self.limit else \
+            text_so_far[: self.limit - 1] + "…"
+        if self.message_id is None:
+            self.message_id = await self._send(draft)
+            self._shown, self._last = draft, self.clock()
+            return
+        self._pending = draft
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_later())
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(max(0.0, self._last + self.interval - self.clock()))
+        draft, self._pending = self._pending, None
+        if draft is not None and draft != self._shown and self.message_id is not None:
+            try:
+                await self._edit(self.message_id, draft)
+            except Exception:
+                log.warning("a streaming edit failed; the final reply will still be sent",
+                            exc_info=True)
+            self._shown, self._last = draft, self.clock()
+
+    async def finish(self, final_text: str | None) -> None:
+        """Deliver the final reply (``None``: withdraw the draft)."""
+        if self._flusher is not None:
+            self._flusher.cancel()
+            await asyncio.gather(self._flusher, return_exceptions=True)
+        await self._finalize(self.message_id, final_text)
