@@ -1,4 +1,7 @@
-"""Built-in channels. Each adapter module is imported only when its channel starts."""
+"""Built-in channels. Each adapter module is imported only when its channel starts.
+
+That keeps an unconfigured platform's SDK out of memory and out of start time.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +16,31 @@ def _console(settings: Settings) -> Channel:
     return ConsoleChannel()
 
 
+def _telegram(settings: Settings) -> Channel:
+    from channels.telegram import TelegramChannel
+
+    return TelegramChannel(settings)
+
+
+def _discord(settings: Settings) -> Channel:
+    from channels.discord import DiscordChannel
+
+    return DiscordChannel(settings)
+
+
+def _slack(settings: Settings) -> Channel:
+    from channels.slack import SlackChannel
+
+    return SlackChannel(settings)
+
+
 @hookimpl
 def roost_channels(settings: Settings) -> list[ChannelSpec]:
-    """The console channel (``roost chat``, or ``roost run`` with ``ROOST_CONSOLE=1``)."""
-    return [ChannelSpec("console", lambda s: s.console, _console)]
+    """Console (``ROOST_CONSOLE=1``), Telegram, Discord and Slack when their tokens are set."""
+    return [
+        ChannelSpec("console", lambda s: s.console, _console),
+        ChannelSpec("telegram", lambda s: s.telegram_bot_token is not None, _telegram),
+        ChannelSpec("discord", lambda s: s.discord_bot_token is not None, _discord),
+        ChannelSpec("slack", lambda s: s.slack_bot_token is not None and (
+            s.slack_signing_secret is not None or s.slack_app_token is not None), _slack),
+    ]
