@@ -41,6 +41,7 @@ FLUSH_ITERATIONS = 5
 FLUSH_WINDOW = 10
 FLUSH_TOOLS = ("read_file", "write_file")
 TRANSCRIPT_TOOL_CHARS = 2_000
+RETRY_AFTER_MESSAGES = 10
 
 
 def flush_prompt(today: dt.date) -> str:
@@ -104,10 +105,16 @@ class Compactor:
         self.settings = engine.settings
         self.busy: set[str] = set()
         self.tasks: set[asyncio.Task[None]] = set()
+        # After a failure, wait for this much more history before trying again, so
+        # a broken summarizer does not cost an extra model call on every run.
+        self.failed_at: dict[str, int] = {}
 
     def needed(self, session: Session) -> bool:
         """Whether the session's active history calls for compaction."""
         if not self.settings.compaction:
+            return False
+        failed = self.failed_at.get(session.key)
+        if failed is not None and len(session.messages) < failed + RETRY_AFTER_MESSAGES:
             return False
         if len(session.messages) > self.settings.compact_min_messages:
             return True
@@ -135,8 +142,11 @@ class Compactor:
             if self.settings.memory_flush and session.flushed_compaction < session.compactions:
                 await self.memory_flush(session, message)
             await self.compact(session)
+            self.failed_at.pop(session.key, None)
         except Exception:
-            log.exception("compaction of %s failed; history left as it was", session.key)
+            self.failed_at[session.key] = len(session.messages)
+            log.exception("compaction of %s failed; history left as it was (next try after "
+                          "%d more messages)", session.key, RETRY_AFTER_MESSAGES)
         finally:
             session.pins -= 1
             self.busy.discard(session.key)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from bot.history import repair_pairing, summary_messages
+from bot.history import summary_messages
 from bot.llm import ChatMessage
 from bot.tokens import TokenEstimator
 
@@ -88,7 +88,11 @@ def build_context(
 
 def _newest_turns(history: Sequence[ChatMessage], room: int,
                   estimator: TokenEstimator) -> list[ChatMessage]:
-    """The newest whole turns (each starting at a user message) that fit in ``room``."""
+    """The newest whole turns (each starting at a user message) that fit in ``room``.
+
+    ``history`` has been through the history pipeline, so its tool pairing is
+    sound, and a cut at a user message keeps it so.
+    """
     if room <= 0:
         return []
     used, start = 0, len(history)
@@ -100,4 +104,4 @@ def _newest_turns(history: Sequence[ChatMessage], room: int,
                 break
             used += turn_cost
             start, turn_cost = i, 0
-    return repair_pairing(history[start:])
+    return list(history[start:])

@@ -107,7 +107,8 @@ def repair_pairing(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
                 del pending[m.tool_call_id]
                 out.append(m)
             continue  # orphan or duplicate
-        close_pending()
+        if pending:
+            close_pending()
         out.append(m)
         if m.role == "assistant":
             pending.update((c.id, c.name) for c in m.tool_calls)

@@ -41,6 +41,9 @@ class ChatMessage:
     tool_name: str | None = None
     is_error: bool = False
     created_at: float = field(default_factory=time.time)
+    weight: float = field(default=-1.0, init=False, repr=False, compare=False)
+    """Cached size in English-equivalent characters (see bot.tokens). ``init=False``
+    so ``dataclasses.replace`` starts a changed copy without a stale value."""
 
 
 @dataclass(frozen=True, slots=True)

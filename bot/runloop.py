@@ -415,7 +415,9 @@ class _Run:
         span.end(input_tokens=response.usage.input_tokens,
                  output_tokens=response.usage.output_tokens,
                  output_preview=preview(response.text), tool_calls=len(response.tool_calls))
-        self.engine.estimator.calibrate(request, response.usage.input_tokens)
+        if self.iterations == 1:
+            # One sample per run is plenty for a moving average, and it is O(request).
+            self.engine.estimator.calibrate(request, response.usage.input_tokens)
         return response
 
     async def _pump(self, queue: asyncio.Queue[str | None]) -> None:

@@ -15,9 +15,10 @@ import json
 import re
 from collections.abc import Iterable
 
-from bot.llm import ChatMessage, LLMRequest
+from bot.llm import ChatMessage, LLMRequest, ToolSpec
 
 DEFAULT_RATIOS = {"anthropic": 3.5, "openai": 4.0}
+DEFAULT_RATIO = 4.0
 NON_LATIN_CHARS_PER_TOKEN = 1.5
 _DENSE = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020000-\U0002fa1f]")
 """CJK ideographs, kana and Hangul: about one token per character."""
@@ -33,7 +34,7 @@ class TokenEstimator:
     """Estimates tokens for one provider; ``calibrate`` keeps it honest."""
 
     def __init__(self, provider: str = "", ratio: float | None = None) -> None:
-        self.ratio = ratio or DEFAULT_RATIOS.get(provider, 4.0)
+        self.ratio = ratio or DEFAULT_RATIOS.get(provider, DEFAULT_RATIO)
         self.samples = 0
 
     def text(self, text: str) -> int:
@@ -56,11 +57,22 @@ class TokenEstimator:
 
     def message(self, message: ChatMessage) -> int:
         """Tokens one history message costs, tool calls included."""
-        total = MESSAGE_OVERHEAD + self.text(message.content)
-        for call in message.tool_calls:
-            total += TOOL_CALL_OVERHEAD + self.text(call.name)
-            total += self.text(json.dumps(call.arguments, ensure_ascii=False, default=str))
-        return total
+        return MESSAGE_OVERHEAD + int(self.message_weight(message) / self.ratio) + 1
+
+    def message_weight(self, message: ChatMessage) -> float:
+        """A message's size in English-equivalent characters, computed once per message.
+
+        The weight does not depend on the calibrated ratio, so it is cached on the
+        message: every run re-estimates the whole history several times.
+        """
+        if message.weight < 0:
+            weight = self.weight(message.content)
+            for call in message.tool_calls:
+                weight += (TOOL_CALL_OVERHEAD * DEFAULT_RATIO + len(call.name)
+                           + self.weight(json.dumps(call.arguments, ensure_ascii=False,
+                                                    default=str)))
+            message.weight = weight
+        return message.weight
 
     def messages(self, messages: Iterable[ChatMessage]) -> int:
         """Tokens of a list of messages."""
@@ -70,12 +82,8 @@ class TokenEstimator:
         """English-equivalent characters of a request: system, messages, tool schemas."""
         chars = self.weight(request.system)
         for m in request.messages:
-            chars += self.weight(m.content) + MESSAGE_OVERHEAD * self.ratio
-            for c in m.tool_calls:
-                chars += len(c.name) + self.weight(json.dumps(c.arguments, default=str))
-        for t in request.tools:
-            chars += len(t.name) + len(t.description) + len(json.dumps(t.input_schema))
-        return chars
+            chars += self.message_weight(m) + MESSAGE_OVERHEAD * self.ratio
+        return chars + _tools_chars(request.tools)
 
     def request(self, request: LLMRequest) -> int:
         """Tokens of a whole request."""
@@ -89,3 +97,19 @@ class TokenEstimator:
         observed = min(_MAX_RATIO, max(_MIN_RATIO, observed))
         self.ratio += _SMOOTHING * (observed - self.ratio)
         self.samples += 1
+
+
+_TOOLS_CHARS: dict[tuple[str, ...], int] = {}
+
+
+def _tools_chars(tools: tuple[ToolSpec, ...]) -> int:
+    # The same tool set goes out with every request of every run; names identify it
+    # well enough for an estimate (specs hold dicts, so they cannot be hashed).
+    key = tuple(t.name for t in tools)
+    chars = _TOOLS_CHARS.get(key)
+    if chars is None:
+        chars = sum(len(t.name) + len(t.description) + len(json.dumps(t.input_schema))
+                    for t in tools)
+        if len(_TOOLS_CHARS) < 256:
+            _TOOLS_CHARS[key] = chars
+    return chars

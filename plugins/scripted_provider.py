@@ -228,6 +228,8 @@ _REFERENCES = {
 def _references(messages: tuple[ChatMessage, ...]) -> dict[str, str]:
     found: dict[str, str] = {}
     for message in reversed(messages):
+        if message.role == "user":
+            break  # only the current turn's tool results can be referred to
         if message.role != "tool":
             continue
         for name, pattern in _REFERENCES.items():

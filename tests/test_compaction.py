@@ -72,7 +72,10 @@ async def test_a_failed_summary_loses_nothing_and_the_flush_runs_once_per_cycle(
     assert "history left as it was" in caplog.text
     provider.turns[1] = provider.turns[1].__class__(  # the summarizer recovers
         scripted(SUMMARY).turns[0].steps, provider.turns[1].match)
+    attempts = len(provider.requests)
     await chat(app, channel, "turn four")
+    assert len(provider.requests) == attempts + 1  # no retry right after a failure
+    await chat(app, channel, "five", "six", "seven", "eight")  # 10 more messages: retry
     flushes = [r for r in provider.requests
                if r.messages[-1].content.startswith("Pre-compaction")]
     assert len(flushes) == 1  # not again in the same compaction cycle
