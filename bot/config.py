@@ -166,6 +166,24 @@ class Settings(BaseSettings):
         None, validation_alias=_env("SLACK_API_BASE", "slack_api_base"))
     slack_port: int = 3000
 
+    # Scheduler, cron jobs, memory, heartbeat.
+    timezone: str = "UTC"
+    """IANA time zone for schedules (a job may name its own)."""
+    misfire_grace_seconds: int = Field(300, ge=0)
+    """A run missed while the service was down fires once if this late at most."""
+    cron_max_jobs_per_user: int = Field(20, ge=1)
+    cron_min_interval_seconds: int = Field(60, ge=1)
+    memory_flush_every_hours: float = Field(6.0, gt=0)
+    memory_flush_idle_minutes: float = Field(30.0, gt=0)
+    memory_flush_min_messages: int = Field(10, ge=1)
+    heartbeat: bool = False
+    heartbeat_interval_minutes: int = Field(30, ge=5)
+    heartbeat_active_hours: str = "08:00-22:00"
+    heartbeat_owner: str | None = None
+    """``channel:user_id`` whose direct chat and workspace the heartbeat uses."""
+    heartbeat_chat: str | None = None
+    """The owner's direct chat id on that channel, when it differs from the user id."""
+
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     @field_validator("admins", "dm_allowlist", mode="before")

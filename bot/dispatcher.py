@@ -41,6 +41,9 @@ log = logging.getLogger("roost.dispatch")
 class _Pending:
     message: InboundMessage
     received: float
+    options: dict[str, Any] | None = None
+    """RunRequest options of a scheduled run (mode, kind, extra_context...)."""
+    done: asyncio.Future[RunResult] | None = None
 
 
 @dataclass(slots=True)
@@ -130,6 +133,31 @@ class Dispatcher:
 
     # -- queries and controls used by commands -------------------------------
 
+    def run_scheduled(self, message: InboundMessage, **options: Any) -> asyncio.Future[RunResult]:
+        """Queue a run that no person sent (cron, heartbeat) in ``message``'s chat.
+
+        It waits its turn in the chat's lane like any message, is never merged
+        with one, and its reply is delivered to that chat (``NO_REPLY`` sends
+        nothing). ``options`` go to :class:`bot.runloop.RunRequest`; the future
+        resolves with the run's result (or its exception).
+        """
+        done: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
+        pending = _Pending(message, time.monotonic(), options, done)
+        lane = self._lane(message)
+        if len(lane.running) < lane.limit:
+            self._start(lane, pending)
+        else:
+            lane.queue.append(pending)
+        return done
+
+    def _lane(self, message: InboundMessage) -> Lane:
+        key = session_key(message)
+        lane = self.lanes.get(key)
+        if lane is None:
+            limit = self.settings.group_max_concurrent if message.chat_type == "group" else 1
+            lane = self.lanes[key] = Lane(key, limit)
+        return lane
+
     def queue_length(self, key: str) -> int:
         """Messages waiting in a session's queue."""
         lane = self.lanes.get(key)
@@ -172,11 +200,7 @@ class Dispatcher:
     # -- lanes ---------------------------------------------------------------
 
     def _enqueue(self, message: InboundMessage) -> None:
-        key = session_key(message)
-        lane = self.lanes.get(key)
-        if lane is None:
-            limit = self.settings.group_max_concurrent if message.chat_type == "group" else 1
-            lane = self.lanes[key] = Lane(key, limit)
+        lane = self._lane(message)
         now = time.monotonic()
         window = self.settings.merge_window_ms / 1000
         if window and self._merge(lane, message, now, window):
@@ -186,6 +210,8 @@ class Dispatcher:
             return
         if len(lane.queue) >= self.settings.queue_cap:
             dropped = lane.queue.popleft()
+            if dropped.done is not None and not dropped.done.done():
+                dropped.done.set_exception(RuntimeError("dropped: the chat's queue was full"))
             self._notify(dropped.message, "Too many messages were waiting, so I dropped this "
                          "one. Send it again if you still need an answer.")
         lane.queue.append(_Pending(message, now))
@@ -194,6 +220,7 @@ class Dispatcher:
         for entry in reversed(lane.running):
             prev = entry.pending
             if (prev.message.sender_id == message.sender_id and not entry.output
+                    and prev.options is None
                     and now - prev.received <= window and entry.run is not None):
                 lane.running.remove(entry)
                 self.registry.abort(entry.run.run_id, lane.key, "merged")
@@ -201,7 +228,8 @@ class Dispatcher:
                 return True
         if lane.queue and len(lane.running) >= lane.limit:
             last = lane.queue[-1]
-            if last.message.sender_id == message.sender_id and now - last.received <= window:
+            if (last.message.sender_id == message.sender_id and last.options is None
+                    and now - last.received <= window):
                 lane.queue[-1] = _joined(last, message, now)
                 return True
         return False
@@ -247,18 +275,26 @@ class Dispatcher:
 
             typing = channel.typing(message) if channel else contextlib.nullcontext()
             async with typing:
+                options = entry.pending.options or {
+                    "extra_context": self._take_context(lane.key)}
                 result = await self.app.engine.run(
-                    RunRequest(message, session, run_id=run_id,
-                               extra_context=self._take_context(lane.key)), listener)
+                    RunRequest(message, session, run_id=run_id, **options), listener)
             await self._deliver(channel, message, result, bridge.stream)
+            if entry.pending.done is not None and not entry.pending.done.done():
+                entry.pending.done.set_result(result)
         except asyncio.CancelledError:
             if bridge is not None and bridge.stream is not None:
                 with contextlib.suppress(Exception):
                     await bridge.stream.finish(None)
+            if entry.pending.done is not None and not entry.pending.done.done():
+                entry.pending.done.cancel()
             raise
-        except Exception:
+        except Exception as exc:
             log.exception("run %s for %s crashed", run_id, lane.key)
-            self._notify(message, "Something went wrong on my side; please try again.")
+            if entry.pending.done is not None and not entry.pending.done.done():
+                entry.pending.done.set_exception(exc)
+            else:
+                self._notify(message, "Something went wrong on my side; please try again.")
         finally:
             self._finished(lane, entry)
 

@@ -245,3 +245,27 @@ async def test_every_run_leaves_a_trace_record_with_its_outcome(make_app: AppFac
     assert runs[1].iterations == 1 and runs[1].output_tokens > 0
     cancelled = [e for e in log.events if e.type == "run.cancelled"]
     assert cancelled[0].payload["reason"] == "stop"
+
+
+async def test_scheduled_runs_wait_their_turn_and_report_their_result(
+    make_app: AppFactory,
+) -> None:
+    from bot.messages import InboundMessage
+
+    gate = GateTools()
+    provider = scripted({"match": "^chat$", **BLOCK}, {"reply": "reminder: {message}"},
+                        loop=True)
+    app, channel, log = await make_app(provider, gate, merge_window_ms=60_000)
+    await channel.say("chat")
+    await asyncio.wait_for(gate.started.wait(), 5)
+    job = InboundMessage("test", "u1", "direct", "u1", "drink water")
+    done = app.dispatcher.run_scheduled(job, mode="minimal", kind="cron")
+    await asyncio.sleep(0.05)
+    assert not done.done() and app.dispatcher.queue_length("default:test:direct:u1") == 1
+    gate.release.set()
+    result = await asyncio.wait_for(done, 5)
+    assert result.reply == "reminder: drink water"
+    assert channel.texts() == ["unblocked", "reminder: drink water"]
+    started = [e for e in log.events if e.type == "run.started"]
+    assert started[-1].payload["kind"] == "cron"
+    assert "run.cancelled" not in log.types()  # never merged with the chat message
