@@ -273,6 +273,7 @@ class _Run:
             user_id=msg.sender_id, channel=msg.channel, chat_id=msg.chat_id,
             session_key=req.session.key, run_id=req.run_id, workspace=workspace,
             deadline=self.started + (req.timeout or self.settings.run_timeout),
+            chat_type=msg.chat_type, thread_id=msg.thread_id,
         )
         final: str | None = None
         while self.iterations < limit:

@@ -43,6 +43,8 @@ class ToolContext:
     run_id: str
     workspace: Path
     deadline: float
+    chat_type: str = "direct"
+    thread_id: str | None = None
 
     def remaining(self) -> float:
         """Seconds left before the executor cancels this tool."""
