@@ -136,9 +136,11 @@ class Roost:
 
     async def close(self) -> None:
         """Stop taking messages, cancel runs, stop channels, close everything."""
+        # Runs first, while channels are still up: a cancelled run's streaming
+        # draft can then be withdrawn. The dispatcher refuses new messages meanwhile.
+        await self.dispatcher.close()
         for channel in list(self.channels.values()):
             await _quietly(channel.stop(), f"stopping channel {channel.name}")
-        await self.dispatcher.close()
         await self.engine.compactor.wait()
         await self.host.call("roost_shutdown", app=self)
         if isinstance(self.engine.exporter, OTelExporter):

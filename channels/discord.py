@@ -1,0 +1,695 @@
+"""The Discord channel: discord.py's gateway client, translated to and from Roost messages.
+
+Inbound: guild text channels, threads and DMs (``Intents.default()`` plus the
+message-content intent). A guild message is a ``group`` message of its
+channel; a message in a thread keeps the thread's parent as ``chat_id`` and the
+thread as ``thread_id``, so each thread is a session of its own and replies go
+into it. ``mentioned`` is set when the bot (or its managed role) is mentioned,
+the message replies to one of the bot's messages, or it is a ``/command``; the
+bot's mention is stripped from the text. Bots (this one included), webhooks and
+system messages are ignored, redelivered message ids are dropped, and a gateway
+payload the library cannot parse is logged and skipped.
+
+Outbound: Discord markdown passes through; ``@everyone`` and ``@here`` are
+defused and no reply may ping anyone but the person replied to. Long replies
+are split at 2,000 characters outside code blocks; in groups the first piece
+references the triggering message. Replies stream by editing a draft (at most
+once a second). discord.py sleeps through 429s itself (``retry_after``);
+5xx and connection errors are retried through :func:`channels.delivery.deliver`.
+
+Slash commands are synced as global application commands, each with an
+optional ``args`` string. An interaction is deferred at once (Discord wants an
+answer within 3 s) and routed to the core as ``/name args``; the command's
+reply becomes the interaction's response (its first piece edits the deferred
+"thinking…" message, further pieces are followups). Typed ``/name`` messages
+work as well; the core parses them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections import OrderedDict
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Hashable,
+    Iterator,
+    Sequence,
+)
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+import aiohttp
+import discord
+import yarl
+
+from bot.channel import Channel, InboundHandler, ReplyStream
+from bot.config import Settings
+from bot.messages import Attachment, ChatType, InboundMessage, OutboundMessage
+from channels.chunking import split_message
+from channels.delivery import DeliveryPolicy, EditStream, RateLimited, Transient, deliver
+
+if TYPE_CHECKING:
+    from bot.commands import Command
+
+log = logging.getLogger("roost.channels.discord")
+
+T = TypeVar("T")
+
+MESSAGE_LIMIT = 2000
+"""Discord's limit on a message's content, in characters."""
+TYPING_REFRESH = 8.0
+"""A typing indicator lasts 10 s; refresh it before it lapses."""
+RECENT_IDS = 2048
+"""How many message ids are remembered to drop redeliveries and spot replies to the bot."""
+MAX_COMMANDS = 100
+"""Discord's limit on global chat-input commands."""
+INTERACTION_TIMEOUT = 600.0
+"""A deferred interaction nobody answered is withdrawn after this (tokens last 15 min)."""
+
+_COMMAND_NAME = re.compile(r"^[-_a-z0-9]{1,32}$")
+_MASS_MENTION = re.compile(r"@(everyone|here)\b")
+_API_VERSION = re.compile(r"/api/v\d+$")
+_ADDRESSED_TYPES = (discord.MessageType.default, discord.MessageType.reply)
+_NO_PINGS = discord.AllowedMentions(everyone=False, users=False, roles=False,
+                                    replied_user=True)
+"""The model's text pings nobody; a reply still notifies the person it answers."""
+
+
+class DiscordChannel(Channel):
+    """Discord through discord.py's gateway client; see the module docstring."""
+
+    name = "discord"
+
+    def __init__(self, settings: Settings, *, guild_ready_timeout: float = 1.0,
+                 ready_timeout: float = 60.0, delivery: DeliveryPolicy | None = None,
+                 edit_interval: float = 1.0,
+                 interaction_timeout: float = INTERACTION_TIMEOUT) -> None:
+        """Read the token and endpoints from ``settings``; nothing connects yet.
+
+        ``guild_ready_timeout`` is how long discord.py waits for further guilds
+        before ``on_ready`` (and so :meth:`start`) returns; ``ready_timeout``
+        bounds the whole start. ``delivery`` tunes retries of 5xx and connection
+        errors; ``edit_interval`` spaces streaming edits.
+        """
+        if settings.discord_bot_token is None:
+            raise ValueError("DISCORD_BOT_TOKEN is not set")
+        self.settings = settings
+        self._token = settings.discord_bot_token.get_secret_value()
+        self._api_base = _api_base(settings.discord_api_base)
+        self._gateway = yarl.URL(settings.discord_gateway_url) \
+            if settings.discord_gateway_url else None
+        self.guild_ready_timeout = guild_ready_timeout
+        self.ready_timeout = ready_timeout
+        self.delivery = delivery or DeliveryPolicy()
+        self.edit_interval = edit_interval
+        self.interaction_timeout = interaction_timeout
+        self.client: discord.Client | None = None
+        self._handler: InboundHandler | None = None
+        self._runner: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
+        self._stopping = False
+        self._seen = _RecentSet(RECENT_IDS)
+        self._own = _RecentSet(RECENT_IDS)
+        self._interactions: dict[str, _PendingInteraction] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._sending = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._saved_endpoints: tuple[str, yarl.URL] | None = None
+
+    # -- lifecycle -----------------------------------------------------------
+
+    async def start(self, handler: InboundHandler) -> None:
+        """Log in, connect to the gateway and return once ``on_ready`` fired."""
+        self._handler = handler
+        self._redirect()
+        intents = discord.Intents.default()
+        intents.message_content = True
+        client = _Client(self, intents=intents, guild_ready_timeout=self.guild_ready_timeout,
+                         allowed_mentions=_NO_PINGS, max_ratelimit_timeout=30.0)
+        _guard_parsers(client)
+        self.client = client
+        self._runner = asyncio.create_task(self._run(client), name="discord-gateway")
+        ready = asyncio.create_task(self._ready.wait())
+        try:
+            done, _ = await asyncio.wait({ready, self._runner}, timeout=self.ready_timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+        if ready not in done:
+            runner, self._runner = self._runner, None
+            runner.cancel()
+            await client.close()
+            await asyncio.gather(runner, return_exceptions=True)
+            self._restore()
+            if runner.done() and not runner.cancelled() and runner.exception() is not None:
+                raise RuntimeError(f"Discord did not connect: {runner.exception()}") \
+                    from runner.exception()
+            raise TimeoutError(f"Discord was not ready within {self.ready_timeout:g}s")
+        self._runner.add_done_callback(self._runner_done)
+        assert client.user is not None
+        log.info("discord: connected as %s (id %s)", client.user, client.user.id)
+
+    async def stop(self) -> None:
+        """Let sends in flight finish (10 s at most), then close the client."""
+        self._stopping = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), 10)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.client is not None:
+            await self.client.close()
+        if self._runner is not None:
+            await asyncio.gather(self._runner, return_exceptions=True)
+            self._runner = None
+        self._restore()
+
+    def _redirect(self) -> None:
+        # discord.py reads both endpoints from class attributes, so they are
+        # process-wide; they are put back on stop.
+        if self._api_base is None and self._gateway is None:
+            return
+        gateway_cls = discord.gateway.DiscordWebSocket
+        self._saved_endpoints = (discord.http.Route.BASE, gateway_cls.DEFAULT_GATEWAY)
+        if self._api_base is not None:
+            discord.http.Route.BASE = self._api_base
+        if self._gateway is not None:
+            gateway_cls.DEFAULT_GATEWAY = self._gateway
+
+    def _restore(self) -> None:
+        if self._saved_endpoints is not None:
+            discord.http.Route.BASE, discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = \
+                self._saved_endpoints
+            self._saved_endpoints = None
+
+    async def _run(self, client: discord.Client) -> None:
+        """Log in and keep the gateway connected until the client is closed.
+
+        ``connect(reconnect=True)`` already resumes after network errors and
+        Discord's own close codes. Anything else escaping it (a frame that is
+        not JSON, a bug) would end the client for good, so it is logged and
+        the connection is made again.
+        """
+        await client.login(self._token)
+        backoff = 0.5
+        while not client.is_closed():
+            started = time.monotonic()
+            try:
+                await client.connect(reconnect=True)
+            except (discord.ClientException, discord.ConnectionClosed):
+                raise  # bad token, missing intents, bad close codes: not recoverable
+            except Exception:
+                if client.is_closed() or self._stopping:
+                    return
+                log.exception("discord: unexpected gateway error; reconnecting in %.1fs",
+                              backoff)
+                if client.ws is not None:
+                    with contextlib.suppress(Exception):
+                        # 4000 keeps the session resumable on Discord's side.
+                        await client.ws.close(code=4000)
+                await asyncio.sleep(backoff)
+                backoff = 0.5 if time.monotonic() - started > 60 else min(backoff * 2, 30.0)
+
+    def _runner_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None and not self._stopping:
+            log.error("discord: the gateway connection ended", exc_info=task.exception())
+
+    # -- inbound ---------------------------------------------------------------
+
+    async def _on_message(self, message: discord.Message) -> None:
+        client = self.client
+        if client is None or client.user is None or self._handler is None:
+            return
+        author = message.author
+        if author.bot or author.id == client.user.id or message.webhook_id is not None:
+            return
+        if message.type not in _ADDRESSED_TYPES:
+            return  # joins, pins, thread-created notices and the like
+        if not self._seen.add(message.id):
+            log.debug("discord: message %s delivered twice; ignored", message.id)
+            return
+        await self._handler(self._translate(message, client.user))
+
+    def _translate(self, message: discord.Message, me: discord.ClientUser) -> InboundMessage:
+        chat_id, chat_type, thread_id = _place(message.channel, message.guild is not None)
+        role = message.guild.self_role if message.guild is not None else None
+        text = _strip_mentions(message.content, me.id, role.id if role else None)
+        reference = message.reference
+        reply_to = str(reference.message_id) if reference and reference.message_id else None
+        mentioned = (chat_type == "direct" or self._addresses_me(message, me, role)
+                     or text.startswith("/"))
+        return InboundMessage(
+            channel=self.name, chat_id=chat_id, chat_type=chat_type,
+            sender_id=str(message.author.id), sender_name=message.author.display_name,
+            text=text, message_id=str(message.id), reply_to=reply_to, thread_id=thread_id,
+            mentioned=mentioned,
+            attachments=tuple(_attachment(a) for a in message.attachments), raw=message)
+
+    def _addresses_me(self, message: discord.Message, me: discord.ClientUser,
+                      role: discord.Role | None) -> bool:
+        if any(user.id == me.id for user in message.mentions):
+            return True
+        if role is not None and any(r.id == role.id for r in message.role_mentions):
+            return True
+        reference = message.reference
+        if reference is None:
+            return False
+        replied = reference.resolved
+        if isinstance(replied, discord.Message) and replied.author.id == me.id:
+            return True
+        return reference.message_id is not None and reference.message_id in self._own
+
+    async def _on_interaction(self, interaction: discord.Interaction[discord.Client]) -> None:
+        if interaction.type is not discord.InteractionType.application_command:
+            return
+        if self._handler is None or not self._seen.add(("interaction", interaction.id)):
+            return
+        data = cast(dict[str, Any], interaction.data or {})
+        name = str(data.get("name", ""))
+        args = " ".join(str(option.get("value", "")) for option in data.get("options", [])
+                        if option.get("name") == "args")
+        in_guild = interaction.guild_id is not None
+        chat_id, chat_type, thread_id = _place(interaction.channel, in_guild,
+                                               interaction.channel_id)
+        key = str(interaction.id)
+        try:
+            # Discord wants an answer within 3 s; the command may take longer.
+            await interaction.response.defer()
+        except discord.HTTPException:
+            log.warning("discord: could not defer interaction /%s; replying in the channel",
+                        name, exc_info=True)
+        else:
+            pending = _PendingInteraction(interaction, thread_id or chat_id, chat_type)
+            self._interactions[key] = pending
+            pending.timer = self._spawn(self._expire(key))
+        user = interaction.user
+        await self._handler(InboundMessage(
+            channel=self.name, chat_id=chat_id, chat_type=chat_type, sender_id=str(user.id),
+            sender_name=user.display_name, text=f"/{name} {args}".strip(), message_id=key,
+            thread_id=thread_id, mentioned=True, raw=interaction))
+
+    async def _expire(self, key: str) -> None:
+        """Withdraw a deferred answer the core never replied to (the command said nothing)."""
+        await asyncio.sleep(self.interaction_timeout)
+        pending = self._interactions.pop(key, None)
+        if pending is not None:
+            with contextlib.suppress(discord.HTTPException):
+                await pending.interaction.delete_original_response()
+
+    # -- outbound --------------------------------------------------------------
+
+    async def send(self, message: OutboundMessage) -> None:
+        """Deliver one reply: split, referenced in groups, as the interaction's answer if any."""
+        with self._busy():
+            pieces = split_message(_escape(message.text), MESSAGE_LIMIT)
+            pending = self._claim_interaction(message)
+            if pending is not None and await self._answer(pending, pieces):
+                return
+            target = _target(message)
+            reference = _reference(message, target)
+            for i, piece in enumerate(pieces):
+                await self._post(target, piece, reference if i == 0 else None)
+
+    def open_stream(self, message: InboundMessage) -> ReplyStream | None:
+        """A draft message edited as the reply grows, unless streaming is off for discord."""
+        if self.client is None or not self.settings.streams(self.name):
+            return None
+        return _StreamedReply(self, message).stream
+
+    @contextlib.asynccontextmanager
+    async def typing(self, message: InboundMessage) -> AsyncIterator[None]:
+        """Show "typing…" in the message's channel or thread, refreshed until the block ends."""
+        if self.client is None:
+            yield
+            return
+        task = self._spawn(self._keep_typing(int(message.thread_id or message.chat_id)))
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def register_commands(self, commands: Sequence[Command]) -> None:
+        """Replace the global application commands with ``commands`` (aliases included)."""
+        client = self.client
+        if client is None or client.application_id is None:
+            raise RuntimeError("start() the Discord channel before registering commands")
+        payload = _command_payload(commands)
+        app_id = client.application_id
+        await self._deliver(
+            lambda: client.http.bulk_upsert_global_commands(app_id, cast(Any, payload)),
+            what="syncing discord application commands")
+        log.info("discord: %d application commands synced", len(payload))
+
+    async def _post(self, target: int, text: str,
+                    reference: discord.MessageReference | None) -> discord.Message:
+        assert self.client is not None
+        channel = self.client.get_partial_messageable(target)
+
+        async def call() -> discord.Message:
+            if reference is None:
+                return await channel.send(text, allowed_mentions=_NO_PINGS)
+            return await channel.send(text, allowed_mentions=_NO_PINGS, reference=reference)
+
+        sent = await self._deliver(call, what=f"sending to discord:{target}")
+        self._own.add(sent.id)
+        return sent
+
+    async def _edit(self, target: int, message_id: int, text: str) -> None:
+        assert self.client is not None
+        partial = self.client.get_partial_messageable(target).get_partial_message(message_id)
+
+        async def call() -> None:
+            await partial.edit(content=text, allowed_mentions=_NO_PINGS)
+
+        await self._deliver(call, what=f"editing discord:{target}/{message_id}")
+
+    async def _delete(self, target: int, message_id: int) -> None:
+        assert self.client is not None
+        partial = self.client.get_partial_messageable(target).get_partial_message(message_id)
+        # Already gone (deleted by a moderator or the user) is as good as deleted.
+        with contextlib.suppress(discord.NotFound):
+            await self._deliver(partial.delete, what=f"deleting discord:{target}/{message_id}")
+
+    def _claim_interaction(self, message: OutboundMessage) -> _PendingInteraction | None:
+        """The deferred interaction ``message`` answers, if any.
+
+        In groups replies name the message they answer (the interaction id).
+        Direct replies do not, so a reply goes to the oldest open interaction of
+        that DM; only command replies can race for it, and commands of one
+        chat run in order.
+        """
+        if not self._interactions:
+            return None
+        if message.reply_to is not None and message.reply_to in self._interactions:
+            return self._pop_interaction(message.reply_to)
+        if message.chat_type == "direct" and message.kind == "reply":
+            target = message.thread_id or message.chat_id
+            for key, pending in self._interactions.items():
+                if pending.chat_type == "direct" and pending.target == target:
+                    return self._pop_interaction(key)
+        return None
+
+    def _pop_interaction(self, key: str) -> _PendingInteraction:
+        pending = self._interactions.pop(key)
+        if pending.timer is not None:
+            pending.timer.cancel()
+        return pending
+
+    async def _answer(self, pending: _PendingInteraction, pieces: list[str]) -> bool:
+        """Answer a deferred interaction; ``False`` if the token no longer works."""
+        interaction = pending.interaction
+        try:
+            if not pieces:
+                await self._deliver(interaction.delete_original_response,
+                                    what="withdrawing a discord interaction response")
+                return True
+            first = pieces[0]
+            await self._deliver(
+                lambda: interaction.edit_original_response(content=first,
+                                                           allowed_mentions=_NO_PINGS),
+                what="answering a discord interaction")
+            for piece in pieces[1:]:
+                await self._deliver(_followup(interaction, piece),
+                                    what="following up a discord interaction")
+        except (discord.NotFound, discord.Forbidden):
+            log.warning("discord: interaction %s expired; replying in the channel",
+                        interaction.id)
+            return False
+        return True
+
+    async def _keep_typing(self, target: int) -> None:
+        assert self.client is not None
+        channel = self.client.get_partial_messageable(target)
+        while True:
+            try:
+                await channel.typing()
+            except Exception as exc:
+                # A missing indicator is cosmetic; never let it disturb the run.
+                log.debug("discord: typing in %s failed: %s", target, exc)
+            await asyncio.sleep(TYPING_REFRESH)
+
+    async def _deliver(self, call: Callable[[], Awaitable[T]], *, what: str) -> T:
+        """Run a REST call with :func:`deliver`, translating discord.py's errors.
+
+        discord.py already sleeps through 429s (``retry_after``) and retries
+        500/502/504 a few times; what reaches here is a limit longer than its
+        ``max_ratelimit_timeout``, another 5xx, or a dropped connection.
+        """
+        async def translated() -> T:
+            try:
+                return await call()
+            except discord.RateLimited as exc:
+                raise RateLimited(exc.retry_after) from exc
+            except discord.HTTPException as exc:
+                if exc.status == 429:
+                    raise RateLimited(_retry_after(exc)) from exc
+                if exc.status >= 500:
+                    raise Transient(f"HTTP {exc.status}") from exc
+                raise
+            except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+                raise Transient(type(exc).__name__) from exc
+
+        return await deliver(translated, what=what, policy=self.delivery)
+
+    @contextlib.contextmanager
+    def _busy(self) -> Iterator[None]:
+        """Count a send in flight, so :meth:`stop` can let it finish."""
+        self._sending += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._sending -= 1
+            if not self._sending:
+                self._idle.set()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+
+class _Client(discord.Client):
+    """A plain client whose events go to the adapter (no command tree)."""
+
+    def __init__(self, adapter: DiscordChannel, **options: Any) -> None:
+        super().__init__(**options)
+        self.adapter = adapter
+
+    async def on_ready(self) -> None:
+        self.adapter._ready.set()
+
+    async def on_message(self, message: discord.Message) -> None:
+        await self.adapter._on_message(message)
+
+    async def on_interaction(self, interaction: discord.Interaction[discord.Client]) -> None:
+        await self.adapter._on_interaction(interaction)
+
+    async def on_error(self, event_method: str, /, *args: Any, **kwargs: Any) -> None:
+        log.exception("discord: handling %s failed", event_method)
+
+
+class _StreamedReply:
+    """The callbacks behind one :class:`EditStream`: draft, edits, final pieces."""
+
+    def __init__(self, channel: DiscordChannel, message: InboundMessage) -> None:
+        self.channel = channel
+        self.target = int(message.thread_id or message.chat_id)
+        self.reference = _reference(OutboundMessage.reply_to_message(message, ""), self.target)
+        self.shown: dict[str, str] = {}
+        self.stream = EditStream(send=self.send, edit=self.edit, finalize=self.finalize,
+                                 limit=MESSAGE_LIMIT, interval=channel.edit_interval)
+
+    async def send(self, draft: str) -> str:
+        text = _fit(_escape(draft))
+        with self.channel._busy():
+            try:
+                sent = await self.channel._post(self.target, text, self.reference)
+            except Exception:
+                # A lost draft must not end the run: the final reply is sent whole.
+                log.warning("discord: a streaming draft could not be sent", exc_info=True)
+                return ""
+        self.shown[str(sent.id)] = text
+        return str(sent.id)
+
+    async def edit(self, message_id: str, draft: str) -> None:
+        if not message_id:
+            return
+        text = _fit(_escape(draft))
+        with self.channel._busy():
+            await self.channel._edit(self.target, int(message_id), text)
+        self.shown[message_id] = text
+
+    async def finalize(self, message_id: str | None, final_text: str | None) -> None:
+        with self.channel._busy():
+            pieces = split_message(_escape(final_text or ""), MESSAGE_LIMIT)
+            if not pieces:
+                if message_id:
+                    await self.channel._delete(self.target, int(message_id))
+                return
+            first, rest = pieces[0], pieces[1:]
+            if message_id and self.shown.get(message_id) != first:
+                try:
+                    await self.channel._edit(self.target, int(message_id), first)
+                except discord.NotFound:
+                    message_id = None  # the draft was deleted: post the reply afresh
+            if not message_id:
+                await self.channel._post(self.target, first, self.reference)
+            for piece in rest:
+                await self.channel._post(self.target, piece, None)
+
+
+@dataclass(slots=True)
+class _PendingInteraction:
+    interaction: discord.Interaction[discord.Client]
+    target: str
+    chat_type: ChatType
+    timer: asyncio.Task[None] | None = None
+
+
+class _RecentSet:
+    """The last ``size`` keys seen, for dropping redeliveries in bounded memory."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._keys: OrderedDict[Hashable, None] = OrderedDict()
+
+    def add(self, key: Hashable) -> bool:
+        """Remember ``key``; ``False`` if it was already there."""
+        if key in self._keys:
+            return False
+        self._keys[key] = None
+        if len(self._keys) > self.size:
+            self._keys.popitem(last=False)
+        return True
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys
+
+
+def _followup(interaction: discord.Interaction[discord.Client],
+              text: str) -> Callable[[], Awaitable[object]]:
+    async def call() -> object:
+        return await interaction.followup.send(text, allowed_mentions=_NO_PINGS, wait=True)
+    return call
+
+
+def _guard_parsers(client: discord.Client) -> None:
+    """Make a gateway event the library cannot parse a logged, skipped event.
+
+    discord.py calls its parsers straight from the websocket loop, so one
+    malformed payload (a missing field, a bad snowflake) would otherwise
+    escape ``connect()`` and end the client.
+    """
+    parsers = client._connection.parsers
+
+    def guarded(event: str, parser: Callable[[Any], None]) -> Callable[[Any], None]:
+        def parse(data: Any) -> None:
+            try:
+                parser(data)
+            except Exception:
+                log.exception("discord: skipped a malformed %s payload", event)
+        return parse
+
+    for event, parser in list(parsers.items()):
+        parsers[event] = guarded(event, parser)
+
+
+def _place(channel: object, in_guild: bool,
+           channel_id: int | None = None) -> tuple[str, ChatType, str | None]:
+    """``(chat_id, chat_type, thread_id)`` for a channel: threads keep their parent."""
+    ident = getattr(channel, "id", channel_id)
+    if not in_guild:
+        return str(ident), "direct", None
+    if isinstance(channel, discord.Thread):
+        return str(channel.parent_id), "group", str(channel.id)
+    return str(ident), "group", None
+
+
+def _strip_mentions(text: str, bot_id: int, role_id: int | None) -> str:
+    pattern = rf"<@!?{bot_id}>" + (rf"|<@&{role_id}>" if role_id is not None else "")
+    return re.sub(rf"[ \t]*(?:{pattern})[ \t]*", " ", text).strip()
+
+
+def _attachment(attachment: discord.Attachment) -> Attachment:
+    mime = attachment.content_type or ""
+    kind = mime.split("/", 1)[0] if mime.split("/", 1)[0] in ("image", "audio", "video") \
+        else "file"
+    return Attachment(kind=kind, name=attachment.filename, url=attachment.url, mime_type=mime,
+                      size=attachment.size)
+
+
+def _escape(text: str) -> str:
+    # A zero-width space after "@" shows the word but is no mention; the
+    # allowed-mentions setting blocks the ping as well, this keeps it readable.
+    return _MASS_MENTION.sub("@\u200b\\1", text)
+
+
+def _fit(text: str) -> str:
+    return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 1] + "…"
+
+
+def _target(message: OutboundMessage) -> int:
+    """The channel a reply is posted in: the thread if there is one."""
+    return int(message.thread_id or message.chat_id)
+
+
+def _reference(message: OutboundMessage, target: int) -> discord.MessageReference | None:
+    if message.chat_type != "group" or not message.reply_to or not message.reply_to.isdigit():
+        return None
+    # fail_if_not_exists=False: if the message was deleted meanwhile, the
+    # reply is still posted, just without the reference.
+    return discord.MessageReference(message_id=int(message.reply_to), channel_id=target,
+                                    fail_if_not_exists=False)
+
+
+def _retry_after(exc: discord.HTTPException) -> float:
+    header = exc.response.headers.get("Retry-After", "") if exc.response is not None else ""
+    try:
+        return float(header)
+    except ValueError:
+        return 1.0
+
+
+def _api_base(value: str | None) -> str | None:
+    """``DISCORD_API_BASE`` as ``Route.BASE``: ``/api/v10`` is added when missing."""
+    if not value:
+        return None
+    base = value.rstrip("/")
+    return base if _API_VERSION.search(base) else base + "/api/v10"
+
+
+def _command_payload(commands: Sequence[Command]) -> list[dict[str, Any]]:
+    """Application commands for ``commands``: names Discord accepts, with an ``args`` option."""
+    payload: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for command in commands:
+        for name in (command.name, *command.aliases):
+            name = name.lower()
+            if name in seen:
+                continue
+            if not _COMMAND_NAME.match(name):
+                log.warning("discord: /%s is not a valid application command name; "
+                            "it still works typed as a message", name)
+                continue
+            seen.add(name)
+            payload.append({
+                "name": name, "type": 1,
+                "description": (command.description or name)[:100],
+                "options": [{"type": 3, "name": "args", "required": False,
+                             "description": (command.usage or "arguments")[:100]}],
+            })
+    if len(payload) > MAX_COMMANDS:
+        log.warning("discord: only the first %d of %d commands are registered",
+                    MAX_COMMANDS, len(payload))
+    return payload[:MAX_COMMANDS]
