@@ -1,0 +1,703 @@
+"""The Slack channel: slack-bolt's ``AsyncApp`` over the Events API (HTTP) or Socket Mode.
+
+**Modes.** ``SLACK_BOT_TOKEN`` with ``SLACK_APP_TOKEN`` connects over Socket
+Mode (``apps.connections.open``, then a websocket; no public URL needed).
+``SLACK_BOT_TOKEN`` with ``SLACK_SIGNING_SECRET`` serves the Events API on
+``0.0.0.0:{slack_port}`` at ``/slack/events`` (requests with a bad signature
+get 401). When both are set, Socket Mode wins: a Slack app with Socket Mode on
+receives nothing over HTTP. ``SLACK_API_BASE`` redirects the Web API.
+
+**Translation.** ``chat_id`` is the Slack channel id; DMs (``channel_type
+im``) are ``direct``, everything else (public and private channels, group
+DMs) ``group``. ``message_id`` is the message ``ts``. A reply inside a thread
+carries ``thread_id = thread_ts``, so a thread is a session of its own; a
+top-level message has no ``thread_id`` and belongs to the channel's session.
+
+**Where replies go.** ``thread_ts = OutboundMessage.thread_id or
+OutboundMessage.reply_to``. The core sets ``reply_to`` to the triggering
+message in groups, so a top-level mention in a channel is answered in a new
+thread under it (the mention itself stays in the channel's session; follow-ups
+in that thread form the thread's session), a reply in a thread is answered in
+that thread, and a top-level DM is answered at the top level.
+
+**Addressed.** ``mentioned`` is set for ``app_mention`` events, ``<@BOT>`` in
+the text (which is stripped), replies in a thread the bot has posted in
+(remembered in memory for the newest 10,000 threads), DMs and slash commands. Policies
+are applied by the core. ``message`` and ``app_mention`` events for the same
+message are handled once (by channel and ``ts``); redeliveries (same
+``event_id``, typically with ``X-Slack-Retry-Num``) are acked and skipped. The
+bot's own messages, other bots' (``bot_id``, ``bot_message``) and edits,
+deletions and joins are ignored. A malformed payload is logged and acked,
+never retried into a loop.
+
+**Replies** are converted to mrkdwn (:mod:`channels.slack_format`) and split
+at 4,000 characters without breaking code blocks. **Streaming** (on unless
+``stream_channels.slack = false``) posts a draft with ``chat.postMessage`` and
+edits it with ``chat.update`` at most once a second; the final reply replaces
+the draft (further chunks follow in the same thread) and a silent reply
+deletes it. **Typing:** Slack has no typing indicator a bot can show in
+channels (``assistant.threads.setStatus`` is only for AI-assistant threads),
+so :meth:`SlackChannel.typing` does nothing; the streamed draft is the sign
+of life.
+
+**Slash commands.** ``/roost <command> [args]`` is acked at once and reaches
+the core as ``/<command> args`` from that user in that channel; other slash
+commands pointed at the app (``/stop``) pass through as typed. Their replies
+go to the command's ``response_url`` as ephemeral messages (only the invoker
+sees them, as they saw the command), so a command works even in channels the
+bot was not invited to. Slash commands are declared in the app manifest, not
+at runtime; :meth:`SlackChannel.register_commands` logs the snippet (debug).
+Commands typed as plain message text (``/status``) also work; the core
+parses them.
+
+**Errors.** Web API calls go through :func:`channels.delivery.deliver`: a 429
+becomes :class:`RateLimited` with the ``Retry-After`` header, 5xx and
+connection errors :class:`Transient`. The SDK's own retry handlers are off,
+so a message is never posted twice by two retry layers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import re
+from collections import OrderedDict
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Hashable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import aiohttp
+from aiohttp import web
+from slack_bolt.adapter.aiohttp import to_aiohttp_response
+from slack_bolt.app.async_app import AsyncApp
+from slack_bolt.context.ack.async_ack import AsyncAck
+from slack_bolt.request.async_request import AsyncBoltRequest
+from slack_bolt.response import BoltResponse
+from slack_sdk.errors import SlackApiError
+from slack_sdk.signature import SignatureVerifier
+from slack_sdk.socket_mode.aiohttp import SocketModeClient
+from slack_sdk.socket_mode.async_client import AsyncBaseSocketModeClient
+from slack_sdk.socket_mode.request import SocketModeRequest
+from slack_sdk.socket_mode.response import SocketModeResponse
+from slack_sdk.web.async_client import AsyncWebClient
+from slack_sdk.web.async_slack_response import AsyncSlackResponse
+from slack_sdk.webhook.async_client import AsyncWebhookClient
+
+from bot.channel import Channel, InboundHandler, ReplyStream
+from bot.commands import parse_command
+from bot.messages import Attachment, ChatType, InboundMessage, OutboundMessage
+from channels.delivery import DeliveryPolicy, EditStream, RateLimited, Transient, deliver
+from channels.slack_format import from_slack, split_for_slack, to_mrkdwn, unescape
+
+if TYPE_CHECKING:
+    from bot.commands import Command
+    from bot.config import Settings
+
+log = logging.getLogger("roost.slack")
+_sdk_log = logging.getLogger("roost.slack.sdk")
+
+MESSAGE_LIMIT = 4_000
+"""Slack's recommended maximum for a message's text; longer replies are split."""
+DEFAULT_API_BASE = "https://slack.com/api/"
+EVENTS_PATH = "/slack/events"
+SLASH_COMMAND = "/roost"
+RESPONSE_URL_USES = 5
+"""Slack accepts at most this many posts to one ``response_url``."""
+REMEMBERED = 10_000
+"""Event ids, message ids and bot threads remembered (each, newest first)."""
+CONNECT_TIMEOUT = 30.0
+STOP_GRACE = 10.0
+"""How long :meth:`SlackChannel.stop` waits for Web API calls in flight."""
+
+# Message subtypes that are a person saying something; the rest (edits,
+# deletions, joins, topic changes, bot posts...) are not addressed to the bot.
+_SPOKEN_SUBTYPES = frozenset({"file_share", "thread_broadcast", "me_message"})
+# A streaming edit is cosmetic: one try, and the next edit or the final reply catches up.
+_EDIT_POLICY = DeliveryPolicy(attempts=1)
+
+K = TypeVar("K", bound=Hashable)
+T = TypeVar("T")
+
+
+class _Malformed(ValueError):
+    """A Slack payload missing what the adapter needs."""
+
+
+@dataclass(frozen=True, slots=True)
+class _SlashReply:
+    channel_id: str
+    response_url: str
+
+
+# Set while a slash command is handed to the core. The core runs the command
+# in a task created inside that call, which inherits this context, so the
+# command's reply (sent from that task) finds its response_url here without
+# the core knowing about Slack.
+_SLASH: ContextVar[_SlashReply | None] = ContextVar("roost_slack_slash", default=None)
+
+
+class _Recent(Generic[K]):
+    """A set that keeps only the newest ``size`` keys."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._keys: OrderedDict[K, None] = OrderedDict()
+
+    def add(self, key: K) -> bool:
+        """Remember ``key``; ``False`` if it was already known."""
+        if key in self._keys:
+            self._keys.move_to_end(key)
+            return False
+        self._keys[key] = None
+        if len(self._keys) > self.size:
+            self._keys.popitem(last=False)
+        return True
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys
+
+
+class SlackChannel(Channel):
+    """Slack through slack-bolt; see the module docstring for the mapping."""
+
+    name = "slack"
+
+    def __init__(self, settings: Settings, *, host: str = "0.0.0.0",
+                 policy: DeliveryPolicy | None = None, edit_interval: float = 1.0) -> None:
+        self.settings = settings
+        self.host = host
+        self.policy = policy or DeliveryPolicy()
+        self.edit_interval = edit_interval
+        self.port: int | None = None
+        """The HTTP port actually bound (``slack_port`` may be 0 in tests)."""
+        self.bot_user_id = ""
+        self.bot_id = ""
+        self._handler: InboundHandler | None = None
+        self._web: AsyncWebClient | None = None
+        self._app: AsyncApp | None = None
+        self._runner: web.AppRunner | None = None
+        self._socket: SocketModeClient | None = None
+        self._verifier: SignatureVerifier | None = None
+        self._seen_events: _Recent[str] = _Recent(REMEMBERED)
+        self._seen_messages: _Recent[tuple[str, str]] = _Recent(REMEMBERED)
+        self._bot_threads: _Recent[tuple[str, str]] = _Recent(REMEMBERED)
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._manifest_logged = False
+
+    @property
+    def events_url(self) -> str:
+        """The local Events API URL (HTTP mode, once started)."""
+        if self.port is None:
+            raise RuntimeError("the Slack channel is not listening over HTTP")
+        return f"http://127.0.0.1:{self.port}{EVENTS_PATH}"
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def start(self, handler: InboundHandler) -> None:
+        """Check the bot token, then listen (HTTP) or connect (Socket Mode)."""
+        s = self.settings
+        if s.slack_bot_token is None:
+            raise ValueError("SLACK_BOT_TOKEN is not set")
+        app_token = s.slack_app_token.get_secret_value() if s.slack_app_token else None
+        secret = s.slack_signing_secret.get_secret_value() if s.slack_signing_secret else None
+        if app_token is None and secret is None:
+            raise ValueError("set SLACK_APP_TOKEN (Socket Mode) or SLACK_SIGNING_SECRET "
+                             "(Events API over HTTP) next to SLACK_BOT_TOKEN")
+        self._handler = handler
+        # No SDK retry handlers: deliver() owns retries, and two layers of them
+        # could post one reply twice.
+        self._web = AsyncWebClient(token=s.slack_bot_token.get_secret_value(),
+                                   base_url=_api_base(s.slack_api_base), retry_handlers=[],
+                                   logger=_sdk_log)
+        try:
+            auth = await self._web.auth_test()
+        except SlackApiError as exc:
+            raise RuntimeError(f"Slack refused SLACK_BOT_TOKEN: auth.test answered "
+                               f"{_error_code(exc) or exc.response.status_code}") from exc
+        self.bot_user_id = str(auth.get("user_id") or "")
+        self.bot_id = str(auth.get("bot_id") or "")
+        self._app = self._build_app(secret or "", socket_mode=app_token is not None)
+        if app_token is not None:
+            await self._connect_socket(app_token)
+            log.info("Slack: connected over Socket Mode as %s", self.bot_user_id)
+        else:
+            await self._listen_http(secret or "")
+            log.info("Slack: Events API on %s:%s%s as %s", self.host, self.port, EVENTS_PATH,
+                     self.bot_user_id)
+
+    async def stop(self) -> None:
+        """Stop receiving, then let Web API calls in flight finish (up to 10 s)."""
+        if self._socket is not None:
+            socket, self._socket = self._socket, None
+            with contextlib.suppress(Exception):
+                await socket.close()  # type: ignore[no-untyped-call]  # SDK method lacks hints
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+        try:
+            await asyncio.wait_for(self._idle.wait(), STOP_GRACE)
+        except TimeoutError:
+            log.warning("Slack: %d Web API call(s) still running at shutdown", self._in_flight)
+
+    def _build_app(self, secret: str, *, socket_mode: bool) -> AsyncApp:
+        app = AsyncApp(client=self._web, signing_secret=secret, name="roost",
+                       logger=logging.getLogger("roost.slack.bolt"),
+                       # Socket Mode requests are not signed; the socket is authenticated.
+                       request_verification_enabled=not socket_mode,
+                       process_before_response=False)
+
+        # Bolt builds listener arguments from parameter names, so these are plain
+        # closures named the way it expects (a bound method would expose ``self``).
+        async def on_event(body: dict[str, Any], request: AsyncBoltRequest) -> None:
+            await self._on_event(body, _header(request, "x-slack-retry-num"))
+
+        async def on_command(ack: AsyncAck, body: dict[str, Any]) -> None:
+            await ack()  # Slack wants an answer within 3 s; the reply follows via response_url
+            await self._on_command(body)
+
+        # One catch-all listener each, so every event is acked (an unhandled one
+        # would get a 404 and be redelivered) and routed in one place.
+        app.event(re.compile(".*"))(on_event)
+        app.command(re.compile(".*"))(on_command)
+        return app
+
+    async def _listen_http(self, secret: str) -> None:
+        self._verifier = SignatureVerifier(secret)
+        web_app = web.Application(client_max_size=1 << 20)
+        web_app.router.add_post(EVENTS_PATH, self._http_request)
+        runner = web.AppRunner(web_app, access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.host, self.settings.slack_port).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self.port = int(runner.addresses[0][1])
+
+    async def _connect_socket(self, app_token: str) -> None:
+        assert self._web is not None
+        # Ask for the socket URL here: inside connect() a refused app token would
+        # be retried forever instead of failing start().
+        try:
+            opened = await self._web.apps_connections_open(app_token=app_token)
+        except SlackApiError as exc:
+            raise RuntimeError(f"Slack refused SLACK_APP_TOKEN: apps.connections.open "
+                               f"answered {_error_code(exc) or exc.response.status_code}") from exc
+        client = SocketModeClient(app_token=app_token, web_client=self._web, logger=_sdk_log)
+        client.socket_mode_request_listeners.append(self._socket_request)
+        client.wss_uri = str(opened["url"])
+        try:
+            # The SDK's connect/close carry no type hints.
+            await asyncio.wait_for(client.connect(), CONNECT_TIMEOUT)  # type: ignore[no-untyped-call]
+        except BaseException:
+            await client.close()  # type: ignore[no-untyped-call]
+            raise
+        self._socket = client
+
+    # -- inbound -----------------------------------------------------------------
+
+    async def _http_request(self, request: web.Request) -> web.StreamResponse:
+        """One Events API request: verify, screen, hand to bolt."""
+        assert self._app is not None and self._verifier is not None
+        raw = await request.read()
+        # Bolt parses the body before verifying it and answers junk with a 500
+        # and a traceback, so unsigned requests are refused here first.
+        if not self._verifier.is_valid(raw, request.headers.get("X-Slack-Request-Timestamp"),
+                                       request.headers.get("X-Slack-Signature")):
+            log.warning("Slack: refused a request with a bad signature from %s", request.remote)
+            return web.Response(status=401, text="invalid signature")
+        try:
+            bolt_request = AsyncBoltRequest(
+                body=raw.decode("utf-8", errors="replace"), query=request.query_string,
+                headers={k.lower(): request.headers.getall(k) for k in request.headers})
+            problem = _malformed(bolt_request.body)
+        except Exception as exc:
+            problem = f"unparseable body ({type(exc).__name__})"
+        if problem:
+            log.warning("Slack: malformed request skipped: %s", problem)
+            return web.Response(status=200)
+        try:
+            response = await self._app.async_dispatch(bolt_request)
+        except Exception:
+            log.exception("Slack: a request failed; acked so Slack does not retry it")
+            return web.Response(status=200)
+        if response.status >= 500 and bolt_request.body.get("type") == "event_callback":
+            # Bolt already logged it; a redelivery would fail the same way.
+            return web.Response(status=200)
+        return await to_aiohttp_response(response)
+
+    async def _socket_request(self, client: AsyncBaseSocketModeClient,
+                              req: SocketModeRequest) -> None:
+        """One Socket Mode envelope: hand to bolt, and always ack it."""
+        assert self._app is not None
+        payload: dict[str, Any] | None = None
+        try:
+            problem = _malformed(req.payload)
+            if problem:
+                log.warning("Slack: malformed Socket Mode envelope skipped: %s", problem)
+            else:
+                headers: dict[str, str | Sequence[str]] = {}
+                if req.retry_attempt is not None:
+                    headers["x-slack-retry-num"] = str(req.retry_attempt)
+                response = await self._app.async_dispatch(AsyncBoltRequest(
+                    mode="socket_mode", body=req.payload, headers=headers))
+                payload = _ack_payload(response)
+        except Exception:
+            log.exception("Slack: a Socket Mode envelope failed; acked so it is not retried")
+        finally:
+            await client.send_socket_mode_response(
+                SocketModeResponse(envelope_id=req.envelope_id, payload=payload))
+
+    async def _on_event(self, body: dict[str, Any], retry: str | None) -> None:
+        try:
+            message = self._translate(body, retry)
+        except _Malformed as exc:
+            log.warning("Slack: malformed event skipped: %s", exc)
+            return
+        if message is not None and self._handler is not None:
+            await self._handler(message)
+
+    def _translate(self, body: Mapping[str, Any], retry: str | None) -> InboundMessage | None:
+        """The inbound message for one event, or ``None`` when it is not for the core."""
+        event = body.get("event")
+        if not isinstance(event, dict):
+            raise _Malformed("no event object")
+        event_id = body.get("event_id")
+        if isinstance(event_id, str) and event_id and not self._seen_events.add(event_id):
+            log.info("Slack: event %s delivered again (retry %s): already handled, skipped",
+                     event_id, retry or "-")
+            return None
+        kind, subtype = event.get("type"), event.get("subtype")
+        if kind not in ("message", "app_mention"):
+            return None
+        if subtype is not None and subtype not in _SPOKEN_SUBTYPES:
+            return None
+        if event.get("bot_id") or event.get("user") == self.bot_user_id:
+            return None
+        channel, user, ts = _field(event, "channel"), _field(event, "user"), _field(event, "ts")
+        raw_text = event.get("text") or ""
+        if not isinstance(raw_text, str):
+            raise _Malformed(f"text of {ts} is not a string")
+        if not self._seen_messages.add((channel, ts)):
+            return None  # the message and app_mention events of one post
+        channel_type = event.get("channel_type") or ("im" if channel.startswith("D") else "")
+        direct = channel_type == "im"
+        thread_ts = event.get("thread_ts")
+        thread = thread_ts if isinstance(thread_ts, str) and thread_ts and thread_ts != ts \
+            else None
+        text, at_bot = from_slack(raw_text, self.bot_user_id)
+        mentioned = (direct or kind == "app_mention" or at_bot
+                     or (thread is not None and (channel, thread) in self._bot_threads))
+        chat_type: ChatType = "direct" if direct else "group"
+        return InboundMessage(
+            channel=self.name, chat_id=channel, chat_type=chat_type, sender_id=user,
+            sender_name=_sender_name(event), text=text, message_id=ts, thread_id=thread,
+            mentioned=mentioned, attachments=_attachments(event), raw=event)
+
+    async def _on_command(self, body: dict[str, Any]) -> None:
+        try:
+            command, channel = _field(body, "command"), _field(body, "channel_id")
+            user, response_url = _field(body, "user_id"), _field(body, "response_url")
+        except _Malformed as exc:
+            log.warning("Slack: malformed slash command skipped: %s", exc)
+            return
+        text = _command_text(command, unescape(str(body.get("text") or "")).strip())
+        if parse_command(text) is None:
+            with _logged("answering a slash command"):
+                await self._respond(response_url, f"Usage: `{SLASH_COMMAND} <command> [args]`, "
+                                                  f"for example `{SLASH_COMMAND} help`.")
+            return
+        if self._handler is None:
+            return
+        message = InboundMessage(
+            channel=self.name, chat_id=channel,
+            chat_type="direct" if channel.startswith("D") else "group", sender_id=user,
+            sender_name=str(body.get("user_name") or ""), text=text, mentioned=True, raw=body)
+        token = _SLASH.set(_SlashReply(channel, response_url))
+        try:
+            await self._handler(message)
+        finally:
+            _SLASH.reset(token)
+
+    # -- outbound ----------------------------------------------------------------
+
+    async def send(self, message: OutboundMessage) -> None:
+        """Deliver one reply: to the slash command's response_url, or posted (threaded)."""
+        slash = _SLASH.get()
+        if slash is not None and slash.channel_id == message.chat_id:
+            await self._respond(slash.response_url, message.text)
+            return
+        thread_ts = message.thread_id or message.reply_to
+        for piece in split_for_slack(message.text, MESSAGE_LIMIT):
+            await self._post(message.chat_id, piece, thread_ts)
+
+    def open_stream(self, message: InboundMessage) -> ReplyStream | None:
+        """An edited draft in the reply's place, unless streaming is off for Slack."""
+        if self._web is None or not self.settings.streams(self.name):
+            return None
+        target = OutboundMessage.reply_to_message(message, "")
+        channel, thread_ts = target.chat_id, target.thread_id or target.reply_to
+
+        shown = [""]  # the draft's text as Slack has it, to skip a no-op final edit
+
+        async def send(draft: str) -> str:
+            text = to_mrkdwn(draft)
+            try:
+                ts = await self._post(channel, text, thread_ts)
+            except Exception:
+                # No draft then ("" is no message): the final reply is posted fresh.
+                log.warning("Slack: could not post a streaming draft", exc_info=True)
+                return ""
+            shown[0] = text
+            return ts
+
+        async def edit(ts: str, draft: str) -> None:
+            if ts:
+                text = to_mrkdwn(draft)
+                await self._call("chat.update", self._api().chat_update, _EDIT_POLICY,
+                                 channel=channel, ts=ts, text=text)
+                shown[0] = text
+
+        async def finalize(ts: str | None, final: str | None) -> None:
+            await self._finish_stream(channel, thread_ts, ts or None, final, shown[0])
+
+        return EditStream(send=send, edit=edit, finalize=finalize, limit=MESSAGE_LIMIT,
+                          interval=self.edit_interval)
+
+    async def _finish_stream(self, channel: str, thread_ts: str | None, ts: str | None,
+                             final: str | None, shown: str) -> None:
+        """Replace the draft ``ts`` (showing ``shown``) by the final reply, or delete it."""
+        pieces = split_for_slack(final, MESSAGE_LIMIT) if final and final.strip() else []
+        if not pieces:
+            if ts:
+                await self._call("chat.delete", self._api().chat_delete, self.policy,
+                                 channel=channel, ts=ts)
+            return
+        if ts:
+            if pieces[0] != shown:
+                await self._call("chat.update", self._api().chat_update, self.policy,
+                                 channel=channel, ts=ts, text=pieces[0])
+        else:
+            await self._post(channel, pieces[0], thread_ts)
+        for piece in pieces[1:]:
+            await self._post(channel, piece, thread_ts)
+
+    @contextlib.asynccontextmanager
+    async def typing(self, message: InboundMessage) -> AsyncIterator[None]:
+        """Nothing: Slack offers bots no typing indicator in channels (see the module doc)."""
+        yield
+
+    async def register_commands(self, commands: Sequence[Command]) -> None:
+        """Log (once, at debug level) the manifest entries Slack needs; nothing is called."""
+        if self._manifest_logged:
+            return
+        self._manifest_logged = True
+        names = ", ".join(sorted({c.name for c in commands}))
+        log.debug("Slack slash commands live in the app manifest, not in the API. "
+                  "Add to the manifest:\n%s", _manifest(names))
+
+    async def _post(self, channel: str, text: str, thread_ts: str | None) -> str:
+        response = await self._call("chat.postMessage", self._api().chat_postMessage,
+                                    self.policy, channel=channel, text=text, thread_ts=thread_ts)
+        if thread_ts:
+            self._bot_threads.add((channel, thread_ts))
+        return str(response.get("ts") or "")
+
+    async def _respond(self, response_url: str, text: str) -> None:
+        pieces = split_for_slack(text, MESSAGE_LIMIT)
+        if len(pieces) > RESPONSE_URL_USES:
+            log.warning("Slack: a command reply has %d parts; a response_url takes %d",
+                        len(pieces), RESPONSE_URL_USES)
+            del pieces[RESPONSE_URL_USES:]
+        webhook = AsyncWebhookClient(response_url, retry_handlers=[], logger=_sdk_log)
+        for piece in pieces:
+            await self._tracked(deliver(functools.partial(_post_response, webhook, piece),
+                                        what="Slack response_url", policy=self.policy))
+
+    async def _call(self, method: str, call: Callable[..., Awaitable[AsyncSlackResponse]],
+                    policy: DeliveryPolicy, **params: Any) -> AsyncSlackResponse:
+        """A Web API call with Slack's errors translated for :func:`deliver`."""
+        async def attempt() -> AsyncSlackResponse:
+            try:
+                return await call(**params)
+            except SlackApiError as exc:
+                status = exc.response.status_code
+                if status == 429 or _error_code(exc) == "ratelimited":
+                    raise RateLimited(_retry_after(exc.response.headers)) from exc
+                if status >= 500:
+                    raise Transient(f"Slack answered HTTP {status}") from exc
+                raise
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise Transient(f"{type(exc).__name__}: {exc}") from exc
+
+        return await self._tracked(deliver(attempt, what=f"Slack {method}", policy=policy))
+
+    async def _tracked(self, call: Awaitable[T]) -> T:
+        # Counted so stop() can let replies in flight finish.
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            return await call
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
+
+    def _api(self) -> AsyncWebClient:
+        if self._web is None:
+            raise RuntimeError("the Slack channel is not started")
+        return self._web
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+async def _post_response(webhook: AsyncWebhookClient, text: str) -> None:
+    """Post one ephemeral reply to a response_url, errors translated for deliver()."""
+    try:
+        response = await webhook.send(text=text, response_type="ephemeral")
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise Transient(f"{type(exc).__name__}: {exc}") from exc
+    if response.status_code == 429:
+        raise RateLimited(_retry_after(response.headers))
+    if response.status_code >= 500:
+        raise Transient(f"response_url answered HTTP {response.status_code}")
+    if response.status_code != 200:
+        raise RuntimeError(f"response_url answered HTTP {response.status_code}: "
+                           f"{response.body[:200]}")
+
+
+def _api_base(value: str | None) -> str:
+    # The SDK joins base and method by plain concatenation.
+    if not value:
+        return DEFAULT_API_BASE
+    return value if value.endswith("/") else value + "/"
+
+
+def _malformed(body: Any) -> str | None:
+    """Why a request body cannot be handled, or ``None`` if it looks like Slack's."""
+    if not isinstance(body, dict) or not body:
+        return "not a JSON object or form"
+    if body.get("type") == "event_callback":
+        event = body.get("event")
+        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+            return "event_callback without an event object"
+    return None
+
+
+def _ack_payload(response: BoltResponse) -> dict[str, Any] | None:
+    """What bolt answered, as a Socket Mode ack payload (``None``: a bare ack)."""
+    if response.status != 200 or not response.body:
+        return None
+    content_type = (response.headers.get("content-type") or [""])[0]
+    if content_type.startswith("application/json"):
+        loaded = json.loads(response.body)
+        return loaded if isinstance(loaded, dict) else None
+    return {"text": response.body}
+
+
+def _header(request: AsyncBoltRequest, name: str) -> str | None:
+    values = request.headers.get(name)
+    return str(values[0]) if values else None
+
+
+def _field(data: Mapping[str, Any], key: str) -> str:
+    value = data.get(key)
+    if not isinstance(value, str) or not value:
+        raise _Malformed(f"missing {key!r}")
+    return value
+
+
+def _error_code(exc: SlackApiError) -> str:
+    data = exc.response.data
+    return str(data.get("error") or "") if isinstance(data, dict) else ""
+
+
+def _retry_after(headers: Any) -> float:
+    """``Retry-After`` in seconds from SDK headers (their key case varies), default 1."""
+    items = headers.items() if isinstance(headers, Mapping) else []
+    for key, value in items:
+        if str(key).lower() == "retry-after":
+            raw = value[0] if isinstance(value, list | tuple) and value else value
+            with contextlib.suppress(TypeError, ValueError):
+                return max(0.0, float(raw))
+    return 1.0
+
+
+def _command_text(command: str, args: str) -> str:
+    """``/roost stop now`` → ``/stop now``; another slash command stays as typed."""
+    if command == SLASH_COMMAND:
+        args = args.lstrip("/").strip()
+        return "/" + (args or "help")
+    return f"{command} {args}".strip()
+
+
+def _sender_name(event: Mapping[str, Any]) -> str:
+    profile = event.get("user_profile")
+    if isinstance(profile, dict):
+        for key in ("display_name", "real_name", "name"):
+            if isinstance(profile.get(key), str) and profile[key]:
+                return str(profile[key])
+    return ""
+
+
+def _attachments(event: Mapping[str, Any]) -> tuple[Attachment, ...]:
+    files = event.get("files")
+    if not isinstance(files, list):
+        return ()
+    found = []
+    for item in files:
+        if not isinstance(item, dict):
+            continue
+        mime = str(item.get("mimetype") or "")
+        major = mime.split("/", 1)[0]
+        size = item.get("size")
+        found.append(Attachment(
+            kind=major if major in ("image", "audio", "video") else "file",
+            name=str(item.get("name") or ""), url=str(item.get("url_private") or ""),
+            mime_type=mime, size=size if isinstance(size, int) else 0))
+    return tuple(found)
+
+
+@contextlib.contextmanager
+def _logged(what: str) -> Iterator[None]:
+    try:
+        yield
+    except Exception:
+        log.exception("Slack: %s failed", what)
+
+
+def _manifest(command_names: str) -> str:
+    return f"""\
+features:
+  bot_user: {{display_name: Roost, always_online: true}}
+  slash_commands:
+    - command: {SLASH_COMMAND}
+      url: https://YOUR-HOST{EVENTS_PATH}   # HTTP mode only; omit for Socket Mode
+      description: "Roost commands: {command_names}"
+      usage_hint: "<command> [args]"
+      should_escape: false
+oauth_config:
+  scopes:
+    bot: [app_mentions:read, channels:history, groups:history, im:history, mpim:history,
+          chat:write, commands]
+settings:
+  event_subscriptions:
+    request_url: https://YOUR-HOST{EVENTS_PATH}   # HTTP mode only
+    bot_events: [app_mention, message.channels, message.groups, message.im, message.mpim]
+  socket_mode_enabled: false   # true with SLACK_APP_TOKEN (connections:write)"""
