@@ -111,9 +111,15 @@ async def _serve(settings: Settings) -> int:
                        f"(channels available: {', '.join(app.channel_specs)}; "
                        "ROOST_CONSOLE=1 enables the console)", err=True)
             return EXIT_SETUP
+        from bot.app import SetupError
+
         stop = _stop_signal()
         for name in names:
-            await app.start_channel(name)
+            try:
+                await app.start_channel(name)
+            except SetupError as exc:
+                click.echo(f"roost: {exc}", err=True)
+                return EXIT_SETUP
         log.info("roost ready: provider=%s model=%s channels=%s",
                  app.provider.name, settings.model, ",".join(names))
         eof = getattr(app.channels.get("console"), "eof", None)
