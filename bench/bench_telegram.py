@@ -39,9 +39,9 @@ from aiohttp import web
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bot.testing._server import DropConnection  # noqa: E402
+from bot.testing.anthropic import FakeAnthropic, Reply  # noqa: E402
 from bot.testing.telegram import Call, FakeTelegram, user  # noqa: E402
-from tests.fakes._server import DropConnection  # noqa: E402
-from tests.fakes.anthropic_api import FakeAnthropic, Reply  # noqa: E402
 
 TARGET_P50_MS = 10.0
 TARGET_RPS_100 = 200.0

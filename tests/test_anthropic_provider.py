@@ -12,10 +12,10 @@ import pytest
 
 from bot.config import Settings
 from bot.llm import ChatMessage, LLMRequest, ProviderError, ToolCall, ToolSpec
+from bot.testing.anthropic import FakeAnthropic, ToolUse
 from plugins.anthropic_provider import AnthropicProvider
-from tests.fakes.anthropic_api import FakeAnthropic, ToolUse
-from tests.fakes.providers import ANTHROPIC_KEY as KEY
-from tests.fakes.providers import RetryLog, anthropic_for, request_for
+from tests.provider_helpers import ANTHROPIC_KEY as KEY
+from tests.provider_helpers import RetryLog, anthropic_for, request_for
 
 ask = partial(request_for, "claude-test")
 

@@ -11,10 +11,10 @@ import pytest
 
 from bot.config import Settings
 from bot.llm import ChatMessage, LLMRequest, ProviderError, ToolCall, ToolSpec
+from bot.testing.openai import FakeOpenAI, FunctionCall
 from plugins.openai_provider import OpenAIProvider
-from tests.fakes.openai_api import FakeOpenAI, FunctionCall
-from tests.fakes.providers import OPENAI_KEY as KEY
-from tests.fakes.providers import RetryLog, openai_for, request_for
+from tests.provider_helpers import OPENAI_KEY as KEY
+from tests.provider_helpers import RetryLog, openai_for, request_for
 
 ask = partial(request_for, "llama3.2")
 

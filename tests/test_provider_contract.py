@@ -14,7 +14,7 @@ from functools import partial
 import pytest
 
 from bot.llm import ProviderError
-from tests.fakes.providers import RetryLog, Served, request_for, serve
+from tests.provider_helpers import RetryLog, Served, request_for, serve
 
 ask = partial(request_for, "test-model")
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
+from bot.testing.anthropic import FakeAnthropic, ToolUse
+from bot.testing.openai import FakeOpenAI, FunctionCall
 from plugins.provider_retry import RetryPolicy
 from tests.conftest import AppFactory, settle
-from tests.fakes.anthropic_api import FakeAnthropic, ToolUse
-from tests.fakes.openai_api import FakeOpenAI, FunctionCall
 
 
 async def test_claude_tool_loop_end_to_end(make_app: AppFactory) -> None:

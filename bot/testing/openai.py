@@ -28,7 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.fakes._server import (
+from bot.testing._server import (
     DropConnection,
     FakeServer,
     ReceivedRequest,

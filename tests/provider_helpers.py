@@ -9,10 +9,10 @@ from typing import Literal
 
 from bot.config import Settings
 from bot.llm import ChatMessage, LLMRequest, ToolSpec
+from bot.testing.anthropic import FakeAnthropic
+from bot.testing.openai import FakeOpenAI
 from plugins.anthropic_provider import AnthropicProvider
 from plugins.openai_provider import OpenAIProvider
-from tests.fakes.anthropic_api import FakeAnthropic
-from tests.fakes.openai_api import FakeOpenAI
 
 __all__ = [
     "ANTHROPIC_KEY",

@@ -1,1 +1,0 @@
-"""Local fake servers that speak real wire protocols, for driving the real SDKs in tests."""
