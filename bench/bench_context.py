@@ -398,7 +398,8 @@ class BenchChannel(Channel):
                 chat_type: ChatType = "direct") -> InboundMessage:
         return InboundMessage(channel=self.name, chat_id=chat or sender, chat_type=chat_type,
                               sender_id=sender, sender_name=name, text=text,
-                              message_id=str(next(self._ids)))
+                              message_id=str(next(self._ids)),
+                              mentioned=True)  # addressed: the bench measures answered turns
 
     async def say(self, message: InboundMessage) -> None:
         assert self.handler is not None, "channel not started"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any, TypeVar
 
 from bot.channel import Channel, ChannelSpec
@@ -13,12 +14,14 @@ from bot.config import Settings
 from bot.dispatcher import Dispatcher
 from bot.error_store import ErrorStore, ResultStore, format_failure, format_large_result
 from bot.guard import GuardPattern, InputGuard
+from bot.jobs import JobSpec
 from bot.llm import LLMProvider, ToolCall
 from bot.otel import OTelExporter
 from bot.pluginmanager import PluginHost, get_plugin_manager
 from bot.providers import ProviderSpec
 from bot.runloop import FailureHandler, LargeResultHandler, RunEngine
 from bot.sanitize import Sanitizer
+from bot.scheduler import JobStore, Scheduler
 from bot.services import Services
 from bot.sessions import SessionStore
 from bot.structured_errors import extract, structured_hint
@@ -79,17 +82,26 @@ class Roost:
 
     @classmethod
     async def create(cls, settings: Settings, *, host: PluginHost | None = None,
-                     provider: LLMProvider | None = None) -> Roost:
-        """Load plugins, open the database and build the engine.
+                     provider: LLMProvider | None = None,
+                     scheduler_clock: Callable[[], datetime] | None = None) -> Roost:
+        """Load plugins, open the database, build the engine and start the scheduler.
 
         ``provider`` overrides the configured one (tests, embedding).
+        ``scheduler_clock`` replaces real time for the scheduler, which then
+        fires only when told to (``services.scheduler.run_due``; tests, benches).
         """
         host = host or get_plugin_manager()
         if provider is None:
             provider = (await resolve_provider(settings, host)).create(settings)
         store = await SessionStore.open(settings.db_path, settings.session_cache_size)
+        try:
+            scheduler = Scheduler(JobStore(store.db, store.lock), settings,
+                                  clock=scheduler_clock)
+        except ValueError as exc:  # a bad timezone setting
+            await store.close()
+            raise SetupError(str(exc)) from None
         services = Services(store, errors=ErrorStore(store.db, store.lock),
-                            results=ResultStore(store.db, store.lock))
+                            results=ResultStore(store.db, store.lock), scheduler=scheduler)
         await _prune(services, settings.error_retention_days)
         tools = await _unique(host, "roost_tools", settings, Tool, services=services)
         sanitizers = [s for s in await host.collect("roost_output_sanitizers", settings=settings)
@@ -108,6 +120,8 @@ class Roost:
         engine.on_tool_failure, engine.on_large_result = error_channel(services, settings)
         app = cls(settings, host, store, engine, commands, channel_specs, services)
         await host.call("roost_startup", app=app)
+        jobs = await _unique(host, "roost_scheduled_jobs", settings, JobSpec)
+        await _quietly(scheduler.start(app, list(jobs.values())), "starting the scheduler")
         return app
 
     def configured_channels(self) -> list[str]:
@@ -133,9 +147,15 @@ class Roost:
         except Exception:
             log.exception("channel %s could not register its commands", channel.name)
         log.info("channel %s ready", channel.name)
+        if self.services.scheduler is not None:
+            # Jobs of this channel that came due while it was down run now.
+            await _quietly(self.services.scheduler.channel_started(channel.name),
+                           f"catching up the scheduled jobs of {channel.name}")
 
     async def close(self) -> None:
-        """Stop taking messages, cancel runs, stop channels, close everything."""
+        """Stop the scheduler and intake, cancel runs, stop channels, close everything."""
+        if self.services.scheduler is not None:
+            await _quietly(self.services.scheduler.close(), "stopping the scheduler")
         # Runs first, while channels are still up: a cancelled run's streaming
         # draft can then be withdrawn. The dispatcher refuses new messages meanwhile.
         await self.dispatcher.close()

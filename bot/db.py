@@ -105,6 +105,52 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX idx_tool_results_timestamp ON tool_results(timestamp);
     """,
+    # 7: memory search (an FTS5 index of each workspace's memory files, rebuilt from
+    # them as they change) and the scheduled memory flush's per-session marker: how
+    # many messages and which activity it covered, and in which window it last ran.
+    """
+    CREATE TABLE memory_files (
+        workspace TEXT NOT NULL,
+        path TEXT NOT NULL,
+        stamp TEXT NOT NULL,
+        PRIMARY KEY (workspace, path)
+    );
+    CREATE TABLE memory_chunks (
+        id INTEGER PRIMARY KEY,
+        workspace TEXT NOT NULL,
+        path TEXT NOT NULL,
+        start_line INTEGER NOT NULL,
+        end_line INTEGER NOT NULL
+    );
+    CREATE INDEX memory_chunks_file ON memory_chunks(workspace, path);
+    CREATE VIRTUAL TABLE memory_fts USING fts5(
+        text, tokenize = 'porter unicode61 remove_diacritics 2'
+    );
+    ALTER TABLE sessions ADD COLUMN memory_flushed_count INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE sessions ADD COLUMN memory_flushed_upto REAL NOT NULL DEFAULT 0;
+    ALTER TABLE sessions ADD COLUMN memory_flush_window INTEGER NOT NULL DEFAULT -1;
+    """,
+    # 8: scheduled jobs: users' cron jobs (owner and the chat they run in) and plugins'
+    # system jobs. created_at anchors the schedule; last_fire is the latest fire time
+    # claimed, set by one conditional UPDATE so no fire time runs twice.
+    """
+    CREATE TABLE jobs (
+        id TEXT PRIMARY KEY,
+        kind TEXT NOT NULL CHECK (kind IN ('cron', 'system')),
+        name TEXT NOT NULL DEFAULT '',
+        schedule TEXT NOT NULL,
+        timezone TEXT NOT NULL,
+        message TEXT NOT NULL DEFAULT '',
+        owner_id TEXT NOT NULL DEFAULT '',
+        channel TEXT NOT NULL DEFAULT '',
+        chat_id TEXT NOT NULL DEFAULT '',
+        chat_type TEXT NOT NULL DEFAULT 'direct' CHECK (chat_type IN ('direct', 'group')),
+        thread_id TEXT,
+        created_at REAL NOT NULL,
+        last_fire REAL
+    );
+    CREATE INDEX jobs_owner ON jobs(channel, owner_id, kind);
+    """,
 ]
 """Schema steps in order; ``PRAGMA user_version`` records how many have run.
 

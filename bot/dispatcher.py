@@ -44,6 +44,7 @@ class _Pending:
     options: dict[str, Any] | None = None
     """RunRequest options of a scheduled run (mode, kind, extra_context...)."""
     done: asyncio.Future[RunResult] | None = None
+    deliver_failed: bool = True
 
 
 @dataclass(slots=True)
@@ -133,16 +134,18 @@ class Dispatcher:
 
     # -- queries and controls used by commands -------------------------------
 
-    def run_scheduled(self, message: InboundMessage, **options: Any) -> asyncio.Future[RunResult]:
+    def run_scheduled(self, message: InboundMessage, *, deliver_failed: bool = True,
+                      **options: Any) -> asyncio.Future[RunResult]:
         """Queue a run that no person sent (cron, heartbeat) in ``message``'s chat.
 
         It waits its turn in the chat's lane like any message, is never merged
         with one, and its reply is delivered to that chat (``NO_REPLY`` sends
-        nothing). ``options`` go to :class:`bot.runloop.RunRequest`; the future
-        resolves with the run's result (or its exception).
+        nothing; a failure's apology only when ``deliver_failed``, so a caller
+        that retries can report once). ``options`` go to
+        :class:`bot.runloop.RunRequest`; the future resolves with the run's result.
         """
         done: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
-        pending = _Pending(message, time.monotonic(), options, done)
+        pending = _Pending(message, time.monotonic(), options, done, deliver_failed)
         lane = self._lane(message)
         if len(lane.running) < lane.limit:
             self._start(lane, pending)
@@ -279,7 +282,11 @@ class Dispatcher:
                     "extra_context": self._take_context(lane.key)}
                 result = await self.app.engine.run(
                     RunRequest(message, session, run_id=run_id, **options), listener)
-            await self._deliver(channel, message, result, bridge.stream)
+            if result.status == "failed" and not entry.pending.deliver_failed:
+                if bridge.stream is not None:
+                    await bridge.stream.finish(None)
+            else:
+                await self._deliver(channel, message, result, bridge.stream)
             if entry.pending.done is not None and not entry.pending.done.done():
                 entry.pending.done.set_result(result)
         except asyncio.CancelledError:

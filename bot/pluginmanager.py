@@ -32,6 +32,9 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "plugins.providers",
     "plugins.channels",
     "plugins.sanitizers",
+    "plugins.memory",
+    "plugins.heartbeat",
+    "plugins.cron",
 )
 """Modules of the built-in plugins, registered like external ones."""
 

@@ -72,7 +72,7 @@ class PromptContext:
     agent: str
     mode: PromptMode = "full"
     extra_context: str = ""
-    """Run-specific context from the caller (e.g. a parent run), shown in full mode."""
+    """Run-specific context from the caller (a parent run, a cron job, the heartbeat)."""
 
 
 @dataclass(frozen=True, slots=True)

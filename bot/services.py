@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from bot.error_store import ErrorStore, ResultStore
 from bot.sessions import SessionStore
+
+if TYPE_CHECKING:
+    from bot.scheduler import Scheduler
 
 
 @dataclass(slots=True)
@@ -17,9 +21,11 @@ class Services:
     that depend on them should not be offered then:
 
     - ``errors``: full tool errors, fetched by ID (``get_error_detail``);
-    - ``results``: large tool results, read in slices (``get_tool_result``).
+    - ``results``: large tool results, read in slices (``get_tool_result``);
+    - ``scheduler``: scheduled jobs (the ``cron`` tool).
     """
 
     sessions: SessionStore
     errors: ErrorStore | None = None
     results: ResultStore | None = None
+    scheduler: Scheduler | None = None

@@ -21,7 +21,7 @@ Full mode, in order (numbers from :class:`bot.prompt.Order`; plugins use the gap
 960  memory_reminder   check notes first (only with file or memory tools)
 ===  ================  =====================================================
 
-Minimal mode (memory flush, cron): identity and project_context only.
+Minimal mode (memory flush, cron, heartbeat): identity, extra_context and project_context only.
 USER.md is not a section: the run loop places it separately.
 """
 
@@ -171,12 +171,21 @@ def _memory_reminder(tools: list[str]) -> PromptSection:
                          f"{how} instead of guessing.", Order.MEMORY_REMINDER)
 
 
+def _extra_context(prompt: PromptContext) -> PromptSection:
+    extra = prompt.extra_context.strip()
+    return PromptSection("extra_context", f"<extra_context>\n{extra}\n</extra_context>"
+                         if extra else "", Order.EXTRA_CONTEXT)
+
+
 @hookimpl
 def roost_prompt_sections(prompt: PromptContext) -> list[PromptSection]:
-    """The built-in sections; background runs (minimal mode) get identity, AGENTS.md, TOOLS.md."""
+    """The built-in sections; background runs (minimal mode) get identity, extra context,
+    AGENTS.md and TOOLS.md."""
     msg, ws = prompt.message, prompt.workspace
     group = msg.chat_type == "group"
-    sections = [_identity(msg), _project_context(ws)]
+    # extra_context is how a background run (cron job, heartbeat) says what it is for,
+    # so minimal mode keeps it.
+    sections = [_identity(msg), _extra_context(prompt), _project_context(ws)]
     if prompt.mode == "minimal":
         return sections
 
@@ -229,9 +238,6 @@ def roost_prompt_sections(prompt: PromptContext) -> list[PromptSection]:
         PromptSection("time", f"Current time: {now:%Y-%m-%d %H:%M} UTC ({now:%A}).",
                       Order.TIME),
         PromptSection("formatting", _FORMATTING.get(msg.channel, ""), Order.FORMATTING),
-        PromptSection("extra_context", f"<extra_context>\n{prompt.extra_context.strip()}\n"
-                      "</extra_context>" if prompt.extra_context.strip() else "",
-                      Order.EXTRA_CONTEXT),
         PromptSection("runtime", f"Runtime: agent={prompt.agent} session={prompt.session_key} "
                       f"channel={msg.channel} model={prompt.model} provider={prompt.provider}",
                       Order.RUNTIME),

@@ -287,8 +287,10 @@ async def test_tool_section_lists_exactly_the_runs_tools(make_app: AppFactory) -
     system = await run_once(app, provider)
     tools = system.split("## Tools\n")[1].split("## Safety")[0]
     listed = re.findall(r"^- (\w+)", tools, re.MULTILINE)
-    assert listed == sorted(app.engine.tools) == ["echo", "edit_file", "get_error_detail",
+    assert listed == sorted(app.engine.tools) == ["cron", "echo", "edit_file",
+                                                   "get_error_detail",
                                                    "get_tool_result", "list_files",
+                                                   "memory_get", "memory_search",
                                                    "read_file", "sql", "write_file"]
     assert "- read_file: read a workspace file" in tools
 
