@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sqlite3
 from collections.abc import Awaitable, Callable
@@ -73,6 +74,7 @@ class Roost:
         self.commands = commands
         self.channel_specs = channel_specs
         self.channels: dict[str, Channel] = {}
+        self._background: set[asyncio.Future[None]] = set()
         self.dispatcher = Dispatcher(self)
 
     @property
@@ -152,10 +154,18 @@ class Roost:
             await _quietly(self.services.scheduler.channel_started(channel.name),
                            f"catching up the scheduled jobs of {channel.name}")
 
+    def background(self, work: Awaitable[Any], what: str) -> None:
+        """Run ``work`` in the background; failures are logged, shutdown cancels it."""
+        task = asyncio.ensure_future(_quietly(work, what))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def close(self) -> None:
         """Stop the scheduler and intake, cancel runs, stop channels, close everything."""
         if self.services.scheduler is not None:
             await _quietly(self.services.scheduler.close(), "stopping the scheduler")
+        for task in list(self._background):
+            task.cancel()
         # Runs first, while channels are still up: a cancelled run's streaming
         # draft can then be withdrawn. The dispatcher refuses new messages meanwhile.
         await self.dispatcher.close()

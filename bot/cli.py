@@ -122,6 +122,10 @@ async def _serve(settings: Settings) -> int:
                 return EXIT_SETUP
         log.info("roost ready: provider=%s model=%s channels=%s",
                  app.provider.name, settings.model, ",".join(names))
+        warm_up = getattr(app.provider, "warm_up", None)
+        if warm_up is not None:
+            # Load the provider's SDK now, in a thread, not with the first message.
+            app.background(warm_up(), "loading the LLM provider")
         eof = getattr(app.channels.get("console"), "eof", None)
         await _first(stop.wait(), *([eof.wait()] if isinstance(eof, asyncio.Event) else []))
         log.info("roost shutting down")

@@ -7,22 +7,28 @@ from pathlib import Path
 from bot.config import Settings
 from bot.hookspecs import hookimpl
 from bot.llm import LLMProvider
-from bot.providers import ProviderSpec
+from bot.providers import LazyProvider, ProviderSpec
 
 DEMO_SCRIPT = Path(__file__).with_name("demo_script.yaml")
 
 
 def _anthropic(settings: Settings) -> LLMProvider:
-    # Imported here: the SDK is heavy and only one provider is ever in use.
-    from plugins.anthropic_provider import AnthropicProvider
+    # The SDK takes over a second to import: load it off the start path.
+    def build() -> LLMProvider:
+        from plugins.anthropic_provider import AnthropicProvider
 
-    return AnthropicProvider(settings)
+        return AnthropicProvider(settings)
+
+    return LazyProvider("anthropic", build)
 
 
 def _openai(settings: Settings) -> LLMProvider:
-    from plugins.openai_provider import OpenAIProvider
+    def build() -> LLMProvider:
+        from plugins.openai_provider import OpenAIProvider
 
-    return OpenAIProvider(settings)
+        return OpenAIProvider(settings)
+
+    return LazyProvider("openai", build)
 
 
 def _scripted(settings: Settings) -> LLMProvider:

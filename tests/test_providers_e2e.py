@@ -40,7 +40,8 @@ async def test_claude_overload_is_retried_and_reported_as_run_retrying(
         app, channel, log = await make_app(
             None, provider="anthropic", anthropic_api_key="sk-test",
             anthropic_base_url=fake.base_url)
-        setattr(app.provider, "retry", RetryPolicy(3, 0.01))  # noqa: B010 - a quick backoff
+        real = await getattr(app.provider, "warm_up")()  # noqa: B009 - LazyProvider
+        setattr(real, "retry", RetryPolicy(3, 0.01))  # noqa: B010 - a quick backoff
         await channel.say("hello")
         await settle(app)
         assert channel.texts() == ["Recovered."]
