@@ -83,7 +83,7 @@ class TokenEstimator:
         chars = self.weight(request.system)
         for m in request.messages:
             chars += self.message_weight(m) + MESSAGE_OVERHEAD * self.ratio
-        return chars + _tools_chars(request.tools)
+        return chars + tools_chars(request.tools)
 
     def request(self, request: LLMRequest) -> int:
         """Tokens of a whole request."""
@@ -99,17 +99,20 @@ class TokenEstimator:
         self.samples += 1
 
 
-_TOOLS_CHARS: dict[tuple[str, ...], int] = {}
+TOOLS_CHARS_CACHE: dict[tuple[str, ...], int] = {}
 
 
-def _tools_chars(tools: tuple[ToolSpec, ...]) -> int:
-    # The same tool set goes out with every request of every run; names identify it
-    # well enough for an estimate (specs hold dicts, so they cannot be hashed).
+def tools_chars(tools: tuple[ToolSpec, ...]) -> int:
+    """Characters the tool definitions add to a request, computed once per tool set.
+
+    The same tool set goes out with every request of every run; names identify
+    it well enough for an estimate (specs hold dicts, so they cannot be hashed).
+    """
     key = tuple(t.name for t in tools)
-    chars = _TOOLS_CHARS.get(key)
+    chars = TOOLS_CHARS_CACHE.get(key)
     if chars is None:
         chars = sum(len(t.name) + len(t.description) + len(json.dumps(t.input_schema))
                     for t in tools)
-        if len(_TOOLS_CHARS) < 256:
-            _TOOLS_CHARS[key] = chars
+        if len(TOOLS_CHARS_CACHE) < 256:
+            TOOLS_CHARS_CACHE[key] = chars
     return chars

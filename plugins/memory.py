@@ -182,6 +182,8 @@ def roost_prompt_sections(prompt: PromptContext) -> PromptSection | None:
     blocks = []
     for day, label in ((today, "today"), (today - dt.timedelta(days=1), "yesterday")):
         rel = f"memory/{day.isoformat()}.md"
+        if not os.path.lexists(os.path.join(prompt.workspace, rel)):
+            continue  # the common case, for one syscall instead of a full resolve
         try:
             # Resolving costs a few lstat calls; it keeps a symlinked "note" that
             # points outside the workspace out of the prompt.

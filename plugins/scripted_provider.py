@@ -42,6 +42,7 @@ from bot.llm import (
     ToolCall,
     Usage,
 )
+from bot.tokens import tools_chars
 
 
 class ScriptError(ValueError):
@@ -179,8 +180,7 @@ class ScriptedProvider:
         )
         # Like a real provider, count the whole request: system, messages, tools.
         chars = len(request.system) + sum(len(m.content) for m in request.messages)
-        chars += sum(len(json.dumps(dict(t.input_schema))) + len(t.description)
-                     for t in request.tools)
+        chars += tools_chars(request.tools)
         usage = Usage(chars // 4 + 1, len(text) // 4 + 1)
         return LLMResponse(text, calls, usage, "tool_use" if calls else "end_turn")
 
