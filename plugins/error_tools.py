@@ -35,6 +35,7 @@ from bot.error_store import (
 )
 from bot.hookspecs import hookimpl
 from bot.services import Services
+from bot.tool_args import check_keys, int_arg, str_arg
 from bot.tools import Tool, ToolContext, ToolError
 
 log = logging.getLogger("roost.errors")
@@ -70,8 +71,8 @@ def error_detail_json(stored: StoredError) -> str:
 
 def _error_detail_tool(errors: ErrorStore) -> Tool:
     async def get_error_detail(context: ToolContext, args: Mapping[str, Any]) -> str:
-        _check_keys(args, required=("error_id",))
-        error_id = _str_arg(args, "error_id").strip()
+        check_keys(args, required=("error_id",))
+        error_id = str_arg(args, "error_id").strip()
         stored = None
         if ERROR_ID_RE.fullmatch(error_id):
             try:
@@ -116,10 +117,10 @@ def _error_detail_tool(errors: ErrorStore) -> Tool:
 
 def _tool_result_tool(results: ResultStore, max_length: int) -> Tool:
     async def get_tool_result(context: ToolContext, args: Mapping[str, Any]) -> str:
-        _check_keys(args, required=("result_id",), optional=("offset", "length"))
-        result_id = _str_arg(args, "result_id").strip()
-        offset = _int_arg(args, "offset", 0, minimum=0)
-        length = min(_int_arg(args, "length", DEFAULT_SLICE_CHARS, minimum=1), max_length)
+        check_keys(args, required=("result_id",), optional=("offset", "length"))
+        result_id = str_arg(args, "result_id").strip()
+        offset = int_arg(args, "offset", 0, minimum=0)
+        length = min(int_arg(args, "length", DEFAULT_SLICE_CHARS, minimum=1), max_length)
         found = None
         if RESULT_ID_RE.fullmatch(result_id):
             try:
@@ -184,44 +185,6 @@ def _tool_result_tool(results: ResultStore, max_length: int) -> Tool:
     )
 
 
-def _check_keys(args: Mapping[str, Any], *, required: tuple[str, ...],
-                optional: tuple[str, ...] = ()) -> None:
-    if not isinstance(args, Mapping):
-        raise ToolError("arguments must be a JSON object", code="INVALID_ARGUMENT")
-    allowed = (*required, *optional)
-    missing = [k for k in required if k not in args]
-    unknown = sorted(str(k) for k in args if k not in allowed)
-    if missing or unknown:
-        problems = []
-        if missing:
-            problems.append(f"missing {', '.join(missing)}")
-        if unknown:
-            problems.append(f"unknown {', '.join(unknown)}")
-        raise ToolError(f"bad arguments ({'; '.join(problems)}); expected {', '.join(allowed)}",
-                        code="INVALID_ARGUMENT")
 
 
-def _str_arg(args: Mapping[str, Any], name: str) -> str:
-    value = args.get(name)
-    if not isinstance(value, str):
-        raise ToolError(f"'{name}' must be a string, got {type(value).__name__}",
-                        code="INVALID_ARGUMENT")
-    return value
 
-
-def _int_arg(args: Mapping[str, Any], name: str, default: int, *, minimum: int) -> int:
-    value = args.get(name)
-    if value is None:
-        return default
-    # Models sometimes send 8000.0 or "8000"; accept what is plainly an integer.
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    elif isinstance(value, str) and value.strip().isdigit():
-        value = int(value.strip())
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ToolError(f"'{name}' must be an integer, got {type(value).__name__}",
-                        code="INVALID_ARGUMENT")
-    if value < minimum:
-        raise ToolError(f"'{name}' must be at least {minimum}, got {value}",
-                        code="INVALID_ARGUMENT")
-    return value

@@ -22,6 +22,7 @@ from typing import Any
 
 from bot.config import Settings
 from bot.hookspecs import hookimpl
+from bot.tool_args import check_keys, str_arg
 from bot.tools import Tool, ToolContext, ToolError
 from workspaces import resolve_in_workspace
 
@@ -42,16 +43,16 @@ def roost_tools(settings: Settings) -> list[Tool]:
     cap = settings.max_file_bytes
 
     async def read_file(context: ToolContext, args: Mapping[str, Any]) -> str:
-        _check_keys(args, required=("path",))
-        path = _str_arg(args, "path")
+        check_keys(args, required=("path",))
+        path = str_arg(args, "path")
         target = resolve_in_workspace(context.workspace, path)
         text = await asyncio.to_thread(_read_text, target, path, cap)
         return text if text else f"({_display(context.workspace, target)} is empty)"
 
     async def write_file(context: ToolContext, args: Mapping[str, Any]) -> str:
-        _check_keys(args, required=("path", "content"))
-        path = _str_arg(args, "path")
-        content = _str_arg(args, "content")
+        check_keys(args, required=("path", "content"))
+        path = str_arg(args, "path")
+        content = str_arg(args, "content")
         target = _resolve_file(context.workspace, path)
         data = _encode(content, "content")
         if len(data) > cap:
@@ -66,8 +67,8 @@ def roost_tools(settings: Settings) -> list[Tool]:
         return f"{verb} {_display(context.workspace, target)} ({len(data)} bytes)."
 
     async def list_files(context: ToolContext, args: Mapping[str, Any]) -> str:
-        _check_keys(args, required=(), optional=("path",))
-        path = _str_arg(args, "path", default=".")
+        check_keys(args, required=(), optional=("path",))
+        path = str_arg(args, "path", default=".")
         target = resolve_in_workspace(context.workspace, path)
         entries = await asyncio.to_thread(_list_dir, target, path)
         shown = entries[:MAX_LIST_ENTRIES]
@@ -80,10 +81,10 @@ def roost_tools(settings: Settings) -> list[Tool]:
         return "\n".join(lines)
 
     async def edit_file(context: ToolContext, args: Mapping[str, Any]) -> str:
-        _check_keys(args, required=("path", "old", "new"))
-        path = _str_arg(args, "path")
-        old = _str_arg(args, "old")
-        new = _str_arg(args, "new")
+        check_keys(args, required=("path", "old", "new"))
+        path = str_arg(args, "path")
+        old = str_arg(args, "old")
+        new = str_arg(args, "new")
         if not old:
             raise ToolError(
                 "'old' must not be empty; to replace the whole file use write_file",
@@ -165,33 +166,8 @@ def _schema(*, required: tuple[str, ...], **descriptions: str) -> dict[str, Any]
     }
 
 
-def _check_keys(
-    args: Mapping[str, Any], *, required: tuple[str, ...], optional: tuple[str, ...] = ()
-) -> None:
-    if not isinstance(args, Mapping):
-        raise ToolError("arguments must be a JSON object", code="INVALID_ARGUMENT")
-    allowed = (*required, *optional)
-    missing = [k for k in required if k not in args]
-    unknown = sorted(str(k) for k in args if k not in allowed)
-    if missing or unknown:
-        problems = []
-        if missing:
-            problems.append(f"missing {', '.join(missing)}")
-        if unknown:
-            problems.append(f"unknown {', '.join(unknown)}")
-        raise ToolError(
-            f"bad arguments ({'; '.join(problems)}); expected {', '.join(allowed)}",
-            code="INVALID_ARGUMENT",
-        )
 
 
-def _str_arg(args: Mapping[str, Any], name: str, default: str | None = None) -> str:
-    value = args.get(name, default)
-    if not isinstance(value, str):
-        raise ToolError(
-            f"'{name}' must be a string, got {type(value).__name__}", code="INVALID_ARGUMENT"
-        )
-    return value
 
 
 def _resolve_file(workspace: Path, path: str) -> Path:

@@ -39,6 +39,7 @@ from bot.messages import InboundMessage
 from bot.prompt import Order, PromptContext, PromptSection
 from bot.runloop import RunRequest
 from bot.services import Services
+from bot.tool_args import check_keys, int_arg, str_arg
 from bot.tools import Tool, ToolContext, ToolError
 from workspaces import read_cached, resolve_in_workspace
 
@@ -74,9 +75,9 @@ def roost_tools(settings: Settings, services: Services) -> list[Tool]:
     cap = settings.max_file_bytes
 
     async def memory_search(context: ToolContext, args: Mapping[str, Any]) -> str:
-        _check_keys(args, required=("query",), optional=("limit",))
-        query = _str_arg(args, "query").strip()
-        limit = min(_int_arg(args, "limit", DEFAULT_RESULTS, minimum=1), MAX_RESULTS)
+        check_keys(args, required=("query",), optional=("limit",))
+        query = str_arg(args, "query").strip()
+        limit = min(int_arg(args, "limit", DEFAULT_RESULTS, minimum=1), MAX_RESULTS)
         if not query:
             raise ToolError("'query' must not be empty", code="INVALID_ARGUMENT")
         hits = await index.search(context.workspace, query, limit)
@@ -92,10 +93,10 @@ def roost_tools(settings: Settings, services: Services) -> list[Tool]:
         return "\n".join(lines)
 
     async def memory_get(context: ToolContext, args: Mapping[str, Any]) -> str:
-        _check_keys(args, required=("path",), optional=("from_line", "lines"))
-        target, display = memory_target(context.workspace, _str_arg(args, "path"))
-        start = _int_arg(args, "from_line", 1, minimum=1)
-        count = min(_int_arg(args, "lines", DEFAULT_GET_LINES, minimum=1), MAX_GET_LINES)
+        check_keys(args, required=("path",), optional=("from_line", "lines"))
+        target, display = memory_target(context.workspace, str_arg(args, "path"))
+        start = int_arg(args, "from_line", 1, minimum=1)
+        count = min(int_arg(args, "lines", DEFAULT_GET_LINES, minimum=1), MAX_GET_LINES)
         text, _ = await asyncio.to_thread(read_memory_text, target, display, cap)
         return _slice(display, text.splitlines(), start, count)
 
@@ -392,44 +393,6 @@ def roost_scheduled_jobs(settings: Settings) -> JobSpec | None:
 # -- argument checks (the same contract as the file tools) -----------------------------------
 
 
-def _check_keys(args: Mapping[str, Any], *, required: tuple[str, ...],
-                optional: tuple[str, ...] = ()) -> None:
-    if not isinstance(args, Mapping):
-        raise ToolError("arguments must be a JSON object", code="INVALID_ARGUMENT")
-    allowed = (*required, *optional)
-    missing = [k for k in required if k not in args]
-    unknown = sorted(str(k) for k in args if k not in allowed)
-    if missing or unknown:
-        problems = []
-        if missing:
-            problems.append(f"missing {', '.join(missing)}")
-        if unknown:
-            problems.append(f"unknown {', '.join(unknown)}")
-        raise ToolError(f"bad arguments ({'; '.join(problems)}); expected {', '.join(allowed)}",
-                        code="INVALID_ARGUMENT")
 
 
-def _str_arg(args: Mapping[str, Any], name: str) -> str:
-    value = args.get(name)
-    if not isinstance(value, str):
-        raise ToolError(f"'{name}' must be a string, got {type(value).__name__}",
-                        code="INVALID_ARGUMENT")
-    return value
 
-
-def _int_arg(args: Mapping[str, Any], name: str, default: int, *, minimum: int) -> int:
-    value = args.get(name)
-    if value is None:
-        return default
-    # Models sometimes send 5.0 or "5"; accept what is plainly an integer.
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    elif isinstance(value, str) and value.strip().isdigit():
-        value = int(value.strip())
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ToolError(f"'{name}' must be an integer, got {type(value).__name__}",
-                        code="INVALID_ARGUMENT")
-    if value < minimum:
-        raise ToolError(f"'{name}' must be at least {minimum}, got {value}",
-                        code="INVALID_ARGUMENT")
-    return value
