@@ -104,7 +104,7 @@ class Roost:
             raise SetupError(str(exc)) from None
         services = Services(store, errors=ErrorStore(store.db, store.lock),
                             results=ResultStore(store.db, store.lock), scheduler=scheduler)
-        await _prune(services, settings.error_retention_days)
+        await prune_stores(services, settings.error_retention_days)
         tools = await _unique(host, "roost_tools", settings, Tool, services=services)
         sanitizers = [s for s in await host.collect("roost_output_sanitizers", settings=settings)
                       if isinstance(s, Sanitizer)]
@@ -224,8 +224,11 @@ def error_channel(services: Services, settings: Settings) -> tuple[
     return (on_failure if errors else None), (on_large if results else None)
 
 
-async def _prune(services: Services, days: int) -> None:
-    """Delete stored errors and large results older than ``days`` (at startup, for now)."""
+async def prune_stores(services: Services, days: int) -> None:
+    """Delete stored errors and large results older than ``days``.
+
+    Runs at startup and daily as the ``error-retention`` job (plugins/error_tools.py).
+    """
     for what, store in (("errors", services.errors), ("tool results", services.results)):
         if store is None:
             continue

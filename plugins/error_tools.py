@@ -21,7 +21,7 @@ import json
 import logging
 import sqlite3
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bot.config import Settings
 from bot.error_store import (
@@ -34,9 +34,13 @@ from bot.error_store import (
     StoredError,
 )
 from bot.hookspecs import hookimpl
+from bot.jobs import JobSpec
 from bot.services import Services
 from bot.tool_args import check_keys, int_arg, str_arg
 from bot.tools import Tool, ToolContext, ToolError
+
+if TYPE_CHECKING:
+    from bot.app import Roost
 
 log = logging.getLogger("roost.errors")
 
@@ -188,3 +192,15 @@ def _tool_result_tool(results: ResultStore, max_length: int) -> Tool:
 
 
 
+
+
+async def _retention(app: Roost) -> None:
+    from bot.app import prune_stores
+
+    await prune_stores(app.services, app.settings.error_retention_days)
+
+
+@hookimpl
+def roost_scheduled_jobs(settings: Settings) -> JobSpec:
+    """Delete errors and stored results older than ``error_retention_days``, daily."""
+    return JobSpec("error-retention", "every 24h", _retention)

@@ -168,3 +168,24 @@ async def test_admins_read_errors_in_chat_and_operators_on_the_command_line(
     shown = roost("errors", "show", error.id)
     assert json.loads(shown.stdout)["error"]["message"] == LONG_ERROR
     assert roost("errors", "show", "err_nope").returncode == 1
+
+
+async def test_a_daily_job_deletes_errors_past_their_retention(make_app: AppFactory) -> None:
+    import time
+
+    from bot.error_store import ErrorStore
+    from bot.jobs import JobSpec
+
+    app, _, _ = await make_app(scripted({"reply": "x"}), error_retention_days=30)
+    old = ErrorStore(app.store.db, app.store.lock, clock=lambda: time.time() - 31 * 86400)
+    await old.store("s", "billing", "ancient failure")
+    await old.flush()
+    assert app.services.errors is not None
+    await app.services.errors.store("s", "billing", "fresh failure")
+    await app.services.errors.flush()
+    jobs = [j for j in await app.host.collect("roost_scheduled_jobs", settings=app.settings)
+            if isinstance(j, JobSpec) and j.name == "error-retention"]
+    assert [j.schedule for j in jobs] == ["every 24h"]
+    await jobs[0].func(app)
+    remaining = await app.services.errors.list()
+    assert [e.raw_error["message"] for e in remaining] == ["fresh failure"]
