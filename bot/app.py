@@ -18,7 +18,8 @@ from bot.guard import GuardPattern, InputGuard
 from bot.jobs import JobSpec
 from bot.llm import LLMProvider, ToolCall
 from bot.otel import OTelExporter
-from bot.pluginmanager import PluginHost, get_plugin_manager
+from bot.plugin_state import load_disabled, save_state
+from bot.pluginmanager import ESSENTIAL_PLUGINS, RESTART_HOOKS, PluginHost, get_plugin_manager
 from bot.providers import ProviderSpec
 from bot.runloop import FailureHandler, LargeResultHandler, RunEngine
 from bot.sanitize import Sanitizer
@@ -93,38 +94,103 @@ class Roost:
         fires only when told to (``services.scheduler.run_due``; tests, benches).
         """
         host = host or get_plugin_manager()
-        if provider is None:
-            provider = (await resolve_provider(settings, host)).create(settings)
         store = await SessionStore.open(settings.db_path, settings.session_cache_size)
         try:
-            scheduler = Scheduler(JobStore(store.db, store.lock), settings,
-                                  clock=scheduler_clock)
-        except ValueError as exc:  # a bad timezone setting
+            # Plugins an admin disabled stay disabled; essential ones cannot be.
+            host.disabled |= await load_disabled(store.db, store.lock) - ESSENTIAL_PLUGINS
+            if provider is None:
+                provider = (await resolve_provider(settings, host)).create(settings)
+            try:
+                scheduler = Scheduler(JobStore(store.db, store.lock), settings,
+                                      clock=scheduler_clock)
+            except ValueError as exc:  # a bad timezone setting
+                raise SetupError(str(exc)) from None
+        except BaseException:
             await store.close()
-            raise SetupError(str(exc)) from None
+            raise
         services = Services(store, errors=ErrorStore(store.db, store.lock),
                             results=ResultStore(store.db, store.lock), scheduler=scheduler)
         await prune_stores(services, settings.error_retention_days)
-        tools = await _unique(host, "roost_tools", settings, Tool, services=services)
-        sanitizers = [s for s in await host.collect("roost_output_sanitizers", settings=settings)
-                      if isinstance(s, Sanitizer)]
-        commands: dict[str, Command] = {}
-        for command in (await _unique(host, "roost_commands", settings, Command)).values():
-            for name in (command.name, *command.aliases):
-                commands.setdefault(name, command)
+        host.validate_configs(settings.plugins)
+        services.plugin_configs = host.config
         channel_specs = await _unique(host, "roost_channels", settings, ChannelSpec)
-        guard = InputGuard(
-            [p for p in await host.collect("roost_guard_patterns", settings=settings)
-             if isinstance(p, GuardPattern)],
-            settings.guard_mode, settings.guard_modes)
-        engine = RunEngine(settings, host, store, provider, tools, sanitizers, guard)
+        engine = RunEngine(settings, host, store, provider, {}, [])
         engine.exporter = OTelExporter.from_environment()
         engine.on_tool_failure, engine.on_large_result = error_channel(services, settings)
-        app = cls(settings, host, store, engine, commands, channel_specs, services)
+        app = cls(settings, host, store, engine, {}, channel_specs, services)
+        await app.refresh_plugins(jobs=False)
         await host.call("roost_startup", app=app)
         jobs = await _unique(host, "roost_scheduled_jobs", settings, JobSpec)
         await _quietly(scheduler.start(app, list(jobs.values())), "starting the scheduler")
         return app
+
+    def plugin_config(self, name: str) -> Any:
+        """Plugin ``name``'s validated configuration object, or ``None``."""
+        return self.host.config.get(name)
+
+    async def refresh_plugins(self, *, jobs: bool = True) -> None:
+        """Collect tools, sanitizers, guard patterns and commands from the enabled plugins.
+
+        Runs at startup and whenever a plugin is enabled or disabled; runs in
+        flight keep what they started with. Prompt sections and input checks
+        are asked for per run, so they follow without this. ``jobs`` also
+        re-syncs the scheduler's system jobs.
+        """
+        host, settings, engine = self.host, self.settings, self.engine
+        engine.tools = await _unique(host, "roost_tools", settings, Tool,
+                                     services=self.services)
+        engine.sanitizers = sorted(
+            (s for s in await host.collect("roost_output_sanitizers", settings=settings)
+             if isinstance(s, Sanitizer)), key=lambda s: s.order)
+        engine.guard = InputGuard(
+            [p for p in await host.collect("roost_guard_patterns", settings=settings)
+             if isinstance(p, GuardPattern)],
+            settings.guard_mode, settings.guard_modes)
+        commands: dict[str, Command] = {}
+        for command in (await _unique(host, "roost_commands", settings, Command)).values():
+            for name in (command.name, *command.aliases):
+                commands.setdefault(name, command)
+        self.commands = commands
+        if not jobs:
+            return
+        unique = list({id(c): c for c in commands.values()}.values())
+        for channel in self.channels.values():
+            await _quietly(channel.register_commands(unique),
+                           f"registering the commands of {channel.name}")
+        scheduler = self.services.scheduler
+        if scheduler is not None:
+            specs = await _unique(host, "roost_scheduled_jobs", settings, JobSpec)
+            await _quietly(scheduler.sync_system(list(specs.values())),
+                           "updating the scheduled jobs of plugins")
+
+    async def set_plugin_enabled(self, name: str, enabled: bool) -> str:
+        """Enable or disable plugin ``name`` now and persist it; returns what happened."""
+        host = self.host
+        if host.pm.get_plugin(name) is None:
+            known = ", ".join(sorted(host.info)) or "none"
+            return f"No plugin named {name!r} is loaded (loaded: {known})."
+        if not enabled and name in ESSENTIAL_PLUGINS:
+            return f"{name} is essential to Roost and cannot be disabled."
+        if enabled and name in host.bad_config:
+            return (f"{name} stays disabled: {host.errors.get(name, 'invalid configuration')}. "
+                    "Fix its configuration and restart Roost.")
+        was_enabled = name not in host.disabled
+        await save_state(self.store.db, self.store.lock, name, enabled)
+        if enabled:
+            host.disabled.discard(name)
+        else:
+            host.disabled.add(name)
+        state = "enabled" if enabled else "disabled"
+        if was_enabled == enabled:
+            return f"{name} is already {state}."
+        await self.refresh_plugins()
+        log.info("plugin %s %s", name, state)
+        message = f"{name} is now {state}."
+        restart = sorted(set(host.hooks_of(name)) & RESTART_HOOKS)
+        if restart:
+            message += (f" Its {' and '.join(h.removeprefix('roost_') for h in restart)} "
+                        "change only after a restart.")
+        return message
 
     def configured_channels(self) -> list[str]:
         """Channels whose credentials are set, which ``roost run`` starts."""

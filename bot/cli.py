@@ -176,26 +176,43 @@ async def _chat(settings: Settings, message: str | None, *, stream: bool) -> int
 
 @cli.group()
 def plugins() -> None:
-    """Inspect plugins."""
+    """Inspect, install and enable or disable plugins."""
 
 
-@plugins.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def plugins_list(as_json: bool) -> None:
-    """List loaded plugins with the hooks they implement and any errors."""
-    from bot.pluginmanager import get_plugin_manager
+def _persisted_disabled(settings: Settings) -> set[str]:
+    if not settings.db_path.exists():
+        return set()
+
+    async def load() -> set[str]:
+        from bot.plugin_state import load_disabled
+        from bot.sessions import SessionStore
+
+        store = await SessionStore.open(settings.db_path)
+        try:
+            return await load_disabled(store.db, store.lock)
+        finally:
+            await store.close()
+
+    return asyncio.run(load())
+
+
+def _plugin_rows(settings: Settings, *, include_builtin: bool) -> list[dict[str, Any]]:
+    from bot.pluginmanager import ESSENTIAL_PLUGINS, get_plugin_manager
 
     host = get_plugin_manager()
+    host.disabled |= _persisted_disabled(settings) - ESSENTIAL_PLUGINS
+    host.validate_configs(settings.plugins)
     rows: list[dict[str, Any]] = []
-    for name, plugin in host.pm.list_name_plugin():
+    for name, _plugin in host.pm.list_name_plugin():
         info = host.info.get(name)
-        hooks = sorted(h.name for h in host.pm.get_hookcallers(plugin) or [])
+        if info and info.builtin and not include_builtin:
+            continue
         rows.append({
             "name": name,
             "distribution": info.distribution if info else "",
             "version": info.version if info else "",
             "builtin": bool(info and info.builtin),
-            "hooks": hooks,
+            "hooks": host.hooks_of(name),
             "enabled": name not in host.disabled,
             "error": host.errors.get(name, ""),
         })
@@ -203,15 +220,98 @@ def plugins_list(as_json: bool) -> None:
         if not any(r["name"] == name for r in rows):
             rows.append({"name": name, "distribution": "", "version": "", "builtin": False,
                          "hooks": [], "enabled": False, "error": error})
+    return rows
+
+
+@plugins.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--all", "show_all", is_flag=True, help="Include the built-in plugins.")
+@click.pass_context
+def plugins_list(ctx: click.Context, as_json: bool, show_all: bool) -> None:
+    """List external plugins (--all: built-ins too) with their hooks, state and errors."""
+    rows = _plugin_rows(_settings(ctx), include_builtin=show_all)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
+    if not rows:
+        click.echo("no external plugins installed (--all lists the built-in ones)")
     for row in rows:
         state = "error" if row["error"] else ("enabled" if row["enabled"] else "disabled")
         dist = f"{row['distribution']} {row['version']}".strip()
         click.echo(f"{row['name']:<28} {dist:<16} {state:<8} {', '.join(row['hooks'])}")
         if row["error"]:
             click.echo(f"    error: {row['error']}")
+
+
+def _pip(action: str, names: tuple[str, ...]) -> None:
+    import subprocess
+
+    from bot.plugin_install import describe_change, pip_command, plugin_entry_points
+
+    before = plugin_entry_points()
+    code = subprocess.call(pip_command(action, list(names)))
+    if code != 0:
+        click.echo(f"roost: pip {action} failed (exit code {code})", err=True)
+        sys.exit(code)
+    click.echo(describe_change(before, plugin_entry_points()))
+    click.echo("Restart Roost to apply the change.")
+
+
+@plugins.command("install")
+@click.argument("names", nargs=-1, required=True)
+def plugins_install(names: tuple[str, ...]) -> None:
+    """pip install plugin packages into Roost's own environment."""
+    _pip("install", names)
+
+
+@plugins.command("uninstall")
+@click.argument("names", nargs=-1, required=True)
+def plugins_uninstall(names: tuple[str, ...]) -> None:
+    """pip uninstall plugin packages from Roost's own environment."""
+    _pip("uninstall", names)
+
+
+def _set_enabled(ctx: click.Context, name: str, enabled: bool) -> None:
+    from bot.plugin_state import save_state
+    from bot.pluginmanager import ESSENTIAL_PLUGINS, get_plugin_manager
+    from bot.sessions import SessionStore
+
+    settings = _settings(ctx)
+    host = get_plugin_manager()
+    if host.pm.get_plugin(name) is None:
+        click.echo(f"roost: no plugin named {name!r} is loaded "
+                   f"(see `roost plugins list --all`)", err=True)
+        sys.exit(1)
+    if not enabled and name in ESSENTIAL_PLUGINS:
+        click.echo(f"roost: {name} is essential to Roost and cannot be disabled", err=True)
+        sys.exit(1)
+
+    async def save() -> None:
+        store = await SessionStore.open(settings.db_path)
+        try:
+            await save_state(store.db, store.lock, name, enabled)
+        finally:
+            await store.close()
+
+    asyncio.run(save())
+    click.echo(f"{name} {'enabled' if enabled else 'disabled'}; a running Roost applies it "
+               "at its next start (or use /plugin in chat to apply it at once)")
+
+
+@plugins.command("enable")
+@click.argument("name")
+@click.pass_context
+def plugins_enable(ctx: click.Context, name: str) -> None:
+    """Enable a plugin (remembered in the database)."""
+    _set_enabled(ctx, name, True)
+
+
+@plugins.command("disable")
+@click.argument("name")
+@click.pass_context
+def plugins_disable(ctx: click.Context, name: str) -> None:
+    """Disable a plugin (remembered in the database)."""
+    _set_enabled(ctx, name, False)
 
 
 @cli.group()

@@ -185,8 +185,12 @@ class Settings(BaseSettings):
     """The owner's direct chat id on that channel, when it differs from the user id."""
 
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    plugins_chat_install: bool = False
+    """Let admins install plugins from chat (``/plugin install``); off by default."""
+    plugins_install_allowlist: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Distributions ``/plugin install`` may install (comma-separated in the env)."""
 
-    @field_validator("admins", "dm_allowlist", mode="before")
+    @field_validator("admins", "dm_allowlist", "plugins_install_allowlist", mode="before")
     @classmethod
     def _split_admins(cls, value: Any) -> Any:
         if isinstance(value, str):

@@ -151,6 +151,15 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX jobs_owner ON jobs(channel, owner_id, kind);
     """,
+    # 9: plugins an admin enabled or disabled (``roost plugins disable``, ``/plugin``);
+    # a plugin without a row is enabled.
+    """
+    CREATE TABLE plugin_state (
+        name TEXT PRIMARY KEY,
+        enabled INTEGER NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    """,
 ]
 """Schema steps in order; ``PRAGMA user_version`` records how many have run.
 

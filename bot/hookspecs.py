@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from bot.app import Roost
     from bot.channel import ChannelSpec
     from bot.commands import Command
@@ -154,6 +156,21 @@ def roost_run_event(event: RunEvent) -> None:
     ``run.completed``, ``run.failed`` or ``run.cancelled``. Return value is
     ignored. Keep it quick: ``chunk`` events arrive for every streamed
     fragment, and the run waits for observers.
+    """
+
+
+@hookspec
+def roost_plugin_config_model() -> type[BaseModel] | None:
+    """Declare the schema of this plugin's ``[plugins.<name>]`` table in roost.toml.
+
+    Return a pydantic model class (not an instance). At startup Roost
+    validates ``settings.plugins[<plugin name>]`` (an empty table when absent)
+    against it; the validated object is then available as
+    ``services.plugin_config("<name>")`` (in ``roost_tools``) and
+    ``app.plugin_config("<name>")``. Invalid configuration disables just this
+    plugin, with a log line and an entry in ``roost plugins list`` naming the
+    bad keys; the service still starts. ``<name>`` is the entry-point name
+    (the module path for built-ins).
     """
 
 

@@ -12,6 +12,8 @@ import importlib.metadata
 import inspect
 import logging
 import os
+import re
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,8 +37,17 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "plugins.memory",
     "plugins.heartbeat",
     "plugins.cron",
+    "plugins.plugin_commands",
 )
 """Modules of the built-in plugins, registered like external ones."""
+
+ESSENTIAL_PLUGINS: frozenset[str] = frozenset(
+    {"plugins.core_commands", "plugins.providers", "plugins.channels",
+     "plugins.plugin_commands"})
+"""Built-ins that cannot be disabled: without them Roost cannot run or be re-enabled."""
+
+RESTART_HOOKS: frozenset[str] = frozenset({"roost_channels", "roost_providers"})
+"""Hooks used only at startup: enabling or disabling a plugin with them needs a restart."""
 
 ENTRY_POINT_GROUP = "roost"
 
@@ -57,12 +68,19 @@ class PluginHost:
 
     ``errors`` maps a plugin name to its latest failure (import, validation or
     a hook that raised); ``disabled`` names plugins whose hooks are skipped.
+    ``config`` holds each plugin's validated configuration object (see the
+    ``roost_plugin_config_model`` hook); ``bad_config`` names plugins disabled
+    because their configuration did not validate. ``trace`` logs every hook
+    call with its implementations and their durations (``ROOST_TRACE_PLUGINS=1``).
     """
 
     pm: pluggy.PluginManager
     info: dict[str, PluginInfo] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     disabled: set[str] = field(default_factory=set)
+    config: dict[str, Any] = field(default_factory=dict)
+    bad_config: set[str] = field(default_factory=set)
+    trace: bool = False
 
     def register(self, plugin: object, name: str, info: PluginInfo | None = None) -> None:
         """Register ``plugin`` under ``name`` (tests and embedders use this too)."""
@@ -81,17 +99,90 @@ class PluginHost:
         raises is logged with its plugin's name and skipped.
         """
         results: list[Any] = []
-        for impl in self.implementations(hook):
+        impls = self.implementations(hook)
+        timings: list[str] = []
+        start = time.perf_counter()
+        for impl in impls:
+            began = time.perf_counter()
             try:
                 result = impl.function(*[kwargs[a] for a in impl.argnames])
                 if inspect.isawaitable(result):
                     result = await result
             except Exception as exc:
                 self._failed(impl.plugin_name, hook, exc)
+                if self.trace:
+                    timings.append(f"{impl.plugin_name} {_ms(began)} raised")
                 continue
+            if self.trace:
+                timings.append(f"{impl.plugin_name} {_ms(began)}")
             if result is not None:
                 results.append(result)
+        if self.trace:
+            log.info("hook %s: %d implementation(s) in %s [%s]", hook, len(impls),
+                     _ms(start), ", ".join(timings))
         return results
+
+    async def call_plugin(self, name: str, hook: str, **kwargs: Any) -> list[Any]:
+        """What plugin ``name`` alone returns from ``hook``, flattened, disabled or not.
+
+        For describing a plugin (``/plugin info``); failures give an empty list.
+        """
+        caller: pluggy.HookCaller = getattr(self.pm.hook, hook)
+        items: list[Any] = []
+        for impl in caller.get_hookimpls():
+            if impl.plugin_name != name:
+                continue
+            try:
+                result = impl.function(*[kwargs[a] for a in impl.argnames])
+                if inspect.isawaitable(result):
+                    result = await result
+            except Exception:
+                log.exception("plugin %r raised in %s", name, hook)
+                continue
+            if isinstance(result, list | tuple):
+                items.extend(result)
+            elif result is not None:
+                items.append(result)
+        return items
+
+    def hooks_of(self, name: str) -> list[str]:
+        """Names of the hooks plugin ``name`` implements (empty if it is not registered)."""
+        plugin = self.pm.get_plugin(name)
+        if plugin is None:
+            return []
+        return sorted(h.name for h in self.pm.get_hookcallers(plugin) or [])
+
+    def validate_configs(self, configs: Mapping[str, Any]) -> None:
+        """Validate each plugin's ``[plugins.<name>]`` table against its config model.
+
+        A plugin whose configuration does not validate is disabled (not
+        persisted), named in ``errors`` and ``bad_config``; the others run.
+        """
+        from pydantic import BaseModel, ValidationError
+
+        for impl in self.implementations("roost_plugin_config_model"):
+            name = impl.plugin_name
+            try:
+                model = impl.function()
+                if model is None:
+                    continue
+                if not (isinstance(model, type) and issubclass(model, BaseModel)):
+                    raise TypeError(f"returned {model!r}, not a pydantic model class")
+                self.config[name] = model.model_validate(configs.get(name, {}))
+            except ValidationError as exc:
+                problems = "; ".join(
+                    f"{'.'.join(str(p) for p in e['loc']) or '(table)'}: {e['msg']}"
+                    for e in exc.errors())
+                self._bad_config(name, f"invalid configuration in [plugins.{name}]: "
+                                       f"{problems}")
+            except Exception as exc:
+                self._bad_config(name, f"roost_plugin_config_model: {type(exc).__name__}: {exc}")
+
+    def _bad_config(self, name: str, message: str) -> None:
+        self.errors[name] = message
+        self.bad_config.add(name)
+        self.disabled.add(name)
+        log.error("plugin %r is disabled: %s", name, message)
 
     async def collect(self, hook: str, **kwargs: Any) -> list[Any]:
         """Call ``hook`` and flatten results that are lists into one list."""
@@ -108,6 +199,23 @@ class PluginHost:
         log.error("plugin %r raised in %s; skipped for this call", plugin, hook, exc_info=exc)
 
 
+def _ms(since: float) -> str:
+    return f"{(time.perf_counter() - since) * 1000:.2f} ms"
+
+
+def normalize_dist(name: str) -> str:
+    """A distribution name compared the way pip does (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).strip().lower()
+
+
+def load_filter(env: Mapping[str, str]) -> set[str] | None:
+    """The distributions ``ROOST_LOAD_PLUGINS`` allows (``None`` when it is unset)."""
+    value = env.get("ROOST_LOAD_PLUGINS")
+    if value is None:
+        return None
+    return {normalize_dist(part) for part in value.split(",") if part.strip()}
+
+
 def _entry_points() -> Iterable[importlib.metadata.EntryPoint]:
     return importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
 
@@ -119,19 +227,26 @@ def get_plugin_manager(
 
     Nothing happens at import time; every call builds a fresh manager, which
     keeps tests independent. ``ROOST_DISABLE_PLUGIN_AUTOLOAD=1`` skips external
-    plugins. A plugin that fails to import or to validate is recorded in
-    ``errors`` and left out; the others load.
+    plugins; ``ROOST_LOAD_PLUGINS=dist-a,dist-b`` loads only the external
+    plugins of those distributions (an empty value loads none).
+    ``ROOST_TRACE_PLUGINS=1`` logs every hook call. A plugin that fails to
+    import or to validate is recorded in ``errors`` and left out; the others load.
     """
     env = os.environ if env is None else env
     pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
-    host = PluginHost(pm)
+    host = PluginHost(pm, trace=env.get("ROOST_TRACE_PLUGINS", "") in ("1", "true"))
+    allowed = load_filter(env)
     for modname in BUILTIN_PLUGINS:
         module = importlib.import_module(modname)
         host.register(module, modname, PluginInfo(modname, "roost", _version("roost"), True))
     if load_entry_points and env.get("ROOST_DISABLE_PLUGIN_AUTOLOAD", "") not in ("1", "true"):
         for ep in _entry_points():
             dist = ep.dist.name if ep.dist else ""
+            if allowed is not None and normalize_dist(dist) not in allowed:
+                log.info("plugin %r from %r not loaded: not in ROOST_LOAD_PLUGINS",
+                         ep.name, dist)
+                continue
             try:
                 plugin = ep.load()
                 host.register(plugin, ep.name, PluginInfo(ep.name, dist, _version(dist)))

@@ -370,6 +370,23 @@ class Scheduler:
             self._start_timer()
         await self.run_due(now)
 
+    async def sync_system(self, specs: Sequence[JobSpec]) -> None:
+        """Replace the system jobs with ``specs`` (a plugin was enabled or disabled).
+
+        Jobs of a disabled plugin stop firing and their rows go; jobs of an
+        enabled one are registered as at startup.
+        """
+        if self._closed:
+            return
+        now = self._now()
+        for job_id in [j for j, e in self._jobs.items() if e.job.kind == "system"]:
+            self._untime(job_id)
+            del self._jobs[job_id]
+        await self._register_system(specs, now)
+        for entry in self._jobs.values():
+            if entry.job.kind == "system":
+                self._time(entry, now)
+
     async def close(self) -> None:
         """Stop the timer and cancel runs waiting to retry; nothing fires after this."""
         self._closed = True

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from bot.error_store import ErrorStore, ResultStore
 from bot.sessions import SessionStore
@@ -23,9 +23,17 @@ class Services:
     - ``errors``: full tool errors, fetched by ID (``get_error_detail``);
     - ``results``: large tool results, read in slices (``get_tool_result``);
     - ``scheduler``: scheduled jobs (the ``cron`` tool).
+
+    ``plugin_config(name)`` is plugin ``name``'s validated configuration (the
+    model it declared with ``roost_plugin_config_model``), or ``None``.
     """
 
     sessions: SessionStore
     errors: ErrorStore | None = None
     results: ResultStore | None = None
     scheduler: Scheduler | None = None
+    plugin_configs: dict[str, Any] = field(default_factory=dict)
+
+    def plugin_config(self, name: str) -> Any:
+        """Plugin ``name``'s validated configuration object, or ``None``."""
+        return self.plugin_configs.get(name)

@@ -85,7 +85,7 @@ def test_config_show_masks_secrets_and_reflects_env_over_file(tmp_path: Path) ->
 
 def test_version_and_plugin_listing(tmp_path: Path) -> None:
     assert roost("version", cwd=tmp_path).stdout.strip().startswith("roost ")
-    listing = roost("plugins", "list", "--json", cwd=tmp_path)
+    listing = roost("plugins", "list", "--json", "--all", cwd=tmp_path)
     assert listing.returncode == 0, listing.stderr
     assert '"plugins.file_tools"' in listing.stdout and '"roost_tools"' in listing.stdout
 

@@ -1,0 +1,172 @@
+"""docs/plugins.md stays true to bot/hookspecs.py, and every hook is exercised.
+
+* every hookspec has a section in the guide showing its exact signature;
+* the guide documents no hook that does not exist;
+* a plugin implementing every hookspec sees each of them called by a running app
+  (a new hookspec fails here until it is added to ``AllHooks`` below and
+  documented);
+* every hook has an implementation in some test.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from bot.app import Roost, provider_specs
+from bot.config import Settings
+from bot.hookspecs import hookimpl
+from bot.pluginmanager import get_plugin_manager
+from bot.providers import ProviderSpec
+from bot.testing.app import ChatChannel, scripted_provider
+
+ROOT = Path(__file__).resolve().parent.parent
+GUIDE = ROOT / "docs" / "plugins.md"
+SPECS = ROOT / "bot" / "hookspecs.py"
+
+
+def hookspecs() -> dict[str, str]:
+    """Hook name -> its signature as one line, ``def name(args) -> returns``."""
+    specs = {}
+    for node in ast.parse(SPECS.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef) and any(
+            isinstance(d, ast.Name) and d.id == "hookspec" for d in node.decorator_list
+        ):
+            returns = f" -> {ast.unparse(node.returns)}" if node.returns else ""
+            specs[node.name] = f"def {node.name}({ast.unparse(node.args)}){returns}"
+    return specs
+
+
+def test_hookspecs_are_found() -> None:
+    assert {"roost_tools", "roost_startup", "roost_shutdown"} <= set(hookspecs())
+
+
+def test_every_hookspec_is_documented_with_its_exact_signature() -> None:
+    guide = GUIDE.read_text(encoding="utf-8")
+    for name, signature in hookspecs().items():
+        assert f"### {name}\n" in guide, f"docs/plugins.md has no '### {name}' section"
+        section = guide.split(f"### {name}\n", 1)[1].split("\n### ", 1)[0]
+        assert signature in section, (
+            f"the {name} section of docs/plugins.md must show its signature:\n{signature}")
+        assert section.count("```python") >= 2, f"{name}: needs its signature and an example"
+        for heading in ("**Called:**", "**Arguments:**", "**Returns:**"):
+            assert heading in section, f"{name}: the section lacks {heading}"
+
+
+def test_the_guide_documents_no_hook_that_does_not_exist() -> None:
+    documented = set(re.findall(r"^### (roost_\w+)$", GUIDE.read_text(encoding="utf-8"), re.M))
+    assert documented == set(hookspecs())
+
+
+class AllHooks:
+    """Implements every hookspec and records which were called."""
+
+    def __init__(self) -> None:
+        self.called: set[str] = set()
+
+    @hookimpl
+    def roost_tools(self) -> None:
+        self.called.add("roost_tools")
+
+    @hookimpl
+    def roost_output_sanitizers(self) -> None:
+        self.called.add("roost_output_sanitizers")
+
+    @hookimpl
+    def roost_guard_patterns(self) -> None:
+        self.called.add("roost_guard_patterns")
+
+    @hookimpl
+    def roost_check_input(self) -> None:
+        self.called.add("roost_check_input")
+
+    @hookimpl
+    def roost_commands(self) -> None:
+        self.called.add("roost_commands")
+
+    @hookimpl
+    def roost_channels(self) -> None:
+        self.called.add("roost_channels")
+
+    @hookimpl
+    def roost_providers(self) -> None:
+        self.called.add("roost_providers")
+
+    @hookimpl
+    def roost_prompt_sections(self) -> None:
+        self.called.add("roost_prompt_sections")
+
+    @hookimpl
+    def roost_scheduled_jobs(self) -> None:
+        self.called.add("roost_scheduled_jobs")
+
+    @hookimpl
+    def roost_run_event(self) -> None:
+        self.called.add("roost_run_event")
+
+    @hookimpl
+    def roost_plugin_config_model(self) -> type[BaseModel] | None:
+        self.called.add("roost_plugin_config_model")
+        return None
+
+    @hookimpl
+    def roost_startup(self) -> None:
+        self.called.add("roost_startup")
+
+    @hookimpl
+    def roost_shutdown(self) -> None:
+        self.called.add("roost_shutdown")
+
+
+async def test_a_running_app_calls_every_hook(roost_app: Any) -> None:
+    plugin = AllHooks()
+    chat = await roost_app([{"reply": "hi"}], ("all-hooks", plugin))
+    assert await chat.ask("hello") == ["hi"]
+    await provider_specs(chat.app.settings, chat.app.host)  # what `roost run` does first
+    await chat.app.close()
+    assert plugin.called == set(hookspecs())
+
+
+async def test_a_plugin_provider_serves_and_startup_and_shutdown_see_the_app(
+    tmp_path: Path,
+) -> None:
+    """The hooks no other test names: roost_providers, roost_startup, roost_shutdown."""
+    seen: list[tuple[str, Roost]] = []
+
+    class Mine:
+        @hookimpl
+        def roost_providers(self, settings: Settings) -> ProviderSpec:
+            return ProviderSpec("mine", lambda s: scripted_provider([{"reply": "from mine"}]),
+                                lambda s: None)
+
+        @hookimpl
+        async def roost_startup(self, app: Roost) -> None:
+            seen.append(("startup", app))
+
+        @hookimpl
+        def roost_shutdown(self, app: Roost) -> None:
+            seen.append(("shutdown", app))
+
+    host = get_plugin_manager(load_entry_points=False)
+    host.register(Mine(), "mine")
+    app = await Roost.create(Settings(provider="mine", data_dir=tmp_path, merge_window_ms=0),
+                             host=host)
+    try:
+        assert seen == [("startup", app)]
+        chat = ChatChannel()
+        chat.app = app
+        await app.add_channel(chat)
+        assert await chat.ask("hello") == ["from mine"]
+    finally:
+        await app.close()
+    assert seen == [("startup", app), ("shutdown", app)]
+
+
+def test_every_hook_is_named_in_some_test() -> None:
+    texts = [p.read_text(encoding="utf-8") for p in (ROOT / "tests").glob("*.py")]
+    unnamed = [h for h in hookspecs() if not any(f"def {h}(" in t for t in texts)]
+    assert not unnamed, f"no test implements {unnamed}"
