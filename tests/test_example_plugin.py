@@ -93,3 +93,55 @@ async def test_its_job_is_offered_and_runs(
         await scheduler.run_due(start + timedelta(hours=1))
         await scheduler.wait_idle()
     assert "roost-plugin-example:" in caplog.text
+
+
+def test_install_list_use_disable_enable_uninstall_end_to_end(tmp_path: Any) -> None:
+    """The whole life of a plugin package through `roost plugins` and the console chat."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.test_cli import clean_env
+
+    package = Path(__file__).resolve().parents[1] / "examples" / "roost-plugin-example"
+
+    def roost(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "bot", *args], cwd=tmp_path,
+                              env=clean_env(), capture_output=True, text=True, timeout=300)
+
+    def hello() -> str:
+        return roost("chat", "--demo", "-m", "/hello Ada").stdout
+
+    try:
+        assert roost("plugins", "uninstall", "roost-plugin-example").returncode == 0
+        assert "roost-plugin-example" not in roost("plugins", "list").stdout
+        assert "I don't know /hello" in hello()
+
+        installed = roost("plugins", "install", str(package))
+        assert installed.returncode == 0, installed.stderr
+        assert "roost-plugin-example" in roost("plugins", "list").stdout
+        assert "Ada" in hello()  # used in chat
+
+        assert roost("plugins", "disable", "roost-plugin-example").returncode == 0
+        assert "disabled" in roost("plugins", "list").stdout
+        assert "I don't know /hello" in hello()
+        assert roost("plugins", "enable", "roost-plugin-example").returncode == 0
+        assert "Ada" in hello()
+
+        assert roost("plugins", "uninstall", "roost-plugin-example").returncode == 0
+        assert "roost-plugin-example" not in roost("plugins", "list").stdout
+    finally:
+        # Leave the environment as the suite expects it: the editable install.
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", str(package)],
+                       capture_output=True, timeout=300, check=True)
+
+
+async def test_disable_and_enable_take_effect_live(roost_app: Any) -> None:
+    chat = await roost_app([], entry_points=True)
+    assert await chat.ask("/hello", name="Sam") == ["Hello, Sam!"]
+    await chat.app.set_plugin_enabled(NAME, False)
+    assert "word_count" not in chat.app.engine.tools
+    assert (await chat.ask("/hello", name="Sam"))[0].startswith("I don't know /hello")
+    await chat.app.set_plugin_enabled(NAME, True)
+    assert "word_count" in chat.app.engine.tools
+    assert await chat.ask("/hello", name="Sam") == ["Hello, Sam!"]
