@@ -16,6 +16,7 @@ from bot.dispatcher import Dispatcher
 from bot.error_store import ErrorStore, ResultStore, format_failure, format_large_result
 from bot.guard import GuardPattern, InputGuard
 from bot.jobs import JobSpec
+from bot.judge import Judge
 from bot.llm import LLMProvider, ToolCall
 from bot.otel import OTelExporter
 from bot.plugin_state import load_disabled, save_state
@@ -137,8 +138,13 @@ class Roost:
         re-syncs the scheduler's system jobs.
         """
         host, settings, engine = self.host, self.settings, self.engine
-        engine.tools = await _unique(host, "roost_tools", settings, Tool,
+        groups: dict[str, str] = {}
+        engine.tools = await _unique(host, "roost_tools", settings, Tool, groups,
                                      services=self.services)
+        engine.tool_groups = groups
+        engine.judges = await _judges(host, settings)
+        # Agents hold judges and filtered tool lists: resolve them again.
+        engine.router.invalidate()
         engine.sanitizers = sorted(
             (s for s in await host.collect("roost_output_sanitizers", settings=settings)
              if isinstance(s, Sanitizer)), key=lambda s: s.order)
@@ -242,17 +248,36 @@ class Roost:
         if isinstance(self.engine.exporter, OTelExporter):
             self.engine.exporter.shutdown()
         await _quietly(self.engine.provider.aclose(), "closing the provider")
+        await _quietly(self.engine.router.aclose(), "closing the agents' providers")
         for pending in (self.services.errors, self.services.results):
             if pending is not None:
                 await _quietly(pending.flush(), "finishing stored errors and results")
         await self.store.close()
 
 
+async def _judges(host: PluginHost, settings: Settings) -> dict[str, Judge]:
+    """The judges plugins offer, by name (``llm`` is the built-in type's and reserved)."""
+    judges: dict[str, Judge] = {}
+    for plugin, judge in await host.collect_named("roost_judges", settings=settings):
+        name = getattr(judge, "name", None)
+        if not isinstance(name, str) or not callable(getattr(judge, "score", None)):
+            log.error("plugin %s: roost_judges returned %r, which has no name and score(); "
+                      "ignored", plugin, judge)
+        elif name == "llm" or name in judges:
+            log.error("plugin %s: judge name %r is taken; ignored", plugin, name)
+        else:
+            judges[name] = judge
+    return judges
+
+
 async def _unique(host: PluginHost, hook: str, settings: Settings, kind: type[T],
-                  **kwargs: Any) -> dict[str, T]:
-    """Collect named items from ``hook``; a later duplicate name is refused and logged."""
+                  plugins: dict[str, str] | None = None, **kwargs: Any) -> dict[str, T]:
+    """Collect named items from ``hook``; a later duplicate name is refused and logged.
+
+    ``plugins``, when given, is filled with item name -> the plugin that offered it.
+    """
     items: dict[str, T] = {}
-    for item in await host.collect(hook, settings=settings, **kwargs):
+    for plugin, item in await host.collect_named(hook, settings=settings, **kwargs):
         if not isinstance(item, kind):
             log.error("%s returned %r, not a %s; ignored", hook, item, kind.__name__)
             continue
@@ -261,6 +286,8 @@ async def _unique(host: PluginHost, hook: str, settings: Settings, kind: type[T]
             log.error("%s: duplicate name %r ignored", hook, name)
             continue
         items[name] = item
+        if plugins is not None:
+            plugins[name] = plugin
     return items
 
 

@@ -22,6 +22,8 @@ class CommandContext:
     args: str
     is_admin: bool
     session_key: str
+    agent: str = "default"
+    """The agent that serves this chat (its sessions are ``session_key``)."""
 
 
 CommandHandler = Callable[[CommandContext], Awaitable["str | None"]]

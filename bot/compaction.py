@@ -18,11 +18,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from bot.history import repair_pairing
-from bot.llm import ChatMessage, LLMRequest
+from bot.llm import ChatMessage, LLMProvider, LLMRequest
 from bot.messages import InboundMessage
-from bot.sessions import Session
+from bot.sessions import Session, agent_of
 
 if TYPE_CHECKING:
+    from bot.agents import Agent
     from bot.runloop import RunEngine
 
 log = logging.getLogger("roost.compaction")
@@ -72,17 +73,21 @@ def transcript(messages: Sequence[ChatMessage], previous_summary: str = "") -> s
 
 
 async def summarize(engine: RunEngine, messages: Sequence[ChatMessage],
-                    previous_summary: str = "") -> str:
-    """Ask the model for a summary of ``messages``; raises on failure or empty output."""
+                    previous_summary: str = "", *, provider: LLMProvider | None = None,
+                    model: str | None = None) -> str:
+    """Ask the model for a summary of ``messages``; raises on failure or empty output.
+
+    ``provider`` and ``model`` default to the engine's (the default agent's).
+    """
     request = LLMRequest(
-        model=engine.settings.model,
+        model=model or engine.settings.model,
         system=SUMMARY_SYSTEM,
         messages=(ChatMessage("user", transcript(messages, previous_summary)),),
         max_tokens=SUMMARY_MAX_TOKENS,
         temperature=SUMMARY_TEMPERATURE,
     )
     async with asyncio.timeout(SUMMARY_TIMEOUT):
-        response = await engine.provider.complete(request)
+        response = await (provider or engine.provider).complete(request)
     summary = response.text.strip()
     if not summary:
         raise ValueError("the model returned an empty summary")
@@ -109,24 +114,34 @@ class Compactor:
         # a broken summarizer does not cost an extra model call on every run.
         self.failed_at: dict[str, int] = {}
 
-    def needed(self, session: Session) -> bool:
-        """Whether the session's active history calls for compaction."""
-        if not self.settings.compaction:
+    def needed(self, session: Session, agent: Agent | None = None) -> bool:
+        """Whether the session's active history calls for compaction (under ``agent``'s
+        context window; the default agent's when ``None``)."""
+        settings = agent.settings if agent is not None else self.settings
+        if not settings.compaction:
             return False
         failed = self.failed_at.get(session.key)
         if failed is not None and len(session.messages) < failed + RETRY_AFTER_MESSAGES:
             return False
-        if len(session.messages) > self.settings.compact_min_messages:
+        if len(session.messages) > settings.compact_min_messages:
             return True
-        tokens = self.engine.estimator.messages(session.messages)
-        return tokens >= self.settings.compact_ratio * self.settings.context_window
+        provider, _ = self._provider(agent)
+        tokens = self.engine.estimator_for(provider.name).messages(session.messages)
+        return tokens >= settings.compact_ratio * settings.context_window
 
-    def schedule(self, session: Session, message: InboundMessage) -> bool:
+    def _provider(self, agent: Agent | None) -> tuple[LLMProvider, str]:
+        """The provider and model that summarize for ``agent``."""
+        if agent is None:
+            return self.engine.provider, self.settings.model
+        return agent.provider or self.engine.provider, agent.settings.model
+
+    def schedule(self, session: Session, message: InboundMessage,
+                 agent: Agent | None = None) -> bool:
         """Start a background compaction unless one is running for this session."""
-        if session.key in self.busy or not self.needed(session):
+        if session.key in self.busy or not self.needed(session, agent):
             return False
         self.busy.add(session.key)
-        task = asyncio.create_task(self._run(session, message))
+        task = asyncio.create_task(self._run(session, message, agent))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         return True
@@ -136,12 +151,13 @@ class Compactor:
         while self.tasks:
             await asyncio.gather(*list(self.tasks), return_exceptions=True)
 
-    async def _run(self, session: Session, message: InboundMessage) -> None:
+    async def _run(self, session: Session, message: InboundMessage,
+                   agent: Agent | None) -> None:
         session.pins += 1
         try:
             if self.settings.memory_flush and session.flushed_compaction < session.compactions:
-                await self.memory_flush(session, message)
-            await self.compact(session)
+                await self.memory_flush(session, message, agent)
+            await self.compact(session, agent)
             self.failed_at.pop(session.key, None)
         except Exception:
             self.failed_at[session.key] = len(session.messages)
@@ -151,7 +167,8 @@ class Compactor:
             session.pins -= 1
             self.busy.discard(session.key)
 
-    async def memory_flush(self, session: Session, message: InboundMessage) -> None:
+    async def memory_flush(self, session: Session, message: InboundMessage,
+                           agent: Agent | None = None) -> None:
         """Give the agent one minimal, tool-limited run to save durable memories."""
         from bot.runloop import RunRequest
 
@@ -165,6 +182,7 @@ class Compactor:
         )
         result = await self.engine.run(RunRequest(
             flush, session, mode="minimal", max_iterations=FLUSH_ITERATIONS,
+            agent=agent.name if agent is not None else agent_of(session.key),
             tools=FLUSH_TOOLS, history=repair_pairing(history), persist=False,
             timeout=FLUSH_TIMEOUT, kind="memory_flush",
         ))
@@ -172,13 +190,15 @@ class Compactor:
         log.info("memory flush for %s: %s", session.key,
                  "nothing stored" if result.silent else result.status)
 
-    async def compact(self, session: Session) -> bool:
+    async def compact(self, session: Session, agent: Agent | None = None) -> bool:
         """Summarize all but the last few messages; returns whether it did."""
         cut = split_point(session.messages, self.settings.compact_keep_messages)
         if cut <= 0:
             return False
         old = list(session.messages[:cut])
-        summary = await summarize(self.engine, old, session.summary)
+        provider, model = self._provider(agent)
+        summary = await summarize(self.engine, old, session.summary, provider=provider,
+                                  model=model)
         await self.engine.store.compact(session, cut, summary)
         log.info("compacted %s: %d messages into a %d-char summary (compaction #%d)",
                  session.key, cut, len(summary), session.compactions)

@@ -12,13 +12,22 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
+
+from bot.agent_config import AgentConfig, Binding, check_bindings
 
 _toml_data: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "roost_toml_data", default=None
@@ -190,6 +199,19 @@ class Settings(BaseSettings):
     plugins_install_allowlist: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Distributions ``/plugin install`` may install (comma-separated in the env)."""
 
+    # Agents (bot/agent_config.py) and which chats they serve.
+    agents: dict[str, AgentConfig] = Field(default_factory=dict)
+    bindings: list[Binding] = Field(default_factory=list)
+    agent_cache_ttl: float = Field(300.0, ge=0)
+    """Seconds a resolved agent is reused before its configuration is resolved again."""
+    config_file: Path | None = None
+    """The roost.toml this was read from (set by ``load_settings``; ``/agent reload``)."""
+
+    @model_validator(mode="after")
+    def _bindings_name_agents(self) -> Settings:
+        check_bindings(self.agents, self.bindings)
+        return self
+
     @field_validator("admins", "dm_allowlist", "plugins_install_allowlist", mode="before")
     @classmethod
     def _split_admins(cls, value: Any) -> Any:
@@ -280,6 +302,8 @@ def load_settings(config_path: Path | None = None, **overrides: Any) -> Settings
             raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
     elif explicit:
         raise ConfigError(f"config file {path} does not exist")
+    if path.exists():
+        overrides.setdefault("config_file", path)
     token = _toml_data.set(data)
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})

@@ -29,7 +29,7 @@ from bot.messages import InboundMessage, OutboundMessage
 from bot.registry import ActiveRun, RunRegistry
 from bot.runloop import NO_REPLY, RunRequest, RunResult
 from bot.sanitize import Sanitizer, run_pipeline
-from bot.sessions import session_key
+from bot.sessions import agent_of, session_key
 
 if TYPE_CHECKING:
     from bot.app import Roost
@@ -116,7 +116,7 @@ class Dispatcher:
         if policy == "off":
             return is_command and admin
         if s.group_context_messages:
-            key = session_key(message)
+            key = self.key_for(message)
             kept = self._group_context.get(key)
             if kept is None:
                 kept = self._group_context[key] = deque(maxlen=s.group_context_messages)
@@ -153,8 +153,12 @@ class Dispatcher:
             lane.queue.append(pending)
         return done
 
+    def key_for(self, message: InboundMessage) -> str:
+        """The session ``message`` belongs to, under the agent its chat is bound to."""
+        return session_key(message, self.app.engine.router.route(message))
+
     def _lane(self, message: InboundMessage) -> Lane:
-        key = session_key(message)
+        key = self.key_for(message)
         lane = self.lanes.get(key)
         if lane is None:
             limit = self.settings.group_max_concurrent if message.chat_type == "group" else 1
@@ -280,6 +284,7 @@ class Dispatcher:
             async with typing:
                 options = entry.pending.options or {
                     "extra_context": self._take_context(lane.key)}
+                options = {"agent": agent_of(lane.key), **options}
                 result = await self.app.engine.run(
                     RunRequest(message, session, run_id=run_id, **options), listener)
             if result.status == "failed" and not entry.pending.deliver_failed:
@@ -324,7 +329,7 @@ class Dispatcher:
     # -- commands --------------------------------------------------------------
 
     async def _command(self, message: InboundMessage, name: str, args: str) -> None:
-        key = session_key(message)
+        key = self.key_for(message)
         lock, users = self._command_locks.setdefault(key, (asyncio.Lock(), [0]))
         users[0] += 1
         try:
@@ -344,8 +349,9 @@ class Dispatcher:
             reply = f"/{command.name} is for admins only."
             log.warning("non-admin %s:%s tried /%s", message.channel, message.sender_id, name)
         else:
-            ctx = CommandContext(self.app, message, command.name, args, is_admin,
-                                 session_key(message))
+            key = self.key_for(message)
+            ctx = CommandContext(self.app, message, command.name, args, is_admin, key,
+                                 agent_of(key))
             try:
                 reply = await command.handler(ctx)
             except Exception as exc:

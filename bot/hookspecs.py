@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from bot.events import RunEvent
     from bot.guard import GuardPattern, InputCheck
     from bot.jobs import JobSpec
+    from bot.judge import Judge
     from bot.messages import InboundMessage
     from bot.prompt import PromptContext, PromptSection
     from bot.providers import ProviderSpec
@@ -135,6 +136,22 @@ def roost_prompt_sections(prompt: PromptContext) -> list[PromptSection] | Prompt
     Called once per run. ``prompt.mode`` is ``"full"`` for normal runs and
     ``"minimal"`` for background runs (memory flush, cron); return fewer
     sections there. Sections are joined by ascending ``order``.
+    """
+
+
+@hookspec
+def roost_judges(settings: Settings) -> list[Judge] | Judge | None:
+    """Offer judges that agents can use to score their replies (self-correction).
+
+    Return objects with ``name`` (str), ``weight`` (float, for the
+    ``weighted`` strategy) and ``async score(request_text, reply,
+    criteria=None)`` returning a :class:`bot.judge.Verdict` with a score in
+    ``[0, 1]`` and reasons. An agent uses one by naming it as a judge's
+    ``type`` in ``[agents.<name>.judge]`` (``judges = [{type = "<name>"}]``).
+    ``criteria`` is the agent's criteria text. Judges run concurrently with
+    the agent's other judges and are cancelled with the run (``/stop``); an
+    exception counts as a failed run, so return a low score for a bad reply
+    instead of raising.
     """
 
 

@@ -24,7 +24,8 @@ old state or the new one, never a mix. Broken files are logged, kept in
 ``errors`` and skipped. If the rebuild fails as a whole (directory unreadable,
 or every file broken) the previous index stays in service.
 
-Not wired into the run loop yet; ``render`` produces the system-prompt section.
+``render`` produces the system-prompt section the run loop adds to the ROM
+segment of an agent with a pattern library.
 """
 
 from __future__ import annotations
@@ -305,6 +306,10 @@ class PatternLibrary:
     def errors(self) -> dict[str, str]:
         """File name (or ``"<directory>"``) -> why it was skipped, as of the last load."""
         return dict(self._state.errors)
+
+    def reload_due(self) -> bool:
+        """Whether the next :meth:`match` would check the directory for changes."""
+        return self._clock() >= self._next_check
 
     def match(self, text: str, k: int | None = None, min_score: float | None = None) -> list[Match]:
         if self._clock() >= self._next_check:

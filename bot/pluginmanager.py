@@ -98,7 +98,11 @@ class PluginHost:
         Returns the non-``None`` results in call order. An implementation that
         raises is logged with its plugin's name and skipped.
         """
-        results: list[Any] = []
+        return [result for _, result in await self.call_named(hook, **kwargs)]
+
+    async def call_named(self, hook: str, **kwargs: Any) -> list[tuple[str, Any]]:
+        """Like :meth:`call`, each result paired with the name of the plugin it came from."""
+        results: list[tuple[str, Any]] = []
         impls = self.implementations(hook)
         timings: list[str] = []
         start = time.perf_counter()
@@ -116,7 +120,7 @@ class PluginHost:
             if self.trace:
                 timings.append(f"{impl.plugin_name} {_ms(began)}")
             if result is not None:
-                results.append(result)
+                results.append((impl.plugin_name, result))
         if self.trace:
             log.info("hook %s: %d implementation(s) in %s [%s]", hook, len(impls),
                      _ms(start), ", ".join(timings))
@@ -186,12 +190,16 @@ class PluginHost:
 
     async def collect(self, hook: str, **kwargs: Any) -> list[Any]:
         """Call ``hook`` and flatten results that are lists into one list."""
-        items: list[Any] = []
-        for result in await self.call(hook, **kwargs):
+        return [item for _, item in await self.collect_named(hook, **kwargs)]
+
+    async def collect_named(self, hook: str, **kwargs: Any) -> list[tuple[str, Any]]:
+        """Like :meth:`collect`, each item paired with the name of its plugin."""
+        items: list[tuple[str, Any]] = []
+        for plugin, result in await self.call_named(hook, **kwargs):
             if isinstance(result, list | tuple):
-                items.extend(result)
+                items.extend((plugin, item) for item in result)
             else:
-                items.append(result)
+                items.append((plugin, result))
         return items
 
     def _failed(self, plugin: str, hook: str, exc: BaseException) -> None:

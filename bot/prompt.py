@@ -47,6 +47,8 @@ class Order(IntEnum):
     """How to format for the message's channel."""
     EXTRA_CONTEXT = 700
     """``PromptContext.extra_context`` in ``<extra_context>`` tags."""
+    PATTERNS = 750
+    """The agent's patterns that match this message (added by the engine, not a plugin)."""
     PROJECT_CONTEXT = 800
     """AGENTS.md and TOOLS.md behind a defensive preamble."""
     KERNEL = 850
@@ -73,6 +75,9 @@ class PromptContext:
     mode: PromptMode = "full"
     extra_context: str = ""
     """Run-specific context from the caller (a parent run, a cron job, the heartbeat)."""
+    agent_dir: Path | None = None
+    """A ``predefined`` agent's persona directory (SOUL.md, AGENTS.md... are read from
+    here, USER.md still from ``workspace``); ``None`` for an ``open`` agent."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from bot.agents import Agent, AgentResolver, AgentRouter
 from bot.compaction import Compactor, split_point, summarize
 from bot.config import Settings
 from bot.context import build_context, kernel_text
@@ -28,8 +29,10 @@ from bot.events import EventType, RunEvent
 from bot.exec_summary import ExecutionSummary
 from bot.guard import BLOCK_REFUSAL, InputCheck, InputGuard, truncate
 from bot.history import PruneSettings, limit_turns, prune, repair_pairing, summary_messages
+from bot.judge import Judge, Verdict, self_correct
 from bot.llm import ChatMessage, LLMProvider, LLMRequest, LLMResponse, ToolCall, Usage
 from bot.messages import InboundMessage
+from bot.patterns import PatternLibrary, render
 from bot.pluginmanager import PluginHost
 from bot.prompt import Order, PromptContext, PromptMode, PromptSection, assemble
 from bot.sanitize import Sanitizer, run_pipeline
@@ -47,7 +50,7 @@ from bot.tool_exec import (
 )
 from bot.tools import Tool, ToolContext, ToolResult
 from bot.tracing import VERBOSE_INPUT_CHARS, RunTrace, Span, SpanExporter, preview
-from workspaces import ensure_workspace, is_seeded, read_cached, workspace_dir
+from workspaces import TEMPLATE_NAMES, ensure_workspace, is_seeded, read_cached, workspace_dir
 
 log = logging.getLogger("roost.run")
 
@@ -126,6 +129,7 @@ class RunEngine:
         self.sanitizers = sorted(sanitizers, key=lambda s: s.order)
         self.guard = guard or InputGuard([], settings.guard_mode, settings.guard_modes)
         self.estimator = TokenEstimator(provider.name)
+        self._estimators = {provider.name: self.estimator}
         self.compactor = Compactor(self)
         self.prune = PruneSettings(soft_ratio=settings.prune_soft_ratio,
                                    hard_ratio=settings.prune_hard_ratio)
@@ -138,6 +142,20 @@ class RunEngine:
         """Stores a large result and returns the preview the model reads."""
         self.active_runs = 0
         self.workspaces_root = settings.workspaces_dir
+        """The default agent's workspaces (others: :func:`bot.agents.workspaces_root`)."""
+        self.judges: dict[str, Judge] = {}
+        """Judges plugins offer (``roost_judges``), by name."""
+        self.tool_groups: dict[str, str] = {}
+        """Tool name -> the plugin that offers it (``group:<plugin>`` in tool policies)."""
+        self.router = AgentRouter(AgentResolver(settings, host, lambda: self.provider,
+                                                lambda: self.judges))
+
+    def estimator_for(self, provider: str) -> TokenEstimator:
+        """The token estimator calibrated for ``provider`` (one per provider)."""
+        estimator = self._estimators.get(provider)
+        if estimator is None:
+            estimator = self._estimators[provider] = TokenEstimator(provider)
+        return estimator
 
     async def run(self, req: RunRequest, listener: Listener | None = None) -> RunResult:
         """Execute ``req`` to completion; raises ``CancelledError`` if cancelled."""
@@ -149,8 +167,8 @@ class RunEngine:
         finally:
             req.session.pins -= 1
             self.active_runs -= 1
-        if req.persist and result.status == "completed":
-            self.compactor.schedule(req.session, req.message)
+        if req.persist and result.status == "completed" and run.agent is not None:
+            self.compactor.schedule(req.session, req.message, run.agent)
         return result
 
 
@@ -170,10 +188,15 @@ class _Run:
         self.committed = False
         self.trace = RunTrace(req.run_id, req.session.key, verbose=self.settings.trace_verbose)
         self.trace.root.attributes["kind"] = req.kind
-        self.tools = engine.tools if req.tools is None else {
-            name: engine.tools[name] for name in req.tools if name in engine.tools}
-        self.executor = ToolExecutor(self.tools, self.settings, breakers=engine.breakers,
-                                     metrics=engine.tool_metrics)
+        # Set from the agent when the run starts (_use_agent).
+        self.agent: Agent | None = None
+        self.provider = engine.provider
+        self.estimator = engine.estimator
+        self.tools: dict[str, Tool] = {}
+        self.executor = ToolExecutor(self.tools, self.settings)
+        self.stream = True
+        self.judge_attempt = 0
+        self.judge_spans: list[Span] = []
         self.repeats: dict[tuple[str, str], int] = {}
         self.exec_summary = ExecutionSummary()  # one per run = one per user turn
         self.compacted_midloop = False
@@ -211,12 +234,34 @@ class _Run:
             result = await self._fail(describe_error(exc))
         return result
 
+    async def _use_agent(self) -> Agent:
+        """Resolve the run's agent; its settings, provider and tool policy apply from here."""
+        engine, req = self.engine, self.req
+        agent = self.agent = await engine.router.get(req.agent)
+        self.settings = agent.settings
+        self.provider = agent.provider or engine.provider
+        self.estimator = engine.estimator_for(self.provider.name)
+        # The policy decides what is offered *and* what may run: a hidden tool
+        # the model names anyway is an unknown tool to the executor.
+        tools = agent.tools(engine.tools, engine.tool_groups)
+        if req.tools is not None:
+            tools = {name: tools[name] for name in req.tools if name in tools}
+        self.tools = tools
+        self.executor = ToolExecutor(tools, self.settings, breakers=engine.breakers,
+                                     metrics=engine.tool_metrics)
+        # A judged reply is delivered only once it passed, so drafts are not streamed.
+        self.stream = not (agent.judges and req.kind == "chat")
+        self.trace.root.attributes["agent"] = agent.name
+        return agent
+
     async def _phases(self) -> RunResult:
         req, msg, engine = self.req, self.req.message, self.engine
+        agent = await self._use_agent()
         # Setup: the workspace is always the sender's, even in a group.
-        workspace = _workspace(engine.workspaces_root, msg.channel, msg.sender_id)
+        workspace = _workspace(agent.workspaces_root, msg.channel, msg.sender_id)
         if not is_seeded(workspace):
-            await asyncio.to_thread(ensure_workspace, workspace)
+            await asyncio.to_thread(ensure_workspace, workspace, agent.bootstrap_dir,
+                                    _seeded_files(agent))
 
         # Input validation: guard, length, then plugin checks.
         verdict = engine.guard.check(msg.text, channel=msg.channel, user=msg.sender_id,
@@ -243,10 +288,13 @@ class _Run:
         prompt = PromptContext(
             message=msg, session_key=req.session.key, workspace=workspace,
             tool_names=sorted(self.tools), model=self.settings.model,
-            provider=engine.provider.name, agent=req.agent, mode=req.mode,
+            provider=self.provider.name, agent=agent.name, mode=req.mode,
             extra_context=req.extra_context,
+            agent_dir=agent.bootstrap_dir if agent.type == "predefined" else None,
         )
         sections = await engine.host.collect("roost_prompt_sections", prompt=prompt)
+        if agent.patterns is not None and req.mode == "full":
+            sections.append(await self._patterns(agent.patterns, text))
         rom = assemble(sections)
         kernel = "" if req.mode == "minimal" else kernel_text(
             read_cached(workspace / "USER.md", 8_000), req.session.facts)
@@ -259,7 +307,7 @@ class _Run:
                                   created_at=user.created_at)
         context = build_context(
             rom=rom, kernel=kernel, summary="" if req.history is not None else req.session.summary,
-            history=self._history(group), current=current, estimator=engine.estimator,
+            history=self._history(group), current=current, estimator=self.estimator,
             window=self.settings.context_window, reserve=self.settings.output_reserve,
         )
         if req.persist:
@@ -275,8 +323,44 @@ class _Run:
             deadline=self.started + (req.timeout or self.settings.run_timeout),
             chat_type=msg.chat_type, thread_id=msg.thread_id,
         )
-        final: str | None = None
-        while self.iterations < limit:
+        final, convo = await self._generate(convo, system, specs, limit, tool_context)
+
+        # Finalization: sanitize before the NO_REPLY check, judge, then one flush.
+        cleaned = run_pipeline(final, engine.sanitizers)
+        silent = cleaned == NO_REPLY or not cleaned
+        if agent.judges and req.kind == "chat" and not silent:
+            final, cleaned = await self._self_correct(
+                agent, convo, (final, cleaned), text,
+                lambda c: self._generate(c, system, specs, limit, tool_context))
+            silent = cleaned == NO_REPLY or not cleaned
+        self.buffer.append(ChatMessage("assistant", final))
+        self.trace.root.attributes["output_preview"] = preview(cleaned)
+        if req.persist:
+            self.committed = True
+            await engine.store.append_run(
+                req.session, req.run_id, self.buffer, self.usage, self.settings.model,
+                self.provider.name, self._record("completed"), self._spans("completed"),
+            )
+        else:
+            await self._store_trace("completed")
+        self._log("completed")
+        await self.emit("run.completed", content=cleaned, silent=silent,
+                        usage={"input_tokens": self.usage.input_tokens,
+                               "output_tokens": self.usage.output_tokens})
+        return RunResult(req.run_id, "completed", None if silent else cleaned, self.usage,
+                         self.iterations)
+
+    async def _generate(self, convo: list[ChatMessage], system: str,
+                        specs: tuple[Any, ...], limit: int,
+                        tool_context: ToolContext) -> tuple[str, list[ChatMessage]]:
+        """LLM iterations until an answer without tool calls, or ``limit`` model calls.
+
+        Returns the answer and the conversation (mid-loop compaction may replace it).
+        Tool exchanges go to the run's buffer; the answer does not.
+        """
+        used = 0
+        while used < limit:
+            used += 1
             self.iterations += 1
             await self.emit("activity", phase="thinking", iteration=self.iterations)
             request = LLMRequest(
@@ -287,8 +371,7 @@ class _Run:
             response = await self._call_llm(request)
             self.usage.add(response.usage)
             if not response.tool_calls:
-                final = response.text
-                break
+                return response.text, convo
             assistant = ChatMessage("assistant", response.text, tool_calls=response.tool_calls)
             convo.append(assistant)
             self.buffer.append(assistant)
@@ -307,37 +390,80 @@ class _Run:
                 convo[-1] = dataclasses.replace(convo[-1], content=f"{convo[-1].content}\n\n"
                                                 f"{warning}")
             convo = await self._maybe_compact_midloop(convo, response.usage.input_tokens
-                                                      or engine.estimator.request(request))
-        if final is None:
-            final = (f"I stopped after {limit} steps without finishing. "
-                     "Tell me how to continue, or ask for something smaller.")
+                                                      or self.estimator.request(request))
+        return (f"I stopped after {limit} steps without finishing. "
+                "Tell me how to continue, or ask for something smaller."), convo
 
-        # Finalization: sanitize before the NO_REPLY check, then one flush.
-        cleaned = run_pipeline(final, engine.sanitizers)
-        silent = cleaned == NO_REPLY or not cleaned
-        self.buffer.append(ChatMessage("assistant", final))
-        self.trace.root.attributes["output_preview"] = preview(cleaned)
-        if req.persist:
-            self.committed = True
-            await engine.store.append_run(
-                req.session, req.run_id, self.buffer, self.usage, self.settings.model,
-                engine.provider.name, self._record("completed"), self._spans("completed"),
-            )
-        else:
-            await self._store_trace("completed")
-        self._log("completed")
-        await self.emit("run.completed", content=cleaned, silent=silent,
-                        usage={"input_tokens": self.usage.input_tokens,
-                               "output_tokens": self.usage.output_tokens})
-        return RunResult(req.run_id, "completed", None if silent else cleaned, self.usage,
-                         self.iterations)
+    async def _patterns(self, library: PatternLibrary, text: str) -> PromptSection:
+        """The agent's top patterns for ``text``, for the ROM segment."""
+        if library.reload_due():
+            # Parsing YAML and rebuilding the index is file I/O: off the event loop.
+            await asyncio.to_thread(library.reload_if_changed)
+        span = self.trace.start("patterns", "patterns", library=str(library.directory))
+        matches = library.match(text)
+        span.end(matched={m.name: round(m.score, 4) for m in matches})
+        return PromptSection("patterns", render(matches), Order.PATTERNS)
+
+    async def _self_correct(
+        self, agent: Agent, convo: list[ChatMessage], first: tuple[str, str], request_text: str,
+        generate: Callable[[list[ChatMessage]], Awaitable[tuple[str, list[ChatMessage]]]],
+    ) -> tuple[str, str]:
+        """Judge the reply; regenerate with the judges' feedback until it passes.
+
+        Returns ``(raw, sanitized)`` of the reply to deliver. A judge that fails
+        (its provider is down) leaves the latest reply unjudged rather than
+        failing the run; cancellation (``/stop``) propagates like anywhere else.
+        """
+        config = agent.config.judge
+        assert config is not None
+        latest = first
+        state = {"convo": convo}
+
+        async def attempt(correction: str | None) -> str:
+            nonlocal latest
+            self.judge_attempt += 1
+            if correction is None:
+                return latest[1]
+            log.info("run %s: reply rejected by the judges; attempt %d", self.req.run_id[:8],
+                     self.judge_attempt)
+            convo = state["convo"]
+            convo.append(ChatMessage("assistant", latest[0]))
+            convo.append(ChatMessage("user", correction))
+            raw, state["convo"] = await generate(convo)
+            latest = (raw, run_pipeline(raw, self.engine.sanitizers))
+            return latest[1]
+
+        judges = [_TracedJudge(j, self, config.strategy, config.threshold)
+                  for j in agent.judges]
+        stats = self.engine.router.stats_for(agent.name)
+        try:
+            result = await self_correct(attempt, judges, strategy=config.strategy,
+                                        threshold=config.threshold,
+                                        max_retries=config.max_retries,
+                                        request_text=request_text)
+        except Exception as exc:
+            stats.errors += 1
+            self.trace.root.attributes["judge_error"] = describe_error(exc)
+            log.warning("run %s: a judge failed (%s); the reply goes out unjudged",
+                        self.req.run_id[:8], describe_error(exc))
+            return latest
+        stats.record(result)
+        for span in self.judge_spans:
+            index = span.attributes["attempt"] - 1
+            if index < len(result.scores):
+                span.attributes["aggregate_score"] = round(result.scores[index], 4)
+                span.attributes["passed"] = result.passed and index == result.attempts - 1
+        self.trace.root.attributes.update(judge_attempts=result.attempts,
+                                          judge_passed=result.passed,
+                                          judge_score=round(result.score, 4))
+        return latest
 
     def _history(self, group: bool) -> list[ChatMessage]:
         """Stored history through the pipeline: limit turns → prune → repair pairing."""
         source = self.req.history if self.req.history is not None else self.req.session.messages
         limited = limit_turns(source, self.settings.history_turns)
         window = self.settings.context_window
-        estimator = self.engine.estimator
+        estimator = self.estimator
         pruned = prune(limited, lambda ms: estimator.messages(ms) / window, self.engine.prune)
         return [_for_model(m, group) for m in repair_pairing(pruned)]
 
@@ -369,7 +495,8 @@ class _Run:
         span = self.trace.start("llm", "compaction", model=self.settings.model,
                                 messages=cut)
         try:
-            summary = await summarize(self.engine, convo[:cut])
+            summary = await summarize(self.engine, convo[:cut], provider=self.provider,
+                                      model=self.settings.model)
         except Exception as exc:
             span.end(error=True, error_message=describe_error(exc))
             log.warning("mid-run compaction of %s failed; continuing uncompacted",
@@ -389,7 +516,7 @@ class _Run:
         on_text = None
         pump: asyncio.Task[None] | None = None
         queue: asyncio.Queue[str | None] = asyncio.Queue()
-        if self.listener is not None or self.observers:
+        if self.stream and (self.listener is not None or self.observers):
             # Providers call on_text synchronously from their stream loop; a pump
             # task forwards fragments so slow observers never stall the stream.
             on_text = queue.put_nowait
@@ -399,7 +526,7 @@ class _Run:
             await self.emit("run.retrying", attempt=attempt, maxAttempts=max_attempts,
                             error=error)
 
-        provider = self.engine.provider
+        provider = self.provider
         span = self.trace.start("llm", "llm", provider=provider.name,
                                 model=request.model, iteration=self.iterations)
         if self.trace.verbose:
@@ -418,7 +545,7 @@ class _Run:
                  output_preview=preview(response.text), tool_calls=len(response.tool_calls))
         if self.iterations == 1:
             # One sample per run is plenty for a moving average, and it is O(request).
-            self.engine.estimator.calibrate(request, response.usage.input_tokens)
+            self.estimator.calibrate(request, response.usage.input_tokens)
         return response
 
     async def _pump(self, queue: asyncio.Queue[str | None]) -> None:
@@ -537,6 +664,37 @@ class _Run:
                  self.req.run_id[:8], status, self.req.session.key, self.iterations,
                  self.usage.input_tokens, self.usage.output_tokens,
                  (time.monotonic() - self.started) * 1000, f" error={error}" if error else "")
+
+
+class _TracedJudge:
+    """A judge whose every verdict becomes a ``judge`` span of the run's trace."""
+
+    def __init__(self, inner: Judge, run: _Run, strategy: str, threshold: float) -> None:
+        self.inner = inner
+        self.run = run
+        self.name = inner.name
+        self.weight = inner.weight
+        self.strategy = strategy
+        self.threshold = threshold
+
+    async def score(self, request_text: str, reply: str,
+                    criteria: str | None = None) -> Verdict:
+        span = self.run.trace.start("judge", self.name, judge=self.name,
+                                    attempt=self.run.judge_attempt, strategy=self.strategy,
+                                    threshold=self.threshold)
+        self.run.judge_spans.append(span)
+        try:
+            verdict = await self.inner.score(request_text, reply, criteria)
+        except BaseException as exc:
+            span.end(error=True, error_message=describe_error(exc))
+            raise
+        span.end(score=round(verdict.score, 4), reasons=verdict.reasons[:500])
+        return verdict
+
+
+def _seeded_files(agent: Agent) -> tuple[str, ...]:
+    """A predefined agent's persona is its own: each user's workspace gets only USER.md."""
+    return ("USER.md",) if agent.type == "predefined" else TEMPLATE_NAMES
 
 
 def _with_summary(convo: list[ChatMessage], block: str) -> tuple[ChatMessage, ...]:

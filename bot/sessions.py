@@ -99,6 +99,11 @@ def session_key(message: InboundMessage, agent: str = "default") -> str:
     return f"{agent}:{message.channel}:direct:{message.sender_id}"
 
 
+def agent_of(key: str) -> str:
+    """The agent a session key belongs to (its first part)."""
+    return key.split(":", 1)[0]
+
+
 class SessionStore:
     """Loads sessions on demand, caches up to ``cache_size``, writes runs atomically."""
 

@@ -7,7 +7,9 @@ that calls a hidden tool anyway gets the ordinary unknown-tool error
 
 Entries of ``allow`` and ``deny`` are tool names (``"write_file"``) or plugin
 groups written ``"group:<plugin name>"`` (``"group:file_tools"``); the caller
-supplies the mapping tool name → plugin name. Resolution:
+supplies the mapping tool name → plugin name. A built-in plugin may be named
+by its module's last part (``group:file_tools`` for ``plugins.file_tools``).
+Resolution:
 
 1. start from the profile (:data:`PROFILES`; ``full`` means every tool);
 2. add every tool named by ``allow``;
@@ -86,6 +88,12 @@ class ToolPolicy:
         return {name: tool for name, tool in tools.items() if name in allowed}
 
 
+def _in_group(owner: str, group: str) -> bool:
+    """Whether plugin ``owner`` is ``group``: its full name, or a built-in's module name
+    (``group:file_tools`` for ``plugins.file_tools``)."""
+    return owner == group or owner.rsplit(".", 1)[-1] == group
+
+
 def _resolve(entries: Iterable[str], tools: Mapping[str, Tool], groups: Mapping[str, str],
              which: str) -> set[str]:
     """The registered tool names that ``entries`` refer to; unknown ones are logged."""
@@ -93,7 +101,7 @@ def _resolve(entries: Iterable[str], tools: Mapping[str, Tool], groups: Mapping[
     for entry in entries:
         if entry.startswith(GROUP_PREFIX):
             plugin = entry[len(GROUP_PREFIX):]
-            members = {name for name in tools if groups.get(name) == plugin}
+            members = {name for name in tools if _in_group(groups.get(name, ""), plugin)}
             if not members:
                 log.warning("tool policy %s: no tools from plugin group %r; ignored",
                             which, plugin)

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-SpanKind = Literal["agent", "llm", "tool"]
+SpanKind = Literal["agent", "llm", "tool", "patterns", "judge"]
 
 OUTPUT_PREVIEW_CHARS = 500
 VERBOSE_INPUT_CHARS = 50_000
@@ -26,6 +26,8 @@ class Span:
 
     ``llm``: provider, model, iteration, input_tokens, output_tokens,
     output_preview (and input when verbose). ``tool``: name, call_id, is_error.
+    ``patterns``: matched (name: score). ``judge``: judge, attempt, strategy,
+    threshold, score, reasons, then the attempt's aggregate_score and passed.
     ``agent`` (root): session_key, status, error_message.
     """
 

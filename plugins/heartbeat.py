@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from bot.agent_config import route
+from bot.agents import workspaces_root
 from bot.config import Settings
 from bot.hookspecs import hookimpl
 from bot.jobs import JobSpec
@@ -42,7 +44,6 @@ from bot.llm import ChatMessage
 from bot.messages import InboundMessage
 from bot.runloop import NO_REPLY
 from bot.sanitize import Sanitizer
-from bot.sessions import session_key
 from bot.tools import ToolError
 from workspaces import read_cached, resolve_in_workspace, workspace_dir
 
@@ -158,7 +159,9 @@ class Heartbeat:
         except (ZoneInfoNotFoundError, ValueError) as exc:
             raise ValueError(f"timezone {settings.timezone!r} is not a known IANA time "
                              "zone") from exc
-        self.workspace = workspace_dir(settings.workspaces_dir, channel, user)
+        # The workspace of the agent that serves the owner's direct chat.
+        agent = route(settings.bindings, self.message())
+        self.workspace = workspace_dir(workspaces_root(settings, agent), channel, user)
 
     def spec(self) -> JobSpec:
         """The job, for ``roost_scheduled_jobs``."""
@@ -197,7 +200,7 @@ class Heartbeat:
             log.warning("heartbeat skipped: channel %r is not running", self.channel)
             return "no_channel"
         message = self.message()
-        key = session_key(message)
+        key = app.dispatcher.key_for(message)
         if app.dispatcher.running_count(key) or app.dispatcher.queue_length(key):
             log.info("heartbeat skipped: %s has a run in progress", key)
             return "busy"

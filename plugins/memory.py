@@ -39,6 +39,7 @@ from bot.messages import InboundMessage
 from bot.prompt import Order, PromptContext, PromptSection
 from bot.runloop import RunRequest
 from bot.services import Services
+from bot.sessions import agent_of
 from bot.tool_args import check_keys, int_arg, str_arg
 from bot.tools import Tool, ToolContext, ToolError
 from workspaces import read_cached, resolve_in_workspace
@@ -316,7 +317,7 @@ class MemoryFlushJob:
         if message is not None and history:
             try:
                 result = await app.engine.run(RunRequest(
-                    message, session, mode="minimal", agent=session.key.split(":", 1)[0],
+                    message, session, mode="minimal", agent=agent_of(session.key),
                     max_iterations=FLUSH_ITERATIONS, tools=FLUSH_TOOLS,
                     history=repair_pairing(history), persist=False, timeout=FLUSH_TIMEOUT,
                     kind="memory_flush",

@@ -182,10 +182,13 @@ def roost_prompt_sections(prompt: PromptContext) -> list[PromptSection]:
     """The built-in sections; background runs (minimal mode) get identity, extra context,
     AGENTS.md and TOOLS.md."""
     msg, ws = prompt.message, prompt.workspace
+    # A predefined agent's persona and project files are its own; an open
+    # agent's live in each user's workspace.
+    persona_dir = prompt.agent_dir or ws
     group = msg.chat_type == "group"
     # extra_context is how a background run (cron job, heartbeat) says what it is for,
     # so minimal mode keeps it.
-    sections = [_identity(msg), _extra_context(prompt), _project_context(ws)]
+    sections = [_identity(msg), _extra_context(prompt), _project_context(persona_dir)]
     if prompt.mode == "minimal":
         return sections
 
@@ -199,7 +202,7 @@ def roost_prompt_sections(prompt: PromptContext) -> list[PromptSection]:
             _file("BOOTSTRAP.md", bootstrap),
         ]), Order.BOOTSTRAP))
 
-    persona = [_file(n, body) for n in PERSONA_FILES if (body := _read(ws, n))]
+    persona = [_file(n, body) for n in PERSONA_FILES if (body := _read(persona_dir, n))]
     if persona:
         sections.append(PromptSection("persona", "\n".join([
             "## Persona", "These files define who you are. Embody them.", *persona,

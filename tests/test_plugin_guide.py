@@ -101,6 +101,10 @@ class AllHooks:
         self.called.add("roost_prompt_sections")
 
     @hookimpl
+    def roost_judges(self) -> None:
+        self.called.add("roost_judges")
+
+    @hookimpl
     def roost_scheduled_jobs(self) -> None:
         self.called.add("roost_scheduled_jobs")
 

@@ -34,15 +34,18 @@ def template_text(name: str) -> str:
     return resources.files("workspaces").joinpath("templates", name).read_text(encoding="utf-8")
 
 
-def ensure_workspace(path: Path) -> bool:
+def ensure_workspace(path: Path, template_dir: Path | None = None,
+                     names: tuple[str, ...] = TEMPLATE_NAMES) -> bool:
     """Create ``path`` and add any missing bootstrap files; never overwrite.
 
-    Copies every template in :data:`TEMPLATE_NAMES` that is missing and creates
-    ``memory/``. ``BOOTSTRAP.md`` is the exception: it is seeded only while the
-    directory is new (absent or empty), so it stays gone once the agent has
-    deleted it. Existing files are never touched, even when a concurrent
-    process seeds the same workspace. The first call per path and process does
-    the work; later calls return at once.
+    Copies every template in ``names`` that is missing and creates
+    ``memory/``. A template is read from ``template_dir`` (an agent's
+    ``bootstrap_dir``) when it has that file, else from the packaged ones.
+    ``BOOTSTRAP.md`` is the exception: it is seeded only while the directory
+    is new (absent or empty), so it stays gone once the agent has deleted it.
+    Existing files are never touched, even when a concurrent process seeds the
+    same workspace. The first call per path and process does the work; later
+    calls return at once.
 
     Returns ``True`` when something was created.
     """
@@ -52,7 +55,7 @@ def ensure_workspace(path: Path) -> bool:
     with _seeded_lock:
         if key in _seeded:
             return False
-        created = _seed(Path(key))
+        created = _seed(Path(key), template_dir, names)
         _seeded.add(key)
         return created
 
@@ -78,16 +81,25 @@ def forget_workspace(path: Path | None = None) -> None:
             _seeded.discard(os.path.abspath(path))
 
 
-def _seed(path: Path) -> bool:
+def _template(name: str, template_dir: Path | None) -> str:
+    if template_dir is not None:
+        try:
+            return (template_dir / name).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            pass
+    return template_text(name)
+
+
+def _seed(path: Path, template_dir: Path | None, names: tuple[str, ...]) -> bool:
     fresh = not path.exists() or not any(path.iterdir())
     path.mkdir(parents=True, exist_ok=True)
     created = False
     # BOOTSTRAP.md is first in TEMPLATE_NAMES, so a seed interrupted part-way
     # still leaves it behind for the next attempt.
-    for name in TEMPLATE_NAMES:
+    for name in names:
         if name == FIRST_RUN_TEMPLATE and not fresh:
             continue
-        created |= _create_exclusive(path / name, template_text(name))
+        created |= _create_exclusive(path / name, _template(name, template_dir))
     try:
         (path / MEMORY_DIR).mkdir()
         created = True
