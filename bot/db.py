@@ -160,6 +160,26 @@ MIGRATIONS: list[str] = [
         updated_at REAL NOT NULL
     );
     """,
+    # 10: agents add span kinds: pattern matches and judge verdicts. SQLite cannot
+    # alter a CHECK constraint, so the table is rebuilt with its rows.
+    """
+    CREATE TABLE spans_new (
+        id TEXT PRIMARY KEY,
+        run_id TEXT NOT NULL,
+        parent_id TEXT,
+        kind TEXT NOT NULL CHECK (kind IN ('agent', 'llm', 'tool', 'patterns', 'judge')),
+        name TEXT NOT NULL,
+        started_at REAL NOT NULL,
+        duration_ms REAL NOT NULL,
+        error INTEGER NOT NULL DEFAULT 0,
+        attributes TEXT NOT NULL DEFAULT '{}'
+    );
+    INSERT INTO spans_new SELECT id, run_id, parent_id, kind, name, started_at, duration_ms,
+        error, attributes FROM spans;
+    DROP TABLE spans;
+    ALTER TABLE spans_new RENAME TO spans;
+    CREATE INDEX spans_run ON spans(run_id);
+    """,
 ]
 """Schema steps in order; ``PRAGMA user_version`` records how many have run.
 

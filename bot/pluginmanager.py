@@ -38,6 +38,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "plugins.heartbeat",
     "plugins.cron",
     "plugins.plugin_commands",
+    "plugins.agent_commands",
 )
 """Modules of the built-in plugins, registered like external ones."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from bot.agents import Agent, AgentError
 from bot.commands import Command, CommandContext
 from bot.config import Settings
 from bot.hookspecs import hookimpl
@@ -45,9 +46,17 @@ async def _new(ctx: CommandContext) -> str:
 async def _status(ctx: CommandContext) -> str:
     app = ctx.app
     session = await app.store.get(ctx.session_key)
+    try:
+        agent: Agent | None = await app.engine.router.get(ctx.agent)
+    except AgentError as exc:
+        agent, model = None, f"unavailable ({exc})"
+    if agent is not None:
+        model = (f"{agent.settings.model} via "
+                 f"{(agent.provider or app.provider).name}")
     lines = [
         f"Session: {session.key} ({len(session.messages)} messages)",
-        f"Model: {app.settings.model} via {app.provider.name}",
+        f"Agent: {ctx.agent}",
+        f"Model: {model}",
         f"Tokens: {session.input_tokens} in / {session.output_tokens} out",
         f"Running: {app.dispatcher.running_count(ctx.session_key)}, "
         f"queued: {app.dispatcher.queue_length(ctx.session_key)}",
@@ -61,6 +70,10 @@ async def _status(ctx: CommandContext) -> str:
             f"Context (tokens, last run): system {t['rom']}, kernel {t['kernel']}, "
             f"summary {t['l2']}, recent {t['l1']}, message {t['current']}; "
             f"total {t['total']} of {t['budget']}")
+    if agent is not None and agent.judge is not None:
+        j = agent.judge
+        lines.append(f"Judges: {len(agent.judges)}, {j.strategy} >= {j.threshold:.2f}; "
+                     f"{app.engine.router.stats_for(agent.name).describe()}")
     if ctx.is_admin:
         lines.extend(_tool_health(app.engine.tool_metrics.snapshot(),
                                   app.engine.breakers.snapshot()))
