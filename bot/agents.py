@@ -193,6 +193,9 @@ class AgentResolver:
                 check_interval=p.check_interval)
             for source, why in patterns.errors.items():
                 log.warning("agent %s: pattern %s skipped: %s", name, source, why)
+        if config.bootstrap_dir is not None and not config.bootstrap_dir.is_dir():
+            log.warning("agent %s: bootstrap_dir %s is not a directory; the built-in "
+                        "templates are used instead", name, config.bootstrap_dir)
         judges = await self._judges(name, config, settings, provider)
         root = workspaces_root(base, name)
         log.info("agent %s resolved: %s/%s, window %d, %d iterations, tools %s, %d judge(s)",

@@ -149,9 +149,9 @@ def roost_judges(settings: Settings) -> list[Judge] | Judge | None:
     ``[0, 1]`` and reasons. An agent uses one by naming it as a judge's
     ``type`` in ``[agents.<name>.judge]`` (``judges = [{type = "<name>"}]``).
     ``criteria`` is the agent's criteria text. Judges run concurrently with
-    the agent's other judges and are cancelled with the run (``/stop``); an
-    exception counts as a failed run, so return a low score for a bad reply
-    instead of raising.
+    the agent's other judges and are cancelled with the run (``/stop``). An
+    exception is logged and counted and the reply goes out unjudged, so
+    return a low score for a bad reply instead of raising.
     """
 
 
