@@ -146,38 +146,47 @@ class Binding(_Strict):
     """``[[bindings]]``: which agent serves the messages that match every set field.
 
     ``chat_id`` is the chat (a direct chat, a Telegram group, a Slack or
-    Discord channel); it is the most specific condition, then ``channel``,
-    then ``chat_type``. Among equally specific matches the first listed wins.
+    Discord channel) and the most specific condition; then ``group_id``, the
+    Slack workspace (team id) or Discord server (guild id) a chat is in; then
+    ``channel``; then ``chat_type``. Among equally specific matches the first
+    listed wins.
     """
 
     agent: str
     channel: str | None = None
     chat_id: str | None = None
+    group_id: str | None = None
     chat_type: ChatType | None = None
 
     @model_validator(mode="after")
     def _has_a_condition(self) -> Binding:
-        if self.channel is None and self.chat_id is None and self.chat_type is None:
-            raise ValueError(f"binding to {self.agent!r} needs channel, chat_id or chat_type")
+        if not self._conditions():
+            raise ValueError(f"binding to {self.agent!r} needs channel, chat_id, group_id "
+                             "or chat_type")
         return self
+
+    def _conditions(self) -> list[tuple[str, str]]:
+        return [(k, v) for k, v in (("channel", self.channel), ("chat_id", self.chat_id),
+                                    ("group_id", self.group_id),
+                                    ("chat_type", self.chat_type)) if v is not None]
 
     @property
     def specificity(self) -> int:
-        """Higher is more specific: chat id 4, channel 2, chat type 1."""
-        return ((4 if self.chat_id is not None else 0) + (2 if self.channel is not None else 0)
+        """Higher is more specific: chat id 8, group id 4, channel 2, chat type 1."""
+        return ((8 if self.chat_id is not None else 0) + (4 if self.group_id is not None else 0)
+                + (2 if self.channel is not None else 0)
                 + (1 if self.chat_type is not None else 0))
 
     def matches(self, message: InboundMessage) -> bool:
         """Whether every condition of this binding holds for ``message``."""
         return ((self.channel is None or self.channel == message.channel)
                 and (self.chat_id is None or self.chat_id == message.chat_id)
+                and (self.group_id is None or self.group_id == message.group_id)
                 and (self.chat_type is None or self.chat_type == message.chat_type))
 
     def describe(self) -> str:
         """``channel=slack chat_type=group`` (for ``/agents``)."""
-        parts = [f"{k}={v}" for k, v in (("channel", self.channel), ("chat_id", self.chat_id),
-                                          ("chat_type", self.chat_type)) if v is not None]
-        return " ".join(parts)
+        return " ".join(f"{k}={v}" for k, v in self._conditions())
 
 
 def check_bindings(agents: dict[str, AgentConfig], bindings: list[Binding]) -> None:

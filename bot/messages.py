@@ -39,6 +39,9 @@ class InboundMessage:
     mentioned: bool = False
     attachments: tuple[Attachment, ...] = ()
     raw: Any = field(default=None, compare=False, repr=False)
+    group_id: str | None = None
+    """The community the chat belongs to: a Discord server (guild) id or a Slack
+    workspace (team) id; ``None`` where there is none (Telegram, DMs on Discord)."""
 
     @property
     def display_name(self) -> str:

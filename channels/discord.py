@@ -251,7 +251,8 @@ class DiscordChannel(Channel):
             sender_id=str(message.author.id), sender_name=message.author.display_name,
             text=text, message_id=str(message.id), reply_to=reply_to, thread_id=thread_id,
             mentioned=mentioned,
-            attachments=tuple(_attachment(a) for a in message.attachments), raw=message)
+            attachments=tuple(_attachment(a) for a in message.attachments), raw=message,
+            group_id=str(message.guild.id) if message.guild is not None else None)
 
     def _addresses_me(self, message: discord.Message, me: discord.ClientUser,
                       role: discord.Role | None) -> bool:
@@ -294,7 +295,8 @@ class DiscordChannel(Channel):
         await self._handler(InboundMessage(
             channel=self.name, chat_id=chat_id, chat_type=chat_type, sender_id=str(user.id),
             sender_name=user.display_name, text=f"/{name} {args}".strip(), message_id=key,
-            thread_id=thread_id, mentioned=True, raw=interaction))
+            thread_id=thread_id, mentioned=True, raw=interaction,
+            group_id=str(interaction.guild_id) if in_guild else None))
 
     async def _expire(self, key: str) -> None:
         """Withdraw a deferred answer the core never replied to (the command said nothing)."""

@@ -407,7 +407,8 @@ class SlackChannel(Channel):
         return InboundMessage(
             channel=self.name, chat_id=channel, chat_type=chat_type, sender_id=user,
             sender_name=_sender_name(event), text=text, message_id=ts, thread_id=thread,
-            mentioned=mentioned, attachments=_attachments(event), raw=event)
+            mentioned=mentioned, attachments=_attachments(event), raw=event,
+            group_id=_team(body, event))
 
     async def _on_command(self, body: dict[str, Any]) -> None:
         try:
@@ -427,7 +428,8 @@ class SlackChannel(Channel):
         message = InboundMessage(
             channel=self.name, chat_id=channel,
             chat_type="direct" if channel.startswith("D") else "group", sender_id=user,
-            sender_name=str(body.get("user_name") or ""), text=text, mentioned=True, raw=body)
+            sender_name=str(body.get("user_name") or ""), text=text, mentioned=True, raw=body,
+            group_id=_team(body, body))
         token = _SLASH.set(_SlashReply(channel, response_url))
         try:
             await self._handler(message)
@@ -614,6 +616,14 @@ def _ack_payload(response: BoltResponse) -> dict[str, Any] | None:
 def _header(request: AsyncBoltRequest, name: str) -> str | None:
     values = request.headers.get(name)
     return str(values[0]) if values else None
+
+
+def _team(body: Mapping[str, Any], event: Mapping[str, Any]) -> str | None:
+    """The Slack workspace (team id) an event or command came from, if it says."""
+    for value in (event.get("team"), body.get("team_id")):
+        if isinstance(value, str) and value:
+            return value
+    return None
 
 
 def _field(data: Mapping[str, Any], key: str) -> str:

@@ -24,8 +24,8 @@ ADMIN = "test:boss"
 
 
 def message(chat: str = "u1", chat_type: ChatType = "direct", channel: str = "test",
-            sender: str = "u1") -> InboundMessage:
-    return InboundMessage(channel, chat, chat_type, sender, "hi")
+            sender: str = "u1", group_id: str | None = None) -> InboundMessage:
+    return InboundMessage(channel, chat, chat_type, sender, "hi", group_id=group_id)
 
 
 def script(path: Path, *turns: dict[str, Any]) -> Path:
@@ -37,6 +37,7 @@ def script(path: Path, *turns: dict[str, Any]) -> Path:
 
 
 BINDINGS = [
+    Binding(agent="by-server", group_id="S1"),
     Binding(agent="by-channel", channel="test"),
     Binding(agent="by-type", chat_type="group"),
     Binding(agent="by-channel-and-type", channel="test", chat_type="group"),
@@ -51,6 +52,8 @@ BINDINGS = [
     (message("g2", "group", channel="slack"), "by-type"),        # type only (1)
     (message("g1", "group"), "by-chat"),                         # chat id (4), first listed
     (message("u9", channel="slack"), "default"),                 # nothing matches
+    (message("c5", "group", group_id="S1"), "by-server"),         # server (4) over channel
+    (message("g1", "group", group_id="S1"), "by-chat"),           # chat id (8) over server
 ])
 def test_the_most_specific_binding_wins_and_unbound_chats_get_the_default(
         msg: InboundMessage, agent: str) -> None:
@@ -86,7 +89,7 @@ chat_type = "group"
 
 @pytest.mark.parametrize(("toml", "complaint"), [
     ('[[bindings]]\nagent = "ghost"\nchannel = "slack"', "unknown agent 'ghost'"),
-    ('[[bindings]]\nagent = "default"', "needs channel, chat_id or chat_type"),
+    ('[[bindings]]\nagent = "default"', "needs channel, chat_id, group_id or chat_type"),
     ('[agents.p]\ntype = "predefined"', "needs bootstrap_dir"),
     ('[agents."a:b"]\nmodel = "x"', "must be 1-32 letters"),
     ('[agents.a]\ntools = { profile = "everything" }', "unknown tool profile"),

@@ -374,3 +374,17 @@ async def test_a_plain_slash_command_message_works_in_a_group(
     await replied(app, fake_discord)
     [answer] = fake_discord.visible(CHANNEL_ID)
     assert f"id {USER_ID}" in answer and str(GUILD_ID) not in answer
+
+
+async def test_a_server_binding_routes_guild_chats_and_leaves_dms_to_the_default(
+    fake_discord: FakeDiscord, make_app: AppFactory,
+) -> None:
+    provider = scripted({"reply": "ok"}, loop=True)
+    app, _, _ = await start(make_app, fake_discord, provider, agents={"guild": {}},
+                            bindings=[{"agent": "guild", "group_id": str(GUILD_ID)}])
+    await fake_discord.guild_message("in the server", mention=True)
+    await fake_discord.dm("in private")
+    await replied(app, fake_discord, 2)
+    assert (await app.store.get(f"guild:discord:group:{CHANNEL_ID}")).messages
+    assert (await app.store.get(f"default:discord:direct:{USER_ID}")).messages
+    assert not (await app.store.get(f"guild:discord:direct:{USER_ID}")).messages

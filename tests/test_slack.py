@@ -476,3 +476,17 @@ def test_split_for_slack_keeps_pieces_under_the_limit_after_escaping() -> None:
     pieces = split_for_slack("a & b " * 1_000, 1_000)
     assert all(len(p) <= 1_000 for p in pieces)
     assert "".join(pieces).count("&amp;") == 1_000
+
+
+async def test_a_workspace_binding_sends_the_whole_slack_workspace_to_its_agent(
+    fake_slack: FakeSlack, make_app: AppFactory,
+) -> None:
+    provider = scripted({"reply": "support here"}, loop=True)
+    app, _, _ = await start(make_app, fake_slack, provider, agents={"support": {}},
+                            bindings=[{"agent": "support", "group_id": fake_slack.team_id}])
+    await fake_slack.post_event(fake_slack.message(fake_slack.mention("help")))
+    await fake_slack.post_event(fake_slack.direct_message("and in private"))
+    await replied(app, fake_slack, 2)
+    assert (await app.store.get(f"support:slack:group:{CHANNEL}")).messages
+    assert (await app.store.get(f"support:slack:direct:{ALICE}")).messages
+    assert not (await app.store.get(f"default:slack:direct:{ALICE}")).messages
