@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from pathlib import Path
 
 import aiosqlite
@@ -63,3 +64,25 @@ async def test_migrations_are_versioned_and_a_newer_database_is_refused(tmp_path
     await store.close()
     with pytest.raises(RuntimeError, match="newer than this Roost"):
         await dbmod.connect(tmp_path / "r.db")
+
+
+async def test_upgrading_an_old_database_keeps_its_spans_and_accepts_judge_spans(
+        tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    old = await aiosqlite.connect(path)
+    for number, script in enumerate(dbmod.MIGRATIONS[:9], start=1):
+        await old.executescript(f"BEGIN;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;")
+    await old.execute("INSERT INTO spans VALUES ('s1', 'r1', NULL, 'llm', 'llm', 1, 2, 0, '{}')")
+    await old.commit()
+    await old.close()
+    db = await dbmod.connect(path)
+    try:
+        await db.execute(
+            "INSERT INTO spans VALUES ('s2', 'r1', NULL, 'judge', 'strict', 1, 2, 0, '{}')")
+        async with db.execute("SELECT id, kind FROM spans ORDER BY id") as cur:
+            assert await cur.fetchall() == [("s1", "llm"), ("s2", "judge")]
+        with pytest.raises(sqlite3.IntegrityError):
+            await db.execute(
+                "INSERT INTO spans VALUES ('s3', 'r1', NULL, 'bogus', 'x', 1, 2, 0, '{}')")
+    finally:
+        await db.close()
