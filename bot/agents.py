@@ -322,8 +322,7 @@ class AgentRouter:
 
     def route(self, message: InboundMessage) -> str:
         """The agent bound to ``message``'s chat (most specific binding), else ``default``."""
-        bindings = self.settings.bindings
-        return route(bindings, message) if bindings else DEFAULT_AGENT
+        return route(self.settings.bindings, message)
 
     async def get(self, name: str) -> Agent:
         """Agent ``name``: cached while its TTL lasts, resolved again after it."""

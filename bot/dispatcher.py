@@ -349,6 +349,8 @@ class Dispatcher:
             reply = f"/{command.name} is for admins only."
             log.warning("non-admin %s:%s tried /%s", message.channel, message.sender_id, name)
         else:
+            # Routed again now, not when queued: an earlier command in this chat
+            # (/agent reload) may have changed the bindings.
             key = self.key_for(message)
             ctx = CommandContext(self.app, message, command.name, args, is_admin, key,
                                  agent_of(key))

@@ -193,7 +193,7 @@ class _Run:
         self.provider = engine.provider
         self.estimator = engine.estimator
         self.tools: dict[str, Tool] = {}
-        self.executor = ToolExecutor(self.tools, self.settings)
+        self.executor: ToolExecutor
         self.stream = True
         self.judge_attempt = 0
         self.judge_spans: list[Span] = []
@@ -417,19 +417,17 @@ class _Run:
         config = agent.config.judge
         assert config is not None
         latest = first
-        state = {"convo": convo}
 
         async def attempt(correction: str | None) -> str:
-            nonlocal latest
+            nonlocal latest, convo
             self.judge_attempt += 1
             if correction is None:
                 return latest[1]
             log.info("run %s: reply rejected by the judges; attempt %d", self.req.run_id[:8],
                      self.judge_attempt)
-            convo = state["convo"]
             convo.append(ChatMessage("assistant", latest[0]))
             convo.append(ChatMessage("user", correction))
-            raw, state["convo"] = await generate(convo)
+            raw, convo = await generate(convo)
             latest = (raw, run_pipeline(raw, self.engine.sanitizers))
             return latest[1]
 

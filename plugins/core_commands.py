@@ -46,13 +46,12 @@ async def _new(ctx: CommandContext) -> str:
 async def _status(ctx: CommandContext) -> str:
     app = ctx.app
     session = await app.store.get(ctx.session_key)
+    agent: Agent | None
     try:
-        agent: Agent | None = await app.engine.router.get(ctx.agent)
+        agent = await app.engine.router.get(ctx.agent)
+        model = f"{agent.settings.model} via {(agent.provider or app.provider).name}"
     except AgentError as exc:
         agent, model = None, f"unavailable ({exc})"
-    if agent is not None:
-        model = (f"{agent.settings.model} via "
-                 f"{(agent.provider or app.provider).name}")
     lines = [
         f"Session: {session.key} ({len(session.messages)} messages)",
         f"Agent: {ctx.agent}",
