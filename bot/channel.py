@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -14,11 +14,24 @@ if TYPE_CHECKING:
     from bot.config import Settings
 
 InboundHandler = Callable[[InboundMessage], Awaitable[None]]
-"""The core's entry point: adapters await it for every normalized message."""
+"""The core's entry point: adapters await it for every normalized message.
+
+When it returns, the message is durably recorded in the inbox (or was
+deliberately dropped: a policy refused it, it was a redelivery). Only then may
+the adapter acknowledge the delivery to its platform (the next ``getUpdates``
+offset, a webhook's 2xx, a Socket Mode ack). If it raises, nothing was
+recorded: the adapter must not acknowledge, so the platform delivers again.
+"""
 
 
 class ReplyStream(Protocol):
-    """A reply being streamed into one platform message."""
+    """A reply being streamed into one platform message.
+
+    ``message_id`` is the platform id of the draft once one is shown (the core
+    journals it, so a draft left by a crash is replaced rather than frozen).
+    """
+
+    message_id: str | None
 
     async def push(self, text_so_far: str) -> None:
         """Show the reply text produced so far (adapters throttle as needed)."""
@@ -27,7 +40,8 @@ class ReplyStream(Protocol):
         """Replace the streamed text with the final, sanitized reply.
 
         ``None`` means nothing is to be shown (a silent reply or a cancelled
-        run): the adapter removes whatever it showed.
+        run): the adapter removes whatever it showed. Raises if the reply could
+        not be delivered (the core then keeps it in the outbox and retries).
         """
 
 

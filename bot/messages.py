@@ -42,6 +42,12 @@ class InboundMessage:
     group_id: str | None = None
     """The community the chat belongs to: a Discord server (guild) id or a Slack
     workspace (team) id; ``None`` where there is none (Telegram, DMs on Discord)."""
+    event_id: str = ""
+    """The platform's own id of the delivery that carried this message (Telegram
+    ``update_id``, Slack ``event_id``/message ``ts``, Discord message id). The
+    inbox is unique on ``(channel, event_id)``, so a redelivery is never run
+    twice; ``""`` means the channel cannot redeliver (console, tests) and every
+    message is new."""
 
     @property
     def display_name(self) -> str:
@@ -60,6 +66,10 @@ class OutboundMessage:
     reply_to: str | None = None
     thread_id: str | None = None
     kind: Literal["reply", "notice", "error"] = "reply"
+    replace: str | None = None
+    """A platform message id (a streaming draft) this reply replaces: the adapter
+    edits it into the reply's first piece, or, if that edit fails for good,
+    sends the reply anew and deletes the draft, so no draft is left frozen."""
 
     @classmethod
     def reply_to_message(
