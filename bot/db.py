@@ -1,10 +1,27 @@
-"""The SQLite database: connection settings and schema migrations."""
+"""The SQLite database: connection settings, schema migrations, and the one way to write.
+
+Every coroutine shares one connection. Writes that span statements go through
+:func:`transaction` (or a :class:`Writer`, which batches them): the transaction
+runs in a task of its own under the connection's lock, so cancelling the
+caller at any await (``/stop``, a merge, shutdown) can neither leave a
+transaction open nor nest one; a failed statement rolls back before the lock
+is released.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import aiosqlite
+
+log = logging.getLogger("roost.storage")
+
+T = TypeVar("T")
 
 MIGRATIONS: list[str] = [
     # 1: sessions and their messages.
@@ -180,6 +197,57 @@ MIGRATIONS: list[str] = [
     ALTER TABLE spans_new RENAME TO spans;
     CREATE INDEX spans_run ON spans(run_id);
     """,
+    # 11: durable intake. Every inbound message a platform delivered is recorded
+    # here before the platform is told it arrived (unique on the platform's own
+    # id, so a redelivery is never run twice); the run marks it done in its own
+    # commit. The journal keeps a run's tool exchange as it happens, so a run
+    # resumed after a crash does not execute a finished tool call again; the
+    # outbox keeps a reply until the platform confirmed it.
+    """
+    CREATE TABLE inbox (
+        id INTEGER PRIMARY KEY,
+        channel TEXT NOT NULL,
+        event_id TEXT NOT NULL,
+        session_key TEXT NOT NULL,
+        chat_id TEXT NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('message', 'command')),
+        message TEXT NOT NULL,
+        state TEXT NOT NULL DEFAULT 'pending'
+            CHECK (state IN ('pending', 'running', 'done', 'given_up')),
+        attempts INTEGER NOT NULL DEFAULT 0,
+        run_id TEXT,
+        draft_id TEXT,
+        received_at REAL NOT NULL,
+        finished_at REAL
+    );
+    CREATE UNIQUE INDEX inbox_event ON inbox(channel, event_id);
+    CREATE INDEX inbox_open ON inbox(state) WHERE state IN ('pending', 'running');
+    CREATE INDEX inbox_chat ON inbox(channel, chat_id, received_at);
+    CREATE INDEX inbox_finished ON inbox(finished_at);
+    CREATE TABLE journal (
+        inbox_id INTEGER NOT NULL,
+        seq INTEGER NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('assistant', 'result')),
+        payload TEXT NOT NULL,
+        PRIMARY KEY (inbox_id, seq)
+    );
+    CREATE TABLE outbox (
+        id INTEGER PRIMARY KEY,
+        inbox_id INTEGER,
+        channel TEXT NOT NULL,
+        chat_id TEXT NOT NULL,
+        message TEXT NOT NULL,
+        draft_id TEXT,
+        state TEXT NOT NULL DEFAULT 'pending'
+            CHECK (state IN ('pending', 'delivered', 'failed')),
+        attempts INTEGER NOT NULL DEFAULT 0,
+        platform_id TEXT,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    CREATE INDEX outbox_pending ON outbox(state) WHERE state = 'pending';
+    CREATE INDEX outbox_updated ON outbox(updated_at);
+    """,
 ]
 """Schema steps in order; ``PRAGMA user_version`` records how many have run.
 
@@ -226,3 +294,139 @@ async def migrate(db: aiosqlite.Connection) -> None:
     for number, script in enumerate(MIGRATIONS[current:], start=current + 1):
         # user_version cannot be bound as a parameter; number is our own int.
         await db.executescript(f"BEGIN;\n{script}\nPRAGMA user_version = {number:d};\nCOMMIT;")
+
+
+_IN_FLIGHT: set[asyncio.Task[Any]] = set()
+
+
+async def transaction(db: aiosqlite.Connection, lock: asyncio.Lock,
+                      body: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T:
+    """Run ``body(db)`` inside ``BEGIN IMMEDIATE`` … ``COMMIT`` under ``lock``.
+
+    The transaction runs in its own task and the caller awaits it shielded:
+    cancelling the caller leaves the transaction to finish (commit, or roll
+    back on error) before the lock is released, so the shared connection is
+    never left inside a transaction. The caller must not hold ``lock``.
+    """
+    async def run() -> T:
+        async with lock:
+            if db.in_transaction:
+                # Someone broke the discipline; never let it wedge everyone else.
+                log.error("a transaction was left open on the shared connection; rolled back")
+                await db.execute("ROLLBACK")
+            await db.execute("BEGIN IMMEDIATE")
+            try:
+                result = await body(db)
+                await db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    await db.execute("ROLLBACK")
+                raise
+            return result
+
+    task = asyncio.ensure_future(run())
+    _IN_FLIGHT.add(task)
+    task.add_done_callback(_finished)
+    return await asyncio.shield(task)
+
+
+def _finished(task: asyncio.Task[Any]) -> None:
+    _IN_FLIGHT.discard(task)
+    if not task.cancelled():
+        task.exception()  # retrieved: the caller that wanted it may be gone
+
+
+async def settle() -> None:
+    """Wait for transactions whose callers were cancelled (before closing a connection)."""
+    while _IN_FLIGHT:
+        await asyncio.gather(*list(_IN_FLIGHT), return_exceptions=True)
+
+
+Statements = Callable[[aiosqlite.Connection], Awaitable[Any]]
+
+
+@dataclass(slots=True)
+class _Op:
+    body: Statements
+    after: Callable[[], None] | None
+    done: asyncio.Future[Any] | None
+    what: str
+
+
+@dataclass(slots=True)
+class Writer:
+    """Group commit over one connection.
+
+    Writes queued while a transaction commits go together into the next one,
+    so a busy service pays one commit for many writes; each write is still
+    all-or-nothing (a batch that fails is written again one by one). ``after``
+    runs once a write committed (mirror it into caches there).
+    """
+
+    db: aiosqlite.Connection
+    lock: asyncio.Lock
+    _queue: list[_Op] = field(default_factory=list)
+    _task: asyncio.Task[None] | None = None
+
+    async def write(self, body: Statements, *, after: Callable[[], None] | None = None,
+                    what: str = "a write") -> Any:
+        """Queue ``body`` and wait until it committed; its result is returned.
+
+        Once queued the write completes even if the caller is cancelled.
+        """
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._push(_Op(body, after, done, what))
+        return await asyncio.shield(done)
+
+    def write_later(self, body: Statements, *, after: Callable[[], None] | None = None,
+                    what: str = "a write") -> None:
+        """Queue ``body`` without waiting; a failure is logged."""
+        self._push(_Op(body, after, None, what))
+
+    async def close(self) -> None:
+        """Wait for every queued write."""
+        while self._task is not None and not self._task.done():
+            await asyncio.shield(self._task)
+        await settle()
+
+    def _push(self, op: _Op) -> None:
+        self._queue.append(op)
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._drain())
+
+    async def _drain(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue, []
+            await self._commit(batch)
+
+    async def _commit(self, batch: list[_Op]) -> None:
+        results: list[Any] = []
+
+        async def body(db: aiosqlite.Connection) -> None:
+            results.clear()
+            for op in batch:
+                results.append(await op.body(db))
+
+        try:
+            await transaction(self.db, self.lock, body)
+        except Exception as exc:
+            if len(batch) > 1:
+                # One bad write must not sink the others: write them one by one.
+                for op in batch:
+                    await self._commit([op])
+                return
+            op = batch[0]
+            if op.done is None:
+                log.error("%s failed: %s", op.what, exc)
+            elif not op.done.done():
+                op.done.set_exception(exc)
+                op.done.exception()  # retrieved: its caller may be gone
+            return
+        for op, result in zip(batch, results, strict=True):
+            if op.after is not None:
+                try:
+                    op.after()
+                except Exception:
+                    log.exception("after %s", op.what)
+            if op.done is not None and not op.done.done():
+                op.done.set_result(result)

@@ -36,6 +36,8 @@ from typing import Any, TypeVar
 
 import aiosqlite
 
+from bot import db as dbmod
+
 log = logging.getLogger("roost.errors")
 
 T = TypeVar("T")
@@ -310,22 +312,19 @@ class _GroupWriter:
 
     async def _write(self, batch: list[_Insert]) -> None:
         rows = [(item.id, *item.values) for item in batch]
-        async with self.lock:
-            await _retry_locked(lambda: self._write_once(rows), f"writing {self.table}")
+        await _retry_locked(lambda: self._write_once(rows), f"writing {self.table}")
 
     async def _write_once(self, rows: list[tuple[Any, ...]]) -> None:
         if len(rows) == 1:
             # One statement in autocommit mode is its own transaction.
-            await self.db.execute(self.sql, rows[0])
+            async with self.lock:
+                await self.db.execute(self.sql, rows[0])
             return
-        await self.db.execute("BEGIN IMMEDIATE")
-        try:
-            await self.db.executemany(self.sql, rows)
-            await self.db.execute("COMMIT")
-        except BaseException:
-            if self.db.in_transaction:
-                await self.db.execute("ROLLBACK")
-            raise
+
+        async def body(db: aiosqlite.Connection) -> None:
+            await db.executemany(self.sql, rows)
+
+        await dbmod.transaction(self.db, self.lock, body)
 
 
 def _fail(batch: list[_Insert], exc: BaseException) -> None:

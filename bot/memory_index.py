@@ -24,6 +24,7 @@ from pathlib import Path, PurePosixPath
 
 import aiosqlite
 
+from bot import db as dbmod
 from bot.tools import ToolError
 from workspaces import resolve_in_workspace
 
@@ -250,34 +251,27 @@ class MemoryIndex:
     async def _write(self, key: str, dropped: Sequence[str],
                      files: dict[str, tuple[str, str]]) -> None:
         """Replace the chunks of ``dropped`` files by those of ``files``, atomically."""
-        async with self.lock:
-            await self.db.execute("BEGIN IMMEDIATE")
-            try:
-                for path in dropped:
-                    await self.db.execute(
-                        "DELETE FROM memory_fts WHERE rowid IN (SELECT id FROM memory_chunks"
-                        " WHERE workspace = ? AND path = ?)", (key, path))
-                    await self.db.execute(
-                        "DELETE FROM memory_chunks WHERE workspace = ? AND path = ?",
-                        (key, path))
-                    await self.db.execute(
-                        "DELETE FROM memory_files WHERE workspace = ? AND path = ?",
-                        (key, path))
-                for path, (text, stamp) in files.items():
-                    for chunk in chunk_text(text):
-                        cur = await self.db.execute(
-                            "INSERT INTO memory_chunks (workspace, path, start_line, end_line)"
-                            " VALUES (?, ?, ?, ?)", (key, path, chunk.start, chunk.end))
-                        await self.db.execute(
-                            "INSERT INTO memory_fts (rowid, text) VALUES (?, ?)",
-                            (cur.lastrowid, chunk.text))
-                    await self.db.execute(
-                        "INSERT INTO memory_files (workspace, path, stamp) VALUES (?, ?, ?)",
-                        (key, path, stamp))
-                await self.db.execute("COMMIT")
-            except BaseException:
-                await self.db.execute("ROLLBACK")
-                raise
+        async def body(db: aiosqlite.Connection) -> None:
+            for path in dropped:
+                await db.execute(
+                    "DELETE FROM memory_fts WHERE rowid IN (SELECT id FROM memory_chunks"
+                    " WHERE workspace = ? AND path = ?)", (key, path))
+                await db.execute(
+                    "DELETE FROM memory_chunks WHERE workspace = ? AND path = ?", (key, path))
+                await db.execute(
+                    "DELETE FROM memory_files WHERE workspace = ? AND path = ?", (key, path))
+            for path, (text, stamp) in files.items():
+                for chunk in chunk_text(text):
+                    cur = await db.execute(
+                        "INSERT INTO memory_chunks (workspace, path, start_line, end_line)"
+                        " VALUES (?, ?, ?, ?)", (key, path, chunk.start, chunk.end))
+                    await db.execute("INSERT INTO memory_fts (rowid, text) VALUES (?, ?)",
+                                     (cur.lastrowid, chunk.text))
+                await db.execute(
+                    "INSERT INTO memory_files (workspace, path, stamp) VALUES (?, ?, ?)",
+                    (key, path, stamp))
+
+        await dbmod.transaction(self.db, self.lock, body)
 
 
 def _stamp(st: os.stat_result) -> str:

@@ -54,6 +54,7 @@ import aiosqlite
 from apscheduler.jobstores.base import JobLookupError  # type: ignore[import-untyped]
 from apscheduler.schedulers.asyncio import AsyncIOScheduler  # type: ignore[import-untyped]
 
+from bot import db as dbmod
 from bot.config import Settings
 from bot.cron_schedule import Schedule, ScheduleError, format_duration, parse, zone
 from bot.jobs import JobSpec
@@ -220,15 +221,10 @@ class JobStore:
         ids = [(i,) for i in job_ids]
         if not ids:
             return
-        async with self.lock:
-            await self.db.execute("BEGIN IMMEDIATE")
-            try:
-                await self.db.executemany("DELETE FROM jobs WHERE id = ?", ids)
-                await self.db.execute("COMMIT")
-            except BaseException:
-                if self.db.in_transaction:
-                    await self.db.execute("ROLLBACK")
-                raise
+        async def body(db: aiosqlite.Connection) -> None:
+            await db.executemany("DELETE FROM jobs WHERE id = ?", ids)
+
+        await dbmod.transaction(self.db, self.lock, body)
 
     async def upsert(self, job: Job) -> None:
         """Insert or replace ``job`` (system jobs, re-registered at every start)."""

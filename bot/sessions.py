@@ -1,9 +1,10 @@
 """Sessions: conversation history in SQLite with an in-memory LRU in front.
 
-A run never writes while it works. It hands everything it produced to
+A run does not write its history while it works (only its tool exchange goes
+to the journal, :mod:`bot.inbox`). It hands everything it produced to
 :meth:`SessionStore.append_run`, which writes it in one transaction, so
 concurrent runs cannot interleave half-finished history and a crash mid-run
-leaves nothing behind.
+leaves no partial history behind.
 """
 
 from __future__ import annotations
@@ -111,12 +112,12 @@ class SessionStore:
         self.db = db
         self.cache_size = cache_size
         self._cache: OrderedDict[str, Session] = OrderedDict()
-        self._loading: dict[str, asyncio.Future[Session]] = {}
+        self._loading: dict[str, asyncio.Task[Session]] = {}
         # One connection serves every coroutine; a transaction must not have
         # another coroutine's statements slip into it between awaits.
         self._lock = asyncio.Lock()
-        self._pending: list[_Flush] = []
-        self._writer: asyncio.Task[None] | None = None
+        self.writer = dbmod.Writer(db, self._lock)
+        """Every multi-statement write to this connection goes through here."""
 
     @property
     def lock(self) -> asyncio.Lock:
@@ -134,8 +135,7 @@ class SessionStore:
 
     async def close(self) -> None:
         """Finish pending writes and close the database."""
-        if self._writer is not None:
-            await self._writer
+        await self.writer.close()
         await self.db.close()
 
     def cached(self, key: str) -> Session | None:
@@ -147,25 +147,28 @@ class SessionStore:
         return len(self._cache)
 
     async def get(self, key: str) -> Session:
-        """The active session for ``key``: from cache, from disk, or new."""
+        """The active session for ``key``: from cache, from disk, or new.
+
+        The load runs in a task of its own that every caller awaits shielded:
+        a caller cancelled meanwhile (a merge, ``/stop``) neither cancels the
+        load nor passes its cancellation to the others waiting for it.
+        """
         session = self._cache.get(key)
         if session is not None:
             self._cache.move_to_end(key)
             return session
-        pending = self._loading.get(key)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        future: asyncio.Future[Session] = asyncio.get_running_loop().create_future()
-        self._loading[key] = future
+        loading = self._loading.get(key)
+        if loading is None:
+            loading = self._loading[key] = asyncio.ensure_future(self._load(key))
+            # Retrieved even when every caller was cancelled before it ended.
+            loading.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return await asyncio.shield(loading)
+
+    async def _load(self, key: str) -> Session:
         try:
             session = await self._load_or_create(key)
             self._remember(session)
-            future.set_result(session)
             return session
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # mark retrieved: nobody else may be waiting
-            raise
         finally:
             del self._loading[key]
 
@@ -179,74 +182,37 @@ class SessionStore:
         provider: str = "",
         record: RunRecord | None = None,
         spans: Sequence[Span] = (),
-    ) -> None:
+        also: dbmod.Statements | None = None,
+    ) -> Any:
         """Write everything one run produced, and its trace, atomically.
 
-        Flushes that arrive while a write is in progress are batched into the
-        next transaction (group commit): each run is still all-or-nothing, and
-        a busy service pays one commit for many runs. Once called, the write
-        completes even if the caller is cancelled.
+        ``also`` runs in the same transaction (the dispatcher marks the run's
+        inbox entries done and queues its reply in the outbox there); its
+        result is returned. Flushes that arrive while a write is in progress
+        are batched into the next transaction (group commit): each run is
+        still all-or-nothing. Once called, the write completes even if the
+        caller is cancelled.
         """
         flush = _Flush(session, run_id, tuple(messages), usage or Usage(), model, provider,
-                       record, tuple(spans), asyncio.get_running_loop().create_future())
-        self._pending.append(flush)
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._write_pending())
-        await asyncio.shield(flush.done)
+                       record, tuple(spans), time.time())
 
-    async def _write_pending(self) -> None:
-        while self._pending:
-            batch, self._pending = self._pending, []
-            await self._commit(batch)
+        async def body(db: aiosqlite.Connection) -> Any:
+            await flush.write(db)
+            return await also(db) if also is not None else None
 
-    async def _commit(self, batch: list[_Flush]) -> None:
-        try:
-            await self._write(batch)
-        except Exception as exc:
-            if len(batch) > 1:
-                # One bad run must not sink the others: write them one by one.
-                for flush in batch:
-                    await self._commit([flush])
-                return
-            batch[0].done.set_exception(exc)
-            batch[0].done.exception()  # retrieved: its caller may be gone
-            return
-        for flush in batch:
-            flush.apply()
-            flush.done.set_result(None)
+        return await self.writer.write(body, after=flush.apply, what=f"run {run_id[:8]}")
 
-    async def _write(self, batch: list[_Flush]) -> None:
-        now = time.time()
-        messages = [_row(f.session.id, f.run_id, m) for f in batch for m in f.messages]
-        updates = [(now, f.usage.input_tokens, f.usage.output_tokens, f.model, f.model,
-                    f.provider, f.provider, f.session.id) for f in batch]
-        records = [_record_row(f.record) for f in batch if f.record is not None]
-        spans = [span_row(s) for f in batch for s in f.spans]
-        async with self._lock:
-            await self.db.execute("BEGIN IMMEDIATE")
-            try:
-                await self.db.executemany(_INSERT_MESSAGE, messages)
-                await self.db.executemany(_UPDATE_SESSION, updates)
-                if records:
-                    await self.db.executemany(_INSERT_RUN, records)
-                if spans:
-                    await self.db.executemany(_INSERT_SPAN, spans)
-                await self.db.execute("COMMIT")
-            except BaseException:
-                await self.db.execute("ROLLBACK")
-                raise
-
-    async def record_run(self, record: RunRecord, spans: Sequence[Span] = ()) -> None:
+    async def record_run(self, record: RunRecord, spans: Sequence[Span] = (),
+                         also: dbmod.Statements | None = None) -> Any:
         """Write a run's trace on its own (runs that flush no history)."""
-        async with self._lock:
-            await self.db.execute("BEGIN IMMEDIATE")
-            try:
-                await self.db.execute(_INSERT_RUN, _record_row(record))
-                await self.db.executemany(_INSERT_SPAN, [span_row(s) for s in spans])
-                await self.db.execute("COMMIT")
-            except BaseException:
-                await self.db.execute("ROLLBACK")
-                raise
+        rows = [span_row(s) for s in spans]
+
+        async def body(db: aiosqlite.Connection) -> Any:
+            await db.execute(_INSERT_RUN, _record_row(record))
+            await db.executemany(_INSERT_SPAN, rows)
+            return await also(db) if also is not None else None
+
+        return await self.writer.write(body, what=f"trace of run {record.run_id[:8]}")
 
     async def spans(self, run_id: str) -> list[Span]:
         """The stored spans of one run, root first."""
@@ -265,20 +231,16 @@ class SessionStore:
         The messages stay in the database (marked compacted) but leave the
         active history; the compaction counter goes up by one.
         """
-        async with self._lock:
-            await self.db.execute("BEGIN IMMEDIATE")
-            try:
-                await self.db.execute(
-                    "UPDATE messages SET compacted = 1 WHERE id IN (SELECT id FROM messages"
-                    " WHERE session_id = ? AND compacted = 0 ORDER BY id LIMIT ?)",
-                    (session.id, count))
-                await self.db.execute(
-                    "UPDATE sessions SET summary = ?, compactions = compactions + 1 WHERE id = ?",
-                    (summary, session.id))
-                await self.db.execute("COMMIT")
-            except BaseException:
-                await self.db.execute("ROLLBACK")
-                raise
+        async def body(db: aiosqlite.Connection) -> None:
+            await db.execute(
+                "UPDATE messages SET compacted = 1 WHERE id IN (SELECT id FROM messages"
+                " WHERE session_id = ? AND compacted = 0 ORDER BY id LIMIT ?)",
+                (session.id, count))
+            await db.execute(
+                "UPDATE sessions SET summary = ?, compactions = compactions + 1 WHERE id = ?",
+                (summary, session.id))
+
+        await self.writer.write(body, what=f"compacting {session.key}")
         # Runs only ever append, so the oldest ``count`` are the ones summarized.
         del session.messages[:count]
         session.summary = summary
@@ -311,18 +273,15 @@ class SessionStore:
     async def reset(self, key: str) -> Session:
         """Archive the active session for ``key`` and start an empty one."""
         now = time.time()
-        async with self._lock:
-            await self.db.execute("BEGIN IMMEDIATE")
-            try:
-                await self.db.execute(
-                    "UPDATE sessions SET archived_at = ? WHERE key = ? AND archived_at IS NULL",
-                    (now, key),
-                )
-                session = await self._insert(key, now)
-                await self.db.execute("COMMIT")
-            except BaseException:
-                await self.db.execute("ROLLBACK")
-                raise
+
+        async def body(db: aiosqlite.Connection) -> Session:
+            await db.execute(
+                "UPDATE sessions SET archived_at = ? WHERE key = ? AND archived_at IS NULL",
+                (now, key),
+            )
+            return await _insert(db, key, now)
+
+        session: Session = await self.writer.write(body, what=f"resetting {key}")
         self._cache.pop(key, None)
         self._remember(session)
         return session
@@ -336,36 +295,25 @@ class SessionStore:
                 (key,),
             ) as cur:
                 row = await cur.fetchone()
-            if row is None:
-                await self.db.execute("BEGIN IMMEDIATE")
-                try:
-                    session = await self._insert(key, time.time())
-                    await self.db.execute("COMMIT")
-                except BaseException:
-                    await self.db.execute("ROLLBACK")
-                    raise
-                return session
-            async with self.db.execute(
-                "SELECT role, content, sender_id, sender_name, tool_calls, tool_call_id,"
-                " tool_name, is_error, created_at FROM messages WHERE session_id = ?"
-                " AND compacted = 0 ORDER BY id",
-                (row[0],),
-            ) as cur:
-                messages = [_message(r) for r in await cur.fetchall()]
+            if row is not None:
+                async with self.db.execute(
+                    "SELECT role, content, sender_id, sender_name, tool_calls, tool_call_id,"
+                    " tool_name, is_error, created_at FROM messages WHERE session_id = ?"
+                    " AND compacted = 0 ORDER BY id",
+                    (row[0],),
+                ) as cur:
+                    messages = [_message(r) for r in await cur.fetchall()]
+        if row is None:
+            created = time.time()
+            new: Session = await self.writer.write(lambda db: _insert(db, key, created),
+                                                   what=f"creating session {key}")
+            return new
         return Session(
             id=row[0], key=key, messages=messages, created_at=row[1], updated_at=row[2],
             model=row[3], provider=row[4], input_tokens=row[5], output_tokens=row[6],
             summary=row[7], compactions=row[8], flushed_compaction=row[9],
             facts=list(json.loads(row[10])),
         )
-
-    async def _insert(self, key: str, now: float) -> Session:
-        cur = await self.db.execute(
-            "INSERT INTO sessions (key, created_at, updated_at) VALUES (?, ?, ?)",
-            (key, now, now),
-        )
-        assert cur.lastrowid is not None
-        return Session(id=cur.lastrowid, key=key, messages=[], created_at=now, updated_at=now)
 
     def _remember(self, session: Session) -> None:
         self._cache[session.key] = session
@@ -381,7 +329,7 @@ class SessionStore:
 
 @dataclass(slots=True)
 class _Flush:
-    """One run's write, waiting for the next group commit."""
+    """One run's write."""
 
     session: Session
     run_id: str
@@ -391,17 +339,39 @@ class _Flush:
     provider: str
     record: RunRecord | None
     spans: tuple[Span, ...]
-    done: asyncio.Future[None]
+    now: float
+
+    async def write(self, db: aiosqlite.Connection) -> None:
+        await db.executemany(_INSERT_MESSAGE,
+                             [_row(self.session.id, self.run_id, m) for m in self.messages])
+        await db.execute(_UPDATE_SESSION, (
+            self.now, self.usage.input_tokens, self.usage.output_tokens, self.model,
+            self.model, self.provider, self.provider, self.session.id))
+        if self.record is not None:
+            await db.execute(_INSERT_RUN, _record_row(self.record))
+        if self.spans:
+            await db.executemany(_INSERT_SPAN, [span_row(s) for s in self.spans])
 
     def apply(self) -> None:
         """Mirror the committed write into the cached session."""
         s = self.session
         s.messages.extend(self.messages)
-        s.updated_at = time.time()
+        s.updated_at = self.now
         s.input_tokens += self.usage.input_tokens
         s.output_tokens += self.usage.output_tokens
         s.model = self.model or s.model
         s.provider = self.provider or s.provider
+
+
+async def _insert(db: aiosqlite.Connection, key: str, now: float) -> Session:
+    # Two loads of one key can race only across processes; the partial unique
+    # index then refuses the second insert, and its run fails cleanly.
+    cur = await db.execute(
+        "INSERT INTO sessions (key, created_at, updated_at) VALUES (?, ?, ?)",
+        (key, now, now),
+    )
+    assert cur.lastrowid is not None
+    return Session(id=cur.lastrowid, key=key, messages=[], created_at=now, updated_at=now)
 
 
 def _record_row(r: RunRecord) -> tuple[Any, ...]:

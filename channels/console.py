@@ -88,6 +88,7 @@ class _ConsoleStream:
     def __init__(self, channel: ConsoleChannel) -> None:
         self.channel = channel
         self.shown = ""
+        self.message_id: str | None = None
 
     async def push(self, text_so_far: str) -> None:
         if not self.shown:
