@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -61,9 +61,26 @@ class Channel:
     async def stop(self) -> None:
         """Disconnect; pending sends finish first."""
 
-    async def send(self, message: OutboundMessage) -> None:
-        """Deliver one reply."""
+    async def send(self, message: OutboundMessage) -> str | None:
+        """Deliver one reply; returns the platform id of its last message, if known.
+
+        Transient platform errors are retried inside; an exception means the
+        reply was not delivered. ``message.replace`` names a draft to replace.
+        """
         raise NotImplementedError
+
+    async def withdraw(self, chat_id: str, message_id: str) -> None:
+        """Delete a message the bot sent (a draft left over from a crashed run)."""
+
+    async def catch_up(self, cursors: Mapping[str, str]) -> None:
+        """Deliver messages missed while Roost was down, for platforms that cannot redeliver.
+
+        ``cursors`` maps each recently active chat id to the platform id of the
+        last message recorded from it; the adapter reads each chat's history
+        after that id (bounded) and passes every message to the handler, which
+        drops the ones already recorded. Telegram and Slack redeliver by
+        themselves and ignore this.
+        """
 
     async def register_commands(self, commands: Sequence[Command]) -> None:
         """Tell the platform which slash commands exist (menus, autocompletion)."""
