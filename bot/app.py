@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, TypeVar
@@ -15,6 +16,7 @@ from bot.config import Settings
 from bot.dispatcher import Dispatcher
 from bot.error_store import ErrorStore, ResultStore, format_failure, format_large_result
 from bot.guard import GuardPattern, InputGuard
+from bot.inbox import Inbox
 from bot.jobs import JobSpec
 from bot.judge import Judge
 from bot.llm import LLMProvider, ToolCall
@@ -77,6 +79,9 @@ class Roost:
         self.channel_specs = channel_specs
         self.channels: dict[str, Channel] = {}
         self._background: set[asyncio.Future[None]] = set()
+        self.inbox = self.services.inbox or Inbox(store.db, store.lock, store.writer)
+        """Inbound messages, run journals and replies awaiting delivery."""
+        self.services.inbox = self.inbox
         self.dispatcher = Dispatcher(self)
 
     @property
@@ -110,7 +115,8 @@ class Roost:
             await store.close()
             raise
         services = Services(store, errors=ErrorStore(store.db, store.lock),
-                            results=ResultStore(store.db, store.lock), scheduler=scheduler)
+                            results=ResultStore(store.db, store.lock), scheduler=scheduler,
+                            inbox=Inbox(store.db, store.lock, store.writer))
         await prune_stores(services, settings.error_retention_days)
         host.validate_configs(settings.plugins)
         services.plugin_configs = host.config
@@ -226,6 +232,21 @@ class Roost:
             await _quietly(self.services.scheduler.channel_started(channel.name),
                            f"catching up the scheduled jobs of {channel.name}")
 
+    async def recover(self) -> None:
+        """Finish what a previous process left: replies, unfinished runs, missed messages.
+
+        Call once the channels are started. Channels that cannot redeliver
+        (Discord) read back the recently active chats' history.
+        """
+        await self.dispatcher.recover()
+        since = time.time() - self.settings.catch_up_hours * 3600
+        for name, channel in self.channels.items():
+            if not self.settings.catch_up_chats:
+                break
+            cursors = await self.inbox.cursors(name, since, self.settings.catch_up_chats)
+            if cursors:
+                self.background(channel.catch_up(cursors), f"catching up {name}")
+
     def background(self, work: Awaitable[Any], what: str) -> None:
         """Run ``work`` in the background; failures are logged, shutdown cancels it."""
         task = asyncio.ensure_future(_quietly(work, what))
@@ -238,9 +259,11 @@ class Roost:
             await _quietly(self.services.scheduler.close(), "stopping the scheduler")
         for task in list(self._background):
             task.cancel()
-        # Runs first, while channels are still up: a cancelled run's streaming
-        # draft can then be withdrawn. The dispatcher refuses new messages meanwhile.
-        await self.dispatcher.close()
+        # Runs first, while channels are still up: runs in flight may finish
+        # and deliver within the grace period, and a cancelled run's streaming
+        # draft can be withdrawn. The dispatcher refuses new messages meanwhile
+        # (channels do not acknowledge them, so platforms deliver them again).
+        await self.dispatcher.close(self.settings.shutdown_grace_seconds)
         for channel in list(self.channels.values()):
             await _quietly(channel.stop(), f"stopping channel {channel.name}")
         await self.engine.compactor.wait()
@@ -322,6 +345,14 @@ async def prune_stores(services: Services, days: int) -> None:
 
     Runs at startup and daily as the ``error-retention`` job (plugins/error_tools.py).
     """
+    if services.inbox is not None:
+        try:
+            deleted = await services.inbox.prune(days)
+        except (sqlite3.Error, ValueError):
+            log.exception("could not prune the inbox")
+        else:
+            if deleted:
+                log.info("deleted %d answered inbox entries older than %d days", deleted, days)
     for what, store in (("errors", services.errors), ("tool results", services.results)):
         if store is None:
             continue

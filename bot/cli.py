@@ -120,6 +120,7 @@ async def _serve(settings: Settings) -> int:
             except SetupError as exc:
                 click.echo(f"roost: {exc}", err=True)
                 return EXIT_SETUP
+        await app.recover()
         log.info("roost ready: provider=%s model=%s channels=%s",
                  app.provider.name, settings.model, ",".join(names))
         warm_up = getattr(app.provider, "warm_up", None)

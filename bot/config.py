@@ -88,6 +88,17 @@ class Settings(BaseSettings):
     group_max_concurrent: int = Field(3, ge=1)
     queue_cap: int = Field(10, ge=1)
     merge_window_ms: int = Field(800, ge=0)
+    shutdown_grace_seconds: float = Field(8.0, ge=0)
+    """On SIGTERM, how long runs in flight may finish before they are cancelled
+    (they then run again after the next start); under Docker's 10 s."""
+    inbox_max_attempts: int = Field(3, ge=1)
+    """A message whose run was interrupted (the process died) this many times is
+    given up with a notice instead of being run again."""
+    catch_up_chats: int = Field(50, ge=0)
+    """After a start, how many recently active chats a channel that cannot
+    redeliver (Discord) reads back for messages missed while Roost was down."""
+    catch_up_hours: float = Field(24.0, ge=0)
+    """How far back a chat counts as recently active for the catch-up."""
     session_cache_size: int = Field(1000, ge=1)
     max_file_bytes: int = Field(1_000_000, ge=1)
     max_history_messages: int = Field(200, ge=2)

@@ -1,5 +1,12 @@
 """From inbound messages to runs: commands, per-session lanes, queues and merging.
 
+Every accepted message is committed to the inbox (:mod:`bot.inbox`) before
+:meth:`Dispatcher.submit` returns, which is when the channel acknowledges it to
+its platform; the run that answers it marks it done in the same commit as its
+history and queues the reply in the outbox, and the reply is marked delivered
+once the platform took it. :meth:`Dispatcher.recover` runs what a dead process
+left unfinished.
+
 Each session has a lane: up to one run at a time in a direct chat and
 ``group_max_concurrent`` in a group; further messages wait in a FIFO capped at
 ``queue_cap`` (the oldest is dropped with a notice). A message from the same
@@ -25,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from bot.channel import Channel, ReplyStream
 from bot.commands import CommandContext, parse_command
 from bot.events import RunEvent
+from bot.inbox import Inbox, InboxEntry, RunJournal, grouped
 from bot.messages import InboundMessage, OutboundMessage
 from bot.registry import ActiveRun, RunRegistry
 from bot.runloop import NO_REPLY, RunRequest, RunResult
@@ -36,6 +44,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("roost.dispatch")
 
+REDELIVERY_DELAYS = (5.0, 30.0, 120.0, 600.0)
+"""Seconds before each new attempt at a reply the platform did not take."""
+HELD_NOTICE = ("The AI service is not answering right now. Your message is safe: I will "
+               "answer as soon as it is back.")
+
+
+class ShuttingDown(Exception):
+    """Raised to a channel that delivers a message while Roost stops: do not acknowledge it."""
+
 
 @dataclass(slots=True)
 class _Pending:
@@ -45,6 +62,12 @@ class _Pending:
     """RunRequest options of a scheduled run (mode, kind, extra_context...)."""
     done: asyncio.Future[RunResult] | None = None
     deliver_failed: bool = True
+    entries: tuple[int, ...] = ()
+    """The inbox entries this run answers (several when messages were merged)."""
+    journal: RunJournal | None = None
+    """What an interrupted earlier run of these entries recorded (recovery)."""
+    stale_draft: str | None = None
+    """A draft an interrupted earlier run left in the chat."""
 
 
 @dataclass(slots=True)
@@ -70,7 +93,9 @@ class Dispatcher:
     def __init__(self, app: Roost) -> None:
         self.app = app
         self.settings = app.settings
+        self.inbox: Inbox = app.inbox
         self.registry = RunRegistry()
+        self._redeliveries: set[asyncio.Task[None]] = set()
         self.lanes: dict[str, Lane] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
@@ -82,20 +107,31 @@ class Dispatcher:
     # -- entry point -------------------------------------------------------
 
     async def submit(self, message: InboundMessage) -> None:
-        """Accept one normalized message; returns at once, the work runs in tasks."""
+        """Accept one normalized message; returns once it is durably recorded.
+
+        The run or command it starts works in tasks. A redelivery of a message
+        recorded before is dropped. Raises :class:`ShuttingDown` (nothing
+        recorded, so the channel must not acknowledge) once Roost is stopping.
+        """
         if self._closed:
-            log.warning("message from %s:%s ignored: shutting down",
-                        message.channel, message.sender_id)
-            return
+            raise ShuttingDown("Roost is shutting down")
         if not message.text.strip() and not message.attachments:
             return
         parsed = parse_command(message.text)
         if not self._allowed(message, parsed is not None):
             return
-        if parsed is not None:
-            self._spawn(self._command(message, *parsed))
+        entry = await self.inbox.add(message, self.key_for(message),
+                                     "message" if parsed is None else "command")
+        if entry is None:
+            log.info("%s delivered %s again; it was recorded before", message.channel,
+                     message.event_id)
             return
-        self._enqueue(message)
+        if self._closed:
+            return  # recorded: it runs after the next start
+        if parsed is not None:
+            self._spawn(self._command(message, *parsed, entry=entry.id))
+            return
+        self._enqueue(message, entry.id)
 
     def _allowed(self, message: InboundMessage, is_command: bool) -> bool:
         """Apply the DM and group policies; keep un-addressed group messages as context."""
@@ -157,8 +193,8 @@ class Dispatcher:
         """The session ``message`` belongs to, under the agent its chat is bound to."""
         return session_key(message, self.app.engine.router.route(message))
 
-    def _lane(self, message: InboundMessage) -> Lane:
-        key = self.key_for(message)
+    def _lane(self, message: InboundMessage, key: str | None = None) -> Lane:
+        key = key or self.key_for(message)
         lane = self.lanes.get(key)
         if lane is None:
             limit = self.settings.group_max_concurrent if message.chat_type == "group" else 1
@@ -194,50 +230,113 @@ class Dispatcher:
             self._changed.clear()
             await self._changed.wait()
 
-    async def close(self) -> None:
-        """Refuse new messages, cancel everything in flight and wait for it."""
+    async def close(self, grace: float = 0.0) -> None:
+        """Refuse new messages, let runs in flight finish for ``grace`` seconds, cancel the rest.
+
+        Queued messages do not start; like the cancelled runs' messages they
+        stay in the inbox and run after the next start.
+        """
         self._closed = True
         for lane in self.lanes.values():
+            for pending in lane.queue:
+                if pending.done is not None and not pending.done.done():
+                    pending.done.cancel()
             lane.queue.clear()
+        for task in list(self._redeliveries):
+            task.cancel()
+        if grace > 0 and self._tasks:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(grace):
+                    await self.drain()
         self.registry.abort_all("shutdown")
         for task in list(self._tasks):
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._redeliveries, return_exceptions=True)
+
+    async def recover(self) -> None:
+        """Deliver committed replies and run inbox entries a dead process left unfinished.
+
+        Entries run again in their order, per session; merged entries of one
+        interrupted run stay merged and resume from its journal. An entry whose
+        run was interrupted ``inbox_max_attempts`` times is given up: its sender
+        is told, and the log says which.
+        """
+        for out in await self.inbox.undelivered():
+            self._redeliver(out.id, out.message, out.draft_id, out.attempts, delay=0.0)
+        entries = await self.inbox.unfinished()
+        if entries:
+            log.info("recovering %d unfinished message(s) from the inbox", len(entries))
+        for group in grouped(entries):
+            self._resume(group, await self.inbox.journal(group[-1].id))
+
+    def _resume(self, group: list[InboxEntry], journal: RunJournal) -> None:
+        head = group[-1]
+        ids = tuple(e.id for e in group)
+        if max(e.attempts for e in group) >= self.settings.inbox_max_attempts:
+            self.inbox.close(ids, "given_up")
+            log.warning("giving up %s message %s of %s:%s: its run was interrupted %d times",
+                        head.message.channel, head.message.event_id or head.id,
+                        head.message.channel, head.message.sender_id, head.attempts)
+            self._notify(head.message, "I could not answer this message: working on it "
+                         "stopped me several times, so I gave up on it. Please send it again "
+                         "in a different form.")
+            return
+        if head.kind == "command":
+            parsed = parse_command(head.message.text)
+            if parsed is None:
+                self.inbox.close(ids)
+                return
+            self._spawn(self._command(head.message, *parsed, entry=head.id))
+            return
+        message = head.message
+        for earlier in reversed(group[:-1]):
+            message = dataclasses.replace(
+                message, text=f"{earlier.message.text}\n{message.text}",
+                attachments=earlier.message.attachments + message.attachments)
+        pending = _Pending(message, time.monotonic(), entries=ids, journal=journal,
+                           stale_draft=head.draft_id)
+        lane = self._lane(message, head.session_key)
+        if len(lane.running) < lane.limit:
+            self._start(lane, pending)
+        else:
+            lane.queue.append(pending)
 
     # -- lanes ---------------------------------------------------------------
 
-    def _enqueue(self, message: InboundMessage) -> None:
+    def _enqueue(self, message: InboundMessage, entry: int) -> None:
         lane = self._lane(message)
         now = time.monotonic()
         window = self.settings.merge_window_ms / 1000
-        if window and self._merge(lane, message, now, window):
+        if window and self._merge(lane, message, entry, now, window):
             return
         if len(lane.running) < lane.limit:
-            self._start(lane, _Pending(message, now))
+            self._start(lane, _Pending(message, now, entries=(entry,)))
             return
         if len(lane.queue) >= self.settings.queue_cap:
             dropped = lane.queue.popleft()
             if dropped.done is not None and not dropped.done.done():
                 dropped.done.set_exception(RuntimeError("dropped: the chat's queue was full"))
+            self.inbox.close(dropped.entries)
             self._notify(dropped.message, "Too many messages were waiting, so I dropped this "
                          "one. Send it again if you still need an answer.")
-        lane.queue.append(_Pending(message, now))
+        lane.queue.append(_Pending(message, now, entries=(entry,)))
 
-    def _merge(self, lane: Lane, message: InboundMessage, now: float, window: float) -> bool:
-        for entry in reversed(lane.running):
-            prev = entry.pending
-            if (prev.message.sender_id == message.sender_id and not entry.output
-                    and prev.options is None
-                    and now - prev.received <= window and entry.run is not None):
-                lane.running.remove(entry)
-                self.registry.abort(entry.run.run_id, lane.key, "merged")
-                self._start(lane, _joined(prev, message, now))
+    def _merge(self, lane: Lane, message: InboundMessage, entry_id: int, now: float,
+               window: float) -> bool:
+        for running in reversed(lane.running):
+            prev = running.pending
+            if (prev.message.sender_id == message.sender_id and not running.output
+                    and prev.options is None and prev.journal is None
+                    and now - prev.received <= window and running.run is not None):
+                lane.running.remove(running)
+                self.registry.abort(running.run.run_id, lane.key, "merged")
+                self._start(lane, _joined(prev, message, entry_id, now))
                 return True
         if lane.queue and len(lane.running) >= lane.limit:
             last = lane.queue[-1]
             if (last.message.sender_id == message.sender_id and last.options is None
                     and now - last.received <= window):
-                lane.queue[-1] = _joined(last, message, now)
+                lane.queue[-1] = _joined(last, message, entry_id, now)
                 return True
         return False
 
@@ -263,78 +362,162 @@ class Dispatcher:
     # -- one run ---------------------------------------------------------------
 
     async def _run(self, lane: Lane, entry: _Running, run_id: str) -> None:
-        message = entry.pending.message
+        pending = entry.pending
+        message = pending.message
         channel = self.app.channels.get(message.channel)
         bridge: _StreamBridge | None = None
+        held = False
+        if pending.entries:
+            self.inbox.started(pending.entries, run_id)
         try:
+            if pending.stale_draft and channel is not None:
+                with contextlib.suppress(Exception):
+                    await channel.withdraw(message.chat_id, pending.stale_draft)
             session = await self.app.store.get(lane.key)
             bridge = _StreamBridge(channel, message, self.app.engine.sanitizers)
+            draft = _DraftWatch(self.inbox, pending.entries)
 
             async def listener(event: RunEvent) -> None:
+                nonlocal held
                 if event.type == "chunk":
                     entry.output = True
                     await bridge.add(event.payload["content"])
+                    draft.check(bridge.stream)
                 elif event.type == "tool.call":
                     entry.output = True
                     await bridge.end_block()
+                elif event.type == "run.retrying":
+                    if event.payload.get("attempt") == 0:
+                        # Held by the provider's circuit breaker: say so once.
+                        if not held:
+                            held = True
+                            self._notify(message, HELD_NOTICE)
+                    else:
+                        await bridge.restart()
                 elif event.type == "activity" and event.payload.get("notice"):
                     self._notify(message, event.payload["notice"])
 
             typing = channel.typing(message) if channel else contextlib.nullcontext()
             async with typing:
-                options = entry.pending.options or {
+                options = pending.options or {
                     "extra_context": self._take_context(lane.key)}
                 options = {"agent": agent_of(lane.key), **options}
+                if pending.entries:
+                    options["journal"] = pending.journal or RunJournal(self.inbox,
+                                                                       pending.entries[-1])
+                    options["on_commit"] = self._committer(message, pending.entries, bridge)
                 result = await self.app.engine.run(
                     RunRequest(message, session, run_id=run_id, **options), listener)
-            if result.status == "failed" and not entry.pending.deliver_failed:
+            if result.status == "failed" and not pending.deliver_failed:
                 if bridge.stream is not None:
                     await bridge.stream.finish(None)
             else:
                 await self._deliver(channel, message, result, bridge.stream)
-            if entry.pending.done is not None and not entry.pending.done.done():
-                entry.pending.done.set_result(result)
+            if pending.done is not None and not pending.done.done():
+                pending.done.set_result(result)
         except asyncio.CancelledError:
             if bridge is not None and bridge.stream is not None:
                 with contextlib.suppress(Exception):
                     await bridge.stream.finish(None)
-            if entry.pending.done is not None and not entry.pending.done.done():
-                entry.pending.done.cancel()
+            if pending.done is not None and not pending.done.done():
+                pending.done.cancel()
+            reason = entry.run.cancel_reason if entry.run is not None else ""
+            if reason == "shutdown" or not reason:
+                self.inbox.requeue(pending.entries)
+            elif reason != "merged":
+                self.inbox.close(pending.entries)
             raise
         except Exception as exc:
             log.exception("run %s for %s crashed", run_id, lane.key)
-            if entry.pending.done is not None and not entry.pending.done.done():
-                entry.pending.done.set_exception(exc)
+            self.inbox.close(pending.entries)
+            if pending.done is not None and not pending.done.done():
+                pending.done.set_exception(exc)
             else:
                 self._notify(message, "Something went wrong on my side; please try again.")
         finally:
             self._finished(lane, entry)
+
+    def _committer(self, message: InboundMessage, entries: tuple[int, ...],
+                   bridge: _StreamBridge) -> Any:
+        """What the run writes in its own commit: entries done, the reply into the outbox."""
+        def on_commit(reply: str | None, failed: bool) -> Any:
+            out = None if reply is None else OutboundMessage.reply_to_message(
+                message, reply, "error" if failed else "reply")
+            return self.inbox.finish(entries, out, draft_id(bridge.stream))
+        return on_commit
 
     async def _deliver(self, channel: Channel | None, message: InboundMessage,
                        result: RunResult, stream: ReplyStream | None) -> None:
         if channel is None:
             log.error("no channel %r to deliver run %s", message.channel, result.run_id)
             return
+        reply = None if result.reply is None else OutboundMessage.reply_to_message(
+            message, result.reply, "error" if result.status == "failed" else "reply")
+        draft = draft_id(stream)
         try:
             if stream is not None:
                 await stream.finish(result.reply)
-            elif result.reply is not None:
-                await channel.send(OutboundMessage.reply_to_message(
-                    message, result.reply, "error" if result.status == "failed" else "reply"))
-        except Exception:
-            # The run is already persisted; only the delivery is lost.
-            log.exception("delivering run %s to %s:%s failed", result.run_id,
-                          message.channel, message.chat_id)
+                platform_id = draft_id(stream)
+            elif reply is not None:
+                platform_id = await channel.send(reply)
+            else:
+                return
+        except Exception as exc:
+            if result.outbox_id is None or reply is None:
+                log.warning("delivering run %s to %s:%s failed: %s", result.run_id,
+                            message.channel, message.chat_id, exc)
+                return
+            log.warning("delivering run %s to %s:%s failed (%s); it stays in the outbox",
+                        result.run_id, message.channel, message.chat_id, exc)
+            self.inbox.not_delivered(result.outbox_id, final=False)
+            self._redeliver(result.outbox_id, reply, draft, 1)
+            return
+        if result.outbox_id is not None:
+            self.inbox.delivered(result.outbox_id, platform_id)
+
+    def _redeliver(self, outbox_id: int, reply: OutboundMessage, draft: str | None,
+                   attempts: int, delay: float | None = None) -> None:
+        """Send a committed reply again later (replacing its draft), backing off."""
+        if delay is None:
+            delay = REDELIVERY_DELAYS[min(attempts, len(REDELIVERY_DELAYS)) - 1]
+
+        async def again() -> None:
+            await asyncio.sleep(delay)
+            channel = self.app.channels.get(reply.channel)
+            if channel is None:
+                log.error("reply %d: no channel %r; kept in the outbox", outbox_id, reply.channel)
+                return
+            try:
+                platform_id = await channel.send(dataclasses.replace(reply, replace=draft))
+            except Exception as exc:
+                final = attempts >= len(REDELIVERY_DELAYS)
+                self.inbox.not_delivered(outbox_id, final=final)
+                if final:
+                    log.error("reply %d to %s:%s could not be delivered; given up (%s)",
+                              outbox_id, reply.channel, reply.chat_id, exc)
+                else:
+                    log.warning("reply %d to %s:%s not delivered (%s); trying again",
+                                outbox_id, reply.channel, reply.chat_id, exc)
+                    self._redeliver(outbox_id, reply, draft, attempts + 1)
+                return
+            self.inbox.delivered(outbox_id, platform_id)
+
+        task = asyncio.ensure_future(again())
+        self._redeliveries.add(task)
+        task.add_done_callback(self._redeliveries.discard)
 
     # -- commands --------------------------------------------------------------
 
-    async def _command(self, message: InboundMessage, name: str, args: str) -> None:
+    async def _command(self, message: InboundMessage, name: str, args: str, *,
+                       entry: int | None = None) -> None:
         key = self.key_for(message)
         lock, users = self._command_locks.setdefault(key, (asyncio.Lock(), [0]))
         users[0] += 1
         try:
             async with lock:
                 await self._run_command(message, name, args)
+            if entry is not None:
+                self.inbox.close((entry,))
         finally:
             users[0] -= 1
             if not users[0]:
@@ -390,11 +573,33 @@ class Dispatcher:
         self._changed.set()
 
 
-def _joined(first: _Pending, second: InboundMessage, now: float) -> _Pending:
+def _joined(first: _Pending, second: InboundMessage, entry: int, now: float) -> _Pending:
     # Reply to the newest message: that is the one the sender is looking at.
     text = f"{first.message.text}\n{second.text}"
     attachments = first.message.attachments + second.attachments
-    return _Pending(dataclasses.replace(second, text=text, attachments=attachments), now)
+    return _Pending(dataclasses.replace(second, text=text, attachments=attachments), now,
+                    entries=(*first.entries, entry), stale_draft=first.stale_draft)
+
+
+def draft_id(stream: ReplyStream | None) -> str | None:
+    """The platform id of a stream's draft (streams of older channel plugins have none)."""
+    value = getattr(stream, "message_id", None)
+    return str(value) if value else None
+
+
+class _DraftWatch:
+    """Journals the id of a run's draft once the channel showed one."""
+
+    def __init__(self, inbox: Inbox, entries: tuple[int, ...]) -> None:
+        self.inbox = inbox
+        self.entries = entries
+        self.seen: str | None = None
+
+    def check(self, stream: ReplyStream | None) -> None:
+        draft = draft_id(stream)
+        if draft and draft != self.seen and self.entries:
+            self.seen = draft
+            self.inbox.set_draft(self.entries, draft)
 
 
 class _StreamBridge:
@@ -424,6 +629,10 @@ class _StreamBridge:
         self.text = ""
         self.visible = ""
         self.shown = False
+
+    async def restart(self) -> None:
+        """The model's answer is being generated again: the draft starts over."""
+        self.text = ""
 
     async def add(self, fragment: str) -> None:
         if self.stream is None:

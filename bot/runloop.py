@@ -25,10 +25,12 @@ from bot.agents import Agent, AgentResolver, AgentRouter
 from bot.compaction import Compactor, split_point, summarize
 from bot.config import Settings
 from bot.context import build_context, kernel_text
+from bot.db import Statements
 from bot.events import EventType, RunEvent
 from bot.exec_summary import ExecutionSummary
 from bot.guard import BLOCK_REFUSAL, InputCheck, InputGuard, truncate
 from bot.history import PruneSettings, limit_turns, prune, repair_pairing, summary_messages
+from bot.inbox import RunJournal
 from bot.judge import Judge, Verdict, self_correct
 from bot.llm import ChatMessage, LLMProvider, LLMRequest, LLMResponse, ToolCall, Usage
 from bot.messages import InboundMessage
@@ -89,6 +91,12 @@ class RunRequest:
     kind: str = "chat"
     extra_context: str = ""
     """Extra text for the prompt's ``<extra_context>`` section (cron jobs, sub-tasks)."""
+    journal: RunJournal | None = None
+    """Where the run records its tool exchange as it happens; one left by an
+    interrupted earlier run of the same message is replayed first."""
+    on_commit: Callable[[str | None, bool], Statements] | None = None
+    """``(reply or None, failed) -> statements`` written in the run's own commit
+    (the dispatcher closes the inbox entries and queues the reply there)."""
 
 
 @dataclass(slots=True)
@@ -101,6 +109,8 @@ class RunResult:
     usage: Usage
     iterations: int = 0
     error: str = ""
+    outbox_id: int | None = None
+    """The reply's outbox entry, when the run queued one in its commit."""
 
     @property
     def silent(self) -> bool:
@@ -335,11 +345,14 @@ class _Run:
             silent = cleaned == NO_REPLY or not cleaned
         self.buffer.append(ChatMessage("assistant", final))
         self.trace.root.attributes["output_preview"] = preview(cleaned)
+        reply = None if silent else cleaned
+        outbox_id = None
         if req.persist:
             self.committed = True
-            await engine.store.append_run(
+            outbox_id = await engine.store.append_run(
                 req.session, req.run_id, self.buffer, self.usage, self.settings.model,
                 self.provider.name, self._record("completed"), self._spans("completed"),
+                also=self._also(reply),
             )
         else:
             await self._store_trace("completed")
@@ -347,8 +360,12 @@ class _Run:
         await self.emit("run.completed", content=cleaned, silent=silent,
                         usage={"input_tokens": self.usage.input_tokens,
                                "output_tokens": self.usage.output_tokens})
-        return RunResult(req.run_id, "completed", None if silent else cleaned, self.usage,
-                         self.iterations)
+        return RunResult(req.run_id, "completed", reply, self.usage, self.iterations,
+                         outbox_id=outbox_id)
+
+    def _also(self, reply: str | None, failed: bool = False) -> Statements | None:
+        on_commit = self.req.on_commit
+        return on_commit(reply, failed) if on_commit is not None else None
 
     async def _generate(self, convo: list[ChatMessage], system: str,
                         specs: tuple[Any, ...], limit: int,
@@ -359,38 +376,53 @@ class _Run:
         Tool exchanges go to the run's buffer; the answer does not.
         """
         used = 0
+        journal = self.req.journal
         while used < limit:
             used += 1
             self.iterations += 1
-            await self.emit("activity", phase="thinking", iteration=self.iterations)
-            request = LLMRequest(
-                model=self.settings.model, system=system,
-                messages=_with_summary(convo, self.exec_summary.render()),
-                tools=specs, max_tokens=self.settings.max_tokens,
-            )
-            response = await self._call_llm(request)
-            self.usage.add(response.usage)
-            if not response.tool_calls:
-                return response.text, convo
-            assistant = ChatMessage("assistant", response.text, tool_calls=response.tool_calls)
+            replayed = journal.next_turn() if journal is not None else None
+            if replayed is not None:
+                # An interrupted earlier run got this far: its turn and finished
+                # tool results are replayed instead of being produced again.
+                assistant = replayed
+                request = None
+            else:
+                await self.emit("activity", phase="thinking", iteration=self.iterations)
+                request = LLMRequest(
+                    model=self.settings.model, system=system,
+                    messages=_with_summary(convo, self.exec_summary.render()),
+                    tools=specs, max_tokens=self.settings.max_tokens,
+                )
+                response = await self._call_llm(request)
+                self.usage.add(response.usage)
+                if not response.tool_calls:
+                    return response.text, convo
+                assistant = ChatMessage("assistant", response.text,
+                                        tool_calls=response.tool_calls)
+                if journal is not None:
+                    await journal.turn(assistant)
             convo.append(assistant)
             self.buffer.append(assistant)
-            if response.text.strip():
-                await self.emit("block.reply", content=response.text)
+            if assistant.content.strip() and replayed is None:
+                await self.emit("block.reply", content=assistant.content)
             await self.emit("activity", phase="tools", iteration=self.iterations)
-            results = await self._run_tools(response.tool_calls, tool_context)
-            for call, result in zip(response.tool_calls, results, strict=True):
+            calls = assistant.tool_calls
+            results = await self._run_tools(
+                calls, tool_context,
+                journal.replayed(calls) if replayed is not None and journal else None)
+            for call, result in zip(calls, results, strict=True):
                 answer = ChatMessage("tool", result.content, tool_call_id=call.id,
                                      tool_name=call.name, is_error=result.is_error)
                 convo.append(answer)
                 self.buffer.append(answer)
-            warning = self._loop_warning(response.tool_calls)
+            warning = self._loop_warning(calls)
             if warning:
                 # On the result the model reads next; the stored history stays as it was.
                 convo[-1] = dataclasses.replace(convo[-1], content=f"{convo[-1].content}\n\n"
                                                 f"{warning}")
-            convo = await self._maybe_compact_midloop(convo, response.usage.input_tokens
-                                                      or self.estimator.request(request))
+            if request is not None:
+                convo = await self._maybe_compact_midloop(
+                    convo, response.usage.input_tokens or self.estimator.request(request))
         return (f"I stopped after {limit} steps without finishing. "
                 "Tell me how to continue, or ask for something smaller."), convo
 
@@ -551,8 +583,17 @@ class _Run:
             await self.emit("chunk", content=fragment)
 
     async def _run_tools(
-        self, calls: Sequence[ToolCall], context: ToolContext
+        self, calls: Sequence[ToolCall], context: ToolContext,
+        replayed: Mapping[str, ToolResult] | None = None,
     ) -> list[ToolResult]:
+        if replayed is not None:
+            results = []
+            for call in calls:
+                result = replayed[call.id]
+                self.exec_summary.record(call.name, call.arguments, not result.is_error,
+                                         result.content, None)
+                results.append(result)
+            return results
         outcomes = await self.executor.run_batch(
             calls, context, trace=self.trace, on_call=self._on_tool_call,
             on_result=self._on_tool_result,
@@ -594,6 +635,8 @@ class _Run:
         await self.emit("tool.call", name=call.name, id=call.id, arguments=dict(call.arguments))
 
     async def _on_tool_result(self, outcome: ToolOutcome) -> None:
+        if self.req.journal is not None:
+            self.req.journal.result(outcome.call.id, outcome.result)
         if not self.observers and self.listener is None:
             return
         name = outcome.call.name
@@ -608,33 +651,37 @@ class _Run:
             ChatMessage("user", text, sender_id=msg.sender_id, sender_name=msg.display_name),
             ChatMessage("assistant", refusal),
         ]
+        outbox_id = None
         if self.req.persist:
-            await self.engine.store.append_run(self.req.session, self.req.run_id, self.buffer,
-                                               record=self._record("refused"),
-                                               spans=self._spans("refused"))
+            outbox_id = await self.engine.store.append_run(
+                self.req.session, self.req.run_id, self.buffer, record=self._record("refused"),
+                spans=self._spans("refused"), also=self._also(refusal))
         self._log("refused")
         await self.emit("run.completed", content=refusal, silent=False, refused=True,
                         usage={"input_tokens": 0, "output_tokens": 0})
-        return RunResult(self.req.run_id, "refused", refusal, self.usage, 0)
+        return RunResult(self.req.run_id, "refused", refusal, self.usage, 0,
+                         outbox_id=outbox_id)
 
     async def _fail(self, error: str) -> RunResult:
         # Keep what the user said (so "try again" has context) but none of the
         # half-finished tool exchange.
         user = [m for m in self.buffer if m.role == "user"]
+        apology = f"Sorry, I couldn't answer that: {error}"
+        outbox_id = None
         try:
             if self.req.persist:
-                await self.engine.store.append_run(
+                outbox_id = await self.engine.store.append_run(
                     self.req.session, self.req.run_id, user, self.usage,
-                    record=self._record("failed", error), spans=self._spans("failed", error))
+                    record=self._record("failed", error), spans=self._spans("failed", error),
+                    also=self._also(apology, failed=True))
             else:
                 await self._store_trace("failed", error)
         except Exception:
             log.exception("could not persist failed run %s", self.req.run_id)
         self._log("failed", error)
         await self.emit("run.failed", error=error)
-        return RunResult(self.req.run_id, "failed",
-                         f"Sorry, I couldn't answer that: {error}", self.usage,
-                         self.iterations, error)
+        return RunResult(self.req.run_id, "failed", apology, self.usage,
+                         self.iterations, error, outbox_id=outbox_id)
 
     async def _store_trace(self, status: str, error: str = "") -> None:
         """Store the trace on its own; never raises (it runs on failure paths)."""

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bot.error_store import ErrorStore, ResultStore
+from bot.inbox import Inbox
 from bot.sessions import SessionStore
 
 if TYPE_CHECKING:
@@ -22,7 +23,8 @@ class Services:
 
     - ``errors``: full tool errors, fetched by ID (``get_error_detail``);
     - ``results``: large tool results, read in slices (``get_tool_result``);
-    - ``scheduler``: scheduled jobs (the ``cron`` tool).
+    - ``scheduler``: scheduled jobs (the ``cron`` tool);
+    - ``inbox``: the durable inbox, journal and outbox (:mod:`bot.inbox`).
 
     ``plugin_config(name)`` is plugin ``name``'s validated configuration (the
     model it declared with ``roost_plugin_config_model``), or ``None``.
@@ -32,6 +34,7 @@ class Services:
     errors: ErrorStore | None = None
     results: ResultStore | None = None
     scheduler: Scheduler | None = None
+    inbox: Inbox | None = None
     plugin_configs: dict[str, Any] = field(default_factory=dict)
 
     def plugin_config(self, name: str) -> Any:
