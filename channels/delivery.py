@@ -16,11 +16,16 @@ T = TypeVar("T")
 
 
 class RateLimited(Exception):
-    """A platform said to wait ``retry_after`` seconds."""
+    """A platform said to wait ``retry_after`` seconds.
 
-    def __init__(self, retry_after: float) -> None:
+    ``scope`` names what the wait covers (a chat, a method, the whole bot) when
+    the adapter knows better than the call's own scope; see ``channels.ratelimit``.
+    """
+
+    def __init__(self, retry_after: float, scope: str | None = None) -> None:
         super().__init__(f"rate limited for {retry_after:g}s")
         self.retry_after = retry_after
+        self.scope = scope
 
 
 class Transient(Exception):

@@ -5,12 +5,21 @@ The adapter only translates. A ``message`` update becomes an
 ``group``; a forum topic is its own ``thread_id``) and goes to the core, which
 applies the DM and group policies; the adapter's part is to say whether the
 bot was addressed (``mentioned``). Replies are rendered from the model's
-Markdown to Telegram HTML, cut at 4,096 characters, and sent with retries
-that honour ``retry_after``.
+Markdown to Telegram HTML, cut at 4,096 characters, and sent with retries.
 
-Updates arrive by long polling (aiogram's ``Dispatcher.start_polling``) or,
-when ``telegram_webhook_url`` is set, on an aiohttp server that Telegram
-POSTs to, checked with the secret-token header.
+Receiving is durable. Updates arrive by Roost's own long-polling loop
+(``getUpdates``) or, when ``telegram_webhook_url`` is set, on an aiohttp
+server that Telegram POSTs to, checked with the secret-token header. Either
+way an update is acknowledged to Telegram (the next ``getUpdates`` offset, a
+webhook's 200) only after the core's handler returned for it, that is once the
+message is in the core's inbox; if the handler raises, Telegram delivers the
+update again. A malformed update is skipped with one warning and acknowledged,
+so it cannot wedge the updates behind it.
+
+Sending honours Telegram's limits (``channels.ratelimit``): after a 429 nothing
+goes to that chat until ``retry_after`` has passed, a proactive budget keeps
+the documented rates, and streaming drafts and typing indicators give way to
+final replies. Every aiogram error is mapped in :func:`_translated`.
 """
 
 from __future__ import annotations
@@ -21,9 +30,12 @@ from channels.telegram_lazy import LAZY  # isort: split
 
 import asyncio
 import contextlib
+import json
 import logging
+import random
 import re
 import secrets
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -32,13 +44,19 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 import aiohttp
-from aiogram import Bot, Dispatcher
+from aiogram import Bot
 from aiogram.client.session.aiohttp import AiohttpSession
 from aiogram.client.telegram import TelegramAPIServer
 from aiogram.exceptions import (
+    ClientDecodeError,
     TelegramAPIError,
     TelegramBadRequest,
+    TelegramConflictError,
+    TelegramEntityTooLarge,
+    TelegramForbiddenError,
+    TelegramMigrateToChat,
     TelegramNetworkError,
+    TelegramNotFound,
     TelegramRetryAfter,
     TelegramServerError,
     TelegramUnauthorizedError,
@@ -61,19 +79,18 @@ from aiogram.types import (
     BotCommandScopeChat,
     Message,
     ReplyParameters,
-    TelegramObject,
     Update,
     User,
 )
-from aiogram.webhook.aiohttp_server import SimpleRequestHandler
 from aiohttp import web
 from pydantic import ValidationError
 
 from bot.app import SetupError
 from bot.channel import Channel, InboundHandler, ReplyStream
 from bot.messages import Attachment, ChatType, InboundMessage, OutboundMessage
-from channels.delivery import DeliveryPolicy, EditStream, RateLimited, Transient, deliver
-from channels.telegram_format import MAX_TEXT, fit, split_for_telegram, to_html
+from channels.delivery import DeliveryPolicy, RateLimited, Transient, deliver
+from channels.ratelimit import BOT, TELEGRAM_LIMITS, Limits, RateLimiter
+from channels.telegram_format import fit, split_for_telegram, to_html
 
 if TYPE_CHECKING:
     from bot.commands import Command
@@ -86,7 +103,7 @@ T = TypeVar("T")
 ALLOWED_UPDATES = ["message"]
 """The only update type Roost acts on; Telegram then sends no others."""
 SEEN_UPDATES = 4096
-"""Recent update ids remembered to drop redeliveries."""
+"""Recent update ids remembered to drop redeliveries early (the inbox dedupes for real)."""
 COMMAND_NAME = re.compile(r"^[a-z0-9_]{1,32}$")
 """What Telegram accepts as a command name in ``setMyCommands``."""
 _COMMAND = re.compile(r"^/([A-Za-z0-9_]{1,64})(?:@([A-Za-z0-9_]{1,64}))?(?=\s|$)")
@@ -94,6 +111,13 @@ _DRAFT_POLICY = DeliveryPolicy(attempts=1)
 """Drafts are not retried: the next edit or the final reply supersedes them."""
 STOP_GRACE = 10.0
 """Seconds ``stop()`` waits for replies still being sent."""
+GET_UPDATES = "getUpdates"
+"""The rate-limit scope of ``getUpdates``: a 429 on it holds polling only."""
+POLL_BACKOFF_CAP = 30.0
+"""The longest pause between failed ``getUpdates`` calls, in seconds."""
+_UPDATE_ID = re.compile(r'"update_id"\s*:\s*(\d+)')
+_COUNTED = (SendMessage, EditMessageText, DeleteMessage)
+"""The methods Telegram's message limits count."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,20 +133,32 @@ class _Target:
         return cls(_chat_id(chat_id), _int_or_none(thread_id), _int_or_none(reply_to))
 
 
+class ChatMigrated(Exception):
+    """A group became a supergroup; calls must go to ``chat_id`` from now on."""
+
+    def __init__(self, chat_id: int) -> None:
+        super().__init__(f"the chat moved to {chat_id}")
+        self.chat_id = chat_id
+
+
 class TelegramChannel(Channel):
     """Roost on Telegram (``TELEGRAM_BOT_TOKEN``).
 
     Keyword arguments exist for tests and benchmarks: ``polling_timeout`` is
     the long-poll wait in seconds, ``edit_interval`` the minimum time between
     streaming edits, ``typing_interval`` how often the typing status is
-    refreshed, ``policy`` the retry policy for replies.
+    refreshed, ``policy`` the retry policy for replies, ``limits`` the
+    proactive rate limits, ``request_timeout`` how long one Bot API call may
+    take (the long poll gets its own wait on top), ``poll_backoff`` the first
+    pause after a failed ``getUpdates`` (doubling up to 30 s).
     """
 
     name = "telegram"
 
     def __init__(self, settings: Settings, *, polling_timeout: int = 30,
                  edit_interval: float = 1.0, typing_interval: float = 4.0,
-                 policy: DeliveryPolicy | None = None) -> None:
+                 policy: DeliveryPolicy | None = None, limits: Limits = TELEGRAM_LIMITS,
+                 request_timeout: float = 60.0, poll_backoff: float = 0.5) -> None:
         if settings.telegram_bot_token is None:
             raise ValueError("the Telegram channel needs TELEGRAM_BOT_TOKEN")
         self.settings = settings
@@ -130,19 +166,28 @@ class TelegramChannel(Channel):
         self.edit_interval = edit_interval
         self.typing_interval = typing_interval
         self.policy = policy or DeliveryPolicy()
+        self.limiter = RateLimiter(limits)
+        self.request_timeout = request_timeout
+        self.poll_backoff = poll_backoff
         self.bot: Bot | None = None
         self.me: User | None = None
-        self.dispatcher: Dispatcher | None = None
         self._handler: InboundHandler | None = None
         self._seen: OrderedDict[int, None] = OrderedDict()
         self._polling: asyncio.Task[None] | None = None
+        self._fetching: asyncio.Task[list[Update]] | None = None
         self._webhook: web.AppRunner | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._sending = 0
         self._idle = asyncio.Event()
         self._idle.set()
         self._stopped = False
+        self._stopping = asyncio.Event()
         self._commands: set[str] = set()
+        self._migrated: dict[int | str, int] = {}
+        # What each message Roost sent currently shows, as (text, parse_mode):
+        # a final edit identical to the draft would be refused as "not modified".
+        self._shown: OrderedDict[tuple[int | str, int], tuple[str, str | None]] = \
+            OrderedDict()
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -150,10 +195,11 @@ class TelegramChannel(Channel):
         """Check the token (``getMe``), then receive by long polling or webhook."""
         assert self.settings.telegram_bot_token is not None
         self._handler = handler
-        _quiet_aiogram()
         _keep_response_models()
         base = self.settings.telegram_api_base
-        session = _Session(api=TelegramAPIServer.from_base(base)) if base else _Session()
+        api = TelegramAPIServer.from_base(base) if base else None
+        session = _Session(api=api, timeout=self.request_timeout) if api else \
+            _Session(timeout=self.request_timeout)
         self.bot = bot = Bot(self.settings.telegram_bot_token.get_secret_value(),
                              session=session)
         try:
@@ -168,61 +214,59 @@ class TelegramChannel(Channel):
 
     async def _connect(self, bot: Bot) -> None:
         try:
-            self.me = await deliver(lambda: _translated(bot.me()), what="telegram getMe",
-                                    policy=self.policy)
+            self.me = await self._deliver(GetMe(), "getMe")
         except TelegramUnauthorizedError as exc:
             raise SetupError(f"Telegram refused the bot token ({exc.message}): check "
                              "TELEGRAM_BOT_TOKEN") from exc
         if not self.me.username:
             log.warning("telegram: the bot has no username: @mentions cannot be recognised")
-        # FSM storage would cost a lookup per update and Roost keeps no FSM state.
-        self.dispatcher = dp = Dispatcher(disable_fsm=True)
-        dp.update.outer_middleware(self._gate)
-        dp.message.register(self._on_message)
         if self.settings.telegram_webhook_url:
-            await self._start_webhook(bot, dp, self.settings.telegram_webhook_url)
+            await self._start_webhook(self.settings.telegram_webhook_url)
             return
         # getUpdates is refused while a webhook is set (from an earlier webhook
         # deployment); pending updates are kept.
-        await deliver(lambda: _translated(bot.delete_webhook(drop_pending_updates=False)),
-                      what="telegram deleteWebhook", policy=self.policy)
-        self._polling = asyncio.create_task(dp.start_polling(
-            bot, polling_timeout=self.polling_timeout, handle_as_tasks=False,
-            handle_signals=False, close_bot_session=False, allowed_updates=ALLOWED_UPDATES))
+        await self._deliver(DeleteWebhook(drop_pending_updates=False), "deleteWebhook")
+        self._polling = asyncio.create_task(self._poll(bot))
 
-    async def _start_webhook(self, bot: Bot, dp: Dispatcher, url: str) -> None:
+    async def _start_webhook(self, url: str) -> None:
         secret_setting = self.settings.telegram_webhook_secret
         # Without a secret anyone who learns the URL could inject updates, so
         # one is made up when none is configured: Telegram echoes it back.
         secret = secret_setting.get_secret_value() if secret_setting else \
             secrets.token_urlsafe(32)
         app = web.Application()
-        _WebhookHandler(self, dispatcher=dp, bot=bot, secret_token=secret).register(
-            app, path=urlsplit(url).path or "/")
+        app.router.add_post(urlsplit(url).path or "/", self._webhook_handler(secret))
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         await web.TCPSite(runner, port=self.settings.telegram_webhook_port).start()
         self._webhook = runner
         try:
-            await deliver(lambda: _translated(bot.set_webhook(
-                url, secret_token=secret, allowed_updates=ALLOWED_UPDATES)),
-                what="telegram setWebhook", policy=self.policy)
+            await self._deliver(SetWebhook(url=url, secret_token=secret,
+                                           allowed_updates=ALLOWED_UPDATES), "setWebhook")
         except BaseException:
             await runner.cleanup()
             self._webhook = None
             raise
 
     async def stop(self) -> None:
-        """Stop receiving, let replies being sent finish, close the HTTP session."""
+        """Stop receiving at once, let replies being sent finish, close the HTTP session.
+
+        A long poll in flight is cut (its connection closed), not waited for;
+        an update whose handler is running is let finish, so it is either in
+        the inbox or will be delivered again.
+        """
         if self._stopped:
             return
         self._stopped = True
-        dp, polling = self.dispatcher, self._polling
-        if polling is not None and dp is not None:
-            with contextlib.suppress(RuntimeError):  # not started yet: cancel the task
-                await dp.stop_polling()
-            polling.cancel()
-            await asyncio.gather(polling, return_exceptions=True)
+        self._stopping.set()
+        if self._fetching is not None:
+            self._fetching.cancel()
+        if self._polling is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._polling), STOP_GRACE)
+            except (TimeoutError, asyncio.CancelledError):
+                self._polling.cancel()
+            await asyncio.gather(self._polling, return_exceptions=True)
         if self._webhook is not None:
             await self._webhook.cleanup()
         with contextlib.suppress(TimeoutError):
@@ -234,43 +278,140 @@ class TelegramChannel(Channel):
         if self.bot is not None:
             await self.bot.session.close()
 
-    # -- inbound ------------------------------------------------------------------
+    # -- inbound: long polling ------------------------------------------------------
 
-    async def _gate(self, handler: Callable[[TelegramObject, dict[str, Any]], Awaitable[Any]],
-                    event: TelegramObject, data: dict[str, Any]) -> Any:
-        """Drop redelivered updates and ones Roost cannot use, before aiogram routes them."""
-        if not isinstance(event, Update):
-            return None
-        if event.update_id in self._seen:
-            log.info("telegram: update %d was delivered again; ignored", event.update_id)
-            return None
-        self._seen[event.update_id] = None
+    async def _poll(self, bot: Bot) -> None:
+        """Fetch updates and hand them to the core, one at a time, in order.
+
+        The offset (Telegram's acknowledgement) moves past an update only once
+        the handler returned for it. If the handler raises, the rest of the
+        batch waits: after a pause the same offset is fetched again, and
+        Telegram serves that update again.
+        """
+        offset: int | None = None
+        fetch_failures = 0
+        handler_failures = 0
+        while not self._stopped:
+            self._fetching = asyncio.ensure_future(self._fetch(bot, offset))
+            try:
+                updates = await self._fetching
+            except asyncio.CancelledError:
+                if self._stopped:
+                    return
+                raise
+            except RateLimited as exc:
+                # The limiter holds the next getUpdates until the window passed.
+                log.warning("telegram: getUpdates rate limited; waiting %.0fs", exc.retry_after)
+                continue
+            except TelegramUnauthorizedError as exc:
+                log.error("telegram: the bot token was refused (%s); polling stopped",
+                          exc.message)
+                return
+            except Exception as exc:
+                fetch_failures += 1
+                delay = _backoff(self.poll_backoff, fetch_failures)
+                log.warning("telegram: getUpdates failed (%s); retrying in %.1fs",
+                            _describe(exc), delay)
+                await self._pause(delay)
+                continue
+            finally:
+                self._fetching = None
+            fetch_failures = 0
+            for update in updates:
+                if self._stopped:
+                    return
+                try:
+                    await self._process(update)
+                except Exception as exc:
+                    handler_failures += 1
+                    delay = _backoff(self.poll_backoff, handler_failures)
+                    log.warning("telegram: update %d was not taken (%s); fetching it again "
+                                "in %.1fs", update.update_id, _describe(exc), delay)
+                    await self._pause(delay)
+                    break
+                handler_failures = 0
+                offset = update.update_id + 1
+
+    async def _fetch(self, bot: Bot, offset: int | None) -> list[Update]:
+        method = GetUpdates(offset=offset, timeout=self.polling_timeout,
+                            allowed_updates=ALLOWED_UPDATES)
+        async with self.limiter.slot(GET_UPDATES):
+            # The long poll may take its whole timeout; a dead connection is
+            # noticed after a margin on top of it.
+            return await _translated(bot(method, request_timeout=int(
+                self.polling_timeout + self.request_timeout)))
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep, unless ``stop()`` comes first."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+
+    async def _process(self, update: Update) -> None:
+        """Hand one update to the core; raises if the core did not take it."""
+        if update.update_id in self._seen:
+            log.info("telegram: update %d was delivered again; ignored", update.update_id)
+            return
+        inbound: InboundMessage | None = None
+        if update.message is not None:
+            try:
+                inbound = self.translate(update.message, event_id=str(update.update_id))
+            except Exception:
+                # A translation bug would fail the same way on every redelivery
+                # and wedge the updates behind it: this one is skipped instead.
+                log.exception("telegram: update %d could not be translated; skipped",
+                              update.update_id)
+        else:
+            log.debug("telegram: update %d has no message; ignored", update.update_id)
+        if inbound is not None and self._handler is not None:
+            await self._handler(inbound)
+        # Remembered only now: a redelivery after a failed handler must go through.
+        self._seen[update.update_id] = None
         if len(self._seen) > SEEN_UPDATES:
             self._seen.popitem(last=False)
-        if event.message is None:
-            log.debug("telegram: update %d has no message; ignored", event.update_id)
-            return None
-        return await handler(event, data)
-
-    async def _on_message(self, message: Message) -> None:
-        try:
-            inbound = self.translate(message)
-            if inbound is not None and self._handler is not None:
-                await self._handler(inbound)
-        except Exception:
-            # One bad message must not stop the updates behind it.
-            log.exception("telegram: message %s in chat %s could not be handled",
-                          message.message_id, message.chat.id)
 
     async def feed_raw(self, raw: Any) -> None:
-        """Handle one update as received (webhook body, tests); malformed ones are skipped."""
-        assert self.bot is not None and self.dispatcher is not None
-        update = parse_update(raw, self.bot)
-        if update is not None:
-            await self.dispatcher.feed_update(self.bot, update)
+        """Handle one update as received (tests); malformed ones are skipped.
 
-    def translate(self, message: Message) -> InboundMessage | None:
+        Raises if the core's handler raised, as the webhook then answers 500.
+        """
+        update = parse_update(raw, self._bot())
+        if update is not None:
+            await self._process(update)
+
+    # -- inbound: webhook -----------------------------------------------------------
+
+    def _webhook_handler(self, secret: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handle(request: web.Request) -> web.Response:
+            given = request.headers.get("X-Telegram-Bot-Api-Secret-Token", "")
+            if not secrets.compare_digest(given.encode(), secret.encode()):
+                return web.Response(status=HTTPStatus.UNAUTHORIZED, text="Unauthorized")
+            body = await request.text()
+            try:
+                raw = json.loads(body)
+            except (ValueError, RecursionError) as exc:
+                # Telegram would retry a non-2xx answer for ever: acknowledged.
+                found = _UPDATE_ID.search(body)
+                log.warning("telegram: webhook update %s is not decodable JSON (%s); "
+                            "acknowledged and skipped", found.group(1) if found else "?",
+                            type(exc).__name__)
+                return web.json_response({})
+            update = parse_update(raw, self._bot())
+            if update is None:
+                return web.json_response({})
+            try:
+                await self._process(update)
+            except Exception as exc:
+                log.warning("telegram: update %d was not taken (%s); answering 500 so "
+                            "Telegram delivers it again", update.update_id, _describe(exc))
+                return web.json_response({}, status=HTTPStatus.INTERNAL_SERVER_ERROR)
+            return web.json_response({})
+
+        return handle
+
+    def translate(self, message: Message, *, event_id: str = "") -> InboundMessage | None:
         """The core's view of ``message``, or ``None`` if it is not for Roost.
+
+        ``event_id`` is the ``update_id`` that carried it (the inbox dedupes on it).
 
         Not for Roost: messages from bots (itself included), channel posts,
         and commands addressed to another bot (``/help@other_bot``).
@@ -340,21 +481,30 @@ class TelegramChannel(Channel):
             mentioned=mentioned,
             attachments=_attachments(message),
             raw=message,
+            event_id=event_id,
         )
 
     # -- outbound -------------------------------------------------------------------
 
-    async def send(self, message: OutboundMessage) -> None:
-        """Deliver a reply: rendered to HTML, cut to 4,096, the first piece threaded."""
+    async def send(self, message: OutboundMessage) -> str | None:
+        """Deliver a reply: rendered to HTML, cut to 4,096, the first piece threaded.
+
+        With ``message.replace`` the draft of that id becomes the first piece.
+        Returns the id of the last message sent; raises if the reply was not
+        delivered (the core keeps it and tries again).
+        """
         target = _Target.of(message.chat_id, message.thread_id, message.reply_to)
         async with self._sending_reply() as live:
             if not live:
-                log.warning("telegram: reply to %s dropped: the channel is stopped",
-                            message.chat_id)
-                return
-            for index, piece in enumerate(split_for_telegram(message.text)):
-                await self._send_piece(target if index == 0 else _unthreaded(target), piece,
-                                       self.policy)
+                raise RuntimeError("the Telegram channel is stopped")
+            return await self._deliver_reply(target, message.replace, message.text)
+
+    async def withdraw(self, chat_id: str, message_id: str) -> None:
+        """Delete a message Roost sent (a stale draft); one already gone is fine."""
+        async with self._sending_reply() as live:
+            if not live:
+                raise RuntimeError("the Telegram channel is stopped")
+            await self._delete(_chat_id(chat_id), int(message_id))
 
     def open_stream(self, message: InboundMessage) -> ReplyStream | None:
         """A draft edited at most once per ``edit_interval``, unless streaming is off."""
@@ -362,11 +512,7 @@ class TelegramChannel(Channel):
             return None
         target = _Target.of(message.chat_id, message.thread_id,
                             message.message_id if message.chat_type == "group" else None)
-        return EditStream(
-            send=lambda text: self._draft(target, text),
-            edit=lambda mid, text: self._edit_draft(target, mid, text),
-            finalize=lambda mid, text: self._finalize(target, mid, text),
-            limit=MAX_TEXT, interval=self.edit_interval)
+        return _DraftStream(self, target, self.edit_interval)
 
     @contextlib.asynccontextmanager
     async def typing(self, message: InboundMessage) -> AsyncIterator[None]:
@@ -381,7 +527,6 @@ class TelegramChannel(Channel):
 
     async def register_commands(self, commands: Sequence[Command]) -> None:
         """``setMyCommands``: everyone sees the public commands, admins' chats all of them."""
-        bot = self._bot()
         self._commands = {name for c in commands for name in (c.name, *c.aliases)}
         public: list[BotCommand] = []
         admin: list[BotCommand] = []
@@ -393,8 +538,7 @@ class TelegramChannel(Channel):
             entry = BotCommand(command=command.name,
                                description=(command.description or command.name)[:256])
             (admin if command.admin_only else public).append(entry)
-        await deliver(lambda: _translated(bot.set_my_commands(public[:100])),
-                      what="telegram setMyCommands", policy=self.policy)
+        await self._deliver(SetMyCommands(commands=public[:100]), "setMyCommands")
         if not admin:
             return
         for admin_entry in self.settings.admins:
@@ -404,18 +548,59 @@ class TelegramChannel(Channel):
             # An admin's private chat has the admin's user id.
             scope = BotCommandScopeChat(chat_id=int(user_id))
             try:
-                await deliver(_set_commands(bot, (public + admin)[:100], scope),
-                              what="telegram setMyCommands (admin)", policy=self.policy)
+                await self._deliver(SetMyCommands(commands=(public + admin)[:100], scope=scope),
+                                    "setMyCommands (admin)")
             except Exception as exc:
                 # Usually "chat not found": the admin has not started the bot yet.
                 log.warning("telegram: admin commands for %s not registered: %s", user_id, exc)
 
-    # -- sending helpers ---------------------------------------------------------------
+    # -- calling the Bot API -------------------------------------------------------------
 
     def _bot(self) -> Bot:
         if self.bot is None:
             raise RuntimeError("the Telegram channel is not started")
         return self.bot
+
+    async def _api(self, method: TelegramMethod[TelegramType], *,
+                   urgent: bool = True) -> TelegramType | None:
+        """One Bot API call through the rate limiter, errors translated.
+
+        Returns ``None`` only for a call that is not ``urgent`` and had to give
+        way (a 429 window, the budget, another call to the chat in flight).
+        A group upgraded to a supergroup is followed: the call goes again to
+        the new chat, and so does every later one.
+        """
+        bot = self._bot()
+        for _ in range(3):
+            chat = getattr(method, "chat_id", None)
+            if chat in self._migrated:
+                chat = self._migrated[chat]
+                method = method.model_copy(update={"chat_id": chat})
+            scope = BOT if chat is None else f"chat:{chat}"
+            group = isinstance(chat, str) or (isinstance(chat, int) and chat < 0)
+            try:
+                async with self.limiter.slot(scope, group=group, urgent=urgent,
+                                             counted=isinstance(method, _COUNTED)) as go:
+                    if not go:
+                        return None
+                    return await _translated(bot(method))
+            except ChatMigrated as moved:
+                if chat is None:
+                    raise
+                log.info("telegram: chat %s became supergroup %d; following it", chat,
+                         moved.chat_id)
+                self._migrated[chat] = moved.chat_id
+        raise RuntimeError(f"telegram: {method.__api_method__} kept being redirected")
+
+    async def _deliver(self, method: TelegramMethod[TelegramType], what: str, *,
+                       policy: DeliveryPolicy | None = None) -> TelegramType:
+        """An urgent call, retried on transient errors and after 429s."""
+        async def call() -> TelegramType:
+            result = await self._api(method)
+            assert result is not None  # urgent calls never give way
+            return result
+
+        return await deliver(call, what=f"telegram {what}", policy=policy or self.policy)
 
     @contextlib.asynccontextmanager
     async def _sending_reply(self) -> AsyncIterator[bool]:
@@ -432,119 +617,220 @@ class TelegramChannel(Channel):
             if not self._sending:
                 self._idle.set()
 
-    async def _send_piece(self, target: _Target, source: str,
-                          policy: DeliveryPolicy) -> Message:
-        """Send one piece as HTML; if Telegram cannot parse it, as the plain text."""
-        bot = self._bot()
+    def _remember_shown(self, chat: int | str, message_id: int, text: str,
+                        mode: str | None) -> None:
+        key = (self._migrated.get(chat, chat), message_id)
+        self._shown[key] = (text, mode)
+        self._shown.move_to_end(key)
+        if len(self._shown) > SEEN_UPDATES:
+            self._shown.popitem(last=False)
+
+    def _shows(self, chat: int | str, message_id: int, text: str, mode: str | None) -> bool:
+        return self._shown.get((self._migrated.get(chat, chat), message_id)) == (text, mode)
+
+    # -- sending -------------------------------------------------------------------------
+
+    async def _send_piece(self, target: _Target, source: str, *, urgent: bool = True,
+                          policy: DeliveryPolicy | None = None) -> Message | None:
+        """Send one piece as HTML; if Telegram cannot parse it, as the plain text.
+
+        A final reply is retried after a reset or a timeout although it may
+        have arrived: the Bot API has no idempotency key, and Roost prefers a
+        rare duplicate to a lost answer (at-least-once). Drafts (``urgent``
+        false) are tried once and give way to rate limits: ``None`` then.
+        """
         reply = ReplyParameters(message_id=target.reply_to, allow_sending_without_reply=True) \
             if target.reply_to is not None else None
-
-        def call(text: str, mode: str | None) -> Callable[[], Awaitable[Message]]:
-            return lambda: _translated(bot.send_message(
-                chat_id=target.chat_id, text=text, parse_mode=mode,
-                message_thread_id=target.thread_id, reply_parameters=reply),
-                idempotent=False)
-
-        try:
-            return await deliver(call(to_html(source), "HTML"), what="telegram sendMessage",
-                                 policy=policy)
-        except TelegramBadRequest as exc:
-            if not _entity_error(exc):
-                raise
-            log.warning("telegram: HTML refused (%s); sending the piece as plain text",
-                        exc.message)
-            return await deliver(call(source, None), what="telegram sendMessage",
-                                 policy=policy)
-
-    async def _edit(self, target: _Target, message_id: int, source: str,
-                    policy: DeliveryPolicy) -> None:
-        bot = self._bot()
-
-        def call(text: str, mode: str | None) -> Callable[[], Awaitable[Any]]:
-            return lambda: _translated(bot.edit_message_text(
-                chat_id=target.chat_id, message_id=message_id, text=text, parse_mode=mode))
-
-        try:
-            await deliver(call(to_html(source), "HTML"), what="telegram editMessageText",
-                          policy=policy)
-        except TelegramBadRequest as exc:
-            if _not_modified(exc):
-                return
-            if not _entity_error(exc):
-                raise
+        for text, mode in ((to_html(source), "HTML"), (source, None)):
+            method = SendMessage(chat_id=target.chat_id, text=text, parse_mode=mode,
+                                 message_thread_id=target.thread_id, reply_parameters=reply)
             try:
-                await deliver(call(source, None), what="telegram editMessageText",
-                              policy=policy)
-            except TelegramBadRequest as again:
-                if not _not_modified(again):
+                if urgent:
+                    sent: Message | None = await self._deliver(method, "sendMessage",
+                                                               policy=policy)
+                else:
+                    sent = await self._api(method, urgent=False)
+            except TelegramBadRequest as exc:
+                if mode is None or not _entity_error(exc):
                     raise
+                log.warning("telegram: HTML refused (%s); sending the piece as plain text",
+                            exc.message)
+                continue
+            if sent is not None:
+                self._remember_shown(sent.chat.id, sent.message_id, text, mode)
+            return sent
+        raise AssertionError("unreachable")
 
-    async def _draft(self, target: _Target, text: str) -> str:
-        """Post the first draft; ``""`` when that failed (the reply is then sent whole)."""
-        async with self._sending_reply() as live:
-            if not live:
-                return ""
+    async def _edit(self, target: _Target, message_id: int, source: str, *,
+                    urgent: bool = True) -> bool:
+        """Show ``source`` in message ``message_id``; ``False`` if a draft edit gave way.
+
+        An edit to what the message already shows is not made (Telegram would
+        refuse it as "message is not modified"); that answer, should it come
+        anyway (a retry after the first attempt took effect), means success.
+        """
+        for text, mode in ((to_html(source), "HTML"), (source, None)):
+            if self._shows(target.chat_id, message_id, text, mode):
+                return True
+            method = EditMessageText(chat_id=target.chat_id, message_id=message_id, text=text,
+                                     parse_mode=mode)
             try:
-                sent = await self._send_piece(target, fit(text), _DRAFT_POLICY)
+                if urgent:
+                    await self._deliver(method, "editMessageText")
+                elif await self._api(method, urgent=False) is None:
+                    return False
+            except TelegramBadRequest as exc:
+                if _not_modified(exc):
+                    self._remember_shown(target.chat_id, message_id, text, mode)
+                    return True
+                if mode is None or not _entity_error(exc):
+                    raise
+                continue
+            self._remember_shown(target.chat_id, message_id, text, mode)
+            return True
+        raise AssertionError("unreachable")
+
+    async def _delete(self, chat_id: int | str, message_id: int) -> None:
+        try:
+            await self._deliver(DeleteMessage(chat_id=chat_id, message_id=message_id),
+                                "deleteMessage")
+        except TelegramBadRequest as exc:
+            # Gone already (deleted by someone, or our own earlier attempt took
+            # effect before its answer was lost).
+            if "message to delete not found" not in exc.message.lower():
+                raise
+            log.info("telegram: message %d in %s was already gone", message_id, chat_id)
+        self._shown.pop((self._migrated.get(chat_id, chat_id), message_id), None)
+
+    async def _deliver_reply(self, target: _Target, draft_id: str | None,
+                             text: str | None) -> str | None:
+        """The final reply: the draft (if any) becomes its first piece, the rest follow.
+
+        A draft whose final edit fails for good is not left showing a partial
+        reply: the reply is sent anew and the draft deleted. ``text=None``
+        removes the draft. Returns the id of the last message sent.
+        """
+        pieces = split_for_telegram(text) if text is not None else []
+        draft = int(draft_id) if draft_id and draft_id.lstrip("-").isdigit() else None
+        last: str | None = None
+        stale = False
+        if draft is not None:
+            if not pieces:
+                await self._delete(target.chat_id, draft)
+                return None
+            try:
+                await self._edit(target, draft, pieces[0])
+                pieces, last = pieces[1:], str(draft)
             except Exception as exc:
-                log.warning("telegram: streaming draft not shown (%s)", exc)
-                return ""
-            return str(sent.message_id)
-
-    async def _edit_draft(self, target: _Target, message_id: str, text: str) -> None:
-        if not message_id:
-            return
-        async with self._sending_reply() as live:
-            if live:
-                await self._edit(target, int(message_id), fit(text), _DRAFT_POLICY)
-
-    async def _finalize(self, target: _Target, message_id: str | None,
-                        text: str | None) -> None:
-        """The final reply replaces the draft; later pieces follow as new messages."""
-        async with self._sending_reply() as live:
-            if not live:
-                return
-            pieces = split_for_telegram(text) if text is not None else []
-            replaced = False
-            if message_id:
-                bot = self._bot()
-                if not pieces:
-                    try:
-                        await deliver(lambda: _translated(bot.delete_message(
-                            chat_id=target.chat_id, message_id=int(message_id))),
-                            what="telegram deleteMessage", policy=self.policy)
-                    except TelegramBadRequest as exc:
-                        log.info("telegram: draft not deleted (%s)", exc.message)
-                    return
-                try:
-                    await self._edit(target, int(message_id), pieces[0], self.policy)
-                    pieces, replaced = pieces[1:], True
-                except TelegramBadRequest as exc:
-                    # The draft is gone (deleted by someone): send the reply afresh.
-                    log.warning("telegram: could not replace the draft (%s); sending anew",
-                                exc.message)
-            for index, piece in enumerate(pieces):
-                first = index == 0 and not replaced
-                await self._send_piece(target if first else _unthreaded(target), piece,
-                                       self.policy)
+                log.warning("telegram: could not put the reply into draft %d (%s); sending "
+                            "it anew", draft, _describe(exc))
+                stale = True
+        for index, piece in enumerate(pieces):
+            first = index == 0 and last is None
+            sent = await self._send_piece(target if first else _unthreaded(target), piece)
+            assert sent is not None
+            last = str(sent.message_id)
+        if stale and draft is not None:
+            try:
+                await self._delete(target.chat_id, draft)
+            except Exception as exc:
+                # The reply is out; only the stale draft stays. The core journals
+                # its id and withdraws it later.
+                log.warning("telegram: stale draft %d not deleted (%s)", draft, _describe(exc))
+        return last
 
     async def _keep_typing(self, chat_id: int | str, thread_id: int | None) -> None:
-        bot = self._bot()
+        """Refresh "typing…"; it gives way to every other call to the chat."""
         while not self._stopped:
-            wait = self.typing_interval
             try:
-                await bot.send_chat_action(chat_id=chat_id, action="typing",
-                                           message_thread_id=thread_id)
-            except TelegramRetryAfter as exc:
-                wait = max(wait, float(exc.retry_after))
-            except (TelegramAPIError, aiohttp.ClientError, OSError) as exc:
-                log.debug("telegram: typing status not sent: %s", exc)
-            await asyncio.sleep(wait)
+                await self._api(SendChatAction(chat_id=chat_id, action="typing",
+                                               message_thread_id=thread_id), urgent=False)
+            except Exception as exc:
+                log.debug("telegram: typing status not sent: %s", _describe(exc))
+            await asyncio.sleep(self.typing_interval)
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+class _DraftStream:
+    """A reply streamed into one Telegram message, edited at most once per ``interval``.
+
+    Drafts give way to rate limits: a first draft that could not be shown is
+    tried again on the next push, an edit that could not be made is dropped
+    (the next one or the final reply supersedes it). ``message_id`` is the
+    draft's id once one is shown.
+    """
+
+    def __init__(self, channel: TelegramChannel, target: _Target, interval: float) -> None:
+        self.channel = channel
+        self.target = target
+        self.interval = interval
+        self.message_id: str | None = None
+        self._last = 0.0
+        self._pending: str | None = None
+        self._flusher: asyncio.Task[None] | None = None
+        self._editing = False
+
+    async def push(self, text_so_far: str) -> None:
+        """Show the reply so far (the whole text each time)."""
+        draft = fit(text_so_far)
+        if self.message_id is None:
+            sent = await self._first(draft)
+            if sent is not None:
+                self.message_id = str(sent.message_id)
+                self._last = time.monotonic()
+            return
+        self._pending = draft
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_later())
+
+    async def _first(self, draft: str) -> Message | None:
+        async with self.channel._sending_reply() as live:
+            if not live:
+                return None
+            try:
+                return await self.channel._send_piece(self.target, draft, urgent=False,
+                                                      policy=_DRAFT_POLICY)
+            except Exception as exc:
+                log.warning("telegram: streaming draft not shown (%s)", _describe(exc))
+                return None
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(max(0.0, self._last + self.interval - time.monotonic()))
+        draft, self._pending = self._pending, None
+        if draft is None or self.message_id is None:
+            return
+        self._editing = True
+        try:
+            async with self.channel._sending_reply() as live:
+                if live:
+                    await self.channel._edit(self.target, int(self.message_id), fit(draft),
+                                             urgent=False)
+        except Exception as exc:
+            log.warning("telegram: a streaming edit failed (%s); the final reply will "
+                        "still be sent", _describe(exc))
+        finally:
+            self._editing = False
+            self._last = time.monotonic()
+
+    async def finish(self, final_text: str | None) -> None:
+        """Deliver the final reply into the draft (``None``: remove the draft)."""
+        flusher = self._flusher
+        if flusher is not None and not flusher.done():
+            if self._editing:
+                # An edit in flight is let finish: cut off, its 429 would go
+                # unseen and the final reply would land inside the window.
+                await asyncio.gather(flusher, return_exceptions=True)
+            else:
+                flusher.cancel()
+                await asyncio.gather(flusher, return_exceptions=True)
+        async with self.channel._sending_reply() as live:
+            if not live:
+                raise RuntimeError("the Telegram channel is stopped")
+            await self.channel._deliver_reply(self.target, self.message_id, final_text)
 
 
 # -- receiving: tolerant parsing ------------------------------------------------------
@@ -559,18 +845,110 @@ def parse_update(raw: Any, bot: Bot) -> Update | None:
     """
     try:
         return Update.model_validate(raw, context={"bot": bot})
-    except ValidationError as exc:
+    except (ValidationError, RecursionError) as exc:
         update_id = raw.get("update_id") if isinstance(raw, dict) else None
-        errors = exc.errors()
-        where = ".".join(str(p) for p in errors[0]["loc"]) if errors else ""
-        why = errors[0]["msg"] if errors else str(exc)
+        if isinstance(exc, ValidationError) and exc.errors():
+            error = exc.errors()[0]
+            why = f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}"
+        else:
+            why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         if isinstance(update_id, int) and not isinstance(update_id, bool):
-            log.warning("telegram: update %d is malformed (%s: %s); skipped", update_id,
-                        where, why)
+            log.warning("telegram: update %d is malformed (%s); skipped", update_id, why)
             return Update(update_id=update_id)
-        log.warning("telegram: an update without a valid update_id was skipped (%s: %s)",
-                    where, why)
+        log.warning("telegram: an update without a valid update_id was skipped (%s)", why)
         return None
+
+
+def _undecodable(text: str) -> Update | None:
+    """An update whose JSON cannot be decoded (nested beyond the decoder's depth).
+
+    Its ``update_id`` is read with a pattern so it can still be confirmed.
+    """
+    found = _UPDATE_ID.search(text)
+    if found is None:
+        log.warning("telegram: an undecodable update without an update_id was skipped")
+        return None
+    update_id = int(found.group(1))
+    log.warning("telegram: update %d is not decodable (nested too deeply); skipped",
+                update_id)
+    return Update(update_id=update_id)
+
+
+def _string_end(text: str, start: int) -> int:
+    """The index after the JSON string opening at ``start`` (-1: never closed)."""
+    at = start + 1
+    while True:
+        quote = text.find('"', at)
+        if quote < 0:
+            return -1
+        slashes = 0
+        while text[quote - 1 - slashes] == "\\":
+            slashes += 1
+        if slashes % 2 == 0:
+            return quote + 1
+        at = quote + 1
+
+
+def result_elements(text: str) -> list[str] | None:
+    """The raw text of each element of the top-level ``"result"`` array of ``text``.
+
+    An iterative scan (strings, escapes, bracket depth) that needs no
+    recursion, so it splits a response that ``json.loads`` cannot decode
+    because one element nests too deeply; each element is then decoded on
+    its own. ``None`` when there is no such array or the text is cut short.
+    """
+    depth = 0
+    key: str | None = None
+    at, end = 0, len(text)
+    array_start = -1
+    while at < end:
+        char = text[at]
+        if char == '"':
+            close = _string_end(text, at)
+            if close < 0:
+                return None
+            if depth == 1:
+                key = text[at:close]
+            at = close
+            continue
+        if char in "[{":
+            if depth == 1 and char == "[" and key == '"result"':
+                array_start = at
+                break
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+        elif char == "," and depth == 1:
+            key = None
+        at += 1
+    if array_start < 0:
+        return None
+    elements: list[str] = []
+    depth = 0
+    begin = array_start + 1
+    at = array_start
+    while at < end:
+        char = text[at]
+        if char == '"':
+            close = _string_end(text, at)
+            if close < 0:
+                return None
+            at = close
+            continue
+        if char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+            if depth == 0:
+                last = text[begin:at].strip()
+                if last:
+                    elements.append(last)
+                return elements
+        elif char == "," and depth == 1:
+            elements.append(text[begin:at].strip())
+            begin = at + 1
+        at += 1
+    return None
 
 
 class _Session(AiohttpSession):
@@ -578,77 +956,103 @@ class _Session(AiohttpSession):
 
     aiogram validates the whole ``getUpdates`` answer at once: a single
     update it cannot parse fails the call, the offset never moves past it,
-    and polling retries the same batch forever. Here each update is parsed
-    on its own and a malformed one becomes an empty update that is confirmed
-    and skipped.
+    and polling retries the same batch forever. Here each update is decoded
+    and validated on its own and a malformed one becomes an empty update
+    that is confirmed and skipped. An update nested too deeply for the JSON
+    decoder makes the whole answer undecodable; the ``result`` array is then
+    split without decoding and each element decoded alone.
     """
 
     def check_response(self, bot: Bot, method: TelegramMethod[TelegramType],
                        status_code: int, content: str) -> Response[TelegramType]:
         if isinstance(method, GetUpdates) and HTTPStatus.OK <= status_code <= HTTPStatus.IM_USED:
-            try:
-                data = self.json_loads(content)
-            except ValueError:
-                data = None
-            if isinstance(data, dict) and data.get("ok") is True \
-                    and isinstance(data.get("result"), list):
-                updates = [u for raw in data["result"]
-                           if (u := parse_update(raw, bot)) is not None]
+            updates = self._updates(bot, content)
+            if updates is not None:
                 return cast("Response[TelegramType]",
                             Response[list[Update]](ok=True, result=updates))
         return super().check_response(bot, method, status_code, content)
 
-
-class _WebhookHandler(SimpleRequestHandler):
-    """aiogram's webhook handler (secret-token check included), tolerant of bad bodies.
-
-    Telegram retries a webhook call that does not get a 2xx, so a body Roost
-    cannot use is acknowledged and logged rather than failed.
-    """
-
-    def __init__(self, channel: TelegramChannel, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.channel = channel
-
-    async def _handle_request_background(self, bot: Bot, request: web.Request) -> web.Response:
+    def _updates(self, bot: Bot, content: str) -> list[Update] | None:
         try:
-            raw = await request.json(loads=bot.session.json_loads)
+            data = self.json_loads(content)
+        except RecursionError:
+            elements = result_elements(content)
+            if elements is None:
+                return None
+            updates: list[Update] = []
+            for element in elements:
+                try:
+                    raw = self.json_loads(element)
+                except (ValueError, RecursionError):
+                    update = _undecodable(element)
+                else:
+                    update = parse_update(raw, bot)
+                if update is not None:
+                    updates.append(update)
+            return updates
         except ValueError:
-            log.warning("telegram: a webhook body was not JSON; ignored")
-            return web.json_response({})
-        self.channel._spawn(self.channel.feed_raw(raw))
-        return web.json_response({})
-
-    async def close(self) -> None:
-        # The channel closes the bot session itself, after replies in flight.
+            return None
+        if isinstance(data, dict) and data.get("ok") is True \
+                and isinstance(data.get("result"), list):
+            return [u for raw in data["result"] if (u := parse_update(raw, bot)) is not None]
         return None
 
 
 # -- helpers ----------------------------------------------------------------------------
 
 
-async def _translated(call: Awaitable[T], *, idempotent: bool = True) -> T:
-    """Await a Bot API call, turning aiogram's errors into the delivery layer's.
+async def _translated(call: Awaitable[T]) -> T:
+    """Await a Bot API call, mapping every aiogram error to what the caller does next.
 
-    A network error after a ``sendMessage`` left may have delivered it, and
-    retrying would post the reply twice; only a failure to connect is retried
-    for calls that are not ``idempotent``.
+    - ``TelegramRetryAfter`` (429) → :class:`RateLimited`: wait, then retry (the
+      rate limiter holds the call's chat, or the whole bot, meanwhile);
+    - ``TelegramMigrateToChat`` → :class:`ChatMigrated`: call the new chat;
+    - ``TelegramServerError`` and ``RestartingTelegram`` (5xx),
+      ``ClientDecodeError`` (an HTML 502/504 page from nginx, or a garbled
+      body) and ``TelegramNetworkError`` (resets before or after the call,
+      timeouts) → :class:`Transient`: back off and retry. A reset after a
+      ``sendMessage`` took effect makes the retry a duplicate; that is the
+      price of never losing a reply (the Bot API has no idempotency key).
+    - ``TelegramBadRequest``, ``TelegramForbiddenError``, ``TelegramNotFound``,
+      ``TelegramUnauthorizedError``, ``TelegramEntityTooLarge``,
+      ``TelegramConflictError`` and any other API error are permanent: raised
+      as they are (callers read the 400 descriptions) and never retried.
     """
     try:
         return await call
     except TelegramRetryAfter as exc:
         raise RateLimited(float(exc.retry_after)) from exc
-    except TelegramServerError as exc:
-        raise Transient(str(exc)) from exc
-    except TelegramNetworkError as exc:
-        if idempotent or isinstance(exc.__cause__, aiohttp.ClientConnectorError):
-            raise Transient(str(exc)) from exc
+    except TelegramMigrateToChat as exc:
+        raise ChatMigrated(exc.migrate_to_chat_id) from exc
+    except (TelegramBadRequest, TelegramForbiddenError, TelegramNotFound,
+            TelegramUnauthorizedError, TelegramEntityTooLarge, TelegramConflictError):
+        # TelegramEntityTooLarge derives from TelegramNetworkError: caught here first.
         raise
+    except TelegramServerError as exc:  # RestartingTelegram included
+        raise Transient(f"server error: {exc.message}") from exc
+    except ClientDecodeError as exc:
+        raise Transient(f"undecodable answer ({_describe(exc)})") from exc
+    except TelegramNetworkError as exc:
+        raise Transient(f"network: {exc.message}") from exc
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        # aiogram wraps these; kept in case an error escapes its wrapping.
+        raise Transient(f"network: {type(exc).__name__}: {exc}") from exc
 
 
-def _set_commands(bot: Bot, commands: list[BotCommand],
-                  scope: BotCommandScopeChat) -> Callable[[], Awaitable[bool]]:
-    return lambda: _translated(bot.set_my_commands(commands, scope=scope))
+def _describe(exc: BaseException) -> str:
+    """One short line for a log: aiogram's ClientDecodeError would print a whole HTML page."""
+    if isinstance(exc, ClientDecodeError):
+        return f"{exc.message}: {type(exc.original).__name__}"
+    if isinstance(exc, TelegramAPIError):
+        return f"{type(exc).__name__}: {exc.message}"
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}"[:300]
+
+
+def _backoff(base: float, failures: int) -> float:
+    """Exponential pause with jitter, capped, after ``failures`` failures in a row."""
+    delay = min(POLL_BACKOFF_CAP, base * 2 ** min(failures - 1, 16))
+    return float(min(POLL_BACKOFF_CAP, delay * random.uniform(0.75, 1.25)))
 
 
 def _entity_error(exc: TelegramBadRequest) -> bool:
@@ -716,11 +1120,3 @@ def _keep_response_models() -> None:
                                 DeleteWebhook)
     generic: Any = Response
     _RESPONSE_MODELS.extend(generic[m.__returning__] for m in methods)
-
-
-def _quiet_aiogram() -> None:
-    # aiogram logs one INFO line per update; Roost logs each run itself. An
-    # explicitly configured level is left alone.
-    event_log = logging.getLogger("aiogram.event")
-    if event_log.level == logging.NOTSET:
-        event_log.setLevel(logging.WARNING)

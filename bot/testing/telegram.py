@@ -28,6 +28,8 @@ import asyncio
 import contextlib
 import itertools
 import json
+import math
+import random
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -41,6 +43,7 @@ from aiohttp import web
 __all__ = [
     "ALICE",
     "BOB",
+    "FAULT_KINDS",
     "Call",
     "FakeTelegram",
     "HtmlError",
@@ -84,6 +87,15 @@ class Call:
     status: int = 200
     result: Any = None
     error: str = ""
+    fault: str = ""
+    """The fault injected into this call, if any (see :meth:`FakeTelegram.fail`):
+    ``"status"``, ``"html"``, ``"reset_before"`` (status stays 0: nothing
+    happened), ``"reset_after"`` (status 200: it took effect, the answer was
+    lost), ``"stall"``, or ``"window"`` (a call inside a 429 window)."""
+
+
+FAULT_KINDS = ("500", "html", "429", "reset_before", "reset_after", "stall")
+"""The faults :meth:`FakeTelegram.inject_faults` draws from, as real Telegram has them."""
 
 
 @dataclass(slots=True)
@@ -92,6 +104,19 @@ class _Failure:
     description: str
     retry_after: int | None
     times: int
+    kind: str = "status"
+    seconds: float = 0.0
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _RandomFaults:
+    rate: float
+    kinds: tuple[str, ...]
+    methods: frozenset[str] | None
+    retry_after: int
+    stall: float
+    rng: random.Random
 
 
 @dataclass(slots=True)
@@ -110,11 +135,23 @@ class _Webhook:
 
 
 class _ApiError(Exception):
-    def __init__(self, status: int, description: str, retry_after: int | None = None) -> None:
+    def __init__(self, status: int, description: str, retry_after: int | None = None,
+                 parameters: Mapping[str, Any] | None = None) -> None:
         super().__init__(description)
         self.status = status
         self.description = description
         self.retry_after = retry_after
+        self.parameters = dict(parameters or {})
+
+
+_HTML_PAGES = {
+    502: "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center>"
+         "<h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx/1.18.0</center>\r\n"
+         "</body>\r\n</html>\r\n",
+    504: "<html>\r\n<head><title>504 Gateway Time-out</title></head>\r\n<body>\r\n"
+         "<center><h1>504 Gateway Time-out</h1></center>\r\n<hr><center>nginx/1.18.0"
+         "</center>\r\n</body>\r\n</html>\r\n",
+}
 
 
 # Fields whose values aiogram sends as plain strings; everything else is JSON.
@@ -168,6 +205,13 @@ class FakeTelegram:
         self._message_ids = itertools.count(1000)
         self._chats: dict[int | str, dict[str, Any]] = {}
         self._failures: dict[str, list[_Failure]] = {}
+        self._random: _RandomFaults | None = None
+        self._windows: dict[str, tuple[float, int]] = {}
+        self.violations: list[Call] = []
+        """Calls that arrived while a 429 window of their scope (their chat, or the
+        whole bot) was open: a well-behaved client makes none."""
+        self.webhook_max_attempts = 3
+        """Webhook deliveries of one update before the fake gives up on it."""
         self._wake = asyncio.Event()
         self._poll_generation = 0
         self._call_cond = asyncio.Condition()
@@ -372,10 +416,19 @@ class FakeTelegram:
     # -- scripting failures --------------------------------------------------
 
     def fail(self, method: str, status: int = 500, *, description: str | None = None,
-             retry_after: int | None = None, times: int = 1) -> None:
-        """Make the next ``times`` calls of ``method`` fail with ``status``.
+             retry_after: int | None = None, times: int = 1, kind: str = "status",
+             seconds: float = 0.0, migrate_to_chat_id: int | None = None) -> None:
+        """Make the next ``times`` calls of ``method`` fail.
 
-        429 defaults to ``retry_after=1``; 400 to "can't parse entities".
+        ``kind`` is how: ``"status"`` answers ``status`` with the JSON error
+        envelope (429 defaults to ``retry_after=1`` and opens a window on the
+        call's chat; 400 defaults to "can't parse entities"; ``migrate_to_chat_id``
+        adds that parameter, as for a group upgraded to a supergroup);
+        ``"html"`` answers ``status`` with nginx's HTML error page, as Telegram
+        does during incidents; ``"reset_before"`` closes the connection without
+        doing anything; ``"reset_after"`` does the call, then closes the
+        connection without answering; ``"stall"`` waits ``seconds`` before
+        doing and answering the call (a client that gives up first cancels it).
         Failures for one method are used in the order they were added.
         """
         if status == 429 and retry_after is None:
@@ -384,12 +437,71 @@ class FakeTelegram:
             description = {
                 400: "Bad Request: can't parse entities: Unsupported start tag \"x\" at "
                      "byte offset 0",
+                401: "Unauthorized",
                 403: "Forbidden: bot was blocked by the user",
+                404: "Not Found",
+                409: "Conflict: terminated by other getUpdates request",
+                413: "Request Entity Too Large",
                 429: f"Too Many Requests: retry after {retry_after}",
                 502: "Bad Gateway",
             }.get(status, "Internal Server Error")
+        parameters: dict[str, Any] = {}
+        if migrate_to_chat_id is not None:
+            parameters["migrate_to_chat_id"] = migrate_to_chat_id
+            if description.startswith("Internal"):
+                description = "Bad Request: group chat was upgraded to a supergroup chat"
         self._failures.setdefault(method.lower(), []).append(
-            _Failure(status, description, retry_after, times))
+            _Failure(status, description, retry_after, times, kind, seconds, parameters))
+
+    def inject_faults(self, rate: float, *, kinds: Sequence[str] = FAULT_KINDS,
+                      methods: Sequence[str] | None = None, retry_after: int = 1,
+                      stall: float = 1.0, seed: int | None = None) -> None:
+        """Fail a share ``rate`` of calls, each in one of ``kinds`` drawn at random.
+
+        ``kinds`` are those of :data:`FAULT_KINDS`: a 500 with the JSON
+        envelope, a 502 HTML page, a 429 with ``retry_after`` (scoped to the
+        call's chat, or to the bot for calls without one), a reset before or
+        after the call took effect, a stall of ``stall`` seconds. ``methods``
+        limits the faults to those methods. ``rate=0`` turns them off.
+        Scripted :meth:`fail` entries are used first.
+        """
+        unknown = set(kinds) - set(FAULT_KINDS)
+        if unknown:
+            raise ValueError(f"unknown fault kinds: {sorted(unknown)}")
+        self._random = None if rate <= 0 else _RandomFaults(
+            rate, tuple(kinds), None if methods is None else frozenset(m.lower() for m in methods),
+            retry_after, stall, random.Random(seed))
+
+    def _random_fault(self, method: str) -> _Failure | None:
+        faults = self._random
+        if faults is None or (faults.methods is not None and method not in faults.methods):
+            return None
+        if faults.rng.random() >= faults.rate:
+            return None
+        kind = faults.rng.choice(faults.kinds)
+        if kind == "500":
+            return _Failure(500, "Internal Server Error", None, 1)
+        if kind == "html":
+            return _Failure(502, "Bad Gateway", None, 1, "html")
+        if kind == "429":
+            return _Failure(429, f"Too Many Requests: retry after {faults.retry_after}",
+                            faults.retry_after, 1)
+        return _Failure(0, "", None, 1, kind, faults.stall)
+
+    @property
+    def faults(self) -> dict[str, int]:
+        """How many calls got each injected fault (``"window"``: calls inside a 429 window)."""
+        counts: dict[str, int] = {}
+        for call in self.calls:
+            if call.fault:
+                counts[call.fault] = counts.get(call.fault, 0) + 1
+        return counts
+
+    def visible(self, chat_id: int | str) -> list[str]:
+        """The texts a user sees in ``chat_id`` now: sent, not deleted, as last edited."""
+        return [m["text"] for (cid, mid), m in sorted(self.messages.items(),
+                                                       key=lambda kv: kv[0][1])
+                if cid == chat_id]
 
     # -- inspecting ------------------------------------------------------------
 
@@ -441,7 +553,7 @@ class FakeTelegram:
 
     # -- serving -----------------------------------------------------------------
 
-    async def _handle(self, request: web.Request) -> web.Response:
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
         method = request.match_info["method"]
         params = _decode(await request.post()) if request.can_read_body else {}
@@ -450,22 +562,66 @@ class FakeTelegram:
         if self.on_call is not None:
             self.on_call(call)
         await self._record_call(call, arrived=True)
+        scope = _scope_of(method, params)
+        failure: _Failure | None = None
         try:
             if request.match_info["token"] != self.token:
                 raise _ApiError(401, "Unauthorized")
-            self._take_failure(method)
+            self._check_window(call, scope)
+            failure = self._take_failure(method.lower())
+            if failure is not None:
+                call.fault = failure.kind
+                if failure.kind == "status":
+                    raise _ApiError(failure.status, failure.description, failure.retry_after,
+                                    failure.parameters)
+                if failure.kind == "html":
+                    call.status, call.error = failure.status, "HTML error page"
+                    await self._record_call(call)
+                    return web.Response(status=failure.status, content_type="text/html",
+                                        text=_HTML_PAGES.get(failure.status,
+                                                             _HTML_PAGES[502]))
+                if failure.kind == "reset_before":
+                    await self._record_call(call)
+                    _drop(request)
+                if failure.kind == "stall":
+                    await asyncio.sleep(failure.seconds)
             call.result = await self._dispatch(method.lower(), params)
         except _ApiError as exc:
             call.status, call.error = exc.status, exc.description
             body: dict[str, Any] = {"ok": False, "error_code": exc.status,
                                     "description": exc.description}
+            parameters = dict(exc.parameters)
             if exc.retry_after is not None:
-                body["parameters"] = {"retry_after": exc.retry_after}
+                parameters["retry_after"] = exc.retry_after
+                if call.fault != "window":
+                    self._open_window(scope, exc.retry_after)
+            if parameters:
+                body["parameters"] = parameters
             await self._record_call(call)
             return web.json_response(body, status=exc.status)
         call.status = 200
         await self._record_call(call)
+        if failure is not None and failure.kind == "reset_after":
+            _drop(request)
         return web.json_response({"ok": True, "result": call.result})
+
+    def _open_window(self, scope: str, retry_after: int) -> None:
+        until = time.monotonic() + retry_after
+        if until > self._windows.get(scope, (0.0, 0))[0]:
+            self._windows[scope] = (until, retry_after)
+
+    def _check_window(self, call: Call, scope: str) -> None:
+        """A call inside an open 429 window is refused again, and the wait starts over."""
+        now = time.monotonic()
+        for key in {scope, "bot"}:
+            until, retry_after = self._windows.get(key, (0.0, 0))
+            if now < until:
+                call.fault = "window"
+                self.violations.append(call)
+                # As Telegram does: calling into the flood wait extends it.
+                self._windows[key] = (now + retry_after, retry_after)
+                raise _ApiError(429, f"Too Many Requests: retry after {retry_after}",
+                                max(1, math.ceil(retry_after)))
 
     async def _record_call(self, call: Call, *, arrived: bool = False) -> None:
         """Keep ``call`` (on arrival) and wake waiters (on arrival and on completion)."""
@@ -476,15 +632,15 @@ class FakeTelegram:
         async with self._call_cond:
             self._call_cond.notify_all()
 
-    def _take_failure(self, method: str) -> None:
-        queue = self._failures.get(method.lower())
+    def _take_failure(self, method: str) -> _Failure | None:
+        queue = self._failures.get(method)
         if not queue:
-            return
+            return self._random_fault(method)
         failure = queue[0]
         failure.times -= 1
         if failure.times <= 0:
             queue.pop(0)
-        raise _ApiError(failure.status, failure.description, failure.retry_after)
+        return failure
 
     async def _dispatch(self, method: str, p: dict[str, Any]) -> Any:
         if method == "getme":
@@ -612,7 +768,8 @@ class FakeTelegram:
                 status = 0
             hook.attempts.append((item.update_id, status))
             if 200 <= status < 300 or len([a for a in hook.attempts
-                                           if a[0] == item.update_id]) >= 3:
+                                           if a[0] == item.update_id]) \
+                    >= self.webhook_max_attempts:
                 if item in self._redeliver:
                     self._redeliver.remove(item)
                 elif item in self._updates:
@@ -792,6 +949,23 @@ def parse_html(text: str) -> str:
 
 
 # -- helpers ------------------------------------------------------------------------------
+
+
+def _scope_of(method: str, params: Mapping[str, Any]) -> str:
+    """What a 429 on this call holds: its chat, ``getUpdates`` alone, or the whole bot."""
+    if params.get("chat_id") not in (None, ""):
+        return f"chat:{params['chat_id']}"
+    if method.lower() == "getupdates":
+        return "getupdates"
+    return "bot"
+
+
+def _drop(request: web.Request) -> None:
+    """Close the connection without an answer (the client sees a disconnect)."""
+    if request.transport is not None:
+        request.transport.abort()
+    # Ends the handler quietly: aiohttp takes a cancelled handler as a client gone.
+    raise asyncio.CancelledError
 
 
 def _public(message: Mapping[str, Any]) -> dict[str, Any]:

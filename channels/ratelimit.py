@@ -1,0 +1,235 @@
+"""Platform rate limits: 429 windows per scope, a proactive budget, final replies first.
+
+Platforms punish a client that keeps calling while it was told to wait: a
+Telegram 429 covers the whole chat (any method), and calling into the window
+only extends it. So every call to a platform goes through :meth:`RateLimiter.slot`:
+
+- after a 429 in a scope (a chat, a method like ``getUpdates``, or the whole
+  bot), nothing goes to that scope until ``retry_after`` has passed;
+- a proactive budget keeps the documented limits (per chat, per group, per
+  bot), so 429s stay rare; only calls that count against those limits
+  (``counted``) spend it;
+- urgent calls (final replies) wait their turn; the others (streaming drafts,
+  typing indicators) are refused when they would have to wait for a window or
+  the budget, or when an urgent call is waiting, so they are skipped or
+  coalesced instead of queueing ahead of a final reply, and none is ever sent
+  inside a 429 window. They also leave part of each budget unused,
+  so a final reply rarely waits behind drafts.
+
+Calls to one chat are serialized: a call already in flight when a 429 comes
+back would otherwise land inside the window that 429 just opened.
+
+The module knows nothing about a platform; adapters say what the scope of a
+call is and translate their SDK's 429 into :class:`~channels.delivery.RateLimited`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+
+from channels.delivery import RateLimited
+
+__all__ = ["BOT", "TELEGRAM_LIMITS", "Limits", "Rate", "RateLimiter"]
+
+BOT = "bot"
+"""The bot-wide scope: a 429 there (a global flood) holds every call."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """At most ``count`` calls in any ``per`` seconds."""
+
+    count: int
+    per: float
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """A platform's documented limits for calls that count (``None``: no limit)."""
+
+    per_chat: Rate | None = None
+    per_group: Rate | None = None
+    overall: Rate | None = None
+
+
+TELEGRAM_LIMITS = Limits(per_chat=Rate(3, 3.0), per_group=Rate(20, 60.0),
+                         overall=Rate(30, 1.0))
+"""Telegram's FAQ: about one message per second in a chat (short bursts are
+tolerated, so three per three seconds), 20 per minute in a group, 30 per second
+in all. ``sendMessage``, ``editMessageText`` and ``deleteMessage`` count."""
+
+
+class _Window:
+    """Timestamps of the counted calls of one scope within its rate's period."""
+
+    __slots__ = ("rate", "times")
+
+    def __init__(self, rate: Rate) -> None:
+        self.rate = rate
+        self.times: deque[float] = deque()
+
+    def wait(self, now: float, *, urgent: bool) -> float:
+        """Seconds until one more call fits (0: now).
+
+        A call that is not urgent may use the budget only up to a reserve kept
+        for urgent ones: a draft never takes the slot the final reply needs.
+        """
+        while self.times and self.times[0] <= now - self.rate.per:
+            self.times.popleft()
+        allowed = self.rate.count if urgent else \
+            self.rate.count - max(1, self.rate.count // 5)
+        if allowed <= 0:
+            return float("inf")
+        if len(self.times) < allowed:
+            return 0.0
+        return self.times[len(self.times) - allowed] + self.rate.per - now
+
+
+@dataclass(slots=True)
+class _Scope:
+    """The calls of one scope: one at a time, and how many urgent ones wait."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
+    urgent_waiting: int = 0
+
+
+class RateLimiter:
+    """Holds calls back per scope; see the module's docstring.
+
+    ``clock`` and ``sleep`` exist for tests (a fake clock advanced by the sleep).
+    """
+
+    def __init__(self, limits: Limits = Limits(), *,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        self.limits = limits
+        self.clock = clock
+        self.sleep = sleep
+        self._until: dict[str, float] = {}
+        self._windows: dict[tuple[str, str], _Window] = {}
+        self._scopes: dict[str, _Scope] = {}
+
+    # -- 429 windows -----------------------------------------------------------
+
+    def block(self, scope: str, retry_after: float) -> None:
+        """Hold every call in ``scope`` for ``retry_after`` seconds from now."""
+        until = self.clock() + max(0.0, retry_after)
+        if until > self._until.get(scope, 0.0):
+            self._until[scope] = until
+
+    def blocked_for(self, scope: str) -> float:
+        """Seconds left in the 429 window of ``scope`` or of the whole bot (0: none)."""
+        now = self.clock()
+        left = 0.0
+        for key in (scope, BOT):
+            until = self._until.get(key)
+            if until is None:
+                continue
+            if until <= now:
+                del self._until[key]
+            else:
+                left = max(left, until - now)
+        return left
+
+    # -- slots -------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def slot(self, scope: str = BOT, *, group: bool = False, counted: bool = False,
+                   urgent: bool = True) -> AsyncIterator[bool]:
+        """Make one call in ``scope``; yields whether it may go ahead.
+
+        Urgent calls wait (for a 429 window to pass, for the budget, for the
+        call before them in the scope) and always get ``True``. Other calls wait
+        only for the call in flight before them, and get ``False`` (they must
+        then skip the call) where they would have to wait for a window or the
+        budget, or an urgent call is waiting in the scope. A :class:`RateLimited`
+        raised in the block opens the window of its scope (``exc.scope``, else
+        ``scope``) before the next call can start.
+        """
+        state = self._scopes.get(scope)
+        if state is None:
+            state = self._scopes[scope] = _Scope()
+        state.users += 1
+        try:
+            if not urgent:
+                if state.urgent_waiting or self._wait(scope, group, counted, urgent=False) > 0:
+                    yield False
+                    return
+                # Behind a call in flight it waits its turn, then looks again: an
+                # urgent call that came meanwhile, or a 429 that call got, wins.
+                async with state.lock:
+                    if state.urgent_waiting \
+                            or self._wait(scope, group, counted, urgent=False) > 0:
+                        go = False
+                    else:
+                        go = True
+                        self._spend(scope, group, counted)
+                    with self._opening_windows(scope):
+                        yield go
+                return
+            state.urgent_waiting += 1
+            waiting = True
+            try:
+                async with state.lock:
+                    while (wait := self._wait(scope, group, counted, urgent=True)) > 0:
+                        await self.sleep(wait)
+                    state.urgent_waiting -= 1
+                    waiting = False
+                    self._spend(scope, group, counted)
+                    with self._opening_windows(scope):
+                        yield True
+            finally:
+                if waiting:  # cancelled while waiting
+                    state.urgent_waiting -= 1
+        finally:
+            state.users -= 1
+            if not state.users:
+                # Chats come and go; their state need not outlive their calls.
+                del self._scopes[scope]
+
+    @contextlib.contextmanager
+    def _opening_windows(self, scope: str) -> Iterator[None]:
+        try:
+            yield
+        except RateLimited as exc:
+            self.block(exc.scope or scope, exc.retry_after)
+            raise
+
+    def _budgets(self, scope: str, group: bool) -> list[_Window]:
+        found: list[_Window] = []
+        for kind, key, rate in (("chat", scope, self.limits.per_chat),
+                                ("group", scope, self.limits.per_group if group else None),
+                                ("overall", "", self.limits.overall)):
+            if rate is None:
+                continue
+            window = self._windows.get((kind, key))
+            if window is None:
+                window = self._windows[(kind, key)] = _Window(rate)
+            found.append(window)
+        return found
+
+    def _wait(self, scope: str, group: bool, counted: bool, *, urgent: bool) -> float:
+        wait = self.blocked_for(scope)
+        if counted:
+            now = self.clock()
+            for window in self._budgets(scope, group):
+                wait = max(wait, window.wait(now, urgent=urgent))
+        return wait
+
+    def _spend(self, scope: str, group: bool, counted: bool) -> None:
+        if not counted:
+            return
+        now = self.clock()
+        for window in self._budgets(scope, group):
+            window.times.append(now)
+        if len(self._windows) > 1024:
+            # Drop the budgets of chats quiet for a whole period.
+            for key, window in list(self._windows.items()):
+                if not window.times or window.times[-1] <= now - window.rate.per:
+                    del self._windows[key]
