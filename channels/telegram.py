@@ -278,6 +278,11 @@ class TelegramChannel(Channel):
         if self.bot is not None:
             await self.bot.session.close()
 
+    @property
+    def polling(self) -> asyncio.Task[None] | None:
+        """The polling loop's task (``None`` in webhook mode or before ``start``)."""
+        return self._polling
+
     # -- inbound: long polling ------------------------------------------------------
 
     async def _poll(self, bot: Bot) -> None:

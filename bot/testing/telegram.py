@@ -47,6 +47,7 @@ __all__ = [
     "Call",
     "FakeTelegram",
     "HtmlError",
+    "RawJson",
     "fake_telegram",
     "parse_html",
     "user",
@@ -117,6 +118,22 @@ class _RandomFaults:
     retry_after: int
     stall: float
     rng: random.Random
+
+
+@dataclass(frozen=True, slots=True)
+class RawJson:
+    """JSON text spliced into an answer as it is (see :meth:`FakeTelegram.push_json`)."""
+
+    text: str
+
+
+def _dumps(value: Any) -> str:
+    """``value`` as JSON, with :class:`RawJson` pieces spliced in verbatim."""
+    if isinstance(value, RawJson):
+        return value.text
+    if isinstance(value, list):
+        return "[" + ",".join(_dumps(v) for v in value) + "]"
+    return json.dumps(value)
 
 
 @dataclass(slots=True)
@@ -305,6 +322,17 @@ class FakeTelegram:
     def _skip_ids_to(self, update_id: int) -> None:
         """Later assigned ids stay above an explicit one, as the server's ids only grow."""
         self._update_ids = itertools.count(max(update_id + 1, next(self._update_ids)))
+
+    def push_json(self, text: str, update_id: int) -> int:
+        """Queue an update given as raw JSON text, served exactly as written.
+
+        For updates Python's own ``json`` could not even encode, such as one
+        nested a hundred thousand levels deep. ``update_id`` orders it (it
+        should match the one in ``text``, as on the real server).
+        """
+        self._skip_ids_to(update_id)
+        self._enqueue(_Pending(update_id, RawJson(text), None))
+        return update_id
 
     def redeliver(self, update: Mapping[str, Any]) -> None:
         """Serve an already delivered update again, whatever offset was confirmed.
@@ -536,6 +564,14 @@ class FakeTelegram:
             raise AssertionError(f"update {update_id} was not confirmed within {limit}s") \
                 from None
 
+    async def wait_until(self, check: Callable[[], bool], *, limit: float = 5.0) -> None:
+        """Wait until ``check()`` holds; it is tried again as each call arrives or ends."""
+        try:
+            async with asyncio.timeout(limit), self._call_cond:
+                await self._call_cond.wait_for(check)
+        except TimeoutError:
+            raise AssertionError(f"the condition did not hold within {limit}s") from None
+
     async def wait_for(self, method: str, count: int = 1, *, limit: float = 5.0,
                        ok: bool = True) -> list[Call]:
         """Wait until ``count`` calls of ``method`` arrived (successful ones if ``ok``)."""
@@ -603,7 +639,8 @@ class FakeTelegram:
         await self._record_call(call)
         if failure is not None and failure.kind == "reset_after":
             _drop(request)
-        return web.json_response({"ok": True, "result": call.result})
+        return web.Response(text='{"ok": true, "result": ' + _dumps(call.result) + "}",
+                            content_type="application/json")
 
     def _open_window(self, scope: str, retry_after: int) -> None:
         until = time.monotonic() + retry_after
@@ -761,12 +798,14 @@ class FakeTelegram:
                 headers["X-Telegram-Bot-Api-Secret-Token"] = hook.secret
             status = 0
             try:
-                async with self._client.post(hook.url, data=json.dumps(item.payload),
+                async with self._client.post(hook.url, data=_dumps(item.payload),
                                              headers=headers) as resp:
                     status = resp.status
             except (aiohttp.ClientError, OSError):
                 status = 0
             hook.attempts.append((item.update_id, status))
+            async with self._call_cond:  # wake wait_until() on delivery attempts too
+                self._call_cond.notify_all()
             if 200 <= status < 300 or len([a for a in hook.attempts
                                            if a[0] == item.update_id]) \
                     >= self.webhook_max_attempts:

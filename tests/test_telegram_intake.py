@@ -1,0 +1,251 @@
+"""Telegram intake: an update is acknowledged only once the core's handler took it.
+
+The channel runs against the fake Bot API with a handler of the test's own
+(standing in for the core's inbox), so a handler that fails can be scripted.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from bot.config import Settings
+from bot.messages import InboundMessage
+from bot.testing.telegram import FakeTelegram
+from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
+from channels.delivery import DeliveryPolicy
+from channels.telegram import TelegramChannel
+
+FAST = DeliveryPolicy(attempts=3, base_delay=0.01, max_delay=0.05)
+NESTING = 100_000
+"""Deep enough that json.loads raises RecursionError on the whole getUpdates answer."""
+
+
+class Inbox:
+    """The handler: records messages; fails the next ``failures`` calls, as an inbox
+    whose database is briefly unavailable would."""
+
+    def __init__(self, failures: int = 0) -> None:
+        self.messages: list[InboundMessage] = []
+        self.failures = failures
+        self.refused = 0
+
+    async def __call__(self, message: InboundMessage) -> None:
+        if self.failures:
+            self.failures -= 1
+            self.refused += 1
+            raise RuntimeError("the inbox is not available")
+        self.messages.append(message)
+
+    def texts(self) -> list[str]:
+        return [m.text for m in self.messages]
+
+
+StartTg = Callable[..., Awaitable[TelegramChannel]]
+
+
+@pytest.fixture
+async def start_tg(tmp_path: Path, fake_telegram: FakeTelegram) -> AsyncIterator[StartTg]:
+    """``start_tg(handler, settings..., **channel_options)``: a started channel."""
+    started: list[TelegramChannel] = []
+
+    async def factory(handler: Callable[[InboundMessage], Awaitable[None]], *,
+                      settings: dict[str, Any] | None = None,
+                      **options: Any) -> TelegramChannel:
+        config = Settings(data_dir=tmp_path, telegram_bot_token=fake_telegram.token,
+                          telegram_api_base=fake_telegram.base_url, **(settings or {}))
+        options = {"polling_timeout": 1, "policy": FAST, "poll_backoff": 0.01, **options}
+        channel = TelegramChannel(config, **options)
+        await channel.start(handler)
+        started.append(channel)
+        return channel
+
+    yield factory
+    for channel in started:
+        await channel.stop()
+
+
+def telegram_warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records
+            if r.name == "roost.channels.telegram" and r.levelno >= logging.WARNING]
+
+
+# -- polling -----------------------------------------------------------------------------
+
+
+async def test_messages_reach_the_handler_in_order_with_their_update_id(
+        start_tg: StartTg, fake_telegram: FakeTelegram) -> None:
+    inbox = Inbox()
+    first = fake_telegram.private_message("one")
+    second = fake_telegram.private_message("two")
+    await start_tg(inbox)
+    await fake_telegram.wait_confirmed(second["update_id"])
+    assert inbox.texts() == ["one", "two"]
+    assert [m.event_id for m in inbox.messages] == [str(first["update_id"]),
+                                                    str(second["update_id"])]
+
+
+async def test_an_update_the_handler_refused_is_not_confirmed_and_comes_again_in_order(
+        start_tg: StartTg, fake_telegram: FakeTelegram,
+        caplog: pytest.LogCaptureFixture) -> None:
+    inbox = Inbox(failures=1)
+    first = fake_telegram.private_message("one")
+    second = fake_telegram.private_message("two")
+    await start_tg(inbox)
+    await fake_telegram.wait_confirmed(second["update_id"])
+    assert inbox.refused == 1
+    assert inbox.texts() == ["one", "two"]  # "two" waited for "one"
+    offsets = [int(c.params.get("offset") or 0) for c in fake_telegram.calls_of("getUpdates")]
+    # The poll after the refusal asked from the same place: nothing was confirmed.
+    assert offsets[0] == offsets[1] == 0
+    assert offsets[2] == second["update_id"] + 1
+    [warning] = telegram_warnings(caplog)
+    assert f"update {first['update_id']} was not taken" in warning.getMessage()
+
+
+async def test_malformed_and_absurdly_nested_updates_are_skipped_with_one_warning_each(
+        start_tg: StartTg, fake_telegram: FakeTelegram,
+        caplog: pytest.LogCaptureFixture) -> None:
+    inbox = Inbox()
+    first = fake_telegram.private_message("before")
+    broken = fake_telegram.push_raw({"update_id": first["update_id"] + 1,
+                                     "message": {"text": "no chat, no id, no date"}})
+    nested = broken + 1
+    fake_telegram.push_json(
+        f'{{"update_id": {nested}, "message": {{"text": "deep", "x": '
+        f'{"[" * NESTING}{"]" * NESTING}}}}}', nested)
+    last = fake_telegram.private_message("after")
+    tg = await start_tg(inbox)
+    await fake_telegram.wait_confirmed(last["update_id"])
+    assert inbox.texts() == ["before", "after"]
+    warnings = telegram_warnings(caplog)
+    assert len(warnings) == 2
+    assert f"update {broken} is malformed" in warnings[0].getMessage()
+    assert f"update {nested} is not decodable" in warnings[1].getMessage()
+    assert all(w.exc_info is None for w in warnings)  # one line each, no traceback
+    # Polling goes on, and the bad updates are not served again.
+    later = fake_telegram.private_message("still listening")
+    await fake_telegram.wait_confirmed(later["update_id"])
+    assert inbox.texts()[-1] == "still listening"
+    assert fake_telegram.pending_updates == 0
+    assert tg.polling is not None and not tg.polling.done()
+
+
+async def test_a_429_on_get_updates_holds_polling_for_retry_after(
+        start_tg: StartTg, fake_telegram: FakeTelegram) -> None:
+    inbox = Inbox()
+    fake_telegram.fail("getUpdates", 429, retry_after=1)
+    update = fake_telegram.private_message("patient")
+    await start_tg(inbox)
+    await fake_telegram.wait_confirmed(update["update_id"])
+    assert inbox.texts() == ["patient"]
+    assert fake_telegram.violations == []
+
+
+@pytest.mark.parametrize("fault", [
+    {"status": 500},
+    {"status": 502, "kind": "html"},
+    {"kind": "reset_before"},
+    {"kind": "reset_after"},
+    {"status": 409},
+], ids=["500", "html-502", "reset-before", "reset-after", "conflict"])
+async def test_polling_backs_off_and_goes_on_after_a_failed_get_updates(
+        start_tg: StartTg, fake_telegram: FakeTelegram, caplog: pytest.LogCaptureFixture,
+        fault: dict[str, Any]) -> None:
+    inbox = Inbox()
+    fake_telegram.fail("getUpdates", times=2, **fault)
+    update = fake_telegram.private_message("hello")
+    await start_tg(inbox)
+    await fake_telegram.wait_confirmed(update["update_id"])
+    assert inbox.texts() == ["hello"]
+    warnings = telegram_warnings(caplog)
+    assert len(warnings) == 2 and all("getUpdates failed" in w.getMessage() for w in warnings)
+    assert all(w.exc_info is None and "\n" not in w.getMessage() for w in warnings)
+
+
+async def test_a_refused_token_stops_polling_with_an_error(
+        start_tg: StartTg, fake_telegram: FakeTelegram,
+        caplog: pytest.LogCaptureFixture) -> None:
+    fake_telegram.fail("getUpdates", 401)
+    tg = await start_tg(Inbox())
+    assert tg.polling is not None
+    await tg.polling
+    [error] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert "polling stopped" in error.getMessage()
+    assert len(fake_telegram.calls_of("getUpdates")) == 1
+
+
+async def test_stop_cuts_the_long_poll_in_flight(start_tg: StartTg,
+                                                 fake_telegram: FakeTelegram) -> None:
+    tg = await start_tg(Inbox(), polling_timeout=30)
+    [poll] = await fake_telegram.wait_for("getUpdates", ok=False)
+    await tg.stop()
+    assert tg.polling is not None and tg.polling.done()
+    # Had stop() waited for the 30 s poll, the fake would have answered it.
+    assert poll.status == 0
+    assert len(fake_telegram.calls_of("getUpdates")) == 1
+
+
+async def test_a_redelivered_update_is_handed_over_once_within_the_process(
+        start_tg: StartTg, fake_telegram: FakeTelegram) -> None:
+    inbox = Inbox()
+    update = fake_telegram.private_message("once")
+    tg = await start_tg(inbox)
+    await fake_telegram.wait_confirmed(update["update_id"])
+    await tg.feed_raw(update)
+    assert inbox.texts() == ["once"]
+
+
+# -- webhook --------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def webhook_channel(start_tg: StartTg, inbox: Inbox) -> tuple[TelegramChannel, str]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/hook"
+    tg = await start_tg(inbox, settings={"telegram_webhook_url": url,
+                                         "telegram_webhook_port": port,
+                                         "telegram_webhook_secret": "s3cret"})
+    return tg, url
+
+
+async def test_a_webhook_update_the_handler_refused_gets_500_and_its_redelivery_is_taken(
+        start_tg: StartTg, fake_telegram: FakeTelegram) -> None:
+    inbox = Inbox(failures=1)
+    await webhook_channel(start_tg, inbox)
+    update = fake_telegram.private_message("via webhook")
+    uid = update["update_id"]
+    await fake_telegram.wait_until(lambda: (uid, 200) in fake_telegram.webhook_attempts)
+    assert fake_telegram.webhook_attempts == [(uid, 500), (uid, 200)]
+    assert inbox.texts() == ["via webhook"]
+    assert inbox.messages[0].event_id == str(uid)
+
+
+async def test_webhook_bodies_that_are_not_updates_are_acknowledged_with_a_warning(
+        start_tg: StartTg, fake_telegram: FakeTelegram,
+        caplog: pytest.LogCaptureFixture) -> None:
+    inbox = Inbox()
+    _, url = await webhook_channel(start_tg, inbox)
+    secret = {"X-Telegram-Bot-Api-Secret-Token": "s3cret"}
+    deep = f'{{"update_id": 77, "message": {"[" * NESTING}{"]" * NESTING}}}'
+    async with aiohttp.ClientSession() as client:
+        for body in ("{not json", '{"update_id": 76, "message": {"text": "no chat"}}', deep):
+            async with client.post(url, data=body.encode(), headers=secret) as resp:
+                assert resp.status == 200
+        async with client.post(url, data=b"{}", headers={}) as resp:
+            assert resp.status == 401  # without the secret: refused, not acknowledged
+    warnings = [w.getMessage() for w in telegram_warnings(caplog)]
+    assert len(warnings) == 3
+    assert "update 76 is malformed" in warnings[1] and "update 77" in warnings[2]
+    assert inbox.messages == []
