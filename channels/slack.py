@@ -64,11 +64,14 @@ import functools
 import json
 import logging
 import re
+import time
+import uuid
 from collections import OrderedDict
 from collections.abc import (
     AsyncIterator,
     Awaitable,
     Callable,
+    Coroutine,
     Hashable,
     Iterator,
     Mapping,
@@ -120,6 +123,15 @@ REMEMBERED = 10_000
 CONNECT_TIMEOUT = 30.0
 STOP_GRACE = 10.0
 """How long :meth:`SlackChannel.stop` waits for Web API calls in flight."""
+METADATA_EVENT = "roost_reply"
+"""The message metadata type under which each post carries its nonce."""
+LOOKUP_MARGIN = 120.0
+"""How far back (seconds) a failed post is looked for, to absorb clock skew."""
+LOOKUP_LIMIT = 200
+"""Messages read back when looking for a failed post (the newest ones)."""
+TRANSIENT_ERRORS = frozenset({"internal_error", "fatal_error", "service_unavailable",
+                              "request_timeout"})
+"""Error codes Slack documents as its own trouble, sometimes sent with HTTP 200."""
 
 # Message subtypes that are a person saying something; the rest (edits,
 # deletions, joins, topic changes, bot posts...) are not addressed to the bot.
@@ -169,6 +181,27 @@ class _Recent(Generic[K]):
         return key in self._keys
 
 
+class _KeyedLocks:
+    """One lock per key, alive only while someone holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users <= 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+
 class SlackChannel(Channel):
     """Slack through slack-bolt; see the module docstring for the mapping."""
 
@@ -190,8 +223,10 @@ class SlackChannel(Channel):
         self._runner: web.AppRunner | None = None
         self._socket: SocketModeClient | None = None
         self._verifier: SignatureVerifier | None = None
-        self._seen_events: _Recent[str] = _Recent(REMEMBERED)
-        self._seen_messages: _Recent[tuple[str, str]] = _Recent(REMEMBERED)
+        self._handled: _Recent[str] = _Recent(REMEMBERED)
+        """Delivery keys the core has recorded (see :func:`_event_key`)."""
+        self._handling = _KeyedLocks()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._bot_threads: _Recent[tuple[str, str]] = _Recent(REMEMBERED)
         self._in_flight = 0
         self._idle = asyncio.Event()
@@ -252,13 +287,19 @@ class SlackChannel(Channel):
             await asyncio.wait_for(self._idle.wait(), STOP_GRACE)
         except TimeoutError:
             log.warning("Slack: %d Web API call(s) still running at shutdown", self._in_flight)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def _build_app(self, secret: str, *, socket_mode: bool) -> AsyncApp:
         app = AsyncApp(client=self._web, signing_secret=secret, name="roost",
                        logger=logging.getLogger("roost.slack.bolt"),
                        # Socket Mode requests are not signed; the socket is authenticated.
                        request_verification_enabled=not socket_mode,
-                       process_before_response=False)
+                       # Bolt answers only once the listener returned: a delivery
+                       # is acknowledged after the core recorded it, and a
+                       # listener that raised is answered with a 500 (Slack retries).
+                       process_before_response=True)
 
         # Bolt builds listener arguments from parameter names, so these are plain
         # closures named the way it expects (a bound method would expose ``self``).
@@ -266,8 +307,11 @@ class SlackChannel(Channel):
             await self._on_event(body, _header(request, "x-slack-retry-num"))
 
         async def on_command(ack: AsyncAck, body: dict[str, Any]) -> None:
-            await ack()  # Slack wants an answer within 3 s; the reply follows via response_url
+            # The core only records the command before returning, well inside
+            # Slack's 3 s; the reply follows via response_url. If recording
+            # failed, bolt answers 500 and Slack tells the user it failed.
             await self._on_command(body)
+            await ack()
 
         # One catch-all listener each, so every event is acked (an unhandled one
         # would get a 404 and be redelivered) and routed in one place.
@@ -334,54 +378,78 @@ class SlackChannel(Channel):
         try:
             response = await self._app.async_dispatch(bolt_request)
         except Exception:
-            log.exception("Slack: a request failed; acked so Slack does not retry it")
-            return web.Response(status=200)
-        if response.status >= 500 and bolt_request.body.get("type") == "event_callback":
-            # Bolt already logged it; a redelivery would fail the same way.
-            return web.Response(status=200)
+            # Nothing was recorded: a 5xx makes Slack deliver it again.
+            log.exception("Slack: a request failed; answered 500 so Slack retries it")
+            return web.Response(status=500, text="not recorded")
+        # A 5xx from bolt means the core did not record the event (the listener
+        # raised): it goes back to Slack as is, and Slack redelivers.
         return await to_aiohttp_response(response)
 
     async def _socket_request(self, client: AsyncBaseSocketModeClient,
                               req: SocketModeRequest) -> None:
-        """One Socket Mode envelope: hand to bolt, and always ack it."""
+        """One Socket Mode envelope: hand to bolt; ack it once the core recorded it.
+
+        An envelope whose listener raised is not acked, so Slack delivers it
+        again; a malformed one is acked (a redelivery would fail the same way).
+        """
         assert self._app is not None
         payload: dict[str, Any] | None = None
-        try:
-            problem = _malformed(req.payload)
-            if problem:
-                log.warning("Slack: malformed Socket Mode envelope skipped: %s", problem)
-            else:
-                headers: dict[str, str | Sequence[str]] = {}
-                if req.retry_attempt is not None:
-                    headers["x-slack-retry-num"] = str(req.retry_attempt)
+        problem = _malformed(req.payload)
+        if problem:
+            log.warning("Slack: malformed Socket Mode envelope skipped: %s", problem)
+        else:
+            headers: dict[str, str | Sequence[str]] = {}
+            if req.retry_attempt is not None:
+                headers["x-slack-retry-num"] = str(req.retry_attempt)
+            try:
                 response = await self._app.async_dispatch(AsyncBoltRequest(
                     mode="socket_mode", body=req.payload, headers=headers))
-                payload = _ack_payload(response)
-        except Exception:
-            log.exception("Slack: a Socket Mode envelope failed; acked so it is not retried")
-        finally:
-            await client.send_socket_mode_response(
-                SocketModeResponse(envelope_id=req.envelope_id, payload=payload))
+            except Exception:
+                log.exception("Slack: a Socket Mode envelope failed; not acked, so Slack "
+                              "delivers it again")
+                return
+            if response.status >= 500:
+                log.warning("Slack: envelope %s was not recorded; not acked, so Slack "
+                            "delivers it again", req.envelope_id)
+                return
+            payload = _ack_payload(response)
+        await client.send_socket_mode_response(
+            SocketModeResponse(envelope_id=req.envelope_id, payload=payload))
 
     async def _on_event(self, body: dict[str, Any], retry: str | None) -> None:
         try:
-            message = self._translate(body, retry)
+            message = self._translate(body)
         except _Malformed as exc:
             log.warning("Slack: malformed event skipped: %s", exc)
             return
-        if message is not None and self._handler is not None:
-            await self._handler(message)
+        if message is not None:
+            await self._hand_over(message, retry)
 
-    def _translate(self, body: Mapping[str, Any], retry: str | None) -> InboundMessage | None:
+    async def _hand_over(self, message: InboundMessage, retry: str | None = None) -> None:
+        """Give ``message`` to the core unless the core already recorded its key.
+
+        The ``message`` and ``app_mention`` events of one post share a key, so
+        whichever comes second (or a retry of either) waits for the first and
+        is skipped once the core has it. A key is remembered only after the
+        handler returned: if it raised, the redelivery is handed over again.
+        The core dedupes on ``event_id`` as well; this only spares it the work.
+        """
+        if self._handler is None:
+            raise RuntimeError("the Slack channel is not started")
+        key = message.event_id
+        async with self._handling.hold(key):
+            if key in self._handled:
+                log.info("Slack: %s delivered again (retry %s): already recorded, skipped",
+                         key, retry or "-")
+                return
+            await self._handler(message)
+            self._handled.add(key)
+
+    def _translate(self, body: Mapping[str, Any]) -> InboundMessage | None:
         """The inbound message for one event, or ``None`` when it is not for the core."""
         event = body.get("event")
         if not isinstance(event, dict):
             raise _Malformed("no event object")
-        event_id = body.get("event_id")
-        if isinstance(event_id, str) and event_id and not self._seen_events.add(event_id):
-            log.info("Slack: event %s delivered again (retry %s): already handled, skipped",
-                     event_id, retry or "-")
-            return None
         kind, subtype = event.get("type"), event.get("subtype")
         if kind not in ("message", "app_mention"):
             return None
@@ -393,8 +461,6 @@ class SlackChannel(Channel):
         raw_text = event.get("text") or ""
         if not isinstance(raw_text, str):
             raise _Malformed(f"text of {ts} is not a string")
-        if not self._seen_messages.add((channel, ts)):
-            return None  # the message and app_mention events of one post
         channel_type = event.get("channel_type") or ("im" if channel.startswith("D") else "")
         direct = channel_type == "im"
         thread_ts = event.get("thread_ts")
@@ -408,7 +474,7 @@ class SlackChannel(Channel):
             channel=self.name, chat_id=channel, chat_type=chat_type, sender_id=user,
             sender_name=_sender_name(event), text=text, message_id=ts, thread_id=thread,
             mentioned=mentioned, attachments=_attachments(event), raw=event,
-            group_id=_team(body, event))
+            group_id=_team(body, event), event_id=_event_key(channel, ts))
 
     async def _on_command(self, body: dict[str, Any]) -> None:
         try:
@@ -419,34 +485,55 @@ class SlackChannel(Channel):
             return
         text = _command_text(command, unescape(str(body.get("text") or "")).strip())
         if parse_command(text) is None:
-            with _logged("answering a slash command"):
-                await self._respond(response_url, f"Usage: `{SLASH_COMMAND} <command> [args]`, "
-                                                  f"for example `{SLASH_COMMAND} help`.")
+            # Answered in the background: bolt acks only once this returns.
+            self._spawn(self._usage(response_url))
             return
-        if self._handler is None:
-            return
+        trigger = str(body.get("trigger_id") or "")
         message = InboundMessage(
             channel=self.name, chat_id=channel,
             chat_type="direct" if channel.startswith("D") else "group", sender_id=user,
             sender_name=str(body.get("user_name") or ""), text=text, mentioned=True, raw=body,
-            group_id=_team(body, body))
+            group_id=_team(body, body),
+            # Slack never redelivers a command, but the inbox wants a unique key.
+            event_id=f"cmd:{trigger or response_url}")
         token = _SLASH.set(_SlashReply(channel, response_url))
         try:
-            await self._handler(message)
+            await self._hand_over(message)
         finally:
             _SLASH.reset(token)
 
+    async def _usage(self, response_url: str) -> None:
+        with _logged("answering a slash command"):
+            await self._respond(response_url, f"Usage: `{SLASH_COMMAND} <command> [args]`, "
+                                              f"for example `{SLASH_COMMAND} help`.")
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     # -- outbound ----------------------------------------------------------------
 
-    async def send(self, message: OutboundMessage) -> None:
-        """Deliver one reply: to the slash command's response_url, or posted (threaded)."""
+    async def send(self, message: OutboundMessage) -> str | None:
+        """Deliver one reply; the ``ts`` of its last message (``None`` via response_url).
+
+        A slash command's reply goes to its response_url. Otherwise the reply is
+        posted (threaded as the module doc says); with ``replace`` the draft is
+        edited into the first piece, or, if that fails for good, the reply is
+        posted anew and the draft deleted.
+        """
         slash = _SLASH.get()
-        if slash is not None and slash.channel_id == message.chat_id:
+        if slash is not None and slash.channel_id == message.chat_id and not message.replace:
             await self._respond(slash.response_url, message.text)
-            return
+            return None
         thread_ts = message.thread_id or message.reply_to
-        for piece in split_for_slack(message.text, MESSAGE_LIMIT):
-            await self._post(message.chat_id, piece, thread_ts)
+        pieces = split_for_slack(message.text, MESSAGE_LIMIT) if message.text.strip() else []
+        return await self._deliver_reply(message.chat_id, thread_ts, pieces,
+                                         draft=message.replace or None)
+
+    async def withdraw(self, chat_id: str, message_id: str) -> None:
+        """Delete one of the bot's messages; one already gone counts as deleted."""
+        await self._delete(chat_id, message_id)
 
     def open_stream(self, message: InboundMessage) -> ReplyStream | None:
         """An edited draft in the reply's place, unless streaming is off for Slack."""
@@ -476,28 +563,71 @@ class SlackChannel(Channel):
                 shown[0] = text
 
         async def finalize(ts: str | None, final: str | None) -> None:
-            await self._finish_stream(channel, thread_ts, ts or None, final, shown[0])
+            pieces = split_for_slack(final, MESSAGE_LIMIT) if final and final.strip() else []
+            last = await self._deliver_reply(channel, thread_ts, pieces, draft=ts or None,
+                                             shown=shown[0])
+            # The draft may have been replaced by a new message: the stream
+            # names the message that now carries the reply.
+            stream.message_id = last
 
-        return EditStream(send=send, edit=edit, finalize=finalize, limit=MESSAGE_LIMIT,
-                          interval=self.edit_interval)
+        stream = EditStream(send=send, edit=edit, finalize=finalize, limit=MESSAGE_LIMIT,
+                            interval=self.edit_interval)
+        return stream
 
-    async def _finish_stream(self, channel: str, thread_ts: str | None, ts: str | None,
-                             final: str | None, shown: str) -> None:
-        """Replace the draft ``ts`` (showing ``shown``) by the final reply, or delete it."""
-        pieces = split_for_slack(final, MESSAGE_LIMIT) if final and final.strip() else []
+    async def _deliver_reply(self, channel: str, thread_ts: str | None, pieces: list[str],
+                             *, draft: str | None, shown: str | None = None) -> str | None:
+        """Put ``pieces`` in place of ``draft`` (or post them); the last message's ts.
+
+        No pieces means a silent reply: the draft is deleted. The draft is
+        edited into the first piece (skipped when it already shows it); if that
+        edit fails for good (the draft is gone, too old, or Slack keeps failing
+        the edit), the piece is posted anew and the draft deleted, so no draft
+        is left frozen. Raises when the reply could not be delivered.
+        """
         if not pieces:
-            if ts:
-                await self._call("chat.delete", self._api().chat_delete, self.policy,
-                                 channel=channel, ts=ts)
-            return
-        if ts:
-            if pieces[0] != shown:
-                await self._call("chat.update", self._api().chat_update, self.policy,
-                                 channel=channel, ts=ts, text=pieces[0])
-        else:
-            await self._post(channel, pieces[0], thread_ts)
+            if draft:
+                await self._delete(channel, draft)
+            return None
+        first: str | None = None
+        if draft:
+            if pieces[0] == shown:
+                first = draft
+            else:
+                try:
+                    await self._call("chat.update", self._api().chat_update, self.policy,
+                                     channel=channel, ts=draft, text=pieces[0])
+                    first = draft
+                except Exception as exc:
+                    log.warning("Slack: could not edit draft %s into the reply (%s); "
+                                "posting it anew", draft, exc)
+        if first is None:
+            first = await self._post(channel, pieces[0], thread_ts)
+            if draft:
+                await self._drop_draft(channel, draft)
+        last = first
         for piece in pieces[1:]:
-            await self._post(channel, piece, thread_ts)
+            last = await self._post(channel, piece, thread_ts)
+        return last
+
+    async def _drop_draft(self, channel: str, ts: str) -> None:
+        """Delete a draft the reply was posted in place of.
+
+        The reply is out, so a failure here must not fail the send (the core
+        would post the reply again); it is logged instead.
+        """
+        try:
+            await self._delete(channel, ts)
+        except Exception:
+            log.error("Slack: could not delete the replaced draft %s in %s", ts, channel,
+                      exc_info=True)
+
+    async def _delete(self, channel: str, ts: str) -> None:
+        try:
+            await self._call("chat.delete", self._api().chat_delete, self.policy,
+                             channel=channel, ts=ts)
+        except SlackApiError as exc:
+            if _error_code(exc) != "message_not_found":
+                raise
 
     @contextlib.asynccontextmanager
     async def typing(self, message: InboundMessage) -> AsyncIterator[None]:
@@ -514,11 +644,73 @@ class SlackChannel(Channel):
                   "Add to the manifest:\n%s", _manifest(names))
 
     async def _post(self, channel: str, text: str, thread_ts: str | None) -> str:
-        response = await self._call("chat.postMessage", self._api().chat_postMessage,
-                                    self.policy, channel=channel, text=text, thread_ts=thread_ts)
+        """Post one message exactly once; its ts.
+
+        ``chat.postMessage`` has no idempotency key, and a call that failed
+        with a reset, a timeout or a 5xx may still have posted. So each post
+        carries a nonce in its message metadata, and before posting again
+        after such a failure the conversation is searched for it.
+        """
+        nonce = uuid.uuid4().hex
+        metadata = {"event_type": METADATA_EVENT, "event_payload": {"nonce": nonce}}
+        # Slack's clock, not ours, stamps the message: leave a generous margin.
+        since = f"{time.time() - LOOKUP_MARGIN:.6f}"
+        unsure = False
+
+        async def attempt() -> str:
+            nonlocal unsure
+            if unsure:
+                found = await self._find_post(channel, thread_ts, nonce, since)
+                if found:
+                    return found
+            try:
+                response = await self._api().chat_postMessage(
+                    channel=channel, text=text, thread_ts=thread_ts, metadata=metadata)
+            except Exception as exc:
+                mapped = delivery_error(exc)
+                unsure = unsure or isinstance(mapped, Transient)
+                if mapped is exc:
+                    raise
+                raise mapped from exc
+            return str(response.get("ts") or "")
+
+        ts = await self._tracked(deliver(attempt, what="Slack chat.postMessage",
+                                         policy=self.policy))
         if thread_ts:
             self._bot_threads.add((channel, thread_ts))
-        return str(response.get("ts") or "")
+        return ts
+
+    async def _find_post(self, channel: str, thread_ts: str | None, nonce: str,
+                         since: str) -> str | None:
+        """The ts of the bot's message carrying ``nonce``, if an earlier try posted it."""
+        api = self._api()
+        try:
+            if thread_ts:
+                response = await api.conversations_replies(
+                    channel=channel, ts=thread_ts, oldest=since, include_all_metadata=True,
+                    limit=LOOKUP_LIMIT)
+            else:
+                response = await api.conversations_history(
+                    channel=channel, oldest=since, include_all_metadata=True,
+                    limit=LOOKUP_LIMIT)
+        except Exception as exc:
+            mapped = delivery_error(exc)
+            if mapped is exc:
+                # Without history access (a missing scope) nothing can be checked:
+                # posting again risks a duplicate, not posting risks a loss.
+                log.warning("Slack: could not check whether a failed post went out (%s); "
+                            "posting again", exc)
+                return None
+            raise mapped from exc
+        for item in response.get("messages") or []:
+            meta = item.get("metadata") if isinstance(item, dict) else None
+            if (isinstance(meta, dict) and meta.get("event_type") == METADATA_EVENT
+                    and isinstance(meta.get("event_payload"), dict)
+                    and meta["event_payload"].get("nonce") == nonce):
+                log.info("Slack: a post that failed had gone out (ts %s); not posting again",
+                         item.get("ts"))
+                return str(item.get("ts") or "")
+        return None
 
     async def _respond(self, response_url: str, text: str) -> None:
         pieces = split_for_slack(text, MESSAGE_LIMIT)
@@ -537,15 +729,11 @@ class SlackChannel(Channel):
         async def attempt() -> AsyncSlackResponse:
             try:
                 return await call(**params)
-            except SlackApiError as exc:
-                status = exc.response.status_code
-                if status == 429 or _error_code(exc) == "ratelimited":
-                    raise RateLimited(_retry_after(exc.response.headers)) from exc
-                if status >= 500:
-                    raise Transient(f"Slack answered HTTP {status}") from exc
-                raise
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                raise Transient(f"{type(exc).__name__}: {exc}") from exc
+            except Exception as exc:
+                mapped = delivery_error(exc)
+                if mapped is exc:
+                    raise
+                raise mapped from exc
 
         return await self._tracked(deliver(attempt, what=f"Slack {method}", policy=policy))
 
@@ -569,11 +757,50 @@ class SlackChannel(Channel):
 # -- helpers ------------------------------------------------------------------------------
 
 
+def delivery_error(exc: BaseException) -> BaseException:
+    """What a Web API failure means to :func:`deliver`; ``exc`` itself if it is for good.
+
+    The one mapping of everything slack_sdk and aiohttp raise:
+
+    * 429 (or ``error: ratelimited``) → :class:`RateLimited` with ``Retry-After``;
+    * any 5xx, whatever its body (an HTML error page from a proxy included),
+      and the error codes Slack uses for its own trouble → :class:`Transient`;
+    * an answer that is not Slack's JSON (slack_sdk raises ``SlackApiError``
+      around aiohttp's response, or with no ``error`` to read) → :class:`Transient`;
+    * connection errors: aiohttp's ``ClientError`` (resets, server
+      disconnects, payload errors), ``TimeoutError``, ``OSError`` → :class:`Transient`;
+    * any other ``SlackApiError`` (``channel_not_found``, ``not_in_channel``,
+      ``invalid_auth``, ``msg_too_long``...) and everything else → permanent.
+    """
+    if isinstance(exc, SlackApiError):
+        response = exc.response
+        # slack_sdk wraps aiohttp's own response (``status``, no ``data``)
+        # when the body could not be decoded, its AsyncSlackResponse otherwise.
+        raw_status = getattr(response, "status_code", None)
+        if not isinstance(raw_status, int):
+            raw_status = getattr(response, "status", 0)
+        status = raw_status if isinstance(raw_status, int) else 0
+        data = getattr(response, "data", None)
+        code = data.get("error") if isinstance(data, dict) else None
+        if status == 429 or code == "ratelimited":
+            return RateLimited(_retry_after(getattr(response, "headers", None)))
+        if status >= 500:
+            return Transient(f"Slack answered HTTP {status}")
+        if code in TRANSIENT_ERRORS:
+            return Transient(f"Slack answered {code}")
+        if not isinstance(code, str) or not code:
+            return Transient(f"Slack's answer (HTTP {status}) could not be read")
+        return exc
+    if isinstance(exc, aiohttp.ClientError | TimeoutError | OSError):
+        return Transient(f"{type(exc).__name__}: {exc}")
+    return exc
+
+
 async def _post_response(webhook: AsyncWebhookClient, text: str) -> None:
     """Post one ephemeral reply to a response_url, errors translated for deliver()."""
     try:
         response = await webhook.send(text=text, response_type="ephemeral")
-    except (aiohttp.ClientError, TimeoutError) as exc:
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         raise Transient(f"{type(exc).__name__}: {exc}") from exc
     if response.status_code == 429:
         raise RateLimited(_retry_after(response.headers))
@@ -611,6 +838,16 @@ def _ack_payload(response: BoltResponse) -> dict[str, Any] | None:
         loaded = json.loads(response.body)
         return loaded if isinstance(loaded, dict) else None
     return {"text": response.body}
+
+
+def _event_key(channel: str, ts: str) -> str:
+    """The inbox key of one Slack message.
+
+    A post reaches the app as a ``message`` and an ``app_mention`` event with
+    different ``event_id``s (and a retry repeats either), but channel and
+    ``ts`` name the message itself, so every delivery of it dedupes.
+    """
+    return f"{channel}:{ts}"
 
 
 def _header(request: AsyncBoltRequest, name: str) -> str | None:

@@ -29,9 +29,23 @@ It plays both sides of Slack:
 
 Every Web API call is recorded in :attr:`FakeSlack.calls`; the bot's messages
 as they currently stand (edits applied, deletions marked) in
-:attr:`FakeSlack.messages`. :meth:`FakeSlack.fail` makes the next N calls of a
-method fail (429 with ``Retry-After``, 5xx, or an ``ok: false`` error). The
-``fake_slack`` pytest fixture yields a started instance.
+:attr:`FakeSlack.messages` (``conversations.history``/``.replies`` read them
+back, metadata included). The ``fake_slack`` pytest fixture yields a started
+instance.
+
+**Faults**, the ways the real Slack fails (see
+``/work/shared/notes/fake-platform-servers.md``): :meth:`FakeSlack.fail` makes
+the next N calls of a method fail with a status (429 with ``Retry-After``,
+5xx, or an ``ok: false`` error); :meth:`FakeSlack.inject` queues one of
+:data:`FAULTS` for a method (``"*"``: any), and :meth:`FakeSlack.chaos` fails
+a random share of calls. Kinds: ``"500"`` (JSON envelope), ``"502"`` (an HTML
+page from the proxy), ``"429"``, ``"reset_before"`` (TCP reset before the
+call took effect), ``"reset_after"`` (it took effect, then the reset),
+``"stall"`` (the answer comes after ``stall`` seconds). Deliveries to the app
+fail too, and Slack redelivers: :meth:`FakeSlack.deliver_event` retries an
+event whose POST got a non-2xx (or no answer in time) with
+``X-Slack-Retry-Num``; :meth:`FakeSlack.deliver_socket_event` resends an
+envelope that was not acked in time.
 """
 
 from __future__ import annotations
@@ -42,6 +56,9 @@ import hashlib
 import hmac
 import itertools
 import json
+import random
+import socket
+import struct
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -61,6 +78,7 @@ __all__ = [
     "BOT_USER_ID",
     "CHANNEL",
     "DM_CHANNEL",
+    "FAULTS",
     "SIGNING_SECRET",
     "TEAM_ID",
     "Call",
@@ -90,6 +108,16 @@ DM_CHANNEL = "D0ALICE"
 """A direct-message channel (ids of DMs start with ``D``)."""
 MAX_TEXT = 40_000
 """Slack refuses (``msg_too_long``) message text longer than this."""
+FAULTS = ("500", "502", "429", "reset_before", "reset_after", "stall")
+"""The fault kinds :meth:`FakeSlack.inject` and :meth:`FakeSlack.chaos` know."""
+CHAOS_METHODS = ("chat.postMessage", "chat.update", "chat.delete", "conversations.history",
+                 "conversations.replies")
+"""The methods :meth:`FakeSlack.chaos` fails by default (what replies use)."""
+BAD_GATEWAY_PAGE = """<html>
+<head><title>502 Bad Gateway</title></head>
+<body><center><h1>502 Bad Gateway</h1></center><hr><center>nginx</center></body>
+</html>
+"""
 
 
 def sign(body: bytes, timestamp: int, secret: str) -> str:
@@ -127,6 +155,7 @@ class Posted:
     edits: list[str] = field(default_factory=list)
     """Every text it had before the current one, oldest first."""
     deleted: bool = False
+    metadata: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +197,19 @@ class _Failure:
     remaining: int
     retry_after: float
     error: str
+    kind: str = "status"
+    """``"status"`` (answer ``status``/``error``) or one of :data:`FAULTS`."""
+    stall: float = 0.0
+
+
+@dataclass(slots=True)
+class _Chaos:
+    rate: float
+    methods: frozenset[str]
+    kinds: tuple[str, ...]
+    rng: random.Random
+    retry_after: float
+    stall: float
 
 
 class FakeSlack:
@@ -199,9 +241,12 @@ class FakeSlack:
         self.socket_connections = 0
         """How many Socket Mode connections were opened so far."""
         self._failures: dict[str, list[_Failure]] = {}
+        self._chaos: _Chaos | None = None
+        self.injected: list[tuple[str, str]] = []
+        """Every fault served, as ``(method, kind)``, in order."""
+        self._last_ts = 0.0
         self._sockets: list[web.WebSocketResponse] = []
         self._changed = asyncio.Condition()
-        self._ts = itertools.count(1)
         self._ids = itertools.count(1)
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -213,6 +258,7 @@ class FakeSlack:
         """Bind to a free port on 127.0.0.1 and start serving."""
         app = web.Application()
         app.router.add_post("/api/{method}", self._api)
+        app.router.add_get("/api/{method}", self._api)  # conversations.history and .replies
         app.router.add_get("/socket", self._socket)
         app.router.add_post("/response/{id}", self._response_url)
         self._runner = web.AppRunner(app)
@@ -285,6 +331,34 @@ class FakeSlack:
                 else "invalid_arguments"
         self._failures.setdefault(method, []).append(_Failure(status, times, retry_after, error))
 
+    def inject(self, kind: str, method: str = "*", *, times: int = 1, retry_after: float = 1.0,
+               stall: float = 0.5) -> None:
+        """Serve the fault ``kind`` (one of :data:`FAULTS`) to the next ``times`` calls.
+
+        ``method`` is a Web API method or ``"*"`` for any (``auth.test`` and
+        ``apps.connections.open`` included). Queued faults of the method come
+        before ``"*"`` ones.
+        """
+        if kind not in FAULTS:
+            raise ValueError(f"unknown fault {kind!r}; one of {FAULTS}")
+        status = {"500": 500, "502": 502, "429": 429}.get(kind, 0)
+        error = {"500": "internal_error", "429": "ratelimited"}.get(kind, "")
+        self._failures.setdefault(method, []).append(
+            _Failure(status, times, retry_after, error, kind=kind, stall=stall))
+
+    def chaos(self, rate: float, *, methods: tuple[str, ...] = CHAOS_METHODS,
+              kinds: tuple[str, ...] = FAULTS, seed: int = 0, retry_after: float = 1.0,
+              stall: float = 0.5) -> None:
+        """Fail a ``rate`` share of the calls of ``methods`` with a random kind (``0``: off).
+
+        Seeded, so a failing run can be replayed.
+        """
+        unknown = set(kinds) - set(FAULTS)
+        if unknown:
+            raise ValueError(f"unknown faults {sorted(unknown)}")
+        self._chaos = None if rate <= 0 else _Chaos(rate, frozenset(methods), kinds,
+                                                     random.Random(seed), retry_after, stall)
+
     def calls_of(self, method: str) -> list[Call]:
         """Every call of ``method`` (failed ones included)."""
         return [c for c in self.calls if c.method == method]
@@ -336,9 +410,9 @@ class FakeSlack:
     # -- building events -----------------------------------------------------------
 
     def next_ts(self) -> str:
-        """A fresh, increasing Slack timestamp (``"1700000001.000001"``)."""
-        n = next(self._ts)
-        return f"{1_700_000_000 + n}.{n:06d}"
+        """A fresh Slack timestamp: the clock, strictly increasing (``"1763900000.123456"``)."""
+        self._last_ts = max(round(time.time(), 6), round(self._last_ts + 0.000001, 6))
+        return f"{self._last_ts:.6f}"
 
     def mention(self, text: str) -> str:
         """``text`` with the bot's ``<@U0BOT>`` mention in front."""
@@ -414,6 +488,40 @@ class FakeSlack:
         delivery = await self.post_body(json.dumps(body), headers=headers, forge=forge)
         return Delivery(delivery.status, delivery.body, delivery.elapsed, body["event_id"])
 
+    async def deliver_event(self, event: Mapping[str, Any] | Any, *,
+                            event_id: str | None = None, retries: int = 3,
+                            answer_within: float = 3.0) -> list[Delivery]:
+        """Deliver ``event`` as Slack does: again while the app fails to answer 2xx.
+
+        An answer other than 2xx, or none within ``answer_within`` (Slack's 3 s), is
+        followed by a redelivery of the same ``event_id`` with
+        ``X-Slack-Retry-Num`` 1, 2, ... and ``X-Slack-Retry-Reason``
+        (``http_error``/``http_timeout``), at most ``retries`` times. Returns
+        every delivery; one that timed out has status 0.
+        """
+        body = self.envelope(event, event_id)
+        raw = json.dumps(body)
+        deliveries: list[Delivery] = []
+        reason = ""
+        for attempt in range(retries + 1):
+            headers = {"X-Slack-Retry-Num": str(attempt), "X-Slack-Retry-Reason": reason} \
+                if attempt else {}
+            started = time.perf_counter()
+            try:
+                answer = await asyncio.wait_for(self.post_body(raw, headers=headers),
+                                                answer_within)
+            except TimeoutError:
+                deliveries.append(Delivery(0, "", time.perf_counter() - started,
+                                           body["event_id"]))
+                reason = "http_timeout"
+                continue
+            deliveries.append(Delivery(answer.status, answer.body, answer.elapsed,
+                                       body["event_id"]))
+            if 200 <= answer.status < 300:
+                break
+            reason = "http_error"
+        return deliveries
+
     async def url_verification(self, challenge: str = "challenge-token") -> Delivery:
         """Send the ``url_verification`` request Slack makes when the URL is configured."""
         body = {"token": "legacy-verification-token", "challenge": challenge,
@@ -478,6 +586,32 @@ class FakeSlack:
             frame.update(retry_attempt=retry_attempt, retry_reason="timeout")
         return await self.socket_send(frame)
 
+    async def deliver_socket_event(self, event: Mapping[str, Any] | Any, *,
+                                   event_id: str | None = None, retries: int = 3,
+                                   ack_timeout: float = 1.0) -> list[str]:
+        """Push ``event`` and push it again while it is not acked, as Slack does.
+
+        An envelope not acked within ``ack_timeout`` is sent again (a new
+        envelope id, the same ``event_id``, ``retry_attempt`` 1, 2, ...), at most
+        ``retries`` times. Returns the envelope ids sent; the last one is acked
+        unless every try went unanswered (see :attr:`acks`).
+        """
+        payload = self.envelope(event, event_id)
+        sent: list[str] = []
+        for attempt in range(retries + 1):
+            frame: dict[str, Any] = {"type": "events_api", "payload": payload,
+                                     "accepts_response_payload": False}
+            if attempt:
+                frame.update(retry_attempt=attempt, retry_reason="timeout")
+            envelope_id = await self.socket_send(frame)
+            sent.append(envelope_id)
+            try:
+                await self.wait_for_ack(envelope_id, limit=ack_timeout)
+            except AssertionError:
+                continue
+            break
+        return sent
+
     async def socket_slash_command(self, text: str = "", *, command: str = "/roost",
                                    user: str = ALICE, user_name: str = "alice",
                                    channel: str | None = None) -> tuple[str, str]:
@@ -524,28 +658,70 @@ class FakeSlack:
         token = str(params.pop("token", "")) or (auth[7:] if auth.startswith("Bearer ") else "")
         call = Call(method, params, token, time.perf_counter())
         self.calls.append(call)
-        status, data, headers = self._answer(method, params, token)
+        failure = self._take_failure(method)
+        if failure is not None and failure.kind != "status":
+            self.injected.append((method, failure.kind))
+            return await self._fault(request, call, failure)
+        status, data, headers = self._answer(method, params, token, failure)
+        return await self._finish(call, status, data, headers)
+
+    async def _finish(self, call: Call, status: int, data: dict[str, Any],
+                      headers: Mapping[str, str]) -> web.Response:
         call.status, call.ok = status, bool(data.get("ok"))
         call.error = str(data.get("error", ""))
         await self._notify()
         return web.json_response(data, status=status, headers=headers)
 
-    def _take_failure(self, method: str) -> _Failure | None:
-        queue = self._failures.get(method)
-        if not queue:
-            return None
-        failure = queue[0]
-        failure.remaining -= 1
-        if failure.remaining <= 0:
-            queue.pop(0)
-        return failure
+    async def _fault(self, request: web.Request, call: Call, failure: _Failure) -> web.Response:
+        """Serve an injected fault the way Slack's infrastructure fails."""
+        kind = failure.kind
+        if kind == "502":
+            call.status, call.ok, call.error = 502, False, "bad_gateway"
+            await self._notify()
+            return web.Response(status=502, text=BAD_GATEWAY_PAGE, content_type="text/html")
+        if kind == "500":
+            return await self._finish(call, 500, {"ok": False, "error": "internal_error"}, {})
+        if kind == "429":
+            return await self._finish(call, 429, {"ok": False, "error": "ratelimited"},
+                                      {"Retry-After": str(max(1, round(failure.retry_after)))})
+        if kind == "reset_before":
+            call.status, call.ok, call.error = 0, False, "reset_before"
+            await self._notify()
+            _reset(request)
+            return web.Response(status=500)  # never written: the connection is gone
+        if kind == "stall":
+            # The call takes effect once the stall is over, even if the
+            # client gave up waiting meanwhile (as a slow Slack does).
+            await asyncio.sleep(failure.stall)
+        status, data, headers = self._answer(call.method, call.params, call.token, None)
+        response = await self._finish(call, status, data, headers)
+        if kind == "reset_after":
+            call.error = "reset_after"  # took effect; the answer is lost
+            _reset(request)
+        return response
 
-    def _answer(self, method: str, params: dict[str, Any],
-                token: str) -> tuple[int, dict[str, Any], dict[str, str]]:
+    def _take_failure(self, method: str) -> _Failure | None:
+        for key in (method, "*"):
+            queue = self._failures.get(key)
+            if not queue:
+                continue
+            failure = queue[0]
+            failure.remaining -= 1
+            if failure.remaining <= 0:
+                queue.pop(0)
+            return failure
+        chaos = self._chaos
+        if chaos is not None and method in chaos.methods and chaos.rng.random() < chaos.rate:
+            kind = chaos.rng.choice(chaos.kinds)
+            status = {"500": 500, "502": 502, "429": 429}.get(kind, 0)
+            return _Failure(status, 1, chaos.retry_after, "", kind=kind, stall=chaos.stall)
+        return None
+
+    def _answer(self, method: str, params: dict[str, Any], token: str,
+                failure: _Failure | None) -> tuple[int, dict[str, Any], dict[str, str]]:
         expected = self.app_token if method == "apps.connections.open" else self.bot_token
         if token != expected:
             return 200, {"ok": False, "error": "invalid_auth" if token else "not_authed"}, {}
-        failure = self._take_failure(method)
         if failure is not None:
             headers = {"Retry-After": str(max(1, round(failure.retry_after)))} \
                 if failure.status == 429 else {}
@@ -570,13 +746,56 @@ class FakeSlack:
             return {"ok": False, "error": "msg_too_long"}
         ts = self.next_ts()
         thread_ts = params.get("thread_ts")
-        posted = Posted(channel, ts, text, str(thread_ts) if thread_ts else None)
+        metadata = params.get("metadata")
+        if isinstance(metadata, str):  # form-encoded calls send it as JSON text
+            with contextlib.suppress(ValueError):
+                metadata = json.loads(metadata)
+        posted = Posted(channel, ts, text, str(thread_ts) if thread_ts else None,
+                        metadata=metadata if isinstance(metadata, dict) else None)
         self.messages[ts] = posted
+        return {"ok": True, "channel": channel, "ts": ts,
+                "message": self._message_object(posted, with_metadata=False)}
+
+    def _message_object(self, posted: Posted, *, with_metadata: bool) -> dict[str, Any]:
         message: dict[str, Any] = {"type": "message", "user": self.bot_user_id,
-                                   "bot_id": self.bot_id, "text": text, "ts": ts}
+                                   "bot_id": self.bot_id, "text": posted.text, "ts": posted.ts}
         if posted.thread_ts:
             message["thread_ts"] = posted.thread_ts
-        return {"ok": True, "channel": channel, "ts": ts, "message": message}
+        if with_metadata and posted.metadata is not None:
+            message["metadata"] = posted.metadata
+        return message
+
+    def _history(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``conversations.history``: top-level messages after ``oldest``, newest first.
+
+        Only the bot's own messages are known to the fake; metadata is included
+        with ``include_all_metadata``, as on Slack.
+        """
+        channel = str(params.get("channel") or "")
+        if not channel:
+            return {"ok": False, "error": "channel_not_found"}
+        found = [m for m in self._read_back(params) if m.channel == channel and not m.thread_ts]
+        return self._page(list(reversed(found)), params)
+
+    def _replies(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``conversations.replies``: a thread's messages after ``oldest``, oldest first."""
+        channel, thread = str(params.get("channel") or ""), str(params.get("ts") or "")
+        if not channel or not thread:
+            return {"ok": False, "error": "thread_not_found"}
+        found = [m for m in self._read_back(params)
+                 if m.channel == channel and (m.thread_ts == thread or m.ts == thread)]
+        return self._page(found, params)
+
+    def _read_back(self, params: dict[str, Any]) -> list[Posted]:
+        oldest = float(params.get("oldest") or 0)
+        return [m for m in self.messages.values() if not m.deleted and float(m.ts) > oldest]
+
+    def _page(self, found: list[Posted], params: dict[str, Any]) -> dict[str, Any]:
+        limit = int(params.get("limit") or 100)
+        with_metadata = str(params.get("include_all_metadata", "")).lower() in ("1", "true")
+        return {"ok": True, "has_more": len(found) > limit,
+                "messages": [self._message_object(m, with_metadata=with_metadata)
+                             for m in found[:limit]]}
 
     def _find(self, params: dict[str, Any]) -> Posted | dict[str, Any]:
         posted = self.messages.get(str(params.get("ts") or ""))
@@ -666,7 +885,21 @@ _METHODS: dict[str, Callable[[FakeSlack, dict[str, Any]], dict[str, Any]]] = {
     "chat.delete": FakeSlack._delete,
     "apps.connections.open": FakeSlack._connections_open,
     "conversations.info": FakeSlack._conversation_info,
+    "conversations.history": FakeSlack._history,
+    "conversations.replies": FakeSlack._replies,
 }
+
+
+def _reset(request: web.Request) -> None:
+    """Reset the connection (a TCP RST, as a dropped connection mid-call looks)."""
+    transport = request.transport
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if isinstance(sock, socket.socket):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
 
 
 def _channel_type(channel: str) -> str:
