@@ -50,7 +50,7 @@ class Inbox:
 StartTg = Callable[..., Awaitable[TelegramChannel]]
 
 
-@pytest.fixture
+@pytest.fixture(name="start_tg")
 async def start_tg(tmp_path: Path, fake_telegram: FakeTelegram) -> AsyncIterator[StartTg]:
     """``start_tg(handler, settings..., **channel_options)``: a started channel."""
     started: list[TelegramChannel] = []
