@@ -1,13 +1,16 @@
-"""Reply chunking, delivery retries and throttled streaming edits shared by the adapters."""
+"""Reply chunking, delivery retries, throttled streaming edits and rate limits shared by the
+adapters."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 
 import pytest
 
 from channels.chunking import split_message
 from channels.delivery import DeliveryPolicy, EditStream, RateLimited, Transient, deliver
+from channels.ratelimit import BOT, TELEGRAM_LIMITS, Limits, RateLimiter
 
 
 def test_short_text_is_one_piece() -> None:
@@ -39,7 +42,7 @@ def test_a_single_huge_word_is_cut_hard() -> None:
 
 async def test_deliver_honours_retry_after_and_backs_off_on_transient_errors() -> None:
     waits: list[float] = []
-    attempts = iter([RateLimited(3.0), Transient("502"), "sent"])
+    attempts: Iterator[Exception | str] = iter([RateLimited(3.0), Transient("502"), "sent"])
 
     async def call() -> str:
         outcome = next(attempts)
@@ -90,3 +93,94 @@ async def test_edit_stream_coalesces_edits_to_one_per_interval() -> None:
     assert sent == ["H"]
     assert edits == ["Hello"]  # four pushes inside the interval became one edit
     assert final == [("m1", "Hello, world")]
+
+
+# -- the rate limiter, on a clock that only its own waits move ---------------------------------
+
+
+class Clock:
+    """A clock advanced by the limiter's own sleeps, so waits are exact and instant."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def limiter(limits: Limits | None = None) -> tuple[RateLimiter, Clock]:
+    clock = Clock()
+    return RateLimiter(limits or Limits(), clock=clock, sleep=clock.sleep), clock
+
+
+async def test_a_429_holds_every_call_to_its_chat_until_retry_after_passed() -> None:
+    limits, clock = limiter()
+    with pytest.raises(RateLimited):
+        async with limits.slot("chat:1"):
+            raise RateLimited(5.0)
+    async with limits.slot("chat:1", urgent=False) as go:
+        assert not go  # a typing indicator or draft skips the call
+    async with limits.slot("chat:2") as go:
+        assert go and clock.slept == []  # another chat is not held
+    async with limits.slot("chat:1") as go:
+        assert go and clock.now == 105.0  # a final reply waits the window out
+
+
+async def test_a_429_in_the_bot_scope_holds_every_chat() -> None:
+    limits, clock = limiter()
+    with pytest.raises(RateLimited):
+        async with limits.slot("chat:1"):
+            raise RateLimited(2.0, scope=BOT)  # a global flood
+    async with limits.slot("chat:9"):
+        assert clock.now == 102.0
+
+
+async def test_the_budget_keeps_the_documented_rates_and_a_reserve_for_final_replies() -> None:
+    limits, clock = limiter(TELEGRAM_LIMITS)
+    for _ in range(2):
+        async with limits.slot("chat:1", counted=True, urgent=False) as go:
+            assert go
+    async with limits.slot("chat:1", counted=True, urgent=False) as go:
+        assert not go  # the third of three per three seconds is kept for the final reply
+    async with limits.slot("chat:1", counted=True) as go:
+        assert go and clock.slept == []
+    async with limits.slot("chat:1", counted=True):
+        assert clock.now == 103.0  # a fourth within three seconds waits
+    async with limits.slot("chat:1") as go:
+        assert go and clock.now == 103.0  # calls that do not count are not held
+
+
+async def test_a_group_gets_at_most_twenty_counted_calls_a_minute() -> None:
+    limits, clock = limiter(TELEGRAM_LIMITS)
+    for _ in range(20):
+        async with limits.slot("chat:-5", group=True, counted=True):
+            pass
+    async with limits.slot("chat:-5", group=True, counted=True):
+        assert clock.now >= 160.0
+
+
+async def test_a_draft_gives_way_to_a_final_reply_waiting_for_the_same_chat() -> None:
+    limits, _ = limiter()
+    release = asyncio.Event()
+    order: list[str] = []
+
+    async def call(name: str, urgent: bool) -> None:
+        async with limits.slot("chat:1", urgent=urgent) as go:
+            if go:
+                order.append(name)
+                if name == "first":
+                    await release.wait()
+
+    first = asyncio.create_task(call("first", True))
+    await asyncio.sleep(0)
+    draft = asyncio.create_task(call("draft", False))
+    final = asyncio.create_task(call("final", True))
+    await asyncio.sleep(0)
+    release.set()
+    await asyncio.gather(first, draft, final)
+    assert order == ["first", "final"]  # the draft was skipped, not queued ahead
