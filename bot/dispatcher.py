@@ -68,6 +68,8 @@ class _Pending:
     """What an interrupted earlier run of these entries recorded (recovery)."""
     stale_draft: str | None = None
     """A draft an interrupted earlier run left in the chat."""
+    counted: bool = False
+    """The inbox recorded the run as started when it recorded the message."""
 
 
 @dataclass(slots=True)
@@ -120,8 +122,12 @@ class Dispatcher:
         parsed = parse_command(message.text)
         if not self._allowed(message, parsed is not None):
             return
-        entry = await self.inbox.add(message, self.key_for(message),
-                                     "message" if parsed is None else "command")
+        key = self.key_for(message)
+        lane = self.lanes.get(key)
+        # A message whose run will start at once is recorded as started.
+        now = parsed is None and (lane is None or (not lane.queue and not lane.running))
+        entry = await self.inbox.add(message, key, "message" if parsed is None else "command",
+                                     running=now)
         if entry is None:
             log.info("%s delivered %s again; it was recorded before", message.channel,
                      message.event_id)
@@ -131,7 +137,7 @@ class Dispatcher:
         if parsed is not None:
             self._spawn(self._command(message, *parsed, entry=entry.id))
             return
-        self._enqueue(message, entry.id)
+        self._enqueue(message, entry.id, counted=now)
 
     def _allowed(self, message: InboundMessage, is_command: bool) -> bool:
         """Apply the DM and group policies; keep un-addressed group messages as context."""
@@ -272,7 +278,8 @@ class Dispatcher:
     def _resume(self, group: list[InboxEntry], journal: RunJournal) -> None:
         head = group[-1]
         ids = tuple(e.id for e in group)
-        if max(e.attempts for e in group) >= self.settings.inbox_max_attempts:
+        # The newest entry counts each start of the group's run once.
+        if head.attempts >= self.settings.inbox_max_attempts:
             self.inbox.close(ids, "given_up")
             log.warning("giving up %s message %s of %s:%s: its run was interrupted %d times",
                         head.message.channel, head.message.event_id or head.id,
@@ -303,14 +310,14 @@ class Dispatcher:
 
     # -- lanes ---------------------------------------------------------------
 
-    def _enqueue(self, message: InboundMessage, entry: int) -> None:
+    def _enqueue(self, message: InboundMessage, entry: int, *, counted: bool = False) -> None:
         lane = self._lane(message)
         now = time.monotonic()
         window = self.settings.merge_window_ms / 1000
         if window and self._merge(lane, message, entry, now, window):
             return
         if len(lane.running) < lane.limit:
-            self._start(lane, _Pending(message, now, entries=(entry,)))
+            self._start(lane, _Pending(message, now, entries=(entry,), counted=counted))
             return
         if len(lane.queue) >= self.settings.queue_cap:
             dropped = lane.queue.popleft()
@@ -319,7 +326,7 @@ class Dispatcher:
             self.inbox.close(dropped.entries)
             self._notify(dropped.message, "Too many messages were waiting, so I dropped this "
                          "one. Send it again if you still need an answer.")
-        lane.queue.append(_Pending(message, now, entries=(entry,)))
+        lane.queue.append(_Pending(message, now, entries=(entry,), counted=counted))
 
     def _merge(self, lane: Lane, message: InboundMessage, entry_id: int, now: float,
                window: float) -> bool:
@@ -367,9 +374,9 @@ class Dispatcher:
         channel = self.app.channels.get(message.channel)
         bridge: _StreamBridge | None = None
         held = False
-        if pending.entries:
-            self.inbox.started(pending.entries, run_id)
         try:
+            if pending.entries and not pending.counted:
+                await self.inbox.started(pending.entries, run_id)
             if pending.stale_draft and channel is not None:
                 with contextlib.suppress(Exception):
                     await channel.withdraw(message.chat_id, pending.stale_draft)

@@ -119,6 +119,15 @@ class RunJournal:
             what="journaling a tool result")
 
 
+    async def sync(self) -> None:
+        """Wait until every recorded result is committed (before the model is asked again)."""
+        await self.inbox.writer.write(_nothing, what="journaling tool results")
+
+
+async def _nothing(db: aiosqlite.Connection) -> None:
+    return None
+
+
 class Inbox:
     """The inbox, journal and outbox tables, written through the store's :class:`Writer`."""
 
@@ -132,27 +141,37 @@ class Inbox:
     # -- intake ------------------------------------------------------------------
 
     async def add(self, message: InboundMessage, session_key: str,
-                  kind: EntryKind = "message") -> InboxEntry | None:
-        """Record ``message``; ``None`` if its delivery id was recorded before."""
+                  kind: EntryKind = "message", *, running: bool = False) -> InboxEntry | None:
+        """Record ``message``; ``None`` if its delivery id was recorded before.
+
+        ``running``: its run starts at once, so the entry is recorded as started
+        (one commit instead of two on the usual path).
+        """
         event_id = message.event_id or f"~{uuid.uuid4().hex}"
+        state, attempts = ("running", 1) if running else ("pending", 0)
         row = (message.channel, event_id, session_key, message.chat_id, kind,
-               encode_message(message), self.clock())
+               encode_message(message), self.clock(), state, attempts)
 
         async def body(db: aiosqlite.Connection) -> int | None:
             cur = await db.execute(
                 "INSERT OR IGNORE INTO inbox (channel, event_id, session_key, chat_id, kind,"
-                " message, received_at) VALUES (?, ?, ?, ?, ?, ?, ?)", row)
+                " message, received_at, state, attempts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                row)
             return cur.lastrowid if cur.rowcount == 1 else None
 
         entry_id = await self.writer.write(body, what="recording an inbound message")
         if entry_id is None:
             return None
-        return InboxEntry(entry_id, message, kind, session_key)
+        return InboxEntry(entry_id, message, kind, session_key, state, attempts)
 
-    def started(self, ids: Sequence[int], run_id: str) -> None:
-        """The entries' run started (counted: an entry interrupted too often is given up)."""
+    async def started(self, ids: Sequence[int], run_id: str) -> None:
+        """The entries' run started; returns once that is committed.
+
+        Counted before the run does anything, so a message that kills the
+        process as soon as its run starts is still given up in the end.
+        """
         params = [(run_id, i) for i in ids]
-        self.writer.write_later(
+        await self.writer.write(
             lambda db: db.executemany(
                 "UPDATE inbox SET state = 'running', attempts = attempts + 1, run_id = ?"
                 " WHERE id = ? AND state IN ('pending', 'running')", params),

@@ -410,6 +410,10 @@ class _Run:
             results = await self._run_tools(
                 calls, tool_context,
                 journal.replayed(calls) if replayed is not None and journal else None)
+            if journal is not None and replayed is None:
+                # Queued results join this commit: the model is asked again only
+                # once a crash could no longer make it look as if they never ran.
+                await journal.sync()
             for call, result in zip(calls, results, strict=True):
                 answer = ChatMessage("tool", result.content, tool_call_id=call.id,
                                      tool_name=call.name, is_error=result.is_error)

@@ -123,6 +123,8 @@ async def make_app(tmp_path: Path) -> AsyncIterator[AppFactory]:
                       **settings: Any) -> tuple[Roost, RecordingChannel, EventLog]:
         settings.setdefault("data_dir", tmp_path / "data")
         settings.setdefault("merge_window_ms", 0)
+        # Tests that leave a run hanging end at once; the grace has tests of its own.
+        settings.setdefault("shutdown_grace_seconds", 0)
         host = host or get_plugin_manager(load_entry_points=False)
         log = EventLog()
         host.register(log, "test-event-log")

@@ -172,6 +172,8 @@ async def build_app(turns: Iterable[Mapping[str, Any]] = (), /, *plugins: object
     """
     settings.setdefault("data_dir", data_dir)
     settings.setdefault("merge_window_ms", 0)
+    # A test that leaves a run hanging should not wait out the shutdown grace.
+    settings.setdefault("shutdown_grace_seconds", 0)
     host = host or get_plugin_manager(load_entry_points=entry_points)
     chat = ChatChannel(channel)
     host.register(chat.recorder, f"test-events-{id(chat)}")
