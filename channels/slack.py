@@ -129,6 +129,8 @@ LOOKUP_MARGIN = 120.0
 """How far back (seconds) a failed post is looked for, to absorb clock skew."""
 LOOKUP_LIMIT = 200
 """Messages read back when looking for a failed post (the newest ones)."""
+SWEEP_MARGIN = 2.0
+"""Seconds after the call timeout by which a timed-out post has landed, if ever."""
 TRANSIENT_ERRORS = frozenset({"internal_error", "fatal_error", "service_unavailable",
                               "request_timeout"})
 """Error codes Slack documents as its own trouble, sometimes sent with HTTP 200."""
@@ -208,8 +210,12 @@ class SlackChannel(Channel):
     name = "slack"
 
     def __init__(self, settings: Settings, *, host: str = "0.0.0.0",
-                 policy: DeliveryPolicy | None = None, edit_interval: float = 1.0) -> None:
+                 policy: DeliveryPolicy | None = None, edit_interval: float = 1.0,
+                 timeout: int = 30) -> None:
+        """``timeout`` bounds each Web API call (seconds); an answer that takes
+        longer counts as a transient failure."""
         self.settings = settings
+        self.timeout = timeout
         self.host = host
         self.policy = policy or DeliveryPolicy()
         self.edit_interval = edit_interval
@@ -257,7 +263,7 @@ class SlackChannel(Channel):
         # could post one reply twice.
         self._web = AsyncWebClient(token=s.slack_bot_token.get_secret_value(),
                                    base_url=_api_base(s.slack_api_base), retry_handlers=[],
-                                   logger=_sdk_log)
+                                   logger=_sdk_log, timeout=self.timeout)
         try:
             auth = await self._web.auth_test()
         except SlackApiError as exc:
@@ -649,20 +655,26 @@ class SlackChannel(Channel):
         ``chat.postMessage`` has no idempotency key, and a call that failed
         with a reset, a timeout or a 5xx may still have posted. So each post
         carries a nonce in its message metadata, and before posting again
-        after such a failure the conversation is searched for it.
+        after such a failure the conversation is searched for it. A call that
+        timed out may also land *after* the retry posted: once the call
+        timeout has passed, a sweep deletes any other message with the nonce.
         """
         nonce = uuid.uuid4().hex
         metadata = {"event_type": METADATA_EVENT, "event_payload": {"nonce": nonce}}
         # Slack's clock, not ours, stamps the message: leave a generous margin.
         since = f"{time.time() - LOOKUP_MARGIN:.6f}"
         unsure = False
+        found_again = False
 
         async def attempt() -> str:
-            nonlocal unsure
+            nonlocal unsure, found_again
             if unsure:
-                found = await self._find_post(channel, thread_ts, nonce, since)
+                found = await self._find_posts(channel, thread_ts, nonce, since)
                 if found:
-                    return found
+                    log.info("Slack: a post that failed had gone out (ts %s); not posting "
+                             "again", found[0])
+                    found_again = True
+                    return found[0]
             try:
                 response = await self._api().chat_postMessage(
                     channel=channel, text=text, thread_ts=thread_ts, metadata=metadata)
@@ -678,11 +690,23 @@ class SlackChannel(Channel):
                                          policy=self.policy))
         if thread_ts:
             self._bot_threads.add((channel, thread_ts))
+        if unsure and not found_again:
+            self._spawn(self._sweep(channel, thread_ts, nonce, since, keep=ts))
         return ts
 
-    async def _find_post(self, channel: str, thread_ts: str | None, nonce: str,
-                         since: str) -> str | None:
-        """The ts of the bot's message carrying ``nonce``, if an earlier try posted it."""
+    async def _sweep(self, channel: str, thread_ts: str | None, nonce: str, since: str,
+                     keep: str) -> None:
+        """Delete copies of a post that landed late (a timed-out try Slack still ran)."""
+        await asyncio.sleep(self.timeout + SWEEP_MARGIN)
+        with _logged("removing a duplicate post"):
+            for ts in await self._find_posts(channel, thread_ts, nonce, since):
+                if ts != keep:
+                    log.warning("Slack: a timed-out post landed late (ts %s); deleted", ts)
+                    await self._delete(channel, ts)
+
+    async def _find_posts(self, channel: str, thread_ts: str | None, nonce: str,
+                          since: str) -> list[str]:
+        """The ts of the bot's messages carrying ``nonce``, oldest first."""
         api = self._api()
         try:
             if thread_ts:
@@ -700,17 +724,16 @@ class SlackChannel(Channel):
                 # posting again risks a duplicate, not posting risks a loss.
                 log.warning("Slack: could not check whether a failed post went out (%s); "
                             "posting again", exc)
-                return None
+                return []
             raise mapped from exc
+        found = []
         for item in response.get("messages") or []:
             meta = item.get("metadata") if isinstance(item, dict) else None
             if (isinstance(meta, dict) and meta.get("event_type") == METADATA_EVENT
                     and isinstance(meta.get("event_payload"), dict)
-                    and meta["event_payload"].get("nonce") == nonce):
-                log.info("Slack: a post that failed had gone out (ts %s); not posting again",
-                         item.get("ts"))
-                return str(item.get("ts") or "")
-        return None
+                    and meta["event_payload"].get("nonce") == nonce and item.get("ts")):
+                found.append(str(item["ts"]))
+        return sorted(found, key=float)
 
     async def _respond(self, response_url: str, text: str) -> None:
         pieces = split_for_slack(text, MESSAGE_LIMIT)

@@ -41,6 +41,8 @@ the next N calls of a method fail with a status (429 with ``Retry-After``,
 a random share of calls. Kinds: ``"500"`` (JSON envelope), ``"502"`` (an HTML
 page from the proxy), ``"429"``, ``"reset_before"`` (TCP reset before the
 call took effect), ``"reset_after"`` (it took effect, then the reset),
+``"disconnect"`` (the server closes the connection without answering, before
+the call took effect), ``"truncated"`` (a 200 whose JSON body is cut short),
 ``"stall"`` (the answer comes after ``stall`` seconds). Deliveries to the app
 fail too, and Slack redelivers: :meth:`FakeSlack.deliver_event` retries an
 event whose POST got a non-2xx (or no answer in time) with
@@ -108,7 +110,8 @@ DM_CHANNEL = "D0ALICE"
 """A direct-message channel (ids of DMs start with ``D``)."""
 MAX_TEXT = 40_000
 """Slack refuses (``msg_too_long``) message text longer than this."""
-FAULTS = ("500", "502", "429", "reset_before", "reset_after", "stall")
+FAULTS = ("500", "502", "429", "reset_before", "reset_after", "disconnect", "truncated",
+          "stall")
 """The fault kinds :meth:`FakeSlack.inject` and :meth:`FakeSlack.chaos` know."""
 CHAOS_METHODS = ("chat.postMessage", "chat.update", "chat.delete", "conversations.history",
                  "conversations.replies")
@@ -142,6 +145,8 @@ class Call:
     status: int = 200
     ok: bool = True
     error: str = ""
+    done: bool = False
+    """Answered (or dropped by an injected fault); a stalled call is not done yet."""
 
 
 @dataclass(slots=True)
@@ -366,6 +371,10 @@ class FakeSlack:
     def sent(self, method: str) -> list[Call]:
         """The successful calls of ``method``."""
         return [c for c in self.calls if c.method == method and c.ok]
+
+    def quiet(self) -> bool:
+        """Whether every call received so far has been answered (none is stalled)."""
+        return all(c.done for c in self.calls)
 
     def visible(self, channel: str | None = None) -> list[Posted]:
         """The app's messages not deleted, optionally only in ``channel``, in posting order."""
@@ -669,6 +678,7 @@ class FakeSlack:
                       headers: Mapping[str, str]) -> web.Response:
         call.status, call.ok = status, bool(data.get("ok"))
         call.error = str(data.get("error", ""))
+        call.done = True
         await self._notify()
         return web.json_response(data, status=status, headers=headers)
 
@@ -676,7 +686,7 @@ class FakeSlack:
         """Serve an injected fault the way Slack's infrastructure fails."""
         kind = failure.kind
         if kind == "502":
-            call.status, call.ok, call.error = 502, False, "bad_gateway"
+            call.status, call.ok, call.error, call.done = 502, False, "bad_gateway", True
             await self._notify()
             return web.Response(status=502, text=BAD_GATEWAY_PAGE, content_type="text/html")
         if kind == "500":
@@ -684,11 +694,16 @@ class FakeSlack:
         if kind == "429":
             return await self._finish(call, 429, {"ok": False, "error": "ratelimited"},
                                       {"Retry-After": str(max(1, round(failure.retry_after)))})
-        if kind == "reset_before":
-            call.status, call.ok, call.error = 0, False, "reset_before"
+        if kind in ("reset_before", "disconnect"):
+            call.status, call.ok, call.error, call.done = 0, False, kind, True
             await self._notify()
-            _reset(request)
+            _reset(request, hard=kind == "reset_before")
             return web.Response(status=500)  # never written: the connection is gone
+        if kind == "truncated":
+            call.status, call.ok, call.error, call.done = 200, False, "truncated", True
+            await self._notify()
+            return web.Response(status=200, text='{"ok": true, "chan',
+                                content_type="application/json")
         if kind == "stall":
             # The call takes effect once the stall is over, even if the
             # client gave up waiting meanwhile (as a slow Slack does).
@@ -890,13 +905,13 @@ _METHODS: dict[str, Callable[[FakeSlack, dict[str, Any]], dict[str, Any]]] = {
 }
 
 
-def _reset(request: web.Request) -> None:
-    """Reset the connection (a TCP RST, as a dropped connection mid-call looks)."""
+def _reset(request: web.Request, *, hard: bool = True) -> None:
+    """Drop the connection: a TCP RST (``hard``) as a reset mid-call looks, else a close."""
     transport = request.transport
     if transport is None:
         return
     sock = transport.get_extra_info("socket")
-    if isinstance(sock, socket.socket):
+    if hard and isinstance(sock, socket.socket):
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     transport.abort()
