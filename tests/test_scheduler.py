@@ -72,6 +72,7 @@ async def cron_app(tmp_path: Path) -> AsyncIterator[CronAppFactory]:
         settings.setdefault("data_dir", tmp_path / "data")
         settings.setdefault("merge_window_ms", 0)
         settings.setdefault("memory_flush", False)
+        settings.setdefault("shutdown_grace_seconds", 0)
         host = get_plugin_manager(load_entry_points=False)
         log = EventLog()
         host.register(log, "test-event-log")
