@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import (
@@ -40,6 +41,7 @@ from collections.abc import (
     Coroutine,
     Hashable,
     Iterator,
+    Mapping,
     Sequence,
 )
 from dataclasses import dataclass
@@ -72,6 +74,8 @@ MAX_COMMANDS = 100
 """Discord's limit on global chat-input commands."""
 INTERACTION_TIMEOUT = 600.0
 """A deferred interaction nobody answered is withdrawn after this (tokens last 15 min)."""
+CATCHUP_LIMIT = 100
+"""Messages read back per chat when catching up (the ``discord_catchup_limit`` default)."""
 
 _COMMAND_NAME = re.compile(r"^[-_a-z0-9]{1,32}$")
 _MASS_MENTION = re.compile(r"@(everyone|here)\b")
@@ -90,13 +94,20 @@ class DiscordChannel(Channel):
     def __init__(self, settings: Settings, *, guild_ready_timeout: float = 1.0,
                  ready_timeout: float = 60.0, delivery: DeliveryPolicy | None = None,
                  edit_interval: float = 1.0,
-                 interaction_timeout: float = INTERACTION_TIMEOUT) -> None:
+                 interaction_timeout: float = INTERACTION_TIMEOUT,
+                 catchup_limit: int | None = None, call_timeout: float = 30.0,
+                 max_ratelimit_timeout: float = 30.0) -> None:
         """Read the token and endpoints from ``settings``; nothing connects yet.
 
         ``guild_ready_timeout`` is how long discord.py waits for further guilds
         before ``on_ready`` (and so :meth:`start`) returns; ``ready_timeout``
         bounds the whole start. ``delivery`` tunes retries of 5xx and connection
-        errors; ``edit_interval`` spaces streaming edits.
+        errors; ``edit_interval`` spaces streaming edits. ``catchup_limit``
+        bounds the messages read back per chat when catching up (default: the
+        ``discord_catchup_limit`` setting if there is one, else 100).
+        ``call_timeout`` bounds each REST call (a stalled one is retried);
+        discord.py waits out 429s up to ``max_ratelimit_timeout`` seconds by
+        itself, longer ones reach :func:`deliver` as :class:`RateLimited`.
         """
         if settings.discord_bot_token is None:
             raise ValueError("DISCORD_BOT_TOKEN is not set")
@@ -110,6 +121,12 @@ class DiscordChannel(Channel):
         self.delivery = delivery or DeliveryPolicy()
         self.edit_interval = edit_interval
         self.interaction_timeout = interaction_timeout
+        configured = getattr(settings, "discord_catchup_limit", None)
+        self.catchup_limit = int(catchup_limit if catchup_limit is not None
+                                 else configured if isinstance(configured, int)
+                                 else CATCHUP_LIMIT)
+        self.call_timeout = call_timeout
+        self.max_ratelimit_timeout = max_ratelimit_timeout
         self.client: discord.Client | None = None
         self._handler: InboundHandler | None = None
         self._runner: asyncio.Task[None] | None = None
@@ -123,6 +140,13 @@ class DiscordChannel(Channel):
         self._idle = asyncio.Event()
         self._idle.set()
         self._saved_endpoints: tuple[str, yarl.URL] | None = None
+        self._cursors: dict[int, int] = {}
+        """Per channel (or thread), the newest message id the core has (or was
+        not meant to get): where a catch-up after a reconnect starts."""
+        self._gaps: dict[int, int] = {}
+        """Per channel, the id just before the oldest message the handler
+        failed on: a catch-up starts there, so that message is read again."""
+        self._catching_up: asyncio.Task[None] | None = None
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -133,7 +157,8 @@ class DiscordChannel(Channel):
         intents = discord.Intents.default()
         intents.message_content = True
         client = _Client(self, intents=intents, guild_ready_timeout=self.guild_ready_timeout,
-                         allowed_mentions=_NO_PINGS, max_ratelimit_timeout=30.0)
+                         allowed_mentions=_NO_PINGS,
+                         max_ratelimit_timeout=self.max_ratelimit_timeout)
         _guard_parsers(client)
         self.client = client
         self._runner = asyncio.create_task(self._run(client), name="discord-gateway")
@@ -225,18 +250,114 @@ class DiscordChannel(Channel):
     # -- inbound ---------------------------------------------------------------
 
     async def _on_message(self, message: discord.Message) -> None:
+        await self._take(message)
+
+    async def _take(self, message: discord.Message) -> None:
+        """Hand one message (live or read back from history) to the core.
+
+        Bots (this one included), webhooks and system messages are skipped
+        the same way whether they arrive live or in a catch-up. A message the
+        core already has (same id) is skipped; one whose handler raised
+        leaves a gap that the next catch-up starts from, and the error
+        propagates (a catch-up stops there, to keep the order).
+        """
         client = self.client
         if client is None or client.user is None or self._handler is None:
             return
+        where = message.channel.id
         author = message.author
-        if author.bot or author.id == client.user.id or message.webhook_id is not None:
+        if author.id == client.user.id:
+            self._own.add(message.id)
+        if (author.bot or author.id == client.user.id or message.webhook_id is not None
+                or message.type not in _ADDRESSED_TYPES):  # joins, pins, thread notices...
+            self._advance(where, message.id)
             return
-        if message.type not in _ADDRESSED_TYPES:
-            return  # joins, pins, thread-created notices and the like
-        if not self._seen.add(message.id):
+        if message.id in self._seen:
             log.debug("discord: message %s delivered twice; ignored", message.id)
             return
-        await self._handler(self._translate(message, client.user))
+        try:
+            await self._handler(self._translate(message, client.user))
+        except BaseException:
+            gap = self._gaps.get(where)
+            self._gaps[where] = min(gap, message.id - 1) if gap is not None \
+                else message.id - 1
+            raise
+        self._seen.add(message.id)
+        self._advance(where, message.id)
+
+    def _advance(self, where: int, message_id: int) -> None:
+        if message_id > self._cursors.get(where, 0):
+            self._cursors[where] = message_id
+
+    async def catch_up(self, cursors: Mapping[str, str]) -> None:
+        """Read back what was said while Roost was away, and hand it to the core.
+
+        Discord never redelivers a message a disconnected client missed, so
+        each chat's history after its cursor (the last message id the core
+        recorded) is read, oldest first, at most :attr:`catchup_limit`
+        messages a chat, and treated as if it had arrived live. A key is a
+        channel or thread id; a ``chat:thread`` key reads the thread. The
+        core dedupes on the message id, so reading a range twice is harmless.
+        Failures are logged per chat and do not stop the others.
+        """
+        for key, cursor in cursors.items():
+            place = key.rsplit(":", 1)[-1]
+            if not place.isdigit() or not str(cursor).isdigit():
+                log.warning("discord: cannot catch up %s after %r: not Discord ids", key, cursor)
+                continue
+            await self._catch_up_channel(int(place), int(cursor))
+
+    async def _catch_up_channel(self, where: int, after: int) -> None:
+        client = self.client
+        if client is None:
+            return
+        try:
+            channel = client.get_channel(where) or await self._deliver(
+                lambda: client.fetch_channel(where), what=f"reading discord channel {where}")
+            if not isinstance(channel, discord.abc.Messageable):
+                return
+            history = channel.history(limit=self.catchup_limit, after=discord.Object(after),
+                                      oldest_first=True)
+
+            async def read() -> list[discord.Message]:
+                return [message async for message in history]
+
+            missed = await self._deliver(read, what=f"reading discord history of {where}")
+        except Exception:
+            log.exception("discord: could not catch up channel %s after %s", where, after)
+            return
+        if len(missed) >= self.catchup_limit:
+            log.warning("discord: catching up %s stopped at %d messages (the limit); older "
+                        "ones after %s come first, newer ones are not read", where,
+                        len(missed), after)
+        taken = 0
+        for message in missed:
+            try:
+                await self._take(message)
+            except Exception:
+                log.exception("discord: the core did not take message %s while catching up "
+                              "%s; the rest waits for the next catch-up", message.id, where)
+                return
+            taken += 1
+        if taken:
+            log.info("discord: caught up %d message(s) in %s", taken, where)
+        gap = self._gaps.get(where)
+        if gap is not None and after <= gap:
+            self._gaps.pop(where)  # the failed message was read again and taken
+
+    def _reconnected(self) -> None:
+        """A new gateway session (READY, not RESUME): Discord replayed nothing missed."""
+        if self._catching_up is not None and not self._catching_up.done():
+            return
+        starts = {where: min(cursor, self._gaps.get(where, cursor))
+                  for where, cursor in self._cursors.items()}
+        for where, gap in self._gaps.items():
+            starts.setdefault(where, gap)
+        if not starts:
+            return
+        log.info("discord: new gateway session; catching up %d channel(s)", len(starts))
+        self._catching_up = self._spawn(
+            self.catch_up({str(where): str(after) for where, after in starts.items()}))
 
     def _translate(self, message: discord.Message, me: discord.ClientUser) -> InboundMessage:
         chat_id, chat_type, thread_id = _place(message.channel, message.guild is not None)
@@ -252,7 +373,8 @@ class DiscordChannel(Channel):
             text=text, message_id=str(message.id), reply_to=reply_to, thread_id=thread_id,
             mentioned=mentioned,
             attachments=tuple(_attachment(a) for a in message.attachments), raw=message,
-            group_id=str(message.guild.id) if message.guild is not None else None)
+            group_id=str(message.guild.id) if message.guild is not None else None,
+            event_id=str(message.id))
 
     def _addresses_me(self, message: discord.Message, me: discord.ClientUser,
                       role: discord.Role | None) -> bool:
@@ -296,7 +418,9 @@ class DiscordChannel(Channel):
             channel=self.name, chat_id=chat_id, chat_type=chat_type, sender_id=str(user.id),
             sender_name=user.display_name, text=f"/{name} {args}".strip(), message_id=key,
             thread_id=thread_id, mentioned=True, raw=interaction,
-            group_id=str(interaction.guild_id) if in_guild else None))
+            group_id=str(interaction.guild_id) if in_guild else None,
+            # Interaction ids are snowflakes too, never equal to a message id.
+            event_id=key))
 
     async def _expire(self, key: str) -> None:
         """Withdraw a deferred answer the core never replied to (the command said nothing)."""
@@ -308,17 +432,66 @@ class DiscordChannel(Channel):
 
     # -- outbound --------------------------------------------------------------
 
-    async def send(self, message: OutboundMessage) -> None:
-        """Deliver one reply: split, referenced in groups, as the interaction's answer if any."""
+    async def send(self, message: OutboundMessage) -> str | None:
+        """Deliver one reply; the id of its last message (``None`` for an interaction's).
+
+        Split, referenced in groups, as the interaction's answer if one is
+        pending. With ``replace`` the draft is edited into the first piece, or,
+        if that edit fails for good, the reply is posted anew and the draft
+        deleted. Raises when the reply was not delivered.
+        """
         with self._busy():
             pieces = split_message(_escape(message.text), MESSAGE_LIMIT)
-            pending = self._claim_interaction(message)
+            pending = None if message.replace else self._claim_interaction(message)
             if pending is not None and await self._answer(pending, pieces):
-                return
+                return None
             target = _target(message)
-            reference = _reference(message, target)
-            for i, piece in enumerate(pieces):
-                await self._post(target, piece, reference if i == 0 else None)
+            return await self._deliver_reply(target, _reference(message, target), pieces,
+                                             draft=message.replace or None)
+
+    async def withdraw(self, chat_id: str, message_id: str) -> None:
+        """Delete one of the bot's messages (``chat_id`` may be a thread); gone is fine."""
+        with self._busy():
+            await self._delete(int(chat_id), int(message_id))
+
+    async def _deliver_reply(self, target: int, reference: discord.MessageReference | None,
+                             pieces: list[str], *, draft: str | None,
+                             shown: str | None = None) -> str | None:
+        """Put ``pieces`` in place of ``draft`` (or post them); the last message's id.
+
+        No pieces: the draft is deleted. If editing the draft into the first
+        piece fails for good (deleted meanwhile, or Discord keeps failing the
+        edit), the piece is posted anew and the draft deleted, so no draft is
+        left frozen.
+        """
+        if not pieces:
+            if draft:
+                await self._delete(target, int(draft))
+            return None
+        first: str | None = None
+        if draft:
+            if pieces[0] == shown:
+                first = draft
+            else:
+                try:
+                    await self._edit(target, int(draft), pieces[0])
+                    first = draft
+                except Exception as exc:
+                    log.warning("discord: could not edit draft %s into the reply (%s); "
+                                "posting it anew", draft, exc)
+        if first is None:
+            first = str((await self._post(target, pieces[0], reference)).id)
+            if draft:
+                try:
+                    await self._delete(target, int(draft))
+                except Exception:
+                    # The reply is out: failing now would make the core post it again.
+                    log.error("discord: could not delete the replaced draft %s in %s",
+                              draft, target, exc_info=True)
+        last = first
+        for piece in pieces[1:]:
+            last = str((await self._post(target, piece, None)).id)
+        return last
 
     def open_stream(self, message: InboundMessage) -> ReplyStream | None:
         """A draft message edited as the reply grows, unless streaming is off for discord."""
@@ -355,11 +528,16 @@ class DiscordChannel(Channel):
                     reference: discord.MessageReference | None) -> discord.Message:
         assert self.client is not None
         channel = self.client.get_partial_messageable(target)
+        # Every try of one post carries the same nonce, and discord.py asks
+        # Discord to enforce it: a try that took effect before its answer was
+        # lost (a reset, a timeout) is returned again instead of posted twice.
+        nonce = secrets.randbelow(1 << 62)
 
         async def call() -> discord.Message:
             if reference is None:
-                return await channel.send(text, allowed_mentions=_NO_PINGS)
-            return await channel.send(text, allowed_mentions=_NO_PINGS, reference=reference)
+                return await channel.send(text, allowed_mentions=_NO_PINGS, nonce=nonce)
+            return await channel.send(text, allowed_mentions=_NO_PINGS, reference=reference,
+                                      nonce=nonce)
 
         sent = await self._deliver(call, what=f"sending to discord:{target}")
         self._own.add(sent.id)
@@ -444,21 +622,18 @@ class DiscordChannel(Channel):
 
         discord.py already sleeps through 429s (``retry_after``) and retries
         500/502/504 a few times; what reaches here is a limit longer than its
-        ``max_ratelimit_timeout``, another 5xx, or a dropped connection.
+        ``max_ratelimit_timeout``, another 5xx, a dropped connection, or a
+        call that took longer than :attr:`call_timeout`.
         """
         async def translated() -> T:
             try:
-                return await call()
-            except discord.RateLimited as exc:
-                raise RateLimited(exc.retry_after) from exc
-            except discord.HTTPException as exc:
-                if exc.status == 429:
-                    raise RateLimited(_retry_after(exc)) from exc
-                if exc.status >= 500:
-                    raise Transient(f"HTTP {exc.status}") from exc
-                raise
-            except (aiohttp.ClientConnectionError, TimeoutError) as exc:
-                raise Transient(type(exc).__name__) from exc
+                async with asyncio.timeout(self.call_timeout):
+                    return await call()
+            except Exception as exc:
+                mapped = delivery_error(exc)
+                if mapped is exc:
+                    raise
+                raise mapped from exc
 
         return await deliver(translated, what=what, policy=self.delivery)
 
@@ -489,6 +664,11 @@ class _Client(discord.Client):
         self.adapter = adapter
 
     async def on_ready(self) -> None:
+        # discord.py fires this after every READY: at start, and after a
+        # reconnect that could not resume (the missed messages are lost to
+        # the gateway and must be read back from the channels' history).
+        if self.adapter._ready.is_set():
+            self.adapter._reconnected()
         self.adapter._ready.set()
 
     async def on_message(self, message: discord.Message) -> None:
@@ -509,7 +689,7 @@ class _StreamedReply:
         self.target = int(message.thread_id or message.chat_id)
         self.reference = _reference(OutboundMessage.reply_to_message(message, ""), self.target)
         self.shown: dict[str, str] = {}
-        self.stream = EditStream(send=self.send, edit=self.edit, finalize=self.finalize,
+        self.stream: EditStream = EditStream(send=self.send, edit=self.edit, finalize=self.finalize,
                                  limit=MESSAGE_LIMIT, interval=channel.edit_interval)
 
     async def send(self, draft: str) -> str:
@@ -535,20 +715,13 @@ class _StreamedReply:
     async def finalize(self, message_id: str | None, final_text: str | None) -> None:
         with self.channel._busy():
             pieces = split_message(_escape(final_text or ""), MESSAGE_LIMIT)
-            if not pieces:
-                if message_id:
-                    await self.channel._delete(self.target, int(message_id))
-                return
-            first, rest = pieces[0], pieces[1:]
-            if message_id and self.shown.get(message_id) != first:
-                try:
-                    await self.channel._edit(self.target, int(message_id), first)
-                except discord.NotFound:
-                    message_id = None  # the draft was deleted: post the reply afresh
-            if not message_id:
-                await self.channel._post(self.target, first, self.reference)
-            for piece in rest:
-                await self.channel._post(self.target, piece, None)
+            draft = message_id or None
+            last = await self.channel._deliver_reply(
+                self.target, self.reference, pieces, draft=draft,
+                shown=self.shown.get(draft) if draft else None)
+            # The draft may have given way to a new message: name the one
+            # that now carries the reply.
+            self.stream.message_id = last
 
 
 @dataclass(slots=True)
@@ -577,6 +750,34 @@ class _RecentSet:
 
     def __contains__(self, key: object) -> bool:
         return key in self._keys
+
+
+def delivery_error(exc: BaseException) -> BaseException:
+    """What a REST failure means to :func:`deliver`; ``exc`` itself if it is for good.
+
+    The one mapping of what discord.py and aiohttp raise:
+
+    * ``discord.RateLimited`` (a 429 longer than ``max_ratelimit_timeout``) and
+      an ``HTTPException`` with status 429 (a limit discord.py did not wait
+      out) → :class:`RateLimited`;
+    * ``DiscordServerError`` and any ``HTTPException`` with a 5xx, whatever
+      the body (an HTML error page included) → :class:`Transient`;
+    * aiohttp's ``ClientError`` (resets, server disconnects), ``TimeoutError``
+      (a stalled call) and ``OSError`` → :class:`Transient`;
+    * ``Forbidden``, ``NotFound``, any other ``HTTPException`` and everything
+      else → permanent.
+    """
+    if isinstance(exc, discord.RateLimited):
+        return RateLimited(exc.retry_after)
+    if isinstance(exc, discord.HTTPException):
+        if exc.status == 429:
+            return RateLimited(_retry_after(exc))
+        if exc.status >= 500:
+            return Transient(f"Discord answered HTTP {exc.status}")
+        return exc
+    if isinstance(exc, aiohttp.ClientError | TimeoutError | OSError):
+        return Transient(f"{type(exc).__name__}: {exc}")
+    return exc
 
 
 def _followup(interaction: discord.Interaction[discord.Client],

@@ -20,10 +20,26 @@ What it speaks (see ``/work/shared/notes/fake-platform-servers.md``):
   Every call is recorded in :attr:`FakeDiscord.calls`, rejected ones too;
   :meth:`FakeDiscord.fail_next` makes the next matching calls answer 429
   (with ``Retry-After`` and a JSON ``retry_after``) or a 5xx.
+  ``GET /channels/{id}/messages`` reads a channel's history as Discord does
+  (newest first; ``after``/``before`` exclusive, ``limit`` up to 100): the
+  users' messages pushed or recorded as missed (:meth:`FakeDiscord.missed`)
+  and the bot's own. ``GET /channels/{id}`` describes the known channels. A
+  message created with ``enforce_nonce`` and a nonce seen before returns the
+  earlier message instead of a new one, as on Discord.
+- Faults, the ways the real Discord fails: :meth:`FakeDiscord.inject` queues
+  one of :data:`FAULTS` for matching calls and :meth:`FakeDiscord.chaos` fails
+  a random share of them: ``"500"`` (JSON), ``"502"`` (an HTML page from the
+  proxy), ``"503"``, ``"429"`` (JSON ``retry_after`` with ``X-RateLimit-*``
+  headers), ``"reset_before"`` (TCP reset before the call took effect),
+  ``"reset_after"`` (it took effect, then the reset) and ``"stall"`` (the
+  answer comes ``stall`` seconds late).
 - The gateway at ``/gateway``: HELLO, heartbeat ACKs, IDENTIFY → READY and one
   GUILD_CREATE (a text channel, a thread in it and the bot's managed role),
   RESUME → RESUMED. Helpers push MESSAGE_CREATE (guild, mention, reply to the
   bot, thread, DM, from another bot, malformed) and INTERACTION_CREATE.
+  :meth:`FakeDiscord.invalidate_session` sends INVALID_SESSION (``d: false``):
+  the client IDENTIFYs again and gets a new READY, as after a reconnect
+  Discord could not resume (the events meanwhile are not replayed).
 
 The server never closes a gateway socket by itself: the client would try to
 RESUME, which is not what a test wants to see.
@@ -32,9 +48,13 @@ RESUME, which is not what a test wants to see.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
+import random
 import re
+import socket
+import struct
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +70,7 @@ __all__ = [
     "BOT_ROLE_ID",
     "CHANNEL_ID",
     "DM_CHANNEL_ID",
+    "FAULTS",
     "GUILD_ID",
     "OTHER_BOT_ID",
     "THREAD_ID",
@@ -71,6 +92,16 @@ USER_ID = 5000
 OTHER_BOT_ID = 6000
 TIMESTAMP = "2024-01-01T00:00:00.000000+00:00"
 API_PREFIX = "/api/v10"
+FAULTS = ("500", "502", "503", "429", "reset_before", "reset_after", "stall")
+"""The fault kinds :meth:`FakeDiscord.inject` and :meth:`FakeDiscord.chaos` know."""
+CHAOS_PATHS = r"^/channels/\d+/messages"
+"""What :meth:`FakeDiscord.chaos` fails by default: creating, editing, deleting
+and reading messages."""
+BAD_GATEWAY_PAGE = """<html>
+<head><title>502 Bad Gateway</title></head>
+<body><center><h1>502 Bad Gateway</h1></center><hr><center>cloudflare</center></body>
+</html>
+"""
 
 
 def user_payload(user_id: int, name: str, *, bot: bool = False) -> dict[str, Any]:
@@ -120,6 +151,10 @@ class _Failure:
     retry_after: float
     method: str | None
     path: re.Pattern[str] | None
+    kind: str = "status"
+    """``"status"`` (answer ``status``) or one of :data:`FAULTS`."""
+    stall: float = 0.0
+    html: bool = False
 
     def matches(self, method: str, path: str) -> bool:
         return (self.method is None or self.method == method) and (
@@ -148,10 +183,18 @@ class FakeDiscord:
         self.identifies: list[dict[str, Any]] = []
         """Every IDENTIFY payload's ``d`` (intents, token...)."""
         self.resumes = 0
+        self.user_messages: dict[int, dict[str, Any]] = {}
+        """Messages users sent (pushed live or recorded as missed), by id."""
+        self.injected: list[tuple[str, str, str]] = []
+        """Every fault served, as ``(method, path, kind)``, in order."""
+        self._nonces: dict[str, int] = {}
+        self._chaos: tuple[float, str | None, re.Pattern[str], tuple[str, ...],
+                           random.Random, float, float] | None = None
         self._sockets: list[_Socket] = []
         self._failures: list[_Failure] = []
         self._interactions: dict[int, _Interaction] = {}
         self._ids = itertools.count(900_000)
+        self._serving = 0
         self._changed = asyncio.Condition()
         self._runner: web.AppRunner | None = None
         self._port = 0
@@ -208,17 +251,63 @@ class FakeDiscord:
     # -- scripting REST ------------------------------------------------------
 
     def fail_next(self, status: int, count: int = 1, *, retry_after: float = 0.2,
-                  method: str | None = None, path: str | None = None) -> None:
+                  method: str | None = None, path: str | None = None,
+                  html: bool = False) -> None:
         """Answer the next ``count`` matching REST calls with ``status``.
 
         ``path`` is a regular expression searched in the path below ``/api/v10``
         and ``method`` an HTTP method; both default to any. A 429 carries
         ``Retry-After`` and JSON ``retry_after`` = ``retry_after`` seconds, plus
         the ``Via`` header without which discord.py takes a 429 for a
-        Cloudflare ban and gives up.
+        Cloudflare ban and gives up. ``html`` answers an HTML error page
+        instead of Discord's JSON.
         """
         self._failures.append(_Failure(status, count, retry_after, method,
-                                       re.compile(path) if path else None))
+                                       re.compile(path) if path else None, html=html))
+
+    def inject(self, kind: str, count: int = 1, *, method: str | None = None,
+               path: str | None = None, retry_after: float = 0.2,
+               stall: float = 0.5) -> None:
+        """Serve the fault ``kind`` (one of :data:`FAULTS`) to the next ``count`` matching calls.
+
+        Note that discord.py retries 500, 502 (and 504) by itself after 1, 3,
+        5... seconds, and sleeps through 429s up to its ``max_ratelimit_timeout``.
+        """
+        if kind not in FAULTS:
+            raise ValueError(f"unknown fault {kind!r}; one of {FAULTS}")
+        self._failures.append(_Failure(_FAULT_STATUS.get(kind, 0), count, retry_after, method,
+                                       re.compile(path) if path else None, kind=kind,
+                                       stall=stall))
+
+    def chaos(self, rate: float, *, method: str | None = None, path: str = CHAOS_PATHS,
+              kinds: Sequence[str] = FAULTS, seed: int = 0, retry_after: float = 0.2,
+              stall: float = 0.5) -> None:
+        """Fail a ``rate`` share of the matching calls with a random kind (``0``: off)."""
+        unknown = set(kinds) - set(FAULTS)
+        if unknown:
+            raise ValueError(f"unknown faults {sorted(unknown)}")
+        self._chaos = None if rate <= 0 else (rate, method, re.compile(path), tuple(kinds),
+                                               random.Random(seed), retry_after, stall)
+
+    def _take_failure(self, method: str, path: str) -> _Failure | None:
+        failure = next((f for f in self._failures if f.matches(method, path)), None)
+        if failure is not None:
+            failure.remaining -= 1
+            if failure.remaining <= 0:
+                self._failures.remove(failure)
+            return failure
+        if self._chaos is not None:
+            rate, only, pattern, kinds, rng, retry_after, stall = self._chaos
+            if ((only is None or only == method) and pattern.search(path)
+                    and rng.random() < rate):
+                kind = rng.choice(kinds)
+                return _Failure(_FAULT_STATUS.get(kind, 0), 1, retry_after, None, None,
+                                kind=kind, stall=stall)
+        return None
+
+    def quiet(self) -> bool:
+        """Whether no REST call is being answered right now (none is stalled)."""
+        return self._serving == 0
 
     def calls_to(self, method: str, path: str = "") -> list[RestCall]:
         """Recorded calls with ``method`` whose path matches the regex ``path``."""
@@ -251,6 +340,15 @@ class FakeDiscord:
     # -- REST ------------------------------------------------------------------
 
     async def _rest(self, request: web.Request) -> web.Response:
+        self._serving += 1
+        try:
+            return await self._serve(request)
+        finally:
+            self._serving -= 1
+            async with self._changed:
+                self._changed.notify_all()
+
+    async def _serve(self, request: web.Request) -> web.Response:
         path = request.path[len(API_PREFIX):]
         body: Any = None
         if request.can_read_body:
@@ -260,11 +358,19 @@ class FakeDiscord:
                     body = json.loads(raw)
                 except ValueError:
                     body = raw.decode("utf-8", "replace")
-        failure = next((f for f in self._failures if f.matches(request.method, path)), None)
-        if failure is not None:
-            failure.remaining -= 1
-            if failure.remaining <= 0:
-                self._failures.remove(failure)
+        failure = self._take_failure(request.method, path)
+        kind = failure.kind if failure is not None else ""
+        if failure is not None and kind != "status":
+            self.injected.append((request.method, path, kind))
+        if kind == "stall":
+            # The call takes effect after the stall, even if the client gave up.
+            await asyncio.sleep(failure.stall if failure is not None else 0)
+        if failure is not None and kind not in ("stall", "reset_after"):
+            if kind == "reset_before":
+                await self._record(RestCall(request.method, path, dict(request.query), body,
+                                            dict(request.headers), 0, time.monotonic()))
+                _reset(request)
+                return web.Response(status=500)  # never written: the connection is gone
             response = _failure_response(failure)
         elif not self._authorized(path, request.headers.get("Authorization", "")):
             response = _json({"message": "401: Unauthorized", "code": 0}, status=401)
@@ -276,6 +382,8 @@ class FakeDiscord:
                                  status=400)
         await self._record(RestCall(request.method, path, dict(request.query), body,
                                     dict(request.headers), response.status, time.monotonic()))
+        if kind == "reset_after":
+            _reset(request)  # it took effect; the answer is lost
         return response
 
     async def _record(self, call: RestCall) -> None:
@@ -297,10 +405,23 @@ class FakeDiscord:
             return _json(self._application())
         if m := re.fullmatch(r"/channels/(\d+)/typing", path):
             return _no_content()
+        if m := re.fullmatch(r"/channels/(\d+)", path):
+            if method != "GET":
+                return _not_found()
+            return self._channel(int(m[1]))
         if m := re.fullmatch(r"/channels/(\d+)/messages", path):
+            if method == "GET":
+                return _json(self._history(int(m[1]), query))
             if method != "POST":
                 return _not_found()
+            data = body if isinstance(body, dict) else {}
+            nonce = data.get("nonce")
+            if data.get("enforce_nonce") and nonce is not None and str(nonce) in self._nonces:
+                earlier = self.messages[self._nonces[str(nonce)]]
+                return _json(self._message_payload(earlier))
             msg = self._create(int(m[1]), body)
+            if nonce is not None:
+                self._nonces[str(nonce)] = msg.id
             return _json(self._message_payload(msg))
         if m := re.fullmatch(r"/channels/(\d+)/messages/(\d+)", path):
             return self._change(method, int(m[2]), body)
@@ -327,6 +448,38 @@ class FakeDiscord:
                 return _json(self._message_payload(msg))
             return _no_content()
         return _not_found()
+
+    def _channel(self, channel_id: int) -> web.Response:
+        if channel_id == CHANNEL_ID:
+            return _json(_text_channel())
+        if channel_id == THREAD_ID:
+            return _json(_thread())
+        if channel_id == DM_CHANNEL_ID:
+            return _json({"id": str(DM_CHANNEL_ID), "type": 1, "last_message_id": None,
+                          "recipients": [user_payload(USER_ID, "alice")]})
+        return _json({"message": "Unknown Channel", "code": 10003}, status=404)
+
+    def _history(self, channel_id: int, query: Mapping[str, str]) -> list[dict[str, Any]]:
+        """A page of a channel's messages, as Discord serves it.
+
+        Newest first whatever the direction; ``after`` takes the oldest
+        ``limit`` messages newer than it, ``before`` (or neither) the newest
+        ``limit`` older than it; both bounds are exclusive.
+        """
+        limit = max(1, min(100, int(query.get("limit", "50"))))
+        found = [dict(data) for data in self.user_messages.values()
+                 if int(data["channel_id"]) == channel_id]
+        found += [self._message_payload(m) for m in self.messages.values()
+                  if m.channel_id == channel_id and not m.deleted and m.interaction_id is None]
+        found.sort(key=lambda data: int(data["id"]))
+        if "after" in query:
+            after = int(query["after"])
+            page = [d for d in found if int(d["id"]) > after][:limit]
+        else:
+            before = int(query["before"]) if "before" in query else None
+            older = [d for d in found if before is None or int(d["id"]) < before]
+            page = older[-limit:]
+        return list(reversed(page))
 
     def _application(self) -> dict[str, Any]:
         return {"id": str(APP_ID), "name": "testbot", "description": "", "icon": None,
@@ -504,9 +657,30 @@ class FakeDiscord:
         return data
 
     async def push_message(self, data: Mapping[str, Any]) -> int:
-        """Dispatch a MESSAGE_CREATE with ``data``; its message id."""
+        """Dispatch a MESSAGE_CREATE with ``data`` (kept in the history); its message id."""
+        self.user_messages[int(data["id"])] = dict(data)
         await self.dispatch("MESSAGE_CREATE", dict(data))
         return int(data["id"])
+
+    def missed(self, content: str, *, channel_id: int = CHANNEL_ID, mention: bool = False,
+               author: Mapping[str, Any] | None = None) -> int:
+        """A message sent while the bot was not connected: in the history, never dispatched.
+
+        ``channel_id`` :data:`DM_CHANNEL_ID` makes it a DM. Returns its id.
+        """
+        guild = channel_id != DM_CHANNEL_ID
+        mentions = [user_payload(BOT_ID, "testbot", bot=True)] if mention else []
+        data = self.message_payload(f"<@{BOT_ID}> {content}" if mention else content,
+                                    channel_id=channel_id, guild=guild, author=author,
+                                    mentions=mentions)
+        self.user_messages[int(data["id"])] = data
+        return int(data["id"])
+
+    async def invalidate_session(self) -> None:
+        """Send INVALID_SESSION (not resumable) to every live session: the client IDENTIFYs anew."""
+        for sock in list(self._sockets):
+            self._sockets.remove(sock)
+            await sock.send({"op": 9, "d": False})
 
     async def guild_message(self, content: str, *, mention: bool = False,
                             channel_id: int = CHANNEL_ID,
@@ -663,15 +837,38 @@ def _not_found() -> web.Response:
     return _json({"message": "404: Not Found", "code": 0}, status=404)
 
 
+_FAULT_STATUS = {"500": 500, "502": 502, "503": 503, "429": 429}
+
+
 def _failure_response(failure: _Failure) -> web.Response:
     if failure.status == 429:
+        wait = f"{failure.retry_after:g}"
         return _json({"message": "You are being rate limited.",
                       "retry_after": failure.retry_after, "global": False},
                      status=429,
-                     headers={"Retry-After": f"{failure.retry_after:g}", "Via": "1.1 google",
+                     headers={"Retry-After": wait, "Via": "1.1 google",
+                              "X-RateLimit-Limit": "5", "X-RateLimit-Remaining": "0",
+                              "X-RateLimit-Reset": f"{time.time() + failure.retry_after:.3f}",
+                              "X-RateLimit-Reset-After": wait,
+                              "X-RateLimit-Bucket": "fake-bucket",
                               "X-RateLimit-Scope": "user"})
+    if failure.kind == "502" or failure.html:
+        return web.Response(status=failure.status, text=BAD_GATEWAY_PAGE.replace(
+            "502 Bad Gateway", f"{failure.status} Error"), content_type="text/html")
     return _json({"message": f"{failure.status}: injected failure", "code": 0},
                  status=failure.status)
+
+
+def _reset(request: web.Request) -> None:
+    """Reset the connection (a TCP RST, as a connection dropped mid-call looks)."""
+    transport = request.transport
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if isinstance(sock, socket.socket):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
 
 
 @pytest_asyncio.fixture(name="fake_discord")
