@@ -766,7 +766,8 @@ class _DraftStream:
     Drafts give way to rate limits: a first draft that could not be shown is
     tried again on the next push, an edit that could not be made is dropped
     (the next one or the final reply supersedes it). ``message_id`` is the
-    draft's id once one is shown.
+    draft's id once one is shown, and after ``finish`` the id of the reply's
+    last message (``None`` if nothing is shown).
     """
 
     def __init__(self, channel: TelegramChannel, target: _Target, interval: float) -> None:
@@ -835,7 +836,10 @@ class _DraftStream:
         async with self.channel._sending_reply() as live:
             if not live:
                 raise RuntimeError("the Telegram channel is stopped")
-            await self.channel._deliver_reply(self.target, self.message_id, final_text)
+            # Once delivered, the id is that of the reply's last message (the core
+            # records it); if this raises, it stays the draft's, to be replaced.
+            self.message_id = await self.channel._deliver_reply(self.target, self.message_id,
+                                                                final_text)
 
 
 # -- receiving: tolerant parsing ------------------------------------------------------

@@ -203,6 +203,20 @@ async def test_a_long_reply_replacing_a_draft_returns_the_last_piece(
     assert last == str(max(mid for (chat, mid) in fake_telegram.messages if chat == 42))
 
 
+async def test_after_a_streamed_reply_the_stream_names_its_last_message(
+        start_tg: StartTg, fake_telegram: FakeTelegram) -> None:
+    tg = await start_tg(Inbox(), limits=Limits())
+    stream = tg.open_stream(inbound())
+    assert stream is not None
+    await stream.push("Thinking")
+    draft = stream.message_id
+    await stream.finish("\n\n".join(f"part {i} " + "y" * 2500 for i in range(2)))
+    assert draft is not None and stream.message_id != draft
+    assert stream.message_id == str(max(mid for (chat, mid) in fake_telegram.messages
+                                        if chat == 42))
+    assert len(fake_telegram.visible(42)) == 2
+
+
 # -- rate limits -----------------------------------------------------------------------------------
 
 
