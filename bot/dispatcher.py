@@ -287,6 +287,9 @@ class Dispatcher:
             self._notify(head.message, "I could not answer this message: working on it "
                          "stopped me several times, so I gave up on it. Please send it again "
                          "in a different form.")
+            channel = self.app.channels.get(head.message.channel)
+            if head.draft_id and channel is not None:
+                self._spawn(_quietly(channel.withdraw(head.message.chat_id, head.draft_id)))
             return
         if head.kind == "command":
             parsed = parse_command(head.message.text)
@@ -578,6 +581,11 @@ class Dispatcher:
         if not task.cancelled() and task.exception() is not None:
             log.error("task failed", exc_info=task.exception())
         self._changed.set()
+
+
+async def _quietly(work: Coroutine[Any, Any, None]) -> None:
+    with contextlib.suppress(Exception):
+        await work
 
 
 def _joined(first: _Pending, second: InboundMessage, entry: int, now: float) -> _Pending:

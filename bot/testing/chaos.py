@@ -1,0 +1,351 @@
+"""Kill -9 a real ``roost run`` while people chat with it, and count what was lost.
+
+:class:`ChaosRun` starts ``roost run`` as a separate process against a
+:class:`~bot.testing.telegram.FakeTelegram` (long polling) and a
+:class:`ChaosModel` (the Messages API, answering from the user's text), lets
+simulated users chat continuously, kills the process with SIGKILL at chosen
+moments (right after an acknowledgement, during a streamed answer, right after
+the model asked for a tool, or at a random time), restarts it on the same data
+dir, and finally lets the last process settle and stops it with SIGTERM.
+
+The :class:`ChaosReport` says how many messages Telegram saw acknowledged, how
+many were answered, lost (acknowledged, never answered, not given up with a
+notice), answered more than once, left as a frozen draft, whose tool ran more
+than once, plus the database's ``integrity_check`` and restart-to-ready times.
+``bench/bench_chaos.py`` runs it at scale; ``tests/test_crash_recovery.py``
+runs a few kills in the suite.
+
+Message texts carry a number (``plain #12``, ``slow #13``, ``tool #14``); the
+model answers ``ok #12 … end`` (``slow``: streamed over about a second;
+``tool``: first a ``cron add`` whose message names the number, then
+``done #14 end``), so every answer can be matched to what it answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import re
+import signal
+import sqlite3
+import statistics
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from bot.testing._server import DropConnection
+from bot.testing.anthropic import FakeAnthropic, Reply, ToolUse
+from bot.testing.telegram import Call, FakeTelegram, user
+
+__all__ = ["ChaosConfig", "ChaosModel", "ChaosReport", "ChaosRun", "KillMode"]
+
+KillMode = Literal["after_ack", "streaming", "tool", "random"]
+KILL_MODES: tuple[KillMode, ...] = ("after_ack", "streaming", "tool", "random")
+
+_TAG = re.compile(r"#(\d+)")
+_END = " end"
+
+
+class ChaosModel(FakeAnthropic):
+    """A fake Messages API that answers from the conversation instead of a script."""
+
+    def __init__(self, *, slow_delay: float = 0.08) -> None:
+        super().__init__()
+        self.slow_delay = slow_delay
+        self.tool_served = asyncio.Event()
+        """Set whenever an answer asking for a tool was served."""
+
+    def _next_item(self) -> Reply | DropConnection | None:
+        # The request being answered is the latest recorded one: nothing awaits
+        # between recording it and asking for its answer.
+        messages: Sequence[Mapping[str, Any]] = self.requests[-1].body.get("messages", [])
+        text = _last_user_text(messages)
+        tag = " ".join(f"#{n}" for n in _TAG.findall(text)) or "#?"
+        if _is_tool_result(messages[-1] if messages else {}):
+            return Reply(blocks=(f"done {tag}{_END}",))
+        if "tool" in text:
+            self.tool_served.set()
+            return Reply(blocks=(ToolUse("cron", {
+                "action": "add", "schedule": "0 0 1 1 *", "message": f"tool {tag}"}),))
+        if "slow" in text:
+            return Reply(blocks=(f"ok {tag} " + "lorem ipsum " * 6 + _END.strip(),),
+                         chunk_delay=self.slow_delay)
+        return Reply(blocks=(f"ok {tag}{_END}",))
+
+
+@dataclass(slots=True)
+class ChaosConfig:
+    """How hard to shake: users, kills, how long each process lives, the mix of turns."""
+
+    users: int = 8
+    kills: int = 200
+    min_alive: float = 0.2
+    max_alive: float = 2.5
+    slow_share: float = 0.3
+    tool_share: float = 0.3
+    settle: float = 60.0
+    """Seconds the last process may take to answer everything acknowledged."""
+    answer_wait: float = 6.0
+    """Seconds a user waits for an answer before writing again anyway."""
+    seed: int = 1
+    modes: Sequence[KillMode] = KILL_MODES
+
+
+@dataclass(slots=True)
+class ChaosReport:
+    """What happened to every message (see the module docstring)."""
+
+    kills: int = 0
+    sent: int = 0
+    acknowledged: int = 0
+    answered: int = 0
+    lost: list[int] = field(default_factory=list)
+    given_up: list[int] = field(default_factory=list)
+    duplicated: list[int] = field(default_factory=list)
+    frozen_drafts: list[str] = field(default_factory=list)
+    tools_twice: list[int] = field(default_factory=list)
+    tools_run: int = 0
+    integrity: str = ""
+    restart_to_ready: list[float] = field(default_factory=list)
+    kills_by_mode: dict[str, int] = field(default_factory=dict)
+    exit_code: int | None = None
+    elapsed: float = 0.0
+
+    def lines(self) -> list[str]:
+        """The report as printable lines."""
+        ready = self.restart_to_ready
+        median = statistics.median(ready) if ready else float("nan")
+        return [
+            f"kills                {self.kills} ({', '.join(f'{k} {v}' for k, v in sorted(self.kills_by_mode.items()))})",
+            f"messages sent        {self.sent}",
+            f"acknowledged         {self.acknowledged}",
+            f"answered             {self.answered}",
+            f"lost                 {len(self.lost)} {self.lost[:10]}",
+            f"given up (told)      {len(self.given_up)} {self.given_up[:10]}",
+            f"answered twice       {len(self.duplicated)} {self.duplicated[:10]}",
+            f"frozen drafts        {len(self.frozen_drafts)}",
+            f"tools run            {self.tools_run}",
+            f"tools run twice      {len(self.tools_twice)} {self.tools_twice[:10]}",
+            f"integrity_check      {self.integrity}",
+            f"restart to ready     median {median * 1000:.0f} ms, max {max(ready, default=0) * 1000:.0f} ms",
+            f"final SIGTERM exit   {self.exit_code}",
+            f"elapsed              {self.elapsed:.1f} s",
+        ]
+
+
+@dataclass(slots=True)
+class _Sent:
+    number: int
+    chat_id: int
+    update_id: int
+
+
+class ChaosRun:
+    """One chaos session in ``workdir`` (the data dir and process logs go there)."""
+
+    def __init__(self, workdir: Path, config: ChaosConfig | None = None,
+                 env: Mapping[str, str] | None = None) -> None:
+        self.workdir = workdir
+        self.config = config or ChaosConfig()
+        self.extra_env = dict(env or {})
+        self.rng = random.Random(self.config.seed)
+        self.sent: list[_Sent] = []
+        self.report = ChaosReport()
+        self._numbers = iter(range(1, 10**9))
+        self._stop_users = asyncio.Event()
+        self._acked = asyncio.Event()
+        self._edited = asyncio.Event()
+        self._polls = asyncio.Event()
+        self.telegram = FakeTelegram()
+        self.model = ChaosModel()
+
+    # -- the session -------------------------------------------------------
+
+    async def run(self) -> ChaosReport:
+        """Chat, kill and restart as configured; returns the report."""
+        started = time.monotonic()
+        async with self.telegram, self.model:
+            self.telegram.on_call = self._on_call
+            users = [asyncio.ensure_future(self._user(i)) for i in range(self.config.users)]
+            try:
+                for life in range(self.config.kills):
+                    proc = await self._spawn(life)
+                    mode = self.config.modes[life % len(self.config.modes)]
+                    await self._wait_moment(mode)
+                    proc.send_signal(signal.SIGKILL)
+                    await proc.wait()
+                    self.report.kills += 1
+                    self.report.kills_by_mode[mode] = self.report.kills_by_mode.get(mode, 0) + 1
+                self._stop_users.set()
+                await asyncio.gather(*users)
+                proc = await self._spawn(self.config.kills)
+                await self._settle()
+                proc.send_signal(signal.SIGTERM)
+                self.report.exit_code = await proc.wait()
+            finally:
+                self._stop_users.set()
+                for task in users:
+                    task.cancel()
+                await asyncio.gather(*users, return_exceptions=True)
+                with contextlib.suppress(ProcessLookupError):
+                    if "proc" in locals() and proc.returncode is None:
+                        proc.kill()
+                        await proc.wait()
+        self._count()
+        self.report.elapsed = time.monotonic() - started
+        return self.report
+
+    async def _spawn(self, life: int) -> asyncio.subprocess.Process:
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith(("ROOST_", "TELEGRAM_",
+                                                                       "ANTHROPIC_"))},
+            "TELEGRAM_BOT_TOKEN": self.telegram.token,
+            "TELEGRAM_API_BASE": self.telegram.base_url,
+            "ANTHROPIC_API_KEY": "chaos-key",
+            "ANTHROPIC_BASE_URL": self.model.base_url,
+            "ROOST_DATA_DIR": str(self.workdir / "data"),
+            "ROOST_LOAD_PLUGINS": "",
+            "ROOST_LOG_LEVEL": "INFO",
+            "ROOST_MEMORY_FLUSH": "false",
+            **self.extra_env,
+        }
+        logs = self.workdir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        out = (logs / f"life-{life:03d}.log").open("wb")
+        polls = len(self.telegram.calls_of("getUpdates"))
+        spawned = time.monotonic()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bot", "run", env=env, stdout=out, stderr=out,
+            stdin=asyncio.subprocess.DEVNULL)
+        out.close()
+        await self.telegram.wait_until(
+            lambda: len(self.telegram.calls_of("getUpdates")) > polls, limit=60)
+        self.report.restart_to_ready.append(time.monotonic() - spawned)
+        return proc
+
+    async def _wait_moment(self, mode: KillMode) -> None:
+        """Wait for the kind of moment ``mode`` kills at (at most ``max_alive`` seconds)."""
+        cfg = self.config
+        alive = self.rng.uniform(cfg.min_alive, cfg.max_alive)
+        trigger = {"after_ack": self._acked, "streaming": self._edited,
+                   "tool": self.model.tool_served}.get(mode)
+        if trigger is None:
+            await asyncio.sleep(alive)
+            return
+        trigger.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(cfg.max_alive):
+                await trigger.wait()
+
+    def _on_call(self, call: Call) -> None:
+        if call.method == "getUpdates" and int(call.params.get("offset") or 0) > 1:
+            self._acked.set()
+        elif call.method == "editMessageText":
+            self._edited.set()
+
+    async def _user(self, index: int) -> None:
+        sender = user(5000 + index, f"User{index}")
+        cfg = self.config
+        while not self._stop_users.is_set():
+            number = next(self._numbers)
+            roll = self.rng.random()
+            kind = "slow" if roll < cfg.slow_share else \
+                "tool" if roll < cfg.slow_share + cfg.tool_share else "plain"
+            update = self.telegram.private_message(f"{kind} #{number}", sender=sender)
+            self.sent.append(_Sent(number, sender["id"], update["update_id"]))
+            with contextlib.suppress(AssertionError):
+                await self.telegram.wait_until(
+                    lambda n=number, c=sender["id"]: self._answers(c, n) > 0
+                    or self._stop_users.is_set(), limit=cfg.answer_wait)
+            await asyncio.sleep(self.rng.uniform(0, 0.2))
+
+    async def _settle(self) -> None:
+        with contextlib.suppress(AssertionError):
+            await self.telegram.wait_until(lambda: all(
+                self._answers(s.chat_id, s.number) > 0 for s in self._acknowledged()),
+                limit=self.config.settle)
+        await asyncio.sleep(1.0)  # let late duplicates show, if any
+
+    # -- counting ----------------------------------------------------------
+
+    def _confirmed_below(self) -> int:
+        return max((int(c.params.get("offset") or 0)
+                    for c in self.telegram.calls_of("getUpdates")), default=0)
+
+    def _acknowledged(self) -> list[_Sent]:
+        below = self._confirmed_below()
+        return [s for s in self.sent if s.update_id < below]
+
+    def _answers(self, chat_id: int, number: int) -> int:
+        tag = f"#{number}"
+        return sum(1 for text in self.telegram.visible(chat_id)
+                   if text.endswith(_END.strip()) and tag in _TAG_WORDS(text))
+
+    def _count(self) -> None:
+        r = self.report
+        r.sent = len(self.sent)
+        acked = self._acknowledged()
+        r.acknowledged = len(acked)
+        given_up = self._given_up()
+        for s in acked:
+            count = self._answers(s.chat_id, s.number)
+            if count:
+                r.answered += 1
+            if count > 1:
+                r.duplicated.append(s.number)
+            if not count:
+                (r.given_up if s.update_id in given_up else r.lost).append(s.number)
+        for chat_id in {s.chat_id for s in self.sent}:
+            for text in self.telegram.visible(chat_id):
+                if not text.endswith(_END.strip()) and not text.startswith(
+                        ("I could not answer", "The AI service", "Sorry")):
+                    r.frozen_drafts.append(text)
+        db = sqlite3.connect(self.workdir / "data" / "roost.db")
+        try:
+            r.integrity = db.execute("PRAGMA integrity_check").fetchone()[0]
+            runs: dict[int, int] = {}
+            for (message,) in db.execute("SELECT message FROM jobs WHERE kind = 'cron'"):
+                for n in _TAG.findall(message):
+                    runs[int(n)] = runs.get(int(n), 0) + 1
+            r.tools_run = sum(runs.values())
+            r.tools_twice = sorted(n for n, c in runs.items() if c > 1)
+        finally:
+            db.close()
+
+    def _given_up(self) -> set[int]:
+        db = sqlite3.connect(self.workdir / "data" / "roost.db")
+        try:
+            return {int(row[0]) for row in db.execute(
+                "SELECT event_id FROM inbox WHERE state = 'given_up'")
+                if str(row[0]).isdigit()}
+        finally:
+            db.close()
+
+
+def _TAG_WORDS(text: str) -> set[str]:  # noqa: N802 - reads as a set of tags
+    return {f"#{n}" for n in _TAG.findall(text)}
+
+
+def _last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
+    for message in reversed(messages):
+        if message.get("role") != "user":
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            return content
+        texts = [b.get("text", "") for b in content or () if isinstance(b, Mapping)
+                 and b.get("type") == "text"]
+        if any(texts):
+            return "\n".join(texts)
+    return ""
+
+
+def _is_tool_result(message: Mapping[str, Any]) -> bool:
+    content = message.get("content")
+    return isinstance(content, list) and any(
+        isinstance(b, Mapping) and b.get("type") == "tool_result" for b in content)
