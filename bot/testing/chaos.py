@@ -120,8 +120,10 @@ class ChaosReport:
         """The report as printable lines."""
         ready = self.restart_to_ready
         median = statistics.median(ready) if ready else float("nan")
+        modes = ", ".join(f"{k} {v}" for k, v in sorted(self.kills_by_mode.items()))
+        slowest = max(ready, default=0)
         return [
-            f"kills                {self.kills} ({', '.join(f'{k} {v}' for k, v in sorted(self.kills_by_mode.items()))})",
+            f"kills                {self.kills} ({modes})",
             f"messages sent        {self.sent}",
             f"acknowledged         {self.acknowledged}",
             f"answered             {self.answered}",
@@ -132,7 +134,7 @@ class ChaosReport:
             f"tools run            {self.tools_run}",
             f"tools run twice      {len(self.tools_twice)} {self.tools_twice[:10]}",
             f"integrity_check      {self.integrity}",
-            f"restart to ready     median {median * 1000:.0f} ms, max {max(ready, default=0) * 1000:.0f} ms",
+            f"restart to ready     median {median * 1000:.0f} ms, max {slowest * 1000:.0f} ms",
             f"final SIGTERM exit   {self.exit_code}",
             f"elapsed              {self.elapsed:.1f} s",
         ]
@@ -258,10 +260,13 @@ class ChaosRun:
                 "tool" if roll < cfg.slow_share + cfg.tool_share else "plain"
             update = self.telegram.private_message(f"{kind} #{number}", sender=sender)
             self.sent.append(_Sent(number, sender["id"], update["update_id"]))
+            chat_id = int(sender["id"])
+
+            def answered(n: int = number, c: int = chat_id) -> bool:
+                return self._answers(c, n) > 0 or self._stop_users.is_set()
+
             with contextlib.suppress(AssertionError):
-                await self.telegram.wait_until(
-                    lambda n=number, c=sender["id"]: self._answers(c, n) > 0
-                    or self._stop_users.is_set(), limit=cfg.answer_wait)
+                await self.telegram.wait_until(answered, limit=cfg.answer_wait)
             await asyncio.sleep(self.rng.uniform(0, 0.2))
 
     async def _settle(self) -> None:
@@ -284,7 +289,7 @@ class ChaosRun:
     def _answers(self, chat_id: int, number: int) -> int:
         tag = f"#{number}"
         return sum(1 for text in self.telegram.visible(chat_id)
-                   if text.endswith(_END.strip()) and tag in _TAG_WORDS(text))
+                   if text.endswith(_END.strip()) and tag in _tags(text))
 
     def _count(self) -> None:
         r = self.report
@@ -327,7 +332,7 @@ class ChaosRun:
             db.close()
 
 
-def _TAG_WORDS(text: str) -> set[str]:  # noqa: N802 - reads as a set of tags
+def _tags(text: str) -> set[str]:
     return {f"#{n}" for n in _TAG.findall(text)}
 
 
