@@ -176,7 +176,7 @@ class ChaosRun:
             users = [asyncio.ensure_future(self._user(i)) for i in range(self.config.users)]
             try:
                 for life in range(self.config.kills):
-                    proc = await self._spawn(life)
+                    proc = await self.spawn(life)
                     mode = self.config.modes[life % len(self.config.modes)]
                     await self._wait_moment(mode)
                     proc.send_signal(signal.SIGKILL)
@@ -185,7 +185,7 @@ class ChaosRun:
                     self.report.kills_by_mode[mode] = self.report.kills_by_mode.get(mode, 0) + 1
                 self._stop_users.set()
                 await asyncio.gather(*users)
-                proc = await self._spawn(self.config.kills)
+                proc = await self.spawn(self.config.kills)
                 await self._settle()
                 proc.send_signal(signal.SIGTERM)
                 self.report.exit_code = await proc.wait()
@@ -198,11 +198,11 @@ class ChaosRun:
                     if "proc" in locals() and proc.returncode is None:
                         proc.kill()
                         await proc.wait()
-        self._count()
+        self.count()
         self.report.elapsed = time.monotonic() - started
         return self.report
 
-    async def _spawn(self, life: int) -> asyncio.subprocess.Process:
+    async def spawn(self, life: int) -> asyncio.subprocess.Process:
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith(("ROOST_", "TELEGRAM_",
                                                                        "ANTHROPIC_"))},
@@ -250,17 +250,26 @@ class ChaosRun:
         elif call.method == "editMessageText":
             self._edited.set()
 
-    async def _user(self, index: int) -> None:
+    def say(self, index: int, kind: str) -> int:
+        """User ``index`` sends a ``plain``, ``slow`` or ``tool`` message; its number."""
         sender = user(5000 + index, f"User{index}")
+        number = next(self._numbers)
+        update = self.telegram.private_message(f"{kind} #{number}", sender=sender)
+        self.sent.append(_Sent(number, sender["id"], update["update_id"]))
+        return number
+
+    def all_answered(self) -> bool:
+        """Whether every acknowledged message has its answer in its chat."""
+        return all(self._answers(s.chat_id, s.number) > 0 for s in self._acknowledged())
+
+    async def _user(self, index: int) -> None:
         cfg = self.config
         while not self._stop_users.is_set():
-            number = next(self._numbers)
             roll = self.rng.random()
             kind = "slow" if roll < cfg.slow_share else \
                 "tool" if roll < cfg.slow_share + cfg.tool_share else "plain"
-            update = self.telegram.private_message(f"{kind} #{number}", sender=sender)
-            self.sent.append(_Sent(number, sender["id"], update["update_id"]))
-            chat_id = int(sender["id"])
+            number = self.say(index, kind)
+            chat_id = 5000 + index
 
             def answered(n: int = number, c: int = chat_id) -> bool:
                 return self._answers(c, n) > 0 or self._stop_users.is_set()
@@ -270,10 +279,13 @@ class ChaosRun:
             await asyncio.sleep(self.rng.uniform(0, 0.2))
 
     async def _settle(self) -> None:
-        with contextlib.suppress(AssertionError):
-            await self.telegram.wait_until(lambda: all(
-                self._answers(s.chat_id, s.number) > 0 for s in self._acknowledged()),
-                limit=self.config.settle)
+        deadline = time.monotonic() + self.config.settle
+        while time.monotonic() < deadline:
+            given_up = self._given_up()
+            if all(self._answers(s.chat_id, s.number) > 0 or s.update_id in given_up
+                   for s in self._acknowledged()):
+                break
+            await asyncio.sleep(0.2)
         await asyncio.sleep(1.0)  # let late duplicates show, if any
 
     # -- counting ----------------------------------------------------------
@@ -291,7 +303,8 @@ class ChaosRun:
         return sum(1 for text in self.telegram.visible(chat_id)
                    if text.endswith(_END.strip()) and tag in _tags(text))
 
-    def _count(self) -> None:
+    def count(self) -> ChaosReport:
+        """Fill in the report from what the fakes and the database show now."""
         r = self.report
         r.sent = len(self.sent)
         acked = self._acknowledged()
@@ -321,6 +334,7 @@ class ChaosRun:
             r.tools_twice = sorted(n for n, c in runs.items() if c > 1)
         finally:
             db.close()
+        return r
 
     def _given_up(self) -> set[int]:
         db = sqlite3.connect(self.workdir / "data" / "roost.db")
