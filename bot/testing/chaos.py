@@ -94,6 +94,13 @@ class ChaosConfig:
     """Seconds a user waits for an answer before writing again anyway."""
     seed: int = 1
     modes: Sequence[KillMode] = KILL_MODES
+    platform_faults: float = 0.0
+    """Share of Bot API calls failing, in every way the fake knows (500, HTML 502,
+    429 per chat, resets before and after the call took effect, stalls)."""
+    llm_faults: float = 0.0
+    """Share of Messages API calls failing (529, 500, 429, a stream cut mid-answer)."""
+    duration: float = 0.0
+    """With ``kills=0``: how long the users chat with one process."""
 
 
 @dataclass(slots=True)
@@ -112,6 +119,10 @@ class ChaosReport:
     tools_run: int = 0
     integrity: str = ""
     restart_to_ready: list[float] = field(default_factory=list)
+    window_violations: int = 0
+    """Bot API calls made inside an open 429 window of their chat (or the bot)."""
+    platform_faults: dict[str, int] = field(default_factory=dict)
+    llm_faults: dict[str, int] = field(default_factory=dict)
     kills_by_mode: dict[str, int] = field(default_factory=dict)
     exit_code: int | None = None
     elapsed: float = 0.0
@@ -134,6 +145,9 @@ class ChaosReport:
             f"tools run            {self.tools_run}",
             f"tools run twice      {len(self.tools_twice)} {self.tools_twice[:10]}",
             f"integrity_check      {self.integrity}",
+            f"calls in 429 window  {self.window_violations}",
+            f"platform faults      {sum(self.platform_faults.values())} {self.platform_faults}",
+            f"LLM faults           {sum(self.llm_faults.values())} {self.llm_faults}",
             f"restart to ready     median {median * 1000:.0f} ms, max {slowest * 1000:.0f} ms",
             f"final SIGTERM exit   {self.exit_code}",
             f"elapsed              {self.elapsed:.1f} s",
@@ -173,8 +187,20 @@ class ChaosRun:
         started = time.monotonic()
         async with self.telegram, self.model:
             self.telegram.on_call = self._on_call
+            cfg = self.config
+            if cfg.platform_faults:
+                self.telegram.inject_faults(cfg.platform_faults, seed=cfg.seed)
+            if cfg.llm_faults:
+                self.model.faults.inject(cfg.llm_faults, seed=cfg.seed)
             users = [asyncio.ensure_future(self._user(i)) for i in range(self.config.users)]
             try:
+                if not cfg.kills:
+                    proc = await self.spawn(0)
+                    await asyncio.sleep(cfg.duration)
+                    await self._stop(users)
+                    await self._settle()
+                    proc.send_signal(signal.SIGTERM)
+                    self.report.exit_code = await proc.wait()
                 for life in range(self.config.kills):
                     proc = await self.spawn(life)
                     mode = self.config.modes[life % len(self.config.modes)]
@@ -183,12 +209,12 @@ class ChaosRun:
                     await proc.wait()
                     self.report.kills += 1
                     self.report.kills_by_mode[mode] = self.report.kills_by_mode.get(mode, 0) + 1
-                self._stop_users.set()
-                await asyncio.gather(*users)
-                proc = await self.spawn(self.config.kills)
-                await self._settle()
-                proc.send_signal(signal.SIGTERM)
-                self.report.exit_code = await proc.wait()
+                if cfg.kills:
+                    await self._stop(users)
+                    proc = await self.spawn(self.config.kills)
+                    await self._settle()
+                    proc.send_signal(signal.SIGTERM)
+                    self.report.exit_code = await proc.wait()
             finally:
                 self._stop_users.set()
                 for task in users:
@@ -201,6 +227,13 @@ class ChaosRun:
         self.count()
         self.report.elapsed = time.monotonic() - started
         return self.report
+
+    async def _stop(self, users: Sequence[asyncio.Future[None]]) -> None:
+        """Users stop writing; faults stop, so what is left can settle."""
+        self._stop_users.set()
+        await asyncio.gather(*users)
+        self.telegram.inject_faults(0)
+        self.model.faults.clear()
 
     async def spawn(self, life: int) -> asyncio.subprocess.Process:
         env = {
@@ -307,6 +340,11 @@ class ChaosRun:
         """Fill in the report from what the fakes and the database show now."""
         r = self.report
         r.sent = len(self.sent)
+        r.window_violations = len(self.telegram.violations)
+        r.platform_faults = {k: v for k, v in self.telegram.faults.items() if k != "window"}
+        r.llm_faults = {}
+        for kind in self.model.faults.served:
+            r.llm_faults[kind] = r.llm_faults.get(kind, 0) + 1
         acked = self._acknowledged()
         r.acknowledged = len(acked)
         given_up = self._given_up()
