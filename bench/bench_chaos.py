@@ -32,8 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bot.testing.anthropic import busiest  # noqa: E402
-from bot.testing.chaos import ChaosConfig, ChaosRun  # noqa: E402
+from bot.testing.anthropic import busiest
+from bot.testing.chaos import ChaosConfig, ChaosRun
 
 
 async def kills(count: int) -> None:
