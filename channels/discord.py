@@ -95,7 +95,7 @@ class DiscordChannel(Channel):
                  ready_timeout: float = 60.0, delivery: DeliveryPolicy | None = None,
                  edit_interval: float = 1.0,
                  interaction_timeout: float = INTERACTION_TIMEOUT,
-                 catchup_limit: int | None = None, call_timeout: float = 30.0,
+                 catchup_limit: int | None = None, call_timeout: float | None = None,
                  max_ratelimit_timeout: float = 30.0) -> None:
         """Read the token and endpoints from ``settings``; nothing connects yet.
 
@@ -105,7 +105,9 @@ class DiscordChannel(Channel):
         errors; ``edit_interval`` spaces streaming edits. ``catchup_limit``
         bounds the messages read back per chat when catching up (default: the
         ``discord_catchup_limit`` setting if there is one, else 100).
-        ``call_timeout`` bounds each REST call (a stalled one is retried);
+        ``call_timeout``, if set, bounds each REST call, discord.py's own
+        queueing for its rate-limit buckets included (so it must be generous;
+        without it a stalled call is bounded by aiohttp's 5-minute default).
         discord.py waits out 429s up to ``max_ratelimit_timeout`` seconds by
         itself, longer ones reach :func:`deliver` as :class:`RateLimited`.
         """
@@ -627,7 +629,7 @@ class DiscordChannel(Channel):
         """
         async def translated() -> T:
             try:
-                async with asyncio.timeout(self.call_timeout):
+                async with asyncio.timeout(self.call_timeout):  # None: no bound
                     return await call()
             except Exception as exc:
                 mapped = delivery_error(exc)
@@ -689,6 +691,7 @@ class _StreamedReply:
         self.target = int(message.thread_id or message.chat_id)
         self.reference = _reference(OutboundMessage.reply_to_message(message, ""), self.target)
         self.shown: dict[str, str] = {}
+        self.editing: asyncio.Task[None] | None = None
         self.stream: EditStream = EditStream(send=self.send, edit=self.edit, finalize=self.finalize,
                                  limit=MESSAGE_LIMIT, interval=channel.edit_interval)
 
@@ -707,12 +710,20 @@ class _StreamedReply:
     async def edit(self, message_id: str, draft: str) -> None:
         if not message_id:
             return
-        text = _fit(_escape(draft))
+        # Shielded: the stream cancels a pending edit when the reply is final,
+        # but a request already sent would still be applied, possibly after
+        # the final edit. finalize() waits for it instead.
+        self.editing = asyncio.ensure_future(self._edit(message_id, _fit(_escape(draft))))
+        await asyncio.shield(self.editing)
+
+    async def _edit(self, message_id: str, text: str) -> None:
         with self.channel._busy():
             await self.channel._edit(self.target, int(message_id), text)
         self.shown[message_id] = text
 
     async def finalize(self, message_id: str | None, final_text: str | None) -> None:
+        if self.editing is not None:
+            await asyncio.gather(self.editing, return_exceptions=True)
         with self.channel._busy():
             pieces = split_message(_escape(final_text or ""), MESSAGE_LIMIT)
             draft = message_id or None

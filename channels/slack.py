@@ -234,6 +234,8 @@ class SlackChannel(Channel):
         self._handling = _KeyedLocks()
         self._tasks: set[asyncio.Task[None]] = set()
         self._bot_threads: _Recent[tuple[str, str]] = _Recent(REMEMBERED)
+        self._dropped: _Recent[tuple[str, str]] = _Recent(REMEMBERED)
+        """Drafts the reply was posted in place of (and deleted)."""
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -549,6 +551,8 @@ class SlackChannel(Channel):
         channel, thread_ts = target.chat_id, target.thread_id or target.reply_to
 
         shown = [""]  # the draft's text as Slack has it, to skip a no-op final edit
+        editing: list[asyncio.Task[None]] = []
+        doubtful = [False]  # a draft edit failed: it may still land after the final one
 
         async def send(draft: str) -> str:
             text = to_mrkdwn(draft)
@@ -561,20 +565,35 @@ class SlackChannel(Channel):
             shown[0] = text
             return ts
 
-        async def edit(ts: str, draft: str) -> None:
-            if ts:
-                text = to_mrkdwn(draft)
+        async def update(ts: str, text: str) -> None:
+            try:
                 await self._call("chat.update", self._api().chat_update, _EDIT_POLICY,
                                  channel=channel, ts=ts, text=text)
-                shown[0] = text
+            except Exception:
+                doubtful[0] = True
+                raise
+            shown[0] = text
+
+        async def edit(ts: str, draft: str) -> None:
+            if ts:
+                # Shielded: the stream cancels a pending edit when the reply is
+                # final, but a request already sent would still be applied,
+                # possibly after the final edit. finalize() waits for it.
+                editing[:] = [asyncio.ensure_future(update(ts, to_mrkdwn(draft)))]
+                await asyncio.shield(editing[0])
 
         async def finalize(ts: str | None, final: str | None) -> None:
+            await asyncio.gather(*editing, return_exceptions=True)
             pieces = split_for_slack(final, MESSAGE_LIMIT) if final and final.strip() else []
             last = await self._deliver_reply(channel, thread_ts, pieces, draft=ts or None,
                                              shown=shown[0])
             # The draft may have been replaced by a new message: the stream
             # names the message that now carries the reply.
             stream.message_id = last
+            if doubtful[0] and ts and pieces and self._kept(channel, ts):
+                # A draft edit that timed out may still be applied by Slack
+                # after the final text: put the final text back once it would have.
+                self._spawn(self._reassert(channel, ts, pieces[0]))
 
         stream = EditStream(send=send, edit=edit, finalize=finalize, limit=MESSAGE_LIMIT,
                             interval=self.edit_interval)
@@ -615,12 +634,22 @@ class SlackChannel(Channel):
             last = await self._post(channel, piece, thread_ts)
         return last
 
+    def _kept(self, channel: str, ts: str) -> bool:
+        return (channel, ts) not in self._dropped
+
+    async def _reassert(self, channel: str, ts: str, text: str) -> None:
+        await asyncio.sleep(self.timeout + SWEEP_MARGIN)
+        with _logged("restoring a reply after a late draft edit"):
+            await self._call("chat.update", self._api().chat_update, self.policy,
+                             channel=channel, ts=ts, text=text)
+
     async def _drop_draft(self, channel: str, ts: str) -> None:
         """Delete a draft the reply was posted in place of.
 
         The reply is out, so a failure here must not fail the send (the core
         would post the reply again); it is logged instead.
         """
+        self._dropped.add((channel, ts))
         try:
             await self._delete(channel, ts)
         except Exception:

@@ -311,7 +311,7 @@ async def test_replies_under_20_percent_faults_are_all_delivered_once_and_none_f
 ) -> None:
     channel = await start(Inbox(), call_timeout=1, edit_interval=0.05)
     fake_slack.chaos(0.2, seed=12, stall=1.2)
-    questions = [fake_slack.next_ts() for _ in range(16)]
+    questions = [fake_slack.next_ts() for _ in range(30)]
 
     async def answer(n: int, ts: str) -> None:
         inbound = InboundMessage(channel="slack", chat_id=CHANNEL, chat_type="group",
@@ -320,8 +320,8 @@ async def test_replies_under_20_percent_faults_are_all_delivered_once_and_none_f
         if n % 2:  # streamed: drafts, edits, then the final reply replaces the draft
             stream = channel.open_stream(inbound)
             assert stream is not None
-            for i in range(1, 4):
-                await stream.push(final[: 3 * i])
+            for i in range(1, 6):
+                await stream.push(final[: 2 * i])
                 await asyncio.sleep(0.06)
             await stream.finish(final)
         else:

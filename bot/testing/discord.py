@@ -309,6 +309,14 @@ class FakeDiscord:
         """Whether no REST call is being answered right now (none is stalled)."""
         return self._serving == 0
 
+    async def wait_until_quiet(self, limit: float = 10.0) -> None:
+        """Wait until no REST call is being answered (a stalled one has landed)."""
+        async def wait() -> None:
+            async with self._changed:
+                await self._changed.wait_for(self.quiet)
+
+        await asyncio.wait_for(wait(), limit)
+
     def calls_to(self, method: str, path: str = "") -> list[RestCall]:
         """Recorded calls with ``method`` whose path matches the regex ``path``."""
         pattern = re.compile(path)
