@@ -8,14 +8,27 @@ into it. ``mentioned`` is set when the bot (or its managed role) is mentioned,
 the message replies to one of the bot's messages, or it is a ``/command``; the
 bot's mention is stripped from the text. Bots (this one included), webhooks and
 system messages are ignored, redelivered message ids are dropped, and a gateway
-payload the library cannot parse is logged and skipped.
+payload the library cannot parse is logged and skipped. ``event_id`` is the
+message id (the interaction id for slash commands).
+
+Catching up: Discord never redelivers a message a disconnected client
+missed. :meth:`DiscordChannel.catch_up` (called by the core after a start with
+the last recorded message id per chat) reads each chat's history after that
+id, oldest first and bounded, and hands it to the core as if it had arrived
+live; after a reconnect that could not resume (a new READY) the adapter does
+the same from the last ids it saw, and from any message the core failed to
+record.
 
 Outbound: Discord markdown passes through; ``@everyone`` and ``@here`` are
 defused and no reply may ping anyone but the person replied to. Long replies
 are split at 2,000 characters outside code blocks; in groups the first piece
 references the triggering message. Replies stream by editing a draft (at most
-once a second). discord.py sleeps through 429s itself (``retry_after``);
-5xx and connection errors are retried through :func:`channels.delivery.deliver`.
+once a second); :meth:`DiscordChannel.send` returns the last message id, and
+with ``replace`` edits the draft or, if that fails for good, posts anew and
+deletes it. discord.py sleeps through 429s itself (``retry_after``); the rest
+is mapped once (:func:`delivery_error`) and retried through
+:func:`channels.delivery.deliver`. Every try of one post carries the same
+enforced nonce, so a post whose answer was lost is not posted twice.
 
 Slash commands are synced as global application commands, each with an
 optional ``args`` string. An interaction is deferred at once (Discord wants an
@@ -298,8 +311,9 @@ class DiscordChannel(Channel):
         each chat's history after its cursor (the last message id the core
         recorded) is read, oldest first, at most :attr:`catchup_limit`
         messages a chat, and treated as if it had arrived live. A key is a
-        channel or thread id; a ``chat:thread`` key reads the thread. The
-        core dedupes on the message id, so reading a range twice is harmless.
+        channel or thread id; a ``chat:thread`` key reads the thread; a guild
+        channel's active threads are read after the same id. The core
+        dedupes on the message id, so reading a range twice is harmless.
         Failures are logged per chat and do not stop the others.
         """
         for key, cursor in cursors.items():
@@ -346,6 +360,12 @@ class DiscordChannel(Channel):
         gap = self._gaps.get(where)
         if gap is not None and after <= gap:
             self._gaps.pop(where)  # the failed message was read again and taken
+        if isinstance(channel, discord.TextChannel | discord.ForumChannel):
+            # A thread is a session of its own but shares its parent's chat id,
+            # so the core's cursor for the chat covers its threads too (ids are
+            # time-ordered): the active threads are read after the same id.
+            for thread in channel.threads:
+                await self._catch_up_channel(thread.id, after)
 
     def _reconnected(self) -> None:
         """A new gateway session (READY, not RESUME): Discord replayed nothing missed."""

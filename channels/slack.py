@@ -23,12 +23,20 @@ that thread, and a top-level DM is answered at the top level.
 **Addressed.** ``mentioned`` is set for ``app_mention`` events, ``<@BOT>`` in
 the text (which is stripped), replies in a thread the bot has posted in
 (remembered in memory for the newest 10,000 threads), DMs and slash commands. Policies
-are applied by the core. ``message`` and ``app_mention`` events for the same
-message are handled once (by channel and ``ts``); redeliveries (same
-``event_id``, typically with ``X-Slack-Retry-Num``) are acked and skipped. The
-bot's own messages, other bots' (``bot_id``, ``bot_message``) and edits,
-deletions and joins are ignored. A malformed payload is logged and acked,
-never retried into a loop.
+are applied by the core. The bot's own messages, other bots' (``bot_id``,
+``bot_message``) and edits, deletions and joins are ignored. A malformed
+payload is logged and acked, never retried into a loop.
+
+**Acknowledged means recorded.** Bolt runs with ``process_before_response``:
+an Events API request is answered, and a Socket Mode envelope acked, only
+after the core's handler returned (the message is in its inbox). If the
+handler raised, the request gets a 500 and the envelope no ack, so Slack
+delivers it again. A message's ``event_id`` is ``{channel}:{ts}``: the
+``message`` and ``app_mention`` events of one post, and Slack's retries of
+either, carry the same key, on which the core dedupes (the adapter also skips
+a key the core already took in this process). A slash command is acked once
+the core recorded it too (``event_id`` ``cmd:{trigger_id}``); if it could not
+be, Slack shows the user that the command failed.
 
 **Replies** are converted to mrkdwn (:mod:`channels.slack_format`) and split
 at 4,000 characters without breaking code blocks. **Streaming** (on unless
@@ -50,10 +58,21 @@ at runtime; :meth:`SlackChannel.register_commands` logs the snippet (debug).
 Commands typed as plain message text (``/status``) also work; the core
 parses them.
 
-**Errors.** Web API calls go through :func:`channels.delivery.deliver`: a 429
-becomes :class:`RateLimited` with the ``Retry-After`` header, 5xx and
-connection errors :class:`Transient`. The SDK's own retry handlers are off,
-so a message is never posted twice by two retry layers.
+**Errors.** Web API calls go through :func:`channels.delivery.deliver`, with
+every failure mapped in one place (:func:`delivery_error`): a 429 becomes
+:class:`RateLimited` with the ``Retry-After`` header; 5xx with any body,
+connection resets, timeouts and bodies slack_sdk cannot decode
+:class:`Transient`; Slack's API errors (``channel_not_found``...) are final.
+The SDK's own retry handlers are off, so there is one retry layer.
+
+**Exactly once.** ``chat.postMessage`` has no idempotency key, so each post
+carries a nonce in its message metadata; after a failure that may have taken
+effect, the conversation is searched for it before posting again, and a post
+that timed out but landed later is deleted. :meth:`SlackChannel.send`
+returns the ``ts`` of the reply's last message; with ``replace`` it edits the
+named draft, or, if that edit fails for good, posts anew and deletes the
+draft, so no draft stays frozen. :meth:`SlackChannel.withdraw` deletes a
+message (one already gone is fine).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from bot.testing.discord import (
     CHANNEL_ID,
     DM_CHANNEL_ID,
     OTHER_BOT_ID,
+    THREAD_ID,
     FakeDiscord,
     user_payload,
 )
@@ -124,6 +125,19 @@ async def test_catch_up_after_a_restart_delivers_the_missed_messages_in_order_on
     await third.catch_up(cursors)
     assert sorted(m.event_id for m in inbox.calls) == sorted(2 * [str(i) for i in missed])
     assert set(inbox.recorded) == {str(i) for i in missed}
+
+
+async def test_catch_up_of_a_guild_channel_reads_its_threads_too(
+    fake_discord: FakeDiscord, start: Start,
+) -> None:
+    cursor = fake_discord.missed("recorded in the channel", channel_id=CHANNEL_ID)
+    in_thread = fake_discord.missed("said in the thread", channel_id=THREAD_ID, mention=True)
+    inbox = Inbox()
+    channel = await start(inbox)
+    await channel.catch_up({str(CHANNEL_ID): str(cursor)})
+    [message] = inbox.recorded.values()
+    assert message.event_id == str(in_thread)
+    assert (message.chat_id, message.thread_id) == (str(CHANNEL_ID), str(THREAD_ID))
 
 
 async def test_catch_up_reads_at_most_the_limit_per_chat_oldest_first(
