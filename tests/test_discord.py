@@ -389,3 +389,20 @@ async def test_a_server_binding_routes_guild_chats_and_leaves_dms_to_the_default
     assert (await app.store.get(f"guild:discord:group:{CHANNEL_ID}")).messages
     assert (await app.store.get(f"default:discord:direct:{USER_ID}")).messages
     assert not (await app.store.get(f"guild:discord:direct:{USER_ID}")).messages
+
+
+async def test_a_message_sent_while_roost_was_down_is_answered_after_the_restart(
+    fake_discord: FakeDiscord, make_app: AppFactory,
+) -> None:
+    app, _, _ = await start(make_app, fake_discord, scripted({"reply": "{message}"}, loop=True))
+    await fake_discord.dm("before")
+    await replied(app, fake_discord)
+    await app.close()
+
+    fake_discord.missed("while you were away", channel_id=DM_CHANNEL_ID)
+    provider = scripted({"reply": "{message}"}, loop=True)
+    app, _, _ = await start(make_app, fake_discord, provider)
+    await app.recover()  # reads the DM's history after the last recorded message
+    await replied(app, fake_discord, 2)
+    assert fake_discord.visible(DM_CHANNEL_ID) == ["before", "while you were away"]
+    assert len(provider.requests) == 1

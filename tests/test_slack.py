@@ -490,3 +490,28 @@ async def test_a_workspace_binding_sends_the_whole_slack_workspace_to_its_agent(
     assert (await app.store.get(f"support:slack:group:{CHANNEL}")).messages
     assert (await app.store.get(f"support:slack:direct:{ALICE}")).messages
     assert not (await app.store.get(f"default:slack:direct:{ALICE}")).messages
+
+
+# -- restarts ------------------------------------------------------------------------------
+
+
+async def test_an_event_slack_delivers_again_after_a_restart_is_answered_once(
+    fake_slack: FakeSlack, make_app: AppFactory,
+) -> None:
+    first_provider = scripted({"reply": "answered"}, loop=True)
+    app, _, _ = await start(make_app, fake_slack, first_provider)
+    event = fake_slack.direct_message("hello")
+    delivery = await fake_slack.post_event(event)
+    await replied(app, fake_slack)
+    await app.close()
+
+    # Slack retries an event whose answer it did not see; the new process's
+    # inbox already has it.
+    provider = scripted({"reply": "twice?"}, loop=True)
+    app, _, _ = await start(make_app, fake_slack, provider)
+    await app.recover()
+    again = await fake_slack.post_event(event, event_id=delivery.event_id, retry_num=1)
+    assert again.status == 200
+    await settle(app)
+    assert provider.requests == []
+    assert [m.text for m in fake_slack.visible()] == ["answered"]
