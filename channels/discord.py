@@ -330,21 +330,34 @@ class DiscordChannel(Channel):
         try:
             channel = client.get_channel(where) or await self._deliver(
                 lambda: client.fetch_channel(where), what=f"reading discord channel {where}")
-            if not isinstance(channel, discord.abc.Messageable):
-                return
-            history = channel.history(limit=self.catchup_limit, after=discord.Object(after),
-                                      oldest_first=True)
+        except Exception:
+            log.exception("discord: could not catch up channel %s: it cannot be read", where)
+            return
+        if isinstance(channel, discord.abc.Messageable):
+            await self._catch_up_history(channel, where, after)
+        if isinstance(channel, discord.TextChannel | discord.ForumChannel):
+            # A thread is a session of its own but shares its parent's chat id,
+            # so the core's cursor for the chat covers its threads too (ids are
+            # time-ordered): the active threads are read after the same id.
+            for thread in channel.threads:
+                await self._catch_up_history(thread, thread.id, after)
 
-            async def read() -> list[discord.Message]:
-                return [message async for message in history]
+    async def _catch_up_history(self, channel: discord.abc.Messageable, where: int,
+                                after: int) -> None:
+        """Hand the messages of ``channel`` after ``after`` to the core, oldest first."""
+        async def read() -> list[discord.Message]:
+            # A fresh iterator per try: a failed one cannot be resumed.
+            return [message async for message in channel.history(
+                limit=self.catchup_limit, after=discord.Object(after), oldest_first=True)]
 
+        try:
             missed = await self._deliver(read, what=f"reading discord history of {where}")
         except Exception:
-            log.exception("discord: could not catch up channel %s after %s", where, after)
+            log.exception("discord: could not read the history of %s after %s", where, after)
             return
         if len(missed) >= self.catchup_limit:
-            log.warning("discord: catching up %s stopped at %d messages (the limit); older "
-                        "ones after %s come first, newer ones are not read", where,
+            log.warning("discord: catching up %s stopped at %d messages (the limit); the "
+                        "oldest ones after %s were read, newer ones were not", where,
                         len(missed), after)
         taken = 0
         for message in missed:
@@ -360,26 +373,28 @@ class DiscordChannel(Channel):
         gap = self._gaps.get(where)
         if gap is not None and after <= gap:
             self._gaps.pop(where)  # the failed message was read again and taken
-        if isinstance(channel, discord.TextChannel | discord.ForumChannel):
-            # A thread is a session of its own but shares its parent's chat id,
-            # so the core's cursor for the chat covers its threads too (ids are
-            # time-ordered): the active threads are read after the same id.
-            for thread in channel.threads:
-                await self._catch_up_channel(thread.id, after)
 
     def _reconnected(self) -> None:
-        """A new gateway session (READY, not RESUME): Discord replayed nothing missed."""
-        if self._catching_up is not None and not self._catching_up.done():
-            return
-        starts = {where: min(cursor, self._gaps.get(where, cursor))
-                  for where, cursor in self._cursors.items()}
-        for where, gap in self._gaps.items():
-            starts.setdefault(where, gap)
-        if not starts:
-            return
-        log.info("discord: new gateway session; catching up %d channel(s)", len(starts))
-        self._catching_up = self._spawn(
-            self.catch_up({str(where): str(after) for where, after in starts.items()}))
+        """A new gateway session (READY, not RESUME): Discord replayed nothing missed.
+
+        Catch-ups run one after another; each reads from the cursors as they
+        are when it starts, so a second reconnect during one is covered too.
+        """
+        previous = self._catching_up
+
+        async def run() -> None:
+            if previous is not None:
+                await asyncio.gather(previous, return_exceptions=True)
+            starts = {where: min(cursor, self._gaps.get(where, cursor))
+                      for where, cursor in self._cursors.items()}
+            for where, gap in self._gaps.items():
+                starts.setdefault(where, gap)
+            if starts:
+                log.info("discord: new gateway session; catching up %d channel(s)",
+                         len(starts))
+                await self.catch_up({str(where): str(after) for where, after in starts.items()})
+
+        self._catching_up = self._spawn(run())
 
     def _translate(self, message: discord.Message, me: discord.ClientUser) -> InboundMessage:
         chat_id, chat_type, thread_id = _place(message.channel, message.guild is not None)

@@ -127,6 +127,20 @@ async def test_catch_up_after_a_restart_delivers_the_missed_messages_in_order_on
     assert set(inbox.recorded) == {str(i) for i in missed}
 
 
+@pytest.mark.parametrize("fault", ["503", "reset_after", "429"])
+async def test_a_history_read_that_fails_is_retried(
+    fake_discord: FakeDiscord, start: Start, fault: str,
+) -> None:
+    cursor = fake_discord.missed("recorded", channel_id=DM_CHANNEL_ID)
+    missed = fake_discord.missed("missed", channel_id=DM_CHANNEL_ID)
+    inbox = Inbox()
+    channel = await start(inbox)
+    fake_discord.inject(fault, method="GET", path=MESSAGES)
+    await channel.catch_up({str(DM_CHANNEL_ID): str(cursor)})
+    assert list(inbox.recorded) == [str(missed)]
+    assert [c.status for c in fake_discord.calls_to("GET", MESSAGES)][-1] == 200
+
+
 async def test_catch_up_of_a_guild_channel_reads_its_threads_too(
     fake_discord: FakeDiscord, start: Start,
 ) -> None:
