@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from bot import __version__
+from bot import __version__, redact
 from bot.config import ConfigError, Settings, load_settings
 
 if TYPE_CHECKING:
@@ -31,6 +31,7 @@ def _setup_logging(level: str, *, quiet: bool = False) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    logging.captureWarnings(True)
     # Library chatter (HTTP requests) would drown Roost's own lines.
     for noisy in ("httpx", "httpcore", "anthropic", "openai", "aiosqlite"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -38,10 +39,13 @@ def _setup_logging(level: str, *, quiet: bool = False) -> None:
 
 def _settings(ctx: click.Context, **overrides: Any) -> Settings:
     try:
-        return load_settings(ctx.obj.get("config"), **overrides)
+        settings = load_settings(ctx.obj.get("config"), **overrides)
     except ConfigError as exc:
         click.echo(f"roost: {exc}", err=True)
         sys.exit(EXIT_SETUP)
+    # Before anything can log: no configured secret reaches any log line.
+    redact.install(redact.secrets_of(settings))
+    return settings
 
 
 def _run_async(coro: Coroutine[Any, Any, int]) -> None:

@@ -1,0 +1,95 @@
+"""Secrets never reach a log: every record of every logger is redacted as it is made.
+
+Third-party libraries put secrets in their messages (aiogram's errors carry
+``…/bot<TOKEN>/getUpdates``; an HTTP client's names a URL with credentials).
+:func:`install` wraps the logging record factory, so each record, whatever
+logger made it and whichever handler writes it, has every configured secret
+replaced by ``***`` in its message, its exception text and its stack before
+any handler or formatter sees it. Credentials inside URLs
+(``scheme://user:password@host``) are masked whether configured or not.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import traceback
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import SecretStr
+
+MASK = "***"
+
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<userinfo>[^/\s@:]*:[^/\s@]*)@")
+_MIN_SECRET = 6
+"""Shorter values are not treated as secrets: masking them would mangle ordinary words."""
+
+_state: dict[str, Any] = {"pattern": None, "base": None}
+
+
+def secrets_of(settings: Any) -> list[str]:
+    """Every secret value in ``settings``: its ``SecretStr`` fields and secret-named plugin keys."""
+    found: list[str] = []
+    for _, value in settings:
+        if isinstance(value, SecretStr):
+            found.append(value.get_secret_value())
+    _walk(getattr(settings, "plugins", {}) or {}, found)
+    return found
+
+
+def _walk(tree: Any, found: list[str], key: str = "") -> None:
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            _walk(v, found, str(k))
+    elif isinstance(tree, str) and any(w in key.lower()
+                                       for w in ("token", "secret", "key", "password")):
+        found.append(tree)
+
+
+def install(secrets: Iterable[str]) -> None:
+    """Redact ``secrets`` (and URL credentials) from every log record from now on.
+
+    Calling it again replaces the set of secrets.
+    """
+    values = sorted({s for s in secrets if s and len(s) >= _MIN_SECRET}, key=len, reverse=True)
+    _state["pattern"] = re.compile("|".join(re.escape(v) for v in values)) if values else None
+    if _state["base"] is None:
+        base = logging.getLogRecordFactory()
+        _state["base"] = base
+
+        def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+            record = base(*args, **kwargs)
+            _redact_record(record)
+            return record
+
+        logging.setLogRecordFactory(factory)
+
+
+def redact(text: str) -> str:
+    """``text`` with every installed secret and URL credential masked."""
+    pattern = _state["pattern"]
+    if pattern is not None:
+        text = pattern.sub(MASK, text)
+    if "://" in text:
+        text = _URL_CREDENTIALS.sub(rf"\g<scheme>{MASK}@", text)
+    return text
+
+
+def _redact_record(record: logging.LogRecord) -> None:
+    try:
+        message = record.getMessage()
+    except Exception:  # a malformed record: let logging report it as usual
+        return
+    clean = redact(message)
+    if clean != message or record.args:
+        # Formatted once here, so a secret inside an argument is gone too.
+        record.msg, record.args = clean, None
+    if record.exc_info and record.exc_info[0] is not None:
+        text = "".join(traceback.format_exception(*record.exc_info)).rstrip("\n")
+        record.exc_text = redact(text)
+        # The traceback is kept as text only: a formatter would otherwise
+        # render the live exception again, secrets included.
+        record.exc_info = None
+    if record.stack_info:
+        record.stack_info = redact(record.stack_info)

@@ -1,0 +1,113 @@
+"""No configured secret reaches a log line, whichever logger writes it."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from bot import redact
+from bot.config import Settings
+
+TOKEN = "123456:SECRET-bot-token-value"
+API_KEY = "sk-ant-secret-api-key-0123456789"
+
+
+@pytest.fixture
+def captured() -> Iterator[io.StringIO]:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(name)s %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    previous = root.level
+    root.setLevel(logging.DEBUG)
+    try:
+        yield stream
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(previous)
+        redact.install([])
+
+
+def test_secrets_are_masked_in_messages_arguments_tracebacks_and_stacks(
+        captured: io.StringIO) -> None:
+    settings = Settings(telegram_bot_token=TOKEN, anthropic_api_key=API_KEY,
+                        plugins={"weather": {"api_key": "weather-secret-key"}})
+    redact.install(redact.secrets_of(settings))
+    third_party = logging.getLogger("aiogram.dispatcher")
+    third_party.error("Failed to fetch updates - https://api.telegram.org/bot%s/getUpdates", TOKEN)
+    logging.getLogger("some.lib").warning(f"key={API_KEY} and weather-secret-key")
+    try:
+        raise RuntimeError(f"request to /bot{TOKEN}/sendMessage failed")
+    except RuntimeError:
+        logging.getLogger("roost.channels.telegram").exception("sending failed")
+    logging.getLogger("x").info("stack", stack_info=True, extra={"unused": TOKEN})
+    logging.getLogger("httpx").info("GET https://user:hunter22@example.com/path")
+    output = captured.getvalue()
+    for secret in (TOKEN, API_KEY, "weather-secret-key", "hunter22"):
+        assert secret not in output
+    assert "bot***/getUpdates" in output
+    assert "https://***@example.com/path" in output
+    assert "RuntimeError: request to /bot***/sendMessage failed" in output
+
+
+def test_a_record_without_secrets_is_left_as_it_was(captured: io.StringIO) -> None:
+    redact.install([TOKEN])
+    logging.getLogger("roost").info("run %s completed in %d ms", "abc", 12)
+    assert captured.getvalue() == "roost run abc completed in 12 ms\n"
+
+
+async def test_roost_run_never_logs_the_token_when_telegram_redirects_in_a_loop(
+        tmp_path: Path) -> None:
+    """aiogram's own error names the request URL, which carries the bot token."""
+    async def handle(request: web.Request) -> web.StreamResponse:
+        method = request.match_info["method"]
+        if method == "getMe":
+            return web.json_response({"ok": True, "result": {
+                "id": 123456, "is_bot": True, "first_name": "B", "username": "b_bot"}})
+        if method in ("deleteWebhook", "setMyCommands"):
+            return web.json_response({"ok": True, "result": True})
+        raise web.HTTPFound(str(request.url))
+
+    app = web.Application()
+    app.router.add_route("*", "/bot{token}/{method}", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROOST_", "TELEGRAM_"))}
+    env.update(TELEGRAM_BOT_TOKEN=TOKEN, TELEGRAM_API_BASE=f"http://127.0.0.1:{port}",
+               ANTHROPIC_API_KEY=API_KEY, ROOST_DATA_DIR=str(tmp_path / "data"),
+               ROOST_LOG_LEVEL="DEBUG", ROOST_LOAD_PLUGINS="")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "run", env=env, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
+        seen = b""
+        async with asyncio.timeout(30):
+            while b"getUpdates" not in seen:
+                line = await proc.stdout.readline()
+                assert line, f"roost run ended early:\n{seen.decode()}"
+                seen += line
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await runner.cleanup()
+    output = (seen + rest).decode()
+    assert "bot***/getUpdates" in output
+    assert TOKEN not in output and TOKEN.split(":")[1] not in output
+    assert API_KEY not in output
