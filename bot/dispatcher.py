@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from bot.channel import Channel, ReplyStream
 from bot.commands import CommandContext, parse_command
 from bot.events import RunEvent
+from bot.guard import join_messages
 from bot.inbox import Inbox, InboxEntry, RunJournal, grouped
 from bot.messages import InboundMessage, OutboundMessage
 from bot.registry import ActiveRun, RunRegistry
@@ -70,6 +71,8 @@ class _Pending:
     """A draft an interrupted earlier run left in the chat."""
     counted: bool = False
     """The inbox recorded the run as started when it recorded the message."""
+    texts: tuple[str, ...] = ()
+    """The texts of merged messages, each kept whole where the limit allows."""
 
 
 @dataclass(slots=True)
@@ -298,13 +301,12 @@ class Dispatcher:
                 return
             self._spawn(self._command(head.message, *parsed, entry=head.id))
             return
-        message = head.message
-        for earlier in reversed(group[:-1]):
-            message = dataclasses.replace(
-                message, text=f"{earlier.message.text}\n{message.text}",
-                attachments=earlier.message.attachments + message.attachments)
+        texts = tuple(e.message.text for e in group)
+        message = dataclasses.replace(
+            head.message, text=join_messages(texts, self.settings.max_message_chars),
+            attachments=tuple(a for e in group for a in e.message.attachments))
         pending = _Pending(message, time.monotonic(), entries=ids, journal=journal,
-                           stale_draft=head.draft_id)
+                           stale_draft=head.draft_id, texts=texts)
         lane = self._lane(message, head.session_key)
         if len(lane.running) < lane.limit:
             self._start(lane, pending)
@@ -340,13 +342,13 @@ class Dispatcher:
                     and now - prev.received <= window and running.run is not None):
                 lane.running.remove(running)
                 self.registry.abort(running.run.run_id, lane.key, "merged")
-                self._start(lane, _joined(prev, message, entry_id, now))
+                self._start(lane, _joined(prev, message, entry_id, now, self.settings.max_message_chars))
                 return True
         if lane.queue and len(lane.running) >= lane.limit:
             last = lane.queue[-1]
             if (last.message.sender_id == message.sender_id and last.options is None
                     and now - last.received <= window):
-                lane.queue[-1] = _joined(last, message, entry_id, now)
+                lane.queue[-1] = _joined(last, message, entry_id, now, self.settings.max_message_chars)
                 return True
         return False
 
@@ -588,12 +590,15 @@ async def _quietly(work: Coroutine[Any, Any, None]) -> None:
         await work
 
 
-def _joined(first: _Pending, second: InboundMessage, entry: int, now: float) -> _Pending:
+def _joined(first: _Pending, second: InboundMessage, entry: int, now: float,
+            limit: int) -> _Pending:
     # Reply to the newest message: that is the one the sender is looking at.
-    text = f"{first.message.text}\n{second.text}"
+    texts = (*(first.texts or (first.message.text,)), second.text)
     attachments = first.message.attachments + second.attachments
-    return _Pending(dataclasses.replace(second, text=text, attachments=attachments), now,
-                    entries=(*first.entries, entry), stale_draft=first.stale_draft)
+    message = dataclasses.replace(second, text=join_messages(texts, limit),
+                                  attachments=attachments)
+    return _Pending(message, now, entries=(*first.entries, entry),
+                    stale_draft=first.stale_draft, texts=texts)
 
 
 def draft_id(stream: ReplyStream | None) -> str | None:

@@ -49,10 +49,41 @@ class InboundMessage:
     twice; ``""`` means the channel cannot redeliver (console, tests) and every
     message is new."""
 
+    def __post_init__(self) -> None:
+        # Lone UTF-16 surrogates (valid JSON: "\ud83d") cannot be encoded; nothing
+        # past the channel boundary may ever see one.
+        for name in ("text", "sender_name"):
+            value = getattr(self, name)
+            if not value.isascii():
+                clean = clean_text(value)
+                if clean is not value:
+                    object.__setattr__(self, name, clean)
+
     @property
     def display_name(self) -> str:
         """The sender's display name, falling back to their id."""
         return self.sender_name or self.sender_id
+
+    def attachment_note(self) -> str:
+        """One line telling the model what came with the message besides its text."""
+        if not self.attachments:
+            return ""
+        parts = []
+        for a in self.attachments:
+            detail = ", ".join(x for x in (a.name, a.mime_type,
+                                           f"{a.size // 1024} KB" if a.size else "") if x)
+            parts.append(f"{a.kind} ({detail})" if detail else a.kind)
+        return (f"[The user sent: {'; '.join(parts)}. You cannot see attachments; say so if "
+                "the request depends on them.]")
+
+
+def clean_text(text: str) -> str:
+    """``text`` with lone surrogates replaced by U+FFFD (pairs become their character)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,6 +45,8 @@ from pathlib import Path
 
 import yaml
 
+from workspaces.cache import is_within
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -369,6 +371,8 @@ class PatternLibrary:
         seen: dict[str, str] = {}
         for fname, _mtime, _size in snap:
             try:
+                if not is_within(self.directory / fname, self.directory):
+                    raise PatternError("a link that leads out of the patterns directory")
                 pat = load_pattern(self.directory / fname)
             except PatternError as exc:
                 errors[fname] = str(exc)

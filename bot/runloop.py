@@ -28,7 +28,7 @@ from bot.context import build_context, kernel_text
 from bot.db import Statements
 from bot.events import EventType, RunEvent
 from bot.exec_summary import ExecutionSummary
-from bot.guard import BLOCK_REFUSAL, InputCheck, InputGuard, truncate
+from bot.guard import BLOCK_REFUSAL, WITHHELD, InputCheck, InputGuard, truncate
 from bot.history import PruneSettings, limit_turns, prune, repair_pairing, summary_messages
 from bot.inbox import RunJournal
 from bot.judge import Judge, Verdict, self_correct
@@ -280,6 +280,11 @@ class _Run:
             return await self._refuse(BLOCK_REFUSAL)
         text, truncation_note = truncate(msg.text, self.settings.max_message_chars)
         notes = [truncation_note] if truncation_note else []
+        if msg.attachments:
+            # Until media reaches the model, it is at least told what arrived, and
+            # an attachment-only message is a valid turn of its own.
+            note = msg.attachment_note()
+            text = f"{text}\n\n{note}" if text.strip() else note
         for check in await engine.host.call(
             "roost_check_input", message=msg, text=text, settings=self.settings
         ):
@@ -307,7 +312,7 @@ class _Run:
             sections.append(await self._patterns(agent.patterns, text))
         rom = assemble(sections)
         kernel = "" if req.mode == "minimal" else kernel_text(
-            read_cached(workspace / "USER.md", 8_000), req.session.facts)
+            read_cached(workspace / "USER.md", 8_000, within=workspace), req.session.facts)
         # The Kernel goes before the recency reminders; it is counted as its own segment.
         system = assemble([*sections, PromptSection("kernel", kernel, Order.KERNEL)])
         group = msg.chat_type == "group"
@@ -650,9 +655,10 @@ class _Run:
 
     async def _refuse(self, refusal: str) -> RunResult:
         msg = self.req.message
-        text, _ = truncate(msg.text, self.settings.max_message_chars)
+        # The refused text is not kept: it would reach the model as history
+        # with the sender's next message.
         self.buffer = [
-            ChatMessage("user", text, sender_id=msg.sender_id, sender_name=msg.display_name),
+            ChatMessage("user", WITHHELD, sender_id=msg.sender_id, sender_name=msg.display_name),
             ChatMessage("assistant", refusal),
         ]
         outbox_id = None

@@ -1,4 +1,4 @@
-"""The six built-in prompt-injection patterns for the input guard.
+"""The built-in prompt-injection patterns for the input guard.
 
 They flag, they do not judge: in the default ``warn`` mode a match is only
 logged. Patterns stay narrow so ordinary chat ("ignore my last message")
@@ -28,8 +28,8 @@ PATTERNS = [
     ),
     GuardPattern(
         "system_tags",
-        r"<\|?(im_start|im_end|system|endoftext)\|?>|\[/?(SYSTEM|INST)\]|<<\s*/?SYS\s*>>|"
-        r"</?system>",
+        r"<\|?(im_start|im_end|system|endoftext)\|?>|\[/?SYSTEM\]|<<\s*/?SYS\s*>>|"
+        r"</?system>|(^|\n)\s*\[INST\]|\[INST\][\s\S]*\[/INST\]",
         "fake chat-template or system tags",
     ),
     GuardPattern(
@@ -41,14 +41,21 @@ PATTERNS = [
     GuardPattern("null_bytes", r"\x00", "null bytes, used to hide or split content"),
     GuardPattern(
         "delimiter_escape",
-        r"\b(end\s+of\s+(the\s+)?(system\s+)?(prompt|instructions|context))\b|"
+        r"\b(end\s+of\s+(the\s+)?(system\s+)?(prompt|instructions|context))\s*[.!:;\]\-—]|"
         r"</(instructions|prompt|context|user_input)>",
         "claims the instructions ended to start a new context",
+    ),
+    GuardPattern(
+        "role_delimiter",
+        r"</\s*(user|human|user_?input|input|query)\s*>[\s\S]{0,40}?"
+        r"<\s*(assistant|system|model|ai|bot)\s*>|<\|\s*(assistant|user|system)\s*\|>|"
+        r"(^|\n)\s*\n\s*(human|assistant)\s*:\s*\S",
+        "closes the user's turn and opens the assistant's with chat-template delimiters",
     ),
 ]
 
 
 @hookimpl
 def roost_guard_patterns(settings: Settings) -> list[GuardPattern]:
-    """The spec's six detection patterns."""
+    """The spec's six detection patterns, plus role-delimiter escapes."""
     return PATTERNS

@@ -79,7 +79,7 @@ _FORMATTING = {
 
 def _read(workspace: Path, name: str) -> str:
     """The stripped text of a workspace file, cut to :data:`MAX_FILE_CHARS`; '' if absent."""
-    return read_cached(os.path.join(workspace, name), MAX_FILE_CHARS)
+    return read_cached(os.path.join(workspace, name), MAX_FILE_CHARS, within=workspace)
 
 
 def _file(name: str, body: str) -> str:

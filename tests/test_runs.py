@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bot.guard import InputCheck
+from bot.guard import WITHHELD, InputCheck
 from bot.hookspecs import hookimpl
 from bot.messages import InboundMessage
 from bot.prompt import PromptContext
@@ -205,7 +205,8 @@ async def test_a_raising_plugin_is_logged_by_name_and_the_run_goes_on(
     assert "test-plugin-0" in caplog.text
 
 
-async def test_input_check_refusal_skips_the_model_and_is_recorded(make_app: AppFactory) -> None:
+async def test_input_check_refusal_skips_the_model_and_keeps_only_a_placeholder(
+        make_app: AppFactory) -> None:
     class Refuser:
         @hookimpl
         def roost_check_input(self, text: str) -> InputCheck | None:
@@ -218,7 +219,7 @@ async def test_input_check_refusal_skips_the_model_and_is_recorded(make_app: App
     assert channel.texts() == ["I won't do that."]
     assert provider.requests == []
     session = await app.store.get("default:test:direct:u1")
-    assert [m.content for m in session.messages] == ["do evil", "I won't do that."]
+    assert [m.content for m in session.messages] == [WITHHELD, "I won't do that."]
 
 
 async def test_input_check_can_rewrite_text_and_add_a_note(make_app: AppFactory) -> None:

@@ -2,23 +2,36 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import stat
 from collections import OrderedDict
 from pathlib import Path
+
+log = logging.getLogger("roost.workspaces")
 
 _CACHE_SIZE = 4096
 _cache: OrderedDict[str, tuple[tuple[int, int, int], str]] = OrderedDict()
 
 
-def read_cached(path: Path | str, max_chars: int) -> str:
+def read_cached(path: Path | str, max_chars: int, *, within: Path | str | None = None) -> str:
     """The stripped text of ``path`` (at most ``max_chars``), or '' if unreadable.
 
     A stat is far cheaper than a read; the (inode, mtime, size) stamp changes
     on an edit by hand and on the atomic replace the file tools do.
+    ``within``: the file must resolve inside this directory (a workspace): a
+    symbolic link that leads out of it reads as '' (and is logged), exactly as
+    the file tools refuse it.
     """
     key = os.fspath(path)
     try:
-        st = os.stat(key)
+        st = os.lstat(key)
+        if stat.S_ISLNK(st.st_mode):
+            if within is not None and not is_within(key, within):
+                log.warning("%s is a link that leads out of its workspace; not read",
+                            os.path.basename(key))
+                return ""
+            st = os.stat(key)
     except OSError:
         return ""
     stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
@@ -36,6 +49,13 @@ def read_cached(path: Path | str, max_chars: int) -> str:
     if len(_cache) > _CACHE_SIZE:
         _cache.popitem(last=False)
     return text
+
+
+def is_within(path: Path | str, root: Path | str) -> bool:
+    """Whether ``path``, every link followed, lands inside ``root``."""
+    real = os.path.realpath(path)
+    base = os.path.realpath(root)
+    return real == base or real.startswith(base.rstrip(os.sep) + os.sep)
 
 
 def clip(text: str, limit: int, why: str) -> str:
