@@ -258,8 +258,22 @@ class ChaosRun:
             sys.executable, "-m", "bot", "run", env=env, stdout=out, stderr=out,
             stdin=asyncio.subprocess.DEVNULL)
         out.close()
-        await self.telegram.wait_until(
-            lambda: len(self.telegram.calls_of("getUpdates")) > polls, limit=60)
+
+        def ready() -> bool:
+            return len(self.telegram.calls_of("getUpdates")) > polls
+
+        waiting = asyncio.ensure_future(self.telegram.wait_until(ready, limit=60))
+        ended = asyncio.ensure_future(proc.wait())
+        await asyncio.wait([waiting, ended], return_when=asyncio.FIRST_COMPLETED)
+        if not ready():
+            waiting.cancel()
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
+            log = (logs / f"life-{life:03d}.log").read_text(errors="replace")
+            raise RuntimeError(f"roost run (life {life}) never polled; exit {proc.returncode}; "
+                               f"its log ends:\n{log[-3000:]}")
+        ended.cancel()
         self.report.restart_to_ready.append(time.monotonic() - spawned)
         return proc
 
