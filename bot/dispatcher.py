@@ -406,8 +406,11 @@ class Dispatcher:
                             self._notify(message, HELD_NOTICE)
                     else:
                         await bridge.restart()
-                elif event.type == "activity" and event.payload.get("notice"):
-                    self._notify(message, event.payload["notice"])
+                elif event.type == "activity":
+                    if event.payload.get("phase") == "committing":
+                        entry.output = True  # answered: a follow-up starts a run of its own
+                    elif event.payload.get("notice"):
+                        self._notify(message, event.payload["notice"])
 
             typing = channel.typing(message) if channel else contextlib.nullcontext()
             async with typing:

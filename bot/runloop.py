@@ -353,6 +353,8 @@ class _Run:
         reply = None if silent else cleaned
         outbox_id = None
         if req.persist:
+            # From here the run is answered: a follow-up must not merge into it.
+            await self.emit("activity", phase="committing")
             self.committed = True
             outbox_id = await engine.store.append_run(
                 req.session, req.run_id, self.buffer, self.usage, self.settings.model,

@@ -384,3 +384,35 @@ async def test_a_merge_cancelling_a_loading_run_loses_neither_message(
     assert channel.texts() == ["both"]
     assert model.requests[-1].messages[-1].content == "first\nsecond"
     assert [state for state, _ in await inbox_states(app)] == ["done", "done"]
+
+
+async def test_hundreds_of_first_messages_at_once_are_all_answered(
+        make_app: AppFactory) -> None:
+    from tests.conftest import scripted
+
+    app, channel, _ = await make_app(scripted({"reply": "welcome"}, loop=True))
+    await asyncio.gather(*(app.dispatcher.submit(message("hi", f"n{i}", sender=f"new{i}"))
+                           for i in range(300)))
+    await asyncio.wait_for(app.dispatcher.drain(), 30)
+    assert len(channel.sent) == 300
+    states = await inbox_states(app)
+    assert len(states) == 300 and {s for s, _ in states} == {"done"}
+    assert not app.store.db.in_transaction
+
+
+async def test_a_follow_up_arriving_while_a_run_commits_gets_a_run_of_its_own(
+        make_app: AppFactory) -> None:
+    model = GatedModel()
+    app, channel, log = await make_app(model, merge_window_ms=60_000)
+    await app.dispatcher.submit(message("first", "e1"))
+    model.answer("answer one")
+    await log.wait_for("activity")
+    # Wait for the commit to begin, then send the follow-up inside the merge window.
+    while not any(e.payload.get("phase") == "committing" for e in log.events):
+        await asyncio.sleep(0)
+    await app.dispatcher.submit(message("second", "e2"))
+    model.answer("answer two")
+    await settle(app)
+    assert channel.texts() == ["answer one", "answer two"]
+    history = (await app.store.get("default:test:direct:u1")).messages
+    assert [m.content for m in history] == ["first", "answer one", "second", "answer two"]
