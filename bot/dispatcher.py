@@ -342,13 +342,15 @@ class Dispatcher:
                     and now - prev.received <= window and running.run is not None):
                 lane.running.remove(running)
                 self.registry.abort(running.run.run_id, lane.key, "merged")
-                self._start(lane, _joined(prev, message, entry_id, now, self.settings.max_message_chars))
+                limit = self.settings.max_message_chars
+                self._start(lane, _joined(prev, message, entry_id, now, limit))
                 return True
         if lane.queue and len(lane.running) >= lane.limit:
             last = lane.queue[-1]
             if (last.message.sender_id == message.sender_id and last.options is None
                     and now - last.received <= window):
-                lane.queue[-1] = _joined(last, message, entry_id, now, self.settings.max_message_chars)
+                limit = self.settings.max_message_chars
+                lane.queue[-1] = _joined(last, message, entry_id, now, limit)
                 return True
         return False
 

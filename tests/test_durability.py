@@ -406,10 +406,10 @@ async def test_a_follow_up_arriving_while_a_run_commits_gets_a_run_of_its_own(
     app, channel, log = await make_app(model, merge_window_ms=60_000)
     await app.dispatcher.submit(message("first", "e1"))
     model.answer("answer one")
-    await log.wait_for("activity")
     # Wait for the commit to begin, then send the follow-up inside the merge window.
-    while not any(e.payload.get("phase") == "committing" for e in log.events):
-        await asyncio.sleep(0)
+    committing = asyncio.get_running_loop().create_future()
+    log.waiters.append((lambda e: e.payload.get("phase") == "committing", committing))
+    await asyncio.wait_for(committing, 5)
     await app.dispatcher.submit(message("second", "e2"))
     model.answer("answer two")
     await settle(app)
