@@ -2,8 +2,9 @@
 
 Every call streams, so text reaches the chat while the model writes and a
 cancelled run closes the HTTP stream at once. The SDK's own retries are off:
-:mod:`plugins.provider_retry` retries transient failures instead, so each
-retry is reported via ``on_retry`` and none happens once text was shown.
+:mod:`plugins.provider_retry` retries transient failures instead (a stream
+cut mid-answer included), reports each retry via ``on_retry``, and holds
+calls behind the provider's circuit breaker during an outage.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from bot.llm import (
     ToolSpec,
     Usage,
 )
+from bot.llm_breaker import CircuitBreaker
 from plugins.provider_retry import (
     AttemptFailed,
     RetryPolicy,
@@ -60,7 +62,9 @@ class AnthropicProvider:
     """Streams Claude completions with tool use, retrying transient failures.
 
     ``max_attempts`` and ``retry_base_delay`` make its
-    :class:`~plugins.provider_retry.RetryPolicy`.
+    :class:`~plugins.provider_retry.RetryPolicy`. ``breaker`` is shared by all
+    calls of this instance (a fresh :class:`~bot.llm_breaker.CircuitBreaker`
+    with the default policy unless given).
     """
 
     name = "anthropic"
@@ -71,6 +75,7 @@ class AnthropicProvider:
         *,
         max_attempts: int = 3,
         retry_base_delay: float = 0.5,
+        breaker: CircuitBreaker | None = None,
     ) -> None:
         key = settings.anthropic_api_key
         try:
@@ -91,6 +96,7 @@ class AnthropicProvider:
             and getattr(self._client, "credentials", None) is None
         )
         self.retry = RetryPolicy(max_attempts, retry_base_delay)
+        self.breaker = breaker or CircuitBreaker()
 
     async def complete(
         self,
@@ -112,6 +118,7 @@ class AnthropicProvider:
             self.retry,
             on_text=on_text,
             on_retry=on_retry,
+            breaker=self.breaker,
         )
 
     async def aclose(self) -> None:

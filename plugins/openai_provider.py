@@ -5,8 +5,9 @@ llama.cpp, LM Studio): only Chat Completions with ``stream=True`` and function
 tools are used. Every call streams, so text reaches the chat while the model
 writes and a cancelled run closes the HTTP stream at once. The SDK's own
 retries are off: :mod:`plugins.provider_retry` retries transient failures
-instead, so each retry is reported via ``on_retry`` and none happens once text
-was shown.
+instead (a stream cut mid-answer included), reports each retry via
+``on_retry``, and holds calls behind the provider's circuit breaker during an
+outage.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from bot.llm import (
     ToolSpec,
     Usage,
 )
+from bot.llm_breaker import CircuitBreaker
 from plugins.provider_retry import (
     RETRYABLE_STATUSES,
     AttemptFailed,
@@ -58,7 +60,9 @@ class OpenAIProvider:
     """Streams Chat Completions with function tools, retrying transient failures.
 
     ``max_attempts`` and ``retry_base_delay`` make its
-    :class:`~plugins.provider_retry.RetryPolicy`.
+    :class:`~plugins.provider_retry.RetryPolicy`. ``breaker`` is shared by all
+    calls of this instance (a fresh :class:`~bot.llm_breaker.CircuitBreaker`
+    with the default policy unless given).
     """
 
     name = "openai"
@@ -69,6 +73,7 @@ class OpenAIProvider:
         *,
         max_attempts: int = 3,
         retry_base_delay: float = 0.5,
+        breaker: CircuitBreaker | None = None,
     ) -> None:
         key = settings.openai_api_key
         self._client = openai.AsyncOpenAI(
@@ -78,6 +83,7 @@ class OpenAIProvider:
             max_retries=0,
         )
         self.retry = RetryPolicy(max_attempts, retry_base_delay)
+        self.breaker = breaker or CircuitBreaker()
         # Adjusted once if the server rejects them; see _adapt_to.
         self._include_usage = True
         self._token_param = "max_tokens"
@@ -100,6 +106,7 @@ class OpenAIProvider:
             self.retry,
             on_text=on_text,
             on_retry=on_retry,
+            breaker=self.breaker,
             resend=self._adapt_to,
         )
 

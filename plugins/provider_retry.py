@@ -3,8 +3,11 @@
 A provider runs each model call as one *attempt* that streams the answer and
 raises :class:`AttemptFailed` (carrying a classified :class:`ProviderError`)
 when it fails. :func:`with_retries` repeats attempts with jittered exponential
-backoff, reports each retry via ``on_retry``, and refuses to retry once any
-text reached ``on_text``, since the chat cannot take back what it showed.
+backoff and reports each retry via ``on_retry``, also after some text reached
+``on_text`` (a stream cut mid-answer): the caller restarts its draft then, and
+the next attempt streams the answer again from its beginning. Every attempt
+passes a provider-wide :class:`~bot.llm_breaker.CircuitBreaker`, which holds
+calls during an outage instead of letting each of them retry on its own.
 Mapping SDK exceptions to errors stays in each provider: the SDKs differ.
 """
 
@@ -19,6 +22,7 @@ from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
 from bot.llm import OnRetry, OnText, ProviderError, ToolCall
+from bot.llm_breaker import CircuitBreaker
 
 __all__ = [
     "MAX_RETRY_AFTER",
@@ -128,29 +132,78 @@ async def with_retries(
     on_text: OnText | None,
     on_retry: OnRetry | None,
     resend: Callable[[ProviderError], bool] | None = None,
+    breaker: CircuitBreaker | None = None,
 ) -> T:
     """Await ``attempt(on_text)`` until it succeeds or fails for good.
 
     ``attempt`` raises :class:`AttemptFailed` on failure. A retryable error is
-    tried again as ``policy`` allows, unless the failed attempt already passed
-    text to ``on_text``. ``resend(error)`` returning True sends
-    the call again at once without counting a try: the provider changed its
-    request to suit the server. Raises the final :class:`ProviderError`, caused
-    by the SDK exception behind it.
+    tried again as ``policy`` allows, even when the failed attempt already
+    passed text to ``on_text``. ``resend(error)`` returning True sends the call
+    again at once without counting a try: the provider changed its request to
+    suit the server. Raises the final :class:`ProviderError`, caused by the SDK
+    exception behind it. Only the successful attempt's result is returned.
+
+    ``on_retry(attempt, max_attempts, error)`` is awaited before a retry:
+
+    * ``attempt >= 1``: attempt number ``attempt`` of ``max_attempts`` is about
+      to start after ``error``. Whatever this call passed to ``on_text`` so far
+      is void: the next attempt streams its answer from the beginning.
+    * ``attempt == 0`` (and ``max_attempts == 0``): the call is *held by the
+      breaker*; ``error`` is a one-line reason. Sent once per call, when it
+      first has to wait; it voids earlier text as above. The call then waits,
+      possibly for minutes, until the provider recovers or it is cancelled.
+
+    With a ``breaker``, every attempt first passes :meth:`CircuitBreaker.admit`
+    and reports its outcome to it. While the breaker is open, failures do not
+    count against ``max_attempts`` and do not end the call: the breaker decides
+    when to try again. Such a failure is reported with the unchanged
+    ``attempt`` number only if it had shown text (to void it); others are not
+    reported, so a long outage gives a chat one notice, not one per probe.
     """
     max_attempts = max(1, policy.max_attempts)
     number = 1
+    held = False
+
+    async def hold(reason: str) -> None:
+        nonlocal held
+        if not held:
+            held = True
+            if on_retry is not None:
+                await on_retry(0, 0, reason)
+
     while True:
+        ticket = await breaker.admit(hold) if breaker is not None else None
         relay = _Relay(on_text) if on_text is not None else None
         try:
-            return await attempt(relay)
+            result = await attempt(relay)
         except AttemptFailed as failed:
             error, cause, retry_after = failed.error, failed.__cause__, failed.retry_after
+        except BaseException:
+            if breaker is not None and ticket is not None:
+                breaker.record_abandoned(ticket)
+            raise
+        else:
+            if breaker is not None and ticket is not None:
+                breaker.record_success(ticket)
+            return result
+        if breaker is not None and ticket is not None:
+            if error.retryable:
+                breaker.record_failure(ticket, str(error), retry_after)
+            else:
+                # The provider answered and judged the request: it is up.
+                breaker.record_success(ticket)
         if resend is not None and resend(error):
             continue
-        shown = relay is not None and relay.used
-        if not error.retryable or shown or number >= max_attempts:
-            if error.retryable and number > 1:
+        if not error.retryable:
+            raise error from cause
+        if breaker is not None and breaker.is_open:
+            # An outage: the breaker paces the next attempt, and this one is
+            # not held against the call's budget.
+            if relay is not None and relay.used and on_retry is not None:
+                await on_retry(number, max_attempts, str(error))
+            continue
+        if number >= max_attempts:
+            if number > 1:
                 error = ProviderError(
                     f"{error} (gave up after {number} attempts)",
                     retryable=True,

@@ -12,6 +12,7 @@ import pytest
 
 from bot.config import Settings
 from bot.llm import ChatMessage, LLMRequest, ProviderError, ToolCall, ToolSpec
+from bot.llm_breaker import BreakerPolicy, CircuitBreaker
 from bot.testing.anthropic import FakeAnthropic, ToolUse
 from plugins.anthropic_provider import AnthropicProvider
 from tests.provider_helpers import ANTHROPIC_KEY as KEY
@@ -266,9 +267,12 @@ async def test_overloaded_error_names_the_overload_in_the_retry_message(
     assert "overloaded" in retries.calls[0][2].lower()
 
 
-async def test_three_failures_raise_retryable_provider_error_after_two_retries(
+async def test_three_failures_below_the_breaker_threshold_raise_after_two_retries(
     fake: FakeAnthropic, provider: AnthropicProvider
 ) -> None:
+    # With the default threshold the third failure would open the breaker and
+    # hold the call instead (tests/test_llm_outage.py).
+    provider.breaker = CircuitBreaker(BreakerPolicy(threshold=10))
     for _ in range(3):
         fake.fail(529, "overloaded_error", "Overloaded")
     fake.reply_text("never reached")
@@ -287,7 +291,12 @@ async def test_three_failures_raise_retryable_provider_error_after_two_retries(
 
 async def test_max_attempts_bounds_the_number_of_requests(fake: FakeAnthropic) -> None:
     settings = Settings(anthropic_api_key=KEY, anthropic_base_url=fake.base_url)
-    provider = AnthropicProvider(settings, max_attempts=5, retry_base_delay=0.001)
+    provider = AnthropicProvider(
+        settings,
+        max_attempts=5,
+        retry_base_delay=0.001,
+        breaker=CircuitBreaker(BreakerPolicy(threshold=10)),
+    )
     for _ in range(5):
         fake.fail(500)
     retries = RetryLog()
@@ -364,21 +373,21 @@ async def test_missing_api_key_fails_with_a_hint_and_sends_nothing(
     assert fake.requests == []
 
 
-async def test_error_event_after_text_raises_provider_error_without_retry(
+async def test_overloaded_error_event_after_text_is_retried_and_the_answer_restarts(
     fake: FakeAnthropic, provider: AnthropicProvider
 ) -> None:
     fake.fail_mid_stream("overloaded_error", "Overloaded", text_before="Half an ans")
-    fake.reply_text("must not be used")
+    fake.reply_text(["The whole ", "answer."])
     fragments: list[str] = []
     retries = RetryLog()
 
-    with pytest.raises(ProviderError) as caught:
-        await provider.complete(ask(), on_text=fragments.append, on_retry=retries)
+    response = await provider.complete(ask(), on_text=fragments.append, on_retry=retries)
 
-    assert "".join(fragments) == "Half an ans"
-    assert "Overloaded" in str(caught.value)
-    assert retries.calls == []
-    assert len(fake.requests) == 1
+    assert fragments == ["Half an ans", "The whole ", "answer."]
+    assert response.text == "The whole answer."
+    assert [(a, m) for a, m, _ in retries.calls] == [(2, 3)]
+    assert "Overloaded" in retries.calls[0][2]
+    assert len(fake.requests) == 2
 
 
 async def test_error_event_before_any_text_is_retried(

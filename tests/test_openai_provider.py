@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from functools import partial
@@ -11,6 +12,7 @@ import pytest
 
 from bot.config import Settings
 from bot.llm import ChatMessage, LLMRequest, ProviderError, ToolCall, ToolSpec
+from bot.llm_breaker import BreakerPolicy, CircuitBreaker
 from bot.testing.openai import FakeOpenAI, FunctionCall
 from plugins.openai_provider import OpenAIProvider
 from tests.provider_helpers import OPENAI_KEY as KEY
@@ -199,9 +201,12 @@ async def test_transient_http_error_is_retried_with_on_retry_then_succeeds(
     assert str(status) in retries.calls[0][2]
 
 
-async def test_three_failures_raise_retryable_provider_error_after_two_retries(
+async def test_three_failures_below_the_breaker_threshold_raise_after_two_retries(
     fake: FakeOpenAI, provider: OpenAIProvider
 ) -> None:
+    # With the default threshold the third failure would open the breaker and
+    # hold the call instead (tests/test_llm_outage.py).
+    provider.breaker = CircuitBreaker(BreakerPolicy(threshold=10))
     for _ in range(3):
         fake.fail(429, "Rate limit reached")
     fake.reply_text("never reached")
@@ -273,21 +278,21 @@ async def test_keyless_local_server_gets_a_placeholder_key(
     assert fake.last_request.api_key == "not-needed"
 
 
-async def test_error_object_mid_stream_after_text_raises_without_retry(
+async def test_server_error_object_after_text_is_retried_and_the_answer_restarts(
     fake: FakeOpenAI, provider: OpenAIProvider
 ) -> None:
     fake.fail_mid_stream("model crashed", text_before="Half an ans")
-    fake.reply_text("must not be used")
+    fake.reply_text(["The whole ", "answer."])
     fragments: list[str] = []
     retries = RetryLog()
 
-    with pytest.raises(ProviderError) as caught:
-        await provider.complete(ask(), on_text=fragments.append, on_retry=retries)
+    response = await provider.complete(ask(), on_text=fragments.append, on_retry=retries)
 
-    assert "".join(fragments) == "Half an ans"
-    assert "model crashed" in str(caught.value)
-    assert retries.calls == []
-    assert len(fake.requests) == 1
+    assert "".join(fragments) == "Half an ansThe whole answer."
+    assert response.text == "The whole answer."
+    assert [(a, m) for a, m, _ in retries.calls] == [(2, 3)]
+    assert "model crashed" in retries.calls[0][2]
+    assert len(fake.requests) == 2
 
 
 async def test_error_object_mid_stream_before_text_is_retried(
@@ -321,7 +326,11 @@ async def test_bad_request_error_mid_stream_is_not_retried(
 async def test_unreachable_server_is_a_retryable_error_naming_the_url() -> None:
     async with FakeOpenAI() as fake:
         url = fake.base_url
-    provider = OpenAIProvider(Settings(openai_base_url=url), retry_base_delay=0.001)
+    provider = OpenAIProvider(
+        Settings(openai_base_url=url),
+        retry_base_delay=0.001,
+        breaker=CircuitBreaker(BreakerPolicy(threshold=10)),
+    )
     retries = RetryLog()
     try:
         with pytest.raises(ProviderError) as caught:
@@ -332,6 +341,34 @@ async def test_unreachable_server_is_a_retryable_error_naming_the_url() -> None:
     assert caught.value.retryable is True
     assert url in str(caught.value)
     assert len(retries.calls) == 2
+
+
+async def test_unreachable_server_holds_the_call_with_a_reason_naming_the_url() -> None:
+    async with FakeOpenAI() as fake:
+        url = fake.base_url
+    provider = OpenAIProvider(Settings(openai_base_url=url), retry_base_delay=0.001)
+    held = asyncio.Event()
+    retries: list[tuple[int, int, str]] = []
+
+    async def on_retry(attempt: int, max_attempts: int, error: str) -> None:
+        retries.append((attempt, max_attempts, error))
+        if attempt == 0:
+            held.set()
+
+    task = asyncio.create_task(provider.complete(ask(), on_retry=on_retry))
+    try:
+        await asyncio.wait_for(held.wait(), 10)
+        assert provider.breaker.is_open
+        # Held, not failed: only the caller's cancellation (the run timeout) ends it.
+        assert not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        await provider.aclose()
+
+    assert [(a, m) for a, m, _ in retries] == [(2, 3), (3, 3), (0, 0)]
+    assert url in retries[-1][2]
 
 
 async def test_server_rejecting_stream_options_is_asked_again_without_them(

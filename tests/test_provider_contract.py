@@ -14,6 +14,7 @@ from functools import partial
 import pytest
 
 from bot.llm import ProviderError
+from bot.llm_breaker import BreakerPolicy, CircuitBreaker
 from tests.provider_helpers import RetryLog, Served, request_for, serve
 
 ask = partial(request_for, "test-model")
@@ -37,16 +38,38 @@ async def test_dropped_connection_before_text_is_retried(served: Served) -> None
     assert "connection" in retries.calls[0][2]
 
 
-async def test_dropped_connection_after_text_raises_provider_error(served: Served) -> None:
+async def test_stream_cut_mid_answer_is_retried_and_only_the_retry_is_the_answer(
+    served: Served,
+) -> None:
     fake, provider = served.fake, served.provider
     fake.drop_connection(text_before="Some words")
-    fake.reply_text("must not be used")
+    fake.reply_text(["The full ", "answer."])
+    seen: list[str] = []
+
+    async def on_retry(attempt: int, max_attempts: int, error: str) -> None:
+        seen.append(f"<retry {attempt}/{max_attempts}>")
+
+    response = await provider.complete(ask(), on_text=seen.append, on_retry=on_retry)
+
+    # The cut attempt's words reached on_text; on_retry came before the
+    # retry's, which start again from the beginning.
+    assert "".join(seen) == "Some words<retry 2/3>The full answer."
+    assert response.text == "The full answer."
+    assert len(fake.requests) == 2
+
+
+async def test_exhausted_retries_raise_a_retryable_provider_error(served: Served) -> None:
+    fake, provider = served.fake, served.provider
+    provider.breaker = CircuitBreaker(BreakerPolicy(threshold=10))
+    for _ in range(3):
+        fake.drop_connection(text_before="Some words")
 
     with pytest.raises(ProviderError) as caught:
         await provider.complete(ask(), on_text=lambda _: None)
 
     assert caught.value.retryable is True
-    assert len(fake.requests) == 1
+    assert "3 attempts" in str(caught.value)
+    assert len(fake.requests) == 3
 
 
 async def test_retry_after_header_delays_the_retry(served: Served) -> None:
@@ -69,11 +92,9 @@ async def test_cancelling_a_slow_stream_raises_cancelled_and_closes_the_connecti
     await asyncio.wait_for(fake.request_received.wait(), 5)
     await asyncio.sleep(0.1)
 
-    started = time.monotonic()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert time.monotonic() - started < 1.0
 
     await asyncio.wait_for(fake.disconnected.wait(), 2)
     assert fake.disconnects == 1
