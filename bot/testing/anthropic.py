@@ -14,16 +14,29 @@ Scripted responses are served first in, first out: ``reply_text``,
 request asks for ``stream: true``, else one JSON message), ``fail`` enqueues an
 HTTP error, ``fail_mid_stream`` an ``event: error`` after the stream started,
 ``drop_connection`` a stream whose socket closes mid-body.
-A request that finds the queue empty gets a 400 naming the problem, so a test
-that under-scripts fails loudly instead of hanging.
+A request that finds the queue empty gets ``reply_always``'s answer if one was
+set, else a 400 naming the problem, so a test that under-scripts fails loudly
+instead of hanging.
+
+Like the real API it validates the transcript first (see
+:func:`transcript_error`) and answers 400 ``invalid_request_error`` to a
+malformed one, so a code path that builds an invalid history fails its test.
+Faults are injected per test through :attr:`FakeAnthropic.faults` (a share of
+calls failing with 529, 500, 429 + ``retry-after`` or a stream cut after a few
+deltas, and an outage mode where every call gets 529); these come before the
+script, so a failed call leaves its scripted answer for the retry.
+:attr:`FakeAnthropic.arrivals` holds each request's arrival time (on
+:func:`time.monotonic`, the event loop's clock) for counting request rates.
 """
 
 from __future__ import annotations
 
 import json
+import random
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 
@@ -40,13 +53,18 @@ from bot.testing._server import (
 )
 
 __all__ = [
+    "FAULT_KINDS",
     "DropConnection",
     "FakeAnthropic",
+    "FaultKind",
+    "FaultPlan",
     "HttpError",
     "ReceivedRequest",
     "Reply",
     "StreamError",
     "ToolUse",
+    "busiest",
+    "transcript_error",
 ]
 
 
@@ -99,6 +117,102 @@ class StreamError:
     text_before: str = ""
 
 
+FaultKind = Literal["overloaded", "server_error", "rate_limit", "stream_cut"]
+"""A failure the fakes inject: 529 (503 for OpenAI), 500, 429 with
+``retry-after``, or a stream cut after a few deltas with no error event."""
+
+FAULT_KINDS: tuple[FaultKind, ...] = ("overloaded", "server_error", "rate_limit", "stream_cut")
+
+
+@dataclass(slots=True)
+class FaultPlan:
+    """Which calls a fake fails, and how; shared by the Anthropic and OpenAI fakes.
+
+    :meth:`inject` fails a random ``share`` of calls with one of ``kinds``;
+    :meth:`start_outage` fails every call as overloaded until
+    :meth:`end_outage` or a deadline. :attr:`served` lists the faults
+    actually served, in order (``"outage"`` for outage answers).
+    """
+
+    share: float = 0.0
+    kinds: tuple[FaultKind, ...] = FAULT_KINDS
+    retry_after: float = 1.0
+    """Seconds sent in the ``retry-after`` header of an injected 429."""
+    cut_after: int = 2
+    """Content deltas sent before an injected stream cut."""
+    outage_until: float | None = None
+    """:func:`time.monotonic` time the outage ends (``inf``: until :meth:`end_outage`)."""
+    limit: int | None = None
+    """How many more random faults may be served (``None``: no limit)."""
+    served: list[str] = field(default_factory=list)
+    rng: random.Random = field(default_factory=random.Random)
+
+    def inject(
+        self,
+        share: float,
+        *,
+        kinds: Sequence[FaultKind] = FAULT_KINDS,
+        retry_after: float = 1.0,
+        cut_after: int = 2,
+        limit: int | None = None,
+        seed: int | None = None,
+    ) -> None:
+        """Fail a random ``share`` (0 to 1) of calls, each with one of ``kinds``.
+
+        ``limit`` stops after that many faults: ``inject(1.0, kinds=("rate_limit",),
+        limit=1)`` fails exactly the next call. ``seed`` makes the draw repeatable.
+        """
+        self.share = share
+        self.kinds = tuple(kinds)
+        self.retry_after = retry_after
+        self.cut_after = cut_after
+        self.limit = limit
+        if seed is not None:
+            self.rng.seed(seed)
+
+    def start_outage(self, seconds: float | None = None) -> None:
+        """Fail every call as overloaded for ``seconds``, or until :meth:`end_outage`."""
+        self.outage_until = time.monotonic() + seconds if seconds is not None else float("inf")
+
+    def end_outage(self) -> None:
+        """Let calls through again."""
+        self.outage_until = None
+
+    def clear(self) -> None:
+        """No more faults of any kind."""
+        self.share = 0.0
+        self.outage_until = None
+
+    @property
+    def in_outage(self) -> bool:
+        """Whether a call arriving now would get the outage answer."""
+        return self.outage_until is not None and time.monotonic() < self.outage_until
+
+    def draw(self) -> FaultKind | Literal["outage"] | None:
+        """The fault for the call arriving now (recorded in :attr:`served`), if any."""
+        fault: FaultKind | Literal["outage"] | None = None
+        if self.in_outage:
+            fault = "outage"
+        elif self.share > 0 and self.kinds and self.limit != 0 and self.rng.random() < self.share:
+            fault = self.rng.choice(self.kinds)
+            if self.limit is not None:
+                self.limit -= 1
+        if fault is not None:
+            self.served.append(fault)
+        return fault
+
+
+def busiest(times: Sequence[float], window: float) -> int:
+    """The most of ``times`` that fall in any half-open window ``[t, t + window)``."""
+    ordered = sorted(times)
+    most = start = 0
+    for end, at in enumerate(ordered):
+        while ordered[start] <= at - window:
+            start += 1
+        most = max(most, end - start + 1)
+    return most
+
+
 _Event = tuple[str, dict[str, Any]]
 
 _ERROR_STATUS = {
@@ -125,6 +239,12 @@ class FakeAnthropic(FakeServer[Reply | HttpError | StreamError]):
 
     def __init__(self, *, api_key: str | None = None, model: str = "fake-claude") -> None:
         super().__init__(api_key=api_key, model=model)
+        self.faults = FaultPlan()
+        """Faults to inject, checked before the script on every valid request."""
+        self.arrivals: list[float] = []
+        """When each recorded request arrived (:func:`time.monotonic`), as :attr:`requests`."""
+        self.default_reply: Reply | None = None
+        """Served when the script is empty; set with :meth:`reply_always`."""
 
     # -- scripting ---------------------------------------------------------
 
@@ -149,6 +269,16 @@ class FakeAnthropic(FakeServer[Reply | HttpError | StreamError]):
                 chunk_delay=chunk_delay,
             )
         )
+
+    def reply_always(
+        self, *blocks: str | Sequence[str] | ToolUse, chunk_delay: float = 0.0
+    ) -> None:
+        """Answer every request the script does not cover with these blocks."""
+        self.default_reply = Reply(blocks=blocks, chunk_delay=chunk_delay)
+
+    def busiest(self, window: float, *, since: float = float("-inf")) -> int:
+        """The most requests that arrived within any ``window`` seconds after ``since``."""
+        return busiest([at for at in self.arrivals if at >= since], window)
 
     def reply_text(self, text: str | Sequence[str], **kwargs: Any) -> None:
         """Enqueue a text-only answer; a list of strings fixes the exact deltas."""
@@ -184,6 +314,11 @@ class FakeAnthropic(FakeServer[Reply | HttpError | StreamError]):
 
     # -- serving -----------------------------------------------------------
 
+    async def _receive(self, request: web.Request, api_key: str | None) -> dict[str, Any]:
+        body = await super()._receive(request, api_key)
+        self.arrivals.append(time.monotonic())
+        return body
+
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         api_key = request.headers.get("X-Api-Key")
         auth = request.headers.get("Authorization", "")
@@ -193,7 +328,16 @@ class FakeAnthropic(FakeServer[Reply | HttpError | StreamError]):
 
         if not api_key or (self.api_key is not None and api_key != self.api_key):
             return _error_response(401, "authentication_error", "invalid x-api-key")
+        problem = transcript_error(body)
+        if problem is not None:
+            return _error_response(400, "invalid_request_error", problem)
+        stream = bool(body.get("stream"))
+        fault = self.faults.draw()
+        if fault is not None:
+            return await self._inject(request, body, fault, stream)
         item = self._next_item()
+        if item is None:
+            item = self.default_reply
         if item is None:
             return _error_response(
                 400, "invalid_request_error", "FakeAnthropic: no scripted response queued"
@@ -201,7 +345,6 @@ class FakeAnthropic(FakeServer[Reply | HttpError | StreamError]):
         if isinstance(item, HttpError):
             return _error_response(item.status, item.error_type, item.message, item.headers)
 
-        stream = bool(body.get("stream"))
         if isinstance(item, DropConnection):
             return await self._drop(request, item)
         if isinstance(item, StreamError):
@@ -267,10 +410,39 @@ class FakeAnthropic(FakeServer[Reply | HttpError | StreamError]):
             },
         }
 
-    async def _stream_reply(
-        self, request: web.Request, body: Mapping[str, Any], reply: Reply
+    async def _inject(
+        self,
+        request: web.Request,
+        body: Mapping[str, Any],
+        fault: FaultKind | Literal["outage"],
+        stream: bool,
     ) -> web.StreamResponse:
-        response = await open_sse(request)
+        if fault in ("outage", "overloaded"):
+            return _error_response(529, "overloaded_error", "Overloaded")
+        if fault == "server_error":
+            return _error_response(500, "api_error", "Internal server error")
+        if fault == "rate_limit":
+            # The real API sends whole seconds; tests may use fractions.
+            wait = f"{self.faults.retry_after:g}"
+            message = "Number of request tokens has exceeded your per-minute rate limit"
+            return _error_response(429, "rate_limit_error", message, {"retry-after": wait})
+        if not stream:
+            return await drop_after(request, [])
+        # The network cuts what the model was about to say: the answer the
+        # script holds for the retry, cut after a few deltas, no error event.
+        head = self._script[0] if self._script else None
+        reply = head if isinstance(head, Reply) else self.default_reply
+        events = self._reply_events(body, reply or Reply(blocks=("An answer cut short",)))
+        kept: list[_Event] = []
+        deltas = 0
+        for name, data in events[:-2]:
+            if name == "content_block_delta" and deltas >= self.faults.cut_after:
+                break
+            deltas += name == "content_block_delta"
+            kept.append((name, data))
+        return await drop_after(request, _frames(kept))
+
+    def _reply_events(self, body: Mapping[str, Any], reply: Reply) -> list[_Event]:
         events: list[_Event] = [("message_start", self._start_event(body, reply.input_tokens))]
         if reply.ping:
             events.append(("ping", {"type": "ping"}))
@@ -287,7 +459,13 @@ class FakeAnthropic(FakeServer[Reply | HttpError | StreamError]):
             )
         )
         events.append(("message_stop", {"type": "message_stop"}))
-        await self._send(response, _frames(events), reply.chunk_delay)
+        return events
+
+    async def _stream_reply(
+        self, request: web.Request, body: Mapping[str, Any], reply: Reply
+    ) -> web.StreamResponse:
+        response = await open_sse(request)
+        await self._send(response, _frames(self._reply_events(body, reply)), reply.chunk_delay)
         return response
 
     def _block_events(self, index: int, block: str | Sequence[str] | ToolUse) -> list[_Event]:
@@ -352,5 +530,121 @@ def _frames(events: list[_Event]) -> list[bytes]:
 def _error_response(
     status: int, error_type: str, message: str, headers: Mapping[str, str] | None = None
 ) -> web.Response:
-    payload = {"type": "error", "error": {"type": error_type, "message": message}}
+    payload = {
+        "type": "error",
+        "error": {"type": error_type, "message": message},
+        "request_id": f"req_fake{random.getrandbits(40):010x}",
+    }
     return json_error(status, payload, headers)
+
+
+# -- transcript validation ------------------------------------------------------
+
+
+def transcript_error(body: Mapping[str, Any]) -> str | None:
+    """What the real Messages API would reject in ``body``'s messages, or ``None``.
+
+    The checks, with the API's own wording: a non-empty ``messages`` list;
+    roles ``user`` and ``assistant`` only, the first one ``user``; no empty
+    content (an empty string or list, or a text block without non-whitespace
+    text, the final assistant message included); and, after consecutive
+    messages of one role are merged as the API does, every ``tool_use`` answered
+    by a ``tool_result`` with its id at the start of the very next message, and
+    no ``tool_result`` without a ``tool_use`` in the message before.
+    """
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "messages: at least one message is required"
+    merged: list[tuple[int, str, list[Mapping[str, Any]]]] = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            return f"messages.{i}: Input should be a valid dictionary"
+        role = message.get("role")
+        if role not in ("user", "assistant"):
+            return f"messages.{i}.role: Input should be 'user' or 'assistant'"
+        blocks, problem = _content_blocks(i, message.get("content"))
+        if problem is not None:
+            return problem
+        if merged and merged[-1][1] == role:
+            merged[-1][2].extend(blocks)
+        else:
+            merged.append((i, role, blocks))
+    if merged[0][1] != "user":
+        return 'messages: first message must use the "user" role'
+    for k, (i, role, blocks) in enumerate(merged):
+        if role == "assistant":
+            problem = _unanswered_tool_uses(
+                i, blocks, merged[k + 1] if k + 1 < len(merged) else None
+            )
+        else:
+            previous = merged[k - 1][2] if k > 0 else []
+            problem = _orphan_tool_results(i, blocks, previous)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _content_blocks(i: int, content: object) -> tuple[list[Mapping[str, Any]], str | None]:
+    empty = f"messages.{i}: all messages must have non-empty content"
+    if isinstance(content, str):
+        if not content:
+            return [], empty
+        if not content.strip():
+            return [], f"messages.{i}: text content blocks must contain non-whitespace text"
+        return [{"type": "text", "text": content}], None
+    if not isinstance(content, list) or not content:
+        return [], empty
+    blocks: list[Mapping[str, Any]] = []
+    for j, block in enumerate(content):
+        if not isinstance(block, Mapping) or not isinstance(block.get("type"), str):
+            return [], f"messages.{i}.content.{j}: Input should be a valid content block"
+        if block["type"] == "text":
+            text = block.get("text")
+            if not isinstance(text, str) or not text:
+                return [], f"messages.{i}.content.{j}.text: text content blocks must be non-empty"
+            if not text.strip():
+                return [], (
+                    f"messages.{i}.content.{j}.text: "
+                    "text content blocks must contain non-whitespace text"
+                )
+        blocks.append(block)
+    return blocks, None
+
+
+def _unanswered_tool_uses(
+    i: int,
+    blocks: Sequence[Mapping[str, Any]],
+    following: tuple[int, str, list[Mapping[str, Any]]] | None,
+) -> str | None:
+    uses = [str(b.get("id")) for b in blocks if b["type"] == "tool_use"]
+    if not uses:
+        return None
+    answered: set[str] = set()
+    if following is not None:
+        # Results must open the next message: text before them does not count.
+        for block in following[2]:
+            if block["type"] != "tool_result":
+                break
+            answered.add(str(block.get("tool_use_id")))
+    missing = [u for u in uses if u not in answered]
+    if not missing:
+        return None
+    return (
+        f"messages.{i}: `tool_use` ids were found without `tool_result` blocks immediately "
+        f"after: {', '.join(missing)}. Each `tool_use` block must have a corresponding "
+        "`tool_result` block in the next message."
+    )
+
+
+def _orphan_tool_results(
+    i: int, blocks: Sequence[Mapping[str, Any]], previous: Sequence[Mapping[str, Any]]
+) -> str | None:
+    uses = {str(b.get("id")) for b in previous if b["type"] == "tool_use"}
+    for j, block in enumerate(blocks):
+        if block["type"] == "tool_result" and str(block.get("tool_use_id")) not in uses:
+            return (
+                f"messages.{i}.content.{j}: unexpected `tool_use_id` found in `tool_result` "
+                f"blocks: {block.get('tool_use_id')}. Each `tool_result` block must have a "
+                "corresponding `tool_use` block in the previous message."
+            )
+    return None

@@ -15,7 +15,15 @@ as the SDK expects). Scripted responses are served first in, first out:
 ``data:`` chunks ending in ``data: [DONE]`` when ``stream`` is true, else one
 JSON object), ``fail`` enqueues an HTTP error, ``fail_mid_stream`` an error
 object inside the stream, ``drop_connection`` a stream whose socket closes.
-A request that finds the queue empty gets a 400 naming the problem.
+A request that finds the queue empty gets ``reply_always``'s answer if one was
+set, else a 400 naming the problem.
+
+Like OpenAI it validates the transcript first (see :func:`transcript_error`)
+and answers 400 ``invalid_request_error`` to a malformed one. Faults are
+injected per test through :attr:`FakeOpenAI.faults`, the same
+:class:`~bot.testing.anthropic.FaultPlan` the Anthropic fake uses (overload
+here is OpenAI's 503), and :attr:`FakeOpenAI.arrivals` holds each request's
+arrival time on :func:`time.monotonic`.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 
@@ -39,15 +47,18 @@ from bot.testing._server import (
     split_words,
     sse,
 )
+from bot.testing.anthropic import FaultKind, FaultPlan, busiest
 
 __all__ = [
     "DropConnection",
     "FakeOpenAI",
+    "FaultPlan",
     "FunctionCall",
     "HttpError",
     "ReceivedRequest",
     "Reply",
     "StreamError",
+    "transcript_error",
 ]
 
 
@@ -126,6 +137,12 @@ class FakeOpenAI(FakeServer[Reply | HttpError | StreamError]):
 
     def __init__(self, *, api_key: str | None = None, model: str = "fake-gpt") -> None:
         super().__init__(api_key=api_key, model=model)
+        self.faults = FaultPlan()
+        """Faults to inject, checked before the script on every valid request."""
+        self.arrivals: list[float] = []
+        """When each recorded request arrived (:func:`time.monotonic`), as :attr:`requests`."""
+        self.default_reply: Reply | None = None
+        """Served when the script is empty; set with :meth:`reply_always`."""
 
     # -- scripting ---------------------------------------------------------
 
@@ -153,6 +170,14 @@ class FakeOpenAI(FakeServer[Reply | HttpError | StreamError]):
                 chunk_delay=chunk_delay,
             )
         )
+
+    def reply_always(self, text: str | Sequence[str], *, chunk_delay: float = 0.0) -> None:
+        """Answer every request the script does not cover with ``text``."""
+        self.default_reply = Reply(text=text, chunk_delay=chunk_delay)
+
+    def busiest(self, window: float, *, since: float = float("-inf")) -> int:
+        """The most requests that arrived within any ``window`` seconds after ``since``."""
+        return busiest([at for at in self.arrivals if at >= since], window)
 
     def reply_text(self, text: str | Sequence[str], **kwargs: Any) -> None:
         """Enqueue a text-only answer; a list of strings fixes the exact deltas."""
@@ -188,6 +213,11 @@ class FakeOpenAI(FakeServer[Reply | HttpError | StreamError]):
 
     # -- serving -----------------------------------------------------------
 
+    async def _receive(self, request: web.Request, api_key: str | None) -> dict[str, Any]:
+        body = await super()._receive(request, api_key)
+        self.arrivals.append(time.monotonic())
+        return body
+
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         auth = request.headers.get("Authorization", "")
         api_key = auth[7:].strip() if auth.lower().startswith("bearer ") else None
@@ -198,7 +228,16 @@ class FakeOpenAI(FakeServer[Reply | HttpError | StreamError]):
             return _error_response(
                 401, "Incorrect API key provided", "invalid_request_error", "invalid_api_key"
             )
+        problem = transcript_error(body)
+        if problem is not None:
+            message, param, code = problem
+            return _error_response(400, message, "invalid_request_error", code, param=param)
+        fault = self.faults.draw()
+        if fault is not None:
+            return await self._inject(request, body, fault)
         item = self._next_item()
+        if item is None:
+            item = self.default_reply
         if item is None:
             return _error_response(
                 400, "FakeOpenAI: no scripted response queued", "invalid_request_error"
@@ -234,6 +273,36 @@ class FakeOpenAI(FakeServer[Reply | HttpError | StreamError]):
             # No [DONE]: a server that hits an error ends the stream there.
             await self._send(response, _frames(chunks), 0.0)
         return response
+
+    async def _inject(
+        self, request: web.Request, body: Mapping[str, Any], fault: FaultKind | Literal["outage"]
+    ) -> web.StreamResponse:
+        if fault in ("outage", "overloaded"):
+            # OpenAI's overload answer; it has no 529.
+            message = "The server is overloaded or not ready yet."
+            return _error_response(503, message, "server_error")
+        if fault == "server_error":
+            message = "The server had an error while processing your request. Sorry about that!"
+            return _error_response(500, message, "server_error")
+        if fault == "rate_limit":
+            wait = f"{self.faults.retry_after:g}"
+            message = "Rate limit reached for requests. Please try again later."
+            return _error_response(
+                429, message, "requests", "rate_limit_exceeded", {"retry-after": wait}
+            )
+        if not body.get("stream"):
+            return await drop_after(request, [])
+        # The network cuts what the model was about to say: the answer the
+        # script holds for the retry, cut after a few deltas, no error object.
+        head = self._script[0] if self._script else None
+        reply = head if isinstance(head, Reply) else self.default_reply
+        reply = reply or Reply(text="An answer cut short")
+        model = str(body.get("model", self.model))
+        chunks = self._reply_chunks(f"chatcmpl-{next(self._ids):04d}", model, reply, False)
+        # The opening chunk carries no content; keep it and cut_after deltas,
+        # never the finishing chunk.
+        kept = chunks[: min(1 + self.faults.cut_after, len(chunks) - 1)]
+        return await drop_after(request, _frames(kept))
 
     def _call_id(self, call: FunctionCall) -> str:
         return call.id or f"call_{next(self._ids):04d}"
@@ -332,6 +401,78 @@ def _error_response(
     error_type: str,
     code: str | None = None,
     headers: Mapping[str, str] | None = None,
+    *,
+    param: str | None = None,
 ) -> web.Response:
-    payload = {"error": {"message": message, "type": error_type, "param": None, "code": code}}
+    payload = {"error": {"message": message, "type": error_type, "param": param, "code": code}}
     return json_error(status, payload, headers)
+
+
+_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+def transcript_error(body: Mapping[str, Any]) -> tuple[str, str, str | None] | None:
+    """What OpenAI would reject in ``body``'s messages: ``(message, param, code)`` or ``None``.
+
+    The checks, with OpenAI's own wording: a non-empty ``messages`` list; known
+    roles; every assistant message with ``tool_calls`` followed directly by
+    ``tool`` messages answering each call id; no ``tool`` message that does
+    not answer a call of the assistant message before that run of tool messages.
+    """
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return (
+            "Invalid 'messages': empty array. Expected an array with minimum length 1, "
+            "but got an empty array instead.",
+            "messages",
+            "empty_array",
+        )
+    pending: list[str] = []
+    calls: set[str] = set()
+    opened_at = 0
+    for i, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, Mapping) else None
+        if role not in _ROLES:
+            supported = "'system', 'assistant', 'user', 'tool', and 'function'"
+            return (
+                f"Invalid value: '{role}'. Supported values are: {supported}.",
+                f"messages[{i}].role",
+                "invalid_value",
+            )
+        assert isinstance(message, Mapping)
+        if role == "tool":
+            call_id = str(message.get("tool_call_id"))
+            if not calls:
+                return (
+                    "Invalid parameter: messages with role 'tool' must be a response to a "
+                    "preceeding message with 'tool_calls'.",
+                    f"messages.[{i}].role",
+                    None,
+                )
+            if call_id not in calls:
+                return (
+                    f"Invalid parameter: 'tool_call_id' of '{call_id}' not found in "
+                    "'tool_calls' of previous message.",
+                    f"messages.[{i}].tool_call_id",
+                    None,
+                )
+            pending = [p for p in pending if p != call_id]
+            continue
+        if pending:
+            return _unanswered(opened_at, pending)
+        calls = set()
+        if role == "assistant" and message.get("tool_calls"):
+            pending = [str(c.get("id")) for c in message["tool_calls"] if isinstance(c, Mapping)]
+            calls = set(pending)
+            opened_at = i
+    return _unanswered(opened_at, pending) if pending else None
+
+
+def _unanswered(i: int, pending: Sequence[str]) -> tuple[str, str, str | None]:
+    return (
+        "An assistant message with 'tool_calls' must be followed by tool messages responding "
+        "to each 'tool_call_id'. The following tool_call_ids did not have response messages: "
+        f"{', '.join(pending)}",
+        f"messages.[{i}].role",
+        None,
+    )
