@@ -32,8 +32,11 @@ async def test_an_outage_holds_runs_tells_each_chat_once_and_answers_all_after(
             await app.dispatcher.submit(InboundMessage(
                 channel="test", chat_id=f"u{i}", chat_type="direct", sender_id=f"u{i}",
                 text=f"question {i}", event_id=f"q{i}"))
-        while breaker.waiting < 10:
-            await asyncio.sleep(0.05)
+        async with asyncio.timeout(10):
+            while sum(m.text == HELD_NOTICE for m in channel.sent) < 10:
+                channel.arrived.clear()
+                await channel.arrived.wait()
+        assert breaker.waiting == 10
         await asyncio.sleep(1.0)  # several probe steps with everyone held
         during = len(fake.requests)
         fake.faults.end_outage()
