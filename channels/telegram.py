@@ -176,7 +176,6 @@ class TelegramChannel(Channel):
         self._polling: asyncio.Task[None] | None = None
         self._fetching: asyncio.Task[list[Update]] | None = None
         self._webhook: web.AppRunner | None = None
-        self._background: set[asyncio.Task[Any]] = set()
         self._sending = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -272,9 +271,6 @@ class TelegramChannel(Channel):
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(STOP_GRACE):
                 await self._idle.wait()
-        for task in list(self._background):
-            task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
         if self.bot is not None:
             await self.bot.session.close()
 
@@ -753,11 +749,6 @@ class TelegramChannel(Channel):
             except Exception as exc:
                 log.debug("telegram: typing status not sent: %s", _describe(exc))
             await asyncio.sleep(self.typing_interval)
-
-    def _spawn(self, coro: Awaitable[Any]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
 
 class _DraftStream:
