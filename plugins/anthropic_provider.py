@@ -38,6 +38,7 @@ from bot.llm import (
 )
 from bot.llm_breaker import CircuitBreaker
 from plugins.provider_retry import (
+    DEFAULT_MAX_ATTEMPTS,
     AttemptFailed,
     RetryPolicy,
     is_retryable_status,
@@ -73,7 +74,7 @@ class AnthropicProvider:
         self,
         settings: Settings,
         *,
-        max_attempts: int = 3,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         retry_base_delay: float = 0.5,
         breaker: CircuitBreaker | None = None,
     ) -> None:

@@ -41,6 +41,7 @@ from bot.llm import (
 )
 from bot.llm_breaker import CircuitBreaker
 from plugins.provider_retry import (
+    DEFAULT_MAX_ATTEMPTS,
     RETRYABLE_STATUSES,
     AttemptFailed,
     RetryPolicy,
@@ -71,7 +72,7 @@ class OpenAIProvider:
         self,
         settings: Settings,
         *,
-        max_attempts: int = 3,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         retry_base_delay: float = 0.5,
         breaker: CircuitBreaker | None = None,
     ) -> None:

@@ -25,6 +25,8 @@ from bot.llm import OnRetry, OnText, ProviderError, ToolCall
 from bot.llm_breaker import CircuitBreaker
 
 __all__ = [
+    "DEFAULT_MAX_ATTEMPTS",
+    "MAX_BACKOFF",
     "MAX_RETRY_AFTER",
     "RETRYABLE_STATUSES",
     "AttemptFailed",
@@ -48,17 +50,27 @@ RETRYABLE_STATUSES = frozenset({408, 409, 429})
 MAX_RETRY_AFTER = 30.0
 """The longest ``retry-after`` honoured, in seconds; a chat cannot wait longer."""
 
+MAX_BACKOFF = 8.0
+"""The longest wait between two attempts without a ``retry-after``, in seconds."""
+
+DEFAULT_MAX_ATTEMPTS = 6
+"""Attempts per call while the provider is healthy. Six, not three: with a fifth
+of calls failing at random, three attempts lose about 1 call in 125 and six
+about 1 in 15,000; an outage does not multiply requests, as the breaker holds
+calls once failures come in a row."""
+
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """How often and how patiently a provider retries.
 
     ``max_attempts`` counts the first try (below 1 means 1); retry ``n`` waits
-    about ``base_delay * 2**(n-1)`` seconds, longer if the server sends
-    ``retry-after`` (honoured up to :data:`MAX_RETRY_AFTER`).
+    about ``base_delay * 2**(n-1)`` seconds (at most :data:`MAX_BACKOFF`),
+    longer if the server sends ``retry-after`` (honoured up to
+    :data:`MAX_RETRY_AFTER`).
     """
 
-    max_attempts: int = 3
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
     base_delay: float = 0.5
 
 
@@ -102,11 +114,12 @@ def parse_retry_after(value: str | None) -> float | None:
 def backoff_delay(attempt: int, base_delay: float, retry_after: float | None) -> float:
     """Seconds to wait before ``attempt`` (2 for the first retry).
 
-    ``base_delay * 2**(attempt-2)`` plus up to 10 % jitter, so clients that
-    failed together do not retry together; at least ``retry_after`` when the
-    server sent one, capped at :data:`MAX_RETRY_AFTER`.
+    ``base_delay * 2**(attempt-2)`` (at most :data:`MAX_BACKOFF`) plus up to
+    10 % jitter, so clients that failed together do not retry together; at
+    least ``retry_after`` when the server sent one, capped at
+    :data:`MAX_RETRY_AFTER`.
     """
-    delay = base_delay * 2.0 ** (attempt - 2)
+    delay = min(base_delay * 2.0 ** min(attempt - 2, 64), MAX_BACKOFF)
     delay += random.uniform(0, delay * 0.1)
     if retry_after is not None:
         delay = max(delay, min(retry_after, MAX_RETRY_AFTER))

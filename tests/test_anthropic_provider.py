@@ -15,6 +15,7 @@ from bot.llm import ChatMessage, LLMRequest, ProviderError, ToolCall, ToolSpec
 from bot.llm_breaker import BreakerPolicy, CircuitBreaker
 from bot.testing.anthropic import FakeAnthropic, ToolUse
 from plugins.anthropic_provider import AnthropicProvider
+from plugins.provider_retry import RetryPolicy
 from tests.provider_helpers import ANTHROPIC_KEY as KEY
 from tests.provider_helpers import RetryLog, anthropic_for, request_for
 
@@ -251,7 +252,7 @@ async def test_transient_http_error_is_retried_with_on_retry_then_succeeds(
 
     assert response.text == "recovered"
     assert len(fake.requests) == 2
-    assert [(a, m) for a, m, _ in retries.calls] == [(2, 3)]
+    assert [(a, m) for a, m, _ in retries.calls] == [(2, 6)]
     assert str(status) in retries.calls[0][2]
 
 
@@ -273,6 +274,7 @@ async def test_three_failures_below_the_breaker_threshold_raise_after_two_retrie
     # With the default threshold the third failure would open the breaker and
     # hold the call instead (tests/test_llm_outage.py).
     provider.breaker = CircuitBreaker(BreakerPolicy(threshold=10))
+    provider.retry = RetryPolicy(3, 0.001)
     for _ in range(3):
         fake.fail(529, "overloaded_error", "Overloaded")
     fake.reply_text("never reached")
@@ -385,7 +387,7 @@ async def test_overloaded_error_event_after_text_is_retried_and_the_answer_resta
 
     assert fragments == ["Half an ans", "The whole ", "answer."]
     assert response.text == "The whole answer."
-    assert [(a, m) for a, m, _ in retries.calls] == [(2, 3)]
+    assert [(a, m) for a, m, _ in retries.calls] == [(2, 6)]
     assert "Overloaded" in retries.calls[0][2]
     assert len(fake.requests) == 2
 

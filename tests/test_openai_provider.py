@@ -15,6 +15,7 @@ from bot.llm import ChatMessage, LLMRequest, ProviderError, ToolCall, ToolSpec
 from bot.llm_breaker import BreakerPolicy, CircuitBreaker
 from bot.testing.openai import FakeOpenAI, FunctionCall
 from plugins.openai_provider import OpenAIProvider
+from plugins.provider_retry import RetryPolicy
 from tests.provider_helpers import OPENAI_KEY as KEY
 from tests.provider_helpers import RetryLog, openai_for, request_for
 
@@ -197,7 +198,7 @@ async def test_transient_http_error_is_retried_with_on_retry_then_succeeds(
 
     assert response.text == "recovered"
     assert len(fake.requests) == 2
-    assert [(a, m) for a, m, _ in retries.calls] == [(2, 3)]
+    assert [(a, m) for a, m, _ in retries.calls] == [(2, 6)]
     assert str(status) in retries.calls[0][2]
 
 
@@ -207,6 +208,7 @@ async def test_three_failures_below_the_breaker_threshold_raise_after_two_retrie
     # With the default threshold the third failure would open the breaker and
     # hold the call instead (tests/test_llm_outage.py).
     provider.breaker = CircuitBreaker(BreakerPolicy(threshold=10))
+    provider.retry = RetryPolicy(3, 0.001)
     for _ in range(3):
         fake.fail(429, "Rate limit reached")
     fake.reply_text("never reached")
@@ -290,7 +292,7 @@ async def test_server_error_object_after_text_is_retried_and_the_answer_restarts
 
     assert "".join(fragments) == "Half an ansThe whole answer."
     assert response.text == "The whole answer."
-    assert [(a, m) for a, m, _ in retries.calls] == [(2, 3)]
+    assert [(a, m) for a, m, _ in retries.calls] == [(2, 6)]
     assert "model crashed" in retries.calls[0][2]
     assert len(fake.requests) == 2
 
@@ -328,6 +330,7 @@ async def test_unreachable_server_is_a_retryable_error_naming_the_url() -> None:
         url = fake.base_url
     provider = OpenAIProvider(
         Settings(openai_base_url=url),
+        max_attempts=3,
         retry_base_delay=0.001,
         breaker=CircuitBreaker(BreakerPolicy(threshold=10)),
     )
@@ -367,7 +370,7 @@ async def test_unreachable_server_holds_the_call_with_a_reason_naming_the_url() 
     finally:
         await provider.aclose()
 
-    assert [(a, m) for a, m, _ in retries] == [(2, 3), (3, 3), (0, 0)]
+    assert [(a, m) for a, m, _ in retries] == [(2, 6), (3, 6), (0, 0)]
     assert url in retries[-1][2]
 
 

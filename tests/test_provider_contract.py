@@ -15,6 +15,7 @@ import pytest
 
 from bot.llm import ProviderError
 from bot.llm_breaker import BreakerPolicy, CircuitBreaker
+from plugins.provider_retry import RetryPolicy
 from tests.provider_helpers import RetryLog, Served, request_for, serve
 
 ask = partial(request_for, "test-model")
@@ -53,7 +54,7 @@ async def test_stream_cut_mid_answer_is_retried_and_only_the_retry_is_the_answer
 
     # The cut attempt's words reached on_text; on_retry came before the
     # retry's, which start again from the beginning.
-    assert "".join(seen) == "Some words<retry 2/3>The full answer."
+    assert "".join(seen) == "Some words<retry 2/6>The full answer."
     assert response.text == "The full answer."
     assert len(fake.requests) == 2
 
@@ -61,6 +62,7 @@ async def test_stream_cut_mid_answer_is_retried_and_only_the_retry_is_the_answer
 async def test_exhausted_retries_raise_a_retryable_provider_error(served: Served) -> None:
     fake, provider = served.fake, served.provider
     provider.breaker = CircuitBreaker(BreakerPolicy(threshold=10))
+    provider.retry = RetryPolicy(3, 0.001)
     for _ in range(3):
         fake.drop_connection(text_before="Some words")
 
