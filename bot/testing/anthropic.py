@@ -430,7 +430,9 @@ class FakeAnthropic(FakeServer[Reply | HttpError | StreamError]):
             return await drop_after(request, [])
         # The network cuts what the model was about to say: the answer the
         # script holds for the retry, cut after a few deltas, no error event.
-        head = self._script[0] if self._script else None
+        # An empty script leaves _next_item to a subclass that computes its
+        # answers from the request; the base class then consumes nothing.
+        head = self._script[0] if self._script else self._next_item()
         reply = head if isinstance(head, Reply) else self.default_reply
         events = self._reply_events(body, reply or Reply(blocks=("An answer cut short",)))
         kept: list[_Event] = []

@@ -294,7 +294,9 @@ class FakeOpenAI(FakeServer[Reply | HttpError | StreamError]):
             return await drop_after(request, [])
         # The network cuts what the model was about to say: the answer the
         # script holds for the retry, cut after a few deltas, no error object.
-        head = self._script[0] if self._script else None
+        # An empty script leaves _next_item to a subclass that computes its
+        # answers from the request; the base class then consumes nothing.
+        head = self._script[0] if self._script else self._next_item()
         reply = head if isinstance(head, Reply) else self.default_reply
         reply = reply or Reply(text="An answer cut short")
         model = str(body.get("model", self.model))
