@@ -108,6 +108,10 @@ class AnthropicProvider:
     ) -> LLMResponse:
         """Run one model call, streaming text to ``on_text``.
 
+        ``on_retry(attempt, max_attempts, error)`` comes before each retry and
+        voids the text streamed so far (the retry streams from the start);
+        ``on_retry(0, 0, reason)`` says the call is held by the breaker during
+        an outage, once per call (see :func:`plugins.provider_retry.with_retries`).
         Raises :class:`ProviderError` when the call fails for good.
         """
         if self._missing_key:
