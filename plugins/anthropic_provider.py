@@ -335,7 +335,9 @@ def _blocks_for(message: ChatMessage) -> tuple[str, list[_Block]]:
         }
         return "user", [result]
     blocks: list[_Block] = []
-    if message.content:
+    # The API rejects text blocks without non-whitespace text, and models do
+    # write a bare "\n\n" before a tool call: such text carries nothing.
+    if message.content.strip():
         blocks.append({"type": "text", "text": message.content})
     if message.role == "assistant":
         for call in message.tool_calls:

@@ -240,6 +240,27 @@ async def test_tool_results_come_before_text_when_a_user_message_precedes_them(
     assert [block["type"] for block in last["content"]] == ["tool_result", "text"]
 
 
+async def test_whitespace_only_assistant_text_is_left_out_so_the_api_accepts_the_history(
+    fake: FakeAnthropic, provider: AnthropicProvider
+) -> None:
+    fake.reply_text("ok")
+    history = (
+        ChatMessage("user", "go"),
+        ChatMessage("assistant", "\n\n", tool_calls=(ToolCall("toolu_1", "list_dir", {}),)),
+        ChatMessage("tool", "a.txt", tool_call_id="toolu_1"),
+        ChatMessage("assistant", " "),
+        ChatMessage("user", "and now?"),
+    )
+
+    response = await provider.complete(ask(*history))
+
+    assert response.text == "ok"
+    assert fake.last_request.body["messages"][1] == {
+        "role": "assistant",
+        "content": [{"type": "tool_use", "id": "toolu_1", "name": "list_dir", "input": {}}],
+    }
+
+
 @pytest.mark.parametrize("status", [529, 429, 500, 503])
 async def test_transient_http_error_is_retried_with_on_retry_then_succeeds(
     fake: FakeAnthropic, provider: AnthropicProvider, status: int
