@@ -836,12 +836,29 @@ class _DraftStream:
 # -- receiving: tolerant parsing ------------------------------------------------------
 
 
-def parse_update(raw: Any, bot: Bot) -> Update | None:
+class _Reported:
+    """Update ids already warned about: a batch fetched again (after the handler
+    refused an earlier update) must not repeat the warning for a bad one."""
+
+    def __init__(self) -> None:
+        self._ids: OrderedDict[int, None] = OrderedDict()
+
+    def first(self, update_id: int) -> bool:
+        if update_id in self._ids:
+            return False
+        self._ids[update_id] = None
+        if len(self._ids) > SEEN_UPDATES:
+            self._ids.popitem(last=False)
+        return True
+
+
+def parse_update(raw: Any, bot: Bot, reported: _Reported | None = None) -> Update | None:
     """``raw`` as an :class:`Update`; a malformed one is logged and becomes an empty one.
 
     The empty update keeps its ``update_id``, so polling still confirms it
     (otherwise the server would send it again forever); one without a usable
-    id cannot be confirmed and is dropped.
+    id cannot be confirmed and is dropped. With ``reported``, an update is
+    warned about only the first time.
     """
     try:
         return Update.model_validate(raw, context={"bot": bot})
@@ -853,13 +870,14 @@ def parse_update(raw: Any, bot: Bot) -> Update | None:
         else:
             why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         if isinstance(update_id, int) and not isinstance(update_id, bool):
-            log.warning("telegram: update %d is malformed (%s); skipped", update_id, why)
+            if reported is None or reported.first(update_id):
+                log.warning("telegram: update %d is malformed (%s); skipped", update_id, why)
             return Update(update_id=update_id)
         log.warning("telegram: an update without a valid update_id was skipped (%s)", why)
         return None
 
 
-def _undecodable(text: str) -> Update | None:
+def _undecodable(text: str, reported: _Reported) -> Update | None:
     """An update whose JSON cannot be decoded (nested beyond the decoder's depth).
 
     Its ``update_id`` is read with a pattern so it can still be confirmed.
@@ -869,8 +887,9 @@ def _undecodable(text: str) -> Update | None:
         log.warning("telegram: an undecodable update without an update_id was skipped")
         return None
     update_id = int(found.group(1))
-    log.warning("telegram: update %d is not decodable (nested too deeply); skipped",
-                update_id)
+    if reported.first(update_id):
+        log.warning("telegram: update %d is not decodable (nested too deeply); skipped",
+                    update_id)
     return Update(update_id=update_id)
 
 
@@ -963,6 +982,10 @@ class _Session(AiohttpSession):
     split without decoding and each element decoded alone.
     """
 
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.reported = _Reported()
+
     def check_response(self, bot: Bot, method: TelegramMethod[TelegramType],
                        status_code: int, content: str) -> Response[TelegramType]:
         if isinstance(method, GetUpdates) and HTTPStatus.OK <= status_code <= HTTPStatus.IM_USED:
@@ -984,9 +1007,9 @@ class _Session(AiohttpSession):
                 try:
                     raw = self.json_loads(element)
                 except (ValueError, RecursionError):
-                    update = _undecodable(element)
+                    update = _undecodable(element, self.reported)
                 else:
-                    update = parse_update(raw, bot)
+                    update = parse_update(raw, bot, self.reported)
                 if update is not None:
                     updates.append(update)
             return updates
@@ -994,7 +1017,8 @@ class _Session(AiohttpSession):
             return None
         if isinstance(data, dict) and data.get("ok") is True \
                 and isinstance(data.get("result"), list):
-            return [u for raw in data["result"] if (u := parse_update(raw, bot)) is not None]
+            return [u for raw in data["result"]
+                    if (u := parse_update(raw, bot, self.reported)) is not None]
         return None
 
 

@@ -137,6 +137,20 @@ async def test_malformed_and_absurdly_nested_updates_are_skipped_with_one_warnin
     assert tg.polling is not None and not tg.polling.done()
 
 
+async def test_a_bad_update_served_again_after_a_refusal_is_warned_about_once(
+        start_tg: StartTg, fake_telegram: FakeTelegram,
+        caplog: pytest.LogCaptureFixture) -> None:
+    inbox = Inbox(failures=1)
+    first = fake_telegram.private_message("refused once")
+    broken = fake_telegram.push_raw({"update_id": first["update_id"] + 1, "message": 5})
+    await start_tg(inbox)
+    await fake_telegram.wait_confirmed(broken)
+    assert inbox.texts() == ["refused once"]
+    assert len(fake_telegram.calls_of("getUpdates")) >= 3  # the batch was served twice
+    malformed = [w for w in telegram_warnings(caplog) if "malformed" in w.getMessage()]
+    assert len(malformed) == 1
+
+
 async def test_a_429_on_get_updates_holds_polling_for_retry_after(
         start_tg: StartTg, fake_telegram: FakeTelegram) -> None:
     inbox = Inbox()
