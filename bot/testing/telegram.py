@@ -17,8 +17,16 @@ limit, so a test sees the same 400s a real bot would::
         assert call.params["chat_id"] == update["message"]["chat"]["id"]
 
 Every call is recorded in :attr:`FakeTelegram.calls` (method, decoded
-params, time, HTTP status). :meth:`FakeTelegram.fail` makes the next N calls
-of a method fail (429 with ``retry_after``, 5xx, 400 "can't parse entities"...).
+params, time, HTTP status, injected fault). :meth:`FakeTelegram.fail` makes
+the next N calls of a method fail (429 with ``retry_after``, 5xx, 400 "can't
+parse entities", nginx's HTML 502 page, a reset before or after the call took
+effect, a stall...); :meth:`FakeTelegram.inject_faults` fails a share of all
+calls at random, the ways real Telegram does. A 429 holds the call's chat
+(or the bot) as on the real server: every call into that window is refused
+again and kept in :attr:`FakeTelegram.violations`. Identical edits get
+"message is not modified", updates are served until a higher offset confirms
+them, and webhook deliveries are retried on non-2xx.
+:meth:`FakeTelegram.visible` is what a user sees in a chat now.
 The ``fake_telegram`` pytest fixture yields a started instance.
 """
 
