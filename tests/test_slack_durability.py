@@ -115,6 +115,24 @@ async def test_the_events_api_answers_only_once_the_handler_returned(
     assert len(inbox.recorded) == 1
 
 
+async def test_a_retry_while_the_first_delivery_is_still_being_recorded_is_handled_once(
+    fake_slack: FakeSlack, start: Start,
+) -> None:
+    inbox = Inbox()
+    inbox.gate = asyncio.Event()
+    await start(inbox)
+    # Slack gives up waiting and redelivers while the handler is still busy.
+    deliveries = await fake_slack.deliver_event(fake_slack.direct_message("slow"), retries=2,
+                                                answer_within=0.2)
+    assert [d.status for d in deliveries] == [0, 0, 0]
+    inbox.gate.set()
+    [recorded] = await inbox.wait_for(1)
+    later = await fake_slack.post_event(recorded.raw, event_id=deliveries[0].event_id,
+                                        retry_num=3)
+    assert later.status == 200
+    assert len(inbox.calls) == 1  # the retries waited for the first, then were skipped
+
+
 async def test_a_socket_mode_envelope_is_acked_only_once_recorded_and_redelivered_if_not(
     fake_slack: FakeSlack, start: Start,
 ) -> None:
