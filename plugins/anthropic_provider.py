@@ -40,6 +40,7 @@ from bot.llm_breaker import CircuitBreaker
 from plugins.provider_retry import (
     DEFAULT_MAX_ATTEMPTS,
     AttemptFailed,
+    OnOpen,
     RetryPolicy,
     is_retryable_status,
     parse_retry_after,
@@ -136,6 +137,7 @@ class AnthropicProvider:
         messages: list[MessageParam],
         tools: list[ToolParam],
         on_text: OnText | None,
+        opened: OnOpen,
     ) -> LLMResponse:
         progress = _Progress()
         await read_stream(
@@ -153,6 +155,7 @@ class AnthropicProvider:
             # Errors of the HTTP stack arrive unwrapped mid-stream (see
             # _TRANSPORT_PACKAGES), so everything goes to _failure to sort.
             catch=Exception,
+            opened=opened,
         )
         return progress.result()
 

@@ -44,6 +44,7 @@ from plugins.provider_retry import (
     DEFAULT_MAX_ATTEMPTS,
     RETRYABLE_STATUSES,
     AttemptFailed,
+    OnOpen,
     RetryPolicy,
     is_retryable_status,
     parse_retry_after,
@@ -140,6 +141,7 @@ class OpenAIProvider:
         messages: list[ChatCompletionMessageParam],
         tools: list[ChatCompletionFunctionToolParam],
         on_text: OnText | None,
+        opened: OnOpen,
     ) -> LLMResponse:
         extra: dict[str, Any] = {self._token_param: request.max_tokens}
         if self._include_usage:
@@ -159,6 +161,7 @@ class OpenAIProvider:
             # This SDK wraps transport failures in APIError even mid-stream, so
             # anything else is a bug, not a failed call, and must not be retried.
             catch=openai.APIError,
+            opened=opened,
         )
         return progress.result()
 

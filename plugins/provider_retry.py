@@ -18,6 +18,7 @@ import json
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
@@ -31,6 +32,7 @@ __all__ = [
     "RETRYABLE_STATUSES",
     "AttemptFailed",
     "EventStream",
+    "OnOpen",
     "RetryPolicy",
     "backoff_delay",
     "is_retryable_status",
@@ -138,8 +140,12 @@ class _Relay:
         self.on_text(fragment)
 
 
+OnOpen = Callable[[], None]
+"""Called by an attempt once the server accepted the call and its stream began."""
+
+
 async def with_retries(
-    attempt: Callable[[OnText | None], Awaitable[T]],
+    attempt: Callable[[OnText | None, OnOpen], Awaitable[T]],
     policy: RetryPolicy,
     *,
     on_text: OnText | None,
@@ -147,9 +153,10 @@ async def with_retries(
     resend: Callable[[ProviderError], bool] | None = None,
     breaker: CircuitBreaker | None = None,
 ) -> T:
-    """Await ``attempt(on_text)`` until it succeeds or fails for good.
+    """Await ``attempt(on_text, on_open)`` until it succeeds or fails for good.
 
-    ``attempt`` raises :class:`AttemptFailed` on failure. A retryable error is
+    ``attempt`` calls ``on_open()`` when its response stream has begun, and
+    raises :class:`AttemptFailed` on failure. A retryable error is
     tried again as ``policy`` allows, even when the failed attempt already
     passed text to ``on_text``. ``resend(error)`` returning True sends the call
     again at once without counting a try: the provider changed its request to
@@ -167,7 +174,9 @@ async def with_retries(
       possibly for minutes, until the provider recovers or it is cancelled.
 
     With a ``breaker``, every attempt first passes :meth:`CircuitBreaker.admit`
-    and reports its outcome to it. While the breaker is open, failures do not
+    and reports its outcome to it; a stream that began counts as an answer at
+    once, so a probe releases the held calls without streaming its whole reply
+    first. While the breaker is open, failures do not
     count against ``max_attempts`` and do not end the call: the breaker decides
     when to try again. Such a failure is reported with the unchanged
     ``attempt`` number only if it had shown text (to void it); others are not
@@ -187,8 +196,11 @@ async def with_retries(
     while True:
         ticket = await breaker.admit(hold) if breaker is not None else None
         relay = _Relay(on_text) if on_text is not None else None
+        opened = _nothing
+        if breaker is not None and ticket is not None:
+            opened = partial(breaker.record_success, ticket)
         try:
-            result = await attempt(relay)
+            result = await attempt(relay, opened)
         except AttemptFailed as failed:
             error, cause, retry_after = failed.error, failed.__cause__, failed.retry_after
         except BaseException:
@@ -229,16 +241,22 @@ async def with_retries(
         await asyncio.sleep(backoff_delay(number, policy.base_delay, retry_after))
 
 
+def _nothing() -> None:
+    pass
+
+
 async def read_stream(
     start: Callable[[], Awaitable[EventStream[T]]],
     handle: Callable[[T], None],
     failure: Callable[[X], AttemptFailed],
     *,
     catch: type[X],
+    opened: OnOpen | None = None,
 ) -> None:
     """Open a stream with ``start()`` and pass each event to ``handle``.
 
-    An exception of type ``catch``, raised on opening or while reading, is
+    ``opened()`` is called once ``start()`` returned: the server accepted the
+    call. An exception of type ``catch``, raised on opening or while reading, is
     turned into ``failure(exc)``, chained to it; others propagate as they are.
     The stream is closed on every
     exit, including cancellation of the awaiting task, so the HTTP response
@@ -248,6 +266,8 @@ async def read_stream(
         stream = await start()
     except catch as exc:
         raise failure(exc) from exc
+    if opened is not None:
+        opened()
     async with stream:
         iterator = aiter(stream)
         while True:

@@ -144,7 +144,9 @@ async def test_a_held_call_is_told_once_however_many_probes_fail(served: Served)
     assert [(a, m) for a, m, _ in retries.calls] == [(2, 6), (3, 6), (0, 0)]
 
 
-async def test_a_probe_cut_mid_answer_voids_its_text_before_the_next_try(served: Served) -> None:
+async def test_a_probe_whose_stream_began_ends_the_hold_even_if_it_is_cut_later(
+    served: Served,
+) -> None:
     fake, provider = served.fake, served.provider
     fake.reply_always(["One ", "two ", "three ", "four."])
     fake.faults.start_outage()
@@ -160,21 +162,45 @@ async def test_a_probe_cut_mid_answer_voids_its_text_before_the_next_try(served:
 
     response = await task
 
-    # The probe's words reached the chat before the cut; the repeated (3, 6)
-    # voids them, as this attempt did not count against the budget.
+    # The probe's stream began, so the provider was back and the breaker
+    # closed; the cut that followed is an ordinary failure: attempt 4 of 6,
+    # announced before the retry so the chat drops the probe's words.
     assert seen == [
         (2, 6),
         (3, 6),
         (0, 0),
         "One ",
         "two ",
-        (3, 6),
+        (4, 6),
         "One ",
         "two ",
         "three ",
         "four.",
     ]
     assert response.text == "One two three four."
+    assert provider.breaker.state == "closed"
+
+
+async def test_held_calls_are_released_when_the_probe_stream_begins_not_when_it_ends(
+    served: Served,
+) -> None:
+    fake, provider = served.fake, served.provider
+    fake.faults.start_outage()
+    probe_and_other = [asyncio.create_task(provider.complete(ask(message(n)))) for n in range(2)]
+    await until(lambda: provider.breaker.waiting == 2)
+    # Whichever call probes gets the long, slow answer; the other a quick one.
+    fake.reply_text(["slowly "] * 100, chunk_delay=0.05)
+    fake.reply_text("quick")
+    fake.faults.end_outage()
+
+    done, pending = await asyncio.wait(probe_and_other, return_when=asyncio.FIRST_COMPLETED)
+
+    assert [t.result().text for t in done] == ["quick"]
+    assert len(pending) == 1
+    slow = pending.pop()
+    slow.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await slow
 
 
 async def test_non_retryable_errors_neither_open_the_breaker_nor_hold(served: Served) -> None:
