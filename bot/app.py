@@ -259,6 +259,8 @@ class Roost:
             await _quietly(self.services.scheduler.close(), "stopping the scheduler")
         for task in list(self._background):
             task.cancel()
+        for channel in list(self.channels.values()):
+            await _quietly(channel.stop_intake(), f"stopping intake of {channel.name}")
         # Runs first, while channels are still up: runs in flight may finish
         # and deliver within the grace period, and a cancelled run's streaming
         # draft can be withdrawn. The dispatcher refuses new messages meanwhile

@@ -58,6 +58,14 @@ class Channel:
         """Connect to the platform and begin delivering inbound messages."""
         raise NotImplementedError
 
+    async def stop_intake(self) -> None:
+        """Stop receiving (shutdown begins); sending keeps working until :meth:`stop`.
+
+        Runs in flight may still deliver during the shutdown grace period.
+        Anything that arrives meanwhile must not be acknowledged (the handler
+        raises then anyway), so the platform delivers it again after the restart.
+        """
+
     async def stop(self) -> None:
         """Disconnect; pending sends finish first."""
 

@@ -99,6 +99,8 @@ class Settings(BaseSettings):
     redeliver (Discord) reads back for messages missed while Roost was down."""
     catch_up_hours: float = Field(24.0, ge=0)
     """How far back a chat counts as recently active for the catch-up."""
+    discord_catchup_limit: int = Field(100, ge=1)
+    """At most this many missed messages are read back per Discord chat in one catch-up."""
     session_cache_size: int = Field(1000, ge=1)
     max_file_bytes: int = Field(1_000_000, ge=1)
     max_history_messages: int = Field(200, ge=2)
@@ -177,6 +179,9 @@ class Settings(BaseSettings):
     telegram_webhook_url: str | None = None
     """Public HTTPS URL for webhook mode; long polling when unset."""
     telegram_webhook_secret: SecretStr | None = None
+    telegram_automatic_forwards: Literal["channel", "ignore"] = "channel"
+    """Posts a linked channel forwards into a group automatically (``is_automatic_forward``):
+    answered as the channel speaking in the group, under the group policy, or ignored."""
     telegram_webhook_port: int = 8443
     discord_api_base: str | None = Field(
         None, validation_alias=_env("DISCORD_API_BASE", "discord_api_base"))

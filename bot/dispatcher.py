@@ -476,6 +476,8 @@ class Dispatcher:
                 await stream.finish(result.reply)
                 platform_id = draft_id(stream)
             elif reply is not None:
+                if result.outbox_id is not None:
+                    reply = dataclasses.replace(reply, delivery_id=f"roost-{result.outbox_id}")
                 platform_id = await channel.send(reply)
             else:
                 return
@@ -505,7 +507,8 @@ class Dispatcher:
                 log.error("reply %d: no channel %r; kept in the outbox", outbox_id, reply.channel)
                 return
             try:
-                platform_id = await channel.send(dataclasses.replace(reply, replace=draft))
+                platform_id = await channel.send(dataclasses.replace(
+                    reply, replace=draft, delivery_id=f"roost-{outbox_id}"))
             except Exception as exc:
                 final = attempts >= len(REDELIVERY_DELAYS)
                 self.inbox.not_delivered(outbox_id, final=final)

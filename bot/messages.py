@@ -101,6 +101,10 @@ class OutboundMessage:
     """A platform message id (a streaming draft) this reply replaces: the adapter
     edits it into the reply's first piece, or, if that edit fails for good,
     sends the reply anew and deletes the draft, so no draft is left frozen."""
+    delivery_id: str | None = None
+    """A stable key of this reply across attempts and restarts (``roost-<outbox id>``).
+    Adapters whose platform supports it use it to make the post idempotent
+    (Discord's enforced nonce, Slack message metadata)."""
 
     @classmethod
     def reply_to_message(
