@@ -170,8 +170,9 @@ async def with_retries(
       is void: the next attempt streams its answer from the beginning.
     * ``attempt == 0`` (and ``max_attempts == 0``): the call is *held by the
       breaker*; ``error`` is a one-line reason. Sent once per call, when it
-      first has to wait; it voids earlier text as above. The call then waits,
-      possibly for minutes, until the provider recovers or it is cancelled.
+      first has to wait; any text shown before was already voided by a
+      numbered call. The call then waits, possibly for minutes, until the
+      provider recovers or it is cancelled.
 
     With a ``breaker``, every attempt first passes :meth:`CircuitBreaker.admit`
     and reports its outcome to it; a stream that began counts as an answer at
