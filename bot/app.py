@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from bot.channel import Channel, ChannelSpec
 from bot.commands import Command
 from bot.config import Settings
-from bot.dispatcher import Dispatcher
+from bot.dispatcher import Dispatcher, Leftovers
 from bot.error_store import ErrorStore, ResultStore, format_failure, format_large_result
 from bot.guard import GuardPattern, InputGuard
 from bot.inbox import Inbox
@@ -82,6 +82,7 @@ class Roost:
         self.inbox = self.services.inbox or Inbox(store.db, store.lock, store.writer)
         """Inbound messages, run journals and replies awaiting delivery."""
         self.services.inbox = self.inbox
+        self._leftovers: Leftovers = ([], [])
         self.dispatcher = Dispatcher(self)
 
     @property
@@ -125,6 +126,8 @@ class Roost:
         engine.exporter = OTelExporter.from_environment()
         engine.on_tool_failure, engine.on_large_result = error_channel(services, settings)
         app = cls(settings, host, store, engine, {}, channel_specs, services)
+        # Read before any channel receives: what arrives from now on is this process's.
+        app._leftovers = (await app.inbox.undelivered(), await app.inbox.unfinished())
         await app.refresh_plugins(jobs=False)
         await host.call("roost_startup", app=app)
         jobs = await _unique(host, "roost_scheduled_jobs", settings, JobSpec)
@@ -238,7 +241,8 @@ class Roost:
         Call once the channels are started. Channels that cannot redeliver
         (Discord) read back the recently active chats' history.
         """
-        await self.dispatcher.recover()
+        leftovers, self._leftovers = self._leftovers, ([], [])
+        await self.dispatcher.recover(leftovers)
         since = time.time() - self.settings.catch_up_hours * 3600
         for name, channel in self.channels.items():
             if not self.settings.catch_up_chats:

@@ -33,7 +33,7 @@ from bot.channel import Channel, ReplyStream
 from bot.commands import CommandContext, parse_command
 from bot.events import RunEvent
 from bot.guard import join_messages
-from bot.inbox import Inbox, InboxEntry, RunJournal, grouped
+from bot.inbox import Inbox, InboxEntry, OutboxEntry, RunJournal, grouped
 from bot.messages import InboundMessage, OutboundMessage
 from bot.registry import ActiveRun, RunRegistry
 from bot.runloop import NO_REPLY, RunRequest, RunResult
@@ -44,6 +44,9 @@ if TYPE_CHECKING:
     from bot.app import Roost
 
 log = logging.getLogger("roost.dispatch")
+
+Leftovers = tuple[list[OutboxEntry], list[InboxEntry]]
+"""What a previous process left: replies not confirmed delivered, unfinished messages."""
 
 REDELIVERY_DELAYS = (5.0, 30.0, 120.0, 600.0)
 """Seconds before each new attempt at a reply the platform did not take."""
@@ -262,17 +265,19 @@ class Dispatcher:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._redeliveries, return_exceptions=True)
 
-    async def recover(self) -> None:
+    async def recover(self, leftovers: Leftovers) -> None:
         """Deliver committed replies and run inbox entries a dead process left unfinished.
 
-        Entries run again in their order, per session; merged entries of one
+        ``leftovers`` must be read before any channel starts receiving, or a
+        message this process is already running would be run twice. Entries
+        run again in their order, per session; merged entries of one
         interrupted run stay merged and resume from its journal. An entry whose
         run was interrupted ``inbox_max_attempts`` times is given up: its sender
         is told, and the log says which.
         """
-        for out in await self.inbox.undelivered():
+        outbox, entries = leftovers
+        for out in outbox:
             self._redeliver(out.id, out.message, out.draft_id, out.attempts, delay=0.0)
-        entries = await self.inbox.unfinished()
         if entries:
             log.info("recovering %d unfinished message(s) from the inbox", len(entries))
         for group in grouped(entries):

@@ -416,3 +416,24 @@ async def test_a_follow_up_arriving_while_a_run_commits_gets_a_run_of_its_own(
     assert channel.texts() == ["answer one", "answer two"]
     history = (await app.store.get("default:test:direct:u1")).messages
     assert [m.content for m in history] == ["first", "answer one", "second", "answer two"]
+
+
+async def test_a_message_arriving_before_recovery_is_not_run_twice(
+        make_app: AppFactory) -> None:
+    model = GatedModel()
+    app, _, _ = await make_app(model)
+    await app.dispatcher.submit(message("old", "e1"))
+    await model.wait_request(1)
+    await crash(app)
+
+    model2 = GatedModel()
+    app2, channel2, _ = await make_app(model2)
+    # The channel is already receiving when recovery starts.
+    await app2.dispatcher.submit(message("new", "e2", sender="u2"))
+    await model2.wait_request(1)
+    await app2.recover()
+    model2.answer("for new")
+    model2.answer("for old")
+    await settle(app2)
+    assert sorted(channel2.texts()) == ["for new", "for old"]
+    assert len(model2.requests) == 2

@@ -90,6 +90,8 @@ class ChaosConfig:
     tool_share: float = 0.3
     settle: float = 60.0
     """Seconds the last process may take to answer everything acknowledged."""
+    catch_up: float = 5.0
+    """Seconds a restarted process may spend on its backlog before the next kill is armed."""
     answer_wait: float = 6.0
     """Seconds a user waits for an answer before writing again anyway."""
     seed: int = 1
@@ -278,8 +280,20 @@ class ChaosRun:
         return proc
 
     async def _wait_moment(self, mode: KillMode) -> None:
-        """Wait for the kind of moment ``mode`` kills at (at most ``max_alive`` seconds)."""
+        """Wait for the kind of moment ``mode`` kills at (at most ``max_alive`` seconds).
+
+        The process first gets to catch up with what the last one left (at most
+        ``catch_up`` seconds): the moments are those of a service at work, not
+        only of one busy recovering, where every kill would hit the same runs.
+        """
         cfg = self.config
+        deadline = time.monotonic() + cfg.catch_up
+        while time.monotonic() < deadline:
+            given_up = self._given_up()
+            if all(self._answers(s.chat_id, s.number) > 0 or s.update_id in given_up
+                   for s in self._acknowledged()):
+                break
+            await asyncio.sleep(0.1)
         alive = self.rng.uniform(cfg.min_alive, cfg.max_alive)
         trigger = {"after_ack": self._acked, "streaming": self._edited,
                    "tool": self.model.tool_served}.get(mode)
