@@ -36,10 +36,12 @@ import random
 import re
 import secrets
 import time
+import traceback
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import urlsplit
 
@@ -77,7 +79,9 @@ from aiogram.methods.base import Response, TelegramType
 from aiogram.types import (
     BotCommand,
     BotCommandScopeChat,
+    Chat,
     Message,
+    MessageOriginChannel,
     ReplyParameters,
     Update,
     User,
@@ -87,7 +91,7 @@ from pydantic import ValidationError
 
 from bot.app import SetupError
 from bot.channel import Channel, InboundHandler, ReplyStream
-from bot.messages import Attachment, ChatType, InboundMessage, OutboundMessage
+from bot.messages import Attachment, ChatType, InboundMessage, OutboundMessage, clean_text
 from channels.delivery import DeliveryPolicy, RateLimited, Transient, deliver
 from channels.ratelimit import BOT, TELEGRAM_LIMITS, Limits, RateLimiter
 from channels.telegram_format import fit, split_for_telegram, to_html
@@ -104,6 +108,11 @@ ALLOWED_UPDATES = ["message"]
 """The only update type Roost acts on; Telegram then sends no others."""
 SEEN_UPDATES = 4096
 """Recent update ids remembered to drop redeliveries early (the inbox dedupes for real)."""
+UNHANDLED_KINDS = 256
+"""Kinds of unhandled updates remembered, so each is logged once (bounded: the names
+of unknown kinds come from the server)."""
+SERVICE_USER = 777000
+"""The account "Telegram": the ``from`` of automatic forwards and service notices."""
 COMMAND_NAME = re.compile(r"^[a-z0-9_]{1,32}$")
 """What Telegram accepts as a command name in ``setMyCommands``."""
 _COMMAND = re.compile(r"^/([A-Za-z0-9_]{1,64})(?:@([A-Za-z0-9_]{1,64}))?(?=\s|$)")
@@ -180,7 +189,11 @@ class TelegramChannel(Channel):
         self._idle = asyncio.Event()
         self._idle.set()
         self._stopped = False
+        self._intake_stopped = False
+        self._closing = False
         self._stopping = asyncio.Event()
+        """Set once intake stops: wakes the polling loop out of its pauses."""
+        self._unhandled: set[str] = set()
         self._commands: set[str] = set()
         self._migrated: dict[int | str, int] = {}
         # What each message Roost sent currently shows, as (text, parse_mode):
@@ -247,16 +260,17 @@ class TelegramChannel(Channel):
             self._webhook = None
             raise
 
-    async def stop(self) -> None:
-        """Stop receiving at once, let replies being sent finish, close the HTTP session.
+    async def stop_intake(self) -> None:
+        """Stop receiving at once; replies can still be sent until :meth:`stop`.
 
         A long poll in flight is cut (its connection closed), not waited for;
         an update whose handler is running is let finish, so it is either in
-        the inbox or will be delivered again.
+        the inbox or will be delivered again. The webhook endpoint answers 503
+        from now on: Telegram keeps such updates and delivers them again later.
         """
-        if self._stopped:
+        if self._intake_stopped:
             return
-        self._stopped = True
+        self._intake_stopped = True
         self._stopping.set()
         if self._fetching is not None:
             self._fetching.cancel()
@@ -266,6 +280,14 @@ class TelegramChannel(Channel):
             except (TimeoutError, asyncio.CancelledError):
                 self._polling.cancel()
             await asyncio.gather(self._polling, return_exceptions=True)
+
+    async def stop(self) -> None:
+        """Stop receiving (if not yet), let replies being sent finish, close the session."""
+        if self._closing:
+            return
+        self._closing = True
+        await self.stop_intake()
+        self._stopped = True
         if self._webhook is not None:
             await self._webhook.cleanup()
         with contextlib.suppress(TimeoutError):
@@ -292,12 +314,12 @@ class TelegramChannel(Channel):
         offset: int | None = None
         fetch_failures = 0
         handler_failures = 0
-        while not self._stopped:
+        while not self._intake_stopped:
             self._fetching = asyncio.ensure_future(self._fetch(bot, offset))
             try:
                 updates = await self._fetching
             except asyncio.CancelledError:
-                if self._stopped:
+                if self._intake_stopped:
                     return
                 raise
             except RateLimited as exc:
@@ -319,7 +341,7 @@ class TelegramChannel(Channel):
                 self._fetching = None
             fetch_failures = 0
             for update in updates:
-                if self._stopped:
+                if self._intake_stopped:
                     return
                 try:
                     await self._process(update)
@@ -343,7 +365,7 @@ class TelegramChannel(Channel):
                 self.polling_timeout + self.request_timeout)))
 
     async def _pause(self, seconds: float) -> None:
-        """Sleep, unless ``stop()`` comes first."""
+        """Sleep, unless intake stops first."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), seconds)
 
@@ -356,13 +378,15 @@ class TelegramChannel(Channel):
         if update.message is not None:
             try:
                 inbound = self.translate(update.message, event_id=str(update.update_id))
-            except Exception:
+            except Exception as exc:
                 # A translation bug would fail the same way on every redelivery
-                # and wedge the updates behind it: this one is skipped instead.
-                log.exception("telegram: update %d could not be translated; skipped",
-                              update.update_id)
+                # and wedge the updates behind it: this one is skipped instead,
+                # with one line saying where (a traceback per bad update would
+                # let anyone who can message the bot flood the log).
+                log.warning("telegram: update %d could not be translated (%s); skipped",
+                            update.update_id, _where(exc))
         else:
-            log.debug("telegram: update %d has no message; ignored", update.update_id)
+            self._ignore(_update_kind(update), update.update_id)
         if inbound is not None and self._handler is not None:
             await self._handler(inbound)
         # Remembered only now: a redelivery after a failed handler must go through.
@@ -386,6 +410,11 @@ class TelegramChannel(Channel):
             given = request.headers.get("X-Telegram-Bot-Api-Secret-Token", "")
             if not secrets.compare_digest(given.encode(), secret.encode()):
                 return web.Response(status=HTTPStatus.UNAUTHORIZED, text="Unauthorized")
+            if self._intake_stopped:
+                # Shutting down: not taken, so Telegram keeps the update and
+                # delivers it again to the next instance.
+                return web.Response(status=HTTPStatus.SERVICE_UNAVAILABLE,
+                                    text="Shutting down")
             body = await request.text()
             try:
                 raw = json.loads(body)
@@ -415,11 +444,14 @@ class TelegramChannel(Channel):
         ``event_id`` is the ``update_id`` that carried it (the inbox dedupes on it).
 
         Not for Roost: messages from bots (itself included), channel posts,
-        and commands addressed to another bot (``/help@other_bot``).
+        commands addressed to another bot (``/help@other_bot``), service
+        messages (members joining, pins...) and automatic forwards when
+        ``telegram_automatic_forwards`` is ``"ignore"``. A message sent on
+        behalf of a chat (a linked channel's automatic forward, an anonymous
+        admin, a user posting as their channel) comes from that chat: the
+        ``from`` of such messages is a placeholder account (Telegram, 777000;
+        GroupAnonymousBot; Channel_Bot) that says nothing about who spoke.
         """
-        sender = message.from_user
-        if sender is None or sender.is_bot or self.me is None:
-            return None
         chat_type: ChatType
         if message.chat.type == "private":
             chat_type = "direct"
@@ -427,19 +459,37 @@ class TelegramChannel(Channel):
             chat_type = "group"
         else:
             return None
+        if self.me is None:
+            return None
+        speaker = self._speaker(message, event_id)
+        if speaker is None:
+            return None
+        sender_id, sender_name = speaker
+        attachments = _attachments(message)
         if message.text is not None:
             text, entities = message.text, message.entities or []
         else:
             text, entities = message.caption or "", message.caption_entities or []
+        if not text and not attachments:
+            kind = message.content_type
+            self._ignore(f"{getattr(kind, 'value', kind)} message", event_id)
+            return None
         me = self.me
         handle = f"@{me.username}".lower() if me.username else None
         mentioned = False
         drop: list[tuple[int, int]] = []
+        units: bytes | None = None
         for entity in entities:
             if entity.type == "mention" and handle is not None \
-                    and entity.extract_from(text).lower() == handle:
-                mentioned = True
-                drop.append((entity.offset, entity.length))
+                    and entity.length == len(handle) and entity.offset >= 0:
+                # Offsets count UTF-16 units; the handle is ASCII, one unit a character.
+                if units is None:
+                    units = _utf16(text)
+                start = entity.offset * 2
+                found = units[start:start + entity.length * 2]
+                if found.decode("utf-16-le", "surrogatepass").lower() == handle:
+                    mentioned = True
+                    drop.append((entity.offset, entity.length))
             elif entity.type == "text_mention" and entity.user is not None \
                     and entity.user.id == me.id:
                 mentioned = True
@@ -473,17 +523,55 @@ class TelegramChannel(Channel):
             channel=self.name,
             chat_id=str(message.chat.id),
             chat_type=chat_type,
-            sender_id=str(sender.id),
-            sender_name=sender.full_name,
+            sender_id=sender_id,
+            sender_name=sender_name,
             text=text,
             message_id=str(message.message_id),
             reply_to=str(replied.message_id) if replied is not None else None,
             thread_id=str(thread) if thread is not None else None,
             mentioned=mentioned,
-            attachments=_attachments(message),
+            attachments=attachments,
             raw=message,
             event_id=event_id,
         )
+
+    def _speaker(self, message: Message, event_id: str) -> tuple[str, str] | None:
+        """``(sender_id, sender_name)`` of ``message``, or ``None`` if Roost ignores its sender."""
+        if message.is_automatic_forward:
+            if self.settings.telegram_automatic_forwards == "ignore":
+                log.debug("telegram: update %s is a channel post forwarded automatically "
+                          "into %s; ignored (telegram_automatic_forwards)", event_id,
+                          message.chat.id)
+                return None
+            origin = message.sender_chat
+            if origin is None and isinstance(message.forward_origin, MessageOriginChannel):
+                origin = message.forward_origin.chat
+            if origin is None:
+                # Without the channel only the placeholder account is left.
+                log.debug("telegram: update %s is an automatic forward without its channel; "
+                          "ignored", event_id)
+                return None
+            return str(origin.id), _chat_name(origin)
+        if message.sender_chat is not None:
+            return str(message.sender_chat.id), _chat_name(message.sender_chat)
+        sender = message.from_user
+        if sender is None or sender.is_bot or sender.id == SERVICE_USER:
+            return None
+        return str(sender.id), sender.full_name
+
+    def _ignore(self, kind: str, event_id: str | int) -> None:
+        """Note an update Roost does not handle: at debug, the first of each kind only.
+
+        Such updates are confirmed like any other; a stream of them (reactions,
+        members joining) would otherwise fill the debug log.
+        """
+        kind = kind[:64]
+        if kind in self._unhandled:
+            return
+        if len(self._unhandled) < UNHANDLED_KINDS:
+            self._unhandled.add(kind)
+        log.debug("telegram: update %s is a %s, which Roost does not handle; ignored (others "
+                  "of this kind are not logged)", event_id, kind)
 
     # -- outbound -------------------------------------------------------------------
 
@@ -1100,30 +1188,167 @@ def _int_or_none(value: str | None) -> int | None:
     return int(value) if value is not None and value.lstrip("-").isdigit() else None
 
 
+def _utf16(text: str) -> bytes:
+    """``text`` in UTF-16-LE, the unit of Telegram's entity offsets.
+
+    Lone surrogates (valid in JSON: ``"\\ud83d"``) are kept as the code units
+    they are, so every offset after them still points where Telegram meant;
+    the core replaces them once the text is in its own hands.
+    """
+    return text.encode("utf-16-le", "surrogatepass")
+
+
 def _without(text: str, spans: list[tuple[int, int]]) -> str:
     """``text`` minus the entity spans (UTF-16 offsets), tidied where a span was cut."""
-    data = text.encode("utf-16-le")
-    for offset, length in sorted(spans, reverse=True):
-        data = data[:offset * 2] + data[(offset + length) * 2:]
-    result = data.decode("utf-16-le", errors="replace")
+    data = _utf16(text)
+    pieces: list[bytes] = []
+    at = 0
+    # One pass, not one copy of the text per span: a hostile message may carry
+    # thousands of mentions in a megabyte of text.
+    for offset, length in sorted(spans):
+        start, end = offset * 2, (offset + length) * 2
+        if start > at:
+            pieces.append(data[at:start])
+        at = max(at, end)
+    pieces.append(data[at:])
+    result = b"".join(pieces).decode("utf-16-le", "surrogatepass")
     if any(offset == 0 for offset, _ in spans):
         # "@bot, do this" → "do this"
         result = re.sub(r"^[\s,:;]+", "", result)
     return re.sub(r"[ \t]{2,}", " ", result).strip()
 
 
+def _where(exc: BaseException) -> str:
+    """The exception and the innermost line it came from, on one line."""
+    frame = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+    place = f" at {Path(frame[0].filename).name}:{frame[0].lineno}" if frame else ""
+    return f"{_describe(exc)}{place}"
+
+
+def _update_kind(update: Update) -> str:
+    """The name of what ``update`` carries (``callback_query``, ``my_chat_member``...)."""
+    for name in type(update).model_fields:
+        if name != "update_id" and getattr(update, name, None) is not None:
+            return name
+    extra = update.model_extra
+    # A kind newer than this aiogram: the server's field name, kept as an extra.
+    return next(iter(extra), "empty update") if extra else "empty update"
+
+
+def _chat_name(chat: Chat) -> str:
+    """What a chat speaking as a sender is called: its title, else its name."""
+    names = " ".join(n for n in (chat.first_name, chat.last_name) if n)
+    return chat.title or names or (f"@{chat.username}" if chat.username else "")
+
+
+DESCRIPTION = 300
+"""Characters kept of each piece of an attachment's description (a poll's question,
+a venue's address...): enough for the model, and a hostile megabyte stays out."""
+
+
+def _short(value: object) -> str:
+    """``value`` as text for a description: clean, on one line, at most DESCRIPTION long."""
+    text = clean_text(str(value)).replace("\x00", "")
+    text = " ".join(text.split())
+    return text if len(text) <= DESCRIPTION else f"{text[:DESCRIPTION - 1]}…"
+
+
+def _media(kind: str, media: Any, *details: object) -> Attachment:
+    """An attachment for a file Telegram holds (not downloaded), with its metadata."""
+    name = getattr(media, "file_name", None)
+    described = ", ".join(_short(d) for d in (name, *details) if d not in (None, ""))
+    mime = getattr(media, "mime_type", None)
+    size = getattr(media, "file_size", None)
+    return Attachment(kind, name=described, mime_type=_short(mime) if mime else "",
+                      size=size if isinstance(size, int) and size > 0 else 0)
+
+
+def _duration(seconds: object) -> str:
+    if not isinstance(seconds, int) or seconds < 0:
+        return ""
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def _size(width: object, height: object) -> str:
+    return f"{width}x{height}" if isinstance(width, int) and isinstance(height, int) else ""
+
+
 def _attachments(message: Message) -> tuple[Attachment, ...]:
+    """What came with ``message`` besides its text, described for the model.
+
+    Files stay on Telegram's servers; their metadata is kept. Everything else
+    (a location, a contact, a poll...) is described in the attachment's name,
+    so the core can tell the model what arrived.
+    """
     found: list[Attachment] = []
     if message.photo:
         biggest = message.photo[-1]
-        found.append(Attachment("image", size=biggest.file_size or 0))
-    for kind, media in (("file", message.document), ("audio", message.audio),
-                        ("audio", message.voice), ("video", message.video)):
-        if media is not None:
-            found.append(Attachment(kind, name=getattr(media, "file_name", None) or "",
-                                    mime_type=getattr(media, "mime_type", None) or "",
-                                    size=getattr(media, "file_size", None) or 0))
+        found.append(_media("image", biggest, _size(biggest.width, biggest.height)))
+    if message.animation is not None:
+        # A GIF comes with the same file as ``document`` too: one attachment.
+        found.append(_media("animation", message.animation,
+                            _size(message.animation.width, message.animation.height),
+                            _duration(message.animation.duration)))
+    elif message.document is not None:
+        found.append(_media("file", message.document))
+    if message.audio is not None:
+        audio = message.audio
+        title = " - ".join(_short(x) for x in (audio.performer, audio.title) if x)
+        found.append(_media("audio", audio, title, _duration(audio.duration)))
+    if message.voice is not None:
+        found.append(_media("voice message", message.voice, _duration(message.voice.duration)))
+    if message.video is not None:
+        video = message.video
+        found.append(_media("video", video, _size(video.width, video.height),
+                            _duration(video.duration)))
+    if message.video_note is not None:
+        found.append(_media("video message", message.video_note,
+                            _duration(message.video_note.duration)))
+    if message.sticker is not None:
+        sticker = message.sticker
+        found.append(Attachment("sticker", name=", ".join(x for x in (
+            _short(sticker.emoji or ""),
+            f"from the set {_short(sticker.set_name)}" if sticker.set_name else "") if x)))
+    if message.venue is not None:
+        # A venue carries its location too: one attachment.
+        venue = message.venue
+        found.append(Attachment("venue", name=", ".join(x for x in (
+            _short(venue.title), _short(venue.address),
+            _coordinates(venue.location.latitude, venue.location.longitude)) if x)))
+    elif message.location is not None:
+        where = message.location
+        live = " (live)" if where.live_period else ""
+        found.append(Attachment("location", name=_coordinates(where.latitude,
+                                                              where.longitude) + live))
+    if message.contact is not None:
+        contact = message.contact
+        name = " ".join(x for x in (contact.first_name, contact.last_name) if x)
+        found.append(Attachment("contact", name=", ".join(
+            _short(x) for x in (name, contact.phone_number) if x)))
+    if message.poll is not None:
+        poll = message.poll
+        options = " / ".join(_short(o.text) for o in poll.options[:12])
+        found.append(Attachment("quiz" if poll.type == "quiz" else "poll",
+                                name=f"{_short(poll.question)}: {options}"))
+    if message.dice is not None:
+        found.append(Attachment("dice", name=f"{_short(message.dice.emoji)} "
+                                             f"showing {message.dice.value}"))
+    for kind, value, detail in (
+            ("game", message.game, lambda g: g.title),
+            ("story", message.story, lambda s: _chat_name(s.chat)),
+            ("invoice", message.invoice, lambda i: f"{i.title}, {i.total_amount} {i.currency}"),
+            ("checklist", message.checklist, lambda c: c.title),
+            ("giveaway", message.giveaway, lambda g: f"{g.winner_count} winners"),
+            ("paid media", message.paid_media, lambda p: f"{len(p.paid_media)} items"),
+            ("live photo", message.live_photo, lambda _: ""),
+    ):
+        if value is not None:
+            found.append(Attachment(kind, name=_short(detail(value))))
     return tuple(found)
+
+
+def _coordinates(latitude: float, longitude: float) -> str:
+    return f"{latitude:.6g},{longitude:.6g}"
 
 
 _RESPONSE_MODELS: list[Any] = []

@@ -36,7 +36,7 @@ FAST = DeliveryPolicy(attempts=3, base_delay=0.05, max_delay=0.1)
 TgFactory = Callable[..., Awaitable[tuple[Roost, TelegramChannel, EventLog]]]
 
 
-@pytest.fixture
+@pytest.fixture(name="make_tg")
 async def make_tg(tmp_path: Path, fake_telegram: FakeTelegram) -> AsyncIterator[TgFactory]:
     """``make_tg(provider, *plugins, channel_kwargs..., **settings)``: an app on Telegram."""
     apps: list[Roost] = []

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from bot.config import Settings
-from bot.messages import InboundMessage
+from bot.messages import InboundMessage, OutboundMessage
 from bot.testing.telegram import FakeTelegram
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
 from channels.delivery import DeliveryPolicy
@@ -263,3 +263,41 @@ async def test_webhook_bodies_that_are_not_updates_are_acknowledged_with_a_warni
     assert len(warnings) == 3
     assert "update 76 is malformed" in warnings[1] and "update 77" in warnings[2]
     assert inbox.messages == []
+
+
+# -- shutdown: intake stops first -------------------------------------------------------------
+
+
+async def test_stop_intake_cuts_the_long_poll_and_sending_still_works_until_stop(
+        start_tg: StartTg, fake_telegram: FakeTelegram) -> None:
+    inbox = Inbox()
+    tg = await start_tg(inbox, polling_timeout=30)
+    [poll] = await fake_telegram.wait_for("getUpdates", ok=False)
+    await tg.stop_intake()
+    assert tg.polling is not None and tg.polling.done()
+    assert poll.status == 0  # cut, not answered after its 30 s
+    fake_telegram.private_message("arrives during the shutdown")
+    # A run still in flight delivers its reply.
+    sent = await tg.send(OutboundMessage(channel="telegram", chat_id="42", text="last words"))
+    assert sent is not None and fake_telegram.sent_texts() == ["last words"]
+    await tg.stop()
+    assert len(fake_telegram.calls_of("getUpdates")) == 1
+    assert inbox.messages == [] and fake_telegram.pending_updates == 1  # kept for next time
+    with pytest.raises(RuntimeError, match="stopped"):
+        await tg.send(OutboundMessage(channel="telegram", chat_id="42", text="too late"))
+
+
+async def test_the_webhook_answers_503_once_intake_stopped(
+        start_tg: StartTg, fake_telegram: FakeTelegram) -> None:
+    inbox = Inbox()
+    tg, url = await webhook_channel(start_tg, inbox)
+    await tg.stop_intake()
+    update = fake_telegram.private_message("arrives during the shutdown")
+    uid = update["update_id"]
+    await fake_telegram.wait_until(lambda: (uid, 503) in fake_telegram.webhook_attempts)
+    async with aiohttp.ClientSession() as client, client.post(url, json=update, headers={
+            "X-Telegram-Bot-Api-Secret-Token": "s3cret"}) as resp:
+        assert resp.status == 503
+    assert inbox.messages == []
+    await tg.send(OutboundMessage(channel="telegram", chat_id="42", text="still sending"))
+    assert fake_telegram.sent_texts() == ["still sending"]
