@@ -24,8 +24,18 @@ that thread, and a top-level DM is answered at the top level.
 the text (which is stripped), replies in a thread the bot has posted in
 (remembered in memory for the newest 10,000 threads), DMs and slash commands. Policies
 are applied by the core. The bot's own messages, other bots' (``bot_id``,
-``bot_message``) and edits, deletions and joins are ignored. A malformed
-payload is logged and acked, never retried into a loop.
+``bot_message``) and edits, deletions and joins are ignored.
+
+**Hostile input.** A request whose signature headers are not Slack's (a
+timestamp that is not whole seconds, a signature that is not ``v0=`` and
+hex) gets 401 before anything parses it. A malformed payload (not JSON, not
+an object, no event, wrong types inside) and a request Roost does not handle
+(block actions, views, shortcuts, ``app_rate_limited``) are answered 200, or
+acked over Socket Mode, and dropped with one warning line: a redelivery would
+fail the same way, and bolt would answer a 404 or, for some shapes, fail in
+its middleware with a 500, both of which Slack retries. A Socket Mode frame
+that is not JSON, or an envelope with fields of the wrong types, costs one
+warning too (acked if it names its envelope id) and never a traceback.
 
 **Acknowledged means recorded.** Bolt runs with ``process_before_response``:
 an Events API request is answered, and a Socket Mode envelope acked, only
@@ -36,7 +46,10 @@ delivers it again. A message's ``event_id`` is ``{channel}:{ts}``: the
 either, carry the same key, on which the core dedupes (the adapter also skips
 a key the core already took in this process). A slash command is acked once
 the core recorded it too (``event_id`` ``cmd:{trigger_id}``); if it could not
-be, Slack shows the user that the command failed.
+be, Slack shows the user that the command failed. After
+:meth:`SlackChannel.stop_intake` (shutdown begins) the Events endpoint answers
+503 and Socket Mode envelopes are left unacked, so Slack delivers them again
+after the restart; replies keep going out until :meth:`SlackChannel.stop`.
 
 **Replies** are converted to mrkdwn (:mod:`channels.slack_format`) and split
 at 4,000 characters without breaking code blocks. **Streaming** (on unless
@@ -68,7 +81,13 @@ The SDK's own retry handlers are off, so there is one retry layer.
 **Exactly once.** ``chat.postMessage`` has no idempotency key, so each post
 carries a nonce in its message metadata; after a failure that may have taken
 effect, the conversation is searched for it before posting again, and a post
-that timed out but landed later is deleted. :meth:`SlackChannel.send`
+that timed out but landed later is deleted. A reply the core sends with a
+``delivery_id`` (its outbox key, the same across restarts) carries that as the
+nonce (``roost-7``, ``roost-7#1`` for the second piece...), and the
+conversation's last day is read once before posting it: pieces an earlier
+attempt posted, in this process or one that stopped before the core recorded
+the delivery, are not posted again. (That read costs one history call per
+reply; if it fails, rate-limited or unauthorized, the reply is posted.) :meth:`SlackChannel.send`
 returns the ``ts`` of the reply's last message; with ``replace`` it edits the
 named draft, or, if that edit fails for good, posts anew and deletes the
 draft, so no draft stays frozen. :meth:`SlackChannel.withdraw` deletes a
@@ -105,6 +124,7 @@ from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response
 from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.context.ack.async_ack import AsyncAck
+from slack_bolt.error import BoltUnhandledRequestError
 from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_bolt.response import BoltResponse
 from slack_sdk.errors import SlackApiError
@@ -150,6 +170,9 @@ LOOKUP_LIMIT = 200
 """Messages read back when looking for a failed post (the newest ones)."""
 SWEEP_MARGIN = 2.0
 """Seconds after the call timeout by which a timed-out post has landed, if ever."""
+REDELIVERY_LOOKBACK = 24 * 3600.0
+"""How far back (seconds) a reply with a ``delivery_id`` is looked for before its
+first post in this process: an earlier process may have posted it before a restart."""
 TRANSIENT_ERRORS = frozenset({"internal_error", "fatal_error", "service_unavailable",
                               "request_timeout"})
 """Error codes Slack documents as its own trouble, sometimes sent with HTTP 200."""
@@ -166,6 +189,19 @@ T = TypeVar("T")
 
 class _Malformed(ValueError):
     """A Slack payload missing what the adapter needs."""
+
+
+class _NotRecorded(Exception):
+    """The core's handler raised: the delivery must not be acknowledged (Slack retries)."""
+
+
+# Slack's signature headers as Slack sends them: the timestamp is whole Unix
+# seconds, the signature ``v0=`` and a hex SHA-256. Anything else is refused
+# before slack_sdk's verifier, which calls int() on the timestamp (a 500 for
+# "1.5") and compares the signature with hmac.compare_digest (a TypeError for
+# non-ASCII text).
+_TIMESTAMP = re.compile(r"[0-9]{1,12}")
+_SIGNATURE = re.compile(r"v0=[0-9a-f]{64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +236,43 @@ class _Recent(Generic[K]):
 
     def __contains__(self, key: object) -> bool:
         return key in self._keys
+
+
+class _SocketClient(SocketModeClient):
+    """slack_sdk's Socket Mode client, reading each frame defensively.
+
+    The SDK parses a frame with ``json.loads`` and builds the request with
+    ``SocketModeRequest.from_dict`` unguarded: a frame that is not JSON or
+    is nested too deeply, or an envelope whose fields have the wrong types,
+    is logged with a traceback and never acked, so Slack keeps sending it.
+    Here such a frame costs one warning line, and an envelope that names
+    its id is acked (a redelivery would be just as broken).
+    """
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._listening: set[asyncio.Future[None]] = set()
+
+    async def process_message(self) -> None:
+        raw = await self.message_queue.get()
+        if raw is None:
+            return
+        message = _socket_frame(raw)
+        if message is None:
+            return
+        if "envelope_id" in message:
+            problem = _envelope_problem(message)
+            if problem:
+                log.warning("Slack: Socket Mode envelope skipped: %s", problem)
+                envelope_id = message["envelope_id"]
+                if isinstance(envelope_id, str) and envelope_id:
+                    await _ack(self, envelope_id)
+                return
+        # As the SDK does: listeners run in a task of their own, so a core that
+        # takes its time recording one envelope does not hold up the others.
+        task = asyncio.ensure_future(self.run_message_listeners(message, raw))
+        self._listening.add(task)
+        task.add_done_callback(self._listening.discard)
 
 
 class _KeyedLocks:
@@ -246,7 +319,7 @@ class SlackChannel(Channel):
         self._web: AsyncWebClient | None = None
         self._app: AsyncApp | None = None
         self._runner: web.AppRunner | None = None
-        self._socket: SocketModeClient | None = None
+        self._socket: _SocketClient | None = None
         self._verifier: SignatureVerifier | None = None
         self._handled: _Recent[str] = _Recent(REMEMBERED)
         """Delivery keys the core has recorded (see :func:`_event_key`)."""
@@ -259,6 +332,7 @@ class SlackChannel(Channel):
         self._idle = asyncio.Event()
         self._idle.set()
         self._manifest_logged = False
+        self._intake_open = True
 
     @property
     def events_url(self) -> str:
@@ -301,8 +375,18 @@ class SlackChannel(Channel):
             log.info("Slack: Events API on %s:%s%s as %s", self.host, self.port, EVENTS_PATH,
                      self.bot_user_id)
 
+    async def stop_intake(self) -> None:
+        """Take no more deliveries; replies keep going out until :meth:`stop`.
+
+        The Events endpoint answers 503 from now on and Socket Mode envelopes
+        are left unacked: Slack delivers both again (after the restart).
+        Deliveries already being handed over finish and are acknowledged.
+        """
+        self._intake_open = False
+
     async def stop(self) -> None:
         """Stop receiving, then let Web API calls in flight finish (up to 10 s)."""
+        self._intake_open = False
         if self._socket is not None:
             socket, self._socket = self._socket, None
             with contextlib.suppress(Exception):
@@ -326,18 +410,34 @@ class SlackChannel(Channel):
                        # Bolt answers only once the listener returned: a delivery
                        # is acknowledged after the core recorded it, and a
                        # listener that raised is answered with a 500 (Slack retries).
-                       process_before_response=True)
+                       process_before_response=True,
+                       # A request no listener takes (block_actions, a type Slack
+                       # invents later, junk) reaches the error handler below, which
+                       # answers 200, instead of a 404 that Slack would retry.
+                       raise_error_for_unhandled_request=True)
+
+        # A closure, not the bound method: bolt passes arguments by parameter name.
+        async def on_error(error: Exception, request: AsyncBoltRequest) -> BoltResponse | None:
+            return self._bolt_error(error, request)
+
+        app.error(on_error)
 
         # Bolt builds listener arguments from parameter names, so these are plain
         # closures named the way it expects (a bound method would expose ``self``).
         async def on_event(body: dict[str, Any], request: AsyncBoltRequest) -> None:
-            await self._on_event(body, _header(request, "x-slack-retry-num"))
+            try:
+                await self._on_event(body, _header(request, "x-slack-retry-num"))
+            except Exception as exc:
+                raise _NotRecorded(str(exc)) from exc
 
         async def on_command(ack: AsyncAck, body: dict[str, Any]) -> None:
             # The core only records the command before returning, well inside
             # Slack's 3 s; the reply follows via response_url. If recording
             # failed, bolt answers 500 and Slack tells the user it failed.
-            await self._on_command(body)
+            try:
+                await self._on_command(body)
+            except Exception as exc:
+                raise _NotRecorded(str(exc)) from exc
             await ack()
 
         # One catch-all listener each, so every event is acked (an unhandled one
@@ -345,6 +445,28 @@ class SlackChannel(Channel):
         app.event(re.compile(".*"))(on_event)
         app.command(re.compile(".*"))(on_command)
         return app
+
+    def _bolt_error(self, error: Exception, request: AsyncBoltRequest) -> BoltResponse | None:
+        """Bolt's error handler, for listener and middleware errors alike.
+
+        Only a failure of the core's handler is worth a retry: bolt's 500
+        stands. Anything else is the payload's fault (bolt's middleware
+        choked on it, or nothing handles its type), and a redelivery would
+        fail the same way: acknowledged with 200 and dropped with one warning
+        line, as bolt recommends for unhandled requests (a 404 or a 500 would
+        make Slack retry it).
+        """
+        if isinstance(error, _NotRecorded):
+            log.error("Slack: the core did not record a delivery; Slack will deliver it "
+                      "again", exc_info=error.__cause__ or error)
+            return None
+        if isinstance(error, BoltUnhandledRequestError):
+            log.warning("Slack: skipped a request nothing handles (%s)",
+                        _describe(request.body))
+        else:
+            log.warning("Slack: skipped a malformed request (%s: %s)", type(error).__name__,
+                        _short(error))
+        return BoltResponse(status=200, body="")
 
     async def _listen_http(self, secret: str) -> None:
         self._verifier = SignatureVerifier(secret)
@@ -369,7 +491,7 @@ class SlackChannel(Channel):
         except SlackApiError as exc:
             raise RuntimeError(f"Slack refused SLACK_APP_TOKEN: apps.connections.open "
                                f"answered {_error_code(exc) or exc.response.status_code}") from exc
-        client = SocketModeClient(app_token=app_token, web_client=self._web, logger=_sdk_log)
+        client = _SocketClient(app_token=app_token, web_client=self._web, logger=_sdk_log)
         client.socket_mode_request_listeners.append(self._socket_request)
         client.wss_uri = str(opened["url"])
         try:
@@ -385,11 +507,14 @@ class SlackChannel(Channel):
     async def _http_request(self, request: web.Request) -> web.StreamResponse:
         """One Events API request: verify, screen, hand to bolt."""
         assert self._app is not None and self._verifier is not None
+        if not self._intake_open:
+            # Shutting down: Slack retries a 5xx later, when Roost is back.
+            return web.Response(status=503, text="shutting down")
         raw = await request.read()
         # Bolt parses the body before verifying it and answers junk with a 500
         # and a traceback, so unsigned requests are refused here first.
-        if not self._verifier.is_valid(raw, request.headers.get("X-Slack-Request-Timestamp"),
-                                       request.headers.get("X-Slack-Signature")):
+        if not self._signed(raw, request.headers.get("X-Slack-Request-Timestamp"),
+                            request.headers.get("X-Slack-Signature")):
             log.warning("Slack: refused a request with a bad signature from %s", request.remote)
             return web.Response(status=401, text="invalid signature")
         try:
@@ -398,56 +523,86 @@ class SlackChannel(Channel):
                 headers={k.lower(): request.headers.getall(k) for k in request.headers})
             problem = _malformed(bolt_request.body)
         except Exception as exc:
-            problem = f"unparseable body ({type(exc).__name__})"
+            # Bolt reads ids out of the body while building the request.
+            problem = f"unparseable body ({type(exc).__name__}: {_short(exc)})"
         if problem:
-            log.warning("Slack: malformed request skipped: %s", problem)
+            log.warning("Slack: request skipped: %s", problem)
             return web.Response(status=200)
         try:
             response = await self._app.async_dispatch(bolt_request)
-        except Exception:
-            # Nothing was recorded: a 5xx makes Slack deliver it again.
-            log.exception("Slack: a request failed; answered 500 so Slack retries it")
-            return web.Response(status=500, text="not recorded")
+        except Exception as exc:
+            if _caused_by(exc, _NotRecorded):
+                # Nothing was recorded: a 5xx makes Slack deliver it again.
+                log.error("Slack: the core did not record a request; answered 500 so Slack "
+                          "retries it", exc_info=True)
+                return web.Response(status=500, text="not recorded")
+            # Bolt itself choked on the payload: a redelivery would too.
+            log.warning("Slack: malformed request skipped (%s: %s)", type(exc).__name__,
+                        _short(exc))
+            return web.Response(status=200)
         # A 5xx from bolt means the core did not record the event (the listener
         # raised): it goes back to Slack as is, and Slack redelivers.
         return await to_aiohttp_response(response)
+
+    def _signed(self, body: bytes, timestamp: str | None, signature: str | None) -> bool:
+        """Whether the request carries Slack's valid, fresh signature."""
+        assert self._verifier is not None
+        if (timestamp is None or signature is None or not _TIMESTAMP.fullmatch(timestamp)
+                or not _SIGNATURE.fullmatch(signature)):
+            return False
+        try:
+            return self._verifier.is_valid(body, timestamp, signature)
+        except (TypeError, ValueError):  # the SDK's own parsing; refused all the same
+            return False
 
     async def _socket_request(self, client: AsyncBaseSocketModeClient,
                               req: SocketModeRequest) -> None:
         """One Socket Mode envelope: hand to bolt; ack it once the core recorded it.
 
         An envelope whose listener raised is not acked, so Slack delivers it
-        again; a malformed one is acked (a redelivery would fail the same way).
+        again; a malformed one is acked (a redelivery would fail the same
+        way). Nothing raises out of here: the SDK would log a traceback.
         """
         assert self._app is not None
+        if not self._intake_open:
+            # Shutting down: unacked, Slack delivers it again later.
+            log.debug("Slack: envelope %s left unacked at shutdown", req.envelope_id)
+            return
         payload: dict[str, Any] | None = None
         problem = _malformed(req.payload)
         if problem:
-            log.warning("Slack: malformed Socket Mode envelope skipped: %s", problem)
+            log.warning("Slack: Socket Mode envelope skipped: %s", problem)
         else:
             headers: dict[str, str | Sequence[str]] = {}
-            if req.retry_attempt is not None:
+            if isinstance(req.retry_attempt, int):
                 headers["x-slack-retry-num"] = str(req.retry_attempt)
             try:
                 response = await self._app.async_dispatch(AsyncBoltRequest(
                     mode="socket_mode", body=req.payload, headers=headers))
-            except Exception:
-                log.exception("Slack: a Socket Mode envelope failed; not acked, so Slack "
-                              "delivers it again")
-                return
+            except Exception as exc:
+                if _caused_by(exc, _NotRecorded):
+                    log.error("Slack: the core did not record envelope %s; not acked, so "
+                              "Slack delivers it again", req.envelope_id, exc_info=True)
+                    return
+                # Bolt reads ids out of the body while building the request, and
+                # a redelivery would fail the same way.
+                log.warning("Slack: malformed Socket Mode envelope skipped (%s: %s)",
+                            type(exc).__name__, _short(exc))
+                response = BoltResponse(status=200, body="")
             if response.status >= 500:
                 log.warning("Slack: envelope %s was not recorded; not acked, so Slack "
                             "delivers it again", req.envelope_id)
                 return
             payload = _ack_payload(response)
-        await client.send_socket_mode_response(
-            SocketModeResponse(envelope_id=req.envelope_id, payload=payload))
+        await _ack(client, req.envelope_id, payload)
 
     async def _on_event(self, body: dict[str, Any], retry: str | None) -> None:
         try:
             message = self._translate(body)
-        except _Malformed as exc:
-            log.warning("Slack: malformed event skipped: %s", exc)
+        except Exception as exc:
+            # Whatever the payload holds (a list where a string belongs, an
+            # unexpected shape), a redelivery would fail the same way: skip it.
+            log.warning("Slack: malformed event skipped: %s", _problem(exc))
             return
         if message is not None:
             await self._hand_over(message, retry)
@@ -507,10 +662,12 @@ class SlackChannel(Channel):
         try:
             command, channel = _field(body, "command"), _field(body, "channel_id")
             user, response_url = _field(body, "user_id"), _field(body, "response_url")
-        except _Malformed as exc:
-            log.warning("Slack: malformed slash command skipped: %s", exc)
+            if not response_url.startswith(("https://", "http://")):
+                raise _Malformed("response_url is not an http(s) URL")
+            text = _command_text(command, unescape(str(body.get("text") or "")).strip())
+        except Exception as exc:
+            log.warning("Slack: malformed slash command skipped: %s", _problem(exc))
             return
-        text = _command_text(command, unescape(str(body.get("text") or "")).strip())
         if parse_command(text) is None:
             # Answered in the background: bolt acks only once this returns.
             self._spawn(self._usage(response_url))
@@ -556,7 +713,8 @@ class SlackChannel(Channel):
         thread_ts = message.thread_id or message.reply_to
         pieces = split_for_slack(message.text, MESSAGE_LIMIT) if message.text.strip() else []
         return await self._deliver_reply(message.chat_id, thread_ts, pieces,
-                                         draft=message.replace or None)
+                                         draft=message.replace or None,
+                                         delivery_id=message.delivery_id)
 
     async def withdraw(self, chat_id: str, message_id: str) -> None:
         """Delete one of the bot's messages; one already gone counts as deleted."""
@@ -619,7 +777,8 @@ class SlackChannel(Channel):
         return stream
 
     async def _deliver_reply(self, channel: str, thread_ts: str | None, pieces: list[str],
-                             *, draft: str | None, shown: str | None = None) -> str | None:
+                             *, draft: str | None, shown: str | None = None,
+                             delivery_id: str | None = None) -> str | None:
         """Put ``pieces`` in place of ``draft`` (or post them); the last message's ts.
 
         No pieces means a silent reply: the draft is deleted. The draft is
@@ -627,7 +786,20 @@ class SlackChannel(Channel):
         edit fails for good (the draft is gone, too old, or Slack keeps failing
         the edit), the piece is posted anew and the draft deleted, so no draft
         is left frozen. Raises when the reply could not be delivered.
+
+        With a ``delivery_id`` (the core's key of the reply, the same across
+        attempts and restarts) each piece's nonce derives from it, and the
+        conversation is read once for pieces already posted, which are not
+        posted again: the core sends a key again only when an earlier attempt
+        failed, here or in a process that stopped before recording it, and
+        that attempt may have posted some or all of the pieces.
         """
+        nonces: list[str | None] = [None] * len(pieces)
+        posted: dict[str, str] = {}
+        if delivery_id and pieces:
+            nonces = [delivery_id if i == 0 else f"{delivery_id}#{i}"
+                      for i in range(len(pieces))]
+            posted = await self._posted_before(channel, thread_ts, delivery_id)
         if not pieces:
             if draft:
                 await self._delete(channel, draft)
@@ -645,12 +817,13 @@ class SlackChannel(Channel):
                     log.warning("Slack: could not edit draft %s into the reply (%s); "
                                 "posting it anew", draft, exc)
         if first is None:
-            first = await self._post(channel, pieces[0], thread_ts)
+            first = posted.get(nonces[0] or "") or await self._post(
+                channel, pieces[0], thread_ts, nonces[0])
             if draft:
                 await self._drop_draft(channel, draft)
         last = first
-        for piece in pieces[1:]:
-            last = await self._post(channel, piece, thread_ts)
+        for piece, nonce in zip(pieces[1:], nonces[1:], strict=True):
+            last = posted.get(nonce or "") or await self._post(channel, piece, thread_ts, nonce)
         return last
 
     def _kept(self, channel: str, ts: str) -> bool:
@@ -697,17 +870,19 @@ class SlackChannel(Channel):
         log.debug("Slack slash commands live in the app manifest, not in the API. "
                   "Add to the manifest:\n%s", _manifest(names))
 
-    async def _post(self, channel: str, text: str, thread_ts: str | None) -> str:
+    async def _post(self, channel: str, text: str, thread_ts: str | None,
+                    nonce: str | None = None) -> str:
         """Post one message exactly once; its ts.
 
         ``chat.postMessage`` has no idempotency key, and a call that failed
         with a reset, a timeout or a 5xx may still have posted. So each post
-        carries a nonce in its message metadata, and before posting again
-        after such a failure the conversation is searched for it. A call that
-        timed out may also land *after* the retry posted: once the call
-        timeout has passed, a sweep deletes any other message with the nonce.
+        carries a nonce in its message metadata (``nonce``, else a random
+        one), and before posting again after such a failure the conversation
+        is searched for it. A call that timed out may also land *after* the
+        retry posted: once the call timeout has passed, a sweep deletes any
+        other message with the nonce.
         """
-        nonce = uuid.uuid4().hex
+        nonce = nonce or uuid.uuid4().hex
         metadata = {"event_type": METADATA_EVENT, "event_payload": {"nonce": nonce}}
         # Slack's clock, not ours, stamps the message: leave a generous margin.
         since = f"{time.time() - LOOKUP_MARGIN:.6f}"
@@ -742,6 +917,30 @@ class SlackChannel(Channel):
             self._spawn(self._sweep(channel, thread_ts, nonce, since, keep=ts))
         return ts
 
+    async def _posted_before(self, channel: str, thread_ts: str | None,
+                             delivery_id: str) -> dict[str, str]:
+        """The pieces of reply ``delivery_id`` already posted: ts by nonce.
+
+        One read of the last day, no retries: when it fails (Slack limits
+        history reads hard for some apps, or a scope is missing) the reply
+        is posted, risking a duplicate rather than holding up the reply.
+        """
+        since = f"{time.time() - REDELIVERY_LOOKBACK:.6f}"
+        try:
+            found = await self._tracked(self._read_nonces(channel, thread_ts, since))
+        except Exception as exc:
+            log.info("Slack: could not check whether reply %s was posted already (%s); "
+                     "posting it", delivery_id, _problem(exc))
+            return {}
+        mine = {nonce: stamps[0] for nonce, stamps in found.items()
+                if nonce == delivery_id or nonce.startswith(delivery_id + "#")}
+        if mine:
+            log.info("Slack: %d piece(s) of reply %s were posted already; not posting "
+                     "them again", len(mine), delivery_id)
+            if thread_ts:
+                self._bot_threads.add((channel, thread_ts))
+        return mine
+
     async def _sweep(self, channel: str, thread_ts: str | None, nonce: str, since: str,
                      keep: str) -> None:
         """Delete copies of a post that landed late (a timed-out try Slack still ran)."""
@@ -754,7 +953,27 @@ class SlackChannel(Channel):
 
     async def _find_posts(self, channel: str, thread_ts: str | None, nonce: str,
                           since: str) -> list[str]:
-        """The ts of the bot's messages carrying ``nonce``, oldest first."""
+        """The ts of the bot's messages carrying ``nonce``, oldest first.
+
+        Without history access (a missing scope) nothing can be checked, and
+        none is reported: posting again risks a duplicate, not posting a loss.
+        """
+        try:
+            found = await self._read_nonces(channel, thread_ts, since)
+        except (Transient, RateLimited):
+            raise
+        except Exception as exc:
+            log.warning("Slack: could not check whether a failed post went out (%s); "
+                        "posting again", exc)
+            return []
+        return found.get(nonce, [])
+
+    async def _read_nonces(self, channel: str, thread_ts: str | None,
+                           since: str) -> dict[str, list[str]]:
+        """The ts of the bot's recent messages by their nonce, oldest first.
+
+        Raises Slack's errors mapped by :func:`delivery_error`.
+        """
         api = self._api()
         try:
             if thread_ts:
@@ -768,20 +987,19 @@ class SlackChannel(Channel):
         except Exception as exc:
             mapped = delivery_error(exc)
             if mapped is exc:
-                # Without history access (a missing scope) nothing can be checked:
-                # posting again risks a duplicate, not posting risks a loss.
-                log.warning("Slack: could not check whether a failed post went out (%s); "
-                            "posting again", exc)
-                return []
+                raise
             raise mapped from exc
-        found = []
+        found: dict[str, list[str]] = {}
         for item in response.get("messages") or []:
             meta = item.get("metadata") if isinstance(item, dict) else None
+            payload = meta.get("event_payload") if isinstance(meta, dict) else None
             if (isinstance(meta, dict) and meta.get("event_type") == METADATA_EVENT
-                    and isinstance(meta.get("event_payload"), dict)
-                    and meta["event_payload"].get("nonce") == nonce and item.get("ts")):
-                found.append(str(item["ts"]))
-        return sorted(found, key=float)
+                    and isinstance(payload, dict) and isinstance(payload.get("nonce"), str)
+                    and item.get("ts")):
+                found.setdefault(payload["nonce"], []).append(str(item["ts"]))
+        for stamps in found.values():
+            stamps.sort(key=_ts_order)
+        return found
 
     async def _respond(self, response_url: str, text: str) -> None:
         pieces = split_for_slack(text, MESSAGE_LIMIT)
@@ -890,13 +1108,107 @@ def _api_base(value: str | None) -> str:
 
 
 def _malformed(body: Any) -> str | None:
-    """Why a request body cannot be handled, or ``None`` if it looks like Slack's."""
+    """Why a request body is not handed to bolt, or ``None`` if it is one Roost takes.
+
+    Roost takes events, the URL check, SSL checks and slash commands. Anything
+    else (block actions, views, shortcuts, ``app_rate_limited``, junk) is
+    answered 200 and dropped here: bolt would answer a 404 (which Slack
+    retries), and for some malformed shapes its middleware, and even its
+    error handler, raise while reading ids out of the body.
+    """
     if not isinstance(body, dict) or not body:
         return "not a JSON object or form"
-    if body.get("type") == "event_callback":
+    kind = body.get("type")
+    if "type" in body and not isinstance(kind, str):
+        return "its type is not a string"
+    if kind == "event_callback":
         event = body.get("event")
         if not isinstance(event, dict) or not isinstance(event.get("type"), str):
             return "event_callback without an event object"
+        return None
+    if kind == "url_verification" or body.get("ssl_check") == "1":
+        return None
+    if kind is None and isinstance(body.get("command"), str):
+        return None
+    return f"a {_short(kind or 'typeless', 60)} request, which Roost does not handle"
+
+
+async def _ack(client: AsyncBaseSocketModeClient, envelope_id: str,
+               payload: dict[str, Any] | None = None) -> None:
+    """Acknowledge a Socket Mode envelope; a lost ack only means Slack sends it again."""
+    try:
+        await client.send_socket_mode_response(
+            SocketModeResponse(envelope_id=envelope_id, payload=payload))
+    except Exception as exc:
+        log.warning("Slack: could not ack envelope %s (%s); Slack will deliver it again",
+                    envelope_id, _problem(exc))
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    """Whether ``kind`` is ``exc`` or among the exceptions it was raised in handling."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, kind):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _ts_order(ts: str) -> float:
+    try:
+        return float(ts)
+    except ValueError:
+        return float("inf")
+
+
+def _short(value: object, limit: int = 200) -> str:
+    """``value`` as one short log line: a hostile payload must not flood the log."""
+    text = str(value).replace("\n", " ")
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _problem(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, _Malformed) else f"{type(exc).__name__}: {_short(exc)}"
+
+
+def _describe(body: Any) -> str:
+    """A request's kind, for the log line that says it was skipped."""
+    if not isinstance(body, dict):
+        return "not an object"
+    kind = body.get("type") or ("command" if "command" in body else "no type")
+    return _short(kind, 60)
+
+
+def _socket_frame(raw: str | bytes) -> dict[str, Any] | None:
+    """A Socket Mode frame as a JSON object, or ``None`` (logged) if it is not one."""
+    try:
+        message = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        log.warning("Slack: skipped a Socket Mode frame that is not JSON (%s)",
+                    type(exc).__name__)
+        return None
+    if not isinstance(message, dict):
+        log.warning("Slack: skipped a Socket Mode frame that is not a JSON object")
+        return None
+    return message
+
+
+def _envelope_problem(message: Mapping[str, Any]) -> str | None:
+    """What is wrong with a Socket Mode envelope's own fields, if anything."""
+    envelope_id = message.get("envelope_id")
+    if not isinstance(envelope_id, str) or not envelope_id:
+        return "its envelope_id is not a string"
+    if not isinstance(message.get("type"), str):
+        return f"envelope {_short(envelope_id, 60)} has no type"
+    if not isinstance(message.get("payload"), dict | str):
+        return f"envelope {_short(envelope_id, 60)} has no payload object"
+    for key, kinds in (("retry_attempt", int), ("retry_reason", str),
+                       ("accepts_response_payload", bool)):
+        value = message.get(key)
+        if value is not None and not isinstance(value, kinds):
+            return f"envelope {_short(envelope_id, 60)} has a bad {key}"
     return None
 
 

@@ -123,7 +123,7 @@ BAD_GATEWAY_PAGE = """<html>
 """
 
 
-def sign(body: bytes, timestamp: int, secret: str) -> str:
+def sign(body: bytes, timestamp: int | str, secret: str) -> str:
     """Slack's request signature: ``v0=`` + HMAC-SHA256(secret, ``v0:{ts}:{body}``)."""
     base = b"v0:" + str(timestamp).encode() + b":" + body
     return "v0=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
@@ -539,15 +539,22 @@ class FakeSlack:
 
     async def post_body(self, body: str | bytes, *, content_type: str = "application/json",
                         headers: Mapping[str, str] | None = None, forge: bool = False,
-                        timestamp: int | None = None) -> Delivery:
-        """POST raw ``body`` (signed unless ``forge``) to :attr:`events_url`."""
+                        timestamp: int | str | None = None,
+                        signature: str | None = None) -> Delivery:
+        """POST raw ``body`` (signed unless ``forge``) to :attr:`events_url`.
+
+        ``timestamp`` may be any header text (``"1.5"``, ``""``): the body is
+        signed over it as given, the way a hostile client with the secret
+        would. ``signature`` replaces the computed signature header.
+        """
         if self.events_url is None or self._session is None:
             raise RuntimeError("set FakeSlack.events_url (and start the fake) first")
-        raw = body.encode() if isinstance(body, str) else body
+        raw = body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body
         stamp = int(time.time()) if timestamp is None else timestamp
         secret = "not-" + self.signing_secret if forge else self.signing_secret
         all_headers = {"Content-Type": content_type, "X-Slack-Request-Timestamp": str(stamp),
-                       "X-Slack-Signature": sign(raw, stamp, secret),
+                       "X-Slack-Signature": sign(raw, stamp, secret) if signature is None
+                       else signature,
                        "User-Agent": "Slackbot 1.0 (+https://api.slack.com/robots)",
                        **(headers or {})}
         started = time.perf_counter()
