@@ -556,7 +556,7 @@ class _Run:
     async def _call_llm(self, request: LLMRequest) -> LLMResponse:
         on_text = None
         pump: asyncio.Task[None] | None = None
-        queue: asyncio.Queue[str | None] = asyncio.Queue()
+        queue: asyncio.Queue[str | _Retrying | None] = asyncio.Queue()
         if self.stream and (self.listener is not None or self.observers):
             # Providers call on_text synchronously from their stream loop; a pump
             # task forwards fragments so slow observers never stall the stream.
@@ -564,8 +564,13 @@ class _Run:
             pump = asyncio.create_task(self._pump(queue))
 
         async def on_retry(attempt: int, max_attempts: int, error: str) -> None:
-            await self.emit("run.retrying", attempt=attempt, maxAttempts=max_attempts,
-                            error=error)
+            retrying = _Retrying(attempt, max_attempts, error)
+            if pump is not None:
+                # Through the same queue as the text: the draft restarts after the
+                # failed attempt's last fragment, never before it.
+                queue.put_nowait(retrying)
+            else:
+                await self._emit_retrying(retrying)
 
         provider = self.provider
         span = self.trace.start("llm", "llm", provider=provider.name,
@@ -589,9 +594,16 @@ class _Run:
             self.estimator.calibrate(request, response.usage.input_tokens)
         return response
 
-    async def _pump(self, queue: asyncio.Queue[str | None]) -> None:
-        while (fragment := await queue.get()) is not None:
-            await self.emit("chunk", content=fragment)
+    async def _pump(self, queue: asyncio.Queue[str | _Retrying | None]) -> None:
+        while (item := await queue.get()) is not None:
+            if isinstance(item, _Retrying):
+                await self._emit_retrying(item)
+            else:
+                await self.emit("chunk", content=item)
+
+    async def _emit_retrying(self, retrying: _Retrying) -> None:
+        await self.emit("run.retrying", attempt=retrying.attempt,
+                        maxAttempts=retrying.max_attempts, error=retrying.error)
 
     async def _run_tools(
         self, calls: Sequence[ToolCall], context: ToolContext,
@@ -721,6 +733,15 @@ class _Run:
                  self.req.run_id[:8], status, self.req.session.key, self.iterations,
                  self.usage.input_tokens, self.usage.output_tokens,
                  (time.monotonic() - self.started) * 1000, f" error={error}" if error else "")
+
+
+@dataclass(frozen=True, slots=True)
+class _Retrying:
+    """A provider's ``on_retry`` call, queued behind the text it voids."""
+
+    attempt: int
+    max_attempts: int
+    error: str
 
 
 class _TracedJudge:

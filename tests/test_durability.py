@@ -437,3 +437,29 @@ async def test_a_message_arriving_before_recovery_is_not_run_twice(
     await settle(app2)
     assert sorted(channel2.texts()) == ["for new", "for old"]
     assert len(model2.requests) == 2
+
+
+async def test_a_run_cancelled_by_a_merge_during_the_session_load_does_not_take_the_merged_run_with_it(  # noqa: E501
+        make_app: AppFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = GatedModel()
+    app, channel, _ = await make_app(model, merge_window_ms=60_000)
+    store = app.store
+    loading = asyncio.Event()
+    release = asyncio.Event()
+    original = store._load_or_create
+
+    async def slow_load(key: str) -> Any:
+        loading.set()
+        await release.wait()
+        return await original(key)
+
+    monkeypatch.setattr(store, "_load_or_create", slow_load)
+    await app.dispatcher.submit(message("first", "e1"))
+    await asyncio.wait_for(loading.wait(), 5)
+    # The follow-up merges: the first run is cancelled while it waits for the load.
+    await app.dispatcher.submit(message("second", "e2"))
+    release.set()
+    model.answer("both")
+    await settle(app)
+    assert channel.texts() == ["both"]
+    assert model.requests[-1].messages[-1].content == "first\nsecond"
