@@ -96,7 +96,12 @@ OnText = Callable[[str], None]
 """Receives each streamed text fragment as it arrives."""
 
 OnRetry = Callable[[int, int, str], Awaitable[None]]
-"""Called as ``on_retry(attempt, max_attempts, error)`` before a provider retries."""
+"""Called as ``on_retry(attempt, max_attempts, error)`` before a provider retries.
+
+A numbered call (``attempt`` ≥ 2) voids any text streamed so far: the answer
+streams again from its start. ``on_retry(0, 0, reason)`` means the call is held
+by the provider's circuit breaker (the model service is failing) and will go
+on once it answers again; the core tells the chat once."""
 
 
 class ProviderError(Exception):
