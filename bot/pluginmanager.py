@@ -14,7 +14,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,6 +126,25 @@ class PluginHost:
             log.info("hook %s: %d implementation(s) in %s [%s]", hook, len(impls),
                      _ms(start), ", ".join(timings))
         return results
+
+    async def pipe(self, hook: str, kwargs: dict[str, Any],
+                   step: Callable[[Any, dict[str, Any]], bool]) -> None:
+        """Call ``hook``'s implementations in order, each seeing what the ones before changed.
+
+        After each non-``None`` result, ``step(result, kwargs)`` may change
+        ``kwargs`` (in place) for the implementations after it; it returns
+        True to stop there. An implementation that raises is logged and skipped.
+        """
+        for impl in self.implementations(hook):
+            try:
+                result = impl.function(*[kwargs[a] for a in impl.argnames])
+                if inspect.isawaitable(result):
+                    result = await result
+            except Exception as exc:
+                self._failed(impl.plugin_name, hook, exc)
+                continue
+            if result is not None and step(result, kwargs):
+                return
 
     async def call_plugin(self, name: str, hook: str, **kwargs: Any) -> list[Any]:
         """What plugin ``name`` alone returns from ``hook``, flattened, disabled or not.

@@ -285,17 +285,25 @@ class _Run:
             # an attachment-only message is a valid turn of its own.
             note = msg.attachment_note()
             text = f"{text}\n\n{note}" if text.strip() else note
-        for check in await engine.host.call(
-            "roost_check_input", message=msg, text=text, settings=self.settings
-        ):
+        refusals: list[str] = []
+
+        def step(check: Any, args: dict[str, Any]) -> bool:
             if not isinstance(check, InputCheck):
-                continue
+                return False
             if check.refusal is not None:
-                return await self._refuse(check.refusal)
+                refusals.append(check.refusal)
+                return True
             if check.text is not None:
-                text = check.text
+                args["text"] = check.text  # the next check sees the rewrite
             if check.note:
                 notes.append(check.note)
+            return False
+
+        checked: dict[str, Any] = {"message": msg, "text": text, "settings": self.settings}
+        await engine.host.pipe("roost_check_input", checked, step)
+        if refusals:
+            return await self._refuse(refusals[0])
+        text = checked["text"]
         user = ChatMessage("user", text, sender_id=msg.sender_id, sender_name=msg.display_name)
         self.buffer.append(user)
 

@@ -344,3 +344,33 @@ async def test_prompt_follows_workspace_files_edited_by_tools_and_by_hand(
     await channel.say("and now")
     await settle(app)
     assert "Likes: coffee, strongly" in provider.requests[-1].system
+
+
+async def test_each_input_check_sees_the_text_as_the_ones_before_rewrote_it(
+        make_app: AppFactory) -> None:
+    seen: list[str] = []
+
+    class Redactor:
+        @hookimpl
+        def roost_check_input(self, text: str) -> InputCheck | None:
+            seen.append(text)
+            return InputCheck(text=text.replace("4111-1111", "[card]"))
+
+    class Shouter:
+        @hookimpl
+        def roost_check_input(self, text: str) -> InputCheck | None:
+            seen.append(text)
+            return InputCheck(text=text.upper(), note="shouted")
+
+    provider = scripted({"reply": "ok"}, loop=True)
+    app, _, _ = await make_app(provider, Redactor(), Shouter())
+    await app.dispatcher.submit(InboundMessage(
+        channel="test", chat_id="u1", chat_type="direct", sender_id="u1",
+        text="pay with 4111-1111 please"))
+    await settle(app)
+    # pluggy calls the later-registered plugin first; either way the second
+    # check sees the first one's rewrite, and both rewrites reach the model.
+    assert seen[0] == "pay with 4111-1111 please"
+    assert seen[1] in ("pay with [card] please", "PAY WITH 4111-1111 PLEASE")
+    sent = provider.requests[-1].messages[-1].content
+    assert sent.split("\n")[0].upper() == "PAY WITH [CARD] PLEASE" and "shouted" in sent
