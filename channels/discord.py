@@ -7,9 +7,17 @@ thread as ``thread_id``, so each thread is a session of its own and replies go
 into it. ``mentioned`` is set when the bot (or its managed role) is mentioned,
 the message replies to one of the bot's messages, or it is a ``/command``; the
 bot's mention is stripped from the text. Bots (this one included), webhooks and
-system messages are ignored, redelivered message ids are dropped, and a gateway
-payload the library cannot parse is logged and skipped. ``event_id`` is the
-message id (the interaction id for slash commands).
+system messages are ignored and redelivered message ids are dropped.
+``event_id`` is the message id (the interaction id for slash commands). A
+message in a guild discord.py has not cached is still a group message.
+
+Hostile input: a gateway payload discord.py cannot parse, or one it parses
+but that holds the wrong types (content that is not text, ids that are not
+unsigned 64-bit snowflakes, an interaction's options that are not a list of
+objects), is skipped with one warning line, never a traceback, and the client
+goes on. After :meth:`DiscordChannel.stop_intake` no message reaches the core
+and no cursor moves, so the catch-up after the restart reads what arrived
+meanwhile; the REST client keeps sending until :meth:`DiscordChannel.stop`.
 
 Catching up: Discord never redelivers a message a disconnected client
 missed. :meth:`DiscordChannel.catch_up` (called by the core after a start with
@@ -17,7 +25,9 @@ the last recorded message id per chat) reads each chat's history after that
 id, oldest first and bounded, and hands it to the core as if it had arrived
 live; after a reconnect that could not resume (a new READY) the adapter does
 the same from the last ids it saw, and from any message the core failed to
-record.
+record. A cursor key ``chat_id:thread_id`` reads that thread after its own
+cursor; a plain ``chat_id`` key reads the channel and its active threads that
+have no key of their own.
 
 Outbound: Discord markdown passes through; ``@everyone`` and ``@here`` are
 defused and no reply may ping anyone but the person replied to. Long replies
@@ -28,7 +38,11 @@ with ``replace`` edits the draft or, if that fails for good, posts anew and
 deletes it. discord.py sleeps through 429s itself (``retry_after``); the rest
 is mapped once (:func:`delivery_error`) and retried through
 :func:`channels.delivery.deliver`. Every try of one post carries the same
-enforced nonce, so a post whose answer was lost is not posted twice.
+enforced nonce, so a post whose answer was lost is not posted twice; for a
+reply with a ``delivery_id`` (the core's outbox key) the nonce derives from
+it (``roost-7``, ``roost-7.1`` for the second piece), so a redelivery after a
+restart gets the earlier message back instead of a second one, as long as
+Discord still remembers the nonce (a few minutes).
 
 Slash commands are synced as global application commands, each with an
 optional ``args`` string. An interaction is deferred at once (Discord wants an
@@ -42,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import re
 import secrets
@@ -89,6 +104,10 @@ INTERACTION_TIMEOUT = 600.0
 """A deferred interaction nobody answered is withdrawn after this (tokens last 15 min)."""
 CATCHUP_LIMIT = 100
 """Messages read back per chat when catching up (the ``discord_catchup_limit`` default)."""
+NONCE_LIMIT = 25
+"""Discord refuses a message nonce longer than this."""
+SNOWFLAKE_LIMIT = 1 << 64
+"""Discord ids are unsigned 64-bit integers; anything else is no Discord id."""
 
 _COMMAND_NAME = re.compile(r"^[-_a-z0-9]{1,32}$")
 _MASS_MENTION = re.compile(r"@(everyone|here)\b")
@@ -97,6 +116,10 @@ _ADDRESSED_TYPES = (discord.MessageType.default, discord.MessageType.reply)
 _NO_PINGS = discord.AllowedMentions(everyone=False, users=False, roles=False,
                                     replied_user=True)
 """The model's text pings nobody; a reply still notifies the person it answers."""
+
+
+class _Malformed(ValueError):
+    """A gateway payload missing what the adapter needs, or holding the wrong types."""
 
 
 class DiscordChannel(Channel):
@@ -162,6 +185,7 @@ class DiscordChannel(Channel):
         """Per channel, the id just before the oldest message the handler
         failed on: a catch-up starts there, so that message is read again."""
         self._catching_up: asyncio.Task[None] | None = None
+        self._intake_open = True
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -197,9 +221,21 @@ class DiscordChannel(Channel):
         assert client.user is not None
         log.info("discord: connected as %s (id %s)", client.user, client.user.id)
 
+    async def stop_intake(self) -> None:
+        """Hand the core no more messages; the REST client keeps sending until :meth:`stop`.
+
+        Discord never redelivers, but nothing is lost: what arrives from now
+        on advances no cursor, so the catch-up after the restart reads it
+        from the history (the core's cursors stop at its last recorded message).
+        """
+        self._intake_open = False
+        if self._catching_up is not None:
+            self._catching_up.cancel()
+
     async def stop(self) -> None:
         """Let sends in flight finish (10 s at most), then close the client."""
         self._stopping = True
+        self._intake_open = False
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), 10)
         for task in list(self._tasks):
@@ -265,7 +301,11 @@ class DiscordChannel(Channel):
     # -- inbound ---------------------------------------------------------------
 
     async def _on_message(self, message: discord.Message) -> None:
-        await self._take(message)
+        if self._intake_open:
+            await self._take(message)
+        else:
+            log.debug("discord: message %s arrived while shutting down; the catch-up after "
+                      "the restart reads it", _short(getattr(message, "id", "?"), 40))
 
     async def _take(self, message: discord.Message) -> None:
         """Hand one message (live or read back from history) to the core.
@@ -279,19 +319,30 @@ class DiscordChannel(Channel):
         client = self.client
         if client is None or client.user is None or self._handler is None:
             return
-        where = message.channel.id
-        author = message.author
-        if author.id == client.user.id:
-            self._own.add(message.id)
-        if (author.bot or author.id == client.user.id or message.webhook_id is not None
-                or message.type not in _ADDRESSED_TYPES):  # joins, pins, thread notices...
-            self._advance(where, message.id)
+        try:
+            # discord.py stores some fields as the payload had them (content,
+            # ids of partial objects), so a malformed one surfaces only here.
+            where = _snowflake(message.channel.id)
+            author = message.author
+            mine = author.id == client.user.id
+            if mine:
+                self._own.add(message.id)
+            skipped = (author.bot or mine or message.webhook_id is not None
+                       or message.type not in _ADDRESSED_TYPES)  # joins, pins, threads...
+            inbound = None if skipped or message.id in self._seen \
+                else self._translate(message, client.user)
+        except Exception as exc:
+            log.warning("discord: skipped a malformed message %s (%s)",
+                        _short(getattr(message, "id", "?"), 40), _problem(exc))
             return
-        if message.id in self._seen:
-            log.debug("discord: message %s delivered twice; ignored", message.id)
+        if inbound is None:
+            if skipped:
+                self._advance(where, message.id)
+            else:
+                log.debug("discord: message %s delivered twice; ignored", message.id)
             return
         try:
-            await self._handler(self._translate(message, client.user))
+            await self._handler(inbound)
         except BaseException:
             gap = self._gaps.get(where)
             self._gaps[where] = min(gap, message.id - 1) if gap is not None \
@@ -311,19 +362,27 @@ class DiscordChannel(Channel):
         each chat's history after its cursor (the last message id the core
         recorded) is read, oldest first, at most :attr:`catchup_limit`
         messages a chat, and treated as if it had arrived live. A key is a
-        channel or thread id; a ``chat:thread`` key reads the thread; a guild
-        channel's active threads are read after the same id. The core
-        dedupes on the message id, so reading a range twice is harmless.
-        Failures are logged per chat and do not stop the others.
+        channel or thread id, or ``chat:thread`` for a thread, read after its
+        own cursor. A guild channel's active threads that have no key of
+        their own are read after the channel's cursor (ids are time-ordered,
+        so that covers them if the cursor is the newest id of the chat,
+        threads included). The core dedupes on the message id, so reading a
+        range twice is harmless. Failures are logged per chat and do not
+        stop the others.
         """
+        own_keys = {int(key.rsplit(":", 1)[-1]) for key in cursors
+                    if ":" in key and key.rsplit(":", 1)[-1].isdigit()}
         for key, cursor in cursors.items():
+            if not self._intake_open:
+                return
             place = key.rsplit(":", 1)[-1]
             if not place.isdigit() or not str(cursor).isdigit():
                 log.warning("discord: cannot catch up %s after %r: not Discord ids", key, cursor)
                 continue
-            await self._catch_up_channel(int(place), int(cursor))
+            await self._catch_up_channel(int(place), int(cursor), own_keys)
 
-    async def _catch_up_channel(self, where: int, after: int) -> None:
+    async def _catch_up_channel(self, where: int, after: int,
+                                keyed: set[int] | frozenset[int] = frozenset()) -> None:
         client = self.client
         if client is None:
             return
@@ -340,7 +399,8 @@ class DiscordChannel(Channel):
             # so the core's cursor for the chat covers its threads too (ids are
             # time-ordered): the active threads are read after the same id.
             for thread in channel.threads:
-                await self._catch_up_history(thread, thread.id, after)
+                if thread.id not in keyed:
+                    await self._catch_up_history(thread, thread.id, after)
 
     async def _catch_up_history(self, channel: discord.abc.Messageable, where: int,
                                 after: int) -> None:
@@ -361,6 +421,8 @@ class DiscordChannel(Channel):
                         len(missed), after)
         taken = 0
         for message in missed:
+            if not self._intake_open:
+                return  # shutting down: the next start reads the rest
             try:
                 await self._take(message)
             except Exception:
@@ -380,6 +442,8 @@ class DiscordChannel(Channel):
         Catch-ups run one after another; each reads from the cursors as they
         are when it starts, so a second reconnect during one is covered too.
         """
+        if not self._intake_open:
+            return
         previous = self._catching_up
 
         async def run() -> None:
@@ -397,7 +461,18 @@ class DiscordChannel(Channel):
         self._catching_up = self._spawn(run())
 
     def _translate(self, message: discord.Message, me: discord.ClientUser) -> InboundMessage:
-        chat_id, chat_type, thread_id = _place(message.channel, message.guild is not None)
+        """The core's message for ``message``; raises :class:`_Malformed` (or worse) if
+        the payload was malformed."""
+        _snowflake(message.id)
+        _snowflake(message.author.id)
+        if not isinstance(message.content, str):
+            raise _Malformed("its content is not text")
+        # A guild discord.py has not cached (unavailable, or an id it never
+        # heard of) leaves ``guild`` None, but the channel still names it: such
+        # a message is a group message, never a DM.
+        guild_id = message.guild.id if message.guild is not None \
+            else getattr(message.channel, "guild_id", None)
+        chat_id, chat_type, thread_id = _place(message.channel, guild_id is not None)
         role = message.guild.self_role if message.guild is not None else None
         text = _strip_mentions(message.content, me.id, role.id if role else None)
         reference = message.reference
@@ -406,11 +481,11 @@ class DiscordChannel(Channel):
                      or text.startswith("/"))
         return InboundMessage(
             channel=self.name, chat_id=chat_id, chat_type=chat_type,
-            sender_id=str(message.author.id), sender_name=message.author.display_name,
+            sender_id=str(message.author.id), sender_name=str(message.author.display_name),
             text=text, message_id=str(message.id), reply_to=reply_to, thread_id=thread_id,
             mentioned=mentioned,
             attachments=tuple(_attachment(a) for a in message.attachments), raw=message,
-            group_id=str(message.guild.id) if message.guild is not None else None,
+            group_id=str(guild_id) if guild_id is not None else None,
             event_id=str(message.id))
 
     def _addresses_me(self, message: discord.Message, me: discord.ClientUser,
@@ -428,17 +503,23 @@ class DiscordChannel(Channel):
         return reference.message_id is not None and reference.message_id in self._own
 
     async def _on_interaction(self, interaction: discord.Interaction[discord.Client]) -> None:
+        if not self._intake_open or self._handler is None:
+            return
         if interaction.type is not discord.InteractionType.application_command:
             return
-        if self._handler is None or not self._seen.add(("interaction", interaction.id)):
+        try:
+            name, args = _command_of(interaction.data)
+            _snowflake(interaction.id)
+            _snowflake(interaction.user.id)
+            in_guild = interaction.guild_id is not None
+            chat_id, chat_type, thread_id = _place(interaction.channel, in_guild,
+                                                   interaction.channel_id)
+        except Exception as exc:
+            log.warning("discord: skipped a malformed interaction %s (%s)",
+                        _short(interaction.id, 40), _problem(exc))
             return
-        data = cast(dict[str, Any], interaction.data or {})
-        name = str(data.get("name", ""))
-        args = " ".join(str(option.get("value", "")) for option in data.get("options", [])
-                        if option.get("name") == "args")
-        in_guild = interaction.guild_id is not None
-        chat_id, chat_type, thread_id = _place(interaction.channel, in_guild,
-                                               interaction.channel_id)
+        if not self._seen.add(("interaction", interaction.id)):
+            return
         key = str(interaction.id)
         try:
             # Discord wants an answer within 3 s; the command may take longer.
@@ -453,7 +534,7 @@ class DiscordChannel(Channel):
         user = interaction.user
         await self._handler(InboundMessage(
             channel=self.name, chat_id=chat_id, chat_type=chat_type, sender_id=str(user.id),
-            sender_name=user.display_name, text=f"/{name} {args}".strip(), message_id=key,
+            sender_name=str(user.display_name), text=f"/{name} {args}".strip(), message_id=key,
             thread_id=thread_id, mentioned=True, raw=interaction,
             group_id=str(interaction.guild_id) if in_guild else None,
             # Interaction ids are snowflakes too, never equal to a message id.
@@ -484,7 +565,8 @@ class DiscordChannel(Channel):
                 return None
             target = _target(message)
             return await self._deliver_reply(target, _reference(message, target), pieces,
-                                             draft=message.replace or None)
+                                             draft=message.replace or None,
+                                             delivery_id=message.delivery_id)
 
     async def withdraw(self, chat_id: str, message_id: str) -> None:
         """Delete one of the bot's messages (``chat_id`` may be a thread); gone is fine."""
@@ -493,18 +575,25 @@ class DiscordChannel(Channel):
 
     async def _deliver_reply(self, target: int, reference: discord.MessageReference | None,
                              pieces: list[str], *, draft: str | None,
-                             shown: str | None = None) -> str | None:
+                             shown: str | None = None,
+                             delivery_id: str | None = None) -> str | None:
         """Put ``pieces`` in place of ``draft`` (or post them); the last message's id.
 
         No pieces: the draft is deleted. If editing the draft into the first
         piece fails for good (deleted meanwhile, or Discord keeps failing the
         edit), the piece is posted anew and the draft deleted, so no draft is
-        left frozen.
+        left frozen. With a ``delivery_id`` (the core's key of the reply, the
+        same across attempts and restarts) each piece's nonce derives from it,
+        so Discord returns a piece an earlier attempt posted, in this process
+        or one that stopped before the core recorded it, instead of posting
+        it twice (Discord remembers nonces for a few minutes).
         """
         if not pieces:
             if draft:
                 await self._delete(target, int(draft))
             return None
+        nonces: list[str | None] = [_nonce(delivery_id, i) if delivery_id else None
+                                    for i in range(len(pieces))]
         first: str | None = None
         if draft:
             if pieces[0] == shown:
@@ -517,7 +606,7 @@ class DiscordChannel(Channel):
                     log.warning("discord: could not edit draft %s into the reply (%s); "
                                 "posting it anew", draft, exc)
         if first is None:
-            first = str((await self._post(target, pieces[0], reference)).id)
+            first = str((await self._post(target, pieces[0], reference, nonces[0])).id)
             if draft:
                 try:
                     await self._delete(target, int(draft))
@@ -526,8 +615,8 @@ class DiscordChannel(Channel):
                     log.error("discord: could not delete the replaced draft %s in %s",
                               draft, target, exc_info=True)
         last = first
-        for piece in pieces[1:]:
-            last = str((await self._post(target, piece, None)).id)
+        for piece, nonce in zip(pieces[1:], nonces[1:], strict=True):
+            last = str((await self._post(target, piece, None, nonce)).id)
         return last
 
     def open_stream(self, message: InboundMessage) -> ReplyStream | None:
@@ -561,14 +650,15 @@ class DiscordChannel(Channel):
             what="syncing discord application commands")
         log.info("discord: %d application commands synced", len(payload))
 
-    async def _post(self, target: int, text: str,
-                    reference: discord.MessageReference | None) -> discord.Message:
+    async def _post(self, target: int, text: str, reference: discord.MessageReference | None,
+                    key: str | None = None) -> discord.Message:
         assert self.client is not None
         channel = self.client.get_partial_messageable(target)
-        # Every try of one post carries the same nonce, and discord.py asks
-        # Discord to enforce it: a try that took effect before its answer was
-        # lost (a reset, a timeout) is returned again instead of posted twice.
-        nonce = secrets.randbelow(1 << 62)
+        # Every try of one post carries the same nonce (``key``, else a random
+        # one), and discord.py asks Discord to enforce it: a try that took
+        # effect before its answer was lost (a reset, a timeout) is returned
+        # again instead of posted twice.
+        nonce: str | int = key if key else secrets.randbelow(1 << 62)
 
         async def call() -> discord.Message:
             if reference is None:
@@ -826,6 +916,43 @@ def delivery_error(exc: BaseException) -> BaseException:
     return exc
 
 
+def _nonce(delivery_id: str, piece: int) -> str:
+    """The nonce of one piece of reply ``delivery_id``: stable, at most 25 characters.
+
+    ``roost-<outbox id>`` fits as it is (``.n`` marks the later pieces);
+    a longer key is hashed down to Discord's limit.
+    """
+    plain = delivery_id if piece == 0 else f"{delivery_id}.{piece}"
+    if len(plain) <= NONCE_LIMIT:
+        return plain
+    return hashlib.sha256(plain.encode("utf-8", "surrogatepass")).hexdigest()[:NONCE_LIMIT]
+
+
+def _command_of(data: object) -> tuple[str, str]:
+    """``(name, args)`` of an application command interaction's ``data``.
+
+    discord.py keeps ``data`` as the payload had it, so every type is checked.
+    """
+    if not isinstance(data, dict):
+        raise _Malformed("it has no data object")
+    name = data.get("name")
+    if not isinstance(name, str) or not _COMMAND_NAME.match(name):
+        raise _Malformed("it names no command")
+    options = data.get("options", [])
+    if not isinstance(options, list):
+        raise _Malformed("its options are not a list")
+    args = []
+    for option in options:
+        if not isinstance(option, dict):
+            raise _Malformed("an option is not an object")
+        value = option.get("value", "")
+        if option.get("name") == "args":
+            if not isinstance(value, str | int | float | bool):
+                raise _Malformed("its args are not text")
+            args.append(str(value))
+    return name, " ".join(args)
+
+
 def _followup(interaction: discord.Interaction[discord.Client],
               text: str) -> Callable[[], Awaitable[object]]:
     async def call() -> object:
@@ -846,8 +973,10 @@ def _guard_parsers(client: discord.Client) -> None:
         def parse(data: Any) -> None:
             try:
                 parser(data)
-            except Exception:
-                log.exception("discord: skipped a malformed %s payload", event)
+            except Exception as exc:
+                # One line: a traceback per hostile payload would flood the log.
+                log.warning("discord: skipped a malformed %s payload (%s: %s)", event,
+                            type(exc).__name__, _short(exc))
         return parse
 
     for event, parser in list(parsers.items()):
@@ -856,13 +985,33 @@ def _guard_parsers(client: discord.Client) -> None:
 
 def _place(channel: object, in_guild: bool,
            channel_id: int | None = None) -> tuple[str, ChatType, str | None]:
-    """``(chat_id, chat_type, thread_id)`` for a channel: threads keep their parent."""
-    ident = getattr(channel, "id", channel_id)
+    """``(chat_id, chat_type, thread_id)`` for a channel: threads keep their parent.
+
+    Raises :class:`_Malformed` when an id is no Discord id.
+    """
+    ident = _snowflake(getattr(channel, "id", channel_id))
     if not in_guild:
         return str(ident), "direct", None
     if isinstance(channel, discord.Thread):
-        return str(channel.parent_id), "group", str(channel.id)
+        return str(_snowflake(channel.parent_id)), "group", str(ident)
     return str(ident), "group", None
+
+
+def _snowflake(value: object) -> int:
+    """``value`` if it is a Discord id (an unsigned 64-bit integer); ``ValueError`` if not."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value < SNOWFLAKE_LIMIT:
+        return value
+    raise _Malformed(f"{_short(value, 40)} is not a Discord id")
+
+
+def _short(value: object, limit: int = 200) -> str:
+    """``value`` as one short log line: a hostile payload must not flood the log."""
+    text = str(value).replace("\n", " ")
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _problem(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, _Malformed) else f"{type(exc).__name__}: {_short(exc)}"
 
 
 def _strip_mentions(text: str, bot_id: int, role_id: int | None) -> str:

@@ -65,8 +65,9 @@ class RoostLog(logging.Handler):
                 await self._changed.wait()
 
 
-@pytest.fixture
-async def roost_log() -> AsyncIterator[RoostLog]:
+@pytest.fixture(name="roost_log")
+async def roost_log_fixture() -> AsyncIterator[RoostLog]:
+    """Records of Roost's own loggers during the test (``roost`` at debug level)."""
     handler = RoostLog()
     root, roost = logging.getLogger(), logging.getLogger("roost")
     level = roost.level

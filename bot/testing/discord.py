@@ -736,6 +736,17 @@ class FakeDiscord:
     async def interaction(self, name: str, args: str = "", *, user_id: int = USER_ID,
                           channel_id: int = CHANNEL_ID, guild: bool = True) -> int:
         """An INTERACTION_CREATE for the slash command ``/name`` with option ``args``."""
+        data = self.interaction_payload(name, args, user_id=user_id, channel_id=channel_id,
+                                        guild=guild)
+        await self.dispatch("INTERACTION_CREATE", data)
+        return int(data["id"])
+
+    def interaction_payload(self, name: str, args: str = "", *, user_id: int = USER_ID,
+                            channel_id: int = CHANNEL_ID, guild: bool = True) -> dict[str, Any]:
+        """The INTERACTION_CREATE payload :meth:`interaction` sends (its callbacks work).
+
+        For tests that change it before dispatching it themselves.
+        """
         interaction = _Interaction(next(self._ids), f"itoken-{next(self._ids)}", channel_id)
         self._interactions[interaction.id] = interaction
         user = user_payload(user_id, "alice")
@@ -760,8 +771,7 @@ class FakeDiscord:
             data["channel"] = {"id": str(channel_id), "type": 1, "recipients": [user]}
             data["user"] = user
             data["context"] = 1
-        await self.dispatch("INTERACTION_CREATE", data)
-        return interaction.id
+        return data
 
     def interaction_deferred(self, interaction_id: int) -> bool:
         """Whether the interaction was answered with a deferred (type 5) response."""
