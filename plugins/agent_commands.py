@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import time
 
+# Built-in: the agent admin commands read and reload the agents' configuration itself.
 from bot.agent_config import DEFAULT_AGENT, AgentConfig
 from bot.agents import Agent, AgentError
-from bot.commands import Command, CommandContext
-from bot.config import ConfigError, Settings, load_settings
-from bot.hookspecs import hookimpl
+from bot.config import ConfigError, load_settings
+from roost import Command, CommandContext, Settings, hookimpl
 
 MAX_PATTERNS_LISTED = 80
 

@@ -24,18 +24,7 @@ from anthropic.types import (
     ToolUseBlockParam,
 )
 
-from bot.config import Settings
-from bot.llm import (
-    ChatMessage,
-    LLMRequest,
-    LLMResponse,
-    OnRetry,
-    OnText,
-    ProviderError,
-    ToolCall,
-    ToolSpec,
-    Usage,
-)
+# Built-in: the HTTP providers share Roost's own circuit breaker and retry plumbing.
 from bot.llm_breaker import CircuitBreaker
 from plugins.provider_retry import (
     DEFAULT_MAX_ATTEMPTS,
@@ -47,6 +36,18 @@ from plugins.provider_retry import (
     read_stream,
     tool_call_from_json,
     with_retries,
+)
+from roost import (
+    ChatMessage,
+    LLMRequest,
+    LLMResponse,
+    OnRetry,
+    OnText,
+    ProviderError,
+    Settings,
+    ToolCall,
+    ToolSpec,
+    Usage,
 )
 
 __all__ = ["AnthropicProvider"]

@@ -5,9 +5,7 @@ That keeps an unconfigured platform's SDK out of memory and out of start time.
 
 from __future__ import annotations
 
-from bot.channel import Channel, ChannelSpec
-from bot.config import Settings
-from bot.hookspecs import hookimpl
+from roost import Channel, ChannelSpec, Settings, hookimpl
 
 
 def _console(settings: Settings) -> Channel:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+# Built-in: /status describes the resolved agent, an internal object.
 from bot.agents import Agent, AgentError
-from bot.commands import Command, CommandContext
-from bot.config import Settings
-from bot.hookspecs import hookimpl
+from roost import Command, CommandContext, Settings, hookimpl
 
 
 async def _help(ctx: CommandContext) -> str:

@@ -25,13 +25,19 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from bot.commands import Command, CommandContext
-from bot.config import Settings
-from bot.hookspecs import hookimpl
-from bot.messages import ChatType
+# Built-in: the cron tool drives the scheduler's job store directly.
 from bot.scheduler import JobError, JobView, Scheduler
-from bot.services import Services
-from bot.tools import Tool, ToolContext, ToolError
+from roost import (
+    ChatType,
+    Command,
+    CommandContext,
+    Services,
+    Settings,
+    Tool,
+    ToolContext,
+    ToolError,
+    hookimpl,
+)
 
 log = logging.getLogger("roost.cron")
 

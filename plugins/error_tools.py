@@ -23,7 +23,7 @@ import sqlite3
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from bot.config import Settings
+# Built-in: the error tools read the core's error and result stores.
 from bot.error_store import (
     ERROR_ID_EXAMPLE,
     ERROR_ID_RE,
@@ -33,11 +33,18 @@ from bot.error_store import (
     ResultStore,
     StoredError,
 )
-from bot.hookspecs import hookimpl
-from bot.jobs import JobSpec
-from bot.services import Services
-from bot.tool_args import check_keys, int_arg, str_arg
-from bot.tools import Tool, ToolContext, ToolError
+from roost import (
+    JobSpec,
+    Services,
+    Settings,
+    Tool,
+    ToolContext,
+    ToolError,
+    check_keys,
+    hookimpl,
+    int_arg,
+    str_arg,
+)
 
 if TYPE_CHECKING:
     from bot.app import Roost

@@ -20,10 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from bot.config import Settings
-from bot.hookspecs import hookimpl
-from bot.tool_args import check_keys, str_arg
-from bot.tools import Tool, ToolContext, ToolError
+from roost import Settings, Tool, ToolContext, ToolError, check_keys, hookimpl, str_arg
 from workspaces import resolve_in_workspace
 
 MAX_LIST_ENTRIES = 500

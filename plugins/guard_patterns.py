@@ -7,9 +7,7 @@ does not trip them.
 
 from __future__ import annotations
 
-from bot.config import Settings
-from bot.guard import GuardPattern
-from bot.hookspecs import hookimpl
+from roost import GuardPattern, Settings, hookimpl
 
 PATTERNS = [
     GuardPattern(

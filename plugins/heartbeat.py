@@ -35,16 +35,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+# Built-in: the heartbeat routes its run like an inbound message (agent bindings).
 from bot.agent_config import route
 from bot.agents import workspaces_root
-from bot.config import Settings
-from bot.hookspecs import hookimpl
-from bot.jobs import JobSpec
-from bot.llm import ChatMessage
-from bot.messages import InboundMessage
 from bot.runloop import NO_REPLY
-from bot.sanitize import Sanitizer
-from bot.tools import ToolError
+from roost import ChatMessage, InboundMessage, JobSpec, Sanitizer, Settings, ToolError, hookimpl
 from workspaces import read_cached, resolve_in_workspace, workspace_dir
 
 if TYPE_CHECKING:

@@ -28,20 +28,30 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+# Built-in: the memory flush runs a background turn through the run engine and
+# shares compaction's limits; the search index is the core's.
 from bot.compaction import FLUSH_ITERATIONS, FLUSH_TIMEOUT, FLUSH_TOOLS
-from bot.config import Settings
 from bot.history import repair_pairing
-from bot.hookspecs import hookimpl
-from bot.jobs import JobSpec
-from bot.llm import ChatMessage
 from bot.memory_index import MemoryIndex, memory_target, read_memory_text
-from bot.messages import InboundMessage
-from bot.prompt import Order, PromptContext, PromptSection
 from bot.runloop import RunRequest
-from bot.services import Services
 from bot.sessions import agent_of
-from bot.tool_args import check_keys, int_arg, str_arg
-from bot.tools import Tool, ToolContext, ToolError
+from roost import (
+    ChatMessage,
+    InboundMessage,
+    JobSpec,
+    Order,
+    PromptContext,
+    PromptSection,
+    Services,
+    Settings,
+    Tool,
+    ToolContext,
+    ToolError,
+    check_keys,
+    hookimpl,
+    int_arg,
+    str_arg,
+)
 from workspaces import read_cached, resolve_in_workspace
 
 if TYPE_CHECKING:

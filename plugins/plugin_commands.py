@@ -21,10 +21,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING
 
-from bot.commands import Command, CommandContext
-from bot.config import Settings
-from bot.hookspecs import hookimpl
-from bot.messages import InboundMessage, OutboundMessage
+# Built-in: plugin administration works on the plugin host itself.
 from bot.plugin_install import (
     describe_change,
     pip_command,
@@ -33,6 +30,7 @@ from bot.plugin_install import (
     valid_name,
 )
 from bot.pluginmanager import ESSENTIAL_PLUGINS, normalize_dist
+from roost import Command, CommandContext, InboundMessage, OutboundMessage, Settings, hookimpl
 
 if TYPE_CHECKING:
     from bot.app import Roost

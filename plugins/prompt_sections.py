@@ -31,9 +31,7 @@ import datetime as dt
 import os
 from pathlib import Path
 
-from bot.hookspecs import hookimpl
-from bot.messages import InboundMessage
-from bot.prompt import Order, PromptContext, PromptSection
+from roost import InboundMessage, Order, PromptContext, PromptSection, hookimpl
 from workspaces import read_cached
 from workspaces.cache import clip
 

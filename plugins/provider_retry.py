@@ -22,8 +22,9 @@ from functools import partial
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
-from bot.llm import OnRetry, OnText, ProviderError, ToolCall
+# Built-in: the HTTP providers share Roost's own circuit breaker and retry plumbing.
 from bot.llm_breaker import CircuitBreaker
+from roost import OnRetry, OnText, ProviderError, ToolCall
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",

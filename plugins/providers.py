@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bot.config import Settings
-from bot.hookspecs import hookimpl
-from bot.llm import LLMProvider
-from bot.providers import LazyProvider, ProviderSpec
+# Built-in: provider specs load their SDK lazily through the core's wrapper.
+from bot.providers import LazyProvider
+from roost import LLMProvider, ProviderSpec, Settings, hookimpl
 
 DEMO_SCRIPT = Path(__file__).with_name("demo_script.yaml")
 

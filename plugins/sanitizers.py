@@ -49,9 +49,7 @@ from __future__ import annotations
 import bisect
 import re
 
-from bot.config import Settings
-from bot.hookspecs import hookimpl
-from bot.sanitize import Sanitizer
+from roost import Sanitizer, Settings, hookimpl
 
 # -- shared helpers --------------------------------------------------------------------------
 

@@ -32,7 +32,9 @@ from typing import Any
 
 import yaml
 
-from bot.llm import (
+# Built-in: the scripted provider sizes tool schemas as the token estimator does.
+from bot.tokens import tools_chars
+from roost import (
     ChatMessage,
     LLMRequest,
     LLMResponse,
@@ -42,7 +44,6 @@ from bot.llm import (
     ToolCall,
     Usage,
 )
-from bot.tokens import tools_chars
 
 
 class ScriptError(ValueError):

@@ -33,11 +33,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bot.config import Settings
+# Built-in: the SQL tool shares the execution summary's statement parser and the
+# structured-error codes.
 from bot.exec_summary import SqlStatement, parse_statement
-from bot.hookspecs import hookimpl
 from bot.structured_errors import FOREIGN_KEY, PERMISSION, TIMEOUT, extract
-from bot.tools import Tool, ToolContext, ToolError
+from roost import Settings, Tool, ToolContext, ToolError, hookimpl
 from workspaces import resolve_in_workspace
 
 DB_FILE = "data.sqlite3"

@@ -26,16 +26,23 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from bot.commands import Command, CommandContext
-from bot.config import Settings
-from bot.guard import GuardPattern
-from bot.hookspecs import hookimpl
-from bot.jobs import JobSpec
-from bot.prompt import PromptContext, PromptSection
-from bot.sanitize import Sanitizer
-from bot.services import Services
-from bot.tool_args import check_keys, str_arg
-from bot.tools import Tool, ToolContext, ToolError
+from roost import (
+    Command,
+    CommandContext,
+    GuardPattern,
+    JobSpec,
+    PromptContext,
+    PromptSection,
+    Sanitizer,
+    Services,
+    Settings,
+    Tool,
+    ToolContext,
+    ToolError,
+    check_keys,
+    hookimpl,
+    str_arg,
+)
 
 if TYPE_CHECKING:
     from bot.app import Roost

@@ -1,0 +1,15 @@
+"""Test helpers for plugin authors: a Roost app with a scripted model, and the fakes.
+
+Installing Roost registers a pytest plugin with the fixtures ``roost_app``,
+``fake_telegram``, ``fake_discord``, ``fake_slack``, ``fake_anthropic`` and
+``fake_openai`` (see :mod:`bot.testing.pytest_plugin`); without pytest,
+:func:`build_app` builds the same app::
+
+    from roost.testing import build_app
+"""
+
+from __future__ import annotations
+
+from bot.testing.app import ChatChannel, EventRecorder, build_app, scripted_provider
+
+__all__ = ["ChatChannel", "EventRecorder", "build_app", "scripted_provider"]

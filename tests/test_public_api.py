@@ -1,0 +1,69 @@
+"""The public ``roost`` package: what plugin authors import, and that nobody goes around it."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from pathlib import Path
+
+import roost
+import roost.testing
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PUBLIC = {
+    "hookimpl", "Tool", "ToolResult", "ToolContext", "ToolError", "ToolRetry", "Command",
+    "CommandContext", "Sanitizer", "InputCheck", "GuardPattern", "ChannelSpec", "Channel",
+    "ReplyStream", "InboundHandler", "ProviderSpec", "LLMProvider", "LLMRequest", "LLMResponse",
+    "ChatMessage", "ToolCall", "ToolSpec", "Usage", "ProviderError", "OnText", "OnRetry",
+    "JobSpec", "Judge", "Verdict", "RunEvent", "InboundMessage", "OutboundMessage",
+    "Attachment", "ChatType", "PromptContext", "PromptSection", "Order", "Services",
+    "Settings", "check_keys", "str_arg", "int_arg",
+}
+"""Names plugin authors rely on: removing one is a breaking change, so this test fails."""
+
+
+def test_every_public_name_is_still_exported() -> None:
+    missing = PUBLIC - set(roost.__all__)
+    assert not missing, f"public names disappeared from roost: {sorted(missing)}"
+    for name in roost.__all__:
+        assert getattr(roost, name, None) is not None, name
+
+
+def test_public_classes_and_functions_are_documented() -> None:
+    for name in roost.__all__:
+        value = getattr(roost, name)
+        if isinstance(value, type) or (callable(value) and hasattr(value, "__code__")):
+            assert (value.__doc__ or "").strip(), f"roost.{name} has no docstring"
+
+
+def test_the_testing_entry_point_exports_the_app_builder() -> None:
+    assert {"build_app", "ChatChannel", "scripted_provider"} <= set(roost.testing.__all__)
+
+
+def _public_names_from_bot(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                and node.module.startswith("bot.") and not node.module.startswith("bot.testing"):
+            module = importlib.import_module(node.module)
+            for alias in node.names:
+                if alias.name in roost.__all__ and \
+                        getattr(module, alias.name, None) is getattr(roost, alias.name):
+                    found.append(f"{node.module}.{alias.name}")
+    return found
+
+
+def test_built_in_plugins_and_the_example_import_public_names_from_roost() -> None:
+    example = ROOT / "examples" / "roost-plugin-example" / "roost_plugin_example"
+    files = [*sorted((ROOT / "plugins").glob("*.py")), *sorted(example.glob("*.py"))]
+    offenders = {str(p.relative_to(ROOT)): names for p in files
+                 if (names := _public_names_from_bot(p))}
+    assert not offenders, f"import these from roost instead: {offenders}"
+
+
+def test_the_plugin_guide_imports_only_from_roost() -> None:
+    guide = (ROOT / "docs" / "plugins.md").read_text(encoding="utf-8")
+    assert not re.findall(r"^from bot\.", guide, flags=re.M)
+    assert "from roost import" in guide
