@@ -320,8 +320,9 @@ class ChaosRun:
         return number
 
     def all_answered(self) -> bool:
-        """Whether every acknowledged message has its answer in its chat."""
-        return all(self._answers(s.chat_id, s.number) > 0 for s in self._acknowledged())
+        """Whether every message sent so far was acknowledged and has its answer in its chat."""
+        return len(self._acknowledged()) == len(self.sent) and all(
+            self._answers(s.chat_id, s.number) > 0 for s in self.sent)
 
     async def _user(self, index: int) -> None:
         cfg = self.config
