@@ -81,7 +81,7 @@ import yarl
 
 from bot.channel import Channel, InboundHandler, ReplyStream
 from bot.config import Settings
-from bot.messages import Attachment, ChatType, InboundMessage, OutboundMessage
+from bot.messages import Attachment, ChatType, InboundMessage, OutboundMessage, clean_text
 from channels.chunking import split_message
 from channels.delivery import DeliveryPolicy, EditStream, RateLimited, Transient, deliver
 
@@ -199,6 +199,7 @@ class DiscordChannel(Channel):
                          allowed_mentions=_NO_PINGS,
                          max_ratelimit_timeout=self.max_ratelimit_timeout)
         _guard_parsers(client)
+        _guard_frames(client)
         self.client = client
         self._runner = asyncio.create_task(self._run(client), name="discord-gateway")
         ready = asyncio.create_task(self._ready.wait())
@@ -524,9 +525,16 @@ class DiscordChannel(Channel):
         try:
             # Discord wants an answer within 3 s; the command may take longer.
             await interaction.response.defer()
-        except discord.HTTPException:
-            log.warning("discord: could not defer interaction /%s; replying in the channel",
-                        name, exc_info=True)
+        except discord.HTTPException as exc:
+            # Discord's answer says all there is to say (an expired or unknown
+            # interaction): one line, no traceback.
+            log.warning("discord: could not defer interaction /%s (%s); replying in the "
+                        "channel", name, _short(exc, 200))
+        except Exception as exc:
+            # discord.py reads more of the payload to answer it; if that fails,
+            # nothing can be answered either.
+            log.warning("discord: skipped a malformed interaction %s (%s)", key, _problem(exc))
+            return
         else:
             pending = _PendingInteraction(interaction, thread_id or chat_id, chat_type)
             self._interactions[key] = pending
@@ -983,6 +991,35 @@ def _guard_parsers(client: discord.Client) -> None:
         parsers[event] = guarded(event, parser)
 
 
+def _guard_frames(client: discord.Client) -> None:
+    """Make a gateway frame that is not JSON a logged, skipped frame.
+
+    discord.py decodes each frame in ``DiscordWebSocket.received_message``,
+    unguarded: a frame that is not JSON, or nested past the decoder's depth,
+    escapes ``connect()`` and drops the connection (and the adapter would
+    reconnect after a backoff, once per such frame). Each websocket discord.py
+    opens passes through ``ConnectionState._update_references``, so that is
+    where its ``received_message`` gets the guard.
+    """
+    state = client._connection
+    update_references = state._update_references
+
+    def update(ws: discord.gateway.DiscordWebSocket) -> None:
+        update_references(ws)
+        received = ws.received_message
+
+        async def guarded(msg: Any, /) -> None:
+            try:
+                await received(msg)
+            except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+                log.warning("discord: skipped a gateway frame that could not be decoded "
+                            "(%s: %s)", type(exc).__name__, _short(exc, 100))
+
+        setattr(ws, "received_message", guarded)  # noqa: B010  (mypy: method assignment)
+
+    setattr(state, "_update_references", update)  # noqa: B010
+
+
 def _place(channel: object, in_guild: bool,
            channel_id: int | None = None) -> tuple[str, ChatType, str | None]:
     """``(chat_id, chat_type, thread_id)`` for a channel: threads keep their parent.
@@ -1005,9 +1042,11 @@ def _snowflake(value: object) -> int:
 
 
 def _short(value: object, limit: int = 200) -> str:
-    """``value`` as one short log line: a hostile payload must not flood the log."""
-    text = str(value).replace("\n", " ")
-    return text if len(text) <= limit else text[:limit] + "…"
+    """``value`` as one short log line: a hostile payload must not flood the log,
+    nor break a UTF-8 log stream with a lone surrogate."""
+    text = str(value)
+    text = text if len(text) <= limit else text[:limit] + "…"
+    return text.replace("\n", " ").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _problem(exc: BaseException) -> str:
@@ -1020,11 +1059,15 @@ def _strip_mentions(text: str, bot_id: int, role_id: int | None) -> str:
 
 
 def _attachment(attachment: discord.Attachment) -> Attachment:
-    mime = attachment.content_type or ""
+    # discord.py keeps these as the payload had them, and the core stores them
+    # as given (it cleans only text and names): text without lone surrogates.
+    mime = clean_text(str(attachment.content_type or ""))
     kind = mime.split("/", 1)[0] if mime.split("/", 1)[0] in ("image", "audio", "video") \
         else "file"
-    return Attachment(kind=kind, name=attachment.filename, url=attachment.url, mime_type=mime,
-                      size=attachment.size)
+    size = attachment.size
+    return Attachment(kind=kind, name=clean_text(str(attachment.filename)),
+                      url=clean_text(str(attachment.url)), mime_type=mime,
+                      size=size if type(size) is int and size >= 0 else 0)
 
 
 def _escape(text: str) -> str:

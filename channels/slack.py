@@ -139,7 +139,7 @@ from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from bot.channel import Channel, InboundHandler, ReplyStream
 from bot.commands import parse_command
-from bot.messages import Attachment, ChatType, InboundMessage, OutboundMessage
+from bot.messages import Attachment, ChatType, InboundMessage, OutboundMessage, clean_text
 from channels.delivery import DeliveryPolicy, EditStream, RateLimited, Transient, deliver
 from channels.slack_format import from_slack, split_for_slack, to_mrkdwn, unescape
 
@@ -202,6 +202,12 @@ class _NotRecorded(Exception):
 # non-ASCII text).
 _TIMESTAMP = re.compile(r"[0-9]{1,12}")
 _SIGNATURE = re.compile(r"v0=[0-9a-f]{64}")
+# What Slack's ids look like. The core stores ids as given (only text and
+# names are cleaned of lone surrogates), so anything else is malformed.
+_SLACK_ID = re.compile(r"[A-Z0-9]{1,64}")
+_SLACK_TS = re.compile(r"[0-9]{1,12}\.[0-9]{1,9}")
+_TRIGGER_ID = re.compile(r"[A-Za-z0-9._-]{1,200}")
+_RESPONSE_URL = re.compile(r"https?://[\x21-\x7e]{1,2000}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -639,15 +645,15 @@ class SlackChannel(Channel):
             return None
         if event.get("bot_id") or event.get("user") == self.bot_user_id:
             return None
-        channel, user, ts = _field(event, "channel"), _field(event, "user"), _field(event, "ts")
+        channel, user = _field(event, "channel", _SLACK_ID), _field(event, "user", _SLACK_ID)
+        ts = _field(event, "ts", _SLACK_TS)
         raw_text = event.get("text") or ""
         if not isinstance(raw_text, str):
             raise _Malformed(f"text of {ts} is not a string")
         channel_type = event.get("channel_type") or ("im" if channel.startswith("D") else "")
         direct = channel_type == "im"
-        thread_ts = event.get("thread_ts")
-        thread = thread_ts if isinstance(thread_ts, str) and thread_ts and thread_ts != ts \
-            else None
+        thread_ts = _field(event, "thread_ts", _SLACK_TS) if event.get("thread_ts") else None
+        thread = thread_ts if thread_ts != ts else None
         text, at_bot = from_slack(raw_text, self.bot_user_id)
         mentioned = (direct or kind == "app_mention" or at_bot
                      or (thread is not None and (channel, thread) in self._bot_threads))
@@ -660,10 +666,12 @@ class SlackChannel(Channel):
 
     async def _on_command(self, body: dict[str, Any]) -> None:
         try:
-            command, channel = _field(body, "command"), _field(body, "channel_id")
-            user, response_url = _field(body, "user_id"), _field(body, "response_url")
-            if not response_url.startswith(("https://", "http://")):
+            command, channel = _field(body, "command"), _field(body, "channel_id", _SLACK_ID)
+            user = _field(body, "user_id", _SLACK_ID)
+            response_url = _field(body, "response_url")
+            if not _RESPONSE_URL.fullmatch(response_url):
                 raise _Malformed("response_url is not an http(s) URL")
+            trigger = _field(body, "trigger_id", _TRIGGER_ID) if body.get("trigger_id") else ""
             text = _command_text(command, unescape(str(body.get("text") or "")).strip())
         except Exception as exc:
             log.warning("Slack: malformed slash command skipped: %s", _problem(exc))
@@ -672,7 +680,6 @@ class SlackChannel(Channel):
             # Answered in the background: bolt acks only once this returns.
             self._spawn(self._usage(response_url))
             return
-        trigger = str(body.get("trigger_id") or "")
         message = InboundMessage(
             channel=self.name, chat_id=channel,
             chat_type="direct" if channel.startswith("D") else "group", sender_id=user,
@@ -1164,9 +1171,11 @@ def _ts_order(ts: str) -> float:
 
 
 def _short(value: object, limit: int = 200) -> str:
-    """``value`` as one short log line: a hostile payload must not flood the log."""
-    text = str(value).replace("\n", " ")
-    return text if len(text) <= limit else text[:limit] + "…"
+    """``value`` as one short log line: a hostile payload must not flood the log,
+    nor break a UTF-8 log stream with a lone surrogate."""
+    text = str(value)
+    text = text if len(text) <= limit else text[:limit] + "…"
+    return text.replace("\n", " ").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _problem(exc: BaseException) -> str:
@@ -1241,15 +1250,18 @@ def _header(request: AsyncBoltRequest, name: str) -> str | None:
 def _team(body: Mapping[str, Any], event: Mapping[str, Any]) -> str | None:
     """The Slack workspace (team id) an event or command came from, if it says."""
     for value in (event.get("team"), body.get("team_id")):
-        if isinstance(value, str) and value:
+        if isinstance(value, str) and _SLACK_ID.fullmatch(value):
             return value
     return None
 
 
-def _field(data: Mapping[str, Any], key: str) -> str:
+def _field(data: Mapping[str, Any], key: str, shape: re.Pattern[str] | None = None) -> str:
+    """``data[key]``, a non-empty string (of ``shape``, if given), or :class:`_Malformed`."""
     value = data.get(key)
     if not isinstance(value, str) or not value:
         raise _Malformed(f"missing {key!r}")
+    if shape is not None and not shape.fullmatch(value):
+        raise _Malformed(f"{key!r} is not what Slack sends ({_short(value, 40)})")
     return value
 
 
@@ -1297,10 +1309,12 @@ def _attachments(event: Mapping[str, Any]) -> tuple[Attachment, ...]:
         mime = str(item.get("mimetype") or "")
         major = mime.split("/", 1)[0]
         size = item.get("size")
+        # Stored as given (the core cleans only text and names): no lone surrogates.
         found.append(Attachment(
             kind=major if major in ("image", "audio", "video") else "file",
-            name=str(item.get("name") or ""), url=str(item.get("url_private") or ""),
-            mime_type=mime, size=size if isinstance(size, int) else 0))
+            name=clean_text(str(item.get("name") or "")),
+            url=clean_text(str(item.get("url_private") or "")),
+            mime_type=clean_text(mime), size=size if type(size) is int and size >= 0 else 0))
     return tuple(found)
 
 

@@ -292,12 +292,15 @@ async def test_a_malformed_payload_is_skipped_and_the_client_keeps_working(
     await replied(app, fake_discord)
     assert fake_discord.visible() == ["still there?"]
     assert any("malformed MESSAGE_CREATE" in r.getMessage() for r in caplog.records)
-    # A frame that is not even JSON ends discord.py's connect(); the adapter reconnects.
+    # A frame that is not even JSON is skipped too: the connection stays up.
     await fake_discord.send_raw("{this is not json")
-    await fake_discord.wait_identified(count=2)
+    await fake_discord.send_raw("[" * 100_000 + "]" * 100_000)
     await fake_discord.dm("and now?")
     await replied(app, fake_discord, 2)
     assert fake_discord.visible() == ["still there?", "and now?"]
+    assert len(fake_discord.identifies) == 1 and fake_discord.resumes == 0
+    skipped = [r for r in caplog.records if "could not be decoded" in r.getMessage()]
+    assert len(skipped) == 2 and not any(r.exc_info for r in skipped)
 
 
 async def test_no_reply_sends_nothing(fake_discord: FakeDiscord, make_app: AppFactory) -> None:

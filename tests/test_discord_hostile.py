@@ -28,6 +28,7 @@ from bot.testing.discord import (
 from bot.testing.discord import fake_discord as _fake_discord  # noqa: F401  (the fixture)
 from channels.delivery import DeliveryPolicy
 from channels.discord import DiscordChannel
+from tests.conftest import AppFactory, scripted
 from tests.test_slack_hostile import (
     RoostLog,
     roost_log_fixture,  # noqa: F401  (the fixture)
@@ -287,3 +288,20 @@ async def test_logging_is_quiet_for_an_ordinary_conversation(
     await fake_discord.dm("hello")
     await inbox.wait_for("hello")
     assert roost_log.since(0, logging.WARNING) == []
+
+
+async def test_an_attachment_whose_name_has_a_lone_surrogate_is_recorded_and_answered(
+    fake_discord: FakeDiscord, make_app: AppFactory, roost_log: RoostLog,
+) -> None:
+    app, _, _ = await make_app(scripted({"reply": "got it"}), **fake_discord.settings())
+    await app.add_channel(DiscordChannel(app.settings, guild_ready_timeout=0.05, delivery=FAST))
+    payload = fake_discord.message_payload("see attached", channel_id=DM_CHANNEL_ID,
+                                           guild=False)
+    payload["attachments"] = [{"id": "1300000000000000002", "filename": "cat \ud83d.png",
+                               "size": 10, "url": "https://cdn.discordapp.com/\udc00",
+                               "proxy_url": "https://media.discordapp.net/x",
+                               "content_type": "image/png\ud83d"}]
+    await fake_discord.push_message(payload)
+    await fake_discord.wait_for_call("POST", MESSAGES)
+    assert fake_discord.visible() == ["got it"]
+    assert roost_log.tracebacks() == []

@@ -50,8 +50,12 @@ class RoostLog(logging.Handler):
     def since(self, mark: int, level: int = logging.WARNING) -> list[logging.LogRecord]:
         return [r for r in self.records[mark:] if r.levelno >= level]
 
-    def tracebacks(self) -> list[str]:
-        return [f"{r.name}: {r.getMessage()}" for r in self.records
+    def tracebacks(self, mark: int = 0) -> list[str]:
+        """Records since ``mark`` that carry a traceback, with its last lines."""
+        return [f"{r.name}: {r.getMessage()}"
+                + (f" <- {logging.Formatter().formatException(r.exc_info)[-600:]}"
+                   if r.exc_info else "")
+                for r in self.records[mark:]
                 if r.exc_info or r.stack_info or "Traceback" in r.getMessage()]
 
     async def wait_for(self, predicate: Callable[[logging.LogRecord], bool],
@@ -326,3 +330,44 @@ async def test_a_redelivery_posts_only_the_pieces_that_did_not_go_out(
     assert [m.ts for m in fake_slack.visible()] == [earlier.ts, last]
     assert fake_slack.visible()[1].metadata == {
         "event_type": "roost_reply", "event_payload": {"nonce": "roost-42#1"}}
+
+
+# -- ids ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("channel", "D0\ud83d"), ("user", "U0\udc00"), ("ts", "1763900000.\ud83d"),
+    ("thread_ts", "abc"), ("channel", "D" * 1_000_000), ("user", "u0-lowercase"),
+    ("ts", "1.5e9"),
+], ids=["channel-surrogate", "user-surrogate", "ts-surrogate", "thread-ts-text",
+        "megabyte-channel", "user-lowercase", "ts-exponent"])
+async def test_an_event_whose_ids_are_not_slacks_is_dropped_with_one_warning(
+    fake_slack: FakeSlack, make_app: AppFactory, roost_log: RoostLog, key: str, value: str,
+) -> None:
+    provider = scripted({"reply": "fine"}, loop=True)
+    app, _, _ = await start(make_app, fake_slack, provider)
+    event = fake_slack.direct_message("hostile ids")
+    event[key] = value
+    mark = roost_log.mark()
+    delivery = await fake_slack.post_body(json.dumps(fake_slack.envelope(event)))
+    assert delivery.status in (200, 413)
+    await fake_slack.post_event(fake_slack.message("hello", channel="D0NEXT"))
+    await replied(app, fake_slack)
+    assert [(m.channel, m.text) for m in fake_slack.visible()] == [("D0NEXT", "fine")]
+    assert len(roost_log.since(mark)) <= 1 and roost_log.tracebacks() == []
+    assert len(provider.requests) == 1
+
+
+async def test_a_file_whose_name_has_a_lone_surrogate_is_recorded_and_answered(
+    fake_slack: FakeSlack, make_app: AppFactory, roost_log: RoostLog,
+) -> None:
+    provider = scripted({"reply": "got it"})
+    app, _, _ = await start(make_app, fake_slack, provider)
+    event = fake_slack.direct_message("see attached", subtype="file_share", files=[
+        {"id": "F1", "name": "report \ud83d.pdf", "mimetype": "application/pdf\udc00",
+         "url_private": "https://files.slack.com/\ud83d", "size": 10}])
+    delivery = await fake_slack.post_event(event)
+    assert delivery.status == 200
+    await replied(app, fake_slack)
+    assert [m.text for m in fake_slack.visible()] == ["got it"]
+    assert roost_log.tracebacks() == []

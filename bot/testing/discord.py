@@ -635,6 +635,19 @@ class FakeDiscord:
         for sock in list(self._sockets):
             await sock.dispatch(event, data)
 
+    async def dispatch_raw(self, event: str, data: str) -> None:
+        """Dispatch ``event`` whose ``d`` is the JSON text ``data``, spliced in verbatim.
+
+        For payloads no Python object serializes to (nesting past any
+        decoder's depth); the frame gets its sequence number like any other.
+        """
+        if not self._sockets:
+            raise AssertionError("no gateway session: start the Discord channel first")
+        for sock in list(self._sockets):
+            sock.seq += 1
+            await sock.ws.send_str(f'{{"op": 0, "t": {json.dumps(event)}, "s": {sock.seq}, '
+                                   f'"d": {data}}}')
+
     async def send_raw(self, frame: str) -> None:
         """Send ``frame`` verbatim as a text frame (e.g. something that is not JSON)."""
         for sock in list(self._sockets):
