@@ -29,6 +29,7 @@ from bot.sanitize import Sanitizer
 from bot.scheduler import JobStore, Scheduler
 from bot.services import Services
 from bot.sessions import SessionStore
+from bot.snapshot import PluginSnapshot
 from bot.structured_errors import extract, structured_hint
 from bot.tool_exec import RawError
 from bot.tools import Tool
@@ -148,19 +149,19 @@ class Roost:
         """
         host, settings, engine = self.host, self.settings, self.engine
         groups: dict[str, str] = {}
-        engine.tools = await _unique(host, "roost_tools", settings, Tool, groups,
-                                     services=self.services)
-        engine.tool_groups = groups
-        engine.judges = await _judges(host, settings)
-        # Agents hold judges and filtered tool lists: resolve them again.
-        engine.router.invalidate()
-        engine.sanitizers = sorted(
-            (s for s in await host.collect("roost_output_sanitizers", settings=settings)
-             if isinstance(s, Sanitizer)), key=lambda s: s.order)
-        engine.guard = InputGuard(
+        tools = await _unique(host, "roost_tools", settings, Tool, groups,
+                              services=self.services)
+        sanitizers = [s for s in await host.collect("roost_output_sanitizers", settings=settings)
+                      if isinstance(s, Sanitizer)]
+        guard = InputGuard(
             [p for p in await host.collect("roost_guard_patterns", settings=settings)
              if isinstance(p, GuardPattern)],
             settings.guard_mode, settings.guard_modes)
+        # One assignment: a run sees the old state or the new one, never a mix.
+        engine.plugins = PluginSnapshot.of(guard, tools, groups, sanitizers,
+                                           await _judges(host, settings))
+        # Agents hold judges and filtered tool lists: resolve them again.
+        engine.router.invalidate()
         commands: dict[str, Command] = {}
         for command in (await _unique(host, "roost_commands", settings, Command)).values():
             for name in (command.name, *command.aliases):

@@ -392,8 +392,9 @@ class Dispatcher:
             if pending.stale_draft and channel is not None:
                 with contextlib.suppress(Exception):
                     await channel.withdraw(message.chat_id, pending.stale_draft)
+            plugins = self.app.engine.plugins  # the run and its stream use one plugin state
             session = await self.app.store.get(lane.key)
-            bridge = _StreamBridge(channel, message, self.app.engine.sanitizers)
+            bridge = _StreamBridge(channel, message, plugins.sanitizers)
             draft = _DraftWatch(self.inbox, pending.entries)
 
             async def listener(event: RunEvent) -> None:
@@ -423,7 +424,7 @@ class Dispatcher:
             async with typing:
                 options = pending.options or {
                     "extra_context": self._take_context(lane.key)}
-                options = {"agent": agent_of(lane.key), **options}
+                options = {"agent": agent_of(lane.key), "plugins": plugins, **options}
                 if pending.entries:
                     options["journal"] = pending.journal or RunJournal(self.inbox,
                                                                        pending.entries[-1])

@@ -39,6 +39,7 @@ from bot.pluginmanager import PluginHost
 from bot.prompt import Order, PromptContext, PromptMode, PromptSection, assemble
 from bot.sanitize import Sanitizer, run_pipeline
 from bot.sessions import RunRecord, Session, SessionStore
+from bot.snapshot import PluginSnapshot
 from bot.structured_errors import extract
 from bot.tokens import TokenEstimator
 from bot.tool_exec import (
@@ -94,6 +95,9 @@ class RunRequest:
     journal: RunJournal | None = None
     """Where the run records its tool exchange as it happens; one left by an
     interrupted earlier run of the same message is replayed first."""
+    plugins: PluginSnapshot | None = None
+    """The plugin state to run with (captured when the message was taken up);
+    ``None``: the engine's current one."""
     on_commit: Callable[[str | None, bool], Statements] | None = None
     """``(reply or None, failed) -> statements`` written in the run's own commit
     (the dispatcher closes the inbox entries and queues the reply there)."""
@@ -135,9 +139,10 @@ class RunEngine:
         self.host = host
         self.store = store
         self.provider = provider
-        self.tools = dict(tools)
-        self.sanitizers = sorted(sanitizers, key=lambda s: s.order)
-        self.guard = guard or InputGuard([], settings.guard_mode, settings.guard_modes)
+        self.plugins = PluginSnapshot.of(
+            guard or InputGuard([], settings.guard_mode, settings.guard_modes), tools,
+            sanitizers=list(sanitizers))
+        """What the enabled plugins offer; replaced whole when plugins change."""
         self.estimator = TokenEstimator(provider.name)
         self._estimators = {provider.name: self.estimator}
         self.compactor = Compactor(self)
@@ -153,12 +158,23 @@ class RunEngine:
         self.active_runs = 0
         self.workspaces_root = settings.workspaces_dir
         """The default agent's workspaces (others: :func:`bot.agents.workspaces_root`)."""
-        self.judges: dict[str, Judge] = {}
-        """Judges plugins offer (``roost_judges``), by name."""
-        self.tool_groups: dict[str, str] = {}
-        """Tool name -> the plugin that offers it (``group:<plugin>`` in tool policies)."""
         self.router = AgentRouter(AgentResolver(settings, host, lambda: self.provider,
-                                                lambda: self.judges))
+                                                lambda: dict(self.plugins.judges)))
+
+    @property
+    def tools(self) -> Mapping[str, Tool]:
+        """The tools of the current plugin state."""
+        return self.plugins.tools
+
+    @property
+    def sanitizers(self) -> tuple[Sanitizer, ...]:
+        """The output sanitizers of the current plugin state, in order."""
+        return self.plugins.sanitizers
+
+    @property
+    def guard(self) -> InputGuard:
+        """The input guard of the current plugin state."""
+        return self.plugins.guard
 
     def estimator_for(self, provider: str) -> TokenEstimator:
         """The token estimator calibrated for ``provider`` (one per provider)."""
@@ -189,6 +205,8 @@ class _Run:
         self.engine = engine
         self.settings = engine.settings
         self.req = req
+        self.plugins = req.plugins or engine.plugins
+        """The plugin state this run started with; it keeps it to the end."""
         self.listener = listener
         self.observers = bool(engine.host.implementations("roost_run_event"))
         self.usage = Usage()
@@ -253,7 +271,7 @@ class _Run:
         self.estimator = engine.estimator_for(self.provider.name)
         # The policy decides what is offered *and* what may run: a hidden tool
         # the model names anyway is an unknown tool to the executor.
-        tools = agent.tools(engine.tools, engine.tool_groups)
+        tools = agent.tools(self.plugins.tools, self.plugins.tool_groups)
         if req.tools is not None:
             tools = {name: tools[name] for name in req.tools if name in tools}
         self.tools = tools
@@ -274,7 +292,7 @@ class _Run:
                                     _seeded_files(agent))
 
         # Input validation: guard, length, then plugin checks.
-        verdict = engine.guard.check(msg.text, channel=msg.channel, user=msg.sender_id,
+        verdict = self.plugins.guard.check(msg.text, channel=msg.channel, user=msg.sender_id,
                                      session=req.session.key)
         if verdict.blocked:
             return await self._refuse(BLOCK_REFUSAL)
@@ -349,7 +367,7 @@ class _Run:
         final, convo = await self._generate(convo, system, specs, limit, tool_context)
 
         # Finalization: sanitize before the NO_REPLY check, judge, then one flush.
-        cleaned = run_pipeline(final, engine.sanitizers)
+        cleaned = run_pipeline(final, self.plugins.sanitizers)
         silent = cleaned == NO_REPLY or not cleaned
         if agent.judges and req.kind == "chat" and not silent:
             final, cleaned = await self._self_correct(
@@ -479,7 +497,7 @@ class _Run:
             convo.append(ChatMessage("assistant", latest[0]))
             convo.append(ChatMessage("user", correction))
             raw, convo = await generate(convo)
-            latest = (raw, run_pipeline(raw, self.engine.sanitizers))
+            latest = (raw, run_pipeline(raw, self.plugins.sanitizers))
             return latest[1]
 
         judges = [_TracedJudge(j, self, config.strategy, config.threshold)

@@ -53,7 +53,8 @@ async def _agents(ctx: CommandContext) -> str:
     lines = ["Agents:"]
     for name in sorted(configs):
         agent = router.peek(name)
-        tools = len(agent.tools(app.engine.tools, app.engine.tool_groups)) if agent else 0
+        plugins = app.engine.plugins
+        tools = len(agent.tools(plugins.tools, plugins.tool_groups)) if agent else 0
         lines.append(_describe(name, configs[name], settings, agent, tools))
     if settings.bindings:
         lines.append("Bindings (the most specific match wins; on a tie, the first listed):")

@@ -463,3 +463,25 @@ async def test_a_run_cancelled_by_a_merge_during_the_session_load_does_not_take_
     await settle(app)
     assert channel.texts() == ["both"]
     assert model.requests[-1].messages[-1].content == "first\nsecond"
+
+
+async def test_a_run_keeps_the_plugin_state_it_started_with(make_app: AppFactory) -> None:
+    from bot.sanitize import Sanitizer
+
+    class Masker:
+        @hookimpl
+        def roost_output_sanitizers(self) -> list[Sanitizer]:
+            return [Sanitizer("mask", lambda text: text.replace("secret", "[x]"))]
+
+    model = GatedModel()
+    app, channel, _ = await make_app(model, Masker())
+    await app.dispatcher.submit(message("one", "e1"))
+    await model.wait_request(1)
+    # Disabled while the run is in flight: the run finishes with what it started with.
+    await app.set_plugin_enabled("test-plugin-0", False)
+    model.answer("a secret")
+    await settle(app)
+    await app.dispatcher.submit(message("two", "e2"))
+    model.answer("a secret")
+    await settle(app)
+    assert channel.texts() == ["a [x]", "a secret"]
