@@ -87,11 +87,11 @@ nonce (``roost-7``, ``roost-7#1`` for the second piece...), and the
 conversation's last day is read once before posting it: pieces an earlier
 attempt posted, in this process or one that stopped before the core recorded
 the delivery, are not posted again. (That read costs one history call per
-reply; if it fails, rate-limited or unauthorized, the reply is posted.) :meth:`SlackChannel.send`
-returns the ``ts`` of the reply's last message; with ``replace`` it edits the
-named draft, or, if that edit fails for good, posts anew and deletes the
-draft, so no draft stays frozen. :meth:`SlackChannel.withdraw` deletes a
-message (one already gone is fine).
+reply; if it fails, rate-limited or unauthorized, the reply is posted.)
+:meth:`SlackChannel.send` returns the ``ts`` of the reply's last message;
+with ``replace`` it edits the named draft, or, if that edit fails for good,
+posts anew and deletes the draft, so no draft stays frozen.
+:meth:`SlackChannel.withdraw` deletes a message (one already gone is fine).
 """
 
 from __future__ import annotations
@@ -171,8 +171,8 @@ LOOKUP_LIMIT = 200
 SWEEP_MARGIN = 2.0
 """Seconds after the call timeout by which a timed-out post has landed, if ever."""
 REDELIVERY_LOOKBACK = 24 * 3600.0
-"""How far back (seconds) a reply with a ``delivery_id`` is looked for before its
-first post in this process: an earlier process may have posted it before a restart."""
+"""How far back (seconds) a reply with a ``delivery_id`` is looked for before it is
+posted: an earlier attempt, maybe in a process since restarted, may have posted it."""
 TRANSIENT_ERRORS = frozenset({"internal_error", "fatal_error", "service_unavailable",
                               "request_timeout"})
 """Error codes Slack documents as its own trouble, sometimes sent with HTTP 200."""
