@@ -4,8 +4,13 @@ The adapter only translates. A ``message`` update becomes an
 :class:`InboundMessage` (private chats are ``direct``; groups and supergroups
 ``group``; a forum topic is its own ``thread_id``) and goes to the core, which
 applies the DM and group policies; the adapter's part is to say whether the
-bot was addressed (``mentioned``). Replies are rendered from the model's
-Markdown to Telegram HTML, cut at 4,096 characters, and sent with retries.
+bot was addressed (``mentioned``). What comes with a message besides text
+(photos, files, voice, a location, a contact, a sticker, a poll...) becomes
+described attachments; files are not downloaded. A message sent on behalf of
+a chat (a linked channel's automatic forward, an anonymous admin) comes from
+that chat. Other update kinds are confirmed and ignored. Replies are rendered
+from the model's Markdown to Telegram HTML, cut at 4,096 characters, and sent
+with retries.
 
 Receiving is durable. Updates arrive by Roost's own long-polling loop
 (``getUpdates``) or, when ``telegram_webhook_url`` is set, on an aiohttp
@@ -14,7 +19,10 @@ way an update is acknowledged to Telegram (the next ``getUpdates`` offset, a
 webhook's 200) only after the core's handler returned for it, that is once the
 message is in the core's inbox; if the handler raises, Telegram delivers the
 update again. A malformed update is skipped with one warning and acknowledged,
-so it cannot wedge the updates behind it.
+so it cannot wedge the updates behind it; one whose id Telegram cannot have
+given is skipped without moving the offset (the server would read it as
+"forget the queue"). ``stop_intake`` stops receiving at once (the webhook
+answers 503 from then on) while replies can still be sent until ``stop``.
 
 Sending honours Telegram's limits (``channels.ratelimit``): after a 429 nothing
 goes to that chat until ``retry_after`` has passed, a proactive budget keeps
@@ -340,6 +348,10 @@ class TelegramChannel(Channel):
             finally:
                 self._fetching = None
             fetch_failures = 0
+            if not updates and isinstance(bot.session, _Session) and bot.session.unusable:
+                # Only updates that cannot be confirmed (a broken or hostile server
+                # serves them again at once): not a hot loop.
+                await self._pause(self.poll_backoff)
             for update in updates:
                 if self._intake_stopped:
                     return
@@ -422,7 +434,7 @@ class TelegramChannel(Channel):
                 # Telegram would retry a non-2xx answer for ever: acknowledged.
                 found = _UPDATE_ID.search(body)
                 log.warning("telegram: webhook update %s is not decodable JSON (%s); "
-                            "acknowledged and skipped", found.group(1) if found else "?",
+                            "acknowledged and skipped", found.group(1)[:24] if found else "?",
                             type(exc).__name__)
                 return web.json_response({})
             update = parse_update(raw, self._bot())
@@ -949,35 +961,70 @@ def parse_update(raw: Any, bot: Bot, reported: _Reported | None = None) -> Updat
     warned about only the first time.
     """
     try:
-        return Update.model_validate(raw, context={"bot": bot})
+        update = Update.model_validate(raw, context={"bot": bot})
     except (ValidationError, RecursionError) as exc:
         update_id = raw.get("update_id") if isinstance(raw, dict) else None
         if isinstance(exc, ValidationError) and exc.errors():
             error = exc.errors()[0]
-            why = f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}"
+            where = ".".join(str(p) for p in error["loc"]) or "the update"
+            why = f"{where}: {error['msg']}"
         else:
             why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         if isinstance(update_id, int) and not isinstance(update_id, bool):
+            if not _possible(update_id):
+                _impossible(update_id, reported)
+                return None
             if reported is None or reported.first(update_id):
                 log.warning("telegram: update %d is malformed (%s); skipped", update_id, why)
             return Update(update_id=update_id)
         log.warning("telegram: an update without a valid update_id was skipped (%s)", why)
         return None
+    if not _possible(update.update_id):
+        _impossible(update.update_id, reported)
+        return None
+    return update
 
 
-def _undecodable(text: str, reported: _Reported) -> Update | None:
-    """An update whose JSON cannot be decoded (nested beyond the decoder's depth).
+MAX_UPDATE_ID = 2**31 - 1
+"""Update ids are positive 32-bit integers: the Bot API server reads ``offset`` as one."""
+
+
+def _possible(update_id: int) -> bool:
+    return 0 < update_id <= MAX_UPDATE_ID
+
+
+def _impossible(update_id: int, reported: _Reported | None) -> None:
+    """Skip an update whose id Telegram cannot have given (from a broken or hostile server).
+
+    It is not confirmed: the offset after it would be out of range, and the
+    server reads an offset that is negative (or wraps to negative) as "forget
+    every queued update". Polling pauses when such updates are all it gets.
+    """
+    if reported is None or reported.first(update_id):
+        shown = str(update_id) if len(str(update_id)) <= 24 else f"{str(update_id)[:20]}..."
+        log.warning("telegram: an update with the impossible id %s was skipped", shown)
+
+
+def _undecodable(text: str, reported: _Reported, exc: Exception) -> Update | None:
+    """An update whose JSON cannot be decoded (nested beyond the decoder's depth, a
+    number longer than Python converts).
 
     Its ``update_id`` is read with a pattern so it can still be confirmed.
     """
+    why = "nested too deeply" if isinstance(exc, RecursionError) else \
+        str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
     found = _UPDATE_ID.search(text)
     if found is None:
-        log.warning("telegram: an undecodable update without an update_id was skipped")
+        log.warning("telegram: an undecodable update without an update_id was skipped (%s)",
+                    why)
         return None
-    update_id = int(found.group(1))
+    # A prefix: int() refuses thousands of digits, and any such id is impossible anyway.
+    update_id = int(found.group(1)[:40])
+    if not _possible(update_id):
+        _impossible(update_id, reported)
+        return None
     if reported.first(update_id):
-        log.warning("telegram: update %d is not decodable (nested too deeply); skipped",
-                    update_id)
+        log.warning("telegram: update %d is not decodable (%s); skipped", update_id, why)
     return Update(update_id=update_id)
 
 
@@ -1073,6 +1120,8 @@ class _Session(AiohttpSession):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.reported = _Reported()
+        self.unusable = 0
+        """Updates of the last ``getUpdates`` answer that could not even be confirmed."""
 
     def check_response(self, bot: Bot, method: TelegramMethod[TelegramType],
                        status_code: int, content: str) -> Response[TelegramType]:
@@ -1084,9 +1133,13 @@ class _Session(AiohttpSession):
         return super().check_response(bot, method, status_code, content)
 
     def _updates(self, bot: Bot, content: str) -> list[Update] | None:
+        self.unusable = 0
         try:
             data = self.json_loads(content)
-        except RecursionError:
+        except (ValueError, RecursionError):
+            # One update may be what the decoder refuses (nested too deeply, a
+            # number of thousands of digits): the others are decoded alone. An
+            # answer that is not JSON at all has no result array to split.
             elements = result_elements(content)
             if elements is None:
                 return None
@@ -1094,19 +1147,20 @@ class _Session(AiohttpSession):
             for element in elements:
                 try:
                     raw = self.json_loads(element)
-                except (ValueError, RecursionError):
-                    update = _undecodable(element, self.reported)
+                except (ValueError, RecursionError) as exc:
+                    update = _undecodable(element, self.reported, exc)
                 else:
                     update = parse_update(raw, bot, self.reported)
                 if update is not None:
                     updates.append(update)
+            self.unusable = len(elements) - len(updates)
             return updates
-        except ValueError:
-            return None
         if isinstance(data, dict) and data.get("ok") is True \
                 and isinstance(data.get("result"), list):
-            return [u for raw in data["result"]
-                    if (u := parse_update(raw, bot, self.reported)) is not None]
+            updates = [u for raw in data["result"]
+                       if (u := parse_update(raw, bot, self.reported)) is not None]
+            self.unusable = len(data["result"]) - len(updates)
+            return updates
         return None
 
 

@@ -6,6 +6,8 @@ The channel runs against the fake Bot API with a handler of the test's own
 
 from __future__ import annotations
 
+import itertools
+import json
 import logging
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -17,7 +19,7 @@ import pytest
 
 from bot.config import Settings
 from bot.messages import InboundMessage, OutboundMessage
-from bot.testing.telegram import FakeTelegram
+from bot.testing.telegram import FakeTelegram, RawJson
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
 from channels.delivery import DeliveryPolicy
 from channels.telegram import TelegramChannel
@@ -301,3 +303,77 @@ async def test_the_webhook_answers_503_once_intake_stopped(
     assert inbox.messages == []
     await tg.send(OutboundMessage(channel="telegram", chat_id="42", text="still sending"))
     assert fake_telegram.sent_texts() == ["still sending"]
+
+
+# -- updates a broken or hostile server could send ---------------------------------------------
+
+
+def impossible(fake: FakeTelegram, update_id: int) -> str:
+    """Queue a message update with ``update_id``; returns its JSON text.
+
+    The fake orders it by an ordinary id of its own (later ids stay ordinary),
+    so the offset after a later update confirms it, as a real server would.
+    """
+    text = json.dumps({"update_id": update_id, "message": {
+        "message_id": 1, "date": 1, "chat": {"id": 42, "type": "private"},
+        "from": {"id": 42, "is_bot": False, "first_name": "Mallory"}, "text": "offset me"}})
+    fake.push_json(text, 1)
+    return text
+
+
+def served(fake: FakeTelegram, text: str) -> bool:
+    return any(isinstance(c.result, list) and any(
+        isinstance(u, RawJson) and u.text == text for u in c.result)
+        for c in fake.calls_of("getUpdates"))
+
+
+@pytest.mark.parametrize("update_id", [-7, 2**32 - 11], ids=["negative", "wraps-negative"])
+async def test_an_impossible_update_id_never_makes_telegram_forget_queued_updates(
+        start_tg: StartTg, fake_telegram: FakeTelegram, caplog: pytest.LogCaptureFixture,
+        update_id: int) -> None:
+    inbox = Inbox()
+    await start_tg(inbox, poll_backoff=0.05)
+    bad = impossible(fake_telegram, update_id)
+    await fake_telegram.wait_until(lambda: served(fake_telegram, bad))
+    # An offset taken from that id would be read by the server as negative:
+    # "forget all queued updates but the last few".
+    texts = [f"message {i}" for i in range(20)]
+    for text in texts:
+        fake_telegram.private_message(text)
+    await fake_telegram.wait_until(lambda: len(inbox.messages) == len(texts))
+    assert inbox.texts() == texts
+    assert all(int(c.params.get("offset") or 0) >= 0
+               for c in fake_telegram.calls_of("getUpdates"))
+    [warning] = telegram_warnings(caplog)
+    assert "impossible id" in warning.getMessage()
+
+
+async def test_polling_pauses_when_all_it_gets_is_an_update_it_cannot_confirm(
+        start_tg: StartTg, fake_telegram: FakeTelegram) -> None:
+    impossible(fake_telegram, 2**40)
+    await start_tg(Inbox(), poll_backoff=0.2)
+    polls = await fake_telegram.wait_for("getUpdates", 4)
+    gaps = [b.at - a.at for a, b in itertools.pairwise(polls)]
+    assert all(gap >= 0.15 for gap in gaps), gaps  # not a hot loop against the server
+    later = fake_telegram.private_message("still listening")
+    await fake_telegram.wait_confirmed(later["update_id"])
+
+
+async def test_a_number_too_long_to_convert_skips_its_update_only(
+        start_tg: StartTg, fake_telegram: FakeTelegram,
+        caplog: pytest.LogCaptureFixture) -> None:
+    inbox = Inbox()
+    first = fake_telegram.private_message("before")
+    broken = first["update_id"] + 1
+    # Valid JSON that Python refuses to decode (int() stops at 4,300 digits): the
+    # whole getUpdates answer fails to decode, not just this update.
+    fake_telegram.push_json(f'{{"update_id": {broken}, "message": {{"message_id": '
+                            f'{"9" * 5000}, "text": "long"}}}}', broken)
+    last = fake_telegram.private_message("after")
+    tg = await start_tg(inbox)
+    await fake_telegram.wait_confirmed(last["update_id"])
+    assert inbox.texts() == ["before", "after"]
+    [warning] = telegram_warnings(caplog)
+    assert f"update {broken} is not decodable" in warning.getMessage()
+    assert len(warning.getMessage()) < 300
+    assert tg.polling is not None and not tg.polling.done()

@@ -25,7 +25,9 @@ calls at random, the ways real Telegram does. A 429 holds the call's chat
 (or the bot) as on the real server: every call into that window is refused
 again and kept in :attr:`FakeTelegram.violations`. Identical edits get
 "message is not modified", updates are served until a higher offset confirms
-them, and webhook deliveries are retried on non-2xx.
+them (the offset read as the real server reads it: a 32-bit integer, and a
+negative one forgets all queued updates but the last few), and webhook
+deliveries are retried on non-2xx.
 :meth:`FakeTelegram.visible` is what a user sees in a chat now.
 The ``fake_telegram`` pytest fixture yields a started instance.
 """
@@ -729,7 +731,12 @@ class FakeTelegram:
         if self.webhook is not None:
             raise _ApiError(409, "Conflict: can't use getUpdates method while webhook is "
                                  "active; use deleteWebhook to delete the webhook first")
-        offset = int(p.get("offset") or 0)
+        # As the real server reads it: a 32-bit integer (longer numbers wrap), and
+        # a negative offset forgets every queued update but the last -offset.
+        offset = (int(p.get("offset") or 0) + 2**31) % 2**32 - 2**31
+        if offset < 0:
+            self._updates = self._updates[offset:]
+            self._redeliver.clear()
         limit = max(1, min(100, int(p.get("limit") or 100)))
         timeout = float(p.get("timeout") or 0)
         allowed = p.get("allowed_updates")
