@@ -582,8 +582,8 @@ class TelegramChannel(Channel):
             return
         if len(self._unhandled) < UNHANDLED_KINDS:
             self._unhandled.add(kind)
-        log.debug("telegram: update %s is a %s, which Roost does not handle; ignored (others "
-                  "of this kind are not logged)", event_id, kind)
+        log.debug("telegram: update %s (%s) is of a kind Roost does not handle; ignored, as "
+                  "are later ones of this kind (not logged)", event_id, kind)
 
     # -- outbound -------------------------------------------------------------------
 

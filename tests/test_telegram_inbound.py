@@ -7,18 +7,26 @@ Everything goes through the real aiogram against the fake Bot API, by long polli
 from __future__ import annotations
 
 import logging
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from bot.messages import Attachment
+from bot.config import Settings
+from bot.messages import Attachment, InboundMessage
 from bot.testing.telegram import ALICE, FakeTelegram, user
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
+from channels.telegram import TelegramChannel
 from tests.conftest import scripted
 from tests.test_telegram import GROUP, TgFactory, answered, last_user_text
 from tests.test_telegram import make_tg as _make_tg  # noqa: F401  (the fixture)
 from tests.test_telegram_intake import Inbox, StartTg
 from tests.test_telegram_intake import start_tg as _start_tg  # noqa: F401  (the fixture)
+
+if TYPE_CHECKING:
+    # Only for annotations: importing aiogram before channels.telegram would build
+    # all its types eagerly (see channels.telegram_lazy).
+    from aiogram.types import Message
 
 CHANNEL = {"id": -1009876543210, "type": "channel", "title": "Roost News",
            "username": "roost_news"}
@@ -264,3 +272,30 @@ async def test_a_message_sent_on_behalf_of_a_chat_comes_from_that_chat(
     assert last_user_text(provider) == \
         f"[{speaker['title']} (id {speaker['id']})]: please pin the rules"
     assert placeholder["first_name"] not in str(provider.requests[-1].messages)
+
+
+async def test_a_translation_bug_skips_its_update_with_one_line_and_no_traceback(
+        tmp_path: Path, fake_telegram: FakeTelegram, caplog: pytest.LogCaptureFixture) -> None:
+    class Buggy(TelegramChannel):
+        def translate(self, message: Message, *, event_id: str = "") -> InboundMessage | None:
+            if message.text == "trip":
+                raise KeyError("a bug in translation")
+            return super().translate(message, event_id=event_id)
+
+    inbox = Inbox()
+    settings = Settings(data_dir=tmp_path, telegram_bot_token=fake_telegram.token,
+                        telegram_api_base=fake_telegram.base_url)
+    channel = Buggy(settings, polling_timeout=1)
+    tripped = fake_telegram.private_message("trip")
+    after = fake_telegram.private_message("after")
+    await channel.start(inbox)
+    try:
+        await fake_telegram.wait_confirmed(after["update_id"])
+    finally:
+        await channel.stop()
+    assert inbox.texts() == ["after"]
+    [warning] = [r for r in caplog.records if r.name.startswith("roost")
+                 and r.levelno >= logging.WARNING]
+    assert warning.exc_info is None
+    assert f"update {tripped['update_id']} could not be translated" in warning.getMessage()
+    assert "KeyError" in warning.getMessage() and "test_telegram_inbound.py" in warning.getMessage()
