@@ -514,7 +514,7 @@ class Dispatcher:
                 return
             try:
                 platform_id = await channel.send(dataclasses.replace(
-                    reply, replace=draft, delivery_id=f"roost-{outbox_id}"))
+                    reply, replace=draft, delivery_id=f"roost-{outbox_id}", redelivery=True))
             except Exception as exc:
                 final = attempts >= len(REDELIVERY_DELAYS)
                 self.inbox.not_delivered(outbox_id, final=final)

@@ -254,17 +254,32 @@ class Inbox:
         return journal
 
     async def cursors(self, channel: str, since: float, limit: int) -> dict[str, str]:
-        """The newest recorded delivery id per chat of ``channel`` active since ``since``.
+        """The newest recorded delivery id per conversation of ``channel`` active since ``since``.
 
         For platforms that cannot redeliver (Discord): the adapter reads each
-        chat's history after it. ``limit`` bounds the number of chats.
+        conversation's history after it. Keys are the chat id, and
+        ``chat_id:thread_id`` for a thread with messages of its own; numeric ids
+        (snowflakes) compare as numbers. At most ``limit`` chats, the most
+        recently active first.
         """
         async with self.lock, self.db.execute(
-            "SELECT chat_id, event_id FROM inbox WHERE id IN (SELECT MAX(id) FROM inbox"
+            "SELECT chat_id, json_extract(message, '$.thread_id'), event_id FROM inbox"
             " WHERE channel = ? AND received_at >= ? AND event_id NOT LIKE '~%'"
-            " GROUP BY chat_id) ORDER BY id DESC LIMIT ?", (channel, since, limit),
+            " ORDER BY id DESC", (channel, since),
         ) as cur:
-            return {r[0]: r[1] for r in await cur.fetchall()}
+            rows = await cur.fetchall()
+        newest: dict[str, str] = {}
+        chats: list[str] = []
+        for chat_id, thread_id, event_id in rows:
+            if chat_id not in chats:
+                if len(chats) >= limit:
+                    continue
+                chats.append(chat_id)
+            key = f"{chat_id}:{thread_id}" if thread_id else chat_id
+            known = newest.get(key)
+            if known is None or _later(str(event_id), known):
+                newest[key] = str(event_id)
+        return newest
 
     # -- outbox ------------------------------------------------------------------
 
@@ -310,6 +325,13 @@ class Inbox:
 
         deleted: int = await self.writer.write(body, what="pruning the inbox")
         return deleted
+
+
+def _later(a: str, b: str) -> bool:
+    """Whether delivery id ``a`` comes after ``b`` (as numbers when both are)."""
+    if a.isdigit() and b.isdigit():
+        return int(a) > int(b)
+    return a > b
 
 
 async def _close(db: aiosqlite.Connection, now: float, state: str,

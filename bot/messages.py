@@ -22,6 +22,9 @@ class Attachment:
     mime_type: str = ""
     size: int = 0
 
+    def __post_init__(self) -> None:
+        _clean_fields(self, ("kind", "name", "url", "mime_type"))
+
 
 @dataclass(frozen=True, slots=True)
 class InboundMessage:
@@ -51,13 +54,8 @@ class InboundMessage:
 
     def __post_init__(self) -> None:
         # Lone UTF-16 surrogates (valid JSON: "\ud83d") cannot be encoded; nothing
-        # past the channel boundary may ever see one.
-        for name in ("text", "sender_name"):
-            value = getattr(self, name)
-            if not value.isascii():
-                clean = clean_text(value)
-                if clean is not value:
-                    object.__setattr__(self, name, clean)
+        # past the channel boundary may ever see one, in any field.
+        _clean_fields(self, _INBOUND_TEXT)
 
     @property
     def display_name(self) -> str:
@@ -75,6 +73,19 @@ class InboundMessage:
             parts.append(f"{a.kind} ({detail})" if detail else a.kind)
         return (f"[The user sent: {'; '.join(parts)}. You cannot see attachments; say so if "
                 "the request depends on them.]")
+
+
+_INBOUND_TEXT = ("channel", "chat_id", "sender_id", "text", "sender_name", "message_id",
+                 "reply_to", "thread_id", "group_id", "event_id")
+
+
+def _clean_fields(obj: object, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if isinstance(value, str) and not value.isascii():
+            clean = clean_text(value)
+            if clean is not value:
+                object.__setattr__(obj, name, clean)
 
 
 def clean_text(text: str) -> str:
@@ -101,6 +112,9 @@ class OutboundMessage:
     """A platform message id (a streaming draft) this reply replaces: the adapter
     edits it into the reply's first piece, or, if that edit fails for good,
     sends the reply anew and deletes the draft, so no draft is left frozen."""
+    redelivery: bool = False
+    """An earlier attempt at this reply failed or was cut off by a restart, and may have
+    reached the platform: an adapter that can check (by ``delivery_id``) should."""
     delivery_id: str | None = None
     """A stable key of this reply across attempts and restarts (``roost-<outbox id>``).
     Adapters whose platform supports it use it to make the post idempotent

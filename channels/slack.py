@@ -721,7 +721,8 @@ class SlackChannel(Channel):
         pieces = split_for_slack(message.text, MESSAGE_LIMIT) if message.text.strip() else []
         return await self._deliver_reply(message.chat_id, thread_ts, pieces,
                                          draft=message.replace or None,
-                                         delivery_id=message.delivery_id)
+                                         delivery_id=message.delivery_id,
+                                         look_first=message.redelivery)
 
     async def withdraw(self, chat_id: str, message_id: str) -> None:
         """Delete one of the bot's messages; one already gone counts as deleted."""
@@ -785,7 +786,8 @@ class SlackChannel(Channel):
 
     async def _deliver_reply(self, channel: str, thread_ts: str | None, pieces: list[str],
                              *, draft: str | None, shown: str | None = None,
-                             delivery_id: str | None = None) -> str | None:
+                             delivery_id: str | None = None,
+                             look_first: bool = True) -> str | None:
         """Put ``pieces`` in place of ``draft`` (or post them); the last message's ts.
 
         No pieces means a silent reply: the draft is deleted. The draft is
@@ -799,14 +801,16 @@ class SlackChannel(Channel):
         conversation is read once for pieces already posted, which are not
         posted again: the core sends a key again only when an earlier attempt
         failed, here or in a process that stopped before recording it, and
-        that attempt may have posted some or all of the pieces.
+        that attempt may have posted some or all of the pieces. ``look_first``
+        False (a first delivery: nothing can have been posted yet) skips that read.
         """
         nonces: list[str | None] = [None] * len(pieces)
         posted: dict[str, str] = {}
         if delivery_id and pieces:
             nonces = [delivery_id if i == 0 else f"{delivery_id}#{i}"
                       for i in range(len(pieces))]
-            posted = await self._posted_before(channel, thread_ts, delivery_id)
+            if look_first:
+                posted = await self._posted_before(channel, thread_ts, delivery_id)
         if not pieces:
             if draft:
                 await self._delete(channel, draft)

@@ -485,3 +485,19 @@ async def test_a_run_keeps_the_plugin_state_it_started_with(make_app: AppFactory
     model.answer("a secret")
     await settle(app)
     assert channel.texts() == ["a [x]", "a secret"]
+
+
+async def test_catch_up_cursors_name_the_newest_message_per_chat_and_thread(
+        make_app: AppFactory) -> None:
+    app, _, _ = await make_app(GatedModel())
+    rows = [("c1", None, "900"), ("c1", None, "1000"), ("c1", "t7", "1100"),
+            ("c1", None, "950"), ("c2", None, "5"), ("c3", "t9", "12")]
+    for i, (chat, thread, event) in enumerate(rows):
+        await app.inbox.add(InboundMessage(channel="discord", chat_id=chat, chat_type="group",
+                                           sender_id="u", text=f"m{i}", thread_id=thread,
+                                           event_id=event), f"k{i}")
+    await app.inbox.add(InboundMessage(channel="telegram", chat_id="c1", chat_type="direct",
+                                       sender_id="u", text="x", event_id="99999"), "kt")
+    cursors = await app.inbox.cursors("discord", 0, limit=10)
+    assert cursors == {"c1": "1000", "c1:t7": "1100", "c2": "5", "c3:t9": "12"}
+    assert set(await app.inbox.cursors("discord", 0, limit=1)) == {"c3:t9"}

@@ -116,3 +116,14 @@ async def test_persona_files_linked_outside_the_workspace_stay_out_of_the_prompt
     await app.dispatcher.submit(dm("hello again", event_id="h2"))
     await settle(app)
     assert "TOP-SECRET-OUTSIDE-CONTENT" not in str(fake_anthropic.requests[-1].body)
+
+
+def test_every_text_field_of_a_message_and_its_attachments_is_cleaned() -> None:
+    message = InboundMessage(channel="slack", chat_id="C\ud800", chat_type="group",
+                             sender_id="U\udfff", text="ok", thread_id="t\ud83d",
+                             event_id="e\ud83d", attachments=(Attachment("file", "a\udc00.txt"),))
+    for value in (message.chat_id, message.sender_id, message.thread_id, message.event_id,
+                  message.attachments[0].name):
+        assert value is not None
+        value.encode("utf-8")
+        assert "\ufffd" in value
