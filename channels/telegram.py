@@ -985,8 +985,9 @@ def parse_update(raw: Any, bot: Bot, reported: _Reported | None = None) -> Updat
     return update
 
 
-MAX_UPDATE_ID = 2**31 - 1
-"""Update ids are positive 32-bit integers: the Bot API server reads ``offset`` as one."""
+MAX_UPDATE_ID = 2_000_000_000
+"""The highest update id the Bot API server gives (its queue's ``MAX_ID``). The server
+reads ``offset`` as a 32-bit integer, so the offset after any real id still fits."""
 
 
 def _possible(update_id: int) -> bool:

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from bot.testing.telegram import ALICE, FakeTelegram, user
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
 from channels.ratelimit import Limits
-from channels.telegram import TelegramChannel
+from channels.telegram import MAX_UPDATE_ID, TelegramChannel
 from tests.conftest import scripted
 from tests.test_telegram import TgFactory
 from tests.test_telegram import make_tg as _make_tg  # noqa: F401  (the fixture)
@@ -255,7 +255,7 @@ async def test_roost_survives_mutated_updates_and_answers_the_next_message(
             update = mutate(update, change)
         update_id = update.get("update_id") if isinstance(update, dict) else None
         if not isinstance(update_id, int) or isinstance(update_id, bool) \
-                or not 0 < update_id < 2**31:
+                or not 0 < update_id <= MAX_UPDATE_ID:
             # Queued under an ordinary id of the server's, as if a proxy had
             # garbled it on the way: a later update's offset confirms it.
             update_id = next(fuzzed.update_ids)
