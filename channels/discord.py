@@ -620,8 +620,8 @@ class DiscordChannel(Channel):
                     await self._delete(target, int(draft))
                 except Exception:
                     # The reply is out: failing now would make the core post it again.
-                    log.error("discord: could not delete the replaced draft %s in %s",
-                              draft, target, exc_info=True)
+                    log.exception("discord: could not delete the replaced draft %s in %s",
+                                  draft, target)
         last = first
         for piece, nonce in zip(pieces[1:], nonces[1:], strict=True):
             last = str((await self._post(target, piece, None, nonce)).id)
@@ -813,7 +813,8 @@ class _Client(discord.Client):
         await self.adapter._on_interaction(interaction)
 
     async def on_error(self, event_method: str, /, *args: Any, **kwargs: Any) -> None:
-        log.exception("discord: handling %s failed", event_method)
+        # discord.py calls on_error from inside its except block: the exception is current.
+        log.exception("discord: handling %s failed", event_method)  # noqa: LOG004
 
 
 class _StreamedReply:

@@ -539,8 +539,8 @@ class SlackChannel(Channel):
         except Exception as exc:
             if _caused_by(exc, _NotRecorded):
                 # Nothing was recorded: a 5xx makes Slack deliver it again.
-                log.error("Slack: the core did not record a request; answered 500 so Slack "
-                          "retries it", exc_info=True)
+                log.exception("Slack: the core did not record a request; answered 500 so "
+                              "Slack retries it")
                 return web.Response(status=500, text="not recorded")
             # Bolt itself choked on the payload: a redelivery would too.
             log.warning("Slack: malformed request skipped (%s: %s)", type(exc).__name__,
@@ -587,8 +587,8 @@ class SlackChannel(Channel):
                     mode="socket_mode", body=req.payload, headers=headers))
             except Exception as exc:
                 if _caused_by(exc, _NotRecorded):
-                    log.error("Slack: the core did not record envelope %s; not acked, so "
-                              "Slack delivers it again", req.envelope_id, exc_info=True)
+                    log.exception("Slack: the core did not record envelope %s; not acked, "
+                                  "so Slack delivers it again", req.envelope_id)
                     return
                 # Bolt reads ids out of the body while building the request, and
                 # a redelivery would fail the same way.
@@ -856,8 +856,7 @@ class SlackChannel(Channel):
         try:
             await self._delete(channel, ts)
         except Exception:
-            log.error("Slack: could not delete the replaced draft %s in %s", ts, channel,
-                      exc_info=True)
+            log.exception("Slack: could not delete the replaced draft %s in %s", ts, channel)
 
     async def _delete(self, channel: str, ts: str) -> None:
         try:

@@ -198,7 +198,7 @@ async def test_list_filters_and_orders_newest_first(errors: ErrorStore, clock: C
     assert len(await errors.list(limit=None)) == len(await errors.list(limit=0)) == 7
     assert await errors.list(session_id="nobody") == []
     assert await errors.list(tool_name="x'; DROP TABLE agent_errors; --") == []
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="limit must be >= 0"):
         await errors.list(limit=-1)
 
 
@@ -397,7 +397,7 @@ async def test_results_are_read_in_slices(results: ResultStore) -> None:
     assert await results.get_slice(rid, 50_000, 10) == ("", len(content))
     assert await results.get_slice(rid, 0, 10, session_id="other") is None
     assert await results.get_slice("res_20241121_230334_000000") is None
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="need offset >= 0"):
         await results.get_slice(rid, -1, 10)
 
 
