@@ -563,13 +563,15 @@ class TelegramChannel(Channel):
                 log.debug("telegram: update %s is an automatic forward without its channel; "
                           "ignored", event_id)
                 return None
-            return str(origin.id), _chat_name(origin)
+            return str(origin.id), _short(_chat_name(origin))
         if message.sender_chat is not None:
-            return str(message.sender_chat.id), _chat_name(message.sender_chat)
+            return str(message.sender_chat.id), _short(_chat_name(message.sender_chat))
         sender = message.from_user
         if sender is None or sender.is_bot or sender.id == SERVICE_USER:
             return None
-        return str(sender.id), sender.full_name
+        # Short: the name goes into every prompt line of the sender's, and Telegram's
+        # own limits (64 characters a name, 128 a title) do not bind a forged update.
+        return str(sender.id), _short(sender.full_name)
 
     def _ignore(self, kind: str, event_id: str | int) -> None:
         """Note an update Roost does not handle: at debug, the first of each kind only.

@@ -299,3 +299,13 @@ async def test_a_translation_bug_skips_its_update_with_one_line_and_no_traceback
     assert warning.exc_info is None
     assert f"update {tripped['update_id']} could not be translated" in warning.getMessage()
     assert "KeyError" in warning.getMessage() and "test_telegram_inbound.py" in warning.getMessage()
+
+
+async def test_a_megabyte_sender_name_is_cut(start_tg: StartTg,
+                                             fake_telegram: FakeTelegram) -> None:
+    inbox = Inbox()
+    update = fake_telegram.private_message("hi", sender=user(42, "N" * 2**20))
+    await start_tg(inbox)
+    await fake_telegram.wait_confirmed(update["update_id"])
+    [message] = inbox.messages
+    assert message.sender_name.startswith("NNN") and len(message.sender_name) <= 300
