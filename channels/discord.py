@@ -84,6 +84,7 @@ from bot.config import Settings
 from bot.messages import Attachment, ChatType, InboundMessage, OutboundMessage, clean_text
 from channels.chunking import split_message
 from channels.delivery import DeliveryPolicy, EditStream, RateLimited, Transient, deliver
+from channels.logline import short as _short
 
 if TYPE_CHECKING:
     from bot.commands import Command
@@ -1040,14 +1041,6 @@ def _snowflake(value: object) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and 0 < value < SNOWFLAKE_LIMIT:
         return value
     raise _Malformed(f"{_short(value, 40)} is not a Discord id")
-
-
-def _short(value: object, limit: int = 200) -> str:
-    """``value`` as one short log line: a hostile payload must not flood the log,
-    nor break a UTF-8 log stream with a lone surrogate."""
-    text = str(value)
-    text = text if len(text) <= limit else text[:limit] + "…"
-    return text.replace("\n", " ").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _problem(exc: BaseException) -> str:

@@ -141,6 +141,7 @@ from bot.channel import Channel, InboundHandler, ReplyStream
 from bot.commands import parse_command
 from bot.messages import Attachment, ChatType, InboundMessage, OutboundMessage, clean_text
 from channels.delivery import DeliveryPolicy, EditStream, RateLimited, Transient, deliver
+from channels.logline import short as _short
 from channels.slack_format import from_slack, split_for_slack, to_mrkdwn, unescape
 
 if TYPE_CHECKING:
@@ -1171,14 +1172,6 @@ def _ts_order(ts: str) -> float:
         return float(ts)
     except ValueError:
         return float("inf")
-
-
-def _short(value: object, limit: int = 200) -> str:
-    """``value`` as one short log line: a hostile payload must not flood the log,
-    nor break a UTF-8 log stream with a lone surrogate."""
-    text = str(value)
-    text = text if len(text) <= limit else text[:limit] + "…"
-    return text.replace("\n", " ").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _problem(exc: BaseException) -> str:

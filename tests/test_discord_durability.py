@@ -25,40 +25,13 @@ from bot.testing.discord import (
     user_payload,
 )
 from bot.testing.discord import fake_discord as _fake_discord  # noqa: F401  (the fixture)
+from bot.testing.inbox import RecordingInbox as Inbox
 from channels.delivery import DeliveryPolicy, RateLimited, Transient
 from channels.discord import DiscordChannel
 
 PATIENT = DeliveryPolicy(attempts=8, base_delay=0.02, max_delay=0.2)
 ONE_TRY = DeliveryPolicy(attempts=1)
 MESSAGES = r"^/channels/\d+/messages$"
-
-
-class Inbox:
-    """What the core's inbox would hold: one entry per event_id, in arrival order."""
-
-    def __init__(self) -> None:
-        self.calls: list[InboundMessage] = []
-        """Every hand-over, failed and duplicate ones included."""
-        self.recorded: dict[str, InboundMessage] = {}
-        self.fail_next = 0
-        self.changed = asyncio.Condition()
-
-    async def __call__(self, message: InboundMessage) -> None:
-        self.calls.append(message)
-        if self.fail_next:
-            self.fail_next -= 1
-            raise RuntimeError("the inbox could not commit")
-        self.recorded.setdefault(message.event_id, message)
-        async with self.changed:
-            self.changed.notify_all()
-
-    async def wait_for(self, count: int) -> list[InboundMessage]:
-        async with asyncio.timeout(10), self.changed:
-            await self.changed.wait_for(lambda: len(self.recorded) >= count)
-        return list(self.recorded.values())
-
-    def texts(self) -> list[str]:
-        return [m.text for m in self.recorded.values()]
 
 
 Start = Callable[..., Awaitable[DiscordChannel]]

@@ -7,7 +7,6 @@ client stays connected, and the next ordinary message reaches the core.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -16,7 +15,7 @@ from typing import Any
 import pytest
 
 from bot.config import Settings
-from bot.messages import InboundMessage, OutboundMessage
+from bot.messages import OutboundMessage
 from bot.testing.discord import (
     CHANNEL_ID,
     DM_CHANNEL_ID,
@@ -26,6 +25,7 @@ from bot.testing.discord import (
     user_payload,
 )
 from bot.testing.discord import fake_discord as _fake_discord  # noqa: F401  (the fixture)
+from bot.testing.inbox import RecordingInbox as Inbox
 from channels.delivery import DeliveryPolicy
 from channels.discord import DiscordChannel
 from tests.conftest import AppFactory, scripted
@@ -36,29 +36,6 @@ from tests.test_slack_hostile import (
 
 FAST = DeliveryPolicy(attempts=3, base_delay=0.02, max_delay=0.1)
 MESSAGES = r"^/channels/\d+/messages$"
-
-
-class Inbox:
-    """A stand-in for the core's handler: records what it is given."""
-
-    def __init__(self) -> None:
-        self.messages: list[InboundMessage] = []
-        self.changed = asyncio.Condition()
-
-    async def __call__(self, message: InboundMessage) -> None:
-        self.messages.append(message)
-        async with self.changed:
-            self.changed.notify_all()
-
-    async def wait_for(self, text: str) -> InboundMessage:
-        def found() -> InboundMessage | None:
-            return next((m for m in self.messages if m.text == text), None)
-
-        async with asyncio.timeout(5), self.changed:
-            await self.changed.wait_for(lambda: found() is not None)
-        message = found()
-        assert message is not None
-        return message
 
 
 Start = Callable[[Inbox], Awaitable[DiscordChannel]]
@@ -127,7 +104,7 @@ async def test_a_malformed_message_costs_one_warning_and_the_next_message_gets_t
     mark = roost_log.mark()
     await fake_discord.dispatch("MESSAGE_CREATE", payload)
     await fake_discord.dm("hello")
-    await inbox.wait_for("hello")
+    await inbox.wait_for_text("hello")
     assert [m.text for m in inbox.messages] == ["hello"]
     warnings = [r.getMessage() for r in roost_log.since(mark)]
     assert len(warnings) == 1 and "malformed" in warnings[0], warnings
@@ -147,7 +124,7 @@ async def test_odd_but_valid_content_and_unknown_fields_reach_the_core_quietly(
     await fake_discord.push_message(payload)
     # InboundMessage replaces lone surrogates; the adapter passes text through.
     expected = content.replace("\ud83d", "\ufffd")
-    assert (await inbox.wait_for(expected)).event_id == payload["id"]
+    assert (await inbox.wait_for_text(expected)).event_id == payload["id"]
     assert roost_log.since(mark) == [] and roost_log.tracebacks() == []
 
 
@@ -180,7 +157,7 @@ async def test_a_malformed_interaction_costs_one_warning_and_the_next_command_ge
     mark = roost_log.mark()
     await fake_discord.dispatch("INTERACTION_CREATE", payload)
     await fake_discord.interaction("help", channel_id=DM_CHANNEL_ID, guild=False)
-    await inbox.wait_for("/help")
+    await inbox.wait_for_text("/help")
     assert [m.text for m in inbox.messages] == ["/help"]
     warnings = [r.getMessage() for r in roost_log.since(mark)]
     assert len(warnings) == 1 and "malformed" in warnings[0], warnings
@@ -195,7 +172,7 @@ async def test_a_message_in_a_guild_discord_py_has_not_cached_is_a_group_message
     payload = fake_discord.message_payload("who am I?", channel_id=987654321)
     payload["guild_id"] = "123456789"  # a guild the client never received
     await fake_discord.push_message(payload)
-    message = await inbox.wait_for("who am I?")
+    message = await inbox.wait_for_text("who am I?")
     # Never a DM: a DM is always answered, a group message only when addressed.
     assert (message.chat_type, message.group_id, message.mentioned) == \
         ("group", "123456789", False)
@@ -210,7 +187,7 @@ async def test_after_stop_intake_messages_wait_for_the_catch_up_and_replies_stil
     inbox = Inbox()
     first = await start(inbox)
     await fake_discord.dm("recorded")
-    recorded = await inbox.wait_for("recorded")
+    recorded = await inbox.wait_for_text("recorded")
     await first.stop_intake()
     mark = roost_log.mark()
     late = await fake_discord.dm("said during the shutdown")
@@ -224,7 +201,7 @@ async def test_after_stop_intake_messages_wait_for_the_catch_up_and_replies_stil
     # After the restart, the core's cursor (its last recorded message) covers it.
     second = await start(inbox)
     await second.catch_up({recorded.chat_id: recorded.event_id})
-    assert (await inbox.wait_for("said during the shutdown")).event_id == str(late)
+    assert (await inbox.wait_for_text("said during the shutdown")).event_id == str(late)
 
 
 # -- delivery_id -----------------------------------------------------------------------------
@@ -286,7 +263,7 @@ async def test_logging_is_quiet_for_an_ordinary_conversation(
     inbox = Inbox()
     await start(inbox)
     await fake_discord.dm("hello")
-    await inbox.wait_for("hello")
+    await inbox.wait_for_text("hello")
     assert roost_log.since(0, logging.WARNING) == []
 
 

@@ -17,6 +17,7 @@ from slack_sdk.errors import SlackApiError
 
 from bot.config import Settings
 from bot.messages import InboundMessage, OutboundMessage
+from bot.testing.inbox import RecordingInbox as Inbox
 from bot.testing.slack import CHANNEL, DM_CHANNEL, FakeSlack
 from bot.testing.slack import fake_slack as _fake_slack  # noqa: F401  (the fixture)
 from channels.delivery import DeliveryPolicy, RateLimited, Transient
@@ -24,36 +25,6 @@ from channels.slack import SlackChannel
 
 PATIENT = DeliveryPolicy(attempts=8, base_delay=0.02, max_delay=0.2)
 ONE_TRY = DeliveryPolicy(attempts=1)
-
-
-class Inbox:
-    """What the core's inbox would hold: one entry per event_id, in arrival order."""
-
-    def __init__(self) -> None:
-        self.calls: list[InboundMessage] = []
-        """Every hand-over, failed ones included."""
-        self.recorded: dict[str, InboundMessage] = {}
-        self.fail_next = 0
-        self.gate: asyncio.Event | None = None
-        self.entered = asyncio.Event()
-        self.changed = asyncio.Condition()
-
-    async def __call__(self, message: InboundMessage) -> None:
-        self.calls.append(message)
-        self.entered.set()
-        if self.gate is not None:
-            await self.gate.wait()
-        if self.fail_next:
-            self.fail_next -= 1
-            raise RuntimeError("the inbox could not commit")
-        self.recorded.setdefault(message.event_id, message)
-        async with self.changed:
-            self.changed.notify_all()
-
-    async def wait_for(self, count: int) -> list[InboundMessage]:
-        async with asyncio.timeout(10), self.changed:
-            await self.changed.wait_for(lambda: len(self.recorded) >= count)
-        return list(self.recorded.values())
 
 
 Start = Callable[..., Awaitable[SlackChannel]]

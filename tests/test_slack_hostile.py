@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from bot.config import Settings
-from bot.messages import InboundMessage, OutboundMessage
+from bot.messages import OutboundMessage
+from bot.testing.inbox import RecordingInbox as Inbox
 from bot.testing.slack import CHANNEL, DM_CHANNEL, FakeSlack
 from bot.testing.slack import fake_slack as _fake_slack  # noqa: F401  (the fixture)
 from channels.delivery import DeliveryPolicy
@@ -83,18 +84,6 @@ async def roost_log_fixture() -> AsyncIterator[RoostLog]:
     finally:
         root.removeHandler(handler)
         roost.setLevel(level)
-
-
-class Inbox:
-    """A stand-in for the core's handler: records what it is given."""
-
-    def __init__(self) -> None:
-        self.messages: list[InboundMessage] = []
-        self.arrived = asyncio.Event()
-
-    async def __call__(self, message: InboundMessage) -> None:
-        self.messages.append(message)
-        self.arrived.set()
 
 
 async def bare_channel(fake: FakeSlack, handler: Inbox, *,
