@@ -179,6 +179,9 @@ class ChaosRun:
         self._acked = asyncio.Event()
         self._edited = asyncio.Event()
         self._polls = asyncio.Event()
+        self._offset = 0
+        self._counts: dict[tuple[int, int], int] = {}
+        self._counted_at = 0.0
         self.telegram = FakeTelegram()
         self.model = ChaosModel()
 
@@ -288,11 +291,8 @@ class ChaosRun:
         """
         cfg = self.config
         deadline = time.monotonic() + cfg.catch_up
-        while time.monotonic() < deadline:
-            given_up = self._given_up()
-            if all(self._answers(s.chat_id, s.number) > 0 or s.update_id in given_up
-                   for s in self._acknowledged()):
-                break
+        # Polled: part of the state is the other process's database.
+        while time.monotonic() < deadline and not self._caught_up():  # noqa: ASYNC110
             await asyncio.sleep(0.1)
         alive = self.rng.uniform(cfg.min_alive, cfg.max_alive)
         trigger = {"after_ack": self._acked, "streaming": self._edited,
@@ -306,8 +306,11 @@ class ChaosRun:
                 await trigger.wait()
 
     def _on_call(self, call: Call) -> None:
-        if call.method == "getUpdates" and int(call.params.get("offset") or 0) > 1:
-            self._acked.set()
+        if call.method == "getUpdates":
+            offset = int(call.params.get("offset") or 0)
+            self._offset = max(self._offset, offset)
+            if offset > 1:
+                self._acked.set()
         elif call.method == "editMessageText":
             self._edited.set()
 
@@ -321,8 +324,15 @@ class ChaosRun:
 
     def all_answered(self) -> bool:
         """Whether every message sent so far was acknowledged and has its answer in its chat."""
+        counts = self._answer_counts()
         return len(self._acknowledged()) == len(self.sent) and all(
-            self._answers(s.chat_id, s.number) > 0 for s in self.sent)
+            counts.get((s.chat_id, s.number)) for s in self.sent)
+
+    def _caught_up(self) -> bool:
+        """Whether every acknowledged message is answered or was given up."""
+        counts, given_up = self._answer_counts(), self._given_up()
+        return all(counts.get((s.chat_id, s.number)) or s.update_id in given_up
+                   for s in self._acknowledged())
 
     async def _user(self, index: int) -> None:
         cfg = self.config
@@ -342,28 +352,37 @@ class ChaosRun:
 
     async def _settle(self) -> None:
         deadline = time.monotonic() + self.config.settle
-        while time.monotonic() < deadline:
-            given_up = self._given_up()
-            if all(self._answers(s.chat_id, s.number) > 0 or s.update_id in given_up
-                   for s in self._acknowledged()):
-                break
+        # Polled: part of the state is the other process's database.
+        while time.monotonic() < deadline and not self._caught_up():  # noqa: ASYNC110
             await asyncio.sleep(0.2)
         await asyncio.sleep(1.0)  # let late duplicates show, if any
 
     # -- counting ----------------------------------------------------------
 
     def _confirmed_below(self) -> int:
-        return max((int(c.params.get("offset") or 0)
-                    for c in self.telegram.calls_of("getUpdates")), default=0)
+        return self._offset
 
     def _acknowledged(self) -> list[_Sent]:
         below = self._confirmed_below()
         return [s for s in self.sent if s.update_id < below]
 
     def _answers(self, chat_id: int, number: int) -> int:
-        tag = f"#{number}"
-        return sum(1 for text in self.telegram.visible(chat_id)
-                   if text.endswith(_END.strip()) and tag in _tags(text))
+        # Users check on every Bot API call: a count at most 50 ms old will do.
+        now = time.monotonic()
+        if now - self._counted_at > 0.05:
+            self._counts, self._counted_at = self._answer_counts(), now
+        return self._counts.get((chat_id, number), 0)
+
+    def _answer_counts(self) -> dict[tuple[int, int], int]:
+        """How many final answers each (chat, message number) has, in one pass."""
+        counts: dict[tuple[int, int], int] = {}
+        for (chat_id, _), message in self.telegram.messages.items():
+            text = message.get("text", "")
+            if text.endswith(_END.strip()):
+                for n in set(_TAG.findall(text)):
+                    key = (int(chat_id), int(n))
+                    counts[key] = counts.get(key, 0) + 1
+        return counts
 
     def count(self) -> ChaosReport:
         """Fill in the report from what the fakes and the database show now."""
@@ -377,8 +396,9 @@ class ChaosRun:
         acked = self._acknowledged()
         r.acknowledged = len(acked)
         given_up = self._given_up()
+        counts = self._answer_counts()
         for s in acked:
-            count = self._answers(s.chat_id, s.number)
+            count = counts.get((s.chat_id, s.number), 0)
             if count:
                 r.answered += 1
             if count > 1:
