@@ -183,6 +183,7 @@ class ChaosRun:
         self._counts: dict[tuple[int, int], int] = {}
         self._counted_at = 0.0
         self.telegram = FakeTelegram()
+        self.telegram.on_call = self._on_call
         self.model = ChaosModel()
 
     # -- the session -------------------------------------------------------
@@ -191,7 +192,6 @@ class ChaosRun:
         """Chat, kill and restart as configured; returns the report."""
         started = time.monotonic()
         async with self.telegram, self.model:
-            self.telegram.on_call = self._on_call
             cfg = self.config
             if cfg.platform_faults:
                 self.telegram.inject_faults(cfg.platform_faults, seed=cfg.seed)
