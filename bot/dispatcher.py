@@ -340,7 +340,9 @@ class Dispatcher:
 
     def _merge(self, lane: Lane, message: InboundMessage, entry_id: int, now: float,
                window: float) -> bool:
-        for running in reversed(lane.running):
+        # Into the running run only when nothing waits behind it: a message
+        # queued in between must not be answered after the one merged past it.
+        for running in reversed(lane.running if not lane.queue else ()):
             prev = running.pending
             if (prev.message.sender_id == message.sender_id and not running.output
                     and prev.options is None and prev.journal is None

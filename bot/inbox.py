@@ -374,13 +374,21 @@ def decode_outbound(text: str) -> OutboundMessage:
 
 
 def grouped(entries: Iterable[InboxEntry]) -> list[list[InboxEntry]]:
-    """Consecutive entries of one session that one run had merged, kept together."""
+    """Entries of one session that one run had merged, kept together, in order of their first.
+
+    Other sessions' entries may lie between them in the inbox: they are grouped
+    by the run that took them up, not by being adjacent.
+    """
     groups: list[list[InboxEntry]] = []
+    by_run: dict[tuple[str, str], list[InboxEntry]] = {}
     for entry in entries:
-        last = groups[-1] if groups else None
-        if (last is not None and entry.run_id is not None and last[-1].run_id == entry.run_id
-                and last[-1].session_key == entry.session_key):
-            last.append(entry)
+        key = (entry.session_key, entry.run_id) if entry.run_id is not None else None
+        group = by_run.get(key) if key is not None else None
+        if group is None:
+            group = [entry]
+            groups.append(group)
+            if key is not None:
+                by_run[key] = group
         else:
-            groups.append([entry])
+            group.append(entry)
     return groups

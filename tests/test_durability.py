@@ -501,3 +501,14 @@ async def test_catch_up_cursors_name_the_newest_message_per_chat_and_thread(
     cursors = await app.inbox.cursors("discord", 0, limit=10)
     assert cursors == {"c1": "1000", "c1:t7": "1100", "c2": "5", "c3:t9": "12"}
     assert set(await app.inbox.cursors("discord", 0, limit=1)) == {"c3:t9"}
+
+
+def test_entries_one_run_merged_stay_together_when_other_chats_lie_between() -> None:
+    from bot.inbox import InboxEntry, grouped
+
+    def entry(i: int, session: str, run: str | None) -> InboxEntry:
+        return InboxEntry(i, message(f"m{i}"), "message", session, "running", 1, run)
+
+    groups = grouped([entry(1, "a", "r1"), entry(2, "b", "r2"), entry(3, "a", "r1"),
+                      entry(4, "a", None), entry(5, "b", "r3")])
+    assert [[e.id for e in g] for g in groups] == [[1, 3], [2], [4], [5]]
