@@ -10,6 +10,7 @@ import asyncio
 import os
 from pathlib import Path
 
+from bot.app import Roost
 from bot.guard import WITHHELD
 from bot.messages import Attachment, InboundMessage
 from bot.testing.anthropic import FakeAnthropic
@@ -23,8 +24,8 @@ def dm(text: str, *, attachments: tuple[Attachment, ...] = (), sender: str = "u1
                           text=text, attachments=attachments, event_id=event_id)
 
 
-async def settle(app: object) -> None:
-    await asyncio.wait_for(app.dispatcher.drain(), 10)  # type: ignore[attr-defined]
+async def settle(app: Roost) -> None:
+    await asyncio.wait_for(app.dispatcher.drain(), 10)
 
 
 async def test_lone_surrogates_are_replaced_before_anything_sees_them(
