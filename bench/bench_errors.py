@@ -22,8 +22,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bot.error_store import ErrorStore, summarize_error
-from bot.sessions import SessionStore
+from bot.storage.errors import ErrorStore, summarize_error
+from bot.storage.sessions import SessionStore
 
 PREFILL = 10_000
 SESSIONS = 100

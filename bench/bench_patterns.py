@@ -4,7 +4,7 @@ Run with ``.venv/bin/python bench/bench_patterns.py`` (a few seconds).
 
 65 generated patterns (13 domains x 5 tasks, realistic wording, keywords,
 examples and ~1 KB of instructions each) are written as YAML to a temporary
-directory and loaded with ``bot.patterns.PatternLibrary``. Then:
+directory and loaded with ``bot.agents.patterns.PatternLibrary``. Then:
 
 - match latency: 20,000 queries (short and long, matching and not) through
   ``PatternLibrary.match`` (K=3, min score 0.1, including the throttled
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from bot.patterns import PatternLibrary
+from bot.agents.patterns import PatternLibrary
 
 DOMAINS = {
     "sql": ["query", "index", "join", "table", "postgres", "mysql", "explain", "schema"],

@@ -37,15 +37,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from bot.app import Roost
-from bot.channel import Channel, InboundHandler
-from bot.config import Settings
-from bot.db import connect
-from bot.hookspecs import hookimpl
-from bot.jobs import JobSpec
-from bot.messages import OutboundMessage
-from bot.pluginmanager import get_plugin_manager
-from bot.scheduler import Scheduler
+from bot.app.roost import Roost
+from bot.config.settings import Settings
+from bot.contracts.channel import Channel, InboundHandler
+from bot.contracts.hookspecs import hookimpl
+from bot.contracts.jobs import JobSpec
+from bot.contracts.messages import OutboundMessage
+from bot.pluginhost.manager import get_plugin_manager
+from bot.scheduling.scheduler import Scheduler
+from bot.storage.db import connect
 from plugins.scripted_provider import ScriptedProvider, _turn
 
 JOBS = 10_000

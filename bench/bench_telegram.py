@@ -75,7 +75,7 @@ def _roost_command() -> list[str]:
     script = Path(sys.executable).with_name("roost")
     if script.is_file():
         return [str(script), "run"]
-    return [sys.executable, "-c", "from bot.cli import main; main()", "run"]
+    return [sys.executable, "-c", "from bot.app.cli import main; main()", "run"]
 
 
 def _env(data_dir: Path, telegram: FakeTelegram, anthropic: FakeAnthropic | None) -> dict[str, str]:

@@ -10,8 +10,8 @@ import sys
 from collections.abc import AsyncIterator
 from typing import TextIO
 
-from bot.channel import Channel, InboundHandler, ReplyStream
-from bot.messages import InboundMessage, OutboundMessage
+from bot.contracts.channel import Channel, InboundHandler, ReplyStream
+from bot.contracts.messages import InboundMessage, OutboundMessage
 
 CHAT_ID = "console"
 

@@ -79,15 +79,15 @@ import aiohttp
 import discord
 import yarl
 
-from bot.channel import Channel, InboundHandler, ReplyStream
-from bot.config import Settings
-from bot.messages import Attachment, ChatType, InboundMessage, OutboundMessage, clean_text
+from bot.config.settings import Settings
+from bot.contracts.channel import Channel, InboundHandler, ReplyStream
+from bot.contracts.messages import Attachment, ChatType, InboundMessage, OutboundMessage, clean_text
 from channels.chunking import split_message
 from channels.delivery import DeliveryPolicy, EditStream, RateLimited, Transient, deliver
 from channels.logline import short as _short
 
 if TYPE_CHECKING:
-    from bot.commands import Command
+    from bot.contracts.commands import Command
 
 log = logging.getLogger("roost.channels.discord")
 

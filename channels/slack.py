@@ -137,16 +137,16 @@ from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
-from bot.channel import Channel, InboundHandler, ReplyStream
-from bot.commands import parse_command
-from bot.messages import Attachment, ChatType, InboundMessage, OutboundMessage, clean_text
+from bot.contracts.channel import Channel, InboundHandler, ReplyStream
+from bot.contracts.commands import parse_command
+from bot.contracts.messages import Attachment, ChatType, InboundMessage, OutboundMessage, clean_text
 from channels.delivery import DeliveryPolicy, EditStream, RateLimited, Transient, deliver
 from channels.logline import short as _short
 from channels.slack_format import from_slack, split_for_slack, to_mrkdwn, unescape
 
 if TYPE_CHECKING:
-    from bot.commands import Command
-    from bot.config import Settings
+    from bot.config.settings import Settings
+    from bot.contracts.commands import Command
 
 log = logging.getLogger("roost.slack")
 _sdk_log = logging.getLogger("roost.slack.sdk")

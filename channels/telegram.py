@@ -97,16 +97,16 @@ from aiogram.types import (
 from aiohttp import web
 from pydantic import ValidationError
 
-from bot.app import SetupError
-from bot.channel import Channel, InboundHandler, ReplyStream
-from bot.messages import Attachment, ChatType, InboundMessage, OutboundMessage, clean_text
+from bot.app.roost import SetupError
+from bot.contracts.channel import Channel, InboundHandler, ReplyStream
+from bot.contracts.messages import Attachment, ChatType, InboundMessage, OutboundMessage, clean_text
 from channels.delivery import DeliveryPolicy, RateLimited, Transient, deliver
 from channels.ratelimit import BOT, TELEGRAM_LIMITS, Limits, RateLimiter
 from channels.telegram_format import fit, split_for_telegram, to_html
 
 if TYPE_CHECKING:
-    from bot.commands import Command
-    from bot.config import Settings
+    from bot.config.settings import Settings
+    from bot.contracts.commands import Command
 
 log = logging.getLogger("roost.channels.telegram")
 

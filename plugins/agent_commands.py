@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import time
 
+from bot.agents.router import Agent, AgentError
+
 # Built-in: the agent admin commands read and reload the agents' configuration itself.
-from bot.agent_config import DEFAULT_AGENT, AgentConfig
-from bot.agents import Agent, AgentError
-from bot.config import ConfigError, load_settings
+from bot.config.agents import DEFAULT_AGENT, AgentConfig
+from bot.config.settings import ConfigError, load_settings
 from roost import Command, CommandContext, Settings, hookimpl
 
 MAX_PATTERNS_LISTED = 80

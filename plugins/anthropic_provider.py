@@ -1,4 +1,4 @@
-"""The Anthropic Messages API as an :class:`~bot.llm.LLMProvider`.
+"""The Anthropic Messages API as an :class:`~bot.contracts.llm.LLMProvider`.
 
 Every call streams, so text reaches the chat while the model writes and a
 cancelled run closes the HTTP stream at once. The SDK's own retries are off:
@@ -25,7 +25,7 @@ from anthropic.types import (
 )
 
 # Built-in: the HTTP providers share Roost's own circuit breaker and retry plumbing.
-from bot.llm_breaker import CircuitBreaker
+from bot.resilience.breaker import CircuitBreaker
 from plugins.provider_retry import (
     DEFAULT_MAX_ATTEMPTS,
     AttemptFailed,
@@ -66,7 +66,7 @@ class AnthropicProvider:
 
     ``max_attempts`` and ``retry_base_delay`` make its
     :class:`~plugins.provider_retry.RetryPolicy`. ``breaker`` is shared by all
-    calls of this instance (a fresh :class:`~bot.llm_breaker.CircuitBreaker`
+    calls of this instance (a fresh :class:`~bot.resilience.breaker.CircuitBreaker`
     with the default policy unless given).
     """
 

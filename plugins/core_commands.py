@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 # Built-in: /status describes the resolved agent, an internal object.
-from bot.agents import Agent, AgentError
+from bot.agents.router import Agent, AgentError
 from roost import Command, CommandContext, Settings, hookimpl
 
 

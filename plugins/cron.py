@@ -5,7 +5,7 @@ model add, list and remove jobs for the user it is talking to:
 
 - ``{action: "add", schedule, message, name?, timezone?}``: ``schedule`` is a
   5-field cron expression, ``every <duration>`` or ``at <time>`` (see
-  :mod:`bot.cron_schedule`); ``message`` is the instruction the model gets
+  :mod:`bot.scheduling.cron`); ``message`` is the instruction the model gets
   when the job fires, in this chat, as this user;
 - ``{action: "list"}``: the user's jobs (admins: every job);
 - ``{action: "remove", id}``: the user's own job (admins: any).
@@ -13,7 +13,7 @@ model add, list and remove jobs for the user it is talking to:
 ``/cron`` lists the sender's jobs, ``/cron remove ID`` removes one, and
 ``/cron all`` (admins) lists every job. In a group chat the messages of jobs
 created in other chats are not shown: they may come from a private chat.
-Failure codes: ``INVALID_ARGUMENT`` plus those of :class:`bot.scheduler.JobError`,
+Failure codes: ``INVALID_ARGUMENT`` plus those of :class:`bot.scheduling.scheduler.JobError`,
 and ``DATABASE_ERROR``.
 """
 
@@ -26,7 +26,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 # Built-in: the cron tool drives the scheduler's job store directly.
-from bot.scheduler import JobError, JobView, Scheduler
+from bot.scheduling.scheduler import JobError, JobView, Scheduler
 from roost import (
     ChatType,
     Command,

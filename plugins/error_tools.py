@@ -1,7 +1,7 @@
 """Built-in plugin: fetch a stored tool error, or read a stored large tool result.
 
 A failed tool call reaches the model as a short summary with an error ID, and
-a very long result as a preview with a result ID (see :mod:`bot.error_store`).
+a very long result as a preview with a result ID (see :mod:`bot.storage.errors`).
 These tools fetch the rest on demand:
 
 - ``get_error_detail {error_id}``: the full stored error as JSON; offered only
@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 # Built-in: the error tools read the core's error and result stores.
-from bot.error_store import (
+from bot.storage.errors import (
     ERROR_ID_EXAMPLE,
     ERROR_ID_RE,
     RESULT_ID_EXAMPLE,
@@ -47,7 +47,7 @@ from roost import (
 )
 
 if TYPE_CHECKING:
-    from bot.app import Roost
+    from bot.app.roost import Roost
 
 log = logging.getLogger("roost.errors")
 
@@ -202,7 +202,7 @@ def _tool_result_tool(results: ResultStore, max_length: int) -> Tool:
 
 
 async def _retention(app: Roost) -> None:
-    from bot.app import prune_stores
+    from bot.app.roost import prune_stores
 
     await prune_stores(app.services, app.settings.error_retention_days)
 

@@ -2,7 +2,7 @@
 
 Every path goes through :func:`workspaces.resolve_in_workspace`, so a tool can
 never touch anything outside ``context.workspace``. Failures raise
-:class:`~bot.tools.ToolError` with one of these codes: ``INVALID_ARGUMENT``,
+:class:`~bot.contracts.tools.ToolError` with one of these codes: ``INVALID_ARGUMENT``,
 ``INVALID_PATH``, ``PATH_ESCAPE``, ``NOT_FOUND``, ``IS_A_DIRECTORY``,
 ``NOT_A_DIRECTORY``, ``NOT_A_FILE``, ``TOO_LARGE``, ``BINARY_FILE``,
 ``NO_MATCH``, ``MULTIPLE_MATCHES``, ``IO_ERROR``.

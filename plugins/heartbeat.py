@@ -35,15 +35,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from bot.agents.router import workspaces_root
+
 # Built-in: the heartbeat routes its run like an inbound message (agent bindings).
-from bot.agent_config import route
-from bot.agents import workspaces_root
-from bot.runloop import NO_REPLY
+from bot.config.agents import route
+from bot.engine.runloop import NO_REPLY
 from roost import ChatMessage, InboundMessage, JobSpec, Sanitizer, Settings, ToolError, hookimpl
 from workspaces import read_cached, resolve_in_workspace, workspace_dir
 
 if TYPE_CHECKING:
-    from bot.app import Roost
+    from bot.app.roost import Roost
 
 log = logging.getLogger("roost.heartbeat")
 

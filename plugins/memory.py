@@ -4,7 +4,7 @@ Memory lives in the user's workspace as plain Markdown: ``memory/YYYY-MM-DD.md``
 daily notes and ``MEMORY.md``. This plugin adds
 
 * ``memory_search {query, limit?}``: BM25-ranked keyword search over those
-  files (:mod:`bot.memory_index`), returning path, line range and snippet;
+  files (:mod:`bot.storage.memory_index`), returning path, line range and snippet;
 * ``memory_get {path, from_line?, lines?}``: a slice of one memory file;
 * a full-mode prompt section with today's and yesterday's daily notes;
 * the ``memory_flush`` job: every ``memory_flush_every_hours`` it gives each
@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any
 
 # Built-in: the memory flush runs a background turn through the run engine and
 # shares compaction's limits; the search index is the core's.
-from bot.compaction import FLUSH_ITERATIONS, FLUSH_TIMEOUT, FLUSH_TOOLS
-from bot.history import repair_pairing
-from bot.memory_index import MemoryIndex, memory_target, read_memory_text
-from bot.runloop import RunRequest
-from bot.sessions import agent_of
+from bot.engine.compaction import FLUSH_ITERATIONS, FLUSH_TIMEOUT, FLUSH_TOOLS
+from bot.engine.history import repair_pairing
+from bot.engine.runloop import RunRequest
+from bot.storage.memory_index import MemoryIndex, memory_target, read_memory_text
+from bot.storage.sessions import agent_of
 from roost import (
     ChatMessage,
     InboundMessage,
@@ -55,7 +55,7 @@ from roost import (
 from workspaces import read_cached, resolve_in_workspace
 
 if TYPE_CHECKING:
-    from bot.app import Roost
+    from bot.app.roost import Roost
 
 log = logging.getLogger("roost.memory")
 

@@ -1,4 +1,4 @@
-"""OpenAI-compatible Chat Completions as an :class:`~bot.llm.LLMProvider`.
+"""OpenAI-compatible Chat Completions as an :class:`~bot.contracts.llm.LLMProvider`.
 
 Targets OpenAI itself and the servers that copy its API (Ollama, vLLM,
 llama.cpp, LM Studio): only Chat Completions with ``stream=True`` and function
@@ -28,7 +28,7 @@ from openai.types.chat import (
 )
 
 # Built-in: the HTTP providers share Roost's own circuit breaker and retry plumbing.
-from bot.llm_breaker import CircuitBreaker
+from bot.resilience.breaker import CircuitBreaker
 from plugins.provider_retry import (
     DEFAULT_MAX_ATTEMPTS,
     RETRYABLE_STATUSES,
@@ -64,7 +64,7 @@ class OpenAIProvider:
 
     ``max_attempts`` and ``retry_base_delay`` make its
     :class:`~plugins.provider_retry.RetryPolicy`. ``breaker`` is shared by all
-    calls of this instance (a fresh :class:`~bot.llm_breaker.CircuitBreaker`
+    calls of this instance (a fresh :class:`~bot.resilience.breaker.CircuitBreaker`
     with the default policy unless given).
     """
 

@@ -22,18 +22,18 @@ import weakref
 from typing import TYPE_CHECKING
 
 # Built-in: plugin administration works on the plugin host itself.
-from bot.plugin_install import (
+from bot.pluginhost.install import (
     describe_change,
     pip_command,
     plugin_entry_points,
     run_streaming,
     valid_name,
 )
-from bot.pluginmanager import ESSENTIAL_PLUGINS, normalize_dist
+from bot.pluginhost.manager import ESSENTIAL_PLUGINS, normalize_dist
 from roost import Command, CommandContext, InboundMessage, OutboundMessage, Settings, hookimpl
 
 if TYPE_CHECKING:
-    from bot.app import Roost
+    from bot.app.roost import Roost
 
 log = logging.getLogger("roost.plugins")
 

@@ -1,6 +1,6 @@
 """Built-in system-prompt sections.
 
-Full mode, in order (numbers from :class:`bot.prompt.Order`; plugins use the gaps):
+Full mode, in order (numbers from :class:`bot.contracts.prompt.Order`; plugins use the gaps):
 
 ===  ================  =====================================================
 100  identity          platform, direct/group chat, group attribution, NO_REPLY

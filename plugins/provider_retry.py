@@ -6,7 +6,7 @@ when it fails. :func:`with_retries` repeats attempts with jittered exponential
 backoff and reports each retry via ``on_retry``, also after some text reached
 ``on_text`` (a stream cut mid-answer): the caller restarts its draft then, and
 the next attempt streams the answer again from its beginning. Every attempt
-passes a provider-wide :class:`~bot.llm_breaker.CircuitBreaker`, which holds
+passes a provider-wide :class:`~bot.resilience.breaker.CircuitBreaker`, which holds
 calls during an outage instead of letting each of them retry on its own.
 Mapping SDK exceptions to errors stays in each provider: the SDKs differ.
 """
@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
 # Built-in: the HTTP providers share Roost's own circuit breaker and retry plumbing.
-from bot.llm_breaker import CircuitBreaker
+from bot.resilience.breaker import CircuitBreaker
 from roost import OnRetry, OnText, ProviderError, ToolCall
 
 __all__ = [

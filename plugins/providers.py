@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 # Built-in: provider specs load their SDK lazily through the core's wrapper.
-from bot.providers import LazyProvider
+from bot.contracts.providers import LazyProvider
 from roost import LLMProvider, ProviderSpec, Settings, hookimpl
 
 DEMO_SCRIPT = Path(__file__).with_name("demo_script.yaml")

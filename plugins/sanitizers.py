@@ -26,7 +26,7 @@ order  name                           what it removes
 
 The gaps are for plugins: a sanitizer with order 350 runs after thinking is
 gone but while ``<final>`` tags are still there. After the last sanitizer the
-pipeline trims the text (:func:`bot.sanitize.run_pipeline`); an empty result
+pipeline trims the text (:func:`bot.contracts.sanitize.run_pipeline`); an empty result
 makes the reply silent.
 
 Shared rules:

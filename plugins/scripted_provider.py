@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 
 # Built-in: the scripted provider sizes tool schemas as the token estimator does.
-from bot.tokens import tools_chars
+from bot.engine.tokens import tools_chars
 from roost import (
     ChatMessage,
     LLMRequest,

@@ -11,8 +11,8 @@ so no statement reaches another file. A progress handler stops a statement
 that runs past its time limit, or whose call was cancelled, so a runaway query
 cannot pin a worker thread.
 
-Failures raise :class:`~bot.tools.ToolError` whose ``details`` are the
-structured fields of :mod:`bot.structured_errors`; the code is SQLite's
+Failures raise :class:`~bot.contracts.tools.ToolError` whose ``details`` are the
+structured fields of :mod:`bot.tools.structured_errors`; the code is SQLite's
 extended result name (``SQLITE_CONSTRAINT_FOREIGNKEY``, ``SQLITE_ERROR``...)
 or one of ``INVALID_ARGUMENT``, ``MULTIPLE_STATEMENTS``, ``NOT_ALLOWED``,
 ``TRANSACTION_CONTROL``, ``TIMEOUT``, ``CANCELLED``. SQLite's foreign-key error
@@ -35,8 +35,8 @@ from typing import Any
 
 # Built-in: the SQL tool shares the execution summary's statement parser and the
 # structured-error codes.
-from bot.exec_summary import SqlStatement, parse_statement
-from bot.structured_errors import FOREIGN_KEY, PERMISSION, TIMEOUT, extract
+from bot.engine.exec_summary import SqlStatement, parse_statement
+from bot.tools.structured_errors import FOREIGN_KEY, PERMISSION, TIMEOUT, extract
 from roost import Settings, Tool, ToolContext, ToolError, hookimpl
 from workspaces import resolve_in_workspace
 

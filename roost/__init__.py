@@ -1,7 +1,7 @@
 """Roost's public API for plugin authors: import from here, not from ``bot``.
 
 A plugin is a module or object with functions named after the hooks in
-:mod:`bot.hookspecs` (each hook's docstring is its documentation), marked with
+:mod:`bot.contracts.hookspecs` (each hook's docstring is its documentation), marked with
 :data:`hookimpl` and registered through the ``roost`` entry-point group::
 
     from roost import Tool, ToolContext, hookimpl
@@ -21,15 +21,14 @@ implementation and may change. Test helpers live in :mod:`roost.testing`.
 
 from __future__ import annotations
 
-from bot.channel import Channel, ChannelSpec, InboundHandler, ReplyStream
-from bot.commands import Command, CommandContext
-from bot.config import Settings
-from bot.events import RunEvent
-from bot.guard import GuardPattern, InputCheck
-from bot.hookspecs import hookimpl
-from bot.jobs import JobSpec
-from bot.judge import Judge, Verdict
-from bot.llm import (
+from bot.agents.judge import Judge, Verdict
+from bot.config.settings import Settings
+from bot.contracts.channel import Channel, ChannelSpec, InboundHandler, ReplyStream
+from bot.contracts.commands import Command, CommandContext
+from bot.contracts.events import RunEvent
+from bot.contracts.hookspecs import hookimpl
+from bot.contracts.jobs import JobSpec
+from bot.contracts.llm import (
     ChatMessage,
     LLMProvider,
     LLMRequest,
@@ -41,13 +40,14 @@ from bot.llm import (
     ToolSpec,
     Usage,
 )
-from bot.messages import Attachment, ChatType, InboundMessage, OutboundMessage
-from bot.prompt import Order, PromptContext, PromptSection
-from bot.providers import ProviderSpec
-from bot.sanitize import Sanitizer
-from bot.services import Services
-from bot.tool_args import check_keys, int_arg, str_arg
-from bot.tools import Tool, ToolContext, ToolError, ToolResult, ToolRetry
+from bot.contracts.messages import Attachment, ChatType, InboundMessage, OutboundMessage
+from bot.contracts.prompt import Order, PromptContext, PromptSection
+from bot.contracts.providers import ProviderSpec
+from bot.contracts.sanitize import Sanitizer
+from bot.contracts.services import Services
+from bot.contracts.tools import Tool, ToolContext, ToolError, ToolResult, ToolRetry
+from bot.engine.guard import GuardPattern, InputCheck
+from bot.tools.args import check_keys, int_arg, str_arg
 
 __all__ = [
     "Attachment",

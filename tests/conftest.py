@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from bot.app import Roost
-from bot.channel import Channel, InboundHandler
-from bot.config import Settings
-from bot.events import RunEvent
-from bot.hookspecs import hookimpl
-from bot.llm import LLMProvider
-from bot.messages import ChatType, InboundMessage, OutboundMessage
-from bot.pluginmanager import PluginHost, get_plugin_manager
+from bot.app.roost import Roost
+from bot.config.settings import Settings
+from bot.contracts.channel import Channel, InboundHandler
+from bot.contracts.events import RunEvent
+from bot.contracts.hookspecs import hookimpl
+from bot.contracts.llm import LLMProvider
+from bot.contracts.messages import ChatType, InboundMessage, OutboundMessage
+from bot.pluginhost.manager import PluginHost, get_plugin_manager
 from plugins.scripted_provider import ScriptedProvider, _turn
 
 

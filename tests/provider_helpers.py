@@ -7,8 +7,8 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Literal
 
-from bot.config import Settings
-from bot.llm import ChatMessage, LLMRequest, ToolSpec
+from bot.config.settings import Settings
+from bot.contracts.llm import ChatMessage, LLMRequest, ToolSpec
 from bot.testing.anthropic import FakeAnthropic
 from bot.testing.openai import FakeOpenAI
 from plugins.anthropic_provider import AnthropicProvider

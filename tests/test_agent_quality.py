@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from bot.app import Roost
-from bot.hookspecs import hookimpl
-from bot.judge import Verdict
+from bot.agents.judge import Verdict
+from bot.app.roost import Roost
+from bot.contracts.hookspecs import hookimpl
+from bot.observability.tracing import Span
 from bot.testing.openai import FakeOpenAI
-from bot.tracing import Span
 from tests.conftest import AppFactory, scripted, settle
 from tests.test_patterns import CORPUS, _doc, _write
 

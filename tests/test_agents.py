@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 import yaml
 
-from bot.agent_config import Binding, route
-from bot.agents import AgentError, AgentResolver, AgentRouter
-from bot.app import Roost
-from bot.config import ConfigError, Settings, load_settings
-from bot.llm import LLMProvider
-from bot.messages import ChatType, InboundMessage
-from bot.pluginmanager import get_plugin_manager
+from bot.agents.router import AgentError, AgentResolver, AgentRouter
+from bot.app.roost import Roost
+from bot.config.agents import Binding, route
+from bot.config.settings import ConfigError, Settings, load_settings
+from bot.contracts.llm import LLMProvider
+from bot.contracts.messages import ChatType, InboundMessage
+from bot.pluginhost.manager import get_plugin_manager
 from bot.testing.openai import FakeOpenAI
 from tests.conftest import AppFactory, RecordingChannel, scripted, settle
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import anthropic
 import pytest
 
-from bot.config import Settings
-from bot.llm import ChatMessage, LLMRequest, ProviderError, ToolCall, ToolSpec
-from bot.llm_breaker import BreakerPolicy, CircuitBreaker
+from bot.config.settings import Settings
+from bot.contracts.llm import ChatMessage, LLMRequest, ProviderError, ToolCall, ToolSpec
+from bot.resilience.breaker import BreakerPolicy, CircuitBreaker
 from bot.testing.anthropic import FakeAnthropic, ToolUse
 from plugins.anthropic_provider import AnthropicProvider
 from plugins.provider_retry import RetryPolicy

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from bot.sessions import SessionStore
+from bot.storage.sessions import SessionStore
 
 ROOST = [sys.executable, "-m", "bot"]
 SECRET_VARS = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "OPENAI_API_KEY", "OPENAI_BASE_URL",

@@ -99,7 +99,7 @@ async def test_compaction_of_a_session_is_never_started_twice_at_once(
 
 
 def channel_message() -> Any:
-    from bot.messages import InboundMessage
+    from bot.contracts.messages import InboundMessage
 
     return InboundMessage("test", "u1", "direct", "u1", "x")
 

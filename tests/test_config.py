@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import SECRET_MASK, ConfigError, load_settings
+from bot.config.settings import SECRET_MASK, ConfigError, load_settings
 
 
 @pytest.fixture(autouse=True)

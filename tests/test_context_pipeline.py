@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from bot.history import CLEARED_RESULT, MISSING_RESULT
-from bot.hookspecs import hookimpl
-from bot.llm import ChatMessage, ToolCall
-from bot.tools import Tool, ToolContext
+from bot.contracts.hookspecs import hookimpl
+from bot.contracts.llm import ChatMessage, ToolCall
+from bot.contracts.tools import Tool, ToolContext
+from bot.engine.history import CLEARED_RESULT, MISSING_RESULT
 from tests.conftest import AppFactory, scripted, settle
 
 

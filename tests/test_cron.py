@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from bot.config import Settings
-from bot.messages import InboundMessage
-from bot.scheduler import Scheduler
-from bot.services import Services
-from bot.tools import Tool, ToolContext, ToolError
+from bot.config.settings import Settings
+from bot.contracts.messages import InboundMessage
+from bot.contracts.services import Services
+from bot.contracts.tools import Tool, ToolContext, ToolError
+from bot.scheduling.scheduler import Scheduler
 from plugins import cron as cron_plugin
 from tests.conftest import RecordingChannel, scripted
 from tests.test_scheduler import T0, CronAppFactory, FakeClock, cron_app, tick

@@ -13,7 +13,7 @@ from typing import Any
 import discord
 import pytest
 
-from bot.app import Roost
+from bot.app.roost import Roost
 from bot.testing.discord import (
     BOT_ID,
     CHANNEL_ID,
@@ -349,8 +349,8 @@ async def test_a_slash_command_interaction_is_deferred_routed_and_answered(
 async def test_a_long_interaction_answer_continues_in_followups(
     fake_discord: FakeDiscord, make_app: AppFactory,
 ) -> None:
-    from bot.commands import Command, CommandContext
-    from bot.hookspecs import hookimpl
+    from bot.contracts.commands import Command, CommandContext
+    from bot.contracts.hookspecs import hookimpl
 
     async def essay(ctx: CommandContext) -> str:
         return "\n\n".join(f"Paragraph {i}: " + "words " * 60 for i in range(12))

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from bot.config import Settings
-from bot.messages import OutboundMessage
+from bot.config.settings import Settings
+from bot.contracts.messages import OutboundMessage
 from bot.testing.discord import (
     CHANNEL_ID,
     DM_CHANNEL_ID,

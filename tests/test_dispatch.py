@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from bot.commands import Command, CommandContext, parse_command
-from bot.hookspecs import hookimpl
+from bot.contracts.commands import Command, CommandContext, parse_command
+from bot.contracts.hookspecs import hookimpl
 from tests.conftest import AppFactory, scripted, settle
 from tests.test_runs import GateTools
 
@@ -250,7 +250,7 @@ async def test_every_run_leaves_a_trace_record_with_its_outcome(make_app: AppFac
 async def test_scheduled_runs_wait_their_turn_and_report_their_result(
     make_app: AppFactory,
 ) -> None:
-    from bot.messages import InboundMessage
+    from bot.contracts.messages import InboundMessage
 
     gate = GateTools()
     provider = scripted({"match": "^chat$", **BLOCK}, {"reply": "reminder: {message}"},

@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from bot.app import Roost
-from bot.dispatcher import ShuttingDown
-from bot.hookspecs import hookimpl
-from bot.inbox import INTERRUPTED
-from bot.llm import LLMRequest, LLMResponse, OnRetry, OnText, ToolCall
-from bot.messages import InboundMessage, OutboundMessage
-from bot.tools import Tool, ToolContext
+from bot.app.roost import Roost
+from bot.contracts.hookspecs import hookimpl
+from bot.contracts.llm import LLMRequest, LLMResponse, OnRetry, OnText, ToolCall
+from bot.contracts.messages import InboundMessage, OutboundMessage
+from bot.contracts.tools import Tool, ToolContext
+from bot.dispatch.dispatcher import ShuttingDown
+from bot.storage.inbox import INTERRUPTED
 from tests.conftest import AppFactory, RecordingChannel
 
 
@@ -311,7 +311,7 @@ async def test_a_reply_the_platform_refused_is_sent_after_restart(make_app: AppF
 
 async def test_a_reply_refused_once_is_retried_in_the_same_process(
         make_app: AppFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("bot.dispatcher.REDELIVERY_DELAYS", (0.01, 0.01))
+    monkeypatch.setattr("bot.dispatch.dispatcher.REDELIVERY_DELAYS", (0.01, 0.01))
     model = GatedModel()
     app, _, _ = await make_app(model)
     flaky = FlakyChannel(failures=1)
@@ -466,7 +466,7 @@ async def test_a_run_cancelled_by_a_merge_during_the_session_load_does_not_take_
 
 
 async def test_a_run_keeps_the_plugin_state_it_started_with(make_app: AppFactory) -> None:
-    from bot.sanitize import Sanitizer
+    from bot.contracts.sanitize import Sanitizer
 
     class Masker:
         @hookimpl
@@ -504,7 +504,7 @@ async def test_catch_up_cursors_name_the_newest_message_per_chat_and_thread(
 
 
 def test_entries_one_run_merged_stay_together_when_other_chats_lie_between() -> None:
-    from bot.inbox import InboxEntry, grouped
+    from bot.storage.inbox import InboxEntry, grouped
 
     def entry(i: int, session: str, run: str | None) -> InboxEntry:
         return InboxEntry(i, message(f"m{i}"), "message", session, "running", 1, run)

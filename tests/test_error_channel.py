@@ -7,8 +7,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from bot.hookspecs import hookimpl
-from bot.tools import Tool, ToolContext, ToolError
+from bot.contracts.hookspecs import hookimpl
+from bot.contracts.tools import Tool, ToolContext, ToolError
 from tests.conftest import AppFactory, scripted, settle, without_summary
 
 LONG_ERROR = ("permission denied for table invoices\nDETAIL: role 'bot' lacks SELECT\n"
@@ -173,8 +173,8 @@ async def test_admins_read_errors_in_chat_and_operators_on_the_command_line(
 async def test_a_daily_job_deletes_errors_past_their_retention(make_app: AppFactory) -> None:
     import time
 
-    from bot.error_store import ErrorStore
-    from bot.jobs import JobSpec
+    from bot.contracts.jobs import JobSpec
+    from bot.storage.errors import ErrorStore
 
     app, _, _ = await make_app(scripted({"reply": "x"}), error_retention_days=30)
     old = ErrorStore(app.store.db, app.store.lock, clock=lambda: time.time() - 31 * 86400)

@@ -15,9 +15,11 @@ from typing import Any
 
 import pytest
 
-from bot import error_store
-from bot.config import Settings
-from bot.error_store import (
+from bot.config.settings import Settings
+from bot.contracts.services import Services
+from bot.contracts.tools import Tool, ToolContext, ToolError
+from bot.storage import errors as error_store
+from bot.storage.errors import (
     ERROR_ID_RE,
     ErrorStore,
     ResultStore,
@@ -28,9 +30,7 @@ from bot.error_store import (
     normalize_raw_error,
     summarize_error,
 )
-from bot.services import Services
-from bot.sessions import SessionStore
-from bot.tools import Tool, ToolContext, ToolError
+from bot.storage.sessions import SessionStore
 from plugins import error_tools
 from tests.conftest import AppFactory, scripted
 

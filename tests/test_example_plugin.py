@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from bot.guard import BLOCK_REFUSAL
-from bot.pluginmanager import get_plugin_manager
+from bot.engine.guard import BLOCK_REFUSAL
+from bot.pluginhost.manager import get_plugin_manager
 
 NAME = "roost-plugin-example"
 INSTALL = "install it with: .venv/bin/pip install -e examples/roost-plugin-example"

@@ -14,9 +14,9 @@ from typing import Any
 import pluggy
 import pytest
 
-from bot import hookspecs
-from bot.config import Settings
-from bot.tools import Tool, ToolContext, ToolError, ToolResult
+from bot.config.settings import Settings
+from bot.contracts import hookspecs
+from bot.contracts.tools import Tool, ToolContext, ToolError, ToolResult
 from plugins import file_tools
 from workspaces import ensure_workspace, forget_workspace, workspace_dir
 

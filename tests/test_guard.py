@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from bot.guard import BLOCK_REFUSAL
+from bot.engine.guard import BLOCK_REFUSAL
 from tests.conftest import AppFactory, scripted, settle
 
 ATTACKS = {
@@ -96,8 +96,8 @@ async def test_a_channel_can_override_the_mode(make_app: AppFactory) -> None:
 
 
 async def test_plugins_add_guard_patterns(make_app: AppFactory) -> None:
-    from bot.guard import GuardPattern
-    from bot.hookspecs import hookimpl
+    from bot.contracts.hookspecs import hookimpl
+    from bot.engine.guard import GuardPattern
 
     class Extra:
         @hookimpl

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from bot.app import Roost
-from bot.config import Settings
-from bot.pluginmanager import get_plugin_manager
-from bot.runloop import NO_REPLY
+from bot.app.roost import Roost
+from bot.config.settings import Settings
+from bot.engine.runloop import NO_REPLY
+from bot.pluginhost.manager import get_plugin_manager
 from plugins.heartbeat import (
     ActiveHours,
     Heartbeat,

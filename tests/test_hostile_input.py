@@ -10,9 +10,9 @@ import asyncio
 import os
 from pathlib import Path
 
-from bot.app import Roost
-from bot.guard import WITHHELD
-from bot.messages import Attachment, InboundMessage
+from bot.app.roost import Roost
+from bot.contracts.messages import Attachment, InboundMessage
+from bot.engine.guard import WITHHELD
 from bot.testing.anthropic import FakeAnthropic
 from tests.conftest import AppFactory
 from tests.provider_helpers import anthropic_for

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from bot.judge import (
+from bot.agents.judge import (
     STRATEGIES,
     CorrectionResult,
     Judge,

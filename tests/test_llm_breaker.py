@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bot.llm_breaker import BreakerPolicy, CircuitBreaker, Ticket
+from bot.resilience.breaker import BreakerPolicy, CircuitBreaker, Ticket
 
 NO_JITTER = BreakerPolicy(threshold=3, base_delay=1.0, max_delay=30.0, jitter=0.0)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 
-from bot.dispatcher import HELD_NOTICE
-from bot.llm_breaker import BreakerPolicy, CircuitBreaker
+from bot.dispatch.dispatcher import HELD_NOTICE
+from bot.resilience.breaker import BreakerPolicy, CircuitBreaker
 from bot.testing.anthropic import FakeAnthropic
 from plugins.provider_retry import RetryPolicy
 from tests.conftest import AppFactory, EventLog, settle

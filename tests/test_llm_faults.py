@@ -13,8 +13,8 @@ from functools import partial
 
 import pytest
 
-from bot.llm import ChatMessage, ToolCall
-from bot.llm_breaker import BreakerPolicy, CircuitBreaker
+from bot.contracts.llm import ChatMessage, ToolCall
+from bot.resilience.breaker import BreakerPolicy, CircuitBreaker
 from bot.testing.anthropic import FAULT_KINDS, FakeAnthropic, FaultKind, ToolUse
 from bot.testing.openai import FakeOpenAI, FunctionCall
 from tests.provider_helpers import Served, anthropic_for, openai_for, request_for, serve

@@ -15,8 +15,8 @@ from functools import partial
 
 import pytest
 
-from bot.llm import ChatMessage, LLMResponse, ProviderError
-from bot.llm_breaker import BreakerPolicy, CircuitBreaker
+from bot.contracts.llm import ChatMessage, LLMResponse, ProviderError
+from bot.resilience.breaker import BreakerPolicy, CircuitBreaker
 from bot.testing.anthropic import FakeAnthropic, busiest
 from tests.provider_helpers import (
     ANTHROPIC_KEY,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from bot.llm import OnText, ProviderError
-from bot.llm_breaker import BreakerPolicy, CircuitBreaker
+from bot.contracts.llm import OnText, ProviderError
+from bot.resilience.breaker import BreakerPolicy, CircuitBreaker
 from plugins.provider_retry import AttemptFailed, OnOpen, RetryPolicy, with_retries
 
 POLICY = RetryPolicy(max_attempts=6, base_delay=0.001)

@@ -14,7 +14,7 @@ import anthropic
 import openai
 import pytest
 
-from bot.llm import ChatMessage, ProviderError, ToolCall
+from bot.contracts.llm import ChatMessage, ProviderError, ToolCall
 from bot.testing.anthropic import FakeAnthropic
 from bot.testing.openai import FakeOpenAI
 from tests.provider_helpers import RetryLog, anthropic_for, openai_for, request_for

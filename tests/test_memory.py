@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from bot.app import Roost
-from bot.events import RunEvent
-from bot.hookspecs import hookimpl
-from bot.memory_index import CHUNK_CHARS, MemoryIndex, chunk_text, fts_query
-from bot.tools import ToolContext, ToolError
+from bot.app.roost import Roost
+from bot.contracts.events import RunEvent
+from bot.contracts.hookspecs import hookimpl
+from bot.contracts.tools import ToolContext, ToolError
+from bot.storage.memory_index import CHUNK_CHARS, MemoryIndex, chunk_text, fts_query
 from plugins.memory import (
     MAX_DAILY_NOTE_CHARS,
     MemoryFlushJob,
@@ -208,7 +208,7 @@ async def test_todays_and_yesterdays_notes_are_in_the_full_prompt_cut_to_size(
 
 
 def channel_message(text: str, user: str = "u1") -> Any:
-    from bot.messages import InboundMessage
+    from bot.contracts.messages import InboundMessage
 
     return InboundMessage("test", user, "direct", user, text)
 
@@ -320,7 +320,7 @@ async def test_the_flush_waits_for_compaction_and_runs_and_retries_a_failure_lat
 
 
 def test_background_runs_are_attributed_from_the_session_key() -> None:
-    from bot.llm import ChatMessage
+    from bot.contracts.llm import ChatMessage
 
     history = [ChatMessage("user", "hi", sender_id="42", sender_name="Ann"),
                ChatMessage("assistant", "hello")]

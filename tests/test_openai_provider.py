@@ -10,9 +10,9 @@ from functools import partial
 import openai
 import pytest
 
-from bot.config import Settings
-from bot.llm import ChatMessage, LLMRequest, ProviderError, ToolCall, ToolSpec
-from bot.llm_breaker import BreakerPolicy, CircuitBreaker
+from bot.config.settings import Settings
+from bot.contracts.llm import ChatMessage, LLMRequest, ProviderError, ToolCall, ToolSpec
+from bot.resilience.breaker import BreakerPolicy, CircuitBreaker
 from bot.testing.openai import FakeOpenAI, FunctionCall
 from plugins.openai_provider import OpenAIProvider
 from plugins.provider_retry import RetryPolicy

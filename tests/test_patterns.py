@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bot.patterns import Pattern, PatternIndex, PatternLibrary, render, tokenize
+from bot.agents.patterns import Pattern, PatternIndex, PatternLibrary, render, tokenize
 
 CORPUS: dict[str, dict[str, Any]] = {
     "sql-slow-query": {
@@ -284,7 +284,7 @@ def test_broken_files_skipped_and_reported(
     _write(corpus_dir, "bad-kw.yaml", {"name": "k", "instructions": "i", "keywords": [{"a": 1}]})
     _write(corpus_dir, "zz-dup.yaml", _doc("cron-schedule"))
     (corpus_dir / "notes.txt").write_text("ignored: not yaml suffix")
-    with caplog.at_level(logging.WARNING, logger="bot.patterns"):
+    with caplog.at_level(logging.WARNING, logger="bot.agents.patterns"):
         assert lib.reload_if_changed() is True
     errs = lib.errors
     assert set(errs) == {

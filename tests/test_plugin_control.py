@@ -14,17 +14,17 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from bot.app import Roost
-from bot.commands import Command, CommandContext
-from bot.guard import GuardPattern
-from bot.hookspecs import hookimpl
-from bot.jobs import JobSpec
-from bot.plugin_install import run_streaming
-from bot.pluginmanager import get_plugin_manager
-from bot.prompt import PromptContext, PromptSection
-from bot.sanitize import Sanitizer
-from bot.services import Services
-from bot.tools import Tool, ToolContext
+from bot.app.roost import Roost
+from bot.contracts.commands import Command, CommandContext
+from bot.contracts.hookspecs import hookimpl
+from bot.contracts.jobs import JobSpec
+from bot.contracts.prompt import PromptContext, PromptSection
+from bot.contracts.sanitize import Sanitizer
+from bot.contracts.services import Services
+from bot.contracts.tools import Tool, ToolContext
+from bot.engine.guard import GuardPattern
+from bot.pluginhost.install import run_streaming
+from bot.pluginhost.manager import get_plugin_manager
 from plugins import plugin_commands
 from tests.conftest import AppFactory, RecordingChannel, scripted, settle, without_summary
 from tests.test_cli import clean_env
@@ -401,8 +401,8 @@ def test_cli_install_and_uninstall_run_pip_in_roosts_environment(
 
     from click.testing import CliRunner
 
-    from bot import plugin_install
-    from bot.cli import cli
+    from bot.app.cli import cli
+    from bot.pluginhost import install as plugin_install
 
     calls: list[list[str]] = []
 

@@ -1,4 +1,4 @@
-"""docs/plugins.md stays true to bot/hookspecs.py, and every hook is exercised.
+"""docs/plugins.md stays true to bot/contracts/hookspecs.py, and every hook is exercised.
 
 * every hookspec has a section in the guide showing its exact signature;
 * the guide documents no hook that does not exist;
@@ -17,16 +17,16 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from bot.app import Roost, provider_specs
-from bot.config import Settings
-from bot.hookspecs import hookimpl
-from bot.pluginmanager import get_plugin_manager
-from bot.providers import ProviderSpec
+from bot.app.roost import Roost, provider_specs
+from bot.config.settings import Settings
+from bot.contracts.hookspecs import hookimpl
+from bot.contracts.providers import ProviderSpec
+from bot.pluginhost.manager import get_plugin_manager
 from bot.testing.app import ChatChannel, scripted_provider
 
 ROOT = Path(__file__).resolve().parent.parent
 GUIDE = ROOT / "docs" / "plugins.md"
-SPECS = ROOT / "bot" / "hookspecs.py"
+SPECS = ROOT / "bot" / "contracts" / "hookspecs.py"
 
 
 def hookspecs() -> dict[str, str]:

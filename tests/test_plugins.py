@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from bot import hookspecs
-from bot.config import Settings
-from bot.pluginmanager import BUILTIN_PLUGINS, get_plugin_manager
+from bot.config.settings import Settings
+from bot.contracts import hookspecs
+from bot.pluginhost.manager import BUILTIN_PLUGINS, get_plugin_manager
 from tests.test_cli import clean_env
 
 GOOD = '''
-from bot.hookspecs import hookimpl
-from bot.tools import Tool
+from bot.contracts.hookspecs import hookimpl
+from bot.contracts.tools import Tool
 
 async def _hello(ctx, args):
     return "hello from a package"
@@ -27,7 +27,7 @@ async def roost_tools(settings):
 '''
 
 TYPO = '''
-from bot.hookspecs import hookimpl
+from bot.contracts.hookspecs import hookimpl
 
 @hookimpl
 def roost_tool(settings):

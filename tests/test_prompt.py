@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from bot.app import Roost
-from bot.hookspecs import hookimpl
-from bot.messages import ChatType, InboundMessage
-from bot.prompt import Order, PromptContext, PromptMode, PromptSection, assemble
-from bot.runloop import RunRequest
-from bot.tools import Tool, ToolContext
+from bot.app.roost import Roost
+from bot.contracts.hookspecs import hookimpl
+from bot.contracts.messages import ChatType, InboundMessage
+from bot.contracts.prompt import Order, PromptContext, PromptMode, PromptSection, assemble
+from bot.contracts.tools import Tool, ToolContext
+from bot.engine.runloop import RunRequest
 from plugins.prompt_sections import MAX_FILE_CHARS, MAX_PROJECT_CONTEXT_CHARS
 from plugins.scripted_provider import ScriptedProvider
 from tests.conftest import AppFactory, scripted

@@ -13,8 +13,8 @@ from functools import partial
 
 import pytest
 
-from bot.llm import ProviderError
-from bot.llm_breaker import BreakerPolicy, CircuitBreaker
+from bot.contracts.llm import ProviderError
+from bot.resilience.breaker import BreakerPolicy, CircuitBreaker
 from plugins.provider_retry import RetryPolicy
 from tests.provider_helpers import RetryLog, Served, request_for, serve
 

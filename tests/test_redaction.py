@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from bot import redact
-from bot.config import Settings
+from bot.config.settings import Settings
+from bot.observability import redact
 
 TOKEN = "123456:SECRET-bot-token-value"
 API_KEY = "sk-ant-secret-api-key-0123456789"

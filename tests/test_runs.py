@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from bot.guard import WITHHELD, InputCheck
-from bot.hookspecs import hookimpl
-from bot.messages import InboundMessage
-from bot.prompt import PromptContext
-from bot.runloop import RunRequest
-from bot.tools import Tool, ToolContext
+from bot.contracts.hookspecs import hookimpl
+from bot.contracts.messages import InboundMessage
+from bot.contracts.prompt import PromptContext
+from bot.contracts.tools import Tool, ToolContext
+from bot.engine.guard import WITHHELD, InputCheck
+from bot.engine.runloop import RunRequest
 from tests.conftest import AppFactory, scripted, settle, without_summary
 
 SCHEMA = {"type": "object", "properties": {"tag": {"type": "string"}}}

@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import pytest
 
-from bot.config import Settings
-from bot.hookspecs import hookimpl
-from bot.sanitize import Sanitizer, run_pipeline
+from bot.config.settings import Settings
+from bot.contracts.hookspecs import hookimpl
+from bot.contracts.sanitize import Sanitizer, run_pipeline
 from plugins.sanitizers import (
     collapse_duplicate_paragraphs,
     roost_output_sanitizers,

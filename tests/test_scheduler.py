@@ -14,16 +14,16 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from bot.app import Roost, SetupError
-from bot.config import Settings
-from bot.cron_schedule import ScheduleError, format_duration, parse, parse_duration, zone
-from bot.hookspecs import hookimpl
-from bot.jobs import JobSpec
-from bot.llm import LLMProvider
-from bot.messages import InboundMessage
-from bot.pluginmanager import get_plugin_manager
-from bot.runloop import RunResult
-from bot.scheduler import Job, JobError, JobView, Scheduler
+from bot.app.roost import Roost, SetupError
+from bot.config.settings import Settings
+from bot.contracts.hookspecs import hookimpl
+from bot.contracts.jobs import JobSpec
+from bot.contracts.llm import LLMProvider
+from bot.contracts.messages import InboundMessage
+from bot.engine.runloop import RunResult
+from bot.pluginhost.manager import get_plugin_manager
+from bot.scheduling.cron import ScheduleError, format_duration, parse, parse_duration, zone
+from bot.scheduling.scheduler import Job, JobError, JobView, Scheduler
 from tests.conftest import EventLog, RecordingChannel, scripted
 
 T0 = datetime(2030, 1, 7, 8, 0, tzinfo=UTC)

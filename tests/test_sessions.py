@@ -9,9 +9,9 @@ from pathlib import Path
 import aiosqlite
 import pytest
 
-from bot import db as dbmod
-from bot.llm import ChatMessage, ToolCall, Usage
-from bot.sessions import Session, SessionStore
+from bot.contracts.llm import ChatMessage, ToolCall, Usage
+from bot.storage import db as dbmod
+from bot.storage.sessions import Session, SessionStore
 
 
 def exchange(n: int) -> list[ChatMessage]:

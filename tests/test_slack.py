@@ -15,8 +15,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bot.app import Roost
-from bot.config import Settings
+from bot.app.roost import Roost
+from bot.config.settings import Settings
 from bot.testing.slack import ALICE, BOB, CHANNEL, DM_CHANNEL, FakeSlack
 from bot.testing.slack import fake_slack as _fake_slack  # noqa: F401  (the fixture)
 from channels.delivery import DeliveryPolicy

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from bot.config import Settings
-from bot.messages import OutboundMessage
+from bot.config.settings import Settings
+from bot.contracts.messages import OutboundMessage
 from bot.testing.inbox import RecordingInbox as Inbox
 from bot.testing.slack import CHANNEL, DM_CHANNEL, FakeSlack
 from bot.testing.slack import fake_slack as _fake_slack  # noqa: F401  (the fixture)

@@ -13,11 +13,11 @@ from typing import Any
 import pluggy
 import pytest
 
-from bot import hookspecs
-from bot.config import Settings
-from bot.exec_summary import ExecutionSummary
-from bot.structured_errors import extract
-from bot.tools import Tool, ToolContext, ToolError, ToolResult
+from bot.config.settings import Settings
+from bot.contracts import hookspecs
+from bot.contracts.tools import Tool, ToolContext, ToolError, ToolResult
+from bot.engine.exec_summary import ExecutionSummary
+from bot.tools.structured_errors import extract
 from plugins import sql_tool
 from workspaces import ensure_workspace, forget_workspace, workspace_dir
 
@@ -109,7 +109,7 @@ def test_plugin_offers_the_sql_tool_through_the_hook(settings: Settings) -> None
 
 
 def test_sql_is_a_built_in_plugin() -> None:
-    from bot.pluginmanager import BUILTIN_PLUGINS
+    from bot.pluginhost.manager import BUILTIN_PLUGINS
 
     assert "plugins.sql_tool" in BUILTIN_PLUGINS
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from bot.exec_summary import MAX_ENTRIES, ExecutionSummary, parse_statement
-from bot.messages import InboundMessage
-from bot.prompt import Order, PromptContext, PromptSection
-from bot.structured_errors import ERROR_TYPES, StructuredError, extract
+from bot.contracts.messages import InboundMessage
+from bot.contracts.prompt import Order, PromptContext, PromptSection
+from bot.engine.exec_summary import MAX_ENTRIES, ExecutionSummary, parse_statement
+from bot.tools.structured_errors import ERROR_TYPES, StructuredError, extract
 from plugins import prompt_sections
 
 # (message, error_type, affected_resources, dependencies)
@@ -168,7 +168,7 @@ def test_malformed_details_are_ignored_not_raised() -> None:
 
 
 def test_extraction_never_raises_and_keeps_the_message(monkeypatch: pytest.MonkeyPatch) -> None:
-    from bot import structured_errors
+    from bot.tools import structured_errors
 
     def broken(*_: Any) -> Any:
         raise RuntimeError("pattern bug")

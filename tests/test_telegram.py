@@ -15,13 +15,13 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bot.app import Roost
-from bot.commands import Command, CommandContext
-from bot.config import Settings
-from bot.hookspecs import hookimpl
-from bot.llm import LLMProvider
-from bot.messages import InboundMessage
-from bot.pluginmanager import get_plugin_manager
+from bot.app.roost import Roost
+from bot.config.settings import Settings
+from bot.contracts.commands import Command, CommandContext
+from bot.contracts.hookspecs import hookimpl
+from bot.contracts.llm import LLMProvider
+from bot.contracts.messages import InboundMessage
+from bot.pluginhost.manager import get_plugin_manager
 from bot.testing.telegram import BOB, FakeTelegram, parse_html, user
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
 from channels.delivery import DeliveryPolicy

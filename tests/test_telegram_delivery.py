@@ -25,7 +25,7 @@ from aiogram.exceptions import (
 )
 from aiogram.methods import SendMessage
 
-from bot.messages import InboundMessage, OutboundMessage
+from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.testing.telegram import FakeTelegram
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
 from channels.delivery import DeliveryPolicy, RateLimited, Transient

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from bot.app import Roost
-from bot.config import Settings
-from bot.pluginmanager import get_plugin_manager
+from bot.app.roost import Roost
+from bot.config.settings import Settings
+from bot.pluginhost.manager import get_plugin_manager
 from bot.testing.telegram import FAULT_KINDS, FakeTelegram, user
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
 from channels.delivery import DeliveryPolicy

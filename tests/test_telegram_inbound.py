@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from bot.config import Settings
-from bot.messages import Attachment, InboundMessage
+from bot.config.settings import Settings
+from bot.contracts.messages import Attachment, InboundMessage
 from bot.testing.telegram import ALICE, FakeTelegram, user
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
 from channels.telegram import TelegramChannel

@@ -17,8 +17,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bot.config import Settings
-from bot.messages import InboundMessage, OutboundMessage
+from bot.config.settings import Settings
+from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.testing.telegram import FakeTelegram, RawJson
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
 from channels.delivery import DeliveryPolicy

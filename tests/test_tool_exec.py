@@ -15,9 +15,11 @@ from typing import Any
 
 import pytest
 
-from bot.config import Settings
-from bot.llm import ToolCall
-from bot.tool_exec import (
+from bot.config.settings import Settings
+from bot.contracts.llm import ToolCall
+from bot.contracts.tools import Tool, ToolContext, ToolError, ToolResult, ToolRetry
+from bot.observability.tracing import RunTrace, Span
+from bot.tools.executor import (
     DEFAULT_RETRY,
     BreakerPolicy,
     Breakers,
@@ -32,8 +34,6 @@ from bot.tool_exec import (
     next_delay,
     turn_timeout_notice,
 )
-from bot.tools import Tool, ToolContext, ToolError, ToolResult, ToolRetry
-from bot.tracing import RunTrace, Span
 
 SCHEMA: Mapping[str, Any] = {"type": "object", "properties": {"q": {"type": "string"}}}
 NO_JITTER = ToolRetry(jitter=0.0)

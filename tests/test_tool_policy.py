@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from bot.config import Settings
-from bot.llm import ToolCall
-from bot.tool_exec import ToolExecutor
-from bot.tool_policy import PROFILES, ToolPolicy
-from bot.tools import Tool, ToolContext
-from bot.tracing import RunTrace
+from bot.agents.tool_policy import PROFILES, ToolPolicy
+from bot.config.settings import Settings
+from bot.contracts.llm import ToolCall
+from bot.contracts.tools import Tool, ToolContext
+from bot.observability.tracing import RunTrace
+from bot.tools.executor import ToolExecutor
 
 
 async def _ok(context: ToolContext, args: Mapping[str, Any]) -> str:

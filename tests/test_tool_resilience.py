@@ -6,8 +6,8 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from bot.hookspecs import hookimpl
-from bot.tools import Tool, ToolContext, ToolError, ToolRetry
+from bot.contracts.hookspecs import hookimpl
+from bot.contracts.tools import Tool, ToolContext, ToolError, ToolRetry
 from tests.conftest import AppFactory, scripted, settle, without_summary
 
 FAST = ToolRetry(initial_delay=0.001, max_delay=0.002, max_total=1.0)

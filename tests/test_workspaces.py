@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.tools import ToolError
+from bot.contracts.tools import ToolError
 from workspaces import (
     FIRST_RUN_TEMPLATE,
     MAX_COMPONENT_LENGTH,

@@ -6,7 +6,7 @@ import hashlib
 import re
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
-from bot.tools import ToolError
+from bot.contracts.tools import ToolError
 
 MAX_COMPONENT_LENGTH = 64
 """Longest directory name :func:`safe_component` produces."""
@@ -56,7 +56,7 @@ def resolve_in_workspace(workspace: Path, user_path: str) -> Path:
     outside it (or a not-yet-existing file below such a link) is refused too.
     The path need not exist.
 
-    Raises :class:`~bot.tools.ToolError` with code ``INVALID_ARGUMENT`` (not a
+    Raises :class:`~bot.contracts.tools.ToolError` with code ``INVALID_ARGUMENT`` (not a
     string), ``INVALID_PATH`` (null byte, absolute, ``~``, unresolvable) or
     ``PATH_ESCAPE`` (resolves outside the workspace).
     """

@@ -28,14 +28,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bot.app import Roost
-from bot.channel import Channel, InboundHandler
-from bot.config import Settings
-from bot.events import RunEvent
-from bot.hookspecs import hookimpl
-from bot.llm import LLMRequest
-from bot.messages import InboundMessage, OutboundMessage
-from bot.pluginmanager import PluginHost, get_plugin_manager
+from bot.app.roost import Roost
+from bot.config.settings import Settings
+from bot.contracts.channel import Channel, InboundHandler
+from bot.contracts.events import RunEvent
+from bot.contracts.hookspecs import hookimpl
+from bot.contracts.llm import LLMRequest
+from bot.contracts.messages import InboundMessage, OutboundMessage
+from bot.pluginhost.manager import PluginHost, get_plugin_manager
 from plugins.scripted_provider import ScriptedProvider, _turn
 
 __all__ = ["ChatChannel", "EventRecorder", "build_app", "scripted_provider"]
@@ -53,7 +53,7 @@ def scripted_provider(turns: Iterable[Mapping[str, Any]], *, loop: bool = False
 
 
 class EventRecorder:
-    """A plugin that keeps every :class:`bot.events.RunEvent` of the app's runs."""
+    """A plugin that keeps every :class:`bot.contracts.events.RunEvent` of the app's runs."""
 
     def __init__(self) -> None:
         self.events: list[RunEvent] = []
@@ -70,7 +70,7 @@ class EventRecorder:
 class ChatChannel(Channel):
     """A console-like channel: ``say`` sends a user message, ``replies`` holds the answers.
 
-    Everything Roost delivers is kept in ``sent`` (:class:`bot.messages.OutboundMessage`,
+    Everything Roost delivers is kept in ``sent`` (:class:`bot.contracts.messages.OutboundMessage`,
     including notices and errors); ``replies`` is the text of each, in order.
     """
 
@@ -167,7 +167,7 @@ async def build_app(turns: Iterable[Mapping[str, Any]] = (), /, *plugins: object
     ``entry_points=True`` also loads installed plugins (the ``roost`` entry-point
     group), as ``roost run`` does. ``clock`` freezes the scheduler's time; then
     ``chat.app.services.scheduler.run_due(moment)`` fires the jobs due by then.
-    Other keyword arguments are :class:`bot.config.Settings` fields. Close the
+    Other keyword arguments are :class:`bot.config.settings.Settings` fields. Close the
     app with ``await chat.app.close()`` (the fixture does it for you).
     """
     settings.setdefault("data_dir", data_dir)

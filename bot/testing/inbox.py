@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
-from bot.messages import InboundMessage
+from bot.contracts.messages import InboundMessage
 
 __all__ = ["RecordingInbox"]
 

@@ -19,7 +19,7 @@ For testing a plugin's hooks end to end there is also:
   and a console-like :class:`bot.testing.app.ChatChannel`, which it returns.
   ``await chat.say("hi", sender="ann", group="g1")`` sends a message,
   ``await chat.settle()`` waits for the answer, ``chat.replies`` holds what Roost
-  sent and ``chat.app`` is the :class:`bot.app.Roost`. Apps are closed afterwards.
+  sent and ``chat.app`` is the :class:`bot.app.roost.Roost`. Apps are closed afterwards.
 """
 
 from __future__ import annotations

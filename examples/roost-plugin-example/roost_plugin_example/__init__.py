@@ -45,7 +45,7 @@ from roost import (
 )
 
 if TYPE_CHECKING:
-    from bot.app import Roost
+    from bot.app.roost import Roost
 
 PLUGIN_NAME = "roost-plugin-example"
 """The entry-point name: how Roost names this plugin and where its configuration lives."""

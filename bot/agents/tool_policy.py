@@ -1,0 +1,113 @@
+"""Which tools a run may use: a profile, plus explicit allow and deny lists.
+
+A :class:`ToolPolicy` filters the registered tools once per run. The result is
+both what the model is offered *and* what the executor is given, so a model
+that calls a hidden tool anyway gets the ordinary unknown-tool error
+(``UNKNOWN_TOOL``) rather than a run of the tool.
+
+Entries of ``allow`` and ``deny`` are tool names (``"write_file"``) or plugin
+groups written ``"group:<plugin name>"`` (``"group:file_tools"``); the caller
+supplies the mapping tool name → plugin name. A built-in plugin may be named
+by its module's last part (``group:file_tools`` for ``plugins.file_tools``).
+Resolution:
+
+1. start from the profile (:data:`PROFILES`; ``full`` means every tool);
+2. add every tool named by ``allow``;
+3. remove every tool named by ``deny`` — deny wins over allow and the profile.
+
+Names that match no registered tool (or groups that match no plugin) are
+ignored and logged, so a policy written for a larger install still loads.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from bot.contracts.tools import Tool
+
+log = logging.getLogger("roost.tool_policy")
+
+GROUP_PREFIX = "group:"
+
+FULL = "full"
+
+PROFILES: Mapping[str, frozenset[str] | None] = {
+    FULL: None,
+    "coding": frozenset({
+        "read_file", "write_file", "list_files", "edit_file",
+        "sql",
+        "get_error_detail", "get_tool_result",
+    }),
+    "messaging": frozenset({
+        "read_file", "list_files",
+        "memory_search", "memory_get",
+        "get_error_detail", "get_tool_result",
+        "cron",
+    }),
+    "minimal": frozenset({"get_error_detail", "get_tool_result"}),
+}
+"""Tool names each profile offers before ``allow``/``deny`` apply.
+
+- ``full``: every registered tool (``None`` stands for "no restriction");
+- ``coding``: the file tools, ``sql`` and the error-channel tools;
+- ``messaging``: no file writes — reading files, memory, the error-channel
+  tools and ``cron``;
+- ``minimal``: only the error-channel tools (``get_error_detail``,
+  ``get_tool_result``), so the model can still follow up on failures.
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPolicy:
+    """A profile plus allow/deny lists of tool names and ``group:<plugin>`` entries."""
+
+    profile: str = FULL
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.profile not in PROFILES:
+            known = ", ".join(sorted(PROFILES))
+            raise ValueError(f"unknown tool profile {self.profile!r} (known: {known})")
+        # Accept any iterable (a list from config) but store tuples.
+        object.__setattr__(self, "allow", tuple(self.allow))
+        object.__setattr__(self, "deny", tuple(self.deny))
+
+    def filter(self, tools: Mapping[str, Tool], groups: Mapping[str, str]) -> dict[str, Tool]:
+        """The tools the model may be offered and the executor may run.
+
+        ``groups`` maps tool name → the plugin that provides it (for
+        ``group:<plugin>`` entries). Keeps the order of ``tools``.
+        """
+        base = PROFILES[self.profile]
+        allowed = set(tools) if base is None else {name for name in tools if name in base}
+        allowed |= _resolve(self.allow, tools, groups, "allow")
+        allowed -= _resolve(self.deny, tools, groups, "deny")
+        return {name: tool for name, tool in tools.items() if name in allowed}
+
+
+def _in_group(owner: str, group: str) -> bool:
+    """Whether plugin ``owner`` is ``group``: its full name, or a built-in's module name
+    (``group:file_tools`` for ``plugins.file_tools``)."""
+    return owner == group or owner.rsplit(".", 1)[-1] == group
+
+
+def _resolve(entries: Iterable[str], tools: Mapping[str, Tool], groups: Mapping[str, str],
+             which: str) -> set[str]:
+    """The registered tool names that ``entries`` refer to; unknown ones are logged."""
+    names: set[str] = set()
+    for entry in entries:
+        if entry.startswith(GROUP_PREFIX):
+            plugin = entry[len(GROUP_PREFIX):]
+            members = {name for name in tools if _in_group(groups.get(name, ""), plugin)}
+            if not members:
+                log.warning("tool policy %s: no tools from plugin group %r; ignored",
+                            which, plugin)
+            names |= members
+        elif entry in tools:
+            names.add(entry)
+        else:
+            log.warning("tool policy %s: unknown tool %r; ignored", which, entry)
+    return names

@@ -1,0 +1,432 @@
+"""The ``roost`` command line: run, chat, plugins, config, version."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from bot import __version__
+from bot.config.settings import ConfigError, Settings, load_settings
+from bot.observability import redact
+
+if TYPE_CHECKING:
+    from bot.app.roost import Roost
+    from bot.storage.errors import ErrorStore
+
+log = logging.getLogger("roost")
+
+EXIT_SETUP = 2
+
+
+def _setup_logging(level: str, *, quiet: bool = False) -> None:
+    logging.basicConfig(
+        level=logging.WARNING if quiet else getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.captureWarnings(True)
+    # Library chatter (HTTP requests) would drown Roost's own lines.
+    for noisy in ("httpx", "httpcore", "anthropic", "openai", "aiosqlite"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _settings(ctx: click.Context, **overrides: Any) -> Settings:
+    try:
+        settings = load_settings(ctx.obj.get("config"), **overrides)
+    except ConfigError as exc:
+        click.echo(f"roost: {exc}", err=True)
+        sys.exit(EXIT_SETUP)
+    # Before anything can log: no configured secret reaches any log line.
+    redact.install(redact.secrets_of(settings))
+    return settings
+
+
+def _run_async(coro: Coroutine[Any, Any, int]) -> None:
+    sys.exit(asyncio.run(coro))
+
+
+@click.group()
+@click.option("--config", "config", type=click.Path(path_type=Path), default=None,
+              help="Path to roost.toml (default: ./roost.toml if present).")
+@click.pass_context
+def cli(ctx: click.Context, config: Path | None) -> None:
+    """Roost: an LLM agent in your chats, extended by plugins."""
+    ctx.ensure_object(dict)
+    ctx.obj["config"] = config
+
+
+@cli.command()
+@click.pass_context
+def run(ctx: click.Context) -> None:
+    """Start every channel whose credentials are set; Ctrl-C or SIGTERM stops cleanly."""
+    settings = _settings(ctx)
+    _setup_logging(settings.log_level)
+    _run_async(_serve(settings))
+
+
+async def _open_app(settings: Settings) -> Roost | None:
+    """The app, or ``None`` after saying exactly what to set for the provider."""
+    from bot.app.roost import Roost, SetupError, resolve_provider
+    from bot.pluginhost.manager import get_plugin_manager
+
+    host = get_plugin_manager()
+    try:
+        await resolve_provider(settings, host)
+    except SetupError as exc:
+        click.echo(f"roost: {exc}", err=True)
+        return None
+    return await Roost.create(settings, host=host)
+
+
+def _stop_signal() -> asyncio.Event:
+    """An event set by Ctrl-C or SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def _first(*awaitables: Awaitable[Any]) -> None:
+    """Wait until one of ``awaitables`` is done; cancel the rest."""
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def _serve(settings: Settings) -> int:
+    app = await _open_app(settings)
+    if app is None:
+        return EXIT_SETUP
+    try:
+        names = app.configured_channels()
+        if not names:
+            click.echo("roost: no channel is configured: set a channel's credentials "
+                       f"(channels available: {', '.join(app.channel_specs)}; "
+                       "ROOST_CONSOLE=1 enables the console)", err=True)
+            return EXIT_SETUP
+        from bot.app.roost import SetupError
+
+        stop = _stop_signal()
+        for name in names:
+            try:
+                await app.start_channel(name)
+            except SetupError as exc:
+                click.echo(f"roost: {exc}", err=True)
+                return EXIT_SETUP
+        await app.recover()
+        log.info("roost ready: provider=%s model=%s channels=%s",
+                 app.provider.name, settings.model, ",".join(names))
+        warm_up = getattr(app.provider, "warm_up", None)
+        if warm_up is not None:
+            # Load the provider's SDK now, in a thread, not with the first message.
+            app.background(warm_up(), "loading the LLM provider")
+        eof = getattr(app.channels.get("console"), "eof", None)
+        await _first(stop.wait(), *([eof.wait()] if isinstance(eof, asyncio.Event) else []))
+        log.info("roost shutting down")
+    finally:
+        await app.close()
+    return 0
+
+
+@cli.command()
+@click.option("-m", "--message", help="Send one message, print the answer, exit.")
+@click.option("--demo", is_flag=True, help="Use the shipped demo script (no API key needed).")
+@click.option("--no-stream", is_flag=True, help="Print answers whole instead of streaming.")
+@click.pass_context
+def chat(ctx: click.Context, message: str | None, demo: bool, no_stream: bool) -> None:
+    """Chat with Roost in this terminal (the console channel)."""
+    overrides: dict[str, Any] = {"provider": "scripted"} if demo else {}
+    settings = _settings(ctx, **overrides)
+    if demo:
+        from plugins.providers import DEMO_SCRIPT
+
+        settings.script = DEMO_SCRIPT
+    _setup_logging(settings.log_level, quiet=True)
+    _run_async(_chat(settings, message, stream=not no_stream))
+
+
+async def _chat(settings: Settings, message: str | None, *, stream: bool) -> int:
+    from channels.console import ConsoleChannel
+
+    app = await _open_app(settings)
+    if app is None:
+        return EXIT_SETUP
+    console = ConsoleChannel(read_stdin=message is None, stream=stream)
+    try:
+        await app.add_channel(console)
+        if message is not None:
+            await console.say(message)
+            await app.dispatcher.drain()
+            return 0
+        stop = _stop_signal()
+        await _first(console.eof.wait(), stop.wait())
+        if not stop.is_set():
+            # End of input: let answers to what was typed finish first.
+            await _first(app.dispatcher.drain(), stop.wait())
+        return 0
+    finally:
+        await app.close()
+
+
+@cli.group()
+def plugins() -> None:
+    """Inspect, install and enable or disable plugins."""
+
+
+def _persisted_disabled(settings: Settings) -> set[str]:
+    if not settings.db_path.exists():
+        return set()
+
+    async def load() -> set[str]:
+        from bot.pluginhost.state import load_disabled
+        from bot.storage.sessions import SessionStore
+
+        store = await SessionStore.open(settings.db_path)
+        try:
+            return await load_disabled(store.db, store.lock)
+        finally:
+            await store.close()
+
+    return asyncio.run(load())
+
+
+def _plugin_rows(settings: Settings, *, include_builtin: bool) -> list[dict[str, Any]]:
+    from bot.pluginhost.manager import ESSENTIAL_PLUGINS, get_plugin_manager
+
+    host = get_plugin_manager()
+    host.disabled |= _persisted_disabled(settings) - ESSENTIAL_PLUGINS
+    host.validate_configs(settings.plugins)
+    rows: list[dict[str, Any]] = []
+    for name, _plugin in host.pm.list_name_plugin():
+        info = host.info.get(name)
+        if info and info.builtin and not include_builtin:
+            continue
+        rows.append({
+            "name": name,
+            "distribution": info.distribution if info else "",
+            "version": info.version if info else "",
+            "builtin": bool(info and info.builtin),
+            "hooks": host.hooks_of(name),
+            "enabled": name not in host.disabled,
+            "error": host.errors.get(name, ""),
+        })
+    for name, error in host.errors.items():
+        if not any(r["name"] == name for r in rows):
+            rows.append({"name": name, "distribution": "", "version": "", "builtin": False,
+                         "hooks": [], "enabled": False, "error": error})
+    return rows
+
+
+@plugins.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--all", "show_all", is_flag=True, help="Include the built-in plugins.")
+@click.pass_context
+def plugins_list(ctx: click.Context, as_json: bool, show_all: bool) -> None:
+    """List external plugins (--all: built-ins too) with their hooks, state and errors."""
+    rows = _plugin_rows(_settings(ctx), include_builtin=show_all)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo("no external plugins installed (--all lists the built-in ones)")
+    for row in rows:
+        state = "error" if row["error"] else ("enabled" if row["enabled"] else "disabled")
+        dist = f"{row['distribution']} {row['version']}".strip()
+        click.echo(f"{row['name']:<28} {dist:<16} {state:<8} {', '.join(row['hooks'])}")
+        if row["error"]:
+            click.echo(f"    error: {row['error']}")
+
+
+def _pip(action: str, names: tuple[str, ...]) -> None:
+    import subprocess
+
+    from bot.pluginhost.install import describe_change, pip_command, plugin_entry_points
+
+    before = plugin_entry_points()
+    code = subprocess.call(pip_command(action, list(names)))
+    if code != 0:
+        click.echo(f"roost: pip {action} failed (exit code {code})", err=True)
+        sys.exit(code)
+    click.echo(describe_change(before, plugin_entry_points()))
+    click.echo("Restart Roost to apply the change.")
+
+
+@plugins.command("install")
+@click.argument("names", nargs=-1, required=True)
+def plugins_install(names: tuple[str, ...]) -> None:
+    """pip install plugin packages into Roost's own environment."""
+    _pip("install", names)
+
+
+@plugins.command("uninstall")
+@click.argument("names", nargs=-1, required=True)
+def plugins_uninstall(names: tuple[str, ...]) -> None:
+    """pip uninstall plugin packages from Roost's own environment."""
+    _pip("uninstall", names)
+
+
+def _set_enabled(ctx: click.Context, name: str, enabled: bool) -> None:
+    from bot.pluginhost.manager import ESSENTIAL_PLUGINS, get_plugin_manager
+    from bot.pluginhost.state import save_state
+    from bot.storage.sessions import SessionStore
+
+    settings = _settings(ctx)
+    host = get_plugin_manager()
+    if host.pm.get_plugin(name) is None:
+        click.echo(f"roost: no plugin named {name!r} is loaded "
+                   f"(see `roost plugins list --all`)", err=True)
+        sys.exit(1)
+    if not enabled and name in ESSENTIAL_PLUGINS:
+        click.echo(f"roost: {name} is essential to Roost and cannot be disabled", err=True)
+        sys.exit(1)
+
+    async def save() -> None:
+        store = await SessionStore.open(settings.db_path)
+        try:
+            await save_state(store.db, store.lock, name, enabled)
+        finally:
+            await store.close()
+
+    asyncio.run(save())
+    click.echo(f"{name} {'enabled' if enabled else 'disabled'}; a running Roost applies it "
+               "at its next start (or use /plugin in chat to apply it at once)")
+
+
+@plugins.command("enable")
+@click.argument("name")
+@click.pass_context
+def plugins_enable(ctx: click.Context, name: str) -> None:
+    """Enable a plugin (remembered in the database)."""
+    _set_enabled(ctx, name, True)
+
+
+@plugins.command("disable")
+@click.argument("name")
+@click.pass_context
+def plugins_disable(ctx: click.Context, name: str) -> None:
+    """Disable a plugin (remembered in the database)."""
+    _set_enabled(ctx, name, False)
+
+
+@cli.group()
+def config() -> None:
+    """Inspect configuration."""
+
+
+@config.command("show")
+@click.pass_context
+def config_show(ctx: click.Context) -> None:
+    """Print the effective configuration with secrets masked."""
+    settings = _settings(ctx)
+    for key, value in settings.masked().items():
+        if value is None:
+            click.echo(f"# {key} = (unset)")
+        else:
+            click.echo(f"{key} = {json.dumps(value)}")
+
+
+@cli.group()
+def errors() -> None:
+    """Inspect stored tool errors."""
+
+
+def parse_since(value: str, now: float) -> float:
+    """``2h``, ``30m``, ``7d``, ``45s`` ago, or an ISO date/time (UTC if no zone)."""
+    import datetime as dt
+
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if value[-1:] in units and value[:-1].isdigit():
+        return now - int(value[:-1]) * units[value[-1]]
+    try:
+        when = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is not like 2h, 30m, 7d or 2026-11-21T10:00") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return when.timestamp()
+
+
+@errors.command("list")
+@click.option("--session", help="Only this session key.")
+@click.option("--tool", help="Only this tool.")
+@click.option("--since", help="Only newer errors: 2h, 30m, 7d or an ISO date/time.")
+@click.option("--limit", default=50, show_default=True, help="At most this many.")
+@click.pass_context
+def errors_list(ctx: click.Context, session: str | None, tool: str | None, since: str | None,
+                limit: int) -> None:
+    """List stored tool errors, newest first."""
+    import time
+
+    settings = _settings(ctx)
+    start = parse_since(since, time.time()) if since else None
+
+    async def show(store: ErrorStore) -> int:
+        rows = await store.list(session_id=session, tool_name=tool, since=start, limit=limit)
+        for e in rows:
+            click.echo(f"{e.id}  {e.iso_timestamp()}  {e.tool_name:<16} {e.session_id}  "
+                       f"{e.short_summary}")
+        if not rows:
+            click.echo("no errors match")
+        return 0
+
+    _run_async(_with_errors(settings, show))
+
+
+@errors.command("show")
+@click.argument("error_id")
+@click.pass_context
+def errors_show(ctx: click.Context, error_id: str) -> None:
+    """Show one stored error in full."""
+    settings = _settings(ctx)
+
+    async def show(store: ErrorStore) -> int:
+        found = await store.get(error_id)
+        if found is None:
+            click.echo(f"roost: no error {error_id}", err=True)
+            return 1
+        click.echo(json.dumps({"id": found.id, "timestamp": found.iso_timestamp(),
+                               "session": found.session_id, "tool": found.tool_name,
+                               "summary": found.short_summary, "error": found.raw_error},
+                              indent=2, ensure_ascii=False))
+        return 0
+
+    _run_async(_with_errors(settings, show))
+
+
+async def _with_errors(settings: Settings,
+                       action: Callable[[ErrorStore], Awaitable[int]]) -> int:
+    from bot.storage.errors import ErrorStore
+    from bot.storage.sessions import SessionStore
+
+    if not settings.db_path.exists():
+        click.echo(f"roost: no database at {settings.db_path}", err=True)
+        return 1
+    store = await SessionStore.open(settings.db_path)
+    try:
+        return await action(ErrorStore(store.db, store.lock))
+    finally:
+        await store.close()
+
+
+@cli.command()
+def version() -> None:
+    """Print Roost's version."""
+    click.echo(f"roost {__version__}")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(obj={})

@@ -1,0 +1,379 @@
+"""The running service: settings, plugins, store, provider, engine and channels wired together."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import time
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any, TypeVar
+
+from bot.agents.judge import Judge
+from bot.config.settings import Settings
+from bot.contracts.channel import Channel, ChannelSpec
+from bot.contracts.commands import Command
+from bot.contracts.jobs import JobSpec
+from bot.contracts.llm import LLMProvider, ToolCall
+from bot.contracts.providers import ProviderSpec
+from bot.contracts.sanitize import Sanitizer
+from bot.contracts.services import Services
+from bot.contracts.tools import Tool
+from bot.dispatch.dispatcher import Dispatcher, Leftovers
+from bot.engine.guard import GuardPattern, InputGuard
+from bot.engine.runloop import FailureHandler, LargeResultHandler, RunEngine
+from bot.engine.snapshot import PluginSnapshot
+from bot.observability.otel import OTelExporter
+from bot.pluginhost.manager import ESSENTIAL_PLUGINS, RESTART_HOOKS, PluginHost, get_plugin_manager
+from bot.pluginhost.state import load_disabled, save_state
+from bot.scheduling.scheduler import JobStore, Scheduler
+from bot.storage.errors import ErrorStore, ResultStore, format_failure, format_large_result
+from bot.storage.inbox import Inbox
+from bot.storage.sessions import SessionStore
+from bot.tools.executor import RawError
+from bot.tools.structured_errors import extract, structured_hint
+
+log = logging.getLogger("roost")
+
+T = TypeVar("T")
+
+LARGE_RESULT_PREVIEW = 2_000
+"""Characters of a stored large result the model sees at once."""
+
+
+class SetupError(Exception):
+    """Roost cannot start as configured; the message says exactly what to set."""
+
+
+async def provider_specs(settings: Settings, host: PluginHost) -> dict[str, ProviderSpec]:
+    """Every provider plugins offer, by name."""
+    specs = await host.collect("roost_providers", settings=settings)
+    return {s.name: s for s in specs if isinstance(s, ProviderSpec)}
+
+
+async def resolve_provider(settings: Settings, host: PluginHost) -> ProviderSpec:
+    """The configured provider's spec, or :class:`SetupError` saying what to set."""
+    specs = await provider_specs(settings, host)
+    spec = specs.get(settings.provider)
+    if spec is None:
+        raise SetupError(f"unknown provider {settings.provider!r}; set ROOST_PROVIDER to one "
+                         f"of: {', '.join(sorted(specs))}")
+    missing = spec.missing(settings)
+    if missing:
+        raise SetupError(missing)
+    return spec
+
+
+class Roost:
+    """One Roost service. Build it with :meth:`create`, end it with :meth:`close`."""
+
+    def __init__(self, settings: Settings, host: PluginHost, store: SessionStore,
+                 engine: RunEngine, commands: dict[str, Command],
+                 channel_specs: dict[str, ChannelSpec], services: Services | None = None) -> None:
+        self.settings = settings
+        self.host = host
+        self.store = store
+        self.services = services or Services(store)
+        self.engine = engine
+        self.commands = commands
+        self.channel_specs = channel_specs
+        self.channels: dict[str, Channel] = {}
+        self._background: set[asyncio.Future[None]] = set()
+        self.inbox = self.services.inbox or Inbox(store.db, store.lock, store.writer)
+        """Inbound messages, run journals and replies awaiting delivery."""
+        self.services.inbox = self.inbox
+        self._leftovers: Leftovers = ([], [])
+        self.dispatcher = Dispatcher(self)
+
+    @property
+    def provider(self) -> LLMProvider:
+        """The LLM provider runs use."""
+        return self.engine.provider
+
+    @classmethod
+    async def create(cls, settings: Settings, *, host: PluginHost | None = None,
+                     provider: LLMProvider | None = None,
+                     scheduler_clock: Callable[[], datetime] | None = None) -> Roost:
+        """Load plugins, open the database, build the engine and start the scheduler.
+
+        ``provider`` overrides the configured one (tests, embedding).
+        ``scheduler_clock`` replaces real time for the scheduler, which then
+        fires only when told to (``services.scheduler.run_due``; tests, benches).
+        """
+        host = host or get_plugin_manager()
+        store = await SessionStore.open(settings.db_path, settings.session_cache_size)
+        try:
+            # Plugins an admin disabled stay disabled; essential ones cannot be.
+            host.disabled |= await load_disabled(store.db, store.lock) - ESSENTIAL_PLUGINS
+            if provider is None:
+                provider = (await resolve_provider(settings, host)).create(settings)
+            try:
+                scheduler = Scheduler(JobStore(store.db, store.lock), settings,
+                                      clock=scheduler_clock)
+            except ValueError as exc:  # a bad timezone setting
+                raise SetupError(str(exc)) from None
+        except BaseException:
+            await store.close()
+            raise
+        services = Services(store, errors=ErrorStore(store.db, store.lock),
+                            results=ResultStore(store.db, store.lock), scheduler=scheduler,
+                            inbox=Inbox(store.db, store.lock, store.writer))
+        await prune_stores(services, settings.error_retention_days)
+        host.validate_configs(settings.plugins)
+        services.plugin_configs = host.config
+        channel_specs = await _unique(host, "roost_channels", settings, ChannelSpec)
+        engine = RunEngine(settings, host, store, provider, {}, [])
+        engine.exporter = OTelExporter.from_environment()
+        engine.on_tool_failure, engine.on_large_result = error_channel(services, settings)
+        app = cls(settings, host, store, engine, {}, channel_specs, services)
+        # Read before any channel receives: what arrives from now on is this process's.
+        app._leftovers = (await app.inbox.undelivered(), await app.inbox.unfinished())
+        await app.refresh_plugins(jobs=False)
+        await host.call("roost_startup", app=app)
+        jobs = await _unique(host, "roost_scheduled_jobs", settings, JobSpec)
+        await _quietly(scheduler.start(app, list(jobs.values())), "starting the scheduler")
+        return app
+
+    def plugin_config(self, name: str) -> Any:
+        """Plugin ``name``'s validated configuration object, or ``None``."""
+        return self.host.config.get(name)
+
+    async def refresh_plugins(self, *, jobs: bool = True) -> None:
+        """Collect tools, sanitizers, guard patterns and commands from the enabled plugins.
+
+        Runs at startup and whenever a plugin is enabled or disabled; runs in
+        flight keep what they started with. Prompt sections and input checks
+        are asked for per run, so they follow without this. ``jobs`` also
+        re-syncs the scheduler's system jobs.
+        """
+        host, settings, engine = self.host, self.settings, self.engine
+        groups: dict[str, str] = {}
+        tools = await _unique(host, "roost_tools", settings, Tool, groups,
+                              services=self.services)
+        sanitizers = [s for s in await host.collect("roost_output_sanitizers", settings=settings)
+                      if isinstance(s, Sanitizer)]
+        guard = InputGuard(
+            [p for p in await host.collect("roost_guard_patterns", settings=settings)
+             if isinstance(p, GuardPattern)],
+            settings.guard_mode, settings.guard_modes)
+        # One assignment: a run sees the old state or the new one, never a mix.
+        engine.plugins = PluginSnapshot.of(guard, tools, groups, sanitizers,
+                                           await _judges(host, settings))
+        # Agents hold judges and filtered tool lists: resolve them again.
+        engine.router.invalidate()
+        commands: dict[str, Command] = {}
+        for command in (await _unique(host, "roost_commands", settings, Command)).values():
+            for name in (command.name, *command.aliases):
+                commands.setdefault(name, command)
+        self.commands = commands
+        if not jobs:
+            return
+        unique = list({id(c): c for c in commands.values()}.values())
+        for channel in self.channels.values():
+            await _quietly(channel.register_commands(unique),
+                           f"registering the commands of {channel.name}")
+        scheduler = self.services.scheduler
+        if scheduler is not None:
+            specs = await _unique(host, "roost_scheduled_jobs", settings, JobSpec)
+            await _quietly(scheduler.sync_system(list(specs.values())),
+                           "updating the scheduled jobs of plugins")
+
+    async def set_plugin_enabled(self, name: str, enabled: bool) -> str:
+        """Enable or disable plugin ``name`` now and persist it; returns what happened."""
+        host = self.host
+        if host.pm.get_plugin(name) is None:
+            known = ", ".join(sorted(host.info)) or "none"
+            return f"No plugin named {name!r} is loaded (loaded: {known})."
+        if not enabled and name in ESSENTIAL_PLUGINS:
+            return f"{name} is essential to Roost and cannot be disabled."
+        if enabled and name in host.bad_config:
+            return (f"{name} stays disabled: {host.errors.get(name, 'invalid configuration')}. "
+                    "Fix its configuration and restart Roost.")
+        was_enabled = name not in host.disabled
+        await save_state(self.store.db, self.store.lock, name, enabled)
+        if enabled:
+            host.disabled.discard(name)
+        else:
+            host.disabled.add(name)
+        state = "enabled" if enabled else "disabled"
+        if was_enabled == enabled:
+            return f"{name} is already {state}."
+        await self.refresh_plugins()
+        log.info("plugin %s %s", name, state)
+        message = f"{name} is now {state}."
+        restart = sorted(set(host.hooks_of(name)) & RESTART_HOOKS)
+        if restart:
+            message += (f" Its {' and '.join(h.removeprefix('roost_') for h in restart)} "
+                        "change only after a restart.")
+        return message
+
+    def configured_channels(self) -> list[str]:
+        """Channels whose credentials are set, which ``roost run`` starts."""
+        return [name for name, spec in self.channel_specs.items() if spec.configured(self.settings)]
+
+    async def start_channel(self, name: str) -> Channel:
+        """Create and start the channel ``name``; inbound messages go to the dispatcher."""
+        spec = self.channel_specs.get(name)
+        if spec is None:
+            raise SetupError(f"no channel named {name!r}; known: {', '.join(self.channel_specs)}")
+        channel = spec.create(self.settings)
+        await self.add_channel(channel)
+        return channel
+
+    async def add_channel(self, channel: Channel) -> None:
+        """Start an already built channel (tests and embedders use this)."""
+        self.channels[channel.name] = channel
+        await channel.start(self.dispatcher.submit)
+        unique = {id(c): c for c in self.commands.values()}
+        try:
+            await channel.register_commands(list(unique.values()))
+        except Exception:
+            log.exception("channel %s could not register its commands", channel.name)
+        log.info("channel %s ready", channel.name)
+        if self.services.scheduler is not None:
+            # Jobs of this channel that came due while it was down run now.
+            await _quietly(self.services.scheduler.channel_started(channel.name),
+                           f"catching up the scheduled jobs of {channel.name}")
+
+    async def recover(self) -> None:
+        """Finish what a previous process left: replies, unfinished runs, missed messages.
+
+        Call once the channels are started. Channels that cannot redeliver
+        (Discord) read back the recently active chats' history.
+        """
+        leftovers, self._leftovers = self._leftovers, ([], [])
+        await self.dispatcher.recover(leftovers)
+        since = time.time() - self.settings.catch_up_hours * 3600
+        for name, channel in self.channels.items():
+            if not self.settings.catch_up_chats:
+                break
+            cursors = await self.inbox.cursors(name, since, self.settings.catch_up_chats)
+            if cursors:
+                self.background(channel.catch_up(cursors), f"catching up {name}")
+
+    def background(self, work: Awaitable[Any], what: str) -> None:
+        """Run ``work`` in the background; failures are logged, shutdown cancels it."""
+        task = asyncio.ensure_future(_quietly(work, what))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def close(self) -> None:
+        """Stop the scheduler and intake, cancel runs, stop channels, close everything."""
+        if self.services.scheduler is not None:
+            await _quietly(self.services.scheduler.close(), "stopping the scheduler")
+        for task in list(self._background):
+            task.cancel()
+        for channel in list(self.channels.values()):
+            await _quietly(channel.stop_intake(), f"stopping intake of {channel.name}")
+        # Runs first, while channels are still up: runs in flight may finish
+        # and deliver within the grace period, and a cancelled run's streaming
+        # draft can be withdrawn. The dispatcher refuses new messages meanwhile
+        # (channels do not acknowledge them, so platforms deliver them again).
+        await self.dispatcher.close(self.settings.shutdown_grace_seconds)
+        for channel in list(self.channels.values()):
+            await _quietly(channel.stop(), f"stopping channel {channel.name}")
+        await self.engine.compactor.wait()
+        await self.host.call("roost_shutdown", app=self)
+        if isinstance(self.engine.exporter, OTelExporter):
+            self.engine.exporter.shutdown()
+        await _quietly(self.engine.provider.aclose(), "closing the provider")
+        await _quietly(self.engine.router.aclose(), "closing the agents' providers")
+        for pending in (self.services.errors, self.services.results):
+            if pending is not None:
+                await _quietly(pending.flush(), "finishing stored errors and results")
+        await self.store.close()
+
+
+async def _judges(host: PluginHost, settings: Settings) -> dict[str, Judge]:
+    """The judges plugins offer, by name (``llm`` is the built-in type's and reserved)."""
+    judges: dict[str, Judge] = {}
+    for plugin, judge in await host.collect_named("roost_judges", settings=settings):
+        name = getattr(judge, "name", None)
+        if not isinstance(name, str) or not callable(getattr(judge, "score", None)):
+            log.error("plugin %s: roost_judges returned %r, which has no name and score(); "
+                      "ignored", plugin, judge)
+        elif name == "llm" or name in judges:
+            log.error("plugin %s: judge name %r is taken; ignored", plugin, name)
+        else:
+            judges[name] = judge
+    return judges
+
+
+async def _unique(host: PluginHost, hook: str, settings: Settings, kind: type[T],
+                  plugins: dict[str, str] | None = None, **kwargs: Any) -> dict[str, T]:
+    """Collect named items from ``hook``; a later duplicate name is refused and logged.
+
+    ``plugins``, when given, is filled with item name -> the plugin that offered it.
+    """
+    items: dict[str, T] = {}
+    for plugin, item in await host.collect_named(hook, settings=settings, **kwargs):
+        if not isinstance(item, kind):
+            log.error("%s returned %r, not a %s; ignored", hook, item, kind.__name__)
+            continue
+        name = str(getattr(item, "name", ""))
+        if name in items:
+            log.error("%s: duplicate name %r ignored", hook, name)
+            continue
+        items[name] = item
+        if plugins is not None:
+            plugins[name] = plugin
+    return items
+
+
+def error_channel(services: Services, settings: Settings) -> tuple[
+        FailureHandler | None, LargeResultHandler | None]:
+    """The engine's hooks into the error and result stores (``None`` where absent)."""
+    errors, results = services.errors, services.results
+
+    async def on_failure(call: ToolCall, raw: RawError, session_key: str) -> str:
+        assert errors is not None
+        structured = extract(raw.message, code=raw.code, details=raw.details)
+        detail = {**raw.as_dict(), **structured.to_dict()}
+        try:
+            stored = await errors.store(session_key, call.name, detail)
+        except Exception:
+            log.exception("the error store is unavailable; the model gets the error inline")
+            stored = None
+        text = format_failure(call.name, stored, raw.message)
+        hint = structured_hint(structured)
+        return f"{text}\n{hint}" if hint else text
+
+    async def on_large(session_key: str, tool_name: str, content: str) -> str:
+        assert results is not None
+        result_id = await results.put(session_key, tool_name, content)
+        return format_large_result(tool_name, result_id, content, LARGE_RESULT_PREVIEW)
+
+    return (on_failure if errors else None), (on_large if results else None)
+
+
+async def prune_stores(services: Services, days: int) -> None:
+    """Delete stored errors and large results older than ``days``.
+
+    Runs at startup and daily as the ``error-retention`` job (plugins/error_tools.py).
+    """
+    if services.inbox is not None:
+        try:
+            deleted = await services.inbox.prune(days)
+        except (sqlite3.Error, ValueError):
+            log.exception("could not prune the inbox")
+        else:
+            if deleted:
+                log.info("deleted %d answered inbox entries older than %d days", deleted, days)
+    for what, store in (("errors", services.errors), ("tool results", services.results)):
+        if store is None:
+            continue
+        try:
+            deleted = await store.delete_older_than(days)
+        except (sqlite3.Error, ValueError):
+            log.exception("could not delete stored %s older than %d days", what, days)
+            continue
+        if deleted:
+            log.info("deleted %d stored %s older than %d days", deleted, what, days)
+
+
+async def _quietly(awaitable: Awaitable[Any], what: str) -> None:
+    try:
+        await awaitable
+    except Exception:
+        log.exception("%s failed", what)

@@ -1,0 +1,342 @@
+"""Configuration: ``roost.toml`` overridden by the environment, validated once.
+
+Precedence, highest first: explicit overrides (CLI flags) → environment
+(``ROOST_*`` plus the SDKs' and platforms' own variables) → ``roost.toml`` →
+defaults. A bad value fails at start with a message naming the key.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from bot.config.agents import AgentConfig, Binding, check_bindings
+
+_toml_data: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "roost_toml_data", default=None
+)
+
+SECRET_MASK = "********"
+
+GuardMode = Literal["off", "log", "warn", "block"]
+DmPolicy = Literal["open", "allowlist", "disabled"]
+GroupPolicy = Literal["mention", "all", "off"]
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message names the key and the fix."""
+
+
+def _env(name: str, field_name: str) -> Any:
+    # The SDKs read these exact names, so Roost honours them too; the field
+    # name keeps roost.toml readable.
+    return AliasChoices(name, f"ROOST_{field_name.upper()}", field_name)
+
+
+class _TomlSource(PydanticBaseSettingsSource):
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_toml_data.get() or {})
+
+
+class Settings(BaseSettings):
+    """Every setting Roost reads. Field ``x`` is ``x`` in roost.toml, ``ROOST_X`` in the env."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="ROOST_", extra="forbid", case_sensitive=False, populate_by_name=True
+    )
+
+    data_dir: Path = Path("./data")
+    log_level: str = "INFO"
+    bot_name: str = "Roost"
+    console: bool = False
+    """Also start the console channel under ``roost run`` (local debugging)."""
+
+    provider: str = "anthropic"
+    model: str = "claude-sonnet-5-5"
+    max_tokens: int = Field(4096, ge=1)
+    script: Path | None = None
+
+    max_iterations: int = Field(20, ge=1)
+    run_timeout: float = Field(600.0, gt=0)
+    tool_timeout: float = Field(30.0, gt=0)
+    """Per-tool timeout (a tool's own ``timeout`` wins)."""
+    turn_timeout: float = Field(300.0, gt=0)
+    """All tool calls of one model answer; unfinished ones are cancelled and skipped."""
+    error_retention_days: int = Field(30, ge=1)
+    large_result_chars: int = Field(16_000, ge=1_000)
+    """Tool results longer than this are stored; the model gets a preview and a reference."""
+    group_max_concurrent: int = Field(3, ge=1)
+    queue_cap: int = Field(10, ge=1)
+    merge_window_ms: int = Field(800, ge=0)
+    shutdown_grace_seconds: float = Field(8.0, ge=0)
+    """On SIGTERM, how long runs in flight may finish before they are cancelled
+    (they then run again after the next start); under Docker's 10 s."""
+    inbox_max_attempts: int = Field(3, ge=1)
+    """A message whose run was interrupted (the process died) this many times is
+    given up with a notice instead of being run again."""
+    catch_up_chats: int = Field(50, ge=0)
+    """After a start, how many recently active chats a channel that cannot
+    redeliver (Discord) reads back for messages missed while Roost was down."""
+    catch_up_hours: float = Field(24.0, ge=0)
+    """How far back a chat counts as recently active for the catch-up."""
+    discord_catchup_limit: int = Field(100, ge=1)
+    """At most this many missed messages are read back per Discord chat in one catch-up."""
+    session_cache_size: int = Field(1000, ge=1)
+    max_file_bytes: int = Field(1_000_000, ge=1)
+    max_history_messages: int = Field(200, ge=2)
+
+    admins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
+    # Input guard and limits.
+    guard_mode: GuardMode = "warn"
+    guard_modes: dict[str, GuardMode] = Field(default_factory=dict)
+    """Per-channel overrides of ``guard_mode``, e.g. ``{telegram = "block"}``."""
+    max_message_chars: int = Field(32_768, ge=1)
+
+    # Context window, history pipeline and compaction.
+    context_window: int = Field(200_000, ge=1_000)
+    output_reserve: int = Field(8_192, ge=256)
+    history_turns: int = Field(40, ge=1)
+    """User turns (with their assistant and tool messages) sent to the model."""
+    prune_soft_ratio: float = Field(0.3, gt=0, le=1)
+    prune_hard_ratio: float = Field(0.5, gt=0, le=1)
+    compact_ratio: float = Field(0.75, gt=0, le=1)
+    """Share of the window that triggers mid-loop and post-run compaction."""
+    compact_min_messages: int = Field(50, ge=5)
+    compact_keep_messages: int = Field(4, ge=1)
+    compaction: bool = True
+    memory_flush: bool = True
+
+    # Traces.
+    trace_verbose: bool = False
+    """Also store each LLM call's input (truncated at 50,000 chars)."""
+
+    anthropic_api_key: SecretStr | None = Field(
+        None, validation_alias=_env("ANTHROPIC_API_KEY", "anthropic_api_key")
+    )
+    anthropic_base_url: str | None = Field(
+        None, validation_alias=_env("ANTHROPIC_BASE_URL", "anthropic_base_url")
+    )
+    openai_api_key: SecretStr | None = Field(
+        None, validation_alias=_env("OPENAI_API_KEY", "openai_api_key")
+    )
+    openai_base_url: str | None = Field(
+        None, validation_alias=_env("OPENAI_BASE_URL", "openai_base_url")
+    )
+    telegram_bot_token: SecretStr | None = Field(
+        None, validation_alias=_env("TELEGRAM_BOT_TOKEN", "telegram_bot_token")
+    )
+    discord_bot_token: SecretStr | None = Field(
+        None, validation_alias=_env("DISCORD_BOT_TOKEN", "discord_bot_token")
+    )
+    slack_bot_token: SecretStr | None = Field(
+        None, validation_alias=_env("SLACK_BOT_TOKEN", "slack_bot_token")
+    )
+    slack_signing_secret: SecretStr | None = Field(
+        None, validation_alias=_env("SLACK_SIGNING_SECRET", "slack_signing_secret")
+    )
+    slack_app_token: SecretStr | None = Field(
+        None, validation_alias=_env("SLACK_APP_TOKEN", "slack_app_token")
+    )
+
+    # Chat policies.
+    dm_policy: DmPolicy = "open"
+    dm_policies: dict[str, DmPolicy] = Field(default_factory=dict)
+    """Per-channel DM policy, e.g. ``{telegram = "allowlist"}``."""
+    dm_allowlist: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """``channel:user_id`` entries allowed to DM under the ``allowlist`` policy."""
+    group_policy: GroupPolicy = "mention"
+    group_policies: dict[str, GroupPolicy] = Field(default_factory=dict)
+    """Per channel (``telegram``) or per group (``telegram:-100123``)."""
+    group_context_messages: int = Field(50, ge=0)
+    """Un-addressed group messages kept and handed to the next run as context."""
+    stream_replies: bool = True
+    stream_channels: dict[str, bool] = Field(default_factory=dict)
+
+    # Platform endpoints (proxies, self-hosted Bot API servers, tests).
+    telegram_api_base: str | None = Field(
+        None, validation_alias=_env("TELEGRAM_API_BASE", "telegram_api_base"))
+    telegram_webhook_url: str | None = None
+    """Public HTTPS URL for webhook mode; long polling when unset."""
+    telegram_webhook_secret: SecretStr | None = None
+    telegram_automatic_forwards: Literal["channel", "ignore"] = "channel"
+    """Posts a linked channel forwards into a group automatically (``is_automatic_forward``):
+    answered as the channel speaking in the group, under the group policy, or ignored."""
+    telegram_webhook_port: int = 8443
+    discord_api_base: str | None = Field(
+        None, validation_alias=_env("DISCORD_API_BASE", "discord_api_base"))
+    discord_gateway_url: str | None = Field(
+        None, validation_alias=_env("DISCORD_GATEWAY_URL", "discord_gateway_url"))
+    slack_api_base: str | None = Field(
+        None, validation_alias=_env("SLACK_API_BASE", "slack_api_base"))
+    slack_port: int = 3000
+
+    # Scheduler, cron jobs, memory, heartbeat.
+    timezone: str = "UTC"
+    """IANA time zone for schedules (a job may name its own)."""
+    misfire_grace_seconds: int = Field(300, ge=0)
+    """A run missed while the service was down fires once if this late at most."""
+    cron_max_jobs_per_user: int = Field(20, ge=1)
+    cron_min_interval_seconds: int = Field(60, ge=1)
+    memory_flush_every_hours: float = Field(6.0, gt=0)
+    memory_flush_idle_minutes: float = Field(30.0, gt=0)
+    memory_flush_min_messages: int = Field(10, ge=1)
+    heartbeat: bool = False
+    heartbeat_interval_minutes: int = Field(30, ge=5)
+    heartbeat_active_hours: str = "08:00-22:00"
+    heartbeat_owner: str | None = None
+    """``channel:user_id`` whose direct chat and workspace the heartbeat uses."""
+    heartbeat_chat: str | None = None
+    """The owner's direct chat id on that channel, when it differs from the user id."""
+
+    plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    plugins_chat_install: bool = False
+    """Let admins install plugins from chat (``/plugin install``); off by default."""
+    plugins_install_allowlist: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Distributions ``/plugin install`` may install (comma-separated in the env)."""
+
+    # Agents (bot/config/agents.py) and which chats they serve.
+    agents: dict[str, AgentConfig] = Field(default_factory=dict)
+    bindings: list[Binding] = Field(default_factory=list)
+    agent_cache_ttl: float = Field(300.0, ge=0)
+    """Seconds a resolved agent is reused before its configuration is resolved again."""
+    config_file: Path | None = None
+    """The roost.toml this was read from (set by ``load_settings``; ``/agent reload``)."""
+
+    @model_validator(mode="after")
+    def _bindings_name_agents(self) -> Settings:
+        check_bindings(self.agents, self.bindings)
+        return self
+
+    @field_validator("admins", "dm_allowlist", "plugins_install_allowlist", mode="before")
+    @classmethod
+    def _split_admins(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("admins", "dm_allowlist")
+    @classmethod
+    def _check_admins(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            channel, sep, user = entry.partition(":")
+            if not sep or not channel or not user:
+                raise ValueError(f"{entry!r} is not 'channel:user_id'")
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, _TomlSource(settings_cls)
+
+    @property
+    def db_path(self) -> Path:
+        """The SQLite database file."""
+        return self.data_dir / "roost.db"
+
+    @property
+    def workspaces_dir(self) -> Path:
+        """Root of every user's workspace."""
+        return self.data_dir / "workspaces"
+
+    def dm_policy_for(self, channel: str) -> DmPolicy:
+        """The DM policy in force on ``channel``."""
+        return self.dm_policies.get(channel, self.dm_policy)
+
+    def group_policy_for(self, channel: str, chat_id: str) -> GroupPolicy:
+        """The group policy for one group: per group, else per channel, else the default."""
+        return self.group_policies.get(f"{channel}:{chat_id}",
+                                       self.group_policies.get(channel, self.group_policy))
+
+    def streams(self, channel: str) -> bool:
+        """Whether replies on ``channel`` are streamed by editing a message."""
+        return self.stream_channels.get(channel, self.stream_replies)
+
+    def is_admin(self, channel: str, user_id: str) -> bool:
+        """Whether ``user_id`` on ``channel`` is listed in ``admins``."""
+        return f"{channel}:{user_id}" in self.admins
+
+    def masked(self) -> dict[str, Any]:
+        """The effective settings as plain data, every secret replaced by a mask."""
+        data = self.model_dump(mode="json")
+        for name, value in self:
+            if isinstance(value, SecretStr):
+                data[name] = SECRET_MASK
+        data["plugins"] = {k: _mask_tree(v) for k, v in self.plugins.items()}
+        return data
+
+
+_SECRET_WORDS = ("token", "secret", "key", "password")
+
+
+def _mask_tree(value: Any, key: str = "") -> Any:
+    if isinstance(value, dict):
+        return {k: _mask_tree(v, k) for k, v in value.items()}
+    if value and any(w in key.lower() for w in _SECRET_WORDS):
+        return SECRET_MASK
+    return value
+
+
+def load_settings(config_path: Path | None = None, **overrides: Any) -> Settings:
+    """Read ``roost.toml`` (or ``config_path``), apply the env and ``overrides``.
+
+    Raises :class:`ConfigError` naming the offending key.
+    """
+    explicit = config_path is not None
+    path = config_path or Path("roost.toml")
+    data: dict[str, Any] = {}
+    if path.exists():
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    elif explicit:
+        raise ConfigError(f"config file {path} does not exist")
+    if path.exists():
+        overrides.setdefault("config_file", path)
+    token = _toml_data.set(data)
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, path)) from None
+    finally:
+        _toml_data.reset(token)
+
+
+def _describe(exc: ValidationError, path: Path) -> str:
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(root)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown setting"
+        env = f"ROOST_{key.upper()}" if "." not in key else ""
+        where = f" (in {path} or {env})" if env else f" (in {path})"
+        lines.append(f"invalid config: {key}: {msg}{where}")
+    return "\n".join(lines)

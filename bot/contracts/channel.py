@@ -1,0 +1,117 @@
+"""The channel contract: what an adapter implements and how the core calls it."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from bot.contracts.messages import InboundMessage, OutboundMessage
+
+if TYPE_CHECKING:
+    from bot.config.settings import Settings
+    from bot.contracts.commands import Command
+
+InboundHandler = Callable[[InboundMessage], Awaitable[None]]
+"""The core's entry point: adapters await it for every normalized message.
+
+When it returns, the message is durably recorded in the inbox (or was
+deliberately dropped: a policy refused it, it was a redelivery). Only then may
+the adapter acknowledge the delivery to its platform (the next ``getUpdates``
+offset, a webhook's 2xx, a Socket Mode ack). If it raises, nothing was
+recorded: the adapter must not acknowledge, so the platform delivers again.
+"""
+
+
+class ReplyStream(Protocol):
+    """A reply being streamed into one platform message.
+
+    ``message_id`` is the platform id of the draft once one is shown (the core
+    journals it, so a draft left by a crash is replaced rather than frozen).
+    """
+
+    message_id: str | None
+
+    async def push(self, text_so_far: str) -> None:
+        """Show the reply text produced so far (adapters throttle as needed)."""
+
+    async def finish(self, final_text: str | None) -> None:
+        """Replace the streamed text with the final, sanitized reply.
+
+        ``None`` means nothing is to be shown (a silent reply or a cancelled
+        run): the adapter removes whatever it showed. Raises if the reply could
+        not be delivered (the core then keeps it in the outbox and retries).
+        """
+
+
+class Channel:
+    """Base for channel adapters. Adapters only translate; they hold no logic.
+
+    ``start`` connects and returns once the adapter is receiving; inbound
+    messages go to the handler given to it. ``send`` delivers one reply.
+    """
+
+    name: str = ""
+
+    async def start(self, handler: InboundHandler) -> None:
+        """Connect to the platform and begin delivering inbound messages."""
+        raise NotImplementedError
+
+    async def stop_intake(self) -> None:
+        """Stop receiving (shutdown begins); sending keeps working until :meth:`stop`.
+
+        Runs in flight may still deliver during the shutdown grace period.
+        Anything that arrives meanwhile must not be acknowledged (the handler
+        raises then anyway), so the platform delivers it again after the restart.
+        """
+
+    async def stop(self) -> None:
+        """Disconnect; pending sends finish first."""
+
+    async def send(self, message: OutboundMessage) -> str | None:
+        """Deliver one reply; returns the platform id of its last message, if known.
+
+        Transient platform errors are retried inside; an exception means the
+        reply was not delivered. ``message.replace`` names a draft to replace.
+        """
+        raise NotImplementedError
+
+    async def withdraw(self, chat_id: str, message_id: str) -> None:
+        """Delete a message the bot sent (a draft left over from a crashed run)."""
+
+    async def catch_up(self, cursors: Mapping[str, str]) -> None:
+        """Deliver messages missed while Roost was down, for platforms that cannot redeliver.
+
+        ``cursors`` maps each recently active chat id to the platform id of the
+        last message recorded from it; the adapter reads each chat's history
+        after that id (bounded) and passes every message to the handler, which
+        drops the ones already recorded. Telegram and Slack redeliver by
+        themselves and ignore this.
+        """
+
+    async def register_commands(self, commands: Sequence[Command]) -> None:
+        """Tell the platform which slash commands exist (menus, autocompletion)."""
+
+    def open_stream(self, message: InboundMessage) -> ReplyStream | None:
+        """A stream for the reply to ``message``, or ``None`` to send it whole."""
+        return None
+
+    @contextlib.asynccontextmanager
+    async def typing(self, message: InboundMessage) -> AsyncIterator[None]:
+        """Show a typing indicator in ``message``'s chat while the block runs."""
+        yield
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelSpec:
+    """A channel a plugin offers.
+
+    ``configured(settings)`` says whether its credentials are set (``roost run``
+    starts only those); ``create(settings)`` builds the adapter and is the only
+    place the platform SDK may be imported, so unconfigured SDKs cost nothing.
+    """
+
+    name: str
+    configured: Callable[[Settings], bool]
+    create: Callable[[Settings], Channel]

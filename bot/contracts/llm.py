@@ -1,0 +1,134 @@
+"""Provider-neutral conversation types and the provider protocol.
+
+Every LLM provider (Anthropic, OpenAI-compatible, scripted, or a plugin's)
+translates these types to its own wire format and back.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+Role = Literal["user", "assistant", "tool"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A tool invocation requested by the model."""
+
+    id: str
+    name: str
+    arguments: Mapping[str, Any]
+
+
+@dataclass(slots=True)
+class ChatMessage:
+    """One entry of a session's history.
+
+    ``user`` messages carry the sender (groups share one history, so each
+    message is attributed); ``assistant`` messages may carry tool calls;
+    ``tool`` messages answer exactly one tool call by ``tool_call_id``.
+    """
+
+    role: Role
+    content: str
+    sender_id: str | None = None
+    sender_name: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    tool_name: str | None = None
+    is_error: bool = False
+    created_at: float = field(default_factory=time.time)
+    weight: float = field(default=-1.0, init=False, repr=False, compare=False)
+    """Cached size in English-equivalent characters (see bot.engine.tokens). ``init=False``
+    so ``dataclasses.replace`` starts a changed copy without a stale value."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """What the model is told about a tool."""
+
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
+
+
+@dataclass(slots=True)
+class Usage:
+    """Token counts for one or more LLM calls."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    def add(self, other: Usage) -> None:
+        """Accumulate ``other`` into this counter."""
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class LLMRequest:
+    """Everything a provider needs for one model call."""
+
+    model: str
+    system: str
+    messages: tuple[ChatMessage, ...]
+    tools: tuple[ToolSpec, ...] = ()
+    max_tokens: int = 4096
+    temperature: float | None = None
+    """``None`` leaves the provider's default; providers whose API has no such
+    parameter (Anthropic's current Messages API) ignore it."""
+
+
+@dataclass(slots=True)
+class LLMResponse:
+    """A complete model answer: text, tool calls, usage."""
+
+    text: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    usage: Usage = field(default_factory=Usage)
+    stop_reason: str = ""
+
+
+OnText = Callable[[str], None]
+"""Receives each streamed text fragment as it arrives."""
+
+OnRetry = Callable[[int, int, str], Awaitable[None]]
+"""Called as ``on_retry(attempt, max_attempts, error)`` before a provider retries.
+
+A numbered call (``attempt`` ≥ 2) voids any text streamed so far: the answer
+streams again from its start. ``on_retry(0, 0, reason)`` means the call is held
+by the provider's circuit breaker (the model service is failing) and will go
+on once it answers again; the core tells the chat once."""
+
+
+class ProviderError(Exception):
+    """A provider call failed; ``retryable`` says whether trying again may help."""
+
+    def __init__(self, message: str, *, retryable: bool = False, status: int | None = None):
+        super().__init__(message)
+        self.retryable = retryable
+        self.status = status
+
+
+class LLMProvider(Protocol):
+    """The interface every provider implements.
+
+    ``complete`` streams text fragments to ``on_text`` when given, and returns
+    the whole answer. It must be cancellation-safe: cancelling the awaiting task
+    aborts the HTTP stream.
+    """
+
+    name: str
+
+    async def complete(
+        self,
+        request: LLMRequest,
+        *,
+        on_text: OnText | None = None,
+        on_retry: OnRetry | None = None,
+    ) -> LLMResponse: ...
+
+    async def aclose(self) -> None: ...

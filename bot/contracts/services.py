@@ -1,0 +1,42 @@
+"""Shared objects that plugins may need when they build tools."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from bot.storage.errors import ErrorStore, ResultStore
+from bot.storage.inbox import Inbox
+from bot.storage.sessions import SessionStore
+
+if TYPE_CHECKING:
+    from bot.scheduling.scheduler import Scheduler
+
+
+@dataclass(slots=True)
+class Services:
+    """What the service offers plugins at tool-building time.
+
+    ``sessions`` is the session store (its ``db`` is the shared SQLite
+    connection). Optional services are ``None`` when not configured, and tools
+    that depend on them should not be offered then:
+
+    - ``errors``: full tool errors, fetched by ID (``get_error_detail``);
+    - ``results``: large tool results, read in slices (``get_tool_result``);
+    - ``scheduler``: scheduled jobs (the ``cron`` tool);
+    - ``inbox``: the durable inbox, journal and outbox (:mod:`bot.storage.inbox`).
+
+    ``plugin_config(name)`` is plugin ``name``'s validated configuration (the
+    model it declared with ``roost_plugin_config_model``), or ``None``.
+    """
+
+    sessions: SessionStore
+    errors: ErrorStore | None = None
+    results: ResultStore | None = None
+    scheduler: Scheduler | None = None
+    inbox: Inbox | None = None
+    plugin_configs: dict[str, Any] = field(default_factory=dict)
+
+    def plugin_config(self, name: str) -> Any:
+        """Plugin ``name``'s validated configuration object, or ``None``."""
+        return self.plugin_configs.get(name)

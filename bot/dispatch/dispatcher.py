@@ -1,0 +1,702 @@
+"""From inbound messages to runs: commands, per-session lanes, queues and merging.
+
+Every accepted message is committed to the inbox (:mod:`bot.storage.inbox`) before
+:meth:`Dispatcher.submit` returns, which is when the channel acknowledges it to
+its platform; the run that answers it marks it done in the same commit as its
+history and queues the reply in the outbox, and the reply is marked delivered
+once the platform took it. :meth:`Dispatcher.recover` runs what a dead process
+left unfinished.
+
+Each session has a lane: up to one run at a time in a direct chat and
+``group_max_concurrent`` in a group; further messages wait in a FIFO capped at
+``queue_cap`` (the oldest is dropped with a notice). A message from the same
+sender that arrives within ``merge_window_ms`` of the previous one, while that
+message's run has shown nothing yet, cancels the run and restarts it with both
+texts, so a lone message is never delayed to wait for a possible follow-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import re
+import time
+import uuid
+from collections import deque
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from bot.contracts.channel import Channel, ReplyStream
+from bot.contracts.commands import CommandContext, parse_command
+from bot.contracts.events import RunEvent
+from bot.contracts.messages import InboundMessage, OutboundMessage
+from bot.contracts.sanitize import Sanitizer, run_pipeline
+from bot.dispatch.registry import ActiveRun, RunRegistry
+from bot.engine.guard import join_messages
+from bot.engine.runloop import NO_REPLY, RunRequest, RunResult
+from bot.storage.inbox import Inbox, InboxEntry, OutboxEntry, RunJournal, grouped
+from bot.storage.sessions import agent_of, session_key
+
+if TYPE_CHECKING:
+    from bot.app.roost import Roost
+
+log = logging.getLogger("roost.dispatch")
+
+Leftovers = tuple[list[OutboxEntry], list[InboxEntry]]
+"""What a previous process left: replies not confirmed delivered, unfinished messages."""
+
+REDELIVERY_DELAYS = (5.0, 30.0, 120.0, 600.0)
+"""Seconds before each new attempt at a reply the platform did not take."""
+HELD_NOTICE = ("The AI service is not answering right now. Your message is safe: I will "
+               "answer as soon as it is back.")
+
+
+class ShuttingDown(Exception):
+    """Raised to a channel that delivers a message while Roost stops: do not acknowledge it."""
+
+
+@dataclass(slots=True)
+class _Pending:
+    message: InboundMessage
+    received: float
+    options: dict[str, Any] | None = None
+    """RunRequest options of a scheduled run (mode, kind, extra_context...)."""
+    done: asyncio.Future[RunResult] | None = None
+    deliver_failed: bool = True
+    entries: tuple[int, ...] = ()
+    """The inbox entries this run answers (several when messages were merged)."""
+    journal: RunJournal | None = None
+    """What an interrupted earlier run of these entries recorded (recovery)."""
+    stale_draft: str | None = None
+    """A draft an interrupted earlier run left in the chat."""
+    counted: bool = False
+    """The inbox recorded the run as started when it recorded the message."""
+    texts: tuple[str, ...] = ()
+    """The texts of merged messages, each kept whole where the limit allows."""
+
+
+@dataclass(slots=True)
+class _Running:
+    pending: _Pending
+    run: ActiveRun | None = None
+    output: bool = False
+
+
+@dataclass(slots=True)
+class Lane:
+    """The runs and queue of one session."""
+
+    key: str
+    limit: int
+    running: list[_Running] = field(default_factory=list)
+    queue: deque[_Pending] = field(default_factory=deque)
+
+
+class Dispatcher:
+    """Turns inbound messages into commands or runs and delivers the replies."""
+
+    def __init__(self, app: Roost) -> None:
+        self.app = app
+        self.settings = app.settings
+        self.inbox: Inbox = app.inbox
+        self.registry = RunRegistry()
+        self._redeliveries: set[asyncio.Task[None]] = set()
+        self.lanes: dict[str, Lane] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._changed = asyncio.Event()
+        self._closed = False
+        self._group_context: dict[str, deque[InboundMessage]] = {}
+        # Commands of one chat run in the order they were sent ("/pin a", "/pin b").
+        self._command_locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+
+    # -- entry point -------------------------------------------------------
+
+    async def submit(self, message: InboundMessage) -> None:
+        """Accept one normalized message; returns once it is durably recorded.
+
+        The run or command it starts works in tasks. A redelivery of a message
+        recorded before is dropped. Raises :class:`ShuttingDown` (nothing
+        recorded, so the channel must not acknowledge) once Roost is stopping.
+        """
+        if self._closed:
+            raise ShuttingDown("Roost is shutting down")
+        if not message.text.strip() and not message.attachments:
+            return
+        parsed = parse_command(message.text)
+        if not self._allowed(message, parsed is not None):
+            return
+        key = self.key_for(message)
+        lane = self.lanes.get(key)
+        # A message whose run will start at once is recorded as started.
+        now = parsed is None and (lane is None or (not lane.queue and not lane.running))
+        entry = await self.inbox.add(message, key, "message" if parsed is None else "command",
+                                     running=now)
+        if entry is None:
+            log.info("%s delivered %s again; it was recorded before", message.channel,
+                     message.event_id)
+            return
+        if self._closed:
+            return  # recorded: it runs after the next start
+        if parsed is not None:
+            self._spawn(self._command(message, *parsed, entry=entry.id))
+            return
+        self._enqueue(message, entry.id, counted=now)
+
+    def _allowed(self, message: InboundMessage, is_command: bool) -> bool:
+        """Apply the DM and group policies; keep un-addressed group messages as context."""
+        s = self.settings
+        admin = s.is_admin(message.channel, message.sender_id)
+        if message.chat_type == "direct":
+            dm = s.dm_policy_for(message.channel)
+            if admin or dm == "open" or (
+                    dm == "allowlist"
+                    and f"{message.channel}:{message.sender_id}" in s.dm_allowlist):
+                return True
+            log.info("DM from %s:%s ignored (dm policy %s)", message.channel,
+                     message.sender_id, dm)
+            return False
+        policy = s.group_policy_for(message.channel, message.chat_id)
+        if policy == "all" or (policy == "mention" and (message.mentioned or is_command)):
+            return True
+        if policy == "off":
+            return is_command and admin
+        if s.group_context_messages:
+            key = self.key_for(message)
+            kept = self._group_context.get(key)
+            if kept is None:
+                kept = self._group_context[key] = deque(maxlen=s.group_context_messages)
+            kept.append(message)
+        return False
+
+    def _take_context(self, key: str) -> str:
+        """Group messages the bot was not addressed in since its last run, as prompt text."""
+        kept = self._group_context.pop(key, None)
+        if not kept:
+            return ""
+        lines = [f"[{m.display_name} (id {m.sender_id})]: {m.text[:2_000]}" for m in kept]
+        return ("Recent messages in this group that were not addressed to you, oldest "
+                "first:\n" + "\n".join(lines))
+
+    # -- queries and controls used by commands -------------------------------
+
+    def run_scheduled(self, message: InboundMessage, *, deliver_failed: bool = True,
+                      **options: Any) -> asyncio.Future[RunResult]:
+        """Queue a run that no person sent (cron, heartbeat) in ``message``'s chat.
+
+        It waits its turn in the chat's lane like any message, is never merged
+        with one, and its reply is delivered to that chat (``NO_REPLY`` sends
+        nothing; a failure's apology only when ``deliver_failed``, so a caller
+        that retries can report once). ``options`` go to
+        :class:`bot.engine.runloop.RunRequest`; the future resolves with the run's result.
+        """
+        done: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
+        pending = _Pending(message, time.monotonic(), options, done, deliver_failed)
+        lane = self._lane(message)
+        if len(lane.running) < lane.limit:
+            self._start(lane, pending)
+        else:
+            lane.queue.append(pending)
+        return done
+
+    def key_for(self, message: InboundMessage) -> str:
+        """The session ``message`` belongs to, under the agent its chat is bound to."""
+        return session_key(message, self.app.engine.router.route(message))
+
+    def _lane(self, message: InboundMessage, key: str | None = None) -> Lane:
+        key = key or self.key_for(message)
+        lane = self.lanes.get(key)
+        if lane is None:
+            limit = self.settings.group_max_concurrent if message.chat_type == "group" else 1
+            lane = self.lanes[key] = Lane(key, limit)
+        return lane
+
+    def queue_length(self, key: str) -> int:
+        """Messages waiting in a session's queue."""
+        lane = self.lanes.get(key)
+        return len(lane.queue) if lane else 0
+
+    def running_count(self, key: str) -> int:
+        """Runs in flight for a session (not counting ones already cancelled)."""
+        return len(self.registry.for_session(key))
+
+    def stop_oldest(self, key: str) -> bool:
+        """Cancel the session's oldest running run (``/stop``)."""
+        runs = self.registry.for_session(key)
+        return bool(runs) and self.registry.abort(runs[0].run_id, key, "stop")
+
+    def stop_all(self, key: str) -> tuple[int, int]:
+        """Cancel every run of a session and drop its queue (``/stopall``)."""
+        lane = self.lanes.get(key)
+        dropped = 0
+        if lane:
+            dropped = len(lane.queue)
+            lane.queue.clear()
+        return self.registry.abort_session(key, "stop"), dropped
+
+    async def drain(self) -> None:
+        """Wait until no run, queued message or command is left."""
+        while self.lanes or self._tasks:
+            self._changed.clear()
+            await self._changed.wait()
+
+    async def close(self, grace: float = 0.0) -> None:
+        """Refuse new messages, let runs in flight finish for ``grace`` seconds, cancel the rest.
+
+        Queued messages do not start; like the cancelled runs' messages they
+        stay in the inbox and run after the next start.
+        """
+        self._closed = True
+        for lane in self.lanes.values():
+            for pending in lane.queue:
+                if pending.done is not None and not pending.done.done():
+                    pending.done.cancel()
+            lane.queue.clear()
+        for task in list(self._redeliveries):
+            task.cancel()
+        if grace > 0 and self._tasks:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(grace):
+                    await self.drain()
+        self.registry.abort_all("shutdown")
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._redeliveries, return_exceptions=True)
+
+    async def recover(self, leftovers: Leftovers) -> None:
+        """Deliver committed replies and run inbox entries a dead process left unfinished.
+
+        ``leftovers`` must be read before any channel starts receiving, or a
+        message this process is already running would be run twice. Entries
+        run again in their order, per session; merged entries of one
+        interrupted run stay merged and resume from its journal. An entry whose
+        run was interrupted ``inbox_max_attempts`` times is given up: its sender
+        is told, and the log says which.
+        """
+        outbox, entries = leftovers
+        for out in outbox:
+            self._redeliver(out.id, out.message, out.draft_id, out.attempts, delay=0.0)
+        if entries:
+            log.info("recovering %d unfinished message(s) from the inbox", len(entries))
+        for group in grouped(entries):
+            self._resume(group, await self.inbox.journal(group[-1].id))
+
+    def _resume(self, group: list[InboxEntry], journal: RunJournal) -> None:
+        head = group[-1]
+        ids = tuple(e.id for e in group)
+        # The newest entry counts each start of the group's run once.
+        if head.attempts >= self.settings.inbox_max_attempts:
+            self.inbox.close(ids, "given_up")
+            log.warning("giving up %s message %s of %s:%s: its run was interrupted %d times",
+                        head.message.channel, head.message.event_id or head.id,
+                        head.message.channel, head.message.sender_id, head.attempts)
+            self._notify(head.message, "I could not answer this message: working on it "
+                         "stopped me several times, so I gave up on it. Please send it again "
+                         "in a different form.")
+            channel = self.app.channels.get(head.message.channel)
+            if head.draft_id and channel is not None:
+                self._spawn(_quietly(channel.withdraw(head.message.chat_id, head.draft_id)))
+            return
+        if head.kind == "command":
+            parsed = parse_command(head.message.text)
+            if parsed is None:
+                self.inbox.close(ids)
+                return
+            self._spawn(self._command(head.message, *parsed, entry=head.id))
+            return
+        texts = tuple(e.message.text for e in group)
+        message = dataclasses.replace(
+            head.message, text=join_messages(texts, self.settings.max_message_chars),
+            attachments=tuple(a for e in group for a in e.message.attachments))
+        pending = _Pending(message, time.monotonic(), entries=ids, journal=journal,
+                           stale_draft=head.draft_id, texts=texts)
+        lane = self._lane(message, head.session_key)
+        if len(lane.running) < lane.limit:
+            self._start(lane, pending)
+        else:
+            lane.queue.append(pending)
+
+    # -- lanes ---------------------------------------------------------------
+
+    def _enqueue(self, message: InboundMessage, entry: int, *, counted: bool = False) -> None:
+        lane = self._lane(message)
+        now = time.monotonic()
+        window = self.settings.merge_window_ms / 1000
+        if window and self._merge(lane, message, entry, now, window):
+            return
+        if len(lane.running) < lane.limit:
+            self._start(lane, _Pending(message, now, entries=(entry,), counted=counted))
+            return
+        if len(lane.queue) >= self.settings.queue_cap:
+            dropped = lane.queue.popleft()
+            if dropped.done is not None and not dropped.done.done():
+                dropped.done.set_exception(RuntimeError("dropped: the chat's queue was full"))
+            self.inbox.close(dropped.entries)
+            self._notify(dropped.message, "Too many messages were waiting, so I dropped this "
+                         "one. Send it again if you still need an answer.")
+        lane.queue.append(_Pending(message, now, entries=(entry,), counted=counted))
+
+    def _merge(self, lane: Lane, message: InboundMessage, entry_id: int, now: float,
+               window: float) -> bool:
+        # Into the running run only when nothing waits behind it: a message
+        # queued in between must not be answered after the one merged past it.
+        for running in reversed(lane.running if not lane.queue else ()):
+            prev = running.pending
+            if (prev.message.sender_id == message.sender_id and not running.output
+                    and prev.options is None and prev.journal is None
+                    and now - prev.received <= window and running.run is not None):
+                lane.running.remove(running)
+                self.registry.abort(running.run.run_id, lane.key, "merged")
+                limit = self.settings.max_message_chars
+                self._start(lane, _joined(prev, message, entry_id, now, limit))
+                return True
+        if lane.queue and len(lane.running) >= lane.limit:
+            last = lane.queue[-1]
+            if (last.message.sender_id == message.sender_id and last.options is None
+                    and now - last.received <= window):
+                limit = self.settings.max_message_chars
+                lane.queue[-1] = _joined(last, message, entry_id, now, limit)
+                return True
+        return False
+
+    def _start(self, lane: Lane, pending: _Pending) -> None:
+        entry = _Running(pending)
+        lane.running.append(entry)
+        run_id = uuid.uuid4().hex
+        task = self._spawn(self._run(lane, entry, run_id))
+        entry.run = ActiveRun(run_id, lane.key, task, time.monotonic())
+        self.registry.register(entry.run)
+
+    def _finished(self, lane: Lane, entry: _Running) -> None:
+        if entry.run is not None:
+            self.registry.unregister(entry.run.run_id)
+        if entry in lane.running:
+            lane.running.remove(entry)
+        while lane.queue and len(lane.running) < lane.limit and not self._closed:
+            self._start(lane, lane.queue.popleft())
+        if not lane.running and not lane.queue and self.lanes.get(lane.key) is lane:
+            del self.lanes[lane.key]
+        self._changed.set()
+
+    # -- one run ---------------------------------------------------------------
+
+    async def _run(self, lane: Lane, entry: _Running, run_id: str) -> None:
+        pending = entry.pending
+        message = pending.message
+        channel = self.app.channels.get(message.channel)
+        bridge: _StreamBridge | None = None
+        held = False
+        try:
+            if pending.entries and not pending.counted:
+                await self.inbox.started(pending.entries, run_id)
+            if pending.stale_draft and channel is not None:
+                with contextlib.suppress(Exception):
+                    await channel.withdraw(message.chat_id, pending.stale_draft)
+            plugins = self.app.engine.plugins  # the run and its stream use one plugin state
+            session = await self.app.store.get(lane.key)
+            bridge = _StreamBridge(channel, message, plugins.sanitizers)
+            draft = _DraftWatch(self.inbox, pending.entries)
+
+            async def listener(event: RunEvent) -> None:
+                nonlocal held
+                if event.type == "chunk":
+                    entry.output = True
+                    await bridge.add(event.payload["content"])
+                    draft.check(bridge.stream)
+                elif event.type == "tool.call":
+                    entry.output = True
+                    await bridge.end_block()
+                elif event.type == "run.retrying":
+                    if event.payload.get("attempt") == 0:
+                        # Held by the provider's circuit breaker: say so once.
+                        if not held:
+                            held = True
+                            self._notify(message, HELD_NOTICE)
+                    else:
+                        await bridge.restart()
+                elif event.type == "activity":
+                    if event.payload.get("phase") == "committing":
+                        entry.output = True  # answered: a follow-up starts a run of its own
+                    elif event.payload.get("notice"):
+                        self._notify(message, event.payload["notice"])
+
+            typing = channel.typing(message) if channel else contextlib.nullcontext()
+            async with typing:
+                options = pending.options or {
+                    "extra_context": self._take_context(lane.key)}
+                options = {"agent": agent_of(lane.key), "plugins": plugins, **options}
+                if pending.entries:
+                    options["journal"] = pending.journal or RunJournal(self.inbox,
+                                                                       pending.entries[-1])
+                    options["on_commit"] = self._committer(message, pending.entries, bridge)
+                result = await self.app.engine.run(
+                    RunRequest(message, session, run_id=run_id, **options), listener)
+            if result.status == "failed" and not pending.deliver_failed:
+                if bridge.stream is not None:
+                    await bridge.stream.finish(None)
+            else:
+                await self._deliver(channel, message, result, bridge.stream)
+            if pending.done is not None and not pending.done.done():
+                pending.done.set_result(result)
+        except asyncio.CancelledError:
+            if bridge is not None and bridge.stream is not None:
+                with contextlib.suppress(Exception):
+                    await bridge.stream.finish(None)
+            if pending.done is not None and not pending.done.done():
+                pending.done.cancel()
+            reason = entry.run.cancel_reason if entry.run is not None else ""
+            if reason == "shutdown" or not reason:
+                self.inbox.requeue(pending.entries)
+            elif reason != "merged":
+                self.inbox.close(pending.entries)
+            raise
+        except Exception as exc:
+            log.exception("run %s for %s crashed", run_id, lane.key)
+            self.inbox.close(pending.entries)
+            if pending.done is not None and not pending.done.done():
+                pending.done.set_exception(exc)
+            else:
+                self._notify(message, "Something went wrong on my side; please try again.")
+        finally:
+            self._finished(lane, entry)
+
+    def _committer(self, message: InboundMessage, entries: tuple[int, ...],
+                   bridge: _StreamBridge) -> Any:
+        """What the run writes in its own commit: entries done, the reply into the outbox."""
+        def on_commit(reply: str | None, failed: bool) -> Any:
+            out = None if reply is None else OutboundMessage.reply_to_message(
+                message, reply, "error" if failed else "reply")
+            return self.inbox.finish(entries, out, draft_id(bridge.stream))
+        return on_commit
+
+    async def _deliver(self, channel: Channel | None, message: InboundMessage,
+                       result: RunResult, stream: ReplyStream | None) -> None:
+        if channel is None:
+            log.error("no channel %r to deliver run %s", message.channel, result.run_id)
+            return
+        reply = None if result.reply is None else OutboundMessage.reply_to_message(
+            message, result.reply, "error" if result.status == "failed" else "reply")
+        draft = draft_id(stream)
+        try:
+            if stream is not None:
+                await stream.finish(result.reply)
+                platform_id = draft_id(stream)
+            elif reply is not None:
+                if result.outbox_id is not None:
+                    reply = dataclasses.replace(reply, delivery_id=f"roost-{result.outbox_id}")
+                platform_id = await channel.send(reply)
+            else:
+                return
+        except Exception as exc:
+            if result.outbox_id is None or reply is None:
+                log.warning("delivering run %s to %s:%s failed: %s", result.run_id,
+                            message.channel, message.chat_id, exc)
+                return
+            log.warning("delivering run %s to %s:%s failed (%s); it stays in the outbox",
+                        result.run_id, message.channel, message.chat_id, exc)
+            self.inbox.not_delivered(result.outbox_id, final=False)
+            self._redeliver(result.outbox_id, reply, draft, 1)
+            return
+        if result.outbox_id is not None:
+            self.inbox.delivered(result.outbox_id, platform_id)
+
+    def _redeliver(self, outbox_id: int, reply: OutboundMessage, draft: str | None,
+                   attempts: int, delay: float | None = None) -> None:
+        """Send a committed reply again later (replacing its draft), backing off."""
+        if delay is None:
+            delay = REDELIVERY_DELAYS[min(attempts, len(REDELIVERY_DELAYS)) - 1]
+
+        async def again() -> None:
+            await asyncio.sleep(delay)
+            channel = self.app.channels.get(reply.channel)
+            if channel is None:
+                log.error("reply %d: no channel %r; kept in the outbox", outbox_id, reply.channel)
+                return
+            try:
+                platform_id = await channel.send(dataclasses.replace(
+                    reply, replace=draft, delivery_id=f"roost-{outbox_id}", redelivery=True))
+            except Exception as exc:
+                final = attempts >= len(REDELIVERY_DELAYS)
+                self.inbox.not_delivered(outbox_id, final=final)
+                if final:
+                    log.error("reply %d to %s:%s could not be delivered; given up (%s)",
+                              outbox_id, reply.channel, reply.chat_id, exc)
+                else:
+                    log.warning("reply %d to %s:%s not delivered (%s); trying again",
+                                outbox_id, reply.channel, reply.chat_id, exc)
+                    self._redeliver(outbox_id, reply, draft, attempts + 1)
+                return
+            self.inbox.delivered(outbox_id, platform_id)
+
+        task = asyncio.ensure_future(again())
+        self._redeliveries.add(task)
+        task.add_done_callback(self._redeliveries.discard)
+
+    # -- commands --------------------------------------------------------------
+
+    async def _command(self, message: InboundMessage, name: str, args: str, *,
+                       entry: int | None = None) -> None:
+        key = self.key_for(message)
+        lock, users = self._command_locks.setdefault(key, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                await self._run_command(message, name, args)
+            if entry is not None:
+                self.inbox.close((entry,))
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._command_locks[key]
+
+    async def _run_command(self, message: InboundMessage, name: str, args: str) -> None:
+        command = self.app.commands.get(name)
+        is_admin = self.settings.is_admin(message.channel, message.sender_id)
+        if command is None:
+            reply: str | None = f"I don't know /{name}. Send /help to see the commands."
+        elif command.admin_only and not is_admin:
+            reply = f"/{command.name} is for admins only."
+            log.warning("non-admin %s:%s tried /%s", message.channel, message.sender_id, name)
+        else:
+            # Routed again now, not when queued: an earlier command in this chat
+            # (/agent reload) may have changed the bindings.
+            key = self.key_for(message)
+            ctx = CommandContext(self.app, message, command.name, args, is_admin, key,
+                                 agent_of(key))
+            try:
+                reply = await command.handler(ctx)
+            except Exception as exc:
+                log.exception("command /%s failed", name)
+                reply = f"/{command.name} failed: {exc}"
+        if reply:
+            await self._send(OutboundMessage.reply_to_message(message, reply))
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _notify(self, message: InboundMessage, text: str) -> None:
+        self._spawn(self._send(OutboundMessage.reply_to_message(message, text, "notice")))
+
+    async def _send(self, out: OutboundMessage) -> None:
+        channel = self.app.channels.get(out.channel)
+        if channel is None:
+            log.error("no channel %r for a reply", out.channel)
+            return
+        try:
+            await channel.send(out)
+        except Exception:
+            log.exception("sending to %s:%s failed", out.channel, out.chat_id)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("task failed", exc_info=task.exception())
+        self._changed.set()
+
+
+async def _quietly(work: Coroutine[Any, Any, None]) -> None:
+    with contextlib.suppress(Exception):
+        await work
+
+
+def _joined(first: _Pending, second: InboundMessage, entry: int, now: float,
+            limit: int) -> _Pending:
+    # Reply to the newest message: that is the one the sender is looking at.
+    texts = (*(first.texts or (first.message.text,)), second.text)
+    attachments = first.message.attachments + second.attachments
+    message = dataclasses.replace(second, text=join_messages(texts, limit),
+                                  attachments=attachments)
+    return _Pending(message, now, entries=(*first.entries, entry),
+                    stale_draft=first.stale_draft, texts=texts)
+
+
+def draft_id(stream: ReplyStream | None) -> str | None:
+    """The platform id of a stream's draft (streams of older channel plugins have none)."""
+    value = getattr(stream, "message_id", None)
+    return str(value) if value else None
+
+
+class _DraftWatch:
+    """Journals the id of a run's draft once the channel showed one."""
+
+    def __init__(self, inbox: Inbox, entries: tuple[int, ...]) -> None:
+        self.inbox = inbox
+        self.entries = entries
+        self.seen: str | None = None
+
+    def check(self, stream: ReplyStream | None) -> None:
+        draft = draft_id(stream)
+        if draft and draft != self.seen and self.entries:
+            self.seen = draft
+            self.inbox.set_draft(self.entries, draft)
+
+
+class _StreamBridge:
+    """Forwards streamed text to a channel, holding back a possible NO_REPLY.
+
+    Text the model writes before calling tools becomes its own message, so the
+    final answer starts a fresh one instead of being glued onto it.
+    """
+
+    def __init__(self, channel: Channel | None, message: InboundMessage,
+                 sanitizers: Sequence[Sanitizer]) -> None:
+        self.channel = channel
+        self.message = message
+        self.sanitizers = sanitizers
+        self.stream = channel.open_stream(message) if channel is not None else None
+        self.text = ""
+        self.visible = ""
+        self.shown = False
+
+    async def end_block(self) -> None:
+        if self.stream is None or self.channel is None:
+            return
+        if self.shown:
+            block = run_pipeline(self.text, self.sanitizers)
+            await self.stream.finish(block if block and block != NO_REPLY else None)
+            self.stream = self.channel.open_stream(self.message)
+        self.text = ""
+        self.visible = ""
+        self.shown = False
+
+    async def restart(self) -> None:
+        """The model's answer is being generated again: the draft starts over."""
+        self.text = ""
+
+    async def add(self, fragment: str) -> None:
+        if self.stream is None:
+            return
+        self.text += fragment
+        # Show only what the final reply will show: sanitized, and nothing from
+        # a thinking or tool block whose closing tag has not arrived yet.
+        visible = run_pipeline(_settled(self.text), self.sanitizers)
+        if not visible or NO_REPLY.startswith(visible) or visible == self.visible:
+            return
+        self.shown = True
+        self.visible = visible
+        await self.stream.push(visible)
+
+
+_HIDDEN_BLOCK = re.compile(
+    r"<(think|thinking|thought|antthinking|tool_call|function_calls?|tool_use|invoke)\b",
+    re.IGNORECASE)
+
+
+def _settled(text: str) -> str:
+    """``text`` up to any hidden block still open, or a tag still being written."""
+    for match in _HIDDEN_BLOCK.finditer(text):
+        close = re.compile(rf"</{match.group(1)}\s*>", re.IGNORECASE)
+        if not close.search(text, match.end()):
+            text = text[:match.start()]
+            break
+    lt = text.rfind("<")
+    if lt != -1 and ">" not in text[lt:]:
+        text = text[:lt]
+    return text

@@ -1,0 +1,205 @@
+"""Compaction: summarizing old history, mid-run and after a run, with a memory flush first.
+
+Post-run, when a session's active history passes ``compact_min_messages`` or
+``compact_ratio`` of the window, one background task per session (others skip
+while it holds the session's lock) first runs the memory flush (an embedded,
+minimal-prompt run that may write ``memory/YYYY-MM-DD.md``, once per
+compaction cycle), then asks the model for a summary of all but the last
+``compact_keep_messages`` messages and swaps them for it. A failed summary
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from bot.contracts.llm import ChatMessage, LLMProvider, LLMRequest
+from bot.contracts.messages import InboundMessage
+from bot.engine.history import repair_pairing
+from bot.storage.sessions import Session, agent_of
+
+if TYPE_CHECKING:
+    from bot.agents.router import Agent
+    from bot.engine.runloop import RunEngine
+
+log = logging.getLogger("roost.compaction")
+
+SUMMARY_SYSTEM = (
+    "You compress chat history. Write a concise summary of the conversation below for the "
+    "assistant's own later use: who said what, decisions, facts learned about the users, "
+    "open tasks and promises, names of files touched. Plain prose or short bullets, no "
+    "preamble."
+)
+SUMMARY_MAX_TOKENS = 1_024
+SUMMARY_TEMPERATURE = 0.3
+SUMMARY_TIMEOUT = 120.0
+FLUSH_TIMEOUT = 90.0
+FLUSH_ITERATIONS = 5
+FLUSH_WINDOW = 10
+FLUSH_TOOLS = ("read_file", "write_file")
+TRANSCRIPT_TOOL_CHARS = 2_000
+RETRY_AFTER_MESSAGES = 10
+
+
+def flush_prompt(today: dt.date) -> str:
+    """The instruction of the pre-compaction memory flush."""
+    return (f"Pre-compaction memory flush: older messages of this conversation are about to "
+            f"be summarized. Store durable memories now (facts, preferences, decisions, open "
+            f"tasks) by appending them to memory/{today.isoformat()}.md with write_file "
+            f"(read it first if it exists; create memory/ if needed). If nothing is worth "
+            f"storing, reply with NO_REPLY.")
+
+
+def transcript(messages: Sequence[ChatMessage], previous_summary: str = "") -> str:
+    """Render messages as plain text for the summarizer (no tool pairing to break)."""
+    lines = []
+    if previous_summary:
+        lines.append(f"[Earlier summary]\n{previous_summary}\n")
+    for m in messages:
+        if m.role == "user":
+            who = m.sender_name or m.sender_id or "user"
+            lines.append(f"{who}: {m.content}")
+        elif m.role == "assistant":
+            calls = ", ".join(f"{c.name}({dict(c.arguments)})" for c in m.tool_calls)
+            text = m.content + (f" [called {calls}]" if calls else "")
+            lines.append(f"assistant: {text}")
+        else:
+            lines.append(f"[{m.tool_name} result] {m.content[:TRANSCRIPT_TOOL_CHARS]}")
+    return "\n".join(lines)
+
+
+async def summarize(engine: RunEngine, messages: Sequence[ChatMessage],
+                    previous_summary: str = "", *, provider: LLMProvider | None = None,
+                    model: str | None = None) -> str:
+    """Ask the model for a summary of ``messages``; raises on failure or empty output.
+
+    ``provider`` and ``model`` default to the engine's (the default agent's).
+    """
+    request = LLMRequest(
+        model=model or engine.settings.model,
+        system=SUMMARY_SYSTEM,
+        messages=(ChatMessage("user", transcript(messages, previous_summary)),),
+        max_tokens=SUMMARY_MAX_TOKENS,
+        temperature=SUMMARY_TEMPERATURE,
+    )
+    async with asyncio.timeout(SUMMARY_TIMEOUT):
+        response = await (provider or engine.provider).complete(request)
+    summary = response.text.strip()
+    if not summary:
+        raise ValueError("the model returned an empty summary")
+    return summary
+
+
+def split_point(messages: Sequence[ChatMessage], keep: int) -> int:
+    """Index where the kept tail starts: about ``keep`` messages, never at a tool result."""
+    cut = max(0, len(messages) - keep)
+    while 0 < cut < len(messages) and messages[cut].role == "tool":
+        cut -= 1
+    return cut
+
+
+class Compactor:
+    """Runs post-run compaction for sessions, at most one at a time per session."""
+
+    def __init__(self, engine: RunEngine) -> None:
+        self.engine = engine
+        self.settings = engine.settings
+        self.busy: set[str] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+        # After a failure, wait for this much more history before trying again, so
+        # a broken summarizer does not cost an extra model call on every run.
+        self.failed_at: dict[str, int] = {}
+
+    def needed(self, session: Session, agent: Agent | None = None) -> bool:
+        """Whether the session's active history calls for compaction (under ``agent``'s
+        context window; the default agent's when ``None``)."""
+        settings = agent.settings if agent is not None else self.settings
+        if not settings.compaction:
+            return False
+        failed = self.failed_at.get(session.key)
+        if failed is not None and len(session.messages) < failed + RETRY_AFTER_MESSAGES:
+            return False
+        if len(session.messages) > settings.compact_min_messages:
+            return True
+        provider, _ = self._provider(agent)
+        tokens = self.engine.estimator_for(provider.name).messages(session.messages)
+        return tokens >= settings.compact_ratio * settings.context_window
+
+    def _provider(self, agent: Agent | None) -> tuple[LLMProvider, str]:
+        """The provider and model that summarize for ``agent``."""
+        if agent is None:
+            return self.engine.provider, self.settings.model
+        return agent.provider or self.engine.provider, agent.settings.model
+
+    def schedule(self, session: Session, message: InboundMessage,
+                 agent: Agent | None = None) -> bool:
+        """Start a background compaction unless one is running for this session."""
+        if session.key in self.busy or not self.needed(session, agent):
+            return False
+        self.busy.add(session.key)
+        task = asyncio.create_task(self._run(session, message, agent))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return True
+
+    async def wait(self) -> None:
+        """Wait for every compaction in progress (tests, shutdown)."""
+        while self.tasks:
+            await asyncio.gather(*list(self.tasks), return_exceptions=True)
+
+    async def _run(self, session: Session, message: InboundMessage,
+                   agent: Agent | None) -> None:
+        session.pins += 1
+        try:
+            if self.settings.memory_flush and session.flushed_compaction < session.compactions:
+                await self.memory_flush(session, message, agent)
+            await self.compact(session, agent)
+            self.failed_at.pop(session.key, None)
+        except Exception:
+            self.failed_at[session.key] = len(session.messages)
+            log.exception("compaction of %s failed; history left as it was (next try after "
+                          "%d more messages)", session.key, RETRY_AFTER_MESSAGES)
+        finally:
+            session.pins -= 1
+            self.busy.discard(session.key)
+
+    async def memory_flush(self, session: Session, message: InboundMessage,
+                           agent: Agent | None = None) -> None:
+        """Give the agent one minimal, tool-limited run to save durable memories."""
+        from bot.engine.runloop import RunRequest
+
+        history = session.messages[-FLUSH_WINDOW:]
+        while history and history[0].role != "user":
+            history = history[1:]
+        flush = InboundMessage(
+            channel=message.channel, chat_id=message.chat_id, chat_type=message.chat_type,
+            sender_id=message.sender_id, sender_name=message.sender_name,
+            text=flush_prompt(dt.datetime.now(dt.UTC).date()),
+        )
+        result = await self.engine.run(RunRequest(
+            flush, session, mode="minimal", max_iterations=FLUSH_ITERATIONS,
+            agent=agent.name if agent is not None else agent_of(session.key),
+            tools=FLUSH_TOOLS, history=repair_pairing(history), persist=False,
+            timeout=FLUSH_TIMEOUT, kind="memory_flush",
+        ))
+        await self.engine.store.mark_flushed(session)
+        log.info("memory flush for %s: %s", session.key,
+                 "nothing stored" if result.silent else result.status)
+
+    async def compact(self, session: Session, agent: Agent | None = None) -> bool:
+        """Summarize all but the last few messages; returns whether it did."""
+        cut = split_point(session.messages, self.settings.compact_keep_messages)
+        if cut <= 0:
+            return False
+        old = list(session.messages[:cut])
+        provider, model = self._provider(agent)
+        summary = await summarize(self.engine, old, session.summary, provider=provider,
+                                  model=model)
+        await self.engine.store.compact(session, cut, summary)
+        log.info("compacted %s: %d messages into a %d-char summary (compaction #%d)",
+                 session.key, cut, len(summary), session.compactions)
+        return True

@@ -1,0 +1,834 @@
+"""The run loop: one inbound message becomes a think → act → observe run.
+
+Phases: setup → input checks → build messages → LLM iterations with tool
+execution → finalization (sanitize, NO_REPLY, one atomic flush) →
+post-processing (events). Cancellation (``/stop``, merges, shutdown) is plain
+asyncio cancellation: it reaches the provider's HTTP stream and running tools,
+and nothing of a cancelled run is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from bot.agents.judge import Judge, Verdict, self_correct
+from bot.agents.patterns import PatternLibrary, render
+from bot.agents.router import Agent, AgentResolver, AgentRouter
+from bot.config.settings import Settings
+from bot.contracts.events import EventType, RunEvent
+from bot.contracts.llm import ChatMessage, LLMProvider, LLMRequest, LLMResponse, ToolCall, Usage
+from bot.contracts.messages import InboundMessage
+from bot.contracts.prompt import Order, PromptContext, PromptMode, PromptSection, assemble
+from bot.contracts.sanitize import Sanitizer, run_pipeline
+from bot.contracts.tools import Tool, ToolContext, ToolResult
+from bot.engine.compaction import Compactor, split_point, summarize
+from bot.engine.context import build_context, kernel_text
+from bot.engine.exec_summary import ExecutionSummary
+from bot.engine.guard import BLOCK_REFUSAL, WITHHELD, InputCheck, InputGuard, truncate
+from bot.engine.history import PruneSettings, limit_turns, prune, repair_pairing, summary_messages
+from bot.engine.snapshot import PluginSnapshot
+from bot.engine.tokens import TokenEstimator
+from bot.observability.tracing import VERBOSE_INPUT_CHARS, RunTrace, Span, SpanExporter, preview
+from bot.pluginhost.manager import PluginHost
+from bot.storage.db import Statements
+from bot.storage.inbox import RunJournal
+from bot.storage.sessions import RunRecord, Session, SessionStore
+from bot.tools.executor import (
+    Breakers,
+    RawError,
+    ToolExecutor,
+    ToolMetricsRegistry,
+    ToolOutcome,
+    describe_error,
+    turn_timeout_notice,
+)
+from bot.tools.structured_errors import extract
+from workspaces import TEMPLATE_NAMES, ensure_workspace, is_seeded, read_cached, workspace_dir
+
+log = logging.getLogger("roost.run")
+
+NO_REPLY = "NO_REPLY"
+LOOP_REPEATS = 3
+"""Identical tool calls in one run before the model is warned it is looping."""
+
+Listener = Callable[[RunEvent], Awaitable[None]]
+FailureHandler = Callable[[ToolCall, RawError, str], Awaitable[str]]
+"""``(call, raw_error, session_key) -> text for the model``."""
+LargeResultHandler = Callable[[str, str, str], Awaitable[str]]
+"""``(session_key, tool_name, content) -> preview with a reference``."""
+RunStatus = Literal["completed", "failed", "cancelled", "refused"]
+
+
+@dataclass(slots=True)
+class RunRequest:
+    """One run to execute. ``message.text`` is the (possibly merged) user text.
+
+    Background runs (memory flush, cron) narrow what the run may do: ``tools``
+    limits the tools offered and executable, ``history`` replaces the session
+    history, ``persist=False`` writes nothing to the session (the trace is
+    still stored), and ``timeout`` replaces ``run_timeout``.
+    """
+
+    message: InboundMessage
+    session: Session
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    max_iterations: int | None = None
+    mode: PromptMode = "full"
+    agent: str = "default"
+    tools: Sequence[str] | None = None
+    history: Sequence[ChatMessage] | None = None
+    persist: bool = True
+    timeout: float | None = None
+    kind: str = "chat"
+    extra_context: str = ""
+    """Extra text for the prompt's ``<extra_context>`` section (cron jobs, sub-tasks)."""
+    journal: RunJournal | None = None
+    """Where the run records its tool exchange as it happens; one left by an
+    interrupted earlier run of the same message is replayed first."""
+    plugins: PluginSnapshot | None = None
+    """The plugin state to run with (captured when the message was taken up);
+    ``None``: the engine's current one."""
+    on_commit: Callable[[str | None, bool], Statements] | None = None
+    """``(reply or None, failed) -> statements`` written in the run's own commit
+    (the dispatcher closes the inbox entries and queues the reply there)."""
+
+
+@dataclass(slots=True)
+class RunResult:
+    """How a run ended. ``reply`` is what to deliver (``None`` when silent)."""
+
+    run_id: str
+    status: RunStatus
+    reply: str | None
+    usage: Usage
+    iterations: int = 0
+    error: str = ""
+    outbox_id: int | None = None
+    """The reply's outbox entry, when the run queued one in its commit."""
+
+    @property
+    def silent(self) -> bool:
+        """True when nothing is to be delivered."""
+        return self.reply is None
+
+
+class RunEngine:
+    """Executes runs against one provider with the tools and sanitizers plugins gave."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        host: PluginHost,
+        store: SessionStore,
+        provider: LLMProvider,
+        tools: Mapping[str, Tool],
+        sanitizers: Sequence[Sanitizer],
+        guard: InputGuard | None = None,
+    ) -> None:
+        self.settings = settings
+        self.host = host
+        self.store = store
+        self.provider = provider
+        self.plugins = PluginSnapshot.of(
+            guard or InputGuard([], settings.guard_mode, settings.guard_modes), tools,
+            sanitizers=list(sanitizers))
+        """What the enabled plugins offer; replaced whole when plugins change."""
+        self.estimator = TokenEstimator(provider.name)
+        self._estimators = {provider.name: self.estimator}
+        self.compactor = Compactor(self)
+        self.prune = PruneSettings(soft_ratio=settings.prune_soft_ratio,
+                                   hard_ratio=settings.prune_hard_ratio)
+        self.exporter: SpanExporter | None = None
+        self.breakers = Breakers()
+        self.tool_metrics = ToolMetricsRegistry()
+        self.on_tool_failure: FailureHandler | None = None
+        """Turns a tool failure into what the model reads (the error channel)."""
+        self.on_large_result: LargeResultHandler | None = None
+        """Stores a large result and returns the preview the model reads."""
+        self.active_runs = 0
+        self.workspaces_root = settings.workspaces_dir
+        """The default agent's workspaces (others: :func:`bot.agents.router.workspaces_root`)."""
+        self.router = AgentRouter(AgentResolver(settings, host, lambda: self.provider,
+                                                lambda: dict(self.plugins.judges)))
+
+    @property
+    def tools(self) -> Mapping[str, Tool]:
+        """The tools of the current plugin state."""
+        return self.plugins.tools
+
+    @property
+    def sanitizers(self) -> tuple[Sanitizer, ...]:
+        """The output sanitizers of the current plugin state, in order."""
+        return self.plugins.sanitizers
+
+    @property
+    def guard(self) -> InputGuard:
+        """The input guard of the current plugin state."""
+        return self.plugins.guard
+
+    def estimator_for(self, provider: str) -> TokenEstimator:
+        """The token estimator calibrated for ``provider`` (one per provider)."""
+        estimator = self._estimators.get(provider)
+        if estimator is None:
+            estimator = self._estimators[provider] = TokenEstimator(provider)
+        return estimator
+
+    async def run(self, req: RunRequest, listener: Listener | None = None) -> RunResult:
+        """Execute ``req`` to completion; raises ``CancelledError`` if cancelled."""
+        run = _Run(self, req, listener)
+        self.active_runs += 1
+        req.session.pins += 1
+        try:
+            result = await run.execute()
+        finally:
+            req.session.pins -= 1
+            self.active_runs -= 1
+        if req.persist and result.status == "completed" and run.agent is not None:
+            self.compactor.schedule(req.session, req.message, run.agent)
+        return result
+
+
+class _Run:
+    """The state of one run; lives only as long as the run."""
+
+    def __init__(self, engine: RunEngine, req: RunRequest, listener: Listener | None) -> None:
+        self.engine = engine
+        self.settings = engine.settings
+        self.req = req
+        self.plugins = req.plugins or engine.plugins
+        """The plugin state this run started with; it keeps it to the end."""
+        self.listener = listener
+        self.observers = bool(engine.host.implementations("roost_run_event"))
+        self.usage = Usage()
+        self.buffer: list[ChatMessage] = []
+        self.iterations = 0
+        self.started = time.monotonic()
+        self.committed = False
+        self.trace = RunTrace(req.run_id, req.session.key, verbose=self.settings.trace_verbose)
+        self.trace.root.attributes["kind"] = req.kind
+        # Set from the agent when the run starts (_use_agent).
+        self.agent: Agent | None = None
+        self.provider = engine.provider
+        self.estimator = engine.estimator
+        self.tools: dict[str, Tool] = {}
+        self.executor: ToolExecutor
+        self.stream = True
+        self.judge_attempt = 0
+        self.judge_spans: list[Span] = []
+        self.repeats: dict[tuple[str, str], int] = {}
+        self.exec_summary = ExecutionSummary()  # one per run = one per user turn
+        self.compacted_midloop = False
+
+    async def emit(self, type_: EventType, **payload: Any) -> None:
+        if not self.observers and self.listener is None:
+            return
+        event = RunEvent(type_, self.req.run_id, self.req.session.key, payload)
+        if self.listener is not None:
+            await self.listener(event)
+        if self.observers:
+            await self.engine.host.call("roost_run_event", event=event)
+
+    async def execute(self) -> RunResult:
+        msg = self.req.message
+        await self.emit("run.started", message=msg.text, kind=self.req.kind)
+        timeout = self.req.timeout or self.settings.run_timeout
+        try:
+            async with asyncio.timeout(timeout):
+                result = await self._phases()
+        except asyncio.CancelledError as exc:
+            # The message given to task.cancel(): "stop", "merged" or "shutdown".
+            reason = str(exc.args[0]) if exc.args and exc.args[0] else "cancelled"
+            # A run cancelled while its flush is being written is committed all
+            # the same (the store finishes the write); its trace stays as written.
+            if not self.committed:
+                await self._store_trace("cancelled", reason)
+            self._log("cancelled", reason)
+            await self.emit("run.cancelled", reason=reason)
+            raise
+        except TimeoutError:
+            result = await self._fail(f"the run took longer than {timeout:g}s")
+        except Exception as exc:
+            log.exception("run %s failed", self.req.run_id)
+            result = await self._fail(describe_error(exc))
+        return result
+
+    async def _use_agent(self) -> Agent:
+        """Resolve the run's agent; its settings, provider and tool policy apply from here."""
+        engine, req = self.engine, self.req
+        agent = self.agent = await engine.router.get(req.agent)
+        self.settings = agent.settings
+        self.provider = agent.provider or engine.provider
+        self.estimator = engine.estimator_for(self.provider.name)
+        # The policy decides what is offered *and* what may run: a hidden tool
+        # the model names anyway is an unknown tool to the executor.
+        tools = agent.tools(self.plugins.tools, self.plugins.tool_groups)
+        if req.tools is not None:
+            tools = {name: tools[name] for name in req.tools if name in tools}
+        self.tools = tools
+        self.executor = ToolExecutor(tools, self.settings, breakers=engine.breakers,
+                                     metrics=engine.tool_metrics)
+        # A judged reply is delivered only once it passed, so drafts are not streamed.
+        self.stream = not (agent.judges and req.kind == "chat")
+        self.trace.root.attributes["agent"] = agent.name
+        return agent
+
+    async def _phases(self) -> RunResult:
+        req, msg, engine = self.req, self.req.message, self.engine
+        agent = await self._use_agent()
+        # Setup: the workspace is always the sender's, even in a group.
+        workspace = _workspace(agent.workspaces_root, msg.channel, msg.sender_id)
+        if not is_seeded(workspace):
+            await asyncio.to_thread(ensure_workspace, workspace, agent.bootstrap_dir,
+                                    _seeded_files(agent))
+
+        # Input validation: guard, length, then plugin checks.
+        verdict = self.plugins.guard.check(msg.text, channel=msg.channel, user=msg.sender_id,
+                                     session=req.session.key)
+        if verdict.blocked:
+            return await self._refuse(BLOCK_REFUSAL)
+        text, truncation_note = truncate(msg.text, self.settings.max_message_chars)
+        notes = [truncation_note] if truncation_note else []
+        if msg.attachments:
+            # Until media reaches the model, it is at least told what arrived, and
+            # an attachment-only message is a valid turn of its own.
+            note = msg.attachment_note()
+            text = f"{text}\n\n{note}" if text.strip() else note
+        refusals: list[str] = []
+
+        def step(check: Any, args: dict[str, Any]) -> bool:
+            if not isinstance(check, InputCheck):
+                return False
+            if check.refusal is not None:
+                refusals.append(check.refusal)
+                return True
+            if check.text is not None:
+                args["text"] = check.text  # the next check sees the rewrite
+            if check.note:
+                notes.append(check.note)
+            return False
+
+        checked: dict[str, Any] = {"message": msg, "text": text, "settings": self.settings}
+        await engine.host.pipe("roost_check_input", checked, step)
+        if refusals:
+            return await self._refuse(refusals[0])
+        text = checked["text"]
+        user = ChatMessage("user", text, sender_id=msg.sender_id, sender_name=msg.display_name)
+        self.buffer.append(user)
+
+        # Build messages: ROM (system prompt), Kernel, L2 (summary), L1 (history).
+        prompt = PromptContext(
+            message=msg, session_key=req.session.key, workspace=workspace,
+            tool_names=sorted(self.tools), model=self.settings.model,
+            provider=self.provider.name, agent=agent.name, mode=req.mode,
+            extra_context=req.extra_context,
+            agent_dir=agent.bootstrap_dir if agent.type == "predefined" else None,
+        )
+        sections = await engine.host.collect("roost_prompt_sections", prompt=prompt)
+        if agent.patterns is not None and req.mode == "full":
+            sections.append(await self._patterns(agent.patterns, text))
+        rom = assemble(sections)
+        kernel = "" if req.mode == "minimal" else kernel_text(
+            read_cached(workspace / "USER.md", 8_000, within=workspace), req.session.facts)
+        # The Kernel goes before the recency reminders; it is counted as its own segment.
+        system = assemble([*sections, PromptSection("kernel", kernel, Order.KERNEL)])
+        group = msg.chat_type == "group"
+        current = _for_model(user, group)
+        if notes:
+            current = ChatMessage("user", current.content + "\n\n" + "\n".join(notes),
+                                  created_at=user.created_at)
+        context = build_context(
+            rom=rom, kernel=kernel, summary="" if req.history is not None else req.session.summary,
+            history=self._history(group), current=current, estimator=self.estimator,
+            window=self.settings.context_window, reserve=self.settings.output_reserve,
+        )
+        if req.persist:
+            req.session.context_tokens = context.tokens
+        convo = context.messages
+        specs = tuple(t.spec() for t in self.tools.values())
+
+        # LLM iterations.
+        limit = req.max_iterations or self.settings.max_iterations
+        tool_context = ToolContext(
+            user_id=msg.sender_id, channel=msg.channel, chat_id=msg.chat_id,
+            session_key=req.session.key, run_id=req.run_id, workspace=workspace,
+            deadline=self.started + (req.timeout or self.settings.run_timeout),
+            chat_type=msg.chat_type, thread_id=msg.thread_id,
+        )
+        final, convo = await self._generate(convo, system, specs, limit, tool_context)
+
+        # Finalization: sanitize before the NO_REPLY check, judge, then one flush.
+        cleaned = run_pipeline(final, self.plugins.sanitizers)
+        silent = cleaned == NO_REPLY or not cleaned
+        if agent.judges and req.kind == "chat" and not silent:
+            final, cleaned = await self._self_correct(
+                agent, convo, (final, cleaned), text,
+                lambda c: self._generate(c, system, specs, limit, tool_context))
+            silent = cleaned == NO_REPLY or not cleaned
+        self.buffer.append(ChatMessage("assistant", final))
+        self.trace.root.attributes["output_preview"] = preview(cleaned)
+        reply = None if silent else cleaned
+        outbox_id = None
+        if req.persist:
+            # From here the run is answered: a follow-up must not merge into it.
+            await self.emit("activity", phase="committing")
+            self.committed = True
+            outbox_id = await engine.store.append_run(
+                req.session, req.run_id, self.buffer, self.usage, self.settings.model,
+                self.provider.name, self._record("completed"), self._spans("completed"),
+                also=self._also(reply),
+            )
+        else:
+            await self._store_trace("completed")
+        self._log("completed")
+        await self.emit("run.completed", content=cleaned, silent=silent,
+                        usage={"input_tokens": self.usage.input_tokens,
+                               "output_tokens": self.usage.output_tokens})
+        return RunResult(req.run_id, "completed", reply, self.usage, self.iterations,
+                         outbox_id=outbox_id)
+
+    def _also(self, reply: str | None, failed: bool = False) -> Statements | None:
+        on_commit = self.req.on_commit
+        return on_commit(reply, failed) if on_commit is not None else None
+
+    async def _generate(self, convo: list[ChatMessage], system: str,
+                        specs: tuple[Any, ...], limit: int,
+                        tool_context: ToolContext) -> tuple[str, list[ChatMessage]]:
+        """LLM iterations until an answer without tool calls, or ``limit`` model calls.
+
+        Returns the answer and the conversation (mid-loop compaction may replace it).
+        Tool exchanges go to the run's buffer; the answer does not.
+        """
+        used = 0
+        journal = self.req.journal
+        while used < limit:
+            used += 1
+            self.iterations += 1
+            replayed = journal.next_turn() if journal is not None else None
+            if replayed is not None:
+                # An interrupted earlier run got this far: its turn and finished
+                # tool results are replayed instead of being produced again.
+                assistant = replayed
+                request = None
+            else:
+                await self.emit("activity", phase="thinking", iteration=self.iterations)
+                request = LLMRequest(
+                    model=self.settings.model, system=system,
+                    messages=_with_summary(convo, self.exec_summary.render()),
+                    tools=specs, max_tokens=self.settings.max_tokens,
+                )
+                response = await self._call_llm(request)
+                self.usage.add(response.usage)
+                if not response.tool_calls:
+                    return response.text, convo
+                assistant = ChatMessage("assistant", response.text,
+                                        tool_calls=response.tool_calls)
+                if journal is not None:
+                    await journal.turn(assistant)
+            convo.append(assistant)
+            self.buffer.append(assistant)
+            if assistant.content.strip() and replayed is None:
+                await self.emit("block.reply", content=assistant.content)
+            await self.emit("activity", phase="tools", iteration=self.iterations)
+            calls = assistant.tool_calls
+            results = await self._run_tools(
+                calls, tool_context,
+                journal.replayed(calls) if replayed is not None and journal else None)
+            if journal is not None and replayed is None:
+                # Queued results join this commit: the model is asked again only
+                # once a crash could no longer make it look as if they never ran.
+                await journal.sync()
+            for call, result in zip(calls, results, strict=True):
+                answer = ChatMessage("tool", result.content, tool_call_id=call.id,
+                                     tool_name=call.name, is_error=result.is_error)
+                convo.append(answer)
+                self.buffer.append(answer)
+            warning = self._loop_warning(calls)
+            if warning:
+                # On the result the model reads next; the stored history stays as it was.
+                convo[-1] = dataclasses.replace(convo[-1], content=f"{convo[-1].content}\n\n"
+                                                f"{warning}")
+            if request is not None:
+                convo = await self._maybe_compact_midloop(
+                    convo, response.usage.input_tokens or self.estimator.request(request))
+        return (f"I stopped after {limit} steps without finishing. "
+                "Tell me how to continue, or ask for something smaller."), convo
+
+    async def _patterns(self, library: PatternLibrary, text: str) -> PromptSection:
+        """The agent's top patterns for ``text``, for the ROM segment."""
+        if library.reload_due():
+            # Parsing YAML and rebuilding the index is file I/O: off the event loop.
+            await asyncio.to_thread(library.reload_if_changed)
+        span = self.trace.start("patterns", "patterns", library=str(library.directory))
+        matches = library.match(text)
+        span.end(matched={m.name: round(m.score, 4) for m in matches})
+        return PromptSection("patterns", render(matches), Order.PATTERNS)
+
+    async def _self_correct(
+        self, agent: Agent, convo: list[ChatMessage], first: tuple[str, str], request_text: str,
+        generate: Callable[[list[ChatMessage]], Awaitable[tuple[str, list[ChatMessage]]]],
+    ) -> tuple[str, str]:
+        """Judge the reply; regenerate with the judges' feedback until it passes.
+
+        Returns ``(raw, sanitized)`` of the reply to deliver. A judge that fails
+        (its provider is down) leaves the latest reply unjudged rather than
+        failing the run; cancellation (``/stop``) propagates like anywhere else.
+        """
+        config = agent.config.judge
+        assert config is not None
+        latest = first
+
+        async def attempt(correction: str | None) -> str:
+            nonlocal latest, convo
+            self.judge_attempt += 1
+            if correction is None:
+                return latest[1]
+            log.info("run %s: reply rejected by the judges; attempt %d", self.req.run_id[:8],
+                     self.judge_attempt)
+            convo.append(ChatMessage("assistant", latest[0]))
+            convo.append(ChatMessage("user", correction))
+            raw, convo = await generate(convo)
+            latest = (raw, run_pipeline(raw, self.plugins.sanitizers))
+            return latest[1]
+
+        judges = [_TracedJudge(j, self, config.strategy, config.threshold)
+                  for j in agent.judges]
+        stats = self.engine.router.stats_for(agent.name)
+        try:
+            result = await self_correct(attempt, judges, strategy=config.strategy,
+                                        threshold=config.threshold,
+                                        max_retries=config.max_retries,
+                                        request_text=request_text)
+        except Exception as exc:
+            stats.errors += 1
+            self.trace.root.attributes["judge_error"] = describe_error(exc)
+            log.warning("run %s: a judge failed (%s); the reply goes out unjudged",
+                        self.req.run_id[:8], describe_error(exc))
+            return latest
+        stats.record(result)
+        for span in self.judge_spans:
+            index = span.attributes["attempt"] - 1
+            if index < len(result.scores):
+                span.attributes["aggregate_score"] = round(result.scores[index], 4)
+                span.attributes["passed"] = result.passed and index == result.attempts - 1
+        self.trace.root.attributes.update(judge_attempts=result.attempts,
+                                          judge_passed=result.passed,
+                                          judge_score=round(result.score, 4))
+        return latest
+
+    def _history(self, group: bool) -> list[ChatMessage]:
+        """Stored history through the pipeline: limit turns → prune → repair pairing."""
+        source = self.req.history if self.req.history is not None else self.req.session.messages
+        limited = limit_turns(source, self.settings.history_turns)
+        window = self.settings.context_window
+        estimator = self.estimator
+        pruned = prune(limited, lambda ms: estimator.messages(ms) / window, self.engine.prune)
+        return [_for_model(m, group) for m in repair_pairing(pruned)]
+
+    def _loop_warning(self, calls: Sequence[ToolCall]) -> str:
+        """A no-progress warning once a call repeats with identical arguments 3 times."""
+        repeated = []
+        for call in calls:
+            key = (call.name, json.dumps(call.arguments, sort_keys=True, default=str))
+            self.repeats[key] = self.repeats.get(key, 0) + 1
+            if self.repeats[key] == LOOP_REPEATS:
+                repeated.append(call.name)
+        if not repeated:
+            return ""
+        return (f"[No progress: you called {', '.join(repeated)} with identical arguments "
+                f"{LOOP_REPEATS} times in this run and the result will not change. Try "
+                "something different, or answer with what you have.]")
+
+    async def _maybe_compact_midloop(self, convo: list[ChatMessage],
+                                     prompt_tokens: int) -> list[ChatMessage]:
+        """Once per run, summarize the oldest ~70% when the prompt fills the window."""
+        threshold = self.settings.compact_ratio * self.settings.context_window
+        if (not self.settings.compaction or self.compacted_midloop
+                or prompt_tokens < threshold or len(convo) < 4):
+            return convo
+        self.compacted_midloop = True
+        cut = split_point(convo, max(2, round(len(convo) * 0.3)))
+        if cut <= 0:
+            return convo
+        span = self.trace.start("llm", "compaction", model=self.settings.model,
+                                messages=cut)
+        try:
+            summary = await summarize(self.engine, convo[:cut], provider=self.provider,
+                                      model=self.settings.model)
+        except Exception as exc:
+            span.end(error=True, error_message=describe_error(exc))
+            log.warning("mid-run compaction of %s failed; continuing uncompacted",
+                        self.req.session.key, exc_info=exc)
+            return convo
+        span.end()
+        log.info("mid-run compaction of %s: %d messages summarized", self.req.session.key, cut)
+        # The request being worked on stays verbatim even when it was summarized.
+        task = [current] if (current := self._current(convo)) in convo[:cut] else []
+        return [*summary_messages(summary), *task, *convo[cut:]]
+
+    def _current(self, convo: list[ChatMessage]) -> ChatMessage | None:
+        created = self.buffer[0].created_at if self.buffer else None
+        return next((m for m in convo if m.role == "user" and m.created_at == created), None)
+
+    async def _call_llm(self, request: LLMRequest) -> LLMResponse:
+        on_text = None
+        pump: asyncio.Task[None] | None = None
+        queue: asyncio.Queue[str | _Retrying | None] = asyncio.Queue()
+        if self.stream and (self.listener is not None or self.observers):
+            # Providers call on_text synchronously from their stream loop; a pump
+            # task forwards fragments so slow observers never stall the stream.
+            on_text = queue.put_nowait
+            pump = asyncio.create_task(self._pump(queue))
+
+        async def on_retry(attempt: int, max_attempts: int, error: str) -> None:
+            retrying = _Retrying(attempt, max_attempts, error)
+            if pump is not None:
+                # Through the same queue as the text: the draft restarts after the
+                # failed attempt's last fragment, never before it.
+                queue.put_nowait(retrying)
+            else:
+                await self._emit_retrying(retrying)
+
+        provider = self.provider
+        span = self.trace.start("llm", "llm", provider=provider.name,
+                                model=request.model, iteration=self.iterations)
+        if self.trace.verbose:
+            span.attributes["input"] = _verbose_input(request)
+        try:
+            response = await provider.complete(request, on_text=on_text, on_retry=on_retry)
+        except BaseException as exc:
+            span.end(error=True, error_message=describe_error(exc))
+            raise
+        finally:
+            if pump is not None:
+                queue.put_nowait(None)
+                await pump
+        span.end(input_tokens=response.usage.input_tokens,
+                 output_tokens=response.usage.output_tokens,
+                 output_preview=preview(response.text), tool_calls=len(response.tool_calls))
+        if self.iterations == 1:
+            # One sample per run is plenty for a moving average, and it is O(request).
+            self.estimator.calibrate(request, response.usage.input_tokens)
+        return response
+
+    async def _pump(self, queue: asyncio.Queue[str | _Retrying | None]) -> None:
+        while (item := await queue.get()) is not None:
+            if isinstance(item, _Retrying):
+                await self._emit_retrying(item)
+            else:
+                await self.emit("chunk", content=item)
+
+    async def _emit_retrying(self, retrying: _Retrying) -> None:
+        await self.emit("run.retrying", attempt=retrying.attempt,
+                        maxAttempts=retrying.max_attempts, error=retrying.error)
+
+    async def _run_tools(
+        self, calls: Sequence[ToolCall], context: ToolContext,
+        replayed: Mapping[str, ToolResult] | None = None,
+    ) -> list[ToolResult]:
+        if replayed is not None:
+            results = []
+            for call in calls:
+                result = replayed[call.id]
+                self.exec_summary.record(call.name, call.arguments, not result.is_error,
+                                         result.content, None)
+                results.append(result)
+            return results
+        outcomes = await self.executor.run_batch(
+            calls, context, trace=self.trace, on_call=self._on_tool_call,
+            on_result=self._on_tool_result,
+            on_failure=self._on_failure if self.engine.on_tool_failure else None)
+        notice = turn_timeout_notice(outcomes)
+        if notice:
+            await self.emit("activity", phase="turn_timeout", notice=notice)
+        results = []
+        for outcome in outcomes:
+            result = outcome.result
+            raw = outcome.error
+            # From the raw error: the text the model sees may be the error channel's.
+            self.exec_summary.record(
+                outcome.call.name, outcome.call.arguments, not outcome.is_error,
+                raw.message if raw else result.content,
+                extract(raw.message, code=raw.code, details=raw.details) if raw else None)
+            if not result.is_error and len(result.content) > self.settings.large_result_chars:
+                result = await self._shorten(outcome.call, result)
+            results.append(result)
+        return results
+
+    async def _shorten(self, call: ToolCall, result: ToolResult) -> ToolResult:
+        """A large successful result: stored for slices when a result store exists."""
+        limit = self.settings.large_result_chars
+        if self.engine.on_large_result is not None:
+            try:
+                return ToolResult(await self.engine.on_large_result(
+                    self.req.session.key, call.name, result.content))
+            except Exception:
+                log.exception("storing a large %s result failed; cutting it", call.name)
+        cut = len(result.content) - limit
+        return ToolResult(f"{result.content[:limit]}\n[... {cut} more characters cut]")
+
+    async def _on_failure(self, call: ToolCall, raw: RawError) -> str:
+        assert self.engine.on_tool_failure is not None
+        return await self.engine.on_tool_failure(call, raw, self.req.session.key)
+
+    async def _on_tool_call(self, call: ToolCall) -> None:
+        await self.emit("tool.call", name=call.name, id=call.id, arguments=dict(call.arguments))
+
+    async def _on_tool_result(self, outcome: ToolOutcome) -> None:
+        if self.req.journal is not None:
+            self.req.journal.result(outcome.call.id, outcome.result)
+        if not self.observers and self.listener is None:
+            return
+        name = outcome.call.name
+        await self.emit("tool.result", name=name, id=outcome.call.id,
+                        is_error=outcome.is_error, result=outcome.content[:500],
+                        metrics=self.engine.tool_metrics.get(name).snapshot())
+
+    async def _refuse(self, refusal: str) -> RunResult:
+        msg = self.req.message
+        # The refused text is not kept: it would reach the model as history
+        # with the sender's next message.
+        self.buffer = [
+            ChatMessage("user", WITHHELD, sender_id=msg.sender_id, sender_name=msg.display_name),
+            ChatMessage("assistant", refusal),
+        ]
+        outbox_id = None
+        if self.req.persist:
+            outbox_id = await self.engine.store.append_run(
+                self.req.session, self.req.run_id, self.buffer, record=self._record("refused"),
+                spans=self._spans("refused"), also=self._also(refusal))
+        self._log("refused")
+        await self.emit("run.completed", content=refusal, silent=False, refused=True,
+                        usage={"input_tokens": 0, "output_tokens": 0})
+        return RunResult(self.req.run_id, "refused", refusal, self.usage, 0,
+                         outbox_id=outbox_id)
+
+    async def _fail(self, error: str) -> RunResult:
+        # Keep what the user said (so "try again" has context) but none of the
+        # half-finished tool exchange.
+        user = [m for m in self.buffer if m.role == "user"]
+        apology = f"Sorry, I couldn't answer that: {error}"
+        outbox_id = None
+        try:
+            if self.req.persist:
+                outbox_id = await self.engine.store.append_run(
+                    self.req.session, self.req.run_id, user, self.usage,
+                    record=self._record("failed", error), spans=self._spans("failed", error),
+                    also=self._also(apology, failed=True))
+            else:
+                await self._store_trace("failed", error)
+        except Exception:
+            log.exception("could not persist failed run %s", self.req.run_id)
+        self._log("failed", error)
+        await self.emit("run.failed", error=error)
+        return RunResult(self.req.run_id, "failed", apology, self.usage,
+                         self.iterations, error, outbox_id=outbox_id)
+
+    async def _store_trace(self, status: str, error: str = "") -> None:
+        """Store the trace on its own; never raises (it runs on failure paths)."""
+        try:
+            await self.engine.store.record_run(self._record(status, error),
+                                               self._spans(status, error))
+        except Exception:
+            log.exception("could not record the trace of run %s", self.req.run_id)
+
+    def _record(self, status: str, error: str = "") -> RunRecord:
+        return RunRecord(
+            self.req.run_id, self.req.session.key, status, self.trace.root.started_at,
+            time.time(), self.iterations, self.usage.input_tokens, self.usage.output_tokens,
+            self.settings.model, error,
+        )
+
+    def _spans(self, status: str, error: str = "") -> list[Span]:
+        spans = self.trace.finish(status, error)
+        if self.engine.exporter is not None:
+            self.engine.exporter.export(spans)
+        return spans
+
+    def _log(self, status: str, error: str = "") -> None:
+        log.info("run %s %s session=%s iterations=%d tokens=%d/%d %.0fms%s",
+                 self.req.run_id[:8], status, self.req.session.key, self.iterations,
+                 self.usage.input_tokens, self.usage.output_tokens,
+                 (time.monotonic() - self.started) * 1000, f" error={error}" if error else "")
+
+
+@dataclass(frozen=True, slots=True)
+class _Retrying:
+    """A provider's ``on_retry`` call, queued behind the text it voids."""
+
+    attempt: int
+    max_attempts: int
+    error: str
+
+
+class _TracedJudge:
+    """A judge whose every verdict becomes a ``judge`` span of the run's trace."""
+
+    def __init__(self, inner: Judge, run: _Run, strategy: str, threshold: float) -> None:
+        self.inner = inner
+        self.run = run
+        self.name = inner.name
+        self.weight = inner.weight
+        self.strategy = strategy
+        self.threshold = threshold
+
+    async def score(self, request_text: str, reply: str,
+                    criteria: str | None = None) -> Verdict:
+        span = self.run.trace.start("judge", self.name, judge=self.name,
+                                    attempt=self.run.judge_attempt, strategy=self.strategy,
+                                    threshold=self.threshold)
+        self.run.judge_spans.append(span)
+        try:
+            verdict = await self.inner.score(request_text, reply, criteria)
+        except BaseException as exc:
+            span.end(error=True, error_message=describe_error(exc))
+            raise
+        span.end(score=round(verdict.score, 4), reasons=verdict.reasons[:500])
+        return verdict
+
+
+def _seeded_files(agent: Agent) -> tuple[str, ...]:
+    """A predefined agent's persona is its own: each user's workspace gets only USER.md."""
+    return ("USER.md",) if agent.type == "predefined" else TEMPLATE_NAMES
+
+
+def _with_summary(convo: list[ChatMessage], block: str) -> tuple[ChatMessage, ...]:
+    """The execution summary on the last tool result, for this request only.
+
+    Kept off the system prompt and earlier messages (prompt caching) and out of
+    the stored history.
+    """
+    if not block or not convo or convo[-1].role != "tool":
+        return tuple(convo)
+    last = convo[-1]
+    return (*convo[:-1], dataclasses.replace(last, content=f"{last.content}\n\n{block}"))
+
+
+@functools.lru_cache(maxsize=4096)
+def _workspace(root: Path, channel: str, user_id: str) -> Path:
+    # Sanitizing and hashing ids is pure; active users hit this every run.
+    return workspace_dir(root, channel, user_id)
+
+
+def _verbose_input(request: LLMRequest) -> str:
+    data = {"system": request.system,
+            "messages": [{"role": m.role, "content": m.content} for m in request.messages]}
+    return json.dumps(data, ensure_ascii=False)[:VERBOSE_INPUT_CHARS]
+
+
+def _for_model(message: ChatMessage, group: bool) -> ChatMessage:
+    """Attribute user messages in groups, where several people share a history."""
+    if not group or message.role != "user" or not message.sender_id:
+        return message
+    who = message.sender_name or message.sender_id
+    return ChatMessage("user", f"[{who} (id {message.sender_id})]: {message.content}",
+                       created_at=message.created_at)

@@ -1,0 +1,310 @@
+"""Building the plugin manager and calling hooks safely from async code.
+
+pluggy calls implementations synchronously and stops at the first exception;
+Roost needs async implementations awaited and a failing plugin skipped, so
+hooks are called through :meth:`PluginHost.call` instead of ``pm.hook.X()``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import inspect
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pluggy
+
+from bot.contracts import hookspecs
+
+log = logging.getLogger("roost.plugins")
+
+BUILTIN_PLUGINS: tuple[str, ...] = (
+    "plugins.core_commands",
+    "plugins.file_tools",
+    "plugins.sql_tool",
+    "plugins.error_tools",
+    "plugins.prompt_sections",
+    "plugins.guard_patterns",
+    "plugins.providers",
+    "plugins.channels",
+    "plugins.sanitizers",
+    "plugins.memory",
+    "plugins.heartbeat",
+    "plugins.cron",
+    "plugins.plugin_commands",
+    "plugins.agent_commands",
+)
+"""Modules of the built-in plugins, registered like external ones."""
+
+ESSENTIAL_PLUGINS: frozenset[str] = frozenset(
+    {"plugins.core_commands", "plugins.providers", "plugins.channels",
+     "plugins.plugin_commands"})
+"""Built-ins that cannot be disabled: without them Roost cannot run or be re-enabled."""
+
+RESTART_HOOKS: frozenset[str] = frozenset({"roost_channels", "roost_providers"})
+"""Hooks used only at startup: enabling or disabling a plugin with them needs a restart."""
+
+ENTRY_POINT_GROUP = "roost"
+
+
+@dataclass(slots=True)
+class PluginInfo:
+    """Where a registered plugin came from."""
+
+    name: str
+    distribution: str = ""
+    version: str = ""
+    builtin: bool = False
+
+
+@dataclass
+class PluginHost:
+    """The plugin manager plus what Roost knows about each plugin.
+
+    ``errors`` maps a plugin name to its latest failure (import, validation or
+    a hook that raised); ``disabled`` names plugins whose hooks are skipped.
+    ``config`` holds each plugin's validated configuration object (see the
+    ``roost_plugin_config_model`` hook); ``bad_config`` names plugins disabled
+    because their configuration did not validate. ``trace`` logs every hook
+    call with its implementations and their durations (``ROOST_TRACE_PLUGINS=1``).
+    """
+
+    pm: pluggy.PluginManager
+    info: dict[str, PluginInfo] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    disabled: set[str] = field(default_factory=set)
+    config: dict[str, Any] = field(default_factory=dict)
+    bad_config: set[str] = field(default_factory=set)
+    trace: bool = False
+
+    def register(self, plugin: object, name: str, info: PluginInfo | None = None) -> None:
+        """Register ``plugin`` under ``name`` (tests and embedders use this too)."""
+        self.pm.register(plugin, name=name)
+        self.info[name] = info or PluginInfo(name=name)
+
+    def implementations(self, hook: str) -> list[pluggy.HookImpl]:
+        """Enabled implementations of ``hook`` in pluggy's call order."""
+        caller: pluggy.HookCaller = getattr(self.pm.hook, hook)
+        return [i for i in reversed(caller.get_hookimpls()) if i.plugin_name not in self.disabled]
+
+    async def call(self, hook: str, **kwargs: Any) -> list[Any]:
+        """Call every enabled implementation of ``hook``, awaiting async ones.
+
+        Returns the non-``None`` results in call order. An implementation that
+        raises is logged with its plugin's name and skipped.
+        """
+        return [result for _, result in await self.call_named(hook, **kwargs)]
+
+    async def call_named(self, hook: str, **kwargs: Any) -> list[tuple[str, Any]]:
+        """Like :meth:`call`, each result paired with the name of the plugin it came from."""
+        results: list[tuple[str, Any]] = []
+        impls = self.implementations(hook)
+        timings: list[str] = []
+        start = time.perf_counter()
+        for impl in impls:
+            began = time.perf_counter()
+            try:
+                result = impl.function(*[kwargs[a] for a in impl.argnames])
+                if inspect.isawaitable(result):
+                    result = await result
+            except Exception as exc:
+                self._failed(impl.plugin_name, hook, exc)
+                if self.trace:
+                    timings.append(f"{impl.plugin_name} {_ms(began)} raised")
+                continue
+            if self.trace:
+                timings.append(f"{impl.plugin_name} {_ms(began)}")
+            if result is not None:
+                results.append((impl.plugin_name, result))
+        if self.trace:
+            log.info("hook %s: %d implementation(s) in %s [%s]", hook, len(impls),
+                     _ms(start), ", ".join(timings))
+        return results
+
+    async def pipe(self, hook: str, kwargs: dict[str, Any],
+                   step: Callable[[Any, dict[str, Any]], bool]) -> None:
+        """Call ``hook``'s implementations in order, each seeing what the ones before changed.
+
+        After each non-``None`` result, ``step(result, kwargs)`` may change
+        ``kwargs`` (in place) for the implementations after it; it returns
+        True to stop there. An implementation that raises is logged and skipped.
+        """
+        for impl in self.implementations(hook):
+            try:
+                result = impl.function(*[kwargs[a] for a in impl.argnames])
+                if inspect.isawaitable(result):
+                    result = await result
+            except Exception as exc:
+                self._failed(impl.plugin_name, hook, exc)
+                continue
+            if result is not None and step(result, kwargs):
+                return
+
+    async def call_plugin(self, name: str, hook: str, **kwargs: Any) -> list[Any]:
+        """What plugin ``name`` alone returns from ``hook``, flattened, disabled or not.
+
+        For describing a plugin (``/plugin info``); failures give an empty list.
+        """
+        caller: pluggy.HookCaller = getattr(self.pm.hook, hook)
+        items: list[Any] = []
+        for impl in caller.get_hookimpls():
+            if impl.plugin_name != name:
+                continue
+            try:
+                result = impl.function(*[kwargs[a] for a in impl.argnames])
+                if inspect.isawaitable(result):
+                    result = await result
+            except Exception:
+                log.exception("plugin %r raised in %s", name, hook)
+                continue
+            if isinstance(result, list | tuple):
+                items.extend(result)
+            elif result is not None:
+                items.append(result)
+        return items
+
+    def hooks_of(self, name: str) -> list[str]:
+        """Names of the hooks plugin ``name`` implements (empty if it is not registered)."""
+        plugin = self.pm.get_plugin(name)
+        if plugin is None:
+            return []
+        return sorted(h.name for h in self.pm.get_hookcallers(plugin) or [])
+
+    def validate_configs(self, configs: Mapping[str, Any]) -> None:
+        """Validate each plugin's ``[plugins.<name>]`` table against its config model.
+
+        A plugin whose configuration does not validate is disabled (not
+        persisted), named in ``errors`` and ``bad_config``; the others run.
+        """
+        from pydantic import BaseModel, ValidationError
+
+        for impl in self.implementations("roost_plugin_config_model"):
+            name = impl.plugin_name
+            try:
+                model = impl.function()
+                if model is None:
+                    continue
+                if not (isinstance(model, type) and issubclass(model, BaseModel)):
+                    raise TypeError(f"returned {model!r}, not a pydantic model class")
+                self.config[name] = model.model_validate(configs.get(name, {}))
+            except ValidationError as exc:
+                problems = "; ".join(
+                    f"{'.'.join(str(p) for p in e['loc']) or '(table)'}: {e['msg']}"
+                    for e in exc.errors())
+                self._bad_config(name, f"invalid configuration in [plugins.{name}]: "
+                                       f"{problems}")
+            except Exception as exc:
+                self._bad_config(name, f"roost_plugin_config_model: {type(exc).__name__}: {exc}")
+
+    def _bad_config(self, name: str, message: str) -> None:
+        self.errors[name] = message
+        self.bad_config.add(name)
+        self.disabled.add(name)
+        log.error("plugin %r is disabled: %s", name, message)
+
+    async def collect(self, hook: str, **kwargs: Any) -> list[Any]:
+        """Call ``hook`` and flatten results that are lists into one list."""
+        return [item for _, item in await self.collect_named(hook, **kwargs)]
+
+    async def collect_named(self, hook: str, **kwargs: Any) -> list[tuple[str, Any]]:
+        """Like :meth:`collect`, each item paired with the name of its plugin."""
+        items: list[tuple[str, Any]] = []
+        for plugin, result in await self.call_named(hook, **kwargs):
+            if isinstance(result, list | tuple):
+                items.extend((plugin, item) for item in result)
+            else:
+                items.append((plugin, result))
+        return items
+
+    def _failed(self, plugin: str, hook: str, exc: BaseException) -> None:
+        self.errors[plugin] = f"{hook}: {type(exc).__name__}: {exc}"
+        log.error("plugin %r raised in %s; skipped for this call", plugin, hook, exc_info=exc)
+
+
+def _ms(since: float) -> str:
+    return f"{(time.perf_counter() - since) * 1000:.2f} ms"
+
+
+def normalize_dist(name: str) -> str:
+    """A distribution name compared the way pip does (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).strip().lower()
+
+
+def load_filter(env: Mapping[str, str]) -> set[str] | None:
+    """The distributions ``ROOST_LOAD_PLUGINS`` allows (``None`` when it is unset)."""
+    value = env.get("ROOST_LOAD_PLUGINS")
+    if value is None:
+        return None
+    return {normalize_dist(part) for part in value.split(",") if part.strip()}
+
+
+def _entry_points() -> Iterable[importlib.metadata.EntryPoint]:
+    return importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+
+
+def get_plugin_manager(
+    *, load_entry_points: bool = True, env: Mapping[str, str] | None = None
+) -> PluginHost:
+    """Build the plugin host: specs, built-ins, then the ``roost`` entry points.
+
+    Nothing happens at import time; every call builds a fresh manager, which
+    keeps tests independent. ``ROOST_DISABLE_PLUGIN_AUTOLOAD=1`` skips external
+    plugins; ``ROOST_LOAD_PLUGINS=dist-a,dist-b`` loads only the external
+    plugins of those distributions (an empty value loads none).
+    ``ROOST_TRACE_PLUGINS=1`` logs every hook call. A plugin that fails to
+    import or to validate is recorded in ``errors`` and left out; the others load.
+    """
+    env = os.environ if env is None else env
+    pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+    pm.add_hookspecs(hookspecs)
+    host = PluginHost(pm, trace=env.get("ROOST_TRACE_PLUGINS", "") in ("1", "true"))
+    allowed = load_filter(env)
+    for modname in BUILTIN_PLUGINS:
+        module = importlib.import_module(modname)
+        host.register(module, modname, PluginInfo(modname, "roost", _version("roost"), True))
+    if load_entry_points and env.get("ROOST_DISABLE_PLUGIN_AUTOLOAD", "") not in ("1", "true"):
+        for ep in _entry_points():
+            dist = ep.dist.name if ep.dist else ""
+            if allowed is not None and normalize_dist(dist) not in allowed:
+                log.info("plugin %r from %r not loaded: not in ROOST_LOAD_PLUGINS",
+                         ep.name, dist)
+                continue
+            try:
+                plugin = ep.load()
+                host.register(plugin, ep.name, PluginInfo(ep.name, dist, _version(dist)))
+            except Exception as exc:
+                host.errors[ep.name] = f"load failed: {type(exc).__name__}: {exc}"
+                log.error("plugin %r from %r failed to load", ep.name, dist, exc_info=exc)
+    _check(host)
+    return host
+
+
+def _check(host: PluginHost) -> None:
+    """Unregister plugins that implement hooks no spec defines.
+
+    ``pm.register`` already validated implementations of known hooks (a bad
+    one raised inside the entry-point loop above); this catches typos such as
+    ``roost_tool`` that would otherwise be silently ignored.
+    """
+    while True:
+        try:
+            host.pm.check_pending()
+            return
+        except pluggy.PluginValidationError as exc:
+            name = host.pm.get_name(exc.plugin) or repr(exc.plugin)
+            host.errors[name] = f"invalid: {exc}"
+            log.error("plugin %r was not loaded: %s", name, exc)
+            host.pm.unregister(exc.plugin)
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist) if dist else ""
+    except importlib.metadata.PackageNotFoundError:
+        return ""

@@ -1,0 +1,2 @@
+"""Failure policy shared by every layer: the provider circuit breaker (:mod:`.breaker`).
+"""

@@ -1,0 +1,3 @@
+"""Scheduled jobs: cron, interval and one-shot schedules (:mod:`.cron`) and the scheduler
+that fires them (:mod:`.scheduler`).
+"""

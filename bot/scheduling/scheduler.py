@@ -1,0 +1,800 @@
+"""The scheduler: persisted jobs, fire-time claims, misfires, retries.
+
+Two kinds of job share one table (``jobs``, in the service's SQLite database):
+
+- **cron** jobs that users create through the ``cron`` tool: a message that
+  runs as an agent turn in the chat that created the job, as its owner;
+- **system** jobs that plugins offer through ``roost_scheduled_jobs``: a
+  coroutine ``func(app)``. They are re-registered at every start; their row
+  only keeps the anchor and the last fire time across restarts.
+
+Timing is APScheduler's: every job is an APScheduler job with the job's own
+trigger (:mod:`bot.scheduling.cron`), run by an ``AsyncIOScheduler`` on the
+service's loop. But APScheduler only *wakes* Roost up; what runs is decided
+by :meth:`Scheduler.run_due`, which works from a clock it is given and the
+database alone, so tests drive it with a fake clock and no waiting:
+
+1. A job is due when its next fire time is not after ``now``.
+2. Fire times older than ``now - misfire_grace_seconds`` are skipped and
+   logged (the service was down too long for them to be useful); the due fire
+   times inside the grace window are coalesced into one run, for the latest.
+3. That fire time is **claimed** in the database: ``last_fire`` is set to it
+   only if it is still earlier (one conditional ``UPDATE``). Only a successful
+   claim runs the job, so no fire time runs twice: not after a restart (the
+   claim is already stored), and not when two schedulers share a database
+   (only one ``UPDATE`` matches). The price is at-most-once: a claimed run
+   that dies with the process is not repeated.
+4. Cron jobs run only where their channel is running: a job whose channel
+   has not started yet (or is not part of this process, as under
+   ``roost chat``) stays due, unclaimed, and is caught up by
+   :meth:`Scheduler.channel_started`, within the grace period like any misfire.
+
+Why a table of our own rather than an APScheduler job store: the SQLAlchemy
+store would add SQLAlchemy and pickle callables (a pickled bound method of a
+service object does not survive a restart or an upgrade), and it knows
+nothing of owners, chats or limits. Our rows are plain columns written with
+parameterized SQL on the shared connection; ownership and the per-user limit
+are ``WHERE`` clauses, and the claim is one atomic statement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import sqlite3
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Literal
+from zoneinfo import ZoneInfo
+
+import aiosqlite
+from apscheduler.jobstores.base import JobLookupError  # type: ignore[import-untyped]
+from apscheduler.schedulers.asyncio import AsyncIOScheduler  # type: ignore[import-untyped]
+
+from bot.config.settings import Settings
+from bot.contracts.jobs import JobSpec
+from bot.contracts.messages import ChatType, InboundMessage, OutboundMessage
+from bot.scheduling.cron import Schedule, ScheduleError, format_duration, parse, zone
+from bot.storage import db as dbmod
+
+if TYPE_CHECKING:
+    from bot.app.roost import Roost
+
+log = logging.getLogger("roost.scheduler")
+
+Clock = Callable[[], datetime]
+"""Returns the current time as an aware datetime."""
+Sleep = Callable[[float], Awaitable[None]]
+
+RETRY_DELAYS: tuple[float, ...] = (30.0, 120.0, 480.0)
+"""Seconds before each retry of a failed cron run: three retries, about 10 minutes in all."""
+MAX_MESSAGE_CHARS = 4_000
+MAX_NAME_CHARS = 80
+TIMER_SLACK_SECONDS = 5
+"""A run this late is on time whatever ``misfire_grace_seconds`` says: the timer wakes
+a little after the fire time, later still when thousands of jobs fire together."""
+_CLAIM_BATCH = 400
+"""Fire times claimed per statement (two parameters each, well under SQLite's limit)."""
+_MAX_CATCH_UP = 100_000
+"""Fire times walked when coalescing; only a sub-second system job could get near it."""
+
+JobKind = Literal["cron", "system"]
+
+
+def utc_now() -> datetime:
+    """The real clock."""
+    return datetime.now(UTC)
+
+
+def _ts(moment: datetime) -> float:
+    return moment.timestamp()
+
+
+def _dt(timestamp: float) -> datetime:
+    return datetime.fromtimestamp(timestamp, UTC)
+
+
+# -- rows ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One row of ``jobs``.
+
+    ``owner_id`` on ``channel`` owns a cron job; ``chat_id``, ``chat_type`` and
+    ``thread_id`` say where it was created, which is where it runs and
+    replies. ``created_at`` (Unix seconds) anchors the schedule; ``last_fire``
+    is the latest claimed fire time. System jobs have empty owner and chat.
+    """
+
+    id: str
+    kind: JobKind
+    name: str
+    schedule: str
+    timezone: str
+    message: str = ""
+    owner_id: str = ""
+    channel: str = ""
+    chat_id: str = ""
+    chat_type: ChatType = "direct"
+    thread_id: str | None = None
+    created_at: float = 0.0
+    last_fire: float | None = None
+
+    @property
+    def label(self) -> str:
+        """``id`` plus the name in quotes, when it has one."""
+        return f"{self.id} ({self.name!r})" if self.name else self.id
+
+
+_COLUMNS = ("id, kind, name, schedule, timezone, message, owner_id, channel, chat_id, chat_type,"
+            " thread_id, created_at, last_fire")
+
+
+def _row(job: Job) -> tuple[Any, ...]:
+    return (job.id, job.kind, job.name, job.schedule, job.timezone, job.message, job.owner_id,
+            job.channel, job.chat_id, job.chat_type, job.thread_id, job.created_at,
+            job.last_fire)
+
+
+def _job(row: Any) -> Job:
+    return Job(id=row[0], kind=row[1], name=row[2], schedule=row[3], timezone=row[4],
+               message=row[5], owner_id=row[6], channel=row[7], chat_id=row[8],
+               chat_type=row[9], thread_id=row[10], created_at=row[11], last_fire=row[12])
+
+
+class JobStore:
+    """The ``jobs`` table on the shared connection.
+
+    ``db`` is the session store's connection (``isolation_level=None``) and
+    ``lock`` the lock every user of it holds around its statements
+    (:attr:`bot.storage.sessions.SessionStore.lock`), as :class:`bot.storage.errors.ErrorStore`.
+    """
+
+    def __init__(self, db: aiosqlite.Connection, lock: asyncio.Lock) -> None:
+        self.db = db
+        self.lock = lock
+
+    async def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        async with self.lock:
+            return list(await self.db.execute_fetchall(sql, tuple(params)))
+
+    async def _write(self, sql: str, params: Sequence[Any] = ()) -> int:
+        async with self.lock:
+            cur = await self.db.execute(sql, tuple(params))
+            return cur.rowcount
+
+    async def all(self) -> list[Job]:
+        """Every job, oldest first."""
+        rows = await self._fetch(f"SELECT {_COLUMNS} FROM jobs ORDER BY created_at, id")
+        return [_job(r) for r in rows]
+
+    async def get(self, job_id: str) -> Job | None:
+        """The job with this ID, or ``None``."""
+        rows = await self._fetch(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,))
+        return _job(rows[0]) if rows else None
+
+    async def find(self, *, channel: str | None = None, owner_id: str | None = None,
+                   kind: JobKind | None = None) -> list[Job]:
+        """Jobs matching every filter given, oldest first."""
+        clauses, params = [], []
+        for clause, value in (("channel = ?", channel), ("owner_id = ?", owner_id),
+                              ("kind = ?", kind)):
+            if value is not None:
+                clauses.append(clause)
+                params.append(value)
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        rows = await self._fetch(
+            f"SELECT {_COLUMNS} FROM jobs{where} ORDER BY created_at, id", params)
+        return [_job(r) for r in rows]
+
+    async def insert(self, job: Job, *, max_per_owner: int | None = None) -> bool:
+        """Insert ``job``; ``False`` if its owner already has ``max_per_owner`` cron jobs.
+
+        The count and the insert are one statement, so two adds racing for the
+        last free slot cannot both get it. Raises :class:`sqlite3.IntegrityError`
+        when the ID is taken.
+        """
+        placeholders = ", ".join("?" * 13)
+        if max_per_owner is None:
+            return await self._write(
+                f"INSERT INTO jobs ({_COLUMNS}) VALUES ({placeholders})", _row(job)) == 1
+        return await self._write(
+            f"INSERT INTO jobs ({_COLUMNS}) SELECT {placeholders} WHERE (SELECT COUNT(*) FROM"
+            " jobs WHERE kind = 'cron' AND channel = ? AND owner_id = ?) < ?",
+            (*_row(job), job.channel, job.owner_id, max_per_owner)) == 1
+
+    async def delete(self, job_id: str, *, channel: str | None = None,
+                     owner_id: str | None = None) -> bool:
+        """Delete a job (only ``owner_id``'s on ``channel``, when given); whether one was."""
+        sql, params = "DELETE FROM jobs WHERE id = ?", [job_id]
+        if channel is not None and owner_id is not None:
+            sql += " AND channel = ? AND owner_id = ?"
+            params += [channel, owner_id]
+        return await self._write(sql, params) == 1
+
+    async def delete_many(self, job_ids: Iterable[str]) -> None:
+        """Delete these jobs (in one transaction)."""
+        ids = [(i,) for i in job_ids]
+        if not ids:
+            return
+        async def body(db: aiosqlite.Connection) -> None:
+            await db.executemany("DELETE FROM jobs WHERE id = ?", ids)
+
+        await dbmod.transaction(self.db, self.lock, body)
+
+    async def upsert(self, job: Job) -> None:
+        """Insert or replace ``job`` (system jobs, re-registered at every start)."""
+        await self._write(f"INSERT OR REPLACE INTO jobs ({_COLUMNS}) VALUES "
+                          f"({', '.join('?' * 13)})", _row(job))
+
+    async def claim(self, fires: Sequence[tuple[str, float]]) -> set[str]:
+        """Claim fire times: the IDs whose ``last_fire`` was earlier and is now the given one.
+
+        Each ``(job_id, fire)`` succeeds only if the job still exists and has
+        not claimed this or a later fire time, checked and written by one
+        statement per batch, so a fire time is claimed at most once whoever asks.
+        """
+        won: set[str] = set()
+        for start in range(0, len(fires), _CLAIM_BATCH):
+            batch = fires[start:start + _CLAIM_BATCH]
+            values = ", ".join("(?, ?)" for _ in batch)
+            params = [v for pair in batch for v in pair]
+            rows = await self._fetch(
+                f"WITH due(id, fire) AS (VALUES {values}) "
+                "UPDATE jobs SET last_fire = due.fire FROM due WHERE jobs.id = due.id"
+                " AND (jobs.last_fire IS NULL OR jobs.last_fire < due.fire) RETURNING jobs.id",
+                params)
+            won.update(r[0] for r in rows)
+        return won
+
+    async def existing(self, job_ids: Iterable[str]) -> set[str]:
+        """Which of ``job_ids`` still have a row."""
+        ids = list(job_ids)
+        found: set[str] = set()
+        for start in range(0, len(ids), _CLAIM_BATCH):
+            batch = ids[start:start + _CLAIM_BATCH]
+            rows = await self._fetch(
+                f"SELECT id FROM jobs WHERE id IN ({', '.join('?' * len(batch))})", batch)
+            found.update(r[0] for r in rows)
+        return found
+
+
+# -- the scheduler ----------------------------------------------------------------------------
+
+
+class JobError(Exception):
+    """A job request refused; the message is fit to show the user.
+
+    ``code``: ``INVALID_ARGUMENT``, ``INVALID_SCHEDULE``, ``INVALID_TIMEZONE``,
+    ``TIME_PASSED``, ``INTERVAL_TOO_SHORT``, ``LIMIT_REACHED``, ``NOT_FOUND``,
+    ``NOT_ALLOWED``.
+    """
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(slots=True, eq=False)
+class _Entry:
+    """A loaded job: its row, its parsed schedule and its next fire time."""
+
+    job: Job
+    schedule: Schedule
+    next_fire: datetime | None
+    spec: JobSpec | None = None
+    """The plugin's job, for system jobs."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fire:
+    """One run :meth:`Scheduler.run_due` started: the job, the fire time, how many it stands for."""
+
+    job: Job
+    fire_time: datetime
+    coalesced: int = 1
+    """Due fire times this run covers (more than 1 after downtime)."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """A job as listed: the row and when it runs next (``None``: not scheduled here)."""
+
+    job: Job
+    next_fire: datetime | None
+
+
+class Scheduler:
+    """Loads, times and runs jobs; offers add/list/remove to the ``cron`` tool and ``/cron``.
+
+    With ``clock=None`` it keeps real time and APScheduler wakes it up; with a
+    clock it keeps that clock's time and never starts APScheduler: the caller
+    drives it with :meth:`run_due` (tests, benchmarks). ``sleep`` waits between
+    retries (tests pass one that returns at once).
+    """
+
+    def __init__(self, store: JobStore, settings: Settings, *, clock: Clock | None = None,
+                 sleep: Sleep = asyncio.sleep,
+                 retry_delays: Sequence[float] = RETRY_DELAYS) -> None:
+        self.store = store
+        self.settings = settings
+        self.clock: Clock = clock or utc_now
+        self.timer = clock is None
+        self.sleep = sleep
+        self.retry_delays = tuple(retry_delays)
+        try:
+            self.tz = zone(settings.timezone)
+        except ScheduleError as exc:
+            raise ValueError(f"timezone setting: {exc} (set ROOST_TIMEZONE)") from None
+        self.app: Roost | None = None
+        self.aps: Any = None
+        """The ``AsyncIOScheduler`` while running with the real clock."""
+        self._jobs: dict[str, _Entry] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._woken: set[str] = set()
+        self._waking = False
+        self._closed = False
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def start(self, app: Roost, specs: Sequence[JobSpec] = ()) -> None:
+        """Load the stored jobs, register ``specs``, catch up, and start the timer.
+
+        System jobs that are due (missed while the service was down) run now;
+        cron jobs wait for their channel (:meth:`channel_started`).
+        """
+        self.app = app
+        now = self._now()
+        done: list[str] = []
+        for job in await self.store.all():
+            if job.kind == "system":
+                continue  # re-registered from the plugins below, or dropped
+            entry = self._load(job)
+            if entry is None:
+                continue
+            if entry.schedule.one_shot and job.last_fire is not None:
+                done.append(job.id)  # ran (or was claimed) before the service stopped
+                continue
+            self._jobs[job.id] = entry
+        await self.store.delete_many(done)
+        await self._register_system(specs, now)
+        if self.timer:
+            self._start_timer()
+        await self.run_due(now)
+
+    async def sync_system(self, specs: Sequence[JobSpec]) -> None:
+        """Replace the system jobs with ``specs`` (a plugin was enabled or disabled).
+
+        Jobs of a disabled plugin stop firing and their rows go; jobs of an
+        enabled one are registered as at startup.
+        """
+        if self._closed:
+            return
+        now = self._now()
+        for job_id in [j for j, e in self._jobs.items() if e.job.kind == "system"]:
+            self._untime(job_id)
+            del self._jobs[job_id]
+        await self._register_system(specs, now)
+        for entry in self._jobs.values():
+            if entry.job.kind == "system":
+                self._time(entry, now)
+
+    async def close(self) -> None:
+        """Stop the timer and cancel runs waiting to retry; nothing fires after this."""
+        self._closed = True
+        aps, self.aps = self.aps, None
+        if aps is not None and aps.running:
+            # Pause first and let the calls APScheduler already started finish (they
+            # return at once now): its shutdown cancels unfinished ones and logs each
+            # as a failed job.
+            aps.pause()
+            for _ in range(3):
+                await asyncio.sleep(0)
+            aps.shutdown(wait=False)
+            await asyncio.sleep(0)  # the shutdown itself runs as a loop callback
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def channel_started(self, channel: str) -> list[Fire]:
+        """Run the jobs of ``channel`` that came due while it was not running."""
+        if self.app is None or self._closed:
+            return []
+        return await self.run_due(channel=channel)
+
+    async def wait_idle(self) -> None:
+        """Wait until every run the scheduler started (and its retries) is over."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    def _now(self) -> datetime:
+        # Whole seconds: anchors and fire times are stored as floats and compared exactly.
+        return self.clock().astimezone(UTC).replace(microsecond=0)
+
+    def _load(self, job: Job) -> _Entry | None:
+        try:
+            tz = zone(job.timezone)
+            schedule = parse(job.schedule, tz, _dt(job.created_at),
+                             allow_at=job.kind == "cron")
+        except ScheduleError as exc:
+            log.error("job %s: cannot use its schedule %r (%s); it is not scheduled",
+                      job.id, job.schedule, exc)
+            return None
+        if job.last_fire is None:
+            next_fire = schedule.first()
+        else:
+            next_fire = schedule.following(_dt(job.last_fire))
+        return _Entry(job, schedule, next_fire)
+
+    async def _register_system(self, specs: Sequence[JobSpec], now: datetime) -> None:
+        stored = {j.id: j for j in await self.store.find(kind="system")}
+        keep: set[str] = set()
+        for spec in specs:
+            job_id = f"system:{spec.name}"
+            if job_id in keep:
+                log.error("scheduled job %r offered twice; the later one is ignored", spec.name)
+                continue
+            try:
+                text = parse(spec.schedule, self.tz, now, allow_at=False).text
+            except ScheduleError as exc:
+                log.error("scheduled job %r is not scheduled: %s", spec.name, exc)
+                continue
+            keep.add(job_id)
+            job = stored.get(job_id)
+            if job is None or job.schedule != text or job.timezone != self.tz.key:
+                # New, or its schedule changed: its fire times count from now. Otherwise
+                # the stored anchor and last fire carry over, so a restart neither
+                # shifts the schedule nor repeats a fire time.
+                job = Job(job_id, "system", spec.name, text, self.tz.key, created_at=_ts(now))
+                await self.store.upsert(job)
+            entry = self._load(job)
+            if entry is not None:
+                entry.spec = spec
+                self._jobs[job_id] = entry
+        # Rows of jobs no plugin offers any more.
+        await self.store.delete_many(set(stored) - keep)
+
+    # -- the timer (production) ----------------------------------------------------------
+
+    def _start_timer(self) -> None:
+        # APScheduler logs every job added and every run at INFO: thousands of lines
+        # for what Roost logs itself. Quiet it unless someone configured it.
+        aps_log = logging.getLogger("apscheduler")
+        if aps_log.level == logging.NOTSET:
+            aps_log.setLevel(logging.WARNING)
+        self.aps = AsyncIOScheduler(timezone=self.tz, job_defaults={
+            # run_due decides about lateness and coalescing; APScheduler must just call.
+            "misfire_grace_time": None, "coalesce": True, "max_instances": 3})
+        # Added before start: APScheduler then sorts them once instead of waking per job.
+        now = self._now()
+        for entry in self._jobs.values():
+            self._time(entry, now)
+        self.aps.start()
+
+    def _time(self, entry: _Entry, now: datetime | None = None) -> None:
+        if self.aps is None or entry.next_fire is None:
+            return
+        options: dict[str, Any] = {}
+        if entry.next_fire > (now or self._now()):
+            # The trigger's first fire time from now, already known: handing it over
+            # saves APScheduler computing it again (most of its cost per job).
+            options["next_run_time"] = entry.next_fire
+        self.aps.add_job(self._on_timer, trigger=entry.schedule.trigger, args=(entry.job.id,),
+                         id=entry.job.id, name=entry.job.name or entry.job.id,
+                         replace_existing=True, **options)
+
+    def _untime(self, job_id: str) -> None:
+        if self.aps is not None:
+            with contextlib.suppress(JobLookupError):
+                self.aps.remove_job(job_id)
+
+    async def _on_timer(self, job_id: str) -> None:
+        """What APScheduler calls at a fire time: queue the job for one batched look.
+
+        APScheduler starts one call per due job; jobs due at the same second
+        (everyone's ``0 9 * * *``) are gathered and claimed by one statement.
+        """
+        self._woken.add(job_id)
+        if not self._waking:
+            self._waking = True
+            self._spawn(self._wake())
+
+    async def _wake(self) -> None:
+        # One loop turn: the calls APScheduler started in the same wakeup get queued.
+        await asyncio.sleep(0)
+        ids, self._woken, self._waking = self._woken, set(), False
+        try:
+            await self.run_due(only=ids)
+        except Exception:
+            log.exception("scheduler: checking %d due job(s) failed", len(ids))
+
+    # -- firing ---------------------------------------------------------------------------
+
+    async def run_due(self, now: datetime | None = None, *,
+                      only: Collection[str] | None = None,
+                      channel: str | None = None) -> list[Fire]:
+        """Start every due job (``only`` these IDs, or ``channel``'s); the runs started.
+
+        ``now`` defaults to the scheduler's clock. Misfires older than the
+        grace period are skipped, the rest coalesced into one run per job,
+        and each run's fire time is claimed first (see the module docstring).
+        """
+        if self.app is None or self._closed:
+            return []
+        now = (now or self.clock()).astimezone(UTC)
+        grace = max(self.settings.misfire_grace_seconds, TIMER_SLACK_SECONDS)
+        earliest = now - timedelta(seconds=grace)
+        entries: Iterable[_Entry]
+        if only is not None:
+            entries = [e for e in map(self._jobs.get, only) if e is not None]
+        else:
+            entries = list(self._jobs.values())
+        wanted: list[tuple[_Entry, datetime, int]] = []
+        expired: list[_Entry] = []
+        for entry in entries:
+            due = entry.next_fire
+            if due is None or due > now:
+                continue
+            job = entry.job
+            if job.kind == "cron" and (job.channel not in self.app.channels
+                                       or (channel is not None and job.channel != channel)):
+                continue  # left due: its channel catches it up when it starts
+            if channel is not None and job.kind != "cron":
+                continue
+            if due < earliest:
+                skipped_from = due
+                due = entry.schedule.first_from(earliest)
+                log.warning("job %s: run(s) due since %s were missed by more than %ds "
+                            "(misfire_grace_seconds) and are skipped", job.label,
+                            skipped_from.isoformat(), grace)
+                if due is None or due > now:
+                    entry.next_fire = due
+                    if due is None:
+                        expired.append(entry)
+                    continue
+            latest, count = due, 1
+            while count < _MAX_CATCH_UP:
+                after = entry.schedule.following(latest)
+                if after is None or after > now:
+                    break
+                latest, count = after, count + 1
+            wanted.append((entry, latest, count))
+        if expired:
+            await self._forget(expired)
+        if not wanted:
+            return []
+        won = await self.store.claim([(e.job.id, _ts(fire)) for e, fire, _ in wanted])
+        fires: list[Fire] = []
+        lost: list[_Entry] = []
+        for entry, fire, count in wanted:
+            entry.next_fire = entry.schedule.following(fire)
+            if entry.job.id not in won:
+                lost.append(entry)
+                log.info("job %s: fire time %s already claimed; not run here", entry.job.label,
+                         fire.isoformat())
+                continue
+            entry.job = replace(entry.job, last_fire=_ts(fire))
+            if count > 1:
+                log.info("job %s: %d runs due since the service was down, coalesced into one",
+                         entry.job.label, count)
+            started = Fire(entry.job, fire, count)
+            fires.append(started)
+            self._spawn(self._execute(entry, started))
+        if lost:
+            # A claim fails when another scheduler ran that fire time, or the row is gone.
+            present = await self.store.existing(e.job.id for e in lost)
+            gone = [e for e in lost if e.job.id not in present or e.next_fire is None]
+            for entry in gone:
+                self._jobs.pop(entry.job.id, None)
+                self._untime(entry.job.id)
+        return fires
+
+    async def _forget(self, entries: Sequence[_Entry]) -> None:
+        """Drop jobs that will never fire again (one-shots whose time is long past)."""
+        for entry in entries:
+            self._jobs.pop(entry.job.id, None)
+            self._untime(entry.job.id)
+        await self.store.delete_many(e.job.id for e in entries if e.job.kind == "cron")
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("scheduled run crashed", exc_info=task.exception())
+
+    async def _execute(self, entry: _Entry, fire: Fire) -> None:
+        if entry.spec is not None:
+            await self._run_system(entry.spec, fire)
+            return
+        try:
+            await self._run_cron(entry, fire)
+        finally:
+            if entry.schedule.one_shot and not self._closed:
+                # Done (or given up): a one-shot never fires again. On shutdown the
+                # row stays and the next start deletes it (it has a last_fire).
+                self._jobs.pop(entry.job.id, None)
+                try:
+                    await self.store.delete(entry.job.id)
+                except (sqlite3.Error, ValueError):
+                    log.exception("job %s ran but could not be deleted", entry.job.id)
+
+    async def _run_system(self, spec: JobSpec, fire: Fire) -> None:
+        assert self.app is not None
+        try:
+            await spec.func(self.app)
+        except Exception:
+            log.exception("scheduled job %r (fire time %s) failed", spec.name,
+                          fire.fire_time.isoformat())
+
+    async def _run_cron(self, entry: _Entry, fire: Fire) -> None:
+        assert self.app is not None
+        job = entry.job
+        message = InboundMessage(channel=job.channel, chat_id=job.chat_id,
+                                 chat_type=job.chat_type, sender_id=job.owner_id,
+                                 text=job.message, thread_id=job.thread_id, mentioned=True)
+        context = _cron_context(job, fire, entry.schedule.tz)
+        error = ""
+        attempts = 1 + len(self.retry_delays)
+        for attempt in range(attempts):
+            if attempt:
+                delay = self.retry_delays[attempt - 1]
+                log.warning("job %s failed (%s); retry %d of %d in %gs", job.label, error,
+                            attempt, attempts - 1, delay)
+                await self.sleep(delay)
+                if self._closed or job.id not in self._jobs:
+                    return  # removed while waiting: nothing to retry or report
+            try:
+                result = await self.app.dispatcher.run_scheduled(
+                    message, mode="minimal", kind="cron", extra_context=context,
+                    deliver_failed=False)
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise  # the scheduler is closing
+                log.info("job %s: its run was stopped", job.label)
+                return  # someone stopped the run (/stop): not a failure
+            except Exception as exc:
+                error = str(exc) or type(exc).__name__
+                continue
+            if result.status != "failed":
+                return
+            error = result.error or "the run failed"
+        await self._report(job, fire, attempts, error)
+
+    async def _report(self, job: Job, fire: Fire, attempts: int, error: str) -> None:
+        assert self.app is not None
+        log.error("job %s failed %d times for fire time %s: %s", job.label, attempts,
+                  fire.fire_time.isoformat(), error)
+        channel = self.app.channels.get(job.channel)
+        if channel is None:
+            return
+        text = (f"Scheduled job {job.label} failed {attempts} times and was given up for "
+                f"this run: {error}")
+        try:
+            await channel.send(OutboundMessage(job.channel, job.chat_id, text, job.chat_type,
+                                               thread_id=job.thread_id, kind="notice"))
+        except Exception:
+            log.exception("could not report the failure of job %s", job.id)
+
+    # -- what the cron tool and /cron use ---------------------------------------------------
+
+    async def add(self, *, owner_id: str, channel: str, chat_id: str, chat_type: ChatType,
+                  thread_id: str | None, schedule: str, message: str, name: str = "",
+                  timezone: str | None = None) -> JobView:
+        """Create a cron job for ``owner_id`` that runs ``message`` in this chat.
+
+        Raises :class:`JobError` with a message for the user when the request
+        is invalid or over a limit (``cron_max_jobs_per_user``,
+        ``cron_min_interval_seconds``).
+        """
+        message, name = message.strip(), " ".join(name.split())
+        if not message:
+            raise JobError("the job needs a message: what to do when it fires",
+                           "INVALID_ARGUMENT")
+        if len(message) > MAX_MESSAGE_CHARS:
+            raise JobError(f"the message is {len(message)} characters; the limit is "
+                           f"{MAX_MESSAGE_CHARS}", "INVALID_ARGUMENT")
+        if len(name) > MAX_NAME_CHARS:
+            raise JobError(f"the name is longer than {MAX_NAME_CHARS} characters",
+                           "INVALID_ARGUMENT")
+        try:
+            tz = zone(timezone) if timezone else self.tz
+        except ScheduleError as exc:
+            raise JobError(str(exc), "INVALID_TIMEZONE") from None
+        now = self._now()
+        try:
+            parsed = parse(schedule, tz, now)
+        except ScheduleError as exc:
+            raise JobError(str(exc), "INVALID_SCHEDULE") from None
+        if parsed.run_date is not None and parsed.run_date <= now:
+            raise JobError(f"{parsed.run_date.isoformat()} has already passed (it is now "
+                           f"{now.astimezone(tz).isoformat()} in {tz.key})", "TIME_PASSED")
+        floor = self.settings.cron_min_interval_seconds
+        gap = parsed.shortest_gap(floor)
+        if gap is not None:
+            raise JobError(
+                f"{parsed.text!r} would run every {format_duration(int(gap))}; jobs may run "
+                f"at most once every {format_duration(floor)}", "INTERVAL_TOO_SHORT")
+        limit = self.settings.cron_max_jobs_per_user
+        for _ in range(5):
+            job = Job(_new_id(), "cron", name, parsed.text, tz.key, message, owner_id, channel,
+                      chat_id, chat_type, thread_id, _ts(now))
+            try:
+                inserted = await self.store.insert(job, max_per_owner=limit)
+            except sqlite3.IntegrityError:
+                continue  # the random ID is taken; draw another
+            break
+        else:
+            raise JobError("could not find a free job ID; try again", "INTERNAL")
+        if not inserted:
+            raise JobError(f"you already have {limit} scheduled jobs, the most allowed; remove "
+                           "one first", "LIMIT_REACHED")
+        entry = _Entry(job, parsed, parsed.first())
+        self._jobs[job.id] = entry
+        self._time(entry)
+        log.info("job %s added by %s:%s: %s", job.label, channel, owner_id, parsed.text)
+        return JobView(job, entry.next_fire)
+
+    async def jobs(self, *, channel: str | None = None,
+                   owner_id: str | None = None) -> list[JobView]:
+        """Cron jobs (of ``owner_id`` on ``channel`` when given), oldest first."""
+        found = await self.store.find(channel=channel, owner_id=owner_id, kind="cron")
+        return [self._view(j) for j in found]
+
+    async def all_jobs(self) -> list[JobView]:
+        """Every job, system jobs included (the admin view)."""
+        return [self._view(j) for j in await self.store.all()]
+
+    def _view(self, job: Job) -> JobView:
+        entry = self._jobs.get(job.id)
+        return JobView(job, entry.next_fire if entry else None)
+
+    async def remove(self, job_id: str, *, channel: str, owner_id: str,
+                     admin: bool = False) -> Job:
+        """Delete a cron job: the owner's own, or any when ``admin``; the deleted job.
+
+        Raises :class:`JobError` (``NOT_FOUND``, ``NOT_ALLOWED``).
+        """
+        job_id = job_id.strip()
+        job = await self.store.get(job_id) if job_id else None
+        if job is not None and job.kind == "system":
+            raise JobError(f"{job_id} is a system job from a plugin; disable the plugin to "
+                           "stop it", "NOT_ALLOWED")
+        mine = job is not None and job.channel == channel and job.owner_id == owner_id
+        if job is None or not (mine or admin):
+            # Someone else's job is reported as missing: its ID says nothing then.
+            raise JobError(f"you have no job {job_id!r}; list your jobs to see their IDs",
+                           "NOT_FOUND")
+        deleted = await self.store.delete(job_id) if admin else await self.store.delete(
+            job_id, channel=channel, owner_id=owner_id)
+        if not deleted:
+            raise JobError(f"you have no job {job_id!r}", "NOT_FOUND")
+        self._jobs.pop(job_id, None)
+        self._untime(job_id)
+        log.info("job %s removed by %s:%s", job.label, channel, owner_id)
+        return job
+
+
+def _new_id() -> str:
+    """Eight hex digits: short enough to type in ``/cron remove``."""
+    return secrets.token_hex(4)
+
+
+def _cron_context(job: Job, fire: Fire, tz: ZoneInfo) -> str:
+    """What the model is told about the job in a cron run (``<extra_context>``)."""
+    when = fire.fire_time.astimezone(tz).strftime("%Y-%m-%d %H:%M %Z")
+    missed = (f" It stands for {fire.coalesced} runs that were due while the service was "
+              "down." if fire.coalesced > 1 else "")
+    return (f"This run was started by scheduled job {job.label} (schedule {job.schedule!r}, "
+            f"time zone {job.timezone}) that user {job.owner_id} created in this chat; it is "
+            f"the run for {when}.{missed} The user message is the job's instruction, not a new "
+            "message. Carry it out and reply with what the chat should see, or reply exactly "
+            "NO_REPLY if there is nothing worth sending.")

@@ -1,0 +1,394 @@
+"""The durable inbox, the run journal and the outbox.
+
+What makes an acknowledged message survive the process:
+
+* **Inbox.** Every inbound message the dispatcher accepts is committed here
+  before its platform is told it arrived; the row is unique on the platform's
+  own delivery id, so a redelivery (after a restart, a retried webhook) is
+  recognised and dropped. A run marks its entries ``running`` when it starts
+  and ``done`` in the same commit as its history. Entries still open at start
+  are run again, in order per session; one that was interrupted
+  ``max_attempts`` times is given up with a notice.
+* **Journal.** A run records each model turn that calls tools before the
+  tools run, and each tool result as it completes. A run resumed after a
+  crash replays that exchange to the model instead of calling the model and
+  the tools again: a finished call is never executed twice, and a call that
+  was cut off mid-way is reported to the model as interrupted rather than
+  run again (it may have taken effect).
+* **Outbox.** A run's reply is written in the run's own commit and marked
+  delivered, with the platform's message id, once the platform took it;
+  replies still pending at start are sent again (replacing their draft when
+  one is known).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import aiosqlite
+
+from bot.contracts.llm import ChatMessage, ToolCall
+from bot.contracts.messages import Attachment, InboundMessage, OutboundMessage
+from bot.contracts.tools import ToolResult
+from bot.storage.db import Statements, Writer
+
+EntryKind = Literal["message", "command"]
+
+INTERRUPTED = ("This call was interrupted when Roost restarted before it finished. It was "
+               "not run again because it may already have taken effect: check its effect "
+               "before repeating it.")
+"""The result a resumed run gives the model for a tool call cut off by a crash."""
+
+
+@dataclass(slots=True)
+class InboxEntry:
+    """One recorded inbound message."""
+
+    id: int
+    message: InboundMessage
+    kind: EntryKind
+    session_key: str
+    state: str = "pending"
+    attempts: int = 0
+    run_id: str | None = None
+    draft_id: str | None = None
+
+
+@dataclass(slots=True)
+class OutboxEntry:
+    """A reply committed but not yet confirmed by its platform."""
+
+    id: int
+    message: OutboundMessage
+    draft_id: str | None
+    attempts: int
+
+
+@dataclass(slots=True)
+class RunJournal:
+    """The tool exchange of one run, recorded as it happens (see the module docstring).
+
+    ``head`` is the inbox entry the journal belongs to (the newest of a
+    merged run's entries). ``replay`` holds what an earlier, interrupted life
+    of the same run recorded: model turns with tool calls, in order, and the
+    results that completed.
+    """
+
+    inbox: Inbox
+    head: int
+    turns: list[ChatMessage] = field(default_factory=list)
+    results: dict[str, ToolResult] = field(default_factory=dict)
+    seq: int = 0
+
+    def next_turn(self) -> ChatMessage | None:
+        """The next recorded model turn to replay instead of calling the model."""
+        return self.turns.pop(0) if self.turns else None
+
+    def replayed(self, calls: Sequence[ToolCall]) -> dict[str, ToolResult]:
+        """Results for ``calls`` of a replayed turn: recorded ones, else 'interrupted'."""
+        return {c.id: self.results.get(c.id, ToolResult(INTERRUPTED, is_error=True))
+                for c in calls}
+
+    async def turn(self, message: ChatMessage) -> None:
+        """Record a model turn that calls tools; returns once committed (before they run)."""
+        self.seq += 1
+        payload = json.dumps({"text": message.content, "calls": [
+            {"id": c.id, "name": c.name, "arguments": dict(c.arguments)}
+            for c in message.tool_calls]}, ensure_ascii=False, default=str)
+        seq, head = self.seq, self.head
+        await self.inbox.writer.write(
+            lambda db: db.execute("INSERT OR REPLACE INTO journal VALUES (?, ?, 'assistant', ?)",
+                                  (head, seq, payload)),
+            what="journaling a model turn")
+
+    def result(self, call_id: str, result: ToolResult) -> None:
+        """Record a finished tool call (queued; committed with the next write)."""
+        self.seq += 1
+        payload = json.dumps({"id": call_id, "content": result.content,
+                              "is_error": result.is_error}, ensure_ascii=False)
+        seq, head = self.seq, self.head
+        self.inbox.writer.write_later(
+            lambda db: db.execute("INSERT OR REPLACE INTO journal VALUES (?, ?, 'result', ?)",
+                                  (head, seq, payload)),
+            what="journaling a tool result")
+
+
+    async def sync(self) -> None:
+        """Wait until every recorded result is committed (before the model is asked again)."""
+        await self.inbox.writer.write(_nothing, what="journaling tool results")
+
+
+async def _nothing(db: aiosqlite.Connection) -> None:
+    return None
+
+
+class Inbox:
+    """The inbox, journal and outbox tables, written through the store's :class:`Writer`."""
+
+    def __init__(self, db: aiosqlite.Connection, lock: Any, writer: Writer,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.db = db
+        self.lock = lock
+        self.writer = writer
+        self.clock = clock
+
+    # -- intake ------------------------------------------------------------------
+
+    async def add(self, message: InboundMessage, session_key: str,
+                  kind: EntryKind = "message", *, running: bool = False) -> InboxEntry | None:
+        """Record ``message``; ``None`` if its delivery id was recorded before.
+
+        ``running``: its run starts at once, so the entry is recorded as started
+        (one commit instead of two on the usual path).
+        """
+        event_id = message.event_id or f"~{uuid.uuid4().hex}"
+        state, attempts = ("running", 1) if running else ("pending", 0)
+        row = (message.channel, event_id, session_key, message.chat_id, kind,
+               encode_message(message), self.clock(), state, attempts)
+
+        async def body(db: aiosqlite.Connection) -> int | None:
+            cur = await db.execute(
+                "INSERT OR IGNORE INTO inbox (channel, event_id, session_key, chat_id, kind,"
+                " message, received_at, state, attempts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                row)
+            return cur.lastrowid if cur.rowcount == 1 else None
+
+        entry_id = await self.writer.write(body, what="recording an inbound message")
+        if entry_id is None:
+            return None
+        return InboxEntry(entry_id, message, kind, session_key, state, attempts)
+
+    async def started(self, ids: Sequence[int], run_id: str) -> None:
+        """The entries' run started; returns once that is committed.
+
+        Counted before the run does anything, so a message that kills the
+        process as soon as its run starts is still given up in the end.
+        """
+        params = [(run_id, i) for i in ids]
+        await self.writer.write(
+            lambda db: db.executemany(
+                "UPDATE inbox SET state = 'running', attempts = attempts + 1, run_id = ?"
+                " WHERE id = ? AND state IN ('pending', 'running')", params),
+            what="marking a run started")
+
+    def set_draft(self, ids: Sequence[int], draft_id: str) -> None:
+        """The run showed a draft with this platform id (replaced if the run is redone)."""
+        params = [(draft_id, i) for i in ids]
+        self.writer.write_later(
+            lambda db: db.executemany("UPDATE inbox SET draft_id = ? WHERE id = ?", params),
+            what="recording a draft")
+
+    def close(self, ids: Sequence[int], state: Literal["done", "given_up"] = "done") -> None:
+        """The entries need no run (a command ran, ``/stop``, given up)."""
+        now, params = self.clock(), [(i,) for i in ids]
+        self.writer.write_later(
+            lambda db: _close(db, now, state, params), what="closing inbox entries")
+
+    def requeue(self, ids: Sequence[int]) -> None:
+        """Shutdown cancelled the entries' run: they run after the next start, uncounted."""
+        params = [(i,) for i in ids]
+        self.writer.write_later(
+            lambda db: db.executemany(
+                "UPDATE inbox SET state = 'pending', attempts = MAX(attempts - 1, 0)"
+                " WHERE id = ? AND state = 'running'", params),
+            what="returning interrupted runs to the inbox")
+
+    def finish(self, ids: Sequence[int], reply: OutboundMessage | None,
+               draft_id: str | None = None) -> Statements:
+        """Statements for a run's commit: its entries done, its reply into the outbox.
+
+        The statements return the outbox id (``None`` without a reply).
+        """
+        now, params = self.clock(), [(i,) for i in ids]
+        head = ids[-1] if ids else None
+        encoded = encode_outbound(reply) if reply is not None else None
+
+        async def body(db: aiosqlite.Connection) -> int | None:
+            await _close(db, now, "done", params)
+            if encoded is None or reply is None:
+                return None
+            cur = await db.execute(
+                "INSERT INTO outbox (inbox_id, channel, chat_id, message, draft_id, created_at,"
+                " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (head, reply.channel, reply.chat_id, encoded, draft_id, now, now))
+            return cur.lastrowid
+
+        return body
+
+    # -- recovery ----------------------------------------------------------------
+
+    async def unfinished(self) -> list[InboxEntry]:
+        """Entries whose run did not finish, oldest first."""
+        async with self.lock, self.db.execute(
+            "SELECT id, kind, session_key, state, attempts, run_id, draft_id, message FROM inbox"
+            " WHERE state IN ('pending', 'running') ORDER BY id",
+        ) as cur:
+            rows = await cur.fetchall()
+        entries = []
+        for r in rows:
+            entries.append(InboxEntry(r[0], decode_message(r[7]), r[1], r[2], r[3], r[4],
+                                      r[5], r[6]))
+        return entries
+
+    async def journal(self, head: int) -> RunJournal:
+        """The journal of entry ``head`` as an earlier life of its run left it."""
+        async with self.lock, self.db.execute(
+            "SELECT seq, kind, payload FROM journal WHERE inbox_id = ? ORDER BY seq", (head,),
+        ) as cur:
+            rows = await cur.fetchall()
+        journal = RunJournal(self, head)
+        for seq, kind, payload in rows:
+            data = json.loads(payload)
+            journal.seq = max(journal.seq, seq)
+            if kind == "assistant":
+                calls = tuple(ToolCall(c["id"], c["name"], c["arguments"]) for c in data["calls"])
+                journal.turns.append(ChatMessage("assistant", data["text"], tool_calls=calls))
+            else:
+                journal.results[data["id"]] = ToolResult(data["content"], data["is_error"])
+        return journal
+
+    async def cursors(self, channel: str, since: float, limit: int) -> dict[str, str]:
+        """The newest recorded delivery id per conversation of ``channel`` active since ``since``.
+
+        For platforms that cannot redeliver (Discord): the adapter reads each
+        conversation's history after it. Keys are the chat id, and
+        ``chat_id:thread_id`` for a thread with messages of its own; numeric ids
+        (snowflakes) compare as numbers. At most ``limit`` chats, the most
+        recently active first.
+        """
+        async with self.lock, self.db.execute(
+            "SELECT chat_id, json_extract(message, '$.thread_id'), event_id FROM inbox"
+            " WHERE channel = ? AND received_at >= ? AND event_id NOT LIKE '~%'"
+            " ORDER BY id DESC", (channel, since),
+        ) as cur:
+            rows = await cur.fetchall()
+        newest: dict[str, str] = {}
+        chats: list[str] = []
+        for chat_id, thread_id, event_id in rows:
+            if chat_id not in chats:
+                if len(chats) >= limit:
+                    continue
+                chats.append(chat_id)
+            key = f"{chat_id}:{thread_id}" if thread_id else chat_id
+            known = newest.get(key)
+            if known is None or _later(str(event_id), known):
+                newest[key] = str(event_id)
+        return newest
+
+    # -- outbox ------------------------------------------------------------------
+
+    async def undelivered(self) -> list[OutboxEntry]:
+        """Replies committed but not confirmed delivered, oldest first."""
+        async with self.lock, self.db.execute(
+            "SELECT id, message, draft_id, attempts FROM outbox WHERE state = 'pending'"
+            " ORDER BY id",
+        ) as cur:
+            rows = await cur.fetchall()
+        return [OutboxEntry(r[0], decode_outbound(r[1]), r[2], r[3]) for r in rows]
+
+    def delivered(self, outbox_id: int, platform_id: str | None) -> None:
+        """The platform took the reply."""
+        now = self.clock()
+        self.writer.write_later(
+            lambda db: db.execute(
+                "UPDATE outbox SET state = 'delivered', platform_id = ?, updated_at = ?"
+                " WHERE id = ?", (platform_id, now, outbox_id)),
+            what="marking a reply delivered")
+
+    def not_delivered(self, outbox_id: int, *, final: bool) -> None:
+        """A delivery attempt failed; ``final`` gives the reply up."""
+        now, state = self.clock(), "failed" if final else "pending"
+        self.writer.write_later(
+            lambda db: db.execute(
+                "UPDATE outbox SET state = ?, attempts = attempts + 1, updated_at = ?"
+                " WHERE id = ?", (state, now, outbox_id)),
+            what="recording a failed delivery")
+
+    async def prune(self, days: float) -> int:
+        """Delete finished entries and delivered replies older than ``days``."""
+        cutoff = self.clock() - days * 86_400
+
+        async def body(db: aiosqlite.Connection) -> int:
+            cur = await db.execute(
+                "DELETE FROM inbox WHERE state IN ('done', 'given_up') AND finished_at < ?",
+                (cutoff,))
+            deleted = cur.rowcount
+            await db.execute("DELETE FROM outbox WHERE state != 'pending' AND updated_at < ?",
+                             (cutoff,))
+            return deleted
+
+        deleted: int = await self.writer.write(body, what="pruning the inbox")
+        return deleted
+
+
+def _later(a: str, b: str) -> bool:
+    """Whether delivery id ``a`` comes after ``b`` (as numbers when both are)."""
+    if a.isdigit() and b.isdigit():
+        return int(a) > int(b)
+    return a > b
+
+
+async def _close(db: aiosqlite.Connection, now: float, state: str,
+                 params: list[tuple[int]]) -> None:
+    await db.executemany("UPDATE inbox SET state = ?, finished_at = ? WHERE id = ?",
+                         [(state, now, i) for (i,) in params])
+    # A finished run's exchange is in its history now.
+    await db.executemany("DELETE FROM journal WHERE inbox_id = ?", params)
+
+
+# -- (de)serialization -------------------------------------------------------------
+
+
+def encode_message(message: InboundMessage) -> str:
+    """``message`` as JSON (without the platform's raw object)."""
+    data = {f.name: getattr(message, f.name) for f in dataclasses.fields(message)
+            if f.name != "raw"}
+    data["attachments"] = [dataclasses.asdict(a) for a in message.attachments]
+    return json.dumps(data, ensure_ascii=False)
+
+
+def decode_message(text: str) -> InboundMessage:
+    """The inverse of :func:`encode_message`."""
+    data: dict[str, Any] = json.loads(text)
+    data["attachments"] = tuple(Attachment(**a) for a in data.get("attachments", ()))
+    known = {f.name for f in dataclasses.fields(InboundMessage)}
+    return InboundMessage(**{k: v for k, v in data.items() if k in known})
+
+
+def encode_outbound(message: OutboundMessage) -> str:
+    """``message`` as JSON."""
+    return json.dumps(dataclasses.asdict(message), ensure_ascii=False)
+
+
+def decode_outbound(text: str) -> OutboundMessage:
+    """The inverse of :func:`encode_outbound`."""
+    data: Mapping[str, Any] = json.loads(text)
+    known = {f.name for f in dataclasses.fields(OutboundMessage)}
+    return OutboundMessage(**{k: v for k, v in data.items() if k in known})
+
+
+def grouped(entries: Iterable[InboxEntry]) -> list[list[InboxEntry]]:
+    """Entries of one session that one run had merged, kept together, in order of their first.
+
+    Other sessions' entries may lie between them in the inbox: they are grouped
+    by the run that took them up, not by being adjacent.
+    """
+    groups: list[list[InboxEntry]] = []
+    by_run: dict[tuple[str, str], list[InboxEntry]] = {}
+    for entry in entries:
+        key = (entry.session_key, entry.run_id) if entry.run_id is not None else None
+        group = by_run.get(key) if key is not None else None
+        if group is None:
+            group = [entry]
+            groups.append(group)
+            if key is not None:
+                by_run[key] = group
+        else:
+            group.append(entry)
+    return groups

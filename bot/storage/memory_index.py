@@ -1,0 +1,280 @@
+"""Keyword search over a workspace's memory files: BM25 on SQLite FTS5.
+
+Memory files are ``MEMORY.md`` and ``memory/*.md`` in a user's workspace. The
+files are the truth; the index is a cache of them. Each search first compares
+every memory file's (inode, mtime, size) stamp with the one indexed and
+re-chunks what changed, so a note written by a tool or edited by hand is
+found by the next search, and a deleted note disappears from results.
+
+Files are split into chunks of a few paragraphs (a heading always starts a new
+chunk), so a hit points at a line range rather than a whole file, and BM25's
+length normalisation compares passages of similar size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import stat
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import aiosqlite
+
+from bot.contracts.tools import ToolError
+from bot.storage import db as dbmod
+from workspaces import resolve_in_workspace
+
+MEMORY_FILE = "MEMORY.md"
+MEMORY_DIR = "memory"
+
+CHUNK_CHARS = 700
+"""Paragraphs are packed into chunks of about this many characters..."""
+CHUNK_LINES = 20
+"""...and at most this many lines (a single longer line stays whole)."""
+MAX_QUERY_TERMS = 32
+SNIPPET_TOKENS = 32
+
+_HEADING = re.compile(r"\s{0,3}#{1,6}\s")
+_WORD = re.compile(r"\w")
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Lines ``start``..``end`` (1-based, inclusive) of a memory file."""
+
+    start: int
+    end: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """One search result: where it is, a snippet with the matches in ``**``, its score."""
+
+    path: str
+    start_line: int
+    end_line: int
+    snippet: str
+    score: float
+    """Higher is better (the negated FTS5 ``bm25()``)."""
+
+
+def memory_target(workspace: Path, path: str) -> tuple[Path, str]:
+    """Resolve ``path`` to a memory file of ``workspace``: ``(absolute path, display path)``.
+
+    Only ``MEMORY.md`` and ``memory/<name>.md`` qualify, judged after symlinks
+    are followed, so a link in ``memory/`` that points at another workspace
+    file (or outside the workspace) is refused. Raises :class:`ToolError`.
+    """
+    target = resolve_in_workspace(workspace, path)
+    rel = PurePosixPath(target.relative_to(workspace.resolve()).as_posix())
+    if is_memory_path(rel):
+        return target, rel.as_posix()
+    raise ToolError(
+        f"{path!r} is not a memory file: only {MEMORY_FILE} and {MEMORY_DIR}/*.md can be "
+        "read with memory_get (use read_file for other workspace files)",
+        code="INVALID_PATH",
+    )
+
+
+def is_memory_path(rel: PurePosixPath) -> bool:
+    """Whether a workspace-relative path names a memory file."""
+    return rel.as_posix() == MEMORY_FILE or (
+        len(rel.parts) == 2 and rel.parts[0] == MEMORY_DIR and rel.suffix == ".md"
+    )
+
+
+def read_memory_text(target: Path, display: str, cap: int) -> tuple[str, str]:
+    """The UTF-8 text of a memory file and its stamp; raises :class:`ToolError`.
+
+    The stamp comes from the open file, so text and stamp always belong
+    together even if the file is replaced meanwhile.
+    """
+    try:
+        with target.open("rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise ToolError(f"{display!r} is not a regular file", code="NOT_A_FILE")
+            if st.st_size > cap:
+                raise ToolError(f"{display!r} is {st.st_size} bytes, over the {cap}-byte "
+                                "limit", code="TOO_LARGE")
+            data = fh.read(cap + 1)
+    except FileNotFoundError:
+        raise ToolError(f"{display!r} does not exist", code="NOT_FOUND") from None
+    except IsADirectoryError:
+        raise ToolError(f"{display!r} is a directory", code="IS_A_DIRECTORY") from None
+    except OSError as exc:
+        raise ToolError(f"{display!r}: {exc.strerror or exc}", code="IO_ERROR") from exc
+    if len(data) > cap:
+        raise ToolError(f"{display!r} is over the {cap}-byte limit", code="TOO_LARGE")
+    if b"\x00" in data:
+        raise ToolError(f"{display!r} is a binary file, not text", code="BINARY_FILE")
+    return data.decode("utf-8", errors="replace"), _stamp(st)
+
+
+def chunk_text(text: str) -> list[Chunk]:
+    """Split ``text`` into chunks of whole lines; blank lines are never a chunk."""
+    lines = text.splitlines()
+    chunks: list[Chunk] = []
+    start: int | None = None  # 0-based first line of the chunk being built
+    last = -1  # 0-based last non-blank line of it
+    size = 0
+
+    def close() -> None:
+        nonlocal start, size
+        if start is not None:
+            chunks.append(Chunk(start + 1, last + 1, "\n".join(lines[start:last + 1])))
+        start, size = None, 0
+
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        too_big = start is not None and (size + len(line) > CHUNK_CHARS
+                                         or i - start >= CHUNK_LINES)
+        if _HEADING.match(line) or too_big:
+            close()
+        if start is None:
+            start = i
+        last = i
+        size += len(line) + 1
+    close()
+    return chunks
+
+
+def fts_query(query: str) -> str:
+    """A safe FTS5 query: every whitespace-separated term quoted, joined with OR.
+
+    Quoting keeps FTS5 operators (``AND``, ``NEAR``, ``*``, ``:``) in user text
+    from being interpreted; a term with punctuation inside (``2026-11-20``)
+    becomes a phrase. OR lets BM25 rank passages that match more, and rarer,
+    terms first instead of demanding every word of a natural-language query.
+    """
+    terms = [t for t in query.split() if _WORD.search(t)][:MAX_QUERY_TERMS]
+    return " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
+
+
+class MemoryIndex:
+    """The FTS5 index of every workspace's memory files, in the shared database.
+
+    ``db`` is the service's connection and ``lock`` the lock that serializes
+    statements on it (:attr:`bot.storage.sessions.SessionStore.lock`).
+    """
+
+    def __init__(self, db: aiosqlite.Connection, lock: asyncio.Lock, root: Path,
+                 max_bytes: int) -> None:
+        self.db = db
+        self.lock = lock
+        self.root = root
+        self.max_bytes = max_bytes
+        # Two searches in one workspace must not both reindex a file (its chunks
+        # would be inserted twice). Weak values drop the locks of idle workspaces.
+        self._sync_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = (
+            weakref.WeakValueDictionary())
+
+    def key(self, workspace: Path) -> str:
+        """How the index names ``workspace``: relative to the workspaces root if inside it."""
+        try:
+            return workspace.relative_to(self.root).as_posix()
+        except ValueError:
+            return str(workspace.resolve())
+
+    async def search(self, workspace: Path, query: str, limit: int) -> list[Hit]:
+        """The best ``limit`` chunks for ``query`` in ``workspace``, best first."""
+        match = fts_query(query)
+        if not match:
+            return []
+        key = await self.sync(workspace)
+        async with self.lock, self.db.execute(
+            "SELECT c.path, c.start_line, c.end_line,"
+            f" snippet(memory_fts, 0, '**', '**', '…', {SNIPPET_TOKENS:d}), bm25(memory_fts)"
+            " FROM memory_fts JOIN memory_chunks c ON c.id = memory_fts.rowid"
+            " WHERE memory_fts MATCH ? AND c.workspace = ?"
+            " ORDER BY bm25(memory_fts), c.path DESC, c.start_line LIMIT ?",
+            (match, key, limit),
+        ) as cur:
+            rows = await cur.fetchall()
+        return [Hit(r[0], r[1], r[2], " ".join(str(r[3]).split()), -float(r[4]))
+                for r in rows]
+
+    async def sync(self, workspace: Path) -> str:
+        """Bring the index of ``workspace`` up to date with its files; returns its key."""
+        key = self.key(workspace)
+        lock = self._sync_locks.get(key)
+        if lock is None:
+            lock = self._sync_locks[key] = asyncio.Lock()
+        async with lock:
+            on_disk = await asyncio.to_thread(self._scan, workspace)
+            async with self.lock, self.db.execute(
+                "SELECT path, stamp FROM memory_files WHERE workspace = ?", (key,)
+            ) as cur:
+                indexed = {str(r[0]): str(r[1]) for r in await cur.fetchall()}
+            changed = [p for p, s in on_disk.items() if indexed.get(p) != s]
+            removed = [p for p in indexed if p not in on_disk]
+            if changed or removed:
+                files = await asyncio.to_thread(self._read, workspace, changed)
+                await self._write(key, [*removed, *changed], files)
+        return key
+
+    def _scan(self, workspace: Path) -> dict[str, str]:
+        """Stamps of the memory files that may be indexed, by display path."""
+        names = [MEMORY_FILE]
+        try:
+            with os.scandir(workspace / MEMORY_DIR) as it:
+                names += [f"{MEMORY_DIR}/{e.name}" for e in it if e.name.endswith(".md")]
+        except OSError:
+            pass  # no memory/ yet (or it is not a directory): only MEMORY.md counts
+        found = {}
+        for name in names:
+            try:
+                target, display = memory_target(workspace, name)
+                st = target.stat()
+            except (ToolError, OSError):
+                continue  # absent, or a link that leaves the memory files
+            if stat.S_ISREG(st.st_mode) and st.st_size <= self.max_bytes:
+                found[display] = _stamp(st)
+        return found
+
+    def _read(self, workspace: Path, paths: Sequence[str]) -> dict[str, tuple[str, str]]:
+        files = {}
+        for path in paths:
+            try:
+                target, display = memory_target(workspace, path)
+                files[display] = read_memory_text(target, display, self.max_bytes)
+            except ToolError:
+                continue  # gone or changed into something unreadable since the scan
+        return files
+
+    async def _write(self, key: str, dropped: Sequence[str],
+                     files: dict[str, tuple[str, str]]) -> None:
+        """Replace the chunks of ``dropped`` files by those of ``files``, atomically."""
+        async def body(db: aiosqlite.Connection) -> None:
+            for path in dropped:
+                await db.execute(
+                    "DELETE FROM memory_fts WHERE rowid IN (SELECT id FROM memory_chunks"
+                    " WHERE workspace = ? AND path = ?)", (key, path))
+                await db.execute(
+                    "DELETE FROM memory_chunks WHERE workspace = ? AND path = ?", (key, path))
+                await db.execute(
+                    "DELETE FROM memory_files WHERE workspace = ? AND path = ?", (key, path))
+            for path, (text, stamp) in files.items():
+                for chunk in chunk_text(text):
+                    cur = await db.execute(
+                        "INSERT INTO memory_chunks (workspace, path, start_line, end_line)"
+                        " VALUES (?, ?, ?, ?)", (key, path, chunk.start, chunk.end))
+                    await db.execute("INSERT INTO memory_fts (rowid, text) VALUES (?, ?)",
+                                     (cur.lastrowid, chunk.text))
+                await db.execute(
+                    "INSERT INTO memory_files (workspace, path, stamp) VALUES (?, ?, ?)",
+                    (key, path, stamp))
+
+        await dbmod.transaction(self.db, self.lock, body)
+
+
+def _stamp(st: os.stat_result) -> str:
+    # Like workspaces.read_cached: an edit by hand changes mtime or size, and the
+    # file tools' atomic replace changes the inode.
+    return f"{st.st_ino}:{st.st_mtime_ns}:{st.st_size}"

@@ -1,0 +1,398 @@
+"""Sessions: conversation history in SQLite with an in-memory LRU in front.
+
+A run does not write its history while it works (only its tool exchange goes
+to the journal, :mod:`bot.storage.inbox`). It hands everything it produced to
+:meth:`SessionStore.append_run`, which writes it in one transaction, so
+concurrent runs cannot interleave half-finished history and a crash mid-run
+leaves no partial history behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+
+from bot.contracts.llm import ChatMessage, ToolCall, Usage
+from bot.contracts.messages import InboundMessage
+from bot.observability.tracing import Span, attributes_of, span_row
+from bot.storage import db as dbmod
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """The trace record of one run: how it ended and what it cost."""
+
+    run_id: str
+    session_key: str
+    status: str
+    started_at: float
+    ended_at: float
+    iterations: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    model: str = ""
+    error: str = ""
+
+
+_INSERT_MESSAGE = (
+    "INSERT INTO messages (session_id, run_id, role, content, sender_id, sender_name,"
+    " tool_calls, tool_call_id, tool_name, is_error, created_at)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_UPDATE_SESSION = (
+    "UPDATE sessions SET updated_at = ?, input_tokens = input_tokens + ?,"
+    " output_tokens = output_tokens + ?, model = CASE WHEN ? = '' THEN model ELSE ? END,"
+    " provider = CASE WHEN ? = '' THEN provider ELSE ? END WHERE id = ?"
+)
+_INSERT_SPAN = (
+    "INSERT OR REPLACE INTO spans (id, run_id, parent_id, kind, name, started_at, duration_ms,"
+    " error, attributes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_INSERT_RUN = (
+    "INSERT OR REPLACE INTO runs (id, session_key, status, started_at, ended_at, iterations,"
+    " input_tokens, output_tokens, model, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+@dataclass(slots=True, eq=False)
+class Session:
+    """One conversation: a key, its history and its running totals."""
+
+    id: int
+    key: str
+    messages: list[ChatMessage]
+    created_at: float
+    updated_at: float
+    model: str = ""
+    provider: str = ""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    summary: str = ""
+    """The latest compaction summary of the history before ``messages``."""
+    compactions: int = 0
+    flushed_compaction: int = -1
+    """The compaction cycle whose memory flush already ran."""
+    facts: list[str] = field(default_factory=list)
+    """Facts pinned to this conversation (``/pin``); part of the Kernel segment."""
+    context_tokens: dict[str, int] = field(default_factory=dict, repr=False)
+    """Token counts of each context segment in the latest run (for ``/status``)."""
+    pins: int = field(default=0, repr=False)
+    """Runs currently using this session; a pinned session is never evicted."""
+
+
+def session_key(message: InboundMessage, agent: str = "default") -> str:
+    """The conversation a message belongs to.
+
+    Direct chats are per user per channel; a group shares one history, and a
+    thread or forum topic inside a group is a conversation of its own.
+    """
+    if message.chat_type == "group":
+        thread = f":{message.thread_id}" if message.thread_id else ""
+        return f"{agent}:{message.channel}:group:{message.chat_id}{thread}"
+    return f"{agent}:{message.channel}:direct:{message.sender_id}"
+
+
+def agent_of(key: str) -> str:
+    """The agent a session key belongs to (its first part)."""
+    return key.split(":", 1)[0]
+
+
+class SessionStore:
+    """Loads sessions on demand, caches up to ``cache_size``, writes runs atomically."""
+
+    def __init__(self, db: aiosqlite.Connection, cache_size: int = 1000) -> None:
+        self.db = db
+        self.cache_size = cache_size
+        self._cache: OrderedDict[str, Session] = OrderedDict()
+        self._loading: dict[str, asyncio.Task[Session]] = {}
+        # One connection serves every coroutine; a transaction must not have
+        # another coroutine's statements slip into it between awaits.
+        self._lock = asyncio.Lock()
+        self.writer = dbmod.Writer(db, self._lock)
+        """Every multi-statement write to this connection goes through here."""
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        """Serializes statements on :attr:`db`.
+
+        Other stores that share the connection hold it around every statement
+        or transaction of theirs, so none slips into another's transaction.
+        """
+        return self._lock
+
+    @classmethod
+    async def open(cls, path: Path, cache_size: int = 1000) -> SessionStore:
+        """Open (and migrate) the database at ``path``."""
+        return cls(await dbmod.connect(path), cache_size)
+
+    async def close(self) -> None:
+        """Finish pending writes and close the database."""
+        await self.writer.close()
+        await self.db.close()
+
+    def cached(self, key: str) -> Session | None:
+        """The cached session for ``key``, without touching the database."""
+        return self._cache.get(key)
+
+    def cached_count(self) -> int:
+        """How many sessions are held in memory."""
+        return len(self._cache)
+
+    async def get(self, key: str) -> Session:
+        """The active session for ``key``: from cache, from disk, or new.
+
+        The load runs in a task of its own that every caller awaits shielded:
+        a caller cancelled meanwhile (a merge, ``/stop``) neither cancels the
+        load nor passes its cancellation to the others waiting for it.
+        """
+        session = self._cache.get(key)
+        if session is not None:
+            self._cache.move_to_end(key)
+            return session
+        loading = self._loading.get(key)
+        if loading is None:
+            loading = self._loading[key] = asyncio.ensure_future(self._load(key))
+            # Retrieved even when every caller was cancelled before it ended.
+            loading.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return await asyncio.shield(loading)
+
+    async def _load(self, key: str) -> Session:
+        try:
+            session = await self._load_or_create(key)
+            self._remember(session)
+            return session
+        finally:
+            del self._loading[key]
+
+    async def append_run(
+        self,
+        session: Session,
+        run_id: str,
+        messages: Sequence[ChatMessage],
+        usage: Usage | None = None,
+        model: str = "",
+        provider: str = "",
+        record: RunRecord | None = None,
+        spans: Sequence[Span] = (),
+        also: dbmod.Statements | None = None,
+    ) -> Any:
+        """Write everything one run produced, and its trace, atomically.
+
+        ``also`` runs in the same transaction (the dispatcher marks the run's
+        inbox entries done and queues its reply in the outbox there); its
+        result is returned. Flushes that arrive while a write is in progress
+        are batched into the next transaction (group commit): each run is
+        still all-or-nothing. Once called, the write completes even if the
+        caller is cancelled.
+        """
+        flush = _Flush(session, run_id, tuple(messages), usage or Usage(), model, provider,
+                       record, tuple(spans), time.time())
+
+        async def body(db: aiosqlite.Connection) -> Any:
+            await flush.write(db)
+            return await also(db) if also is not None else None
+
+        return await self.writer.write(body, after=flush.apply, what=f"run {run_id[:8]}")
+
+    async def record_run(self, record: RunRecord, spans: Sequence[Span] = (),
+                         also: dbmod.Statements | None = None) -> Any:
+        """Write a run's trace on its own (runs that flush no history)."""
+        rows = [span_row(s) for s in spans]
+
+        async def body(db: aiosqlite.Connection) -> Any:
+            await db.execute(_INSERT_RUN, _record_row(record))
+            await db.executemany(_INSERT_SPAN, rows)
+            return await also(db) if also is not None else None
+
+        return await self.writer.write(body, what=f"trace of run {record.run_id[:8]}")
+
+    async def spans(self, run_id: str) -> list[Span]:
+        """The stored spans of one run, root first."""
+        async with self._lock, self.db.execute(
+            "SELECT id, run_id, parent_id, kind, name, started_at, duration_ms, error, attributes"
+            " FROM spans WHERE run_id = ? ORDER BY started_at, parent_id IS NOT NULL", (run_id,),
+        ) as cur:
+            rows = await cur.fetchall()
+        return [Span(run_id=r[1], kind=r[3], name=r[4], started_at=r[5], span_id=r[0],
+                     parent_id=r[2], duration_ms=r[6], error=bool(r[7]),
+                     attributes=dict(attributes_of(r[8]))) for r in rows]
+
+    async def compact(self, session: Session, count: int, summary: str) -> None:
+        """Replace the oldest ``count`` messages of ``session`` by ``summary``.
+
+        The messages stay in the database (marked compacted) but leave the
+        active history; the compaction counter goes up by one.
+        """
+        async def body(db: aiosqlite.Connection) -> None:
+            await db.execute(
+                "UPDATE messages SET compacted = 1 WHERE id IN (SELECT id FROM messages"
+                " WHERE session_id = ? AND compacted = 0 ORDER BY id LIMIT ?)",
+                (session.id, count))
+            await db.execute(
+                "UPDATE sessions SET summary = ?, compactions = compactions + 1 WHERE id = ?",
+                (summary, session.id))
+
+        await self.writer.write(body, what=f"compacting {session.key}")
+        # Runs only ever append, so the oldest ``count`` are the ones summarized.
+        del session.messages[:count]
+        session.summary = summary
+        session.compactions += 1
+
+    async def mark_flushed(self, session: Session) -> None:
+        """Record that the memory flush ran for the current compaction cycle."""
+        async with self._lock:
+            await self.db.execute("UPDATE sessions SET flushed_compaction = ? WHERE id = ?",
+                                  (session.compactions, session.id))
+        session.flushed_compaction = session.compactions
+
+    async def set_facts(self, session: Session, facts: Sequence[str]) -> None:
+        """Replace the session's pinned facts."""
+        async with self._lock:
+            await self.db.execute("UPDATE sessions SET pins = ? WHERE id = ?",
+                                  (json.dumps(list(facts)), session.id))
+        session.facts = list(facts)
+
+    async def runs(self, session_key: str, limit: int = 50) -> list[RunRecord]:
+        """The newest trace records of a session, newest first."""
+        async with self._lock, self.db.execute(
+            "SELECT id, session_key, status, started_at, ended_at, iterations, input_tokens,"
+            " output_tokens, model, error FROM runs WHERE session_key = ?"
+            " ORDER BY started_at DESC LIMIT ?",
+            (session_key, limit),
+        ) as cur:
+            return [RunRecord(*row) for row in await cur.fetchall()]
+
+    async def reset(self, key: str) -> Session:
+        """Archive the active session for ``key`` and start an empty one."""
+        now = time.time()
+
+        async def body(db: aiosqlite.Connection) -> Session:
+            await db.execute(
+                "UPDATE sessions SET archived_at = ? WHERE key = ? AND archived_at IS NULL",
+                (now, key),
+            )
+            return await _insert(db, key, now)
+
+        session: Session = await self.writer.write(body, what=f"resetting {key}")
+        self._cache.pop(key, None)
+        self._remember(session)
+        return session
+
+    async def _load_or_create(self, key: str) -> Session:
+        async with self._lock:
+            async with self.db.execute(
+                "SELECT id, created_at, updated_at, model, provider, input_tokens,"
+                " output_tokens, summary, compactions, flushed_compaction, pins"
+                " FROM sessions WHERE key = ? AND archived_at IS NULL",
+                (key,),
+            ) as cur:
+                row = await cur.fetchone()
+            if row is not None:
+                async with self.db.execute(
+                    "SELECT role, content, sender_id, sender_name, tool_calls, tool_call_id,"
+                    " tool_name, is_error, created_at FROM messages WHERE session_id = ?"
+                    " AND compacted = 0 ORDER BY id",
+                    (row[0],),
+                ) as cur:
+                    messages = [_message(r) for r in await cur.fetchall()]
+        if row is None:
+            created = time.time()
+            new: Session = await self.writer.write(lambda db: _insert(db, key, created),
+                                                   what=f"creating session {key}")
+            return new
+        return Session(
+            id=row[0], key=key, messages=messages, created_at=row[1], updated_at=row[2],
+            model=row[3], provider=row[4], input_tokens=row[5], output_tokens=row[6],
+            summary=row[7], compactions=row[8], flushed_compaction=row[9],
+            facts=list(json.loads(row[10])),
+        )
+
+    def _remember(self, session: Session) -> None:
+        self._cache[session.key] = session
+        self._cache.move_to_end(session.key)
+        if len(self._cache) <= self.cache_size:
+            return
+        for key in list(self._cache):
+            if len(self._cache) <= self.cache_size:
+                break
+            if self._cache[key].pins == 0:
+                del self._cache[key]
+
+
+@dataclass(slots=True)
+class _Flush:
+    """One run's write."""
+
+    session: Session
+    run_id: str
+    messages: tuple[ChatMessage, ...]
+    usage: Usage
+    model: str
+    provider: str
+    record: RunRecord | None
+    spans: tuple[Span, ...]
+    now: float
+
+    async def write(self, db: aiosqlite.Connection) -> None:
+        await db.executemany(_INSERT_MESSAGE,
+                             [_row(self.session.id, self.run_id, m) for m in self.messages])
+        await db.execute(_UPDATE_SESSION, (
+            self.now, self.usage.input_tokens, self.usage.output_tokens, self.model,
+            self.model, self.provider, self.provider, self.session.id))
+        if self.record is not None:
+            await db.execute(_INSERT_RUN, _record_row(self.record))
+        if self.spans:
+            await db.executemany(_INSERT_SPAN, [span_row(s) for s in self.spans])
+
+    def apply(self) -> None:
+        """Mirror the committed write into the cached session."""
+        s = self.session
+        s.messages.extend(self.messages)
+        s.updated_at = self.now
+        s.input_tokens += self.usage.input_tokens
+        s.output_tokens += self.usage.output_tokens
+        s.model = self.model or s.model
+        s.provider = self.provider or s.provider
+
+
+async def _insert(db: aiosqlite.Connection, key: str, now: float) -> Session:
+    # Two loads of one key can race only across processes; the partial unique
+    # index then refuses the second insert, and its run fails cleanly.
+    cur = await db.execute(
+        "INSERT INTO sessions (key, created_at, updated_at) VALUES (?, ?, ?)",
+        (key, now, now),
+    )
+    assert cur.lastrowid is not None
+    return Session(id=cur.lastrowid, key=key, messages=[], created_at=now, updated_at=now)
+
+
+def _record_row(r: RunRecord) -> tuple[Any, ...]:
+    return (r.run_id, r.session_key, r.status, r.started_at, r.ended_at, r.iterations,
+            r.input_tokens, r.output_tokens, r.model, r.error)
+
+
+def _row(session_id: int, run_id: str, m: ChatMessage) -> tuple[Any, ...]:
+    calls = (
+        json.dumps([{"id": c.id, "name": c.name, "arguments": dict(c.arguments)}
+                    for c in m.tool_calls])
+        if m.tool_calls else None
+    )
+    return (session_id, run_id, m.role, m.content, m.sender_id, m.sender_name, calls,
+            m.tool_call_id, m.tool_name, int(m.is_error), m.created_at)
+
+
+def _message(r: Any) -> ChatMessage:
+    calls = tuple(ToolCall(c["id"], c["name"], c["arguments"]) for c in json.loads(r[4])) \
+        if r[4] else ()
+    return ChatMessage(
+        role=r[0], content=r[1], sender_id=r[2], sender_name=r[3], tool_calls=calls,
+        tool_call_id=r[5], tool_name=r[6], is_error=bool(r[7]), created_at=r[8],
+    )
