@@ -1,0 +1,182 @@
+"""The :class:`DiscordChannel` itself: lifecycle and the outbound entry points."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+import discord
+
+from bot.contracts.channel import InboundHandler, ReplyStream
+from bot.contracts.messages import InboundMessage, OutboundMessage
+from channels.chunking import split_message
+from channels.discord.common import _NO_PINGS, MESSAGE_LIMIT, _escape, _reference, _target, log
+from channels.discord.gateway import _Client, _guard_frames, _guard_parsers
+from channels.discord.inbound import _Inbound
+from channels.discord.interactions import _Interactions
+from channels.discord.rest import _Rest
+from channels.discord.stream import _StreamedReply
+
+
+class DiscordChannel(_Inbound, _Interactions, _Rest):
+    """Discord through discord.py's gateway client; see the module docstring."""
+
+    name = "discord"
+
+    # -- lifecycle -----------------------------------------------------------
+
+    async def start(self, handler: InboundHandler) -> None:
+        """Log in, connect to the gateway and return once ``on_ready`` fired."""
+        self._handler = handler
+        self._redirect()
+        intents = discord.Intents.default()
+        intents.message_content = True
+        client = _Client(self, intents=intents, guild_ready_timeout=self.guild_ready_timeout,
+                         allowed_mentions=_NO_PINGS,
+                         max_ratelimit_timeout=self.max_ratelimit_timeout)
+        _guard_parsers(client)
+        _guard_frames(client)
+        self.client = client
+        self._runner = asyncio.create_task(self._run(client), name="discord-gateway")
+        ready = asyncio.create_task(self._ready.wait())
+        try:
+            done, _ = await asyncio.wait({ready, self._runner}, timeout=self.ready_timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+        if ready not in done:
+            runner, self._runner = self._runner, None
+            runner.cancel()
+            await client.close()
+            await asyncio.gather(runner, return_exceptions=True)
+            self._restore()
+            if runner.done() and not runner.cancelled() and runner.exception() is not None:
+                raise RuntimeError(f"Discord did not connect: {runner.exception()}") \
+                    from runner.exception()
+            raise TimeoutError(f"Discord was not ready within {self.ready_timeout:g}s")
+        self._runner.add_done_callback(self._runner_done)
+        assert client.user is not None
+        log.info("discord: connected as %s (id %s)", client.user, client.user.id)
+
+    async def stop_intake(self) -> None:
+        """Hand the core no more messages; the REST client keeps sending until :meth:`stop`.
+
+        Discord never redelivers, but nothing is lost: what arrives from now
+        on advances no cursor, so the catch-up after the restart reads it
+        from the history (the core's cursors stop at its last recorded message).
+        """
+        self._intake_open = False
+        if self._catching_up is not None:
+            self._catching_up.cancel()
+
+    async def stop(self) -> None:
+        """Let sends in flight finish (10 s at most), then close the client."""
+        self._stopping = True
+        self._intake_open = False
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), 10)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.client is not None:
+            await self.client.close()
+        if self._runner is not None:
+            await asyncio.gather(self._runner, return_exceptions=True)
+            self._runner = None
+        self._restore()
+
+    def _redirect(self) -> None:
+        # discord.py reads both endpoints from class attributes, so they are
+        # process-wide; they are put back on stop.
+        if self._api_base is None and self._gateway is None:
+            return
+        gateway_cls = discord.gateway.DiscordWebSocket
+        self._saved_endpoints = (discord.http.Route.BASE, gateway_cls.DEFAULT_GATEWAY)
+        if self._api_base is not None:
+            discord.http.Route.BASE = self._api_base
+        if self._gateway is not None:
+            gateway_cls.DEFAULT_GATEWAY = self._gateway
+
+    def _restore(self) -> None:
+        if self._saved_endpoints is not None:
+            discord.http.Route.BASE, discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = \
+                self._saved_endpoints
+            self._saved_endpoints = None
+
+    async def _run(self, client: discord.Client) -> None:
+        """Log in and keep the gateway connected until the client is closed.
+
+        ``connect(reconnect=True)`` already resumes after network errors and
+        Discord's own close codes. Anything else escaping it (a frame that is
+        not JSON, a bug) would end the client for good, so it is logged and
+        the connection is made again.
+        """
+        await client.login(self._token)
+        backoff = 0.5
+        while not client.is_closed():
+            started = time.monotonic()
+            try:
+                await client.connect(reconnect=True)
+            except (discord.ClientException, discord.ConnectionClosed):
+                raise  # bad token, missing intents, bad close codes: not recoverable
+            except Exception:
+                if client.is_closed() or self._stopping:
+                    return
+                log.exception("discord: unexpected gateway error; reconnecting in %.1fs",
+                              backoff)
+                if client.ws is not None:
+                    with contextlib.suppress(Exception):
+                        # 4000 keeps the session resumable on Discord's side.
+                        await client.ws.close(code=4000)
+                await asyncio.sleep(backoff)
+                backoff = 0.5 if time.monotonic() - started > 60 else min(backoff * 2, 30.0)
+
+    def _runner_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None and not self._stopping:
+            log.error("discord: the gateway connection ended", exc_info=task.exception())
+
+    # -- outbound --------------------------------------------------------------
+
+    async def send(self, message: OutboundMessage) -> str | None:
+        """Deliver one reply; the id of its last message (``None`` for an interaction's).
+
+        Split, referenced in groups, as the interaction's answer if one is
+        pending. With ``replace`` the draft is edited into the first piece, or,
+        if that edit fails for good, the reply is posted anew and the draft
+        deleted. Raises when the reply was not delivered.
+        """
+        with self._busy():
+            pieces = split_message(_escape(message.text), MESSAGE_LIMIT)
+            pending = None if message.replace else self._claim_interaction(message)
+            if pending is not None and await self._answer(pending, pieces):
+                return None
+            target = _target(message)
+            return await self._deliver_reply(target, _reference(message, target), pieces,
+                                             draft=message.replace or None,
+                                             delivery_id=message.delivery_id)
+
+    async def withdraw(self, chat_id: str, message_id: str) -> None:
+        """Delete one of the bot's messages (``chat_id`` may be a thread); gone is fine."""
+        with self._busy():
+            await self._delete(int(chat_id), int(message_id))
+
+    def open_stream(self, message: InboundMessage) -> ReplyStream | None:
+        """A draft message edited as the reply grows, unless streaming is off for discord."""
+        if self.client is None or not self.settings.streams(self.name):
+            return None
+        return _StreamedReply(self, message).stream
+
+    @contextlib.asynccontextmanager
+    async def typing(self, message: InboundMessage) -> AsyncIterator[None]:
+        """Show "typing…" in the message's channel or thread, refreshed until the block ends."""
+        if self.client is None:
+            yield
+            return
+        task = self._spawn(self._keep_typing(int(message.thread_id or message.chat_id)))
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

@@ -1,0 +1,92 @@
+"""The discord.py client and the guards that keep one bad gateway payload from ending it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import discord
+
+from channels.discord.common import log
+from channels.logline import short as _short
+
+if TYPE_CHECKING:
+    from channels.discord.channel import DiscordChannel
+
+
+class _Client(discord.Client):
+    """A plain client whose events go to the adapter (no command tree)."""
+
+    def __init__(self, adapter: DiscordChannel, **options: Any) -> None:
+        super().__init__(**options)
+        self.adapter = adapter
+
+    async def on_ready(self) -> None:
+        # discord.py fires this after every READY: at start, and after a
+        # reconnect that could not resume (the missed messages are lost to
+        # the gateway and must be read back from the channels' history).
+        if self.adapter._ready.is_set():
+            self.adapter._reconnected()
+        self.adapter._ready.set()
+
+    async def on_message(self, message: discord.Message) -> None:
+        await self.adapter._on_message(message)
+
+    async def on_interaction(self, interaction: discord.Interaction[discord.Client]) -> None:
+        await self.adapter._on_interaction(interaction)
+
+    async def on_error(self, event_method: str, /, *args: Any, **kwargs: Any) -> None:
+        # discord.py calls on_error from inside its except block: the exception is current.
+        log.exception("discord: handling %s failed", event_method)
+
+
+def _guard_parsers(client: discord.Client) -> None:
+    """Make a gateway event the library cannot parse a logged, skipped event.
+
+    discord.py calls its parsers straight from the websocket loop, so one
+    malformed payload (a missing field, a bad snowflake) would otherwise
+    escape ``connect()`` and end the client.
+    """
+    parsers = client._connection.parsers
+
+    def guarded(event: str, parser: Callable[[Any], None]) -> Callable[[Any], None]:
+        def parse(data: Any) -> None:
+            try:
+                parser(data)
+            except Exception as exc:
+                # One line: a traceback per hostile payload would flood the log.
+                log.warning("discord: skipped a malformed %s payload (%s: %s)", event,
+                            type(exc).__name__, _short(exc))
+        return parse
+
+    for event, parser in list(parsers.items()):
+        parsers[event] = guarded(event, parser)
+
+
+def _guard_frames(client: discord.Client) -> None:
+    """Make a gateway frame that is not JSON a logged, skipped frame.
+
+    discord.py decodes each frame in ``DiscordWebSocket.received_message``,
+    unguarded: a frame that is not JSON, or nested past the decoder's depth,
+    escapes ``connect()`` and drops the connection (and the adapter would
+    reconnect after a backoff, once per such frame). Each websocket discord.py
+    opens passes through ``ConnectionState._update_references``, so that is
+    where its ``received_message`` gets the guard.
+    """
+    state = client._connection
+    update_references = state._update_references
+
+    def update(ws: discord.gateway.DiscordWebSocket) -> None:
+        update_references(ws)
+        received = ws.received_message
+
+        async def guarded(msg: Any, /) -> None:
+            try:
+                await received(msg)
+            except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+                log.warning("discord: skipped a gateway frame that could not be decoded "
+                            "(%s: %s)", type(exc).__name__, _short(exc, 100))
+
+        setattr(ws, "received_message", guarded)  # noqa: B010  (mypy: method assignment)
+
+    setattr(state, "_update_references", update)  # noqa: B010
