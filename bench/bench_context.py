@@ -1336,7 +1336,7 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
 def quiet_logging() -> None:
     logging.basicConfig(level=logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for name in ("roost", "roost.run", "roost.compaction"):
+    for name in ("roost", "roost.engine.runloop", "roost.engine.compaction"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
 

@@ -533,7 +533,7 @@ def machine_info() -> list[str]:
 def quiet_logging() -> None:
     logging.basicConfig(level=logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("roost.run").setLevel(logging.WARNING)
+    logging.getLogger("roost.engine.runloop").setLevel(logging.WARNING)
     logging.getLogger("roost").setLevel(logging.WARNING)
 
 
@@ -779,7 +779,7 @@ def main() -> None:
     for line in machine_info():
         print("  " + line)
     print("  provider: scripted, answers instantly; persistence: SQLite (WAL) in a temp dir; "
-          "roost.run INFO logs silenced")
+          "roost.engine.runloop INFO logs silenced")
     rows = asyncio.run(run_all())
     rows += startup_rows()
     print()

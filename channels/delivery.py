@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-log = logging.getLogger("roost.channels")
+log = logging.getLogger("roost.channels.delivery")
 
 T = TypeVar("T")
 

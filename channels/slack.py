@@ -148,8 +148,8 @@ if TYPE_CHECKING:
     from bot.config.settings import Settings
     from bot.contracts.commands import Command
 
-log = logging.getLogger("roost.slack")
-_sdk_log = logging.getLogger("roost.slack.sdk")
+log = logging.getLogger("roost.channels.slack")
+_sdk_log = logging.getLogger("roost.channels.slack.sdk")
 
 MESSAGE_LIMIT = 4_000
 """Slack's recommended maximum for a message's text; longer replies are split."""
@@ -411,7 +411,7 @@ class SlackChannel(Channel):
 
     def _build_app(self, secret: str, *, socket_mode: bool) -> AsyncApp:
         app = AsyncApp(client=self._web, signing_secret=secret, name="roost",
-                       logger=logging.getLogger("roost.slack.bolt"),
+                       logger=logging.getLogger("roost.channels.slack.bolt"),
                        # Socket Mode requests are not signed; the socket is authenticated.
                        request_verification_enabled=not socket_mode,
                        # Bolt answers only once the listener returned: a delivery

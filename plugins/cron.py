@@ -39,7 +39,7 @@ from roost import (
     hookimpl,
 )
 
-log = logging.getLogger("roost.cron")
+log = logging.getLogger("roost.plugins.cron")
 
 PREVIEW_CHARS = 80
 """Characters of a job's message shown in a listing."""

@@ -49,7 +49,7 @@ from roost import (
 if TYPE_CHECKING:
     from bot.app.roost import Roost
 
-log = logging.getLogger("roost.errors")
+log = logging.getLogger("roost.plugins.error_tools")
 
 DEFAULT_SLICE_CHARS = 8_000
 """``get_tool_result`` returns this many characters unless asked for another length."""

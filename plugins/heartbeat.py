@@ -46,7 +46,7 @@ from workspaces import read_cached, resolve_in_workspace, workspace_dir
 if TYPE_CHECKING:
     from bot.app.roost import Roost
 
-log = logging.getLogger("roost.heartbeat")
+log = logging.getLogger("roost.plugins.heartbeat")
 
 HEARTBEAT_FILE = "HEARTBEAT.md"
 HEARTBEAT_TOKEN = "HEARTBEAT_OK"

@@ -57,7 +57,7 @@ from workspaces import read_cached, resolve_in_workspace
 if TYPE_CHECKING:
     from bot.app.roost import Roost
 
-log = logging.getLogger("roost.memory")
+log = logging.getLogger("roost.plugins.memory")
 
 DEFAULT_RESULTS = 5
 MAX_RESULTS = 20

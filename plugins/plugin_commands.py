@@ -35,7 +35,7 @@ from roost import Command, CommandContext, InboundMessage, OutboundMessage, Sett
 if TYPE_CHECKING:
     from bot.app.roost import Roost
 
-log = logging.getLogger("roost.plugins")
+log = logging.getLogger("roost.plugins.plugin_commands")
 
 PROGRESS_INTERVAL = 5.0
 """Seconds between progress messages of one install."""

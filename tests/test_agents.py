@@ -155,7 +155,7 @@ async def test_resolver_fallbacks_unknown_provider_window_and_iterations(
     host = get_plugin_manager(load_entry_points=False)
     provider = scripted({"reply": "x"})
     router = AgentRouter(AgentResolver(settings, host, lambda: provider, dict))
-    with caplog.at_level(logging.WARNING, logger="roost.agents"):
+    with caplog.at_level(logging.WARNING, logger="roost.agents.router"):
         odd = await router.get("odd")
     # The first registered provider is the built-in anthropic one: the service's own.
     first = next(s.name for s in await host.collect("roost_providers", settings=settings))

@@ -128,7 +128,7 @@ async def test_mid_run_compaction_summarizes_the_oldest_messages_once(
 
 async def test_compaction_can_be_switched_off(make_app: AppFactory,
                                              caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="roost.compaction")
+    caplog.set_level(logging.INFO, logger="roost.engine.compaction")
     provider = scripted(FLUSH, SUMMARY, CHAT, loop=True)
     app, channel, _ = await make_app(provider, compaction=False, **COMPACT)
     await chat(app, channel, "a", "b", "c", "d")

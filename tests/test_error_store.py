@@ -330,12 +330,12 @@ def on_retry() -> Iterator[list[_OnRetry]]:
     handlers: list[_OnRetry] = []
     yield handlers
     for h in handlers:
-        logging.getLogger("roost.errors").removeHandler(h)
+        logging.getLogger("roost.storage.errors").removeHandler(h)
 
 
 def watch(handlers: list[_OnRetry], blocker: sqlite3.Connection | None) -> _OnRetry:
     handler = _OnRetry(blocker)
-    logging.getLogger("roost.errors").addHandler(handler)
+    logging.getLogger("roost.storage.errors").addHandler(handler)
     handlers.append(handler)
     return handler
 
@@ -370,7 +370,7 @@ async def test_format_failure_with_a_stored_error(errors: ErrorStore) -> None:
 
 def test_format_failure_without_a_store_truncates_and_warns(
         caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, "roost.errors"):
+    with caplog.at_level(logging.WARNING, "roost.storage.errors"):
         assert format_failure("t", None, "x" * 600) == "Tool 't' failed: " + "x" * 500 + "..."
         assert format_failure("t", None, "short") == "Tool 't' failed: short"
     assert "not stored" in caplog.text

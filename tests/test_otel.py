@@ -243,7 +243,7 @@ def test_export_never_raises_and_logs_a_warning(caplog: pytest.LogCaptureFixture
             return BrokenTracer()
 
     broken = OTelExporter(tracer_provider=BrokenProvider())
-    with caplog.at_level(logging.WARNING, logger="bot.observability.otel"):
+    with caplog.at_level(logging.WARNING, logger="roost.observability.otel"):
         broken.export(_run("completed"))
 
     assert "OpenTelemetry export of run run-1 failed" in caplog.text
@@ -292,7 +292,7 @@ def test_from_environment_warns_once_and_disables_when_exporter_is_missing(
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317")
     monkeypatch.setattr(otel, "entry_points", lambda group: [])
 
-    with caplog.at_level(logging.WARNING, logger="bot.observability.otel"):
+    with caplog.at_level(logging.WARNING, logger="roost.observability.otel"):
         assert OTelExporter.from_environment() is None
 
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]

@@ -284,7 +284,7 @@ def test_broken_files_skipped_and_reported(
     _write(corpus_dir, "bad-kw.yaml", {"name": "k", "instructions": "i", "keywords": [{"a": 1}]})
     _write(corpus_dir, "zz-dup.yaml", _doc("cron-schedule"))
     (corpus_dir / "notes.txt").write_text("ignored: not yaml suffix")
-    with caplog.at_level(logging.WARNING, logger="bot.agents.patterns"):
+    with caplog.at_level(logging.WARNING, logger="roost.agents.patterns"):
         assert lib.reload_if_changed() is True
     errs = lib.errors
     assert set(errs) == {

@@ -188,7 +188,7 @@ async def test_restart_only_hooks_are_named(make_app: AppFactory) -> None:
 
 async def test_invalid_config_disables_only_that_plugin(
         make_app: AppFactory, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.ERROR, "roost.plugins")
+    caplog.set_level(logging.ERROR, "roost.pluginhost.manager")
     app, _, _ = await make_app(scripted({"reply": "ok"}), Weather(), Shouter(),
                                plugins={"test-plugin-0": {"units": 3}})
     assert PLUGIN in app.host.disabled and PLUGIN in app.host.bad_config
@@ -233,7 +233,7 @@ def test_load_plugins_restricts_external_plugins(site: Path) -> None:
 
 
 async def test_trace_logs_every_hook_call(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, "roost.plugins")
+    caplog.set_level(logging.INFO, "roost.pluginhost.manager")
     host = get_plugin_manager(load_entry_points=False, env={"ROOST_TRACE_PLUGINS": "1"})
     await host.call("roost_commands", settings=None)
     line = next(r.getMessage() for r in caplog.records

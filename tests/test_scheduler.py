@@ -258,7 +258,7 @@ async def test_missed_runs_within_the_grace_period_run_once(
     await app.close()
     # Down for 3 fire times (08:01, 08:02, 08:03), back at 08:03:30: all within 5 minutes.
     clock.advance(minutes=3, seconds=30)
-    caplog.set_level(logging.INFO, logger="roost.scheduler")
+    caplog.set_level(logging.INFO, logger="roost.scheduling.scheduler")
     _, channel, log, scheduler2 = await cron_app(provider, clock=clock)
     await scheduler2.wait_idle()
     assert channel.texts() == ["ran"]
@@ -281,7 +281,7 @@ async def test_missed_runs_beyond_the_grace_period_are_skipped_and_logged(
     once = await add(scheduler, "at 09:02", "one-off")
     await app.close()
     clock.advance(minutes=11)  # back at 09:10: both fire times are 8+ minutes old
-    caplog.set_level(logging.WARNING, logger="roost.scheduler")
+    caplog.set_level(logging.WARNING, logger="roost.scheduling.scheduler")
     _, channel, log, scheduler2 = await cron_app(provider, clock=clock)
     await scheduler2.wait_idle()
     assert channel.sent == [] and "run.started" not in [e.type for e in log.events]
@@ -559,7 +559,7 @@ async def test_system_jobs_run_on_schedule_and_survive_restarts(
     cron_app: CronAppFactory, caplog: pytest.LogCaptureFixture,
 ) -> None:
     clock = FakeClock()
-    caplog.set_level(logging.ERROR, logger="roost.scheduler")
+    caplog.set_level(logging.ERROR, logger="roost.scheduling.scheduler")
     ticker = Ticker()
     app, _, _, scheduler = await cron_app(scripted({"reply": "x"}), ticker, clock=clock)
     assert "scheduled job 'broken' is not scheduled" in caplog.text
@@ -611,7 +611,7 @@ async def test_a_failing_system_job_is_logged(
 
     clock = FakeClock()
     _, _, _, scheduler = await cron_app(scripted({"reply": "x"}), Broken(), clock=clock)
-    caplog.set_level(logging.ERROR, logger="roost.scheduler")
+    caplog.set_level(logging.ERROR, logger="roost.scheduling.scheduler")
     assert await tick(scheduler, clock, minutes=1) == 1
     assert "scheduled job 'fragile'" in caplog.text and "disk full" in caplog.text
 

@@ -294,7 +294,7 @@ async def test_a_bare_slash_command_is_help_and_nonsense_gets_usage(
 async def test_register_commands_logs_the_manifest_once(
     fake_slack: FakeSlack, make_app: AppFactory, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with caplog.at_level(logging.DEBUG, logger="roost.slack"):
+    with caplog.at_level(logging.DEBUG, logger="roost.channels.slack"):
         app, channel, _ = await start(make_app, fake_slack, scripted({"reply": "x"}))
         await channel.register_commands(list(app.commands.values()))
     manifests = [r for r in caplog.records if "slash_commands:" in r.getMessage()]

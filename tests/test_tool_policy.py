@@ -119,7 +119,7 @@ def test_tool_without_a_group_is_not_in_any_group() -> None:
 
 def test_unknown_names_and_groups_are_ignored_and_logged(
         caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="roost.tool_policy"):
+    with caplog.at_level(logging.WARNING, logger="roost.agents.tool_policy"):
         got = names(ToolPolicy("minimal", allow=("nope", "group:ghost"),
                                deny=("missing", "group:phantom")))
     assert got == {"get_error_detail", "get_tool_result"}

@@ -8,7 +8,7 @@ import stat
 from collections import OrderedDict
 from pathlib import Path
 
-log = logging.getLogger("roost.workspaces")
+log = logging.getLogger("roost.workspaces.cache")
 
 _CACHE_SIZE = 4096
 _cache: OrderedDict[str, tuple[tuple[int, int, int], str]] = OrderedDict()

@@ -27,7 +27,7 @@ from typing import Any, Literal, Protocol, get_args
 
 from bot.contracts.llm import ChatMessage, LLMProvider, LLMRequest
 
-log = logging.getLogger("roost.judge")
+log = logging.getLogger("roost.agents.judge")
 
 Strategy = Literal["mean", "median", "min", "max", "weighted", "vote"]
 STRATEGIES: tuple[str, ...] = get_args(Strategy)

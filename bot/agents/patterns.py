@@ -47,7 +47,7 @@ import yaml
 
 from workspaces.cache import is_within
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("roost.agents.patterns")
 
 __all__ = [
     "STOPWORDS",

@@ -32,7 +32,7 @@ from bot.contracts.tools import Tool
 from bot.pluginhost.manager import PluginHost
 from workspaces import safe_component
 
-log = logging.getLogger("roost.agents")
+log = logging.getLogger("roost.agents.router")
 
 FALLBACK_CONTEXT_WINDOW = 200_000
 FALLBACK_MAX_ITERATIONS = 20

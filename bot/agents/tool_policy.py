@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from bot.contracts.tools import Tool
 
-log = logging.getLogger("roost.tool_policy")
+log = logging.getLogger("roost.agents.tool_policy")
 
 GROUP_PREFIX = "group:"
 

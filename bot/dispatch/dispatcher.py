@@ -43,7 +43,7 @@ from bot.storage.sessions import agent_of, session_key
 if TYPE_CHECKING:
     from bot.app.roost import Roost
 
-log = logging.getLogger("roost.dispatch")
+log = logging.getLogger("roost.dispatch.dispatcher")
 
 Leftovers = tuple[list[OutboxEntry], list[InboxEntry]]
 """What a previous process left: replies not confirmed delivered, unfinished messages."""

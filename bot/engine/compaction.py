@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from bot.agents.router import Agent
     from bot.engine.runloop import RunEngine
 
-log = logging.getLogger("roost.compaction")
+log = logging.getLogger("roost.engine.compaction")
 
 SUMMARY_SYSTEM = (
     "You compress chat history. Write a concise summary of the conversation below for the "

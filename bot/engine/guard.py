@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from bot.config.settings import GuardMode
 
-log = logging.getLogger("roost.security")
+log = logging.getLogger("roost.engine.guard")
 
 
 @dataclass(frozen=True, slots=True)

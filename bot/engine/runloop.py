@@ -55,7 +55,7 @@ from bot.tools.executor import (
 from bot.tools.structured_errors import extract
 from workspaces import TEMPLATE_NAMES, ensure_workspace, is_seeded, read_cached, workspace_dir
 
-log = logging.getLogger("roost.run")
+log = logging.getLogger("roost.engine.runloop")
 
 NO_REPLY = "NO_REPLY"
 LOOP_REPEATS = 3

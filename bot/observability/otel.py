@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import SpanKind, Tracer, TracerProvider
     from opentelemetry.util.types import AttributeValue
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("roost.observability.otel")
 
 INSTRUMENTATION_SCOPE = "roost"
 DEFAULT_SERVICE_NAME = "roost"

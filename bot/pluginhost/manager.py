@@ -22,7 +22,7 @@ import pluggy
 
 from bot.contracts import hookspecs
 
-log = logging.getLogger("roost.plugins")
+log = logging.getLogger("roost.pluginhost.manager")
 
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "plugins.core_commands",

@@ -41,7 +41,7 @@ __all__ = [
     "Ticket",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("roost.resilience.breaker")
 
 BreakerState = Literal["closed", "open", "probing"]
 

@@ -63,7 +63,7 @@ from bot.storage import db as dbmod
 if TYPE_CHECKING:
     from bot.app.roost import Roost
 
-log = logging.getLogger("roost.scheduler")
+log = logging.getLogger("roost.scheduling.scheduler")
 
 Clock = Callable[[], datetime]
 """Returns the current time as an aware datetime."""

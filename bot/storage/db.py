@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import aiosqlite
 
-log = logging.getLogger("roost.storage")
+log = logging.getLogger("roost.storage.db")
 
 T = TypeVar("T")
 

@@ -38,7 +38,7 @@ import aiosqlite
 
 from bot.storage import db as dbmod
 
-log = logging.getLogger("roost.errors")
+log = logging.getLogger("roost.storage.errors")
 
 T = TypeVar("T")
 

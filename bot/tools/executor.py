@@ -39,7 +39,7 @@ from bot.contracts.llm import ToolCall
 from bot.contracts.tools import Tool, ToolContext, ToolError, ToolResult, ToolRetry
 from bot.observability.tracing import RunTrace, Span
 
-log = logging.getLogger("roost.tools")
+log = logging.getLogger("roost.tools.executor")
 
 Classification = Literal["transient", "permanent"]
 BreakerState = Literal["closed", "open", "half_open"]

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-log = logging.getLogger("roost.errors")
+log = logging.getLogger("roost.tools.structured_errors")
 
 FOREIGN_KEY: Final = "foreign_key_constraint"
 SYNTAX: Final = "syntax_error"
