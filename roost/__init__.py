@@ -30,6 +30,7 @@ from bot.contracts.hookspecs import hookimpl
 from bot.contracts.jobs import JobSpec
 from bot.contracts.llm import (
     ChatMessage,
+    ContentPart,
     LLMProvider,
     LLMRequest,
     LLMResponse,
@@ -40,7 +41,14 @@ from bot.contracts.llm import (
     ToolSpec,
     Usage,
 )
-from bot.contracts.messages import Attachment, ChatType, InboundMessage, OutboundMessage
+from bot.contracts.media import MediaError, MediaTooLarge, Transcriber
+from bot.contracts.messages import (
+    Attachment,
+    ChatType,
+    InboundMessage,
+    OutboundFile,
+    OutboundMessage,
+)
 from bot.contracts.prompt import Order, PromptContext, PromptSection
 from bot.contracts.providers import ProviderSpec
 from bot.contracts.sanitize import Sanitizer
@@ -57,6 +65,7 @@ __all__ = [
     "ChatType",
     "Command",
     "CommandContext",
+    "ContentPart",
     "GuardPattern",
     "InboundHandler",
     "InboundMessage",
@@ -66,9 +75,12 @@ __all__ = [
     "LLMProvider",
     "LLMRequest",
     "LLMResponse",
+    "MediaError",
+    "MediaTooLarge",
     "OnRetry",
     "OnText",
     "Order",
+    "OutboundFile",
     "OutboundMessage",
     "PromptContext",
     "PromptSection",
@@ -86,6 +98,7 @@ __all__ = [
     "ToolResult",
     "ToolRetry",
     "ToolSpec",
+    "Transcriber",
     "Usage",
     "Verdict",
     "check_keys",

@@ -20,6 +20,7 @@ PUBLIC = {
     "JobSpec", "Judge", "Verdict", "RunEvent", "InboundMessage", "OutboundMessage",
     "Attachment", "ChatType", "PromptContext", "PromptSection", "Order", "Services",
     "Settings", "check_keys", "str_arg", "int_arg",
+    "ContentPart", "OutboundFile", "MediaError", "MediaTooLarge", "Transcriber",
 }
 """Names plugin authors rely on: removing one is a breaking change, so this test fails."""
 

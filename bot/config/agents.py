@@ -125,6 +125,8 @@ class AgentConfig(_Strict):
     read from here for everyone with only USER.md per user (``predefined``)."""
     tools: ToolPolicyConfig = ToolPolicyConfig()
     patterns: PatternConfig | None = None
+    vision: bool | None = None
+    """Whether this agent's model takes images and PDFs; unset follows ``vision``."""
     judge: JudgeConfig | None = None
 
     @field_validator("context_window")

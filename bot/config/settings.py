@@ -103,6 +103,21 @@ class Settings(BaseSettings):
     """At most this many missed messages are read back per Discord chat in one catch-up."""
     session_cache_size: int = Field(1000, ge=1)
     max_file_bytes: int = Field(1_000_000, ge=1)
+
+    # Media: files people send (bot/media) and voice transcription.
+    media_max_file_mb: float = Field(20, gt=0)
+    """A received file larger than this is refused with a reply naming it and the limit."""
+    media_max_files: int = Field(10, ge=0)
+    """Files accepted per message; the rest are refused with a reply."""
+    media_max_total_mb: float = Field(50, gt=0)
+    """All files of one message together; files past it are refused."""
+    vision: bool = True
+    """Whether the model takes images and PDFs; ``false`` sends a text note instead
+    (per agent: ``[agents.<name>] vision``)."""
+    transcribe_base_url: str | None = None
+    """An OpenAI-compatible ``/v1/audio/transcriptions`` server for voice notes."""
+    transcribe_model: str = "whisper-1"
+    transcribe_api_key: SecretStr | None = None
     max_history_messages: int = Field(200, ge=2)
 
     admins: Annotated[list[str], NoDecode] = Field(default_factory=list)

@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from bot.contracts.messages import InboundMessage, OutboundMessage
+from bot.contracts.media import MediaError
+from bot.contracts.messages import Attachment, InboundMessage, OutboundMessage
 
 if TYPE_CHECKING:
     from bot.config.settings import Settings
@@ -74,8 +75,19 @@ class Channel:
 
         Transient platform errors are retried inside; an exception means the
         reply was not delivered. ``message.replace`` names a draft to replace.
+        ``message.files`` are uploaded; one over the platform's limit raises
+        :class:`bot.contracts.media.MediaTooLarge`.
         """
         raise NotImplementedError
+
+    async def download(self, attachment: Attachment, limit: int) -> bytes:
+        """The bytes of an inbound ``attachment``, fetched through the platform's API.
+
+        Reads at most ``limit`` bytes (never buffers more than ``limit + 1``): a
+        larger file raises :class:`bot.contracts.media.MediaTooLarge`; any other
+        failure raises :class:`bot.contracts.media.MediaError` with a one-line reason.
+        """
+        raise MediaError("this channel cannot download files")
 
     async def withdraw(self, chat_id: str, message_id: str) -> None:
         """Delete a message the bot sent (a draft left over from a crashed run)."""

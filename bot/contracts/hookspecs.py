@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from bot.contracts.commands import Command
     from bot.contracts.events import RunEvent
     from bot.contracts.jobs import JobSpec
+    from bot.contracts.media import Transcriber
     from bot.contracts.messages import InboundMessage
     from bot.contracts.prompt import PromptContext, PromptSection
     from bot.contracts.providers import ProviderSpec
@@ -188,6 +189,17 @@ def roost_plugin_config_model() -> type[BaseModel] | None:
     plugin, with a log line and an entry in ``roost plugins list`` naming the
     bad keys; the service still starts. ``<name>`` is the entry-point name
     (the module path for built-ins).
+    """
+
+
+@hookspec
+def roost_transcriber(settings: Settings) -> Transcriber | None:
+    """Offer speech to text for voice notes and audio files.
+
+    Return a :class:`bot.contracts.media.Transcriber` when it is configured
+    (its endpoint or model is set), else ``None``. Roost uses the first one
+    offered; without any, a voice note gets a one-line reply saying voice is not
+    set up (and the file is still stored in the user's ``inbox/``).
     """
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 Role = Literal["user", "assistant", "tool"]
@@ -21,6 +22,33 @@ class ToolCall:
     id: str
     name: str
     arguments: Mapping[str, Any]
+
+
+PartKind = Literal["image", "document", "audio"]
+
+
+@dataclass(frozen=True, slots=True)
+class ContentPart:
+    """A file that is part of a message to the model: an image, a document, an audio clip.
+
+    Stored by reference, never as bytes: ``path`` is relative to the workspace
+    ``root`` (``inbox/2026-11-23/photo-1.jpg``); providers read
+    ``Path(root) / path`` when they build a request, and a part whose file is gone
+    becomes a text note. ``mime_type`` was sniffed from the bytes.
+    """
+
+    kind: PartKind
+    path: str
+    mime_type: str
+    width: int = 0
+    height: int = 0
+    size: int = 0
+    root: str = ""
+
+    @property
+    def file(self) -> Path:
+        """The file on disk: ``root / path``."""
+        return Path(self.root) / self.path
 
 
 @dataclass(slots=True)
@@ -41,6 +69,8 @@ class ChatMessage:
     tool_name: str | None = None
     is_error: bool = False
     created_at: float = field(default_factory=time.time)
+    parts: tuple[ContentPart, ...] = ()
+    """Files that belong to this (user) message, besides ``content`` (the text)."""
     weight: float = field(default=-1.0, init=False, repr=False, compare=False)
     """Cached size in English-equivalent characters (see bot.engine.tokens). ``init=False``
     so ``dataclasses.replace`` starts a changed copy without a stale value."""
@@ -80,6 +110,9 @@ class LLMRequest:
     temperature: float | None = None
     """``None`` leaves the provider's default; providers whose API has no such
     parameter (Anthropic's current Messages API) ignore it."""
+    vision: bool = True
+    """Whether the model takes images (and documents): when ``False`` the provider
+    sends a text note in place of every part, never the bytes."""
 
 
 @dataclass(slots=True)

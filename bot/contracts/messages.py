@@ -12,15 +12,34 @@ from typing import Any, Literal
 ChatType = Literal["direct", "group"]
 
 
+AttachmentKind = Literal["photo", "document", "voice", "audio", "video", "sticker", "file"]
+"""What a channel says an attachment is (a static sticker arrives as ``photo``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Attachment:
-    """A file or media item that came with an inbound message."""
+    """A file or media item that came with an inbound message.
 
-    kind: str  # "image", "file", "audio", ...
+    It is stored in the durable inbox as JSON, so it holds no bytes: ``url`` is the
+    platform's reference the channel needs to download the file later
+    (:meth:`bot.contracts.channel.Channel.download`): Telegram's ``file_id``,
+    Discord's CDN url, Slack's ``url_private_download``. ``mime_type`` and ``size``
+    are what the platform declared; the core trusts neither (it sniffs the bytes
+    and enforces its own caps).
+    """
+
+    kind: str
+    """One of :data:`AttachmentKind`'s values; anything else is handled as ``file``."""
     name: str = ""
+    """The original file name, else a generated one (``photo-<message id>.jpg``)."""
     url: str = ""
     mime_type: str = ""
     size: int = 0
+    """Declared size in bytes; 0 when unknown."""
+    width: int = 0
+    height: int = 0
+    duration: float = 0.0
+    """Seconds, for voice, audio and video; 0 when unknown."""
 
     def __post_init__(self) -> None:
         _clean_fields(self, ("kind", "name", "url", "mime_type"))
@@ -98,6 +117,22 @@ def clean_text(text: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class OutboundFile:
+    """A file a reply carries to the chat (``send_file``, a rendered chart).
+
+    ``path`` is absolute and already confined to the workspace by whoever built
+    it; the channel reads the bytes from there when it uploads.
+    """
+
+    path: str
+    name: str
+    """The file name shown in the chat (the path's base name, usually)."""
+    mime_type: str
+    size: int
+    caption: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class OutboundMessage:
     """A reply the core asks a channel to deliver."""
 
@@ -119,6 +154,10 @@ class OutboundMessage:
     """A stable key of this reply across attempts and restarts (``roost-<outbox id>``).
     Adapters whose platform supports it use it to make the post idempotent
     (Discord's enforced nonce, Slack message metadata)."""
+    files: tuple[OutboundFile, ...] = ()
+    """Files to upload with the reply (after or with its text). A file over the
+    platform's limit makes :meth:`bot.contracts.channel.Channel.send` raise
+    :class:`bot.contracts.media.MediaTooLarge`."""
 
     @classmethod
     def reply_to_message(

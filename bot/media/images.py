@@ -1,0 +1,205 @@
+"""Images with Pillow: what an image is, and the copy of it a model may see.
+
+:func:`inspect_image` reads the header only and refuses decompression bombs
+(a few KB of PNG that would decode to gigabytes) before anything decodes them.
+:func:`prepare_for_model` returns the bytes a provider sends: at most
+``max_edge`` pixels on the long edge and ``max_bytes`` long, in a format the
+API takes, turned upright, and without EXIF/XMP/IPTC metadata (GPS location
+above all): nothing but pixels leaves the machine. The file stored in the
+user's workspace stays as it was received.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from bot.contracts.media import MediaError
+
+MAX_PIXELS = 50_000_000
+"""Images larger than this (e.g. 8000×6250) are refused: decoding one costs 150 MB
+and more, and no model sees more than ~1.2 megapixels of it anyway."""
+
+MODEL_FORMATS = ("image/jpeg", "image/png", "image/gif", "image/webp")
+MODEL_MAX_EDGE = 1568
+MODEL_MAX_BYTES = 5 * 1024 * 1024
+TOKENS_PER_PIXEL = 1 / 750
+"""Anthropic's published estimate of an image's cost: width × height / 750 tokens."""
+
+_METADATA_KEYS = ("exif", "xmp", "XML:com.adobe.xmp", "comment", "Raw profile type exif",
+                  "Raw profile type APP1", "Raw profile type iptc")
+_JPEG_METADATA_MARKERS = ("APP1", "APP12", "APP13")
+"""APP1: Exif and XMP; APP12: Ducky/picture info; APP13: Photoshop IRB and IPTC (both may
+name places). APP0 (JFIF) and APP2 (the ICC profile) stay: they describe the pixels."""
+
+
+@dataclass(frozen=True, slots=True)
+class ImageInfo:
+    """An image's dimensions (as stored, before EXIF orientation) and sniffed type."""
+
+    width: int
+    height: int
+    mime_type: str
+
+
+def _open(data: bytes, max_pixels: int) -> Image.Image:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data))
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise MediaError("the image is too large to decode safely (a decompression bomb?)"
+                         ) from exc
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+        raise MediaError("the file is not an image Roost can read") from exc
+    width, height = img.size
+    if width <= 0 or height <= 0:
+        img.close()
+        raise MediaError("the image has no pixels")
+    if width * height > max_pixels:
+        img.close()
+        raise MediaError(f"the image is {width}×{height} pixels, over the limit of "
+                         f"{max_pixels // 1_000_000} megapixels (a decompression bomb?)")
+    return img
+
+
+def inspect_image(data: bytes, *, max_pixels: int = MAX_PIXELS) -> ImageInfo:
+    """Dimensions and type of the image in ``data``, from its header.
+
+    Raises :class:`MediaError` for what is not an image Pillow reads, and for
+    decompression bombs (more than ``max_pixels``), without decoding the pixels.
+    """
+    img = _open(data, max_pixels)
+    with img:
+        mime = Image.MIME.get(img.format or "", "") or "application/octet-stream"
+        info = ImageInfo(img.width, img.height, mime)
+        try:
+            img.verify()  # structure and checksums (PNG CRCs); decodes nothing
+        except Exception as exc:  # Pillow raises many kinds for corrupt files
+            raise MediaError("the image file is damaged") from exc
+    return info
+
+
+def model_size(width: int, height: int, max_edge: int = MODEL_MAX_EDGE) -> tuple[int, int]:
+    """The size an image of ``width``×``height`` is sent at (long edge ≤ ``max_edge``)."""
+    long_edge = max(width, height)
+    if long_edge <= max_edge or long_edge <= 0:
+        return max(width, 0), max(height, 0)
+    scale = max_edge / long_edge
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+def image_tokens(width: int, height: int, max_edge: int = MODEL_MAX_EDGE) -> int:
+    """What an image costs in the context: its size as sent, width × height / 750 tokens.
+
+    Unknown dimensions (0) count as a full-size image, the safe side.
+    """
+    if width <= 0 or height <= 0:
+        width = height = max_edge
+    w, h = model_size(width, height, max_edge)
+    return max(1, math.ceil(w * h * TOKENS_PER_PIXEL))
+
+
+def _has_metadata(img: Image.Image) -> bool:
+    if any(key in img.info for key in _METADATA_KEYS):
+        return True
+    applist = getattr(img, "applist", None) or []
+    return any(marker in _JPEG_METADATA_MARKERS for marker, _ in applist)
+
+
+def _orientation(img: Image.Image) -> int:
+    try:
+        return int(img.getexif().get(0x0112, 1))
+    except Exception:  # a malformed EXIF block: treat as upright
+        return 1
+
+
+def prepare_for_model(
+    data: bytes,
+    *,
+    max_edge: int = MODEL_MAX_EDGE,
+    max_bytes: int = MODEL_MAX_BYTES,
+    formats: Sequence[str] = MODEL_FORMATS,
+    max_pixels: int = MAX_PIXELS,
+) -> tuple[bytes, str]:
+    """The image in ``data`` as a model should get it: ``(bytes, mime type)``.
+
+    Passed through untouched when it is already in ``formats``, within
+    ``max_edge`` and ``max_bytes`` and carries no metadata; otherwise decoded,
+    turned upright (EXIF orientation), scaled down, and re-encoded without any
+    metadata (JPEG; PNG where there is transparency, or a PNG that stays small
+    enough). An animated image becomes its first frame. Raises
+    :class:`MediaError` for bombs and undecodable files.
+    """
+    img = _open(data, max_pixels)
+    with img:
+        mime = Image.MIME.get(img.format or "", "")
+        if (mime in formats and max(img.size) <= max_edge and len(data) <= max_bytes
+                and not _has_metadata(img)):
+            return data, mime
+        try:
+            return _reencode(img, mime, max_edge, max_bytes, formats)
+        except MediaError:
+            raise
+        except Exception as exc:  # truncated or corrupt pixel data, in any codec
+            raise MediaError("the image file is damaged") from exc
+
+
+def _reencode(img: Image.Image, mime: str, max_edge: int, max_bytes: int,
+              formats: Sequence[str]) -> tuple[bytes, str]:
+    target = model_size(*img.size, max_edge=max_edge)
+    if img.format == "JPEG" and target != img.size:
+        # Decode at 1/2, 1/4 or 1/8 scale straight from the DCT: several times faster
+        # than decoding 12 megapixels to throw most of them away.
+        img.draft("RGB", target)
+    icc = img.info.get("icc_profile")
+    orientation = _orientation(img)
+    frame: Image.Image = img.copy() if orientation == 1 else ImageOps.exif_transpose(img)
+    frame.info = {}  # nothing of the original's metadata may ride along
+    alpha = frame.mode in ("RGBA", "LA", "PA") or (frame.mode == "P"
+                                                   and "transparency" in img.info)
+    if frame.mode not in ("RGB", "L", "RGBA", "LA"):
+        frame = frame.convert("RGBA" if alpha else "RGB")
+    want = model_size(*frame.size, max_edge=max_edge)
+    if want != frame.size:
+        frame = frame.resize(want, Image.Resampling.LANCZOS, reducing_gap=3.0)
+    png_first = "image/png" in formats and (alpha or mime in ("image/png", "image/gif"))
+    while True:
+        if png_first:
+            out = _save(frame, "PNG", icc)
+            if len(out) <= max_bytes:
+                return out, "image/png"
+        if "image/jpeg" in formats:
+            rgb = frame if frame.mode in ("RGB", "L") else _flatten(frame)
+            for quality in (85, 70, 55):
+                out = _save(rgb, "JPEG", icc, quality=quality)
+                if len(out) <= max_bytes:
+                    return out, "image/jpeg"
+        elif not png_first:
+            raise MediaError("no image format the model takes can hold this image")
+        if min(frame.size) <= 16:
+            raise MediaError("the image cannot be made small enough for the model")
+        frame = frame.resize((max(1, frame.width * 3 // 4), max(1, frame.height * 3 // 4)),
+                             Image.Resampling.LANCZOS)
+
+
+def _flatten(frame: Image.Image) -> Image.Image:
+    rgba = frame.convert("RGBA")
+    background = Image.new("RGB", rgba.size, (255, 255, 255))
+    background.paste(rgba, mask=rgba.getchannel("A"))
+    return background
+
+
+def _save(frame: Image.Image, fmt: str, icc: bytes | None, **options: int) -> bytes:
+    buf = io.BytesIO()
+    extra: dict[str, object] = {"icc_profile": icc} if icc else {}
+    if fmt == "JPEG":
+        frame.save(buf, "JPEG", optimize=False, **options, **extra)
+    else:
+        frame.save(buf, "PNG", compress_level=6, **extra)
+    return buf.getvalue()
