@@ -1,0 +1,216 @@
+"""The Telegram channel's state and its one way of calling the Bot API.
+
+:class:`ChannelBase` holds what the intake, the sending and the media parts of
+:class:`~channels.telegram.TelegramChannel` share: the settings, the aiogram
+``Bot``, the rate limiter, and :meth:`ChannelBase._api`, through which every
+call goes (rate limited, errors translated, migrated groups followed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from aiogram import Bot
+from aiogram.methods import DeleteMessage, EditMessageText, SendMessage, TelegramMethod
+from aiogram.methods.base import TelegramType
+from aiogram.types import Update, User
+from aiohttp import web
+
+from bot.contracts.channel import Channel, InboundHandler
+from channels.delivery import DeliveryPolicy, deliver
+from channels.ratelimit import BOT, TELEGRAM_LIMITS, Limits, RateLimiter
+from channels.telegram.errors import ChatMigrated, _translated
+from channels.telegram.parsing import SEEN_UPDATES
+
+if TYPE_CHECKING:
+    from bot.config.settings import Settings
+
+log = logging.getLogger("roost.channels.telegram")
+
+ALLOWED_UPDATES = ["message"]
+"""The only update type Roost acts on; Telegram then sends no others."""
+UNHANDLED_KINDS = 256
+"""Kinds of unhandled updates remembered, so each is logged once (bounded: the names
+of unknown kinds come from the server)."""
+SERVICE_USER = 777000
+"""The account "Telegram": the ``from`` of automatic forwards and service notices."""
+COMMAND_NAME = re.compile(r"^[a-z0-9_]{1,32}$")
+"""What Telegram accepts as a command name in ``setMyCommands``."""
+_COMMAND = re.compile(r"^/([A-Za-z0-9_]{1,64})(?:@([A-Za-z0-9_]{1,64}))?(?=\s|$)")
+_DRAFT_POLICY = DeliveryPolicy(attempts=1)
+"""Drafts are not retried: the next edit or the final reply supersedes them."""
+STOP_GRACE = 10.0
+"""Seconds ``stop()`` waits for replies still being sent."""
+GET_UPDATES = "getUpdates"
+"""The rate-limit scope of ``getUpdates``: a 429 on it holds polling only."""
+_COUNTED = (SendMessage, EditMessageText, DeleteMessage)
+"""The methods Telegram's message limits count."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """Where a reply goes: the chat, its forum topic, and the message it answers."""
+
+    chat_id: int | str
+    thread_id: int | None = None
+    reply_to: int | None = None
+
+    @classmethod
+    def of(cls, chat_id: str, thread_id: str | None, reply_to: str | None) -> _Target:
+        return cls(_chat_id(chat_id), _int_or_none(thread_id), _int_or_none(reply_to))
+
+
+class ChannelBase(Channel):
+    """The state of a Telegram channel and the Bot API calls every part of it makes."""
+
+    name = "telegram"
+
+    def __init__(self, settings: Settings, *, polling_timeout: int = 30,
+                 edit_interval: float = 1.0, typing_interval: float = 4.0,
+                 policy: DeliveryPolicy | None = None, limits: Limits = TELEGRAM_LIMITS,
+                 request_timeout: float = 60.0, poll_backoff: float = 0.5) -> None:
+        if settings.telegram_bot_token is None:
+            raise ValueError("the Telegram channel needs TELEGRAM_BOT_TOKEN")
+        self.settings = settings
+        self.polling_timeout = polling_timeout
+        self.edit_interval = edit_interval
+        self.typing_interval = typing_interval
+        self.policy = policy or DeliveryPolicy()
+        self.limiter = RateLimiter(limits)
+        self.request_timeout = request_timeout
+        self.poll_backoff = poll_backoff
+        self.bot: Bot | None = None
+        self.me: User | None = None
+        self._handler: InboundHandler | None = None
+        self._seen: OrderedDict[int, None] = OrderedDict()
+        self._polling: asyncio.Task[None] | None = None
+        self._fetching: asyncio.Task[list[Update]] | None = None
+        self._webhook: web.AppRunner | None = None
+        self._sending = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._stopped = False
+        self._intake_stopped = False
+        self._closing = False
+        self._stopping = asyncio.Event()
+        """Set once intake stops: wakes the polling loop out of its pauses."""
+        self._unhandled: set[str] = set()
+        self._commands: set[str] = set()
+        self._migrated: dict[int | str, int] = {}
+        # What each message Roost sent currently shows, as (text, parse_mode):
+        # a final edit identical to the draft would be refused as "not modified".
+        self._shown: OrderedDict[tuple[int | str, int], tuple[str, str | None]] = \
+            OrderedDict()
+
+    # -- calling the Bot API -------------------------------------------------------------
+
+    def _bot(self) -> Bot:
+        if self.bot is None:
+            raise RuntimeError("the Telegram channel is not started")
+        return self.bot
+
+    async def _api(self, method: TelegramMethod[TelegramType], *,
+                   urgent: bool = True) -> TelegramType | None:
+        """One Bot API call through the rate limiter, errors translated.
+
+        Returns ``None`` only for a call that is not ``urgent`` and had to give
+        way (a 429 window, the budget, another call to the chat in flight).
+        A group upgraded to a supergroup is followed: the call goes again to
+        the new chat, and so does every later one.
+        """
+        bot = self._bot()
+        for _ in range(3):
+            chat = getattr(method, "chat_id", None)
+            if chat in self._migrated:
+                chat = self._migrated[chat]
+                method = method.model_copy(update={"chat_id": chat})
+            scope = BOT if chat is None else f"chat:{chat}"
+            group = isinstance(chat, str) or (isinstance(chat, int) and chat < 0)
+            try:
+                async with self.limiter.slot(scope, group=group, urgent=urgent,
+                                             counted=isinstance(method, _COUNTED)) as go:
+                    if not go:
+                        return None
+                    return await _translated(bot(method))
+            except ChatMigrated as moved:
+                if chat is None:
+                    raise
+                log.info("telegram: chat %s became supergroup %d; following it", chat,
+                         moved.chat_id)
+                self._migrated[chat] = moved.chat_id
+        raise RuntimeError(f"telegram: {method.__api_method__} kept being redirected")
+
+    async def _deliver(self, method: TelegramMethod[TelegramType], what: str, *,
+                       policy: DeliveryPolicy | None = None) -> TelegramType:
+        """An urgent call, retried on transient errors and after 429s."""
+        async def call() -> TelegramType:
+            result = await self._api(method)
+            assert result is not None  # urgent calls never give way
+            return result
+
+        return await deliver(call, what=f"telegram {what}", policy=policy or self.policy)
+
+    @contextlib.asynccontextmanager
+    async def _sending_reply(self) -> AsyncIterator[bool]:
+        """Count replies in flight so ``stop()`` can let them finish."""
+        if self._stopped or self.bot is None:
+            yield False
+            return
+        self._sending += 1
+        self._idle.clear()
+        try:
+            yield True
+        finally:
+            self._sending -= 1
+            if not self._sending:
+                self._idle.set()
+
+    def _remember_shown(self, chat: int | str, message_id: int, text: str,
+                        mode: str | None) -> None:
+        key = (self._migrated.get(chat, chat), message_id)
+        self._shown[key] = (text, mode)
+        self._shown.move_to_end(key)
+        if len(self._shown) > SEEN_UPDATES:
+            self._shown.popitem(last=False)
+
+    def _shows(self, chat: int | str, message_id: int, text: str, mode: str | None) -> bool:
+        return self._shown.get((self._migrated.get(chat, chat), message_id)) == (text, mode)
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep, unless intake stops first."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+
+    def _ignore(self, kind: str, event_id: str | int) -> None:
+        """Note an update Roost does not handle: at debug, the first of each kind only.
+
+        Such updates are confirmed like any other; a stream of them (reactions,
+        members joining) would otherwise fill the debug log.
+        """
+        kind = kind[:64]
+        if kind in self._unhandled:
+            return
+        if len(self._unhandled) < UNHANDLED_KINDS:
+            self._unhandled.add(kind)
+        log.debug("telegram: update %s (%s) is of a kind Roost does not handle; ignored, as "
+                  "are later ones of this kind (not logged)", event_id, kind)
+
+
+def _unthreaded(target: _Target) -> _Target:
+    """The same chat and topic, not replying: for the pieces after the first."""
+    return _Target(target.chat_id, target.thread_id)
+
+
+def _chat_id(chat_id: str) -> int | str:
+    return int(chat_id) if chat_id.lstrip("-").isdigit() else chat_id
+
+
+def _int_or_none(value: str | None) -> int | None:
+    return int(value) if value is not None and value.lstrip("-").isdigit() else None

@@ -1,0 +1,194 @@
+"""The Telegram channel itself: lifecycle and the core-facing methods."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING
+
+from aiogram import Bot
+from aiogram.client.telegram import TelegramAPIServer
+from aiogram.exceptions import TelegramUnauthorizedError
+from aiogram.methods import DeleteWebhook, GetMe, SetMyCommands
+from aiogram.types import BotCommand, BotCommandScopeChat
+
+from bot.config.settings import SetupError
+from bot.contracts.channel import InboundHandler, ReplyStream
+from bot.contracts.messages import InboundMessage, OutboundMessage
+from channels.telegram.base import COMMAND_NAME, STOP_GRACE, _chat_id, _int_or_none, _Target
+from channels.telegram.intake import Intake
+from channels.telegram.parsing import _keep_response_models, _Session
+from channels.telegram.sending import Sending, _DraftStream
+from channels.telegram_lazy import LAZY
+
+if TYPE_CHECKING:
+    from bot.contracts.commands import Command
+
+log = logging.getLogger("roost.channels.telegram")
+
+
+class TelegramChannel(Intake, Sending):
+    """Roost on Telegram (``TELEGRAM_BOT_TOKEN``).
+
+    Keyword arguments exist for tests and benchmarks: ``polling_timeout`` is
+    the long-poll wait in seconds, ``edit_interval`` the minimum time between
+    streaming edits, ``typing_interval`` how often the typing status is
+    refreshed, ``policy`` the retry policy for replies, ``limits`` the
+    proactive rate limits, ``request_timeout`` how long one Bot API call may
+    take (the long poll gets its own wait on top), ``poll_backoff`` the first
+    pause after a failed ``getUpdates`` (doubling up to 30 s).
+    """
+
+    name = "telegram"
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def start(self, handler: InboundHandler) -> None:
+        """Check the token (``getMe``), then receive by long polling or webhook."""
+        assert self.settings.telegram_bot_token is not None
+        self._handler = handler
+        _keep_response_models()
+        base = self.settings.telegram_api_base
+        api = TelegramAPIServer.from_base(base) if base else None
+        session = _Session(api=api, timeout=self.request_timeout) if api else \
+            _Session(timeout=self.request_timeout)
+        self.bot = bot = Bot(self.settings.telegram_bot_token.get_secret_value(),
+                             session=session)
+        try:
+            await self._connect(bot)
+        except BaseException:
+            await session.close()
+            raise
+        assert self.me is not None
+        log.info("telegram: receiving as @%s by %s%s", self.me.username,
+                 "webhook" if self._webhook else "long polling",
+                 "" if LAZY else " (aiogram types built eagerly)")
+
+    async def _connect(self, bot: Bot) -> None:
+        try:
+            self.me = await self._deliver(GetMe(), "getMe")
+        except TelegramUnauthorizedError as exc:
+            raise SetupError(f"Telegram refused the bot token ({exc.message}): check "
+                             "TELEGRAM_BOT_TOKEN") from exc
+        if not self.me.username:
+            log.warning("telegram: the bot has no username: @mentions cannot be recognised")
+        if self.settings.telegram_webhook_url:
+            await self._start_webhook(self.settings.telegram_webhook_url)
+            return
+        # getUpdates is refused while a webhook is set (from an earlier webhook
+        # deployment); pending updates are kept.
+        await self._deliver(DeleteWebhook(drop_pending_updates=False), "deleteWebhook")
+        self._polling = asyncio.create_task(self._poll(bot))
+
+    async def stop_intake(self) -> None:
+        """Stop receiving at once; replies can still be sent until :meth:`stop`.
+
+        A long poll in flight is cut (its connection closed), not waited for;
+        an update whose handler is running is let finish, so it is either in
+        the inbox or will be delivered again. The webhook endpoint answers 503
+        from now on: Telegram keeps such updates and delivers them again later.
+        """
+        if self._intake_stopped:
+            return
+        self._intake_stopped = True
+        self._stopping.set()
+        if self._fetching is not None:
+            self._fetching.cancel()
+        if self._polling is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._polling), STOP_GRACE)
+            except (TimeoutError, asyncio.CancelledError):
+                self._polling.cancel()
+            await asyncio.gather(self._polling, return_exceptions=True)
+
+    async def stop(self) -> None:
+        """Stop receiving (if not yet), let replies being sent finish, close the session."""
+        if self._closing:
+            return
+        self._closing = True
+        await self.stop_intake()
+        self._stopped = True
+        if self._webhook is not None:
+            await self._webhook.cleanup()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(STOP_GRACE):
+                await self._idle.wait()
+        if self.bot is not None:
+            await self.bot.session.close()
+
+    @property
+    def polling(self) -> asyncio.Task[None] | None:
+        """The polling loop's task (``None`` in webhook mode or before ``start``)."""
+        return self._polling
+
+    # -- outbound -------------------------------------------------------------------
+
+    async def send(self, message: OutboundMessage) -> str | None:
+        """Deliver a reply: rendered to HTML, cut to 4,096, the first piece threaded.
+
+        With ``message.replace`` the draft of that id becomes the first piece.
+        Returns the id of the last message sent; raises if the reply was not
+        delivered (the core keeps it and tries again).
+        """
+        target = _Target.of(message.chat_id, message.thread_id, message.reply_to)
+        async with self._sending_reply() as live:
+            if not live:
+                raise RuntimeError("the Telegram channel is stopped")
+            return await self._deliver_reply(target, message.replace, message.text)
+
+    async def withdraw(self, chat_id: str, message_id: str) -> None:
+        """Delete a message Roost sent (a stale draft); one already gone is fine."""
+        async with self._sending_reply() as live:
+            if not live:
+                raise RuntimeError("the Telegram channel is stopped")
+            await self._delete(_chat_id(chat_id), int(message_id))
+
+    def open_stream(self, message: InboundMessage) -> ReplyStream | None:
+        """A draft edited at most once per ``edit_interval``, unless streaming is off."""
+        if not self.settings.streams(self.name):
+            return None
+        target = _Target.of(message.chat_id, message.thread_id,
+                            message.message_id if message.chat_type == "group" else None)
+        return _DraftStream(self, target, self.edit_interval)
+
+    @contextlib.asynccontextmanager
+    async def typing(self, message: InboundMessage) -> AsyncIterator[None]:
+        """Keep "typing…" showing (Telegram clears it after 5 s) while the block runs."""
+        task = asyncio.create_task(self._keep_typing(
+            _chat_id(message.chat_id), _int_or_none(message.thread_id)))
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def register_commands(self, commands: Sequence[Command]) -> None:
+        """``setMyCommands``: everyone sees the public commands, admins' chats all of them."""
+        self._commands = {name for c in commands for name in (c.name, *c.aliases)}
+        public: list[BotCommand] = []
+        admin: list[BotCommand] = []
+        for command in commands:
+            if not COMMAND_NAME.match(command.name):
+                log.info("telegram: /%s is not a valid Telegram command name; not listed",
+                         command.name)
+                continue
+            entry = BotCommand(command=command.name,
+                               description=(command.description or command.name)[:256])
+            (admin if command.admin_only else public).append(entry)
+        await self._deliver(SetMyCommands(commands=public[:100]), "setMyCommands")
+        if not admin:
+            return
+        for admin_entry in self.settings.admins:
+            channel, _, user_id = admin_entry.partition(":")
+            if channel != self.name or not user_id.lstrip("-").isdigit():
+                continue
+            # An admin's private chat has the admin's user id.
+            scope = BotCommandScopeChat(chat_id=int(user_id))
+            try:
+                await self._deliver(SetMyCommands(commands=(public + admin)[:100], scope=scope),
+                                    "setMyCommands (admin)")
+            except Exception as exc:
+                # Usually "chat not found": the admin has not started the bot yet.
+                log.warning("telegram: admin commands for %s not registered: %s", user_id, exc)

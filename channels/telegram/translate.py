@@ -1,0 +1,141 @@
+"""A Telegram ``Message`` as the core's :class:`InboundMessage`: who spoke, whether
+the bot was addressed, the text without the bot's @mention, what came with it."""
+
+from __future__ import annotations
+
+import logging
+
+from aiogram.types import Message, MessageOriginChannel
+
+from bot.contracts.messages import ChatType, InboundMessage
+from channels.telegram.base import _COMMAND, SERVICE_USER, ChannelBase
+from channels.telegram.describe import _attachments, _chat_name, _short, _utf16, _without
+
+log = logging.getLogger("roost.channels.telegram")
+
+
+class Translating(ChannelBase):
+    """Turns messages into :class:`InboundMessage` (or ``None`` when not for Roost)."""
+
+    def translate(self, message: Message, *, event_id: str = "") -> InboundMessage | None:
+        """The core's view of ``message``, or ``None`` if it is not for Roost.
+
+        ``event_id`` is the ``update_id`` that carried it (the inbox dedupes on it).
+
+        Not for Roost: messages from bots (itself included), channel posts,
+        commands addressed to another bot (``/help@other_bot``), service
+        messages (members joining, pins...) and automatic forwards when
+        ``telegram_automatic_forwards`` is ``"ignore"``. A message sent on
+        behalf of a chat (a linked channel's automatic forward, an anonymous
+        admin, a user posting as their channel) comes from that chat: the
+        ``from`` of such messages is a placeholder account (Telegram, 777000;
+        GroupAnonymousBot; Channel_Bot) that says nothing about who spoke.
+        """
+        chat_type: ChatType
+        if message.chat.type == "private":
+            chat_type = "direct"
+        elif message.chat.type in ("group", "supergroup"):
+            chat_type = "group"
+        else:
+            return None
+        if self.me is None:
+            return None
+        speaker = self._speaker(message, event_id)
+        if speaker is None:
+            return None
+        sender_id, sender_name = speaker
+        attachments = _attachments(message)
+        if message.text is not None:
+            text, entities = message.text, message.entities or []
+        else:
+            text, entities = message.caption or "", message.caption_entities or []
+        if not text and not attachments:
+            kind = message.content_type
+            self._ignore(f"{getattr(kind, 'value', kind)} message", event_id)
+            return None
+        me = self.me
+        handle = f"@{me.username}".lower() if me.username else None
+        mentioned = False
+        drop: list[tuple[int, int]] = []
+        units: bytes | None = None
+        for entity in entities:
+            if entity.type == "mention" and handle is not None \
+                    and entity.length == len(handle) and entity.offset >= 0:
+                # Offsets count UTF-16 units; the handle is ASCII, one unit a character.
+                if units is None:
+                    units = _utf16(text)
+                start = entity.offset * 2
+                found = units[start:start + entity.length * 2]
+                if found.decode("utf-16-le", "surrogatepass").lower() == handle:
+                    mentioned = True
+                    drop.append((entity.offset, entity.length))
+            elif entity.type == "text_mention" and entity.user is not None \
+                    and entity.user.id == me.id:
+                mentioned = True
+        if drop:
+            text = _without(text, drop)
+        command = _COMMAND.match(text.lstrip())
+        if command is not None:
+            target = command.group(2)
+            if target is not None:
+                if me.username is None or target.lower() != me.username.lower():
+                    return None
+                # The core parses "/cmd args": drop our own @suffix.
+                stripped = text.lstrip()
+                text = f"/{command.group(1)}{stripped[command.end():]}"
+            # Telegram's Start button sends /start (with a deep-link payload at
+            # most); without a command of that name the core would answer
+            # "I don't know /start", so it is shown the help instead.
+            if command.group(1).lower() == "start" and "start" not in self._commands:
+                text = "/help"
+            mentioned = True
+        replied = message.reply_to_message
+        # In a forum topic every message "replies" to the topic's creation
+        # message; that is not a reply to anyone.
+        if replied is not None and replied.forum_topic_created is not None:
+            replied = None
+        if replied is not None and replied.from_user is not None \
+                and replied.from_user.id == me.id:
+            mentioned = True
+        thread = message.message_thread_id if message.is_topic_message else None
+        return InboundMessage(
+            channel=self.name,
+            chat_id=str(message.chat.id),
+            chat_type=chat_type,
+            sender_id=sender_id,
+            sender_name=sender_name,
+            text=text,
+            message_id=str(message.message_id),
+            reply_to=str(replied.message_id) if replied is not None else None,
+            thread_id=str(thread) if thread is not None else None,
+            mentioned=mentioned,
+            attachments=attachments,
+            raw=message,
+            event_id=event_id,
+        )
+
+    def _speaker(self, message: Message, event_id: str) -> tuple[str, str] | None:
+        """``(sender_id, sender_name)`` of ``message``, or ``None`` if Roost ignores its sender."""
+        if message.is_automatic_forward:
+            if self.settings.telegram_automatic_forwards == "ignore":
+                log.debug("telegram: update %s is a channel post forwarded automatically "
+                          "into %s; ignored (telegram_automatic_forwards)", event_id,
+                          message.chat.id)
+                return None
+            origin = message.sender_chat
+            if origin is None and isinstance(message.forward_origin, MessageOriginChannel):
+                origin = message.forward_origin.chat
+            if origin is None:
+                # Without the channel only the placeholder account is left.
+                log.debug("telegram: update %s is an automatic forward without its channel; "
+                          "ignored", event_id)
+                return None
+            return str(origin.id), _short(_chat_name(origin))
+        if message.sender_chat is not None:
+            return str(message.sender_chat.id), _short(_chat_name(message.sender_chat))
+        sender = message.from_user
+        if sender is None or sender.is_bot or sender.id == SERVICE_USER:
+            return None
+        # Short: the name goes into every prompt line of the sender's, and Telegram's
+        # own limits (64 characters a name, 128 a title) do not bind a forged update.
+        return str(sender.id), _short(sender.full_name)
