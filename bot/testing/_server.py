@@ -63,6 +63,9 @@ class FakeServer(Generic[S]):
     """The path served, e.g. ``/v1/messages``."""
     url_suffix: ClassVar[str] = ""
     """Appended to ``http://127.0.0.1:port`` in :attr:`base_url`, as the SDK expects."""
+    max_body: ClassVar[int] = 32 * 1024 * 1024
+    """The largest request body accepted: the real APIs take 32 MB (images, PDFs
+    as base64), far over aiohttp's 1 MB default."""
 
     def __init__(self, *, api_key: str | None, model: str) -> None:
         self.api_key = api_key
@@ -84,7 +87,7 @@ class FakeServer(Generic[S]):
 
     async def start(self) -> None:
         """Bind to a free port on 127.0.0.1 and start serving."""
-        app = web.Application()
+        app = web.Application(client_max_size=self.max_body)
         app.router.add_post(self.route, self._handle)
         # Cancel the handler when the client goes away so a disconnect is seen
         # at once, not at the next write.

@@ -40,6 +40,7 @@ from typing import Any, Literal
 
 from aiohttp import web
 
+from bot.testing._media import decode_base64, probe_image
 from bot.testing._server import (
     DropConnection,
     FakeServer,
@@ -64,6 +65,7 @@ __all__ = [
     "StreamError",
     "ToolUse",
     "busiest",
+    "media_error",
     "transcript_error",
 ]
 
@@ -328,7 +330,7 @@ class FakeAnthropic(FakeServer[Reply | HttpError | StreamError]):
 
         if not api_key or (self.api_key is not None and api_key != self.api_key):
             return _error_response(401, "authentication_error", "invalid x-api-key")
-        problem = transcript_error(body)
+        problem = transcript_error(body) or media_error(body)
         if problem is not None:
             return _error_response(400, "invalid_request_error", problem)
         stream = bool(body.get("stream"))
@@ -649,4 +651,110 @@ def _orphan_tool_results(
                 f"blocks: {block.get('tool_use_id')}. Each `tool_result` block must have a "
                 "corresponding `tool_use` block in the previous message."
             )
+    return None
+
+
+# -- image and document validation ----------------------------------------------
+
+IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+"""The image formats the Messages API takes."""
+MAX_IMAGE_BASE64 = 5 * 1024 * 1024
+"""The per-image limit; the API measures the base64 text, not the decoded bytes."""
+MAX_IMAGE_EDGE = 8000
+MAX_IMAGE_EDGE_MANY = 2000
+"""The pixel limit per side, and the tighter one when a request has over 20 images."""
+MANY_IMAGES = 20
+MAX_IMAGES = 100
+
+
+def media_error(body: Mapping[str, Any]) -> str | None:
+    """What the real Messages API would reject in ``body``'s image and document blocks.
+
+    With the API's own wording: an image's ``media_type`` one of JPEG, PNG, GIF,
+    WebP; its data valid base64 of at most 5 MB (of base64 text), an image
+    of the declared type, at most 8000 px a side (2000 px when the request
+    holds over 20 images, at most 100 images in all); a base64 document's
+    ``media_type`` ``application/pdf`` and its data a PDF. Blocks nested in a
+    ``tool_result`` are checked too. Call after :func:`transcript_error`.
+    """
+    found: list[tuple[str, Mapping[str, Any]]] = []
+    for i, message in enumerate(body.get("messages") or ()):
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if not isinstance(content, list):
+            continue
+        for j, block in enumerate(content):
+            if not isinstance(block, Mapping):
+                continue
+            where = f"messages.{i}.content.{j}"
+            found.append((where, block))
+            inner = block.get("content") if block.get("type") == "tool_result" else None
+            if isinstance(inner, list):
+                found.extend((f"{where}.content.{k}", b) for k, b in enumerate(inner)
+                             if isinstance(b, Mapping))
+    images = sum(1 for _, block in found if block.get("type") == "image")
+    if images > MAX_IMAGES:
+        return f"messages: Too many images: {images} > {MAX_IMAGES}"
+    edge = MAX_IMAGE_EDGE_MANY if images > MANY_IMAGES else MAX_IMAGE_EDGE
+    for where, block in found:
+        if block.get("type") == "image":
+            problem = _image_problem(where, block.get("source"), edge)
+        elif block.get("type") == "document":
+            problem = _document_problem(where, block.get("source"))
+        else:
+            continue
+        if problem is not None:
+            return problem
+    return None
+
+
+def _image_problem(where: str, source: object, edge: int) -> str | None:
+    if not isinstance(source, Mapping) or source.get("type") not in ("base64", "url", "file"):
+        return f"{where}.image.source: Input tag does not match any of the expected tags: " \
+            "'base64', 'url', 'file'"
+    if source["type"] != "base64":
+        return None
+    at = f"{where}.image.source.base64"
+    declared = source.get("media_type")
+    if declared not in IMAGE_MEDIA_TYPES:
+        return (f"{at}.media_type: Input should be 'image/jpeg', 'image/png', 'image/gif' "
+                "or 'image/webp'")
+    text = source.get("data")
+    data = decode_base64(text)
+    if data is None:
+        return f"{at}: invalid base64 data"
+    assert isinstance(text, str)
+    if len(text) > MAX_IMAGE_BASE64:
+        return f"{at}: image exceeds 5 MB maximum: {len(text)} bytes > {MAX_IMAGE_BASE64} bytes"
+    probe = probe_image(data)
+    if probe is None or not probe.mime_type:
+        return f"{at}.data: Could not process image"
+    if probe.mime_type != declared:
+        return (f"{at}.data: The image was specified using the {declared} media type, but "
+                f"the image appears to be a {probe.mime_type} image")
+    if max(probe.width, probe.height) > edge:
+        many = " for many-image requests" if edge == MAX_IMAGE_EDGE_MANY else ""
+        return (f"{at}.data: At least one of the image dimensions exceed max allowed "
+                f"size{many}: {edge} pixels")
+    return None
+
+
+def _document_problem(where: str, source: object) -> str | None:
+    kinds = ("base64", "text", "content", "url", "file")
+    if not isinstance(source, Mapping) or source.get("type") not in kinds:
+        return f"{where}.document.source: Input tag does not match any of the expected tags: " \
+            "'base64', 'text', 'content', 'url', 'file'"
+    if source["type"] == "text":
+        if source.get("media_type") != "text/plain":
+            return f"{where}.document.source.text.media_type: Input should be 'text/plain'"
+        return None
+    if source["type"] != "base64":
+        return None
+    at = f"{where}.document.source.base64"
+    if source.get("media_type") != "application/pdf":
+        return f"{at}.media_type: Input should be 'application/pdf'"
+    data = decode_base64(source.get("data"))
+    if data is None:
+        return f"{at}: invalid base64 data"
+    if not data.startswith(b"%PDF-"):
+        return f"{where}.pdf: The PDF specified was not valid."
     return None

@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 from aiohttp import web
 
+from bot.testing._media import decode_base64, probe_image
 from bot.testing._server import (
     DropConnection,
     FakeServer,
@@ -58,6 +59,7 @@ __all__ = [
     "ReceivedRequest",
     "Reply",
     "StreamError",
+    "content_error",
     "transcript_error",
 ]
 
@@ -228,7 +230,7 @@ class FakeOpenAI(FakeServer[Reply | HttpError | StreamError]):
             return _error_response(
                 401, "Incorrect API key provided", "invalid_request_error", "invalid_api_key"
             )
-        problem = transcript_error(body)
+        problem = transcript_error(body) or content_error(body)
         if problem is not None:
             message, param, code = problem
             return _error_response(400, message, "invalid_request_error", code, param=param)
@@ -478,3 +480,73 @@ def _unanswered(i: int, pending: Sequence[str]) -> tuple[str, str, str | None]:
         f"messages.[{i}].role",
         None,
     )
+
+
+# -- content parts ----------------------------------------------------------------
+
+_PART_TYPES = ("text", "image_url", "input_audio", "refusal", "audio", "file")
+MAX_IMAGE_BYTES = 20 * 1024 * 1024
+"""OpenAI's per-image limit (decoded bytes)."""
+_UNSUPPORTED_IMAGE = (
+    "You uploaded an unsupported image. Please make sure your image is below 20 MB in size "
+    "and is of one the following formats: ['png', 'jpeg', 'gif', 'webp']."
+)
+
+
+def content_error(body: Mapping[str, Any]) -> tuple[str, str | None, str | None] | None:
+    """What OpenAI would reject in the content parts of ``body``'s messages, or ``None``.
+
+    ``(message, param, code)`` with OpenAI's wording: part types it knows;
+    images only in user messages; an ``image_url`` that is ``http(s)`` or a
+    ``data:image/...;base64,`` URL whose payload is valid base64 of a PNG,
+    JPEG, GIF or WebP image of at most 20 MB. Call after :func:`transcript_error`.
+    """
+    for i, message in enumerate(body.get("messages") or ()):
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, Mapping) else None
+            if kind not in _PART_TYPES:
+                supported = ", ".join(f"'{t}'" for t in _PART_TYPES[:-1])
+                return (f"Invalid value: '{kind}'. Supported values are: {supported}, "
+                        f"and '{_PART_TYPES[-1]}'.",
+                        f"messages[{i}].content[{j}].type", "invalid_value")
+            if kind != "image_url":
+                continue
+            assert isinstance(part, Mapping)
+            role = message.get("role")
+            if role != "user":
+                return (f"Image URLs are only allowed for messages with role 'user', but this "
+                        f"message with role '{role}' contains an image URL.",
+                        f"messages[{i}].content[{j}].type", "invalid_value")
+            problem = _image_url_problem(part.get("image_url"), f"messages[{i}].content[{j}]")
+            if problem is not None:
+                return problem
+    return None
+
+
+def _image_url_problem(image_url: object, where: str
+                       ) -> tuple[str, str | None, str | None] | None:
+    url = image_url.get("url") if isinstance(image_url, Mapping) else None
+    if not isinstance(url, str):
+        return (f"Missing required parameter: '{where}.image_url.url'.",
+                f"{where}.image_url.url", "missing_required_parameter")
+    if url.startswith(("http://", "https://")):
+        return None
+    head, comma, payload = url.partition(",")
+    if not url.startswith("data:") or not comma or not head.endswith(";base64"):
+        return (f"Invalid image URL: '{where}.image_url.url'. Expected a valid URL or a "
+                "base64-encoded data URL with an image MIME type.",
+                f"{where}.image_url.url", "invalid_value")
+    if not head[5:].startswith("image/"):
+        return ("Invalid MIME type. Only image types are supported.", None,
+                "invalid_image_format")
+    data = decode_base64(payload)
+    if data is None:
+        return (f"Invalid base64 image_url: '{where}.image_url.url'.",
+                f"{where}.image_url.url", "invalid_value")
+    probe = probe_image(data)
+    if len(data) > MAX_IMAGE_BYTES or probe is None or not probe.mime_type:
+        return (_UNSUPPORTED_IMAGE, None, "invalid_image_format")
+    return None
