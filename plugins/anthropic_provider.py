@@ -9,6 +9,7 @@ calls behind the provider's circuit breaker during an outage.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -16,6 +17,8 @@ from typing import Any, cast
 
 import anthropic
 from anthropic.types import (
+    DocumentBlockParam,
+    ImageBlockParam,
     MessageParam,
     RawMessageStreamEvent,
     TextBlockParam,
@@ -26,6 +29,7 @@ from anthropic.types import (
 
 # Built-in: the HTTP providers share Roost's own circuit breaker and retry plumbing.
 from bot.resilience.breaker import CircuitBreaker
+from plugins.provider_media import DocumentData, ImageData, MediaReader, Note
 from plugins.provider_retry import (
     DEFAULT_MAX_ATTEMPTS,
     AttemptFailed,
@@ -58,7 +62,8 @@ _RETRYABLE_STREAM_ERRORS = frozenset({"overloaded_error", "api_error", "rate_lim
 # are recognised by the package that raised them.
 _TRANSPORT_PACKAGES = frozenset({"httpx", "httpx2", "httpcore", "httpcore2", "h11", "anyio"})
 
-_Block = TextBlockParam | ToolUseBlockParam | ToolResultBlockParam
+_Block = (TextBlockParam | ToolUseBlockParam | ToolResultBlockParam | ImageBlockParam
+          | DocumentBlockParam)
 
 
 class AnthropicProvider:
@@ -100,6 +105,8 @@ class AnthropicProvider:
         )
         self.retry = RetryPolicy(max_attempts, retry_base_delay)
         self.breaker = breaker or CircuitBreaker()
+        self.media = MediaReader(documents=True)
+        """Prepares images and PDFs of the history, caching them between calls."""
 
     async def complete(
         self,
@@ -118,7 +125,13 @@ class AnthropicProvider:
         """
         if self._missing_key:
             raise ProviderError("no Anthropic API key is configured: set ANTHROPIC_API_KEY")
-        messages = to_anthropic_messages(request.messages)
+        if any(m.parts for m in request.messages):
+            # Reading and resizing images is CPU work: keep it off the event loop.
+            messages = await asyncio.to_thread(
+                to_anthropic_messages, request.messages, vision=request.vision,
+                media=self.media)
+        else:
+            messages = to_anthropic_messages(request.messages)
         tools = to_anthropic_tools(request.tools)
         return await with_retries(
             partial(self._stream_once, request, messages, tools),
@@ -302,17 +315,25 @@ def _status_error(exc: anthropic.APIStatusError) -> ProviderError:
     return ProviderError(text, retryable=retryable, status=status)
 
 
-def to_anthropic_messages(history: Sequence[ChatMessage]) -> list[MessageParam]:
+def to_anthropic_messages(
+    history: Sequence[ChatMessage], *, vision: bool = True, media: MediaReader | None = None
+) -> list[MessageParam]:
     """Convert neutral history to Messages API ``messages``.
 
     Tool results become ``tool_result`` blocks in a user message, and
     consecutive messages of one role are merged, because the API requires
     strictly alternating roles. Within a user message tool results go first,
     as the API requires them right after the assistant's ``tool_use``.
+
+    A message's parts become ``image`` and ``document`` blocks before its text
+    (``media`` prepares them; a fresh reader without a cache if not given);
+    with ``vision=False``, or for a file that is gone or unreadable, a text
+    note takes the block's place. Reads files: call it off the event loop.
     """
+    reader = media or MediaReader(documents=True)
     merged: list[tuple[str, list[_Block]]] = []
     for message in history:
-        role, blocks = _blocks_for(message)
+        role, blocks = _blocks_for(message, reader, vision)
         if not blocks:
             continue
         if merged and merged[-1][0] == role:
@@ -329,7 +350,10 @@ def to_anthropic_messages(history: Sequence[ChatMessage]) -> list[MessageParam]:
     return result
 
 
-def _blocks_for(message: ChatMessage) -> tuple[str, list[_Block]]:
+def _blocks_for(
+    message: ChatMessage, media: MediaReader, vision: bool
+) -> tuple[str, list[_Block]]:
+    files = _part_blocks(message, media, vision)
     if message.role == "tool":
         result: ToolResultBlockParam = {
             "type": "tool_result",
@@ -337,8 +361,18 @@ def _blocks_for(message: ChatMessage) -> tuple[str, list[_Block]]:
             "content": message.content,
             "is_error": message.is_error,
         }
+        if files:
+            text: list[TextBlockParam] = (
+                [{"type": "text", "text": message.content}] if message.content.strip() else [])
+            inner = [b for b in files if b["type"] in ("text", "image", "document")]
+            result["content"] = [*text, *inner]
         return "user", [result]
     blocks: list[_Block] = []
+    if message.role == "user":
+        # Images first: the API documents that models answer better that way.
+        blocks.extend(files)
+    else:
+        blocks.extend(files)
     # The API rejects text blocks without non-whitespace text, and models do
     # write a bare "\n\n" before a tool call: such text carries nothing.
     if message.content.strip():
@@ -354,6 +388,36 @@ def _blocks_for(message: ChatMessage) -> tuple[str, list[_Block]]:
                 }
             )
     return message.role, blocks
+
+
+def _part_blocks(message: ChatMessage, media: MediaReader, vision: bool) -> list[_Block]:
+    """The image/document blocks and notes for ``message``'s parts."""
+    if not message.parts:
+        return []
+    if message.role == "assistant":
+        # The API takes no files from the assistant; say what there was.
+        return [{"type": "text", "text": f"[{p.kind}: {p.path}]"} for p in message.parts]
+    blocks: list[_Block] = []
+    for item in media.read_all(message.parts, vision=vision):
+        if isinstance(item, ImageData):
+            image: ImageBlockParam = {
+                "type": "image",
+                "source": {
+                    "type": "base64",
+                    "media_type": item.mime_type,  # type: ignore[typeddict-item]
+                    "data": item.data,
+                },
+            }
+            blocks.append(image)
+        elif isinstance(item, DocumentData):
+            document: DocumentBlockParam = {
+                "type": "document",
+                "source": {"type": "base64", "media_type": "application/pdf", "data": item.data},
+            }
+            blocks.append(document)
+        elif isinstance(item, Note):
+            blocks.append({"type": "text", "text": item.text})
+    return blocks
 
 
 def to_anthropic_tools(tools: Sequence[ToolSpec]) -> list[ToolParam]:

@@ -12,6 +12,7 @@ outage.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Mapping, Sequence
@@ -22,6 +23,7 @@ from typing import Any
 import openai
 from openai.types.chat import (
     ChatCompletionChunk,
+    ChatCompletionContentPartParam,
     ChatCompletionFunctionToolParam,
     ChatCompletionMessageFunctionToolCallParam,
     ChatCompletionMessageParam,
@@ -29,6 +31,7 @@ from openai.types.chat import (
 
 # Built-in: the HTTP providers share Roost's own circuit breaker and retry plumbing.
 from bot.resilience.breaker import CircuitBreaker
+from plugins.provider_media import DocumentData, ImageData, MediaReader, Note
 from plugins.provider_retry import (
     DEFAULT_MAX_ATTEMPTS,
     RETRYABLE_STATUSES,
@@ -90,6 +93,8 @@ class OpenAIProvider:
         # Adjusted once if the server rejects them; see _adapt_to.
         self._include_usage = True
         self._token_param = "max_tokens"
+        self.media = MediaReader(documents=False)
+        """Prepares images (and PDF text) of the history, caching them between calls."""
 
     async def complete(
         self,
@@ -106,7 +111,13 @@ class OpenAIProvider:
         an outage, once per call (see :func:`plugins.provider_retry.with_retries`).
         Raises :class:`ProviderError` when the call fails for good.
         """
-        messages = to_openai_messages(request.system, request.messages)
+        if any(m.parts for m in request.messages):
+            # Reading and resizing images is CPU work: keep it off the event loop.
+            messages = await asyncio.to_thread(
+                to_openai_messages, request.system, request.messages,
+                vision=request.vision, media=self.media)
+        else:
+            messages = to_openai_messages(request.system, request.messages)
         tools = to_openai_tools(request.tools)
         return await with_retries(
             partial(self._stream_once, request, messages, tools),
@@ -304,19 +315,31 @@ def _stream_error(exc: openai.APIError) -> ProviderError:
 
 
 def to_openai_messages(
-    system: str, history: Sequence[ChatMessage]
+    system: str,
+    history: Sequence[ChatMessage],
+    *,
+    vision: bool = True,
+    media: MediaReader | None = None,
 ) -> list[ChatCompletionMessageParam]:
     """Convert neutral history to Chat Completions ``messages``.
 
     Consecutive user messages are joined into one, as some local chat
     templates insist that user and assistant turns alternate.
+
+    A user message's images become ``image_url`` parts holding data URLs after
+    its text (``media`` prepares them; a fresh reader without a cache if not
+    given); PDFs become their extracted text. With ``vision=False``, or for a
+    file that is gone or unreadable, a text note is sent instead, and a
+    message without images stays plain text, which every server takes.
+    Reads files: call it off the event loop.
     """
+    reader = media or MediaReader(documents=False)
     result: list[ChatCompletionMessageParam] = []
     if system:
         result.append({"role": "system", "content": system})
     for message in _join_user_runs(history):
         if message.role == "user":
-            result.append({"role": "user", "content": message.content})
+            result.append({"role": "user", "content": _user_content(message, reader, vision)})
         elif message.role == "assistant":
             calls: list[ChatCompletionMessageFunctionToolCallParam] = [
                 {
@@ -340,10 +363,44 @@ def to_openai_messages(
                 {
                     "role": "tool",
                     "tool_call_id": message.tool_call_id or "",
-                    "content": message.content,
+                    "content": _with_notes(message),
                 }
             )
     return result
+
+
+def _user_content(
+    message: ChatMessage, media: MediaReader, vision: bool
+) -> str | list[ChatCompletionContentPartParam]:
+    """The text of ``message``, with its images as ``image_url`` parts when it has any."""
+    if not message.parts:
+        return message.content
+    notes: list[str] = []
+    images: list[ChatCompletionContentPartParam] = []
+    for item in media.read_all(message.parts, vision=vision):
+        if isinstance(item, ImageData):
+            url = f"data:{item.mime_type};base64,{item.data}"
+            images.append({"type": "image_url", "image_url": {"url": url}})
+        elif isinstance(item, Note):
+            notes.append(item.text)
+        elif isinstance(item, DocumentData):  # not produced for this API (documents=False)
+            notes.append(f"[document: {item.part.path}]")
+    text = "\n\n".join(x for x in (message.content, *notes) if x)
+    if not images:
+        return text
+    parts: list[ChatCompletionContentPartParam] = []
+    if text:
+        parts.append({"type": "text", "text": text})
+    parts.extend(images)
+    return parts
+
+
+def _with_notes(message: ChatMessage) -> str:
+    """A tool result's text, with a note for each file: tool messages take no images."""
+    if not message.parts:
+        return message.content
+    notes = [f"[{p.kind}: {p.path}]" for p in message.parts]
+    return "\n\n".join(x for x in (message.content, *notes) if x)
 
 
 def _join_user_runs(history: Sequence[ChatMessage]) -> list[ChatMessage]:
@@ -351,7 +408,8 @@ def _join_user_runs(history: Sequence[ChatMessage]) -> list[ChatMessage]:
     for message in history:
         if message.role == "user" and joined and joined[-1].role == "user":
             last = joined[-1]
-            joined[-1] = replace(last, content=f"{last.content}\n\n{message.content}")
+            content = "\n\n".join(x for x in (last.content, message.content) if x)
+            joined[-1] = replace(last, content=content, parts=last.parts + message.parts)
         else:
             joined.append(message)
     return joined

@@ -1,0 +1,270 @@
+"""The files of a conversation, made ready for a model API (shared by the HTTP providers).
+
+A :class:`~bot.contracts.llm.ContentPart` names a file in the user's workspace;
+:class:`MediaReader` turns it into what a provider puts on the wire:
+
+- an image into :class:`ImageData` (base64, resized by
+  :func:`bot.media.images.prepare_for_model`: long edge at most 1568 px,
+  EXIF stripped, JPEG/PNG/GIF/WebP, small enough that its *base64* text fits
+  the 5 MB per image the Messages API counts);
+- a PDF into :class:`DocumentData` (base64) when the model takes documents,
+  else into its text, extracted with pypdf;
+- anything that cannot go (the model does not see images, the file is gone or
+  unreadable) into a :class:`Note`, one line of text the model reads instead.
+  A part never makes the API call fail: a file that would be refused by the API
+  would be refused on every later turn too, since history keeps its parts.
+
+Reading and resizing cost tens of milliseconds per photo and a conversation
+sends its images again on every model call, so prepared results are cached
+(bounded by bytes; keyed by path, size and modification time). The methods are
+synchronous: providers call :meth:`MediaReader.read_all` in a worker thread.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from pypdf import PdfReader
+
+# Built-in: the providers resize images with the core's own media code.
+from bot.media.images import prepare_for_model
+from roost import ContentPart, MediaError
+
+__all__ = [
+    "MAX_IMAGE_BASE64",
+    "MAX_PDF_PAGES",
+    "PDF_TEXT_LIMIT",
+    "DocumentData",
+    "ImageData",
+    "MediaReader",
+    "Note",
+    "Prepared",
+]
+
+log = logging.getLogger("roost.plugins.provider_media")
+
+MAX_IMAGE_EDGE = 1568
+"""Anthropic's recommended long edge: larger images are scaled down by the API anyway."""
+MAX_IMAGE_BASE64 = 5 * 1024 * 1024
+"""The Messages API's per-image limit, measured on the base64 text."""
+MAX_PDF_PAGES = 100
+"""Pages a PDF document block may have; a longer PDF goes as text."""
+MAX_PDF_BYTES = 24 * 1024 * 1024
+"""A PDF sent as a document (its base64 must fit the API's 32 MB request)."""
+PDF_TEXT_LIMIT = 60_000
+"""Characters of extracted PDF text given to a model; the rest is cut with a note."""
+CACHE_BYTES = 8 * 1024 * 1024
+"""Prepared payloads kept between model calls (base64 and text characters)."""
+
+_IMAGE_FORMATS = ("image/jpeg", "image/png", "image/gif", "image/webp")
+# Raw bytes whose base64 text fits MAX_IMAGE_BASE64 (4 characters per 3 bytes).
+_IMAGE_RAW_LIMIT = MAX_IMAGE_BASE64 // 4 * 3
+
+
+@dataclass(frozen=True, slots=True)
+class ImageData:
+    """An image ready for the wire: its MIME type and base64 data."""
+
+    part: ContentPart
+    mime_type: str
+    data: str
+
+
+@dataclass(frozen=True, slots=True)
+class DocumentData:
+    """A PDF ready for the wire as base64 data."""
+
+    part: ContentPart
+    data: str
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """Text the model reads in place of a file (or the text extracted from it)."""
+
+    part: ContentPart
+    text: str
+
+
+Prepared = ImageData | DocumentData | Note
+
+
+class MediaReader:
+    """Prepares content parts for one provider; thread-safe, with a bounded cache.
+
+    ``documents`` says whether the provider's API takes PDF document blocks (the
+    Messages API does; OpenAI-compatible servers get the text).
+    """
+
+    def __init__(self, *, documents: bool, cache_bytes: int = CACHE_BYTES) -> None:
+        self.documents = documents
+        self.cache_bytes = cache_bytes
+        self._cache: OrderedDict[tuple[str, str, int, int], Prepared] = OrderedDict()
+        self._cached = 0
+        self._lock = threading.Lock()
+
+    def read_all(self, parts: Iterable[ContentPart], *, vision: bool) -> list[Prepared]:
+        """Each part that has something to give the model, prepared, in order.
+
+        Audio parts give nothing (their transcript is in the message text), nor
+        do documents other than PDFs (the message text names them; the file
+        tools read them).
+        """
+        prepared: list[Prepared] = []
+        for part in parts:
+            item = self.read(part, vision=vision)
+            if item is not None:
+                prepared.append(item)
+        return prepared
+
+    def read(self, part: ContentPart, *, vision: bool) -> Prepared | None:
+        """``part`` prepared for the model, or ``None`` if it gives the model nothing."""
+        is_pdf = part.kind == "document" and part.mime_type == "application/pdf"
+        if part.kind != "image" and not is_pdf:
+            return None
+        if part.kind == "image" and not vision:
+            return Note(part, f"[image: {part.path} — this model cannot see images]")
+        mode: str = part.kind
+        if is_pdf:
+            mode = "document" if vision and self.documents else "pdf-text"
+        path = part.file
+        try:
+            stat = path.stat()
+        except OSError:
+            return Note(part, f"[{part.kind}: {part.path} — the file is no longer available]")
+        key = (mode, str(path), stat.st_size, stat.st_mtime_ns)
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return _for(part, hit)
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            return Note(part, f"[{part.kind}: {part.path} — the file could not be read: "
+                              f"{exc.strerror or type(exc).__name__}]")
+        if mode == "image":
+            item = self._image(part, data)
+        elif mode == "document":
+            item = self._document(part, data)
+        else:
+            item = _pdf_text(part, data, "this model cannot read PDF documents")
+        self._remember(key, item)
+        return item
+
+    def _image(self, part: ContentPart, data: bytes) -> Prepared:
+        try:
+            prepared, mime = prepare_for_model(
+                data, max_edge=MAX_IMAGE_EDGE, max_bytes=_IMAGE_RAW_LIMIT,
+                formats=_IMAGE_FORMATS)
+        except MediaError as exc:
+            return Note(part, f"[image: {part.path} — {exc}]")
+        encoded = base64.b64encode(prepared).decode("ascii")
+        if len(encoded) > MAX_IMAGE_BASE64:
+            # prepare_for_model promised otherwise; sending it would fail every turn.
+            log.warning("prepared image %s is still %d bytes as base64", part.path, len(encoded))
+            return Note(part, f"[image: {part.path} — too large to show the model]")
+        return ImageData(part, mime, encoded)
+
+    def _document(self, part: ContentPart, data: bytes) -> Prepared:
+        if len(data) > MAX_PDF_BYTES:
+            return _pdf_text(part, data, f"over {MAX_PDF_BYTES // (1024 * 1024)} MB")
+        reader, problem = _open_pdf(data)
+        if reader is None:
+            return Note(part, f"[document: {part.path} — {problem}]")
+        pages = len(reader.pages)
+        if pages > MAX_PDF_PAGES:
+            return _pdf_text(part, data, f"{pages} pages, over the {MAX_PDF_PAGES} a model "
+                                         "reads as a document", reader=reader)
+        return DocumentData(part, base64.b64encode(data).decode("ascii"))
+
+    def _remember(self, key: tuple[str, str, int, int], item: Prepared) -> None:
+        cost = _cost(item)
+        if cost > self.cache_bytes:
+            return
+        with self._lock:
+            if key in self._cache:
+                return
+            self._cache[key] = item
+            self._cached += cost
+            while self._cached > self.cache_bytes:
+                _, old = self._cache.popitem(last=False)
+                self._cached -= _cost(old)
+
+    def clear(self) -> None:
+        """Forget every prepared payload."""
+        with self._lock:
+            self._cache.clear()
+            self._cached = 0
+
+
+def _cost(item: Prepared) -> int:
+    if isinstance(item, Note):
+        return len(item.text)
+    return len(item.data)
+
+
+def _for(part: ContentPart, item: Prepared) -> Prepared:
+    """A cached result re-addressed to ``part`` (same file, maybe another message)."""
+    if item.part == part:
+        return item
+    if isinstance(item, ImageData):
+        return ImageData(part, item.mime_type, item.data)
+    if isinstance(item, DocumentData):
+        return DocumentData(part, item.data)
+    return Note(part, item.text)
+
+
+def _open_pdf(data: bytes) -> tuple[PdfReader | None, str]:
+    """A reader for ``data`` and ``""``, or ``None`` and why it cannot be read."""
+    try:
+        reader = PdfReader(io.BytesIO(data))
+        if reader.is_encrypted and not reader.decrypt(""):
+            return None, "the PDF is password-protected"
+        len(reader.pages)
+    # pypdf raises many exception types on malformed files (its own, ValueError,
+    # KeyError, RecursionError...): any of them means this PDF cannot be read.
+    except Exception as exc:
+        return None, f"not a readable PDF ({type(exc).__name__})"
+    return reader, ""
+
+
+def _pdf_text(part: ContentPart, data: bytes, why: str, *,
+              reader: PdfReader | None = None) -> Note:
+    """The text of a PDF as a note for the model, cut at :data:`PDF_TEXT_LIMIT`."""
+    if reader is None:
+        reader, problem = _open_pdf(data)
+        if reader is None:
+            return Note(part, f"[document: {part.path} — {problem}]")
+    pieces: list[str] = []
+    length = 0
+    pages = len(reader.pages)
+    cut = False
+    for number, page in enumerate(reader.pages, 1):
+        try:
+            text = page.extract_text() or ""
+        # Same as _open_pdf: a malformed page fails in many ways; skip it.
+        except Exception:
+            text = ""
+        text = text.strip()
+        if not text:
+            continue
+        piece = f"--- page {number} ---\n{text}"
+        if length + len(piece) > PDF_TEXT_LIMIT:
+            pieces.append(piece[: max(0, PDF_TEXT_LIMIT - length)])
+            cut = True
+            break
+        pieces.append(piece)
+        length += len(piece) + 1
+    head = f"[document: {part.path}, {pages} page{'s' if pages != 1 else ''}"
+    if not pieces:
+        return Note(part, f"{head} — no text could be extracted ({why})]")
+    tail = f"\n[text cut at {PDF_TEXT_LIMIT} characters]" if cut else ""
+    return Note(part, f"{head} — its text follows ({why})]\n" + "\n".join(pieces) + tail)
+
