@@ -80,7 +80,7 @@ async def test_twenty_calls_held_through_an_outage_stay_within_the_request_bound
             sent_before = len(fake.requests)
             # ...twenty more arrive while it lasts, and wait without a request.
             tasks += [call(n) for n in range(3, 23)]
-            await until(lambda: breaker.waiting + (breaker.state == "probing") == 23)
+            await until(lambda: breaker.waiting + breaker.probing == 23)
             await asyncio.sleep(2.0)
             fake.faults.end_outage()
             ended = time.monotonic()

@@ -8,6 +8,7 @@ timeouts use real (tiny) timeouts.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -19,21 +20,12 @@ from bot.config.settings import Settings
 from bot.contracts.llm import ToolCall
 from bot.contracts.tools import Tool, ToolContext, ToolError, ToolResult, ToolRetry
 from bot.observability.tracing import RunTrace, Span
-from bot.tools.executor import (
-    DEFAULT_RETRY,
-    BreakerPolicy,
-    Breakers,
-    CircuitBreaker,
-    RawError,
-    ToolExecutor,
-    ToolMetricsRegistry,
-    ToolOutcome,
-    backoff_delays,
-    classify,
-    error_code,
-    next_delay,
-    turn_timeout_notice,
-)
+from bot.resilience.breaker import BreakerPolicy, CircuitBreaker, Ticket
+from bot.tools.breakers import TOOL_BREAKER, Breakers
+from bot.tools.classify import classify, error_code
+from bot.tools.executor import DEFAULT_RETRY, ToolExecutor, retry_policy
+from bot.tools.metrics import ToolMetricsRegistry
+from bot.tools.outcomes import RawError, ToolOutcome, turn_timeout_notice
 
 SCHEMA: Mapping[str, Any] = {"type": "object", "properties": {"q": {"type": "string"}}}
 NO_JITTER = ToolRetry(jitter=0.0)
@@ -334,8 +326,20 @@ def test_default_policies_match_the_spec() -> None:
     spec = ToolRetry(max_attempts=5, initial_delay=0.1, multiplier=2.0, max_delay=0.8,
                      max_total=2.0, jitter=0.1)
     assert spec == DEFAULT_RETRY
-    assert BreakerPolicy() == BreakerPolicy(failure_threshold=5, success_threshold=2,
-                                            reset_timeout=30.0)
+    # 5 consecutive failures open it, 30 s open, 2 successful trials close it.
+    spec_breaker = BreakerPolicy(threshold=5, success_threshold=2, base_delay=30.0,
+                                 max_delay=30.0, jitter=0.0)
+    assert spec_breaker == TOOL_BREAKER
+
+
+def next_delay(attempt: int, retry: ToolRetry, rng: random.Random) -> float:
+    """The wait before retry ``attempt`` under the tool's declared policy."""
+    return retry_policy(retry).delay(attempt, rng=rng)
+
+
+def backoff_delays(retry: ToolRetry, rng: random.Random) -> list[float]:
+    """The waits between all of the policy's attempts."""
+    return [next_delay(n, retry, rng) for n in range(1, retry.max_attempts)]
 
 
 def test_backoff_doubles_from_100ms_and_caps_at_800ms() -> None:
@@ -361,7 +365,7 @@ async def test_transient_failures_are_retried_with_backoff_up_to_five_attempts(
     fake: FakeTime, context: ToolContext
 ) -> None:
     body = Scripted(ConnectionResetError("connection reset"))
-    loose = Breakers(BreakerPolicy(failure_threshold=100), clock=fake.clock)
+    loose = Breakers(dataclasses.replace(TOOL_BREAKER, threshold=100), clock=fake.clock)
     rec = Recorder()
     ex = executor([tool("flaky", body)], fake, breakers=loose)
     [outcome] = await run(ex, context, call("flaky"), rec=rec)
@@ -437,61 +441,77 @@ def state(breaker: CircuitBreaker) -> str:
     return breaker.state
 
 
+def tool_breaker(fake: FakeTime) -> CircuitBreaker:
+    return CircuitBreaker(TOOL_BREAKER, name="tool 'api'", clock=fake.clock)
+
+
+def admitted(breaker: CircuitBreaker) -> Ticket:
+    ticket = breaker.try_admit()
+    assert ticket is not None
+    return ticket
+
+
+def fail(breaker: CircuitBreaker, times: int = 1) -> list[bool]:
+    """Admit and fail ``times`` calls; whether each failure opened the breaker."""
+    return [breaker.record_failure(admitted(breaker), "down") for _ in range(times)]
+
+
 def test_breaker_opens_after_five_consecutive_failures(fake: FakeTime) -> None:
-    breaker = CircuitBreaker(clock=fake.clock)
-    assert [breaker.record_failure() for _ in range(4)] == [False] * 4
-    assert state(breaker) == "closed" and breaker.allow()
-    assert breaker.record_failure() is True
-    assert state(breaker) == "open" and not breaker.allow() and breaker.opens == 1
+    breaker = tool_breaker(fake)
+    assert fail(breaker, 4) == [False] * 4
+    assert state(breaker) == "closed" and breaker.try_admit() is not None
+    assert fail(breaker) == [True]
+    assert state(breaker) == "open" and breaker.try_admit() is None and breaker.opens == 1
 
 
 def test_a_success_resets_the_consecutive_failure_count(fake: FakeTime) -> None:
-    breaker = CircuitBreaker(clock=fake.clock)
-    for _ in range(4):
-        breaker.record_failure()
-    breaker.record_success()
-    for _ in range(4):
-        breaker.record_failure()
+    breaker = tool_breaker(fake)
+    fail(breaker, 4)
+    breaker.record_success(admitted(breaker))
+    fail(breaker, 4)
     assert state(breaker) == "closed"
 
 
 def test_open_breaker_half_opens_after_30s_with_a_single_trial(fake: FakeTime) -> None:
-    breaker = CircuitBreaker(clock=fake.clock)
-    for _ in range(5):
-        breaker.record_failure()
+    breaker = tool_breaker(fake)
+    fail(breaker, 5)
     fake.now += 29.9
-    assert state(breaker) == "open" and not breaker.allow()
+    assert state(breaker) == "open" and breaker.try_admit() is None
     fake.now += 0.1
     assert state(breaker) == "half_open"
-    assert breaker.allow() is True
-    assert breaker.allow() is False  # one trial at a time
+    trial = breaker.try_admit()
+    assert trial is not None and trial.probe
+    assert breaker.try_admit() is None  # one trial at a time
 
 
 def test_half_open_breaker_closes_after_two_successes(fake: FakeTime) -> None:
-    breaker = CircuitBreaker(clock=fake.clock)
-    for _ in range(5):
-        breaker.record_failure()
+    breaker = tool_breaker(fake)
+    fail(breaker, 5)
     fake.now += 30
-    assert breaker.allow()
-    breaker.record_success()
+    breaker.record_success(admitted(breaker))
     assert state(breaker) == "half_open"
-    assert breaker.allow()
-    breaker.record_success()
+    breaker.record_success(admitted(breaker))
     assert state(breaker) == "closed" and breaker.failures == 0
 
 
 def test_a_failed_trial_reopens_the_breaker_and_restarts_the_timeout(fake: FakeTime) -> None:
-    breaker = CircuitBreaker(clock=fake.clock)
-    for _ in range(5):
-        breaker.record_failure()
+    breaker = tool_breaker(fake)
+    fail(breaker, 5)
     fake.now += 30
-    assert breaker.allow()
-    assert breaker.record_failure() is True
+    assert fail(breaker) == [True]
     assert state(breaker) == "open" and breaker.opens == 2
     fake.now += 29
     assert state(breaker) == "open"
     fake.now += 1
     assert state(breaker) == "half_open"
+
+
+def test_a_trial_given_back_without_a_verdict_frees_the_slot(fake: FakeTime) -> None:
+    breaker = tool_breaker(fake)
+    fail(breaker, 5)
+    fake.now += 30
+    breaker.record_abandoned(admitted(breaker))
+    assert state(breaker) == "half_open" and breaker.try_admit() is not None
 
 
 async def test_open_breaker_fails_fast_without_running_the_tool(
@@ -848,13 +868,13 @@ async def test_metrics_count_errors_retries_opens_and_skips(
     fake: FakeTime, context: ToolContext
 ) -> None:
     metrics = ToolMetricsRegistry()
-    breakers = Breakers(BreakerPolicy(failure_threshold=2), clock=fake.clock)
+    breakers = Breakers(dataclasses.replace(TOOL_BREAKER, threshold=2), clock=fake.clock)
     tools = [tool("flaky", Scripted(HTTPError("busy", 429), HTTPError("busy", 429), "ok")),
              tool("broken", Scripted(ToolError("bad", code="INVALID_INPUT"))),
              tool("down", Scripted(ConnectionResetError()), retry=ToolRetry(max_attempts=1)),
              tool("after", text("x"), requires=("broken",))]
     ex = executor(tools, fake, metrics=metrics, breakers=breakers)
-    loose = Breakers(BreakerPolicy(failure_threshold=100), clock=fake.clock)
+    loose = Breakers(dataclasses.replace(TOOL_BREAKER, threshold=100), clock=fake.clock)
     await run(executor(tools, fake, metrics=metrics, breakers=loose), context, call("flaky"))
     await run(ex, context, call("broken"), call("after"))
     for _ in range(3):

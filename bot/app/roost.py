@@ -31,7 +31,7 @@ from bot.scheduling.scheduler import JobStore, Scheduler
 from bot.storage.errors import ErrorStore, ResultStore, format_failure, format_large_result
 from bot.storage.inbox import Inbox
 from bot.storage.sessions import SessionStore
-from bot.tools.executor import RawError
+from bot.tools.outcomes import RawError
 from bot.tools.structured_errors import extract, structured_hint
 
 log = logging.getLogger("roost")

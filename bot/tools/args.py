@@ -1,16 +1,48 @@
-"""Checking a tool's arguments: small helpers for tool authors.
+"""Checking a tool's arguments: the executor's schema check and helpers for tool authors.
 
 Models send arguments that do not match the schema often enough that every
 tool should check them and answer with a precise ``INVALID_ARGUMENT`` error the
-model can act on.
+model can act on. :func:`check_arguments` is the executor's own check against
+the tool's ``input_schema`` before it runs; :func:`check_keys`, :func:`str_arg`
+and :func:`int_arg` are for tool authors (exported by :mod:`roost`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
-from bot.contracts.tools import ToolError
+from bot.contracts.tools import Tool, ToolError
+
+_JSON_TYPES: dict[str, type | tuple[type, ...]] = {
+    "string": str, "integer": int, "number": (int, float), "boolean": bool,
+    "object": dict, "array": list,
+}
+
+
+def check_arguments(tool: Tool, args: Mapping[str, Any]) -> str:
+    """A one-line problem with ``args`` against the tool's schema, or ''."""
+    if not isinstance(args, Mapping):
+        return "arguments must be a JSON object"
+    if "_invalid_arguments" in args:
+        return "the arguments were not valid JSON"
+    schema = tool.input_schema
+    missing = [k for k in schema.get("required", ()) if k not in args]
+    if missing:
+        return "missing " + ", ".join(repr(k) for k in missing)
+    props: Mapping[str, Any] = schema.get("properties", {})
+    for key, value in args.items():
+        spec = props.get(key)
+        if spec is None:
+            if schema.get("additionalProperties") is False:
+                return f"unexpected argument {key!r}"
+            continue
+        expected = _JSON_TYPES.get(spec.get("type", ""))
+        if expected and (not isinstance(value, expected) or
+                         (expected is not bool and isinstance(value, bool))):
+            return f"{key!r} must be {spec['type']}, got {json.dumps(value)[:40]}"
+    return ""
 
 
 def check_keys(args: Mapping[str, Any], *, required: tuple[str, ...],
