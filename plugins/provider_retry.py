@@ -8,6 +8,8 @@ backoff and reports each retry via ``on_retry``, also after some text reached
 the next attempt streams the answer again from its beginning. Every attempt
 passes a provider-wide :class:`~bot.resilience.breaker.CircuitBreaker`, which holds
 calls during an outage instead of letting each of them retry on its own.
+Delays and status classification are the shared ones of
+:mod:`bot.resilience.retry`, with the providers' numbers (:class:`RetryPolicy`).
 Mapping SDK exceptions to errors stays in each provider: the SDKs differ.
 """
 
@@ -15,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -23,7 +24,9 @@ from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
 # Built-in: the HTTP providers share Roost's own circuit breaker and retry plumbing.
+from bot.resilience import retry
 from bot.resilience.breaker import CircuitBreaker
+from bot.resilience.retry import JitterMode, parse_retry_after
 from roost import OnRetry, OnText, ProviderError, ToolCall
 
 __all__ = [
@@ -35,7 +38,6 @@ __all__ = [
     "EventStream",
     "OnOpen",
     "RetryPolicy",
-    "backoff_delay",
     "is_retryable_status",
     "parse_retry_after",
     "read_stream",
@@ -64,17 +66,19 @@ calls once failures come in a row."""
 
 
 @dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """How often and how patiently a provider retries.
+class RetryPolicy(retry.RetryPolicy):
+    """The shared :class:`bot.resilience.retry.RetryPolicy` with the providers' defaults.
 
-    ``max_attempts`` counts the first try (below 1 means 1); retry ``n`` waits
-    about ``base_delay * 2**(n-1)`` seconds (at most :data:`MAX_BACKOFF`),
-    longer if the server sends ``retry-after`` (honoured up to
-    :data:`MAX_RETRY_AFTER`).
+    ``attempts`` counts the first try (below 1 means 1); retry ``n`` waits
+    ``base_delay * 2**(n-1)`` seconds (at most :data:`MAX_BACKOFF`) plus up to
+    10 % jitter, so clients that failed together do not retry together, and at
+    least the server's ``retry-after`` (honoured up to :data:`MAX_RETRY_AFTER`).
     """
 
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS
-    base_delay: float = 0.5
+    attempts: int = DEFAULT_MAX_ATTEMPTS
+    max_delay: float = MAX_BACKOFF
+    max_retry_after: float = MAX_RETRY_AFTER
+    jitter_mode: JitterMode = "up"
 
 
 class AttemptFailed(Exception):
@@ -102,31 +106,9 @@ class EventStream(Protocol[E_co]):
 
 
 def is_retryable_status(status: int) -> bool:
-    """Whether an HTTP error status may succeed on a later try."""
-    return status in RETRYABLE_STATUSES or status >= 500
-
-
-def parse_retry_after(value: str | None) -> float | None:
-    """Seconds from a ``retry-after`` header value; ``None`` if absent or not a number."""
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
-        return None
-
-
-def backoff_delay(attempt: int, base_delay: float, retry_after: float | None) -> float:
-    """Seconds to wait before ``attempt`` (2 for the first retry).
-
-    ``base_delay * 2**(attempt-2)`` (at most :data:`MAX_BACKOFF`) plus up to
-    10 % jitter, so clients that failed together do not retry together; at
-    least ``retry_after`` when the server sent one, capped at
-    :data:`MAX_RETRY_AFTER`.
-    """
-    delay = min(base_delay * 2.0 ** min(attempt - 2, 64), MAX_BACKOFF)
-    delay += random.uniform(0, delay * 0.1)
-    if retry_after is not None:
-        delay = max(delay, min(retry_after, MAX_RETRY_AFTER))
-    return delay
+    """Whether an HTTP error status may succeed on a later try (:data:`RETRYABLE_STATUSES`
+    and 5xx)."""
+    return retry.is_retryable_status(status, RETRYABLE_STATUSES)
 
 
 class _Relay:
@@ -184,7 +166,7 @@ async def with_retries(
     ``attempt`` number only if it had shown text (to void it); others are not
     reported, so a long outage gives a chat one notice, not one per probe.
     """
-    max_attempts = max(1, policy.max_attempts)
+    max_attempts = max(1, policy.attempts)
     number = 1
     held = False
 
@@ -240,7 +222,7 @@ async def with_retries(
         number += 1
         if on_retry is not None:
             await on_retry(number, max_attempts, str(error))
-        await asyncio.sleep(backoff_delay(number, policy.base_delay, retry_after))
+        await asyncio.sleep(policy.delay(number - 1, retry_after=retry_after))
 
 
 def _nothing() -> None:

@@ -13,7 +13,7 @@ from bot.contracts.llm import OnText, ProviderError
 from bot.resilience.breaker import BreakerPolicy, CircuitBreaker
 from plugins.provider_retry import AttemptFailed, OnOpen, RetryPolicy, with_retries
 
-POLICY = RetryPolicy(max_attempts=6, base_delay=0.001)
+POLICY = RetryPolicy(attempts=6, base_delay=0.001)
 
 
 async def test_a_stream_cut_after_others_opened_the_breaker_voids_its_text_then_holds() -> None:
@@ -71,3 +71,16 @@ async def test_a_non_retryable_error_after_text_is_raised_at_once() -> None:
     assert caught.value.status == 400
     assert calls == []
     assert breaker.state == "closed"
+
+
+def test_provider_policy_keeps_its_numbers_on_the_shared_policy_type() -> None:
+    policy = RetryPolicy()
+    assert (policy.attempts, policy.base_delay) == (6, 0.5)
+    # 0.5 s doubling, at most 8 s, lengthened by up to a tenth, never shortened.
+    waits = [policy.delay(n) for n in range(1, 8)]
+    nominal = [0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+    assert all(w0 <= w <= w0 * 1.1 for w, w0 in zip(waits, nominal, strict=True))
+    # A server's retry-after wins up to 30 s.
+    assert policy.delay(1, retry_after=12.0) == 12.0
+    assert policy.delay(1, retry_after=300.0) == 30.0
+    assert RetryPolicy(3, 0.001).attempts == 3
