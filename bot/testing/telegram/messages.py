@@ -1,0 +1,106 @@
+"""Messages the bot sends, edits and deletes in the fake, checked as Telegram checks them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from bot.testing.telegram.html import HtmlError, parse_html
+from bot.testing.telegram.state import State
+from bot.testing.telegram.wire import (
+    _COMMAND_NAME,
+    MAX_TEXT,
+    _ApiError,
+    _now,
+    _public,
+    _require,
+    _scope_key,
+    _utf16_len,
+)
+
+
+class Messages(State):
+    """``sendMessage``, ``editMessageText``, ``deleteMessage`` and ``setMyCommands``."""
+
+    def _text(self, p: dict[str, Any]) -> str:
+        text = p.get("text")
+        if not isinstance(text, str):
+            text = "" if text is None else json.dumps(text)
+        mode = str(p.get("parse_mode") or "")
+        if mode.lower() == "html":
+            try:
+                text = parse_html(text)
+            except HtmlError as exc:
+                raise _ApiError(400, f"Bad Request: can't parse entities: {exc}") from None
+        elif mode:
+            # MarkdownV2 is not modelled: the text is taken as written.
+            pass
+        if not text.strip():
+            raise _ApiError(400, "Bad Request: message text is empty")
+        if _utf16_len(text) > MAX_TEXT:
+            raise _ApiError(400, "Bad Request: message is too long")
+        return text
+
+    def _send_message(self, p: dict[str, Any]) -> dict[str, Any]:
+        _require(p, "chat_id", "text")
+        chat_id = p["chat_id"]
+        text = self._text(p)
+        chat = self._chat(chat_id)
+        thread = p.get("message_thread_id")
+        if thread is not None and not chat.get("is_forum") and chat.get("type") == "private":
+            raise _ApiError(400, "Bad Request: message thread not found")
+        message: dict[str, Any] = {"message_id": next(self._message_ids), "date": _now(),
+                                   "chat": chat, "from": self.bot_user, "text": text}
+        if thread is not None:
+            message["message_thread_id"] = thread
+            message["is_topic_message"] = True
+        reply = p.get("reply_parameters")
+        reply_id = reply.get("message_id") if isinstance(reply, dict) else \
+            p.get("reply_to_message_id")
+        if reply_id is not None:
+            message["reply_to_message"] = {"message_id": reply_id, "date": _now(),
+                                           "chat": chat}
+        self.messages[(chat_id, message["message_id"])] = {
+            **message, "_source": p.get("text"), "_parse_mode": p.get("parse_mode")}
+        return message
+
+    def _edit_message(self, p: dict[str, Any]) -> dict[str, Any]:
+        _require(p, "chat_id", "message_id", "text")
+        key = (p["chat_id"], int(p["message_id"]))
+        message = self.messages.get(key)
+        if message is None:
+            raise _ApiError(400, "Bad Request: message to edit not found")
+        text = self._text(p)
+        # Telegram compares the resulting text and entities; the source text
+        # and parse mode stand in for the entities here.
+        if p.get("text") == message.get("_source") \
+                and p.get("parse_mode") == message.get("_parse_mode"):
+            raise _ApiError(400, "Bad Request: message is not modified: specified new "
+                                 "message content and reply markup are exactly the same as "
+                                 "a current content and reply markup of the message")
+        message = {**message, "text": text, "edit_date": _now(), "_source": p.get("text"),
+                   "_parse_mode": p.get("parse_mode")}
+        self.messages[key] = message
+        return _public(message)
+
+    def _delete_message(self, p: dict[str, Any]) -> bool:
+        _require(p, "chat_id", "message_id")
+        key = (p["chat_id"], int(p["message_id"]))
+        if self.messages.pop(key, None) is None:
+            raise _ApiError(400, "Bad Request: message to delete not found")
+        self.deleted.append(key)
+        return True
+
+    def _set_commands(self, p: dict[str, Any]) -> bool:
+        commands = p.get("commands")
+        if not isinstance(commands, list) or len(commands) > 100:
+            raise _ApiError(400, "Bad Request: commands must be a list of at most 100")
+        for command in commands:
+            name = command.get("command", "") if isinstance(command, dict) else ""
+            desc = command.get("description", "") if isinstance(command, dict) else ""
+            if not _COMMAND_NAME.match(str(name)):
+                raise _ApiError(400, "Bad Request: BOT_COMMAND_INVALID")
+            if not 1 <= len(str(desc)) <= 256:
+                raise _ApiError(400, "Bad Request: BOT_COMMAND_DESCRIPTION_INVALID")
+        self.commands[_scope_key(p.get("scope"))] = commands
+        return True

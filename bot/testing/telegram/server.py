@@ -1,0 +1,163 @@
+"""The fake Bot API server: one aiohttp app, every call recorded, faults applied."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import TracebackType
+from typing import Any, Self
+
+from aiohttp import web
+
+from bot.testing.telegram.faults import Faults
+from bot.testing.telegram.messages import Messages
+from bot.testing.telegram.updates import Updates
+from bot.testing.telegram.wire import (
+    _HTML_PAGES,
+    Call,
+    _ApiError,
+    _decode,
+    _decode_value,
+    _drop,
+    _dumps,
+    _Failure,
+    _require,
+    _scope_key,
+    _scope_of,
+)
+
+
+class FakeTelegram(Updates, Faults, Messages):
+    """An aiohttp server on 127.0.0.1 speaking the Bot API for one bot.
+
+    ``token`` must look like ``<digits>:<text>``; its number is the bot's user
+    id. Calls with another token get a 401, as from the real server.
+    """
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def start(self) -> None:
+        """Bind to a free port on 127.0.0.1 and start serving."""
+        app = web.Application(client_max_size=8 * 2**20)
+        app.router.add_route("*", "/bot{token}/{method}", self._handle)
+        # Cancel a handler when its client hangs up, so an abandoned long poll
+        # ends at once instead of holding the shutdown for its whole timeout.
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None,
+                                     handler_cancellation=True)
+        self._closing = False
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self._port = self._runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        """Stop serving (waking any long poll) and release the port."""
+        self._closing = True
+        self._wake.set()
+        if self._webhook_task is not None:
+            self._webhook_task.cancel()
+            await asyncio.gather(self._webhook_task, return_exceptions=True)
+        if self._client is not None:
+            await self._client.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.stop()
+
+    # -- serving -----------------------------------------------------------------
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        method = request.match_info["method"]
+        params = _decode(await request.post()) if request.can_read_body else {}
+        params.update({k: _decode_value(k, v) for k, v in request.query.items()})
+        call = Call(method, params, started, status=0)
+        if self.on_call is not None:
+            self.on_call(call)
+        await self._record_call(call, arrived=True)
+        scope = _scope_of(method, params)
+        failure: _Failure | None = None
+        try:
+            if request.match_info["token"] != self.token:
+                raise _ApiError(401, "Unauthorized")
+            self._check_window(call, scope)
+            failure = self._take_failure(method.lower())
+            if failure is not None:
+                call.fault = failure.kind
+                if failure.kind == "status":
+                    raise _ApiError(failure.status, failure.description, failure.retry_after,
+                                    failure.parameters)
+                if failure.kind == "html":
+                    call.status, call.error = failure.status, "HTML error page"
+                    await self._record_call(call)
+                    return web.Response(status=failure.status, content_type="text/html",
+                                        text=_HTML_PAGES.get(failure.status,
+                                                             _HTML_PAGES[502]))
+                if failure.kind == "reset_before":
+                    await self._record_call(call)
+                    _drop(request)
+                if failure.kind == "stall":
+                    await asyncio.sleep(failure.seconds)
+            call.result = await self._dispatch(method.lower(), params)
+        except _ApiError as exc:
+            call.status, call.error = exc.status, exc.description
+            body: dict[str, Any] = {"ok": False, "error_code": exc.status,
+                                    "description": exc.description}
+            parameters = dict(exc.parameters)
+            if exc.retry_after is not None:
+                parameters["retry_after"] = exc.retry_after
+                if call.fault != "window":
+                    self._open_window(scope, exc.retry_after)
+            if parameters:
+                body["parameters"] = parameters
+            await self._record_call(call)
+            return web.json_response(body, status=exc.status)
+        call.status = 200
+        await self._record_call(call)
+        if failure is not None and failure.kind == "reset_after":
+            _drop(request)
+        return web.Response(text='{"ok": true, "result": ' + _dumps(call.result) + "}",
+                            content_type="application/json")
+
+    async def _dispatch(self, method: str, p: dict[str, Any]) -> Any:
+        if method == "getme":
+            return self.bot_user
+        if method == "getupdates":
+            return await self._get_updates(p)
+        if method == "sendmessage":
+            return self._send_message(p)
+        if method == "editmessagetext":
+            return self._edit_message(p)
+        if method == "deletemessage":
+            return self._delete_message(p)
+        if method == "sendchataction":
+            _require(p, "chat_id", "action")
+            return True
+        if method == "setmycommands":
+            return self._set_commands(p)
+        if method == "getmycommands":
+            return self.commands.get(_scope_key(p.get("scope")), [])
+        if method == "deletemycommands":
+            self.commands.pop(_scope_key(p.get("scope")), None)
+            return True
+        if method == "setwebhook":
+            return self._set_webhook(p)
+        if method == "deletewebhook":
+            if p.get("drop_pending_updates"):
+                self._updates.clear()
+            self.webhook = None
+            return True
+        if method == "getwebhookinfo":
+            return {"url": self.webhook.url if self.webhook else "",
+                    "has_custom_certificate": False,
+                    "pending_update_count": len(self._updates)}
+        if method in ("close", "logout"):
+            return True
+        raise _ApiError(404, "Not Found")

@@ -1,0 +1,157 @@
+"""The fake's state, and what tests inspect and wait on."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from bot.testing.telegram.wire import Call, _Failure, _Pending, _RandomFaults, _Webhook, user
+
+
+class State:
+    """Everything the fake holds, shared by its parts (updates, faults, messages, files)."""
+
+    def __init__(self, *, token: str = "123456:TEST-TOKEN", username: str = "test_bot",
+                 first_name: str = "TestBot") -> None:
+        digits, sep, _ = token.partition(":")
+        if not sep or not digits.isdigit():
+            raise ValueError("a bot token looks like '<digits>:<text>'")
+        self.token = token
+        self.bot_id = int(digits)
+        self.username = username
+        self.bot_user = user(self.bot_id, first_name, username, is_bot=True)
+        self.calls: list[Call] = []
+        """Every call received, in order (failed ones included)."""
+        self.messages: dict[tuple[int | str, int], dict[str, Any]] = {}
+        """Messages the bot sent and did not delete, by ``(chat_id, message_id)``, as
+        currently shown (``text`` is the visible text; keys starting with ``_`` are
+        the fake's own: ``_source`` and ``_parse_mode`` of the latest version)."""
+        self.deleted: list[tuple[int | str, int]] = []
+        self.commands: dict[str, list[dict[str, Any]]] = {}
+        """``setMyCommands`` lists by scope (``"default"``, ``"chat:<id>"``, ...)."""
+        self.webhook: _Webhook | None = None
+        self.on_call: Callable[[Call], None] | None = None
+        """Called synchronously for each call as it arrives (benchmarks timestamp here)."""
+        self._record = True
+        self._updates: list[_Pending] = []
+        self._redeliver: list[_Pending] = []
+        self._confirmed = 0  # every update_id below this was confirmed by an offset
+        self._update_ids = itertools.count(1)
+        self._message_ids = itertools.count(1000)
+        self._chats: dict[int | str, dict[str, Any]] = {}
+        self._failures: dict[str, list[_Failure]] = {}
+        self._random: _RandomFaults | None = None
+        self._windows: dict[str, tuple[float, int]] = {}
+        self.violations: list[Call] = []
+        """Calls that arrived while a 429 window of their scope (their chat, or the
+        whole bot) was open: a well-behaved client makes none."""
+        self.webhook_max_attempts = 3
+        """Webhook deliveries of one update before the fake gives up on it."""
+        self._wake = asyncio.Event()
+        self._poll_generation = 0
+        self._call_cond = asyncio.Condition()
+        self._runner: web.AppRunner | None = None
+        self._closing = False
+        self._port = 0
+        self._client: aiohttp.ClientSession | None = None
+        self._webhook_task: asyncio.Task[None] | None = None
+
+    @property
+    def base_url(self) -> str:
+        """The server's root, for ``TELEGRAM_API_BASE`` / ``TelegramAPIServer.from_base``."""
+        if not self._port:
+            raise RuntimeError("FakeTelegram is not started")
+        return f"http://127.0.0.1:{self._port}"
+
+    @property
+    def record(self) -> bool:
+        """Whether calls are kept in :attr:`calls` (benchmarks turn it off)."""
+        return self._record
+
+    @record.setter
+    def record(self, value: bool) -> None:
+        self._record = value
+
+    def visible(self, chat_id: int | str) -> list[str]:
+        """The texts a user sees in ``chat_id`` now: sent, not deleted, as last edited."""
+        return [m["text"] for (cid, mid), m in sorted(self.messages.items(),
+                                                       key=lambda kv: kv[0][1])
+                if cid == chat_id]
+
+    # -- inspecting ------------------------------------------------------------
+
+    def calls_of(self, method: str) -> list[Call]:
+        """Recorded calls of ``method`` (case-insensitive), successful or not."""
+        name = method.lower()
+        return [c for c in self.calls if c.method.lower() == name]
+
+    def sent(self, method: str = "sendMessage") -> list[Call]:
+        """Successful calls of ``method``."""
+        return [c for c in self.calls_of(method) if c.status == 200]
+
+    def sent_texts(self, chat_id: int | str | None = None) -> list[str]:
+        """Texts of the successful ``sendMessage`` calls (to ``chat_id`` if given)."""
+        return [c.params.get("text", "") for c in self.sent()
+                if chat_id is None or c.params.get("chat_id") == chat_id]
+
+    async def wait_confirmed(self, update_id: int, *, limit: float = 5.0) -> None:
+        """Wait until the bot confirmed ``update_id`` (a later ``getUpdates`` offset).
+
+        aiogram handles an update before it asks for the next batch, so after
+        this the bot has handed the message to its handler.
+        """
+        def confirmed() -> bool:
+            return any(int(c.params.get("offset") or 0) > update_id
+                       for c in self.calls_of("getUpdates"))
+
+        try:
+            async with asyncio.timeout(limit), self._call_cond:
+                await self._call_cond.wait_for(confirmed)
+        except TimeoutError:
+            raise AssertionError(f"update {update_id} was not confirmed within {limit}s") \
+                from None
+
+    async def wait_until(self, check: Callable[[], bool], *, limit: float = 5.0) -> None:
+        """Wait until ``check()`` holds; it is tried again as each call arrives or ends."""
+        try:
+            async with asyncio.timeout(limit), self._call_cond:
+                await self._call_cond.wait_for(check)
+        except TimeoutError:
+            raise AssertionError(f"the condition did not hold within {limit}s") from None
+
+    async def wait_for(self, method: str, count: int = 1, *, limit: float = 5.0,
+                       ok: bool = True) -> list[Call]:
+        """Wait until ``count`` calls of ``method`` arrived (successful ones if ``ok``)."""
+        def matching() -> list[Call]:
+            return self.sent(method) if ok else self.calls_of(method)
+
+        try:
+            async with asyncio.timeout(limit), self._call_cond:
+                await self._call_cond.wait_for(lambda: len(matching()) >= count)
+        except TimeoutError:
+            raise AssertionError(
+                f"expected {count} {method} call(s) within {limit}s, got "
+                f"{len(matching())}; calls: {[c.method for c in self.calls]}") from None
+        return matching()
+
+    async def _record_call(self, call: Call, *, arrived: bool = False) -> None:
+        """Keep ``call`` (on arrival) and wake waiters (on arrival and on completion)."""
+        if not self._record:
+            return
+        if arrived:
+            self.calls.append(call)
+        async with self._call_cond:
+            self._call_cond.notify_all()
+
+    def _chat(self, chat_id: int | str) -> dict[str, Any]:
+        known = self._chats.get(chat_id)
+        if known is not None:
+            return known
+        if isinstance(chat_id, int) and chat_id > 0:
+            return {"id": chat_id, "type": "private", "first_name": "User"}
+        return {"id": chat_id, "type": "supergroup", "title": "Group"}
