@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import io
+import struct
 
 from PIL import Image
 
-__all__ = ["jpeg", "pdf", "png"]
+__all__ = ["jpeg", "ogg_opus", "pdf", "png"]
 
 
 def jpeg(width: int, height: int, *, quality: int = 90, exif: Image.Exif | None = None) -> bytes:
@@ -59,3 +60,18 @@ def pdf(*pages: str) -> bytes:
     out.write(b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n"
               % (len(objects) + 1, xref))
     return out.getvalue()
+
+
+def ogg_opus(seconds: float) -> bytes:
+    """An Ogg Opus file's pages as a voice note has them: the Opus header, then a last
+    page whose granule position says ``seconds`` (no real audio in between)."""
+
+    def page(kind: int, granule: int, sequence: int, payload: bytes) -> bytes:
+        head = b"OggS" + struct.pack("<BBqIIIB", 0, kind, granule, 0x524F4F53, sequence, 0, 1)
+        return head + bytes([len(payload)]) + payload
+
+    opus_head = b"OpusHead" + struct.pack("<BBHIhB", 1, 1, 312, 48000, 0, 0)
+    tags = b"OpusTags" + struct.pack("<I", 5) + b"roost" + struct.pack("<I", 0)
+    end = int(seconds * 48000) + 312
+    return (page(2, 0, 0, opus_head) + page(0, 0, 1, tags)
+            + page(4, end, 2, b"\xf8\xff\xfe"))

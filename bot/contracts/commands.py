@@ -9,15 +9,14 @@ from typing import TYPE_CHECKING
 from bot.contracts.messages import InboundMessage
 
 if TYPE_CHECKING:
-    from bot.contracts.runtime import Runtime
+    from bot.app.roost import Roost
 
 
 @dataclass(frozen=True, slots=True)
 class CommandContext:
-    """What a command handler receives; ``app`` is the running service's
-    :class:`~bot.contracts.runtime.Runtime`."""
+    """What a command handler receives."""
 
-    app: Runtime
+    app: Roost
     message: InboundMessage
     name: str
     args: str

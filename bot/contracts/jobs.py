@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from bot.contracts.runtime import Runtime
+    from bot.app.roost import Roost
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,10 +15,9 @@ class JobSpec:
     """A job to run on a schedule.
 
     ``schedule`` is a 5-field cron expression or ``every <N>s|m|h|d``;
-    ``func(app)`` is awaited at each fire time with the
-    :class:`~bot.contracts.runtime.Runtime`.
+    ``func(app)`` is awaited at each fire time.
     """
 
     name: str
     schedule: str
-    func: Callable[[Runtime], Awaitable[None]]
+    func: Callable[[Roost], Awaitable[None]]

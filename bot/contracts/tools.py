@@ -9,6 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from bot.contracts.llm import ToolSpec
+from bot.contracts.messages import OutboundMessage
+
+SendFunc = Callable[[OutboundMessage], Awaitable["str | None"]]
+"""Delivers a message through its channel now; returns the platform's message id if known."""
 
 
 class ToolError(Exception):
@@ -45,6 +49,11 @@ class ToolContext:
     deadline: float
     chat_type: str = "direct"
     thread_id: str | None = None
+    send: SendFunc | None = None
+    """Delivers a message at once (not after the run, like the reply), e.g. a file
+    for ``send_file``; address it to this context's ``channel``/``chat_id``/``thread_id``.
+    Raises what the channel's ``send`` raises (:class:`bot.contracts.media.MediaTooLarge`
+    for a file over the platform's limit). ``None`` where no channel can be reached."""
 
     def remaining(self) -> float:
         """Seconds left before the executor cancels this tool."""

@@ -21,22 +21,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from bot.agents.judge import self_correct
+from bot.agents.judge import Judge, Verdict, self_correct
 from bot.agents.patterns import PatternLibrary, render
 from bot.agents.router import Agent, AgentResolver, AgentRouter
 from bot.config.settings import Settings
 from bot.contracts.events import EventType, RunEvent
-from bot.contracts.guard import InputCheck
-from bot.contracts.judge import Judge, Verdict
 from bot.contracts.llm import ChatMessage, LLMProvider, LLMRequest, LLMResponse, ToolCall, Usage
 from bot.contracts.messages import InboundMessage
 from bot.contracts.prompt import Order, PromptContext, PromptMode, PromptSection, assemble
 from bot.contracts.sanitize import Sanitizer, run_pipeline
-from bot.contracts.tools import Tool, ToolContext, ToolResult
+from bot.contracts.tools import SendFunc, Tool, ToolContext, ToolResult
 from bot.engine.compaction import Compactor, split_point, summarize
 from bot.engine.context import build_context, kernel_text
 from bot.engine.exec_summary import ExecutionSummary
-from bot.engine.guard import BLOCK_REFUSAL, WITHHELD, InputGuard, truncate
+from bot.engine.guard import BLOCK_REFUSAL, WITHHELD, InputCheck, InputGuard, truncate
 from bot.engine.history import PruneSettings, limit_turns, prune, repair_pairing, summary_messages
 from bot.engine.snapshot import PluginSnapshot
 from bot.engine.tokens import TokenEstimator
@@ -45,15 +43,10 @@ from bot.pluginhost.manager import PluginHost
 from bot.storage.db import Statements
 from bot.storage.inbox import RunJournal
 from bot.storage.sessions import RunRecord, Session, SessionStore
-from bot.tools.executor import (
-    Breakers,
-    RawError,
-    ToolExecutor,
-    ToolMetricsRegistry,
-    ToolOutcome,
-    describe_error,
-    turn_timeout_notice,
-)
+from bot.tools.breakers import Breakers
+from bot.tools.executor import ToolExecutor
+from bot.tools.metrics import ToolMetricsRegistry
+from bot.tools.outcomes import RawError, ToolOutcome, describe_error, turn_timeout_notice
 from bot.tools.structured_errors import extract
 from workspaces import TEMPLATE_NAMES, ensure_workspace, is_seeded, read_cached, workspace_dir
 
@@ -157,6 +150,9 @@ class RunEngine:
         """Turns a tool failure into what the model reads (the error channel)."""
         self.on_large_result: LargeResultHandler | None = None
         """Stores a large result and returns the preview the model reads."""
+        self.deliver: SendFunc | None = None
+        """Sends a message through its channel at once (the app sets it); tools get it
+        as ``ToolContext.send`` to reach their chat (``send_file``)."""
         self.active_runs = 0
         self.workspaces_root = settings.workspaces_dir
         """The default agent's workspaces (others: :func:`bot.agents.router.workspaces_root`)."""
@@ -364,7 +360,7 @@ class _Run:
             user_id=msg.sender_id, channel=msg.channel, chat_id=msg.chat_id,
             session_key=req.session.key, run_id=req.run_id, workspace=workspace,
             deadline=self.started + (req.timeout or self.settings.run_timeout),
-            chat_type=msg.chat_type, thread_id=msg.thread_id,
+            chat_type=msg.chat_type, thread_id=msg.thread_id, send=engine.deliver,
         )
         final, convo = await self._generate(convo, system, specs, limit, tool_context)
 

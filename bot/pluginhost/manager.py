@@ -39,6 +39,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "plugins.cron",
     "plugins.plugin_commands",
     "plugins.agent_commands",
+    "plugins.media_tools",
+    "plugins.transcribe",
 )
 """Modules of the built-in plugins, registered like external ones."""
 
