@@ -48,13 +48,13 @@ def _describe(name: str, config: AgentConfig, settings: Settings, agent: Agent |
 
 async def _agents(ctx: CommandContext) -> str:
     app = ctx.app
-    settings, router = app.settings, app.engine.router
+    settings, router = app.settings, app.agents
     configs = dict(settings.agents)
     configs.setdefault(DEFAULT_AGENT, AgentConfig())
     lines = ["Agents:"]
     for name in sorted(configs):
         agent = router.peek(name)
-        plugins = app.engine.plugins
+        plugins = app.snapshot
         tools = len(agent.tools(plugins.tools, plugins.tool_groups)) if agent else 0
         lines.append(_describe(name, configs[name], settings, agent, tools))
     if settings.bindings:
@@ -78,7 +78,7 @@ async def _agent(ctx: CommandContext) -> str:
 
 async def _reload(ctx: CommandContext, name: str) -> str:
     app = ctx.app
-    settings, router = app.settings, app.engine.router
+    settings, router = app.settings, app.agents
     note = "no config file to re-read; resolved again from the running configuration"
     if settings.config_file is not None:
         try:
@@ -106,7 +106,7 @@ async def _reload(ctx: CommandContext, name: str) -> str:
 async def _patterns(ctx: CommandContext) -> str:
     name = ctx.args.strip() or ctx.agent
     try:
-        agent = await ctx.app.engine.router.get(name)
+        agent = await ctx.app.agents.get(name)
     except AgentError as exc:
         return str(exc)
     library = agent.patterns

@@ -25,13 +25,13 @@ async def _help(ctx: CommandContext) -> str:
 
 
 async def _stop(ctx: CommandContext) -> str:
-    if ctx.app.dispatcher.stop_oldest(ctx.session_key):
+    if ctx.app.stop_oldest(ctx.session_key):
         return "Stopped."
     return "Nothing is running."
 
 
 async def _stopall(ctx: CommandContext) -> str:
-    runs, dropped = ctx.app.dispatcher.stop_all(ctx.session_key)
+    runs, dropped = ctx.app.stop_all(ctx.session_key)
     if not runs and not dropped:
         return "Nothing is running."
     return f"Stopped {runs} run(s) and dropped {dropped} queued message(s)."
@@ -47,7 +47,7 @@ async def _status(ctx: CommandContext) -> str:
     session = await app.store.get(ctx.session_key)
     agent: Agent | None
     try:
-        agent = await app.engine.router.get(ctx.agent)
+        agent = await app.agents.get(ctx.agent)
         model = f"{agent.settings.model} via {(agent.provider or app.provider).name}"
     except AgentError as exc:
         agent, model = None, f"unavailable ({exc})"
@@ -56,9 +56,9 @@ async def _status(ctx: CommandContext) -> str:
         f"Agent: {ctx.agent}",
         f"Model: {model}",
         f"Tokens: {session.input_tokens} in / {session.output_tokens} out",
-        f"Running: {app.dispatcher.running_count(ctx.session_key)}, "
-        f"queued: {app.dispatcher.queue_length(ctx.session_key)}",
-        f"Active runs (all chats): {app.engine.active_runs}",
+        f"Running: {app.running_count(ctx.session_key)}, "
+        f"queued: {app.queue_length(ctx.session_key)}",
+        f"Active runs (all chats): {app.active_runs}",
         f"Compactions: {session.compactions}"
         + (f", summary of {len(session.summary)} chars" if session.summary else ""),
     ]
@@ -71,13 +71,13 @@ async def _status(ctx: CommandContext) -> str:
     if agent is not None and agent.judge is not None:
         j = agent.judge
         lines.append(f"Judges: {len(agent.judges)}, {j.strategy} >= {j.threshold:.2f}; "
-                     f"{app.engine.router.stats_for(agent.name).describe()}")
+                     f"{app.agents.stats_for(agent.name).describe()}")
     if ctx.is_admin:
-        lines.extend(_tool_health(app.engine.tool_metrics.snapshot(),
-                                  app.engine.breakers.snapshot()))
-    if app.host.errors:
+        lines.extend(_tool_health(app.tool_metrics.snapshot(),
+                                  app.breakers.snapshot()))
+    if app.plugins.errors:
         lines.append("Plugin errors:")
-        lines.extend(f"  {name}: {error}" for name, error in sorted(app.host.errors.items()))
+        lines.extend(f"  {name}: {error}" for name, error in sorted(app.plugins.errors.items()))
     return "\n".join(lines)
 
 

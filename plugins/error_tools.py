@@ -47,7 +47,7 @@ from roost import (
 )
 
 if TYPE_CHECKING:
-    from bot.app.roost import Roost
+    from roost import Runtime
 
 log = logging.getLogger("roost.plugins.error_tools")
 
@@ -201,8 +201,9 @@ def _tool_result_tool(results: ResultStore, max_length: int) -> Tool:
 
 
 
-async def _retention(app: Roost) -> None:
-    from bot.app.roost import prune_stores
+async def _retention(app: Runtime) -> None:
+    # Built-in: retention is the store's own job; this plugin only schedules it.
+    from bot.storage.retention import prune_stores
 
     await prune_stores(app.services, app.settings.error_retention_days)
 

@@ -44,7 +44,7 @@ from roost import ChatMessage, InboundMessage, JobSpec, Sanitizer, Settings, Too
 from workspaces import read_cached, resolve_in_workspace, workspace_dir
 
 if TYPE_CHECKING:
-    from bot.app.roost import Roost
+    from roost import Runtime
 
 log = logging.getLogger("roost.plugins.heartbeat")
 
@@ -177,11 +177,11 @@ class Heartbeat:
             return ""
         return read_cached(os.fspath(path), MAX_CHECKLIST_CHARS)
 
-    async def run(self, app: Roost) -> None:
+    async def run(self, app: Runtime) -> None:
         """One tick of the job (what the scheduler calls)."""
         await self.beat(app)
 
-    async def beat(self, app: Roost) -> str:
+    async def beat(self, app: Runtime) -> str:
         """Run one heartbeat if it is due; returns what happened (for logs and tests).
 
         ``inactive`` (outside active hours), ``no_channel`` (the owner's channel
@@ -196,15 +196,15 @@ class Heartbeat:
             log.warning("heartbeat skipped: channel %r is not running", self.channel)
             return "no_channel"
         message = self.message()
-        key = app.dispatcher.key_for(message)
-        if app.dispatcher.running_count(key) or app.dispatcher.queue_length(key):
+        key = app.key_for(message)
+        if app.running_count(key) or app.queue_length(key):
             log.info("heartbeat skipped: %s has a run in progress", key)
             return "busy"
         checklist = self.checklist()
         if is_effectively_empty(checklist):
             log.debug("heartbeat skipped: %s is empty", HEARTBEAT_FILE)
             return "empty"
-        result = await app.dispatcher.run_scheduled(
+        result = await app.run_scheduled(
             message, mode="minimal", kind="heartbeat", extra_context=checklist,
             persist=False, timeout=HEARTBEAT_TIMEOUT, deliver_failed=False)
         log.info("heartbeat %s: %s, %d/%d tokens", result.run_id[:8],

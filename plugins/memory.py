@@ -55,7 +55,7 @@ from roost import (
 from workspaces import read_cached, resolve_in_workspace
 
 if TYPE_CHECKING:
-    from bot.app.roost import Roost
+    from roost import Runtime
 
 log = logging.getLogger("roost.plugins.memory")
 
@@ -261,33 +261,28 @@ class MemoryFlushJob:
         """The job, for ``roost_scheduled_jobs``."""
         return JobSpec("memory_flush", every(self.window), self.run)
 
-    async def run(self, app: Roost) -> None:
+    async def run(self, app: Runtime) -> None:
         """One tick of the job (what the scheduler calls)."""
         await self.flush_due(app)
 
-    async def flush_due(self, app: Roost) -> list[str]:
+    async def flush_due(self, app: Runtime) -> list[str]:
         """Flush every qualifying session, one at a time; returns the keys flushed."""
         now = self.clock()
         window = math.floor(now / self.window)
         flushed = []
         for candidate in await self.candidates(app, now, window):
             key = candidate.key
-            compactor = app.engine.compactor
-            if (key in compactor.busy or app.dispatcher.running_count(key)
-                    or app.dispatcher.queue_length(key)):
+            if app.compacting(key) or app.running_count(key) or app.queue_length(key):
                 log.info("memory flush of %s skipped: the session is busy", key)
                 continue
-            # The compactor's own set: while the key is in it, post-run compaction of
-            # this session waits, and we never start while a compaction runs.
-            compactor.busy.add(key)
-            try:
+            # Post-run compaction of this session waits meanwhile, and we never
+            # start while a compaction runs.
+            with app.hold_compaction(key):
                 if await self.flush(app, candidate, window):
                     flushed.append(key)
-            finally:
-                compactor.busy.discard(key)
         return flushed
 
-    async def candidates(self, app: Roost, now: float, window: int) -> list[FlushCandidate]:
+    async def candidates(self, app: Runtime, now: float, window: int) -> list[FlushCandidate]:
         """Sessions idle long enough, with enough unflushed messages, not tried this window."""
         s = self.settings
         idle_before = now - s.memory_flush_idle_minutes * 60
@@ -306,7 +301,7 @@ class MemoryFlushJob:
             rows = await cur.fetchall()
         return [FlushCandidate(r[0], r[1], r[2], r[3], r[4]) for r in rows]
 
-    async def flush(self, app: Roost, candidate: FlushCandidate, window: int) -> bool:
+    async def flush(self, app: Runtime, candidate: FlushCandidate, window: int) -> bool:
         """Run the flush for one session and record it; returns whether it succeeded.
 
         Its own run rather than ``Compactor.memory_flush``: that one marks the
@@ -326,7 +321,7 @@ class MemoryFlushJob:
         ok = False
         if message is not None and history:
             try:
-                result = await app.engine.run(RunRequest(
+                result = await app.run_turn(RunRequest(
                     message, session, mode="minimal", agent=agent_of(session.key),
                     max_iterations=FLUSH_ITERATIONS, tools=FLUSH_TOOLS,
                     history=repair_pairing(history), persist=False, timeout=FLUSH_TIMEOUT,
@@ -340,7 +335,7 @@ class MemoryFlushJob:
         await self._record(app, candidate, window, ok)
         return ok
 
-    async def _record(self, app: Roost, candidate: FlushCandidate, window: int,
+    async def _record(self, app: Runtime, candidate: FlushCandidate, window: int,
                       ok: bool) -> None:
         # A failure only uses up the window: the same messages are tried again in
         # the next one, instead of on every tick while the provider is down.

@@ -33,7 +33,7 @@ from bot.pluginhost.manager import ESSENTIAL_PLUGINS, normalize_dist
 from roost import Command, CommandContext, InboundMessage, OutboundMessage, Settings, hookimpl
 
 if TYPE_CHECKING:
-    from bot.app.roost import Roost
+    from roost import Runtime
 
 log = logging.getLogger("roost.plugins.plugin_commands")
 
@@ -42,7 +42,7 @@ PROGRESS_INTERVAL = 5.0
 PROGRESS_PREFIXES = ("Collecting", "Downloading", "Installing collected", "Building")
 MAX_SCHEMA_CHARS = 1_500
 
-_installing: weakref.WeakKeyDictionary[Roost, set[str]] = weakref.WeakKeyDictionary()
+_installing: weakref.WeakKeyDictionary[Runtime, set[str]] = weakref.WeakKeyDictionary()
 
 
 def install_command(name: str) -> list[str]:
@@ -50,16 +50,16 @@ def install_command(name: str) -> list[str]:
     return pip_command("install", [name])
 
 
-def _state(app: Roost, name: str) -> str:
-    if name in app.host.errors:
-        state = "error" if name not in app.host.disabled else "disabled (error)"
+def _state(app: Runtime, name: str) -> str:
+    if name in app.plugins.errors:
+        state = "error" if name not in app.plugins.disabled else "disabled (error)"
     else:
-        state = "disabled" if name in app.host.disabled else "enabled"
+        state = "disabled" if name in app.plugins.disabled else "enabled"
     return state + (", essential" if name in ESSENTIAL_PLUGINS else "")
 
 
 async def _plugins(ctx: CommandContext) -> str:
-    host = ctx.app.host
+    host = ctx.app.plugins
     lines = ["Plugins:"]
     for name, info in sorted(host.info.items(), key=lambda i: (i[1].builtin, i[0])):
         origin = "built-in" if info.builtin else f"{info.distribution} {info.version}".strip()
@@ -86,8 +86,8 @@ async def _plugin(ctx: CommandContext) -> str:
     return _install(ctx.app, ctx.message, name)
 
 
-async def _info(app: Roost, name: str) -> str:
-    host = app.host
+async def _info(app: Runtime, name: str) -> str:
+    host = app.plugins
     if host.pm.get_plugin(name) is None:
         return f"No plugin named {name!r} is loaded."
     info = host.info.get(name)
@@ -115,7 +115,7 @@ async def _info(app: Roost, name: str) -> str:
     return "\n".join(lines)
 
 
-def _install(app: Roost, message: InboundMessage, name: str) -> str:
+def _install(app: Runtime, message: InboundMessage, name: str) -> str:
     settings = app.settings
     if not settings.plugins_chat_install:
         return ("Installing plugins from chat is off. Set plugins_chat_install = true "
@@ -136,13 +136,12 @@ def _install(app: Roost, message: InboundMessage, name: str) -> str:
     return f"Installing {name} in the background; I'll report here."
 
 
-async def _run_install(app: Roost, message: InboundMessage, name: str, base: str) -> None:
+async def _run_install(app: Runtime, message: InboundMessage, name: str, base: str) -> None:
     async def say(text: str, kind: str = "notice") -> None:
-        channel = app.channels.get(message.channel)
-        if channel is None:
+        if message.channel not in app.channels:
             log.info("plugin install %s: %s", name, text)
             return
-        await channel.send(OutboundMessage.reply_to_message(
+        await app.deliver(OutboundMessage.reply_to_message(
             message, text, "error" if kind == "error" else "notice"))
 
     last = 0.0

@@ -21,13 +21,14 @@ implementation and may change. Test helpers live in :mod:`roost.testing`.
 
 from __future__ import annotations
 
-from bot.agents.judge import Judge, Verdict
 from bot.config.settings import Settings
 from bot.contracts.channel import Channel, ChannelSpec, InboundHandler, ReplyStream
 from bot.contracts.commands import Command, CommandContext
 from bot.contracts.events import RunEvent
+from bot.contracts.guard import GuardPattern, InputCheck
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.jobs import JobSpec
+from bot.contracts.judge import Judge, Verdict
 from bot.contracts.llm import (
     ChatMessage,
     ContentPart,
@@ -51,10 +52,10 @@ from bot.contracts.messages import (
 )
 from bot.contracts.prompt import Order, PromptContext, PromptSection
 from bot.contracts.providers import ProviderSpec
+from bot.contracts.runtime import Runtime
 from bot.contracts.sanitize import Sanitizer
 from bot.contracts.services import Services
 from bot.contracts.tools import Tool, ToolContext, ToolError, ToolResult, ToolRetry
-from bot.engine.guard import GuardPattern, InputCheck
 from bot.tools.args import check_keys, int_arg, str_arg
 
 __all__ = [
@@ -88,6 +89,7 @@ __all__ = [
     "ProviderSpec",
     "ReplyStream",
     "RunEvent",
+    "Runtime",
     "Sanitizer",
     "Services",
     "Settings",

@@ -96,8 +96,8 @@ async def test_a_channel_can_override_the_mode(make_app: AppFactory) -> None:
 
 
 async def test_plugins_add_guard_patterns(make_app: AppFactory) -> None:
+    from bot.contracts.guard import GuardPattern
     from bot.contracts.hookspecs import hookimpl
-    from bot.engine.guard import GuardPattern
 
     class Extra:
         @hookimpl

@@ -69,7 +69,7 @@ async def test_an_ok_is_not_delivered_and_leaves_no_history_but_a_trace(
     app, channel, log = await make_app(provider, **ON)
     checklist(app)
     beat = Heartbeat(app.settings, lambda: NOON)
-    assert await beat.beat(app) == "suppressed"
+    assert await beat.beat(app.runtime) == "suppressed"
     await settle(app)
     assert channel.sent == []
     request = provider.requests[-1]
@@ -90,7 +90,7 @@ async def test_a_streamed_ok_never_shows(make_app: AppFactory) -> None:
     provider = scripted(heartbeat_turn("HEARTBEAT_OK", chunk=3, chunk_delay=0.001))
     app, channel, _ = await make_app(provider, stream=True, **ON)
     checklist(app)
-    assert await Heartbeat(app.settings, lambda: NOON).beat(app) == "suppressed"
+    assert await Heartbeat(app.settings, lambda: NOON).beat(app.runtime) == "suppressed"
     assert channel.streams == [[None]] and channel.sent == []
 
 
@@ -101,7 +101,7 @@ async def test_a_real_message_is_delivered_and_kept_in_the_conversation(
                         {"match": "^thanks", "reply": "You're welcome."})
     app, channel, _ = await make_app(provider, heartbeat_chat="dm-7", **ON)
     checklist(app)
-    assert await Heartbeat(app.settings, lambda: NOON).beat(app) == "delivered"
+    assert await Heartbeat(app.settings, lambda: NOON).beat(app.runtime) == "delivered"
     assert channel.texts() == ["The OVEN-TIMER is done."]
     assert channel.sent[0].chat_id == "dm-7"
     session = await app.store.get(KEY)
@@ -140,11 +140,11 @@ async def test_it_runs_only_within_active_hours_in_the_configured_time_zone(
         return now
 
     beat = Heartbeat(app.settings, clock)
-    assert await beat.beat(app) == "inactive"
+    assert await beat.beat(app.runtime) == "inactive"
     now = dt.datetime(2026, 1, 15, 7, 0, tzinfo=dt.UTC)  # 08:00 in Berlin
-    assert await beat.beat(app) == "suppressed"
+    assert await beat.beat(app.runtime) == "suppressed"
     now = dt.datetime(2026, 1, 15, 21, 0, tzinfo=dt.UTC)  # 22:00 in Berlin
-    assert await beat.beat(app) == "inactive"
+    assert await beat.beat(app.runtime) == "inactive"
     assert len(provider.requests) == 1
 
 
@@ -157,20 +157,20 @@ async def test_it_skips_while_the_owner_has_a_run_in_progress(make_app: AppFacto
     await channel.say("chat")
     await asyncio.wait_for(gate.started.wait(), 5)
     beat = Heartbeat(app.settings, lambda: NOON)
-    assert await beat.beat(app) == "busy"
+    assert await beat.beat(app.runtime) == "busy"
     gate.release.set()
     await settle(app)
     assert not any("Heartbeat:" in r.messages[-1].content for r in provider.requests)
-    assert await beat.beat(app) == "suppressed"
+    assert await beat.beat(app.runtime) == "suppressed"
 
 
 async def test_an_empty_or_missing_checklist_costs_nothing(make_app: AppFactory) -> None:
     provider = scripted(heartbeat_turn("HEARTBEAT_OK"), loop=True)
     app, _, _ = await make_app(provider, **ON)
     beat = Heartbeat(app.settings, lambda: NOON)
-    assert await beat.beat(app) == "empty"  # no HEARTBEAT.md
+    assert await beat.beat(app.runtime) == "empty"  # no HEARTBEAT.md
     checklist(app, "# Heartbeat\n\n<!-- add checks here -->\n- [ ]\n---\n")
-    assert await beat.beat(app) == "empty"
+    assert await beat.beat(app.runtime) == "empty"
     assert provider.requests == []
     assert is_effectively_empty("")
     assert not is_effectively_empty("# H\nwater the plants")

@@ -266,10 +266,10 @@ async def test_the_flush_picks_idle_sessions_with_enough_new_messages_once_per_w
     job = MemoryFlushJob(app.settings, clock := Clock(6 * HOUR))
     real = clock.now
     clock.now = time.time() + 60  # nobody idle yet
-    assert await job.flush_due(app) == []
+    assert await job.flush_due(app.runtime) == []
     clock.now = real
 
-    assert await job.flush_due(app) == ["default:test:direct:u1"]
+    assert await job.flush_due(app.runtime) == ["default:test:direct:u1"]
     assert probe.seen == [True]  # compaction of it was excluded meanwhile
     assert (workspace(app) / f"memory/{TODAY}.md").read_text() == "- flushed\n"
     flush = provider.requests[-2]
@@ -282,17 +282,17 @@ async def test_the_flush_picks_idle_sessions_with_enough_new_messages_once_per_w
     assert runs[0].status == "completed" and runs[0].input_tokens > 0  # in the trace
 
     clock.now += 60  # same window: not again, even with new history
-    assert await job.flush_due(app) == []
+    assert await job.flush_due(app.runtime) == []
     await chat(app, channel, "u1", 5)
-    assert await job.flush_due(app) == []
+    assert await job.flush_due(app.runtime) == []
     clock.now += 6 * HOUR  # next window: the 10 new messages qualify
     asked = len(provider.requests)
-    assert await job.flush_due(app) == ["default:test:direct:u1"]
+    assert await job.flush_due(app.runtime) == ["default:test:direct:u1"]
     flush = provider.requests[asked]
     assert flush.messages[0].content == "u1 message 0"  # the 10 unflushed, not the rest
     assert len(flush.messages) == 11
     clock.now += 6 * HOUR  # nothing new since: nothing to do
-    assert await job.flush_due(app) == []
+    assert await job.flush_due(app.runtime) == []
 
 
 async def test_the_flush_waits_for_compaction_and_runs_and_retries_a_failure_later(
@@ -309,14 +309,14 @@ async def test_the_flush_waits_for_compaction_and_runs_and_retries_a_failure_lat
         return sum(r.messages[-1].content.startswith("Scheduled") for r in provider.requests)
 
     app.engine.compactor.busy.add(key)  # being compacted
-    assert await job.flush_due(app) == [] and flushes() == 0
+    assert await job.flush_due(app.runtime) == [] and flushes() == 0
     app.engine.compactor.busy.discard(key)
-    assert await job.flush_due(app) == []  # tried (busy was not recorded) and failed
+    assert await job.flush_due(app.runtime) == []  # tried (busy was not recorded) and failed
     assert flushes() == 1 and key not in app.engine.compactor.busy
-    assert await job.flush_due(app) == [] and flushes() == 1  # the failure used the window
+    assert await job.flush_due(app.runtime) == [] and flushes() == 1  # the failure used the window
     provider.turns[0] = scripted(FLUSH).turns[0]
     clock.now += 6 * HOUR
-    assert await job.flush_due(app) == [key]
+    assert await job.flush_due(app.runtime) == [key]
 
 
 def test_background_runs_are_attributed_from_the_session_key() -> None:

@@ -16,13 +16,13 @@ from pydantic import BaseModel
 
 from bot.app.roost import Roost
 from bot.contracts.commands import Command, CommandContext
+from bot.contracts.guard import GuardPattern
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.jobs import JobSpec
 from bot.contracts.prompt import PromptContext, PromptSection
 from bot.contracts.sanitize import Sanitizer
 from bot.contracts.services import Services
 from bot.contracts.tools import Tool, ToolContext
-from bot.engine.guard import GuardPattern
 from bot.pluginhost.install import run_streaming
 from bot.pluginhost.manager import get_plugin_manager
 from plugins import plugin_commands

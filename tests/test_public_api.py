@@ -18,7 +18,7 @@ PUBLIC = {
     "ReplyStream", "InboundHandler", "ProviderSpec", "LLMProvider", "LLMRequest", "LLMResponse",
     "ChatMessage", "ToolCall", "ToolSpec", "Usage", "ProviderError", "OnText", "OnRetry",
     "JobSpec", "Judge", "Verdict", "RunEvent", "InboundMessage", "OutboundMessage",
-    "Attachment", "ChatType", "PromptContext", "PromptSection", "Order", "Services",
+    "Attachment", "ChatType", "PromptContext", "PromptSection", "Order", "Services", "Runtime",
     "Settings", "check_keys", "str_arg", "int_arg",
     "ContentPart", "OutboundFile", "MediaError", "MediaTooLarge", "Transcriber",
 }

@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
+from bot.contracts.guard import InputCheck
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.messages import InboundMessage
 from bot.contracts.prompt import PromptContext
 from bot.contracts.tools import Tool, ToolContext
-from bot.engine.guard import WITHHELD, InputCheck
+from bot.engine.guard import WITHHELD
 from bot.engine.runloop import RunRequest
 from tests.conftest import AppFactory, scripted, settle, without_summary
 

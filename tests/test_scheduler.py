@@ -14,8 +14,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from bot.app.roost import Roost, SetupError
-from bot.config.settings import Settings
+from bot.app.roost import Roost
+from bot.config.settings import Settings, SetupError
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.jobs import JobSpec
 from bot.contracts.llm import LLMProvider
@@ -564,7 +564,7 @@ async def test_system_jobs_run_on_schedule_and_survive_restarts(
     app, _, _, scheduler = await cron_app(scripted({"reply": "x"}), ticker, clock=clock)
     assert "scheduled job 'broken' is not scheduled" in caplog.text
     assert await tick(scheduler, clock, minutes=1) == 1
-    assert ticker.runs == [app]
+    assert ticker.runs == [app.runtime]
     await app.close()
     # Restarted at the same instant: the 08:01 run is not repeated...
     again = Ticker()
@@ -572,7 +572,7 @@ async def test_system_jobs_run_on_schedule_and_survive_restarts(
     await scheduler2.wait_idle()
     assert again.runs == []
     # ...and the grid is kept: 08:02 is next.
-    assert await tick(scheduler2, clock, minutes=1) == 1 and again.runs == [app2]
+    assert await tick(scheduler2, clock, minutes=1) == 1 and again.runs == [app2.runtime]
     views = await scheduler2.all_jobs()
     # The test's job, beside the built-in ones (error retention).
     assert "system:tick" in [v.job.id for v in views]

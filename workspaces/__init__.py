@@ -7,6 +7,7 @@ Every user gets a private directory ``<workspaces_dir>/<channel>/<user_id>``
 """
 
 from workspaces.cache import read_cached
+from workspaces.files import MAX_FILE_NAME, safe_file_name, store_file
 from workspaces.paths import (
     MAX_COMPONENT_LENGTH,
     resolve_in_workspace,
@@ -26,6 +27,7 @@ from workspaces.seed import (
 __all__ = [
     "FIRST_RUN_TEMPLATE",
     "MAX_COMPONENT_LENGTH",
+    "MAX_FILE_NAME",
     "MEMORY_DIR",
     "TEMPLATE_NAMES",
     "ensure_workspace",
@@ -34,6 +36,8 @@ __all__ = [
     "read_cached",
     "resolve_in_workspace",
     "safe_component",
+    "safe_file_name",
+    "store_file",
     "template_text",
     "workspace_dir",
 ]

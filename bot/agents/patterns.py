@@ -45,6 +45,7 @@ from pathlib import Path
 
 import yaml
 
+from bot.config.agents import DEFAULT_MIN_SCORE, DEFAULT_TOP_K
 from workspaces.cache import is_within
 
 log = logging.getLogger("roost.agents.patterns")
@@ -61,8 +62,6 @@ __all__ = [
     "tokenize",
 ]
 
-DEFAULT_TOP_K = 3
-DEFAULT_MIN_SCORE = 0.1
 DEFAULT_CHECK_INTERVAL = 2.0
 MAX_FILE_BYTES = 256 * 1024
 KEYWORD_WEIGHT = 2

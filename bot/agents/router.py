@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bot.agents.judge import CorrectionResult, Judge, LLMJudge, Verdict
+from bot.agents.judge import CorrectionResult, LLMJudge
 from bot.agents.patterns import PatternLibrary
 from bot.agents.tool_policy import ToolPolicy
 from bot.config.agents import DEFAULT_AGENT, AgentConfig, AgentType, JudgeConfig, route
 from bot.config.settings import Settings
+from bot.contracts.judge import Judge, Verdict
 from bot.contracts.llm import LLMProvider
 from bot.contracts.messages import InboundMessage
 from bot.contracts.providers import ProviderSpec

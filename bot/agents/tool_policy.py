@@ -25,38 +25,13 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from bot.config.agents import FULL, PROFILES
 from bot.contracts.tools import Tool
 
 log = logging.getLogger("roost.agents.tool_policy")
 
 GROUP_PREFIX = "group:"
 
-FULL = "full"
-
-PROFILES: Mapping[str, frozenset[str] | None] = {
-    FULL: None,
-    "coding": frozenset({
-        "read_file", "write_file", "list_files", "edit_file",
-        "sql",
-        "get_error_detail", "get_tool_result",
-    }),
-    "messaging": frozenset({
-        "read_file", "list_files",
-        "memory_search", "memory_get",
-        "get_error_detail", "get_tool_result",
-        "cron",
-    }),
-    "minimal": frozenset({"get_error_detail", "get_tool_result"}),
-}
-"""Tool names each profile offers before ``allow``/``deny`` apply.
-
-- ``full``: every registered tool (``None`` stands for "no restriction");
-- ``coding``: the file tools, ``sql`` and the error-channel tools;
-- ``messaging``: no file writes — reading files, memory, the error-channel
-  tools and ``cron``;
-- ``minimal``: only the error-channel tools (``get_error_detail``,
-  ``get_tool_result``), so the model can still follow up on failures.
-"""
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,7 +74,8 @@ def run(ctx: click.Context) -> None:
 
 async def _open_app(settings: Settings) -> Roost | None:
     """The app, or ``None`` after saying exactly what to set for the provider."""
-    from bot.app.roost import Roost, SetupError, resolve_provider
+    from bot.app.roost import Roost, resolve_provider
+    from bot.config.settings import SetupError
     from bot.pluginhost.manager import get_plugin_manager
 
     host = get_plugin_manager()
@@ -116,7 +117,7 @@ async def _serve(settings: Settings) -> int:
                        f"(channels available: {', '.join(app.channel_specs)}; "
                        "ROOST_CONSOLE=1 enables the console)", err=True)
             return EXIT_SETUP
-        from bot.app.roost import SetupError
+        from bot.config.settings import SetupError
 
         stop = _stop_signal()
         for name in names:

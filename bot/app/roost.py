@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
 import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
-from bot.agents.judge import Judge
-from bot.config.settings import Settings
+from bot.app.runtime import AppRuntime
+from bot.config.settings import Settings, SetupError
 from bot.contracts.channel import Channel, ChannelSpec
 from bot.contracts.commands import Command
+from bot.contracts.guard import GuardPattern
 from bot.contracts.jobs import JobSpec
+from bot.contracts.judge import Judge
 from bot.contracts.llm import LLMProvider, ToolCall
 from bot.contracts.messages import OutboundMessage
 from bot.contracts.providers import ProviderSpec
@@ -22,7 +23,7 @@ from bot.contracts.sanitize import Sanitizer
 from bot.contracts.services import Services
 from bot.contracts.tools import Tool
 from bot.dispatch.dispatcher import Dispatcher, Leftovers
-from bot.engine.guard import GuardPattern, InputGuard
+from bot.engine.guard import InputGuard
 from bot.engine.runloop import FailureHandler, LargeResultHandler, RunEngine
 from bot.engine.snapshot import PluginSnapshot
 from bot.observability.otel import OTelExporter
@@ -31,8 +32,9 @@ from bot.pluginhost.state import load_disabled, save_state
 from bot.scheduling.scheduler import JobStore, Scheduler
 from bot.storage.errors import ErrorStore, ResultStore, format_failure, format_large_result
 from bot.storage.inbox import Inbox
+from bot.storage.retention import prune_stores
 from bot.storage.sessions import SessionStore
-from bot.tools.outcomes import RawError
+from bot.tools.executor import RawError
 from bot.tools.structured_errors import extract, structured_hint
 
 log = logging.getLogger("roost")
@@ -41,10 +43,6 @@ T = TypeVar("T")
 
 LARGE_RESULT_PREVIEW = 2_000
 """Characters of a stored large result the model sees at once."""
-
-
-class SetupError(Exception):
-    """Roost cannot start as configured; the message says exactly what to set."""
 
 
 async def provider_specs(settings: Settings, host: PluginHost) -> dict[str, ProviderSpec]:
@@ -85,7 +83,13 @@ class Roost:
         """Inbound messages, run journals and replies awaiting delivery."""
         self.services.inbox = self.inbox
         self._leftovers: Leftovers = ([], [])
-        self.dispatcher = Dispatcher(self)
+        self.router = engine.router
+        """The agents; the dispatcher routes chats with it before a run exists."""
+        self.runtime = AppRuntime(self)
+        """What plugins, commands and jobs receive instead of this object."""
+        self.dispatcher = Dispatcher(
+            settings, inbox=self.inbox, store=store, engine=engine, router=self.router,
+            channels=self.channels, commands=lambda: self.commands, runtime=self.runtime)
 
     @property
     def provider(self) -> LLMProvider:
@@ -132,9 +136,9 @@ class Roost:
         # Read before any channel receives: what arrives from now on is this process's.
         app._leftovers = (await app.inbox.undelivered(), await app.inbox.unfinished())
         await app.refresh_plugins(jobs=False)
-        await host.call("roost_startup", app=app)
+        await host.call("roost_startup", app=app.runtime)
         jobs = await _unique(host, "roost_scheduled_jobs", settings, JobSpec)
-        await _quietly(scheduler.start(app, list(jobs.values())), "starting the scheduler")
+        await _quietly(scheduler.start(app.runtime, list(jobs.values())), "starting the scheduler")
         return app
 
     def plugin_config(self, name: str) -> Any:
@@ -288,7 +292,7 @@ class Roost:
         for channel in list(self.channels.values()):
             await _quietly(channel.stop(), f"stopping channel {channel.name}")
         await self.engine.compactor.wait()
-        await self.host.call("roost_shutdown", app=self)
+        await self.host.call("roost_shutdown", app=self.runtime)
         if isinstance(self.engine.exporter, OTelExporter):
             self.engine.exporter.shutdown()
         await _quietly(self.engine.provider.aclose(), "closing the provider")
@@ -359,31 +363,6 @@ def error_channel(services: Services, settings: Settings) -> tuple[
         return format_large_result(tool_name, result_id, content, LARGE_RESULT_PREVIEW)
 
     return (on_failure if errors else None), (on_large if results else None)
-
-
-async def prune_stores(services: Services, days: int) -> None:
-    """Delete stored errors and large results older than ``days``.
-
-    Runs at startup and daily as the ``error-retention`` job (plugins/error_tools.py).
-    """
-    if services.inbox is not None:
-        try:
-            deleted = await services.inbox.prune(days)
-        except (sqlite3.Error, ValueError):
-            log.exception("could not prune the inbox")
-        else:
-            if deleted:
-                log.info("deleted %d answered inbox entries older than %d days", deleted, days)
-    for what, store in (("errors", services.errors), ("tool results", services.results)):
-        if store is None:
-            continue
-        try:
-            deleted = await store.delete_older_than(days)
-        except (sqlite3.Error, ValueError):
-            log.exception("could not delete stored %s older than %d days", what, days)
-            continue
-        if deleted:
-            log.info("deleted %d stored %s older than %d days", deleted, what, days)
 
 
 async def _quietly(awaitable: Awaitable[Any], what: str) -> None:

@@ -29,15 +29,47 @@ the fallbacks; this module only validates shapes.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from bot.agents.judge import DEFAULT_MAX_RETRIES, DEFAULT_THRESHOLD, MAX_RETRIES_RANGE, Strategy
-from bot.agents.patterns import DEFAULT_MIN_SCORE, DEFAULT_TOP_K
-from bot.agents.tool_policy import PROFILES
+from bot.contracts.judge import DEFAULT_MAX_RETRIES, DEFAULT_THRESHOLD, MAX_RETRIES_RANGE, Strategy
 from bot.contracts.messages import ChatType, InboundMessage
+
+DEFAULT_TOP_K = 3
+"""Patterns an agent's pattern library offers per run, unless configured."""
+DEFAULT_MIN_SCORE = 0.1
+"""The lowest match score a pattern needs to be offered, unless configured."""
+
+FULL = "full"
+
+PROFILES: Mapping[str, frozenset[str] | None] = {
+    FULL: None,
+    "coding": frozenset({
+        "read_file", "write_file", "list_files", "edit_file",
+        "sql",
+        "get_error_detail", "get_tool_result",
+    }),
+    "messaging": frozenset({
+        "read_file", "list_files",
+        "memory_search", "memory_get",
+        "get_error_detail", "get_tool_result",
+        "cron",
+    }),
+    "minimal": frozenset({"get_error_detail", "get_tool_result"}),
+}
+"""Tool names each profile offers before ``allow``/``deny`` apply.
+
+- ``full``: every registered tool (``None`` stands for "no restriction");
+- ``coding``: the file tools, ``sql`` and the error-channel tools;
+- ``messaging``: no file writes — reading files, memory, the error-channel
+  tools and ``cron``;
+- ``minimal``: only the error-channel tools (``get_error_detail``,
+  ``get_tool_result``), so the model can still follow up on failures.
+"""
+
 
 AGENT_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}")
 """Agent names appear in session keys (``agent:channel:...``), so no colons."""

@@ -40,6 +40,10 @@ DmPolicy = Literal["open", "allowlist", "disabled"]
 GroupPolicy = Literal["mention", "all", "off"]
 
 
+class SetupError(Exception):
+    """Roost cannot start as configured; the message says exactly what to set."""
+
+
 class ConfigError(Exception):
     """The configuration cannot be used; the message names the key and the fix."""
 
@@ -101,6 +105,9 @@ class Settings(BaseSettings):
     """How far back a chat counts as recently active for the catch-up."""
     discord_catchup_limit: int = Field(100, ge=1)
     """At most this many missed messages are read back per Discord chat in one catch-up."""
+    discord_max_upload_mb: float = Field(10, gt=0)
+    """The largest file Roost uploads to Discord (10 MB without server boosts; 25 or more
+    with them); a larger one is refused with MediaTooLarge before anything is posted."""
     session_cache_size: int = Field(1000, ge=1)
     max_file_bytes: int = Field(1_000_000, ge=1)
 

@@ -9,14 +9,15 @@ from typing import TYPE_CHECKING
 from bot.contracts.messages import InboundMessage
 
 if TYPE_CHECKING:
-    from bot.app.roost import Roost
+    from bot.contracts.runtime import Runtime
 
 
 @dataclass(frozen=True, slots=True)
 class CommandContext:
-    """What a command handler receives."""
+    """What a command handler receives; ``app`` is the running service's
+    :class:`~bot.contracts.runtime.Runtime`."""
 
-    app: Roost
+    app: Runtime
     message: InboundMessage
     name: str
     args: str

@@ -33,21 +33,21 @@ import pluggy
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from bot.agents.judge import Judge
-    from bot.app.roost import Roost
     from bot.config.settings import Settings
     from bot.contracts.channel import ChannelSpec
     from bot.contracts.commands import Command
     from bot.contracts.events import RunEvent
+    from bot.contracts.guard import GuardPattern, InputCheck
     from bot.contracts.jobs import JobSpec
+    from bot.contracts.judge import Judge
     from bot.contracts.media import Transcriber
     from bot.contracts.messages import InboundMessage
     from bot.contracts.prompt import PromptContext, PromptSection
     from bot.contracts.providers import ProviderSpec
+    from bot.contracts.runtime import Runtime
     from bot.contracts.sanitize import Sanitizer
     from bot.contracts.services import Services
     from bot.contracts.tools import Tool
-    from bot.engine.guard import GuardPattern, InputCheck
 
 PROJECT_NAME = "roost"
 
@@ -204,11 +204,15 @@ def roost_transcriber(settings: Settings) -> Transcriber | None:
 
 
 @hookspec
-def roost_startup(app: Roost) -> None:
-    """Called once when the service has started, before channels connect."""
+def roost_startup(app: Runtime) -> None:
+    """Called once when the service has started, before channels connect.
+
+    ``app`` is the :class:`bot.contracts.runtime.Runtime`: keep it to deliver
+    messages, queue scheduled turns or start background work later.
+    """
 
 
 @hookspec
-def roost_shutdown(app: Roost) -> None:
+def roost_shutdown(app: Runtime) -> None:
     """Called once on shutdown, after runs are cancelled and channels stopped."""
 

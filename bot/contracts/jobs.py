@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from bot.app.roost import Roost
+    from bot.contracts.runtime import Runtime
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,9 +15,10 @@ class JobSpec:
     """A job to run on a schedule.
 
     ``schedule`` is a 5-field cron expression or ``every <N>s|m|h|d``;
-    ``func(app)`` is awaited at each fire time.
+    ``func(app)`` is awaited at each fire time with the
+    :class:`~bot.contracts.runtime.Runtime`.
     """
 
     name: str
     schedule: str
-    func: Callable[[Roost], Awaitable[None]]
+    func: Callable[[Runtime], Awaitable[None]]

@@ -44,6 +44,8 @@ class ContentPart:
     height: int = 0
     size: int = 0
     root: str = ""
+    pages: int = 0
+    """Pages of a document (PDF); 0 when unknown or not a document."""
 
     @property
     def file(self) -> Path:

@@ -25,23 +25,23 @@ import re
 import time
 import uuid
 from collections import deque
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from bot.agents.router import AgentRouter
+from bot.config.settings import Settings
 from bot.contracts.channel import Channel, ReplyStream
-from bot.contracts.commands import CommandContext, parse_command
+from bot.contracts.commands import Command, CommandContext, parse_command
 from bot.contracts.events import RunEvent
 from bot.contracts.messages import InboundMessage, OutboundMessage
+from bot.contracts.runtime import Runtime
 from bot.contracts.sanitize import Sanitizer, run_pipeline
 from bot.dispatch.registry import ActiveRun, RunRegistry
 from bot.engine.guard import join_messages
-from bot.engine.runloop import NO_REPLY, RunRequest, RunResult
+from bot.engine.runloop import NO_REPLY, RunEngine, RunRequest, RunResult
 from bot.storage.inbox import Inbox, InboxEntry, OutboxEntry, RunJournal, grouped
-from bot.storage.sessions import agent_of, session_key
-
-if TYPE_CHECKING:
-    from bot.app.roost import Roost
+from bot.storage.sessions import SessionStore, agent_of, session_key
 
 log = logging.getLogger("roost.dispatch.dispatcher")
 
@@ -98,10 +98,20 @@ class Lane:
 class Dispatcher:
     """Turns inbound messages into commands or runs and delivers the replies."""
 
-    def __init__(self, app: Roost) -> None:
-        self.app = app
-        self.settings = app.settings
-        self.inbox: Inbox = app.inbox
+    def __init__(self, settings: Settings, *, inbox: Inbox, store: SessionStore,
+                 engine: RunEngine, router: AgentRouter, channels: Mapping[str, Channel],
+                 commands: Callable[[], Mapping[str, Command]], runtime: Runtime) -> None:
+        """``channels`` is the live mapping of running channels; ``commands()``
+        the current commands (they change when plugins do); ``runtime`` is what
+        command handlers receive."""
+        self.settings = settings
+        self.inbox = inbox
+        self.store = store
+        self.engine = engine
+        self.router = router
+        self.channels = channels
+        self.commands = commands
+        self.runtime = runtime
         self.registry = RunRegistry()
         self._redeliveries: set[asyncio.Task[None]] = set()
         self.lanes: dict[str, Lane] = {}
@@ -203,7 +213,7 @@ class Dispatcher:
 
     def key_for(self, message: InboundMessage) -> str:
         """The session ``message`` belongs to, under the agent its chat is bound to."""
-        return session_key(message, self.app.engine.router.route(message))
+        return session_key(message, self.router.route(message))
 
     def _lane(self, message: InboundMessage, key: str | None = None) -> Lane:
         key = key or self.key_for(message)
@@ -295,7 +305,7 @@ class Dispatcher:
             self._notify(head.message, "I could not answer this message: working on it "
                          "stopped me several times, so I gave up on it. Please send it again "
                          "in a different form.")
-            channel = self.app.channels.get(head.message.channel)
+            channel = self.channels.get(head.message.channel)
             if head.draft_id and channel is not None:
                 self._spawn(_quietly(channel.withdraw(head.message.chat_id, head.draft_id)))
             return
@@ -385,7 +395,7 @@ class Dispatcher:
     async def _run(self, lane: Lane, entry: _Running, run_id: str) -> None:
         pending = entry.pending
         message = pending.message
-        channel = self.app.channels.get(message.channel)
+        channel = self.channels.get(message.channel)
         bridge: _StreamBridge | None = None
         held = False
         try:
@@ -394,8 +404,8 @@ class Dispatcher:
             if pending.stale_draft and channel is not None:
                 with contextlib.suppress(Exception):
                     await channel.withdraw(message.chat_id, pending.stale_draft)
-            plugins = self.app.engine.plugins  # the run and its stream use one plugin state
-            session = await self.app.store.get(lane.key)
+            plugins = self.engine.plugins  # the run and its stream use one plugin state
+            session = await self.store.get(lane.key)
             bridge = _StreamBridge(channel, message, plugins.sanitizers)
             draft = _DraftWatch(self.inbox, pending.entries)
 
@@ -431,7 +441,7 @@ class Dispatcher:
                     options["journal"] = pending.journal or RunJournal(self.inbox,
                                                                        pending.entries[-1])
                     options["on_commit"] = self._committer(message, pending.entries, bridge)
-                result = await self.app.engine.run(
+                result = await self.engine.run(
                     RunRequest(message, session, run_id=run_id, **options), listener)
             if result.status == "failed" and not pending.deliver_failed:
                 if bridge.stream is not None:
@@ -510,7 +520,7 @@ class Dispatcher:
 
         async def again() -> None:
             await asyncio.sleep(delay)
-            channel = self.app.channels.get(reply.channel)
+            channel = self.channels.get(reply.channel)
             if channel is None:
                 log.error("reply %d: no channel %r; kept in the outbox", outbox_id, reply.channel)
                 return
@@ -552,7 +562,7 @@ class Dispatcher:
                 del self._command_locks[key]
 
     async def _run_command(self, message: InboundMessage, name: str, args: str) -> None:
-        command = self.app.commands.get(name)
+        command = self.commands().get(name)
         is_admin = self.settings.is_admin(message.channel, message.sender_id)
         if command is None:
             reply: str | None = f"I don't know /{name}. Send /help to see the commands."
@@ -563,7 +573,7 @@ class Dispatcher:
             # Routed again now, not when queued: an earlier command in this chat
             # (/agent reload) may have changed the bindings.
             key = self.key_for(message)
-            ctx = CommandContext(self.app, message, command.name, args, is_admin, key,
+            ctx = CommandContext(self.runtime, message, command.name, args, is_admin, key,
                                  agent_of(key))
             try:
                 reply = await command.handler(ctx)
@@ -579,7 +589,7 @@ class Dispatcher:
         self._spawn(self._send(OutboundMessage.reply_to_message(message, text, "notice")))
 
     async def _send(self, out: OutboundMessage) -> None:
-        channel = self.app.channels.get(out.channel)
+        channel = self.channels.get(out.channel)
         if channel is None:
             log.error("no channel %r for a reply", out.channel)
             return

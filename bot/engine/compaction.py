@@ -62,7 +62,10 @@ def transcript(messages: Sequence[ChatMessage], previous_summary: str = "") -> s
     for m in messages:
         if m.role == "user":
             who = m.sender_name or m.sender_id or "user"
-            lines.append(f"{who}: {m.content}")
+            # The summarizer gets text only; it is told which files were shown.
+            files = "".join(f"\n[{p.kind}: {p.path}]" for p in m.parts
+                            if f"{p.path}" not in m.content)
+            lines.append(f"{who}: {m.content}{files}")
         elif m.role == "assistant":
             calls = ", ".join(f"{c.name}({dict(c.arguments)})" for c in m.tool_calls)
             text = m.content + (f" [called {calls}]" if calls else "")

@@ -1,4 +1,8 @@
-"""Input checks: guard patterns, the input guard, truncation, and input filters."""
+"""The input guard (a normalized pattern scan with a per-sender window), truncation, joining.
+
+The types plugins use (:class:`GuardPattern`, :class:`InputCheck`) are in
+:mod:`bot.contracts.guard`.
+"""
 
 from __future__ import annotations
 
@@ -10,33 +14,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from bot.contracts.guard import GuardPattern
+
 if TYPE_CHECKING:
     from bot.config.settings import GuardMode
 
 log = logging.getLogger("roost.engine.guard")
-
-
-@dataclass(frozen=True, slots=True)
-class GuardPattern:
-    """A named regular expression that flags a likely prompt injection."""
-
-    name: str
-    pattern: str
-    description: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class InputCheck:
-    """An input filter's verdict on a user message.
-
-    ``text`` replaces the message text when set; ``refusal`` stops the run and
-    is sent to the user instead of calling the model; ``note`` is appended to
-    what the model sees (for example, that the input was shortened).
-    """
-
-    text: str | None = None
-    refusal: str | None = None
-    note: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

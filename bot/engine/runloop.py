@@ -21,11 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from bot.agents.judge import Judge, Verdict, self_correct
+from bot.agents.judge import self_correct
 from bot.agents.patterns import PatternLibrary, render
 from bot.agents.router import Agent, AgentResolver, AgentRouter
 from bot.config.settings import Settings
 from bot.contracts.events import EventType, RunEvent
+from bot.contracts.guard import InputCheck
+from bot.contracts.judge import Judge, Verdict
 from bot.contracts.llm import ChatMessage, LLMProvider, LLMRequest, LLMResponse, ToolCall, Usage
 from bot.contracts.messages import InboundMessage
 from bot.contracts.prompt import Order, PromptContext, PromptMode, PromptSection, assemble
@@ -34,7 +36,7 @@ from bot.contracts.tools import SendFunc, Tool, ToolContext, ToolResult
 from bot.engine.compaction import Compactor, split_point, summarize
 from bot.engine.context import build_context, kernel_text
 from bot.engine.exec_summary import ExecutionSummary
-from bot.engine.guard import BLOCK_REFUSAL, WITHHELD, InputCheck, InputGuard, truncate
+from bot.engine.guard import BLOCK_REFUSAL, WITHHELD, InputGuard, truncate
 from bot.engine.history import PruneSettings, limit_turns, prune, repair_pairing, summary_messages
 from bot.engine.snapshot import PluginSnapshot
 from bot.engine.tokens import TokenEstimator
@@ -43,10 +45,15 @@ from bot.pluginhost.manager import PluginHost
 from bot.storage.db import Statements
 from bot.storage.inbox import RunJournal
 from bot.storage.sessions import RunRecord, Session, SessionStore
-from bot.tools.breakers import Breakers
-from bot.tools.executor import ToolExecutor
-from bot.tools.metrics import ToolMetricsRegistry
-from bot.tools.outcomes import RawError, ToolOutcome, describe_error, turn_timeout_notice
+from bot.tools.executor import (
+    Breakers,
+    RawError,
+    ToolExecutor,
+    ToolMetricsRegistry,
+    ToolOutcome,
+    describe_error,
+    turn_timeout_notice,
+)
 from bot.tools.structured_errors import extract
 from workspaces import TEMPLATE_NAMES, ensure_workspace, is_seeded, read_cached, workspace_dir
 

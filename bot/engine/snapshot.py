@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from bot.agents.judge import Judge
+from bot.contracts.judge import Judge
 from bot.contracts.sanitize import Sanitizer
 from bot.contracts.tools import Tool
 from bot.engine.guard import InputGuard

@@ -15,7 +15,8 @@ import json
 import re
 from collections.abc import Iterable
 
-from bot.contracts.llm import ChatMessage, LLMRequest, ToolSpec
+from bot.contracts.llm import ChatMessage, ContentPart, LLMRequest, ToolSpec
+from bot.media.images import image_tokens
 
 DEFAULT_RATIOS = {"anthropic": 3.5, "openai": 4.0}
 DEFAULT_RATIO = 4.0
@@ -26,6 +27,9 @@ _NON_LATIN = re.compile(r"[\u0370-\u03ff\u0400-\u052f\u0590-\u06ff\u0900-\u0dff\
 """Greek, Cyrillic, Hebrew, Arabic, Indic scripts and Thai."""
 MESSAGE_OVERHEAD = 4
 TOOL_CALL_OVERHEAD = 8
+DOCUMENT_PAGE_TOKENS = 2_000
+"""A PDF page as a model reads it (its text and an image of it): Anthropic counts
+1,500-3,000 tokens per page."""
 _MIN_RATIO, _MAX_RATIO = 1.0, 8.0
 _SMOOTHING = 0.2
 
@@ -56,8 +60,9 @@ class TokenEstimator:
         return len(text) - dense - other + (dense + other / NON_LATIN_CHARS_PER_TOKEN) * self.ratio
 
     def message(self, message: ChatMessage) -> int:
-        """Tokens one history message costs, tool calls included."""
-        return MESSAGE_OVERHEAD + int(self.message_weight(message) / self.ratio) + 1
+        """Tokens one history message costs, tool calls and images included."""
+        return (MESSAGE_OVERHEAD + int(self.message_weight(message) / self.ratio) + 1
+                + (parts_tokens(message.parts) if message.parts else 0))
 
     def message_weight(self, message: ChatMessage) -> float:
         """A message's size in English-equivalent characters, computed once per message.
@@ -82,6 +87,8 @@ class TokenEstimator:
         for m in messages:
             weight = m.weight if m.weight >= 0 else self.message_weight(m)
             total += int(weight / ratio)
+            if m.parts:
+                total += parts_tokens(m.parts)
             count += 1
         return total + count * (MESSAGE_OVERHEAD + 1)
 
@@ -94,17 +101,39 @@ class TokenEstimator:
             + tools_chars(request.tools)
 
     def request(self, request: LLMRequest) -> int:
-        """Tokens of a whole request."""
-        return int(self.request_chars(request) / self.ratio) + 1
+        """Tokens of a whole request, images and documents included."""
+        return int(self.request_chars(request) / self.ratio) + 1 + request_parts_tokens(request)
 
     def calibrate(self, request: LLMRequest, actual_input_tokens: int) -> None:
         """Move the ratio toward what the provider reported for ``request``."""
+        # Images are counted by their own rule, not by characters: only the text's
+        # share of the reported tokens says something about the ratio.
+        actual_input_tokens -= request_parts_tokens(request)
         if actual_input_tokens <= 0:
             return
         observed = self.request_chars(request) / actual_input_tokens
         observed = min(_MAX_RATIO, max(_MIN_RATIO, observed))
         self.ratio += _SMOOTHING * (observed - self.ratio)
         self.samples += 1
+
+
+def parts_tokens(parts: Iterable[ContentPart]) -> int:
+    """What files cost a request: an image width × height / 750 (as sent, long edge at
+    most 1568 px), a document :data:`DOCUMENT_PAGE_TOKENS` per page."""
+    total = 0
+    for part in parts:
+        if part.kind == "image":
+            total += image_tokens(part.width, part.height)
+        elif part.kind == "document":
+            total += DOCUMENT_PAGE_TOKENS * max(1, part.pages)
+    return total
+
+
+def request_parts_tokens(request: LLMRequest) -> int:
+    """:func:`parts_tokens` of every message of ``request`` (0 for a text-only model)."""
+    if not request.vision:
+        return 0
+    return sum(parts_tokens(m.parts) for m in request.messages if m.parts)
 
 
 TOOLS_CHARS_CACHE: dict[tuple[str, ...], int] = {}

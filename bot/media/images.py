@@ -38,6 +38,10 @@ _JPEG_METADATA_MARKERS = ("APP1", "APP12", "APP13")
 name places). APP0 (JFIF) and APP2 (the ICC profile) stay: they describe the pixels."""
 
 
+class ImageTooLarge(MediaError):
+    """The image has more pixels than Roost decodes (a decompression bomb, or near one)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ImageInfo:
     """An image's dimensions (as stored, before EXIF orientation) and sniffed type."""
@@ -53,8 +57,8 @@ def _open(data: bytes, max_pixels: int) -> Image.Image:
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             img = Image.open(io.BytesIO(data))
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise MediaError("the image is too large to decode safely (a decompression bomb?)"
-                         ) from exc
+        raise ImageTooLarge("the image is too large to decode safely (a decompression bomb?)"
+                            ) from exc
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         raise MediaError("the file is not an image Roost can read") from exc
     width, height = img.size
@@ -63,16 +67,17 @@ def _open(data: bytes, max_pixels: int) -> Image.Image:
         raise MediaError("the image has no pixels")
     if width * height > max_pixels:
         img.close()
-        raise MediaError(f"the image is {width}×{height} pixels, over the limit of "
-                         f"{max_pixels // 1_000_000} megapixels (a decompression bomb?)")
+        raise ImageTooLarge(f"the image is {width}×{height} pixels, over the limit of "
+                            f"{max_pixels / 1_000_000:g} megapixels")
     return img
 
 
 def inspect_image(data: bytes, *, max_pixels: int = MAX_PIXELS) -> ImageInfo:
     """Dimensions and type of the image in ``data``, from its header.
 
-    Raises :class:`MediaError` for what is not an image Pillow reads, and for
-    decompression bombs (more than ``max_pixels``), without decoding the pixels.
+    Raises :class:`MediaError` for what is not an image Pillow reads, and
+    :class:`ImageTooLarge` for decompression bombs (more than ``max_pixels``),
+    without decoding the pixels.
     """
     img = _open(data, max_pixels)
     with img:

@@ -5,7 +5,7 @@ Two kinds of job share one table (``jobs``, in the service's SQLite database):
 - **cron** jobs that users create through the ``cron`` tool: a message that
   runs as an agent turn in the chat that created the job, as its owner;
 - **system** jobs that plugins offer through ``roost_scheduled_jobs``: a
-  coroutine ``func(app)``. They are re-registered at every start; their row
+  coroutine ``func(runtime)``. They are re-registered at every start; their row
   only keeps the anchor and the last fire time across restarts.
 
 Timing is APScheduler's: every job is an APScheduler job with the job's own
@@ -61,7 +61,7 @@ from bot.scheduling.cron import Schedule, ScheduleError, format_duration, parse,
 from bot.storage import db as dbmod
 
 if TYPE_CHECKING:
-    from bot.app.roost import Roost
+    from bot.contracts.runtime import Runtime
 
 log = logging.getLogger("roost.scheduling.scheduler")
 
@@ -330,7 +330,8 @@ class Scheduler:
             self.tz = zone(settings.timezone)
         except ScheduleError as exc:
             raise ValueError(f"timezone setting: {exc} (set ROOST_TIMEZONE)") from None
-        self.app: Roost | None = None
+        self.runtime: Runtime | None = None
+        """What system jobs receive and cron runs go through; set by :meth:`start`."""
         self.aps: Any = None
         """The ``AsyncIOScheduler`` while running with the real clock."""
         self._jobs: dict[str, _Entry] = {}
@@ -341,13 +342,13 @@ class Scheduler:
 
     # -- lifecycle ------------------------------------------------------------------
 
-    async def start(self, app: Roost, specs: Sequence[JobSpec] = ()) -> None:
+    async def start(self, runtime: Runtime, specs: Sequence[JobSpec] = ()) -> None:
         """Load the stored jobs, register ``specs``, catch up, and start the timer.
 
         System jobs that are due (missed while the service was down) run now;
         cron jobs wait for their channel (:meth:`channel_started`).
         """
-        self.app = app
+        self.runtime = runtime
         now = self._now()
         done: list[str] = []
         for job in await self.store.all():
@@ -402,7 +403,7 @@ class Scheduler:
 
     async def channel_started(self, channel: str) -> list[Fire]:
         """Run the jobs of ``channel`` that came due while it was not running."""
-        if self.app is None or self._closed:
+        if self.runtime is None or self._closed:
             return []
         return await self.run_due(channel=channel)
 
@@ -523,7 +524,7 @@ class Scheduler:
         grace period are skipped, the rest coalesced into one run per job,
         and each run's fire time is claimed first (see the module docstring).
         """
-        if self.app is None or self._closed:
+        if self.runtime is None or self._closed:
             return []
         now = (now or self.clock()).astimezone(UTC)
         grace = max(self.settings.misfire_grace_seconds, TIMER_SLACK_SECONDS)
@@ -540,7 +541,7 @@ class Scheduler:
             if due is None or due > now:
                 continue
             job = entry.job
-            if job.kind == "cron" and (job.channel not in self.app.channels
+            if job.kind == "cron" and (job.channel not in self.runtime.channels
                                        or (channel is not None and job.channel != channel)):
                 continue  # left due: its channel catches it up when it starts
             if channel is not None and job.kind != "cron":
@@ -627,15 +628,15 @@ class Scheduler:
                     log.exception("job %s ran but could not be deleted", entry.job.id)
 
     async def _run_system(self, spec: JobSpec, fire: Fire) -> None:
-        assert self.app is not None
+        assert self.runtime is not None
         try:
-            await spec.func(self.app)
+            await spec.func(self.runtime)
         except Exception:
             log.exception("scheduled job %r (fire time %s) failed", spec.name,
                           fire.fire_time.isoformat())
 
     async def _run_cron(self, entry: _Entry, fire: Fire) -> None:
-        assert self.app is not None
+        assert self.runtime is not None
         job = entry.job
         message = InboundMessage(channel=job.channel, chat_id=job.chat_id,
                                  chat_type=job.chat_type, sender_id=job.owner_id,
@@ -652,7 +653,7 @@ class Scheduler:
                 if self._closed or job.id not in self._jobs:
                     return  # removed while waiting: nothing to retry or report
             try:
-                result = await self.app.dispatcher.run_scheduled(
+                result = await self.runtime.run_scheduled(
                     message, mode="minimal", kind="cron", extra_context=context,
                     deliver_failed=False)
             except asyncio.CancelledError:
@@ -670,17 +671,17 @@ class Scheduler:
         await self._report(job, fire, attempts, error)
 
     async def _report(self, job: Job, fire: Fire, attempts: int, error: str) -> None:
-        assert self.app is not None
+        assert self.runtime is not None
         log.error("job %s failed %d times for fire time %s: %s", job.label, attempts,
                   fire.fire_time.isoformat(), error)
-        channel = self.app.channels.get(job.channel)
-        if channel is None:
+        if job.channel not in self.runtime.channels:
             return
         text = (f"Scheduled job {job.label} failed {attempts} times and was given up for "
                 f"this run: {error}")
         try:
-            await channel.send(OutboundMessage(job.channel, job.chat_id, text, job.chat_type,
-                                               thread_id=job.thread_id, kind="notice"))
+            await self.runtime.deliver(OutboundMessage(
+                job.channel, job.chat_id, text, job.chat_type, thread_id=job.thread_id,
+                kind="notice"))
         except Exception:
             log.exception("could not report the failure of job %s", job.id)
 

@@ -248,6 +248,11 @@ MIGRATIONS: list[str] = [
     CREATE INDEX outbox_pending ON outbox(state) WHERE state = 'pending';
     CREATE INDEX outbox_updated ON outbox(updated_at);
     """,
+    # 12: media. A message's files (images, documents) as JSON references to
+    # workspace files (kind, path, type, size, dimensions); never the bytes.
+    """
+    ALTER TABLE messages ADD COLUMN parts TEXT;
+    """,
 ]
 """Schema steps in order; ``PRAGMA user_version`` records how many have run.
 

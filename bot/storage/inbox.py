@@ -27,14 +27,14 @@ import dataclasses
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import aiosqlite
 
 from bot.contracts.llm import ChatMessage, ToolCall
-from bot.contracts.messages import Attachment, InboundMessage, OutboundMessage
+from bot.contracts.messages import Attachment, InboundMessage, OutboundFile, OutboundMessage
 from bot.contracts.tools import ToolResult
 from bot.storage.db import Statements, Writer
 
@@ -356,7 +356,9 @@ def encode_message(message: InboundMessage) -> str:
 def decode_message(text: str) -> InboundMessage:
     """The inverse of :func:`encode_message`."""
     data: dict[str, Any] = json.loads(text)
-    data["attachments"] = tuple(Attachment(**a) for a in data.get("attachments", ()))
+    data["attachments"] = tuple(
+        Attachment(**{k: v for k, v in a.items() if k in _ATTACHMENT_FIELDS})
+        for a in data.get("attachments", ()))
     known = {f.name for f in dataclasses.fields(InboundMessage)}
     return InboundMessage(**{k: v for k, v in data.items() if k in known})
 
@@ -368,9 +370,15 @@ def encode_outbound(message: OutboundMessage) -> str:
 
 def decode_outbound(text: str) -> OutboundMessage:
     """The inverse of :func:`encode_outbound`."""
-    data: Mapping[str, Any] = json.loads(text)
+    data: dict[str, Any] = json.loads(text)
+    data["files"] = tuple(OutboundFile(**{k: v for k, v in f.items() if k in _FILE_FIELDS})
+                          for f in data.get("files", ()))
     known = {f.name for f in dataclasses.fields(OutboundMessage)}
     return OutboundMessage(**{k: v for k, v in data.items() if k in known})
+
+
+_ATTACHMENT_FIELDS = frozenset(f.name for f in dataclasses.fields(Attachment))
+_FILE_FIELDS = frozenset(f.name for f in dataclasses.fields(OutboundFile))
 
 
 def grouped(entries: Iterable[InboxEntry]) -> list[list[InboxEntry]]:

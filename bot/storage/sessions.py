@@ -10,6 +10,7 @@ leaves no partial history behind.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections import OrderedDict
@@ -20,7 +21,7 @@ from typing import Any
 
 import aiosqlite
 
-from bot.contracts.llm import ChatMessage, ToolCall, Usage
+from bot.contracts.llm import ChatMessage, ContentPart, ToolCall, Usage
 from bot.contracts.messages import InboundMessage
 from bot.observability.tracing import Span, attributes_of, span_row
 from bot.storage import db as dbmod
@@ -44,8 +45,8 @@ class RunRecord:
 
 _INSERT_MESSAGE = (
     "INSERT INTO messages (session_id, run_id, role, content, sender_id, sender_name,"
-    " tool_calls, tool_call_id, tool_name, is_error, created_at)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " tool_calls, tool_call_id, tool_name, is_error, created_at, parts)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _UPDATE_SESSION = (
     "UPDATE sessions SET updated_at = ?, input_tokens = input_tokens + ?,"
@@ -298,7 +299,7 @@ class SessionStore:
             if row is not None:
                 async with self.db.execute(
                     "SELECT role, content, sender_id, sender_name, tool_calls, tool_call_id,"
-                    " tool_name, is_error, created_at FROM messages WHERE session_id = ?"
+                    " tool_name, is_error, created_at, parts FROM messages WHERE session_id = ?"
                     " AND compacted = 0 ORDER BY id",
                     (row[0],),
                 ) as cur:
@@ -386,7 +387,7 @@ def _row(session_id: int, run_id: str, m: ChatMessage) -> tuple[Any, ...]:
         if m.tool_calls else None
     )
     return (session_id, run_id, m.role, m.content, m.sender_id, m.sender_name, calls,
-            m.tool_call_id, m.tool_name, int(m.is_error), m.created_at)
+            m.tool_call_id, m.tool_name, int(m.is_error), m.created_at, encode_parts(m.parts))
 
 
 def _message(r: Any) -> ChatMessage:
@@ -395,4 +396,23 @@ def _message(r: Any) -> ChatMessage:
     return ChatMessage(
         role=r[0], content=r[1], sender_id=r[2], sender_name=r[3], tool_calls=calls,
         tool_call_id=r[5], tool_name=r[6], is_error=bool(r[7]), created_at=r[8],
+        parts=decode_parts(r[9]),
     )
+
+
+_PART_FIELDS = frozenset(f.name for f in dataclasses.fields(ContentPart))
+
+
+def encode_parts(parts: Sequence[ContentPart]) -> str | None:
+    """A message's parts as JSON references (path, type, size...), ``None`` for none."""
+    if not parts:
+        return None
+    return json.dumps([dataclasses.asdict(p) for p in parts], ensure_ascii=False)
+
+
+def decode_parts(text: str | None) -> tuple[ContentPart, ...]:
+    """The inverse of :func:`encode_parts`; fields a newer Roost added are ignored."""
+    if not text:
+        return ()
+    return tuple(ContentPart(**{k: v for k, v in item.items() if k in _PART_FIELDS})
+                 for item in json.loads(text))

@@ -171,7 +171,7 @@ def roost_prompt_sections(prompt: PromptContext) -> PromptSection | None:
 async def log_stats(app: Roost) -> None:
     """Log how many tools and commands are loaded (a stand-in for real periodic work)."""
     log.info("roost-plugin-example: %d tools, %d commands",
-             len(app.engine.tools), len({id(c) for c in app.commands.values()}))
+             len(app.snapshot.tools), len({id(c) for c in app.commands.values()}))
 
 
 @hookimpl

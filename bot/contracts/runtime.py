@@ -1,0 +1,162 @@
+"""What plugins, commands and jobs may do with the running service.
+
+Hooks (``roost_startup``/``roost_shutdown``), command handlers
+(``CommandContext.app``) and scheduled jobs (``JobSpec.func``) receive a
+:class:`Runtime`, not the service object itself: the operations below are the
+supported surface, and the service's internals can change behind them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Collection, Mapping
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    # Type hints only: they name the concrete classes a runtime hands out.
+    from bot.agents.router import AgentRouter
+    from bot.config.settings import Settings
+    from bot.contracts.commands import Command
+    from bot.contracts.llm import LLMProvider
+    from bot.contracts.messages import InboundMessage, OutboundMessage
+    from bot.contracts.services import Services
+    from bot.engine.runloop import RunRequest, RunResult
+    from bot.engine.snapshot import PluginSnapshot
+    from bot.pluginhost.manager import PluginHost
+    from bot.scheduling.scheduler import Scheduler
+    from bot.storage.sessions import SessionStore
+    from bot.tools.executor import Breakers, ToolMetricsRegistry
+
+
+class Runtime(Protocol):
+    """The running Roost service as plugins, commands and jobs see it."""
+
+    @property
+    def settings(self) -> Settings:
+        """The service's settings (read-only by convention)."""
+        ...
+
+    @property
+    def services(self) -> Services:
+        """The stores tools use: sessions, stored errors and results, scheduler, inbox."""
+        ...
+
+    @property
+    def store(self) -> SessionStore:
+        """The session store: ``get(key)``, ``reset``, ``set_facts``, ``append_run``."""
+        ...
+
+    @property
+    def scheduler(self) -> Scheduler | None:
+        """Scheduled jobs (``None`` when the scheduler is not running)."""
+        ...
+
+    @property
+    def provider(self) -> LLMProvider:
+        """The default agent's LLM provider."""
+        ...
+
+    @property
+    def agents(self) -> AgentRouter:
+        """The configured agents: ``get(name)``, ``peek``, ``invalidate``, ``stats_for``."""
+        ...
+
+    @property
+    def plugins(self) -> PluginHost:
+        """Loaded plugins: their info, errors, disabled set and per-plugin hook calls."""
+        ...
+
+    @property
+    def snapshot(self) -> PluginSnapshot:
+        """What the enabled plugins offer now (tools, sanitizers, guard, judges)."""
+        ...
+
+    @property
+    def commands(self) -> Mapping[str, Command]:
+        """Every command by name and alias."""
+        ...
+
+    @property
+    def channels(self) -> Collection[str]:
+        """Names of the channels running now."""
+        ...
+
+    @property
+    def active_runs(self) -> int:
+        """Runs in flight across all chats."""
+        ...
+
+    @property
+    def tool_metrics(self) -> ToolMetricsRegistry:
+        """Per-tool call counts, failures and latency."""
+        ...
+
+    @property
+    def breakers(self) -> Breakers:
+        """The tools' circuit breakers."""
+        ...
+
+    def plugin_config(self, name: str) -> Any:
+        """Plugin ``name``'s validated configuration object, or ``None``."""
+        ...
+
+    def background(self, work: Awaitable[Any], what: str) -> None:
+        """Run ``work`` in the background; failures are logged, shutdown cancels it."""
+        ...
+
+    async def deliver(self, message: OutboundMessage) -> str | None:
+        """Send ``message`` through its channel; the platform message id, if any.
+
+        Raises ``LookupError`` when the channel is not running.
+        """
+        ...
+
+    def run_scheduled(self, message: InboundMessage, *, deliver_failed: bool = True,
+                      **options: Any) -> asyncio.Future[RunResult]:
+        """Queue a turn no person sent (cron, heartbeat) in ``message``'s chat.
+
+        It waits its turn behind the chat's messages and its reply is delivered
+        there; ``options`` go to ``RunRequest``.
+        """
+        ...
+
+    async def run_turn(self, request: RunRequest) -> RunResult:
+        """Run one turn directly, outside any chat's queue, delivering nothing."""
+        ...
+
+    def key_for(self, message: InboundMessage) -> str:
+        """The session ``message`` belongs to, under the agent its chat is bound to."""
+        ...
+
+    def running_count(self, key: str) -> int:
+        """Runs in flight for session ``key``."""
+        ...
+
+    def queue_length(self, key: str) -> int:
+        """Messages waiting in session ``key``'s queue."""
+        ...
+
+    def compacting(self, key: str) -> bool:
+        """True while session ``key``'s history is being compacted."""
+        ...
+
+    def hold_compaction(self, key: str) -> AbstractContextManager[None]:
+        """Keep session ``key`` from being compacted while the block runs.
+
+        For background work that reads a session's history (a memory flush):
+        a compaction starting meanwhile waits until the block ends.
+        """
+        ...
+
+    def stop_oldest(self, key: str) -> bool:
+        """Cancel the session's oldest run (``/stop``); False when none runs."""
+        ...
+
+    def stop_all(self, key: str) -> tuple[int, int]:
+        """Cancel every run of a session and drop its queue: (runs, dropped messages)."""
+        ...
+
+    async def set_plugin_enabled(self, name: str, enabled: bool) -> str:
+        """Enable or disable plugin ``name`` now and persist it; returns what happened."""
+        ...
