@@ -16,6 +16,7 @@ import pytest
 
 from bot.config.settings import Settings
 from bot.contracts.messages import OutboundMessage
+from bot.testing.app import scripted, settle
 from bot.testing.discord import (
     CHANNEL_ID,
     DM_CHANNEL_ID,
@@ -28,7 +29,7 @@ from bot.testing.discord import fake_discord as _fake_discord  # noqa: F401  (th
 from bot.testing.inbox import RecordingInbox as Inbox
 from channels.delivery import DeliveryPolicy
 from channels.discord import DiscordChannel
-from tests.conftest import AppFactory, scripted
+from tests.conftest import AppFactory
 from tests.test_slack_hostile import (
     RoostLog,
     roost_log_fixture,  # noqa: F401  (the fixture)
@@ -274,11 +275,13 @@ async def test_an_attachment_whose_name_has_a_lone_surrogate_is_recorded_and_ans
     await app.add_channel(DiscordChannel(app.settings, guild_ready_timeout=0.05, delivery=FAST))
     payload = fake_discord.message_payload("see attached", channel_id=DM_CHANNEL_ID,
                                            guild=False)
-    payload["attachments"] = [{"id": "1300000000000000002", "filename": "cat \ud83d.png",
-                               "size": 10, "url": "https://cdn.discordapp.com/\udc00",
-                               "proxy_url": "https://media.discordapp.net/x",
+    # On the fake CDN, so fetching it (and failing on the mangled URL) stays on 127.0.0.1.
+    attachment = fake_discord.attachment(b"\x89PNG", "cat.png", channel_id=DM_CHANNEL_ID)
+    payload["attachments"] = [{**attachment, "filename": "cat \ud83d.png",
+                               "url": attachment["url"] + "\udc00",
                                "content_type": "image/png\ud83d"}]
     await fake_discord.push_message(payload)
     await fake_discord.wait_for_call("POST", MESSAGES)
-    assert fake_discord.visible() == ["got it"]
+    await settle(app)
+    assert "got it" in fake_discord.visible()
     assert roost_log.tracebacks() == []

@@ -33,6 +33,17 @@ What it speaks (see ``/work/shared/notes/fake-platform-servers.md``):
   headers), ``"reset_before"`` (TCP reset before the call took effect),
   ``"reset_after"`` (it took effect, then the reset) and ``"stall"`` (the
   answer comes ``stall`` seconds late).
+- Files, as on Discord: :meth:`FakeDiscord.attachment` puts bytes on the fake
+  CDN (``/attachments/{channel}/{id}/{name}?ex=..&is=..&hm=..``; an unsigned,
+  expired or unknown URL gets 404 "This content is no longer available.", as
+  the real CDN answers) and returns the attachment object to put in a message
+  (``attachments=`` of the message helpers). :meth:`FakeDiscord.fail_cdn`
+  makes the next CDN requests fail. Message creation accepts multipart
+  bodies as discord.py sends them (``payload_json`` and ``files[n]``),
+  validated like the API: more than 10 files or an empty message are a 400,
+  files over :attr:`FakeDiscord.upload_limit` together (10 MiB) a 413 with
+  code 40005 "Request entity too large". Uploaded files are kept on the
+  message (:attr:`FakeMessage.files`) and served by the CDN.
 - The gateway at ``/gateway``: HELLO, heartbeat ACKs, IDENTIFY → READY and one
   GUILD_CREATE (a text channel, a thread in it and the bot's managed role),
   RESUME → RESUMED. Helpers push MESSAGE_CREATE (guild, mention, reply to the
@@ -49,6 +60,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
 import json
 import random
@@ -56,11 +68,13 @@ import re
 import socket
 import struct
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
 
+import aiohttp
 import pytest_asyncio
 from aiohttp import WSMsgType, web
 
@@ -78,6 +92,7 @@ __all__ = [
     "FakeDiscord",
     "FakeMessage",
     "RestCall",
+    "UploadedFile",
     "fake_discord",
 ]
 
@@ -97,6 +112,12 @@ FAULTS = ("500", "502", "503", "429", "reset_before", "reset_after", "stall")
 CHAOS_PATHS = r"^/channels/\d+/messages"
 """What :meth:`FakeDiscord.chaos` fails by default: creating, editing, deleting
 and reading messages."""
+UPLOAD_LIMIT = 10 * 1024 * 1024
+"""Discord's upload limit per message without server boosts (10 MiB)."""
+MAX_FILES = 10
+"""Files one message may carry."""
+CDN_GONE = "This content is no longer available."
+"""What Discord's CDN answers (404, text) for an unsigned, expired or unknown URL."""
 BAD_GATEWAY_PAGE = """<html>
 <head><title>502 Bad Gateway</title></head>
 <body><center><h1>502 Bad Gateway</h1></center><hr><center>cloudflare</center></body>
@@ -129,6 +150,17 @@ class RestCall:
     """``time.monotonic()`` when it arrived."""
 
 
+@dataclass(frozen=True, slots=True)
+class UploadedFile:
+    """One file a message was created with (a ``files[n]`` part)."""
+
+    filename: str
+    content_type: str
+    data: bytes
+    url: str
+    """Where the fake CDN serves it."""
+
+
 @dataclass(slots=True)
 class FakeMessage:
     """A message the bot created through REST (channel message or interaction response)."""
@@ -142,6 +174,8 @@ class FakeMessage:
     """Every later content, in order (the last one is :attr:`content`)."""
     deleted: bool = False
     interaction_id: int | None = None
+    files: list[UploadedFile] = field(default_factory=list)
+    """The files uploaded with it, in order."""
 
 
 @dataclass(slots=True)
@@ -187,6 +221,12 @@ class FakeDiscord:
         """Messages users sent (pushed live or recorded as missed), by id."""
         self.injected: list[tuple[str, str, str]] = []
         """Every fault served, as ``(method, path, kind)``, in order."""
+        self.upload_limit = UPLOAD_LIMIT
+        """The most bytes of files one message may carry (413 beyond)."""
+        self.cdn_requests: list[tuple[str, Mapping[str, str], int]] = []
+        """Every CDN request as ``(path with query, headers, status)``, in order."""
+        self._cdn: dict[str, tuple[bytes, str, bool]] = {}
+        self._cdn_failures: list[int | str] = []
         self._nonces: dict[str, int] = {}
         self._chaos: tuple[float, str | None, re.Pattern[str], tuple[str, ...],
                            random.Random, float, float] | None = None
@@ -203,8 +243,11 @@ class FakeDiscord:
 
     async def start(self) -> None:
         """Bind to a free port on 127.0.0.1 and start serving."""
-        app = web.Application()
+        # Bodies past the upload limit must reach the handler, which answers
+        # them as Discord does (413, code 40005), not as aiohttp would.
+        app = web.Application(client_max_size=8 * UPLOAD_LIMIT)
         app.router.add_get("/gateway", self._gateway)
+        app.router.add_get("/attachments/{tail:.*}", self._cdn_get)
         app.router.add_route("*", API_PREFIX + "/{tail:.*}", self._rest)
         self._runner = web.AppRunner(app, shutdown_timeout=0.5)
         await self._runner.setup()
@@ -359,7 +402,10 @@ class FakeDiscord:
     async def _serve(self, request: web.Request) -> web.Response:
         path = request.path[len(API_PREFIX):]
         body: Any = None
-        if request.can_read_body:
+        files: list[tuple[str, str, bytes]] | None = None
+        if request.content_type == "multipart/form-data":
+            body, files = await _read_multipart(request)
+        elif request.can_read_body:
             raw = await request.read()
             if raw:
                 try:
@@ -384,7 +430,9 @@ class FakeDiscord:
             response = _json({"message": "401: Unauthorized", "code": 0}, status=401)
         else:
             try:
-                response = self._route(request.method, path, request.query, body)
+                rejected = None if files is None else self._check_upload(body, files)
+                response = rejected or self._route(request.method, path, request.query, body,
+                                                   files or [])
             except (KeyError, TypeError, ValueError) as exc:
                 response = _json({"message": f"400: Bad Request ({exc})", "code": 50035},
                                  status=400)
@@ -406,7 +454,7 @@ class FakeDiscord:
         return authorization == f"Bot {self.token}"
 
     def _route(self, method: str, path: str, query: Mapping[str, str],
-               body: Any) -> web.Response:
+               body: Any, files: Sequence[tuple[str, str, bytes]] = ()) -> web.Response:
         if method == "GET" and path == "/users/@me":
             return _json(user_payload(BOT_ID, "testbot", bot=True))
         if method == "GET" and path == "/oauth2/applications/@me":
@@ -427,7 +475,10 @@ class FakeDiscord:
             if data.get("enforce_nonce") and nonce is not None and str(nonce) in self._nonces:
                 earlier = self.messages[self._nonces[str(nonce)]]
                 return _json(self._message_payload(earlier))
-            msg = self._create(int(m[1]), body)
+            if not str(data.get("content") or "") and not files and not data.get("embeds"):
+                return _json({"message": "Cannot send an empty message", "code": 50006},
+                             status=400)
+            msg = self._create(int(m[1]), body, files=files)
             if nonce is not None:
                 self._nonces[str(nonce)] = msg.id
             return _json(self._message_payload(msg))
@@ -496,15 +547,35 @@ class FakeDiscord:
                 "bot": user_payload(BOT_ID, "testbot", bot=True)}
 
     def _create(self, channel_id: int, body: Any, *, interaction_id: int | None = None,
-                ) -> FakeMessage:
+                files: Sequence[tuple[str, str, bytes]] = ()) -> FakeMessage:
         data = body if isinstance(body, dict) else {}
         msg = FakeMessage(id=next(self._ids), channel_id=channel_id,
                           content=str(data.get("content") or ""),
                           reference=data.get("message_reference"),
                           allowed_mentions=data.get("allowed_mentions"),
                           interaction_id=interaction_id)
+        for filename, content_type, blob in files:
+            attachment = self.attachment(blob, filename, content_type, channel_id=channel_id)
+            msg.files.append(UploadedFile(filename, content_type, blob, attachment["url"]))
         self.messages[msg.id] = msg
         return msg
+
+    def _check_upload(self, body: Any, files: Sequence[tuple[str, str, bytes]],
+                      ) -> web.Response | None:
+        """The API's answer to a multipart body it refuses, or ``None`` if it takes it."""
+        if not isinstance(body, dict):
+            return _json({"message": "Invalid Form Body", "code": 50035, "errors": {
+                "payload_json": {"_errors": [{"code": "DICT_TYPE_CONVERT",
+                                              "message": "Only dictionaries may be used "
+                                                         "in a DictType"}]}}}, status=400)
+        if len(files) > MAX_FILES:
+            return _json({"message": "Invalid Form Body", "code": 50035, "errors": {
+                "files": {"_errors": [{"code": "BASE_TYPE_MAX_LENGTH",
+                                       "message": f"Must be {MAX_FILES} or fewer in "
+                                                  "length."}]}}}, status=400)
+        if sum(len(blob) for _, _, blob in files) > self.upload_limit:
+            return _json({"message": "Request entity too large", "code": 40005}, status=413)
+        return None
 
     def _change(self, method: str, message_id: int, body: Any) -> web.Response:
         msg = self.messages.get(message_id)
@@ -566,9 +637,81 @@ class FakeDiscord:
         data = _message(msg.id, msg.channel_id, msg.content,
                         user_payload(BOT_ID, "testbot", bot=True),
                         guild_id=None)
+        data["attachments"] = [
+            {"id": _path_id(f.url), "filename": f.filename, "size": len(f.data),
+             "url": f.url, "proxy_url": f.url, "content_type": f.content_type}
+            for f in msg.files]
         if msg.edits:
             data["edited_timestamp"] = TIMESTAMP
         return data
+
+    # -- CDN -------------------------------------------------------------------
+
+    def attachment(self, data: bytes, filename: str, content_type: str | None = None, *,
+                   channel_id: int = CHANNEL_ID, width: int | None = None,
+                   height: int | None = None, voice_seconds: float | None = None,
+                   size: int | None = None, chunked: bool = False) -> dict[str, Any]:
+        """Put ``data`` on the CDN; the attachment object a message carries.
+
+        ``size`` overrides the declared size (a payload that lies); ``chunked``
+        serves the bytes without a Content-Length. ``voice_seconds`` makes it
+        a voice message's attachment (``duration_secs`` and ``waveform``).
+        """
+        attachment_id = next(self._ids)
+        path = f"/attachments/{channel_id}/{attachment_id}/{filename}"
+        self._cdn[path] = (data, content_type or "application/octet-stream", chunked)
+        expires = f"{int(time.time()) + 86_400:x}"
+        url = (f"http://127.0.0.1:{self._require_port()}{path}?ex={expires}"
+               f"&is={int(time.time()):x}&hm={_cdn_signature(path, expires)}&")
+        found: dict[str, Any] = {"id": str(attachment_id), "filename": filename,
+                                 "size": len(data) if size is None else size, "url": url,
+                                 "proxy_url": url.replace("/attachments/",
+                                                          "/media/attachments/", 1)}
+        if content_type is not None:
+            found["content_type"] = content_type
+        if width is not None and height is not None:
+            found["width"], found["height"] = width, height
+        if voice_seconds is not None:
+            found["duration_secs"] = voice_seconds
+            found["waveform"] = "AAAAAAAAAAAA"
+        return found
+
+    def expire(self, url: str) -> None:
+        """Forget the file behind a CDN ``url``: it answers 404 from now on."""
+        self._cdn.pop(urllib.parse.urlsplit(url).path, None)
+
+    def fail_cdn(self, fault: int | str, count: int = 1) -> None:
+        """Fail the next ``count`` CDN requests: an HTTP status, or ``"reset"``."""
+        self._cdn_failures.extend([fault] * count)
+
+    async def _cdn_get(self, request: web.Request) -> web.StreamResponse:
+        found = self._cdn.get(request.path)
+        expires = request.query.get("ex", "")
+        status = 200
+        if self._cdn_failures:
+            fault = self._cdn_failures.pop(0)
+            if fault == "reset":
+                self.cdn_requests.append((request.path_qs, dict(request.headers), 0))
+                _reset(request)
+                return web.Response(status=500)  # never written: the connection is gone
+            status = int(fault)
+        elif (found is None or request.query.get("hm") != _cdn_signature(request.path, expires)
+              or int(expires or "0", 16) < time.time()):
+            status = 404
+        self.cdn_requests.append((request.path_qs, dict(request.headers), status))
+        if status != 200 or found is None:
+            return web.Response(status=status, text=CDN_GONE if status == 404
+                                else f"{status} Error", content_type="text/plain")
+        data, content_type, chunked = found
+        if not chunked:
+            return web.Response(body=data, content_type=content_type)
+        response = web.StreamResponse(headers={"Content-Type": content_type})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        for start in range(0, len(data), 16_384):
+            await response.write(data[start:start + 16_384])
+        await response.write_eof()
+        return response
 
     # -- gateway ---------------------------------------------------------------
 
@@ -660,11 +803,15 @@ class FakeDiscord:
                         mentions: Sequence[Mapping[str, Any]] = (),
                         mention_roles: Sequence[int] = (),
                         referenced: FakeMessage | Mapping[str, Any] | None = None,
-                        message_id: int | None = None) -> dict[str, Any]:
+                        message_id: int | None = None,
+                        attachments: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
         """A MESSAGE_CREATE payload from a user (``author``; Alice by default)."""
         data = _message(message_id or next(self._ids), channel_id, content,
                         dict(author or user_payload(USER_ID, "alice")),
                         guild_id=GUILD_ID if guild else None)
+        data["attachments"] = [dict(a) for a in attachments]
+        if any("waveform" in a for a in attachments):
+            data["flags"] = 1 << 13  # IS_VOICE_MESSAGE
         data["mentions"] = [dict(m) for m in mentions]
         data["mention_roles"] = [str(r) for r in mention_roles]
         if referenced is not None:
@@ -706,13 +853,14 @@ class FakeDiscord:
     async def guild_message(self, content: str, *, mention: bool = False,
                             channel_id: int = CHANNEL_ID,
                             author: Mapping[str, Any] | None = None,
-                            message_id: int | None = None) -> int:
+                            message_id: int | None = None,
+                            attachments: Sequence[Mapping[str, Any]] = ()) -> int:
         """A message in the guild text channel; ``mention`` prefixes ``<@bot>``."""
         mentions = [user_payload(BOT_ID, "testbot", bot=True)] if mention else []
         text = f"<@{BOT_ID}> {content}" if mention else content
         return await self.push_message(self.message_payload(
             text, channel_id=channel_id, author=author, mentions=mentions,
-            message_id=message_id))
+            message_id=message_id, attachments=attachments))
 
     async def role_mention(self, content: str) -> int:
         """A message that mentions the bot's managed role instead of the bot."""
@@ -729,11 +877,12 @@ class FakeDiscord:
         return await self.guild_message(content, mention=mention, channel_id=THREAD_ID)
 
     async def dm(self, content: str, *, author: Mapping[str, Any] | None = None,
-                 message_id: int | None = None) -> int:
-        """A direct message to the bot."""
+                 message_id: int | None = None,
+                 attachments: Sequence[Mapping[str, Any]] = ()) -> int:
+        """A direct message to the bot (with ``attachments`` from :meth:`attachment`)."""
         return await self.push_message(self.message_payload(
             content, channel_id=DM_CHANNEL_ID, guild=False, author=author,
-            message_id=message_id))
+            message_id=message_id, attachments=attachments))
 
     async def bot_message(self, content: str, *, mention: bool = True) -> int:
         """A guild message from another bot (mentioning ours by default)."""
@@ -858,6 +1007,38 @@ def _json(data: Any, status: int = 200, headers: Mapping[str, str] | None = None
     # body as a string, not JSON.
     return web.Response(status=status, body=json.dumps(data).encode(),
                         headers={"Content-Type": "application/json", **(headers or {})})
+
+
+async def _read_multipart(request: web.Request,
+                          ) -> tuple[Any, list[tuple[str, str, bytes]]]:
+    """``(payload_json, files)`` of a multipart body as discord.py sends it."""
+    body: Any = None
+    files: list[tuple[str, str, bytes]] = []
+    reader = await request.multipart()
+    while (part := await reader.next()) is not None:
+        if not isinstance(part, aiohttp.BodyPartReader):
+            continue
+        blob = await part.read()
+        if part.name == "payload_json":
+            try:
+                body = json.loads(blob)
+            except ValueError:
+                body = blob.decode("utf-8", "replace")
+        elif part.name and part.name.startswith("files["):
+            files.append((part.filename or "file",
+                          part.headers.get("Content-Type", "application/octet-stream"),
+                          bytes(blob)))
+    return body, files
+
+
+def _cdn_signature(path: str, expires: str) -> str:
+    # Stands in for Discord's HMAC over the path and expiry.
+    return hashlib.sha256(f"{path}:{expires}".encode()).hexdigest()[:32]
+
+
+def _path_id(url: str) -> str:
+    """The attachment id in a CDN URL (``/attachments/{channel}/{id}/{name}``)."""
+    return urllib.parse.urlsplit(url).path.split("/")[-2]
 
 
 def _no_content() -> web.Response:

@@ -44,6 +44,15 @@ it (``roost-7``, ``roost-7.1`` for the second piece), so a redelivery after a
 restart gets the earlier message back instead of a second one, as long as
 Discord still remembers the nonce (a few minutes).
 
+Files: a message's attachments become :class:`~bot.contracts.messages.Attachment`
+items (kind ``photo``, ``video``, ``audio``, ``voice`` for a voice message,
+``document``, or ``file`` without a type; ``url`` the CDN link, size and
+dimensions as declared); :meth:`DiscordChannel.download` fetches one from the
+CDN with a byte limit. A reply's files are uploaded after its text, one
+message each with the caption as text, up to ``discord_max_upload_mb`` (10 MB
+by default; larger raises ``MediaTooLarge`` before anything is posted). See
+:mod:`channels.discord.media`.
+
 Slash commands are synced as global application commands, each with an
 optional ``args`` string. An interaction is deferred at once (Discord wants an
 answer within 3 s) and routed to the core as ``/name args``; the command's

@@ -16,11 +16,12 @@ from channels.discord.common import _NO_PINGS, MESSAGE_LIMIT, _escape, _referenc
 from channels.discord.gateway import _Client, _guard_frames, _guard_parsers
 from channels.discord.inbound import _Inbound
 from channels.discord.interactions import _Interactions
+from channels.discord.media import _Media
 from channels.discord.rest import _Rest
 from channels.discord.stream import _StreamedReply
 
 
-class DiscordChannel(_Inbound, _Interactions, _Rest):
+class DiscordChannel(_Inbound, _Interactions, _Rest, _Media):
     """Discord through discord.py's gateway client; see the module docstring."""
 
     name = "discord"
@@ -82,6 +83,7 @@ class DiscordChannel(_Inbound, _Interactions, _Rest):
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.client is not None:
             await self.client.close()
+        await self._close_media()
         if self._runner is not None:
             await asyncio.gather(self._runner, return_exceptions=True)
             self._runner = None
@@ -145,17 +147,31 @@ class DiscordChannel(_Inbound, _Interactions, _Rest):
         Split, referenced in groups, as the interaction's answer if one is
         pending. With ``replace`` the draft is edited into the first piece, or,
         if that edit fails for good, the reply is posted anew and the draft
-        deleted. Raises when the reply was not delivered.
+        deleted. ``message.files`` are uploaded after the text, one message
+        each; a file over the upload limit raises :class:`MediaTooLarge` before
+        anything is posted. Raises when the reply was not delivered.
         """
         with self._busy():
+            if message.files:
+                self._check_files(message.files)  # before anything is posted
             pieces = split_message(_escape(message.text), MESSAGE_LIMIT)
+            target = _target(message)
+            reference = _reference(message, target)
             pending = None if message.replace else self._claim_interaction(message)
             if pending is not None and await self._answer(pending, pieces):
+                if message.files:
+                    # An interaction's answer is text; its files follow in the channel.
+                    await self._upload_files(target, message.files, None, message.delivery_id)
                 return None
-            target = _target(message)
-            return await self._deliver_reply(target, _reference(message, target), pieces,
+            last = await self._deliver_reply(target, reference, pieces,
                                              draft=message.replace or None,
                                              delivery_id=message.delivery_id)
+            if message.files:
+                uploaded = await self._upload_files(
+                    target, message.files, reference if last is None else None,
+                    message.delivery_id)
+                last = uploaded or last
+            return last
 
     async def withdraw(self, chat_id: str, message_id: str) -> None:
         """Delete one of the bot's messages (``chat_id`` may be a thread); gone is fine."""

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import discord
 
-from bot.contracts.messages import Attachment, InboundMessage, clean_text
+from bot.contracts.messages import InboundMessage
 from channels.discord.base import _DiscordBase
 from channels.discord.common import (
     _ADDRESSED_TYPES,
@@ -18,6 +18,7 @@ from channels.discord.common import (
     _strip_mentions,
     log,
 )
+from channels.discord.media import _attachment
 from channels.logline import short as _short
 
 
@@ -210,7 +211,7 @@ class _Inbound(_DiscordBase):
             sender_id=str(message.author.id), sender_name=str(message.author.display_name),
             text=text, message_id=str(message.id), reply_to=reply_to, thread_id=thread_id,
             mentioned=mentioned,
-            attachments=tuple(_attachment(a) for a in message.attachments), raw=message,
+            attachments=tuple(_attachment(a, message.id) for a in message.attachments), raw=message,
             group_id=str(guild_id) if guild_id is not None else None,
             event_id=str(message.id))
 
@@ -227,15 +228,3 @@ class _Inbound(_DiscordBase):
         if isinstance(replied, discord.Message) and replied.author.id == me.id:
             return True
         return reference.message_id is not None and reference.message_id in self._own
-
-
-def _attachment(attachment: discord.Attachment) -> Attachment:
-    # discord.py keeps these as the payload had them, and the core stores them
-    # as given (it cleans only text and names): text without lone surrogates.
-    mime = clean_text(str(attachment.content_type or ""))
-    kind = mime.split("/", 1)[0] if mime.split("/", 1)[0] in ("image", "audio", "video") \
-        else "file"
-    size = attachment.size
-    return Attachment(kind=kind, name=clean_text(str(attachment.filename)),
-                      url=clean_text(str(attachment.url)), mime_type=mime,
-                      size=size if type(size) is int and size >= 0 else 0)
