@@ -34,7 +34,7 @@ from bot.storage.errors import ErrorStore, ResultStore, format_failure, format_l
 from bot.storage.inbox import Inbox
 from bot.storage.retention import prune_stores
 from bot.storage.sessions import SessionStore
-from bot.tools.executor import RawError
+from bot.tools.outcomes import RawError
 from bot.tools.structured_errors import extract, structured_hint
 
 log = logging.getLogger("roost")

@@ -18,7 +18,8 @@ from bot.engine.snapshot import PluginSnapshot
 from bot.pluginhost.manager import PluginHost
 from bot.scheduling.scheduler import Scheduler
 from bot.storage.sessions import SessionStore
-from bot.tools.executor import Breakers, ToolMetricsRegistry
+from bot.tools.breakers import Breakers
+from bot.tools.metrics import ToolMetricsRegistry
 
 if TYPE_CHECKING:
     from bot.app.roost import Roost

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from bot.pluginhost.manager import PluginHost
     from bot.scheduling.scheduler import Scheduler
     from bot.storage.sessions import SessionStore
-    from bot.tools.executor import Breakers, ToolMetricsRegistry
+    from bot.tools.breakers import Breakers
+    from bot.tools.metrics import ToolMetricsRegistry
 
 
 class Runtime(Protocol):

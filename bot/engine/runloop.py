@@ -45,15 +45,10 @@ from bot.pluginhost.manager import PluginHost
 from bot.storage.db import Statements
 from bot.storage.inbox import RunJournal
 from bot.storage.sessions import RunRecord, Session, SessionStore
-from bot.tools.executor import (
-    Breakers,
-    RawError,
-    ToolExecutor,
-    ToolMetricsRegistry,
-    ToolOutcome,
-    describe_error,
-    turn_timeout_notice,
-)
+from bot.tools.breakers import Breakers
+from bot.tools.executor import ToolExecutor
+from bot.tools.metrics import ToolMetricsRegistry
+from bot.tools.outcomes import RawError, ToolOutcome, describe_error, turn_timeout_notice
 from bot.tools.structured_errors import extract
 from workspaces import TEMPLATE_NAMES, ensure_workspace, is_seeded, read_cached, workspace_dir
 
