@@ -14,17 +14,18 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
+from bot.config.settings import Settings
 from bot.contracts.llm import ChatMessage, LLMProvider, LLMRequest
 from bot.contracts.messages import InboundMessage
 from bot.engine.history import repair_pairing
-from bot.storage.sessions import Session, agent_of
+from bot.engine.tokens import TokenEstimator
+from bot.storage.sessions import Session, SessionStore, agent_of
 
 if TYPE_CHECKING:
     from bot.agents.router import Agent
-    from bot.engine.runloop import RunEngine
 
 log = logging.getLogger("roost.engine.compaction")
 
@@ -75,22 +76,19 @@ def transcript(messages: Sequence[ChatMessage], previous_summary: str = "") -> s
     return "\n".join(lines)
 
 
-async def summarize(engine: RunEngine, messages: Sequence[ChatMessage],
-                    previous_summary: str = "", *, provider: LLMProvider | None = None,
-                    model: str | None = None) -> str:
-    """Ask the model for a summary of ``messages``; raises on failure or empty output.
-
-    ``provider`` and ``model`` default to the engine's (the default agent's).
-    """
+async def summarize(provider: LLMProvider, model: str, messages: Sequence[ChatMessage],
+                    previous_summary: str = "") -> str:
+    """Ask ``provider``'s ``model`` for a summary of ``messages``; raises on failure or
+    empty output."""
     request = LLMRequest(
-        model=model or engine.settings.model,
+        model=model,
         system=SUMMARY_SYSTEM,
         messages=(ChatMessage("user", transcript(messages, previous_summary)),),
         max_tokens=SUMMARY_MAX_TOKENS,
         temperature=SUMMARY_TEMPERATURE,
     )
     async with asyncio.timeout(SUMMARY_TIMEOUT):
-        response = await (provider or engine.provider).complete(request)
+        response = await provider.complete(request)
     summary = response.text.strip()
     if not summary:
         raise ValueError("the model returned an empty summary")
@@ -105,12 +103,26 @@ def split_point(messages: Sequence[ChatMessage], keep: int) -> int:
     return cut
 
 
-class Compactor:
-    """Runs post-run compaction for sessions, at most one at a time per session."""
+FlushRun = Callable[[InboundMessage, Session, str, Sequence[ChatMessage]], Awaitable[str]]
+"""``flush(message, session, agent, history)``: run the memory-flush turn and say how it went."""
 
-    def __init__(self, engine: RunEngine) -> None:
-        self.engine = engine
-        self.settings = engine.settings
+
+class Compactor:
+    """Runs post-run compaction for sessions, at most one at a time per session.
+
+    Given what it needs rather than the engine: the session ``store``, the
+    default ``provider()``, ``estimator_for(provider name)`` and ``flush``, which
+    runs the pre-compaction memory-flush turn.
+    """
+
+    def __init__(self, settings: Settings, store: SessionStore,
+                 provider: Callable[[], LLMProvider],
+                 estimator_for: Callable[[str], TokenEstimator], flush: FlushRun) -> None:
+        self.settings = settings
+        self.store = store
+        self.provider = provider
+        self.estimator_for = estimator_for
+        self.flush = flush
         self.busy: set[str] = set()
         self.tasks: set[asyncio.Task[None]] = set()
         # After a failure, wait for this much more history before trying again, so
@@ -129,14 +141,14 @@ class Compactor:
         if len(session.messages) > settings.compact_min_messages:
             return True
         provider, _ = self._provider(agent)
-        tokens = self.engine.estimator_for(provider.name).messages(session.messages)
+        tokens = self.estimator_for(provider.name).messages(session.messages)
         return tokens >= settings.compact_ratio * settings.context_window
 
     def _provider(self, agent: Agent | None) -> tuple[LLMProvider, str]:
         """The provider and model that summarize for ``agent``."""
         if agent is None:
-            return self.engine.provider, self.settings.model
-        return agent.provider or self.engine.provider, agent.settings.model
+            return self.provider(), self.settings.model
+        return agent.provider or self.provider(), agent.settings.model
 
     def schedule(self, session: Session, message: InboundMessage,
                  agent: Agent | None = None) -> bool:
@@ -173,8 +185,6 @@ class Compactor:
     async def memory_flush(self, session: Session, message: InboundMessage,
                            agent: Agent | None = None) -> None:
         """Give the agent one minimal, tool-limited run to save durable memories."""
-        from bot.engine.runloop import RunRequest
-
         history = session.messages[-FLUSH_WINDOW:]
         while history and history[0].role != "user":
             history = history[1:]
@@ -183,15 +193,11 @@ class Compactor:
             sender_id=message.sender_id, sender_name=message.sender_name,
             text=flush_prompt(dt.datetime.now(dt.UTC).date()),
         )
-        result = await self.engine.run(RunRequest(
-            flush, session, mode="minimal", max_iterations=FLUSH_ITERATIONS,
-            agent=agent.name if agent is not None else agent_of(session.key),
-            tools=FLUSH_TOOLS, history=repair_pairing(history), persist=False,
-            timeout=FLUSH_TIMEOUT, kind="memory_flush",
-        ))
-        await self.engine.store.mark_flushed(session)
-        log.info("memory flush for %s: %s", session.key,
-                 "nothing stored" if result.silent else result.status)
+        outcome = await self.flush(
+            flush, session, agent.name if agent is not None else agent_of(session.key),
+            repair_pairing(history))
+        await self.store.mark_flushed(session)
+        log.info("memory flush for %s: %s", session.key, outcome)
 
     async def compact(self, session: Session, agent: Agent | None = None) -> bool:
         """Summarize all but the last few messages; returns whether it did."""
@@ -200,9 +206,8 @@ class Compactor:
             return False
         old = list(session.messages[:cut])
         provider, model = self._provider(agent)
-        summary = await summarize(self.engine, old, session.summary, provider=provider,
-                                  model=model)
-        await self.engine.store.compact(session, cut, summary)
+        summary = await summarize(provider, model, old, session.summary)
+        await self.store.compact(session, cut, summary)
         log.info("compacted %s: %d messages into a %d-char summary (compaction #%d)",
                  session.key, cut, len(summary), session.compactions)
         return True

@@ -33,7 +33,14 @@ from bot.contracts.messages import InboundMessage
 from bot.contracts.prompt import Order, PromptContext, PromptMode, PromptSection, assemble
 from bot.contracts.sanitize import Sanitizer, run_pipeline
 from bot.contracts.tools import SendFunc, Tool, ToolContext, ToolResult
-from bot.engine.compaction import Compactor, split_point, summarize
+from bot.engine.compaction import (
+    FLUSH_ITERATIONS,
+    FLUSH_TIMEOUT,
+    FLUSH_TOOLS,
+    Compactor,
+    split_point,
+    summarize,
+)
 from bot.engine.context import build_context, kernel_text
 from bot.engine.exec_summary import ExecutionSummary
 from bot.engine.guard import BLOCK_REFUSAL, WITHHELD, InputGuard, truncate
@@ -142,7 +149,8 @@ class RunEngine:
         """What the enabled plugins offer; replaced whole when plugins change."""
         self.estimator = TokenEstimator(provider.name)
         self._estimators = {provider.name: self.estimator}
-        self.compactor = Compactor(self)
+        self.compactor = Compactor(settings, store, lambda: self.provider, self.estimator_for,
+                                   self._memory_flush)
         self.prune = PruneSettings(soft_ratio=settings.prune_soft_ratio,
                                    hard_ratio=settings.prune_hard_ratio)
         self.exporter: SpanExporter | None = None
@@ -182,6 +190,16 @@ class RunEngine:
         if estimator is None:
             estimator = self._estimators[provider] = TokenEstimator(provider)
         return estimator
+
+    async def _memory_flush(self, message: InboundMessage, session: Session, agent: str,
+                            history: Sequence[ChatMessage]) -> str:
+        """The compactor's memory flush: one minimal, tool-limited run that stores nothing."""
+        result = await self.run(RunRequest(
+            message, session, mode="minimal", max_iterations=FLUSH_ITERATIONS, agent=agent,
+            tools=FLUSH_TOOLS, history=list(history), persist=False, timeout=FLUSH_TIMEOUT,
+            kind="memory_flush",
+        ))
+        return "nothing stored" if result.silent else result.status
 
     async def run(self, req: RunRequest, listener: Listener | None = None) -> RunResult:
         """Execute ``req`` to completion; raises ``CancelledError`` if cancelled."""
@@ -562,8 +580,7 @@ class _Run:
         span = self.trace.start("llm", "compaction", model=self.settings.model,
                                 messages=cut)
         try:
-            summary = await summarize(self.engine, convo[:cut], provider=self.provider,
-                                      model=self.settings.model)
+            summary = await summarize(self.provider, self.settings.model, convo[:cut])
         except Exception as exc:
             span.end(error=True, error_message=describe_error(exc))
             log.warning("mid-run compaction of %s failed; continuing uncompacted",
