@@ -29,7 +29,13 @@ from anthropic.types import (
 
 # Built-in: the HTTP providers share Roost's own circuit breaker and retry plumbing.
 from bot.resilience.breaker import CircuitBreaker
-from plugins.provider_media import DocumentData, ImageData, MediaReader, Note
+from plugins.provider_media import (
+    ANTHROPIC_MAX_PIXELS,
+    DocumentData,
+    ImageData,
+    MediaReader,
+    Note,
+)
 from plugins.provider_retry import (
     DEFAULT_MAX_ATTEMPTS,
     AttemptFailed,
@@ -105,7 +111,7 @@ class AnthropicProvider:
         )
         self.retry = RetryPolicy(max_attempts, retry_base_delay)
         self.breaker = breaker or CircuitBreaker()
-        self.media = MediaReader(documents=True)
+        self.media = MediaReader(documents=True, max_pixels=ANTHROPIC_MAX_PIXELS)
         """Prepares images and PDFs of the history, caching them between calls."""
 
     async def complete(
@@ -330,7 +336,7 @@ def to_anthropic_messages(
     with ``vision=False``, or for a file that is gone or unreadable, a text
     note takes the block's place. Reads files: call it off the event loop.
     """
-    reader = media or MediaReader(documents=True)
+    reader = media or MediaReader(documents=True, max_pixels=ANTHROPIC_MAX_PIXELS)
     merged: list[tuple[str, list[_Block]]] = []
     for message in history:
         role, blocks = _blocks_for(message, reader, vision)

@@ -31,7 +31,13 @@ from openai.types.chat import (
 
 # Built-in: the HTTP providers share Roost's own circuit breaker and retry plumbing.
 from bot.resilience.breaker import CircuitBreaker
-from plugins.provider_media import DocumentData, ImageData, MediaReader, Note
+from plugins.provider_media import (
+    OPENAI_SHORT_EDGE,
+    DocumentData,
+    ImageData,
+    MediaReader,
+    Note,
+)
 from plugins.provider_retry import (
     DEFAULT_MAX_ATTEMPTS,
     RETRYABLE_STATUSES,
@@ -93,7 +99,7 @@ class OpenAIProvider:
         # Adjusted once if the server rejects them; see _adapt_to.
         self._include_usage = True
         self._token_param = "max_tokens"
-        self.media = MediaReader(documents=False)
+        self.media = MediaReader(documents=False, max_short_edge=OPENAI_SHORT_EDGE)
         """Prepares images (and PDF text) of the history, caching them between calls."""
 
     async def complete(
@@ -333,7 +339,7 @@ def to_openai_messages(
     message without images stays plain text, which every server takes.
     Reads files: call it off the event loop.
     """
-    reader = media or MediaReader(documents=False)
+    reader = media or MediaReader(documents=False, max_short_edge=OPENAI_SHORT_EDGE)
     result: list[ChatCompletionMessageParam] = []
     if system:
         result.append({"role": "system", "content": system})

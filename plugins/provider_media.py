@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import io
 import logging
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -51,6 +52,11 @@ log = logging.getLogger("roost.plugins.provider_media")
 
 MAX_IMAGE_EDGE = 1568
 """Anthropic's recommended long edge: larger images are scaled down by the API anyway."""
+ANTHROPIC_MAX_PIXELS = 1_200_000
+"""Anthropic also scales down what would cost over ~1,600 tokens (width × height / 750):
+a 4:3 photo is seen at about 1268×951, so sending more pixels only costs upload."""
+OPENAI_SHORT_EDGE = 768
+"""OpenAI's high detail scales an image so its short side is at most 768 px."""
 MAX_IMAGE_BASE64 = 5 * 1024 * 1024
 """The Messages API's per-image limit, measured on the base64 text."""
 MAX_PDF_PAGES = 100
@@ -102,8 +108,13 @@ class MediaReader:
     Messages API does; OpenAI-compatible servers get the text).
     """
 
-    def __init__(self, *, documents: bool, cache_bytes: int = CACHE_BYTES) -> None:
+    def __init__(self, *, documents: bool, max_pixels: int = 0, max_short_edge: int = 0,
+                 cache_bytes: int = CACHE_BYTES) -> None:
         self.documents = documents
+        self.max_pixels = max_pixels
+        """Pixels the model sees at most (0: no limit beyond the long edge)."""
+        self.max_short_edge = max_short_edge
+        """The short side the model sees at most (0: no such limit)."""
         self.cache_bytes = cache_bytes
         self._cache: OrderedDict[tuple[str, str, int, int], Prepared] = OrderedDict()
         self._cached = 0
@@ -158,10 +169,26 @@ class MediaReader:
         self._remember(key, item)
         return item
 
+    def edge_for(self, width: int, height: int) -> int:
+        """The long edge to scale an image of ``width`` × ``height`` to, at most.
+
+        The API would scale a larger image down itself; doing it here sends fewer
+        bytes and spends less CPU on resampling. Unknown dimensions: 1568.
+        """
+        edge = MAX_IMAGE_EDGE
+        if width <= 0 or height <= 0:
+            return edge
+        long, short = max(width, height), min(width, height)
+        if self.max_pixels and width * height > self.max_pixels:
+            edge = min(edge, int(long * math.sqrt(self.max_pixels / (width * height))))
+        if self.max_short_edge and short > self.max_short_edge:
+            edge = min(edge, long * self.max_short_edge // short)
+        return max(edge, 1)
+
     def _image(self, part: ContentPart, data: bytes) -> Prepared:
         try:
             prepared, mime = prepare_for_model(
-                data, max_edge=MAX_IMAGE_EDGE, max_bytes=_IMAGE_RAW_LIMIT,
+                data, max_edge=self.edge_for(part.width, part.height), max_bytes=_IMAGE_RAW_LIMIT,
                 formats=_IMAGE_FORMATS)
         except MediaError as exc:
             return Note(part, f"[image: {part.path} — {exc}]")

@@ -106,6 +106,23 @@ async def test_a_large_photo_is_resized_before_it_is_sent(
     assert Image.open(part.file).size == (4000, 3000)
 
 
+async def test_a_photo_of_known_size_goes_at_the_pixels_each_api_looks_at(
+    claude: tuple[FakeAnthropic, AnthropicProvider], gpt: tuple[FakeOpenAI, OpenAIProvider],
+    tmp_path: Path,
+) -> None:
+    part = replace(stored(tmp_path, "big.jpg", jpeg(4000, 3000)), width=4000, height=3000)
+    claude[0].reply_text("ok")
+    gpt[0].reply_text("ok")
+
+    await claude[1].complete(asking(part))
+    await gpt[1].complete(asking(part))
+
+    # Anthropic scales to ~1,600 tokens (width x height / 750); OpenAI to a 768 px short side.
+    assert decoded(blocks(claude[0])[0]).size == (1264, 948)
+    url = gpt[0].last_request.body["messages"][1]["content"][1]["image_url"]["url"]
+    assert Image.open(io.BytesIO(base64.b64decode(url.partition(",")[2]))).size == (1024, 768)
+
+
 async def test_location_metadata_does_not_leave_the_machine(
     claude: tuple[FakeAnthropic, AnthropicProvider], tmp_path: Path
 ) -> None:
