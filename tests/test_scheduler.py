@@ -23,7 +23,8 @@ from bot.contracts.messages import InboundMessage
 from bot.engine.runloop import RunResult
 from bot.pluginhost.manager import get_plugin_manager
 from bot.scheduling.cron import ScheduleError, format_duration, parse, parse_duration, zone
-from bot.scheduling.scheduler import Job, JobError, JobView, Scheduler
+from bot.scheduling.scheduler import JobError, JobView, Scheduler
+from bot.storage.jobs import Job
 from tests.conftest import EventLog, RecordingChannel, scripted
 
 T0 = datetime(2030, 1, 7, 8, 0, tzinfo=UTC)

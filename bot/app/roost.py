@@ -29,9 +29,10 @@ from bot.engine.snapshot import PluginSnapshot
 from bot.observability.otel import OTelExporter
 from bot.pluginhost.manager import ESSENTIAL_PLUGINS, RESTART_HOOKS, PluginHost, get_plugin_manager
 from bot.pluginhost.state import load_disabled, save_state
-from bot.scheduling.scheduler import JobStore, Scheduler
+from bot.scheduling.scheduler import Scheduler
 from bot.storage.errors import ErrorStore, ResultStore, format_failure, format_large_result
 from bot.storage.inbox import Inbox
+from bot.storage.jobs import JobStore
 from bot.storage.retention import prune_stores
 from bot.storage.sessions import SessionStore
 from bot.tools.outcomes import RawError

@@ -1,0 +1,183 @@
+"""The ``jobs`` table: scheduled jobs as rows, and the queries the scheduler needs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import aiosqlite
+
+from bot.contracts.messages import ChatType
+from bot.storage import db as dbmod
+
+JobKind = Literal["cron", "system"]
+
+_CLAIM_BATCH = 400
+"""Fire times claimed per statement (two parameters each, well under SQLite's limit)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One row of ``jobs``.
+
+    ``owner_id`` on ``channel`` owns a cron job; ``chat_id``, ``chat_type`` and
+    ``thread_id`` say where it was created, which is where it runs and
+    replies. ``created_at`` (Unix seconds) anchors the schedule; ``last_fire``
+    is the latest claimed fire time. System jobs have empty owner and chat.
+    """
+
+    id: str
+    kind: JobKind
+    name: str
+    schedule: str
+    timezone: str
+    message: str = ""
+    owner_id: str = ""
+    channel: str = ""
+    chat_id: str = ""
+    chat_type: ChatType = "direct"
+    thread_id: str | None = None
+    created_at: float = 0.0
+    last_fire: float | None = None
+
+    @property
+    def label(self) -> str:
+        """``id`` plus the name in quotes, when it has one."""
+        return f"{self.id} ({self.name!r})" if self.name else self.id
+
+
+_COLUMNS = ("id, kind, name, schedule, timezone, message, owner_id, channel, chat_id, chat_type,"
+            " thread_id, created_at, last_fire")
+
+
+def _row(job: Job) -> tuple[Any, ...]:
+    return (job.id, job.kind, job.name, job.schedule, job.timezone, job.message, job.owner_id,
+            job.channel, job.chat_id, job.chat_type, job.thread_id, job.created_at,
+            job.last_fire)
+
+
+def _job(row: Any) -> Job:
+    return Job(id=row[0], kind=row[1], name=row[2], schedule=row[3], timezone=row[4],
+               message=row[5], owner_id=row[6], channel=row[7], chat_id=row[8],
+               chat_type=row[9], thread_id=row[10], created_at=row[11], last_fire=row[12])
+
+
+class JobStore:
+    """The ``jobs`` table on the shared connection.
+
+    ``db`` is the session store's connection (``isolation_level=None``) and
+    ``lock`` the lock every user of it holds around its statements
+    (:attr:`bot.storage.sessions.SessionStore.lock`), as :class:`bot.storage.errors.ErrorStore`.
+    """
+
+    def __init__(self, db: aiosqlite.Connection, lock: asyncio.Lock) -> None:
+        self.db = db
+        self.lock = lock
+
+    async def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        async with self.lock:
+            return list(await self.db.execute_fetchall(sql, tuple(params)))
+
+    async def _write(self, sql: str, params: Sequence[Any] = ()) -> int:
+        async with self.lock:
+            cur = await self.db.execute(sql, tuple(params))
+            return cur.rowcount
+
+    async def all(self) -> list[Job]:
+        """Every job, oldest first."""
+        rows = await self._fetch(f"SELECT {_COLUMNS} FROM jobs ORDER BY created_at, id")
+        return [_job(r) for r in rows]
+
+    async def get(self, job_id: str) -> Job | None:
+        """The job with this ID, or ``None``."""
+        rows = await self._fetch(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,))
+        return _job(rows[0]) if rows else None
+
+    async def find(self, *, channel: str | None = None, owner_id: str | None = None,
+                   kind: JobKind | None = None) -> list[Job]:
+        """Jobs matching every filter given, oldest first."""
+        clauses, params = [], []
+        for clause, value in (("channel = ?", channel), ("owner_id = ?", owner_id),
+                              ("kind = ?", kind)):
+            if value is not None:
+                clauses.append(clause)
+                params.append(value)
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        rows = await self._fetch(
+            f"SELECT {_COLUMNS} FROM jobs{where} ORDER BY created_at, id", params)
+        return [_job(r) for r in rows]
+
+    async def insert(self, job: Job, *, max_per_owner: int | None = None) -> bool:
+        """Insert ``job``; ``False`` if its owner already has ``max_per_owner`` cron jobs.
+
+        The count and the insert are one statement, so two adds racing for the
+        last free slot cannot both get it. Raises :class:`sqlite3.IntegrityError`
+        when the ID is taken.
+        """
+        placeholders = ", ".join("?" * 13)
+        if max_per_owner is None:
+            return await self._write(
+                f"INSERT INTO jobs ({_COLUMNS}) VALUES ({placeholders})", _row(job)) == 1
+        return await self._write(
+            f"INSERT INTO jobs ({_COLUMNS}) SELECT {placeholders} WHERE (SELECT COUNT(*) FROM"
+            " jobs WHERE kind = 'cron' AND channel = ? AND owner_id = ?) < ?",
+            (*_row(job), job.channel, job.owner_id, max_per_owner)) == 1
+
+    async def delete(self, job_id: str, *, channel: str | None = None,
+                     owner_id: str | None = None) -> bool:
+        """Delete a job (only ``owner_id``'s on ``channel``, when given); whether one was."""
+        sql, params = "DELETE FROM jobs WHERE id = ?", [job_id]
+        if channel is not None and owner_id is not None:
+            sql += " AND channel = ? AND owner_id = ?"
+            params += [channel, owner_id]
+        return await self._write(sql, params) == 1
+
+    async def delete_many(self, job_ids: Iterable[str]) -> None:
+        """Delete these jobs (in one transaction)."""
+        ids = [(i,) for i in job_ids]
+        if not ids:
+            return
+        async def body(db: aiosqlite.Connection) -> None:
+            await db.executemany("DELETE FROM jobs WHERE id = ?", ids)
+
+        await dbmod.transaction(self.db, self.lock, body)
+
+    async def upsert(self, job: Job) -> None:
+        """Insert or replace ``job`` (system jobs, re-registered at every start)."""
+        await self._write(f"INSERT OR REPLACE INTO jobs ({_COLUMNS}) VALUES "
+                          f"({', '.join('?' * 13)})", _row(job))
+
+    async def claim(self, fires: Sequence[tuple[str, float]]) -> set[str]:
+        """Claim fire times: the IDs whose ``last_fire`` was earlier and is now the given one.
+
+        Each ``(job_id, fire)`` succeeds only if the job still exists and has
+        not claimed this or a later fire time, checked and written by one
+        statement per batch, so a fire time is claimed at most once whoever asks.
+        """
+        won: set[str] = set()
+        for start in range(0, len(fires), _CLAIM_BATCH):
+            batch = fires[start:start + _CLAIM_BATCH]
+            values = ", ".join("(?, ?)" for _ in batch)
+            params = [v for pair in batch for v in pair]
+            rows = await self._fetch(
+                f"WITH due(id, fire) AS (VALUES {values}) "
+                "UPDATE jobs SET last_fire = due.fire FROM due WHERE jobs.id = due.id"
+                " AND (jobs.last_fire IS NULL OR jobs.last_fire < due.fire) RETURNING jobs.id",
+                params)
+            won.update(r[0] for r in rows)
+        return won
+
+    async def existing(self, job_ids: Iterable[str]) -> set[str]:
+        """Which of ``job_ids`` still have a row."""
+        ids = list(job_ids)
+        found: set[str] = set()
+        for start in range(0, len(ids), _CLAIM_BATCH):
+            batch = ids[start:start + _CLAIM_BATCH]
+            rows = await self._fetch(
+                f"SELECT id FROM jobs WHERE id IN ({', '.join('?' * len(batch))})", batch)
+            found.update(r[0] for r in rows)
+        return found
+
+
