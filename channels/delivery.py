@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TypeVar
+
+from bot.resilience.retry import RetryPolicy
 
 log = logging.getLogger("roost.channels.delivery")
 
@@ -32,18 +32,16 @@ class Transient(Exception):
     """A platform error worth retrying (5xx, connection reset)."""
 
 
-@dataclass(frozen=True, slots=True)
-class DeliveryPolicy:
-    """How often and how patiently a platform call is retried."""
+DeliveryPolicy = RetryPolicy
+"""How often and how patiently a platform call is retried: the shared
+:class:`~bot.resilience.retry.RetryPolicy`, whose defaults are the platforms' (5
+attempts, 0.5 s doubling to 30 s ±10 %, a ``retry_after`` honoured up to 60 s)."""
 
-    attempts: int = 5
-    base_delay: float = 0.5
-    max_delay: float = 30.0
-    max_retry_after: float = 60.0
+_DEFAULT_POLICY = DeliveryPolicy()
 
 
 async def deliver(call: Callable[[], Awaitable[T]], *, what: str,
-                  policy: DeliveryPolicy = DeliveryPolicy(),
+                  policy: DeliveryPolicy = _DEFAULT_POLICY,
                   sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> T:
     """Run a platform call, honouring retry-after and backing off on transient errors.
 
@@ -57,13 +55,12 @@ async def deliver(call: Callable[[], Awaitable[T]], *, what: str,
         except RateLimited as exc:
             if attempt == policy.attempts:
                 raise
-            wait = min(exc.retry_after, policy.max_retry_after)
+            wait = policy.honour(exc.retry_after)
             log.warning("%s: rate limited, retrying in %.1fs", what, wait)
         except Transient as exc:
             if attempt == policy.attempts:
                 raise
-            wait = min(policy.base_delay * 2 ** (attempt - 1), policy.max_delay)
-            wait *= random.uniform(0.9, 1.1)
+            wait = policy.delay(attempt)
             log.warning("%s failed (%s), retrying in %.1fs", what, exc, wait)
         await sleep(wait)
     raise AssertionError("unreachable")

@@ -24,7 +24,7 @@ import random
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, overload
 
 __all__ = [
     "PERMANENT_CODES",
@@ -183,12 +183,20 @@ def is_retryable_status(status: int, retryable: Collection[int] = TRANSIENT_STAT
     return classify_status(status, retryable) in ("transient", "rate_limited")
 
 
+@overload
+def parse_retry_after(value: object) -> float | None: ...
+
+
+@overload
+def parse_retry_after(value: object, default: float) -> float: ...
+
+
 def parse_retry_after(value: object, default: float | None = None) -> float | None:
-    """Seconds from a ``retry-after`` value (header text or a number), never negative;
-    ``default`` when it is absent or not a number."""
+    """Seconds from a ``retry-after`` value (header text or bytes, or a number), never
+    negative; ``default`` when it is absent or not a number."""
     if value is None or isinstance(value, bool):
         return default
-    if not isinstance(value, str | int | float):
+    if not isinstance(value, str | bytes | int | float):
         return default
     try:
         return max(0.0, float(value))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import aiohttp
 import discord
 
+from bot.resilience.retry import parse_retry_after
 from channels.delivery import RateLimited, Transient
 
 
@@ -37,8 +38,5 @@ def delivery_error(exc: BaseException) -> BaseException:
 
 
 def _retry_after(exc: discord.HTTPException) -> float:
-    header = exc.response.headers.get("Retry-After", "") if exc.response is not None else ""
-    try:
-        return float(header)
-    except ValueError:
-        return 1.0
+    header = exc.response.headers.get("Retry-After") if exc.response is not None else None
+    return parse_retry_after(header, 1.0)

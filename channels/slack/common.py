@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar
 from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.errors import SlackApiError
 
+from bot.resilience.retry import parse_retry_after
 from channels.delivery import DeliveryPolicy
 from channels.logline import short as _short
 
@@ -243,8 +244,8 @@ def _retry_after(headers: Any) -> float:
     for key, value in items:
         if str(key).lower() == "retry-after":
             raw = value[0] if isinstance(value, list | tuple) and value else value
-            with contextlib.suppress(TypeError, ValueError):
-                return max(0.0, float(raw))
+            if (seconds := parse_retry_after(raw)) is not None:
+                return seconds
     return 1.0
 
 
@@ -286,7 +287,7 @@ features:
 oauth_config:
   scopes:
     bot: [app_mentions:read, channels:history, groups:history, im:history, mpim:history,
-          chat:write, commands]
+          chat:write, commands, files:read, files:write]
 settings:
   event_subscriptions:
     request_url: https://YOUR-HOST{EVENTS_PATH}   # HTTP mode only

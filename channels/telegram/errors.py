@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 import traceback
 from collections.abc import Awaitable
 from pathlib import Path
@@ -24,6 +23,7 @@ from aiogram.exceptions import (
     TelegramUnauthorizedError,
 )
 
+from bot.resilience.retry import RetryPolicy
 from channels.delivery import RateLimited, Transient
 
 T = TypeVar("T")
@@ -89,9 +89,9 @@ def _describe(exc: BaseException) -> str:
 
 
 def _backoff(base: float, failures: int) -> float:
-    """Exponential pause with jitter, capped, after ``failures`` failures in a row."""
-    delay = min(POLL_BACKOFF_CAP, base * 2 ** min(failures - 1, 16))
-    return float(min(POLL_BACKOFF_CAP, delay * random.uniform(0.75, 1.25)))
+    """Exponential pause with ±25 % jitter, capped, after ``failures`` failures in a row."""
+    policy = RetryPolicy(base_delay=base, max_delay=POLL_BACKOFF_CAP, jitter=0.25)
+    return min(POLL_BACKOFF_CAP, policy.delay(failures))
 
 
 def _entity_error(exc: TelegramBadRequest) -> bool:
