@@ -25,6 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bot.testing.app import scripted
 from bot.testing.discord import (
     BOT_ID,
     CHANNEL_ID,
@@ -37,7 +38,7 @@ from bot.testing.discord import (
 )
 from bot.testing.discord import fake_discord as _fake_discord  # noqa: F401  (the fixture)
 from channels.discord import DiscordChannel
-from tests.conftest import AppFactory, scripted
+from tests.conftest import AppFactory
 from tests.test_discord import start
 from tests.test_slack_fuzz import Mutation, as_json, mutate, mutations
 from tests.test_slack_hostile import (
@@ -122,6 +123,11 @@ def _fresh(fuzzed: Fuzzed, name: str) -> tuple[str, dict[str, Any]]:
     event, payload = CORPUS[name]
     payload = copy.deepcopy(payload)
     payload["id"] = str(next(fuzzed.ids))
+    for attachment in payload.get("attachments", []):
+        # Served by the fake CDN: a run fetches its files, and tests stay off the network.
+        served = fuzzed.fake.attachment(b"%PDF-1.4 fuzz", attachment["filename"],
+                                        attachment["content_type"], channel_id=DM_CHANNEL_ID)
+        attachment.update(url=served["url"], proxy_url=served["proxy_url"])
     return event, payload
 
 

@@ -26,10 +26,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bot.testing.app import scripted
 from bot.testing.slack import ALICE, BOB, BOT_USER_ID, CHANNEL, DM_CHANNEL, TEAM_ID, FakeSlack
 from bot.testing.slack import fake_slack as _fake_slack  # noqa: F401  (the fixture)
 from channels.slack import SlackChannel
-from tests.conftest import AppFactory, scripted
+from tests.conftest import AppFactory
 from tests.test_slack import start
 from tests.test_slack_hostile import (
     RoostLog,
@@ -230,6 +231,10 @@ def _fresh(fuzzed: Fuzzed, name: str) -> tuple[str, dict[str, Any]]:
     if kind == "event":
         payload["event_id"] = f"Ev0FUZZ{n}"
         payload["event"]["ts"] = fuzzed.fake.next_ts()
+        for file in payload["event"].get("files", []):
+            # Served by the fake: a run fetches its files, and tests stay off the network.
+            served = fuzzed.fake.file(b"%PDF-1.4 fuzz", file["name"], file["mimetype"])
+            file["url_private"] = served["url_private"]
     elif "command" in payload:
         payload["response_url"] = f"{fuzzed.fake.url}/response/fuzz-{n}"
         payload["trigger_id"] = f"trigger.fuzz.{n}"

@@ -24,6 +24,7 @@ from channels.slack.common import (
     log,
 )
 from channels.slack.inbound import _Inbound
+from channels.slack.media import _Media
 from channels.slack.outbound import _Outbound
 from channels.slack_format import split_for_slack
 
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from bot.contracts.commands import Command
 
 
-class SlackChannel(_Inbound, _Outbound):
+class SlackChannel(_Inbound, _Outbound, _Media):
     """Slack through slack-bolt; see the module docstring for the mapping."""
 
     name = "slack"
@@ -96,6 +97,7 @@ class SlackChannel(_Inbound, _Outbound):
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._close_media()
 
     # -- outbound ----------------------------------------------------------------
 
@@ -105,18 +107,30 @@ class SlackChannel(_Inbound, _Outbound):
         A slash command's reply goes to its response_url. Otherwise the reply is
         posted (threaded as the module doc says); with ``replace`` the draft is
         edited into the first piece, or, if that fails for good, the reply is
-        posted anew and the draft deleted.
+        posted anew and the draft deleted. ``message.files`` are uploaded after
+        the text into the same channel and thread (the returned ``ts`` stays
+        the text's); one over 1 GB raises :class:`MediaTooLarge` before
+        anything is posted.
         """
+        if message.files:
+            self._check_files(message.files)  # before anything is posted
+        thread_ts = message.thread_id or message.reply_to
         slash = _SLASH.get()
         if slash is not None and slash.channel_id == message.chat_id and not message.replace:
-            await self._respond(slash.response_url, message.text)
+            if message.text.strip() or not message.files:
+                await self._respond(slash.response_url, message.text)
+            if message.files:
+                # A response_url takes no files: they are shared in the channel.
+                await self._upload_files(message.chat_id, thread_ts, message.files)
             return None
-        thread_ts = message.thread_id or message.reply_to
         pieces = split_for_slack(message.text, MESSAGE_LIMIT) if message.text.strip() else []
-        return await self._deliver_reply(message.chat_id, thread_ts, pieces,
+        last = await self._deliver_reply(message.chat_id, thread_ts, pieces,
                                          draft=message.replace or None,
                                          delivery_id=message.delivery_id,
                                          look_first=message.redelivery)
+        if message.files:
+            await self._upload_files(message.chat_id, thread_ts, message.files)
+        return last
 
     async def withdraw(self, chat_id: str, message_id: str) -> None:
         """Delete one of the bot's messages; one already gone counts as deleted."""

@@ -21,7 +21,7 @@ from slack_sdk.socket_mode.async_client import AsyncBaseSocketModeClient
 from slack_sdk.socket_mode.request import SocketModeRequest
 
 from bot.contracts.commands import parse_command
-from bot.contracts.messages import Attachment, ChatType, InboundMessage, clean_text
+from bot.contracts.messages import ChatType, InboundMessage
 from channels.logline import short as _short
 from channels.slack.base import _SlackBase
 from channels.slack.common import (
@@ -54,6 +54,7 @@ from channels.slack.common import (
     _team,
     log,
 )
+from channels.slack.media import _attachments
 from channels.slack.socketmode import _ack, _ack_payload, _SocketClient
 from channels.slack_format import from_slack, unescape
 
@@ -350,23 +351,3 @@ class _Inbound(_SlackBase):
         with _logged("answering a slash command"):
             await self._respond(response_url, f"Usage: `{SLASH_COMMAND} <command> [args]`, "
                                               f"for example `{SLASH_COMMAND} help`.")
-
-
-def _attachments(event: Mapping[str, Any]) -> tuple[Attachment, ...]:
-    files = event.get("files")
-    if not isinstance(files, list):
-        return ()
-    found = []
-    for item in files:
-        if not isinstance(item, dict):
-            continue
-        mime = str(item.get("mimetype") or "")
-        major = mime.split("/", 1)[0]
-        size = item.get("size")
-        # Stored as given (the core cleans only text and names): no lone surrogates.
-        found.append(Attachment(
-            kind=major if major in ("image", "audio", "video") else "file",
-            name=clean_text(str(item.get("name") or "")),
-            url=clean_text(str(item.get("url_private") or "")),
-            mime_type=clean_text(mime), size=size if type(size) is int and size >= 0 else 0))
-    return tuple(found)

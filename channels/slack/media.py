@@ -1,0 +1,198 @@
+"""Files: ``files`` on messages in (and their bytes with the bot token) and uploads out.
+
+Inbound, each file object of a message event becomes an :class:`Attachment`
+whose ``url`` is its ``url_private_download`` (else ``url_private``).
+:meth:`_Media.download` GETs it with ``Authorization: Bearer <bot token>``,
+which needs the ``files:read`` scope. The token goes only to Slack's own hosts
+(``slack.com`` and its subdomains, over https) or to the host of
+``SLACK_API_BASE``; a link elsewhere is refused unread. Slack answers a
+request it will not authorize with a redirect to its login page (or a 403),
+never with the file: that is reported as the missing scope.
+
+Outbound, each file of a reply is uploaded after its text with slack_sdk's
+``files_upload_v2`` (``files.getUploadURLExternal``, the upload, then
+``files.completeUploadExternal`` sharing it into the channel and thread, the
+caption as its comment), which needs ``files:write``. Slack takes files up to
+1 GB; a larger one raises :class:`MediaTooLarge` before anything is posted.
+An upload is tried once: the API has no idempotency key, and a retry after a
+lost answer would share the file twice.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+
+import aiohttp
+from slack_sdk.errors import SlackApiError, SlackRequestError
+
+from bot.contracts.media import MediaError, MediaTooLarge
+from bot.contracts.messages import Attachment, OutboundFile, clean_text
+from channels.fetching import read_capped
+from channels.logline import short as _short
+from channels.slack.base import _SlackBase
+from channels.slack.common import _error_code, log
+from channels.slack.errors import delivery_error
+from channels.slack_format import to_mrkdwn
+
+MAX_UPLOAD = 1024 * 1024 * 1024
+"""Slack's limit on one uploaded file (1 GB)."""
+DOWNLOAD_TIMEOUT = 120.0
+"""Seconds one download may take, connecting included."""
+_SCOPE_HINT = ("Roost lacks the files:read scope (add it to the Slack app and reinstall "
+               "it)")
+_MB = 1024 * 1024
+
+
+class _Media(_SlackBase):
+    """Downloads of ``url_private`` with the bot token, and file uploads with a reply."""
+
+    _media_session: aiohttp.ClientSession | None = None
+
+    async def download(self, attachment: Attachment, limit: int) -> bytes:
+        """The bytes of ``attachment`` from Slack, at most ``limit`` of them.
+
+        Raises :class:`MediaTooLarge` past ``limit`` (declared or read) and
+        :class:`MediaError` with a one-line reason for anything else: a link
+        that is not Slack's, a missing ``files:read`` scope (401, 403, or the
+        redirect to the login page Slack answers with), a file gone, a
+        connection failure.
+        """
+        name = attachment.name or "the file"
+        url = attachment.url
+        if not url:
+            raise MediaError(f"Slack gave no download link for {name}")
+        if not self._slack_url(url):
+            raise MediaError(f"{name} does not link to Slack; not fetched with the bot token")
+        session = self._media_session
+        if session is None or session.closed:
+            session = self._media_session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=DOWNLOAD_TIMEOUT))
+        headers = {"Authorization": f"Bearer {self._api().token}"}
+        try:
+            # No redirects: Slack redirects a request it will not authorize to
+            # its login page, and the token must not follow a redirect anywhere.
+            async with session.get(url, headers=headers, allow_redirects=False) as response:
+                if response.status in (301, 302, 303, 307, 308, 401, 403):
+                    raise MediaError(f"Slack did not hand over {name}: {_SCOPE_HINT}")
+                if response.status in (404, 410):
+                    raise MediaError(f"Slack no longer has {name} (HTTP {response.status})")
+                if response.status != 200:
+                    raise MediaError(f"Slack answered HTTP {response.status} for {name}")
+                if (response.content_type == "text/html"
+                        and not attachment.mime_type.startswith("text/html")):
+                    # The login page served in place of the file (a token without
+                    # the scope, behind some proxies without the redirect).
+                    raise MediaError(f"Slack sent a web page instead of {name}: {_SCOPE_HINT}")
+                return await read_capped(response, limit)
+        except MediaError:
+            raise
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise MediaError(f"could not download {name} from Slack "
+                             f"({type(exc).__name__}: {_short(exc, 120)})") from exc
+
+    def _slack_url(self, url: str) -> bool:
+        """Whether ``url`` is Slack's (or the configured API host's): the token may go there."""
+        parts = urllib.parse.urlsplit(url)
+        host = (parts.hostname or "").lower()
+        if parts.scheme == "https" and (host == "slack.com" or host.endswith(".slack.com")):
+            return True
+        base = self.settings.slack_api_base
+        if not base:
+            return False
+        configured = urllib.parse.urlsplit(base)
+        return (parts.scheme, parts.netloc.lower()) == (configured.scheme,
+                                                        configured.netloc.lower())
+
+    async def _close_media(self) -> None:
+        if self._media_session is not None:
+            await self._media_session.close()
+            self._media_session = None
+
+    def _check_files(self, files: tuple[OutboundFile, ...]) -> None:
+        """Raise :class:`MediaTooLarge` for a file over Slack's 1 GB (its size on disk)."""
+        for file in files:
+            try:
+                size = os.stat(file.path).st_size
+            except OSError as exc:
+                raise MediaError(f"cannot read {file.name}: {exc.strerror or exc}") from exc
+            if size > MAX_UPLOAD:
+                raise MediaTooLarge(size, MAX_UPLOAD, f"{file.name} is {size / _MB:.0f} MB; "
+                                    "Slack takes files up to 1 GB")
+
+    async def _upload_files(self, channel: str, thread_ts: str | None,
+                            files: tuple[OutboundFile, ...]) -> None:
+        """Share each file into ``channel`` (and ``thread_ts``), its caption as the comment."""
+        api = self._api()
+        for file in files:
+            try:
+                response = await self._tracked(api.files_upload_v2(
+                    channel=channel, thread_ts=thread_ts, file=file.path, filename=file.name,
+                    title=file.name,
+                    initial_comment=to_mrkdwn(file.caption) if file.caption else None))
+            except SlackApiError as exc:
+                code = _error_code(exc)
+                if code in ("missing_scope", "not_allowed_token_type"):
+                    raise MediaError(f"Slack refused to upload {file.name}: Roost lacks the "
+                                     "files:write scope") from exc
+                mapped = delivery_error(exc)
+                if mapped is exc:
+                    raise MediaError(f"Slack refused to upload {file.name}: "
+                                     f"{code or 'an unreadable answer'}") from exc
+                raise mapped from exc
+            except SlackRequestError as exc:  # the upload step itself failed
+                raise MediaError(f"Slack did not take {file.name}: {_short(exc, 120)}") from exc
+            except OSError as exc:
+                raise MediaError(f"cannot read {file.name}: {exc.strerror or exc}") from exc
+            except Exception as exc:
+                mapped = delivery_error(exc)
+                if mapped is exc:
+                    raise
+                raise mapped from exc
+            if thread_ts:
+                self._bot_threads.add((channel, thread_ts))
+            shared = response.get("file")
+            log.info("Slack: uploaded %s (%d bytes) to %s as %s", file.name, file.size, channel,
+                     shared.get("id") if isinstance(shared, dict) else "?")
+
+
+def _attachments(event: dict[str, object]) -> tuple[Attachment, ...]:
+    """The core's :class:`Attachment` items for the ``files`` of a message event.
+
+    Slack's file objects are taken as given, so every field is type-checked
+    and text is cleaned of lone surrogates (the core stores it as is).
+    """
+    files = event.get("files")
+    if not isinstance(files, list):
+        return ()
+    ts = str(event.get("ts") or "")
+    found = []
+    for item in files:
+        if not isinstance(item, dict):
+            continue
+        mime = _text(item.get("mimetype")).split(";", 1)[0].strip().lower()
+        major = mime.split("/", 1)[0]
+        if _text(item.get("subtype")) == "slack_audio":
+            kind = "voice"  # a clip recorded in Slack
+        elif major == "image":
+            kind = "photo"
+        elif major in ("audio", "video"):
+            kind = major
+        else:
+            kind = "document" if mime else "file"
+        url = _text(item.get("url_private_download")) or _text(item.get("url_private"))
+        name = _text(item.get("name")) or f"{kind}-{ts.replace('.', '-') or 'slack'}"
+        duration_ms = _count(item.get("duration_ms"))
+        found.append(Attachment(
+            kind=kind, name=name, url=url, mime_type=mime, size=_count(item.get("size")),
+            width=_count(item.get("original_w")), height=_count(item.get("original_h")),
+            duration=duration_ms / 1000))
+    return tuple(found)
+
+
+def _text(value: object) -> str:
+    return clean_text(value) if isinstance(value, str) else ""
+
+
+def _count(value: object) -> int:
+    return value if type(value) is int and value >= 0 else 0
