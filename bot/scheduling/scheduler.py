@@ -48,15 +48,16 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
-from zoneinfo import ZoneInfo
 
 from apscheduler.jobstores.base import JobLookupError  # type: ignore[import-untyped]
 from apscheduler.schedulers.asyncio import AsyncIOScheduler  # type: ignore[import-untyped]
 
 from bot.config.settings import Settings
 from bot.contracts.jobs import JobSpec
-from bot.contracts.messages import ChatType, InboundMessage, OutboundMessage
+from bot.contracts.messages import ChatType
+from bot.resilience.retry import RetryPolicy
 from bot.scheduling.cron import Schedule, ScheduleError, format_duration, parse, zone
+from bot.scheduling.cron_runs import CRON_RETRY, run_cron_job
 from bot.storage.jobs import Job, JobStore
 
 if TYPE_CHECKING:
@@ -68,8 +69,6 @@ Clock = Callable[[], datetime]
 """Returns the current time as an aware datetime."""
 Sleep = Callable[[float], Awaitable[None]]
 
-RETRY_DELAYS: tuple[float, ...] = (30.0, 120.0, 480.0)
-"""Seconds before each retry of a failed cron run: three retries, about 10 minutes in all."""
 MAX_MESSAGE_CHARS = 4_000
 MAX_NAME_CHARS = 80
 TIMER_SLACK_SECONDS = 5
@@ -147,13 +146,13 @@ class Scheduler:
 
     def __init__(self, store: JobStore, settings: Settings, *, clock: Clock | None = None,
                  sleep: Sleep = asyncio.sleep,
-                 retry_delays: Sequence[float] = RETRY_DELAYS) -> None:
+                 retry: RetryPolicy = CRON_RETRY) -> None:
         self.store = store
         self.settings = settings
         self.clock: Clock = clock or utc_now
         self.timer = clock is None
         self.sleep = sleep
-        self.retry_delays = tuple(retry_delays)
+        self.retry = retry
         try:
             self.tz = zone(settings.timezone)
         except ScheduleError as exc:
@@ -466,52 +465,8 @@ class Scheduler:
     async def _run_cron(self, entry: _Entry, fire: Fire) -> None:
         assert self.runtime is not None
         job = entry.job
-        message = InboundMessage(channel=job.channel, chat_id=job.chat_id,
-                                 chat_type=job.chat_type, sender_id=job.owner_id,
-                                 text=job.message, thread_id=job.thread_id, mentioned=True)
-        context = _cron_context(job, fire, entry.schedule.tz)
-        error = ""
-        attempts = 1 + len(self.retry_delays)
-        for attempt in range(attempts):
-            if attempt:
-                delay = self.retry_delays[attempt - 1]
-                log.warning("job %s failed (%s); retry %d of %d in %gs", job.label, error,
-                            attempt, attempts - 1, delay)
-                await self.sleep(delay)
-                if self._closed or job.id not in self._jobs:
-                    return  # removed while waiting: nothing to retry or report
-            try:
-                result = await self.runtime.run_scheduled(
-                    message, mode="minimal", kind="cron", extra_context=context,
-                    deliver_failed=False)
-            except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise  # the scheduler is closing
-                log.info("job %s: its run was stopped", job.label)
-                return  # someone stopped the run (/stop): not a failure
-            except Exception as exc:
-                error = str(exc) or type(exc).__name__
-                continue
-            if result.status != "failed":
-                return
-            error = result.error or "the run failed"
-        await self._report(job, fire, attempts, error)
-
-    async def _report(self, job: Job, fire: Fire, attempts: int, error: str) -> None:
-        assert self.runtime is not None
-        log.error("job %s failed %d times for fire time %s: %s", job.label, attempts,
-                  fire.fire_time.isoformat(), error)
-        if job.channel not in self.runtime.channels:
-            return
-        text = (f"Scheduled job {job.label} failed {attempts} times and was given up for "
-                f"this run: {error}")
-        try:
-            await self.runtime.deliver(OutboundMessage(
-                job.channel, job.chat_id, text, job.chat_type, thread_id=job.thread_id,
-                kind="notice"))
-        except Exception:
-            log.exception("could not report the failure of job %s", job.id)
+        await run_cron_job(self.runtime, job, fire, entry.schedule.tz, self.retry, self.sleep,
+                           wanted=lambda: not self._closed and job.id in self._jobs)
 
     # -- what the cron tool and /cron use ---------------------------------------------------
 
@@ -615,15 +570,3 @@ class Scheduler:
 def _new_id() -> str:
     """Eight hex digits: short enough to type in ``/cron remove``."""
     return secrets.token_hex(4)
-
-
-def _cron_context(job: Job, fire: Fire, tz: ZoneInfo) -> str:
-    """What the model is told about the job in a cron run (``<extra_context>``)."""
-    when = fire.fire_time.astimezone(tz).strftime("%Y-%m-%d %H:%M %Z")
-    missed = (f" It stands for {fire.coalesced} runs that were due while the service was "
-              "down." if fire.coalesced > 1 else "")
-    return (f"This run was started by scheduled job {job.label} (schedule {job.schedule!r}, "
-            f"time zone {job.timezone}) that user {job.owner_id} created in this chat; it is "
-            f"the run for {when}.{missed} The user message is the job's instruction, not a new "
-            "message. Carry it out and reply with what the chat should see, or reply exactly "
-            "NO_REPLY if there is nothing worth sending.")
