@@ -6,21 +6,28 @@ takes multipart message creation as the API does (10 MiB, 413/40005 beyond).
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from PIL import Image
 
+from bot.app.roost import Roost
 from bot.config.settings import Settings
 from bot.contracts.media import MediaError, MediaTooLarge
 from bot.contracts.messages import OutboundFile, OutboundMessage
-from bot.testing.discord import CHANNEL_ID, DM_CHANNEL_ID, FakeDiscord
+from bot.testing.app import scripted, settle
+from bot.testing.discord import CHANNEL_ID, DM_CHANNEL_ID, USER_ID, FakeDiscord
 from bot.testing.discord import fake_discord as _fake_discord  # noqa: F401  (the fixture)
 from bot.testing.inbox import RecordingInbox as Inbox
 from channels.delivery import DeliveryPolicy
 from channels.discord import DiscordChannel
+from plugins.scripted_provider import ScriptedProvider
+from tests.conftest import AppFactory
+from workspaces import workspace_dir
 
 FAST = DeliveryPolicy(attempts=3, base_delay=0.02, max_delay=0.1)
 MB = 1024 * 1024
@@ -269,3 +276,102 @@ async def test_a_missing_file_is_a_media_error(
         await channel.send(OutboundMessage(channel="discord", chat_id=str(DM_CHANNEL_ID),
                                            text="x", files=(gone,)))
     assert not fake_discord.posted()
+
+
+# -- through a running Roost ---------------------------------------------------------------
+
+
+async def roost(make_app: AppFactory, fake: FakeDiscord, *turns: dict[str, Any],
+                **settings: Any) -> tuple[Roost, ScriptedProvider, Path]:
+    """A Roost with the real Discord channel; its provider and Alice's workspace."""
+    provider = scripted(*turns)
+    app, _, _ = await make_app(provider, **fake.settings(), **settings)
+    await app.add_channel(DiscordChannel(app.settings, guild_ready_timeout=0.05, delivery=FAST))
+    return app, provider, workspace_dir(app.settings.workspaces_dir, "discord", str(USER_ID))
+
+
+def today() -> str:
+    return dt.datetime.now(dt.UTC).date().isoformat()
+
+
+async def answered(app: Roost, fake: FakeDiscord, text: str) -> None:
+    await fake.wait_for_call("POST", r"/messages$")
+    await settle(app)
+    assert text in fake.visible()
+
+
+async def test_a_photo_with_text_reaches_the_run_stored_byte_for_byte(
+    fake_discord: FakeDiscord, make_app: AppFactory,
+) -> None:
+    app, provider, workspace = await roost(make_app, fake_discord, {"reply": "a red receipt"})
+    data = png(640, 480)
+    await fake_discord.dm("what is the total?", attachments=[fake_discord.attachment(
+        data, "receipt.png", "image/png", width=640, height=480, channel_id=DM_CHANNEL_ID)])
+    await answered(app, fake_discord, "a red receipt")
+
+    user = provider.requests[-1].messages[-1]
+    path = f"inbox/{today()}/receipt.png"
+    assert user.content.startswith(f"what is the total?\n\n[photo: {path}, 640×480")
+    [part] = user.parts
+    assert (part.kind, part.path, part.mime_type) == ("image", path, "image/png")
+    assert (workspace / path).read_bytes() == data
+
+
+async def test_a_photo_without_text_is_a_run_of_its_own(
+    fake_discord: FakeDiscord, make_app: AppFactory,
+) -> None:
+    app, provider, _ = await roost(make_app, fake_discord, {"reply": "a red square"})
+    await fake_discord.dm("", attachments=[fake_discord.attachment(
+        png(), "image.png", "image/png", channel_id=DM_CHANNEL_ID)])
+    await answered(app, fake_discord, "a red square")
+    [part] = provider.requests[-1].messages[-1].parts
+    assert part.kind == "image"
+
+
+async def test_an_oversize_file_is_refused_in_the_chat_and_the_text_still_runs(
+    fake_discord: FakeDiscord, make_app: AppFactory,
+) -> None:
+    app, provider, workspace = await roost(make_app, fake_discord, {"reply": "noted"},
+                                           media_max_file_mb=1)
+    await fake_discord.dm("please summarize", attachments=[fake_discord.attachment(
+        b"%PDF-1.4".ljust(3 * MB, b"\0"), "bigscan.pdf", "application/pdf",
+        channel_id=DM_CHANNEL_ID)])
+    await answered(app, fake_discord, "noted")
+    assert "bigscan.pdf is 3 MB; files over 1 MB are not accepted" in fake_discord.visible()
+    assert not fake_discord.cdn_requests  # refused on the declared size
+    assert provider.requests[-1].messages[-1].content.startswith("please summarize")
+    assert not (workspace / "inbox").exists()
+
+
+async def test_a_download_failure_keeps_the_text(
+    fake_discord: FakeDiscord, make_app: AppFactory,
+) -> None:
+    app, provider, _ = await roost(make_app, fake_discord, {"reply": "answered"})
+    attachment = fake_discord.attachment(png(), "gone.png", "image/png",
+                                         channel_id=DM_CHANNEL_ID)
+    fake_discord.expire(attachment["url"])
+    await fake_discord.dm("and this?", attachments=[attachment])
+    await answered(app, fake_discord, "answered")
+    [notice] = [t for t in fake_discord.visible() if t != "answered"]
+    assert notice.startswith("I could not fetch gone.png: Discord no longer serves gone.png")
+    user = provider.requests[-1].messages[-1]
+    assert user.content.startswith("and this?") and not user.parts
+
+
+async def test_send_file_uploads_a_workspace_file_to_the_chat(
+    fake_discord: FakeDiscord, make_app: AppFactory,
+) -> None:
+    app, _, workspace = await roost(make_app, fake_discord, {"steps": [
+        {"tool_calls": [{"name": "send_file",
+                         "arguments": {"path": "charts/sales.png", "caption": "Sales"}}]},
+        {"reply": "done"}]})
+    chart = workspace / "charts" / "sales.png"
+    chart.parent.mkdir(parents=True)
+    chart.write_bytes(data := png(300, 200))
+    await fake_discord.dm("send me the chart")
+    await fake_discord.wait_for_call("POST", r"/messages$", count=2)
+    await settle(app)
+    [upload] = [m for m in fake_discord.posted(DM_CHANNEL_ID) if m.files]
+    assert upload.content == "Sales"
+    assert [(f.filename, f.data) for f in upload.files] == [("sales.png", data)]
+    assert "done" in fake_discord.visible()
