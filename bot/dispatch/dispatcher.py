@@ -21,11 +21,10 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import re
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,10 +35,11 @@ from bot.contracts.commands import Command, CommandContext, parse_command
 from bot.contracts.events import RunEvent
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.contracts.runtime import Runtime
-from bot.contracts.sanitize import Sanitizer, run_pipeline
 from bot.dispatch.registry import ActiveRun, RunRegistry
+from bot.dispatch.stream import DraftWatch, StreamBridge, draft_id
 from bot.engine.guard import join_messages
-from bot.engine.runloop import NO_REPLY, RunEngine, RunRequest, RunResult
+from bot.engine.runloop import RunEngine, RunRequest, RunResult
+from bot.resilience.retry import RetryPolicy
 from bot.storage.inbox import Inbox, InboxEntry, OutboxEntry, RunJournal, grouped
 from bot.storage.sessions import SessionStore, agent_of, session_key
 
@@ -48,8 +48,9 @@ log = logging.getLogger("roost.dispatch.dispatcher")
 Leftovers = tuple[list[OutboxEntry], list[InboxEntry]]
 """What a previous process left: replies not confirmed delivered, unfinished messages."""
 
-REDELIVERY_DELAYS = (5.0, 30.0, 120.0, 600.0)
-"""Seconds before each new attempt at a reply the platform did not take."""
+REDELIVERY = RetryPolicy.fixed(5.0, 30.0, 120.0, 600.0)
+"""A reply the platform did not take is sent again after 5 s, 30 s, 2 min and 10 min
+(and after a restart), then given up."""
 HELD_NOTICE = ("The AI service is not answering right now. Your message is safe: I will "
                "answer as soon as it is back.")
 
@@ -396,7 +397,7 @@ class Dispatcher:
         pending = entry.pending
         message = pending.message
         channel = self.channels.get(message.channel)
-        bridge: _StreamBridge | None = None
+        bridge: StreamBridge | None = None
         held = False
         try:
             if pending.entries and not pending.counted:
@@ -406,8 +407,8 @@ class Dispatcher:
                     await channel.withdraw(message.chat_id, pending.stale_draft)
             plugins = self.engine.plugins  # the run and its stream use one plugin state
             session = await self.store.get(lane.key)
-            bridge = _StreamBridge(channel, message, plugins.sanitizers)
-            draft = _DraftWatch(self.inbox, pending.entries)
+            bridge = StreamBridge(channel, message, plugins.sanitizers)
+            draft = DraftWatch(self.inbox, pending.entries)
 
             async def listener(event: RunEvent) -> None:
                 nonlocal held
@@ -473,7 +474,7 @@ class Dispatcher:
             self._finished(lane, entry)
 
     def _committer(self, message: InboundMessage, entries: tuple[int, ...],
-                   bridge: _StreamBridge) -> Any:
+                   bridge: StreamBridge) -> Any:
         """What the run writes in its own commit: entries done, the reply into the outbox."""
         def on_commit(reply: str | None, failed: bool) -> Any:
             out = None if reply is None else OutboundMessage.reply_to_message(
@@ -516,7 +517,7 @@ class Dispatcher:
                    attempts: int, delay: float | None = None) -> None:
         """Send a committed reply again later (replacing its draft), backing off."""
         if delay is None:
-            delay = REDELIVERY_DELAYS[min(attempts, len(REDELIVERY_DELAYS)) - 1]
+            delay = REDELIVERY.delay(attempts)
 
         async def again() -> None:
             await asyncio.sleep(delay)
@@ -528,7 +529,7 @@ class Dispatcher:
                 platform_id = await channel.send(dataclasses.replace(
                     reply, replace=draft, delivery_id=f"roost-{outbox_id}", redelivery=True))
             except Exception as exc:
-                final = attempts >= len(REDELIVERY_DELAYS)
+                final = attempts >= REDELIVERY.retries
                 self.inbox.not_delivered(outbox_id, final=final)
                 if final:
                     log.error("reply %d to %s:%s could not be delivered; given up (%s)",
@@ -625,88 +626,3 @@ def _joined(first: _Pending, second: InboundMessage, entry: int, now: float,
                                   attachments=attachments)
     return _Pending(message, now, entries=(*first.entries, entry),
                     stale_draft=first.stale_draft, texts=texts)
-
-
-def draft_id(stream: ReplyStream | None) -> str | None:
-    """The platform id of a stream's draft (streams of older channel plugins have none)."""
-    value = getattr(stream, "message_id", None)
-    return str(value) if value else None
-
-
-class _DraftWatch:
-    """Journals the id of a run's draft once the channel showed one."""
-
-    def __init__(self, inbox: Inbox, entries: tuple[int, ...]) -> None:
-        self.inbox = inbox
-        self.entries = entries
-        self.seen: str | None = None
-
-    def check(self, stream: ReplyStream | None) -> None:
-        draft = draft_id(stream)
-        if draft and draft != self.seen and self.entries:
-            self.seen = draft
-            self.inbox.set_draft(self.entries, draft)
-
-
-class _StreamBridge:
-    """Forwards streamed text to a channel, holding back a possible NO_REPLY.
-
-    Text the model writes before calling tools becomes its own message, so the
-    final answer starts a fresh one instead of being glued onto it.
-    """
-
-    def __init__(self, channel: Channel | None, message: InboundMessage,
-                 sanitizers: Sequence[Sanitizer]) -> None:
-        self.channel = channel
-        self.message = message
-        self.sanitizers = sanitizers
-        self.stream = channel.open_stream(message) if channel is not None else None
-        self.text = ""
-        self.visible = ""
-        self.shown = False
-
-    async def end_block(self) -> None:
-        if self.stream is None or self.channel is None:
-            return
-        if self.shown:
-            block = run_pipeline(self.text, self.sanitizers)
-            await self.stream.finish(block if block and block != NO_REPLY else None)
-            self.stream = self.channel.open_stream(self.message)
-        self.text = ""
-        self.visible = ""
-        self.shown = False
-
-    async def restart(self) -> None:
-        """The model's answer is being generated again: the draft starts over."""
-        self.text = ""
-
-    async def add(self, fragment: str) -> None:
-        if self.stream is None:
-            return
-        self.text += fragment
-        # Show only what the final reply will show: sanitized, and nothing from
-        # a thinking or tool block whose closing tag has not arrived yet.
-        visible = run_pipeline(_settled(self.text), self.sanitizers)
-        if not visible or NO_REPLY.startswith(visible) or visible == self.visible:
-            return
-        self.shown = True
-        self.visible = visible
-        await self.stream.push(visible)
-
-
-_HIDDEN_BLOCK = re.compile(
-    r"<(think|thinking|thought|antthinking|tool_call|function_calls?|tool_use|invoke)\b",
-    re.IGNORECASE)
-
-
-def _settled(text: str) -> str:
-    """``text`` up to any hidden block still open, or a tag still being written."""
-    for match in _HIDDEN_BLOCK.finditer(text):
-        close = re.compile(rf"</{match.group(1)}\s*>", re.IGNORECASE)
-        if not close.search(text, match.end()):
-            text = text[:match.start()]
-            break
-    lt = text.rfind("<")
-    if lt != -1 and ">" not in text[lt:]:
-        text = text[:lt]
-    return text
