@@ -31,11 +31,19 @@ deliveries are retried on non-2xx.
 :meth:`FakeTelegram.visible` is what a user sees in a chat now.
 The ``fake_telegram`` pytest fixture yields a started instance.
 
+Files: :meth:`FakeTelegram.photo`, :meth:`FakeTelegram.document` and
+:meth:`FakeTelegram.voice` push media messages whose files the fake holds;
+``getFile`` and ``/file/bot<token>/<file_path>`` serve them (20 MB for bots,
+:meth:`FakeTelegram.fail_download` for 5xx, HTML pages, resets, bodies cut
+short); ``sendPhoto``/``sendDocument`` take multipart uploads, checked as the
+Bot API checks them (413 over 50 MB, photo size and dimensions), kept in
+:attr:`FakeTelegram.uploads`.
+
 The package, by job: :mod:`.server` (the app, dispatch), :mod:`.state`
 (what it holds, inspecting and waiting), :mod:`.updates` (pushing updates,
-long polling, webhook), :mod:`.faults`, :mod:`.messages` (sending, editing,
-deleting), :mod:`.html` (Telegram's HTML parse mode), :mod:`.wire` (shapes
-and form decoding).
+long polling, webhook), :mod:`.files` (held, served, uploaded),
+:mod:`.faults`, :mod:`.messages` (sending, editing, deleting), :mod:`.html`
+(Telegram's HTML parse mode), :mod:`.wire` (shapes and form decoding).
 """
 
 from __future__ import annotations
@@ -44,7 +52,16 @@ from collections.abc import AsyncIterator
 
 from bot.testing.telegram.html import HtmlError, parse_html
 from bot.testing.telegram.server import FakeTelegram
-from bot.testing.telegram.wire import ALICE, BOB, FAULT_KINDS, Call, RawJson, user
+from bot.testing.telegram.wire import (
+    ALICE,
+    BOB,
+    FAULT_KINDS,
+    Call,
+    RawJson,
+    StoredFile,
+    Upload,
+    user,
+)
 
 __all__ = [
     "ALICE",
@@ -54,6 +71,8 @@ __all__ = [
     "FakeTelegram",
     "HtmlError",
     "RawJson",
+    "StoredFile",
+    "Upload",
     "fake_telegram",
     "parse_html",
     "user",

@@ -23,34 +23,42 @@ class Messages(State):
     """``sendMessage``, ``editMessageText``, ``deleteMessage`` and ``setMyCommands``."""
 
     def _text(self, p: dict[str, Any]) -> str:
-        text = p.get("text")
-        if not isinstance(text, str):
-            text = "" if text is None else json.dumps(text)
-        mode = str(p.get("parse_mode") or "")
-        if mode.lower() == "html":
-            try:
-                text = parse_html(text)
-            except HtmlError as exc:
-                raise _ApiError(400, f"Bad Request: can't parse entities: {exc}") from None
-        elif mode:
-            # MarkdownV2 is not modelled: the text is taken as written.
-            pass
+        text = self._visible(p.get("text"), p.get("parse_mode"))
         if not text.strip():
             raise _ApiError(400, "Bad Request: message text is empty")
         if _utf16_len(text) > MAX_TEXT:
             raise _ApiError(400, "Bad Request: message is too long")
         return text
 
+    @staticmethod
+    def _visible(value: Any, parse_mode: Any) -> str:
+        """What a text or caption shows, parsed in its ``parse_mode`` as Telegram does."""
+        text = value if isinstance(value, str) else "" if value is None else json.dumps(value)
+        mode = str(parse_mode or "")
+        if mode.lower() == "html":
+            try:
+                text = parse_html(text)
+            except HtmlError as exc:
+                raise _ApiError(400, f"Bad Request: can't parse entities: {exc}") from None
+        # MarkdownV2 is not modelled: such text is taken as written.
+        return text
+
     def _send_message(self, p: dict[str, Any]) -> dict[str, Any]:
         _require(p, "chat_id", "text")
-        chat_id = p["chat_id"]
         text = self._text(p)
+        return self._post(p, {"text": text}, source=p.get("text"))
+
+    def _post(self, p: dict[str, Any], content: dict[str, Any], *,
+              source: Any = None) -> dict[str, Any]:
+        """A new message from the bot in ``p["chat_id"]`` with ``content`` (text, or
+        media and caption), in the topic and replying as ``p`` asks; kept as shown."""
+        chat_id = p["chat_id"]
         chat = self._chat(chat_id)
         thread = p.get("message_thread_id")
         if thread is not None and not chat.get("is_forum") and chat.get("type") == "private":
             raise _ApiError(400, "Bad Request: message thread not found")
         message: dict[str, Any] = {"message_id": next(self._message_ids), "date": _now(),
-                                   "chat": chat, "from": self.bot_user, "text": text}
+                                   "chat": chat, "from": self.bot_user, **content}
         if thread is not None:
             message["message_thread_id"] = thread
             message["is_topic_message"] = True
@@ -61,7 +69,7 @@ class Messages(State):
             message["reply_to_message"] = {"message_id": reply_id, "date": _now(),
                                            "chat": chat}
         self.messages[(chat_id, message["message_id"])] = {
-            **message, "_source": p.get("text"), "_parse_mode": p.get("parse_mode")}
+            **message, "_source": source, "_parse_mode": p.get("parse_mode")}
         return message
 
     def _edit_message(self, p: dict[str, Any]) -> dict[str, Any]:

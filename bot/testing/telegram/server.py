@@ -10,10 +10,10 @@ from typing import Any, Self
 from aiohttp import web
 
 from bot.testing.telegram.faults import Faults
-from bot.testing.telegram.messages import Messages
-from bot.testing.telegram.updates import Updates
+from bot.testing.telegram.files import Files
 from bot.testing.telegram.wire import (
     _HTML_PAGES,
+    MB,
     Call,
     _ApiError,
     _decode,
@@ -27,7 +27,7 @@ from bot.testing.telegram.wire import (
 )
 
 
-class FakeTelegram(Updates, Faults, Messages):
+class FakeTelegram(Faults, Files):
     """An aiohttp server on 127.0.0.1 speaking the Bot API for one bot.
 
     ``token`` must look like ``<digits>:<text>``; its number is the bot's user
@@ -38,8 +38,11 @@ class FakeTelegram(Updates, Faults, Messages):
 
     async def start(self) -> None:
         """Bind to a free port on 127.0.0.1 and start serving."""
-        app = web.Application(client_max_size=8 * 2**20)
+        # Uploads are checked against upload_limit by the method (413 as JSON, as
+        # the Bot API answers); aiohttp's own cap is only a backstop above it.
+        app = web.Application(client_max_size=max(8 * MB, 2 * self.upload_limit))
         app.router.add_route("*", "/bot{token}/{method}", self._handle)
+        app.router.add_get("/file/bot{token}/{path:.+}", self._serve_file)
         # Cancel a handler when its client hangs up, so an abandoned long poll
         # ends at once instead of holding the shutdown for its whole timeout.
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None,
@@ -137,6 +140,10 @@ class FakeTelegram(Updates, Faults, Messages):
             return self._edit_message(p)
         if method == "deletemessage":
             return self._delete_message(p)
+        if method in ("sendphoto", "senddocument"):
+            return self._send_media(method, p)
+        if method == "getfile":
+            return self._get_file(p)
         if method == "sendchataction":
             _require(p, "chat_id", "action")
             return True

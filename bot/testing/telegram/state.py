@@ -10,7 +10,18 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from bot.testing.telegram.wire import Call, _Failure, _Pending, _RandomFaults, _Webhook, user
+from bot.testing.telegram.wire import (
+    MB,
+    Call,
+    StoredFile,
+    Upload,
+    _DownloadFault,
+    _Failure,
+    _Pending,
+    _RandomFaults,
+    _Webhook,
+    user,
+)
 
 
 class State:
@@ -60,6 +71,19 @@ class State:
         self._port = 0
         self._client: aiohttp.ClientSession | None = None
         self._webhook_task: asyncio.Task[None] | None = None
+        self.files: dict[str, StoredFile] = {}
+        """Files the fake holds, by ``file_id`` (pushed ones and the bot's uploads)."""
+        self.uploads: list[Upload] = []
+        """Every file the bot uploaded successfully, in order."""
+        self.downloads: list[str] = []
+        """The ``file_path`` of each download request that reached the file URL."""
+        self.upload_limit = 50 * MB
+        """Bytes an uploaded file may have; over it: 413 (lower it to test cheaply)."""
+        self.download_limit = 20 * MB
+        """Bytes of the largest file ``getFile`` describes; over it: "file is too big"."""
+        self.photo_limit = 10 * MB
+        self._file_numbers = itertools.count(1)
+        self._download_faults: list[_DownloadFault] = []
 
     @property
     def base_url(self) -> str:
@@ -78,10 +102,10 @@ class State:
         self._record = value
 
     def visible(self, chat_id: int | str) -> list[str]:
-        """The texts a user sees in ``chat_id`` now: sent, not deleted, as last edited."""
-        return [m["text"] for (cid, mid), m in sorted(self.messages.items(),
-                                                       key=lambda kv: kv[0][1])
-                if cid == chat_id]
+        """The texts a user sees in ``chat_id`` now: sent, not deleted, as last edited
+        (a photo's or document's caption, ``""`` without one)."""
+        shown = sorted(self.messages.items(), key=lambda kv: kv[0][1])
+        return [m.get("text", m.get("caption", "")) for (cid, _), m in shown if cid == chat_id]
 
     # -- inspecting ------------------------------------------------------------
 

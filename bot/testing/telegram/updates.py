@@ -82,16 +82,20 @@ class Updates(State):
         self._redeliver.append(_Pending(int(update["update_id"]), dict(update), "message"))
         self._notify_updates()
 
-    def private_message(self, text: str, *, sender: Mapping[str, Any] = ALICE,
+    def private_message(self, text: str | None, *, sender: Mapping[str, Any] = ALICE,
                         entities: Sequence[Mapping[str, Any]] | None = None,
                         **extra: Any) -> dict[str, Any]:
-        """Push a message in the sender's private chat with the bot."""
+        """Push a message in the sender's private chat with the bot.
+
+        ``text=None`` leaves the text out, for media messages (see
+        :meth:`FakeTelegram.photo` and its kin); ``entities`` are then the caption's.
+        """
         chat = {"id": sender["id"], "type": "private", "first_name": sender["first_name"]}
         if "username" in sender:
             chat["username"] = sender["username"]
         return self._push_message(chat, sender, text, entities, **extra)
 
-    def group_message(self, text: str, *, chat_id: int = -1001234567890,
+    def group_message(self, text: str | None, *, chat_id: int = -1001234567890,
                       sender: Mapping[str, Any] = ALICE, title: str = "Test group",
                       entities: Sequence[Mapping[str, Any]] | None = None,
                       reply_to: Mapping[str, Any] | None = None, forum: bool = False,
@@ -159,14 +163,18 @@ class Updates(State):
             return self.group_message(text, entities=entities, **kwargs)
         return self.private_message(text, entities=entities, **kwargs)
 
-    def _push_message(self, chat: dict[str, Any], sender: Mapping[str, Any], text: str,
-                      entities: Sequence[Mapping[str, Any]] | None,
+    def _push_message(self, chat: dict[str, Any], sender: Mapping[str, Any],
+                      text: str | None, entities: Sequence[Mapping[str, Any]] | None,
                       **extra: Any) -> dict[str, Any]:
         self._chats[chat["id"]] = chat
         message: dict[str, Any] = {"message_id": next(self._message_ids), "date": _now(),
-                                   "chat": chat, "from": dict(sender), "text": text}
+                                   "chat": chat, "from": dict(sender)}
+        # A media message has no text (its words are the caption).
+        if text is not None:
+            message["text"] = text
         if entities:
-            message["entities"] = [dict(e) for e in entities]
+            message["entities" if text is not None else "caption_entities"] = \
+                [dict(e) for e in entities]
         message.update(extra)
         return self.push_update({"message": message})
 

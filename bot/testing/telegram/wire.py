@@ -13,6 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
+MB = 1024 * 1024
 MAX_TEXT = 4096
 """Telegram's limit on a message's text, in UTF-16 code units after entity parsing."""
 
@@ -144,6 +145,39 @@ _UPDATE_KINDS = (
 )
 
 _COMMAND_NAME = re.compile(r"^[a-z0-9_]{1,32}$")
+
+
+@dataclass(slots=True)
+class StoredFile:
+    """A file the fake holds: what ``getFile`` describes and the file URL serves."""
+
+    file_id: str
+    file_unique_id: str
+    file_path: str
+    data: bytes
+    name: str = ""
+    mime_type: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Upload:
+    """A file the bot uploaded: the method, the chat, the name and bytes as received."""
+
+    method: str
+    chat_id: int | str
+    name: str
+    content_type: str
+    data: bytes
+    caption: str | None
+    message_id: int
+
+
+@dataclass(slots=True)
+class _DownloadFault:
+    kind: str
+    status: int
+    times: int
+
 
 
 # -- helpers ------------------------------------------------------------------------------
