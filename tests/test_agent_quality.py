@@ -12,8 +12,9 @@ from bot.agents.judge import Verdict
 from bot.app.roost import Roost
 from bot.contracts.hookspecs import hookimpl
 from bot.observability.tracing import Span
+from bot.testing.app import scripted, settle
 from bot.testing.openai import FakeOpenAI
-from tests.conftest import AppFactory, scripted, settle
+from tests.conftest import AppFactory
 from tests.test_patterns import CORPUS, _doc, _write
 
 ADMIN = "test:boss"
@@ -74,14 +75,14 @@ async def test_hot_reload_serves_new_patterns_and_reports_a_broken_file(
     assert "Check the rollout status first." in llm.requests[1].system
     await channel.say("/patterns", sender="boss")
     await settle(app)
-    listing = channel.texts()[-1]
+    listing = channel.replies[-1]
     assert listing.startswith(f"Agent default: {len(CORPUS) + 1} pattern(s) from {directory}")
     assert "- k8s-deploy (last match 0." in listing
     assert "- regex-help (not matched yet): Write or debug a regular expression" in listing
     assert "Skipped:\n- broken.yaml: " in listing
     await channel.say("/patterns")
     await settle(app)
-    assert channel.texts()[-1] == "/patterns is for admins only."
+    assert channel.replies[-1] == "/patterns is for admins only."
 
 
 # -- judges -------------------------------------------------------------------------
@@ -147,7 +148,7 @@ async def test_a_rejected_reply_is_regenerated_with_feedback_until_it_passes(
     await channel.say("/status")
     await settle(app)
     assert ("Judges: 1, mean >= 0.70; 1/1 passed (100%), 0 on the first try, "
-            "2.0 attempts per reply") in channel.texts()[-1]
+            "2.0 attempts per reply") in channel.replies[-1]
 
 
 async def test_retries_stop_at_max_retries_and_the_last_attempt_is_delivered(
@@ -158,7 +159,7 @@ async def test_retries_stop_at_max_retries_and_the_last_attempt_is_delivered(
                                                                         max_retries=4))
     await channel.say("hello")
     await settle(app)
-    assert channel.texts() == ["again"]
+    assert channel.replies == ["again"]
     assert len(llm.requests) == 4 and len(never.seen) == 4
     assert [s.attributes["passed"] for s in await spans(app) if s.kind == "judge"] == [
         False] * 4
@@ -178,7 +179,7 @@ async def test_every_strategy_decides_the_run(make_app: AppFactory, strategy: st
         "high", "low", strategy=strategy, max_retries=1))
     await channel.say("question")
     await settle(app)
-    assert channel.texts() == ["answer"]
+    assert channel.replies == ["answer"]
     verdicts = [s.attributes for s in await spans(app) if s.kind == "judge"]
     assert {v["judge"] for v in verdicts} == {"high", "low"}
     assert [v["aggregate_score"] for v in verdicts] == pytest.approx([score, score])
@@ -195,7 +196,7 @@ async def test_the_llm_judge_can_use_its_own_provider_and_model(
             {"type": "llm", "provider": "openai", "model": "judge-model"}]}}})
     await channel.say("capital of France?")
     await settle(app)
-    assert channel.texts() == ["Paris."]
+    assert channel.replies == ["Paris."]
     body = fake_openai.requests[0].body
     assert body["model"] == "judge-model"
     prompt = body["messages"][-1]["content"]
@@ -231,7 +232,7 @@ async def test_stop_cancels_a_judge_in_flight(make_app: AppFactory) -> None:
     await channel.say("/stop")
     await settle(app)
     assert outcome == ["cancelled"]
-    assert channel.texts() == ["Stopped."]
+    assert channel.replies == ["Stopped."]
     (run,) = await app.store.runs(KEY)
     assert run.status == "cancelled"
     judge_span = next(s for s in await app.store.spans(run.run_id) if s.kind == "judge")
@@ -252,7 +253,7 @@ async def test_a_failing_judge_lets_the_reply_through_and_is_counted(
                                      agents=judged("broken"))
     await channel.say("question")
     await settle(app)
-    assert channel.texts() == ["an answer"]
+    assert channel.replies == ["an answer"]
     root = next(s for s in await spans(app) if s.kind == "agent")
     assert "judge backend down" in root.attributes["judge_error"]
     assert app.engine.router.stats_for("default").errors == 1
@@ -265,5 +266,5 @@ async def test_an_unknown_judge_type_fails_the_run_naming_the_offered_judges(
                                      agents=judged("strikt"))
     await channel.say("question")
     await settle(app)
-    assert channel.texts() == ["Sorry, I couldn't answer that: agent default: no judge of "
+    assert channel.replies == ["Sorry, I couldn't answer that: agent default: no judge of "
                                "type 'strikt' (built in: llm; from plugins: strict)"]

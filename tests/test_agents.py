@@ -17,8 +17,9 @@ from bot.config.settings import ConfigError, Settings, load_settings
 from bot.contracts.llm import LLMProvider
 from bot.contracts.messages import ChatType, InboundMessage
 from bot.pluginhost.manager import get_plugin_manager
+from bot.testing.app import scripted, settle
 from bot.testing.openai import FakeOpenAI
-from tests.conftest import AppFactory, RecordingChannel, scripted, settle
+from tests.conftest import AppFactory, make_chat
 
 ADMIN = "test:boss"
 
@@ -172,7 +173,7 @@ async def test_fallback_iteration_cap_of_20_ends_a_looping_run(make_app: AppFact
     app, channel, _ = await make_app(looping, agents={"default": {"max_iterations": 0}})
     await channel.say("go")
     await settle(app, 30)
-    assert channel.texts() == ["I stopped after 20 steps without finishing. Tell me how to "
+    assert channel.replies == ["I stopped after 20 steps without finishing. Tell me how to "
                                "continue, or ask for something smaller."]
     assert len(looping.requests) == 20
 
@@ -199,10 +200,10 @@ async def test_bound_chats_get_their_agents_provider_model_session_and_workspace
         default, openai_base_url=fake_openai.base_url, openai_api_key="k", admins=[ADMIN],
         agents={"local": {"provider": "openai", "model": "qwen-local", "max_tokens": 321}},
         bindings=[{"agent": "local", "chat_type": "group"}])
-    await channel.say("in the group", chat="g1", chat_type="group")
+    await channel.say("in the group", group="g1")
     await channel.say("direct")
     await settle(app)
-    assert sorted(channel.texts()) == ["from the default agent", "from the local model"]
+    assert sorted(channel.replies) == ["from the default agent", "from the local model"]
     body = fake_openai.requests[0].body
     assert body["model"] == "qwen-local" and body["max_tokens"] == 321
     assert len(default.requests) == 1 and default.requests[0].model == app.settings.model
@@ -214,9 +215,9 @@ async def test_bound_chats_get_their_agents_provider_model_session_and_workspace
     assert (workspaces / "@agents" / "local" / "test" / "u1" / "USER.md").is_file()
     assert (workspaces / "test" / "u1" / "USER.md").is_file()
     # /status in the group names the group's agent and model.
-    await channel.say("/status", chat="g1", chat_type="group")
+    await channel.say("/status", group="g1")
     await settle(app)
-    status = channel.texts()[-1]
+    status = channel.replies[-1]
     assert "Agent: local" in status and "Model: qwen-local via openai" in status
 
 
@@ -232,7 +233,7 @@ async def test_predefined_agent_reads_its_own_persona_and_seeds_only_user_md(
         llm, agents={"pip": {"type": "predefined", "bootstrap_dir": str(persona)},
                      "default": {"bootstrap_dir": str(persona)}},
         bindings=[{"agent": "pip", "chat_id": "shop"}])
-    await channel.say("hi", chat="shop", chat_type="group", sender="c1")
+    await channel.say("hi", group="shop", sender="c1")
     await channel.say("hi", sender="u2")
     await settle(app)
     pip_system, open_system = (r.system for r in llm.requests)
@@ -270,7 +271,7 @@ async def test_policy_hides_tools_from_the_model_and_refuses_them_when_called_an
     assert result.role == "tool" and result.is_error
     assert "Unknown tool 'write_file'" in result.content
     assert not (app.settings.workspaces_dir / "test" / "u1" / "x.md").exists()
-    assert channel.texts() == ["done"]
+    assert channel.replies == ["done"]
 
 
 # -- admin commands -----------------------------------------------------------------
@@ -286,7 +287,7 @@ async def test_agents_command_lists_agents_and_bindings_for_admins_only(
     await channel.say("/agents", sender="u1")
     await channel.say("/agents", sender="boss")
     await settle(app)
-    refused, listing = channel.texts()
+    refused, listing = channel.replies
     assert refused == "/agents is for admins only."
     assert "- default: anthropic/claude-sonnet-5-5, open, tools full" in listing
     assert ("- support: anthropic/claude-haiku-5, open, tools messaging, 1 judge(s), vote >= "
@@ -305,7 +306,7 @@ async def test_agent_reload_rereads_roost_toml_and_applies_the_edit(
     llm = scripted({"reply": "ok"}, loop=True)
     host = get_plugin_manager(load_entry_points=False)
     app = await Roost.create(settings, host=host, provider=llm)
-    channel = RecordingChannel()
+    channel = make_chat()
     await app.add_channel(channel)
     try:
         await channel.say("one")
@@ -317,27 +318,27 @@ async def test_agent_reload_rereads_roost_toml_and_applies_the_edit(
         assert [r.model for r in llm.requests] == ["model-one", "model-one"]  # cached
         await channel.say("/agent reload support", sender="u1")
         await settle(app)
-        assert channel.texts()[-1] == "/agent is for admins only."
+        assert channel.replies[-1] == "/agent is for admins only."
         await channel.say("/agent reload support", sender="boss")
         await settle(app)
-        assert channel.texts()[-1].startswith("Reloaded agent support (re-read ")
+        assert channel.replies[-1].startswith("Reloaded agent support (re-read ")
         await channel.say("three")
         await settle(app)
         assert llm.requests[-1].model == "model-two"
         config.write_text("[agents.support\n", encoding="utf-8")
         await channel.say("/agent reload support", sender="boss")
         await settle(app)
-        assert "has errors; nothing changed" in channel.texts()[-1]
+        assert "has errors; nothing changed" in channel.replies[-1]
         await channel.say("four")
         await settle(app)
-        assert llm.requests[-1].model == "model-two" and channel.texts()[-1] == "ok"
+        assert llm.requests[-1].model == "model-two" and channel.replies[-1] == "ok"
         config.write_text('[agents.support]\nmodel = "model-two"\n', encoding="utf-8")
         await channel.say("/agent reload nobody", sender="boss")
         await channel.say("/agent", sender="boss")
         await settle(app)
-        assert "No agent named 'nobody'" in channel.texts()[-2]
+        assert "No agent named 'nobody'" in channel.replies[-2]
         # The edit dropped the binding: this chat is the default agent's again.
-        assert channel.texts()[-1].startswith("This chat is served by agent default.")
+        assert channel.replies[-1].startswith("This chat is served by agent default.")
     finally:
         await app.close()
 
@@ -351,7 +352,7 @@ async def test_router_providers_are_closed_with_the_app(make_app: AppFactory,
         bindings=[{"agent": "demo", "channel": "test"}])
     await channel.say("hi")
     await settle(app)
-    assert channel.texts() == ["from my own script"]
+    assert channel.replies == ["from my own script"]
     agent = await app.engine.router.get("demo")
     provider: LLMProvider | None = agent.provider
     assert provider is not None and provider is not app.provider

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import AppFactory, scripted, settle
+from bot.testing.app import scripted, settle
+from tests.conftest import AppFactory
 
 TODAY = dt.datetime.now(dt.UTC).date().isoformat()
 FLUSH: dict[str, Any] = {"match": "^Pre-compaction memory flush", "steps": [
@@ -115,7 +116,7 @@ async def test_mid_run_compaction_summarizes_the_oldest_messages_once(
     app, channel, _ = await make_app(provider, compact_ratio=0.005,
                                      compact_min_messages=1000)
     await chat(app, channel, "work")
-    assert channel.texts() == ["worked"]
+    assert channel.replies == ["worked"]
     summaries = [r for r in provider.requests if r.messages[0].content.startswith("u1: ")]
     assert len(summaries) == 1  # once per run
     after = provider.requests[provider.requests.index(summaries[0]) + 1]

@@ -9,7 +9,8 @@ from bot.contracts.hookspecs import hookimpl
 from bot.contracts.llm import ChatMessage, ToolCall
 from bot.contracts.tools import Tool, ToolContext
 from bot.engine.history import CLEARED_RESULT, MISSING_RESULT
-from tests.conftest import AppFactory, scripted, settle
+from bot.testing.app import scripted, settle
+from tests.conftest import AppFactory
 
 
 class BigTool:
@@ -157,11 +158,11 @@ async def test_kernel_carries_user_md_and_pinned_facts_and_status_shows_segments
     assert "About the user (USER.md)" in system
     await channel.say("/status")
     await settle(app)
-    status = channel.texts()[-1]
+    status = channel.replies[-1]
     assert "Context (tokens, last run): system" in status and "kernel" in status
     await channel.say("/pins")
     await settle(app)
-    assert channel.texts()[-1] == "Pinned facts:\n#1 The launch is on Friday"
+    assert channel.replies[-1] == "Pinned facts:\n#1 The launch is on Friday"
 
 
 async def test_rom_is_fixed_for_a_run_and_the_summary_precedes_recent_turns(

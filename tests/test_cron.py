@@ -10,12 +10,11 @@ from typing import Any
 import pytest
 
 from bot.config.settings import Settings
-from bot.contracts.messages import InboundMessage
 from bot.contracts.services import Services
 from bot.contracts.tools import Tool, ToolContext, ToolError
 from bot.scheduling.scheduler import Scheduler
+from bot.testing.app import ChatChannel, scripted
 from plugins import cron as cron_plugin
-from tests.conftest import RecordingChannel, scripted
 from tests.test_scheduler import T0, CronAppFactory, FakeClock, cron_app, tick
 
 __all__ = ["cron_app"]  # the fixture, shared with test_scheduler
@@ -44,23 +43,13 @@ async def fails(tool: Tool, ctx: ToolContext, **args: Any) -> ToolError:
     return info.value
 
 
-async def say(channel: RecordingChannel, text: str, *, sender: str = "u1", chat: str = "",
-              chat_type: str = "direct") -> str:
-    """Send a command and return the reply."""
-    assert channel.handler is not None
-    before = len(channel.sent)
-    channel.arrived.clear()
-    await channel.handler(InboundMessage("test", chat or sender,
-                                         "group" if chat_type == "group" else "direct",
-                                         sender, text, mentioned=True))
-    while len(channel.sent) == before:
-        await channel.arrived.wait()
-        channel.arrived.clear()
-    return channel.sent[-1].text
+async def say(channel: ChatChannel, text: str, *, sender: str = "u1") -> str:
+    """Send a message, wait until it is answered, and return the (last) reply."""
+    return (await channel.ask(text, sender=sender))[-1]
 
 
 async def setup(cron_app: CronAppFactory, **settings: Any) -> tuple[
-        Tool, Scheduler, RecordingChannel, FakeClock]:
+        Tool, Scheduler, ChatChannel, FakeClock]:
     clock = FakeClock()
     settings.setdefault("admins", [f"test:{ADMIN}"])
     app, channel, _, scheduler = await cron_app(scripted({"reply": "fired: {message}"},
@@ -87,11 +76,11 @@ async def test_the_model_schedules_a_job_that_later_runs_in_the_chat(
     tool_result = next(m for m in provider.requests[-1].messages if m.role == "tool").content
     assert "Scheduled job" in tool_result and "'mum'" in tool_result
     assert "first run 2030-01-07 08:20 UTC" in tool_result and "runs once" in tool_result
-    assert channel.texts() == ["Done, I'll remind you."]
+    assert channel.replies == ["Done, I'll remind you."]
     [view] = await scheduler.jobs(channel="test", owner_id="u1")
     assert view.job.chat_id == "u1" and view.job.message == "Remind me to call mum"
     await tick(scheduler, clock, minutes=20)
-    assert channel.texts()[-1] == "Time to call mum!"
+    assert channel.replies[-1] == "Time to call mum!"
     assert await scheduler.jobs() == []
 
 
@@ -219,6 +208,6 @@ async def test_jobs_listed_after_they_fire_show_the_next_run(cron_app: CronAppFa
     tool, scheduler, channel, clock = await setup(cron_app)
     await call(tool, context("u1"), action="add", schedule="every 1h", message="ping")
     await tick(scheduler, clock, hours=1)
-    assert channel.texts()[-1] == "fired: ping"
+    assert channel.replies[-1] == "fired: ping"
     assert T0.hour == 8
     assert "next 2030-01-07 10:00 UTC" in await say(channel, "/cron")

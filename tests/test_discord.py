@@ -14,6 +14,7 @@ import discord
 import pytest
 
 from bot.app.roost import Roost
+from bot.testing.app import EventRecorder, scripted, settle
 from bot.testing.discord import (
     BOT_ID,
     CHANNEL_ID,
@@ -28,7 +29,7 @@ from bot.testing.discord import fake_discord as _fake_discord  # noqa: F401  (th
 from channels.delivery import DeliveryPolicy
 from channels.discord import DiscordChannel
 from plugins.scripted_provider import ScriptedProvider
-from tests.conftest import AppFactory, EventLog, scripted, settle
+from tests.conftest import AppFactory
 
 FAST = DeliveryPolicy(attempts=3, base_delay=0.05, max_delay=0.1)
 MESSAGES = r"/channels/\d+/messages$"
@@ -37,7 +38,7 @@ MALLORY = user_payload(5001, "mallory")
 
 async def start(make_app: AppFactory, fake: FakeDiscord, provider: ScriptedProvider,
                 *plugins: object, delivery: DeliveryPolicy = FAST,
-                **settings: Any) -> tuple[Roost, DiscordChannel, EventLog]:
+                **settings: Any) -> tuple[Roost, DiscordChannel, EventRecorder]:
     """A Roost app with the real Discord channel connected to ``fake``."""
     app, _, log = await make_app(provider, *plugins, **fake.settings(), **settings)
     channel = DiscordChannel(app.settings, guild_ready_timeout=0.05, delivery=delivery)

@@ -6,7 +6,8 @@ import asyncio
 
 from bot.contracts.commands import Command, CommandContext, parse_command
 from bot.contracts.hookspecs import hookimpl
-from tests.conftest import AppFactory, scripted, settle
+from bot.testing.app import scripted, settle
+from tests.conftest import AppFactory
 from tests.test_runs import GateTools
 
 BLOCK = {"steps": [{"tool_calls": [{"name": "block", "arguments": {"tag": "x"}}]},
@@ -23,7 +24,7 @@ async def test_stop_cancels_a_run_blocked_in_a_slow_tool_and_persists_nothing(
     await channel.say("/stop")
     await settle(app)
     assert gate.cancelled == 1
-    assert channel.texts() == ["Stopped."]
+    assert channel.replies == ["Stopped."]
     assert "run.cancelled" in log.types() and "run.completed" not in log.types()
     session = await app.store.get("default:test:direct:u1")
     assert session.messages == []
@@ -36,7 +37,7 @@ async def test_stop_cancels_a_slow_llm_stream(make_app: AppFactory) -> None:
     await log.wait_for("activity")
     await channel.say("/stop")
     await settle(app)
-    assert channel.texts() == ["Stopped."]
+    assert channel.replies == ["Stopped."]
     assert "run.cancelled" in log.types()
     assert (await app.store.get("default:test:direct:u1")).messages == []
 
@@ -45,7 +46,7 @@ async def test_stop_with_nothing_running_says_so(make_app: AppFactory) -> None:
     app, channel, _ = await make_app(scripted({"reply": "x"}))
     await channel.say("/stop")
     await settle(app)
-    assert channel.texts() == ["Nothing is running."]
+    assert channel.replies == ["Nothing is running."]
 
 
 async def test_direct_chat_runs_one_at_a_time_and_queues_the_rest(make_app: AppFactory) -> None:
@@ -60,7 +61,7 @@ async def test_direct_chat_runs_one_at_a_time_and_queues_the_rest(make_app: AppF
     assert app.dispatcher.queue_length("default:test:direct:u1") == 1
     gate.release.set()
     await settle(app)
-    assert channel.texts() == ["unblocked", "second"]
+    assert channel.replies == ["unblocked", "second"]
 
 
 async def test_full_queue_drops_the_oldest_message_with_a_notice(make_app: AppFactory) -> None:
@@ -85,15 +86,15 @@ async def test_stopall_cancels_every_group_run_and_drops_the_queue(make_app: App
     gate = GateTools()
     app, channel, log = await make_app(scripted(BLOCK, loop=True), gate, group_max_concurrent=2)
     for who in ("a", "b", "c"):
-        await channel.say(f"hi from {who}", sender=who, chat="g", chat_type="group")
+        await channel.say(f"hi from {who}", sender=who, group="g")
     await asyncio.wait_for(gate.started.wait(), 5)
     await asyncio.sleep(0.05)
     key = "default:test:group:g"
     assert app.dispatcher.running_count(key) == 2
     assert app.dispatcher.queue_length(key) == 1
-    await channel.say("/stopall", sender="a", chat="g", chat_type="group")
+    await channel.say("/stopall", sender="a", group="g")
     await settle(app)
-    assert channel.texts() == ["Stopped 2 run(s) and dropped 1 queued message(s)."]
+    assert channel.replies == ["Stopped 2 run(s) and dropped 1 queued message(s)."]
     assert gate.cancelled == 2
     assert log.types().count("run.cancelled") == 2
 
@@ -104,9 +105,9 @@ async def test_group_runs_concurrently_up_to_the_limit(make_app: AppFactory) -> 
                          {"reply": "through"}]}
     app, channel, _ = await make_app(scripted(barrier, loop=True), gate)
     for who in ("a", "b", "c"):
-        await channel.say("go", sender=who, chat="g", chat_type="group")
+        await channel.say("go", sender=who, group="g")
     await settle(app)  # three runs meet at a 3-party barrier: only possible concurrently
-    assert channel.texts() == ["through"] * 3
+    assert channel.replies == ["through"] * 3
 
 
 async def test_rapid_messages_from_one_sender_merge_into_one_run(make_app: AppFactory) -> None:
@@ -116,7 +117,7 @@ async def test_rapid_messages_from_one_sender_merge_into_one_run(make_app: AppFa
     await log.wait_for("run.started")
     await channel.say("part two")
     await settle(app)
-    assert channel.texts() == ["got: part one\npart two"]
+    assert channel.replies == ["got: part one\npart two"]
     assert log.types().count("run.cancelled") == 1
     session = await app.store.get("default:test:direct:u1")
     assert [m.content for m in session.messages] == ["part one\npart two",
@@ -127,7 +128,7 @@ async def test_a_lone_message_is_not_delayed_by_the_merge_window(make_app: AppFa
     app, channel, _ = await make_app(scripted({"reply": "quick"}), merge_window_ms=60_000)
     await channel.say("alone")
     await settle(app, limit=5)  # a 60 s window would blow this timeout if it delayed runs
-    assert channel.texts() == ["quick"]
+    assert channel.replies == ["quick"]
 
 
 async def test_no_merge_once_the_run_has_shown_output(make_app: AppFactory) -> None:
@@ -144,7 +145,7 @@ async def test_no_merge_once_the_run_has_shown_output(make_app: AppFactory) -> N
     await asyncio.sleep(0.05)
     gate.release.set()
     await settle(app)
-    assert channel.texts() == ["first done", "second done"]
+    assert channel.replies == ["first done", "second done"]
     assert "run.cancelled" not in log.types()
 
 
@@ -153,10 +154,10 @@ async def test_messages_from_different_senders_in_a_group_do_not_merge(
 ) -> None:
     provider = scripted({"reply": "{message}", "delay": 0.1}, loop=True)
     app, channel, _ = await make_app(provider, merge_window_ms=60_000)
-    await channel.say("from a", sender="a", chat="g", chat_type="group")
-    await channel.say("from b", sender="b", chat="g", chat_type="group")
+    await channel.say("from a", sender="a", group="g")
+    await channel.say("from b", sender="b", group="g")
     await settle(app)
-    assert sorted(channel.texts()) == ["[a (id a)]: from a", "[b (id b)]: from b"]
+    assert sorted(channel.replies) == ["[a (id a)]: from a", "[b (id b)]: from b"]
 
 
 async def test_unknown_command_gets_help_not_a_run(make_app: AppFactory) -> None:
@@ -164,7 +165,7 @@ async def test_unknown_command_gets_help_not_a_run(make_app: AppFactory) -> None
     app, channel, _ = await make_app(provider)
     await channel.say("/frobnicate now")
     await settle(app)
-    assert channel.texts() == ["I don't know /frobnicate. Send /help to see the commands."]
+    assert channel.replies == ["I don't know /frobnicate. Send /help to see the commands."]
     assert provider.requests == []
 
 
@@ -185,7 +186,7 @@ async def test_admin_only_commands_refuse_everyone_else(make_app: AppFactory) ->
     await channel.say("/secret", sender="mallory")
     await channel.say("/secret", sender="boss")
     await settle(app)
-    assert channel.texts() == ["/secret is for admins only.", "secret for boss"]
+    assert channel.replies == ["/secret is for admins only.", "secret for boss"]
     assert ran == ["boss"]
 
 
@@ -201,7 +202,7 @@ async def test_new_starts_a_fresh_session_and_help_lists_commands(make_app: AppF
     assert [m.content for m in provider.requests[-1].messages] == ["who?"]
     await channel.say("/help")
     await settle(app)
-    help_text = channel.texts()[-1]
+    help_text = channel.replies[-1]
     for name in ("/help", "/stop", "/stopall", "/new /reset", "/status", "/whoami"):
         assert name in help_text
 
@@ -214,7 +215,7 @@ async def test_status_and_whoami_describe_the_session(make_app: AppFactory) -> N
     await settle(app)
     await channel.say("/whoami")
     await settle(app)
-    status, whoami = channel.texts()[-2:]
+    status, whoami = channel.replies[-2:]
     assert "default:test:direct:u1 (2 messages)" in status
     assert "via scripted" in status and "queued: 0" in status
     assert "id u1" in whoami and "Admin: yes" in whoami
@@ -265,7 +266,7 @@ async def test_scheduled_runs_wait_their_turn_and_report_their_result(
     gate.release.set()
     result = await asyncio.wait_for(done, 5)
     assert result.reply == "reminder: drink water"
-    assert channel.texts() == ["unblocked", "reminder: drink water"]
+    assert channel.replies == ["unblocked", "reminder: drink water"]
     started = [e for e in log.events if e.type == "run.started"]
     assert started[-1].payload["kind"] == "cron"
     assert "run.cancelled" not in log.types()  # never merged with the chat message

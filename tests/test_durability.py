@@ -21,9 +21,9 @@ from bot.contracts.llm import LLMRequest, LLMResponse, OnRetry, OnText, ToolCall
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.contracts.tools import Tool, ToolContext
 from bot.dispatch.dispatcher import ShuttingDown
-from bot.resilience.retry import RetryPolicy
 from bot.storage.inbox import INTERRUPTED
-from tests.conftest import AppFactory, RecordingChannel
+from bot.testing.app import ChatChannel, settle
+from tests.conftest import CHANNEL, USER, AppFactory
 
 
 class GatedModel:
@@ -93,14 +93,10 @@ async def crash(app: Roost) -> None:
 
 
 async def restart(make_app: AppFactory, model: Any, *plugins: object,
-                  **settings: Any) -> tuple[Roost, RecordingChannel]:
+                  **settings: Any) -> tuple[Roost, ChatChannel]:
     app, channel, _ = await make_app(model, *plugins, **settings)
     await app.recover()
     return app, channel
-
-
-async def settle(app: Roost) -> None:
-    await asyncio.wait_for(app.dispatcher.drain(), 5)
 
 
 async def inbox_states(app: Roost) -> list[tuple[str, int]]:
@@ -116,7 +112,7 @@ async def test_a_message_is_recorded_before_submit_returns(make_app: AppFactory)
     assert [s for s, _ in await inbox_states(app)] in (["pending"], ["running"])
     model.answer("hi")
     await settle(app)
-    assert channel.texts() == ["hi"]
+    assert channel.replies == ["hi"]
     assert await inbox_states(app) == [("done", 1)]
 
 
@@ -130,7 +126,7 @@ async def test_a_redelivered_event_is_answered_once(make_app: AppFactory) -> Non
     model.answer("again")  # would be used by a second run
     await app.dispatcher.submit(message("hello", "e1"))
     await settle(app)
-    assert channel.texts() == ["hi"]
+    assert channel.replies == ["hi"]
     assert len(model.requests) == 1
 
 
@@ -146,7 +142,7 @@ async def test_a_message_in_flight_at_a_crash_is_answered_after_restart(
     model2.answer("4")
     app2, channel2 = await restart(make_app, model2)
     await settle(app2)
-    assert channel2.texts() == ["4"]
+    assert channel2.replies == ["4"]
     assert model2.requests[0].messages[-1].content == "what is 2+2?"
     assert await inbox_states(app2) == [("done", 2)]
 
@@ -164,7 +160,7 @@ async def test_recovered_messages_run_in_order_per_session(make_app: AppFactory)
         model2.answer(f"a{i}")
     app2, channel2 = await restart(make_app, model2)
     await settle(app2)
-    assert channel2.texts() == ["a0", "a1", "a2"]
+    assert channel2.replies == ["a0", "a1", "a2"]
     # Each run saw the earlier turns in its history.
     assert [m.content for m in model2.requests[2].messages] == ["m0", "a0", "m1", "a1", "m2"]
 
@@ -184,7 +180,7 @@ async def test_a_finished_tool_call_is_not_executed_again_after_a_crash(
     app2, channel2 = await restart(make_app, model2, counter)
     await settle(app2)
     assert counter.calls == ["1"]
-    assert channel2.texts() == ["bumped once"]
+    assert channel2.replies == ["bumped once"]
     replayed = model2.requests[0].messages
     assert [m.role for m in replayed] == ["user", "assistant", "tool"]
     assert replayed[1].tool_calls[0].id == "call_1"
@@ -212,7 +208,7 @@ async def test_a_tool_call_cut_off_by_a_crash_is_reported_not_repeated(
     assert counter.calls == ["1"]
     tool_result = model2.requests[0].messages[-1]
     assert tool_result.role == "tool" and INTERRUPTED in tool_result.content
-    assert channel2.texts() == ["I could not confirm it"]
+    assert channel2.replies == ["I could not confirm it"]
 
 
 async def test_a_message_interrupted_three_times_is_given_up_with_a_notice(
@@ -247,7 +243,7 @@ async def test_sigterm_lets_runs_finish_within_the_grace_period(make_app: AppFac
         await app.dispatcher.submit(message("late", "e2"))
     model.answer("hi")
     await closing
-    assert channel.texts() == ["hi"]
+    assert channel.replies == ["hi"]
     assert await inbox_states(app) == [("done", 1)]
 
 
@@ -258,22 +254,22 @@ async def test_runs_cut_by_shutdown_run_after_restart_uncounted(make_app: AppFac
     await app.dispatcher.submit(message("two", "e2", sender="u2"))
     await model.wait_request(2)
     await app.close()  # the test apps' shutdown_grace_seconds is 0: nothing may finish
-    assert channel.texts() == []
+    assert channel.replies == []
 
     model2 = GatedModel()
     model2.answer("a")
     model2.answer("b")
     app2, channel2 = await restart(make_app, model2)
     await settle(app2)
-    assert sorted(channel2.texts()) == ["a", "b"]
+    assert sorted(channel2.replies) == ["a", "b"]
     assert await inbox_states(app2) == [("done", 1), ("done", 1)]
 
 
-class FlakyChannel(RecordingChannel):
+class FlakyChannel(ChatChannel):
     """Refuses the first ``failures`` sends, as a platform in an outage would."""
 
     def __init__(self, failures: int) -> None:
-        super().__init__()
+        super().__init__(CHANNEL, sender=USER)
         self.failures = failures
 
     async def send(self, message: OutboundMessage) -> str | None:
@@ -304,7 +300,7 @@ async def test_a_reply_the_platform_refused_is_sent_after_restart(make_app: AppF
         if channel2.sent:
             break
         await asyncio.sleep(0.01)
-    assert channel2.texts() == ["hi"]
+    assert channel2.replies == ["hi"]
     await app2.store.writer.close()
     async with app2.store.db.execute("SELECT state, platform_id FROM outbox") as cur:
         assert await cur.fetchall() == [("delivered", None)]
@@ -312,7 +308,7 @@ async def test_a_reply_the_platform_refused_is_sent_after_restart(make_app: AppF
 
 async def test_a_reply_refused_once_is_retried_in_the_same_process(
         make_app: AppFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("bot.dispatch.dispatcher.REDELIVERY", RetryPolicy.fixed(0.01, 0.01))
+    monkeypatch.setattr("bot.dispatch.dispatcher.REDELIVERY_DELAYS", (0.01, 0.01))
     model = GatedModel()
     app, _, _ = await make_app(model)
     flaky = FlakyChannel(failures=1)
@@ -326,7 +322,7 @@ async def test_a_reply_refused_once_is_retried_in_the_same_process(
         if flaky.sent:
             break
         await asyncio.sleep(0.01)
-    assert flaky.texts() == ["hi"]
+    assert flaky.replies == ["hi"]
 
 
 async def test_commands_are_recorded_and_not_run_twice(make_app: AppFactory) -> None:
@@ -382,14 +378,14 @@ async def test_a_merge_cancelling_a_loading_run_loses_neither_message(
     await asyncio.gather(first, second)
     model.answer("both")
     await settle(app)
-    assert channel.texts() == ["both"]
+    assert channel.replies == ["both"]
     assert model.requests[-1].messages[-1].content == "first\nsecond"
     assert [state for state, _ in await inbox_states(app)] == ["done", "done"]
 
 
 async def test_hundreds_of_first_messages_at_once_are_all_answered(
         make_app: AppFactory) -> None:
-    from tests.conftest import scripted
+    from bot.testing.app import scripted
 
     app, channel, _ = await make_app(scripted({"reply": "welcome"}, loop=True))
     await asyncio.gather(*(app.dispatcher.submit(message("hi", f"n{i}", sender=f"new{i}"))
@@ -408,13 +404,11 @@ async def test_a_follow_up_arriving_while_a_run_commits_gets_a_run_of_its_own(
     await app.dispatcher.submit(message("first", "e1"))
     model.answer("answer one")
     # Wait for the commit to begin, then send the follow-up inside the merge window.
-    committing = asyncio.get_running_loop().create_future()
-    log.waiters.append((lambda e: e.payload.get("phase") == "committing", committing))
-    await asyncio.wait_for(committing, 5)
+    await log.wait_for(lambda e: e.payload.get("phase") == "committing")
     await app.dispatcher.submit(message("second", "e2"))
     model.answer("answer two")
     await settle(app)
-    assert channel.texts() == ["answer one", "answer two"]
+    assert channel.replies == ["answer one", "answer two"]
     history = (await app.store.get("default:test:direct:u1")).messages
     assert [m.content for m in history] == ["first", "answer one", "second", "answer two"]
 
@@ -436,7 +430,7 @@ async def test_a_message_arriving_before_recovery_is_not_run_twice(
     model2.answer("for new")
     model2.answer("for old")
     await settle(app2)
-    assert sorted(channel2.texts()) == ["for new", "for old"]
+    assert sorted(channel2.replies) == ["for new", "for old"]
     assert len(model2.requests) == 2
 
 
@@ -462,7 +456,7 @@ async def test_a_run_cancelled_by_a_merge_during_the_session_load_does_not_take_
     release.set()
     model.answer("both")
     await settle(app)
-    assert channel.texts() == ["both"]
+    assert channel.replies == ["both"]
     assert model.requests[-1].messages[-1].content == "first\nsecond"
 
 
@@ -485,7 +479,7 @@ async def test_a_run_keeps_the_plugin_state_it_started_with(make_app: AppFactory
     await app.dispatcher.submit(message("two", "e2"))
     model.answer("a secret")
     await settle(app)
-    assert channel.texts() == ["a [x]", "a secret"]
+    assert channel.replies == ["a [x]", "a secret"]
 
 
 async def test_catch_up_cursors_name_the_newest_message_per_chat_and_thread(

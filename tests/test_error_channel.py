@@ -9,7 +9,8 @@ from typing import Any
 
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.tools import Tool, ToolContext, ToolError
-from tests.conftest import AppFactory, scripted, settle, without_summary
+from bot.testing.app import scripted, settle, without_summary
+from tests.conftest import AppFactory
 
 LONG_ERROR = ("permission denied for table invoices\nDETAIL: role 'bot' lacks SELECT\n"
               + "stack line\n" * 200)
@@ -51,7 +52,7 @@ async def test_a_failure_costs_few_tokens_and_its_detail_is_one_call_away(
     detail = [m for m in provider.requests[2].messages if m.role == "tool"][-1]
     data = json.loads(without_summary(detail.content))
     assert data["raw_error"]["message"] == LONG_ERROR  # nothing lost
-    assert channel.texts() == ["The bot role cannot read invoices."]
+    assert channel.replies == ["The bot role cannot read invoices."]
     stored = await app.services.errors.list(session_id="default:test:direct:u1")
     assert [e.tool_name for e in stored] == ["billing"]
 
@@ -123,7 +124,7 @@ async def test_dropping_tables_with_foreign_keys_plays_out_through_the_engine(
     assert detail["raw_error"]["dependencies"] == ["sales"]
     summary = [m for m in provider.requests[8].messages if m.role == "tool"][-1].content
     assert "<TOOL_EXECUTION_SUMMARY>" in summary and "FAILED" in summary
-    assert channel.texts() == ["Dropped sales, then customers."]
+    assert channel.replies == ["Dropped sales, then customers."]
     check = scripted({"steps": [sql("SELECT name FROM sqlite_master"), {"reply": "x"}]})
     app.engine.provider = check
     await channel.say("what tables?")
@@ -151,7 +152,7 @@ async def test_admins_read_errors_in_chat_and_operators_on_the_command_line(
     await channel.say(f"/errors {error.id}", sender="boss")
     await channel.say("/errors", sender="boss")
     await settle(app)
-    refused, detail, listing = channel.texts()[-3:]
+    refused, detail, listing = channel.replies[-3:]
     assert refused == "/errors is for admins only."
     assert detail.startswith(f"{error.id} at ") and "permission denied" in detail
     assert listing.startswith("Latest tool errors:\n" + error.id)

@@ -31,8 +31,9 @@ from bot.storage.errors import (
     summarize_error,
 )
 from bot.storage.sessions import SessionStore
+from bot.testing.app import scripted
 from plugins import error_tools
-from tests.conftest import AppFactory, scripted
+from tests.conftest import AppFactory
 
 T0 = 1_732_230_214.0
 """2024-11-21 23:03:34 UTC."""

@@ -13,13 +13,14 @@ from bot.app.roost import Roost
 from bot.config.settings import Settings
 from bot.engine.runloop import NO_REPLY
 from bot.pluginhost.manager import get_plugin_manager
+from bot.testing.app import scripted, settle
 from plugins.heartbeat import (
     ActiveHours,
     Heartbeat,
     is_effectively_empty,
     suppress_heartbeat_ack,
 )
-from tests.conftest import AppFactory, scripted, settle
+from tests.conftest import AppFactory
 from tests.test_dispatch import BLOCK
 from tests.test_runs import GateTools
 from workspaces import workspace_dir
@@ -102,7 +103,7 @@ async def test_a_real_message_is_delivered_and_kept_in_the_conversation(
     app, channel, _ = await make_app(provider, heartbeat_chat="dm-7", **ON)
     checklist(app)
     assert await Heartbeat(app.settings, lambda: NOON).beat(app.runtime) == "delivered"
-    assert channel.texts() == ["The OVEN-TIMER is done."]
+    assert channel.replies == ["The OVEN-TIMER is done."]
     assert channel.sent[0].chat_id == "dm-7"
     session = await app.store.get(KEY)
     assert [m.role for m in session.messages] == ["user", "assistant"]

@@ -35,7 +35,7 @@ async def test_lone_surrogates_are_replaced_before_anything_sees_them(
     await app.dispatcher.submit(dm("broken \ud83d emoji and a pair \ud83d\ude00",
                                    event_id="e1"))
     await settle(app)
-    assert channel.texts() == ["got it"]
+    assert channel.replies == ["got it"]
     sent = fake_anthropic.requests[-1].body["messages"][-1]["content"]
     text = sent if isinstance(sent, str) else sent[0]["text"]
     assert text == "broken \ufffd emoji and a pair 😀"
@@ -48,7 +48,7 @@ async def test_a_caption_less_photo_in_a_new_chat_makes_a_valid_request(
     await app.dispatcher.submit(dm("", attachments=(Attachment("image", size=131_000),),
                                    event_id="p1"))
     await settle(app)
-    assert channel.texts() == ["I can't see images yet, sorry."]
+    assert channel.replies == ["I can't see images yet, sorry."]
     messages = fake_anthropic.requests[-1].body["messages"]
     assert messages[-1]["role"] == "user"
     assert "image (127 KB)" in str(messages[-1]["content"])
@@ -63,7 +63,7 @@ async def test_an_attachment_after_some_history_is_its_own_user_turn(
     await settle(app)
     await app.dispatcher.submit(dm("", attachments=(Attachment("location"),), event_id="m2"))
     await settle(app)
-    assert channel.texts() == ["hello", "a location, thanks"]
+    assert channel.replies == ["hello", "a location, thanks"]
     last = fake_anthropic.requests[-1].body["messages"]
     assert [m["role"] for m in last] == ["user", "assistant", "user"]
 
@@ -78,7 +78,7 @@ async def test_a_follow_up_merged_behind_a_huge_message_survives(
                                                             event_id="small")))
     await asyncio.gather(first, second)
     await settle(app)
-    assert channel.texts() == ["done"]
+    assert channel.replies == ["done"]
     content = str(fake_anthropic.requests[-1].body["messages"][-1]["content"])
     assert "and please be brief" in content
     assert "shortened: this message was 40,000 characters long" in content
@@ -97,7 +97,7 @@ async def test_a_blocked_message_never_reaches_the_model_later(
     body = str(fake_anthropic.requests[0].body)
     assert "reveal the system prompt" not in body
     assert WITHHELD in body
-    assert channel.texts()[-1] == "Sure."
+    assert channel.replies[-1] == "Sure."
 
 
 async def test_persona_files_linked_outside_the_workspace_stay_out_of_the_prompt(

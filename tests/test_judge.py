@@ -18,8 +18,8 @@ from bot.agents.judge import (
     parse_verdict,
     self_correct,
 )
+from bot.testing.app import scripted
 from plugins.scripted_provider import ScriptedProvider
-from tests.conftest import scripted
 
 # --------------------------------------------------------------------------- aggregation
 

@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from bot.dispatch.dispatcher import HELD_NOTICE
 from bot.resilience.breaker import BreakerPolicy, CircuitBreaker
 from bot.testing.anthropic import FakeAnthropic
+from bot.testing.app import EventRecorder, settle
 from plugins.provider_retry import RetryPolicy
-from tests.conftest import AppFactory, EventLog, settle
+from tests.conftest import AppFactory
 
 
 async def test_stream_cut_mid_answer_restarts_the_draft_and_the_answer_arrives_once(
@@ -37,7 +38,7 @@ async def test_stream_cut_mid_answer_restarts_the_draft_and_the_answer_arrives_o
     # The cut draft showed three words, then started over from the first.
     assert draft[:4] == ["One", "One two", "One two three", "One"]
     assert draft[-1] == "One two three four five."
-    assert channel.texts() == []
+    assert channel.replies == []
     assert fake.faults.served == ["stream_cut"]
 
 
@@ -70,7 +71,7 @@ async def test_outage_holds_every_chat_with_one_notice_and_answers_after_recover
         assert texts == [HELD_NOTICE, "Back."]
 
 
-async def held(log: EventLog, chats: int) -> None:
+async def held(log: EventRecorder, chats: int) -> None:
     """Wait until ``chats`` runs were told they are held by the breaker."""
 
     async def poll() -> None:

@@ -16,13 +16,14 @@ from bot.contracts.events import RunEvent
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.tools import ToolContext, ToolError
 from bot.storage.memory_index import CHUNK_CHARS, MemoryIndex, chunk_text, fts_query
+from bot.testing.app import scripted, settle, without_summary
 from plugins.memory import (
     MAX_DAILY_NOTE_CHARS,
     MemoryFlushJob,
     flush_message,
     today_utc,
 )
-from tests.conftest import AppFactory, scripted, settle, without_summary
+from tests.conftest import AppFactory
 from workspaces import workspace_dir
 
 TODAY = today_utc().isoformat()
@@ -94,7 +95,7 @@ async def test_search_finds_what_a_run_wrote_and_what_was_edited_by_hand(
     assert f"memory/{TODAY}.md lines 4-5" in found and "**Dentist**" in found
     assert "MEMORY.md line 1" in found and "**teal**" in found
     assert "Pixel" not in found.split(":", 1)[1]
-    assert channel.texts() == ["noted", "searched", "searched"]
+    assert channel.replies == ["noted", "searched", "searched"]
 
     (ws / "MEMORY.md").unlink()
     assert "No memory matches" in await call(app, "memory_search", query="teal")

@@ -18,7 +18,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 from bot.observability import otel
 from bot.observability.otel import OTelExporter
 from bot.observability.tracing import RunTrace, Span
-from tests.conftest import AppFactory, scripted, settle
+from bot.testing.app import scripted, settle
+from tests.conftest import AppFactory
 
 
 class RecordingSpanExporter(InMemorySpanExporter):

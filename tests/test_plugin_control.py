@@ -25,8 +25,9 @@ from bot.contracts.services import Services
 from bot.contracts.tools import Tool, ToolContext
 from bot.pluginhost.install import run_streaming
 from bot.pluginhost.manager import get_plugin_manager
+from bot.testing.app import ChatChannel, scripted, settle, without_summary
 from plugins import plugin_commands
-from tests.conftest import AppFactory, RecordingChannel, scripted, settle, without_summary
+from tests.conftest import AppFactory
 from tests.test_cli import clean_env
 from tests.test_plugins import GOOD, make_dist
 
@@ -115,7 +116,7 @@ async def test_disable_and_enable_take_effect_at_once_for_everything(
     await settle(app)
     assert "shout" in offered(provider) and shouter.ran == 1
     assert "SHOUTER SECTION" in (provider.requests[-1].system or "")
-    assert channel.texts()[-1] == "said [gone]"
+    assert channel.replies[-1] == "said [gone]"
 
     reply = await app.set_plugin_enabled(PLUGIN, False)
     assert reply == f"{PLUGIN} is now disabled."
@@ -126,19 +127,19 @@ async def test_disable_and_enable_take_effect_at_once_for_everything(
     tool_result = [m for m in provider.requests[-1].messages if m.role == "tool"][-1]
     assert "Unknown tool 'shout'" in without_summary(tool_result.content)
     assert "SHOUTER SECTION" not in (provider.requests[-1].system or "")
-    assert channel.texts()[-1] == "said SECRET"  # sanitizer gone
+    assert channel.replies[-1] == "said SECRET"  # sanitizer gone
     await channel.say("/hey")
     await settle(app)
-    assert channel.texts()[-1].startswith("I don't know /hey")
+    assert channel.replies[-1].startswith("I don't know /hey")
     await channel.say("a banana split please")
     await settle(app)
-    assert channel.texts()[-1] == "said SECRET"  # guard pattern gone: not refused
+    assert channel.replies[-1] == "said SECRET"  # guard pattern gone: not refused
     assert "system:shouter-tick" not in {v.job.id for v in await scheduler.all_jobs()}
 
     assert await app.set_plugin_enabled(PLUGIN, True) == f"{PLUGIN} is now enabled."
     await channel.say("/hey")
     await settle(app)
-    assert channel.texts()[-1] == "hey there"
+    assert channel.replies[-1] == "hey there"
     requests_before = len(provider.requests)
     await channel.say("a banana split please")
     await settle(app)
@@ -146,7 +147,7 @@ async def test_disable_and_enable_take_effect_at_once_for_everything(
     await channel.say("go")
     await settle(app)
     assert "shout" in offered(provider) and shouter.ran == 2
-    assert channel.texts()[-1] == "said [gone]"
+    assert channel.replies[-1] == "said [gone]"
     assert "system:shouter-tick" in {v.job.id for v in await scheduler.all_jobs()}
 
 
@@ -248,10 +249,10 @@ async def test_trace_logs_every_hook_call(caplog: pytest.LogCaptureFixture) -> N
 # -- chat commands --------------------------------------------------------------------------
 
 
-async def ask(app: Roost, channel: RecordingChannel, text: str, sender: str = "boss") -> str:
+async def ask(app: Roost, channel: ChatChannel, text: str, sender: str = "boss") -> str:
     await channel.say(text, sender=sender)
     await settle(app)
-    return channel.texts()[-1]
+    return channel.replies[-1]
 
 
 @pytest.mark.parametrize("text", ["/plugins", "/plugin disable test-plugin-0",
@@ -308,13 +309,13 @@ async def test_chat_install_is_off_by_default_and_allowlisted(
     assert ran == []
 
 
-async def wait_for_text(channel: RecordingChannel, check: Any, limit: float = 10.0) -> str:
+async def wait_for_text(channel: ChatChannel, check: Any, limit: float = 10.0) -> str:
     for _ in range(int(limit / 0.02)):
-        found = [t for t in channel.texts() if check(t)]
+        found = [t for t in channel.replies if check(t)]
         if found:
             return found[0]
         await asyncio.sleep(0.02)
-    raise AssertionError(f"no such message in {channel.texts()}")
+    raise AssertionError(f"no such message in {channel.replies}")
 
 
 async def test_chat_install_runs_in_the_background_and_reports(
@@ -336,7 +337,7 @@ async def test_chat_install_runs_in_the_background_and_reports(
     await settle(app)
     assert [m.text for m in channel.sent if m.chat_id == "someone"] == ["chatting"]
     assert "already being installed" in await ask(app, channel, "/plugin install roost-hello")
-    assert not any(t.startswith("Installed") for t in channel.texts())
+    assert not any(t.startswith("Installed") for t in channel.replies)
     go.write_text("")
     done = await wait_for_text(channel, lambda t: t.startswith("Installed roost-hello: "))
     assert "Restart Roost" in done

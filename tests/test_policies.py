@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from tests.conftest import AppFactory, scripted, settle
+from bot.testing.app import scripted, settle
+from tests.conftest import AppFactory
 
 
 async def test_in_mention_mode_only_addressed_group_messages_run(make_app: AppFactory) -> None:
     provider = scripted({"reply": "hi"}, loop=True)
     app, channel, _ = await make_app(provider)
-    group = {"chat": "g", "chat_type": "group"}
+    group = {"group": "g"}
     await channel.say("lunch at noon?", sender="a", name="Ann", mentioned=False, **group)
     await channel.say("pizza please", sender="b", name="Bob", mentioned=False, **group)
     await settle(app)
@@ -27,8 +28,8 @@ async def test_group_context_is_capped(make_app: AppFactory) -> None:
     provider = scripted({"reply": "hi"}, loop=True)
     app, channel, _ = await make_app(provider, group_context_messages=3)
     for i in range(6):
-        await channel.say(f"chatter {i}", chat="g", chat_type="group", mentioned=False)
-    await channel.say("@bot hi", chat="g", chat_type="group")
+        await channel.say(f"chatter {i}", group="g", mentioned=False)
+    await channel.say("@bot hi", group="g")
     await settle(app)
     system = provider.requests[0].system
     assert "chatter 2" not in system and all(f"chatter {i}" in system for i in (3, 4, 5))
@@ -36,9 +37,9 @@ async def test_group_context_is_capped(make_app: AppFactory) -> None:
 
 async def test_commands_work_in_groups_without_a_mention(make_app: AppFactory) -> None:
     app, channel, _ = await make_app(scripted({"reply": "x"}))
-    await channel.say("/whoami", chat="g", chat_type="group", mentioned=False)
+    await channel.say("/whoami", group="g", mentioned=False)
     await settle(app)
-    assert "group chat g" in channel.texts()[0]
+    assert "group chat g" in channel.replies[0]
 
 
 async def test_all_and_off_group_policies_per_channel_and_per_group(
@@ -48,12 +49,12 @@ async def test_all_and_off_group_policies_per_channel_and_per_group(
     app, channel, _ = await make_app(provider, group_policy="all",
                                      group_policies={"test:quiet": "off"},
                                      admins=["test:boss"])
-    await channel.say("anyone?", chat="loud", chat_type="group", mentioned=False)
-    await channel.say("@bot hello?", chat="quiet", chat_type="group")
-    await channel.say("/whoami", sender="pleb", chat="quiet", chat_type="group")
-    await channel.say("/whoami", sender="boss", chat="quiet", chat_type="group")
+    await channel.say("anyone?", group="loud", mentioned=False)
+    await channel.say("@bot hello?", group="quiet")
+    await channel.say("/whoami", sender="pleb", group="quiet")
+    await channel.say("/whoami", sender="boss", group="quiet")
     await settle(app)
-    texts = channel.texts()
+    texts = channel.replies
     assert "[u1 (id u1)]: anyone?" in texts
     assert len(texts) == 2 and any("id boss" in t for t in texts)
 

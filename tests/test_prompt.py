@@ -17,9 +17,10 @@ from bot.contracts.messages import ChatType, InboundMessage
 from bot.contracts.prompt import Order, PromptContext, PromptMode, PromptSection, assemble
 from bot.contracts.tools import Tool, ToolContext
 from bot.engine.runloop import RunRequest
+from bot.testing.app import scripted
 from plugins.prompt_sections import MAX_FILE_CHARS, MAX_PROJECT_CONTEXT_CHARS
 from plugins.scripted_provider import ScriptedProvider
-from tests.conftest import AppFactory, scripted
+from tests.conftest import AppFactory
 from workspaces import ensure_workspace, template_text, workspace_dir
 
 # One marker per built-in section, in the documented order.

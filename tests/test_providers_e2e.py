@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 
 from bot.testing.anthropic import FakeAnthropic, ToolUse
+from bot.testing.app import settle
 from bot.testing.openai import FakeOpenAI, FunctionCall
 from plugins.provider_retry import RetryPolicy
-from tests.conftest import AppFactory, settle
+from tests.conftest import AppFactory
 
 
 async def test_claude_tool_loop_end_to_end(make_app: AppFactory) -> None:
@@ -20,7 +21,7 @@ async def test_claude_tool_loop_end_to_end(make_app: AppFactory) -> None:
             anthropic_base_url=fake.base_url, model="claude-test")
         await channel.say("write a file")
         await settle(app)
-        assert channel.texts() == ["All done."]
+        assert channel.replies == ["All done."]
         first, second = fake.requests
         assert first.body["model"] == "claude-test"
         assert "write_file" in {t["name"] for t in first.body["tools"]}
@@ -44,7 +45,7 @@ async def test_claude_overload_is_retried_and_reported_as_run_retrying(
         setattr(real, "retry", RetryPolicy(3, 0.01))  # noqa: B010 - a quick backoff
         await channel.say("hello")
         await settle(app)
-        assert channel.texts() == ["Recovered."]
+        assert channel.replies == ["Recovered."]
         retrying = [e for e in log.events if e.type == "run.retrying"]
         assert len(retrying) == 1
         assert retrying[0].payload["attempt"] == 2 and retrying[0].payload["maxAttempts"] == 3
@@ -63,7 +64,7 @@ async def test_stop_cancels_a_slow_claude_stream_and_closes_the_connection(
         await channel.say("/stop")
         await settle(app)
         await asyncio.wait_for(fake.disconnected.wait(), 5)
-        assert channel.texts() == ["Stopped."]
+        assert channel.replies == ["Stopped."]
         assert (await app.store.get("default:test:direct:u1")).messages == []
 
 
@@ -75,7 +76,7 @@ async def test_local_model_tool_loop_over_openai_compatible_api(make_app: AppFac
             None, provider="openai", openai_base_url=fake.base_url, model="llama3")
         await channel.say("what files do I have?")
         await settle(app)
-        assert channel.texts() == ["Your workspace has the usual files."]
+        assert channel.replies == ["Your workspace has the usual files."]
         second = fake.requests[1].body["messages"]
         assert second[0]["role"] == "system"
         assert second[-1]["role"] == "tool" and "AGENTS.md" in second[-1]["content"]

@@ -17,7 +17,8 @@ from bot.contracts.prompt import PromptContext
 from bot.contracts.tools import Tool, ToolContext
 from bot.engine.guard import WITHHELD
 from bot.engine.runloop import RunRequest
-from tests.conftest import AppFactory, scripted, settle, without_summary
+from bot.testing.app import scripted, settle, without_summary
+from tests.conftest import AppFactory
 
 SCHEMA = {"type": "object", "properties": {"tag": {"type": "string"}}}
 
@@ -64,7 +65,7 @@ async def test_plain_reply_is_delivered_persisted_and_observed(make_app: AppFact
     app, channel, log = await make_app(scripted({"reply": "Hello there"}))
     await channel.say("hi")
     await settle(app)
-    assert channel.texts() == ["Hello there"]
+    assert channel.replies == ["Hello there"]
     session = await app.store.get("default:test:direct:u1")
     assert [(m.role, m.content) for m in session.messages] == [
         ("user", "hi"), ("assistant", "Hello there")]
@@ -84,7 +85,7 @@ async def test_tool_call_runs_in_the_senders_workspace_and_is_persisted(
     app, channel, log = await make_app(provider)
     await channel.say("remember tea", sender="alice")
     await settle(app)
-    assert channel.texts() == ["Saved."]
+    assert channel.replies == ["Saved."]
     assert (tmp_path / "data/workspaces/test/alice/n.md").read_text() == "tea"
     session = await app.store.get("default:test:direct:alice")
     roles = [m.role for m in session.messages]
@@ -109,7 +110,7 @@ async def test_several_tool_calls_run_concurrently_and_results_keep_call_order(
     app, channel, _ = await make_app(provider, gate)
     await channel.say("go")
     await settle(app)
-    assert channel.texts() == ["done"]  # would time out if the barrier tools ran one by one
+    assert channel.replies == ["done"]  # would time out if the barrier tools ran one by one
     assert gate.order == ["2", "1", "0"]
     tool_msgs = [m for m in provider.requests[2].messages if m.role == "tool"]
     assert [without_summary(m.content) for m in tool_msgs[-3:]] == [
@@ -149,7 +150,7 @@ async def test_iteration_limit_ends_the_run_with_an_explanation(make_app: AppFac
     await channel.say("loop forever")
     await settle(app)
     assert len(provider.requests) == 3
-    assert "stopped after 3 steps" in channel.texts()[0]
+    assert "stopped after 3 steps" in channel.replies[0]
 
 
 async def test_per_request_iteration_limit_overrides_the_setting(make_app: AppFactory) -> None:
@@ -181,7 +182,7 @@ async def test_tool_failures_reach_the_model_as_error_results(make_app: AppFacto
     assert "'path' must be string" in results[1].content
     assert "PATH_ESCAPE" in results[2].content or "outside" in results[2].content
     assert "missing 'path'" in results[3].content
-    assert channel.texts() == ["ok"]
+    assert channel.replies == ["ok"]
 
 
 async def test_a_raising_plugin_is_logged_by_name_and_the_run_goes_on(
@@ -200,7 +201,7 @@ async def test_a_raising_plugin_is_logged_by_name_and_the_run_goes_on(
     app, channel, log = await make_app(scripted({"reply": "still fine"}), Broken())
     await channel.say("hi")
     await settle(app)
-    assert channel.texts() == ["still fine"]
+    assert channel.replies == ["still fine"]
     assert "run.completed" in log.types()
     assert "test-plugin-0" in app.host.errors
     assert "test-plugin-0" in caplog.text
@@ -217,7 +218,7 @@ async def test_input_check_refusal_skips_the_model_and_keeps_only_a_placeholder(
     app, channel, _ = await make_app(provider, Refuser())
     await channel.say("do evil")
     await settle(app)
-    assert channel.texts() == ["I won't do that."]
+    assert channel.replies == ["I won't do that."]
     assert provider.requests == []
     session = await app.store.get("default:test:direct:u1")
     assert [m.content for m in session.messages] == [WITHHELD, "I won't do that."]
@@ -264,9 +265,9 @@ async def test_group_history_is_shared_and_attributed_but_workspaces_are_persona
         {"reply": "hi bob"},
     )
     app, channel, _ = await make_app(provider)
-    await channel.say("alice here", sender="a1", name="Alice", chat="g1", chat_type="group")
+    await channel.say("alice here", sender="a1", name="Alice", group="g1")
     await settle(app)
-    await channel.say("bob here", sender="b2", name="Bob", chat="g1", chat_type="group")
+    await channel.say("bob here", sender="b2", name="Bob", group="g1")
     await settle(app)
     last = provider.requests[-1].messages
     assert last[0].content == "[Alice (id a1)]: alice here"
@@ -297,7 +298,7 @@ async def test_huge_messages_with_null_bytes_are_shortened_for_the_model_not_rej
     weird = "a\x00b" + "x" * 1_000_000
     await channel.say(weird)
     await settle(app)
-    assert channel.texts() == ["read it"]
+    assert channel.replies == ["read it"]
     sent = provider.requests[0].messages[-1].content
     assert sent.startswith(weird[:32_768]) and "shortened to the first 32,768" in sent
     await app.close()

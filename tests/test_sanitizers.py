@@ -11,6 +11,7 @@ import pytest
 from bot.config.settings import Settings
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.sanitize import Sanitizer, run_pipeline
+from bot.testing.app import scripted, settle
 from plugins.sanitizers import (
     collapse_duplicate_paragraphs,
     roost_output_sanitizers,
@@ -21,7 +22,7 @@ from plugins.sanitizers import (
     strip_thinking_tags,
     unwrap_final_tags,
 )
-from tests.conftest import AppFactory, scripted, settle
+from tests.conftest import AppFactory
 
 STEPS: list[Callable[[str], str]] = [
     strip_garbled_tool_xml, strip_text_tool_calls, strip_thinking_tags, unwrap_final_tags,
@@ -36,7 +37,7 @@ async def deliver(make_app: AppFactory, reply: str, *plugins: object) -> list[st
     await channel.say("hi")
     await settle(app)
     await log.wait_for("run.completed")
-    return channel.texts()
+    return channel.replies
 
 
 def is_subsequence(small: str, big: str) -> bool:

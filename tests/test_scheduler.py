@@ -4,9 +4,8 @@ one-shots, retries, system jobs and the APScheduler timer; all on a fake clock."
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,8 @@ from bot.pluginhost.manager import get_plugin_manager
 from bot.scheduling.cron import ScheduleError, format_duration, parse, parse_duration, zone
 from bot.scheduling.scheduler import JobError, JobView, Scheduler
 from bot.storage.jobs import Job
-from tests.conftest import EventLog, RecordingChannel, scripted
+from bot.testing.app import ChatChannel, EventRecorder, scripted
+from tests.conftest import AppFactory, make_chat
 
 T0 = datetime(2030, 1, 7, 8, 0, tzinfo=UTC)
 """A Monday, 08:00 UTC."""
@@ -46,42 +46,25 @@ class FakeClock:
         return self.now
 
 
-class OtherChannel(RecordingChannel):
-    """A second channel, to see jobs wait for the channel they belong to."""
-
-    name = "other"
-
-
-CronApp = tuple[Roost, RecordingChannel, EventLog, Scheduler]
+CronApp = tuple[Roost, ChatChannel, EventRecorder, Scheduler]
 CronAppFactory = Callable[..., Awaitable[CronApp]]
 
 
 @pytest.fixture
-async def cron_app(tmp_path: Path) -> AsyncIterator[CronAppFactory]:
-    """``cron_app(provider, *plugins, clock=..., channel=True, **settings)``.
+async def cron_app(make_app: AppFactory) -> CronAppFactory:
+    """``cron_app(provider, *plugins, clock=..., **settings)``.
 
-    Like ``make_app``, plus a scheduler on ``clock`` (fired by the test, never by
-    real time) whose retries do not wait; their delays land in ``sleeps``. The
-    same ``tmp_path`` data dir is reused by every call, so a second call is a
-    restart of the service. The scheduled memory flush is off: its system job
-    would fire as the clock moves.
+    ``make_app``, plus a scheduler on ``clock`` (fired by the test, never by
+    real time) whose retries do not wait; their delays land in ``sleeps``. Like
+    ``make_app``, a second call is a restart of the service (same data dir).
+    The scheduled memory flush is off: its system job would fire as the clock
+    moves.
     """
-    apps: list[Roost] = []
 
     async def factory(llm: LLMProvider, /, *plugins: object, clock: FakeClock,
-                      channel: bool = True, **settings: Any) -> CronApp:
-        settings.setdefault("data_dir", tmp_path / "data")
-        settings.setdefault("merge_window_ms", 0)
+                      **settings: Any) -> CronApp:
         settings.setdefault("memory_flush", False)
-        settings.setdefault("shutdown_grace_seconds", 0)
-        host = get_plugin_manager(load_entry_points=False)
-        log = EventLog()
-        host.register(log, "test-event-log")
-        for i, plugin in enumerate(plugins):
-            host.register(plugin, f"test-plugin-{i}")
-        app = await Roost.create(Settings(**settings), host=host, provider=llm,
-                                 scheduler_clock=clock)
-        apps.append(app)
+        app, channel, log = await make_app(llm, *plugins, clock=clock, **settings)
         scheduler = app.services.scheduler
         assert scheduler is not None
         sleeps: list[float] = []
@@ -91,15 +74,9 @@ async def cron_app(tmp_path: Path) -> AsyncIterator[CronAppFactory]:
 
         scheduler.sleep = no_wait
         scheduler.sleeps = sleeps  # type: ignore[attr-defined]
-        recording = RecordingChannel()
-        if channel:
-            await app.add_channel(recording)
-        return app, recording, log, scheduler
+        return app, channel, log, scheduler
 
-    yield factory
-    for app in apps:
-        with contextlib.suppress(Exception):
-            await app.close()
+    return factory
 
 
 async def add(scheduler: Scheduler, schedule: str, message: str = "ping", *,
@@ -215,7 +192,7 @@ async def test_a_job_runs_as_its_owner_in_the_chat_and_thread_that_created_it(
     assert "NO_REPLY" in request.system
     # The next hour fires again, into the same chat.
     assert await tick(scheduler, clock, hours=1) == 1
-    assert channel.texts() == ["Time to stretch!"] * 2
+    assert channel.replies == ["Time to stretch!"] * 2
 
 
 async def test_no_reply_delivers_nothing(cron_app: CronAppFactory) -> None:
@@ -246,7 +223,7 @@ async def test_jobs_survive_a_restart_and_keep_their_schedule(
     assert listed.next_fire == T0 + timedelta(minutes=20)
     assert channel2.sent == []
     assert await tick(scheduler2, clock, minutes=5) == 1
-    assert channel2.texts() == ["ran: water"]
+    assert channel2.replies == ["ran: water"]
 
 
 async def test_missed_runs_within_the_grace_period_run_once(
@@ -262,7 +239,7 @@ async def test_missed_runs_within_the_grace_period_run_once(
     caplog.set_level(logging.INFO, logger="roost.scheduling.scheduler")
     _, channel, log, scheduler2 = await cron_app(provider, clock=clock)
     await scheduler2.wait_idle()
-    assert channel.texts() == ["ran"]
+    assert channel.replies == ["ran"]
     assert [e.type for e in log.events].count("run.started") == 1
     assert "3 runs due since the service was down, coalesced into one" in caplog.text
     assert "tick" in provider.requests[-1].messages[-1].content
@@ -362,7 +339,7 @@ async def test_one_shot_jobs_run_once_and_delete_themselves(cron_app: CronAppFac
     assert view.job.schedule == "at 2030-01-07T08:20:00+00:00"
     assert await tick(scheduler, clock, minutes=19) == 0
     assert await tick(scheduler, clock, minutes=1) == 1
-    assert channel.texts() == ["done"]
+    assert channel.replies == ["done"]
     assert await scheduler.jobs() == [] and await scheduler.store.get(view.job.id) is None
     assert await tick(scheduler, clock, minutes=30) == 0
 
@@ -457,7 +434,7 @@ async def test_the_timer_being_a_little_late_is_not_a_misfire(cron_app: CronAppF
     await add(scheduler, "every 1h", "x")
     assert await tick(scheduler, clock, hours=1, seconds=2) == 1  # woken 2 s late
     assert await tick(scheduler, clock, hours=1, minutes=10) == 0  # 10 minutes late: skipped
-    assert channel.texts() == ["on time"]
+    assert channel.replies == ["on time"]
 
 
 async def test_a_job_waits_for_its_channel_and_runs_when_it_starts(
@@ -468,10 +445,10 @@ async def test_a_job_waits_for_its_channel_and_runs_when_it_starts(
     app, channel, _, scheduler = await cron_app(provider, clock=clock)
     await add(scheduler, "every 1m", "greet", channel="other")
     assert await tick(scheduler, clock, minutes=2) == 0  # no "other" channel here
-    other = OtherChannel()
+    other = ChatChannel("other")  # a second channel, to see jobs wait for theirs
     await app.add_channel(other)  # comes up within the grace period: catches up once
     await scheduler.wait_idle()
-    assert other.texts() == ["hello other"] and channel.sent == []
+    assert other.replies == ["hello other"] and channel.sent == []
 
 
 # -- limits and ownership ----------------------------------------------------------------------
@@ -631,7 +608,7 @@ async def test_the_real_timer_registers_every_job_and_calls_back_into_run_due(
     try:
         scheduler = app.services.scheduler
         assert scheduler is not None and scheduler.timer and scheduler.aps.running
-        channel = RecordingChannel()
+        channel = make_chat()
         await app.add_channel(channel)
         view = await add(scheduler, "every 1m", "timed")
         aps_job = scheduler.aps.get_job(view.job.id)
@@ -642,7 +619,7 @@ async def test_the_real_timer_registers_every_job_and_calls_back_into_run_due(
         scheduler.clock = fake
         await aps_job.func(*aps_job.args)
         await scheduler.wait_idle()
-        assert channel.texts() == ["timer ran"]
+        assert channel.replies == ["timer ran"]
         await scheduler.remove(view.job.id, channel="test", owner_id="u1")
         assert scheduler.aps.get_job(view.job.id) is None
     finally:

@@ -17,13 +17,14 @@ import pytest
 
 from bot.app.roost import Roost
 from bot.config.settings import Settings
+from bot.testing.app import EventRecorder, scripted, settle
 from bot.testing.slack import ALICE, BOB, CHANNEL, DM_CHANNEL, FakeSlack
 from bot.testing.slack import fake_slack as _fake_slack  # noqa: F401  (the fixture)
 from channels.delivery import DeliveryPolicy
 from channels.slack import SlackChannel
 from channels.slack_format import from_slack, split_for_slack, to_mrkdwn
 from plugins.scripted_provider import ScriptedProvider
-from tests.conftest import AppFactory, EventLog, scripted, settle
+from tests.conftest import AppFactory
 
 FAST = DeliveryPolicy(attempts=3, base_delay=0.05, max_delay=0.1)
 BOSS = "U0BOSS"
@@ -31,7 +32,7 @@ BOSS = "U0BOSS"
 
 async def start(make_app: AppFactory, fake: FakeSlack, provider: ScriptedProvider,
                 *plugins: object, socket_mode: bool = False,
-                **settings: Any) -> tuple[Roost, SlackChannel, EventLog]:
+                **settings: Any) -> tuple[Roost, SlackChannel, EventRecorder]:
     """A Roost app with the real Slack channel talking to ``fake``."""
     app, _, log = await make_app(provider, *plugins, **fake.settings(socket_mode=socket_mode),
                                  **settings)

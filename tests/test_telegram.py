@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 import subprocess
 import sys
@@ -21,50 +20,39 @@ from bot.contracts.commands import Command, CommandContext
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.llm import LLMProvider
 from bot.contracts.messages import InboundMessage
-from bot.pluginhost.manager import get_plugin_manager
+from bot.testing.app import EventRecorder, closing_apps, create_app, scripted, settle
 from bot.testing.telegram import BOB, FakeTelegram, parse_html, user
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
 from channels.delivery import DeliveryPolicy
 from channels.telegram import TelegramChannel
 from channels.telegram_format import MAX_TEXT, split_for_telegram, to_html, utf16_len
 from plugins.scripted_provider import ScriptedProvider
-from tests.conftest import EventLog, scripted, settle
 
 GROUP = -1001234567890
 FAST = DeliveryPolicy(attempts=3, base_delay=0.05, max_delay=0.1)
 
-TgFactory = Callable[..., Awaitable[tuple[Roost, TelegramChannel, EventLog]]]
+TgFactory = Callable[..., Awaitable[tuple[Roost, TelegramChannel, EventRecorder]]]
 
 
 @pytest.fixture(name="make_tg")
 async def make_tg(tmp_path: Path, fake_telegram: FakeTelegram) -> AsyncIterator[TgFactory]:
     """``make_tg(provider, *plugins, channel_kwargs..., **settings)``: an app on Telegram."""
-    apps: list[Roost] = []
+    async with closing_apps() as apps:
 
-    async def factory(llm: LLMProvider, /, *plugins: object,
-                      channel: dict[str, Any] | None = None,
-                      **settings: Any) -> tuple[Roost, TelegramChannel, EventLog]:
-        settings.setdefault("data_dir", tmp_path / "data")
-        settings.setdefault("merge_window_ms", 0)
-        settings.setdefault("stream_replies", False)
-        settings.setdefault("telegram_bot_token", fake_telegram.token)
-        settings.setdefault("telegram_api_base", fake_telegram.base_url)
-        host = get_plugin_manager(load_entry_points=False)
-        log = EventLog()
-        host.register(log, "test-event-log")
-        for i, plugin in enumerate(plugins):
-            host.register(plugin, f"test-plugin-{i}")
-        app = await Roost.create(Settings(**settings), host=host, provider=llm)
-        apps.append(app)
-        options: dict[str, Any] = {"polling_timeout": 1, "policy": FAST, **(channel or {})}
-        tg = TelegramChannel(app.settings, **options)
-        await app.add_channel(tg)
-        return app, tg, log
+        async def factory(llm: LLMProvider, /, *plugins: object,
+                          channel: dict[str, Any] | None = None,
+                          **settings: Any) -> tuple[Roost, TelegramChannel, EventRecorder]:
+            settings.setdefault("stream_replies", False)
+            settings.setdefault("telegram_bot_token", fake_telegram.token)
+            settings.setdefault("telegram_api_base", fake_telegram.base_url)
+            app, log = await create_app(llm, *plugins, data_dir=tmp_path / "data", **settings)
+            apps.append(app)
+            options: dict[str, Any] = {"polling_timeout": 1, "policy": FAST, **(channel or {})}
+            tg = TelegramChannel(app.settings, **options)
+            await app.add_channel(tg)
+            return app, tg, log
 
-    yield factory
-    for app in apps:
-        with contextlib.suppress(Exception):
-            await app.close()
+        yield factory
 
 
 async def answered(fake: FakeTelegram, app: Roost, update: dict[str, Any]) -> None:

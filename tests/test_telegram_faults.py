@@ -25,11 +25,11 @@ import pytest
 from bot.app.roost import Roost
 from bot.config.settings import Settings
 from bot.pluginhost.manager import get_plugin_manager
+from bot.testing.app import scripted, settle
 from bot.testing.telegram import FAULT_KINDS, FakeTelegram, user
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
 from channels.delivery import DeliveryPolicy
 from channels.telegram import TelegramChannel
-from tests.conftest import scripted, settle
 
 USERS = 100
 PATIENT = DeliveryPolicy(attempts=8, base_delay=0.02, max_delay=0.2)

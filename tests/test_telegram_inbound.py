@@ -14,10 +14,10 @@ import pytest
 
 from bot.config.settings import Settings
 from bot.contracts.messages import Attachment, InboundMessage
+from bot.testing.app import scripted
 from bot.testing.telegram import ALICE, FakeTelegram, user
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
 from channels.telegram import TelegramChannel
-from tests.conftest import scripted
 from tests.test_telegram import GROUP, TgFactory, answered, last_user_text
 from tests.test_telegram import make_tg as _make_tg  # noqa: F401  (the fixture)
 from tests.test_telegram_intake import Inbox, StartTg

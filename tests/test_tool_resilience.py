@@ -8,7 +8,8 @@ from typing import Any
 
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.tools import Tool, ToolContext, ToolError, ToolRetry
-from tests.conftest import AppFactory, scripted, settle, without_summary
+from bot.testing.app import scripted, settle, without_summary
+from tests.conftest import AppFactory
 
 FAST = ToolRetry(initial_delay=0.001, max_delay=0.002, max_total=1.0)
 
@@ -77,7 +78,7 @@ async def test_turn_timeout_keeps_finished_results_and_tells_model_and_user(
     assert slow.is_error and "skipped" in slow.content.lower()
     notices = [m.text for m in channel.sent if m.kind == "notice"]
     assert len(notices) == 1 and "slow" in notices[0]
-    assert channel.texts()[-1] == "Partial answer."
+    assert channel.replies[-1] == "Partial answer."
 
 
 async def test_an_open_breaker_is_shared_by_every_session(make_app: AppFactory) -> None:
@@ -106,7 +107,7 @@ async def test_admins_see_tool_health_and_observers_get_metrics(make_app: AppFac
     await channel.say("/status", sender="alice")
     await channel.say("/status", sender="boss")
     await settle(app)
-    alice, boss = channel.texts()[-2:]
+    alice, boss = channel.replies[-2:]
     assert "Tool health" not in alice
     assert "down: 5 errors (5 transient, 0 permanent), 4 retries" in boss
     assert "breaker open (opened 1x)" in boss

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.conftest import AppFactory, scripted, settle
+from bot.testing.app import scripted, settle
+from tests.conftest import AppFactory
 from tests.test_dispatch import BLOCK
 from tests.test_runs import GateTools
 

@@ -33,12 +33,13 @@ from bot.config.settings import Settings
 from bot.contracts.channel import Channel, InboundHandler
 from bot.contracts.events import RunEvent
 from bot.contracts.hookspecs import hookimpl
-from bot.contracts.llm import LLMRequest
+from bot.contracts.llm import LLMProvider, LLMRequest
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.pluginhost.manager import PluginHost, get_plugin_manager
 from plugins.scripted_provider import ScriptedProvider, _turn
 
-__all__ = ["ChatChannel", "EventRecorder", "build_app", "scripted_provider"]
+__all__ = ["ChatChannel", "EventRecorder", "build_app", "closing_apps", "create_app", "scripted",
+           "scripted_provider", "settle", "without_summary"]
 
 
 def scripted_provider(turns: Iterable[Mapping[str, Any]], *, loop: bool = False
@@ -52,19 +53,71 @@ def scripted_provider(turns: Iterable[Mapping[str, Any]], *, loop: bool = False
                             loop=loop)
 
 
+def scripted(*turns: Mapping[str, Any], loop: bool = False) -> ScriptedProvider:
+    """:func:`scripted_provider` with the turns as arguments: ``scripted({"reply": "hi"})``."""
+    return scripted_provider(turns, loop=loop)
+
+
+def without_summary(content: str) -> str:
+    """A tool result as the tool produced it, without the injected execution summary."""
+    return content.split("\n\n<TOOL_EXECUTION_SUMMARY>")[0]
+
+
+async def settle(app: Roost, limit: float = 5.0) -> None:
+    """Wait (at most ``limit`` seconds) until ``app`` has nothing running or queued."""
+    await asyncio.wait_for(app.dispatcher.drain(), limit)
+
+
 class EventRecorder:
     """A plugin that keeps every :class:`bot.contracts.events.RunEvent` of the app's runs."""
 
     def __init__(self) -> None:
         self.events: list[RunEvent] = []
+        self._waiters: list[tuple[Callable[[RunEvent], bool], asyncio.Future[RunEvent]]] = []
 
     @hookimpl
     def roost_run_event(self, event: RunEvent) -> None:
         self.events.append(event)
+        for check, waiter in self._waiters:
+            if not waiter.done() and check(event):
+                waiter.set_result(event)
+        self._waiters = [(c, w) for c, w in self._waiters if not w.done()]
 
     def types(self) -> list[str]:
         """The event types in the order they arrived."""
         return [e.type for e in self.events]
+
+    async def wait_for(self, what: str | Callable[[RunEvent], bool],
+                       limit: float = 5.0) -> RunEvent:
+        """The first event of type ``what`` (or for which ``what(event)`` is true).
+
+        An event that already came is returned at once; otherwise this waits for
+        one, at most ``limit`` seconds.
+        """
+        check = what if callable(what) else (lambda e: e.type == what)
+        for event in self.events:
+            if check(event):
+                return event
+        waiter: asyncio.Future[RunEvent] = asyncio.get_running_loop().create_future()
+        self._waiters.append((check, waiter))
+        return await asyncio.wait_for(waiter, limit)
+
+
+class _RecordedStream:
+    """A reply stream that keeps every text pushed, then the final text, in ``record``."""
+
+    message_id: str | None = None  # never a platform draft to replace
+
+    def __init__(self, chat: ChatChannel, record: list[str | None]) -> None:
+        self._chat = chat
+        self._record = record
+
+    async def push(self, text_so_far: str) -> None:
+        self._record.append(text_so_far)
+
+    async def finish(self, final_text: str | None) -> None:
+        self._record.append(final_text)
+        self._chat.arrived.set()
 
 
 class ChatChannel(Channel):
@@ -72,16 +125,36 @@ class ChatChannel(Channel):
 
     Everything Roost delivers is kept in ``sent`` (:class:`bot.contracts.messages.OutboundMessage`,
     including notices and errors); ``replies`` is the text of each, in order.
+    ``sender`` is who speaks when :meth:`say` is not told otherwise. With
+    ``stream=True`` replies are streamed: each stream's pushed texts and its
+    final text (``None`` for nothing shown) are a list in ``streams``.
+    ``arrived`` is set whenever a message was sent or a stream finished (clear it
+    before waiting); ``typing_count`` counts the typing indicators shown.
     """
 
-    def __init__(self, name: str = "console") -> None:
+    def __init__(self, name: str = "console", *, sender: str = "user",
+                 stream: bool = False) -> None:
         self.name = name
+        self.sender = sender
+        self.stream = stream
         self.sent: list[OutboundMessage] = []
+        self.streams: list[list[str | None]] = []
+        self.typing_count = 0
+        self.arrived = asyncio.Event()
         self.app: Roost | None = None
         self.provider: ScriptedProvider | None = None
         self.recorder = EventRecorder()
         self._handler: InboundHandler | None = None
         self._ids = 0
+
+    async def attach(self, app: Roost, recorder: EventRecorder | None = None) -> None:
+        """Join ``app`` as one of its channels; ``recorder`` is the app's event recorder."""
+        self.app = app
+        if recorder is not None:
+            self.recorder = recorder
+        if isinstance(app.provider, ScriptedProvider):
+            self.provider = app.provider
+        await app.add_channel(self)
 
     async def start(self, handler: InboundHandler) -> None:
         self._handler = handler
@@ -91,6 +164,19 @@ class ChatChannel(Channel):
 
     async def send(self, message: OutboundMessage) -> None:
         self.sent.append(message)
+        self.arrived.set()
+
+    def open_stream(self, message: InboundMessage) -> _RecordedStream | None:
+        if not self.stream:
+            return None
+        record: list[str | None] = []
+        self.streams.append(record)
+        return _RecordedStream(self, record)
+
+    @contextlib.asynccontextmanager
+    async def typing(self, message: InboundMessage) -> AsyncIterator[None]:
+        self.typing_count += 1
+        yield
 
     @property
     def replies(self) -> list[str]:
@@ -107,7 +193,7 @@ class ChatChannel(Channel):
         """Every run event so far."""
         return self.recorder.events
 
-    async def say(self, text: str, *, sender: str = "user", name: str = "",
+    async def say(self, text: str, *, sender: str | None = None, name: str = "",
                   group: str | None = None, mentioned: bool = True,
                   thread: str | None = None) -> None:
         """Send ``text`` as ``sender``: a direct chat, or the group chat ``group`` if given.
@@ -117,6 +203,7 @@ class ChatChannel(Channel):
         """
         if self._handler is None:
             raise RuntimeError("the chat channel is not started; build it with roost_app")
+        sender = sender if sender is not None else self.sender
         self._ids += 1
         await self._handler(InboundMessage(
             channel=self.name, chat_id=group if group is not None else sender,
@@ -136,7 +223,7 @@ class ChatChannel(Channel):
         """Wait (at most ``limit`` seconds) until nothing is running or queued."""
         if self.app is None:
             raise RuntimeError("the chat channel is not attached to an app")
-        await asyncio.wait_for(self.app.dispatcher.drain(), limit)
+        await settle(self.app, limit)
 
     def tool_results(self, name: str | None = None) -> list[str]:
         """What each tool call returned (its first 500 characters), oldest first.
@@ -151,6 +238,34 @@ class ChatChannel(Channel):
         """The system prompt of the latest model call (``""`` before the first)."""
         return self.provider.requests[-1].system if self.provider and self.provider.requests \
             else ""
+
+
+async def create_app(provider: LLMProvider | None, /, *plugins: object, data_dir: Path,
+                     entry_points: bool = False, host: PluginHost | None = None,
+                     clock: Callable[[], datetime] | None = None,
+                     **settings: Any) -> tuple[Roost, EventRecorder]:
+    """A Roost app with the built-in plugins, ``plugins`` and an :class:`EventRecorder`; no channel.
+
+    ``provider`` answers its runs; ``None`` builds the configured one from
+    ``settings`` through the provider plugins, as ``roost run`` does. The other
+    arguments are :func:`build_app`'s. Close the app with ``await app.close()``.
+    """
+    settings.setdefault("data_dir", data_dir)
+    settings.setdefault("merge_window_ms", 0)
+    # A test that leaves a run hanging should not wait out the shutdown grace.
+    settings.setdefault("shutdown_grace_seconds", 0)
+    host = host or get_plugin_manager(load_entry_points=entry_points)
+    recorder = EventRecorder()
+    host.register(recorder, f"test-events-{id(recorder)}")
+    for i, plugin in enumerate(plugins):
+        if isinstance(plugin, tuple):
+            name, plugin = plugin
+        else:
+            name = getattr(plugin, "__name__", None) or f"test-plugin-{i}"
+        host.register(plugin, name)
+    app = await Roost.create(Settings(**settings), host=host, provider=provider,
+                             scheduler_clock=clock)
+    return app, recorder
 
 
 async def build_app(turns: Iterable[Mapping[str, Any]] = (), /, *plugins: object,
@@ -170,45 +285,44 @@ async def build_app(turns: Iterable[Mapping[str, Any]] = (), /, *plugins: object
     Other keyword arguments are :class:`bot.config.settings.Settings` fields. Close the
     app with ``await chat.app.close()`` (the fixture does it for you).
     """
-    settings.setdefault("data_dir", data_dir)
-    settings.setdefault("merge_window_ms", 0)
-    # A test that leaves a run hanging should not wait out the shutdown grace.
-    settings.setdefault("shutdown_grace_seconds", 0)
-    host = host or get_plugin_manager(load_entry_points=entry_points)
+    app, recorder = await create_app(scripted_provider(turns, loop=loop), *plugins,
+                                     data_dir=data_dir, entry_points=entry_points, host=host,
+                                     clock=clock, **settings)
     chat = ChatChannel(channel)
-    host.register(chat.recorder, f"test-events-{id(chat)}")
-    for i, plugin in enumerate(plugins):
-        if isinstance(plugin, tuple):
-            name, plugin = plugin
-        else:
-            name = getattr(plugin, "__name__", None) or f"test-plugin-{i}"
-        host.register(plugin, name)
-    chat.provider = scripted_provider(turns, loop=loop)
-    chat.app = await Roost.create(Settings(**settings), host=host, provider=chat.provider,
-                                  scheduler_clock=clock)
-    await chat.app.add_channel(chat)
+    await chat.attach(app, recorder)
     return chat
+
+
+@contextlib.asynccontextmanager
+async def closing_apps() -> AsyncIterator[list[Roost]]:
+    """Yield a list to put apps in; on exit every app in it is closed (errors ignored).
+
+    For fixtures: a test that already closed its app, or left it broken on
+    purpose, still ends cleanly.
+    """
+    apps: list[Roost] = []
+    try:
+        yield apps
+    finally:
+        for app in apps:
+            with contextlib.suppress(Exception):
+                await app.close()
 
 
 @contextlib.asynccontextmanager
 async def app_factory(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
     """Yield a :func:`build_app` bound to ``tmp_path``; close every app built on exit."""
-    chats: list[ChatChannel] = []
     count = 0
+    async with closing_apps() as apps:
 
-    async def factory(turns: Sequence[Mapping[str, Any]] = (), /, *plugins: object,
-                      **kwargs: Any) -> ChatChannel:
-        nonlocal count
-        count += 1
-        kwargs.setdefault("data_dir", tmp_path / f"roost-{count}")
-        chat = await build_app(turns, *plugins, **kwargs)
-        chats.append(chat)
-        return chat
+        async def factory(turns: Sequence[Mapping[str, Any]] = (), /, *plugins: object,
+                          **kwargs: Any) -> ChatChannel:
+            nonlocal count
+            count += 1
+            kwargs.setdefault("data_dir", tmp_path / f"roost-{count}")
+            chat = await build_app(turns, *plugins, **kwargs)
+            assert chat.app is not None
+            apps.append(chat.app)
+            return chat
 
-    try:
         yield factory
-    finally:
-        for chat in chats:
-            if chat.app is not None:
-                with contextlib.suppress(Exception):
-                    await chat.app.close()
