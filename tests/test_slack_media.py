@@ -8,21 +8,29 @@ page otherwise, as Slack does) and implements the upload flow
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from bot.app.roost import Roost
 from bot.config.settings import Settings
 from bot.contracts.media import MediaError, MediaTooLarge
 from bot.contracts.messages import Attachment, OutboundFile, OutboundMessage
+from bot.testing.app import scripted, settle
 from bot.testing.inbox import RecordingInbox as Inbox
-from bot.testing.slack import BOT_TOKEN, CHANNEL, DM_CHANNEL, FakeSlack
+from bot.testing.slack import ALICE, BOT_TOKEN, CHANNEL, DM_CHANNEL, FakeSlack
 from bot.testing.slack import fake_slack as _fake_slack  # noqa: F401  (the fixture)
 from channels.delivery import DeliveryPolicy
 from channels.slack import SlackChannel
 from channels.slack.media import MAX_UPLOAD
+from plugins.scripted_provider import ScriptedProvider
+from tests.conftest import AppFactory
+from tests.media_helpers import jpeg
+from workspaces import workspace_dir
 
 FAST = DeliveryPolicy(attempts=3, base_delay=0.02, max_delay=0.1)
 MB = 1024 * 1024
@@ -248,3 +256,108 @@ async def test_a_file_over_a_gigabyte_is_refused_before_anything_is_posted(
                                            files=(huge,)))
     assert not fake_slack.sent("chat.postMessage")
     assert not fake_slack.sent("files.getUploadURLExternal")
+
+
+# -- through a running Roost ---------------------------------------------------------------
+
+
+async def roost(make_app: AppFactory, fake: FakeSlack, *turns: dict[str, Any],
+                **settings: Any) -> tuple[Roost, ScriptedProvider, Path]:
+    """A Roost with the real Slack channel (Events API); its provider and Alice's workspace."""
+    provider = scripted(*turns)
+    app, _, _ = await make_app(provider, **fake.settings(), **settings)
+    channel = SlackChannel(app.settings, host="127.0.0.1", policy=FAST)
+    await app.add_channel(channel)
+    fake.events_url = channel.events_url
+    return app, provider, workspace_dir(app.settings.workspaces_dir, "slack", ALICE)
+
+
+def today() -> str:
+    return dt.datetime.now(dt.UTC).date().isoformat()
+
+
+def visible(fake: FakeSlack) -> list[str]:
+    return [m.text for m in fake.visible()]
+
+
+async def test_a_photo_with_text_reaches_the_run_stored_byte_for_byte(
+    fake_slack: FakeSlack, make_app: AppFactory,
+) -> None:
+    app, provider, workspace = await roost(make_app, fake_slack, {"reply": "a red receipt"})
+    data = jpeg(640, 480)
+    await fake_slack.post_event(fake_slack.direct_message("what is the total?", files=[
+        fake_slack.file(data, "receipt.jpg", "image/jpeg", width=640, height=480)],
+        subtype="file_share"))
+    await fake_slack.wait_for("chat.postMessage")
+    await settle(app)
+    assert visible(fake_slack) == ["a red receipt"]
+
+    user = provider.requests[-1].messages[-1]
+    path = f"inbox/{today()}/receipt.jpg"
+    assert user.content.startswith(f"what is the total?\n\n[photo: {path}, 640×480")
+    [part] = user.parts
+    assert (part.kind, part.path, part.mime_type) == ("image", path, "image/jpeg")
+    assert (workspace / path).read_bytes() == data
+
+
+async def test_a_photo_without_text_is_a_run_of_its_own(
+    fake_slack: FakeSlack, make_app: AppFactory,
+) -> None:
+    app, provider, _ = await roost(make_app, fake_slack, {"reply": "a photo"})
+    await fake_slack.post_event(fake_slack.direct_message("", subtype="file_share", files=[
+        fake_slack.file(jpeg(64, 48), "image.jpg", "image/jpeg")]))
+    await fake_slack.wait_for("chat.postMessage")
+    await settle(app)
+    assert visible(fake_slack) == ["a photo"]
+    [part] = provider.requests[-1].messages[-1].parts
+    assert part.kind == "image"
+
+
+async def test_an_oversize_file_is_refused_in_the_chat_and_the_text_still_runs(
+    fake_slack: FakeSlack, make_app: AppFactory,
+) -> None:
+    app, provider, workspace = await roost(make_app, fake_slack, {"reply": "noted"},
+                                           media_max_file_mb=1)
+    await fake_slack.post_event(fake_slack.direct_message("please summarize", files=[
+        fake_slack.file(b"%PDF-1.4".ljust(3 * MB, b"\0"), "bigscan.pdf", "application/pdf")],
+        subtype="file_share"))
+    await fake_slack.wait_for("chat.postMessage", 2)
+    await settle(app)
+    assert visible(fake_slack) == ["bigscan.pdf is 3 MB; files over 1 MB are not accepted",
+                                   "noted"]
+    assert not fake_slack.file_requests  # refused on the declared size
+    assert provider.requests[-1].messages[-1].content.startswith("please summarize")
+    assert not (workspace / "inbox").exists()
+
+
+async def test_a_missing_files_read_scope_is_told_and_the_text_still_runs(
+    fake_slack: FakeSlack, make_app: AppFactory,
+) -> None:
+    app, provider, _ = await roost(make_app, fake_slack, {"reply": "answered"})
+    fake_slack.scopes.discard("files:read")
+    await fake_slack.post_event(fake_slack.direct_message("and this?", files=[
+        fake_slack.file(jpeg(10, 10), "p.jpg", "image/jpeg")], subtype="file_share"))
+    await fake_slack.wait_for("chat.postMessage", 2)
+    await settle(app)
+    notice, reply = visible(fake_slack)
+    assert "lacks the files:read scope" in notice and reply == "answered"
+    user = provider.requests[-1].messages[-1]
+    assert user.content.startswith("and this?") and not user.parts
+
+
+async def test_send_file_shares_a_workspace_file_in_the_chat(
+    fake_slack: FakeSlack, make_app: AppFactory,
+) -> None:
+    app, _, workspace = await roost(make_app, fake_slack, {"steps": [
+        {"tool_calls": [{"name": "send_file",
+                         "arguments": {"path": "report.csv", "caption": "The report"}}]},
+        {"reply": "done"}]})
+    workspace.mkdir(parents=True, exist_ok=True)
+    (workspace / "report.csv").write_bytes(b"a,b\n1,2\n")
+    await fake_slack.post_event(fake_slack.direct_message("send me the report"))
+    await fake_slack.wait_for("chat.postMessage")
+    await settle(app)
+    [shared] = fake_slack.shared
+    assert (shared.channel, shared.name, shared.data, shared.initial_comment) == (
+        DM_CHANNEL, "report.csv", b"a,b\n1,2\n", "The report")
+    assert visible(fake_slack) == ["done"]
