@@ -30,26 +30,31 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
 from bot.config.settings import Settings
 from bot.contracts.llm import ToolCall
 from bot.contracts.tools import Tool, ToolContext, ToolError, ToolResult, ToolRetry
 from bot.observability.tracing import RunTrace, Span
-from bot.resilience.breaker import BreakerState
 from bot.resilience.retry import RetryPolicy
 from bot.tools.args import check_arguments
 from bot.tools.breakers import Breakers
-from bot.tools.classify import Classification, classify, error_code
+from bot.tools.classify import classify, error_code
+from bot.tools.dependencies import requirements
 from bot.tools.metrics import ToolMetricsRegistry
-from bot.tools.outcomes import RawError, ToolOutcome, default_failure_text, describe_error
+from bot.tools.outcomes import (
+    Failure,
+    RawError,
+    ToolOutcome,
+    default_failure_text,
+    describe_error,
+    record_decision,
+)
 
 __all__ = ["DEFAULT_RETRY", "ToolExecutor", "retry_policy"]
 
 log = logging.getLogger("roost.tools.executor")
 
-Decision = Literal["retry", "fail", "skip", "open"]
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[Any]]
 OnCall = Callable[[ToolCall], Awaitable[None]]
@@ -79,18 +84,6 @@ class _Batch:
     outcomes: dict[int, ToolOutcome] = field(default_factory=dict)
     done: list[asyncio.Event] = field(default_factory=list)
     spans: dict[int, Span] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class _Failure:
-    """One failed attempt."""
-
-    message: str
-    code: str
-    classification: Classification
-    details: Mapping[str, Any]
-    exception: BaseException | None
-    timed_out: bool
 
 
 class ToolExecutor:
@@ -144,7 +137,7 @@ class ToolExecutor:
         outcome per call, in call order; raises only ``CancelledError`` (and
         what the callbacks raise, ``on_failure`` excepted).
         """
-        batch = _Batch(list(calls), self._requirements(calls), context, trace, on_result,
+        batch = _Batch(list(calls), requirements(calls, self.tools), context, trace, on_result,
                        on_failure, done=[asyncio.Event() for _ in calls])
         if not batch.calls:
             return []
@@ -178,32 +171,6 @@ class ToolExecutor:
             outcomes.append(outcome)
         return outcomes
 
-    # ---- dependencies
-
-    def _requirements(self, calls: Sequence[ToolCall]) -> list[list[int]]:
-        """For each call, the calls of the batch it must wait for (cycles broken)."""
-        edges: list[list[int]] = []
-        for i, call in enumerate(calls):
-            tool = self.tools.get(call.name)
-            needs = set(tool.requires) if tool is not None else set()
-            edges.append([j for j, other in enumerate(calls) if j != i and other.name in needs])
-        # Drop the edges that close a cycle, so no call waits for itself.
-        colour = [0] * len(calls)  # 0 new, 1 on the current path, 2 finished
-
-        def visit(i: int) -> None:
-            colour[i] = 1
-            for j in list(edges[i]):
-                if colour[j] == 1:
-                    edges[i].remove(j)
-                elif colour[j] == 0:
-                    visit(j)
-            colour[i] = 2
-
-        for i in range(len(calls)):
-            if colour[i] == 0:
-                visit(i)
-        return edges
-
     async def _run_one(self, batch: _Batch, i: int) -> None:
         needs = batch.requires[i]
         if needs:
@@ -235,23 +202,23 @@ class ToolExecutor:
         if tool is None:
             known = ", ".join(sorted(self.tools)) or "none"
             text = f"Unknown tool '{call.name}'. Available tools: {known}."
-            failure = _Failure(text, "UNKNOWN_TOOL", "permanent", {}, None, False)
-            _decide(span, call.name, "fail", "permanent", failure=failure, retry_count=0,
-                    breaker_state=None)
+            failure = Failure(text, "UNKNOWN_TOOL", "permanent", {}, None, False)
+            record_decision(span, call.name, "fail", "permanent", failure=failure, retry_count=0,
+                            breaker_state=None)
             return self._fail_preflight(span, call, failure, text)
         problem = check_arguments(tool, call.arguments)
         if problem:
             text = f"Tool '{call.name}' was called with invalid arguments: {problem}"
-            failure = _Failure(problem, "INVALID_ARGUMENTS", "permanent", {}, None, False)
+            failure = Failure(problem, "INVALID_ARGUMENTS", "permanent", {}, None, False)
             metrics = self.metrics.get(tool.name)
             metrics.calls += 1
             metrics.error("permanent")
-            _decide(span, call.name, "fail", "permanent", failure=failure, retry_count=0,
-                    breaker_state=self.breakers.get(tool.name).state)
+            record_decision(span, call.name, "fail", "permanent", failure=failure, retry_count=0,
+                            breaker_state=self.breakers.get(tool.name).state)
             return self._fail_preflight(span, call, failure, text)
         return await self._call_with_retries(batch, span, call, tool)
 
-    def _fail_preflight(self, span: Span, call: ToolCall, failure: _Failure,
+    def _fail_preflight(self, span: Span, call: ToolCall, failure: Failure,
                         text: str) -> ToolOutcome:
         raw = RawError(call.name, failure.message, failure.code, "permanent", attempts=0)
         span.end(error=True, is_error=True, attempts=0, classification="permanent",
@@ -267,19 +234,19 @@ class ToolExecutor:
         timeout = tool.timeout or self.settings.tool_timeout
         started = self.clock()
         attempts = 0
-        failure: _Failure | None = None
+        failure: Failure | None = None
         timed_out = False
         while True:
             ticket = breaker.try_admit()
             if ticket is None:
                 metrics.short_circuits += 1
                 wait = breaker.retry_after()
-                failure = _Failure(
+                failure = Failure(
                     f"'{tool.name}' failed repeatedly and is paused; it can be tried again "
                     f"in {wait:.0f}s.", "CIRCUIT_OPEN", "transient",
                     {"retry_after": round(wait, 3)}, None, False)
-                _decide(span, tool.name, "open", "breaker open", failure=failure,
-                        retry_count=max(0, attempts - 1), breaker_state=breaker.state)
+                record_decision(span, tool.name, "open", "breaker open", failure=failure,
+                                retry_count=max(0, attempts - 1), breaker_state=breaker.state)
                 break
             attempts += 1
             if attempts > 1:
@@ -304,27 +271,27 @@ class ToolExecutor:
             if failure.classification == "permanent":
                 # Says nothing about the tool's health: a trial is given back.
                 breaker.record_abandoned(ticket)
-                _decide(span, tool.name, "fail", "permanent", failure=failure,
-                        retry_count=retries, breaker_state=breaker.state)
+                record_decision(span, tool.name, "fail", "permanent", failure=failure,
+                                retry_count=retries, breaker_state=breaker.state)
                 break
             if breaker.record_failure(ticket, failure.message):
                 metrics.circuit_breaker_opens += 1
-                _decide(span, tool.name, "open", "breaker opened", failure=failure,
-                        retry_count=retries, breaker_state=breaker.state)
+                record_decision(span, tool.name, "open", "breaker opened", failure=failure,
+                                retry_count=retries, breaker_state=breaker.state)
                 break
             if attempts >= policy.attempts:
-                _decide(span, tool.name, "fail", "max attempts", failure=failure,
-                        retry_count=retries, breaker_state=breaker.state)
+                record_decision(span, tool.name, "fail", "max attempts", failure=failure,
+                                retry_count=retries, breaker_state=breaker.state)
                 break
             delay = policy.delay(attempts, rng=self.rng)
             if not policy.within_total(self.clock() - started + delay):
-                _decide(span, tool.name, "fail", "max total time", failure=failure,
-                        retry_count=retries, breaker_state=breaker.state,
-                        elapsed_ms=round((self.clock() - started) * 1000, 1))
+                record_decision(span, tool.name, "fail", "max total time", failure=failure,
+                                retry_count=retries, breaker_state=breaker.state,
+                                elapsed_ms=round((self.clock() - started) * 1000, 1))
                 break
-            _decide(span, tool.name, "retry", "transient", failure=failure,
-                    retry_count=retries, breaker_state=breaker.state,
-                    delay_ms=round(delay * 1000, 1))
+            record_decision(span, tool.name, "retry", "transient", failure=failure,
+                            retry_count=retries, breaker_state=breaker.state,
+                            delay_ms=round(delay * 1000, 1))
             await self.sleep(delay)
         raw = RawError(tool.name, failure.message, failure.code, failure.classification,
                        failure.details, failure.exception, attempts, failure.timed_out,
@@ -336,7 +303,7 @@ class ToolExecutor:
         return ToolOutcome(call, text, True, raw.classification, attempts, error=raw)
 
     async def _attempt(self, tool: Tool, call: ToolCall, context: ToolContext,
-                       limit: float) -> tuple[_Failure | None, str]:
+                       limit: float) -> tuple[Failure | None, str]:
         """Run the tool once: (None, text) on success, (failure, '') otherwise."""
         error: BaseException | str
         try:
@@ -345,7 +312,7 @@ class ToolExecutor:
         except TimeoutError as exc:
             if scope.expired():
                 code = "TIMEOUT"
-                return _Failure(f"timed out after {limit:g}s", code,
+                return Failure(f"timed out after {limit:g}s", code,
                                 classify(exc, tool, code=code), {"timeout": limit}, exc,
                                 True), ""
             error = exc
@@ -361,10 +328,10 @@ class ToolExecutor:
             error = out.content
         code = error_code(error)
         if isinstance(error, str):
-            return _Failure(error, code, classify(error, tool, code=code), {}, None, False), ""
+            return Failure(error, code, classify(error, tool, code=code), {}, None, False), ""
         details = error.details if isinstance(error, ToolError) else {}
         message = str(error) if isinstance(error, ToolError) else describe_error(error)
-        return _Failure(message, code, classify(error, tool, code=code), details, error,
+        return Failure(message, code, classify(error, tool, code=code), details, error,
                         isinstance(error, TimeoutError)), ""
 
     async def _failure_text(self, batch: _Batch, call: ToolCall, raw: RawError,
@@ -394,9 +361,9 @@ class ToolExecutor:
             content = (f"Tool '{call.name}' was not run: it needs the result of {names}, "
                        "which failed.")
             is_error, reason = True, "requirement failed"
-        _decide(span, call.name, "skip", reason, retry_count=0,
-                breaker_state=self.breakers.get(tool.name).state, failed_requirements=failed,
-                used_default=tool.default is not None)
+        record_decision(span, call.name, "skip", reason, retry_count=0,
+                        breaker_state=self.breakers.get(tool.name).state,
+                        failed_requirements=failed, used_default=tool.default is not None)
         span.end(error=is_error, is_error=is_error, attempts=0, skipped=True,
                  skip_reason="dependency")
         return ToolOutcome(call, content, is_error, None, 0, skipped=True,
@@ -410,29 +377,9 @@ class ToolExecutor:
             self.metrics.get(call.name).skipped += 1
         content = (f"Tool '{call.name}' was skipped: the time limit for this turn's tool "
                    f"calls ({limit:g}s) ran out before it finished.")
-        _decide(span, call.name, "skip", "turn timeout", retry_count=0, breaker_state=None,
-                turn_timeout=limit)
+        record_decision(span, call.name, "skip", "turn timeout", retry_count=0, breaker_state=None,
+                        turn_timeout=limit)
         span.end(error=True, is_error=True, skipped=True, skip_reason="turn_timeout",
                  timed_out=True)
         return ToolOutcome(call, content, True, "transient", 0, skipped=True,
                            skip_reason="turn_timeout")
-
-
-def _decide(span: Span, tool: str, decision: Decision, reason: str, *,
-            failure: _Failure | None = None, retry_count: int,
-            breaker_state: BreakerState | None, **extra: Any) -> None:
-    """Append one decision to the call's span (spec 8.2's ``ToolError`` record)."""
-    record: dict[str, Any] = {
-        "event_type": "ToolError" if failure is not None else "ToolSkipped",
-        "tool_id": tool,
-        "decision": decision,
-        "reason": reason,
-        "retry_count": retry_count,
-        "circuit_breaker_state": breaker_state,
-        "timestamp": datetime.now(UTC).isoformat(timespec="milliseconds"),
-    }
-    if failure is not None:
-        record.update(error=failure.message[:300], code=failure.code,
-                      classification=failure.classification, timed_out=failure.timed_out)
-    record.update(extra)
-    span.attributes.setdefault("decisions", []).append(record)

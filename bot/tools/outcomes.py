@@ -1,6 +1,7 @@
 """How a tool call ended: :class:`ToolOutcome` (what the model reads and what
 happened on the way), :class:`RawError` (everything known about a failure, for
-the error store) and the texts the model and the user read about failures."""
+the error store), the texts the model and the user read about failures, and the
+decision records the executor appends to a call's trace span."""
 
 from __future__ import annotations
 
@@ -8,23 +9,29 @@ import json
 import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from bot.contracts.llm import ToolCall
 from bot.contracts.tools import ToolError, ToolResult
+from bot.observability.tracing import Span
 from bot.resilience.breaker import BreakerState
 from bot.tools.classify import Classification
 
 __all__ = [
+    "Decision",
+    "Failure",
     "RawError",
     "SkipReason",
     "ToolOutcome",
     "default_failure_text",
     "describe_error",
+    "record_decision",
     "turn_timeout_notice",
 ]
 
 SkipReason = Literal["dependency", "turn_timeout"]
+Decision = Literal["retry", "fail", "skip", "open"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,3 +135,34 @@ def turn_timeout_notice(outcomes: Sequence[ToolOutcome]) -> str:
     verb = "was" if len(skipped) == 1 else "were"
     return f"{head}{', '.join(skipped)} ran out of time and {verb} skipped."
 
+
+@dataclass(slots=True)
+class Failure:
+    """One failed attempt, as the executor saw it."""
+
+    message: str
+    code: str
+    classification: Classification
+    details: Mapping[str, Any]
+    exception: BaseException | None
+    timed_out: bool
+
+
+def record_decision(span: Span, tool: str, decision: Decision, reason: str, *,
+                    failure: Failure | None = None, retry_count: int,
+                    breaker_state: BreakerState | None, **extra: Any) -> None:
+    """Append one decision to the call's span (spec 8.2's ``ToolError`` record)."""
+    record: dict[str, Any] = {
+        "event_type": "ToolError" if failure is not None else "ToolSkipped",
+        "tool_id": tool,
+        "decision": decision,
+        "reason": reason,
+        "retry_count": retry_count,
+        "circuit_breaker_state": breaker_state,
+        "timestamp": datetime.now(UTC).isoformat(timespec="milliseconds"),
+    }
+    if failure is not None:
+        record.update(error=failure.message[:300], code=failure.code,
+                      classification=failure.classification, timed_out=failure.timed_out)
+    record.update(extra)
+    span.attributes.setdefault("decisions", []).append(record)
