@@ -81,33 +81,47 @@ LOCATION = {"latitude": 51.5074, "longitude": -0.1278}
 KINDS: dict[str, tuple[dict[str, Any], Attachment]] = {
     "photo": ({"photo": [file("p1", width=90, height=67, file_size=1200),
                          file("p2", width=1280, height=960, file_size=131_000)]},
-              Attachment("image", name="1280x960", size=131_000)),
+              Attachment("photo", name="photo-700.jpg", url="FILE-p2", mime_type="image/jpeg",
+                         size=131_000, width=1280, height=960)),
     "document": ({"document": file("d", file_name="report.pdf", mime_type="application/pdf",
                                    file_size=52_000)},
-                 Attachment("file", name="report.pdf", mime_type="application/pdf",
-                            size=52_000)),
+                 Attachment("document", name="report.pdf", url="FILE-d",
+                            mime_type="application/pdf", size=52_000)),
     "voice": ({"voice": file("v", duration=12, mime_type="audio/ogg", file_size=20_480)},
-              Attachment("voice message", name="0:12", mime_type="audio/ogg", size=20_480)),
+              Attachment("voice", name="voice-700.ogg", url="FILE-v", mime_type="audio/ogg",
+                         size=20_480, duration=12.0)),
     "audio": ({"audio": file("a", duration=185, performer="Artist", title="Song",
                              file_name="song.mp3", mime_type="audio/mpeg",
                              file_size=3_000_000)},
-              Attachment("audio", name="song.mp3, Artist - Song, 3:05",
-                         mime_type="audio/mpeg", size=3_000_000)),
+              Attachment("audio", name="song.mp3", url="FILE-a", mime_type="audio/mpeg",
+                         size=3_000_000, duration=185.0)),
     "video": ({"video": file("vi", width=1920, height=1080, duration=30,
                              file_name="clip.mp4", mime_type="video/mp4", file_size=900_000)},
-              Attachment("video", name="clip.mp4, 1920x1080, 0:30", mime_type="video/mp4",
-                         size=900_000)),
+              Attachment("video", name="clip.mp4", url="FILE-vi", mime_type="video/mp4",
+                         size=900_000, width=1920, height=1080, duration=30.0)),
     # Telegram sends a GIF as an animation and, for old clients, as a document too.
     "animation": ({"animation": file("an", width=320, height=240, duration=3,
                                      file_name="cat.gif.mp4", mime_type="video/mp4"),
                    "document": file("an", file_name="cat.gif.mp4", mime_type="video/mp4")},
-                  Attachment("animation", name="cat.gif.mp4, 320x240, 0:03",
-                             mime_type="video/mp4")),
+                  Attachment("video", name="cat.gif.mp4", url="FILE-an", mime_type="video/mp4",
+                             width=320, height=240, duration=3.0)),
     "video_note": ({"video_note": file("vn", length=240, duration=9, file_size=80_000)},
-                   Attachment("video message", name="0:09", size=80_000)),
+                   Attachment("video", name="video_note-700.mp4", url="FILE-vn",
+                              mime_type="video/mp4", size=80_000, width=240, height=240,
+                              duration=9.0)),
     "sticker": ({"sticker": file("s", type="regular", width=512, height=512, emoji="😀",
                                  set_name="HotCherry", is_animated=False, is_video=False)},
-                Attachment("sticker", name="😀, from the set HotCherry")),
+                Attachment("photo", name="sticker-700.webp", url="FILE-s",
+                           mime_type="image/webp", width=512, height=512)),
+    "animated sticker": ({"sticker": file("as", type="regular", width=512, height=512,
+                                          is_animated=True, is_video=False)},
+                         Attachment("file", name="sticker-700.tgs", url="FILE-as",
+                                    mime_type="application/x-tgsticker", width=512,
+                                    height=512)),
+    "video sticker": ({"sticker": file("vs", type="regular", width=512, height=512,
+                                       is_animated=False, is_video=True)},
+                      Attachment("file", name="sticker-700.webm", url="FILE-vs",
+                                 mime_type="video/webm", width=512, height=512)),
     "location": ({"location": LOCATION}, Attachment("location", name="51.5074,-0.1278")),
     "live location": ({"location": {**LOCATION, "live_period": 900}},
                       Attachment("location", name="51.5074,-0.1278 (live)")),
@@ -129,7 +143,7 @@ KINDS: dict[str, tuple[dict[str, Any], Attachment]] = {
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
-async def test_each_message_kind_arrives_as_a_described_attachment(
+async def test_each_message_kind_arrives_as_an_attachment_files_with_their_file_id(
         start_tg: StartTg, fake_telegram: FakeTelegram, kind: str) -> None:
     content, expected = KINDS[kind]
     inbox = Inbox()
@@ -150,7 +164,9 @@ async def test_a_caption_is_the_text_and_the_media_its_attachment(
     await fake_telegram.wait_confirmed(update["update_id"])
     [message] = inbox.messages
     assert message.text == "what is this?"
-    assert message.attachments == (Attachment("image", name="800x600", size=64_000),)
+    assert message.attachments == (Attachment("photo", name="photo-700.jpg", url="FILE-p",
+                                              mime_type="image/jpeg", size=64_000,
+                                              width=800, height=600),)
 
 
 async def test_a_location_alone_reaches_the_model_as_a_note_and_is_answered(

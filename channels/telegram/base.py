@@ -18,7 +18,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from aiogram import Bot
-from aiogram.methods import DeleteMessage, EditMessageText, SendMessage, TelegramMethod
+from aiogram.methods import (
+    DeleteMessage,
+    EditMessageText,
+    SendDocument,
+    SendMessage,
+    SendPhoto,
+    TelegramMethod,
+)
 from aiogram.methods.base import TelegramType
 from aiogram.types import Update, User
 from aiohttp import web
@@ -50,7 +57,7 @@ STOP_GRACE = 10.0
 """Seconds ``stop()`` waits for replies still being sent."""
 GET_UPDATES = "getUpdates"
 """The rate-limit scope of ``getUpdates``: a 429 on it holds polling only."""
-_COUNTED = (SendMessage, EditMessageText, DeleteMessage)
+_COUNTED = (SendMessage, EditMessageText, DeleteMessage, SendPhoto, SendDocument)
 """The methods Telegram's message limits count."""
 
 
@@ -116,14 +123,15 @@ class ChannelBase(Channel):
             raise RuntimeError("the Telegram channel is not started")
         return self.bot
 
-    async def _api(self, method: TelegramMethod[TelegramType], *,
-                   urgent: bool = True) -> TelegramType | None:
+    async def _api(self, method: TelegramMethod[TelegramType], *, urgent: bool = True,
+                   request_timeout: int | None = None) -> TelegramType | None:
         """One Bot API call through the rate limiter, errors translated.
 
         Returns ``None`` only for a call that is not ``urgent`` and had to give
         way (a 429 window, the budget, another call to the chat in flight).
         A group upgraded to a supergroup is followed: the call goes again to
-        the new chat, and so does every later one.
+        the new chat, and so does every later one. ``request_timeout`` replaces the
+        request timeout (uploads get time for their size).
         """
         bot = self._bot()
         for _ in range(3):
@@ -138,7 +146,7 @@ class ChannelBase(Channel):
                                              counted=isinstance(method, _COUNTED)) as go:
                     if not go:
                         return None
-                    return await _translated(bot(method))
+                    return await _translated(bot(method, request_timeout=request_timeout))
             except ChatMigrated as moved:
                 if chat is None:
                     raise
@@ -148,10 +156,11 @@ class ChannelBase(Channel):
         raise RuntimeError(f"telegram: {method.__api_method__} kept being redirected")
 
     async def _deliver(self, method: TelegramMethod[TelegramType], what: str, *,
-                       policy: DeliveryPolicy | None = None) -> TelegramType:
+                       policy: DeliveryPolicy | None = None,
+                       request_timeout: int | None = None) -> TelegramType:
         """An urgent call, retried on transient errors and after 429s."""
         async def call() -> TelegramType:
-            result = await self._api(method)
+            result = await self._api(method, request_timeout=request_timeout)
             assert result is not None  # urgent calls never give way
             return result
 

@@ -19,8 +19,10 @@ from bot.contracts.channel import InboundHandler, ReplyStream
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from channels.telegram.base import COMMAND_NAME, STOP_GRACE, _chat_id, _int_or_none, _Target
 from channels.telegram.intake import Intake
+from channels.telegram.media import Downloads
 from channels.telegram.parsing import _keep_response_models, _Session
-from channels.telegram.sending import Sending, _DraftStream
+from channels.telegram.sending import _DraftStream
+from channels.telegram.uploads import Uploads
 from channels.telegram_lazy import LAZY
 
 if TYPE_CHECKING:
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("roost.channels.telegram")
 
 
-class TelegramChannel(Intake, Sending):
+class TelegramChannel(Intake, Uploads, Downloads):
     """Roost on Telegram (``TELEGRAM_BOT_TOKEN``).
 
     Keyword arguments exist for tests and benchmarks: ``polling_timeout`` is
@@ -129,6 +131,9 @@ class TelegramChannel(Intake, Sending):
         """Deliver a reply: rendered to HTML, cut to 4,096, the first piece threaded.
 
         With ``message.replace`` the draft of that id becomes the first piece.
+        ``message.files`` follow the text as photos or documents (see
+        :mod:`channels.telegram.uploads`); one over 50 MB raises
+        :class:`~bot.contracts.media.MediaTooLarge` before anything is sent.
         Returns the id of the last message sent; raises if the reply was not
         delivered (the core keeps it and tries again).
         """
@@ -136,6 +141,8 @@ class TelegramChannel(Intake, Sending):
         async with self._sending_reply() as live:
             if not live:
                 raise RuntimeError("the Telegram channel is stopped")
+            if message.files:
+                return await self._deliver_with_files(target, message)
             return await self._deliver_reply(target, message.replace, message.text)
 
     async def withdraw(self, chat_id: str, message_id: str) -> None:

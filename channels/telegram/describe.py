@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from aiogram.types import Chat, Message
 
 from bot.contracts.messages import Attachment, clean_text
+from channels.telegram.media import file_attachments
 
 
 def _utf16(text: str) -> bytes:
@@ -58,62 +58,16 @@ def _short(value: object) -> str:
     return text if len(text) <= DESCRIPTION else f"{text[:DESCRIPTION - 1]}…"
 
 
-def _media(kind: str, media: Any, *details: object) -> Attachment:
-    """An attachment for a file Telegram holds (not downloaded), with its metadata."""
-    name = getattr(media, "file_name", None)
-    described = ", ".join(_short(d) for d in (name, *details) if d not in (None, ""))
-    mime = getattr(media, "mime_type", None)
-    size = getattr(media, "file_size", None)
-    return Attachment(kind, name=described, mime_type=_short(mime) if mime else "",
-                      size=size if isinstance(size, int) and size > 0 else 0)
+def _attachments(message: Message, cap: int) -> tuple[Attachment, ...]:
+    """What came with ``message`` besides its text, for the core.
 
-
-def _duration(seconds: object) -> str:
-    if not isinstance(seconds, int) or seconds < 0:
-        return ""
-    return f"{seconds // 60}:{seconds % 60:02d}"
-
-
-def _size(width: object, height: object) -> str:
-    return f"{width}x{height}" if isinstance(width, int) and isinstance(height, int) else ""
-
-
-def _attachments(message: Message) -> tuple[Attachment, ...]:
-    """What came with ``message`` besides its text, described for the model.
-
-    Files stay on Telegram's servers; their metadata is kept. Everything else
-    (a location, a contact, a poll...) is described in the attachment's name,
-    so the core can tell the model what arrived.
+    Files (photos, documents, voice...) become attachments the core can
+    download (:func:`channels.telegram.media.file_attachments`; ``cap`` is the
+    largest file the core accepts, which picks the photo size). Everything
+    else (a location, a contact, a poll...) is described in the attachment's
+    name and has no ``url``: there is nothing to download.
     """
-    found: list[Attachment] = []
-    if message.photo:
-        biggest = message.photo[-1]
-        found.append(_media("image", biggest, _size(biggest.width, biggest.height)))
-    if message.animation is not None:
-        # A GIF comes with the same file as ``document`` too: one attachment.
-        found.append(_media("animation", message.animation,
-                            _size(message.animation.width, message.animation.height),
-                            _duration(message.animation.duration)))
-    elif message.document is not None:
-        found.append(_media("file", message.document))
-    if message.audio is not None:
-        audio = message.audio
-        title = " - ".join(_short(x) for x in (audio.performer, audio.title) if x)
-        found.append(_media("audio", audio, title, _duration(audio.duration)))
-    if message.voice is not None:
-        found.append(_media("voice message", message.voice, _duration(message.voice.duration)))
-    if message.video is not None:
-        video = message.video
-        found.append(_media("video", video, _size(video.width, video.height),
-                            _duration(video.duration)))
-    if message.video_note is not None:
-        found.append(_media("video message", message.video_note,
-                            _duration(message.video_note.duration)))
-    if message.sticker is not None:
-        sticker = message.sticker
-        found.append(Attachment("sticker", name=", ".join(x for x in (
-            _short(sticker.emoji or ""),
-            f"from the set {_short(sticker.set_name)}" if sticker.set_name else "") if x)))
+    found = file_attachments(message, cap)
     if message.venue is not None:
         # A venue carries its location too: one attachment.
         venue = message.venue

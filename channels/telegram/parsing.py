@@ -14,10 +14,13 @@ from aiogram.methods import (
     DeleteMessage,
     DeleteWebhook,
     EditMessageText,
+    GetFile,
     GetMe,
     GetUpdates,
     SendChatAction,
+    SendDocument,
     SendMessage,
+    SendPhoto,
     SetMyCommands,
     SetWebhook,
     TelegramMethod,
@@ -287,6 +290,6 @@ def _keep_response_models() -> None:
         return
     methods: tuple[Any, ...] = (GetMe, GetUpdates, SendMessage, EditMessageText,
                                 DeleteMessage, SendChatAction, SetMyCommands, SetWebhook,
-                                DeleteWebhook)
+                                DeleteWebhook, GetFile, SendPhoto, SendDocument)
     generic: Any = Response
     _RESPONSE_MODELS.extend(generic[m.__returning__] for m in methods)

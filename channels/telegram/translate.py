@@ -10,6 +10,7 @@ from aiogram.types import Message, MessageOriginChannel
 from bot.contracts.messages import ChatType, InboundMessage
 from channels.telegram.base import _COMMAND, SERVICE_USER, ChannelBase
 from channels.telegram.describe import _attachments, _chat_name, _short, _utf16, _without
+from channels.telegram.media import MB
 
 log = logging.getLogger("roost.channels.telegram")
 
@@ -44,7 +45,7 @@ class Translating(ChannelBase):
         if speaker is None:
             return None
         sender_id, sender_name = speaker
-        attachments = _attachments(message)
+        attachments = _attachments(message, int(self.settings.media_max_file_mb * MB))
         if message.text is not None:
             text, entities = message.text, message.entities or []
         else:
