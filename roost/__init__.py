@@ -50,12 +50,14 @@ from bot.contracts.messages import (
     OutboundFile,
     OutboundMessage,
 )
+from bot.contracts.migrations import Migrations
 from bot.contracts.prompt import Order, PromptContext, PromptSection
 from bot.contracts.providers import ProviderSpec
 from bot.contracts.runtime import Runtime
 from bot.contracts.sanitize import Sanitizer
 from bot.contracts.services import Services
 from bot.contracts.tools import Tool, ToolContext, ToolError, ToolResult, ToolRetry
+from bot.storage.db import transaction
 from bot.tools.args import check_keys, int_arg, str_arg
 
 __all__ = [
@@ -78,6 +80,7 @@ __all__ = [
     "LLMResponse",
     "MediaError",
     "MediaTooLarge",
+    "Migrations",
     "OnRetry",
     "OnText",
     "Order",
@@ -107,4 +110,5 @@ __all__ = [
     "hookimpl",
     "int_arg",
     "str_arg",
+    "transaction",
 ]

@@ -118,6 +118,10 @@ class AllHooks:
         return None
 
     @hookimpl
+    def roost_migrations(self) -> None:
+        self.called.add("roost_migrations")
+
+    @hookimpl
     def roost_startup(self) -> None:
         self.called.add("roost_startup")
 

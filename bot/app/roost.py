@@ -28,6 +28,7 @@ from bot.engine.runloop import FailureHandler, LargeResultHandler, RunEngine
 from bot.engine.snapshot import PluginSnapshot
 from bot.observability.otel import OTelExporter
 from bot.pluginhost.manager import ESSENTIAL_PLUGINS, RESTART_HOOKS, PluginHost, get_plugin_manager
+from bot.pluginhost.migrations import migrate_plugins
 from bot.pluginhost.state import load_disabled, save_state
 from bot.scheduling.scheduler import Scheduler
 from bot.storage.errors import ErrorStore, ResultStore, format_failure, format_large_result
@@ -112,6 +113,8 @@ class Roost:
         try:
             # Plugins an admin disabled stay disabled; essential ones cannot be.
             host.disabled |= await load_disabled(store.db, store.lock) - ESSENTIAL_PLUGINS
+            # Plugins' own tables before anything uses them.
+            await migrate_plugins(host, store.db, store.lock)
             if provider is None:
                 provider = (await resolve_provider(settings, host)).create(settings)
             try:

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from bot.contracts.judge import Judge
     from bot.contracts.media import Transcriber
     from bot.contracts.messages import InboundMessage
+    from bot.contracts.migrations import Migrations
     from bot.contracts.prompt import PromptContext, PromptSection
     from bot.contracts.providers import ProviderSpec
     from bot.contracts.runtime import Runtime
@@ -200,6 +201,20 @@ def roost_transcriber(settings: Settings) -> Transcriber | None:
     (its endpoint or model is set), else ``None``. Roost uses the first one
     offered; without any, a voice note gets a one-line reply saying voice is not
     set up (and the file is still stored in the user's ``inbox/``).
+    """
+
+
+@hookspec
+def roost_migrations() -> list[Migrations] | Migrations | None:
+    """Declare the tables this plugin keeps in Roost's database.
+
+    Return :class:`bot.contracts.migrations.Migrations`: a schema name and its
+    ordered steps. At startup, right after the database opens and before
+    anything else runs, Roost applies the steps not yet recorded under that
+    name, each in one transaction with its record; for every registered
+    plugin, disabled ones included. A plugin whose steps fail is disabled
+    (the others run). Keep your data in your own tables: Roost's tables are
+    its own and change without notice.
     """
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+import sqlite3
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -253,11 +254,37 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE messages ADD COLUMN parts TEXT;
     """,
+    # 13: plugins' own tables (bot.storage.plugin_tables): how many schema steps of
+    # each plugin's ``Migrations`` have run, by the name the plugin gave them.
+    """
+    CREATE TABLE plugin_schema (
+        plugin TEXT PRIMARY KEY,
+        version INTEGER NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    """,
 ]
 """Schema steps in order; ``PRAGMA user_version`` records how many have run.
 
 Later features append steps here; a step never changes once released.
 """
+
+
+RETIRED_COLUMNS: tuple[tuple[str, str], ...] = (
+    # Step 7's scheduled memory flush state; the memory plugin keeps it in its own
+    # table now and copies these over in its migration.
+    ("sessions", "memory_flushed_count"),
+    ("sessions", "memory_flushed_upto"),
+    ("sessions", "memory_flush_window"),
+)
+"""Columns Roost no longer uses, dropped by :func:`retire_columns`.
+
+Not a numbered step: a plugin that took the data over copies it in its own
+migration first, so they are dropped only after the plugins' migrations ran.
+"""
+
+DROP_COLUMN_VERSION = (3, 35, 0)
+"""The first SQLite with ``ALTER TABLE ... DROP COLUMN``; older ones keep the columns."""
 
 
 async def connect(path: Path) -> aiosqlite.Connection:
@@ -299,6 +326,41 @@ async def migrate(db: aiosqlite.Connection) -> None:
     for number, script in enumerate(MIGRATIONS[current:], start=current + 1):
         # user_version cannot be bound as a parameter; number is our own int.
         await db.executescript(f"BEGIN;\n{script}\nPRAGMA user_version = {number:d};\nCOMMIT;")
+
+
+async def retire_columns(db: aiosqlite.Connection, lock: asyncio.Lock,
+                         retired: Sequence[tuple[str, str]] = RETIRED_COLUMNS) -> list[str]:
+    """Drop the ``retired`` columns still present, in one transaction; returns them.
+
+    Call it once the plugins' migrations have run. On an SQLite without
+    ``DROP COLUMN`` the columns stay, unused (their defaults fill new rows).
+    """
+    if sqlite3.sqlite_version_info < DROP_COLUMN_VERSION:
+        return []
+    present: list[tuple[str, str]] = []
+    for table, column in retired:
+        async with lock, db.execute(
+            "SELECT 1 FROM pragma_table_info(?) WHERE name = ?", (table, column),
+        ) as cur:
+            if await cur.fetchone() is not None:
+                present.append((table, column))
+    if not present:
+        return []
+
+    async def body(db: aiosqlite.Connection) -> None:
+        for table, column in present:
+            # Identifiers cannot be bound; these are our own constants, quoted.
+            await db.execute(f'ALTER TABLE "{table}" DROP COLUMN "{column}"')
+
+    try:
+        await transaction(db, lock, body)
+    except sqlite3.Error:
+        # Unused columns cost nothing: keep them rather than refuse to start.
+        log.exception("could not drop retired columns; they stay, unused")
+        return []
+    dropped = [f"{table}.{column}" for table, column in present]
+    log.info("dropped retired columns: %s", ", ".join(dropped))
+    return dropped
 
 
 _IN_FLIGHT: set[asyncio.Task[Any]] = set()
