@@ -11,6 +11,7 @@ import discord
 
 from bot.contracts.channel import InboundHandler, ReplyStream
 from bot.contracts.messages import InboundMessage, OutboundMessage
+from bot.resilience.retry import RetryPolicy
 from channels.chunking import split_message
 from channels.discord.common import _NO_PINGS, MESSAGE_LIMIT, _escape, _reference, _target, log
 from channels.discord.gateway import _Client, _guard_frames, _guard_parsers
@@ -19,6 +20,9 @@ from channels.discord.interactions import _Interactions
 from channels.discord.media import _Media
 from channels.discord.rest import _Rest
 from channels.discord.stream import _StreamedReply
+
+_RECONNECT = RetryPolicy(base_delay=0.5, max_delay=30.0, jitter=0.0)
+"""Pauses before reconnecting after an unexpected gateway error: 0.5 s doubling to 30 s."""
 
 
 class DiscordChannel(_Inbound, _Interactions, _Rest, _Media):
@@ -116,7 +120,7 @@ class DiscordChannel(_Inbound, _Interactions, _Rest, _Media):
         the connection is made again.
         """
         await client.login(self._token)
-        backoff = 0.5
+        failures = 0
         while not client.is_closed():
             started = time.monotonic()
             try:
@@ -126,14 +130,17 @@ class DiscordChannel(_Inbound, _Interactions, _Rest, _Media):
             except Exception:
                 if client.is_closed() or self._stopping:
                     return
+                failures += 1
+                delay = _RECONNECT.delay(failures)
                 log.exception("discord: unexpected gateway error; reconnecting in %.1fs",
-                              backoff)
+                              delay)
                 if client.ws is not None:
                     with contextlib.suppress(Exception):
                         # 4000 keeps the session resumable on Discord's side.
                         await client.ws.close(code=4000)
-                await asyncio.sleep(backoff)
-                backoff = 0.5 if time.monotonic() - started > 60 else min(backoff * 2, 30.0)
+                await asyncio.sleep(delay)
+                if time.monotonic() - started > 60:
+                    failures = 0  # it had been up for a while: the backoff starts over
 
     def _runner_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None and not self._stopping:
