@@ -61,6 +61,13 @@ channels (``assistant.threads.setStatus`` is only for AI-assistant threads),
 so :meth:`SlackChannel.typing` does nothing; the streamed draft is the sign
 of life.
 
+**Files** (:mod:`channels.slack.media`). The ``files`` of a message become
+attachments (``url`` is ``url_private_download``); :meth:`SlackChannel.download`
+fetches one with the bot token (``files:read``), only from Slack's hosts or
+``SLACK_API_BASE``, with a byte limit. A reply's files are shared after its
+text into the same channel and thread with ``files_upload_v2``
+(``files:write``); over 1 GB raises ``MediaTooLarge`` before anything is posted.
+
 **Slash commands.** ``/roost <command> [args]`` is acked at once and reaches
 the core as ``/<command> args`` from that user in that channel; other slash
 commands pointed at the app (``/stop``) pass through as typed. Their replies
