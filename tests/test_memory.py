@@ -9,13 +9,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiosqlite
 import pytest
 
 from bot.app.roost import Roost
 from bot.contracts.events import RunEvent
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.tools import ToolContext, ToolError
-from bot.storage.memory_index import CHUNK_CHARS, MemoryIndex, chunk_text, fts_query
+from bot.storage import db as dbmod
+from bot.storage.plugin_tables import schema_version
 from bot.testing.app import scripted, settle, without_summary
 from plugins.memory import (
     MAX_DAILY_NOTE_CHARS,
@@ -23,6 +25,8 @@ from plugins.memory import (
     flush_message,
     today_utc,
 )
+from plugins.memory.index import CHUNK_CHARS, MemoryIndex, chunk_text, fts_query
+from plugins.memory.state import MIGRATIONS, FlushState, FlushStates
 from tests.conftest import AppFactory
 from workspaces import workspace_dir
 
@@ -335,3 +339,101 @@ def test_background_runs_are_attributed_from_the_session_key() -> None:
         "C1", "group", "42", "1700.5")
     assert flush_message("default:slack:group:C1", [], "flush") is None
     assert flush_message("nonsense", history, "flush") is None
+
+
+# -- the plugin's own tables ----------------------------------------------------------------------
+
+
+LEGACY = ("memory_flushed_count", "memory_flushed_upto", "memory_flush_window")
+
+
+async def sessions_columns(app: Roost) -> set[str]:
+    async with app.store.db.execute("SELECT name FROM pragma_table_info('sessions')") as cur:
+        return {str(r[0]) for r in await cur.fetchall()}
+
+
+async def test_the_plugin_owns_its_tables_and_sessions_keep_no_flush_state(
+    make_app: AppFactory,
+) -> None:
+    app, _, _ = await make_app(scripted({"reply": "ok"}))
+    assert await schema_version(app.store.db, app.store.lock, "memory") == len(MIGRATIONS.steps)
+    assert not set(LEGACY) & await sessions_columns(app)
+    async with app.store.db.execute("SELECT name FROM sqlite_master") as cur:
+        tables = {str(r[0]) for r in await cur.fetchall()}
+    assert {"memory_flush_state", "memory_files", "memory_chunks", "memory_fts"} <= tables
+
+
+async def old_database(path: Path, window: int, idle_at: float) -> None:
+    """A database as the Roost before plugin tables left it, flush state in ``sessions``."""
+    steps = next(i for i, s in enumerate(dbmod.MIGRATIONS) if "plugin_schema" in s)
+    db = await aiosqlite.connect(path)
+    for number, script in enumerate(dbmod.MIGRATIONS[:steps], start=1):
+        await db.executescript(f"BEGIN;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;")
+    # user: (messages, flushed count, flushed up to, window last tried)
+    old = {"u1": (12, 12, idle_at, window - 1),  # nothing new since its flush
+           "u2": (12, 8, idle_at - HOUR, window - 1),  # only 4 new messages
+           "u3": (12, 0, 0.0, -1),  # never flushed: the defaults
+           "u4": (20, 5, idle_at - HOUR, window)}  # already tried in this window
+    for user, (count, flushed, upto, tried) in old.items():
+        cur = await db.execute(
+            "INSERT INTO sessions (key, created_at, updated_at, memory_flushed_count,"
+            " memory_flushed_upto, memory_flush_window) VALUES (?, ?, ?, ?, ?, ?)",
+            (f"default:test:direct:{user}", idle_at - HOUR, idle_at, flushed, upto, tried))
+        for i in range(count):
+            role, sender = ("user", user) if i % 2 == 0 else ("assistant", None)
+            await db.execute(
+                "INSERT INTO messages (session_id, run_id, role, content, sender_id,"
+                " created_at) VALUES (?, 'r', ?, ?, ?, ?)",
+                (cur.lastrowid, role, f"{user} message {i}", sender, idle_at - HOUR + i))
+    await db.execute("INSERT INTO memory_files VALUES ('test/u1', 'MEMORY.md', 'stamp')")
+    await db.commit()
+    await db.close()
+
+
+async def test_an_upgraded_database_keeps_its_flush_state_in_the_plugins_table(
+    make_app: AppFactory, tmp_path: Path,
+) -> None:
+    data = tmp_path / "old"
+    data.mkdir()
+    clock = Clock(6 * HOUR)
+    window = math.floor(clock.now / clock.window)
+    idle_at = time.time() - HOUR
+    await old_database(data / "roost.db", window, idle_at)
+
+    app, _, _ = await make_app(scripted(FLUSH, loop=True), data_dir=data)
+    assert not set(LEGACY) & await sessions_columns(app)
+    async with app.store.db.execute(
+        "SELECT s.key, f.flushed_count, f.flushed_upto, f.flush_window FROM memory_flush_state f"
+        " JOIN sessions s ON s.id = f.session_id ORDER BY s.key",
+    ) as cur:
+        assert [tuple(r) for r in await cur.fetchall()] == [
+            ("default:test:direct:u1", 12, idle_at, window - 1),
+            ("default:test:direct:u2", 8, idle_at - HOUR, window - 1),
+            ("default:test:direct:u4", 5, idle_at - HOUR, window)]
+    async with app.store.db.execute("SELECT workspace FROM memory_files") as cur:
+        assert [r[0] for r in await cur.fetchall()] == ["test/u1"]  # the index was adopted
+
+    # Without the carried-over state, all four would be flushed now.
+    job = MemoryFlushJob(app.settings, clock)
+    assert await job.flush_due(app.runtime) == ["default:test:direct:u3"]
+    await app.close()
+
+    # Restarting migrates nothing again and keeps what the flush recorded.
+    app, _, _ = await make_app(scripted(FLUSH, loop=True), data_dir=data)
+    assert await MemoryFlushJob(app.settings, clock).flush_due(app.runtime) == []
+    clock.now += 6 * HOUR
+    assert await MemoryFlushJob(app.settings, clock).flush_due(app.runtime) == [
+        "default:test:direct:u4"]
+
+
+async def test_a_failed_flush_is_recorded_for_a_session_never_flushed_before(
+    make_app: AppFactory,
+) -> None:
+    failing = {"match": FLUSH["match"], "error": "provider down"}
+    app, channel, _ = await make_app(scripted(failing, CHAT, loop=True))
+    await chat(app, channel, "u1", 5)
+    session = await app.store.get("default:test:direct:u1")
+    clock = Clock(6 * HOUR)
+    assert await MemoryFlushJob(app.settings, clock).flush_due(app.runtime) == []
+    states = await FlushStates(app.store.db, app.store.lock).get([session.id])
+    assert states == {session.id: FlushState(0, 0.0, math.floor(clock.now / clock.window))}

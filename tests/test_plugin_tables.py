@@ -1,9 +1,11 @@
-"""Plugins' own tables: versioned migrations per plugin, retired core columns."""
+"""Plugins' own tables: versioned migrations per plugin, retired core columns, no raw SQL."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import logging
+import re
 import sqlite3
 from pathlib import Path
 
@@ -17,6 +19,8 @@ from bot.storage.sessions import SessionStore
 from roost import Migrations, hookimpl
 from roost.testing import scripted_provider
 from tests.conftest import AppFactory
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 async def open_db(path: Path) -> tuple[aiosqlite.Connection, asyncio.Lock]:
@@ -189,3 +193,55 @@ async def test_a_disabled_plugin_is_migrated_too(make_app: AppFactory, tmp_path:
                                host=host_with(notes=NotesPlugin()), data_dir=data)
     assert "notes" in app.host.disabled
     assert await schema_version(app.store.db, app.store.lock, "notes") == 1
+    assert not {c for _, c in dbmod.RETIRED_COLUMNS} & await columns(app.store.db, "sessions")
+
+
+async def test_idle_sessions_and_their_message_counts(tmp_path: Path) -> None:
+    from bot.contracts.llm import ChatMessage
+
+    store = await SessionStore.open(tmp_path / "r.db")
+    try:
+        sessions = [await store.get(f"k{i}") for i in range(3)]
+        for n, session in enumerate(sessions):
+            await store.append_run(session, f"r{n}", [ChatMessage("user", "hi")] * (n + 1))
+        stamps = [s.updated_at for s in sessions]
+        archived = await store.get("gone")
+        await store.append_run(archived, "rg", [ChatMessage("user", "x")])
+        await store.reset("gone")
+
+        idle = await store.idle_sessions(before=stamps[1])
+        assert [(a.key, a.updated_at) for a in idle] == [("k0", stamps[0]), ("k1", stamps[1])]
+        assert [a.key for a in await store.idle_sessions(before=stamps[2], after=stamps[0])] \
+            == ["k1", "k2"]
+        ids = [s.id for s in sessions]
+        many = [*ids, *range(10_000, 11_200), ids[0]]  # more than one batch, a repeat
+        assert await store.message_counts(many) == {ids[0]: 1, ids[1]: 2, ids[2]: 3}
+        assert await store.message_counts([]) == {}
+    finally:
+        await store.close()
+
+
+CORE_TABLES = sorted(
+    {name for script in dbmod.MIGRATIONS
+     for name in re.findall(r"CREATE (?:VIRTUAL )?TABLE (\w+)", script)}
+    - {"spans_new", "memory_files", "memory_chunks", "memory_fts"})
+"""Roost's own tables (the memory index tables step 7 created now belong to the plugin)."""
+
+ALLOWED_CORE_SQL = {
+    # The one-time copy of the flush state Roost kept in sessions (step 7).
+    ("plugins/memory/state.py", "sessions"),
+}
+
+
+def test_plugins_issue_no_sql_on_roosts_tables() -> None:
+    touching = re.compile(
+        r"\b(?:FROM|INTO|UPDATE|JOIN|TABLE|pragma_table_info\(')\s*(" + "|".join(CORE_TABLES)
+        + r")\b")
+    found = set()
+    for path in sorted((ROOT / "plugins").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                found |= {(rel, m.group(1).lower()) for m in touching.finditer(node.value)}
+    assert found <= ALLOWED_CORE_SQL, sorted(found - ALLOWED_CORE_SQL)
+    assert "sessions" in CORE_TABLES and "messages" in CORE_TABLES

@@ -31,6 +31,7 @@ from bot.pluginhost.manager import ESSENTIAL_PLUGINS, RESTART_HOOKS, PluginHost,
 from bot.pluginhost.migrations import migrate_plugins
 from bot.pluginhost.state import load_disabled, save_state
 from bot.scheduling.scheduler import Scheduler
+from bot.storage.db import retire_columns
 from bot.storage.errors import ErrorStore, ResultStore, format_failure, format_large_result
 from bot.storage.inbox import Inbox
 from bot.storage.jobs import JobStore
@@ -113,8 +114,10 @@ class Roost:
         try:
             # Plugins an admin disabled stay disabled; essential ones cannot be.
             host.disabled |= await load_disabled(store.db, store.lock) - ESSENTIAL_PLUGINS
-            # Plugins' own tables before anything uses them.
-            await migrate_plugins(host, store.db, store.lock)
+            # Plugins' own tables before anything uses them; columns Roost retired go
+            # only once every plugin that may copy them out has migrated.
+            if await migrate_plugins(host, store.db, store.lock):
+                await retire_columns(store.db, store.lock)
             if provider is None:
                 provider = (await resolve_provider(settings, host)).create(settings)
             try:
@@ -136,6 +139,7 @@ class Roost:
         engine.exporter = OTelExporter.from_environment()
         engine.on_tool_failure, engine.on_large_result = error_channel(services, settings)
         app = cls(settings, host, store, engine, {}, channel_specs, services)
+        engine.channels = app.channels  # runs download the files of messages through them
         engine.deliver = app.send_now
         # Read before any channel receives: what arrives from now on is this process's.
         app._leftovers = (await app.inbox.undelivered(), await app.inbox.unfinished())

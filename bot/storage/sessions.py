@@ -63,6 +63,19 @@ _INSERT_RUN = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class SessionActivity:
+    """When an active session was last used (:meth:`SessionStore.idle_sessions`)."""
+
+    id: int
+    key: str
+    updated_at: float
+
+
+_ID_BATCH = 500
+"""Session ids per ``IN (...)`` query: well under SQLite's bound-parameter limit."""
+
+
 @dataclass(slots=True, eq=False)
 class Session:
     """One conversation: a key, its history and its running totals."""
@@ -270,6 +283,38 @@ class SessionStore:
             (session_key, limit),
         ) as cur:
             return [RunRecord(*row) for row in await cur.fetchall()]
+
+    async def idle_sessions(self, before: float, after: float = 0.0) -> list[SessionActivity]:
+        """Active sessions whose latest activity lies in (``after``, ``before``], oldest first.
+
+        For background work over quiet conversations (the memory plugin's
+        scheduled flush); ``updated_at`` is the time of the latest stored run.
+        """
+        async with self._lock, self.db.execute(
+            "SELECT id, key, updated_at FROM sessions WHERE archived_at IS NULL"
+            " AND updated_at <= ? AND updated_at > ? ORDER BY updated_at",
+            (before, after),
+        ) as cur:
+            rows = await cur.fetchall()
+        return [SessionActivity(r[0], r[1], r[2]) for r in rows]
+
+    async def message_counts(self, session_ids: Sequence[int]) -> dict[int, int]:
+        """How many messages each session has stored, compacted ones included.
+
+        Sessions without messages are absent. The count only ever grows, so
+        it marks how far a conversation has gone.
+        """
+        counts: dict[int, int] = {}
+        ids = list(dict.fromkeys(session_ids))
+        for start in range(0, len(ids), _ID_BATCH):
+            batch = ids[start:start + _ID_BATCH]
+            marks = ", ".join("?" * len(batch))
+            async with self._lock, self.db.execute(
+                f"SELECT session_id, COUNT(*) FROM messages WHERE session_id IN ({marks})"
+                " GROUP BY session_id", batch,
+            ) as cur:
+                counts.update((int(r[0]), int(r[1])) for r in await cur.fetchall())
+        return counts
 
     async def reset(self, key: str) -> Session:
         """Archive the active session for ``key`` and start an empty one."""

@@ -1,5 +1,8 @@
 """Keyword search over a workspace's memory files: BM25 on SQLite FTS5.
 
+The index lives in the plugin's own tables (``memory_files``, ``memory_chunks``,
+``memory_fts``; see :mod:`plugins.memory.state`) in Roost's database.
+
 Memory files are ``MEMORY.md`` and ``memory/*.md`` in a user's workspace. The
 files are the truth; the index is a cache of them. Each search first compares
 every memory file's (inode, mtime, size) stamp with the one indexed and
@@ -24,8 +27,7 @@ from pathlib import Path, PurePosixPath
 
 import aiosqlite
 
-from bot.contracts.tools import ToolError
-from bot.storage import db as dbmod
+from roost import ToolError, transaction
 from workspaces import resolve_in_workspace
 
 MEMORY_FILE = "MEMORY.md"
@@ -161,7 +163,7 @@ class MemoryIndex:
     """The FTS5 index of every workspace's memory files, in the shared database.
 
     ``db`` is the service's connection and ``lock`` the lock that serializes
-    statements on it (:attr:`bot.storage.sessions.SessionStore.lock`).
+    statements on it (``services.sessions.lock``).
     """
 
     def __init__(self, db: aiosqlite.Connection, lock: asyncio.Lock, root: Path,
@@ -271,7 +273,7 @@ class MemoryIndex:
                     "INSERT INTO memory_files (workspace, path, stamp) VALUES (?, ?, ?)",
                     (key, path, stamp))
 
-        await dbmod.transaction(self.db, self.lock, body)
+        await transaction(self.db, self.lock, body)
 
 
 def _stamp(st: os.stat_result) -> str:
