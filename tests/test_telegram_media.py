@@ -9,20 +9,30 @@ checks them as the real server does.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import io
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 from PIL import Image
 
+from bot.app.roost import Roost
 from bot.contracts.media import MediaError, MediaTooLarge
 from bot.contracts.messages import Attachment, InboundMessage, OutboundFile, OutboundMessage
+from bot.testing.app import scripted
 from bot.testing.telegram import ALICE, FakeTelegram
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
+from bot.testing.transcribe import FakeTranscriber
 from channels.telegram import TelegramChannel
+from plugins.scripted_provider import ScriptedProvider
+from tests.media_samples import jpeg, ogg_opus, pdf, png
+from tests.test_telegram import TgFactory, answered
+from tests.test_telegram import make_tg as _make_tg  # noqa: F401  (the fixture)
 from tests.test_telegram_intake import Inbox, StartTg
 from tests.test_telegram_intake import start_tg as _start_tg  # noqa: F401  (the fixture)
+from workspaces import workspace_dir
 
 MB = 1024 * 1024
 GROUP = -1001234567890
@@ -394,3 +404,129 @@ async def test_the_fake_refuses_an_upload_without_its_file_and_a_non_image_photo
         async with session.get(f"{fake_telegram.base_url}/file/bot{fake_telegram.token}/"
                                "photos/none.jpg") as response:
             assert response.status == 404
+
+
+# -- through a running Roost ---------------------------------------------------------------
+
+
+async def roost(make_tg: TgFactory, fake: FakeTelegram, *turns: dict[str, Any],
+                **settings: Any) -> tuple[Roost, ScriptedProvider, Path]:
+    """A Roost on the real Telegram channel; its provider and Alice's workspace."""
+    provider = scripted(*turns)
+    app, _, _ = await make_tg(provider, **settings)
+    return app, provider, workspace_dir(app.settings.workspaces_dir, "telegram",
+                                        str(ALICE["id"]))
+
+
+def today() -> str:
+    return dt.datetime.now(dt.UTC).date().isoformat()
+
+
+async def test_through_roost_a_photo_with_a_caption_reaches_the_model_stored_byte_for_byte(
+        make_tg: TgFactory, fake_telegram: FakeTelegram) -> None:
+    app, provider, workspace = await roost(make_tg, fake_telegram, {"reply": "a receipt"})
+    data = jpeg(640, 480)
+    update = fake_telegram.photo(data, caption="what is the total?")
+    await fake_telegram.wait_for("sendMessage")
+    await answered(fake_telegram, app, update)
+    assert fake_telegram.visible(ALICE["id"]) == ["a receipt"]
+    user = provider.requests[-1].messages[-1]
+    path = f"inbox/{today()}/photo-{update['message']['message_id']}.jpg"
+    assert f"what is the total?\n\n[photo: {path}, 640×480" in str(user.content)
+    [part] = user.parts
+    assert (part.kind, part.path, part.mime_type, part.width) == ("image", path, "image/jpeg",
+                                                                  640)
+    assert (workspace / path).read_bytes() == data
+
+
+async def test_through_roost_a_photo_without_a_caption_is_a_run_of_its_own(
+        make_tg: TgFactory, fake_telegram: FakeTelegram) -> None:
+    app, provider, _ = await roost(make_tg, fake_telegram, {"reply": "a photo"})
+    update = fake_telegram.photo(jpeg(64, 48))
+    await fake_telegram.wait_for("sendMessage")
+    await answered(fake_telegram, app, update)
+    assert fake_telegram.visible(ALICE["id"]) == ["a photo"]
+    [part] = provider.requests[-1].messages[-1].parts
+    assert part.kind == "image"
+
+
+async def test_through_roost_a_pdf_reaches_the_model_as_a_document(
+        make_tg: TgFactory, fake_telegram: FakeTelegram) -> None:
+    app, provider, workspace = await roost(make_tg, fake_telegram, {"reply": "42.00 EUR"})
+    data = pdf("Total: 42.00 EUR", "Thank you")
+    update = fake_telegram.document(data, "receipt.pdf", "application/pdf",
+                                    caption="summarize this")
+    await fake_telegram.wait_for("sendMessage")
+    await answered(fake_telegram, app, update)
+    user = provider.requests[-1].messages[-1]
+    path = f"inbox/{today()}/receipt.pdf"
+    [part] = user.parts
+    assert (part.kind, part.path, part.mime_type) == ("document", path, "application/pdf")
+    assert "2 pages" in str(user.content)
+    assert (workspace / path).read_bytes() == data
+
+
+async def test_through_roost_a_voice_note_is_transcribed(
+        make_tg: TgFactory, fake_telegram: FakeTelegram) -> None:
+    async with FakeTranscriber(api_key="sk-voice") as whisper:
+        whisper.transcript("remind me to call the dentist")
+        app, provider, _ = await roost(make_tg, fake_telegram, {"reply": "Noted."},
+                                       transcribe_base_url=whisper.base_url,
+                                       transcribe_api_key="sk-voice")
+        data = ogg_opus(12)
+        update = fake_telegram.voice(data, duration=12)
+        await fake_telegram.wait_for("sendMessage")
+        await answered(fake_telegram, app, update)
+        [upload] = whisper.uploads
+    assert upload.filename.endswith(".ogg")
+    assert "[voice 0:12] remind me to call the dentist" in \
+        str(provider.requests[-1].messages[-1].content)
+    assert fake_telegram.visible(ALICE["id"]) == ["Noted."]
+
+
+async def test_through_roost_an_oversize_file_is_refused_in_the_chat_and_the_text_runs(
+        make_tg: TgFactory, fake_telegram: FakeTelegram) -> None:
+    app, provider, workspace = await roost(make_tg, fake_telegram, {"reply": "noted"},
+                                           media_max_file_mb=1)
+    update = fake_telegram.document(b"%PDF-1.4".ljust(3 * MB, b"\0"), "bigscan.pdf",
+                                    "application/pdf", caption="please summarize")
+    await fake_telegram.wait_for("sendMessage", 2)
+    await answered(fake_telegram, app, update)
+    assert fake_telegram.visible(ALICE["id"]) == [
+        "bigscan.pdf is 3 MB; files over 1 MB are not accepted", "noted"]
+    assert fake_telegram.calls_of("getFile") == [] and fake_telegram.downloads == []
+    assert str(provider.requests[-1].messages[-1].content).startswith("please summarize")
+    assert not (workspace / "inbox").exists()
+
+
+async def test_through_roost_a_download_that_fails_is_told_and_the_text_runs(
+        make_tg: TgFactory, fake_telegram: FakeTelegram) -> None:
+    app, provider, _ = await roost(make_tg, fake_telegram, {"reply": "answered"})
+    fake_telegram.fail_download("html", 502, times=10)
+    update = fake_telegram.photo(jpeg(32, 32), caption="and this?")
+    await fake_telegram.wait_for("sendMessage", 2)
+    await answered(fake_telegram, app, update)
+    notice, reply = fake_telegram.visible(ALICE["id"])
+    assert "could not fetch" in notice and "502" in notice and reply == "answered"
+    user = provider.requests[-1].messages[-1]
+    assert str(user.content).startswith("and this?") and not user.parts
+
+
+@pytest.mark.parametrize(("name", "method"), [("chart.png", "photo"),
+                                              ("report.csv", "document")])
+async def test_through_roost_send_file_delivers_a_workspace_file(
+        make_tg: TgFactory, fake_telegram: FakeTelegram, name: str, method: str) -> None:
+    app, _, workspace = await roost(make_tg, fake_telegram, {"steps": [
+        {"tool_calls": [{"name": "send_file",
+                         "arguments": {"path": name, "caption": "Here it is"}}]},
+        {"reply": "done"}]})
+    data = png(400, 300) if name.endswith(".png") else b"a,b\n1,2\n"
+    workspace.mkdir(parents=True, exist_ok=True)
+    (workspace / name).write_bytes(data)
+    update = fake_telegram.private_message("send it to me")
+    await fake_telegram.wait_for("sendMessage")
+    await answered(fake_telegram, app, update)
+    [upload] = fake_telegram.uploads
+    assert (upload.method, upload.name, upload.data, upload.caption) == \
+        (method, name, data, "Here it is")
+    assert fake_telegram.visible(ALICE["id"]) == ["Here it is", "done"]
