@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 # Built-in: the flush is a background turn of the run engine, with compaction's
-# limits and its history repair; RunRequest is how a turn is described.
+# limits and its history repair; RunRequest is how a turn is described, and
+# agent_of reads the agent out of a session key as the core writes them.
 from bot.engine.compaction import FLUSH_ITERATIONS, FLUSH_TIMEOUT, FLUSH_TOOLS
 from bot.engine.history import repair_pairing
 from bot.engine.runloop import RunRequest
