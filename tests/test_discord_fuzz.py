@@ -37,10 +37,10 @@ from bot.testing.discord import (
     user_payload,
 )
 from bot.testing.discord import fake_discord as _fake_discord  # noqa: F401  (the fixture)
+from bot.testing.fuzz import HOSTILE_VALUES, Mutation, Mutator, as_json
 from channels.discord import DiscordChannel
 from tests.conftest import AppFactory
 from tests.test_discord import start
-from tests.test_slack_fuzz import Mutation, as_json, mutate, mutations
 from tests.test_slack_hostile import (
     RoostLog,
     roost_log_fixture,  # noqa: F401  (the fixture)
@@ -51,6 +51,9 @@ ALICE = user_payload(USER_ID, "alice")
 BOT = user_payload(BOT_ID, "testbot", bot=True)
 MEMBER = {"roles": [], "joined_at": TIMESTAMP, "deaf": False, "mute": False, "flags": 0,
           "premium_since": None, "pending": False, "nick": None, "avatar": None}
+
+MUTATOR = Mutator(HOSTILE_VALUES)
+mutations = MUTATOR.strategy(max_node=400)
 
 
 def message(content: str, channel_id: int = CHANNEL_ID, *, guild: bool = True,
@@ -139,7 +142,7 @@ async def test_roost_survives_mutated_gateway_payloads_and_answers_the_next_mess
         event, payload = _fresh(fuzzed, name)
         mutated: Any = payload
         for change in changes:
-            mutated = mutate(mutated, change)
+            mutated = MUTATOR.apply(mutated, change)
         await fake.dispatch_raw(event, as_json(mutated))
 
     # An ordinary DM in a conversation of its own must be answered.

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bot.testing.app import scripted
+from bot.testing.fuzz import HOSTILE_VALUES, Mutation, Mutator, as_json
 from bot.testing.slack import ALICE, BOB, BOT_USER_ID, CHANNEL, DM_CHANNEL, TEAM_ID, FakeSlack
 from bot.testing.slack import fake_slack as _fake_slack  # noqa: F401  (the fixture)
 from channels.slack import SlackChannel
@@ -37,82 +37,9 @@ from tests.test_slack_hostile import (
     roost_log_fixture,  # noqa: F401  (the fixture)
 )
 
-# -- mutations (shared with the Discord fuzz test) ------------------------------------------
-
-DEEP = "\x01roost-deep\x01"
-"""Stands for a value nested 100,000 levels deep (spliced into the JSON text)."""
-NESTING = 100_000
-MEGABYTE = "A" * 2**20
-VALUES: list[Any] = [
-    None, True, False, 0, -1, 1.5, -(2**63), 2**64, 2**64 + 1, -(10**40), 10**300,
-    "", "x", "\x00", "nul\x00in\x00between", "\ud83d", "lone \udc00 low", MEGABYTE,
-    "9" * 40, "-5", "1.5", "😀" * 10_000, [], [1, "a", None], {}, {"id": "1"},
-    {"a": {"b": {"c": []}}}, DEEP, [DEEP], {"type": DEEP},
-]
-OPERATIONS = ("replace", "delete", "add", "wrap")
-
-
-@dataclass(frozen=True)
-class Mutation:
-    node: int
-    """Which node (modulo the number of nodes; 0 is the whole payload)."""
-    operation: str
-    value: int
-    """Index into :data:`VALUES`."""
-
-
-mutations = st.builds(Mutation, st.integers(0, 400), st.sampled_from(OPERATIONS),
-                      st.integers(0, len(VALUES) - 1))
-
-
-def nodes(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
-    """Every path into ``value``, the root first."""
-    yield path
-    if isinstance(value, dict):
-        for key in value:
-            yield from nodes(value[key], (*path, key))
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            yield from nodes(item, (*path, index))
-
-
-def mutate(payload: Any, mutation: Mutation) -> Any:
-    """``payload`` with one mutation applied (the payload itself may be replaced)."""
-    paths = list(nodes(payload))
-    path = paths[mutation.node % len(paths)]
-    value = copy.deepcopy(VALUES[mutation.value])
-    unknown = f"unknown_field_{mutation.value}"
-    if not path:
-        if mutation.operation == "add" and isinstance(payload, dict):
-            payload[unknown] = value
-            return payload
-        if mutation.operation == "wrap":
-            return [payload]
-        return value
-    parent = payload
-    for step in path[:-1]:
-        parent = parent[step]
-    last = path[-1]
-    if mutation.operation == "delete":
-        del parent[last]
-    elif mutation.operation == "replace":
-        parent[last] = value
-    elif mutation.operation == "wrap":
-        parent[last] = {"value": parent[last]} if mutation.value % 2 else [parent[last]]
-    elif isinstance(parent[last], dict):
-        parent[last][unknown] = value
-    elif isinstance(parent[last], list):
-        parent[last].append(value)
-    elif isinstance(parent, dict):
-        parent[unknown] = value
-    else:
-        parent.append(value)
-    return payload
-
-
-def as_json(payload: Any) -> str:
-    """JSON text as a platform sends it: ASCII, lone surrogates as ``\\ud83d`` escapes."""
-    return json.dumps(payload).replace(json.dumps(DEEP), "[" * NESTING + "]" * NESTING)
+MUTATOR = Mutator(HOSTILE_VALUES)
+"""The mutations (shared with the Discord fuzz test)."""
+mutations = MUTATOR.strategy(max_node=400)
 
 
 def as_form(fields: dict[str, Any]) -> str:
@@ -270,7 +197,7 @@ async def test_roost_survives_mutated_slack_payloads_and_answers_the_next_messag
         kind, payload = _fresh(fuzzed, name)
         mutated: Any = payload
         for change in changes:
-            mutated = mutate(mutated, change)
+            mutated = MUTATOR.apply(mutated, change)
         await _deliver(fuzzed, kind, mutated)
 
     # An ordinary DM in a conversation of its own must be answered.

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from bot.testing.app import scripted
+from bot.testing.fuzz import DEEP, HUGE, MEGABYTE, Mutation, Mutator, as_json
 from bot.testing.telegram import ALICE, FakeTelegram, user
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
 from channels.ratelimit import Limits
@@ -118,92 +118,21 @@ CORPUS: dict[str, dict[str, Any]] = {
     "new members": {"message": message(GROUP, new_chat_members=[user(500, "Newcomer")])},
 }
 
-DEEP = "\x01roost-deep\x01"
-"""Stands for a value nested 100,000 levels deep (spliced into the JSON text)."""
-NESTING = 100_000
-HUGE = "\x01roost-huge\x01"
-"""Stands for a number of 5,000 digits, more than Python's int() converts."""
-MEGABYTE = "A" * 2**20
-VALUES: list[Any] = [
+MUTATOR = Mutator([  # hostile values, Telegram's command and mention syntax among them
     None, True, False, 0, -1, 1.5, float("inf"), -(2**63), 2**63, 2**64 + 1, -(2**100),
     10**300, "", "x", "\x00", "a\x00b\x00", "\ud83d", "\udc00x\ud83d", MEGABYTE,
     "😀" * 100_000, "@test_bot", "/start", "/help@test_bot", "private", "supergroup",
     "channel", "mention", [], [1, "a", None], {}, {"id": 1}, {"a": {"b": {"c": []}}},
     DEEP, [DEEP], {"id": DEEP}, HUGE,
-]
-OPERATIONS = ("delete", "replace", "add", "wrap")
+])
 
-
-@dataclass(frozen=True)
-class Mutation:
-    path: int
-    """Which node (modulo the number of nodes, the whole update included)."""
-    operation: str
-    value: int
-
-
-def nodes(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
-    """Every path into ``value`` (the root first)."""
-    yield path
-    if isinstance(value, dict):
-        for key in value:
-            yield from nodes(value[key], (*path, key))
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            yield from nodes(item, (*path, index))
-
-
-def mutate(update: Any, mutation: Mutation) -> Any:
-    """``update`` with one mutation applied (the update itself may be replaced)."""
-    paths = list(nodes(update))
-    path = paths[mutation.path % len(paths)]
-    value = copy.deepcopy(VALUES[mutation.value])
-    if not path:
-        if mutation.operation == "add" and isinstance(update, dict):
-            update[f"unexpected_{mutation.value}"] = value
-            return update
-        return [update] if mutation.operation == "wrap" else value
-    parent = update
-    for step in path[:-1]:
-        parent = parent[step]
-    last = path[-1]
-    if mutation.operation == "delete":
-        del parent[last]
-    elif mutation.operation == "replace":
-        parent[last] = value
-    elif mutation.operation == "wrap":
-        parent[last] = {"value": parent[last]} if mutation.value % 2 else [parent[last]]
-    elif isinstance(parent[last], dict):
-        parent[last][f"unexpected_{mutation.value}"] = value
-    elif isinstance(parent[last], list):
-        parent[last].append(value)
-    elif isinstance(parent, dict):
-        parent[f"unexpected_{mutation.value}"] = value
-    else:
-        parent.append(value)
-    return update
-
-
-def as_json(update: Any) -> str:
-    """The JSON text Telegram would send: ASCII, lone surrogates as ``\\ud83d`` escapes."""
-    text = json.dumps(update)
-    nested = "[" * NESTING + "]" * NESTING
-    return text.replace(json.dumps(DEEP), nested).replace(json.dumps(HUGE), "9" * 5000)
-
-
-mutations = st.builds(Mutation, st.integers(0, 500), st.sampled_from(OPERATIONS),
-                      st.sampled_from(range(len(VALUES))))
+mutations = MUTATOR.strategy(max_node=500)
 bad_updates = st.tuples(st.sampled_from(sorted(CORPUS)), st.lists(mutations, max_size=3))
-
-
-def at(name: str, *path: str | int) -> int:
-    """The index of ``path`` among the nodes of corpus update ``name`` (for explicit examples)."""
-    return list(nodes({**CORPUS[name], "update_id": 0})).index(path)
 
 
 def set_to(name: str, value: Any, *path: str | int) -> tuple[str, list[Mutation]]:
     """Corpus update ``name`` with the node at ``path`` replaced by ``value``."""
-    return name, [Mutation(at(name, *path), "replace", VALUES.index(value))]
+    return name, [MUTATOR.replacing({**CORPUS[name], "update_id": 0}, value, *path)]
 
 
 WHOLE_CORPUS: list[tuple[str, list[Mutation]]] = [(name, []) for name in CORPUS]
@@ -252,7 +181,7 @@ async def test_roost_survives_mutated_updates_and_answers_the_next_message(
             if isinstance(value, dict) and "message_id" in value:
                 value["message_id"] = update["update_id"]
         for change in changes:
-            update = mutate(update, change)
+            update = MUTATOR.apply(update, change)
         update_id = update.get("update_id") if isinstance(update, dict) else None
         if not isinstance(update_id, int) or isinstance(update_id, bool) \
                 or not 0 < update_id <= MAX_UPDATE_ID:
