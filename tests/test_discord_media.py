@@ -155,7 +155,9 @@ async def test_a_file_over_the_limit_is_refused_without_reading_it_whole(
 
 
 @pytest.mark.parametrize(("fault", "reason"), [
-    ("expired", "no longer serves"), (500, "HTTP 500"), ("reset", "could not download"),
+    ("expired", "Discord no longer serves note.txt (HTTP 404"),
+    (500, "downloading note.txt from Discord failed (HTTP 500)"),
+    ("reset", "downloading note.txt from Discord failed (ServerDisconnectedError"),
 ])
 async def test_a_download_that_fails_is_one_media_error_and_the_text_stays(
     fake_discord: FakeDiscord, start: Start, fault: object, reason: str,
@@ -168,13 +170,25 @@ async def test_a_download_that_fails_is_one_media_error_and_the_text_stays(
     if fault == "expired":
         fake_discord.expire(attachment["url"])
     else:
-        # aiohttp tries an idempotent GET a second time after a reset by itself.
-        fake_discord.fail_cdn(fault, count=2)  # type: ignore[arg-type]
+        # Past every retry (aiohttp itself tries a GET again after some resets).
+        fake_discord.fail_cdn(fault, count=20)  # type: ignore[arg-type]
     with pytest.raises(MediaError) as failed:
         await channel.download(message.attachments[0], MB)
     assert reason in str(failed.value) and "\n" not in str(failed.value)
     assert not isinstance(failed.value, MediaTooLarge)
     assert message.text == "read this"
+
+
+async def test_a_download_failing_once_is_retried(
+    fake_discord: FakeDiscord, start: Start,
+) -> None:
+    channel, inbox = await start()
+    await fake_discord.dm("read this", attachments=[fake_discord.attachment(
+        b"data", "note.txt", "text/plain", channel_id=DM_CHANNEL_ID)])
+    [message] = await inbox.wait_for(1)
+    fake_discord.fail_cdn(503)
+    assert await channel.download(message.attachments[0], MB) == b"data"
+    assert [status for _, _, status in fake_discord.cdn_requests] == [503, 200]
 
 
 async def test_an_attachment_without_a_link_is_a_media_error(

@@ -169,16 +169,27 @@ async def test_a_download_that_fails_is_one_media_error(
     channel, _ = await start()
     shared = fake_slack.file(b"data", "x.txt", "text/plain")
     attachment = Attachment(kind="document", name="x.txt", url=shared["url_private"])
-    fake_slack.fail("url_private", 500)
-    with pytest.raises(MediaError, match="HTTP 500"):
-        await channel.download(attachment, MB)
-    fake_slack.inject("reset_before", "url_private", times=2)
-    with pytest.raises(MediaError, match=r"could not download x\.txt from Slack"):
+    fake_slack.fail("url_private", 500, times=3)  # every try of the policy
+    with pytest.raises(MediaError, match=r"downloading x\.txt from Slack failed \(HTTP 500\)"):
         await channel.download(attachment, MB)
     gone = Attachment(kind="document", name="y.txt",
                       url=shared["url_private"].replace(shared["id"], "F0NOPE"))
     with pytest.raises(MediaError, match=r"no longer has y\.txt"):
         await channel.download(gone, MB)
+    fake_slack.inject("reset_before", "url_private", times=20)
+    with pytest.raises(MediaError, match=r"from Slack failed \(ServerDisconnected"):
+        await channel.download(attachment, MB)
+
+
+async def test_a_download_failing_once_is_retried(
+    fake_slack: FakeSlack, start: Start,
+) -> None:
+    channel, _ = await start()
+    shared = fake_slack.file(b"data", "x.txt", "text/plain")
+    fake_slack.fail("url_private", 503)
+    assert await channel.download(Attachment(kind="document", name="x.txt",
+                                             url=shared["url_private"]), MB) == b"data"
+    assert [status for _, _, status in fake_slack.file_requests] == [503, 200]
 
 
 @pytest.mark.parametrize("url", [

@@ -26,8 +26,7 @@ from bot.contracts.media import MediaError, MediaTooLarge
 from bot.contracts.messages import Attachment, OutboundFile, clean_text
 from channels.discord.base import _DiscordBase
 from channels.discord.common import _NO_PINGS, _escape, _fit, _nonce, log
-from channels.fetching import read_capped
-from channels.logline import short as _short
+from channels.fetching import fetch_capped
 
 DOWNLOAD_TIMEOUT = 120.0
 """Seconds one CDN download may take, connecting included."""
@@ -48,7 +47,8 @@ class _Media(_DiscordBase):
 
         Raises :class:`MediaTooLarge` past ``limit`` (declared or read) and
         :class:`MediaError` with a one-line reason for anything else (an
-        expired or deleted link, a CDN error, a dropped connection).
+        expired or deleted link; a CDN error or a dropped connection that
+        lasted through the retries of the ``delivery`` policy).
         """
         name = attachment.name or "the file"
         url = attachment.url
@@ -58,20 +58,17 @@ class _Media(_DiscordBase):
         if session is None or session.closed:
             session = self._media_session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=DOWNLOAD_TIMEOUT))
-        try:
-            async with session.get(url) as response:
-                if response.status in (403, 404, 410):
-                    raise MediaError(f"Discord no longer serves {name} (HTTP "
-                                     f"{response.status}: the link expired or the file was "
-                                     "deleted)")
-                if response.status != 200:
-                    raise MediaError(f"Discord's CDN answered HTTP {response.status} for {name}")
-                return await read_capped(response, limit)
-        except MediaError:
-            raise
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise MediaError(f"could not download {name} from Discord "
-                             f"({type(exc).__name__}: {_short(exc, 120)})") from exc
+
+        def check(response: aiohttp.ClientResponse) -> None:
+            if response.status in (403, 404, 410):
+                raise MediaError(f"Discord no longer serves {name} (HTTP {response.status}: "
+                                 "the link expired or the file was deleted)")
+            if response.status != 200:
+                raise MediaError(f"Discord's CDN answered HTTP {response.status} for {name}")
+
+        # No token: the CDN wants none. 5xx, 429 and dropped connections are retried.
+        return await fetch_capped(session, url, limit, check=check, policy=self.delivery,
+                                  what=f"downloading {name} from Discord")
 
     async def _close_media(self) -> None:
         if self._media_session is not None:

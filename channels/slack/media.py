@@ -28,7 +28,7 @@ from slack_sdk.errors import SlackApiError, SlackRequestError
 
 from bot.contracts.media import MediaError, MediaTooLarge
 from bot.contracts.messages import Attachment, OutboundFile, clean_text
-from channels.fetching import read_capped
+from channels.fetching import fetch_capped
 from channels.logline import short as _short
 from channels.slack.base import _SlackBase
 from channels.slack.common import _error_code, log
@@ -55,8 +55,8 @@ class _Media(_SlackBase):
         Raises :class:`MediaTooLarge` past ``limit`` (declared or read) and
         :class:`MediaError` with a one-line reason for anything else: a link
         that is not Slack's, a missing ``files:read`` scope (401, 403, or the
-        redirect to the login page Slack answers with), a file gone, a
-        connection failure.
+        redirect to the login page Slack answers with), a file gone, a 5xx or
+        a connection failure that lasted through the retries of ``policy``.
         """
         name = attachment.name or "the file"
         url = attachment.url
@@ -68,28 +68,26 @@ class _Media(_SlackBase):
         if session is None or session.closed:
             session = self._media_session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=DOWNLOAD_TIMEOUT))
-        headers = {"Authorization": f"Bearer {self._api().token}"}
-        try:
-            # No redirects: Slack redirects a request it will not authorize to
-            # its login page, and the token must not follow a redirect anywhere.
-            async with session.get(url, headers=headers, allow_redirects=False) as response:
-                if response.status in (301, 302, 303, 307, 308, 401, 403):
-                    raise MediaError(f"Slack did not hand over {name}: {_SCOPE_HINT}")
-                if response.status in (404, 410):
-                    raise MediaError(f"Slack no longer has {name} (HTTP {response.status})")
-                if response.status != 200:
-                    raise MediaError(f"Slack answered HTTP {response.status} for {name}")
-                if (response.content_type == "text/html"
-                        and not attachment.mime_type.startswith("text/html")):
-                    # The login page served in place of the file (a token without
-                    # the scope, behind some proxies without the redirect).
-                    raise MediaError(f"Slack sent a web page instead of {name}: {_SCOPE_HINT}")
-                return await read_capped(response, limit)
-        except MediaError:
-            raise
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise MediaError(f"could not download {name} from Slack "
-                             f"({type(exc).__name__}: {_short(exc, 120)})") from exc
+
+        def check(response: aiohttp.ClientResponse) -> None:
+            if response.status in (301, 302, 303, 307, 308, 401, 403):
+                raise MediaError(f"Slack did not hand over {name}: {_SCOPE_HINT}")
+            if response.status in (404, 410):
+                raise MediaError(f"Slack no longer has {name} (HTTP {response.status})")
+            if response.status != 200:
+                raise MediaError(f"Slack answered HTTP {response.status} for {name}")
+            if (response.content_type == "text/html"
+                    and not attachment.mime_type.startswith("text/html")):
+                # The login page served in place of the file (a token without
+                # the scope, behind some proxies without the redirect).
+                raise MediaError(f"Slack sent a web page instead of {name}: {_SCOPE_HINT}")
+
+        # No redirects: Slack redirects a request it will not authorize to its
+        # login page, and the token must not follow a redirect anywhere.
+        return await fetch_capped(
+            session, url, limit, check=check, policy=self.policy, allow_redirects=False,
+            headers={"Authorization": f"Bearer {self._api().token}"},
+            what=f"downloading {name} from Slack")
 
     def _slack_url(self, url: str) -> bool:
         """Whether ``url`` is Slack's (or the configured API host's): the token may go there."""
