@@ -159,6 +159,28 @@ async def test_a_voice_note_arrives_with_its_duration_and_downloads(
     assert await channel.download(voice, 20 * MB) == data
 
 
+async def test_a_photo_in_a_group_is_for_the_bot_when_its_caption_mentions_it(
+        start_tg: StartTg, fake_telegram: FakeTelegram) -> None:
+    handle = f"@{fake_telegram.username}"
+    update = fake_telegram.media_message(
+        {"photo": fake_telegram.photo_sizes(image(100, 80))}, caption=f"{handle} what is it?",
+        group=True, entities=[{"type": "mention", "offset": 0, "length": len(handle)}])
+    _, message = await received(start_tg, fake_telegram, update)
+    assert message.mentioned and message.text == "what is it?"
+    assert [a.kind for a in message.attachments] == ["photo"]
+
+
+async def test_a_hostile_file_name_is_cut_to_255_characters_keeping_its_extension(
+        start_tg: StartTg, fake_telegram: FakeTelegram) -> None:
+    update = fake_telegram.document(b"x", "\ud83d" + "a/b\x00" * 200_000 + ".pdf",
+                                    "application/pdf\n" + "x" * 10_000)
+    _, message = await received(start_tg, fake_telegram, update)
+    [document] = message.attachments
+    assert len(document.name) <= 255 and document.name.endswith(".pdf")
+    assert "\x00" not in document.name and document.name.startswith("\ufffd")
+    assert len(document.mime_type) <= 128 and "\n" not in document.mime_type
+
+
 async def test_a_file_declared_over_the_limit_is_refused_without_fetching_it(
         start_tg: StartTg, fake_telegram: FakeTelegram) -> None:
     update = fake_telegram.document(bytes(3000), "big.bin")
@@ -330,6 +352,20 @@ async def test_text_goes_first_and_threads_the_reply_then_the_files_follow(
     assert [u.name for u in fake_telegram.uploads] == ["a.txt", "b.txt"]
     assert all("reply_parameters" not in d.params for d in documents)
     assert last == str(fake_telegram.uploads[-1].message_id)
+
+
+async def test_a_draft_becomes_the_text_and_the_file_follows_it(
+        start_tg: StartTg, fake_telegram: FakeTelegram, tmp_path: Path) -> None:
+    channel = await start_tg(Inbox())
+    draft = await channel.send(OutboundMessage(channel="telegram", chat_id=str(ALICE["id"]),
+                                               text="Drawing the chart..."))
+    message = dataclasses.replace(outbound(tmp_path, "chart.png", image(200, 100, "PNG")),
+                                  text="Here is the chart.", replace=draft)
+    last = await channel.send(message)
+    assert fake_telegram.visible(ALICE["id"]) == ["Here is the chart.", ""]
+    [edit] = fake_telegram.sent("editMessageText")
+    assert str(edit.params["message_id"]) == draft
+    assert last == str(fake_telegram.uploads[0].message_id)
 
 
 async def test_a_caption_longer_than_telegram_takes_follows_the_file_as_text(
