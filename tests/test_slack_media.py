@@ -125,9 +125,31 @@ async def test_file_objects_of_the_wrong_shape_cost_nothing_but_themselves(
         {**good, "size": "3", "original_w": -5, "name": ["x"]}, good]))
     [message] = await inbox.wait_for(1)
     hidden, odd, plain = message.attachments
-    assert (hidden.kind, hidden.url, hidden.size) == ("file", "", 0)
+    assert (hidden.kind, hidden.url, hidden.size) == ("file", "slack-file:F1", 0)
     assert (odd.size, odd.width) == (0, 0) and odd.name.startswith("document-")
     assert (plain.name, plain.size, plain.kind) == ("a.txt", 3, "document")
+
+
+async def test_a_minimal_file_object_is_fetched_through_files_info(
+    fake_slack: FakeSlack, start: Start,
+) -> None:
+    channel, inbox = await start()
+    full = fake_slack.file(JPEG, "shared.jpg", "image/jpeg")
+    minimal = {"id": full["id"], "file_access": "check_file_info", "created": full["created"],
+               "user": "U0GUEST"}  # as Slack Connect sends it
+    await fake_slack.post_event(fake_slack.direct_message("from the other org",
+                                                          subtype="file_share", files=[minimal]))
+    [message] = await inbox.wait_for(1)
+    [received] = message.attachments
+    assert received.url == f"slack-file:{full['id']}"
+    assert await channel.download(received, MB) == JPEG
+    [info] = fake_slack.sent("files.info")
+    assert info.params["file"] == full["id"] and info.token == BOT_TOKEN
+    with pytest.raises(MediaError, match="file_not_found"):
+        await channel.download(Attachment(kind="file", name="x", url="slack-file:F0NONE"), MB)
+    fake_slack.scopes.discard("files:read")
+    with pytest.raises(MediaError, match="lacks the files:read scope"):
+        await channel.download(received, MB)
 
 
 async def test_a_file_over_the_limit_is_refused_without_reading_it_whole(

@@ -23,7 +23,7 @@ It plays both sides of Slack:
   ``Authorization: Bearer <bot token>`` with the ``files:read`` scope (see
   :attr:`FakeSlack.scopes`), and answer anything else as Slack does: a 302
   to the login page (an HTML 200), or 403 with ``denial="403"``. Uploads
-  work as on Slack: ``files.getUploadURLExternal`` (needs ``files:write``)
+  work as on Slack (``files.info`` too): ``files.getUploadURLExternal`` (needs ``files:write``)
   hands out an upload URL, a POST of the bytes there, then
   ``files.completeUploadExternal`` shares the files into a channel or thread
   (recorded in :attr:`FakeSlack.shared`); every file is downloadable after.
@@ -989,6 +989,16 @@ class FakeSlack:
                                  "<h1>Sign in to Fake Team</h1></body></html>",
                             content_type="text/html")
 
+    def _file_info(self, params: dict[str, Any]) -> dict[str, Any]:
+        if "files:read" not in self.scopes:
+            return {"ok": False, "error": "missing_scope", "needed": "files:read",
+                    "provided": ",".join(sorted(self.scopes))}
+        file = self.files.get(str(params.get("file") or ""))
+        if file is None or file.data is None:
+            return {"ok": False, "error": "file_not_found"}
+        return {"ok": True, "file": self._file_object(file, user=ALICE), "comments": [],
+                "response_metadata": {"next_cursor": ""}}
+
     def _get_upload_url(self, params: dict[str, Any]) -> dict[str, Any]:
         if "files:write" not in self.scopes:
             return {"ok": False, "error": "missing_scope", "needed": "files:write",
@@ -1091,6 +1101,7 @@ _METHODS: dict[str, Callable[[FakeSlack, dict[str, Any]], dict[str, Any]]] = {
     "conversations.info": FakeSlack._conversation_info,
     "conversations.history": FakeSlack._history,
     "conversations.replies": FakeSlack._replies,
+    "files.info": FakeSlack._file_info,
     "files.getUploadURLExternal": FakeSlack._get_upload_url,
     "files.completeUploadExternal": FakeSlack._complete_upload,
 }

@@ -1,7 +1,9 @@
 """Files: ``files`` on messages in (and their bytes with the bot token) and uploads out.
 
 Inbound, each file object of a message event becomes an :class:`Attachment`
-whose ``url`` is its ``url_private_download`` (else ``url_private``).
+whose ``url`` is its ``url_private_download`` (else ``url_private``; for a
+minimal object without either, as Slack Connect sends with ``file_access:
+check_file_info``, ``slack-file:<id>``, and the link comes from ``files.info``).
 :meth:`_Media.download` GETs it with ``Authorization: Bearer <bot token>``,
 which needs the ``files:read`` scope. The token goes only to Slack's own hosts
 (``slack.com`` and its subdomains, over https) or to the host of
@@ -21,6 +23,7 @@ lost answer would share the file twice.
 from __future__ import annotations
 
 import os
+import re
 import urllib.parse
 
 import aiohttp
@@ -39,6 +42,10 @@ MAX_UPLOAD = 1024 * 1024 * 1024
 """Slack's limit on one uploaded file (1 GB)."""
 DOWNLOAD_TIMEOUT = 120.0
 """Seconds one download may take, connecting included."""
+FILE_INFO = "slack-file:"
+"""The ``url`` of an attachment whose event carried no link (Slack Connect's
+``file_access: check_file_info``): :meth:`_Media.download` asks ``files.info`` first."""
+_FILE_ID = re.compile(r"F[A-Z0-9]{1,63}")
 _SCOPE_HINT = ("Roost lacks the files:read scope (add it to the Slack app and reinstall "
                "it)")
 _MB = 1024 * 1024
@@ -60,6 +67,8 @@ class _Media(_SlackBase):
         """
         name = attachment.name or "the file"
         url = attachment.url
+        if url.startswith(FILE_INFO):
+            url = await self._file_url(url.removeprefix(FILE_INFO), name)
         if not url:
             raise MediaError(f"Slack gave no download link for {name}")
         if not self._slack_url(url):
@@ -88,6 +97,24 @@ class _Media(_SlackBase):
             session, url, limit, check=check, policy=self.policy, allow_redirects=False,
             headers={"Authorization": f"Bearer {self._api().token}"},
             what=f"downloading {name} from Slack")
+
+    async def _file_url(self, file_id: str, name: str) -> str:
+        """The download link ``files.info`` gives for a file the event did not describe."""
+        try:
+            response = await self._call("files.info", self._api().files_info, self.policy,
+                                        file=file_id)
+        except SlackApiError as exc:
+            code = _error_code(exc)
+            if code == "missing_scope":
+                raise MediaError(f"Slack did not describe {name}: {_SCOPE_HINT}") from exc
+            raise MediaError(f"Slack did not describe {name}: "
+                             f"{code or 'an unreadable answer'}") from exc
+        except Exception as exc:
+            raise MediaError(f"Slack did not describe {name} ({_short(exc, 120)})") from exc
+        file = response.get("file")
+        if not isinstance(file, dict):
+            return ""
+        return _text(file.get("url_private_download")) or _text(file.get("url_private"))
 
     def _slack_url(self, url: str) -> bool:
         """Whether ``url`` is Slack's (or the configured API host's): the token may go there."""
@@ -179,6 +206,9 @@ def _attachments(event: dict[str, object]) -> tuple[Attachment, ...]:
         else:
             kind = "document" if mime else "file"
         url = _text(item.get("url_private_download")) or _text(item.get("url_private"))
+        file_id = _text(item.get("id"))
+        if not url and _FILE_ID.fullmatch(file_id):
+            url = FILE_INFO + file_id  # a minimal file object: files.info has the link
         name = _text(item.get("name")) or f"{kind}-{ts.replace('.', '-') or 'slack'}"
         duration_ms = _count(item.get("duration_ms"))
         found.append(Attachment(
