@@ -231,6 +231,21 @@ async def test_the_bot_token_goes_to_no_link_but_slacks(
 # -- outbound ----------------------------------------------------------------------------
 
 
+async def test_the_bot_token_is_never_logged_while_files_go_in_and_out(
+    fake_slack: FakeSlack, start: Start, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.DEBUG):
+        channel, _ = await start()
+        shared = fake_slack.file(JPEG, "in.jpg", "image/jpeg")
+        fake_slack.fail("url_private", 502)  # a retry logs what failed
+        attachment = Attachment(kind="photo", name="in.jpg", url=shared["url_private"])
+        assert await channel.download(attachment, MB) == JPEG
+        await channel.send(OutboundMessage(channel="slack", chat_id=DM_CHANNEL, text="out",
+                                           files=(a_file(tmp_path, "out.txt", b"out"),)))
+    assert fake_slack.shared and "retrying" in caplog.text
+    assert BOT_TOKEN not in caplog.text
+
+
 async def test_a_reply_with_a_file_posts_the_text_then_shares_the_file_in_the_thread(
     fake_slack: FakeSlack, start: Start, tmp_path: Path,
 ) -> None:
