@@ -90,6 +90,22 @@ async def test_an_image_with_text_arrives_as_a_photo_and_downloads_byte_for_byte
     assert status == 200 and "Authorization" not in headers
 
 
+async def test_a_file_sent_while_roost_was_away_arrives_with_the_catch_up(
+    fake_discord: FakeDiscord, start: Start,
+) -> None:
+    channel, inbox = await start()
+    data = png(32, 32)
+    missed = fake_discord.message_payload("while you were out", channel_id=DM_CHANNEL_ID,
+                                          guild=False, attachments=[fake_discord.attachment(
+                                              data, "m.png", "image/png",
+                                              channel_id=DM_CHANNEL_ID)])
+    fake_discord.user_messages[int(missed["id"])] = missed  # in the history, never dispatched
+    await channel.catch_up({str(DM_CHANNEL_ID): str(int(missed["id"]) - 1)})
+    [message] = await inbox.wait_for(1)
+    assert message.text == "while you were out"
+    assert await channel.download(message.attachments[0], MB) == data
+
+
 async def test_a_message_with_only_a_file_is_a_message(
     fake_discord: FakeDiscord, start: Start,
 ) -> None:

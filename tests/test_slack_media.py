@@ -90,6 +90,22 @@ async def test_an_image_with_text_arrives_as_a_photo_and_downloads_byte_for_byte
     assert status == 200 and headers["Authorization"] == f"Bearer {BOT_TOKEN}"
 
 
+async def test_over_socket_mode_a_shared_file_arrives_and_downloads_the_same(
+    fake_slack: FakeSlack,
+) -> None:
+    inbox = Inbox()
+    channel = SlackChannel(Settings(**fake_slack.settings(socket_mode=True)), policy=FAST)
+    await channel.start(inbox)
+    try:
+        envelope = await fake_slack.socket_event(fake_slack.direct_message(
+            "look", subtype="file_share", files=[fake_slack.file(JPEG, "a.jpg", "image/jpeg")]))
+        await fake_slack.wait_for_ack(envelope)
+        [message] = inbox.messages
+        assert await channel.download(message.attachments[0], MB) == JPEG
+    finally:
+        await channel.stop()
+
+
 async def test_a_message_with_only_a_file_is_a_message(
     fake_slack: FakeSlack, start: Start,
 ) -> None:
