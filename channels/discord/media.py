@@ -16,6 +16,7 @@ is posted, and so is one Discord itself refuses as too large (HTTP 413, code
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 
@@ -175,7 +176,9 @@ def _count(value: object) -> int:
 
 
 def _number(value: object) -> float:
-    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+    # Stored as JSON in the inbox: no NaN or infinity.
+    if (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value) and value >= 0):
         return float(value)
     return 0.0
 
