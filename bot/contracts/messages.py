@@ -82,16 +82,20 @@ class InboundMessage:
         return self.sender_name or self.sender_id
 
     def attachment_note(self) -> str:
-        """One line telling the model what came with the message besides its text."""
-        if not self.attachments:
+        """One line telling the model what came with the message that is not a file.
+
+        Locations, contacts, polls and the like carry no ``url`` (nothing to
+        download); files are fetched and described by the core's media intake.
+        """
+        items = [a for a in self.attachments if not a.url]
+        if not items:
             return ""
         parts = []
-        for a in self.attachments:
+        for a in items:
             detail = ", ".join(x for x in (a.name, a.mime_type,
                                            f"{a.size // 1024} KB" if a.size else "") if x)
             parts.append(f"{a.kind} ({detail})" if detail else a.kind)
-        return (f"[The user sent: {'; '.join(parts)}. You cannot see attachments; say so if "
-                "the request depends on them.]")
+        return f"[The user sent: {'; '.join(parts)}]"
 
 
 _INBOUND_TEXT = ("channel", "chat_id", "sender_id", "text", "sender_name", "message_id",

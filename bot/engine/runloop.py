@@ -25,6 +25,7 @@ from bot.agents.judge import self_correct
 from bot.agents.patterns import PatternLibrary, render
 from bot.agents.router import Agent, AgentResolver, AgentRouter
 from bot.config.settings import Settings
+from bot.contracts.channel import Channel
 from bot.contracts.events import EventType, RunEvent
 from bot.contracts.guard import InputCheck
 from bot.contracts.judge import Judge, Verdict
@@ -45,6 +46,7 @@ from bot.engine.context import build_context, kernel_text
 from bot.engine.exec_summary import ExecutionSummary
 from bot.engine.guard import BLOCK_REFUSAL, WITHHELD, InputGuard, truncate
 from bot.engine.history import PruneSettings, limit_turns, prune, repair_pairing, summary_messages
+from bot.engine.media import drop_images, take_in, vision_for, with_lines
 from bot.engine.snapshot import PluginSnapshot
 from bot.engine.tokens import TokenEstimator
 from bot.observability.tracing import VERBOSE_INPUT_CHARS, RunTrace, Span, SpanExporter, preview
@@ -164,6 +166,8 @@ class RunEngine:
         """Sends a message through its channel at once (the app sets it); tools get it
         as ``ToolContext.send`` to reach their chat (``send_file``)."""
         self.active_runs = 0
+        self.channels: Mapping[str, Channel] = {}
+        """The running channels by name (the app's own dict): runs download files with them."""
         self.workspaces_root = settings.workspaces_dir
         """The default agent's workspaces (others: :func:`bot.agents.router.workspaces_root`)."""
         self.router = AgentRouter(AgentResolver(settings, host, lambda: self.provider,
@@ -316,11 +320,18 @@ class _Run:
             return await self._refuse(BLOCK_REFUSAL)
         text, truncation_note = truncate(msg.text, self.settings.max_message_chars)
         notes = [truncation_note] if truncation_note else []
-        if msg.attachments:
-            # Until media reaches the model, it is at least told what arrived, and
-            # an attachment-only message is a valid turn of its own.
-            note = msg.attachment_note()
-            text = f"{text}\n\n{note}" if text.strip() else note
+        # Files are fetched, stored in the workspace and described to the model, a line
+        # each (bot.engine.media); a message of files alone is a turn of its own.
+        media = await take_in(msg, workspace, engine.channels, engine.host, self.settings) \
+            if msg.attachments else None
+        if media is not None:
+            text = with_lines(text, media)
+            if not media.usable and not msg.text.strip():
+                # Nothing the model could work with: Roost's own notice is the answer.
+                return await self._refuse("\n".join(media.notices), kept=ChatMessage(
+                    "user", text, sender_id=msg.sender_id, sender_name=msg.display_name))
+            for notice in media.notices:
+                await self.emit("activity", phase="media", notice=notice)
         refusals: list[str] = []
 
         def step(check: Any, args: dict[str, Any]) -> bool:
@@ -340,7 +351,8 @@ class _Run:
         if refusals:
             return await self._refuse(refusals[0])
         text = checked["text"]
-        user = ChatMessage("user", text, sender_id=msg.sender_id, sender_name=msg.display_name)
+        user = ChatMessage("user", text, sender_id=msg.sender_id, sender_name=msg.display_name,
+                           parts=tuple(media.parts) if media is not None else ())
         self.buffer.append(user)
 
         # Build messages: ROM (system prompt), Kernel, L2 (summary), L1 (history).
@@ -363,7 +375,7 @@ class _Run:
         current = _for_model(user, group)
         if notes:
             current = ChatMessage("user", current.content + "\n\n" + "\n".join(notes),
-                                  created_at=user.created_at)
+                                  created_at=user.created_at, parts=current.parts)
         context = build_context(
             rom=rom, kernel=kernel, summary="" if req.history is not None else req.session.summary,
             history=self._history(group), current=current, estimator=self.estimator,
@@ -443,6 +455,7 @@ class _Run:
                     model=self.settings.model, system=system,
                     messages=_with_summary(convo, self.exec_summary.render()),
                     tools=specs, max_tokens=self.settings.max_tokens,
+                    vision=vision_for(self.agent, self.settings),
                 )
                 response = await self._call_llm(request)
                 self.usage.add(response.usage)
@@ -549,6 +562,9 @@ class _Run:
         limited = limit_turns(source, self.settings.history_turns)
         window = self.settings.context_window
         estimator = self.estimator
+        # Old images go first, replaced by a line naming the file, before any text is cut.
+        limited = drop_images(limited, lambda ms: estimator.messages(ms) / window,
+                              self.engine.prune.soft_ratio)
         pruned = prune(limited, lambda ms: estimator.messages(ms) / window, self.engine.prune)
         return [_for_model(m, group) for m in repair_pairing(pruned)]
 
@@ -710,12 +726,14 @@ class _Run:
                         is_error=outcome.is_error, result=outcome.content[:500],
                         metrics=self.engine.tool_metrics.get(name).snapshot())
 
-    async def _refuse(self, refusal: str) -> RunResult:
+    async def _refuse(self, refusal: str, kept: ChatMessage | None = None) -> RunResult:
         msg = self.req.message
         # The refused text is not kept: it would reach the model as history
-        # with the sender's next message.
+        # with the sender's next message. ``kept`` is a harmless turn to keep instead
+        # (the lines of files Roost itself refused).
         self.buffer = [
-            ChatMessage("user", WITHHELD, sender_id=msg.sender_id, sender_name=msg.display_name),
+            kept or ChatMessage("user", WITHHELD, sender_id=msg.sender_id,
+                                sender_name=msg.display_name),
             ChatMessage("assistant", refusal),
         ]
         outbox_id = None
@@ -848,4 +866,4 @@ def _for_model(message: ChatMessage, group: bool) -> ChatMessage:
         return message
     who = message.sender_name or message.sender_id
     return ChatMessage("user", f"[{who} (id {message.sender_id})]: {message.content}",
-                       created_at=message.created_at)
+                       created_at=message.created_at, parts=message.parts)

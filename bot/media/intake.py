@@ -93,9 +93,8 @@ def size_text(size: int) -> str:
     if size < MB:
         return f"{size // 1024} KB"
     mb = size / MB
-    if mb >= 10 or mb == int(mb):
-        return f"{mb:.0f} MB"
-    return f"{mb:.1f} MB"
+    text = f"{mb:.0f}" if mb >= 10 else f"{mb:.1f}".removesuffix(".0")
+    return f"{text} MB"
 
 
 def duration_text(seconds: float) -> str:
@@ -185,7 +184,13 @@ async def receive(
     out = Received()
     used = 0
     voice_refused = False
-    for index, attachment in enumerate(message.attachments):
+    note = message.attachment_note()
+    if note:
+        # A location, a contact, a poll: nothing to fetch, described as it came.
+        out.lines.append(note)
+        out.usable += 1
+    files = [a for a in message.attachments if a.url]
+    for index, attachment in enumerate(files):
         shown = attachment.name or f"{attachment.kind or 'file'} {index + 1}"
         if index >= caps.max_files:
             _refuse(out, shown, f"{shown} was not accepted: at most {caps.max_files} "
