@@ -21,6 +21,7 @@ from bot.app.roost import Roost, provider_specs
 from bot.config.settings import Settings
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.providers import ProviderSpec
+from bot.contracts.runtime import Runtime
 from bot.pluginhost.manager import get_plugin_manager
 from bot.testing.app import ChatChannel, scripted_provider
 
@@ -139,11 +140,11 @@ async def test_a_running_app_calls_every_hook(roost_app: Any) -> None:
     assert plugin.called == set(hookspecs())
 
 
-async def test_a_plugin_provider_serves_and_startup_and_shutdown_see_the_app(
+async def test_a_plugin_provider_serves_and_startup_and_shutdown_see_the_runtime(
     tmp_path: Path,
 ) -> None:
     """The hooks no other test names: roost_providers, roost_startup, roost_shutdown."""
-    seen: list[tuple[str, Roost]] = []
+    seen: list[tuple[str, Runtime]] = []
 
     class Mine:
         @hookimpl
@@ -152,11 +153,11 @@ async def test_a_plugin_provider_serves_and_startup_and_shutdown_see_the_app(
                                 lambda s: None)
 
         @hookimpl
-        async def roost_startup(self, app: Roost) -> None:
+        async def roost_startup(self, app: Runtime) -> None:
             seen.append(("startup", app))
 
         @hookimpl
-        def roost_shutdown(self, app: Roost) -> None:
+        def roost_shutdown(self, app: Runtime) -> None:
             seen.append(("shutdown", app))
 
     host = get_plugin_manager(load_entry_points=False)
@@ -164,14 +165,14 @@ async def test_a_plugin_provider_serves_and_startup_and_shutdown_see_the_app(
     app = await Roost.create(Settings(provider="mine", data_dir=tmp_path, merge_window_ms=0),
                              host=host)
     try:
-        assert seen == [("startup", app)]
+        assert seen == [("startup", app.runtime)]
         chat = ChatChannel()
         chat.app = app
         await app.add_channel(chat)
         assert await chat.ask("hello") == ["from mine"]
     finally:
         await app.close()
-    assert seen == [("startup", app), ("shutdown", app)]
+    assert seen == [("startup", app.runtime), ("shutdown", app.runtime)]
 
 
 def test_every_hook_is_named_in_some_test() -> None:
