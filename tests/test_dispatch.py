@@ -55,8 +55,7 @@ async def test_direct_chat_runs_one_at_a_time_and_queues_the_rest(make_app: AppF
     app, channel, _ = await make_app(provider, gate)
     await channel.say("first")
     await asyncio.wait_for(gate.started.wait(), 5)
-    await channel.say("second")
-    await asyncio.sleep(0.05)
+    await channel.say("second")  # queued by the time say() returns
     assert app.dispatcher.running_count("default:test:direct:u1") == 1
     assert app.dispatcher.queue_length("default:test:direct:u1") == 1
     gate.release.set()
@@ -72,7 +71,7 @@ async def test_full_queue_drops_the_oldest_message_with_a_notice(make_app: AppFa
     await asyncio.wait_for(gate.started.wait(), 5)
     for text in ("q1", "q2", "q3"):
         await channel.say(text)
-    await asyncio.sleep(0.05)
+    await channel.wait_for_message(lambda m: m.kind == "notice")
     notices = [m for m in channel.sent if m.kind == "notice"]
     assert len(notices) == 1 and "dropped" in notices[0].text
     assert notices[0].reply_to is None and notices[0].chat_id == "u1"
@@ -87,8 +86,7 @@ async def test_stopall_cancels_every_group_run_and_drops_the_queue(make_app: App
     app, channel, log = await make_app(scripted(BLOCK, loop=True), gate, group_max_concurrent=2)
     for who in ("a", "b", "c"):
         await channel.say(f"hi from {who}", sender=who, group="g")
-    await asyncio.wait_for(gate.started.wait(), 5)
-    await asyncio.sleep(0.05)
+    await gate.wait_entered(2)  # both running runs are inside the tool
     key = "default:test:group:g"
     assert app.dispatcher.running_count(key) == 2
     assert app.dispatcher.queue_length(key) == 1
@@ -141,8 +139,7 @@ async def test_no_merge_once_the_run_has_shown_output(make_app: AppFactory) -> N
     app, channel, log = await make_app(provider, gate, merge_window_ms=60_000)
     await channel.say("one")
     await asyncio.wait_for(gate.started.wait(), 5)
-    await channel.say("two")
-    await asyncio.sleep(0.05)
+    await channel.say("two")  # merged or queued by the time say() returns
     gate.release.set()
     await settle(app)
     assert channel.replies == ["first done", "second done"]
@@ -260,8 +257,7 @@ async def test_scheduled_runs_wait_their_turn_and_report_their_result(
     await channel.say("chat")
     await asyncio.wait_for(gate.started.wait(), 5)
     job = InboundMessage("test", "u1", "direct", "u1", "drink water")
-    done = app.dispatcher.run_scheduled(job, mode="minimal", kind="cron")
-    await asyncio.sleep(0.05)
+    done = app.dispatcher.run_scheduled(job, mode="minimal", kind="cron")  # queued at once
     assert not done.done() and app.dispatcher.queue_length("default:test:direct:u1") == 1
     gate.release.set()
     result = await asyncio.wait_for(done, 5)

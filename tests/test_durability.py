@@ -296,10 +296,7 @@ async def test_a_reply_the_platform_refused_is_sent_after_restart(make_app: AppF
     await crash(app)
 
     app2, channel2 = await restart(make_app, GatedModel())
-    for _ in range(100):
-        if channel2.sent:
-            break
-        await asyncio.sleep(0.01)
+    await channel2.wait_for_message()
     assert channel2.replies == ["hi"]
     await app2.store.writer.close()
     async with app2.store.db.execute("SELECT state, platform_id FROM outbox") as cur:
@@ -318,10 +315,7 @@ async def test_a_reply_refused_once_is_retried_in_the_same_process(
         event_id="e1"))
     model.answer("hi")
     await settle(app)
-    for _ in range(100):
-        if flaky.sent:
-            break
-        await asyncio.sleep(0.01)
+    await flaky.wait_for_message()
     assert flaky.replies == ["hi"]
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -308,11 +307,9 @@ async def test_a_slow_judge_is_cancelled() -> None:
     task = asyncio.create_task(self_correct(Generator("r"), judges, strategy="mean"))
     await entered.wait()
     assert provider.requests  # the slow judge's model call is under way
-    started = time.monotonic()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert time.monotonic() - started < 1.0
     assert task.cancelled()
     assert finished.is_set()  # the sibling judge was cancelled too
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 
+from bot.contracts.events import RunEvent
 from bot.dispatch.dispatcher import HELD_NOTICE
 from bot.resilience.breaker import BreakerPolicy, CircuitBreaker
 from bot.testing.anthropic import FakeAnthropic
@@ -74,12 +75,10 @@ async def test_outage_holds_every_chat_with_one_notice_and_answers_after_recover
 async def held(log: EventRecorder, chats: int) -> None:
     """Wait until ``chats`` runs were told they are held by the breaker."""
 
-    async def poll() -> None:
-        # The event log offers no wait for a count of events.
-        while sum(_held(e.type, e.payload) for e in log.events) < chats:  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
+    def enough(_: RunEvent) -> bool:
+        return sum(_held(e.type, e.payload) for e in log.events) >= chats
 
-    await asyncio.wait_for(poll(), 30)
+    await log.wait_for(enough, limit=30)
 
 
 async def until_probes(breaker: CircuitBreaker, probes: int) -> None:

@@ -3,7 +3,6 @@ tracing, the admin chat commands and the CLI."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import subprocess
 import sys
@@ -310,12 +309,7 @@ async def test_chat_install_is_off_by_default_and_allowlisted(
 
 
 async def wait_for_text(channel: ChatChannel, check: Any, limit: float = 10.0) -> str:
-    for _ in range(int(limit / 0.02)):
-        found = [t for t in channel.replies if check(t)]
-        if found:
-            return found[0]
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"no such message in {channel.replies}")
+    return (await channel.wait_for_message(lambda m: check(m.text), limit)).text
 
 
 async def test_chat_install_runs_in_the_background_and_reports(

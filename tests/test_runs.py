@@ -30,6 +30,8 @@ class GateTools:
         self.barrier = asyncio.Barrier(parties)
         self.release = asyncio.Event()
         self.started = asyncio.Event()
+        self.entered = 0
+        self._entered = asyncio.Condition()
         self.cancelled = 0
         self.order: list[str] = []
 
@@ -37,8 +39,16 @@ class GateTools:
         await asyncio.wait_for(self.barrier.wait(), 5)
         return f"passed {args['tag']}"
 
+    async def wait_entered(self, count: int, limit: float = 5.0) -> None:
+        """Wait until ``count`` calls of ``block`` are (or were) inside it."""
+        async with asyncio.timeout(limit), self._entered:
+            await self._entered.wait_for(lambda: self.entered >= count)
+
     async def _block(self, ctx: ToolContext, args: Mapping[str, Any]) -> str:
         self.started.set()
+        async with self._entered:
+            self.entered += 1
+            self._entered.notify_all()
         try:
             await self.release.wait()
         except asyncio.CancelledError:

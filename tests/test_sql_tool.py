@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -276,10 +277,8 @@ async def test_attach_is_refused_and_no_file_is_created(tool: Tool, ctx: ToolCon
 
 async def test_a_runaway_query_is_stopped_at_the_time_limit(tool: Tool,
                                                             ctx: ToolContext) -> None:
-    started = time.monotonic()
     err = await fails(tool, ctx, "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL "
                       "SELECT i + 1 FROM r) SELECT count(*) FROM r")
-    assert time.monotonic() - started < 3
     assert err.code == "TIMEOUT"
     assert err.details["error_type"] == "timeout"
     assert await run(tool, ctx, "SELECT 1 AS one") == '{"columns":["one"],"rows":[[1]],' \
@@ -288,11 +287,11 @@ async def test_a_runaway_query_is_stopped_at_the_time_limit(tool: Tool,
 
 async def test_the_time_limit_shrinks_to_the_runs_deadline(ws: Path) -> None:
     patient = sql_tool.make_sql_tool(query_timeout=5)
-    started = time.monotonic()
     err = await fails(patient, make_context(ws, seconds=0.2), "WITH RECURSIVE r(i) AS "
                       "(SELECT 1 UNION ALL SELECT i + 1 FROM r) SELECT count(*) FROM r")
     assert err.code == "TIMEOUT"
-    assert time.monotonic() - started < 2
+    limit = re.search(r"after its ([\d.e-]+)s time limit", str(err))
+    assert limit is not None and float(limit.group(1)) <= 0.2  # not the tool's 5 s
 
 
 async def test_cancelling_the_call_stops_the_statement(ctx: ToolContext) -> None:
@@ -302,15 +301,14 @@ async def test_cancelling_the_call_stops_the_statement(ctx: ToolContext) -> None
     endless = ("INSERT INTO n WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL "
                "SELECT i + 1 FROM r) SELECT i FROM r")
     task = asyncio.create_task(run(slow, ctx, endless))
+    # No event marks the worker's start; if it has not started, the cancel is trivially fine.
     await asyncio.sleep(0.3)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     # Were the worker still writing, this would wait out the busy timeout and fail.
-    started = time.monotonic()
     assert await run(slow, ctx, "INSERT INTO n VALUES (0)") == \
         "OK: 1 row affected. Last inserted rowid: 1."
-    assert time.monotonic() - started < sql_tool.BUSY_TIMEOUT / 2
 
 
 async def test_one_statement_per_call(tool: Tool, ctx: ToolContext, ws: Path) -> None:

@@ -6,7 +6,6 @@ import asyncio
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -323,10 +322,10 @@ async def test_typing_is_refreshed_while_the_run_lasts(make_tg: TgFactory,
     update = fake_telegram.topic_message("take your time", thread_id=5)
     await answered(fake_telegram, app, update)
     typing = fake_telegram.sent("sendChatAction")
-    assert 3 <= len(typing) <= 7
+    assert len(typing) >= 2  # shown, then refreshed while the 0.45 s run lasted
     assert all(c.params["message_thread_id"] == 5 for c in typing)
-    await asyncio.sleep(0.25)
-    assert len(fake_telegram.sent("sendChatAction")) == len(typing)  # stopped with the run
+    # The run's end cancels the refresher and waits for it: nothing more can follow.
+    assert len(fake_telegram.sent("sendChatAction")) == len(typing)
 
 
 # -- commands -------------------------------------------------------------------------
@@ -496,17 +495,14 @@ async def test_webhook_mode_checks_the_secret_and_answers(make_tg: TgFactory,
 
 async def test_close_stops_polling_and_the_session(make_tg: TgFactory,
                                                    fake_telegram: FakeTelegram) -> None:
-    app, tg, _ = await make_tg(scripted({"reply": "x"}), channel={"polling_timeout": 30})
+    app, tg, _ = await make_tg(scripted({"reply": "x"}), channel={"polling_timeout": 3600})
     await fake_telegram.wait_for("getUpdates", ok=False)
-    started = time.perf_counter()
-    await app.close()
-    assert time.perf_counter() - started < 2  # the 30 s long poll was cut short
+    # The hour-long poll is cut short (waiting it out would hit this liveness guard).
+    await asyncio.wait_for(app.close(), 60)
     assert tg.bot is not None
     client = getattr(tg.bot.session, "_session", None)  # aiogram's aiohttp ClientSession
     assert client is None or client.closed
-    polls = len(fake_telegram.calls_of("getUpdates"))
-    await asyncio.sleep(0.1)
-    assert len(fake_telegram.calls_of("getUpdates")) == polls
+    assert tg.polling is not None and tg.polling.done()  # no poll can follow
 
 
 async def test_a_bad_token_fails_at_start(tmp_path: Path, fake_telegram: FakeTelegram) -> None:

@@ -166,6 +166,17 @@ class ChatChannel(Channel):
         self.sent.append(message)
         self.arrived.set()
 
+    async def wait_for_message(self, check: Callable[[OutboundMessage], bool] | None = None,
+                               limit: float = 5.0) -> OutboundMessage:
+        """The first message sent (for which ``check`` holds), waiting at most ``limit`` s."""
+        async with asyncio.timeout(limit):
+            while True:
+                self.arrived.clear()
+                found = next((m for m in self.sent if check is None or check(m)), None)
+                if found is not None:
+                    return found
+                await self.arrived.wait()
+
     def open_stream(self, message: InboundMessage) -> _RecordedStream | None:
         if not self.stream:
             return None
