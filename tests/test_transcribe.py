@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import openai
 import pytest
 
 from bot.contracts.media import MediaError, Transcriber
+from bot.testing.media import FileChat
 from bot.testing.transcribe import MAX_FILE, FakeTranscriber
 from plugins import transcribe
 from plugins.transcribe import OpenAITranscriber, TranscribeConfig, upload_name
 from roost import Settings
 from tests.media_samples import ogg_opus
+
+AppFactory = Callable[..., Any]
 
 
 @pytest.fixture
@@ -169,3 +172,43 @@ def test_the_plugin_table_is_validated() -> None:
     assert TranscribeConfig.model_validate({"local_model": "tiny"}).compute_type == "int8"
     with pytest.raises(ValueError, match="local_modle"):
         TranscribeConfig.model_validate({"local_modle": "tiny"})
+
+
+# -- a whole run -----------------------------------------------------------------------
+
+
+async def test_a_voice_note_reaches_the_model_as_its_transcript(
+    roost_app: AppFactory, fake: FakeTranscriber
+) -> None:
+    fake.transcript("remind me to call the dentist")
+    chat = await FileChat.join(await roost_app(
+        [{"reply": "Noted."}], transcribe_base_url=fake.base_url,
+        transcribe_api_key="sk-voice"))
+    voice = chat.add_file("voice-1.ogg", ogg_opus(12), "voice", mime_type="audio/ogg",
+                          duration=12.0)
+
+    await chat.say_with("", voice)
+    await chat.settle()
+
+    assert chat.replies[-1] == "Noted."
+    [upload] = fake.uploads
+    assert upload.filename == "voice-1.ogg"
+    user = chat.requests[-1].messages[-1]
+    assert "[voice 0:12] remind me to call the dentist" in user.content
+    assert user.parts == ()  # the model reads the transcript; the audio stays in inbox/
+
+
+async def test_a_failed_transcription_tells_the_user_and_the_run_goes_on(
+    roost_app: AppFactory, fake: FakeTranscriber
+) -> None:
+    fake.fail(400, "Audio file might be corrupted or unsupported")
+    chat = await FileChat.join(await roost_app(
+        [{"reply": "I could not hear that."}], transcribe_base_url=fake.base_url,
+        transcribe_api_key="sk-voice"))
+    voice = chat.add_file("voice-2.ogg", ogg_opus(2), "voice", mime_type="audio/ogg")
+
+    await chat.say_with("listen", voice)
+    await chat.settle()
+
+    assert any("could not transcribe" in r and "corrupted" in r for r in chat.replies)
+    assert chat.replies[-1] == "I could not hear that."
