@@ -109,6 +109,16 @@ def test_transparency_is_kept_as_png_and_a_format_the_model_cannot_take_is_conve
     assert mime in ("image/png", "image/jpeg")
 
 
+def test_a_palette_png_with_a_transparent_color_keeps_its_transparency() -> None:
+    img = Image.new("P", (3000, 100), 0)
+    img.putpalette([0, 0, 0, 255, 0, 0] + [0] * 762)
+    buf = io.BytesIO()
+    img.save(buf, "PNG", transparency=0)
+    data, mime = prepare_for_model(buf.getvalue())
+    out = Image.open(io.BytesIO(data))
+    assert mime == "image/png" and out.mode == "RGBA" and out.getpixel((0, 0))[3] == 0
+
+
 def test_an_image_larger_than_the_byte_limit_is_made_to_fit() -> None:
     noisy = Image.frombytes("RGB", (1500, 1500), os.urandom(1500 * 1500 * 3))
     buf = io.BytesIO()

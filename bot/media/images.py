@@ -163,16 +163,20 @@ def _reencode(img: Image.Image, mime: str, max_edge: int, max_bytes: int,
         # than decoding 12 megapixels to throw most of them away.
         img.draft("RGB", target)
     icc = img.info.get("icc_profile")
+    transparency = "transparency" in img.info
     orientation = _orientation(img)
-    frame: Image.Image = img.copy() if orientation == 1 else ImageOps.exif_transpose(img)
+    img.load()
+    # No copy: ``img`` is this call's own, and every step below makes a new image anyway.
+    frame: Image.Image = img if orientation == 1 else ImageOps.exif_transpose(img)
     frame.info = {}  # nothing of the original's metadata may ride along
-    alpha = frame.mode in ("RGBA", "LA", "PA") or (frame.mode == "P"
-                                                   and "transparency" in img.info)
+    alpha = frame.mode in ("RGBA", "LA", "PA") or (frame.mode == "P" and transparency)
     if frame.mode not in ("RGB", "L", "RGBA", "LA"):
         frame = frame.convert("RGBA" if alpha else "RGB")
     want = model_size(*frame.size, max_edge=max_edge)
     if want != frame.size:
-        frame = frame.resize(want, Image.Resampling.LANCZOS, reducing_gap=3.0)
+        # Pillow's bilinear filter is antialiased when it shrinks (its support grows with
+        # the factor): for a model's eyes as good as Lanczos, and twice as fast.
+        frame = frame.resize(want, Image.Resampling.BILINEAR, reducing_gap=2.0)
     png_first = "image/png" in formats and (alpha or mime in ("image/png", "image/gif"))
     while True:
         if png_first:
