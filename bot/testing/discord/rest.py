@@ -1,0 +1,299 @@
+"""The REST API under ``/api/v10``: messages, uploads, commands, interactions."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from aiohttp import web
+
+from bot.testing.discord.cdn import _Cdn
+from bot.testing.discord.wire import (
+    API_PREFIX,
+    APP_ID,
+    BOT_ID,
+    CHANNEL_ID,
+    DM_CHANNEL_ID,
+    MAX_FILES,
+    THREAD_ID,
+    TIMESTAMP,
+    USER_ID,
+    FakeMessage,
+    RestCall,
+    UploadedFile,
+    _failure_response,
+    _Interaction,
+    _json,
+    _message,
+    _no_content,
+    _not_found,
+    _path_id,
+    _read_multipart,
+    _reset,
+    _text_channel,
+    _thread,
+    user_payload,
+)
+
+
+class _Rest(_Cdn):
+    """Discord's REST routes the client uses."""
+
+    async def _rest(self, request: web.Request) -> web.Response:
+        self._serving += 1
+        try:
+            return await self._serve(request)
+        finally:
+            self._serving -= 1
+            async with self._changed:
+                self._changed.notify_all()
+
+    async def _serve(self, request: web.Request) -> web.Response:
+        path = request.path[len(API_PREFIX):]
+        body: Any = None
+        files: list[tuple[str, str, bytes]] | None = None
+        if request.content_type == "multipart/form-data":
+            body, files = await _read_multipart(request)
+        elif request.can_read_body:
+            raw = await request.read()
+            if raw:
+                try:
+                    body = json.loads(raw)
+                except ValueError:
+                    body = raw.decode("utf-8", "replace")
+        failure = self._take_failure(request.method, path)
+        kind = failure.kind if failure is not None else ""
+        if failure is not None and kind != "status":
+            self.injected.append((request.method, path, kind))
+        if kind == "stall":
+            # The call takes effect after the stall, even if the client gave up.
+            await asyncio.sleep(failure.stall if failure is not None else 0)
+        if failure is not None and kind not in ("stall", "reset_after"):
+            if kind == "reset_before":
+                await self._record(RestCall(request.method, path, dict(request.query), body,
+                                            dict(request.headers), 0, time.monotonic()))
+                _reset(request)
+                return web.Response(status=500)  # never written: the connection is gone
+            response = _failure_response(failure)
+        elif not self._authorized(path, request.headers.get("Authorization", "")):
+            response = _json({"message": "401: Unauthorized", "code": 0}, status=401)
+        else:
+            try:
+                rejected = None if files is None else self._check_upload(body, files)
+                response = rejected or self._route(request.method, path, request.query, body,
+                                                   files or [])
+            except (KeyError, TypeError, ValueError) as exc:
+                response = _json({"message": f"400: Bad Request ({exc})", "code": 50035},
+                                 status=400)
+        await self._record(RestCall(request.method, path, dict(request.query), body,
+                                    dict(request.headers), response.status, time.monotonic()))
+        if kind == "reset_after":
+            _reset(request)  # it took effect; the answer is lost
+        return response
+
+    async def _record(self, call: RestCall) -> None:
+        async with self._changed:
+            self.calls.append(call)
+            self._changed.notify_all()
+
+    def _authorized(self, path: str, authorization: str) -> bool:
+        # Interaction callbacks and webhooks are authorized by their token in the path.
+        if path.startswith(("/interactions/", "/webhooks/")):
+            return True
+        return authorization == f"Bot {self.token}"
+
+    def _route(self, method: str, path: str, query: Mapping[str, str],
+               body: Any, files: Sequence[tuple[str, str, bytes]] = ()) -> web.Response:
+        if method == "GET" and path == "/users/@me":
+            return _json(user_payload(BOT_ID, "testbot", bot=True))
+        if method == "GET" and path == "/oauth2/applications/@me":
+            return _json(self._application())
+        if m := re.fullmatch(r"/channels/(\d+)/typing", path):
+            return _no_content()
+        if m := re.fullmatch(r"/channels/(\d+)", path):
+            if method != "GET":
+                return _not_found()
+            return self._channel(int(m[1]))
+        if m := re.fullmatch(r"/channels/(\d+)/messages", path):
+            if method == "GET":
+                return _json(self._history(int(m[1]), query))
+            if method != "POST":
+                return _not_found()
+            data = body if isinstance(body, dict) else {}
+            nonce = data.get("nonce")
+            if data.get("enforce_nonce") and nonce is not None and str(nonce) in self._nonces:
+                earlier = self.messages[self._nonces[str(nonce)]]
+                return _json(self._message_payload(earlier))
+            if not str(data.get("content") or "") and not files and not data.get("embeds"):
+                return _json({"message": "Cannot send an empty message", "code": 50006},
+                             status=400)
+            msg = self._create(int(m[1]), body, files=files)
+            if nonce is not None:
+                self._nonces[str(nonce)] = msg.id
+            return _json(self._message_payload(msg))
+        if m := re.fullmatch(r"/channels/(\d+)/messages/(\d+)", path):
+            return self._change(method, int(m[2]), body)
+        if m := re.fullmatch(r"/applications/(\d+)/commands", path):
+            if method != "PUT":
+                return _not_found()
+            self.commands = [dict(c) for c in body]
+            return _json([{**c, "id": str(next(self._ids)), "application_id": str(APP_ID),
+                           "version": "1", "type": c.get("type", 1),
+                           "default_member_permissions": None, "nsfw": False}
+                          for c in self.commands])
+        if m := re.fullmatch(r"/interactions/(\d+)/([^/]+)/callback", path):
+            return self._callback(int(m[1]), m[2], query, body)
+        if m := re.fullmatch(r"/webhooks/(\d+)/([^/]+)/messages/@original", path):
+            return self._original(method, m[2], body)
+        if m := re.fullmatch(r"/webhooks/(\d+)/([^/]+)", path):
+            if method != "POST":
+                return _not_found()
+            interaction = self._by_token(m[2])
+            if interaction is None:
+                return _not_found()
+            msg = self._create(interaction.channel_id, body, interaction_id=interaction.id)
+            if query.get("wait") in ("true", "1", "True"):
+                return _json(self._message_payload(msg))
+            return _no_content()
+        return _not_found()
+
+    def _channel(self, channel_id: int) -> web.Response:
+        if channel_id == CHANNEL_ID:
+            return _json(_text_channel())
+        if channel_id == THREAD_ID:
+            return _json(_thread())
+        if channel_id == DM_CHANNEL_ID:
+            return _json({"id": str(DM_CHANNEL_ID), "type": 1, "last_message_id": None,
+                          "recipients": [user_payload(USER_ID, "alice")]})
+        return _json({"message": "Unknown Channel", "code": 10003}, status=404)
+
+    def _history(self, channel_id: int, query: Mapping[str, str]) -> list[dict[str, Any]]:
+        """A page of a channel's messages, as Discord serves it.
+
+        Newest first whatever the direction; ``after`` takes the oldest
+        ``limit`` messages newer than it, ``before`` (or neither) the newest
+        ``limit`` older than it; both bounds are exclusive.
+        """
+        limit = max(1, min(100, int(query.get("limit", "50"))))
+        found = [dict(data) for data in self.user_messages.values()
+                 if int(data["channel_id"]) == channel_id]
+        found += [self._message_payload(m) for m in self.messages.values()
+                  if m.channel_id == channel_id and not m.deleted and m.interaction_id is None]
+        found.sort(key=lambda data: int(data["id"]))
+        if "after" in query:
+            after = int(query["after"])
+            page = [d for d in found if int(d["id"]) > after][:limit]
+        else:
+            before = int(query["before"]) if "before" in query else None
+            older = [d for d in found if before is None or int(d["id"]) < before]
+            page = older[-limit:]
+        return list(reversed(page))
+
+    def _application(self) -> dict[str, Any]:
+        return {"id": str(APP_ID), "name": "testbot", "description": "", "icon": None,
+                "bot_public": True, "bot_require_code_grant": False, "verify_key": "00",
+                "flags": 0, "owner": user_payload(USER_ID, "owner"),
+                "bot": user_payload(BOT_ID, "testbot", bot=True)}
+
+    def _create(self, channel_id: int, body: Any, *, interaction_id: int | None = None,
+                files: Sequence[tuple[str, str, bytes]] = ()) -> FakeMessage:
+        data = body if isinstance(body, dict) else {}
+        msg = FakeMessage(id=next(self._ids), channel_id=channel_id,
+                          content=str(data.get("content") or ""),
+                          reference=data.get("message_reference"),
+                          allowed_mentions=data.get("allowed_mentions"),
+                          interaction_id=interaction_id)
+        for filename, content_type, blob in files:
+            attachment = self.attachment(blob, filename, content_type, channel_id=channel_id)
+            msg.files.append(UploadedFile(filename, content_type, blob, attachment["url"]))
+        self.messages[msg.id] = msg
+        return msg
+
+    def _check_upload(self, body: Any, files: Sequence[tuple[str, str, bytes]],
+                      ) -> web.Response | None:
+        """The API's answer to a multipart body it refuses, or ``None`` if it takes it."""
+        if not isinstance(body, dict):
+            return _json({"message": "Invalid Form Body", "code": 50035, "errors": {
+                "payload_json": {"_errors": [{"code": "DICT_TYPE_CONVERT",
+                                              "message": "Only dictionaries may be used "
+                                                         "in a DictType"}]}}}, status=400)
+        if len(files) > MAX_FILES:
+            return _json({"message": "Invalid Form Body", "code": 50035, "errors": {
+                "files": {"_errors": [{"code": "BASE_TYPE_MAX_LENGTH",
+                                       "message": f"Must be {MAX_FILES} or fewer in "
+                                                  "length."}]}}}, status=400)
+        if sum(len(blob) for _, _, blob in files) > self.upload_limit:
+            return _json({"message": "Request entity too large", "code": 40005}, status=413)
+        return None
+
+    def _change(self, method: str, message_id: int, body: Any) -> web.Response:
+        msg = self.messages.get(message_id)
+        if msg is None or msg.deleted:
+            return _json({"message": "Unknown Message", "code": 10008}, status=404)
+        if method == "DELETE":
+            msg.deleted = True
+            return _no_content()
+        if method == "PATCH":
+            msg.content = str((body or {}).get("content") or "")
+            msg.edits.append(msg.content)
+            return _json(self._message_payload(msg))
+        return _not_found()
+
+    def _callback(self, interaction_id: int, token: str, query: Mapping[str, str],
+                  body: Any) -> web.Response:
+        interaction = self._interactions.get(interaction_id)
+        if interaction is None or interaction.token != token:
+            return _json({"message": "Unknown interaction", "code": 10062}, status=404)
+        kind = int(body.get("type", 0))
+        if kind == 5:
+            interaction.deferred = True
+        elif kind == 4:
+            data = body.get("data") or {}
+            self._create(interaction.channel_id, data, interaction_id=interaction.id)
+        if query.get("with_response") in ("1", "true", "True"):
+            return _json({"interaction": {"id": str(interaction_id), "type": 2,
+                                          "response_message_loading": kind == 5,
+                                          "response_message_ephemeral": False},
+                          "resource": {"type": kind}})
+        return _no_content()
+
+    def _original(self, method: str, token: str, body: Any) -> web.Response:
+        interaction = self._by_token(token)
+        if interaction is None:
+            return _not_found()
+        original = next((m for m in self.messages.values()
+                         if m.interaction_id == interaction.id), None)
+        if method == "PATCH":
+            if original is None:
+                # The deferred "thinking" message becomes the answer on its first edit.
+                original = self._create(interaction.channel_id, {},
+                                        interaction_id=interaction.id)
+            original.content = str((body or {}).get("content") or "")
+            original.edits.append(original.content)
+            original.allowed_mentions = (body or {}).get("allowed_mentions")
+            return _json(self._message_payload(original))
+        if method == "DELETE":
+            if original is not None:
+                original.deleted = True
+            interaction.deferred = False
+            return _no_content()
+        return _not_found()
+
+    def _by_token(self, token: str) -> _Interaction | None:
+        return next((i for i in self._interactions.values() if i.token == token), None)
+
+    def _message_payload(self, msg: FakeMessage) -> dict[str, Any]:
+        data = _message(msg.id, msg.channel_id, msg.content,
+                        user_payload(BOT_ID, "testbot", bot=True),
+                        guild_id=None)
+        data["attachments"] = [
+            {"id": _path_id(f.url), "filename": f.filename, "size": len(f.data),
+             "url": f.url, "proxy_url": f.url, "content_type": f.content_type}
+            for f in msg.files]
+        if msg.edits:
+            data["edited_timestamp"] = TIMESTAMP
+        return data
