@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import json
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 from bot.agents.judge import self_correct
 from bot.agents.patterns import PatternLibrary, render
@@ -31,7 +28,7 @@ from bot.contracts.guard import InputCheck
 from bot.contracts.judge import Judge, Verdict
 from bot.contracts.llm import ChatMessage, LLMProvider, LLMRequest, LLMResponse, ToolCall, Usage
 from bot.contracts.messages import InboundMessage
-from bot.contracts.prompt import Order, PromptContext, PromptMode, PromptSection, assemble
+from bot.contracts.prompt import Order, PromptContext, PromptSection, assemble
 from bot.contracts.sanitize import Sanitizer, run_pipeline
 from bot.contracts.tools import SendFunc, Tool, ToolContext, ToolResult
 from bot.engine.compaction import (
@@ -47,85 +44,38 @@ from bot.engine.exec_summary import ExecutionSummary
 from bot.engine.guard import BLOCK_REFUSAL, WITHHELD, InputGuard, truncate
 from bot.engine.history import PruneSettings, limit_turns, prune, repair_pairing, summary_messages
 from bot.engine.media import drop_images, take_in, vision_for, with_lines
+from bot.engine.requests import (
+    NO_REPLY,
+    FailureHandler,
+    LargeResultHandler,
+    Listener,
+    RunRequest,
+    RunResult,
+    RunStatus,
+)
 from bot.engine.snapshot import PluginSnapshot
 from bot.engine.tokens import TokenEstimator
-from bot.observability.tracing import VERBOSE_INPUT_CHARS, RunTrace, Span, SpanExporter, preview
+from bot.engine.turns import for_model, seeded_files, verbose_input, with_summary, workspace_for
+from bot.observability.tracing import RunTrace, Span, SpanExporter, preview
 from bot.pluginhost.manager import PluginHost
 from bot.storage.db import Statements
-from bot.storage.inbox import RunJournal
 from bot.storage.sessions import RunRecord, Session, SessionStore
 from bot.tools.breakers import Breakers
 from bot.tools.executor import ToolExecutor
 from bot.tools.metrics import ToolMetricsRegistry
 from bot.tools.outcomes import RawError, ToolOutcome, describe_error, turn_timeout_notice
 from bot.tools.structured_errors import extract
-from workspaces import TEMPLATE_NAMES, ensure_workspace, is_seeded, read_cached, workspace_dir
+from workspaces import ensure_workspace, is_seeded, read_cached
 
 log = logging.getLogger("roost.engine.runloop")
 
-NO_REPLY = "NO_REPLY"
+__all__ = [
+    "NO_REPLY", "FailureHandler", "LargeResultHandler", "Listener", "RunEngine", "RunRequest",
+    "RunResult", "RunStatus",
+]
+
 LOOP_REPEATS = 3
 """Identical tool calls in one run before the model is warned it is looping."""
-
-Listener = Callable[[RunEvent], Awaitable[None]]
-FailureHandler = Callable[[ToolCall, RawError, str], Awaitable[str]]
-"""``(call, raw_error, session_key) -> text for the model``."""
-LargeResultHandler = Callable[[str, str, str], Awaitable[str]]
-"""``(session_key, tool_name, content) -> preview with a reference``."""
-RunStatus = Literal["completed", "failed", "cancelled", "refused"]
-
-
-@dataclass(slots=True)
-class RunRequest:
-    """One run to execute. ``message.text`` is the (possibly merged) user text.
-
-    Background runs (memory flush, cron) narrow what the run may do: ``tools``
-    limits the tools offered and executable, ``history`` replaces the session
-    history, ``persist=False`` writes nothing to the session (the trace is
-    still stored), and ``timeout`` replaces ``run_timeout``.
-    """
-
-    message: InboundMessage
-    session: Session
-    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    max_iterations: int | None = None
-    mode: PromptMode = "full"
-    agent: str = "default"
-    tools: Sequence[str] | None = None
-    history: Sequence[ChatMessage] | None = None
-    persist: bool = True
-    timeout: float | None = None
-    kind: str = "chat"
-    extra_context: str = ""
-    """Extra text for the prompt's ``<extra_context>`` section (cron jobs, sub-tasks)."""
-    journal: RunJournal | None = None
-    """Where the run records its tool exchange as it happens; one left by an
-    interrupted earlier run of the same message is replayed first."""
-    plugins: PluginSnapshot | None = None
-    """The plugin state to run with (captured when the message was taken up);
-    ``None``: the engine's current one."""
-    on_commit: Callable[[str | None, bool], Statements] | None = None
-    """``(reply or None, failed) -> statements`` written in the run's own commit
-    (the dispatcher closes the inbox entries and queues the reply there)."""
-
-
-@dataclass(slots=True)
-class RunResult:
-    """How a run ended. ``reply`` is what to deliver (``None`` when silent)."""
-
-    run_id: str
-    status: RunStatus
-    reply: str | None
-    usage: Usage
-    iterations: int = 0
-    error: str = ""
-    outbox_id: int | None = None
-    """The reply's outbox entry, when the run queued one in its commit."""
-
-    @property
-    def silent(self) -> bool:
-        """True when nothing is to be delivered."""
-        return self.reply is None
 
 
 class RunEngine:
@@ -308,10 +258,10 @@ class _Run:
         req, msg, engine = self.req, self.req.message, self.engine
         agent = await self._use_agent()
         # Setup: the workspace is always the sender's, even in a group.
-        workspace = _workspace(agent.workspaces_root, msg.channel, msg.sender_id)
+        workspace = workspace_for(agent.workspaces_root, msg.channel, msg.sender_id)
         if not is_seeded(workspace):
             await asyncio.to_thread(ensure_workspace, workspace, agent.bootstrap_dir,
-                                    _seeded_files(agent))
+                                    seeded_files(agent))
 
         # Input validation: guard, length, then plugin checks.
         verdict = self.plugins.guard.check(msg.text, channel=msg.channel, user=msg.sender_id,
@@ -372,7 +322,7 @@ class _Run:
         # The Kernel goes before the recency reminders; it is counted as its own segment.
         system = assemble([*sections, PromptSection("kernel", kernel, Order.KERNEL)])
         group = msg.chat_type == "group"
-        current = _for_model(user, group)
+        current = for_model(user, group)
         if notes:
             current = ChatMessage("user", current.content + "\n\n" + "\n".join(notes),
                                   created_at=user.created_at, parts=current.parts)
@@ -453,7 +403,7 @@ class _Run:
                 await self.emit("activity", phase="thinking", iteration=self.iterations)
                 request = LLMRequest(
                     model=self.settings.model, system=system,
-                    messages=_with_summary(convo, self.exec_summary.render()),
+                    messages=with_summary(convo, self.exec_summary.render()),
                     tools=specs, max_tokens=self.settings.max_tokens,
                     vision=vision_for(self.agent, self.settings),
                 )
@@ -566,7 +516,7 @@ class _Run:
         limited = drop_images(limited, lambda ms: estimator.messages(ms) / window,
                               self.engine.prune.soft_ratio)
         pruned = prune(limited, lambda ms: estimator.messages(ms) / window, self.engine.prune)
-        return [_for_model(m, group) for m in repair_pairing(pruned)]
+        return [for_model(m, group) for m in repair_pairing(pruned)]
 
     def _loop_warning(self, calls: Sequence[ToolCall]) -> str:
         """A no-progress warning once a call repeats with identical arguments 3 times."""
@@ -635,7 +585,7 @@ class _Run:
         span = self.trace.start("llm", "llm", provider=provider.name,
                                 model=request.model, iteration=self.iterations)
         if self.trace.verbose:
-            span.attributes["input"] = _verbose_input(request)
+            span.attributes["input"] = verbose_input(request)
         try:
             response = await provider.complete(request, on_text=on_text, on_retry=on_retry)
         except BaseException as exc:
@@ -829,41 +779,3 @@ class _TracedJudge:
             raise
         span.end(score=round(verdict.score, 4), reasons=verdict.reasons[:500])
         return verdict
-
-
-def _seeded_files(agent: Agent) -> tuple[str, ...]:
-    """A predefined agent's persona is its own: each user's workspace gets only USER.md."""
-    return ("USER.md",) if agent.type == "predefined" else TEMPLATE_NAMES
-
-
-def _with_summary(convo: list[ChatMessage], block: str) -> tuple[ChatMessage, ...]:
-    """The execution summary on the last tool result, for this request only.
-
-    Kept off the system prompt and earlier messages (prompt caching) and out of
-    the stored history.
-    """
-    if not block or not convo or convo[-1].role != "tool":
-        return tuple(convo)
-    last = convo[-1]
-    return (*convo[:-1], dataclasses.replace(last, content=f"{last.content}\n\n{block}"))
-
-
-@functools.lru_cache(maxsize=4096)
-def _workspace(root: Path, channel: str, user_id: str) -> Path:
-    # Sanitizing and hashing ids is pure; active users hit this every run.
-    return workspace_dir(root, channel, user_id)
-
-
-def _verbose_input(request: LLMRequest) -> str:
-    data = {"system": request.system,
-            "messages": [{"role": m.role, "content": m.content} for m in request.messages]}
-    return json.dumps(data, ensure_ascii=False)[:VERBOSE_INPUT_CHARS]
-
-
-def _for_model(message: ChatMessage, group: bool) -> ChatMessage:
-    """Attribute user messages in groups, where several people share a history."""
-    if not group or message.role != "user" or not message.sender_id:
-        return message
-    who = message.sender_name or message.sender_id
-    return ChatMessage("user", f"[{who} (id {message.sender_id})]: {message.content}",
-                       created_at=message.created_at, parts=message.parts)
