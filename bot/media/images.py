@@ -168,10 +168,11 @@ def _reencode(img: Image.Image, mime: str, max_edge: int, max_bytes: int,
     img.load()
     # No copy: ``img`` is this call's own, and every step below makes a new image anyway.
     frame: Image.Image = img if orientation == 1 else ImageOps.exif_transpose(img)
-    frame.info = {}  # nothing of the original's metadata may ride along
     alpha = frame.mode in ("RGBA", "LA", "PA") or (frame.mode == "P" and transparency)
     if frame.mode not in ("RGB", "L", "RGBA", "LA"):
+        # Before the metadata goes: a palette's transparent colour is part of it.
         frame = frame.convert("RGBA" if alpha else "RGB")
+    frame.info = {}  # nothing of the original's metadata may ride along
     want = model_size(*frame.size, max_edge=max_edge)
     if want != frame.size:
         # Pillow's bilinear filter is antialiased when it shrinks (its support grows with
