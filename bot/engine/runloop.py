@@ -15,7 +15,6 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from bot.agents.judge import self_correct
@@ -25,7 +24,6 @@ from bot.config.settings import Settings
 from bot.contracts.channel import Channel
 from bot.contracts.events import EventType, RunEvent
 from bot.contracts.guard import InputCheck
-from bot.contracts.judge import Judge, Verdict
 from bot.contracts.llm import ChatMessage, LLMProvider, LLMRequest, LLMResponse, ToolCall, Usage
 from bot.contracts.messages import InboundMessage
 from bot.contracts.prompt import Order, PromptContext, PromptSection, assemble
@@ -43,6 +41,8 @@ from bot.engine.context import build_context, kernel_text
 from bot.engine.exec_summary import ExecutionSummary
 from bot.engine.guard import BLOCK_REFUSAL, WITHHELD, InputGuard, truncate
 from bot.engine.history import PruneSettings, limit_turns, prune, repair_pairing, summary_messages
+from bot.engine.judging import TracedJudge
+from bot.engine.llm_call import call_model
 from bot.engine.media import drop_images, take_in, vision_for, with_lines
 from bot.engine.requests import (
     NO_REPLY,
@@ -481,7 +481,8 @@ class _Run:
             latest = (raw, run_pipeline(raw, self.plugins.sanitizers))
             return latest[1]
 
-        judges = [_TracedJudge(j, self, config.strategy, config.threshold)
+        judges = [TracedJudge(j, self.trace, lambda: self.judge_attempt, self.judge_spans,
+                              config.strategy, config.threshold)
                   for j in agent.judges]
         stats = self.engine.router.stats_for(agent.name)
         try:
@@ -563,56 +564,16 @@ class _Run:
         return next((m for m in convo if m.role == "user" and m.created_at == created), None)
 
     async def _call_llm(self, request: LLMRequest) -> LLMResponse:
-        on_text = None
-        pump: asyncio.Task[None] | None = None
-        queue: asyncio.Queue[str | _Retrying | None] = asyncio.Queue()
-        if self.stream and (self.listener is not None or self.observers):
-            # Providers call on_text synchronously from their stream loop; a pump
-            # task forwards fragments so slow observers never stall the stream.
-            on_text = queue.put_nowait
-            pump = asyncio.create_task(self._pump(queue))
-
-        async def on_retry(attempt: int, max_attempts: int, error: str) -> None:
-            retrying = _Retrying(attempt, max_attempts, error)
-            if pump is not None:
-                # Through the same queue as the text: the draft restarts after the
-                # failed attempt's last fragment, never before it.
-                queue.put_nowait(retrying)
-            else:
-                await self._emit_retrying(retrying)
-
-        provider = self.provider
-        span = self.trace.start("llm", "llm", provider=provider.name,
+        streaming = self.stream and (self.listener is not None or bool(self.observers))
+        span = self.trace.start("llm", "llm", provider=self.provider.name,
                                 model=request.model, iteration=self.iterations)
         if self.trace.verbose:
             span.attributes["input"] = verbose_input(request)
-        try:
-            response = await provider.complete(request, on_text=on_text, on_retry=on_retry)
-        except BaseException as exc:
-            span.end(error=True, error_message=describe_error(exc))
-            raise
-        finally:
-            if pump is not None:
-                queue.put_nowait(None)
-                await pump
-        span.end(input_tokens=response.usage.input_tokens,
-                 output_tokens=response.usage.output_tokens,
-                 output_preview=preview(response.text), tool_calls=len(response.tool_calls))
+        response = await call_model(self.provider, request, span, self.emit, streaming=streaming)
         if self.iterations == 1:
             # One sample per run is plenty for a moving average, and it is O(request).
             self.estimator.calibrate(request, response.usage.input_tokens)
         return response
-
-    async def _pump(self, queue: asyncio.Queue[str | _Retrying | None]) -> None:
-        while (item := await queue.get()) is not None:
-            if isinstance(item, _Retrying):
-                await self._emit_retrying(item)
-            else:
-                await self.emit("chunk", content=item)
-
-    async def _emit_retrying(self, retrying: _Retrying) -> None:
-        await self.emit("run.retrying", attempt=retrying.attempt,
-                        maxAttempts=retrying.max_attempts, error=retrying.error)
 
     async def _run_tools(
         self, calls: Sequence[ToolCall], context: ToolContext,
@@ -744,38 +705,3 @@ class _Run:
                  self.req.run_id[:8], status, self.req.session.key, self.iterations,
                  self.usage.input_tokens, self.usage.output_tokens,
                  (time.monotonic() - self.started) * 1000, f" error={error}" if error else "")
-
-
-@dataclass(frozen=True, slots=True)
-class _Retrying:
-    """A provider's ``on_retry`` call, queued behind the text it voids."""
-
-    attempt: int
-    max_attempts: int
-    error: str
-
-
-class _TracedJudge:
-    """A judge whose every verdict becomes a ``judge`` span of the run's trace."""
-
-    def __init__(self, inner: Judge, run: _Run, strategy: str, threshold: float) -> None:
-        self.inner = inner
-        self.run = run
-        self.name = inner.name
-        self.weight = inner.weight
-        self.strategy = strategy
-        self.threshold = threshold
-
-    async def score(self, request_text: str, reply: str,
-                    criteria: str | None = None) -> Verdict:
-        span = self.run.trace.start("judge", self.name, judge=self.name,
-                                    attempt=self.run.judge_attempt, strategy=self.strategy,
-                                    threshold=self.threshold)
-        self.run.judge_spans.append(span)
-        try:
-            verdict = await self.inner.score(request_text, reply, criteria)
-        except BaseException as exc:
-            span.end(error=True, error_message=describe_error(exc))
-            raise
-        span.end(score=round(verdict.score, 4), reasons=verdict.reasons[:500])
-        return verdict
