@@ -24,7 +24,8 @@ from bot.contracts.services import Services
 from bot.contracts.tools import Tool
 from bot.dispatch.dispatcher import Dispatcher, Leftovers
 from bot.engine.guard import InputGuard
-from bot.engine.runloop import FailureHandler, LargeResultHandler, RunEngine
+from bot.engine.run_engine import RunEngine
+from bot.engine.runloop import FailureHandler, LargeResultHandler
 from bot.engine.snapshot import PluginSnapshot
 from bot.observability.otel import OTelExporter
 from bot.pluginhost.manager import ESSENTIAL_PLUGINS, RESTART_HOOKS, PluginHost, get_plugin_manager

@@ -38,7 +38,8 @@ from bot.contracts.runtime import Runtime
 from bot.dispatch.registry import ActiveRun, RunRegistry
 from bot.dispatch.stream import DraftWatch, StreamBridge, draft_id
 from bot.engine.guard import join_messages
-from bot.engine.runloop import RunEngine, RunRequest, RunResult
+from bot.engine.run_engine import RunEngine
+from bot.engine.runloop import RunRequest, RunResult
 from bot.resilience.retry import RetryPolicy
 from bot.storage.inbox import Inbox, InboxEntry, OutboxEntry, RunJournal, grouped
 from bot.storage.sessions import SessionStore, agent_of, session_key

@@ -15,32 +15,25 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bot.agents.judge import self_correct
 from bot.agents.patterns import PatternLibrary, render
-from bot.agents.router import Agent, AgentResolver, AgentRouter
-from bot.config.settings import Settings
-from bot.contracts.channel import Channel
+from bot.agents.router import Agent
 from bot.contracts.events import EventType, RunEvent
 from bot.contracts.guard import InputCheck
-from bot.contracts.llm import ChatMessage, LLMProvider, LLMRequest, LLMResponse, ToolCall, Usage
-from bot.contracts.messages import InboundMessage
+from bot.contracts.llm import ChatMessage, LLMRequest, LLMResponse, ToolCall, Usage
 from bot.contracts.prompt import Order, PromptContext, PromptSection, assemble
-from bot.contracts.sanitize import Sanitizer, run_pipeline
-from bot.contracts.tools import SendFunc, Tool, ToolContext, ToolResult
+from bot.contracts.sanitize import run_pipeline
+from bot.contracts.tools import Tool, ToolContext, ToolResult
 from bot.engine.compaction import (
-    FLUSH_ITERATIONS,
-    FLUSH_TIMEOUT,
-    FLUSH_TOOLS,
-    Compactor,
     split_point,
     summarize,
 )
 from bot.engine.context import build_context, kernel_text
 from bot.engine.exec_summary import ExecutionSummary
-from bot.engine.guard import BLOCK_REFUSAL, WITHHELD, InputGuard, truncate
-from bot.engine.history import PruneSettings, limit_turns, prune, repair_pairing, summary_messages
+from bot.engine.guard import BLOCK_REFUSAL, WITHHELD, truncate
+from bot.engine.history import limit_turns, prune, repair_pairing, summary_messages
 from bot.engine.judging import TracedJudge
 from bot.engine.llm_call import call_model
 from bot.engine.media import drop_images, take_in, vision_for, with_lines
@@ -53,24 +46,22 @@ from bot.engine.requests import (
     RunResult,
     RunStatus,
 )
-from bot.engine.snapshot import PluginSnapshot
-from bot.engine.tokens import TokenEstimator
 from bot.engine.turns import for_model, seeded_files, verbose_input, with_summary, workspace_for
-from bot.observability.tracing import RunTrace, Span, SpanExporter, preview
-from bot.pluginhost.manager import PluginHost
+from bot.observability.tracing import RunTrace, Span, preview
 from bot.storage.db import Statements
-from bot.storage.sessions import RunRecord, Session, SessionStore
-from bot.tools.breakers import Breakers
+from bot.storage.sessions import RunRecord
 from bot.tools.executor import ToolExecutor
-from bot.tools.metrics import ToolMetricsRegistry
 from bot.tools.outcomes import RawError, ToolOutcome, describe_error, turn_timeout_notice
 from bot.tools.structured_errors import extract
 from workspaces import ensure_workspace, is_seeded, read_cached
 
+if TYPE_CHECKING:
+    from bot.engine.run_engine import RunEngine
+
 log = logging.getLogger("roost.engine.runloop")
 
 __all__ = [
-    "NO_REPLY", "FailureHandler", "LargeResultHandler", "Listener", "RunEngine", "RunRequest",
+    "NO_REPLY", "FailureHandler", "LargeResultHandler", "Listener", "Run", "RunRequest",
     "RunResult", "RunStatus",
 ]
 
@@ -78,99 +69,7 @@ LOOP_REPEATS = 3
 """Identical tool calls in one run before the model is warned it is looping."""
 
 
-class RunEngine:
-    """Executes runs against one provider with the tools and sanitizers plugins gave."""
-
-    def __init__(
-        self,
-        settings: Settings,
-        host: PluginHost,
-        store: SessionStore,
-        provider: LLMProvider,
-        tools: Mapping[str, Tool],
-        sanitizers: Sequence[Sanitizer],
-        guard: InputGuard | None = None,
-    ) -> None:
-        self.settings = settings
-        self.host = host
-        self.store = store
-        self.provider = provider
-        self.plugins = PluginSnapshot.of(
-            guard or InputGuard([], settings.guard_mode, settings.guard_modes), tools,
-            sanitizers=list(sanitizers))
-        """What the enabled plugins offer; replaced whole when plugins change."""
-        self.estimator = TokenEstimator(provider.name)
-        self._estimators = {provider.name: self.estimator}
-        self.compactor = Compactor(settings, store, lambda: self.provider, self.estimator_for,
-                                   self._memory_flush)
-        self.prune = PruneSettings(soft_ratio=settings.prune_soft_ratio,
-                                   hard_ratio=settings.prune_hard_ratio)
-        self.exporter: SpanExporter | None = None
-        self.breakers = Breakers()
-        self.tool_metrics = ToolMetricsRegistry()
-        self.on_tool_failure: FailureHandler | None = None
-        """Turns a tool failure into what the model reads (the error channel)."""
-        self.on_large_result: LargeResultHandler | None = None
-        """Stores a large result and returns the preview the model reads."""
-        self.deliver: SendFunc | None = None
-        """Sends a message through its channel at once (the app sets it); tools get it
-        as ``ToolContext.send`` to reach their chat (``send_file``)."""
-        self.active_runs = 0
-        self.channels: Mapping[str, Channel] = {}
-        """The running channels by name (the app's own dict): runs download files with them."""
-        self.workspaces_root = settings.workspaces_dir
-        """The default agent's workspaces (others: :func:`bot.agents.router.workspaces_root`)."""
-        self.router = AgentRouter(AgentResolver(settings, host, lambda: self.provider,
-                                                lambda: dict(self.plugins.judges)))
-
-    @property
-    def tools(self) -> Mapping[str, Tool]:
-        """The tools of the current plugin state."""
-        return self.plugins.tools
-
-    @property
-    def sanitizers(self) -> tuple[Sanitizer, ...]:
-        """The output sanitizers of the current plugin state, in order."""
-        return self.plugins.sanitizers
-
-    @property
-    def guard(self) -> InputGuard:
-        """The input guard of the current plugin state."""
-        return self.plugins.guard
-
-    def estimator_for(self, provider: str) -> TokenEstimator:
-        """The token estimator calibrated for ``provider`` (one per provider)."""
-        estimator = self._estimators.get(provider)
-        if estimator is None:
-            estimator = self._estimators[provider] = TokenEstimator(provider)
-        return estimator
-
-    async def _memory_flush(self, message: InboundMessage, session: Session, agent: str,
-                            history: Sequence[ChatMessage]) -> str:
-        """The compactor's memory flush: one minimal, tool-limited run that stores nothing."""
-        result = await self.run(RunRequest(
-            message, session, mode="minimal", max_iterations=FLUSH_ITERATIONS, agent=agent,
-            tools=FLUSH_TOOLS, history=list(history), persist=False, timeout=FLUSH_TIMEOUT,
-            kind="memory_flush",
-        ))
-        return "nothing stored" if result.silent else result.status
-
-    async def run(self, req: RunRequest, listener: Listener | None = None) -> RunResult:
-        """Execute ``req`` to completion; raises ``CancelledError`` if cancelled."""
-        run = _Run(self, req, listener)
-        self.active_runs += 1
-        req.session.pins += 1
-        try:
-            result = await run.execute()
-        finally:
-            req.session.pins -= 1
-            self.active_runs -= 1
-        if req.persist and result.status == "completed" and run.agent is not None:
-            self.compactor.schedule(req.session, req.message, run.agent)
-        return result
-
-
-class _Run:
+class Run:
     """The state of one run; lives only as long as the run."""
 
     def __init__(self, engine: RunEngine, req: RunRequest, listener: Listener | None) -> None:
