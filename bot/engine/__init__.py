@@ -1,5 +1,11 @@
-"""One run: think, act, observe (:mod:`.runloop`), with the context pipeline
-(:mod:`.context`, :mod:`.history`, :mod:`.tokens`, :mod:`.compaction`,
-:mod:`.exec_summary`), the input guard (:mod:`.guard`) and the plugin snapshot a run
-captures (:mod:`.snapshot`).
+"""One run: think, act, observe.
+
+- :mod:`.runloop`: the run itself (input checks, prompt, model calls, tools, commit);
+- :mod:`.run_engine`: what all runs share (provider, plugin snapshot, breakers, compactor);
+- :mod:`.requests`: :class:`RunRequest` and :class:`RunResult`;
+- :mod:`.llm_call`: one model call with its streamed text; :mod:`.judging`: traced judges;
+- the context pipeline: :mod:`.context`, :mod:`.history`, :mod:`.tokens`,
+  :mod:`.compaction`, :mod:`.exec_summary`, :mod:`.media` (files a message brought);
+- :mod:`.guard`: the input guard; :mod:`.snapshot`: the plugin state a run captures;
+  :mod:`.turns`: small helpers (workspace path, what the model sees of a message).
 """
