@@ -185,6 +185,17 @@ async def test_a_voice_note_reaches_the_model_as_its_transcript(roost_app: App) 
                                         f"{size_text(len(voice))}]")
 
 
+async def test_an_audio_file_sent_as_a_document_is_transcribed_by_what_its_bytes_are(
+        roost_app: App) -> None:
+    ears = _Ears("meeting notes")
+    chat = await _chat(roost_app, [{"reply": "ok"}], ("ears", ears))
+    await chat.say_with("", chat.add_file("memo.bin", ogg_opus(65), "document",
+                                          mime_type="application/octet-stream"))
+    await chat.settle()
+    assert ears.heard and ears.heard[0][1] == "audio/ogg"
+    assert _last_user(chat).content.startswith("[audio 1:05] meeting notes\n[audio file: inbox/")
+
+
 async def test_a_failing_transcriber_is_reported_and_the_caption_still_answered(
         roost_app: App) -> None:
     ears = _Ears(error=MediaError("the transcription server answered 503"))

@@ -46,12 +46,14 @@ async def take_in(message: InboundMessage, workspace: Path, channels: Mapping[st
                   host: PluginHost, settings: Settings) -> Received:
     """The intake of ``message``'s attachments into ``workspace`` (the sender's)."""
     channel = channels.get(message.channel)
-    needs_ears = any(a.kind in ("voice", "audio") or a.mime_type.startswith("audio/")
-                     for a in message.attachments)
-    transcriber = await transcriber_of(host, settings) if needs_ears else None
+
+    async def find() -> Transcriber | None:
+        # Asked only once an audio file turned up (by its bytes, whatever it was sent as).
+        return await transcriber_of(host, settings)
+
     return await receive(message, workspace,
                          channel.download if channel is not None else None, settings,
-                         transcriber=transcriber)
+                         find_transcriber=find)
 
 
 def with_lines(text: str, received: Received) -> str:

@@ -170,13 +170,15 @@ async def receive(
     settings: Settings,
     *,
     transcriber: Transcriber | None = None,
+    find_transcriber: Callable[[], Awaitable[Transcriber | None]] | None = None,
     today: dt.date | None = None,
 ) -> Received:
     """Fetch, check, store and describe the attachments of ``message``.
 
     ``download`` is the message's channel's (``None``: the channel is gone, every
-    file fails with a notice). Never raises for a file's sake: each failure
-    becomes a notice and a line; cancellation propagates.
+    file fails with a notice). ``find_transcriber`` is asked (once) for a transcriber
+    when the first audio file turns up, if none was given. Never raises for a file's
+    sake: each failure becomes a notice and a line; cancellation propagates.
     """
     caps = Caps.of(settings)
     day = (today or dt.datetime.now(dt.UTC).date()).isoformat()
@@ -261,6 +263,8 @@ async def receive(
         elif label in ("voice", "audio"):
             seconds = attachment.duration or (ogg_duration(data) if mime == "audio/ogg" else 0)
             length = f" {duration_text(seconds)}" if seconds else ""
+            if transcriber is None and find_transcriber is not None:
+                transcriber, find_transcriber = await find_transcriber(), None
             if transcriber is None:
                 global _hinted
                 if not voice_refused:
