@@ -126,6 +126,11 @@ def _fresh(fuzzed: Fuzzed, name: str) -> tuple[str, dict[str, Any]]:
     event, payload = CORPUS[name]
     payload = copy.deepcopy(payload)
     payload["id"] = str(next(fuzzed.ids))
+    for attachment in payload.get("attachments", []):
+        # Served by the fake CDN: a run fetches its files, and tests stay off the network.
+        served = fuzzed.fake.attachment(b"%PDF-1.4 fuzz", attachment["filename"],
+                                        attachment["content_type"], channel_id=DM_CHANNEL_ID)
+        attachment.update(url=served["url"], proxy_url=served["proxy_url"])
     return event, payload
 
 

@@ -158,6 +158,10 @@ def _fresh(fuzzed: Fuzzed, name: str) -> tuple[str, dict[str, Any]]:
     if kind == "event":
         payload["event_id"] = f"Ev0FUZZ{n}"
         payload["event"]["ts"] = fuzzed.fake.next_ts()
+        for file in payload["event"].get("files", []):
+            # Served by the fake: a run fetches its files, and tests stay off the network.
+            served = fuzzed.fake.file(b"%PDF-1.4 fuzz", file["name"], file["mimetype"])
+            file["url_private"] = served["url_private"]
     elif "command" in payload:
         payload["response_url"] = f"{fuzzed.fake.url}/response/fuzz-{n}"
         payload["trigger_id"] = f"trigger.fuzz.{n}"
