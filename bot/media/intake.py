@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import unicodedata
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,6 +123,16 @@ def ogg_duration(data: bytes) -> float:
     return 0.0
 
 
+def display_name(name: str, limit: int = 80) -> str:
+    """A file name as Roost quotes it in the chat and to the model: one line, no control
+    or format characters (a name is the sender's text, and may try to look like Roost's
+    own lines), at most ``limit`` characters."""
+    cleaned = "".join(" " if unicodedata.category(c)[0] in "CZ" and c != " " else c
+                      for c in name)
+    cleaned = " ".join(cleaned.split()).replace("[", "(").replace("]", ")")
+    return cleaned if len(cleaned) <= limit else cleaned[:limit - 1] + "…"
+
+
 def _label(attachment: Attachment, mime: str) -> str:
     if mime.startswith("image/"):
         return "photo" if attachment.kind in ("photo", "sticker") else "image"
@@ -193,7 +204,7 @@ async def receive(
         out.usable += 1
     files = [a for a in message.attachments if a.url]
     for index, attachment in enumerate(files):
-        shown = attachment.name or f"{attachment.kind or 'file'} {index + 1}"
+        shown = display_name(attachment.name) or f"{attachment.kind or 'file'} {index + 1}"
         if index >= caps.max_files:
             _refuse(out, shown, f"{shown} was not accepted: at most {caps.max_files} "
                     f"files are accepted per message")
