@@ -57,9 +57,14 @@ class ConsoleChannel(Channel):
         ))
 
     async def send(self, message: OutboundMessage) -> None:
-        """Print a reply (notices and errors are marked)."""
+        """Print a reply (notices and errors are marked); files are printed as their path."""
         mark = {"reply": "", "notice": "[notice] ", "error": "[error] "}[message.kind]
-        self._write(f"roost> {mark}{message.text}\n")
+        if message.text or not message.files:
+            self._write(f"roost> {mark}{message.text}\n")
+        for file in message.files:
+            caption = f" — {file.caption}" if file.caption else ""
+            self._write(f"roost> [file: {file.path} ({file.mime_type}, {file.size} bytes)]"
+                        f"{caption}\n")
         self._prompt()
 
     def open_stream(self, message: InboundMessage) -> ReplyStream | None:

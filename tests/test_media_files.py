@@ -268,3 +268,14 @@ def test_attachments_and_outbound_files_survive_the_durable_inbox() -> None:
     out = OutboundMessage("telegram", "1", "here", files=(OutboundFile(
         "/ws/chart.png", "chart.png", "image/png", 1234, "the chart"),))
     assert decode_outbound(encode_outbound(out)) == out
+
+
+async def test_the_console_prints_the_path_of_a_file_it_is_sent() -> None:
+    from channels.console import ConsoleChannel
+
+    out = io.StringIO()
+    console = ConsoleChannel(out=out, read_stdin=False)
+    await console.send(OutboundMessage("console", "console", "your chart", files=(OutboundFile(
+        "/data/ws/chart.png", "chart.png", "image/png", 2048, "sales"),)))
+    assert out.getvalue() == ("roost> your chart\n"
+                              "roost> [file: /data/ws/chart.png (image/png, 2048 bytes)] — sales\n")
