@@ -55,6 +55,7 @@ from bot.contracts.prompt import Order, PromptContext, PromptSection
 from bot.contracts.providers import ProviderSpec
 from bot.contracts.runtime import Runtime
 from bot.contracts.sanitize import Sanitizer
+from bot.contracts.search import SearchBackend, SearchResult
 from bot.contracts.services import Services
 from bot.contracts.tools import Tool, ToolContext, ToolError, ToolResult, ToolRetry
 from bot.storage.db import transaction
@@ -94,6 +95,8 @@ __all__ = [
     "RunEvent",
     "Runtime",
     "Sanitizer",
+    "SearchBackend",
+    "SearchResult",
     "Services",
     "Settings",
     "Tool",

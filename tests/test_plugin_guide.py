@@ -119,6 +119,10 @@ class AllHooks:
         return None
 
     @hookimpl
+    def roost_search_backends(self) -> None:
+        self.called.add("roost_search_backends")
+
+    @hookimpl
     def roost_migrations(self) -> None:
         self.called.add("roost_migrations")
 

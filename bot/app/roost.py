@@ -20,6 +20,7 @@ from bot.contracts.llm import LLMProvider, ToolCall
 from bot.contracts.messages import OutboundMessage
 from bot.contracts.providers import ProviderSpec
 from bot.contracts.sanitize import Sanitizer
+from bot.contracts.search import SearchBackend
 from bot.contracts.services import Services
 from bot.contracts.tools import Tool
 from bot.dispatch.dispatcher import Dispatcher, Leftovers
@@ -164,6 +165,10 @@ class Roost:
         """
         host, settings, engine = self.host, self.settings, self.engine
         groups: dict[str, str] = {}
+        # web_search (plugins/web) picks its engine among these, so they come first.
+        self.services.search_backends = tuple(
+            b for b in await host.collect("roost_search_backends", settings=settings)
+            if isinstance(b, SearchBackend))
         tools = await _unique(host, "roost_tools", settings, Tool, groups,
                               services=self.services)
         sanitizers = [s for s in await host.collect("roost_output_sanitizers", settings=settings)

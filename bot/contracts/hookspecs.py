@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from bot.contracts.providers import ProviderSpec
     from bot.contracts.runtime import Runtime
     from bot.contracts.sanitize import Sanitizer
+    from bot.contracts.search import SearchBackend
     from bot.contracts.services import Services
     from bot.contracts.tools import Tool
 
@@ -201,6 +202,19 @@ def roost_transcriber(settings: Settings) -> Transcriber | None:
     (its endpoint or model is set), else ``None``. Roost uses the first one
     offered; without any, a voice note gets a one-line reply saying voice is not
     set up (and the file is still stored in the user's ``inbox/``).
+    """
+
+
+@hookspec
+def roost_search_backends(settings: Settings) -> list[SearchBackend] | SearchBackend | None:
+    """Offer web search engines for the ``web_search`` tool.
+
+    Return :class:`bot.contracts.search.SearchBackend` objects, only those that
+    are configured (their URL or key is set). Called when tools are collected
+    (at startup and when plugins are enabled or disabled), just before
+    ``roost_tools``. ``web_search`` uses the backend named by the
+    ``web_search_backend`` setting, else the first offered; with none,
+    ``web_search`` is not offered at all.
     """
 
 

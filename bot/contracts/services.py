@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from bot.contracts.search import SearchBackend
 from bot.storage.errors import ErrorStore, ResultStore
 from bot.storage.inbox import Inbox
 from bot.storage.sessions import SessionStore
@@ -26,6 +27,9 @@ class Services:
     - ``scheduler``: scheduled jobs (the ``cron`` tool);
     - ``inbox``: the durable inbox, journal and outbox (:mod:`bot.storage.inbox`).
 
+    ``search_backends`` are the web search engines plugins offer
+    (``roost_search_backends``), asked for just before ``roost_tools``.
+
     ``plugin_config(name)`` is plugin ``name``'s validated configuration (the
     model it declared with ``roost_plugin_config_model``), or ``None``.
     """
@@ -35,6 +39,7 @@ class Services:
     results: ResultStore | None = None
     scheduler: Scheduler | None = None
     inbox: Inbox | None = None
+    search_backends: tuple[SearchBackend, ...] = ()
     plugin_configs: dict[str, Any] = field(default_factory=dict)
 
     def plugin_config(self, name: str) -> Any:
