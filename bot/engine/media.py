@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,7 +27,7 @@ from bot.pluginhost.manager import PluginHost
 if TYPE_CHECKING:
     from bot.agents.router import Agent
 
-log = logging.getLogger("roost.bot.engine.media")
+log = logging.getLogger("roost.engine.media")
 
 MAX_CONTEXT_IMAGES = 20
 """Images (and documents) sent with one request at most, newest kept. Anthropic takes up
@@ -51,9 +52,14 @@ async def take_in(message: InboundMessage, workspace: Path, channels: Mapping[st
         # Asked only once an audio file turned up (by its bytes, whatever it was sent as).
         return await transcriber_of(host, settings)
 
-    return await receive(message, workspace,
-                         channel.download if channel is not None else None, settings,
-                         find_transcriber=find)
+    started = time.monotonic()
+    received = await receive(message, workspace,
+                             channel.download if channel is not None else None, settings,
+                             find_transcriber=find)
+    log.info("%s:%s sent %d file(s): %d stored, %d notice(s), %.0f ms", message.channel,
+             message.sender_id, len(message.attachments), len(received.stored),
+             len(received.notices), (time.monotonic() - started) * 1000)
+    return received
 
 
 def with_lines(text: str, received: Received) -> str:

@@ -7,7 +7,7 @@ import logging
 
 from bot.contracts.media import MediaError
 
-log = logging.getLogger("roost.bot.media.documents")
+log = logging.getLogger("roost.media.documents")
 
 
 def pdf_page_count(data: bytes) -> int:

@@ -33,7 +33,7 @@ from bot.media.images import ImageTooLarge, inspect_image
 from bot.media.sniff import extension_for, sniff_mime
 from workspaces import safe_file_name, store_file
 
-log = logging.getLogger("roost.bot.media.intake")
+log = logging.getLogger("roost.media.intake")
 
 Download = Callable[[Attachment, int], Awaitable[bytes]]
 """``channel.download``: the bytes of an attachment, at most ``limit`` of them."""
