@@ -77,8 +77,11 @@ async def test_edit_stream_coalesces_edits_to_one_per_interval() -> None:
         sent.append(text)
         return "m1"
 
+    edited = asyncio.Event()
+
     async def edit(message_id: str, text: str) -> None:
         edits.append(text)
+        edited.set()
 
     async def finalize(message_id: str | None, text: str | None) -> None:
         final.append((message_id, text))
@@ -87,7 +90,7 @@ async def test_edit_stream_coalesces_edits_to_one_per_interval() -> None:
     await stream.push("H")
     for text in ("He", "Hel", "Hell", "Hello"):
         await stream.push(text)
-    await asyncio.sleep(0.1)
+    await asyncio.wait_for(edited.wait(), 5)  # the interval passed: one edit for the four
     await stream.push("Hello!")
     await stream.finish("Hello, world")
     assert sent == ["H"]

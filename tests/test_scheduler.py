@@ -303,9 +303,11 @@ async def test_a_claimed_fire_time_does_not_run_again_after_a_restart(
 
         def __init__(self) -> None:
             self.calls = 0
+            self.called = asyncio.Event()
 
         async def complete(self, request: Any, **_: Any) -> Any:
             self.calls += 1
+            self.called.set()
             await gate.wait()
             raise AssertionError("never answered: the service stops first")
 
@@ -317,10 +319,7 @@ async def test_a_claimed_fire_time_does_not_run_again_after_a_restart(
     await add(scheduler, "every 1m", "tick")
     clock.advance(minutes=1)
     assert len(await scheduler.run_due()) == 1
-    for _ in range(50):
-        if slow.calls:
-            break
-        await asyncio.sleep(0.01)
+    await asyncio.wait_for(slow.called.wait(), 5)
     assert slow.calls == 1
     await app.close()  # the run dies with the service, after its fire time was claimed
     # Restarted within the grace period, at the same instant: nothing runs twice.
@@ -398,14 +397,11 @@ async def test_a_run_whose_future_raises_counts_as_a_failure(
 async def test_a_stopped_run_is_not_retried_or_reported(cron_app: CronAppFactory) -> None:
     clock = FakeClock()
     provider = scripted({"steps": [{"delay": 30, "reply": "too slow"}]}, loop=True)
-    app, channel, _, scheduler = await cron_app(provider, clock=clock)
+    app, channel, log, scheduler = await cron_app(provider, clock=clock)
     await add(scheduler, "every 1h", "long job")
     clock.advance(hours=1)
     assert len(await scheduler.run_due()) == 1
-    for _ in range(100):
-        if provider.requests:
-            break
-        await asyncio.sleep(0.01)
+    await log.wait_for("activity")  # the model is working on it
     assert app.dispatcher.stop_all("default:test:direct:u1")[0] == 1  # /stopall
     await scheduler.wait_idle()
     assert len(provider.requests) == 1 and channel.sent == []
