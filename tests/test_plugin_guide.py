@@ -22,6 +22,7 @@ from bot.config.settings import Settings
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.providers import ProviderSpec
 from bot.contracts.runtime import Runtime
+from bot.engine.media import transcriber_of
 from bot.pluginhost.manager import get_plugin_manager
 from bot.testing.app import ChatChannel, scripted_provider
 
@@ -127,6 +128,10 @@ class AllHooks:
         self.called.add("roost_migrations")
 
     @hookimpl
+    def roost_transcriber(self) -> None:
+        self.called.add("roost_transcriber")
+
+    @hookimpl
     def roost_startup(self) -> None:
         self.called.add("roost_startup")
 
@@ -140,6 +145,7 @@ async def test_a_running_app_calls_every_hook(roost_app: Any) -> None:
     chat = await roost_app([{"reply": "hi"}], ("all-hooks", plugin))
     assert await chat.ask("hello") == ["hi"]
     await provider_specs(chat.app.settings, chat.app.host)  # what `roost run` does first
+    await transcriber_of(chat.app.host, chat.app.settings)  # what a voice note does
     await chat.app.close()
     assert plugin.called == set(hookspecs())
 
