@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from bot.config.settings import Settings
 from bot.contracts.llm import ChatMessage, ContentPart, LLMRequest
 from bot.contracts.media import MediaError
 from bot.contracts.messages import (
@@ -279,3 +280,17 @@ async def test_the_console_prints_the_path_of_a_file_it_is_sent() -> None:
         "/data/ws/chart.png", "chart.png", "image/png", 2048, "sales"),)))
     assert out.getvalue() == ("roost> your chart\n"
                               "roost> [file: /data/ws/chart.png (image/png, 2048 bytes)] — sales\n")
+
+
+def test_media_settings_have_their_defaults_and_the_transcriber_key_is_masked(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROOST_TRANSCRIBE_BASE_URL", "http://127.0.0.1:9000/v1")
+    monkeypatch.setenv("ROOST_TRANSCRIBE_API_KEY", "sk-secret-123")
+    settings = Settings(_env_file=None)
+    assert (settings.media_max_file_mb, settings.media_max_files,
+            settings.media_max_total_mb, settings.vision) == (20, 10, 50, True)
+    assert settings.transcribe_base_url == "http://127.0.0.1:9000/v1"
+    assert settings.transcribe_api_key is not None
+    assert settings.transcribe_api_key.get_secret_value() == "sk-secret-123"
+    masked = settings.masked()
+    assert masked["transcribe_api_key"] == "********" and "sk-secret" not in str(masked)

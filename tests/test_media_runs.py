@@ -157,6 +157,17 @@ async def test_a_pdf_becomes_a_document_part_with_its_pages(roost_app: App) -> N
         f"[document: inbox/{_today()}/receipt.pdf, PDF, 3 pages, ")
 
 
+async def test_a_pdf_too_long_for_the_model_is_stored_and_described_only(
+        roost_app: App) -> None:
+    chat = await _chat(roost_app)
+    await chat.say_with("summarize", chat.add_file("book.pdf", pdf(101), "document"))
+    await chat.settle()
+    user = _last_user(chat)
+    assert not user.parts
+    assert "book.pdf, PDF, 101 pages" in user.content and "over 100 pages" in user.content
+    assert _workspace(chat).joinpath("inbox", _today(), "book.pdf").is_file()
+
+
 async def test_a_voice_note_without_a_transcriber_gets_one_clear_line_and_no_model_call(
         roost_app: App, caplog: pytest.LogCaptureFixture) -> None:
     chat = await _chat(roost_app)

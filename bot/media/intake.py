@@ -39,6 +39,9 @@ Download = Callable[[Attachment, int], Awaitable[bytes]]
 """``channel.download``: the bytes of an attachment, at most ``limit`` of them."""
 
 INBOX_DIR = "inbox"
+MAX_DOCUMENT_PAGES = 100
+"""A longer PDF is stored but not shown to the model as a document (Anthropic takes at
+most 100 pages per request, and each costs 1,500-3,000 tokens)."""
 MB = 1024 * 1024
 
 NO_TRANSCRIBER_NOTICE = ("Voice messages are not set up here, so I cannot listen to {name}. "
@@ -263,7 +266,10 @@ async def receive(
                              "shown to the model]")
             out.usable += 1
         elif label == "document":
-            if pages:
+            if pages > MAX_DOCUMENT_PAGES:
+                out.lines.append(f"[document: {path}, PDF, {pages} pages, {size} — too long "
+                                 f"to show the model at once (over {MAX_DOCUMENT_PAGES} pages)]")
+            elif pages:
                 out.parts.append(ContentPart("document", path, mime, 0, 0, len(data), root,
                                              pages))
                 out.lines.append(f"[document: {path}, PDF, {pages} "
