@@ -4,6 +4,7 @@ Roost-written reply, voice through the transcriber, kept in the history."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from collections.abc import Callable
 from pathlib import Path
@@ -318,3 +319,32 @@ async def test_a_run_executed_again_does_not_store_its_files_twice(roost_app: Ap
     again = await receive(message, workspace, chat.download, chat.app.settings)
     assert again.stored == [f"inbox/{_today()}/p.jpg", f"inbox/{_today()}/p-2.jpg"]
     assert len(list(workspace.joinpath("inbox", _today()).iterdir())) == 2
+
+
+async def test_a_run_interrupted_by_a_restart_runs_again_without_storing_its_file_twice(
+        roost_app: App, tmp_path: Path) -> None:
+    data_dir = tmp_path / "restarted"
+    first = await _chat(roost_app, data_dir=data_dir)
+    assert first.provider is not None and first.app is not None
+    asked = asyncio.Event()
+
+    async def hang(request: Any, **kwargs: Any) -> Any:
+        asked.set()  # the file is stored by now: the model is asked after the intake
+        await asyncio.Event().wait()
+
+    first.provider.complete = hang  # type: ignore[method-assign]
+    photo = jpeg(40, 30)
+    await first.say_with("keep this", first.add_file("p.jpg", photo, "photo"), event_id="e1")
+    await asyncio.wait_for(asked.wait(), 5)
+    await first.app.close()  # shutdown: the message stays in the inbox, to run again
+
+    second = await _chat(roost_app, [{"reply": "kept"}], data_dir=data_dir)
+    second.add_file("p.jpg", photo, "photo")  # the platform still serves the file
+    assert second.app is not None
+    await second.app.recover()
+    await second.settle()
+    assert second.replies == ["kept"]
+    (part,) = _last_user(second).parts
+    assert part.path == f"inbox/{_today()}/p.jpg"
+    stored = list((data_dir / "workspaces" / "console" / "user" / "inbox" / _today()).iterdir())
+    assert [p.name for p in stored] == ["p.jpg"]
