@@ -294,3 +294,15 @@ def test_media_settings_have_their_defaults_and_the_transcriber_key_is_masked(
     assert settings.transcribe_api_key.get_secret_value() == "sk-secret-123"
     masked = settings.masked()
     assert masked["transcribe_api_key"] == "********" and "sk-secret" not in str(masked)
+
+
+def test_the_summarizer_is_told_which_files_a_message_had() -> None:
+    from bot.engine.compaction import transcript
+
+    described = ChatMessage("user", "look\n\n[photo: inbox/d/a.jpg, 10×10, 1 KB]", sender_id="u",
+                            parts=(_photo("inbox/d/a.jpg", Path("/ws")),))
+    bare = ChatMessage("user", "and this", sender_id="u",
+                       parts=(_photo("inbox/d/b.jpg", Path("/ws")),))
+    text = transcript([described, bare])
+    assert text.count("inbox/d/a.jpg") == 1
+    assert "u: and this\n[image: inbox/d/b.jpg]" in text
