@@ -175,9 +175,12 @@ def _reencode(img: Image.Image, mime: str, max_edge: int, max_bytes: int,
     frame.info = {}  # nothing of the original's metadata may ride along
     want = model_size(*frame.size, max_edge=max_edge)
     if want != frame.size:
-        # Pillow's bilinear filter is antialiased when it shrinks (its support grows with
-        # the factor): for a model's eyes as good as Lanczos, and twice as fast.
-        frame = frame.resize(want, Image.Resampling.BILINEAR, reducing_gap=2.0)
+        # Pillow's filters are antialiased when they shrink (their support grows with the
+        # factor). A photo takes the box filter (area average; a third faster than
+        # bilinear, the cost that matters per photo); screenshots and drawings, where thin
+        # text must stay legible, the bilinear one, still twice as fast as Lanczos.
+        resample = Image.Resampling.BOX if img.format == "JPEG" else Image.Resampling.BILINEAR
+        frame = frame.resize(want, resample, reducing_gap=2.0)
     png_first = "image/png" in formats and (alpha or mime in ("image/png", "image/gif"))
     while True:
         if png_first:
