@@ -104,22 +104,19 @@ def roost_tools(settings: Settings) -> list[Tool]:
         Tool(
             name="send_file",
             description=(
-                "Send a file from your workspace to this chat: a chart or image you made, a "
-                "document you wrote, a file the user sent earlier (inbox/...). Images arrive "
-                "as photos where the platform allows, anything else as a file keeping its "
-                "name. 'caption' is shown with it. The platform limits the size "
-                "(Telegram 50 MB, Discord 10 MB)."
+                "Send a workspace file to this chat (images as photos, others as files), "
+                "with an optional caption. Platforms cap the size."
             ),
             input_schema={
                 "type": "object",
                 "properties": {
                     "path": {
                         "type": "string",
-                        "description": "Path relative to your workspace, e.g. 'charts/sales.png'.",
+                        "description": "Workspace path, e.g. charts/sales.png",
                     },
                     "caption": {
                         "type": "string",
-                        "description": "Optional short text shown with the file.",
+                        "description": "Text shown with the file",
                     },
                 },
                 "required": ["path"],

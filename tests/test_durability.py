@@ -21,6 +21,7 @@ from bot.contracts.llm import LLMRequest, LLMResponse, OnRetry, OnText, ToolCall
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.contracts.tools import Tool, ToolContext
 from bot.dispatch.dispatcher import ShuttingDown
+from bot.resilience.retry import RetryPolicy
 from bot.storage.inbox import INTERRUPTED
 from bot.testing.app import ChatChannel, settle
 from tests.conftest import CHANNEL, USER, AppFactory
@@ -305,7 +306,7 @@ async def test_a_reply_the_platform_refused_is_sent_after_restart(make_app: AppF
 
 async def test_a_reply_refused_once_is_retried_in_the_same_process(
         make_app: AppFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("bot.dispatch.dispatcher.REDELIVERY_DELAYS", (0.01, 0.01))
+    monkeypatch.setattr("bot.dispatch.dispatcher.REDELIVERY", RetryPolicy.fixed(0.01, 0.01))
     model = GatedModel()
     app, _, _ = await make_app(model)
     flaky = FlakyChannel(failures=1)

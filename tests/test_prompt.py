@@ -292,7 +292,8 @@ async def test_tool_section_lists_exactly_the_runs_tools(make_app: AppFactory) -
                                                    "get_error_detail",
                                                    "get_tool_result", "list_files",
                                                    "memory_get", "memory_search",
-                                                   "read_file", "sql", "write_file"]
+                                                   "read_file", "send_file", "sql",
+                                                   "write_file"]
     assert "- read_file: read a workspace file" in tools
 
     ws = workspace(app)
