@@ -3,6 +3,7 @@ images in the history, parts in the session store and the durable inbox."""
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import os
 from pathlib import Path
@@ -306,3 +307,18 @@ def test_the_summarizer_is_told_which_files_a_message_had() -> None:
     text = transcript([described, bare])
     assert text.count("inbox/d/a.jpg") == 1
     assert "u: and this\n[image: inbox/d/b.jpg]" in text
+
+
+async def test_files_without_a_name_are_named_after_their_kind_and_type(tmp_path: Path) -> None:
+    from bot.media.intake import receive
+
+    files = {"a": jpeg(8, 8), "b": b"%PDF-1.4\n%%EOF"}
+
+    async def download(attachment: Attachment, limit: int) -> bytes:
+        return files[attachment.url]
+
+    message = InboundMessage("t", "1", "direct", "1", "", attachments=(
+        Attachment("photo", url="a"), Attachment("document", url="b")))
+    received = await receive(message, tmp_path, download, Settings(data_dir=tmp_path),
+                             today=dt.date(2026, 11, 23))
+    assert received.stored == ["inbox/2026-11-23/photo-1.jpg", "inbox/2026-11-23/document-2.pdf"]

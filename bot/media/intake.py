@@ -152,7 +152,7 @@ def _file_name(attachment: Attachment, index: int, message: InboundMessage, mime
     """The name to store under: the original one made safe, its extension fitted to the bytes."""
     kind = attachment.kind if attachment.kind in ("photo", "voice", "audio", "video",
                                                   "document", "sticker") else "file"
-    ident = safe_file_name(message.message_id or "", fallback="") or str(index + 1)
+    ident = safe_file_name(message.message_id) if message.message_id else str(index + 1)
     name = safe_file_name(attachment.name, fallback=f"{kind}-{ident}")
     right = extension_for(mime)
     stem, dot, ext = name.rpartition(".")
