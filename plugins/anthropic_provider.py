@@ -35,6 +35,7 @@ from plugins.provider_media import (
     ImageData,
     MediaReader,
     Note,
+    release_memory,
 )
 from plugins.provider_retry import (
     DEFAULT_MAX_ATTEMPTS,
@@ -131,7 +132,8 @@ class AnthropicProvider:
         """
         if self._missing_key:
             raise ProviderError("no Anthropic API key is configured: set ANTHROPIC_API_KEY")
-        if any(m.parts for m in request.messages):
+        files = any(m.parts for m in request.messages)
+        if files:
             # Reading and resizing images is CPU work: keep it off the event loop.
             messages = await asyncio.to_thread(
                 to_anthropic_messages, request.messages, vision=request.vision,
@@ -139,13 +141,20 @@ class AnthropicProvider:
         else:
             messages = to_anthropic_messages(request.messages)
         tools = to_anthropic_tools(request.tools)
-        return await with_retries(
-            partial(self._stream_once, request, messages, tools),
-            self.retry,
-            on_text=on_text,
-            on_retry=on_retry,
-            breaker=self.breaker,
-        )
+        try:
+            return await with_retries(
+                partial(self._stream_once, request, messages, tools),
+                self.retry,
+                on_text=on_text,
+                on_retry=on_retry,
+                breaker=self.breaker,
+            )
+        finally:
+            if files:
+                # The request held megabytes of base64 (and the intake the downloaded
+                # file): hand the freed heap back rather than keep it in malloc arenas.
+                del messages
+                release_memory()
 
     async def aclose(self) -> None:
         """Close the HTTP client and its connections."""

@@ -37,6 +37,7 @@ from plugins.provider_media import (
     ImageData,
     MediaReader,
     Note,
+    release_memory,
 )
 from plugins.provider_retry import (
     DEFAULT_MAX_ATTEMPTS,
@@ -117,7 +118,8 @@ class OpenAIProvider:
         an outage, once per call (see :func:`plugins.provider_retry.with_retries`).
         Raises :class:`ProviderError` when the call fails for good.
         """
-        if any(m.parts for m in request.messages):
+        files = any(m.parts for m in request.messages)
+        if files:
             # Reading and resizing images is CPU work: keep it off the event loop.
             messages = await asyncio.to_thread(
                 to_openai_messages, request.system, request.messages,
@@ -125,14 +127,21 @@ class OpenAIProvider:
         else:
             messages = to_openai_messages(request.system, request.messages)
         tools = to_openai_tools(request.tools)
-        return await with_retries(
-            partial(self._stream_once, request, messages, tools),
-            self.retry,
-            on_text=on_text,
-            on_retry=on_retry,
-            breaker=self.breaker,
-            resend=self._adapt_to,
-        )
+        try:
+            return await with_retries(
+                partial(self._stream_once, request, messages, tools),
+                self.retry,
+                on_text=on_text,
+                on_retry=on_retry,
+                breaker=self.breaker,
+                resend=self._adapt_to,
+            )
+        finally:
+            if files:
+                # The request held megabytes of base64 (and the intake the downloaded
+                # file): hand the freed heap back rather than keep it in malloc arenas.
+                del messages
+                release_memory()
 
     async def aclose(self) -> None:
         """Close the HTTP client and its connections."""
