@@ -46,6 +46,23 @@ class ReplyStream(Protocol):
         """
 
 
+@dataclass(frozen=True, slots=True)
+class ChannelHealth:
+    """Whether a channel is connected and receiving, for ``/readyz``.
+
+    ``detail`` says what is wrong when not ``ready``, in a few words after the
+    channel's name (``getUpdates failing (502)``); it reaches the readiness
+    answer as is, so it must never hold a credential.
+    """
+
+    ready: bool
+    detail: str = ""
+
+
+READY = ChannelHealth(True)
+"""The health of a channel that has nothing to report."""
+
+
 class Channel:
     """Base for channel adapters. Adapters only translate; they hold no logic.
 
@@ -69,6 +86,14 @@ class Channel:
 
     async def stop(self) -> None:
         """Disconnect; pending sends finish first."""
+
+    def health(self) -> ChannelHealth:
+        """Whether the channel is connected and receiving now (``/readyz`` asks).
+
+        Adapters report not ready until connected, and from the first failed
+        poll or dropped connection until the next success. The default is ready.
+        """
+        return READY
 
     async def send(self, message: OutboundMessage) -> str | None:
         """Deliver one reply; returns the platform id of its last message, if known.
