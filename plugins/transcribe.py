@@ -166,6 +166,12 @@ class LocalWhisperTranscriber:
     def _load(self) -> Any:
         if self._model is None:
             c = self.config
+            looks_like_path = os.sep in c.local_model or c.local_model.startswith(".")
+            if looks_like_path and not os.path.isdir(c.local_model):
+                # faster-whisper would take it for a hub repository name and fail obscurely.
+                log.warning("local_model %r is not a directory", c.local_model)
+                raise MediaError("the local speech model is missing (its directory does not "
+                                 "exist)")
             try:
                 self._model = self._module.WhisperModel(
                     c.local_model, device=c.device, compute_type=c.compute_type)

@@ -167,6 +167,24 @@ async def test_local_whisper_without_the_voice_extra_offers_nothing_and_says_how
     assert "pip install 'roost[voice]'" in caplog.text
 
 
+async def test_a_local_model_directory_that_is_missing_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    loaded: list[str] = []
+
+    class Stand:  # stands in for the faster_whisper module, which is an optional extra
+        def WhisperModel(self, *args: Any, **kwargs: Any) -> None:
+            loaded.append(args[0])
+
+    monkeypatch.setitem(sys.modules, "faster_whisper", Stand())
+    transcriber = transcribe.LocalWhisperTranscriber(
+        TranscribeConfig(local_model=str(tmp_path / "no-model")))
+
+    with pytest.raises(MediaError, match="directory does not exist"):
+        await transcriber.transcribe(b"OggS", "audio/ogg", "v.ogg")
+    assert loaded == []
+
+
 def test_the_plugin_table_is_validated() -> None:
     assert transcribe.roost_plugin_config_model() is TranscribeConfig
     assert TranscribeConfig.model_validate({"local_model": "tiny"}).compute_type == "int8"
