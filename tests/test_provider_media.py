@@ -20,6 +20,8 @@ from PIL import Image
 
 from bot.contracts.llm import ChatMessage, ContentPart, LLMRequest
 from bot.testing.anthropic import FakeAnthropic
+from bot.testing.app import create_app
+from bot.testing.media import FileChat
 from bot.testing.openai import FakeOpenAI
 from plugins.anthropic_provider import AnthropicProvider
 from plugins.openai_provider import OpenAIProvider
@@ -393,3 +395,65 @@ async def test_the_openai_fake_refuses_bad_images_with_the_api_error(
     assert body["type"] == "invalid_request_error"
     assert body["code"] == code
     assert set(body) == {"message", "type", "param", "code"}
+
+
+# -- whole runs: a chat, the intake, the provider plugin, the real SDK, the fake API -------
+
+
+async def test_a_photo_in_a_chat_reaches_claude_as_a_valid_image_block_turn_after_turn(
+    tmp_path: Path,
+) -> None:
+    async with FakeAnthropic(api_key=ANTHROPIC_KEY) as fake:
+        fake.reply_text("A receipt.")
+        fake.reply_text("42.50 EUR.")
+        app, recorder = await create_app(
+            None, data_dir=tmp_path, provider="anthropic", anthropic_api_key=ANTHROPIC_KEY,
+            anthropic_base_url=fake.base_url)
+        chat = FileChat()
+        try:
+            await chat.attach(app, recorder)
+            photo = chat.add_file("photo-1.jpg", jpeg(4000, 3000), "photo",
+                                  mime_type="image/jpeg")
+            scan = chat.add_file("receipt.pdf", pdf("Total 42.50 EUR"), "document",
+                                 mime_type="application/pdf")
+            await chat.say_with("what is this?", photo, scan)
+            await chat.settle()
+            await chat.say_with("and the total?")
+            await chat.settle()
+        finally:
+            await app.close()
+
+    assert chat.replies == ["A receipt.", "42.50 EUR."]
+    first, second = fake.requests  # both passed the fake's image and document checks
+    image, document, text = first.body["messages"][-1]["content"]
+    assert decoded(image).size == (1264, 948)
+    assert document["source"]["media_type"] == "application/pdf"
+    assert text["text"].startswith("what is this?")
+    # The next turn sends the photo and the PDF again, from the history.
+    assert [b["type"] for b in second.body["messages"][0]["content"]][:2] == [
+        "image", "document"]
+
+
+async def test_a_photo_in_a_chat_reaches_an_openai_server_and_a_pdf_as_text(
+    tmp_path: Path,
+) -> None:
+    async with FakeOpenAI(api_key=OPENAI_KEY) as fake:
+        fake.reply_text("A receipt for 42.50 EUR.")
+        app, recorder = await create_app(
+            None, data_dir=tmp_path, provider="openai", openai_api_key=OPENAI_KEY,
+            openai_base_url=fake.base_url)
+        chat = FileChat()
+        try:
+            await chat.attach(app, recorder)
+            photo = chat.add_file("photo-1.png", png(640, 480), "photo", mime_type="image/png")
+            scan = chat.add_file("receipt.pdf", pdf("Total 42.50 EUR"), "document",
+                                 mime_type="application/pdf")
+            await chat.say_with("what is this?", photo, scan)
+            await chat.settle()
+        finally:
+            await app.close()
+
+    assert chat.replies == ["A receipt for 42.50 EUR."]
+    text, image = fake.last_request.body["messages"][-1]["content"]
+    assert image["image_url"]["url"].startswith("data:image/png;base64,")
+    assert "Total 42.50 EUR" in text["text"]
