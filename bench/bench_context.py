@@ -37,7 +37,6 @@ import hashlib
 import importlib.resources
 import itertools
 import json
-import logging
 import math
 import os
 import random
@@ -48,13 +47,12 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from bot.app.roost import Roost
-from bot.config.settings import Settings
 from bot.contracts.channel import Channel, InboundHandler
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.llm import ChatMessage, LLMRequest, LLMResponse, OnRetry, OnText, ToolSpec, Usage
@@ -65,9 +63,11 @@ from bot.engine.compaction import SUMMARY_SYSTEM
 from bot.engine.context import kernel_text
 from bot.engine.history import CLEARED_RESULT
 from bot.engine.tokens import MESSAGE_OVERHEAD, TokenEstimator
-from bot.pluginhost.manager import get_plugin_manager
 from bot.storage.sessions import session_key
 from plugins.anthropic_provider import to_anthropic_messages, to_anthropic_tools
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench._common import percentile, print_table, progress, quiet_logging, roost_app
 from plugins.scripted_provider import ScriptedProvider, _turn
 from workspaces import read_cached, workspace_dir
 
@@ -410,21 +410,10 @@ class BenchError(RuntimeError):
     """The core did not behave the way the bench expects."""
 
 
-@contextlib.asynccontextmanager
-async def bench_app(provider: LoggingProvider, *plugins: object,
-                    **settings: Any) -> AsyncIterator[Roost]:
+def bench_app(provider: LoggingProvider, *plugins: object,
+              **settings: Any) -> contextlib.AbstractAsyncContextManager[Roost]:
     """A fresh app with Roost's default settings (plus ``settings``) on a temp data dir."""
-    with tempfile.TemporaryDirectory(prefix="roost-bench-ctx-") as tmp:
-        settings.setdefault("merge_window_ms", 0)
-        host = get_plugin_manager(load_entry_points=False)
-        for i, plugin in enumerate(plugins):
-            host.register(plugin, f"bench-plugin-{i}")
-        app = await Roost.create(Settings(data_dir=Path(tmp) / "data", **settings),
-                                 host=host, provider=provider)
-        try:
-            yield app
-        finally:
-            await app.close()
+    return roost_app(provider, *plugins, **settings)
 
 
 def _last_user(request: LLMRequest) -> str:
@@ -454,13 +443,6 @@ def request_chars(request: LLMRequest) -> int:
 
 def to_tokens(chars: int) -> int:
     return math.ceil(chars / CHARS_PER_TOKEN)
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile ``q`` (0-100) of ``values``."""
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
 
 
 # -- part 1: prompt tokens over a long conversation ----------------------------------
@@ -635,7 +617,7 @@ def report_conversation(results: Sequence[Conversation]) -> None:
     if default.naive_uncapped != default.naive:
         rows.append(["naive, tool results uncapped", *_stats(default.naive_uncapped)])
     print_table(["per turn (2 LLM calls)", "mean", "median", "p95", "max",
-                 f"total ({turns} turns)"], rows)
+                 f"total ({turns} turns)"], rows, numbers_right=True)
 
     naive_total = sum(default.naive)
     print()
@@ -784,7 +766,7 @@ def report_first_requests(results: Sequence[FirstRequest]) -> None:
                      f"{r.system:,}", f"{r.tools:,}", f"{r.messages:,}",
                      f"{r.body - r.system - r.tools - r.messages:,}", verdict])
     print_table(["channel", "body B", "body KB", "system", "tools", "messages", "envelope",
-                 "result"], rows)
+                 "result"], rows, numbers_right=True)
     first = results[0]
     print("tools (JSON bytes each): " + ", ".join(f"{n} {b:,}" for n, b in
                                                  first.per_tool.items()))
@@ -804,7 +786,7 @@ def report_first_requests(results: Sequence[FirstRequest]) -> None:
     rows.append(["(blank lines between sections)", *(f"{r.separators:,}" for r in results)])
     rows.append(["= system prompt, raw", *(f"{r.system_raw:,}" for r in results)])
     rows.append(["= system prompt, JSON string", *(f"{r.system:,}" for r in results)])
-    print_table(["section", *(r.label for r in results)], rows)
+    print_table(["section", *(r.label for r in results)], rows, numbers_right=True)
     mismatched = [r.label for r in results
                   if sum(r.sections.values()) + r.separators != r.system_raw]
     if mismatched:
@@ -1303,7 +1285,8 @@ def report_errors(tokenizers: Sequence[RealTokenizer], missing: Sequence[str],
                              _err(row.mixed), "-"])
         swings.append(f"{tokenizer.name} {low:.2f}-{high:.2f}")
     print_table(["tokenizer", "category", "n", "chars/tok", "default ratio",
-                 "calibrated, mixed requests", "calibrated, same category"], rows)
+                 "calibrated, mixed requests", "calibrated, same category"], rows,
+                numbers_right=True)
     print("r = the calibrated ratio (chars/token). The mixed-request ratio is where the EWMA "
           "ended; over the last third of the requests it ranged " + ", ".join(swings) + ".")
     for tokenizer in tokenizers:
@@ -1314,34 +1297,6 @@ def report_errors(tokenizers: Sequence[RealTokenizer], missing: Sequence[str],
 
 
 # -- report -------------------------------------------------------------------------
-
-
-def print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-
-    def numeric(text: str) -> bool:
-        return bool(re.fullmatch(r"[-+]?[\d,.]+( KB| B|%)?", text))
-
-    def line(values: Sequence[str]) -> str:
-        cells = [v.rjust(w) if i and numeric(v) else v.ljust(w)
-                 for i, (v, w) in enumerate(zip(values, widths, strict=True))]
-        return "  ".join(cells).rstrip()
-
-    print(line(headers))
-    print(line(["-" * w for w in widths]))
-    for row in rows:
-        print(line(row))
-
-
-def quiet_logging() -> None:
-    logging.basicConfig(level=logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for name in ("roost", "roost.engine.runloop", "roost.engine.compaction"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-
-
-def progress(text: str) -> None:
-    print(f"[{text}]", file=sys.stderr, flush=True)
 
 
 async def run_parts(turns: int) -> tuple[list[Conversation], list[FirstRequest]]:
@@ -1366,7 +1321,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.turns < 1:
         parser.error("--turns must be at least 1")
-    quiet_logging()
+    quiet_logging("roost.engine.runloop", "roost.engine.compaction")
     if args.fetch_claude_tokenizer and not args.claude_tokenizer.is_file():
         fetch_claude_tokenizer(args.claude_tokenizer)
     began = time.perf_counter()

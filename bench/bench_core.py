@@ -21,13 +21,9 @@ import cProfile
 import gc
 import io
 import itertools
-import logging
-import math
 import os
 import platform
 import pstats
-import queue
-import signal
 import sqlite3
 import statistics
 import subprocess
@@ -36,7 +32,7 @@ import tempfile
 import threading
 import time
 import tracemalloc
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -46,13 +42,24 @@ import aiosqlite
 import psutil  # type: ignore[import-untyped]
 
 from bot.app.roost import Roost
-from bot.config.settings import Settings
 from bot.contracts.channel import Channel, InboundHandler
-from bot.contracts.llm import LLMRequest, LLMResponse, OnRetry, OnText
 from bot.contracts.messages import InboundMessage, OutboundMessage
-from bot.pluginhost.manager import get_plugin_manager
 from bot.storage.sessions import session_key
-from plugins.scripted_provider import ScriptedProvider, _turn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench._common import (
+    InstantProvider,
+    Row,
+    ms,
+    percentile,
+    print_rows,
+    progress,
+    quiet_logging,
+    roost_app,
+    roost_process,
+    targets_line,
+    verdict,
+)
 
 # -- targets -----------------------------------------------------------------
 
@@ -86,15 +93,11 @@ TOOL_REPLY = "done"
 # -- the provider and the channel ----------------------------------------------
 
 
-class BenchProvider(ScriptedProvider):
-    """The scripted provider, answering instantly, without keeping a request log.
-
-    ``ScriptedProvider`` records every request (for tests); over thousands of
-    turns that log would dominate memory, so it is dropped after each call.
-    """
+class BenchProvider(InstantProvider):
+    """Instant scripted answers: plain turns, one-tool turns, and compaction as in production."""
 
     def __init__(self) -> None:
-        script: list[dict[str, Any]] = [
+        super().__init__([
             # Compaction runs as in production (every ~13 turns of a session): the
             # memory flush stores nothing and the summarizer answers at once.
             {"match": "^Pre-compaction memory flush", "reply": "NO_REPLY"},
@@ -104,21 +107,7 @@ class BenchProvider(ScriptedProvider):
                 {"reply": TOOL_REPLY},
             ]},
             {"reply": PLAIN_REPLY},
-        ]
-        turns = [_turn(t, i, Path("<bench>")) for i, t in enumerate(script)]
-        super().__init__(turns, loop=True)
-
-    async def complete(
-        self,
-        request: LLMRequest,
-        *,
-        on_text: OnText | None = None,
-        on_retry: OnRetry | None = None,
-    ) -> LLMResponse:
-        try:
-            return await super().complete(request, on_text=on_text, on_retry=on_retry)
-        finally:
-            self.requests.clear()
+        ])
 
     def forget(self) -> None:
         """Drop the per-message turn choices (before a memory measurement)."""
@@ -188,31 +177,17 @@ class BenchChannel(Channel):
 @contextlib.asynccontextmanager
 async def bench_app(**settings: Any) -> AsyncIterator[tuple[Roost, BenchChannel, BenchProvider]]:
     """A fresh app on a temporary data dir with the bench channel started."""
-    with tempfile.TemporaryDirectory(prefix="roost-bench-") as tmp:
-        settings.setdefault("merge_window_ms", 0)
-        host = get_plugin_manager(load_entry_points=False)
-        provider = BenchProvider()
-        app = await Roost.create(Settings(data_dir=Path(tmp) / "data", **settings),
-                                 host=host, provider=provider)
+    provider = BenchProvider()
+    async with roost_app(provider, **settings) as app:
         channel = BenchChannel()
-        try:
-            await app.add_channel(channel)
-            yield app, channel, provider
-            if channel.unexpected:
-                raise BenchError(f"{len(channel.unexpected)} unexpected message(s), first: "
-                                 f"{channel.unexpected[0]}")
-        finally:
-            await app.close()
+        await app.add_channel(channel)
+        yield app, channel, provider
+        if channel.unexpected:
+            raise BenchError(f"{len(channel.unexpected)} unexpected message(s), first: "
+                             f"{channel.unexpected[0]}")
 
 
 # -- measurements ------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile ``q`` (0-100) of ``values``."""
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
 
 
 @dataclass(slots=True)
@@ -387,83 +362,28 @@ class StartupRun:
     note: str = ""
 
 
-def _roost_command() -> list[str]:
-    script = Path(sys.executable).with_name("roost")
-    if script.is_file():
-        return [str(script), "run"]
-    return [sys.executable, "-c", "from bot.app.cli import main; main()", "run"]
-
-
 def _child_env(data_dir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROOST_")}
     env.update(ROOST_PROVIDER="scripted", ROOST_CONSOLE="1", ROOST_LOG_LEVEL="INFO",
+               ROOST_DM_POLICY="open",
                ROOST_DATA_DIR=str(data_dir))
     return env
 
 
 def startup_once() -> StartupRun:
     """Launch ``roost run`` with the console on an open, silent stdin pipe."""
-    with tempfile.TemporaryDirectory(prefix="roost-bench-run-") as tmp:
-        lines: queue.Queue[str | None] = queue.Queue()
-        start = time.perf_counter()
-        proc = subprocess.Popen(_roost_command(), cwd=tmp, env=_child_env(Path(tmp) / "data"),
-                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)
-        assert proc.stderr is not None and proc.stdin is not None
-
-        def pump(stream: io.TextIOBase) -> None:
-            for line in stream:
-                lines.put(line)
-            lines.put(None)
-
-        reader = threading.Thread(target=pump, args=(proc.stderr,), daemon=True)
-        reader.start()
-        ready: float | None = None
-        seen: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="roost-bench-run-") as tmp, \
+            roost_process(_child_env(Path(tmp) / "data"), Path(tmp), stdin_pipe=True) as roost:
         try:
-            deadline = start + READY_TIMEOUT_S
-            while ready is None:
-                try:
-                    line = lines.get(timeout=max(0.0, deadline - time.perf_counter()))
-                except queue.Empty:
-                    break
-                if line is None:
-                    break
-                seen.append(line)
-                if "roost ready" in line:
-                    ready = time.perf_counter() - start
-            if ready is None:
-                return StartupRun(None, None, proc.poll(), None,
-                                  "no 'roost ready' line; stderr: " + "".join(seen)[-300:])
-            time.sleep(0.5)  # let it settle into idle before sampling RSS
-            resident = int(psutil.Process(proc.pid).memory_info().rss)
-            stopped = time.perf_counter()
-            proc.send_signal(signal.SIGTERM)
-            try:
-                code: int | None = proc.wait(timeout=EXIT_TIMEOUT_S)
-                exit_time: float | None = time.perf_counter() - stopped
-            except subprocess.TimeoutExpired:
-                code, exit_time = None, None
-            note = ""
-            if code != 0:
-                reader.join(timeout=1)
-                while (extra := _get_nowait(lines)) is not None:
-                    seen.append(extra)
-                note = "stderr tail: " + "".join(seen)[-300:]
-            return StartupRun(ready, resident, code, exit_time, note)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            proc.stdin.close()
-            reader.join(timeout=2)
-
-
-def _get_nowait(lines: queue.Queue[str | None]) -> str | None:
-    try:
-        return lines.get_nowait()
-    except queue.Empty:
-        return None
+            ready = roost.wait_ready(READY_TIMEOUT_S)
+        except RuntimeError:
+            return StartupRun(None, None, roost.proc.poll(), None,
+                              "no 'roost ready' line; stderr: " + roost.stderr_tail())
+        time.sleep(0.5)  # let it settle into idle before sampling RSS
+        resident = roost.rss()
+        code, exit_time = roost.stop(EXIT_TIMEOUT_S)
+        note = "" if code == 0 else "stderr tail: " + roost.stderr_tail()
+        return StartupRun(ready, resident, code, exit_time, note)
 
 
 def interpreter_startup() -> float:
@@ -477,40 +397,6 @@ def interpreter_startup() -> float:
 
 
 # -- report -------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Row:
-    metric: str
-    measured: str
-    target: str = ""
-    verdict: str = ""
-    details: list[str] = field(default_factory=list)
-    """Printed under the row, outside the columns."""
-
-
-def verdict(ok: bool) -> str:
-    return "PASS" if ok else "MISS"
-
-
-def ms(seconds: float) -> str:
-    return f"{seconds * 1000:.2f} ms"
-
-
-def print_table(rows: Sequence[Row]) -> None:
-    headers = ("Metric", "Measured", "Target", "Result")
-    cells = [(r.metric, r.measured, r.target, r.verdict) for r in rows]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
-
-    def line(values: Sequence[str]) -> str:
-        return "  ".join(v.ljust(w) for v, w in zip(values, widths, strict=True)).rstrip()
-
-    print(line(headers))
-    print(line(["-" * w for w in widths]))
-    for row, cell in zip(rows, cells, strict=True):
-        print(line(cell))
-        for detail in row.details:
-            print(f"    - {detail}")
 
 
 def machine_info() -> list[str]:
@@ -528,17 +414,6 @@ def machine_info() -> list[str]:
         f"sqlite: {sqlite3.sqlite_version}  aiosqlite: {aiosqlite.__version__}  "
         f"event loop: {type(asyncio.get_event_loop_policy()).__name__} (stdlib asyncio)",
     ]
-
-
-def quiet_logging() -> None:
-    logging.basicConfig(level=logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("roost.engine.runloop").setLevel(logging.WARNING)
-    logging.getLogger("roost").setLevel(logging.WARNING)
-
-
-def progress(text: str) -> None:
-    print(f"[{text}]", file=sys.stderr, flush=True)
 
 
 async def run_all() -> list[Row]:
@@ -770,7 +645,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true",
                         help="profile the 1,000-session throughput case instead")
     args = parser.parse_args()
-    quiet_logging()
+    quiet_logging("roost.engine.runloop")
     if args.profile:
         run_profile()
         return
@@ -783,11 +658,8 @@ def main() -> None:
     rows = asyncio.run(run_all())
     rows += startup_rows()
     print()
-    print_table(rows)
-    misses = sum(r.verdict == "MISS" for r in rows)
-    targets = sum(bool(r.verdict) for r in rows)
-    print(f"\n{targets - misses}/{targets} targets met; total bench time "
-          f"{time.perf_counter() - began:.1f}s")
+    print_rows(rows)
+    print("\n" + targets_line([r.verdict for r in rows], began))
 
 
 if __name__ == "__main__":

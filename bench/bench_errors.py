@@ -12,18 +12,20 @@ days) so reads and lists hit a realistically sized table with its indexes.
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from bot.storage.errors import ErrorStore, summarize_error
 from bot.storage.sessions import SessionStore
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench._common import percentile, print_table, targets_line, verdict
 
 PREFILL = 10_000
 SESSIONS = 100
@@ -45,12 +47,6 @@ SPEC_GET_P99_MS = 10.0
 SPEC_LIST_P50_MS = 10.0
 TARGET_WRITES_PER_S = 5_000.0
 TARGET_GET_P50_MS = 0.3
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile ``q`` (0-100) of ``values``."""
-    ordered = sorted(values)
-    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
 
 
 def raw_error(i: int) -> dict[str, object]:
@@ -162,9 +158,6 @@ async def measure(sessions: SessionStore, samples: list[dict[str, object]]) -> l
     def ms(values: list[float]) -> str:
         return f"{percentile(values, 50):.3f} / {percentile(values, 99):.3f} ms"
 
-    def verdict(ok: bool) -> str:
-        return "ok" if ok else "MISS"
-
     print(f"  reads and lists ran on the {PREFILL:,} prefilled rows; the table ended with "
           f"{total:,}")
     return [
@@ -192,14 +185,9 @@ async def measure(sessions: SessionStore, samples: list[dict[str, object]]) -> l
     ]
 
 
-def print_table(rows: list[Row]) -> None:
-    headers = ("Measurement", "Roost", "Spec (Go)", "Target", "")
-    cells = [headers, *((r.what, r.measured, r.spec, r.target, r.verdict) for r in rows)]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(headers))]
-    for n, cell in enumerate(cells):
-        print("  " + "  ".join(v.ljust(w) for v, w in zip(cell, widths, strict=True)).rstrip())
-        if n == 0:
-            print("  " + "  ".join("-" * w for w in widths))
+def print_report(rows: list[Row]) -> None:
+    print_table(("Measurement", "Roost", "Spec (Go)", "Target", ""),
+                [(r.what, r.measured, r.spec, r.target, r.verdict) for r in rows], indent="  ")
 
 
 def main() -> None:
@@ -209,11 +197,8 @@ def main() -> None:
           f"{PREFILL:,} errors prefilled over {SESSIONS} sessions and {TOOLS} tools")
     rows = asyncio.run(run())
     print()
-    print_table(rows)
-    misses = sum(r.verdict == "MISS" for r in rows)
-    targets = sum(bool(r.verdict) for r in rows)
-    print(f"\n{targets - misses}/{targets} targets met; total bench time "
-          f"{time.perf_counter() - began:.1f}s")
+    print_report(rows)
+    print("\n" + targets_line([r.verdict for r in rows], began))
 
 
 if __name__ == "__main__":

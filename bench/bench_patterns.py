@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import random
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,6 +27,9 @@ from pathlib import Path
 import yaml
 
 from bot.agents.patterns import PatternLibrary
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench._common import percentile, print_table
 
 DOMAINS = {
     "sql": ["query", "index", "join", "table", "postgres", "mysql", "explain", "schema"],
@@ -91,10 +95,6 @@ def make_queries(rng: random.Random, count: int) -> list[str]:
     return out
 
 
-def pct(sorted_xs: list[float], p: float) -> float:
-    return sorted_xs[min(len(sorted_xs) - 1, int(p / 100 * len(sorted_xs)))]
-
-
 def main() -> None:
     rng = random.Random(7)
     with tempfile.TemporaryDirectory() as tmp:
@@ -136,19 +136,14 @@ def main() -> None:
         ("Patterns / vocabulary", f"{n} / {vocab} terms", ""),
         ("Queries matched (>=1 hit)", f"{hits}/{len(queries)}", ""),
         ("Match p50", f"{statistics.median(lat):.3f} ms", "<= 0.5 ms (spec < 8 ms)"),
-        ("Match p99", f"{pct(lat, 99):.3f} ms", ""),
+        ("Match p99", f"{percentile(lat, 99):.3f} ms", ""),
         ("Match max", f"{lat[-1]:.3f} ms", ""),
         ("First load (constructor)", f"{first_load * 1e3:.1f} ms", ""),
         ("Full reload, median of 30", f"{statistics.median(reloads):.1f} ms", "spec 89-143 ms"),
         ("Full reload, max", f"{max(reloads):.1f} ms", ""),
         ("No-change check (stat only)", f"{statistics.median(checks) * 1e3:.0f} us", ""),
     ]
-    w0 = max(len(r[0]) for r in rows)
-    w1 = max(len(r[1]) for r in rows)
-    print(f"| {'Measurement':<{w0}} | {'Result':<{w1}} | Target |")
-    print(f"|{'-' * (w0 + 2)}|{'-' * (w1 + 2)}|---|")
-    for a, b, c in rows:
-        print(f"| {a:<{w0}} | {b:<{w1}} | {c} |")
+    print_table(("Measurement", "Result", "Target"), rows)
 
 
 if __name__ == "__main__":

@@ -18,27 +18,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import os
-import queue
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil  # type: ignore[import-untyped]
 from aiohttp import web
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._common import Row, ms, percentile, print_rows, progress, roost_process, verdict  # noqa: E402
 from bot.testing._server import DropConnection  # noqa: E402
 from bot.testing.anthropic import FakeAnthropic, Reply  # noqa: E402
 from bot.testing.telegram import Call, FakeTelegram, user  # noqa: E402
@@ -52,8 +46,6 @@ THROUGHPUT_CHATS = (1, 20, 100)
 THROUGHPUT_SECONDS = 4.0
 RAMP_SECONDS = 0.5
 STARTUP_RUNS = 3
-READY_TIMEOUT_S = 30.0
-EXIT_TIMEOUT_S = 10.0
 FIRST_CHAT = 10_000
 
 
@@ -71,17 +63,10 @@ class InstantAnthropic(FakeAnthropic):
 # -- the roost process ---------------------------------------------------------
 
 
-def _roost_command() -> list[str]:
-    script = Path(sys.executable).with_name("roost")
-    if script.is_file():
-        return [str(script), "run"]
-    return [sys.executable, "-c", "from bot.app.cli import main; main()", "run"]
-
-
 def _env(data_dir: Path, telegram: FakeTelegram, anthropic: FakeAnthropic | None) -> dict[str, str]:
     drop = ("ROOST_", "TELEGRAM_", "DISCORD_", "SLACK_", "ANTHROPIC_", "OPENAI_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    env.update(ROOST_DATA_DIR=str(data_dir), ROOST_LOG_LEVEL="INFO",
+    env.update(ROOST_DATA_DIR=str(data_dir), ROOST_LOG_LEVEL="INFO", ROOST_DM_POLICY="open",
                ROOST_STREAM_REPLIES="false", TELEGRAM_BOT_TOKEN=telegram.token,
                TELEGRAM_API_BASE=telegram.base_url)
     if anthropic is not None:
@@ -90,69 +75,6 @@ def _env(data_dir: Path, telegram: FakeTelegram, anthropic: FakeAnthropic | None
     else:
         env.update(ROOST_PROVIDER="scripted")  # the shipped demo script
     return env
-
-
-@dataclass(slots=True)
-class RoostProcess:
-    proc: subprocess.Popen[str]
-    started: float
-    lines: queue.Queue[str | None]
-    tail: list[str] = field(default_factory=list)
-
-    def wait_ready(self) -> float:
-        """Seconds from launch to the ``roost ready`` log line."""
-        deadline = self.started + READY_TIMEOUT_S
-        while True:
-            try:
-                line = self.lines.get(timeout=max(0.0, deadline - time.perf_counter()))
-            except queue.Empty:
-                line = None
-            if line is None:
-                raise RuntimeError("roost run never got ready; stderr tail:\n"
-                                   + "".join(self.tail[-20:]))
-            self.tail.append(line)
-            if "roost ready" in line:
-                return time.perf_counter() - self.started
-
-    def rss_mb(self) -> float:
-        return float(psutil.Process(self.proc.pid).memory_info().rss) / 2**20
-
-    def stop(self) -> tuple[int | None, float | None]:
-        """SIGTERM; the exit code and how long the exit took (``None``: it hung)."""
-        began = time.perf_counter()
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            code = self.proc.wait(timeout=EXIT_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            return None, None
-        return code, time.perf_counter() - began
-
-
-@contextlib.contextmanager
-def roost_process(env: dict[str, str], cwd: Path) -> Any:
-    lines: queue.Queue[str | None] = queue.Queue()
-    started = time.perf_counter()
-    proc = subprocess.Popen(_roost_command(), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    assert proc.stderr is not None
-
-    def pump(stream: io.TextIOBase) -> None:
-        # Drained all the time: a full pipe would block the bot's logging.
-        for line in stream:
-            lines.put(line)
-        lines.put(None)
-
-    reader = threading.Thread(target=pump, args=(proc.stderr,), daemon=True)
-    reader.start()
-    try:
-        yield RoostProcess(proc, started, lines)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        reader.join(timeout=2)
 
 
 # -- driving chats ----------------------------------------------------------------
@@ -218,40 +140,6 @@ class Driver:
 
 
 # -- report --------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Row:
-    metric: str
-    measured: str
-    target: str = ""
-    verdict: str = ""
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
-
-
-def ms(seconds: float) -> str:
-    return f"{seconds * 1000:.2f} ms"
-
-
-def verdict(ok: bool) -> str:
-    return "PASS" if ok else "MISS"
-
-
-def print_table(rows: Sequence[Row]) -> None:
-    headers = ("Metric", "Measured", "Target", "Result")
-    cells = [(r.metric, r.measured, r.target, r.verdict) for r in rows]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
-    for values in (headers, ["-" * w for w in widths], *cells):
-        print("  ".join(v.ljust(w) for v, w in zip(values, widths, strict=True)).rstrip())
-
-
-def progress(text: str) -> None:
-    print(f"[{text}]", file=sys.stderr, flush=True)
 
 
 @contextlib.asynccontextmanager
@@ -366,7 +254,7 @@ def main() -> None:
     print()
     print(f"Roost Telegram channel benchmark ({os.cpu_count()} cores, "
           f"python {sys.version.split()[0]})")
-    print_table(rows)
+    print_rows(rows)
 
 
 if __name__ == "__main__":
