@@ -48,12 +48,12 @@ FULL = "full"
 PROFILES: Mapping[str, frozenset[str] | None] = {
     FULL: None,
     "coding": frozenset({
-        "read_file", "write_file", "list_files", "edit_file",
+        "read_file", "write_file", "list_files", "edit_file", "send_file",
         "sql",
         "get_error_detail", "get_tool_result",
     }),
     "messaging": frozenset({
-        "read_file", "list_files",
+        "read_file", "list_files", "send_file",
         "memory_search", "memory_get",
         "get_error_detail", "get_tool_result",
         "cron",
@@ -63,9 +63,9 @@ PROFILES: Mapping[str, frozenset[str] | None] = {
 """Tool names each profile offers before ``allow``/``deny`` apply.
 
 - ``full``: every registered tool (``None`` stands for "no restriction");
-- ``coding``: the file tools, ``sql`` and the error-channel tools;
-- ``messaging``: no file writes — reading files, memory, the error-channel
-  tools and ``cron``;
+- ``coding``: the file tools (``send_file`` included), ``sql`` and the error-channel tools;
+- ``messaging``: no file writes — reading files and sending them to the chat,
+  memory, the error-channel tools and ``cron``;
 - ``minimal``: only the error-channel tools (``get_error_detail``,
   ``get_tool_result``), so the model can still follow up on failures.
 """
