@@ -10,6 +10,7 @@ import contextlib
 import io
 import logging
 import math
+import os
 import queue
 import re
 import signal
@@ -25,11 +26,15 @@ from pathlib import Path
 from typing import Any
 
 import psutil  # type: ignore[import-untyped]
+from aiohttp import web
 
 from bot.app.roost import Roost
 from bot.config.settings import Settings
 from bot.contracts.llm import LLMRequest, LLMResponse, OnRetry, OnText
 from bot.pluginhost.manager import get_plugin_manager
+from bot.testing._server import DropConnection
+from bot.testing.anthropic import FakeAnthropic, Reply
+from bot.testing.telegram import FakeTelegram
 from plugins.scripted_provider import ScriptedProvider, _turn
 
 # -- figures --------------------------------------------------------------------------------
@@ -177,6 +182,37 @@ async def roost_app(provider: ScriptedProvider, *plugins: object, data_dir: Path
 def roost_command() -> list[str]:
     """``roost run`` through the module: an installed ``roost`` script can be stale."""
     return [sys.executable, "-m", "bot", "run"]
+
+
+class InstantAnthropic(FakeAnthropic):
+    """The fake Messages API answering every request at once, keeping no request log."""
+
+    async def _receive(self, request: web.Request, api_key: str | None) -> dict[str, Any]:
+        body: dict[str, Any] = await request.json()
+        return body
+
+    def _next_item(self) -> Reply | DropConnection | None:
+        return Reply(blocks=("ok",), ping=False)
+
+
+def telegram_env(data_dir: Path, telegram: FakeTelegram,
+                 anthropic: FakeAnthropic | None) -> dict[str, str]:
+    """``roost run`` on ``telegram`` (long polling, no streaming) and ``anthropic``.
+
+    Without ``anthropic`` the provider is the shipped demo script. Platform and
+    provider variables of this environment are left out; direct chats are open.
+    """
+    drop = ("ROOST_", "TELEGRAM_", "DISCORD_", "SLACK_", "ANTHROPIC_", "OPENAI_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env.update(ROOST_DATA_DIR=str(data_dir), ROOST_LOG_LEVEL="INFO", ROOST_DM_POLICY="open",
+               ROOST_STREAM_REPLIES="false", TELEGRAM_BOT_TOKEN=telegram.token,
+               TELEGRAM_API_BASE=telegram.base_url)
+    if anthropic is not None:
+        env.update(ROOST_PROVIDER="anthropic", ANTHROPIC_API_KEY="x",
+                   ANTHROPIC_BASE_URL=anthropic.base_url)
+    else:
+        env.update(ROOST_PROVIDER="scripted")
+    return env
 
 
 @dataclass(slots=True)

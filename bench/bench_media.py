@@ -36,9 +36,7 @@ import contextlib
 import gc
 import io
 import json
-import os
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -54,12 +52,11 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._common import InstantAnthropic, roost_process, telegram_env, verdict  # noqa: E402
 from bot.config.settings import Settings  # noqa: E402
 from bot.contracts.llm import ChatMessage  # noqa: E402
 from bot.contracts.messages import Attachment, InboundMessage  # noqa: E402
 from bot.media.intake import receive  # noqa: E402
-from bot.testing._server import DropConnection  # noqa: E402
-from bot.testing.anthropic import FakeAnthropic, Reply  # noqa: E402
 from bot.testing.telegram import Call, FakeTelegram, user  # noqa: E402
 from plugins.anthropic_provider import to_anthropic_messages  # noqa: E402
 from plugins.provider_media import ANTHROPIC_MAX_PIXELS, MediaReader  # noqa: E402
@@ -89,10 +86,6 @@ def photo_jpeg(width: int = 4000, height: int = 3000, quality: int = 90) -> byte
 
 def median_ms(values: list[float]) -> float:
     return statistics.median(values) * 1000 if values else float("nan")
-
-
-def verdict(ok: bool) -> str:
-    return "meets" if ok else "MISSES"
 
 
 # -- part 1: roost run ---------------------------------------------------------------
@@ -126,9 +119,9 @@ async def fakes() -> AsyncIterator[tuple[FakeTelegram, SeeingAnthropic]]:
         yield telegram, anthropic
 
 
-class SeeingAnthropic(FakeAnthropic):
-    """The Messages API fake answering every request at once, keeping no request log,
-    counting the requests whose last message holds an image block."""
+class SeeingAnthropic(InstantAnthropic):
+    """The instant Messages API fake, counting the requests whose last message holds an
+    image block."""
 
     images = 0
 
@@ -140,62 +133,15 @@ class SeeingAnthropic(FakeAnthropic):
         return body
 
 
-    def _next_item(self) -> Reply | DropConnection | None:
-        return Reply(blocks=("ok",), ping=False)
-
-
-def roost_env(data_dir: Path, telegram: FakeTelegram, anthropic: FakeAnthropic
-              ) -> dict[str, str]:
-    """``roost run`` on Telegram (long polling) and Anthropic, both fakes; no streaming."""
-    drop = ("ROOST_", "TELEGRAM_", "DISCORD_", "SLACK_", "ANTHROPIC_", "OPENAI_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    env.update(ROOST_DATA_DIR=str(data_dir), ROOST_LOG_LEVEL="INFO",
-               ROOST_STREAM_REPLIES="false", TELEGRAM_BOT_TOKEN=telegram.token,
-               TELEGRAM_API_BASE=telegram.base_url, ROOST_PROVIDER="anthropic",
-               ANTHROPIC_API_KEY="x", ANTHROPIC_BASE_URL=anthropic.base_url)
-    return env
-
-
 @contextlib.asynccontextmanager
 async def roost_run(env: dict[str, str], cwd: Path) -> AsyncIterator[psutil.Process]:
-    """``python -m bot run`` (the module, not an installed script that may predate a
-    package move), ready once it logs ``roost ready``; stopped with SIGTERM."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", "run", cwd=cwd, env=env,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE)
-    assert proc.stderr is not None
-    tail: list[str] = []
-
-    async def ready() -> None:
-        assert proc.stderr is not None
-        while line := (await proc.stderr.readline()).decode(errors="replace"):
-            tail.append(line)
-            if "roost ready" in line:
-                return
-        raise RuntimeError("roost run exited; stderr tail:\n" + "".join(tail[-20:]))
-
-    async def drain() -> None:
-        # A full pipe would block the bot's logging.
-        assert proc.stderr is not None
-        while await proc.stderr.read(65536):
-            pass
-
-    draining: asyncio.Task[None] | None = None
-    try:
-        await asyncio.wait_for(ready(), READY_TIMEOUT_S)
-        draining = asyncio.create_task(drain())
-        yield psutil.Process(proc.pid)
-    finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), 15)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-        if draining is not None:
-            await draining
+    """``roost run``, ready once it logs ``roost ready``; stopped with SIGTERM."""
+    with roost_process(env, cwd) as roost:
+        await asyncio.to_thread(roost.wait_ready, READY_TIMEOUT_S)
+        try:
+            yield psutil.Process(roost.proc.pid)
+        finally:
+            await asyncio.to_thread(roost.stop, 15)
 
 
 def cpu_seconds(process: psutil.Process) -> float:
@@ -211,7 +157,7 @@ async def bench_process(photo: bytes, photos: int, *, with_photos: bool = True
     async with fakes() as (telegram, anthropic):
         replies = Replies(telegram)
         with tempfile.TemporaryDirectory() as tmp:
-            env = roost_env(Path(tmp) / "data", telegram, anthropic)
+            env = telegram_env(Path(tmp) / "data", telegram, anthropic)
             async with roost_run(env, Path(tmp)) as proc:
                 chat = FIRST_CHAT
 

@@ -25,16 +25,21 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
-
-from aiohttp import web
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._common import Row, ms, percentile, print_rows, progress, roost_process, verdict  # noqa: E402
-from bot.testing._server import DropConnection  # noqa: E402
-from bot.testing.anthropic import FakeAnthropic, Reply  # noqa: E402
+from bench._common import (  # noqa: E402
+    InstantAnthropic,
+    Row,
+    ms,
+    percentile,
+    print_rows,
+    progress,
+    roost_process,
+    telegram_env,
+    verdict,
+)
 from bot.testing.telegram import Call, FakeTelegram, user  # noqa: E402
 
 TARGET_P50_MS = 10.0
@@ -47,34 +52,6 @@ THROUGHPUT_SECONDS = 4.0
 RAMP_SECONDS = 0.5
 STARTUP_RUNS = 3
 FIRST_CHAT = 10_000
-
-
-class InstantAnthropic(FakeAnthropic):
-    """The fake Messages API answering every request at once, keeping no request log."""
-
-    async def _receive(self, request: web.Request, api_key: str | None) -> dict[str, Any]:
-        body: dict[str, Any] = await request.json()
-        return body
-
-    def _next_item(self) -> Reply | DropConnection | None:
-        return Reply(blocks=("ok",), ping=False)
-
-
-# -- the roost process ---------------------------------------------------------
-
-
-def _env(data_dir: Path, telegram: FakeTelegram, anthropic: FakeAnthropic | None) -> dict[str, str]:
-    drop = ("ROOST_", "TELEGRAM_", "DISCORD_", "SLACK_", "ANTHROPIC_", "OPENAI_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    env.update(ROOST_DATA_DIR=str(data_dir), ROOST_LOG_LEVEL="INFO", ROOST_DM_POLICY="open",
-               ROOST_STREAM_REPLIES="false", TELEGRAM_BOT_TOKEN=telegram.token,
-               TELEGRAM_API_BASE=telegram.base_url)
-    if anthropic is not None:
-        env.update(ROOST_PROVIDER="anthropic", ANTHROPIC_API_KEY="x",
-                   ANTHROPIC_BASE_URL=anthropic.base_url)
-    else:
-        env.update(ROOST_PROVIDER="scripted")  # the shipped demo script
-    return env
 
 
 # -- driving chats ----------------------------------------------------------------
@@ -154,7 +131,7 @@ async def bench_load() -> list[Row]:
     async with fakes() as (telegram, anthropic):
         driver = Driver(telegram)
         with tempfile.TemporaryDirectory(prefix="roost-bench-tg-") as tmp:
-            env = _env(Path(tmp) / "data", telegram, anthropic)
+            env = telegram_env(Path(tmp) / "data", telegram, anthropic)
             with roost_process(env, Path(tmp)) as roost:
                 await asyncio.to_thread(roost.wait_ready)
                 progress("roost run is up; warming up")
@@ -199,7 +176,7 @@ async def bench_channel_only() -> list[Row]:
     async with fakes() as (telegram, _):
         driver = Driver(telegram)
         with tempfile.TemporaryDirectory(prefix="roost-bench-tg-") as tmp, \
-                roost_process(_env(Path(tmp) / "data", telegram, None), Path(tmp)) as roost:
+                roost_process(telegram_env(Path(tmp) / "data", telegram, None), Path(tmp)) as roost:
             await asyncio.to_thread(roost.wait_ready)
             progress(f"throughput without the SDK: {count} chats")
             for i in range(count):
@@ -219,7 +196,8 @@ async def bench_startup(with_anthropic: bool) -> tuple[list[float], list[float],
     async with fakes() as (telegram, anthropic):
         for _ in range(STARTUP_RUNS):
             with tempfile.TemporaryDirectory(prefix="roost-bench-tg-") as tmp:
-                env = _env(Path(tmp) / "data", telegram, anthropic if with_anthropic else None)
+                env = telegram_env(Path(tmp) / "data", telegram,
+                                   anthropic if with_anthropic else None)
                 with roost_process(env, Path(tmp)) as roost:
                     ready.append(await asyncio.to_thread(roost.wait_ready))
                     await asyncio.sleep(0.5)  # settle into idle (a pending long poll)
