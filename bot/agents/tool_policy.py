@@ -11,8 +11,9 @@ supplies the mapping tool name → plugin name. A built-in plugin may be named
 by its module's last part (``group:file_tools`` for ``plugins.file_tools``).
 Resolution:
 
-1. start from the profile (:data:`PROFILES`; ``full`` means every tool);
-2. add every tool named by ``allow``;
+1. start from the profile (:data:`PROFILES`; ``full`` means every tool), leaving
+   out opt-in tools (``Tool.meta[OPT_IN]``, e.g. ``exec``): no profile offers them;
+2. add every tool named by ``allow`` (the only way to offer an opt-in tool);
 3. remove every tool named by ``deny`` — deny wins over allow and the profile.
 
 Names that match no registered tool (or groups that match no plugin) are
@@ -31,6 +32,10 @@ from bot.contracts.tools import Tool
 log = logging.getLogger("roost.agents.tool_policy")
 
 GROUP_PREFIX = "group:"
+
+OPT_IN = "opt_in"
+"""``Tool.meta`` key: a tool with ``meta={OPT_IN: True}`` is offered only where an agent's
+``allow`` names it (or its plugin group), never by a profile: ``exec`` runs commands."""
 
 
 
@@ -57,7 +62,8 @@ class ToolPolicy:
         ``group:<plugin>`` entries). Keeps the order of ``tools``.
         """
         base = PROFILES[self.profile]
-        allowed = set(tools) if base is None else {name for name in tools if name in base}
+        allowed = {name for name, tool in tools.items()
+                   if not tool.meta.get(OPT_IN) and (base is None or name in base)}
         allowed |= _resolve(self.allow, tools, groups, "allow")
         allowed -= _resolve(self.deny, tools, groups, "deny")
         return {name: tool for name, tool in tools.items() if name in allowed}

@@ -1,0 +1,328 @@
+"""The ``exec`` tool against the real bubblewrap: what a command can see, write,
+reach and use, and that it never runs without the sandbox.
+
+These tests need ``bwrap`` (``.ci/run`` installs bubblewrap when it is missing) and
+a kernel that lets it create namespaces; they do not skip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.agents.tool_policy import OPT_IN, ToolPolicy
+from bot.config.agents import PROFILES
+from bot.config.settings import Settings
+from bot.contracts.tools import Tool, ToolContext, ToolError
+from bot.testing.app import build_app, without_summary
+from plugins import exec_tool
+from plugins.exec_tool import roost_tools
+
+SECRET = "sk-roost-test-0123456789abcdef"
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    """A directory every user can traverse: when the tests run as root the sandbox runs as
+    ``exec_uid``, which must reach the workspace (pytest's own tmp_path is 0700)."""
+    path = Path(tempfile.mkdtemp(prefix="roost-exec-test-"))
+    path.chmod(0o711)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def workspace(root: Path) -> Path:
+    path = root / "workspace"
+    path.mkdir()
+    (path / "notes.txt").write_text("hello from the host\n")
+    return path
+
+
+def make_tool(root: Path, **settings: Any) -> Tool:
+    return roost_tools(Settings(data_dir=root / "data", **settings))
+
+
+def context(workspace: Path, agent: str = "default", seconds: float = 60.0) -> ToolContext:
+    return ToolContext("u1", "console", "c1", f"{agent}:console:direct:u1", "run-1", workspace,
+                       time.monotonic() + seconds)
+
+
+async def run(tool: Tool, workspace: Path, command: str, **args: Any) -> str:
+    result = await tool.execute(context(workspace, **args.pop("ctx", {})),
+                                {"command": command, **args})
+    assert isinstance(result, str)
+    return result
+
+
+def status_and_output(result: str) -> tuple[str, str]:
+    status, _, output = result.partition("\n")
+    return status, output
+
+
+def processes_with(marker: str) -> list[int]:
+    """Live processes whose command line contains ``marker``."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                if marker.encode() in Path(f"/proc/{entry.name}/cmdline").read_bytes():
+                    found.append(int(entry.name))
+    return found
+
+
+async def test_a_command_sees_only_the_workspace(root: Path, workspace: Path) -> None:
+    tool = make_tool(root)
+    result = await run(tool, workspace, "pwd; echo $HOME; cat notes.txt; ls /; "
+                       "echo written inside > made.txt; ls /home /root " + str(root))
+    status, output = status_and_output(result)
+    lines = output.splitlines()
+    assert lines[:3] == ["/workspace", "/workspace", "hello from the host"]
+    top = set(lines[3:lines.index("workspace") + 1])
+    assert {"usr", "workspace", "tmp", "proc", "dev", "etc"} <= top
+    assert not top & {"home", "root", "work", "var", "opt", "srv", "mnt", "data"}
+    assert "No such file or directory" in output  # /home, /root, the host path: absent
+    assert status.startswith("[exit code 2")
+    assert (workspace / "made.txt").read_text() == "written inside\n"
+
+
+async def test_writing_outside_the_workspace_fails(root: Path, workspace: Path) -> None:
+    name = f"roost-exec-escape-{os.getpid()}"
+    tool = make_tool(root)
+    result = await run(tool, workspace, "for p in /usr /etc /bin / /proc/sys/kernel; do "
+                       f"touch $p/{name} 2>&1 || echo refused $p; done; "
+                       f"echo temp > /tmp/{name} && cat /tmp/{name}")
+    _, output = status_and_output(result)
+    for place in ("/usr", "/etc", "/bin", "/", "/proc/sys/kernel"):
+        assert f"refused {place}\n" in output
+    assert "Read-only file system" in output
+    assert output.endswith("temp\n")  # a private /tmp, gone with the sandbox
+    for host in (Path("/usr"), Path("/etc"), Path("/tmp")):
+        assert not (host / name).exists()
+
+
+async def test_etc_shadow_and_account_files_are_not_there(root: Path, workspace: Path) -> None:
+    tool = make_tool(root)
+    result = await run(tool, workspace, "cat /etc/shadow; ls /etc")
+    status, output = status_and_output(result)
+    assert "/etc/shadow: No such file or directory" in output
+    assert not {"shadow", "passwd", "gshadow", "sudoers"} & set(output.split())
+    assert status.startswith("[exit code 0")  # ls ran; cat's failure is in the output
+
+
+CONNECT = ("python3 -c \"import socket,sys\n"
+           "try:\n socket.create_connection(('127.0.0.1', {port}), timeout=5); print('connected')\n"
+           "except OSError as e:\n print('refused:', e); sys.exit(3)\"")
+
+
+@contextlib.asynccontextmanager
+async def listener() -> AsyncIterator[tuple[int, asyncio.Event]]:
+    connected = asyncio.Event()
+
+    def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connected.set()
+        writer.close()
+
+    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1], connected
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_the_network_is_unreachable_unless_the_agent_may_use_it(
+        root: Path, workspace: Path) -> None:
+    async with listener() as (port, connected):
+        result = await run(make_tool(root), workspace, CONNECT.format(port=port))
+        status, output = status_and_output(result)
+        assert status.startswith("[exit code 3")
+        assert output.startswith("refused:")
+        assert not connected.is_set()
+
+        # The same command for an agent listed in exec_network_agents gets through,
+        # so the refusal above is the sandbox's doing.
+        tool = make_tool(root, exec_network_agents="research")
+        result = await run(tool, workspace, CONNECT.format(port=port),
+                           ctx={"agent": "research"})
+        assert status_and_output(result) == (status_and_output(result)[0], "connected\n")
+        await asyncio.wait_for(connected.wait(), 10)
+        other = await run(tool, workspace, CONNECT.format(port=port), ctx={"agent": "default"})
+        assert status_and_output(other)[1].startswith("refused:")
+
+
+async def test_a_fork_bomb_stops_at_the_process_limit(root: Path, workspace: Path) -> None:
+    tool = make_tool(root, exec_max_processes=16)
+    counting = ("python3 -c \"import os,time\nn=0\nwhile n < 5000:\n"
+                " try: pid = os.fork()\n"
+                " except OSError as e: print('fork failed after', n, e.strerror); break\n"
+                " if pid == 0: time.sleep(20); os._exit(0)\n n += 1\"")
+    result = await run(tool, workspace, counting, timeout=20)
+    status, output = status_and_output(result)
+    words = output.split()
+    assert words[:3] == ["fork", "failed", "after"], output
+    assert int(words[3]) <= 16
+    assert "Resource temporarily unavailable" in output
+    # Its sleeping children went with the sandbox when python exited.
+    assert status.startswith("[exit code 0")
+
+    marker = f"bomb{os.getpid()}"
+    result = await run(tool, workspace, f"{marker}() {{ {marker} | {marker} & }}; {marker}; "
+                       "sleep 30", timeout=2)
+    status, output = status_and_output(result)
+    assert status.startswith("[killed: still running after 2s")
+    assert "Cannot fork" in output
+    assert processes_with(marker) == []
+
+
+async def test_an_infinite_loop_is_killed_at_the_timeout(root: Path, workspace: Path) -> None:
+    marker = f"loop{os.getpid()}"
+    result = await run(make_tool(root), workspace, f"echo {marker}; while :; do :; done",
+                       timeout=1)
+    status, output = status_and_output(result)
+    assert status.startswith("[killed: still running after 1s (the wall-clock limit)")
+    assert output == f"{marker}\n"
+    assert processes_with(marker) == []
+
+
+async def test_cpu_memory_and_file_size_are_limited(root: Path, workspace: Path) -> None:
+    tool = make_tool(root, exec_cpu_seconds=1, exec_memory_mb=256, exec_max_file_mb=1)
+    status, _ = status_and_output(await run(tool, workspace, "while :; do :; done", timeout=60))
+    assert status.startswith("[exit code 152: the CPU time limit (1s) was reached"), status
+
+    _, output = status_and_output(await run(
+        tool, workspace, "python3 -c 'bytearray(512 * 1024 * 1024)'"))
+    assert output.rstrip().endswith("MemoryError")
+
+    _, output = status_and_output(await run(
+        tool, workspace, "head -c 5000000 /dev/zero > big.bin"))
+    assert "File size limit exceeded" in output
+    assert (workspace / "big.bin").stat().st_size == 1024 * 1024
+
+
+async def test_a_100_mb_output_is_cut_at_the_cap(root: Path, workspace: Path) -> None:
+    result = await run(make_tool(root, exec_max_output_bytes=50_000), workspace,
+                       "head -c 100000000 /dev/zero | tr '\\0' a; echo never")
+    status, output = status_and_output(result)
+    assert status.startswith("[killed: output passed 50000 bytes")
+    assert output == "a" * 50_000
+
+
+async def test_the_parent_environment_is_not_visible(
+        root: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROOST_TELEGRAM_BOT_TOKEN", SECRET)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
+    result = await run(make_tool(root), workspace,
+                       "env; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'")
+    _, output = status_and_output(result)
+    assert SECRET not in output
+    names = {line.split("=", 1)[0] for line in output.splitlines() if "=" in line}
+    assert names <= {"PATH", "HOME", "LANG", "PWD", "SHLVL", "_", "OLDPWD"}, names
+    assert "HOME=/workspace" in output.splitlines()
+
+
+async def test_no_bwrap_means_no_exec(root: Path, workspace: Path) -> None:
+    tool = make_tool(root, exec_bwrap=str(root / "no-such-bwrap"))
+    with pytest.raises(ToolError) as caught:
+        await run(tool, workspace, "touch ran.txt")
+    assert caught.value.code == "SANDBOX_UNAVAILABLE"
+    assert "bubblewrap" in str(caught.value) and "never run outside" in str(caught.value)
+    assert not (workspace / "ran.txt").exists()
+
+
+async def test_a_bwrap_that_cannot_create_namespaces_means_no_exec(
+        root: Path, workspace: Path) -> None:
+    # What bwrap says in a container that forbids user namespaces.
+    fake = root / "bwrap-without-namespaces"
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to creating new namespace' >&2\n"
+                    "exit 1\n")
+    fake.chmod(0o755)
+    tool = make_tool(root, exec_bwrap=str(fake))
+    for _ in range(2):  # the probe's verdict is kept, and kept refusing
+        with pytest.raises(ToolError) as caught:
+            await run(tool, workspace, "touch ran.txt")
+        assert caught.value.code == "SANDBOX_UNAVAILABLE"
+        assert "No permissions to creating new namespace" in str(caught.value)
+    assert not (workspace / "ran.txt").exists()
+
+
+async def test_cancelling_the_call_kills_the_sandbox(root: Path, workspace: Path) -> None:
+    marker = f"stopme{os.getpid()}"
+    task = asyncio.create_task(run(make_tool(root), workspace,
+                                   f"touch started; sleep 60; echo {marker}", timeout=60))
+    while not (workspace / "started").exists():
+        assert not task.done(), task
+        await asyncio.sleep(0.01)
+    assert processes_with(marker)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert processes_with(marker) == []
+
+
+@pytest.mark.parametrize("bad", [{"command": ""}, {"command": "ls", "timeout": -1},
+                                 {"command": "ls", "timeout": "soon"}, {"cmd": "ls"}])
+async def test_bad_arguments_are_refused(root: Path, workspace: Path,
+                                         bad: Mapping[str, Any]) -> None:
+    with pytest.raises(ToolError) as caught:
+        await make_tool(root).execute(context(workspace), bad)
+    assert caught.value.code == "INVALID_ARGUMENT"
+
+
+def test_no_profile_offers_exec_and_allow_does() -> None:
+    tool = make_tool(Path("/nonexistent"))
+    assert tool.meta[OPT_IN] is True and tool.retry is not None and tool.retry.max_attempts == 1
+    tools = {"read_file": Tool("read_file", "", {}, tool.execute), "exec": tool}
+    groups = {"read_file": "plugins.file_tools", "exec": "plugins.exec_tool"}
+    for profile in PROFILES:
+        assert "exec" not in ToolPolicy(profile).filter(tools, groups)
+        assert "exec" in ToolPolicy(profile, allow=("exec",)).filter(tools, groups)
+    assert "exec" in ToolPolicy("minimal", allow=("group:exec_tool",)).filter(tools, groups)
+    assert "exec" not in ToolPolicy(allow=("exec",), deny=("exec",)).filter(tools, groups)
+
+
+async def test_exec_through_a_run_with_the_large_result_store(root: Path) -> None:
+    call = {"name": "exec", "arguments": {
+        "command": "echo built > out.txt; cat out.txt; head -c 100000000 /dev/zero | tr '\\0' b"}}
+    chat = await build_app([{"steps": [{"tool_calls": [call]}, {"reply": "ran it"}]}],
+                           data_dir=root / "data", dm_policy="open",
+                           agents={"default": {"tools": {"allow": ["exec"]}}})
+    try:
+        assert await chat.ask("build it") == ["ran it"]
+        offered = {spec.name for spec in chat.requests[0].tools}
+        assert "exec" in offered
+        # The model got the stored result's preview and reference, not 200 KB.
+        tool_message = chat.requests[1].messages[-1]
+        seen = without_summary(tool_message.content)
+        assert seen.startswith("[killed: output passed 200000 bytes")
+        assert "built\nbbbb" in seen and "get_tool_result" in seen
+        assert len(seen) < 20_000
+        made = list((root / "data").rglob("out.txt"))
+        assert [p.read_text() for p in made] == ["built\n"]
+    finally:
+        await chat.app.close()
+
+
+async def test_exec_is_not_offered_to_an_agent_without_it(root: Path) -> None:
+    chat = await build_app([{"reply": "hi"}], data_dir=root / "data", dm_policy="open")
+    try:
+        assert await chat.ask("hello") == ["hi"]
+        assert "exec" not in {spec.name for spec in chat.requests[0].tools}
+        assert "read_file" in {spec.name for spec in chat.requests[0].tools}
+    finally:
+        await chat.app.close()
+
+
+def test_the_module_names_the_policy_key() -> None:
+    assert exec_tool.OPT_IN == OPT_IN
