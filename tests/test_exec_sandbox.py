@@ -172,7 +172,9 @@ async def test_a_fork_bomb_stops_at_the_process_limit(root: Path, workspace: Pat
     status, output = status_and_output(result)
     words = output.split()
     assert words[:3] == ["fork", "failed", "after"], output
-    assert int(words[3]) <= 16
+    # RLIMIT_NPROC counts every process of the sandbox's user: 16 more than it ran at the
+    # start, so a sandbox of a parallel test that ends meanwhile can leave a few more.
+    assert int(words[3]) <= 32
     assert "Resource temporarily unavailable" in output
     # Its sleeping children went with the sandbox when python exited.
     assert status.startswith("[exit code 0")
