@@ -8,7 +8,9 @@ that calls a hidden tool anyway gets the ordinary unknown-tool error
 Entries of ``allow`` and ``deny`` are tool names (``"write_file"``) or plugin
 groups written ``"group:<plugin name>"`` (``"group:file_tools"``); the caller
 supplies the mapping tool name → plugin name. A built-in plugin may be named
-by its module's last part (``group:file_tools`` for ``plugins.file_tools``).
+by its module's last part (``group:file_tools`` for ``plugins.file_tools``). A
+tool may name a group of its own in ``Tool.meta["group"]`` (``mcp:github``);
+``group:mcp`` then covers every ``mcp:<server>`` group.
 Resolution:
 
 1. start from the profile (:data:`PROFILES`; ``full`` means every tool), leaving
@@ -71,8 +73,10 @@ class ToolPolicy:
 
 def _in_group(owner: str, group: str) -> bool:
     """Whether plugin ``owner`` is ``group``: its full name, or a built-in's module name
-    (``group:file_tools`` for ``plugins.file_tools``)."""
-    return owner == group or owner.rsplit(".", 1)[-1] == group
+    (``group:file_tools`` for ``plugins.file_tools``), or a group it is a part of
+    (``group:mcp`` covers ``mcp:github``, a tool's own group in ``Tool.meta``)."""
+    return (owner == group or owner.rsplit(".", 1)[-1] == group
+            or owner.startswith(group + ":"))
 
 
 def _resolve(entries: Iterable[str], tools: Mapping[str, Tool], groups: Mapping[str, str],

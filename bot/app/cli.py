@@ -339,6 +339,38 @@ def config_show(ctx: click.Context) -> None:
 
 
 @cli.group()
+def mcp() -> None:
+    """Check the MCP servers of [mcp.servers.<name>]."""
+
+
+def _mcp_report(ctx: click.Context, name: str | None) -> None:
+    # The plugin owns the client; imported here so other commands never load the SDK.
+    from plugins.mcp.cli import list_servers, test_server
+
+    settings = _settings(ctx)
+    _setup_logging("ERROR")
+    work = list_servers(settings) if name is None else test_server(settings, name)
+    code, text = asyncio.run(work)
+    click.echo(text)
+    sys.exit(code)
+
+
+@mcp.command("list")
+@click.pass_context
+def mcp_list(ctx: click.Context) -> None:
+    """Start each server, list its tools, end it; say why one fails."""
+    _mcp_report(ctx, None)
+
+
+@mcp.command("test")
+@click.argument("name")
+@click.pass_context
+def mcp_test(ctx: click.Context, name: str) -> None:
+    """Start server NAME, print its tools with their parameters, end it."""
+    _mcp_report(ctx, name)
+
+
+@cli.group()
 def errors() -> None:
     """Inspect stored tool errors."""
 

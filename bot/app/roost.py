@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 from bot.app.runtime import AppRuntime
@@ -171,6 +173,7 @@ class Roost:
             if isinstance(b, SearchBackend))
         tools = await _unique(host, "roost_tools", settings, Tool, groups,
                               services=self.services)
+        _tool_groups(tools, groups)
         sanitizers = [s for s in await host.collect("roost_output_sanitizers", settings=settings)
                       if isinstance(s, Sanitizer)]
         guard = InputGuard(
@@ -198,6 +201,21 @@ class Roost:
             specs = await _unique(host, "roost_scheduled_jobs", settings, JobSpec)
             await _quietly(scheduler.sync_system(list(specs.values())),
                            "updating the scheduled jobs of plugins")
+
+    async def refresh_tools(self) -> None:
+        """Collect the enabled plugins' tools again and swap them in, nothing else.
+
+        For plugins whose tools change at run time (an MCP server's list);
+        runs in flight keep the tools they started with.
+        """
+        groups: dict[str, str] = {}
+        tools = await _unique(self.host, "roost_tools", self.settings, Tool, groups,
+                              services=self.services)
+        _tool_groups(tools, groups)
+        self.engine.plugins = dataclasses.replace(
+            self.engine.plugins, tools=MappingProxyType(tools),
+            tool_groups=MappingProxyType(groups))
+        self.engine.router.invalidate()
 
     async def set_plugin_enabled(self, name: str, enabled: bool) -> str:
         """Enable or disable plugin ``name`` now and persist it; returns what happened."""
@@ -330,6 +348,14 @@ async def _judges(host: PluginHost, settings: Settings) -> dict[str, Judge]:
         else:
             judges[name] = judge
     return judges
+
+
+def _tool_groups(tools: dict[str, Tool], groups: dict[str, str]) -> None:
+    """A tool's own ``meta["group"]`` (``mcp:github``) replaces its plugin as its group."""
+    for name, tool in tools.items():
+        group = tool.meta.get("group")
+        if isinstance(group, str) and group:
+            groups[name] = group
 
 
 async def _unique(host: PluginHost, hook: str, settings: Settings, kind: type[T],

@@ -138,3 +138,6 @@ class AppRuntime:
 
     async def set_plugin_enabled(self, name: str, enabled: bool) -> str:
         return await self._app.set_plugin_enabled(name, enabled)
+
+    async def refresh_tools(self) -> None:
+        await self._app.refresh_tools()

@@ -29,6 +29,8 @@ from pydantic_settings import (
 )
 
 from bot.config.agents import AgentConfig, Binding, check_bindings
+from bot.config.mcp import McpConfig
+from bot.config.mcp import masked as _masked_mcp
 
 _toml_data: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "roost_toml_data", default=None
@@ -304,6 +306,9 @@ class Settings(BaseSettings):
     plugins_install_allowlist: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Distributions ``/plugin install`` may install (comma-separated in the env)."""
 
+    mcp: McpConfig = Field(default_factory=McpConfig)
+    """``[mcp.servers.<name>]``: MCP servers whose tools Roost offers (bot/config/mcp.py)."""
+
     # Agents (bot/config/agents.py) and which chats they serve.
     agents: dict[str, AgentConfig] = Field(default_factory=dict)
     bindings: list[Binding] = Field(default_factory=list)
@@ -378,6 +383,7 @@ class Settings(BaseSettings):
             if isinstance(value, SecretStr):
                 data[name] = SECRET_MASK
         data["plugins"] = {k: _mask_tree(v) for k, v in self.plugins.items()}
+        data["mcp"] = _masked_mcp(self.mcp)
         return data
 
 

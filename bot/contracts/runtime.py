@@ -161,3 +161,11 @@ class Runtime(Protocol):
     async def set_plugin_enabled(self, name: str, enabled: bool) -> str:
         """Enable or disable plugin ``name`` now and persist it; returns what happened."""
         ...
+
+    async def refresh_tools(self) -> None:
+        """Ask every enabled plugin for its tools again (``roost_tools``) and offer them.
+
+        For a plugin whose tools change while Roost runs (an MCP server's list);
+        runs in flight keep what they started with.
+        """
+        ...

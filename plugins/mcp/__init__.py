@@ -1,0 +1,116 @@
+"""Built-in plugin: the tools of MCP servers (``[mcp.servers.<name>]``) as Roost tools.
+
+The servers are configured in ``roost.toml`` (:mod:`bot.config.mcp`); this
+plugin connects to them with the official ``mcp`` SDK
+(:mod:`plugins.mcp.connection`), keeps their tool lists
+(:mod:`plugins.mcp.manager`, which also says when each server starts) and
+offers their tools through every agent's tool policy as
+``<server>__<tool>`` in the group ``mcp:<server>`` (:mod:`plugins.mcp.adapter`).
+``/mcp`` shows the servers to admins; ``roost mcp list`` and ``roost mcp test``
+check them from the command line (:mod:`plugins.mcp.cli`).
+
+One plugin module serves every Roost app in the process (tests build many), so
+each app's :class:`~plugins.mcp.manager.McpManager` is found by its services.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from plugins.mcp.adapter import build_tools
+from plugins.mcp.manager import McpManager
+from roost import Command, CommandContext, Runtime, Services, Settings, Tool, hookimpl
+
+__all__ = ["manager_of", "roost_commands", "roost_shutdown", "roost_startup", "roost_tools"]
+
+log = logging.getLogger("roost.plugins.mcp")
+
+PLUGIN = __name__
+"""This plugin's name in the plugin host (``plugins.mcp``)."""
+
+WATCH_INTERVAL = 0.5
+"""Seconds between looks at whether an admin disabled this plugin (its servers then end)."""
+
+_managers: dict[int, McpManager] = {}
+_built: dict[int, tuple[int, list[Tool]]] = {}
+
+
+def manager_of(services: Services) -> McpManager | None:
+    """The MCP servers of the app ``services`` belongs to (``None``: none configured)."""
+    return _managers.get(id(services))
+
+
+@hookimpl
+def roost_tools(settings: Settings, services: Services) -> list[Tool] | None:
+    """The tools of every configured server, from its current (or cached) list."""
+    if not settings.mcp.servers:
+        return None
+    key = id(services)
+    manager = _managers.get(key)
+    if manager is None:
+        manager = _managers[key] = McpManager(settings)
+    elif manager.suspended and manager.runtime is not None:
+        manager.start(None)  # enabled again after /plugin disable
+    built = _built.get(key)
+    if built is None or built[0] != manager.version:
+        built = _built[key] = (manager.version, build_tools(manager))
+    return built[1]
+
+
+@hookimpl
+async def roost_startup(app: Runtime) -> None:
+    """Start eager servers and list unlisted ones, all in the background."""
+    manager = _managers.get(id(app.services))
+    if manager is None:
+        return
+    manager.start(app)
+    app.background(_follow_enabled(manager, app), "ending MCP servers when disabled")
+
+
+@hookimpl
+async def roost_shutdown(app: Runtime) -> None:
+    """End every server process before Roost exits."""
+    key = id(app.services)
+    manager = _managers.pop(key, None)
+    _built.pop(key, None)
+    if manager is not None:
+        await manager.stop()
+
+
+async def _follow_enabled(manager: McpManager, app: Runtime) -> None:
+    """End the servers when an admin disables this plugin (no hook says so)."""
+    while True:
+        await asyncio.sleep(WATCH_INTERVAL)
+        if PLUGIN in app.plugins.disabled and not manager.suspended:
+            manager.suspended = True
+            log.info("MCP plugin disabled: ending its servers")
+            await manager.stop()
+
+
+@hookimpl
+def roost_commands(settings: Settings) -> list[Command] | None:
+    """``/mcp``: the servers, their state and tool counts (admins)."""
+    if not settings.mcp.servers:
+        return None
+    return [Command("mcp", "MCP servers: state and tools", _mcp_command, admin_only=True)]
+
+
+async def _mcp_command(ctx: CommandContext) -> str:
+    manager = manager_of(ctx.app.services)
+    if manager is None:
+        return "No MCP servers are configured."
+    return format_status(manager.status())
+
+
+def format_status(rows: list[dict[str, object]]) -> str:
+    """One line per server: name, transport, state, tools, and what went wrong."""
+    lines = ["MCP servers:"]
+    for row in rows:
+        extra = " per user" if row["per_user"] else ""
+        line = (f"- {row['name']} ({row['transport']}, {row['startup']}{extra}): "
+                f"{row['state']}, {row['tools']} tools")
+        if row["detail"]:
+            line += f" — {row['detail']}"
+        lines.append(line)
+    return "\n".join(lines)

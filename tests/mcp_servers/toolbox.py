@@ -1,0 +1,109 @@
+"""A small MCP server for Roost's tests, run as ``python toolbox.py`` (stdio) or
+``python toolbox.py --http PORT`` (Streamable HTTP on 127.0.0.1).
+
+Tools: ``add``, ``echo.upper`` (a name with a dot), ``where`` (the process's
+cwd), ``fail`` (an ``isError`` result), ``picture`` (a PNG), ``big`` (a long
+text), ``grow`` (adds ``hello`` and announces the changed list), ``crash``
+(exits the process mid-call), ``pid`` and ``slow``. ``TOOLBOX_MARK`` in the
+environment is echoed by ``mark``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import os
+import sys
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ImageContent
+
+PNG = base64.b64encode(
+    b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x06\x00\x00"
+    b"\x00\x1f\x15\xc4\x89\x00\x00\x00\rIDATx\x9cc\xf8\x0f\x00\x00\x01\x01\x00\x05\x18\xd8N"
+    b"\x00\x00\x00\x00IEND\xaeB`\x82").decode()
+
+server = MCPServer("toolbox")
+
+
+@server.tool()
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@server.tool(name="echo.upper")
+def echo_upper(text: str) -> str:
+    """Upper-case a text."""
+    return text.upper()
+
+
+@server.tool()
+def where() -> str:
+    """The server process's working directory."""
+    return os.getcwd()
+
+
+@server.tool()
+def mark() -> str:
+    """The TOOLBOX_MARK environment variable."""
+    return os.environ.get("TOOLBOX_MARK", "(unset)")
+
+
+@server.tool()
+def pid() -> int:
+    """The server's process id."""
+    return os.getpid()
+
+
+@server.tool()
+def fail(reason: str) -> str:
+    """Always fails with ``reason`` (an ``isError`` result)."""
+    raise ToolError(reason)
+
+
+@server.tool()
+def picture() -> list[object]:
+    """A 1x1 PNG."""
+    return ["here is a picture", ImageContent(type="image", data=PNG, mime_type="image/png")]
+
+
+@server.tool()
+def big(size: int) -> str:
+    """``size`` characters of text."""
+    return ("lorem ipsum " * (size // 12 + 1))[:size]
+
+
+@server.tool()
+async def slow(seconds: float) -> str:
+    """Sleeps, then answers."""
+    await asyncio.sleep(seconds)
+    return "done"
+
+
+@server.tool()
+async def grow(ctx: Context) -> str:
+    """Adds the tool ``hello`` and tells the client the list changed."""
+    server.add_tool(lambda: "hello!", name="hello", description="Say hello.")
+    # Both ways: handshake-era clients read the notification, 2026 ones subscribe.
+    with contextlib.suppress(Exception):
+        await ctx.request_context.session.send_tool_list_changed()
+    with contextlib.suppress(Exception):
+        await ctx.notify_tools_changed()
+    return "grown"
+
+
+@server.tool()
+def crash() -> str:
+    """Exits the process without answering."""
+    sys.stdout.flush()
+    os._exit(3)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--http":
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run()

@@ -1,0 +1,437 @@
+"""MCP servers' tools through real runs: a server written with the SDK (tests/mcp_servers)
+run as a stdio subprocess and as a Streamable HTTP server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+import plugins.mcp as mcp_plugin
+from bot.agents.tool_policy import ToolPolicy
+from bot.app.roost import Roost
+from bot.config.mcp import McpConfig, expand
+from bot.config.settings import Settings
+from bot.testing.app import ChatChannel, app_factory
+from plugins.mcp.manager import McpManager
+from plugins.mcp.naming import MAX_NAME, tool_name, tool_names
+from roost import Tool, ToolContext
+
+SERVERS = Path(__file__).parent / "mcp_servers"
+TOOLBOX = str(SERVERS / "toolbox.py")
+
+
+def stdio(**extra: Any) -> dict[str, Any]:
+    return {"command": sys.executable, "args": [TOOLBOX], **extra}
+
+
+def call(name: str, arguments: dict[str, Any] | None = None,
+         reply: str = "done") -> dict[str, Any]:
+    """A scripted turn: one tool call, then a reply."""
+    return {"steps": [{"tool_calls": [{"name": name, "arguments": arguments or {}}]},
+                      {"reply": reply}]}
+
+
+async def eventually(predicate: Callable[[], bool], what: str, limit: float = 60.0) -> None:
+    """Wait until ``predicate()`` holds (servers start in the background)."""
+    deadline = time.monotonic() + limit
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never happened: {what}")
+        await asyncio.sleep(0.02)
+
+
+def manager(app: Roost) -> McpManager:
+    found = mcp_plugin.manager_of(app.services)
+    assert found is not None
+    return found
+
+
+def offered(app: Roost) -> set[str]:
+    return set(app.engine.plugins.tools)
+
+
+def children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)
+            if p.status() != psutil.STATUS_ZOMBIE}
+
+
+@pytest.fixture
+async def make(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
+    async with app_factory(tmp_path) as factory:
+        yield factory
+
+
+@pytest.fixture
+def http_server() -> Iterator[str]:
+    """The toolbox as a Streamable HTTP server on 127.0.0.1; its URL."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen([sys.executable, TOOLBOX, "--http", str(port)],
+                               stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert process.poll() is None, "the HTTP server exited"
+                assert time.monotonic() < deadline, "the HTTP server never listened"
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.terminate()
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:  # uvicorn waits for open streams to end
+            process.kill()
+            process.wait(5)
+
+
+# ---- names and configuration
+
+
+def test_tool_names_are_server_prefixed_and_safe_for_providers() -> None:
+    assert tool_name("toolbox", "add") == "toolbox__add"
+    assert tool_name("toolbox", "echo.upper") == "toolbox__echo_upper"
+    assert tool_name("my-server", "ünïcode tool/x") == "my-server___n_code_tool_x"
+
+
+def test_long_tool_names_are_cut_with_a_stable_hash() -> None:
+    long = "a" * 100
+    name = tool_name("server", long)
+    assert len(name) == MAX_NAME
+    assert re.fullmatch(r"[a-zA-Z0-9_-]+", name)
+    assert name == tool_name("server", long)
+    assert name != tool_name("server", long + "b")
+
+
+def test_tool_names_that_collide_after_cleaning_get_distinct_names() -> None:
+    names = tool_names("s", ["a.b", "a_b"])
+    assert len(names) == 2
+    assert set(names.values()) == {"a.b", "a_b"}
+    assert all(len(n) <= MAX_NAME for n in names)
+
+
+def test_a_server_needs_exactly_one_of_command_and_url() -> None:
+    with pytest.raises(ValueError, match="either command"):
+        McpConfig.model_validate({"servers": {"x": {}}})
+    with pytest.raises(ValueError, match="either command"):
+        McpConfig.model_validate({"servers": {"x": {"command": "a", "url": "http://b"}}})
+    with pytest.raises(ValueError, match="per_user"):
+        McpConfig.model_validate({"servers": {"x": {"url": "http://b", "per_user": True}}})
+    with pytest.raises(ValueError, match="name"):
+        McpConfig.model_validate({"servers": {"bad name": {"command": "a"}}})
+    sse = McpConfig.model_validate({"servers": {"x": {"url": "http://b", "transport": "sse"}}})
+    assert sse.servers["x"].kind == "sse"
+
+
+def test_config_show_masks_env_and_header_values_but_not_references() -> None:
+    settings = Settings(mcp={"servers": {
+        "gh": stdio(env={"TOKEN": "${GITHUB_TOKEN}", "LITERAL": "s3cret-value"}),
+        "web": {"url": "http://127.0.0.1:1/mcp",
+                "headers": {"Authorization": "Bearer s3cret-value"}}}})
+    shown = settings.masked()["mcp"]["servers"]
+    assert shown["gh"]["env"] == {"TOKEN": "${GITHUB_TOKEN}", "LITERAL": "********"}
+    assert shown["web"]["headers"] == {"Authorization": "********"}
+    assert "s3cret-value" not in repr(settings.masked())
+
+
+def test_references_are_expanded_from_the_environment() -> None:
+    assert expand("Bearer ${T}", {"T": "abc"}) == "Bearer abc"
+    with pytest.raises(KeyError):
+        expand("${MISSING}", {})
+
+
+def test_group_entries_select_one_server_or_all_of_them() -> None:
+    async def nothing(context: ToolContext, args: Any) -> str:
+        return ""
+
+    tools = {name: Tool(name, "", {"type": "object"}, nothing)
+             for name in ("a__x", "b__y", "read_file")}
+    groups = {"a__x": "mcp:a", "b__y": "mcp:b", "read_file": "plugins.file_tools"}
+    one = ToolPolicy(profile="minimal", allow=("group:mcp:a",))
+    assert set(one.filter(tools, groups)) == {"a__x"}
+    every = ToolPolicy(deny=("group:mcp",))
+    assert set(every.filter(tools, groups)) == {"read_file"}
+
+
+# ---- through runs
+
+
+async def test_stdio_server_tools_are_listed_and_called_through_a_run(make: Any) -> None:
+    chat: ChatChannel = await make(
+        [call("toolbox__add", {"a": 2, "b": 3}, "five"),
+         call("toolbox__echo_upper", {"text": "quiet"}, "loud")],
+        mcp={"servers": {"toolbox": stdio()}})
+    app = chat.app
+    await eventually(lambda: "toolbox__add" in offered(app), "tools listed")
+    assert {"toolbox__add", "toolbox__echo_upper", "toolbox__crash"} <= offered(app)
+    spec = app.engine.plugins.tools["toolbox__add"].spec()
+    assert spec.input_schema["required"] == ["a", "b"]
+    assert app.engine.plugins.tool_groups["toolbox__add"] == "mcp:toolbox"
+    assert await chat.ask("add 2 and 3") == ["five"]
+    assert chat.tool_results("toolbox__add") == ["5"]
+    assert await chat.ask("shout") == ["loud"]
+    assert chat.tool_results("toolbox__echo_upper") == ["QUIET"]
+    offered_to_model = {t.name for t in chat.requests[-1].tools}
+    assert "toolbox__add" in offered_to_model
+
+
+async def test_http_server_tools_are_listed_and_called_through_a_run(
+        http_server: str, make: Any) -> None:
+    chat: ChatChannel = await make(
+        [call("web__add", {"a": 40, "b": 2}, "42")],
+        mcp={"servers": {"web": {"url": http_server, "headers": {"X-Test": "${HOME}"}}}})
+    await eventually(lambda: "web__add" in offered(chat.app), "HTTP tools listed")
+    assert await chat.ask("add") == ["42"]
+    assert chat.tool_results("web__add") == ["42"]
+
+
+async def test_a_tool_error_goes_through_the_error_channel(make: Any) -> None:
+    chat: ChatChannel = await make([call("toolbox__fail", {"reason": "disk on fire"})],
+                                   mcp={"servers": {"toolbox": stdio()}})
+    await eventually(lambda: "toolbox__fail" in offered(chat.app), "tools listed")
+    await chat.ask("fail please")
+    [result] = chat.tool_results("toolbox__fail")
+    assert "Tool 'toolbox__fail' failed" in result
+    error_id = re.search(r"\[Error ID: ([^\]]+)\]", result)
+    assert error_id is not None
+    errors = chat.app.services.errors
+    assert errors is not None
+    stored = await errors.get(error_id.group(1))
+    assert stored is not None
+    assert "disk on fire" in str(stored.raw_error)
+
+
+async def test_a_crashed_server_is_restarted_and_the_lost_call_not_repeated(
+        make: Any) -> None:
+    chat: ChatChannel = await make(
+        [call("toolbox__pid"), call("toolbox__crash"), call("toolbox__pid")],
+        mcp={"servers": {"toolbox": stdio(startup="eager")}})
+    app = chat.app
+    await eventually(lambda: "toolbox__pid" in offered(app), "tools listed")
+    await chat.ask("pid")
+    first = int(chat.tool_results("toolbox__pid")[0])
+    await chat.ask("crash")
+    [lost] = chat.tool_results("toolbox__crash")
+    assert "stopped while handling this call" in lost
+    assert "MCP_CONNECTION_LOST" in lost
+    connection = manager(app).servers["toolbox"].shared
+    assert connection is not None
+    await eventually(lambda: connection.restarts >= 1 and connection.ready, "restarted")
+    assert connection.retry_at - connection.ready_at < 2.0 or connection.restarts >= 1
+    await chat.ask("pid again")
+    second = int(chat.tool_results("toolbox__pid")[-1])
+    assert second != first
+    assert not psutil.pid_exists(first) or psutil.Process(first).status() == \
+        psutil.STATUS_ZOMBIE
+
+
+async def test_calls_fail_fast_while_a_server_waits_to_restart(make: Any) -> None:
+    chat: ChatChannel = await make(
+        [call("toolbox__crash"), call("toolbox__add", {"a": 1, "b": 1})],
+        mcp={"servers": {"toolbox": stdio(startup="eager")}})
+    app = chat.app
+    await eventually(lambda: "toolbox__add" in offered(app), "tools listed")
+    connection = manager(app).servers["toolbox"].shared
+    assert connection is not None
+    await eventually(lambda: connection.ready, "started")
+    connection.policy = type(connection.policy)(base_delay=30.0, max_delay=30.0, jitter=0.0)
+    await chat.ask("crash")
+    await chat.ask("add")
+    [down] = chat.tool_results("toolbox__add")
+    assert "crashed" in down
+    assert "next start in" in down
+    assert app.engine.tool_metrics.get("toolbox__add").calls == 1
+
+
+async def test_list_changed_is_picked_up_without_a_restart(make: Any) -> None:
+    chat: ChatChannel = await make([call("toolbox__grow"), call("toolbox__hello")],
+                                   mcp={"servers": {"toolbox": stdio()}})
+    app = chat.app
+    await eventually(lambda: "toolbox__grow" in offered(app), "tools listed")
+    assert "toolbox__hello" not in offered(app)
+    await chat.ask("grow")
+    await eventually(lambda: "toolbox__hello" in offered(app), "the new tool offered")
+    await chat.ask("hello")
+    assert chat.tool_results("toolbox__hello") == ["hello!"]
+
+
+async def test_results_with_images_and_large_text(make: Any) -> None:
+    chat: ChatChannel = await make(
+        [call("toolbox__picture"), call("toolbox__big", {"size": 40_000})],
+        mcp={"servers": {"toolbox": stdio()}})
+    app = chat.app
+    await eventually(lambda: "toolbox__picture" in offered(app), "tools listed")
+    await chat.ask("picture")
+    [picture] = chat.tool_results("toolbox__picture")
+    saved = re.search(r"saved as (mcp/toolbox/\S+\.png)", picture)
+    assert saved is not None, picture
+    assert "here is a picture" in picture
+    workspaces = list(app.settings.workspaces_dir.rglob(saved.group(1).split("/")[-1]))
+    assert workspaces and workspaces[0].read_bytes().startswith(b"\x89PNG")
+    await chat.ask("big")
+    [big] = chat.tool_results("toolbox__big")
+    assert "lorem ipsum" in big
+    tool_messages = [m for m in chat.requests[-1].messages if m.role == "tool"]
+    assert "call get_tool_result" in tool_messages[-1].content
+
+
+async def test_per_user_servers_run_in_each_workspace(make: Any) -> None:
+    chat: ChatChannel = await make([call("files__where")], loop=True,
+                                   mcp={"servers": {"files": stdio(per_user=True)}})
+    app = chat.app
+    await eventually(lambda: "files__where" in offered(app), "tools listed")
+    await chat.ask("where am I", sender="alice")
+    await chat.ask("where am I", sender="bob")
+    alice, bob = chat.tool_results("files__where")
+    assert alice != bob
+    assert Path(alice).name == "alice" and Path(bob).name == "bob"
+    assert len(manager(app).servers["files"].users) == 2
+
+
+async def test_env_references_reach_the_server(make: Any, monkeypatch: Any) -> None:
+    monkeypatch.setenv("ROOST_TEST_MARK", "from-the-environment")
+    chat: ChatChannel = await make(
+        [call("toolbox__mark")],
+        mcp={"servers": {"toolbox": stdio(env={"TOOLBOX_MARK": "${ROOST_TEST_MARK}"})}})
+    await eventually(lambda: "toolbox__mark" in offered(chat.app), "tools listed")
+    await chat.ask("mark")
+    assert chat.tool_results("toolbox__mark") == ["from-the-environment"]
+
+
+async def test_a_server_that_never_starts_is_reported_and_blocks_nothing(make: Any) -> None:
+    chat: ChatChannel = await make(
+        [call("toolbox__add", {"a": 1, "b": 2}, "three")],
+        mcp={"servers": {"broken": {"command": sys.executable,
+                                    "args": [str(SERVERS / "broken.py")]},
+                         "toolbox": stdio()}})
+    app = chat.app
+    await eventually(lambda: "toolbox__add" in offered(app), "the good server listed")
+    assert await chat.ask("add") == ["three"]
+    await eventually(lambda: manager(app).servers["broken"].list_error != "", "failure seen")
+    status = mcp_plugin.format_status(manager(app).status())
+    assert "broken (stdio, lazy): failed, 0 tools" in status
+    assert "missing configuration" in status
+
+
+async def test_the_mcp_command_is_for_admins(make: Any) -> None:
+    chat: ChatChannel = await make([], admins=["console:boss"],
+                                   mcp={"servers": {"toolbox": stdio()}})
+    await eventually(lambda: "toolbox__add" in offered(chat.app), "tools listed")
+    refused = await chat.ask("/mcp", sender="someone")
+    assert "toolbox" not in " ".join(refused)
+    [shown] = await chat.ask("/mcp", sender="boss")
+    assert "- toolbox (stdio, lazy): " in shown and "tools" in shown
+
+
+async def test_a_lazy_server_with_a_cached_list_starts_on_first_call(
+        make: Any, tmp_path: Path) -> None:
+    data = tmp_path / "shared-data"
+    first: ChatChannel = await make([], data_dir=data, mcp={"servers": {"toolbox": stdio()}})
+    await eventually(lambda: "toolbox__add" in offered(first.app), "tools listed")
+    await first.app.close()
+    before = children()
+    second: ChatChannel = await make([call("toolbox__add", {"a": 1, "b": 1}, "two")],
+                                     data_dir=data, mcp={"servers": {"toolbox": stdio()}})
+    assert "toolbox__add" in offered(second.app)  # from the cache, at once
+    assert manager(second.app).servers["toolbox"].status()["state"] == "idle"
+    assert children() == before  # nothing started yet
+    assert await second.ask("add") == ["two"]
+    assert manager(second.app).servers["toolbox"].status()["state"] == "running"
+
+
+async def test_no_server_process_is_left_after_shutdown(http_server: str, make: Any) -> None:
+    before = children()
+    chat: ChatChannel = await make(
+        [call("eager__pid"), call("lazy__pid"), call("mine__pid")], loop=True,
+        mcp={"servers": {"eager": stdio(startup="eager"), "lazy": stdio(),
+                         "mine": stdio(per_user=True), "web": {"url": http_server}}})
+    app = chat.app
+    await eventually(lambda: {"eager__pid", "lazy__pid", "mine__pid", "web__pid"}
+                     <= offered(app), "every server listed")
+    await chat.ask("pid")
+    await chat.ask("pid")
+    await chat.ask("pid")
+    pids = [int(r) for r in chat.tool_results()]
+    assert len(pids) == 3 and all(psutil.pid_exists(p) for p in pids)
+    await app.close()
+    assert children() == before
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                   for p in pids)
+
+
+async def test_disabling_the_plugin_ends_its_servers(make: Any) -> None:
+    chat: ChatChannel = await make([call("toolbox__pid")], loop=True,
+                                   mcp={"servers": {"toolbox": stdio(startup="eager")}})
+    app = chat.app
+    await eventually(lambda: "toolbox__pid" in offered(app), "tools listed")
+    await chat.ask("pid")
+    pid = int(chat.tool_results("toolbox__pid")[0])
+    await app.set_plugin_enabled("plugins.mcp", False)
+    assert "toolbox__pid" not in offered(app)
+    await eventually(lambda: not psutil.pid_exists(pid)
+                     or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, "server ended")
+    await app.set_plugin_enabled("plugins.mcp", True)
+    assert "toolbox__pid" in offered(app)
+    await chat.ask("pid")
+    assert int(chat.tool_results("toolbox__pid")[-1]) != pid
+
+
+def test_no_mcp_servers_means_no_tools_and_no_command() -> None:
+    settings = Settings()
+    assert mcp_plugin.roost_tools(settings, object()) is None  # type: ignore[arg-type]
+    assert mcp_plugin.roost_commands(settings) is None
+    assert os.environ.get("ROOST_MCP") is None
+
+
+# ---- roost mcp list / test
+
+
+def _roost_toml(tmp_path: Path, servers: str) -> Path:
+    path = tmp_path / "roost.toml"
+    path.write_text(f'data_dir = "{tmp_path / "data"}"\n{servers}', encoding="utf-8")
+    return path
+
+
+def test_roost_mcp_list_and_test_report_each_server(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from bot.app.cli import cli
+
+    config = _roost_toml(tmp_path, f"""
+[mcp.servers.toolbox]
+command = {sys.executable!r}
+args = [{TOOLBOX!r}]
+
+[mcp.servers.broken]
+command = {sys.executable!r}
+args = [{str(SERVERS / "broken.py")!r}]
+""")
+    runner = CliRunner()
+    listed = runner.invoke(cli, ["--config", str(config), "mcp", "list"])
+    assert listed.exit_code == 1, listed.output
+    assert "toolbox (stdio, lazy): ok, 11 tools" in listed.output
+    assert "toolbox__echo_upper" in listed.output
+    assert "broken (stdio, lazy): FAILED" in listed.output
+    assert "missing configuration" in listed.output
+    tested = runner.invoke(cli, ["--config", str(config), "mcp", "test", "toolbox"])
+    assert tested.exit_code == 0, tested.output
+    assert "toolbox__add  (MCP name: add)" in tested.output
+    assert "- a: integer" in tested.output
+    unknown = runner.invoke(cli, ["--config", str(config), "mcp", "test", "nope"])
+    assert unknown.exit_code == 2
+    assert "configured: broken, toolbox" in unknown.output
