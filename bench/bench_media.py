@@ -16,7 +16,8 @@ The CPU time of the roost process (user + system, from ``/proc``) is read
 around rounds of 20 photo turns and 20 text turns; the per-photo overhead of a
 round is the difference divided by 20 (download, sniff, store, inspect, resize,
 re-encode, base64, the larger request), and the median over the rounds is
-reported. RSS is read after a warm-up of 20 photos and again after all photos.
+reported. RSS is read at idle (median of 5 samples) after a warm-up of 20 photos and
+after every round, and compared with a second process that gets text in place of photos.
 
 Part 2, in this process, the same code path without the network: the intake
 (:func:`bot.media.intake.receive`: sniff, store, inspect) and the provider's
@@ -144,6 +145,16 @@ async def roost_run(env: dict[str, str], cwd: Path) -> AsyncIterator[psutil.Proc
             await asyncio.to_thread(roost.stop, 15)
 
 
+async def idle_rss(process: psutil.Process) -> int:
+    """RSS once the process is idle: the median of 5 samples over a second, after 0.5 s."""
+    await asyncio.sleep(0.5)
+    samples = []
+    for _ in range(5):
+        samples.append(process.memory_info().rss)
+        await asyncio.sleep(0.2)
+    return int(statistics.median(samples))
+
+
 def cpu_seconds(process: psutil.Process) -> float:
     times = process.cpu_times()
     return float(times.user + times.system)
@@ -175,8 +186,7 @@ async def bench_process(photo: bytes, photos: int, *, with_photos: bool = True
                 for _ in range(WARMUP):
                     await turn("text")
                     await turn("photo")
-                await asyncio.sleep(0.5)
-                rss_start = proc.memory_info().rss
+                rss_start = await idle_rss(proc)
                 overheads: list[float] = []
                 photo_turns: list[float] = []
                 text_turns: list[float] = []
@@ -192,9 +202,8 @@ async def bench_process(photo: bytes, photos: int, *, with_photos: bool = True
                     text_turns.append((mid - before) / ROUND)
                     photo_turns.append((after - mid) / ROUND)
                     overheads.append(photo_turns[-1] - text_turns[-1])
-                    rss_rounds.append(proc.memory_info().rss)
-                await asyncio.sleep(0.5)
-                rss_end = proc.memory_info().rss
+                    rss_rounds.append(await idle_rss(proc))
+                rss_end = rss_rounds[-1]
         expected = WARMUP + (rounds * ROUND if with_photos else 0)
         if anthropic.images != expected:
             raise RuntimeError(f"{anthropic.images} model requests carried an image, expected "

@@ -35,7 +35,6 @@ from plugins.provider_media import (
     ImageData,
     MediaReader,
     Note,
-    release_memory,
 )
 from plugins.provider_retry import (
     DEFAULT_MAX_ATTEMPTS,
@@ -154,7 +153,7 @@ class AnthropicProvider:
                 # The request held megabytes of base64 (and the intake the downloaded
                 # file): hand the freed heap back rather than keep it in malloc arenas.
                 del messages
-                release_memory()
+                self.media.release()
 
     async def aclose(self) -> None:
         """Close the HTTP client and its connections."""

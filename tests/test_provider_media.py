@@ -243,6 +243,24 @@ async def test_a_prepared_image_is_reused_until_the_file_changes(tmp_path: Path)
     assert getattr(changed, "mime_type", None) == "image/png"
 
 
+async def test_the_heap_is_trimmed_after_new_files_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from plugins import provider_media
+
+    trims: list[int] = []
+    monkeypatch.setattr(provider_media, "_malloc_trim", trims.append)
+    reader = MediaReader(documents=True)
+    part = stored(tmp_path, "p.png", png(30, 20), mime="image/png")
+
+    reader.read(part, vision=True)
+    reader.release()
+    reader.read(part, vision=True)  # cached: nothing was decoded
+    reader.release()
+
+    assert trims == [0]
+
+
 # -- the Anthropic fake refuses what the API refuses -------------------------------
 
 
