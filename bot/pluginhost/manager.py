@@ -41,6 +41,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "plugins.agent_commands",
     "plugins.media_tools",
     "plugins.transcribe",
+    "plugins.web",
     "plugins.mcp",
     "plugins.exec_tool",
 )
