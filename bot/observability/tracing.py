@@ -25,7 +25,8 @@ class Span:
     """One timed step of a run. ``attributes`` holds kind-specific fields.
 
     ``llm``: provider, model, iteration, input_tokens, output_tokens,
-    output_preview (and input when verbose). ``tool``: name, call_id, is_error.
+    output_preview (and input when verbose). ``tool``: name, call_id, is_error, and the
+    output_preview of a successful call.
     ``patterns``: matched (name: score). ``judge``: judge, attempt, strategy,
     threshold, score, reasons, then the attempt's aggregate_score and passed.
     ``agent`` (root): session_key, status, error_message.

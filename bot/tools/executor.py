@@ -35,7 +35,7 @@ from typing import Any
 from bot.config.settings import Settings
 from bot.contracts.llm import ToolCall
 from bot.contracts.tools import Tool, ToolContext, ToolError, ToolResult, ToolRetry
-from bot.observability.tracing import RunTrace, Span
+from bot.observability.tracing import RunTrace, Span, preview
 from bot.resilience.retry import RetryPolicy
 from bot.tools.args import check_arguments
 from bot.tools.breakers import Breakers
@@ -261,7 +261,8 @@ class ToolExecutor:
                 if attempts > 1:
                     metrics.retry_successes += 1
                 span.end(is_error=False, attempts=attempts, retries=attempts - 1,
-                         timed_out=timed_out, circuit_breaker_state=breaker.state)
+                         timed_out=timed_out, circuit_breaker_state=breaker.state,
+                         output_preview=preview(result))
                 return ToolOutcome(call, result, False, None, attempts)
             metrics.error(failure.classification)
             if failure.timed_out:
