@@ -7,8 +7,9 @@ agent gets it only with ``tools = { allow = ["exec"] }``. Each call runs
 * the user's workspace bind-mounted read-write at ``/workspace`` (the working
   directory and ``HOME``), the only writable path besides a private tmpfs ``/tmp``;
 * ``/usr`` (and the ``/bin``, ``/lib*`` links or directories) and a handful of
-  ``/etc`` files the dynamic loader and tools need read-only; nothing else of the
-  host (no ``/etc/shadow``, ``/home``, ``/root``, data directory or other workspaces);
+  ``/etc`` files the dynamic loader and tools need read-only, with an ``/etc/passwd``
+  and ``/etc/group`` of the sandbox's user alone; nothing else of the host (no
+  ``/etc/shadow``, ``/home``, ``/root``, data directory or other workspaces);
 * new user, PID, IPC, UTS, cgroup and network namespaces (``--unshare-all``); the
   network is shared only for agents listed in ``exec_network_agents``;
 * no capabilities, ``--new-session`` (no terminal injection), ``--die-with-parent``;
@@ -25,7 +26,8 @@ agent gets it only with ``tools = { allow = ["exec"] }``. Each call runs
 
 The kernel does not apply ``RLIMIT_NPROC`` to root, so when Roost runs as root
 the sandbox runs as ``exec_uid`` (default 65534) and the workspace is handed to
-that uid (``chown``) before each command; Roost, as root, keeps full access.
+that uid (``chown``, by descriptor, never through a link) before each command;
+Roost, as root, keeps full access.
 
 Where ``bwrap`` or ``prlimit`` is missing or cannot create its namespaces (a
 probe runs a real sandbox once per process), ``exec`` refuses with an error that
@@ -139,8 +141,12 @@ class Sandbox:
     """The uid (and gid) to run as when Roost is root; ``None`` runs as Roost's user."""
 
     def argv(self, workspace: Path, command: Sequence[str], *, network: bool,
-             nproc: int) -> list[str]:
-        """prlimit, then bwrap with its mounts and namespaces, then ``command``."""
+             nproc: int, accounts: tuple[int, int] | None = None) -> list[str]:
+        """prlimit, then bwrap with its mounts and namespaces, then ``command``.
+
+        ``accounts`` are two readable descriptors holding the sandbox's own
+        ``/etc/passwd`` and ``/etc/group`` (one user, one group: the host's stay out).
+        """
         bwrap, prlimit = self._binaries()
         lim = self.limits
         mb = 1024 * 1024
@@ -159,6 +165,9 @@ class Sandbox:
                 argv += ["--ro-bind", path, path]
         for path in _ETC_FILES + (_ETC_NETWORK if network else ()):
             argv += ["--ro-bind-try", path, path]
+        if accounts is not None:
+            argv += ["--ro-bind-data", str(accounts[0]), "/etc/passwd",
+                     "--ro-bind-data", str(accounts[1]), "/etc/group"]
         argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
                  "--bind", str(workspace), SANDBOX_WORKSPACE,
                  # The root itself is bwrap's tmpfs: read-only, writes go nowhere.
@@ -190,15 +199,24 @@ class Sandbox:
         """Run ``command`` in a sandbox on ``workspace``; kill it at ``wall`` seconds,
         at the output cap, or when cancelled."""
         nproc = await asyncio.to_thread(self.nproc_limit)
-        argv = self.argv(workspace, command, network=network, nproc=nproc)
         extra: dict[str, Any] = {}
+        uid, gid = os.getuid(), os.getgid()
         if self.run_as is not None:
-            extra = {"user": self.run_as, "group": self.run_as, "extra_groups": []}
+            uid = gid = self.run_as
+            extra = {"user": uid, "group": gid, "extra_groups": []}
+        accounts = (_data_fd(f"sandbox:x:{uid}:{gid}:Roost sandbox:{SANDBOX_WORKSPACE}:/bin/sh\n"),
+                    _data_fd(f"sandbox:x:{gid}:\n"))
         started = time.monotonic()
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, env={"PATH": SANDBOX_PATH, "LANG": "C.UTF-8"},
-            start_new_session=True, close_fds=True, **extra)
+        try:
+            argv = self.argv(workspace, command, network=network, nproc=nproc,
+                             accounts=accounts)
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT, env={"PATH": SANDBOX_PATH, "LANG": "C.UTF-8"},
+                start_new_session=True, close_fds=True, pass_fds=accounts, **extra)
+        finally:
+            for fd in accounts:
+                os.close(fd)
         assert proc.stdout is not None
         chunks: list[bytes] = []
         room = self.limits.output_bytes
@@ -222,6 +240,16 @@ class Sandbox:
             # Shielded: a second cancellation must not leave the process unreaped.
             await asyncio.shield(_reap(proc))
         return Outcome(b"".join(chunks), proc.returncode, stopped, time.monotonic() - started)
+
+
+def _data_fd(text: str) -> int:
+    """A pipe's read end holding ``text`` (small: it fits the pipe's buffer)."""
+    read, write = os.pipe()
+    try:
+        os.write(write, text.encode())
+    finally:
+        os.close(write)
+    return read
 
 
 async def _reap(proc: asyncio.subprocess.Process) -> None:
@@ -264,11 +292,18 @@ def _hand_over(workspace: Path, uid: int) -> None:
             raise SandboxUnavailable(
                 f"the sandbox user (uid {uid}) cannot reach the workspace: {parent} is not "
                 "searchable by others (chmod o+x it, or run Roost as a non-root user)")
-    for root, dirs, files in os.walk(workspace):
-        for name in (root, *(os.path.join(root, n) for n in (*dirs, *files))):
-            st = os.lstat(name)
-            if st.st_uid != uid or st.st_gid != uid:
-                os.lchown(name, uid, uid)
+    st = os.lstat(workspace)
+    if st.st_uid != uid or st.st_gid != uid:
+        os.lchown(workspace, uid, uid)
+    # By directory descriptor, never by path: another sandbox on this workspace may swap a
+    # directory for a link to /etc meanwhile, and root must not follow it (fwalk checks
+    # each directory it opens is the one it listed; chown is relative and no-follow).
+    for _, dirs, files, fd in os.fwalk(workspace, follow_symlinks=False):
+        for name in (*dirs, *files):
+            with contextlib.suppress(FileNotFoundError):
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if st.st_uid != uid or st.st_gid != uid:
+                    os.chown(name, uid, uid, dir_fd=fd, follow_symlinks=False)
 
 
 class Probe:

@@ -112,13 +112,40 @@ async def test_writing_outside_the_workspace_fails(root: Path, workspace: Path) 
         assert not (host / name).exists()
 
 
-async def test_etc_shadow_and_account_files_are_not_there(root: Path, workspace: Path) -> None:
+async def test_etc_shadow_and_the_host_accounts_are_not_there(
+        root: Path, workspace: Path) -> None:
     tool = make_tool(root)
-    result = await run(tool, workspace, "cat /etc/shadow; ls /etc")
+    result = await run(tool, workspace, "cat /etc/shadow; ls /etc; cat /etc/passwd; whoami")
     status, output = status_and_output(result)
     assert "/etc/shadow: No such file or directory" in output
-    assert not {"shadow", "passwd", "gshadow", "sudoers"} & set(output.split())
-    assert status.startswith("[exit code 0")  # ls ran; cat's failure is in the output
+    assert not {"shadow", "gshadow", "sudoers", "sudoers.d", "ssh"} & set(output.split())
+    # The sandbox's own one-line account, not the host's list of users.
+    passwd = [line for line in output.splitlines() if line.count(":") == 6]
+    assert len(passwd) == 1 and passwd[0].startswith("sandbox:x:")
+    assert passwd[0].endswith(":Roost sandbox:/workspace:/bin/sh")
+    assert output.endswith("sandbox\n")
+    assert "root:" not in output
+    assert status.startswith("[exit code 0")  # whoami ran; cat's failure is in the output
+
+
+async def test_files_the_host_wrote_are_writable_and_links_out_are_left_alone(
+        root: Path, workspace: Path) -> None:
+    # As root, Roost hands the workspace to the sandbox's uid before each command; a link
+    # in it to a file outside must not make root give that file away.
+    outside = root / "outside.txt"
+    outside.write_text("host file\n")
+    (workspace / "link").symlink_to(outside)
+    (workspace / "sub").mkdir()
+    (workspace / "sub" / "host.txt").write_text("by the host\n")
+    owner = outside.stat().st_uid, outside.stat().st_gid
+    result = await run(make_tool(root), workspace,
+                       "echo more >> sub/host.txt && echo more >> notes.txt && cat link")
+    status, output = status_and_output(result)
+    assert status.startswith("[exit code 1"), result  # the link leads nowhere in the sandbox
+    assert "link: No such file or directory" in output
+    assert (workspace / "sub" / "host.txt").read_text() == "by the host\nmore\n"
+    assert (outside.stat().st_uid, outside.stat().st_gid) == owner
+    assert outside.read_text() == "host file\n"
 
 
 CONNECT = ("python3 -c \"import socket,sys\n"
