@@ -156,6 +156,12 @@ class Settings(BaseSettings):
     trace_verbose: bool = False
     """Also store each LLM call's input (truncated at 50,000 chars)."""
 
+    # Health, readiness and metrics (bot/app/http.py), served by `roost run`.
+    http_host: str = "127.0.0.1"
+    """Address the HTTP server binds (0.0.0.0 in a container); `roost status` asks it."""
+    http_port: int | None = Field(None, ge=0, le=65535)
+    """Port of /healthz, /readyz and /metrics; unset or 0 turns the server off."""
+
     anthropic_api_key: SecretStr | None = Field(
         None, validation_alias=_env("ANTHROPIC_API_KEY", "anthropic_api_key")
     )
