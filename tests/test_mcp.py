@@ -435,3 +435,23 @@ args = [{str(SERVERS / "broken.py")!r}]
     unknown = runner.invoke(cli, ["--config", str(config), "mcp", "test", "nope"])
     assert unknown.exit_code == 2
     assert "configured: broken, toolbox" in unknown.output
+
+
+async def test_a_start_during_a_stop_starts_again_once_the_stop_is_over() -> None:
+    from bot.config.mcp import McpServerConfig
+    from plugins.mcp.connection import Connection
+
+    connection = Connection("toolbox", McpServerConfig(**stdio()))
+    await connection.wait_ready(60)
+    first = (await connection.call("pid", {}, 30)).structured_content
+    stopping = asyncio.create_task(connection.stop())
+    await asyncio.sleep(0)  # the stop has begun
+    connection.start()
+    await stopping
+    try:
+        await connection.wait_ready(60)
+        second = (await connection.call("pid", {}, 30)).structured_content
+        assert second != first
+    finally:
+        await connection.stop()
+    assert connection.state == "stopped"

@@ -120,6 +120,7 @@ class Connection:
         self._attempt_done = asyncio.Event()
         self._relist = asyncio.Event()
         self._stopping = False
+        self._wanted = False
         self._lost_reason = ""
 
     # ---- lifecycle
@@ -130,24 +131,42 @@ class Connection:
         return self._task is not None and not self._task.done()
 
     def start(self) -> None:
-        """Start the supervisor if it is not running (returns at once)."""
-        if self.running:
+        """Start the supervisor if it is not running (returns at once).
+
+        Called while a :meth:`stop` is still ending the previous connection, it
+        starts again once that is over.
+        """
+        if self.running and not self._stopping:
             return
-        self._stopping = False
+        previous = self._task if self.running else None
+        self._wanted = True
         self._attempt_done.clear()
         self.state = "starting"
-        self._task = asyncio.create_task(self._supervise(), name=f"mcp server {self.name}")
+        self._task = asyncio.create_task(self._after(previous), name=f"mcp server {self.name}")
+
+    async def _after(self, previous: asyncio.Task[None] | None) -> None:
+        if previous is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(previous)
+        if not self._wanted:  # stopped again meanwhile
+            self.state = "stopped"
+            self._attempt_done.set()
+            return
+        self._stopping = False
+        await self._supervise()
 
     async def stop(self) -> None:
         """End the connection; a stdio server gets its stdin closed, SIGTERM after 2 s,
         then SIGKILL (the SDK's shutdown sequence). Returns once it is over."""
         self._stopping = True
+        self._wanted = False
         self._wake.set()
         task = self._task
         if task is not None and not task.done():
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(task)
-        self.state = "stopped"
+        if self._task is task and not self._wanted:
+            self.state = "stopped"
 
     async def list_once(self) -> list[types.Tool]:
         """Connect, list the tools and disconnect (``restart=False`` connections);
@@ -225,7 +244,7 @@ class Connection:
 
         Calls fail fast from here on, before the supervisor has even noticed.
         """
-        if self.state == "ready":
+        if self.state == "ready" and not self._stopping:
             self._lost_reason = self._lost_reason or reason
             self.error = self._lost_reason
             self.state = "restarting"
@@ -253,9 +272,11 @@ class Connection:
                 log.warning("MCP server %s: %s", self.name, self.error)
             finally:
                 self._client = None
+            if self._stopping:
+                break
             self.state = "restarting"
             self._attempt_done.set()
-            if self._stopping or not self.restart:
+            if not self.restart:
                 break
             if self.ever_ready and self.ready_at and self.clock() - self.ready_at >= STABLE_AFTER:
                 failures = 0
@@ -270,8 +291,9 @@ class Connection:
                 async with asyncio.timeout(delay):
                     await self._wake.wait()
             self.restarts += 1
-        self.state = "stopped"
-        self._attempt_done.set()
+        if self._task is asyncio.current_task():  # not when a new start follows a stop
+            self.state = "stopped"
+            self._attempt_done.set()
 
     async def _session(self) -> None:
         """One connection, from start to loss (returns) or a failed start (raises)."""
