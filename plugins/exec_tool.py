@@ -147,7 +147,7 @@ class Sandbox:
         ``accounts`` are two readable descriptors holding the sandbox's own
         ``/etc/passwd`` and ``/etc/group`` (one user, one group: the host's stay out).
         """
-        bwrap, prlimit = self._binaries()
+        bwrap, prlimit = self.binaries()
         lim = self.limits
         mb = 1024 * 1024
         argv = [prlimit, f"--cpu={lim.cpu_seconds}:{lim.cpu_seconds + 1}",
@@ -177,7 +177,8 @@ class Sandbox:
                  "--setenv", "LANG", "C.UTF-8", "--", *command]
         return argv
 
-    def _binaries(self) -> tuple[str, str]:
+    def binaries(self) -> tuple[str, str]:
+        """The paths of bwrap and prlimit; :class:`SandboxUnavailable` if one is missing."""
         bwrap = shutil.which(self.bwrap)
         if bwrap is None:
             raise SandboxUnavailable(
@@ -198,6 +199,7 @@ class Sandbox:
                   wall: float) -> Outcome:
         """Run ``command`` in a sandbox on ``workspace``; kill it at ``wall`` seconds,
         at the output cap, or when cancelled."""
+        self.binaries()  # first: a host without bwrap (macOS) may have no /proc either
         nproc = await asyncio.to_thread(self.nproc_limit)
         extra: dict[str, Any] = {}
         uid, gid = os.getuid(), os.getgid()
@@ -314,7 +316,12 @@ class Probe:
         self._results: dict[tuple[str, int | None], str] = {}
 
     async def check(self, sandbox: Sandbox) -> None:
-        """Raise :class:`SandboxUnavailable` unless ``sandbox`` ran ``true`` successfully."""
+        """Raise :class:`SandboxUnavailable` unless ``sandbox`` ran ``true`` successfully.
+
+        A missing binary is looked for again on every call (installing bubblewrap
+        needs no restart); whether namespaces can be built is asked once.
+        """
+        sandbox.binaries()
         key = (sandbox.bwrap, sandbox.run_as)
         async with self._lock:
             if key not in self._results:

@@ -270,6 +270,14 @@ async def test_no_bwrap_means_no_exec(root: Path, workspace: Path) -> None:
     assert "bubblewrap" in str(caught.value) and "never run outside" in str(caught.value)
     assert not (workspace / "ran.txt").exists()
 
+    # Installing it is enough: a missing binary is looked for again on the next call.
+    real = shutil.which("bwrap")
+    assert real is not None
+    (root / "no-such-bwrap").symlink_to(real)
+    assert status_and_output(await run(tool, workspace, "touch ran.txt"))[0].startswith(
+        "[exit code 0")
+    assert (workspace / "ran.txt").exists()
+
 
 async def test_a_bwrap_that_cannot_create_namespaces_means_no_exec(
         root: Path, workspace: Path) -> None:
