@@ -120,6 +120,12 @@ async def _serve(settings: Settings) -> int:
         from bot.config.settings import SetupError
 
         stop = _stop_signal()
+        try:
+            # Before the channels: /healthz answers while they connect.
+            await app.serve_http(names)
+        except SetupError as exc:
+            click.echo(f"roost: {exc}", err=True)
+            return EXIT_SETUP
         for name in names:
             try:
                 await app.start_channel(name)
@@ -452,6 +458,43 @@ async def _with_errors(settings: Settings,
         return await action(ErrorStore(store.db, store.lock))
     finally:
         await store.close()
+
+
+@cli.command()
+@click.option("--timeout", default=5.0, show_default=True, help="Seconds to wait for an answer.")
+@click.pass_context
+def status(ctx: click.Context, timeout: float) -> None:
+    """Ask a running Roost's /readyz (ROOST_HTTP_HOST/PORT) and print the answer.
+
+    Exit code 0: ready; 1: not ready (the failing parts are printed); 2: no answer.
+    """
+    import http.client
+
+    settings = _settings(ctx)
+    if not settings.http_port:
+        click.echo("roost: ROOST_HTTP_PORT is not set, so Roost serves no /readyz to ask",
+                   err=True)
+        sys.exit(EXIT_SETUP)
+    # A server bound to every interface is asked on the loopback one.
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(
+        settings.http_host, settings.http_host)
+    try:
+        connection = http.client.HTTPConnection(host, settings.http_port, timeout=timeout)
+        try:
+            connection.request("GET", "/readyz")
+            response = connection.getresponse()
+            body = response.read().decode("utf-8", "replace")
+        finally:
+            connection.close()
+    except (OSError, http.client.HTTPException) as exc:
+        click.echo(f"roost: cannot reach {host}:{settings.http_port} ({exc})", err=True)
+        sys.exit(EXIT_SETUP)
+    if response.status == 200:
+        click.echo(body, nl=False)
+        sys.exit(0)
+    click.echo("not ready:" if response.status == 503 else f"HTTP {response.status}:")
+    click.echo(body, nl=False)
+    sys.exit(1)
 
 
 @cli.command()

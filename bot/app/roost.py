@@ -11,6 +11,7 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any, TypeVar
 
+from bot.app.http import HealthServer, instrument
 from bot.app.runtime import AppRuntime
 from bot.config.settings import Settings, SetupError
 from bot.contracts.channel import Channel, ChannelSpec
@@ -30,6 +31,7 @@ from bot.engine.guard import InputGuard
 from bot.engine.run_engine import RunEngine
 from bot.engine.runloop import FailureHandler, LargeResultHandler
 from bot.engine.snapshot import PluginSnapshot
+from bot.observability.metrics import RoostMetrics
 from bot.observability.otel import OTelExporter
 from bot.pluginhost.manager import ESSENTIAL_PLUGINS, RESTART_HOOKS, PluginHost, get_plugin_manager
 from bot.pluginhost.migrations import migrate_plugins
@@ -89,6 +91,10 @@ class Roost:
         self.inbox = self.services.inbox or Inbox(store.db, store.lock, store.writer)
         """Inbound messages, run journals and replies awaiting delivery."""
         self.services.inbox = self.inbox
+        self.metrics = RoostMetrics(known_tools=lambda: engine.plugins.tools)
+        """This app's Prometheus metrics, in a registry of its own (``/metrics``)."""
+        self.http: HealthServer | None = None
+        """The health and metrics server, once :meth:`serve_http` started it."""
         self._leftovers: Leftovers = ([], [])
         self.router = engine.router
         """The agents; the dispatcher routes chats with it before a run exists."""
@@ -145,6 +151,7 @@ class Roost:
         app = cls(settings, host, store, engine, {}, channel_specs, services)
         engine.channels = app.channels  # runs download the files of messages through them
         engine.deliver = app.send_now
+        instrument(app)  # metrics from spans, deliveries, scheduler fires; gauges
         # Read before any channel receives: what arrives from now on is this process's.
         app._leftovers = (await app.inbox.undelivered(), await app.inbox.unfinished())
         await app.refresh_plugins(jobs=False)
@@ -246,6 +253,22 @@ class Roost:
                         "change only after a restart.")
         return message
 
+    async def serve_http(self, expected: list[str] | None = None) -> HealthServer | None:
+        """Start ``/healthz``, ``/readyz`` and ``/metrics`` if ``http_port`` is set.
+
+        ``expected`` names channels ``/readyz`` waits for before they run (by
+        default the configured ones). :meth:`close` stops the server last.
+        Raises :class:`SetupError` when the port cannot be bound.
+        """
+        if not self.settings.http_port or self.http is not None:
+            return self.http
+        server = HealthServer(self, self.settings.http_host, self.settings.http_port,
+                              expected=self.configured_channels() if expected is None
+                              else expected)
+        await server.start()
+        self.http = server
+        return server
+
     def configured_channels(self) -> list[str]:
         """Channels whose credentials are set, which ``roost run`` starts."""
         return [name for name, spec in self.channel_specs.items() if spec.configured(self.settings)]
@@ -310,6 +333,8 @@ class Roost:
 
     async def close(self) -> None:
         """Stop the scheduler and intake, cancel runs, stop channels, close everything."""
+        if self.http is not None:
+            self.http.closing = True  # /readyz: 503 from now on; /healthz answers to the end
         if self.services.scheduler is not None:
             await _quietly(self.services.scheduler.close(), "stopping the scheduler")
         for task in list(self._background):
@@ -325,14 +350,17 @@ class Roost:
             await _quietly(channel.stop(), f"stopping channel {channel.name}")
         await self.engine.compactor.wait()
         await self.host.call("roost_shutdown", app=self.runtime)
-        if isinstance(self.engine.exporter, OTelExporter):
-            self.engine.exporter.shutdown()
+        for exporter in (self.engine.exporter, self.metrics.then):
+            if isinstance(exporter, OTelExporter):
+                exporter.shutdown()
         await _quietly(self.engine.provider.aclose(), "closing the provider")
         await _quietly(self.engine.router.aclose(), "closing the agents' providers")
         for pending in (self.services.errors, self.services.results):
             if pending is not None:
                 await _quietly(pending.flush(), "finishing stored errors and results")
         await self.store.close()
+        if self.http is not None:
+            await _quietly(self.http.close(), "stopping the health and metrics server")
 
 
 async def _judges(host: PluginHost, settings: Settings) -> dict[str, Judge]:

@@ -162,6 +162,12 @@ class Settings(BaseSettings):
     http_port: int | None = Field(None, ge=0, le=65535)
     """Port of /healthz, /readyz and /metrics; unset or 0 turns the server off."""
 
+    @field_validator("http_port", mode="before")
+    @classmethod
+    def _empty_port_is_off(cls, value: Any) -> Any:
+        # `ROOST_HTTP_PORT=` (an env file's blank line) means off, not a bad integer.
+        return None if isinstance(value, str) and not value.strip() else value
+
     anthropic_api_key: SecretStr | None = Field(
         None, validation_alias=_env("ANTHROPIC_API_KEY", "anthropic_api_key")
     )

@@ -123,6 +123,9 @@ class Dispatcher:
         self._group_context: dict[str, deque[InboundMessage]] = {}
         # Commands of one chat run in the order they were sent ("/pin a", "/pin b").
         self._command_locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+        self.on_delivery: Callable[[str, str], None] = _uncounted
+        """Told of each reply handed to a channel: (channel, ``ok``, ``failed`` (kept
+        and retried) or ``given_up``); the app counts them in its metrics."""
 
     # -- entry point -------------------------------------------------------
 
@@ -502,6 +505,9 @@ class Dispatcher:
             else:
                 return
         except Exception as exc:
+            if reply is not None:
+                kept = result.outbox_id is not None
+                self.on_delivery(message.channel, "failed" if kept else "given_up")
             if result.outbox_id is None or reply is None:
                 log.warning("delivering run %s to %s:%s failed: %s", result.run_id,
                             message.channel, message.chat_id, exc)
@@ -511,6 +517,8 @@ class Dispatcher:
             self.inbox.not_delivered(result.outbox_id, final=False)
             self._redeliver(result.outbox_id, reply, draft, 1)
             return
+        if reply is not None:  # not a silent or withdrawn reply
+            self.on_delivery(message.channel, "ok")
         if result.outbox_id is not None:
             self.inbox.delivered(result.outbox_id, platform_id)
 
@@ -531,6 +539,7 @@ class Dispatcher:
                     reply, replace=draft, delivery_id=f"roost-{outbox_id}", redelivery=True))
             except Exception as exc:
                 final = attempts >= REDELIVERY.retries
+                self.on_delivery(reply.channel, "given_up" if final else "failed")
                 self.inbox.not_delivered(outbox_id, final=final)
                 if final:
                     log.error("reply %d to %s:%s could not be delivered; given up (%s)",
@@ -540,6 +549,7 @@ class Dispatcher:
                                 outbox_id, reply.channel, reply.chat_id, exc)
                     self._redeliver(outbox_id, reply, draft, attempts + 1)
                 return
+            self.on_delivery(reply.channel, "ok")
             self.inbox.delivered(outbox_id, platform_id)
 
         task = asyncio.ensure_future(again())
@@ -598,7 +608,10 @@ class Dispatcher:
         try:
             await channel.send(out)
         except Exception:
+            self.on_delivery(out.channel, "given_up")
             log.exception("sending to %s:%s failed", out.channel, out.chat_id)
+            return
+        self.on_delivery(out.channel, "ok")
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(coro)
@@ -611,6 +624,10 @@ class Dispatcher:
         if not task.cancelled() and task.exception() is not None:
             log.error("task failed", exc_info=task.exception())
         self._changed.set()
+
+
+def _uncounted(channel: str, outcome: str) -> None:
+    """The default :attr:`Dispatcher.on_delivery`: nothing counts deliveries."""
 
 
 async def _quietly(work: Coroutine[Any, Any, None]) -> None:

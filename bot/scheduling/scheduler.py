@@ -166,6 +166,8 @@ class Scheduler:
         self._woken: set[str] = set()
         self._waking = False
         self._closed = False
+        self.on_fire: Callable[[str], None] | None = None
+        """Told the kind (``cron``, ``system``) of each run the scheduler starts (metrics)."""
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -411,6 +413,8 @@ class Scheduler:
                          entry.job.label, count)
             started = Fire(entry.job, fire, count)
             fires.append(started)
+            if self.on_fire is not None:
+                self.on_fire(entry.job.kind)
             self._spawn(self._execute(entry, started))
         if lost:
             # A claim fails when another scheduler ran that fire time, or the row is gone.

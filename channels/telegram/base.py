@@ -30,7 +30,7 @@ from aiogram.methods.base import TelegramType
 from aiogram.types import Update, User
 from aiohttp import web
 
-from bot.contracts.channel import Channel, InboundHandler
+from bot.contracts.channel import Channel, ChannelHealth, InboundHandler
 from channels.delivery import DeliveryPolicy, deliver
 from channels.ratelimit import BOT, TELEGRAM_LIMITS, Limits, RateLimiter
 from channels.telegram.errors import ChatMigrated, _translated
@@ -57,6 +57,8 @@ STOP_GRACE = 10.0
 """Seconds ``stop()`` waits for replies still being sent."""
 GET_UPDATES = "getUpdates"
 """The rate-limit scope of ``getUpdates``: a 429 on it holds polling only."""
+CONNECTING = ChannelHealth(False, "connecting")
+"""The health of a channel that has not received yet (before ``getMe`` or the first poll)."""
 _COUNTED = (SendMessage, EditMessageText, DeleteMessage, SendPhoto, SendDocument)
 """The methods Telegram's message limits count."""
 
@@ -108,6 +110,9 @@ class ChannelBase(Channel):
         self._closing = False
         self._stopping = asyncio.Event()
         """Set once intake stops: wakes the polling loop out of its pauses."""
+        self._health = CONNECTING
+        """What ``/readyz`` shows: ready once ``getMe`` passed and polling (or the
+        webhook) began; not ready from a failed ``getUpdates`` until the next success."""
         self._unhandled: set[str] = set()
         self._commands: set[str] = set()
         self._migrated: dict[int | str, int] = {}
@@ -115,6 +120,10 @@ class ChannelBase(Channel):
         # a final edit identical to the draft would be refused as "not modified".
         self._shown: OrderedDict[tuple[int | str, int], tuple[str, str | None]] = \
             OrderedDict()
+
+    def health(self) -> ChannelHealth:
+        """Ready once receiving; not from a failed ``getUpdates`` until one succeeds."""
+        return self._health
 
     # -- calling the Bot API -------------------------------------------------------------
 

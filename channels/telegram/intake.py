@@ -21,9 +21,10 @@ from aiogram.methods import GetUpdates, SetWebhook
 from aiogram.types import Update
 from aiohttp import web
 
+from bot.contracts.channel import READY, ChannelHealth
 from bot.contracts.messages import InboundMessage
-from channels.delivery import RateLimited
-from channels.telegram.base import ALLOWED_UPDATES, GET_UPDATES
+from channels.delivery import RateLimited, Transient
+from channels.telegram.base import ALLOWED_UPDATES, CONNECTING, GET_UPDATES
 from channels.telegram.errors import _backoff, _describe, _translated, _where
 from channels.telegram.parsing import (
     _UPDATE_ID,
@@ -59,6 +60,7 @@ class Intake(Translating):
             await runner.cleanup()
             self._webhook = None
             raise
+        self._health = READY
 
     async def _poll(self, bot: Bot) -> None:
         """Fetch updates and hand them to the core, one at a time, in order.
@@ -72,6 +74,8 @@ class Intake(Translating):
         fetch_failures = 0
         handler_failures = 0
         while not self._intake_stopped:
+            if self._health is CONNECTING:
+                self._health = READY  # getMe passed; the first getUpdates goes out now
             self._fetching = asyncio.ensure_future(self._fetch(bot, offset))
             try:
                 updates = await self._fetching
@@ -86,8 +90,11 @@ class Intake(Translating):
             except TelegramUnauthorizedError as exc:
                 log.error("telegram: the bot token was refused (%s); polling stopped",
                           exc.message)
+                self._health = ChannelHealth(False, "the bot token was refused; polling "
+                                                    "stopped")
                 return
             except Exception as exc:
+                self._health = ChannelHealth(False, f"getUpdates failing ({self._why(exc)})")
                 fetch_failures += 1
                 delay = _backoff(self.poll_backoff, fetch_failures)
                 log.warning("telegram: getUpdates failed (%s); retrying in %.1fs",
@@ -96,6 +103,7 @@ class Intake(Translating):
                 continue
             finally:
                 self._fetching = None
+            self._health = READY
             fetch_failures = 0
             if not updates and isinstance(bot.session, _Session) and bot.session.unusable:
                 # Only updates that cannot be confirmed (a broken or hostile server
@@ -115,6 +123,15 @@ class Intake(Translating):
                     break
                 handler_failures = 0
                 offset = update.update_id + 1
+
+    def _why(self, exc: BaseException) -> str:
+        """Why a ``getUpdates`` failed, briefly (``server error: Bad Gateway``), token-free."""
+        # Transient carries the reason already worded; others say their type.
+        text = str(exc) if isinstance(exc, Transient) else _describe(exc)
+        text = text.splitlines()[0][:120] if text else type(exc).__name__
+        token = self.settings.telegram_bot_token
+        # An HTTP error's text may hold the request URL, which holds the token.
+        return text.replace(token.get_secret_value(), "***") if token else text
 
     async def _fetch(self, bot: Bot, offset: int | None) -> list[Update]:
         method = GetUpdates(offset=offset, timeout=self.polling_timeout,

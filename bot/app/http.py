@@ -1,0 +1,191 @@
+"""Roost's one HTTP server: ``/healthz``, ``/readyz`` and ``/metrics``.
+
+Off unless ``http_port`` (``ROOST_HTTP_PORT``) is set; bound to ``http_host``
+(``ROOST_HTTP_HOST``, 127.0.0.1 by default: put it on 0.0.0.0 only where the
+network in front is trusted, as in a container). ``roost run`` starts it before
+the channels, so ``/healthz`` answers while they connect.
+
+* ``/healthz``: 200 ``ok`` while the process is alive and its event loop turns,
+  whatever the platforms do.
+* ``/readyz``: 200 ``ready`` once every expected channel reports itself ready
+  (:meth:`~bot.contracts.channel.Channel.health`) and the store accepts a write
+  (``BEGIN IMMEDIATE`` … ``COMMIT`` with nothing in it, under the store's lock);
+  otherwise 503 with one line per failing part, ``telegram: getUpdates failing
+  (…)``, ``store: …``.
+* ``/metrics``: the app's Prometheus registry in text format
+  (:mod:`bot.observability.metrics`).
+
+aiohttp is imported only when the server starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from bot.config.settings import SetupError
+from bot.observability.metrics import CONTENT_TYPE, Gauges
+from bot.observability.redact import redact
+from bot.resilience.breaker import CircuitBreaker
+from bot.storage.db import transaction
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from bot.app.roost import Roost
+
+log = logging.getLogger("roost.app.http")
+
+STORE_TIMEOUT = 2.0
+"""Seconds the readiness check waits for the store's write lock before calling it failing."""
+
+
+class HealthServer:
+    """The HTTP server of one app; :meth:`start` binds it, :meth:`close` ends it.
+
+    ``expected`` names the channels that must be ready besides the ones
+    already running (``roost run`` passes those it is about to start, so
+    ``/readyz`` says ``telegram: not started`` until it is).
+    """
+
+    def __init__(self, app: Roost, host: str, port: int, *, expected: Iterable[str] = (),
+                 store_timeout: float = STORE_TIMEOUT) -> None:
+        self.app = app
+        self.host = host
+        self.port = port
+        """The port asked for; once started, the one bound (``0`` picks a free one)."""
+        self.expected = list(expected)
+        self.store_timeout = store_timeout
+        self.closing = False
+        """Set when shutdown begins: ``/readyz`` answers 503 from then on."""
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` of the running server."""
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self) -> None:
+        """Bind and serve; raises :class:`SetupError` when the address cannot be bound."""
+        try:
+            from aiohttp import web
+        except ImportError:  # pragma: no cover - aiohttp ships with Roost
+            raise SetupError("ROOST_HTTP_PORT needs aiohttp: pip install aiohttp") from None
+        server = web.Application()
+        server.router.add_get("/healthz", self._healthz)
+        server.router.add_get("/readyz", self._readyz)
+        server.router.add_get("/metrics", self._metrics)
+        runner = web.AppRunner(server, access_log=None, handle_signals=False)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.host, self.port).start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise SetupError(f"cannot serve health and metrics on {self.host}:{self.port} "
+                             f"({exc.strerror or exc}); set ROOST_HTTP_PORT to a free port "
+                             "or 0 to turn it off") from None
+        self._runner = runner
+        bound = runner.addresses[0]
+        self.port = int(bound[1])
+        log.info("health and metrics on http://%s:%d (/healthz, /readyz, /metrics)",
+                 self.host, self.port)
+
+    async def close(self) -> None:
+        """Stop serving (requests in flight are cut)."""
+        self.closing = True
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def problems(self) -> list[str]:
+        """One line per part that is not ready; empty when ready."""
+        if self.closing:
+            return ["roost: shutting down"]
+        lines: list[str] = []
+        channels = self.app.channels
+        for name in dict.fromkeys([*self.expected, *channels]):
+            channel = channels.get(name)
+            if channel is None:
+                lines.append(f"{name}: not started")
+                continue
+            try:
+                health = channel.health()
+            except Exception as exc:
+                lines.append(f"{name}: health check failed ({type(exc).__name__})")
+                continue
+            if not health.ready:
+                # Redacted: an adapter's detail may quote a platform error verbatim.
+                lines.append(redact(f"{name}: {health.detail or 'not ready'}"))
+        problem = await self._store_problem()
+        if problem:
+            lines.append(f"store: {problem}")
+        return lines
+
+    async def _store_problem(self) -> str | None:
+        store = self.app.store
+
+        async def nothing(_db: Any) -> None:
+            return None
+
+        try:
+            # An empty write transaction: takes SQLite's write lock and commits, so a
+            # read-only, locked or closed database shows here. Not via the writer's
+            # queue, so a backlog there is not mistaken for a broken store.
+            async with asyncio.timeout(self.store_timeout):
+                await transaction(store.db, store.lock, nothing)
+        except TimeoutError:
+            return f"no write within {self.store_timeout:g}s"
+        except Exception as exc:
+            return f"write failed ({type(exc).__name__}: {str(exc)[:120]})"
+        return None
+
+    # -- handlers ---------------------------------------------------------------------
+
+    async def _healthz(self, _request: web.Request) -> web.Response:
+        from aiohttp import web
+
+        return web.Response(text="ok\n")
+
+    async def _readyz(self, _request: web.Request) -> web.Response:
+        from aiohttp import web
+
+        lines = await self.problems()
+        if lines:
+            return web.Response(status=503, text="".join(f"{line}\n" for line in lines))
+        return web.Response(text="ready\n")
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        from aiohttp import web
+
+        body = self.app.metrics.render()
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+def instrument(app: Roost) -> None:
+    """Feed ``app.metrics``: each run's spans, deliveries, scheduler fires, the gauges.
+
+    The spans reach the metrics first and whatever exporter was set before
+    (OpenTelemetry) after them.
+    """
+    metrics, engine = app.metrics, app.engine
+    if engine.exporter is not metrics:
+        metrics.then = engine.exporter
+        engine.exporter = metrics
+    app.dispatcher.on_delivery = metrics.delivery
+    if app.services.scheduler is not None:
+        app.services.scheduler.on_fire = metrics.fire
+    metrics.set_gauges(lambda: gauges(app))
+
+
+def gauges(app: Roost) -> Gauges:
+    """Breaker states (tools', the provider's), messages queued and runs active, now."""
+    states = {f"tool:{name}": str(snap["state"])
+              for name, snap in app.engine.breakers.snapshot().items()}
+    provider = app.engine.provider
+    breaker = getattr(provider, "breaker", None)
+    if isinstance(breaker, CircuitBreaker):
+        states[f"provider:{provider.name}"] = breaker.state
+    queued = sum(len(lane.queue) for lane in app.dispatcher.lanes.values())
+    return Gauges(states, queued, app.engine.active_runs)

@@ -1,0 +1,201 @@
+"""The health and metrics server: /healthz, /readyz and /metrics scraped over HTTP.
+
+A real Telegram channel polls the fake Bot API: readiness follows its
+``getUpdates`` (503 with a line saying so while they fail, 200 again after the
+next success) and the store's ability to take a write. ``roost status`` reads
+/readyz of the running server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from click.testing import CliRunner
+from pydantic import SecretStr
+
+from bot.app.cli import cli
+from bot.app.http import HealthServer
+from bot.app.roost import Roost
+from bot.config.settings import SetupError
+from bot.contracts.channel import ChannelHealth
+from bot.testing.app import ChatChannel, create_app, scripted
+from bot.testing.telegram import FakeTelegram
+from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
+from channels.delivery import DeliveryPolicy
+from channels.telegram import TelegramChannel
+
+FAST = DeliveryPolicy(attempts=3, base_delay=0.01, max_delay=0.05)
+
+Scrape = Callable[[str], Awaitable[tuple[int, str]]]
+
+
+@pytest.fixture(name="scrape")
+async def scrape_fixture() -> AsyncIterator[Scrape]:
+    """``await scrape(url)``: (status, body) of one GET."""
+    async with aiohttp.ClientSession() as session:
+        async def get(url: str) -> tuple[int, str]:
+            async with session.get(url) as response:
+                return response.status, await response.text()
+
+        yield get
+
+
+async def until(scrape: Scrape, url: str, check: Callable[[int, str], bool],
+                limit: float = 10.0) -> tuple[int, str]:
+    """Scrape ``url`` until ``check(status, body)`` holds; fails after ``limit`` seconds."""
+    last: tuple[int, str] = (0, "")
+    try:
+        async with asyncio.timeout(limit):
+            while True:
+                last = await scrape(url)
+                if check(*last):
+                    return last
+                await asyncio.sleep(0.01)  # pacing only; the condition is what is awaited
+    except TimeoutError:
+        pytest.fail(f"{url} never matched; last answer {last}")
+
+
+@pytest.fixture(name="app")
+async def app_fixture(tmp_path: Path) -> AsyncIterator[Roost]:
+    app, _ = await create_app(scripted({"reply": "hi"}, loop=True), data_dir=tmp_path)
+    yield app
+    await app.close()
+
+
+async def serve(app: Roost, **options: Any) -> HealthServer:
+    server = HealthServer(app, "127.0.0.1", 0, **options)
+    await server.start()
+    app.http = server  # app.close() stops it
+    return server
+
+
+async def test_healthz_answers_while_readyz_waits_for_an_expected_channel(
+        app: Roost, scrape: Scrape) -> None:
+    server = await serve(app, expected=["telegram"])
+    assert await scrape(f"{server.url}/healthz") == (200, "ok\n")
+    assert await scrape(f"{server.url}/readyz") == (503, "telegram: not started\n")
+
+
+async def test_readyz_follows_telegram_polling_503_while_getupdates_fails_then_200(
+        app: Roost, scrape: Scrape, fake_telegram: FakeTelegram) -> None:
+    settings = app.settings.model_copy(update={
+        "telegram_bot_token": SecretStr(fake_telegram.token),
+        "telegram_api_base": fake_telegram.base_url})
+    server = await serve(app, expected=["telegram"])
+    channel = TelegramChannel(settings, polling_timeout=1, policy=FAST, poll_backoff=0.2)
+    assert channel.health() == ChannelHealth(False, "connecting")
+    await app.add_channel(channel)
+    readyz = f"{server.url}/readyz"
+    assert await until(scrape, readyz, lambda s, _: s == 200) == (200, "ready\n")
+
+    fake_telegram.fail("getUpdates", 502, times=2)
+    _, body = await until(scrape, readyz, lambda s, _: s == 503)
+    assert body == "telegram: getUpdates failing (server error: Bad Gateway)\n"
+    assert fake_telegram.token not in body
+    assert (await scrape(f"{server.url}/healthz"))[0] == 200  # alive all the same
+
+    await until(scrape, readyz, lambda s, _: s == 200)
+    # It recovered by polling again: every scripted failure was used up first.
+    failed = [c for c in fake_telegram.calls_of("getUpdates") if c.status == 502]
+    assert len(failed) == 2
+
+
+async def test_readyz_reports_a_store_that_takes_no_write_and_recovers(
+        app: Roost, scrape: Scrape) -> None:
+    server = await serve(app, store_timeout=0.05)
+    readyz = f"{server.url}/readyz"
+    assert await scrape(readyz) == (200, "ready\n")
+    async with app.store.lock:  # a write that never ends, as a wedged disk would
+        assert await scrape(readyz) == (503, "store: no write within 0.05s\n")
+    assert await scrape(readyz) == (200, "ready\n")
+
+
+async def test_readyz_lists_every_failing_part_one_line_each(
+        app: Roost, scrape: Scrape) -> None:
+    class Down(ChatChannel):
+        def health(self) -> ChannelHealth:
+            return ChannelHealth(False, "socket closed (code 1006)")
+
+    await app.add_channel(Down("slack"))
+    await app.add_channel(ChatChannel("console"))
+    server = await serve(app, expected=["discord"])
+    status, body = await scrape(f"{server.url}/readyz")
+    assert status == 503
+    assert body.splitlines() == ["discord: not started", "slack: socket closed (code 1006)"]
+
+
+async def test_readyz_says_shutting_down_once_close_begins(
+        app: Roost, scrape: Scrape) -> None:
+    server = await serve(app)
+    server.closing = True
+    assert await scrape(f"{server.url}/readyz") == (503, "roost: shutting down\n")
+
+
+async def test_a_port_in_use_is_a_setup_error_naming_it(app: Roost) -> None:
+    first = await serve(app)
+    second = HealthServer(app, "127.0.0.1", first.port)
+    with pytest.raises(SetupError, match=rf"127\.0\.0\.1:{first.port}.*ROOST_HTTP_PORT"):
+        await second.start()
+
+
+async def test_serve_http_is_off_without_a_port_and_on_with_one(tmp_path: Path) -> None:
+    off, _ = await create_app(scripted({"reply": "hi"}), data_dir=tmp_path / "off")
+    try:
+        assert await off.serve_http() is None
+    finally:
+        await off.close()
+    on, _ = await create_app(scripted({"reply": "hi"}), data_dir=tmp_path / "on",
+                             http_port=_free_port())
+    try:
+        server = await on.serve_http()
+        assert server is not None and server.port == on.settings.http_port
+    finally:
+        await on.close()
+    assert on.http is not None and on.http.closing
+
+
+# -- roost status ----------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def roost_status(port: int | None, tmp_path: Path) -> tuple[int, str]:
+    env = {"ROOST_DATA_DIR": str(tmp_path), "ROOST_HTTP_HOST": "127.0.0.1",
+           "ROOST_HTTP_PORT": "" if port is None else str(port)}
+    # click's runner is synchronous and `roost status` makes a blocking request.
+    result = await asyncio.to_thread(CliRunner().invoke, cli, ["status"], env=env,
+                                     obj={})
+    return result.exit_code, result.output
+
+
+async def test_roost_status_prints_readyz_and_exits_0_when_ready(
+        app: Roost, tmp_path: Path) -> None:
+    server = await serve(app)
+    assert await roost_status(server.port, tmp_path) == (0, "ready\n")
+
+
+async def test_roost_status_exits_1_with_the_failing_parts_when_not_ready(
+        app: Roost, tmp_path: Path) -> None:
+    server = await serve(app, expected=["telegram"])
+    code, output = await roost_status(server.port, tmp_path)
+    assert (code, output) == (1, "not ready:\ntelegram: not started\n")
+
+
+async def test_roost_status_exits_2_when_nothing_answers_or_no_port_is_set(
+        tmp_path: Path) -> None:
+    port = _free_port()  # closed again: nothing listens there
+    code, output = await roost_status(port, tmp_path)
+    assert code == 2 and f"cannot reach 127.0.0.1:{port}" in output
+    code, output = await roost_status(None, tmp_path)
+    assert code == 2 and "ROOST_HTTP_PORT" in output
