@@ -359,10 +359,14 @@ async def test_no_server_process_is_left_after_shutdown(http_server: str, make: 
     chat: ChatChannel = await make(
         [call("eager__pid"), call("lazy__pid"), call("mine__pid")], loop=True,
         mcp={"servers": {"eager": stdio(startup="eager"), "lazy": stdio(),
-                         "mine": stdio(per_user=True), "web": {"url": http_server}}})
+                         "mine": stdio(per_user=True), "web": {"url": http_server},
+                         "stubborn": stdio(startup="eager", env={"TOOLBOX_STUBBORN": "1"})}})
     app = chat.app
-    await eventually(lambda: {"eager__pid", "lazy__pid", "mine__pid", "web__pid"}
-                     <= offered(app), "every server listed")
+    await eventually(lambda: {"eager__pid", "lazy__pid", "mine__pid", "web__pid",
+                              "stubborn__pid"} <= offered(app), "every server listed")
+    stubborn = manager(app).servers["stubborn"].shared
+    assert stubborn is not None
+    await eventually(lambda: stubborn.ready, "the stubborn server running")
     await chat.ask("pid")
     await chat.ask("pid")
     await chat.ask("pid")
@@ -455,3 +459,57 @@ async def test_a_start_during_a_stop_starts_again_once_the_stop_is_over() -> Non
     finally:
         await connection.stop()
     assert connection.state == "stopped"
+
+
+# ---- roost run
+
+
+@pytest.mark.e2e
+def test_roost_run_leaves_no_mcp_server_behind(tmp_path: Path) -> None:
+    """`roost run` with eager servers (one ignoring SIGTERM) and a lazy unlisted one: they
+    start in the background, and SIGTERM ends Roost and every one of them."""
+    import signal
+
+    _roost_toml(tmp_path, f"""
+[mcp.servers.eager]
+command = {sys.executable!r}
+args = [{TOOLBOX!r}]
+startup = "eager"
+
+[mcp.servers.lazy]
+command = {sys.executable!r}
+args = [{TOOLBOX!r}]
+
+[mcp.servers.stubborn]
+command = {sys.executable!r}
+args = [{TOOLBOX!r}]
+env = {{ TOOLBOX_STUBBORN = "1" }}
+startup = "eager"
+""")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROOST_")}
+    env.update(ROOST_PROVIDER="scripted", ROOST_CONSOLE="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "bot", "run"], cwd=tmp_path, env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        deadline = time.monotonic() + 60
+        while "roost ready" not in (line := proc.stderr.readline()):
+            assert line and time.monotonic() < deadline, "roost run never became ready"
+        roost = psutil.Process(proc.pid)
+
+        def servers() -> list[psutil.Process]:
+            return [p for p in roost.children(recursive=True)
+                    if TOOLBOX in " ".join(p.cmdline())]
+
+        while len(servers()) < 2:  # the eager ones stay; the lazy one lists and ends
+            assert time.monotonic() < deadline, "no MCP server was started"
+            time.sleep(0.05)
+        started = servers()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert not [p for p in started if p.is_running()
+                    and p.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        if proc.poll() is None:
+            proc.kill()

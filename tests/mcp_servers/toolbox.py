@@ -5,7 +5,8 @@ Tools: ``add``, ``echo.upper`` (a name with a dot), ``where`` (the process's
 cwd), ``fail`` (an ``isError`` result), ``picture`` (a PNG), ``big`` (a long
 text), ``grow`` (adds ``hello`` and announces the changed list), ``crash``
 (exits the process mid-call), ``pid`` and ``slow``. ``TOOLBOX_MARK`` in the
-environment is echoed by ``mark``.
+environment is echoed by ``mark``; ``TOOLBOX_STUBBORN=1`` makes a stdio server
+ignore the end of its stdin and SIGTERM (only SIGKILL ends it).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import asyncio
 import base64
 import contextlib
 import os
+import signal
 import sys
+import time
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -106,4 +109,9 @@ if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--http":
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
     else:
+        stubborn = os.environ.get("TOOLBOX_STUBBORN") == "1"
+        if stubborn:  # outlives its stdin and SIGTERM: only SIGKILL ends it
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         server.run()
+        if stubborn:
+            time.sleep(600)
