@@ -5,12 +5,13 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-
-from plugins.web._http import USER_AGENT, status_error, transport_error
+from plugins.web._http import USER_AGENT, default_tls, status_error, transport_error
 from roost import ToolError
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["plain", "request_json"]
 
@@ -26,9 +27,11 @@ async def request_json(name: str, method: str, url: str, *, limit: float,
     401 and 403 say the key was refused (naming ``key_setting``, never the key);
     other error answers carry the API's own explanation when it gives one.
     """
+    import httpx  # here, not at start: most installations never search
+
     sent = {"User-Agent": USER_AGENT, "Accept": "application/json", **(headers or {})}
     try:
-        async with httpx.AsyncClient(timeout=limit) as client:
+        async with httpx.AsyncClient(timeout=limit, verify=default_tls()) as client:
             response = await client.request(method, url, params=params, json=json,
                                             headers=sent)
     except httpx.HTTPError as exc:

@@ -7,19 +7,34 @@ are permanent.
 
 from __future__ import annotations
 
+import functools
 import ssl
 from http import HTTPStatus
-
-import httpx
+from typing import TYPE_CHECKING
 
 from roost import ToolError
 
-__all__ = ["USER_AGENT", "status_error", "transport_error", "web_error"]
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = ["USER_AGENT", "default_tls", "status_error", "transport_error", "web_error"]
 
 USER_AGENT = "Mozilla/5.0 (compatible; Roost/0.1; agent web tools)"
 """Sent with every request: some sites refuse clients that name none."""
 
 _RETRYABLE_STATUSES = frozenset({408, 425, 429})
+
+
+@functools.cache
+def default_tls() -> ssl.SSLContext:
+    """The TLS context of every web request (certifi's CAs, as httpx uses by default).
+
+    Made once: building one loads the CA bundle, about 40 ms, which httpx would
+    otherwise spend on every client.
+    """
+    import certifi
+
+    return ssl.create_default_context(cafile=certifi.where())
 
 
 def web_error(message: str, code: str, *, retryable: bool = False, error_type: str = "",
@@ -69,6 +84,8 @@ def status_error(what: str, response: httpx.Response) -> ToolError:
 
 def transport_error(what: str, exc: httpx.HTTPError, timeout: float) -> ToolError:
     """A :class:`ToolError` for a request that got no (complete) answer."""
+    import httpx
+
     if isinstance(exc, httpx.TimeoutException):
         return web_error(f"timed out after {timeout:g} s: {what}", "TIMEOUT", retryable=True,
                          error_type="timeout", action="Try again, or another source")

@@ -31,11 +31,9 @@ import re
 import ssl
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-
-from plugins.web._http import USER_AGENT, status_error, transport_error, web_error
+from plugins.web._http import USER_AGENT, default_tls, status_error, transport_error, web_error
 from plugins.web.ssrf import AddressPolicy, Guard, Resolver, check_url, system_resolver
 from roost import (
     MediaError,
@@ -48,6 +46,9 @@ from roost import (
     int_arg,
     str_arg,
 )
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = [
     "MAX_MAX_CHARS",
@@ -152,9 +153,12 @@ class WebFetcher:
                             action="Try again, or another source") from None
 
     async def _download(self, first: httpx.URL) -> Download:
+        import httpx  # here, not at start: most runs never fetch
+
         async with httpx.AsyncClient(
             timeout=httpx.Timeout(self.timeout), follow_redirects=False, trust_env=False,
-            verify=self.verify, headers={"User-Agent": USER_AGENT, "Accept": _ACCEPT},
+            verify=default_tls() if self.verify is True else self.verify,
+            headers={"User-Agent": USER_AGENT, "Accept": _ACCEPT},
             # One connection per request: a pooled connection opened (and its
             # certificate checked) for one host must not carry another's request.
             limits=httpx.Limits(max_keepalive_connections=0),
@@ -194,6 +198,8 @@ class WebFetcher:
         raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
     async def _read(self, response: httpx.Response, url: httpx.URL) -> bytes:
+        import httpx
+
         cap = self.max_bytes
         declared = response.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > cap:
@@ -212,6 +218,8 @@ class WebFetcher:
 
 
 def _follow(current: httpx.URL, location: str) -> httpx.URL:
+    import httpx
+
     try:
         joined = current.join(location.strip())
     except (httpx.InvalidURL, ValueError) as exc:

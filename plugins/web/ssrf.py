@@ -22,10 +22,12 @@ import ipaddress
 import socket
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-
-import httpx
+from typing import TYPE_CHECKING
 
 from plugins.web._http import web_error
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = [
     "METADATA_ADDRESSES",
@@ -115,6 +117,8 @@ def check_url(url: str | httpx.URL) -> httpx.URL:
     Raises :class:`ToolError` (``INVALID_URL``, ``UNSUPPORTED_SCHEME``,
     ``CREDENTIALS_IN_URL``) otherwise.
     """
+    import httpx  # here, not at start: only a fetch needs it
+
     try:
         parsed = url if isinstance(url, httpx.URL) else httpx.URL(url.strip())
     except (httpx.InvalidURL, TypeError, ValueError) as exc:
