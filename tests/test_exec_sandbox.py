@@ -153,6 +153,9 @@ CONNECT = ("python3 -c \"import socket,sys\n"
            "except OSError as e:\n print('refused:', e); sys.exit(3)\"")
 
 
+SIGNAL = "python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port})).close()\""
+
+
 @contextlib.asynccontextmanager
 async def listener() -> AsyncIterator[tuple[int, asyncio.Event]]:
     connected = asyncio.Event()
@@ -297,16 +300,16 @@ async def test_a_bwrap_that_cannot_create_namespaces_means_no_exec(
 
 async def test_cancelling_the_call_kills_the_sandbox(root: Path, workspace: Path) -> None:
     marker = f"stopme{os.getpid()}"
-    task = asyncio.create_task(run(make_tool(root), workspace,
-                                   f"touch started; sleep 60; echo {marker}", timeout=60))
-    while not (workspace / "started").exists():
-        assert not task.done(), task
-        await asyncio.sleep(0.01)
-    assert processes_with(marker)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert processes_with(marker) == []
+    tool = make_tool(root, exec_network_agents="default")
+    async with listener() as (port, started):
+        task = asyncio.create_task(run(tool, workspace, f"{SIGNAL.format(port=port)}; "
+                                       f"sleep 60; echo {marker}", timeout=60))
+        await asyncio.wait_for(started.wait(), 30)
+        assert processes_with(marker)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert processes_with(marker) == []
 
 
 @pytest.mark.parametrize("bad", [{"command": ""}, {"command": "ls", "timeout": -1},
@@ -355,6 +358,30 @@ async def test_exec_through_a_run_with_the_large_result_store(root: Path) -> Non
         assert "built\nbbb" in span.attributes["output_preview"]
     finally:
         await chat.app.close()
+
+
+async def test_stop_kills_the_sandbox_of_a_running_command(root: Path) -> None:
+    marker = f"stopped{os.getpid()}"
+    async with listener() as (port, started):
+        # The command tells the test it runs by connecting to it (hence the network).
+        call = {"name": "exec", "arguments": {
+            "command": f"{SIGNAL.format(port=port)}; sleep 60; echo {marker}", "timeout": 120}}
+        chat = await build_app([{"steps": [{"tool_calls": [call]}, {"reply": "never sent"}]}],
+                               data_dir=root / "data", dm_policy="open",
+                               exec_network_agents=["default"],
+                               agents={"default": {"tools": {"allow": ["exec"]}}})
+        try:
+            await chat.say("run it")
+            await asyncio.wait_for(started.wait(), 30)
+            assert processes_with(marker)
+            await chat.say("/stop")
+            await chat.settle()
+            assert chat.replies == ["Stopped."]
+            assert processes_with(marker) == []
+            (run,) = await chat.app.store.runs("default:console:direct:user")
+            assert run.status == "cancelled"
+        finally:
+            await chat.app.close()
 
 
 async def test_exec_is_not_offered_to_an_agent_without_it(root: Path) -> None:
