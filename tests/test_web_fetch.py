@@ -420,6 +420,34 @@ async def test_a_run_fetches_a_page_and_the_model_reads_it(roost_app: Any,
     assert [r.path for r in site.requests] == ["/chickens"]
 
 
+async def test_a_transient_failure_is_retried_by_the_executor_and_the_page_read(
+        roost_app: Any, site: FakeSite) -> None:
+    site.page("/news", "<title>News</title><p>fresh</p>")
+    site.fail_first("/news", 503)
+    url = site.url("/news")
+    chat = await roost_app(
+        [{"steps": [{"tool_calls": [{"name": "web_fetch", "arguments": {"url": url}}]},
+                    {"reply": "read it"}]}],
+        web_allow_private=LOCAL)
+    assert await chat.ask("news?") == ["read it"]
+    answer = chat.requests[1].messages[-1]
+    assert not answer.is_error and "Title: News" in answer.content
+    assert [r.path for r in site.requests] == ["/news", "/news"]
+
+
+async def test_a_permanent_failure_is_not_retried(roost_app: Any, site: FakeSite) -> None:
+    site.fail("/gone", 404)
+    url = site.url("/gone")
+    chat = await roost_app(
+        [{"steps": [{"tool_calls": [{"name": "web_fetch", "arguments": {"url": url}}]},
+                    {"reply": "not there"}]}],
+        web_allow_private=LOCAL)
+    assert await chat.ask("read it") == ["not there"]
+    answer = chat.requests[1].messages[-1]
+    assert answer.is_error and "Code HTTP_404: HTTP 404 Not Found from" in answer.content
+    assert len(site.requests) == 1
+
+
 async def test_a_run_is_told_why_a_private_address_was_refused(roost_app: Any,
                                                                site: FakeSite) -> None:
     url = "http://169.254.169.254/latest/meta-data/iam/security-credentials/"

@@ -14,8 +14,9 @@ HTTP, so the web tools run unchanged against it (with ``web_allow_private =
         # settings: brave_api_key="k", brave_api_base=brave.base_url
 
 :class:`FakeSite` records every request it serves (``requests``: path, Host
-header...). ``page``, ``redirect``, ``fail``, ``hang`` (never answers) and
-``endless`` (a body that never ends, without a length) set up its paths; with
+header...). ``page``, ``redirect``, ``fail``, ``fail_first`` (the next requests
+fail, then the path answers as set up), ``hang`` (never answers) and ``endless``
+(a body that never ends, without a length) set up its paths; with
 ``tls=`` (a :class:`TestCA` certificate) it serves https. The API fakes answer
 each request from a FIFO script of hits or failures (``results``, ``fail``),
 else with :attr:`default_hits` made from the query, check their key like the
@@ -146,6 +147,7 @@ class FakeSite(_Local):
     def __init__(self, *, tls: ssl.SSLContext | None = None) -> None:
         super().__init__(tls=tls)
         self._paths: dict[str, _Answer] = {}
+        self._failures: dict[str, deque[int]] = {}
         self.abandoned = asyncio.Event()
         self.sent_bytes = 0
         """Bytes of :meth:`endless` bodies written so far."""
@@ -172,6 +174,10 @@ class FakeSite(_Local):
         self.page(path, f"<html><body><h1>Error {status}</h1></body></html>", status=status,
                   headers=headers)
 
+    def fail_first(self, path: str, status: int, times: int = 1) -> None:
+        """Answer the next ``times`` requests for ``path`` with ``status``, then as set up."""
+        self._failures.setdefault(path, deque()).extend([status] * times)
+
     def hang(self, path: str) -> None:
         """Accept requests for ``path`` and never answer them (until the site stops)."""
         self._paths[path] = _Answer(mode="hang")
@@ -189,6 +195,11 @@ class FakeSite(_Local):
 
     async def _serve(self, request: web.Request) -> web.StreamResponse:
         await self._record(request)
+        failures = self._failures.get(request.path)
+        if failures:
+            status = failures.popleft()
+            return web.Response(status=status, text=f"<html><body>{status}</body></html>",
+                                content_type="text/html")
         answer = self._paths.get(request.path)
         if answer is None:
             return web.Response(status=404, text="<html><body>Not Found</body></html>",
