@@ -291,3 +291,13 @@ def test_search_keys_are_masked_in_the_shown_configuration() -> None:
     shown = Settings(brave_api_key=BRAVE_KEY, tavily_api_key=TAVILY_KEY).masked()
     assert shown["brave_api_key"] == shown["tavily_api_key"] == "********"
     assert BRAVE_KEY not in str(shown) and TAVILY_KEY not in str(shown)
+
+
+async def test_group_web_gives_both_tools_to_an_agent_whose_profile_has_neither(
+        roost_app: Any, searxng: FakeSearxng) -> None:
+    chat = await roost_app([{"reply": "hi"}], searxng_url=searxng.base_url,
+                           agents={"default": {"tools": {"profile": "minimal",
+                                                         "allow": ["group:web"]}}})
+    assert await chat.ask("hello") == ["hi"]
+    assert set(tool_names(chat)) == {"get_error_detail", "get_tool_result", "web_fetch",
+                                     "web_search"}
