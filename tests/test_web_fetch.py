@@ -321,6 +321,16 @@ async def test_the_request_goes_to_the_checked_address_with_the_host_name_kept(
     assert site.hosts() == [f"site.test:{site.port}"]
 
 
+async def test_an_address_that_refuses_the_connection_is_skipped_for_the_next(
+        site: FakeSite) -> None:
+    site.page("/", "<title>Second address</title><p>here</p>")
+    names = resolver({"dual.test": ["::1", "127.0.0.1"]})  # the site listens on IPv4 only
+    page = await fetcher(allow=["127.0.0.1/32", "::1/128"], resolver=names).fetch(
+        site.url("/", host="dual.test"))
+    assert page.title == "Second address"
+    assert site.hosts() == [f"dual.test:{site.port}"]
+
+
 async def test_https_keeps_the_host_name_for_sni_and_the_certificate_check() -> None:
     ca = TestCA()
     names = resolver({"secure.test": ["127.0.0.1"], "impostor.test": ["127.0.0.1"]})

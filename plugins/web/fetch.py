@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from plugins.web._http import USER_AGENT, default_tls, status_error, transport_error, web_error
-from plugins.web.ssrf import AddressPolicy, Guard, Resolver, check_url, system_resolver
+from plugins.web.ssrf import AddressPolicy, Guard, Resolver, Target, check_url, system_resolver
 from roost import (
     MediaError,
     Settings,
@@ -165,18 +165,7 @@ class WebFetcher:
         ) as client:
             current = first
             for hop in itertools.count():
-                target = await self.guard.target(current)
-                # The request goes to the checked address; the host name stays in
-                # Host and, for https, in SNI and the certificate check.
-                extensions = {"sni_hostname": target.hostname} if current.scheme == "https" \
-                    else {}
-                request = client.build_request("GET", target.connect_url,
-                                               headers={"Host": target.host_header},
-                                               extensions=extensions)
-                try:
-                    response = await client.send(request, stream=True)
-                except httpx.HTTPError as exc:
-                    raise transport_error(f"fetching {current}", exc, self.timeout) from None
+                response = await self._send(client, await self.guard.target(current))
                 try:
                     location = response.headers.get("location")
                     if response.status_code in _REDIRECTS and location:
@@ -196,6 +185,27 @@ class WebFetcher:
                 finally:
                     await response.aclose()
         raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+    async def _send(self, client: httpx.AsyncClient, target: Target) -> httpx.Response:
+        """Send the GET to the first checked address that accepts the connection."""
+        import httpx
+
+        # The request goes to a checked address; the host name stays in Host and,
+        # for https, in SNI and the certificate check.
+        extensions = {"sni_hostname": target.hostname} if target.url.scheme == "https" else {}
+        refused: httpx.HTTPError | None = None
+        for address in target.addresses:
+            request = client.build_request("GET", target.connect_url(address),
+                                           headers={"Host": target.host_header},
+                                           extensions=extensions)
+            try:
+                return await client.send(request, stream=True)
+            except httpx.ConnectError as exc:
+                refused = exc  # unreachable (no IPv6 route, say): the next address may do
+            except httpx.HTTPError as exc:
+                raise transport_error(f"fetching {target.url}", exc, self.timeout) from None
+        assert refused is not None  # a target has at least one address
+        raise transport_error(f"fetching {target.url}", refused, self.timeout) from None
 
     async def _read(self, response: httpx.Response, url: httpx.URL) -> bytes:
         import httpx

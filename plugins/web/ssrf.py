@@ -88,12 +88,12 @@ class AddressPolicy:
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """A checked URL and the address to send its request to."""
+    """A checked URL and the addresses to send its request to."""
 
     url: httpx.URL
     """The URL as asked (host name kept): what the result names."""
-    address: IPAddress
-    """The checked address the connection goes to."""
+    addresses: tuple[IPAddress, ...]
+    """The checked addresses the connection may go to, in the resolver's order."""
 
     @property
     def hostname(self) -> str:
@@ -105,10 +105,9 @@ class Target:
         """The ``Host`` header: the host, with the port when the URL names one."""
         return self.url.netloc.decode("ascii")
 
-    @property
-    def connect_url(self) -> httpx.URL:
-        """The URL with the checked address in place of the host name."""
-        return self.url.copy_with(host=str(self.address))
+    def connect_url(self, address: IPAddress) -> httpx.URL:
+        """The URL with ``address`` (one of :attr:`addresses`) in place of the host name."""
+        return self.url.copy_with(host=str(address))
 
 
 def check_url(url: str | httpx.URL) -> httpx.URL:
@@ -174,7 +173,7 @@ class Guard:
                     f"setting). URL: {str(parsed)[:200]}", "BLOCKED_ADDRESS",
                     error_type="permission_denied", url=parsed, address=str(address),
                     action="Use a public URL; do not retry this one")
-        return Target(parsed, addresses[0])
+        return Target(parsed, tuple(addresses))
 
     async def _resolve(self, host: str, port: int) -> list[IPAddress]:
         try:
