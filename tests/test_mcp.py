@@ -72,32 +72,45 @@ async def make(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
         yield factory
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def serve_http(port: int) -> subprocess.Popen[bytes]:
+    """The toolbox as a Streamable HTTP server on 127.0.0.1:``port``, once it listens."""
+    process = subprocess.Popen([sys.executable, TOOLBOX, "--http", str(port)],
+                               stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return process
+        except OSError:
+            assert process.poll() is None, "the HTTP server exited"
+            assert time.monotonic() < deadline, "the HTTP server never listened"
+            time.sleep(0.05)
+
+
+def end(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(5)
+    except subprocess.TimeoutExpired:  # uvicorn waits for open streams to end
+        process.kill()
+        process.wait(5)
+
+
 @pytest.fixture
 def http_server() -> Iterator[str]:
     """The toolbox as a Streamable HTTP server on 127.0.0.1; its URL."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    process = subprocess.Popen([sys.executable, TOOLBOX, "--http", str(port)],
-                               stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    port = free_port()
+    process = serve_http(port)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert process.poll() is None, "the HTTP server exited"
-                assert time.monotonic() < deadline, "the HTTP server never listened"
-                time.sleep(0.05)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
-        process.terminate()
-        try:
-            process.wait(5)
-        except subprocess.TimeoutExpired:  # uvicorn waits for open streams to end
-            process.kill()
-            process.wait(5)
+        end(process)
 
 
 # ---- names and configuration
@@ -198,6 +211,34 @@ async def test_http_server_tools_are_listed_and_called_through_a_run(
     await eventually(lambda: "web__add" in offered(chat.app), "HTTP tools listed")
     assert await chat.ask("add") == ["42"]
     assert chat.tool_results("web__add") == ["42"]
+
+
+async def test_an_http_server_that_went_away_is_reconnected_when_it_is_back(
+        make: Any) -> None:
+    port = free_port()
+    process = serve_http(port)
+    try:
+        chat: ChatChannel = await make(
+            [call("web__add", {"a": 1, "b": 1})], loop=True,
+            mcp={"servers": {"web": {"url": f"http://127.0.0.1:{port}/mcp",
+                                     "startup": "eager", "connect_timeout": 5}}})
+        app = chat.app
+        connection = manager(app).servers["web"].shared
+        assert connection is not None
+        await eventually(lambda: connection.ready, "connected")
+        await chat.ask("add")
+        assert chat.tool_results("web__add") == ["2"]
+        process.kill()
+        process.wait(10)
+        await chat.ask("add")  # an HTTP server's loss is seen by the next request
+        assert "web" in chat.tool_results("web__add")[-1]  # refused or lost, never "2"
+        assert chat.tool_results("web__add")[-1] != "2"
+        process = serve_http(port)
+        await eventually(lambda: connection.ready, "reconnected")
+        await chat.ask("add")
+        assert chat.tool_results("web__add")[-1] == "2"
+    finally:
+        end(process)
 
 
 async def test_a_tool_error_goes_through_the_error_channel(make: Any) -> None:
