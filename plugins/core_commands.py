@@ -7,6 +7,9 @@ from typing import Any
 
 # Built-in: /status describes the resolved agent, an internal object.
 from bot.agents.router import Agent, AgentError
+
+# Built-in: /status shows the sender's spend against the budgets (internal rules).
+from bot.engine.budgets import Budgets
 from roost import Command, CommandContext, Settings, hookimpl
 
 
@@ -68,6 +71,9 @@ async def _status(ctx: CommandContext) -> str:
             f"Context (tokens, last run): system {t['rom']}, kernel {t['kernel']}, "
             f"summary {t['l2']}, recent {t['l1']}, message {t['current']}; "
             f"total {t['total']} of {t['budget']}")
+    if app.services.usage is not None:
+        lines.extend(await Budgets(app.settings, app.services.usage).describe(ctx.message,
+                                                                              ctx.agent))
     if agent is not None and agent.judge is not None:
         j = agent.judge
         lines.append(f"Judges: {len(agent.judges)}, {j.strategy} >= {j.threshold:.2f}; "

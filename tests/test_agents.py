@@ -302,7 +302,7 @@ async def test_agent_reload_rereads_roost_toml_and_applies_the_edit(
     config.write_text('[agents.support]\nmodel = "model-one"\n\n[[bindings]]\n'
                       'agent = "support"\nchannel = "test"\n', encoding="utf-8")
     settings = load_settings(config, data_dir=tmp_path / "data", merge_window_ms=0,
-                             admins=ADMIN)
+                             admins=ADMIN, dm_policy="open")
     llm = scripted({"reply": "ok"}, loop=True)
     host = get_plugin_manager(load_entry_points=False)
     app = await Roost.create(settings, host=host, provider=llm)

@@ -172,8 +172,8 @@ async def test_a_plugin_provider_serves_and_startup_and_shutdown_see_the_runtime
 
     host = get_plugin_manager(load_entry_points=False)
     host.register(Mine(), "mine")
-    app = await Roost.create(Settings(provider="mine", data_dir=tmp_path, merge_window_ms=0),
-                             host=host)
+    app = await Roost.create(Settings(provider="mine", data_dir=tmp_path, merge_window_ms=0,
+                                      dm_policy="open"), host=host)
     try:
         assert seen == [("startup", app.runtime)]
         chat = ChatChannel()

@@ -30,7 +30,7 @@ async def test_roost_run_answers_on_every_configured_platform(
     port = free_port()
     env = clean_env(
         ROOST_PROVIDER="scripted", ROOST_SCRIPT=str(tmp_path / "script.yaml"),
-        ROOST_STREAM_REPLIES="false", ROOST_MERGE_WINDOW_MS="0",
+        ROOST_STREAM_REPLIES="false", ROOST_MERGE_WINDOW_MS="0", ROOST_DM_POLICY="open",
         TELEGRAM_BOT_TOKEN=fake_telegram.token, TELEGRAM_API_BASE=fake_telegram.base_url,
         DISCORD_BOT_TOKEN=fake_discord.token, DISCORD_API_BASE=fake_discord.api_base,
         DISCORD_GATEWAY_URL=fake_discord.gateway_url,

@@ -39,7 +39,7 @@ PATIENT = DeliveryPolicy(attempts=8, base_delay=0.02, max_delay=0.2)
 @contextlib.asynccontextmanager
 async def roost_on(fake: FakeTelegram, data: Path) -> AsyncIterator[Roost]:
     """Roost with a streaming scripted model, on the fake Telegram."""
-    settings = Settings(data_dir=data, merge_window_ms=0, stream_replies=True,
+    settings = Settings(data_dir=data, merge_window_ms=0, stream_replies=True, dm_policy="open",
                         telegram_bot_token=fake.token, telegram_api_base=fake.base_url)
     provider = scripted({"reply": "Here is **the answer** to {message}, in full.",
                          "chunk": 6, "chunk_delay": 0.03}, loop=True)

@@ -460,6 +460,70 @@ async def _with_errors(settings: Settings,
         await store.close()
 
 
+@cli.group()
+def pairing() -> None:
+    """Approve and list DM pairing requests (dm_policy = "pairing")."""
+
+
+async def _with_access(settings: Settings, action: Callable[[Any], Awaitable[int]]) -> int:
+    from bot.storage.access import AccessStore
+    from bot.storage.sessions import SessionStore
+
+    if not settings.db_path.exists():
+        click.echo(f"roost: no database at {settings.db_path}", err=True)
+        return 1
+    # WAL and the busy timeout let this write next to a running service.
+    store = await SessionStore.open(settings.db_path)
+    try:
+        return await action(AccessStore(store.db, store.lock, store.writer,
+                                        ttl=settings.pairing_code_ttl))
+    finally:
+        await store.close()
+
+
+@pairing.command("approve")
+@click.argument("code")
+@click.pass_context
+def pairing_approve(ctx: click.Context, code: str) -> None:
+    """Approve the user who was given CODE; they can DM the bot at once."""
+    settings = _settings(ctx)
+
+    async def approve(store: Any) -> int:
+        request = await store.approve(code, "cli")
+        if request is None:
+            click.echo(f"roost: no pending request has the code {code} (wrong, expired or "
+                       "already used)", err=True)
+            return 1
+        name = f" ({request.display_name})" if request.display_name else ""
+        click.echo(f"approved {request.user}{name}")
+        return 0
+
+    _run_async(_with_access(settings, approve))
+
+
+@pairing.command("list")
+@click.pass_context
+def pairing_list(ctx: click.Context) -> None:
+    """List pending pairing codes and approved users."""
+    import time
+
+    settings = _settings(ctx)
+
+    async def show(store: Any) -> int:
+        now = time.time()
+        pending, paired = await store.pending(), await store.paired()
+        click.echo("pending:" if pending else "pending: none")
+        for r in pending:
+            click.echo(f"  {r.code}  {r.user}  {r.display_name or '-'}  expires in "
+                       f"{max(0, round((r.expires_at - now) / 60))} min")
+        click.echo("approved:" if paired else "approved: none")
+        for u in paired:
+            click.echo(f"  {u.user}  {u.display_name or '-'}  by {u.approved_by}")
+        return 0
+
+    _run_async(_with_access(settings, show))
+
+
 @cli.command()
 @click.option("--timeout", default=5.0, show_default=True, help="Seconds to wait for an answer.")
 @click.pass_context

@@ -37,12 +37,14 @@ from bot.pluginhost.manager import ESSENTIAL_PLUGINS, RESTART_HOOKS, PluginHost,
 from bot.pluginhost.migrations import migrate_plugins
 from bot.pluginhost.state import load_disabled, save_state
 from bot.scheduling.scheduler import Scheduler
+from bot.storage.access import AccessStore
 from bot.storage.db import retire_columns
 from bot.storage.errors import ErrorStore, ResultStore, format_failure, format_large_result
 from bot.storage.inbox import Inbox
 from bot.storage.jobs import JobStore
 from bot.storage.retention import prune_stores
 from bot.storage.sessions import SessionStore
+from bot.storage.usage import UsageStore
 from bot.tools.outcomes import RawError
 from bot.tools.structured_errors import extract, structured_hint
 
@@ -91,6 +93,12 @@ class Roost:
         self.inbox = self.services.inbox or Inbox(store.db, store.lock, store.writer)
         """Inbound messages, run journals and replies awaiting delivery."""
         self.services.inbox = self.inbox
+        # Pairing codes and spent tokens: one store each, shared by the dispatcher,
+        # commands (/pair, /usage, /status) and tests (which replace their clocks).
+        self.services.access = self.services.access or AccessStore(
+            store.db, store.lock, store.writer, ttl=settings.pairing_code_ttl)
+        self.services.usage = self.services.usage or UsageStore(store.db, store.lock,
+                                                                store.writer)
         self.metrics = RoostMetrics(known_tools=lambda: engine.plugins.tools)
         """This app's Prometheus metrics, in a registry of its own (``/metrics``)."""
         self.http: HealthServer | None = None
@@ -102,7 +110,8 @@ class Roost:
         """What plugins, commands and jobs receive instead of this object."""
         self.dispatcher = Dispatcher(
             settings, inbox=self.inbox, store=store, engine=engine, router=self.router,
-            channels=self.channels, commands=lambda: self.commands, runtime=self.runtime)
+            channels=self.channels, commands=lambda: self.commands, runtime=self.runtime,
+            access=self.services.access, usage=self.services.usage)
 
     @property
     def provider(self) -> LLMProvider:

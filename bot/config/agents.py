@@ -35,6 +35,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from bot.config.budgets import BudgetConfig
 from bot.contracts.judge import DEFAULT_MAX_RETRIES, DEFAULT_THRESHOLD, MAX_RETRIES_RANGE, Strategy
 from bot.contracts.messages import ChatType, InboundMessage
 
@@ -160,6 +161,8 @@ class AgentConfig(_Strict):
     vision: bool | None = None
     """Whether this agent's model takes images and PDFs; unset follows ``vision``."""
     judge: JudgeConfig | None = None
+    budgets: BudgetConfig | None = None
+    """``[agents.<name>.budgets]``: overrides of ``[budgets]`` for this agent's runs."""
 
     @field_validator("context_window")
     @classmethod

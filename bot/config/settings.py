@@ -29,6 +29,7 @@ from pydantic_settings import (
 )
 
 from bot.config.agents import AgentConfig, Binding, check_bindings
+from bot.config.budgets import BudgetConfig
 from bot.config.mcp import McpConfig
 from bot.config.mcp import masked as _masked_mcp
 
@@ -39,7 +40,7 @@ _toml_data: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextV
 SECRET_MASK = "********"
 
 GuardMode = Literal["off", "log", "warn", "block"]
-DmPolicy = Literal["open", "allowlist", "disabled"]
+DmPolicy = Literal["pairing", "open", "allowlist", "disabled"]
 GroupPolicy = Literal["mention", "all", "off"]
 
 
@@ -197,11 +198,19 @@ class Settings(BaseSettings):
     )
 
     # Chat policies.
-    dm_policy: DmPolicy = "open"
+    dm_policy: DmPolicy = "pairing"
+    """``pairing``: an unknown user who DMs the bot gets a code an admin approves
+    (``/pair approve CODE``); ``open``: anyone; ``allowlist``: ``dm_allowlist`` only;
+    ``disabled``: admins only."""
     dm_policies: dict[str, DmPolicy] = Field(default_factory=dict)
     """Per-channel DM policy, e.g. ``{telegram = "allowlist"}``."""
     dm_allowlist: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    """``channel:user_id`` entries allowed to DM under the ``allowlist`` policy."""
+    """``channel:user_id`` entries allowed to DM under the ``allowlist`` and ``pairing``
+    policies (they skip pairing)."""
+    pairing_code_ttl: float = Field(3600.0, gt=0)
+    """Seconds a pairing code stays valid; a user who writes after that gets a new one."""
+    budgets: BudgetConfig = Field(default_factory=BudgetConfig)
+    """``[budgets]``: token budgets and a request rate (bot/config/budgets.py)."""
     group_policy: GroupPolicy = "mention"
     group_policies: dict[str, GroupPolicy] = Field(default_factory=dict)
     """Per channel (``telegram``) or per group (``telegram:-100123``)."""
@@ -387,6 +396,11 @@ class Settings(BaseSettings):
     def is_admin(self, channel: str, user_id: str) -> bool:
         """Whether ``user_id`` on ``channel`` is listed in ``admins``."""
         return f"{channel}:{user_id}" in self.admins
+
+    def budgets_for(self, agent: str) -> BudgetConfig:
+        """``[budgets]`` with agent ``agent``'s ``[agents.<name>.budgets]`` overrides."""
+        config = self.agents.get(agent)
+        return self.budgets.merged(config.budgets if config is not None else None)
 
     def masked(self) -> dict[str, Any]:
         """The effective settings as plain data, every secret replaced by a mask."""

@@ -6,9 +6,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bot.contracts.search import SearchBackend
+from bot.storage.access import AccessStore
 from bot.storage.errors import ErrorStore, ResultStore
 from bot.storage.inbox import Inbox
 from bot.storage.sessions import SessionStore
+from bot.storage.usage import UsageStore
 
 if TYPE_CHECKING:
     from bot.scheduling.scheduler import Scheduler
@@ -25,7 +27,9 @@ class Services:
     - ``errors``: full tool errors, fetched by ID (``get_error_detail``);
     - ``results``: large tool results, read in slices (``get_tool_result``);
     - ``scheduler``: scheduled jobs (the ``cron`` tool);
-    - ``inbox``: the durable inbox, journal and outbox (:mod:`bot.storage.inbox`).
+    - ``inbox``: the durable inbox, journal and outbox (:mod:`bot.storage.inbox`);
+    - ``access``: DM pairing codes and approved users (:mod:`bot.storage.access`);
+    - ``usage``: tokens spent per user, group and agent (:mod:`bot.storage.usage`).
 
     ``search_backends`` are the web search engines plugins offer
     (``roost_search_backends``), asked for just before ``roost_tools``.
@@ -39,6 +43,8 @@ class Services:
     results: ResultStore | None = None
     scheduler: Scheduler | None = None
     inbox: Inbox | None = None
+    access: AccessStore | None = None
+    usage: UsageStore | None = None
     search_backends: tuple[SearchBackend, ...] = ()
     plugin_configs: dict[str, Any] = field(default_factory=dict)
 

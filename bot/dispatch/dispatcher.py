@@ -33,16 +33,21 @@ from bot.config.settings import Settings
 from bot.contracts.channel import Channel, ReplyStream
 from bot.contracts.commands import Command, CommandContext, parse_command
 from bot.contracts.events import RunEvent
+from bot.contracts.llm import Usage
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.contracts.runtime import Runtime
+from bot.dispatch.access import PairingGate
 from bot.dispatch.registry import ActiveRun, RunRegistry
 from bot.dispatch.stream import DraftWatch, StreamBridge, draft_id
+from bot.engine.budgets import Budgets
 from bot.engine.guard import join_messages
 from bot.engine.run_engine import RunEngine
 from bot.engine.runloop import RunRequest, RunResult
 from bot.resilience.retry import RetryPolicy
+from bot.storage.access import AccessStore
 from bot.storage.inbox import Inbox, InboxEntry, OutboxEntry, RunJournal, grouped
 from bot.storage.sessions import SessionStore, agent_of, session_key
+from bot.storage.usage import UsageStore
 
 log = logging.getLogger("roost.dispatch.dispatcher")
 
@@ -102,10 +107,12 @@ class Dispatcher:
 
     def __init__(self, settings: Settings, *, inbox: Inbox, store: SessionStore,
                  engine: RunEngine, router: AgentRouter, channels: Mapping[str, Channel],
-                 commands: Callable[[], Mapping[str, Command]], runtime: Runtime) -> None:
+                 commands: Callable[[], Mapping[str, Command]], runtime: Runtime,
+                 access: AccessStore | None = None, usage: UsageStore | None = None) -> None:
         """``channels`` is the live mapping of running channels; ``commands()``
         the current commands (they change when plugins do); ``runtime`` is what
-        command handlers receive."""
+        command handlers receive. ``access`` (pairing) and ``usage`` (budgets)
+        default to stores on the inbox's connection."""
         self.settings = settings
         self.inbox = inbox
         self.store = store
@@ -114,6 +121,11 @@ class Dispatcher:
         self.channels = channels
         self.commands = commands
         self.runtime = runtime
+        self.pairing = PairingGate(settings, access or AccessStore(
+            inbox.db, inbox.lock, inbox.writer, ttl=settings.pairing_code_ttl))
+        """Who may DM the bot under the pairing policy (bot.dispatch.access)."""
+        self.budgets = Budgets(settings, usage or UsageStore(inbox.db, inbox.lock, inbox.writer))
+        """Token budgets and the request rate, checked before each run (bot.engine.budgets)."""
         self.registry = RunRegistry()
         self._redeliveries: set[asyncio.Task[None]] = set()
         self.lanes: dict[str, Lane] = {}
@@ -144,6 +156,9 @@ class Dispatcher:
         if not self._allowed(message, parsed is not None):
             return
         key = self.key_for(message)
+        if not await self.pairing.admits(message):
+            await self._refuse_unpaired(message, key, parsed is not None)
+            return
         lane = self.lanes.get(key)
         # A message whose run will start at once is recorded as started.
         now = parsed is None and (lane is None or (not lane.queue and not lane.running))
@@ -166,7 +181,8 @@ class Dispatcher:
         admin = s.is_admin(message.channel, message.sender_id)
         if message.chat_type == "direct":
             dm = s.dm_policy_for(message.channel)
-            if admin or dm == "open" or (
+            # "pairing" passes here: the pairing gate (bot.dispatch.access) decides next.
+            if admin or dm in ("open", "pairing") or (
                     dm == "allowlist"
                     and f"{message.channel}:{message.sender_id}" in s.dm_allowlist):
                 return True
@@ -185,6 +201,18 @@ class Dispatcher:
                 kept = self._group_context[key] = deque(maxlen=s.group_context_messages)
             kept.append(message)
         return False
+
+    async def _refuse_unpaired(self, message: InboundMessage, key: str,
+                               is_command: bool) -> None:
+        """An unpaired user's DM: recorded and closed at once (never run, not even after a
+        restart), and its sender told the pairing code when one is due."""
+        entry = await self.inbox.add(message, key, "command" if is_command else "message")
+        if entry is None:
+            return  # a redelivery of a message refused before
+        self.inbox.close((entry.id,))
+        reply = await self.pairing.refuse(message)
+        if reply is not None:
+            self._notify(message, reply)
 
     def _take_context(self, key: str) -> str:
         """Group messages the bot was not addressed in since its last run, as prompt text."""
@@ -291,6 +319,12 @@ class Dispatcher:
         is told, and the log says which.
         """
         outbox, entries = leftovers
+        # A DM recorded just before a crash, from someone the pairing gate refuses
+        # (or no longer admits: revoked meanwhile), is closed, not run.
+        refused = [e for e in entries if not await self.pairing.admits(e.message)]
+        if refused:
+            self.inbox.close([e.id for e in refused])
+            entries = [e for e in entries if e not in refused]
         for out in outbox:
             self._redeliver(out.id, out.message, out.draft_id, out.attempts, delay=0.0)
         if entries:
@@ -409,6 +443,20 @@ class Dispatcher:
             if pending.stale_draft and channel is not None:
                 with contextlib.suppress(Exception):
                     await channel.withdraw(message.chat_id, pending.stale_draft)
+            refusal = await self.budgets.check(message, agent_of(lane.key),
+                                               request=pending.options is None)
+            if refusal is not None:
+                # Before the model is called: nothing of the run happens, nothing is stored.
+                self.inbox.close(pending.entries)
+                result = RunResult(run_id, "refused", refusal, Usage())
+                if pending.options is None:
+                    self._notify(message, refusal)
+                else:
+                    log.info("scheduled %s run in %s skipped: %s",
+                             pending.options.get("kind", "scheduled"), lane.key, refusal)
+                if pending.done is not None and not pending.done.done():
+                    pending.done.set_result(result)
+                return
             plugins = self.engine.plugins  # the run and its stream use one plugin state
             session = await self.store.get(lane.key)
             bridge = StreamBridge(channel, message, plugins.sanitizers)
@@ -448,6 +496,8 @@ class Dispatcher:
                     options["on_commit"] = self._committer(message, pending.entries, bridge)
                 result = await self.engine.run(
                     RunRequest(message, session, run_id=run_id, **options), listener)
+            # Counted from what the provider reported, right after the run's commit.
+            self.budgets.record(message, agent_of(lane.key), result.usage)
             if result.status == "failed" and not pending.deliver_failed:
                 if bridge.stream is not None:
                     await bridge.stream.finish(None)

@@ -26,6 +26,7 @@ log = logging.getLogger("roost.pluginhost.manager")
 
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "plugins.core_commands",
+    "plugins.pairing_commands",
     "plugins.file_tools",
     "plugins.sql_tool",
     "plugins.error_tools",

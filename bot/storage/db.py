@@ -263,6 +263,44 @@ MIGRATIONS: list[str] = [
         updated_at REAL NOT NULL
     );
     """,
+    # 14: access and spend (bot.storage.access, bot.storage.usage). Pairing codes
+    # unknown users were given (one pending code per user; a code is used once),
+    # the users an admin approved, and tokens spent per user, group and agent per
+    # UTC day ('2026-11-23') and month ('2026-11').
+    """
+    CREATE TABLE pairing_requests (
+        code TEXT PRIMARY KEY,
+        channel TEXT NOT NULL,
+        user_id TEXT NOT NULL,
+        chat_id TEXT NOT NULL,
+        display_name TEXT NOT NULL DEFAULT '',
+        state TEXT NOT NULL DEFAULT 'pending'
+            CHECK (state IN ('pending', 'approved', 'revoked')),
+        created_at REAL NOT NULL,
+        expires_at REAL NOT NULL,
+        notified_at REAL NOT NULL,
+        refused INTEGER NOT NULL DEFAULT 1,
+        used_at REAL
+    );
+    CREATE INDEX pairing_requests_user ON pairing_requests(channel, user_id, state);
+    CREATE TABLE paired_users (
+        channel TEXT NOT NULL,
+        user_id TEXT NOT NULL,
+        display_name TEXT NOT NULL DEFAULT '',
+        approved_by TEXT NOT NULL,
+        approved_at REAL NOT NULL,
+        PRIMARY KEY (channel, user_id)
+    );
+    CREATE TABLE usage (
+        scope TEXT NOT NULL CHECK (scope IN ('user', 'group', 'agent')),
+        subject TEXT NOT NULL,
+        period TEXT NOT NULL,
+        input_tokens INTEGER NOT NULL DEFAULT 0,
+        output_tokens INTEGER NOT NULL DEFAULT 0,
+        runs INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (scope, period, subject)
+    );
+    """,
 ]
 """Schema steps in order; ``PRAGMA user_version`` records how many have run.
 

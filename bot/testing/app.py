@@ -263,6 +263,9 @@ async def create_app(provider: LLMProvider | None, /, *plugins: object, data_dir
     """
     settings.setdefault("data_dir", data_dir)
     settings.setdefault("merge_window_ms", 0)
+    # Test chats talk as made-up users: DMs are open here, although Roost's own default
+    # is "pairing" (tests of pairing pass dm_policy="pairing").
+    settings.setdefault("dm_policy", "open")
     # A test that leaves a run hanging should not wait out the shutdown grace.
     settings.setdefault("shutdown_grace_seconds", 0)
     host = host or get_plugin_manager(load_entry_points=entry_points)

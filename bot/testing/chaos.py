@@ -252,6 +252,8 @@ class ChaosRun:
             "ROOST_LOAD_PLUGINS": "",
             "ROOST_LOG_LEVEL": "INFO",
             "ROOST_MEMORY_FLUSH": "false",
+            # The simulated users are strangers to the bot: DMs open, not paired.
+            "ROOST_DM_POLICY": "open",
             **self.extra_env,
         }
         logs = self.workdir / "logs"
