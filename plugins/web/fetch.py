@@ -420,21 +420,15 @@ def web_fetch_tool(fetcher: WebFetcher, *, default_chars: int = 20_000) -> Tool:
 
     return Tool(
         name="web_fetch",
-        description=(
-            "Read a web page or file by its http(s) URL. HTML comes back as Markdown (the "
-            "main content), plain text and JSON as sent, PDFs as their text; the answer "
-            "starts with the final URL (after redirects) and the page's title. Only public "
-            f"addresses; at most {fetcher.max_bytes} bytes downloaded. Images and other "
-            "binary files are refused."
-        ),
+        # Short: every tool's spec is sent on every turn.
+        description=("Read an http(s) URL: final URL, title, then the text (HTML as Markdown, "
+                     "JSON and text as sent, PDF text). Public addresses only."),
         input_schema={
             "type": "object",
             "properties": {
-                "url": {"type": "string",
-                        "description": "The http:// or https:// URL to read."},
+                "url": {"type": "string"},
                 "max_chars": {"type": "integer", "minimum": 100, "maximum": MAX_MAX_CHARS,
-                              "description": f"Characters of text to return (default "
-                                             f"{default_chars}); longer text is cut."},
+                              "description": f"default {default_chars}"},
             },
             "required": ["url"],
             "additionalProperties": False,
