@@ -1,13 +1,15 @@
 """MCP benchmark: what configured MCP servers cost per turn, and what one call costs.
 
-Run with ``.venv/bin/python bench/bench_mcp.py`` (about 30 s on 2 cores).
+Run with ``.venv/bin/python bench/bench_mcp.py`` (about 40 s on 2 cores).
 
 1. Per-turn overhead with 3 MCP servers configured (11 tools each, lazy, their
    tool lists already cached from an earlier start, so no process runs until a
    tool is called): the p50 of a whole text-only turn (scripted model, console
    chat) with and without them, and the part that offering their 33 tools adds
    to every turn (the agent's policy filter, cached per plugin state, plus the
-   tool specs handed to the model), measured alone.
+   tool specs handed to the model), measured alone. A control turn offers 33
+   ordinary plugin tools instead: more tools make every turn's prompt (one line
+   per tool) and its token estimate longer, whoever offers them.
 2. MCP call overhead over stdio: p50/p99 of ``tools/call`` on the test toolbox
    server (``add``) through Roost's connection, and through the Roost tool
    (what the executor runs: the connection plus the result rendering).
@@ -16,6 +18,7 @@ Run with ``.venv/bin/python bench/bench_mcp.py`` (about 30 s on 2 cores).
 from __future__ import annotations
 
 import asyncio
+import statistics
 import sys
 import tempfile
 import time
@@ -28,10 +31,11 @@ from bot.testing.app import build_app
 from plugins.mcp import manager_of
 from plugins.mcp.connection import Connection
 from plugins.mcp.manager import McpServer
-from roost import ToolContext
+from roost import Tool, ToolContext, hookimpl
 
 TOOLBOX = Path(__file__).resolve().parent.parent / "tests" / "mcp_servers" / "toolbox.py"
-TURNS = 300
+TURNS = 100
+ROUNDS = 7
 WARMUP = 30
 OFFER_ROUNDS = 20_000
 CALLS = 1_000
@@ -43,27 +47,60 @@ def servers(n: int) -> dict[str, Any]:
                         for i in range(n)}}
 
 
-async def turn_p50(data: Path, n_servers: int) -> tuple[float, int, int]:
-    """p50 ms of a text-only turn; tools offered; server processes started."""
-    chat = await build_app([{"reply": "ok"}], data_dir=data, loop=True, mcp=servers(n_servers),
-                           dm_policy="open")
-    app = chat.app
-    assert app is not None
+class PlainTools:
+    """A plugin offering 33 ordinary tools with MCP-like schemas: the control that tells the
+    cost of offering more tools (prompt lines, token estimates) from MCP's own."""
+
+    @staticmethod
+    @hookimpl
+    def roost_tools() -> list[Tool]:
+        async def run(context: ToolContext, args: Any) -> str:
+            return ""
+
+        schema = {"type": "object", "properties": {"a": {"type": "integer", "title": "A"},
+                                                    "b": {"type": "integer", "title": "B"}},
+                  "required": ["a", "b"]}
+        return [Tool(f"plain__tool_{i}", f"Plain tool {i}: adds two integers.", schema, run)
+                for i in range(33)]
+
+
+async def turn_p50s(variants: dict[str, tuple[Path, int, tuple[object, ...]]]
+                    ) -> dict[str, tuple[float, int, int]]:
+    """Per variant: p50 ms of a text-only turn, tools offered, server processes started.
+
+    The variants take turns, ``ROUNDS`` rounds of ``TURNS`` turns each, and the median of
+    the rounds' p50s is kept: on a shared machine the load changes between rounds.
+    """
+    chats = {}
+    for name, (data, n_servers, plugins) in variants.items():
+        chats[name] = await build_app([{"reply": "ok"}], *plugins, data_dir=data, loop=True,
+                                      mcp=servers(n_servers), dm_policy="open")
     try:
-        for _ in range(WARMUP):
-            await chat.ask("hello")
-        times = []
-        for _ in range(TURNS):
-            began = time.perf_counter()
-            await chat.ask("hello")
-            times.append((time.perf_counter() - began) * 1000)
-        manager = manager_of(app.services)
-        started = 0 if manager is None else sum(
-            1 for s in manager.servers.values() if s.shared is not None)
-        offered = len(chat.requests[-1].tools) if chat.requests else 0
-        return percentile(times, 50), offered, started
+        for chat in chats.values():
+            for _ in range(WARMUP):
+                await chat.ask("hello")
+        rounds: dict[str, list[float]] = {name: [] for name in chats}
+        for _ in range(ROUNDS):
+            for name, chat in chats.items():
+                times = []
+                for _ in range(TURNS):
+                    began = time.perf_counter()
+                    await chat.ask("hello")
+                    times.append((time.perf_counter() - began) * 1000)
+                rounds[name].append(percentile(times, 50))
+        out = {}
+        for name, chat in chats.items():
+            assert chat.app is not None
+            manager = manager_of(chat.app.services)
+            started = 0 if manager is None else sum(
+                1 for s in manager.servers.values() if s.shared is not None)
+            offered = len(chat.requests[-1].tools) if chat.requests else 0
+            out[name] = (statistics.median(rounds[name]), offered, started)
+        return out
     finally:
-        await app.close()
+        for chat in chats.values():
+            assert chat.app is not None
+            await chat.app.close()
 
 
 async def offer_cost(data: Path) -> tuple[float, float]:
@@ -146,8 +183,12 @@ async def main() -> None:
             await asyncio.sleep(0.05)
         await first.app.close()
 
-        without, offered_0, _ = await turn_p50(root / "without", 0)
-        with_servers, offered_3, started = await turn_p50(root / "with", 3)
+        turns = await turn_p50s({"without": (root / "without", 0, ()),
+                                 "with": (root / "with", 3, ()),
+                                 "plain": (root / "plain", 0, (PlainTools(),))})
+        without, offered_0, _ = turns["without"]
+        with_servers, offered_3, started = turns["with"]
+        plain, offered_plain, _ = turns["plain"]
         offer_0, offer_3 = await offer_cost(root / "with")
         raw, tool_view = await call_latency(root / "ws")
 
@@ -156,8 +197,10 @@ async def main() -> None:
         ["text turn p50, no MCP servers", f"{without:.2f} ms", f"{offered_0} tools offered", ""],
         ["text turn p50, 3 MCP servers", f"{with_servers:.2f} ms",
          f"{offered_3} tools offered, {started} servers started", ""],
-        ["added per turn (whole turn, p50 difference)", f"{with_servers - without:+.2f} ms", "",
-         ""],
+        ["text turn p50, 33 plain plugin tools instead", f"{plain:.2f} ms",
+         f"{offered_plain} tools offered", ""],
+        ["added per turn (whole turn, p50 difference)", f"{with_servers - without:+.2f} ms",
+         f"33 plain tools: {plain - without:+.2f} ms", ""],
         ["offering tools per turn, none / 3 servers",
          f"{offer_0 * 1000:.1f} / {offer_3 * 1000:.1f} us", "", ""],
         ["added per turn by offering 33 MCP tools", f"{added_offer * 1000:.1f} us",
