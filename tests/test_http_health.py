@@ -22,11 +22,17 @@ from bot.app.cli import cli
 from bot.app.http import HealthServer
 from bot.app.roost import Roost
 from bot.config.settings import SetupError
-from bot.contracts.channel import ChannelHealth
+from bot.contracts.channel import Channel, ChannelHealth
 from bot.testing.app import ChatChannel, create_app, scripted
+from bot.testing.discord import FakeDiscord
+from bot.testing.discord import fake_discord as _fake_discord  # noqa: F401  (the fixture)
+from bot.testing.slack import FakeSlack
+from bot.testing.slack import fake_slack as _fake_slack  # noqa: F401  (the fixture)
 from bot.testing.telegram import FakeTelegram
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
 from channels.delivery import DeliveryPolicy
+from channels.discord import DiscordChannel
+from channels.slack import SlackChannel
 from channels.telegram import TelegramChannel
 
 FAST = DeliveryPolicy(attempts=3, base_delay=0.01, max_delay=0.05)
@@ -199,3 +205,60 @@ async def test_roost_status_exits_2_when_nothing_answers_or_no_port_is_set(
     assert code == 2 and f"cannot reach 127.0.0.1:{port}" in output
     code, output = await roost_status(None, tmp_path)
     assert code == 2 and "ROOST_HTTP_PORT" in output
+
+
+# -- Discord and Slack readiness -------------------------------------------------------
+
+
+async def health_until(channel: Channel, ready: bool, limit: float = 20.0) -> ChannelHealth:
+    """Poll ``channel.health()`` until its ``ready`` is ``ready``."""
+    try:
+        async with asyncio.timeout(limit):
+            while True:
+                health = channel.health()
+                if health.ready is ready:
+                    return health
+                await asyncio.sleep(0.01)  # pacing only; the condition is what is awaited
+    except TimeoutError:
+        pytest.fail(f"{channel.name} never became ready={ready}: {channel.health()}")
+
+
+async def test_discord_is_ready_on_ready_and_not_from_a_dropped_session_until_ready_again(
+        tmp_path: Path, scrape: Scrape, fake_discord: FakeDiscord) -> None:
+    app, _ = await create_app(scripted({"reply": "hi"}), data_dir=tmp_path,
+                              **fake_discord.settings())
+    try:
+        server = await serve(app, expected=["discord"])
+        channel = DiscordChannel(app.settings, guild_ready_timeout=0.05)
+        assert channel.health() == ChannelHealth(False, "connecting")
+        await app.add_channel(channel)  # returns once READY came
+        assert await scrape(f"{server.url}/readyz") == (200, "ready\n")
+        await fake_discord.invalidate_session()  # the session cannot be resumed
+        down = await health_until(channel, False)
+        assert down.detail == "gateway disconnected; reconnecting"
+        assert await scrape(f"{server.url}/readyz") == (
+            503, "discord: gateway disconnected; reconnecting\n")
+        # discord.py waits 5 s before IDENTIFYing again (Discord's identify limit).
+        await fake_discord.wait_identified(count=2, limit=20)
+        await health_until(channel, True)
+    finally:
+        await app.close()
+
+
+@pytest.mark.parametrize("socket_mode", [False, True], ids=["events-api", "socket-mode"])
+async def test_slack_is_ready_once_auth_test_passed_and_it_listens_or_is_connected(
+        tmp_path: Path, scrape: Scrape, fake_slack: FakeSlack, socket_mode: bool) -> None:
+    app, _ = await create_app(scripted({"reply": "hi"}), data_dir=tmp_path,
+                              **fake_slack.settings(socket_mode=socket_mode))
+    try:
+        server = await serve(app, expected=["slack"])
+        channel = SlackChannel(app.settings, host="127.0.0.1")
+        assert channel.health() == ChannelHealth(False, "connecting")
+        await app.add_channel(channel)
+        assert [c.method for c in fake_slack.calls][:1] == ["auth.test"]
+        assert await scrape(f"{server.url}/readyz") == (200, "ready\n")
+        await channel.stop()
+        assert channel.health() == ChannelHealth(False, "stopped")
+    finally:
+        await app.close()
+

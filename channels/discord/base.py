@@ -11,7 +11,7 @@ import discord
 import yarl
 
 from bot.config.settings import Settings
-from bot.contracts.channel import Channel, InboundHandler
+from bot.contracts.channel import Channel, ChannelHealth, InboundHandler
 from channels.delivery import DeliveryPolicy, deliver
 from channels.discord.common import (
     CATCHUP_LIMIT,
@@ -87,6 +87,13 @@ class _DiscordBase(Channel):
         failed on: a catch-up starts there, so that message is read again."""
         self._catching_up: asyncio.Task[None] | None = None
         self._intake_open = True
+        self._health = ChannelHealth(False, "connecting")
+        """What ``/readyz`` shows: ready from READY (or a RESUMED session), not ready
+        from a dropped gateway connection until then."""
+
+    def health(self) -> ChannelHealth:
+        """Ready while the gateway session is up (READY or RESUMED since the last drop)."""
+        return self._health
 
     async def _deliver(self, call: Callable[[], Awaitable[T]], *, what: str) -> T:
         """Run a REST call with :func:`deliver`, translating discord.py's errors.

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import discord
 
-from bot.contracts.channel import InboundHandler, ReplyStream
+from bot.contracts.channel import ChannelHealth, InboundHandler, ReplyStream
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.resilience.retry import RetryPolicy
 from channels.chunking import split_message
@@ -132,6 +132,7 @@ class DiscordChannel(_Inbound, _Interactions, _Rest, _Media):
                     return
                 failures += 1
                 delay = _RECONNECT.delay(failures)
+                self._health = ChannelHealth(False, "gateway error; reconnecting")
                 log.exception("discord: unexpected gateway error; reconnecting in %.1fs",
                               delay)
                 if client.ws is not None:
@@ -145,6 +146,9 @@ class DiscordChannel(_Inbound, _Interactions, _Rest, _Media):
     def _runner_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None and not self._stopping:
             log.error("discord: the gateway connection ended", exc_info=task.exception())
+            self._health = ChannelHealth(False, "the gateway connection ended "
+                                                f"({type(task.exception()).__name__}); "
+                                                "restart Roost")
 
     # -- outbound --------------------------------------------------------------
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import discord
 
+from bot.contracts.channel import READY, ChannelHealth
 from channels.discord.common import log
 from channels.logline import short as _short
 
@@ -28,6 +29,16 @@ class _Client(discord.Client):
         if self.adapter._ready.is_set():
             self.adapter._reconnected()
         self.adapter._ready.set()
+        self.adapter._health = READY
+
+    async def on_resumed(self) -> None:
+        self.adapter._health = READY
+
+    async def on_disconnect(self) -> None:
+        # discord.py reconnects by itself (resuming when it can); until READY or
+        # RESUMED, nothing arrives.
+        if not self.adapter._stopping:
+            self.adapter._health = ChannelHealth(False, "gateway disconnected; reconnecting")
 
     async def on_message(self, message: discord.Message) -> None:
         await self.adapter._on_message(message)

@@ -14,7 +14,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
-from bot.contracts.channel import Channel, InboundHandler
+from bot.contracts.channel import READY, Channel, ChannelHealth, InboundHandler
 from channels.delivery import DeliveryPolicy, deliver
 from channels.slack.common import (
     EVENTS_PATH,
@@ -70,6 +70,19 @@ class _SlackBase(Channel):
         self._idle.set()
         self._manifest_logged = False
         self._intake_open = True
+
+    def health(self) -> ChannelHealth:
+        """Ready once ``auth.test`` passed and the Events endpoint listens or the Socket
+        Mode connection is up; not while the socket is down (the SDK reconnects it)."""
+        socket = self._socket
+        if socket is not None:
+            session = socket.current_session
+            if socket.closed or socket.stale or session is None or session.closed:
+                return ChannelHealth(False, "Socket Mode disconnected; reconnecting")
+            return READY
+        if self._runner is not None:
+            return READY
+        return ChannelHealth(False, "connecting" if self._intake_open else "stopped")
 
     @property
     def events_url(self) -> str:
