@@ -289,7 +289,9 @@ async def test_tool_section_lists_exactly_the_runs_tools(make_app: AppFactory) -
     system = await run_once(app, provider)
     tools = system.split("## Tools\n")[1].split("## Safety")[0]
     listed = re.findall(r"^- (\w+)", tools, re.MULTILINE)
-    assert listed == sorted(app.engine.tools) == ["cron", "echo", "edit_file",
+    # Opt-in tools (exec) are registered but offered to no agent that does not allow them.
+    offered = sorted(n for n, t in app.engine.tools.items() if not t.meta.get("opt_in"))
+    assert listed == offered == ["cron", "echo", "edit_file",
                                                    "get_error_detail",
                                                    "get_tool_result", "list_files",
                                                    "memory_get", "memory_search",
