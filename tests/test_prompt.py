@@ -291,12 +291,10 @@ async def test_tool_section_lists_exactly_the_runs_tools(make_app: AppFactory) -
     listed = re.findall(r"^- (\w+)", tools, re.MULTILINE)
     # Opt-in tools (exec) are registered but offered to no agent that does not allow them.
     offered = sorted(n for n, t in app.engine.tools.items() if not t.meta.get("opt_in"))
-    assert listed == offered == ["cron", "echo", "edit_file",
-                                                   "get_error_detail",
-                                                   "get_tool_result", "list_files",
-                                                   "memory_get", "memory_search",
-                                                   "read_file", "send_file", "sql",
-                                                   "web_fetch", "write_file"]
+    assert listed == offered == ["cron", "echo", "edit_file", "get_error_detail",
+                                 "get_tool_result", "list_files", "memory_get",
+                                 "memory_search", "read_file", "send_file", "sql",
+                                 "web_fetch", "write_file"]
     assert "- read_file: read a workspace file" in tools
 
     ws = workspace(app)
