@@ -262,3 +262,59 @@ async def test_slack_is_ready_once_auth_test_passed_and_it_listens_or_is_connect
     finally:
         await app.close()
 
+
+
+# -- roost run -------------------------------------------------------------------------
+
+
+def _get(url: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return int(response.status), response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.mark.e2e
+def test_roost_run_serves_health_readiness_and_metrics_and_roost_status_reads_them(
+        tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROOST_")}
+    env.update(PYTHONUNBUFFERED="1", ROOST_PROVIDER="scripted", ROOST_CONSOLE="1",
+               ROOST_HTTP_PORT=str(port))
+    proc = subprocess.Popen([sys.executable, "-m", "bot", "run"], cwd=tmp_path, env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        deadline = time.monotonic() + 30
+        lines: list[str] = []
+        while "roost ready" not in (line := proc.stderr.readline()):
+            lines.append(line)
+            assert line and time.monotonic() < deadline, f"never ready: {lines}"
+        assert any(f"health and metrics on http://127.0.0.1:{port}" in x for x in lines)
+        base = f"http://127.0.0.1:{port}"
+        assert _get(f"{base}/healthz") == (200, "ok\n")
+        assert _get(f"{base}/readyz") == (200, "ready\n")
+        status, metrics = _get(f"{base}/metrics")
+        assert status == 200 and "roost_queue_depth 0.0" in metrics
+        checked = subprocess.run([sys.executable, "-m", "bot", "status"], cwd=tmp_path,
+                                 env=env, capture_output=True, text=True, timeout=30)
+        assert (checked.returncode, checked.stdout) == (0, "ready\n")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+        gone = subprocess.run([sys.executable, "-m", "bot", "status"], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=30)
+        assert gone.returncode == 2 and "cannot reach" in gone.stderr
+    finally:
+        if proc.poll() is None:
+            proc.kill()
