@@ -7,7 +7,9 @@ use an empty allowlist (or only that /32) and check the site was never asked.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import socket
+import zlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -200,6 +202,37 @@ async def test_an_endless_body_is_abandoned_at_the_byte_cap(site: FakeSite) -> N
     assert error.code == "TOO_LARGE"
     assert "the download was stopped" in str(error)
     await asyncio.wait_for(site.abandoned.wait(), 5)
+
+
+async def test_gzip_and_deflate_bodies_are_decoded(site: FakeSite) -> None:
+    text = "compressed words " * 200
+    raw_deflate = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    site.page("/gz", gzip.compress(text.encode()), content_type="text/plain",
+              headers={"Content-Encoding": "gzip"})
+    site.page("/zlib", zlib.compress(text.encode()), content_type="text/plain",
+              headers={"Content-Encoding": "deflate"})
+    site.page("/raw", raw_deflate.compress(text.encode()) + raw_deflate.flush(),
+              content_type="text/plain", headers={"Content-Encoding": "deflate"})
+    for path in ("/gz", "/zlib", "/raw"):
+        assert (await fetcher().fetch(site.url(path))).text == text
+    assert site.requests[0].headers["accept-encoding"] == "gzip, deflate"
+
+
+async def test_a_compression_bomb_is_stopped_at_the_byte_cap(site: FakeSite) -> None:
+    bomb = gzip.compress(b"\0" * 50_000_000)  # 50 MB of zeros in about 50 kB
+    site.page("/bomb", bomb, content_type="text/plain", headers={"Content-Encoding": "gzip"})
+    error = await fetch_error(fetcher(max_bytes=1_000_000), site.url("/bomb"))
+    assert error.code == "TOO_LARGE" and "download was stopped" in str(error)
+
+
+async def test_an_unknown_or_broken_encoding_is_a_bad_response(site: FakeSite) -> None:
+    site.page("/br", b"\x0b\x02\x80hello\x03", content_type="text/plain",
+              headers={"Content-Encoding": "br"})
+    site.page("/broken", b"not gzip at all", content_type="text/plain",
+              headers={"Content-Encoding": "gzip"})
+    for path in ("/br", "/broken"):
+        error = await fetch_error(fetcher(), site.url(path))
+        assert error.code == "BAD_RESPONSE" and not error.retryable
 
 
 async def test_a_site_that_never_answers_times_out_as_retryable(site: FakeSite) -> None:

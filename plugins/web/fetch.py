@@ -29,6 +29,7 @@ import itertools
 import logging
 import re
 import ssl
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -158,7 +159,9 @@ class WebFetcher:
         async with httpx.AsyncClient(
             timeout=httpx.Timeout(self.timeout), follow_redirects=False, trust_env=False,
             verify=default_tls() if self.verify is True else self.verify,
-            headers={"User-Agent": USER_AGENT, "Accept": _ACCEPT},
+            # Only codings _Decoder undoes under the byte cap (not br or zstd).
+            headers={"User-Agent": USER_AGENT, "Accept": _ACCEPT,
+                     "Accept-Encoding": "gzip, deflate"},
             # One connection per request: a pooled connection opened (and its
             # certificate checked) for one host must not carry another's request.
             limits=httpx.Limits(max_keepalive_connections=0),
@@ -214,17 +217,68 @@ class WebFetcher:
         declared = response.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > cap:
             raise _too_large(url, int(declared), cap)
+        decoder = _Decoder(response.headers.get("content-encoding", ""), url)
         chunks: list[bytes] = []
         total = 0
         try:
-            async for chunk in response.aiter_bytes():
+            # Raw bytes, decoded here: httpx would inflate a whole network chunk at
+            # once, and 64 kB of gzip can hold 64 MB of zeros.
+            async for raw in response.aiter_raw():
+                chunk = decoder.decode(raw, cap - total + 1)
                 total += len(chunk)
                 if total > cap:
                     raise _too_large(url, None, cap)
                 chunks.append(chunk)
+            chunk = decoder.decode(b"", cap - total + 1, final=True)
+            if total + len(chunk) > cap:
+                raise _too_large(url, None, cap)
+            chunks.append(chunk)
         except httpx.HTTPError as exc:
             raise transport_error(f"reading {url}", exc, self.timeout) from None
         return b"".join(chunks)
+
+
+class _Decoder:
+    """Undoes a gzip or deflate ``Content-Encoding``, never giving out more than asked."""
+
+    def __init__(self, encoding: str, url: httpx.URL) -> None:
+        codings = [c.strip().lower() for c in encoding.split(",")
+                   if c.strip() and c.strip().lower() != "identity"]
+        if len(codings) > 1 or (codings and codings[0] not in ("gzip", "x-gzip", "deflate")):
+            raise web_error(f"unsupported Content-Encoding {encoding[:50]!r} from {url}",
+                            "BAD_RESPONSE", url=url)
+        self.coding = codings[0] if codings else ""
+        self.url = url
+        self._inflater = self._new(self.coding)
+        self._started = False
+
+    @staticmethod
+    def _new(coding: str, *, raw: bool = False) -> Any:
+        if coding in ("gzip", "x-gzip"):
+            return zlib.decompressobj(16 + zlib.MAX_WBITS)
+        return zlib.decompressobj(-zlib.MAX_WBITS if raw else zlib.MAX_WBITS)
+
+    def decode(self, data: bytes, room: int, *, final: bool = False) -> bytes:
+        """``data`` decoded, at most ``room`` bytes of it (reaching ``room`` means too
+        much: the caller stops there, so what is left undecoded never matters)."""
+        if not self.coding:
+            return data
+        try:
+            if final:
+                return bytes(self._inflater.flush())[:room]
+            first = not self._started
+            self._started = True
+            try:
+                return bytes(self._inflater.decompress(data, room))
+            except zlib.error:
+                if not (first and self.coding == "deflate"):
+                    raise
+                # "deflate" is meant to be zlib-wrapped; some servers send it raw.
+                self._inflater = self._new("deflate", raw=True)
+                return bytes(self._inflater.decompress(data, room))
+        except zlib.error as exc:
+            raise web_error(f"undecodable {self.coding} body from {self.url}: {exc}",
+                            "BAD_RESPONSE", url=self.url) from None
 
 
 def _follow(current: httpx.URL, location: str) -> httpx.URL:
