@@ -81,11 +81,13 @@ _KILL_GRACE = 10.0
 """Seconds the executor's own timeout leaves beyond the longest wall-clock limit,
 so the sandbox is stopped and reported here rather than cut off by the executor."""
 
-# Top-level directories that are symlinks into /usr on merged-/usr systems.
+# Links into /usr on merged-/usr systems (recreated as links), else directories (bound).
 _SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-# What the loader, locale and TLS need; no account databases, no secrets.
+# What the loader, locale and TLS need; no account databases, no secrets (of /etc/ssl only
+# the public certificates and the configuration: /etc/ssl/private holds the host's keys).
 _ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives",
-              "/etc/localtime", "/etc/ssl", "/etc/ca-certificates")
+              "/etc/localtime", "/etc/ssl/certs", "/etc/ssl/openssl.cnf",
+              "/etc/ca-certificates")
 _ETC_NETWORK = ("/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/host.conf",
                 "/etc/gai.conf", "/etc/services", "/etc/protocols")
 

@@ -115,10 +115,13 @@ async def test_writing_outside_the_workspace_fails(root: Path, workspace: Path) 
 async def test_etc_shadow_and_the_host_accounts_are_not_there(
         root: Path, workspace: Path) -> None:
     tool = make_tool(root)
-    result = await run(tool, workspace, "cat /etc/shadow; ls /etc; cat /etc/passwd; whoami")
+    result = await run(tool, workspace, "cat /etc/shadow; ls /etc /etc/ssl; cat /etc/passwd; "
+                       "whoami")
     status, output = status_and_output(result)
     assert "/etc/shadow: No such file or directory" in output
-    assert not {"shadow", "gshadow", "sudoers", "sudoers.d", "ssh"} & set(output.split())
+    assert not {"shadow", "gshadow", "sudoers", "sudoers.d", "ssh", "private"} & set(
+        output.split())
+    assert "certs" in output.split()
     # The sandbox's own one-line account, not the host's list of users.
     passwd = [line for line in output.splitlines() if line.count(":") == 6]
     assert len(passwd) == 1 and passwd[0].startswith("sandbox:x:")
