@@ -77,6 +77,7 @@ SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 MAX_COMMAND_CHARS = 100_000
 _READ_CHUNK = 65_536
 _PROBE_TIMEOUT = 15.0
+_REAP_TIMEOUT = 5.0
 _KILL_GRACE = 10.0
 """Seconds the executor's own timeout leaves beyond the longest wall-clock limit,
 so the sandbox is stopped and reported here rather than cut off by the executor."""
@@ -260,9 +261,15 @@ async def _reap(proc: asyncio.subprocess.Process) -> None:
     # asyncio wakes wait() only once the pipe has seen EOF, and a pipe we stopped
     # reading at the cap is paused: drain it (its writers are dead) first.
     assert proc.stdout is not None
-    while await proc.stdout.read(_READ_CHUNK):
-        pass
-    await proc.wait()
+    try:
+        async with asyncio.timeout(_REAP_TIMEOUT):
+            while await proc.stdout.read(_READ_CHUNK):
+                pass
+            await proc.wait()
+    except TimeoutError:
+        # Should not happen (the PID namespace dies with bwrap); never hang the run on it.
+        log.error("exec: the sandbox (pid %d) still holds its output %gs after it was killed",
+                  proc.pid, _REAP_TIMEOUT)
 
 
 def _kill(proc: asyncio.subprocess.Process) -> None:
