@@ -367,6 +367,8 @@ async def test_a_server_that_never_starts_is_reported_and_blocks_nothing(make: A
     status = mcp_plugin.format_status(manager(app).status())
     assert "broken (stdio, lazy): failed, 0 tools" in status
     assert "missing configuration" in status
+    [shown] = await chat.ask("/status")
+    assert "plugins.mcp: MCP servers that could not be started: broken:" in shown
 
 
 async def test_the_mcp_command_is_for_admins(make: Any) -> None:

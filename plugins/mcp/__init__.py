@@ -19,15 +19,12 @@ import asyncio
 import logging
 
 from plugins.mcp.adapter import build_tools
-from plugins.mcp.manager import McpManager
+from plugins.mcp.manager import PLUGIN, McpManager
 from roost import Command, CommandContext, Runtime, Services, Settings, Tool, hookimpl
 
 __all__ = ["manager_of", "roost_commands", "roost_shutdown", "roost_startup", "roost_tools"]
 
 log = logging.getLogger("roost.plugins.mcp")
-
-PLUGIN = __name__
-"""This plugin's name in the plugin host (``plugins.mcp``)."""
 
 WATCH_INTERVAL = 0.5
 """Seconds between looks at whether an admin disabled this plugin (its servers then end)."""

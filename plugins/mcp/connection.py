@@ -66,6 +66,7 @@ _STDERR_TAIL = 600
 State = Literal["stopped", "starting", "ready", "restarting"]
 
 ToolsCallback = Callable[["Connection", list[types.Tool]], None]
+FailureCallback = Callable[[str], None]
 
 _CLIENT_INFO = types.Implementation(name="roost", version="0.1.0")
 
@@ -92,7 +93,8 @@ class Connection:
     """
 
     def __init__(self, name: str, config: McpServerConfig, *, cwd: Path | None = None,
-                 on_tools: ToolsCallback | None = None, restart: bool = True,
+                 on_tools: ToolsCallback | None = None,
+                 on_failure: FailureCallback | None = None, restart: bool = True,
                  environ: Mapping[str, str] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  policy: RetryPolicy = RESTART) -> None:
@@ -100,6 +102,8 @@ class Connection:
         self.config = config
         self.cwd = cwd if cwd is not None else config.cwd
         self.on_tools = on_tools
+        self.on_failure = on_failure
+        """Told why a start failed, and ``""`` once the server runs."""
         self.restart = restart
         self.environ = environ if environ is not None else os.environ
         self.clock = clock
@@ -270,6 +274,8 @@ class Connection:
             except Exception as exc:
                 self.error = _describe_failure(exc)
                 log.warning("MCP server %s: %s", self.name, self.error)
+                if self.on_failure is not None:
+                    self.on_failure(self.error)
             finally:
                 self._client = None
             if self._stopping:
@@ -337,6 +343,8 @@ class Connection:
         self._attempt_done.set()
         log.info("MCP server %s ready: %d tools (protocol %s)", self.name, len(tools),
                  self.protocol_version)
+        if self.on_failure is not None:
+            self.on_failure("")
         if self.on_tools is not None:
             self.on_tools(self, tools)
 

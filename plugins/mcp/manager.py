@@ -49,6 +49,9 @@ MAX_USER_PROCESSES = 16
 
 CACHE_FILE = "mcp-tools.json"
 
+PLUGIN = "plugins.mcp"
+ERROR_PREFIX = "MCP servers that could not be started: "
+
 
 class ToolCache:
     """Each server's last tool list on disk, valid while its configuration is unchanged."""
@@ -102,8 +105,11 @@ class McpServer:
     for ``per_user``)."""
 
     def __init__(self, name: str, config: McpServerConfig, cache: ToolCache,
-                 on_change: Callable[[McpServer], None]) -> None:
+                 on_change: Callable[[McpServer], None],
+                 on_failure: Callable[[str, str], None] | None = None) -> None:
         self.name = name
+        self.on_failure = on_failure
+        """``on_failure(server, why)``: a start failed (``why`` is ``""`` once it ran)."""
         self.config = config
         self.cache = cache
         self.on_change = on_change
@@ -147,9 +153,11 @@ class McpServer:
                 try:
                     self._take(await probe.list_once())
                     self.list_error = ""
+                    self._failed("")
                     return
                 except ServerDown:
                     self.list_error = probe.error
+                    self._failed(probe.error)
                 failures += 1
                 delay = RESTART.delay(failures)
                 log.warning("MCP server %s: listing its tools failed (%s); again in %.1fs",
@@ -159,9 +167,14 @@ class McpServer:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
 
+    def _failed(self, why: str) -> None:
+        if self.on_failure is not None:
+            self.on_failure(self.name, why)
+
     def _shared(self) -> Connection:
         if self.shared is None:
-            self.shared = Connection(self.name, self.config, on_tools=self._on_tools)
+            self.shared = Connection(self.name, self.config, on_tools=self._on_tools,
+                                     on_failure=self._failed)
         return self.shared
 
     def _for_workspace(self, workspace: Path) -> Connection:
@@ -240,8 +253,10 @@ class McpManager:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.cache = ToolCache(settings.data_dir / CACHE_FILE)
-        self.servers = {name: McpServer(name, config, self.cache, self.changed)
+        self.servers = {name: McpServer(name, config, self.cache, self.changed, self.failed)
                         for name, config in settings.mcp.servers.items()}
+        self.failures: dict[str, str] = {}
+        """Servers whose last start failed, and why (shown by /status)."""
         self.runtime: Runtime | None = None
         self.version = 0
         """Bumped whenever a server's tool list changes (the adapter rebuilds then)."""
@@ -282,6 +297,25 @@ class McpManager:
                 await runtime.refresh_tools()
         finally:
             self._refreshing = False
+
+    def failed(self, server: str, why: str) -> None:
+        """Server ``server`` could not be started (``why``), or runs again (``""``).
+
+        Failing servers are listed as this plugin's error, which ``/status`` and
+        ``roost plugins list`` show; it goes away once every server has started.
+        """
+        if why:
+            self.failures[server] = why
+        else:
+            self.failures.pop(server, None)
+        if self.runtime is None:
+            return
+        errors = self.runtime.plugins.errors
+        text = "; ".join(f"{name}: {error}" for name, error in sorted(self.failures.items()))
+        if text:
+            errors[PLUGIN] = f"{ERROR_PREFIX}{text}"
+        elif errors.get(PLUGIN, "").startswith(ERROR_PREFIX):
+            del errors[PLUGIN]
 
     def status(self) -> list[dict[str, Any]]:
         """Each server's :meth:`McpServer.status`, by name."""
