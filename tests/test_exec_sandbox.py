@@ -387,12 +387,19 @@ async def test_stop_kills_the_sandbox_of_a_running_command(root: Path) -> None:
             await chat.app.close()
 
 
-async def test_exec_is_not_offered_to_an_agent_without_it(root: Path) -> None:
-    chat = await build_app([{"reply": "hi"}], data_dir=root / "data", dm_policy="open")
+async def test_an_agent_without_exec_is_not_offered_it_and_cannot_run_it(root: Path) -> None:
+    call = {"name": "exec", "arguments": {"command": "touch ran.txt"}}
+    chat = await build_app([{"steps": [{"tool_calls": [call]}, {"reply": "tried"}]}],
+                           data_dir=root / "data", dm_policy="open")
     try:
-        assert await chat.ask("hello") == ["hi"]
-        assert "exec" not in {spec.name for spec in chat.requests[0].tools}
-        assert "read_file" in {spec.name for spec in chat.requests[0].tools}
+        assert await chat.ask("hello") == ["tried"]
+        offered = {spec.name for spec in chat.requests[0].tools}
+        assert "exec" not in offered and "read_file" in offered
+        # A model that names it anyway gets the unknown-tool error; nothing runs.
+        tool_message = chat.requests[1].messages[-1]
+        assert tool_message.is_error
+        assert tool_message.content.startswith("Unknown tool 'exec'")
+        assert list((root / "data").rglob("ran.txt")) == []
     finally:
         await chat.app.close()
 
