@@ -108,7 +108,8 @@ async def _usage(ctx: CommandContext) -> str:
                 continue
             lines.append(f"Top {what} {title} (UTC), tokens in/out:")
             lines.extend(f"  {s.subject}: {s.tokens:,} ({s.input_tokens:,}/"
-                         f"{s.output_tokens:,}), {s.runs} run(s)" for s in top)
+                         f"{s.output_tokens:,}), {s.runs} run(s)"
+                         + (f", cost {s.cost:.2f}" if s.cost else "") for s in top)
     return "\n".join(lines) if lines else "No tokens spent today or this month."
 
 

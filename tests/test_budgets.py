@@ -299,3 +299,44 @@ async def test_usage_with_nothing_spent(make_app: Factory,
     app, _, _, _ = await make_app()
     assert await command(fake_telegram, app, "/usage", ADMIN) == \
         "No tokens spent today or this month."
+
+
+# -- cost budgets ------------------------------------------------------------------------
+
+
+async def test_cost_budget_by_the_price_table(make_app: Factory,
+                                              fake_telegram: FakeTelegram) -> None:
+    app, provider, clock, recorder = await make_app(
+        model="priced-model",
+        budgets={"user_daily_cost": 1.0,
+                 "prices": {"priced-model": {"input": 500.0, "output": 1000.0}}})
+    assert await dm(fake_telegram, app, "first") == ["answer to first"]
+    done = await recorder.wait_for("run.completed")
+    used = done.payload["usage"]
+    cost = (used["input_tokens"] * 500.0 + used["output_tokens"] * 1000.0) / 1_000_000
+    assert cost >= 1.0  # one run's system prompt alone is over 2,000 tokens
+    await usage(app).flush()
+    assert await usage(app).cost("user", "telegram:43", day_of(LATE)) == pytest.approx(cost)
+    status = await command(fake_telegram, app, "/status")
+    assert f"Your spending: today {cost:.2f} of 1.00, this month {cost:.2f} (no limit)" in status
+    [refusal] = await dm(fake_telegram, app, "over")
+    assert refusal == (f"Your daily spending limit reached, resets at 00:00 UTC "
+                       f"({cost:.2f} of 1.00 spent).")
+    calls = len(provider.requests)
+    clock[0] += 3600
+    assert await dm(fake_telegram, app, "tomorrow") == ["answer to tomorrow"]
+    assert len(provider.requests) == calls + 1
+    report = await command(fake_telegram, app, "/usage", ADMIN)
+    assert ", cost " in report
+
+
+async def test_a_model_without_a_price_costs_nothing(make_app: Factory,
+                                                     fake_telegram: FakeTelegram) -> None:
+    app, provider, _, _ = await make_app(
+        model="free-model",
+        budgets={"user_daily_cost": 0.000001, "prices": {"other": {"input": 1000.0}}})
+    assert await dm(fake_telegram, app, "one") == ["answer to one"]
+    assert await dm(fake_telegram, app, "two") == ["answer to two"]
+    await usage(app).flush()
+    assert await usage(app).cost("user", "telegram:43", day_of(LATE)) == 0
+    assert len(provider.requests) == 2

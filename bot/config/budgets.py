@@ -12,13 +12,34 @@ from the top-level table::
     [agents.support.budgets]
     user_daily_tokens = 50000     # tighter for the public support agent
 
-Days and months are UTC. Cost budgets (a price table per model) are not
-implemented: budgets count tokens.
+Days and months are UTC. Cost budgets work the same way on what the tokens
+cost by a price table per model (per million tokens, in any one currency)::
+
+    [budgets]
+    user_daily_cost = 0.50
+    [budgets.prices.claude-sonnet-5-5]
+    input = 3.0
+    output = 15.0
+
+A model missing from the table costs nothing (the log says so once).
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
+
+
+class ModelPrice(BaseModel):
+    """What a million tokens of one model cost."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input: float = Field(0.0, ge=0)
+    output: float = Field(0.0, ge=0)
+
+    def cost(self, input_tokens: int, output_tokens: int) -> float:
+        """What a run with these token counts cost."""
+        return (input_tokens * self.input + output_tokens * self.output) / 1_000_000
 
 
 class BudgetConfig(BaseModel):
@@ -36,6 +57,14 @@ class BudgetConfig(BaseModel):
     """Tokens one agent may spend per UTC day, for everyone together."""
     user_requests_per_minute: int = Field(0, ge=0)
     """Messages from one user that may start a run in any 60 seconds."""
+    user_daily_cost: float = Field(0.0, ge=0)
+    """Like the token budgets, in the currency of ``prices``."""
+    user_monthly_cost: float = Field(0.0, ge=0)
+    group_daily_cost: float = Field(0.0, ge=0)
+    group_monthly_cost: float = Field(0.0, ge=0)
+    agent_daily_cost: float = Field(0.0, ge=0)
+    prices: dict[str, ModelPrice] = Field(default_factory=dict)
+    """Price per million input and output tokens, by model name."""
     admins_exempt: bool = True
     """Admins (``admins``) are never limited."""
 
@@ -51,4 +80,10 @@ class BudgetConfig(BaseModel):
         """Whether any limit is set."""
         return any((self.user_daily_tokens, self.user_monthly_tokens, self.group_daily_tokens,
                     self.group_monthly_tokens, self.agent_daily_tokens,
-                    self.user_requests_per_minute))
+                    self.user_requests_per_minute, self.costs_limited))
+
+    @property
+    def costs_limited(self) -> bool:
+        """Whether any cost limit is set."""
+        return any((self.user_daily_cost, self.user_monthly_cost, self.group_daily_cost,
+                    self.group_monthly_cost, self.agent_daily_cost))

@@ -497,7 +497,7 @@ class Dispatcher:
                 result = await self.engine.run(
                     RunRequest(message, session, run_id=run_id, **options), listener)
             # Counted from what the provider reported, right after the run's commit.
-            self.budgets.record(message, agent_of(lane.key), result.usage)
+            self._count(message, agent_of(lane.key), result)
             if result.status == "failed" and not pending.deliver_failed:
                 if bridge.stream is not None:
                     await bridge.stream.finish(None)
@@ -526,6 +526,15 @@ class Dispatcher:
                 self._notify(message, "Something went wrong on my side; please try again.")
         finally:
             self._finished(lane, entry)
+
+    def _count(self, message: InboundMessage, agent: str, result: RunResult) -> None:
+        """Add a finished run's tokens (and cost) to its sender's, group's and agent's."""
+        resolved = self.router.peek(agent)  # the run resolved it: cached now
+        config = self.settings.agents.get(agent)
+        model = (resolved.settings.model if resolved is not None
+                 else (config.model if config is not None and config.model else None)
+                 or self.settings.model)
+        self.budgets.record(message, agent, result.usage, model)
 
     def _committer(self, message: InboundMessage, entries: tuple[int, ...],
                    bridge: StreamBridge) -> Any:

@@ -6,7 +6,8 @@ owner, the message's sender) and refuses the run with the returned text when
 a limit is reached; :meth:`Budgets.record` adds what the provider reported
 for a finished run to the counters (:mod:`bot.storage.usage`). Token limits
 compare the tokens already spent in the UTC day or month with the limit, so
-the run that crosses a limit finishes and the next one is refused. The
+the run that crosses a limit finishes and the next one is refused. Cost
+limits do the same with what the tokens cost by ``[budgets.prices]``. The
 request rate is kept in memory: a restart forgets the last minute.
 """
 
@@ -51,6 +52,7 @@ class Budgets:
         self.settings = settings
         self.usage = usage
         self._requests: dict[str, deque[float]] = {}
+        self._unpriced: set[str] = set()
 
     def limits(self, agent: str) -> BudgetConfig:
         """The limits in force for ``agent``'s runs."""
@@ -101,18 +103,52 @@ class Budgets:
             daily = period == day
             log.info("%s refused: %s %s budget spent (%d of %d tokens)", user, scope,
                      "daily" if daily else "monthly", spent, limit)
-            resets = "at 00:00 UTC" if daily else f"on {next_month(now)} at 00:00 UTC"
-            return (f"{whose} {'daily' if daily else 'monthly'} limit reached, resets {resets} "
-                    f"({spent:,} of {limit:,} tokens used).")
+            return (f"{whose} {'daily' if daily else 'monthly'} limit reached, resets "
+                    f"{_resets(daily, now)} ({spent:,} of {limit:,} tokens used).")
+        costs: list[tuple[float, Scope, str | None, str, str]] = [
+            (limits.user_daily_cost, "user", user, day, "Your"),
+            (limits.user_monthly_cost, "user", user, month, "Your"),
+            (limits.group_daily_cost, "group", group, day, "This group's"),
+            (limits.group_monthly_cost, "group", group, month, "This group's"),
+            (limits.agent_daily_cost, "agent", agent, day, "This assistant's"),
+        ]
+        for cap, scope, subject, period, whose in costs:
+            if not cap or subject is None:
+                continue
+            cost = await self.usage.cost(scope, subject, period)
+            if cost < cap:
+                continue
+            daily = period == day
+            log.info("%s refused: %s %s spending limit reached (%.4f of %.4f)", user, scope,
+                     "daily" if daily else "monthly", cost, cap)
+            return (f"{whose} {'daily' if daily else 'monthly'} spending limit reached, resets "
+                    f"{_resets(daily, now)} ({cost:.2f} of {cap:.2f} spent).")
         if recent is not None:
             recent.append(now)
         return None
 
-    def record(self, message: InboundMessage, agent: str, usage: Usage) -> None:
-        """Count a finished run's tokens for its sender, group and agent."""
+    def record(self, message: InboundMessage, agent: str, usage: Usage,
+               model: str = "") -> None:
+        """Count a finished run's tokens (and their cost with ``model``'s price) for its
+        sender, group and agent."""
         if not usage.input_tokens and not usage.output_tokens:
             return
-        self.usage.record(subjects(message, agent), usage.input_tokens, usage.output_tokens)
+        self.usage.record(subjects(message, agent), usage.input_tokens, usage.output_tokens,
+                          self.cost(agent, model, usage))
+
+    def cost(self, agent: str, model: str, usage: Usage) -> float:
+        """What ``usage`` of ``model`` costs by the agent's price table (0 when unpriced)."""
+        prices = self.limits(agent).prices
+        if not prices:
+            return 0.0
+        price = prices.get(model)
+        if price is None:
+            if model not in self._unpriced:
+                self._unpriced.add(model)
+                log.warning("model %r has no price in [budgets.prices]; its runs cost 0 for "
+                            "the cost budgets", model)
+            return 0.0
+        return price.cost(usage.input_tokens, usage.output_tokens)
 
     async def describe(self, message: InboundMessage, agent: str) -> list[str]:
         """Lines for ``/status``: the sender's tokens today and this month against the limits."""
@@ -135,8 +171,21 @@ class Budgets:
             lines.append(f"This group's tokens: today {g_day:,}"
                          f"{against(limits.group_daily_tokens)}, this month {g_month:,}"
                          f"{against(limits.group_monthly_tokens)}")
+        if limits.prices or limits.costs_limited:
+            c_day = await self.usage.cost("user", user, day_of(now))
+            c_month = await self.usage.cost("user", user, month_of(now))
+
+            def cap(limit: float) -> str:
+                return f" of {limit:.2f}" if limit else " (no limit)"
+
+            lines.append(f"Your spending: today {c_day:.2f}{cap(limits.user_daily_cost)}, "
+                         f"this month {c_month:.2f}{cap(limits.user_monthly_cost)}")
         if limits.user_requests_per_minute:
             lines.append(f"Rate limit: {limits.user_requests_per_minute} messages per minute")
         if self.exempt(message, limits) and limits.limited:
             lines.append("You are an admin: budgets do not apply to you.")
         return lines
+
+
+def _resets(daily: bool, now: float) -> str:
+    return "at 00:00 UTC" if daily else f"on {next_month(now)} at 00:00 UTC"

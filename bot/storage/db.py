@@ -301,6 +301,10 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (scope, period, subject)
     );
     """,
+    # 15: what the tokens cost, by the price table of [budgets] (cost budgets).
+    """
+    ALTER TABLE usage ADD COLUMN cost REAL NOT NULL DEFAULT 0;
+    """,
 ]
 """Schema steps in order; ``PRAGMA user_version`` records how many have run.
 

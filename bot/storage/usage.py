@@ -39,6 +39,7 @@ class Spent:
     input_tokens: int
     output_tokens: int
     runs: int
+    cost: float = 0.0
 
     @property
     def tokens(self) -> int:
@@ -58,20 +59,21 @@ class UsageStore:
         """Wall-clock seconds deciding the day and month; tests replace it."""
 
     def record(self, subjects: list[tuple[Scope, str]], input_tokens: int,
-               output_tokens: int, moment: float | None = None) -> None:
-        """Add one run's tokens to each subject's day and month (queued; committed with the
-        next write)."""
+               output_tokens: int, cost: float = 0.0, moment: float | None = None) -> None:
+        """Add one run's tokens (and their cost) to each subject's day and month (queued;
+        committed with the next write)."""
         moment = self.clock() if moment is None else moment
-        rows = [(scope, subject, period, input_tokens, output_tokens)
+        rows = [(scope, subject, period, input_tokens, output_tokens, cost)
                 for scope, subject in subjects
                 for period in (day_of(moment), month_of(moment))]
 
         async def body(db: aiosqlite.Connection) -> None:
             await db.executemany(
-                "INSERT INTO usage (scope, subject, period, input_tokens, output_tokens, runs)"
-                " VALUES (?, ?, ?, ?, ?, 1) ON CONFLICT (scope, period, subject) DO UPDATE SET"
-                " input_tokens = input_tokens + excluded.input_tokens,"
-                " output_tokens = output_tokens + excluded.output_tokens, runs = runs + 1",
+                "INSERT INTO usage (scope, subject, period, input_tokens, output_tokens, cost,"
+                " runs) VALUES (?, ?, ?, ?, ?, ?, 1) ON CONFLICT (scope, period, subject)"
+                " DO UPDATE SET input_tokens = input_tokens + excluded.input_tokens,"
+                " output_tokens = output_tokens + excluded.output_tokens,"
+                " cost = cost + excluded.cost, runs = runs + 1",
                 rows)
 
         self.writer.write_later(body, what="counting tokens spent")
@@ -89,16 +91,25 @@ class UsageStore:
             row = await cur.fetchone()
         return int(row[0]) if row is not None else 0
 
+    async def cost(self, scope: Scope, subject: str, period: str) -> float:
+        """What ``subject``'s tokens in ``period`` cost by the price table."""
+        async with self.lock, self.db.execute(
+            "SELECT cost FROM usage WHERE scope = ? AND period = ? AND subject = ?",
+            (scope, period, subject),
+        ) as cur:
+            row = await cur.fetchone()
+        return float(row[0]) if row is not None else 0.0
+
     async def top(self, scope: Scope, period: str, limit: int = 10) -> list[Spent]:
         """The biggest spenders of ``scope`` in ``period``, most tokens first."""
         async with self.lock, self.db.execute(
-            "SELECT subject, input_tokens, output_tokens, runs FROM usage"
+            "SELECT subject, input_tokens, output_tokens, runs, cost FROM usage"
             " WHERE scope = ? AND period = ?"
             " ORDER BY input_tokens + output_tokens DESC, subject LIMIT ?",
             (scope, period, limit),
         ) as cur:
             rows = await cur.fetchall()
-        return [Spent(str(r[0]), int(r[1]), int(r[2]), int(r[3])) for r in rows]
+        return [Spent(str(r[0]), int(r[1]), int(r[2]), int(r[3]), float(r[4])) for r in rows]
 
 
 async def _nothing(db: aiosqlite.Connection) -> None:
