@@ -13,7 +13,13 @@ import pytest
 
 from bot.app.roost import Roost
 from bot.config.settings import Settings
-from bot.storage.access import CODE_ALPHABET, REMIND_AFTER, new_code, normalize_code
+from bot.storage.access import (
+    CODE_ALPHABET,
+    KEEP_REQUESTS,
+    REMIND_AFTER,
+    new_code,
+    normalize_code,
+)
 from bot.testing.app import closing_apps, create_app, scripted, settle
 from bot.testing.telegram import BOB, FakeTelegram, user
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
@@ -200,6 +206,17 @@ async def test_a_redelivered_update_is_not_refused_twice(make_app: Factory,
     assert len(fake_telegram.sent_texts(43)) == 1
     [pending, _] = await app.services.access.pending()  # type: ignore[union-attr]
     assert pending.refused == 1
+
+
+async def test_old_requests_are_deleted_as_new_ones_come(make_app: Factory,
+                                                         fake_telegram: FakeTelegram) -> None:
+    app, _, clock = await make_app()
+    await code_for(fake_telegram, app)
+    clock[0] += 3600 + KEEP_REQUESTS + 1
+    await code_for(fake_telegram, app, CAROL)
+    async with app.store.lock, app.store.db.execute(
+            "SELECT user_id FROM pairing_requests") as cur:
+        assert await cur.fetchall() == [("44",)]
 
 
 async def test_revoked_user_needs_a_new_code(make_app: Factory,

@@ -26,6 +26,8 @@ CODE_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ23456789"
 CODE_LENGTH = 8
 REMIND_AFTER = 600.0
 """A user who keeps writing is given their pending code again at most this often (s)."""
+KEEP_REQUESTS = 7 * 86_400.0
+"""Expired, used and revoked requests are deleted this long after they expired (s)."""
 
 
 def new_code() -> str:
@@ -135,6 +137,10 @@ class AccessStore:
     async def _insert(self, db: aiosqlite.Connection, channel: str, user_id: str,
                       chat_id: str, display_name: str, now: float) -> Refusal:
         expires_at = now + self.ttl
+        # Strangers keep coming: old requests go as new ones are made (paired_users
+        # is the record of who was approved).
+        await db.execute("DELETE FROM pairing_requests WHERE expires_at < ?",
+                         (now - KEEP_REQUESTS,))
         while True:
             code = new_code()
             cur = await db.execute(
