@@ -78,9 +78,9 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def serve_http(port: int) -> subprocess.Popen[bytes]:
-    """The toolbox as a Streamable HTTP server on 127.0.0.1:``port``, once it listens."""
-    process = subprocess.Popen([sys.executable, TOOLBOX, "--http", str(port)],
+def serve_http(port: int, transport: str = "--http") -> subprocess.Popen[bytes]:
+    """The toolbox as a Streamable HTTP (or SSE) server on 127.0.0.1:``port``, listening."""
+    process = subprocess.Popen([sys.executable, TOOLBOX, transport, str(port)],
                                stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while True:
@@ -211,6 +211,35 @@ async def test_http_server_tools_are_listed_and_called_through_a_run(
     await eventually(lambda: "web__add" in offered(chat.app), "HTTP tools listed")
     assert await chat.ask("add") == ["42"]
     assert chat.tool_results("web__add") == ["42"]
+
+
+async def test_an_sse_server_works_for_older_servers(make: Any) -> None:
+    port = free_port()
+    process = serve_http(port, "--sse")
+    try:
+        chat: ChatChannel = await make(
+            [call("old__add", {"a": 20, "b": 1}, "21")],
+            mcp={"servers": {"old": {"url": f"http://127.0.0.1:{port}/sse",
+                                     "transport": "sse"}}})
+        await eventually(lambda: "old__add" in offered(chat.app), "SSE tools listed")
+        assert await chat.ask("add") == ["21"]
+        assert chat.tool_results("old__add") == ["21"]
+        await chat.app.close()
+    finally:
+        end(process)
+
+
+async def test_a_call_longer_than_the_timeout_fails_as_a_timeout(make: Any) -> None:
+    chat: ChatChannel = await make(
+        [call("toolbox__slow", {"seconds": 30}), call("toolbox__add", {"a": 1, "b": 2})],
+        mcp={"servers": {"toolbox": stdio(timeout=0.5, startup="eager")}})
+    app = chat.app
+    await eventually(lambda: "toolbox__slow" in offered(app), "tools listed")
+    await chat.ask("slow")
+    [slow] = chat.tool_results("toolbox__slow")
+    assert "TIMEOUT" in slow and "0.5s" in slow
+    await chat.ask("add")  # the server is still there for the next call
+    assert chat.tool_results("toolbox__add") == ["3"]
 
 
 async def test_an_http_server_that_went_away_is_reconnected_when_it_is_back(

@@ -1,5 +1,6 @@
 """A small MCP server for Roost's tests, run as ``python toolbox.py`` (stdio) or
-``python toolbox.py --http PORT`` (Streamable HTTP on 127.0.0.1).
+``python toolbox.py --http PORT`` (Streamable HTTP on 127.0.0.1; ``--sse PORT``: the
+older SSE transport).
 
 Tools: ``add``, ``echo.upper`` (a name with a dot), ``where`` (the process's
 cwd), ``fail`` (an ``isError`` result), ``picture`` (a PNG), ``big`` (a long
@@ -108,6 +109,8 @@ def crash() -> str:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--http":
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    elif len(sys.argv) == 3 and sys.argv[1] == "--sse":
+        server.run("sse", host="127.0.0.1", port=int(sys.argv[2]))
     else:
         stubborn = os.environ.get("TOOLBOX_STUBBORN") == "1"
         if stubborn:  # outlives its stdin and SIGTERM: only SIGKILL ends it
