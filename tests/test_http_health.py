@@ -318,3 +318,62 @@ def test_roost_run_serves_health_readiness_and_metrics_and_roost_status_reads_th
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+# -- webhooks on the same server --------------------------------------------------------
+
+
+async def test_slack_events_share_the_server_when_slack_port_is_the_http_port(
+        tmp_path: Path, scrape: Scrape, fake_slack: FakeSlack) -> None:
+    port = _free_port()
+    app, _ = await create_app(scripted({"reply": "over the shared port"}, loop=True),
+                              data_dir=tmp_path, **fake_slack.settings(port=port))
+    try:
+        server = HealthServer(app, "127.0.0.1", port)
+        await server.start()
+        app.http = server
+        channel = SlackChannel(app.settings, host="127.0.0.1")
+        await app.add_channel(channel)
+        assert channel.events_url == f"{server.url}/slack/events"
+        fake_slack.events_url = channel.events_url
+        delivery = await fake_slack.post_event(fake_slack.direct_message("hello"))
+        assert delivery.status == 200
+        await fake_slack.wait_for("chat.postMessage")
+        assert [m.text for m in fake_slack.visible()] == ["over the shared port"]
+        assert await scrape(f"{server.url}/readyz") == (200, "ready\n")
+        forged = await fake_slack.post_event(fake_slack.direct_message("x"), forge=True)
+        assert forged.status == 401  # the channel's own checks run on the shared server
+        await channel.stop()
+        gone = await fake_slack.post_event(fake_slack.direct_message("late"))
+        assert gone.status == 404
+        assert await scrape(f"{server.url}/healthz") == (200, "ok\n")
+    finally:
+        await app.close()
+
+
+async def test_the_telegram_webhook_shares_the_server_when_its_port_is_the_http_port(
+        tmp_path: Path, scrape: Scrape, fake_telegram: FakeTelegram) -> None:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/telegram/hook"
+    app, _ = await create_app(
+        scripted({"reply": "webhook answer"}, loop=True), data_dir=tmp_path,
+        telegram_bot_token=fake_telegram.token, telegram_api_base=fake_telegram.base_url,
+        telegram_webhook_url=url, telegram_webhook_port=port,
+        telegram_webhook_secret="s3cret")
+    try:
+        server = HealthServer(app, "127.0.0.1", port)
+        await server.start()
+        app.http = server
+        channel = TelegramChannel(app.settings, policy=FAST)
+        await app.add_channel(channel)
+        assert channel.health().ready and channel.polling is None  # webhook, not polling
+        update = fake_telegram.private_message("via the shared port")
+        uid = update["update_id"]
+        await fake_telegram.wait_until(lambda: (uid, 200) in fake_telegram.webhook_attempts)
+        await fake_telegram.wait_for("sendMessage")
+        assert fake_telegram.sent_texts() == ["webhook answer"]
+        assert await scrape(f"{server.url}/readyz") == (200, "ready\n")
+        async with aiohttp.ClientSession() as client, client.post(url, data=b"{}") as resp:
+            assert resp.status == 401  # no secret token header
+    finally:
+        await app.close()

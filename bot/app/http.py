@@ -15,6 +15,11 @@ the channels, so ``/healthz`` answers while they connect.
 * ``/metrics``: the app's Prometheus registry in text format
   (:mod:`bot.observability.metrics`).
 
+Webhooks can share it: a channel whose own listener's port setting
+(``slack_port``, ``telegram_webhook_port``) equals ``http_port`` mounts its
+``POST`` endpoint here (:class:`~bot.contracts.channel.WebRoutes`) instead of
+binding a second server.
+
 aiohttp is imported only when the server starts.
 """
 
@@ -26,6 +31,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from bot.config.settings import SetupError
+from bot.contracts.channel import WebHandler
 from bot.observability.metrics import CONTENT_TYPE, Gauges
 from bot.observability.redact import redact
 from bot.resilience.breaker import CircuitBreaker
@@ -61,6 +67,7 @@ class HealthServer:
         self.closing = False
         """Set when shutdown begins: ``/readyz`` answers 503 from then on."""
         self._runner: web.AppRunner | None = None
+        self._posts: dict[str, WebHandler] = {}
 
     @property
     def url(self) -> str:
@@ -77,6 +84,8 @@ class HealthServer:
         server.router.add_get("/healthz", self._healthz)
         server.router.add_get("/readyz", self._readyz)
         server.router.add_get("/metrics", self._metrics)
+        # aiohttp's router is frozen once serving; channels mount webhooks later.
+        server.router.add_post("/{path:.*}", self._post)
         runner = web.AppRunner(server, access_log=None, handle_signals=False)
         await runner.setup()
         try:
@@ -91,6 +100,17 @@ class HealthServer:
         self.port = int(bound[1])
         log.info("health and metrics on http://%s:%d (/healthz, /readyz, /metrics)",
                  self.host, self.port)
+
+    def add_post(self, path: str, handler: WebHandler) -> None:
+        """Answer ``POST path`` with ``handler`` (a channel's webhook)."""
+        if path in self._posts:
+            raise SetupError(f"two channels want POST {path} on port {self.port}")
+        self._posts[path] = handler
+        log.info("POST %s served on port %d", path, self.port)
+
+    def remove_post(self, path: str) -> None:
+        """Stop answering ``POST path``."""
+        self._posts.pop(path, None)
 
     async def close(self) -> None:
         """Stop serving (requests in flight are cut)."""
@@ -155,6 +175,15 @@ class HealthServer:
         if lines:
             return web.Response(status=503, text="".join(f"{line}\n" for line in lines))
         return web.Response(text="ready\n")
+
+    async def _post(self, request: web.Request) -> web.StreamResponse:
+        from aiohttp import web
+
+        handler = self._posts.get(request.path)
+        if handler is None:
+            return web.Response(status=404, text="not found\n")
+        response: web.StreamResponse = await handler(request)
+        return response
 
     async def _metrics(self, _request: web.Request) -> web.Response:
         from aiohttp import web

@@ -306,6 +306,8 @@ class Roost:
     async def add_channel(self, channel: Channel) -> None:
         """Start an already built channel (tests and embedders use this)."""
         self.channels[channel.name] = channel
+        if self.http is not None and channel.http_routes is None:
+            channel.http_routes = self.http  # its webhook may share the server's port
         await channel.start(self.dispatcher.submit)
         unique = {id(c): c for c in self.commands.values()}
         try:

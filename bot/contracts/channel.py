@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from bot.contracts.media import MediaError
 from bot.contracts.messages import Attachment, InboundMessage, OutboundMessage
@@ -62,6 +62,25 @@ class ChannelHealth:
 READY = ChannelHealth(True)
 """The health of a channel that has nothing to report."""
 
+WebHandler = Callable[[Any], Awaitable[Any]]
+"""An aiohttp request handler: ``async def handle(request: web.Request) -> web.Response``."""
+
+
+class WebRoutes(Protocol):
+    """Roost's own HTTP server, which a channel's webhook may share (same port).
+
+    ``port`` is the port it listens on; a channel whose own listener is set to
+    that port mounts its endpoint here instead of binding a second server.
+    """
+
+    port: int
+
+    def add_post(self, path: str, handler: WebHandler) -> None:
+        """Answer ``POST path`` with ``handler`` from now on."""
+
+    def remove_post(self, path: str) -> None:
+        """Stop answering ``POST path`` (404 from then on)."""
+
 
 class Channel:
     """Base for channel adapters. Adapters only translate; they hold no logic.
@@ -71,6 +90,9 @@ class Channel:
     """
 
     name: str = ""
+    http_routes: WebRoutes | None = None
+    """Roost's HTTP server when one runs (set before :meth:`start`): a webhook whose
+    port setting names its port is mounted there rather than on a server of its own."""
 
     async def start(self, handler: InboundHandler) -> None:
         """Connect to the platform and begin delivering inbound messages."""

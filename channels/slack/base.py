@@ -14,7 +14,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
-from bot.contracts.channel import READY, Channel, ChannelHealth, InboundHandler
+from bot.contracts.channel import READY, Channel, ChannelHealth, InboundHandler, WebRoutes
 from channels.delivery import DeliveryPolicy, deliver
 from channels.slack.common import (
     EVENTS_PATH,
@@ -56,6 +56,8 @@ class _SlackBase(Channel):
         self._web: AsyncWebClient | None = None
         self._app: AsyncApp | None = None
         self._runner: web.AppRunner | None = None
+        self._shared: WebRoutes | None = None
+        """Roost's HTTP server, when the Events endpoint is mounted there."""
         self._socket: _SocketClient | None = None
         self._verifier: SignatureVerifier | None = None
         self._handled: _Recent[str] = _Recent(REMEMBERED)
@@ -80,7 +82,7 @@ class _SlackBase(Channel):
             if socket.closed or socket.stale or session is None or session.closed:
                 return ChannelHealth(False, "Socket Mode disconnected; reconnecting")
             return READY
-        if self._runner is not None:
+        if self._runner is not None or self._shared is not None:
             return READY
         return ChannelHealth(False, "connecting" if self._intake_open else "stopped")
 

@@ -90,6 +90,9 @@ class SlackChannel(_Inbound, _Outbound, _Media):
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
+        if self._shared is not None:
+            shared, self._shared = self._shared, None
+            shared.remove_post(EVENTS_PATH)
         try:
             await asyncio.wait_for(self._idle.wait(), STOP_GRACE)
         except TimeoutError:

@@ -130,6 +130,13 @@ class _Inbound(_SlackBase):
 
     async def _listen_http(self, secret: str) -> None:
         self._verifier = SignatureVerifier(secret)
+        shared = self.http_routes
+        if shared is not None and shared.port == self.settings.slack_port:
+            # slack_port is Roost's own HTTP port: the endpoint is mounted on that server.
+            shared.add_post(EVENTS_PATH, self._http_request)
+            self._shared = shared
+            self.port = shared.port
+            return
         web_app = web.Application(client_max_size=1 << 20)
         web_app.router.add_post(EVENTS_PATH, self._http_request)
         runner = web.AppRunner(web_app, access_log=None)

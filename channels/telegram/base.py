@@ -30,7 +30,7 @@ from aiogram.methods.base import TelegramType
 from aiogram.types import Update, User
 from aiohttp import web
 
-from bot.contracts.channel import Channel, ChannelHealth, InboundHandler
+from bot.contracts.channel import Channel, ChannelHealth, InboundHandler, WebRoutes
 from channels.delivery import DeliveryPolicy, deliver
 from channels.ratelimit import BOT, TELEGRAM_LIMITS, Limits, RateLimiter
 from channels.telegram.errors import ChatMigrated, _translated
@@ -102,6 +102,8 @@ class ChannelBase(Channel):
         self._polling: asyncio.Task[None] | None = None
         self._fetching: asyncio.Task[list[Update]] | None = None
         self._webhook: web.AppRunner | None = None
+        self._shared: WebRoutes | None = None
+        """Roost's HTTP server, when the webhook is mounted there (same port)."""
         self._sending = 0
         self._idle = asyncio.Event()
         self._idle.set()

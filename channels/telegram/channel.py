@@ -7,6 +7,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from aiogram import Bot
 from aiogram.client.telegram import TelegramAPIServer
@@ -65,7 +66,7 @@ class TelegramChannel(Intake, Uploads, Downloads):
             raise
         assert self.me is not None
         log.info("telegram: receiving as @%s by %s%s", self.me.username,
-                 "webhook" if self._webhook else "long polling",
+                 "webhook" if self._webhook or self._shared else "long polling",
                  "" if LAZY else " (aiogram types built eagerly)")
 
     async def _connect(self, bot: Bot) -> None:
@@ -114,6 +115,9 @@ class TelegramChannel(Intake, Uploads, Downloads):
         self._stopped = True
         if self._webhook is not None:
             await self._webhook.cleanup()
+        if self._shared is not None and self.settings.telegram_webhook_url:
+            shared, self._shared = self._shared, None
+            shared.remove_post(urlsplit(self.settings.telegram_webhook_url).path or "/")
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(STOP_GRACE):
                 await self._idle.wait()

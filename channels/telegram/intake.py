@@ -47,8 +47,23 @@ class Intake(Translating):
         # one is made up when none is configured: Telegram echoes it back.
         secret = secret_setting.get_secret_value() if secret_setting else \
             secrets.token_urlsafe(32)
+        path = urlsplit(url).path or "/"
+        shared = self.http_routes
+        if shared is not None and shared.port == self.settings.telegram_webhook_port:
+            # telegram_webhook_port is Roost's own HTTP port: mounted on that server.
+            shared.add_post(path, self._webhook_handler(secret))
+            self._shared = shared
+            try:
+                await self._deliver(SetWebhook(url=url, secret_token=secret,
+                                               allowed_updates=ALLOWED_UPDATES), "setWebhook")
+            except BaseException:
+                shared.remove_post(path)
+                self._shared = None
+                raise
+            self._health = READY
+            return
         app = web.Application()
-        app.router.add_post(urlsplit(url).path or "/", self._webhook_handler(secret))
+        app.router.add_post(path, self._webhook_handler(secret))
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         await web.TCPSite(runner, port=self.settings.telegram_webhook_port).start()
