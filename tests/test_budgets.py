@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,9 @@ import pytest
 from bot.app.roost import Roost
 from bot.config.budgets import BudgetConfig
 from bot.config.settings import Settings
+from bot.contracts.hookspecs import hookimpl
 from bot.contracts.messages import InboundMessage
+from bot.contracts.tools import Tool, ToolContext
 from bot.engine.budgets import next_month
 from bot.storage.usage import UsageStore, day_of, month_of
 from bot.testing.app import EventRecorder, closing_apps, create_app, scripted, settle
@@ -340,3 +343,39 @@ async def test_a_model_without_a_price_costs_nothing(make_app: Factory,
     await usage(app).flush()
     assert await usage(app).cost("user", "telegram:43", day_of(LATE)) == 0
     assert len(provider.requests) == 2
+
+
+class Blocker:
+    """A ``block`` tool that waits until the test cancels its run."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+
+    async def _block(self, ctx: ToolContext, args: Mapping[str, Any]) -> str:
+        self.entered.set()
+        await asyncio.Event().wait()  # until cancelled
+        return "never"
+
+    @hookimpl
+    def roost_tools(self) -> list[Tool]:
+        return [Tool("block", "waits", {"type": "object", "properties": {}}, self._block)]
+
+
+async def test_a_stopped_run_counts_the_tokens_it_spent(roost_app: Any) -> None:
+    blocker = Blocker()
+    chat = await roost_app(
+        [{"steps": [{"tool_calls": [{"name": "block", "arguments": {}}]}, {"reply": "x"}]},
+         {"reply": "after"}],
+        ("blocker", blocker), budgets={"user_daily_tokens": 1000})
+    await chat.say("work", sender="u1")
+    await blocker.entered.wait()
+    await chat.say("/stop", sender="u1")
+    await chat.settle()
+    assert chat.replies == ["Stopped."]
+    store = chat.app.services.usage
+    await store.flush()
+    # The model answered once (the tool call) before the stop: that counts.
+    spent = await store.spent("user", "console:u1", day_of(store.clock()))
+    assert spent >= 1000
+    assert (await chat.ask("again", sender="u1"))[0].startswith(DAILY)
+    assert len(chat.requests) == 1

@@ -29,7 +29,7 @@ class RunEvent:
     {content}; ``tool.call`` {name, id, arguments}; ``tool.result`` {name, id,
     is_error, result}; ``block.reply`` {content}; ``run.retrying`` {attempt,
     maxAttempts, error}; ``run.completed`` {content, usage, silent};
-    ``run.failed`` {error}; ``run.cancelled`` {reason}.
+    ``run.failed`` {error}; ``run.cancelled`` {reason, usage}.
     """
 
     type: EventType

@@ -437,6 +437,7 @@ class Dispatcher:
         channel = self.channels.get(message.channel)
         bridge: StreamBridge | None = None
         held = False
+        spent: Usage | None = None  # what a cancelled run had spent
         try:
             if pending.entries and not pending.counted:
                 await self.inbox.started(pending.entries, run_id)
@@ -463,7 +464,7 @@ class Dispatcher:
             draft = DraftWatch(self.inbox, pending.entries)
 
             async def listener(event: RunEvent) -> None:
-                nonlocal held
+                nonlocal held, spent
                 if event.type == "chunk":
                     entry.output = True
                     await bridge.add(event.payload["content"])
@@ -479,6 +480,10 @@ class Dispatcher:
                             self._notify(message, HELD_NOTICE)
                     else:
                         await bridge.restart()
+                elif event.type == "run.cancelled":
+                    used = event.payload.get("usage") or {}
+                    spent = Usage(int(used.get("input_tokens", 0)),
+                                  int(used.get("output_tokens", 0)))
                 elif event.type == "activity":
                     if event.payload.get("phase") == "committing":
                         entry.output = True  # answered: a follow-up starts a run of its own
@@ -497,7 +502,7 @@ class Dispatcher:
                 result = await self.engine.run(
                     RunRequest(message, session, run_id=run_id, **options), listener)
             # Counted from what the provider reported, right after the run's commit.
-            self._count(message, agent_of(lane.key), result)
+            self._count(message, agent_of(lane.key), result.usage)
             if result.status == "failed" and not pending.deliver_failed:
                 if bridge.stream is not None:
                     await bridge.stream.finish(None)
@@ -506,6 +511,9 @@ class Dispatcher:
             if pending.done is not None and not pending.done.done():
                 pending.done.set_result(result)
         except asyncio.CancelledError:
+            if spent is not None:
+                # /stop, a merge or shutdown: the tokens were spent all the same.
+                self._count(message, agent_of(lane.key), spent)
             if bridge is not None and bridge.stream is not None:
                 with contextlib.suppress(Exception):
                     await bridge.stream.finish(None)
@@ -527,14 +535,14 @@ class Dispatcher:
         finally:
             self._finished(lane, entry)
 
-    def _count(self, message: InboundMessage, agent: str, result: RunResult) -> None:
+    def _count(self, message: InboundMessage, agent: str, usage: Usage) -> None:
         """Add a finished run's tokens (and cost) to its sender's, group's and agent's."""
         resolved = self.router.peek(agent)  # the run resolved it: cached now
         config = self.settings.agents.get(agent)
         model = (resolved.settings.model if resolved is not None
                  else (config.model if config is not None and config.model else None)
                  or self.settings.model)
-        self.budgets.record(message, agent, result.usage, model)
+        self.budgets.record(message, agent, usage, model)
 
     def _committer(self, message: InboundMessage, entries: tuple[int, ...],
                    bridge: StreamBridge) -> Any:

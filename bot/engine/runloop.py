@@ -124,7 +124,10 @@ class Run:
             if not self.committed:
                 await self._store_trace("cancelled", reason)
             self._log("cancelled", reason)
-            await self.emit("run.cancelled", reason=reason)
+            # The tokens spent so far count against the budgets (bot.engine.budgets).
+            await self.emit("run.cancelled", reason=reason,
+                            usage={"input_tokens": self.usage.input_tokens,
+                                   "output_tokens": self.usage.output_tokens})
             raise
         except TimeoutError:
             result = await self._fail(f"the run took longer than {timeout:g}s")
