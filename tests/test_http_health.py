@@ -377,3 +377,17 @@ async def test_the_telegram_webhook_shares_the_server_when_its_port_is_the_http_
             assert resp.status == 401  # no secret token header
     finally:
         await app.close()
+
+
+async def test_a_telegram_token_refused_while_polling_leaves_it_not_ready_for_good(
+        app: Roost, fake_telegram: FakeTelegram) -> None:
+    settings = app.settings.model_copy(update={
+        "telegram_bot_token": SecretStr(fake_telegram.token),
+        "telegram_api_base": fake_telegram.base_url})
+    channel = TelegramChannel(settings, polling_timeout=1, policy=FAST, poll_backoff=0.01)
+    fake_telegram.fail("getUpdates", 401)  # the token was revoked after getMe
+    await app.add_channel(channel)
+    assert channel.polling is not None
+    await asyncio.wait_for(channel.polling, 10)  # polling stops: retrying cannot help
+    assert channel.health() == ChannelHealth(False, "the bot token was refused; polling "
+                                                    "stopped")
