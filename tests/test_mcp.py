@@ -598,3 +598,17 @@ startup = "eager"
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_roost_without_mcp_servers_never_imports_the_sdk() -> None:
+    """Half a second of imports is paid only by those who configure a server."""
+    code = ("import sys\n"
+            "from bot.pluginhost.manager import get_plugin_manager\n"
+            "import plugins.mcp\n"
+            "from bot.config.settings import Settings\n"
+            "get_plugin_manager(load_entry_points=False)\n"
+            "assert plugins.mcp.roost_tools(Settings(), object()) is None\n"
+            "print('mcp' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).parent.parent)
+    assert out.stdout.strip() == "False"

@@ -17,14 +17,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
-from plugins.mcp.adapter import build_tools
-from plugins.mcp.manager import PLUGIN, McpManager
 from roost import Command, CommandContext, Runtime, Services, Settings, Tool, hookimpl
 
-__all__ = ["manager_of", "roost_commands", "roost_shutdown", "roost_startup", "roost_tools"]
+if TYPE_CHECKING:
+    from plugins.mcp.manager import McpManager
+
+__all__ = ["PLUGIN", "manager_of", "roost_commands", "roost_shutdown", "roost_startup",
+           "roost_tools"]
 
 log = logging.getLogger("roost.plugins.mcp")
+
+PLUGIN = "plugins.mcp"
+"""This plugin's name in the plugin host."""
+
+# The MCP SDK takes about half a second to import: it is imported (with the modules
+# that use it) only once a server is configured, never by a Roost without any.
 
 WATCH_INTERVAL = 0.5
 """Seconds between looks at whether an admin disabled this plugin (its servers then end)."""
@@ -43,6 +52,9 @@ def roost_tools(settings: Settings, services: Services) -> list[Tool] | None:
     """The tools of every configured server, from its current (or cached) list."""
     if not settings.mcp.servers:
         return None
+    from plugins.mcp.adapter import build_tools
+    from plugins.mcp.manager import McpManager
+
     key = id(services)
     manager = _managers.get(key)
     if manager is None:

@@ -37,6 +37,7 @@ import mcp_types as types
 
 # Built-in: the server tables are part of Roost's settings (bot/config/mcp.py).
 from bot.config.mcp import McpServerConfig
+from plugins.mcp import PLUGIN
 from plugins.mcp.connection import RESTART, Connection, ServerDown
 from roost import Runtime, Settings, ToolContext
 
@@ -49,7 +50,6 @@ MAX_USER_PROCESSES = 16
 
 CACHE_FILE = "mcp-tools.json"
 
-PLUGIN = "plugins.mcp"
 ERROR_PREFIX = "MCP servers that could not be started: "
 
 
