@@ -22,7 +22,7 @@ implementation and may change. Test helpers live in :mod:`roost.testing`.
 from __future__ import annotations
 
 from bot.config.settings import Settings
-from bot.contracts.channel import Channel, ChannelSpec, InboundHandler, ReplyStream
+from bot.contracts.channel import Channel, ChannelHealth, ChannelSpec, InboundHandler, ReplyStream
 from bot.contracts.commands import Command, CommandContext
 from bot.contracts.events import RunEvent
 from bot.contracts.guard import GuardPattern, InputCheck
@@ -64,6 +64,7 @@ from bot.tools.args import check_keys, int_arg, str_arg
 __all__ = [
     "Attachment",
     "Channel",
+    "ChannelHealth",
     "ChannelSpec",
     "ChatMessage",
     "ChatType",
