@@ -21,9 +21,12 @@ from bot.storage.access import (
     normalize_code,
 )
 from bot.testing.app import closing_apps, create_app, scripted, settle
+from bot.testing.discord import DM_CHANNEL_ID, USER_ID, FakeDiscord
+from bot.testing.discord import fake_discord as _fake_discord  # noqa: F401  (the fixture)
 from bot.testing.telegram import BOB, FakeTelegram, user
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
 from channels.delivery import DeliveryPolicy
+from channels.discord import DiscordChannel
 from channels.telegram import TelegramChannel
 from plugins.scripted_provider import ScriptedProvider
 
@@ -285,6 +288,33 @@ async def test_a_refused_dm_recorded_before_a_crash_is_not_run_after_it(
         await settle(app)
         assert provider.requests == []
         assert await app.inbox.unfinished() == []
+    finally:
+        await app.close()
+
+
+async def test_pairing_works_the_same_on_discord(fake_discord: FakeDiscord,
+                                                tmp_path: Path) -> None:
+    provider = scripted({"reply": "answer to {message}"}, loop=True)
+    app, _ = await create_app(provider, data_dir=tmp_path / "data", dm_policy="pairing",
+                              **fake_discord.settings())
+    try:
+        await app.add_channel(DiscordChannel(app.settings, guild_ready_timeout=0.05,
+                                             delivery=FAST))
+        await fake_discord.dm("hello")
+        await fake_discord.wait_for_call("POST", r"/channels/\d+/messages$")
+        await settle(app)
+        [refusal] = fake_discord.posted(DM_CHANNEL_ID)
+        code = CODE.search(refusal.content)
+        assert code is not None and provider.requests == []
+        store = app.services.access
+        assert store is not None
+        request = await store.approve(code.group(1), "test")
+        assert request is not None and request.user == f"discord:{USER_ID}"
+        await fake_discord.dm("and now?")
+        await fake_discord.wait_for_call("POST", r"/channels/\d+/messages$", count=2)
+        await settle(app)
+        assert fake_discord.posted(DM_CHANNEL_ID)[-1].content == "answer to and now?"
+        assert len(provider.requests) == 1
     finally:
         await app.close()
 
