@@ -12,7 +12,7 @@ import pytest
 
 from bot.app.roost import Roost
 from bot.config.budgets import BudgetConfig
-from bot.config.settings import Settings
+from bot.config.settings import ConfigError, Settings, load_settings
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.messages import InboundMessage
 from bot.contracts.tools import Tool, ToolContext
@@ -97,6 +97,23 @@ def test_budgets_default_to_unlimited_and_agents_override_single_fields() -> Non
     assert settings.budgets_for("default").user_daily_tokens == 1000
     with pytest.raises(ValueError, match="user_daily_tokens"):
         Settings(budgets={"user_daily_tokens": -1})
+
+
+def test_budgets_from_roost_toml_with_prices_and_agent_overrides(tmp_path: Path) -> None:
+    config = tmp_path / "roost.toml"
+    config.write_text(
+        '[budgets]\nuser_daily_tokens = 200000\nuser_daily_cost = 0.5\n'
+        '[budgets.prices."gpt-4.1"]\ninput = 2.0\noutput = 8.0\n'
+        '[agents.support.budgets]\nuser_daily_tokens = 5000\nadmins_exempt = false\n',
+        encoding="utf-8")
+    settings = load_settings(config)
+    assert settings.budgets.prices["gpt-4.1"].cost(1_000_000, 500_000) == 6.0
+    support = settings.budgets_for("support")
+    assert (support.user_daily_tokens, support.user_daily_cost, support.admins_exempt) == (
+        5000, 0.5, False)
+    config.write_text("[budgets]\nuser_daily_tokens = -3\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"budgets\.user_daily_tokens"):
+        load_settings(config)
 
 
 def test_periods_are_utc_days_and_months() -> None:
