@@ -386,6 +386,32 @@ async def test_per_user_servers_run_in_each_workspace(make: Any) -> None:
     assert len(manager(app).servers["files"].users) == 2
 
 
+def gone(pid: int) -> bool:
+    return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+async def test_unused_lazy_and_per_user_servers_are_ended_and_start_again(make: Any) -> None:
+    chat: ChatChannel = await make(
+        [call("lazy__pid"), call("mine__pid"), call("eager__pid")], loop=True,
+        mcp={"servers": {"lazy": stdio(idle_timeout=0.3), "mine": stdio(per_user=True,
+                                                                         idle_timeout=0.3),
+                         "eager": stdio(startup="eager", idle_timeout=0.3)}})
+    app = chat.app
+    await eventually(lambda: {"lazy__pid", "mine__pid", "eager__pid"} <= offered(app),
+                     "tools listed")
+    for _ in range(3):
+        await chat.ask("pid")
+    lazy, mine, eager = (int(r) for r in chat.tool_results())
+    await eventually(lambda: gone(lazy) and gone(mine), "the idle servers ended")
+    assert not gone(eager)  # eager servers stay
+    servers = manager(app).servers
+    assert servers["lazy"].status()["state"] == "idle"
+    assert not servers["mine"].users
+    assert {"lazy__pid", "mine__pid"} <= offered(app)  # still offered
+    await chat.ask("pid")
+    assert int(chat.tool_results("lazy__pid")[-1]) not in (lazy, mine, eager)
+
+
 async def test_env_references_reach_the_server(make: Any, monkeypatch: Any) -> None:
     monkeypatch.setenv("ROOST_TEST_MARK", "from-the-environment")
     chat: ChatChannel = await make(

@@ -62,6 +62,9 @@ class McpServerConfig(BaseModel):
     """Seconds one tool call may take."""
     connect_timeout: float = Field(30.0, gt=0)
     """Seconds to start the server and list its tools."""
+    idle_timeout: float = Field(600.0, ge=0)
+    """Seconds a lazily started server (or a per-user one) may go unused before it is
+    ended; the next call starts it again. 0 keeps it running. Eager servers stay."""
     enabled: bool = True
 
     @field_validator("url")

@@ -74,7 +74,7 @@ async def roost_startup(app: Runtime) -> None:
     if manager is None:
         return
     manager.start(app)
-    app.background(_follow_enabled(manager, app), "ending MCP servers when disabled")
+    app.background(_follow_enabled(manager, app), "ending MCP servers disabled or idle")
 
 
 @hookimpl
@@ -88,13 +88,16 @@ async def roost_shutdown(app: Runtime) -> None:
 
 
 async def _follow_enabled(manager: McpManager, app: Runtime) -> None:
-    """End the servers when an admin disables this plugin (no hook says so)."""
+    """End the servers when an admin disables this plugin (no hook says so), and
+    those left unused for their ``idle_timeout``."""
     while True:
         await asyncio.sleep(WATCH_INTERVAL)
         if PLUGIN in app.plugins.disabled and not manager.suspended:
             manager.suspended = True
             log.info("MCP plugin disabled: ending its servers")
             await manager.stop()
+        elif not manager.suspended:
+            manager.end_idle()
 
 
 @hookimpl

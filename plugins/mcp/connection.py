@@ -118,6 +118,8 @@ class Connection:
         self.restarts = 0
         self.protocol_version = ""
         self.last_used = clock()
+        self.in_flight = 0
+        """Calls sent and not answered yet (an idle server is ended only with none)."""
         self._client: Client | None = None
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -231,6 +233,7 @@ class Connection:
         self.last_used = self.clock()
         if client is None or self.state != "ready":
             raise ServerDown(self.describe(), max(0.0, self.retry_at - self.clock()))
+        self.in_flight += 1
         try:
             return await client.call_tool(tool, arguments, read_timeout_seconds=limit)
         except MCPError as exc:
@@ -242,6 +245,16 @@ class Connection:
                 anyio.ClosedResourceError) as exc:
             self.lost(f"{type(exc).__name__}: {exc}")
             raise CallLost(self._lost_text()) from exc
+        finally:
+            self.in_flight -= 1
+            self.last_used = self.clock()
+
+    def idle_for(self) -> float:
+        """Seconds since the last call ended or the server became ready (0 while a call
+        is in flight or the server is not ready: a starting server is about to be used)."""
+        if self.in_flight or self.state != "ready":
+            return 0.0
+        return max(0.0, self.clock() - self.last_used)
 
     def lost(self, reason: str) -> None:
         """Mark the connection as lost (a call saw it fail); the supervisor restarts it.
@@ -339,7 +352,7 @@ class Connection:
         self.state = "ready"
         self.error = ""
         self.ever_ready = True
-        self.ready_at = self.clock()
+        self.ready_at = self.last_used = self.clock()
         self._attempt_done.set()
         log.info("MCP server %s ready: %d tools (protocol %s)", self.name, len(tools),
                  self.protocol_version)

@@ -185,12 +185,29 @@ class McpServer:
                                     on_tools=self._on_tools)
             self.users[key] = connection
             while len(self.users) > MAX_USER_PROCESSES:
-                _, oldest = self.users.popitem(last=False)
-                task = asyncio.create_task(oldest.stop())
-                self._stopping.add(task)
-                task.add_done_callback(self._stopping.discard)
+                self._stop_later(self.users.popitem(last=False)[1])
         self.users.move_to_end(key)
         return connection
+
+    def end_idle(self) -> None:
+        """End connections unused for ``idle_timeout`` (not an eager server's); in the
+        background. Their tools stay offered; the next call starts them again."""
+        limit = self.config.idle_timeout
+        if not limit:
+            return
+        idle = [key for key, c in self.users.items() if c.running and c.idle_for() >= limit]
+        for key in idle:
+            self._stop_later(self.users.pop(key))
+        shared = self.shared
+        if (shared is not None and self.config.startup == "lazy" and shared.ready
+                and shared.idle_for() >= limit):
+            log.info("MCP server %s unused for %.0fs: ending it", self.name, limit)
+            self._stop_later(shared)
+
+    def _stop_later(self, connection: Connection) -> None:
+        task = asyncio.create_task(connection.stop())
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
 
     def connection_for(self, workspace: Path) -> Connection:
         """The connection a call from ``workspace`` uses (made, not started, if new)."""
@@ -233,8 +250,10 @@ class McpServer:
                 state, detail = worst.state, worst.describe()
             elif running:
                 state, detail = "running", ""
-            else:
+            elif connections[0].error:
                 state, detail = "stopped", connections[0].error
+            else:
+                state, detail = "idle", "starts when a tool is called"
             if self.config.per_user:
                 detail = f"{len(running)} running for workspaces; {detail}".rstrip("; ")
         elif not self.listed:
@@ -276,6 +295,11 @@ class McpManager:
     async def stop(self) -> None:
         """End every server (all at once: each may take its 2 s + 2 s shutdown)."""
         await asyncio.gather(*(s.stop() for s in self.servers.values()))
+
+    def end_idle(self) -> None:
+        """:meth:`McpServer.end_idle` for every server."""
+        for server in self.servers.values():
+            server.end_idle()
 
     def changed(self, _server: McpServer) -> None:
         """A tool list changed: have Roost collect the tools again (coalesced)."""
