@@ -51,6 +51,11 @@ __all__ = ["RESTART", "STABLE_AFTER", "CallLost", "Connection", "ServerDown", "S
 
 log = logging.getLogger("roost.plugins.mcp")
 
+# The SDK's HTTP client logs every request at INFO (one line per tool call); Roost
+# quiets its other HTTP clients the same way, unless a level was set on purpose.
+if logging.getLogger("httpx2").level == logging.NOTSET:
+    logging.getLogger("httpx2").setLevel(logging.WARNING)
+
 RESTART = RetryPolicy(attempts=1_000_000, base_delay=0.5, multiplier=2.0, max_delay=60.0,
                       jitter=0.2, jitter_mode="up")
 """Waits before restarting a lost server: 0.5-0.6 s, doubling to 60 s (72 s with jitter)."""

@@ -10,8 +10,9 @@ are offered from the moment the listing arrives. Runs never wait for a server
 and pay nothing per turn: the tools are ordinary entries of the tool snapshot.
 A lazily started server left unused for ``idle_timeout`` is ended again
 (:meth:`McpServer.end_idle`). ``startup = "eager"`` servers are started in the
-background at startup and kept running. ``tools/list_changed`` replaces the cached list and the offered
-tools at once (:meth:`McpManager.changed` asks Roost to collect tools again).
+background at startup and kept running. ``tools/list_changed`` replaces the
+cached list and the offered tools at once (:meth:`McpManager.changed` asks Roost
+to collect tools again).
 
 A ``per_user`` stdio server runs once per workspace it is used from (its cwd
 is the workspace), up to :data:`MAX_USER_PROCESSES` at a time, the least
