@@ -17,7 +17,9 @@ of this many characters), ``chunk_delay``, or ``error`` (fail with this
 message; ``retryable: true`` marks it transient). ``{message}`` in a reply or
 in string arguments is replaced by the last user message; ``{error_id}`` and
 ``{result_id}`` by the newest error or stored-result ID in the tool results,
-so a script can follow the error channel like a model would.
+so a script can follow the error channel like a model would; ``{result}`` by the
+newest tool result of the turn, and ``{1}``, ``{2}``... by the groups of the
+turn's ``match``, so a reply can say what actually happened.
 """
 
 from __future__ import annotations
@@ -163,14 +165,15 @@ class ScriptedProvider:
             await asyncio.sleep(step.delay)
         if step.error:
             raise ProviderError(step.error, retryable=step.retryable)
-        text = step.text.replace("{message}", user.content)
+        values = {"{message}": user.content, **_references(request.messages),
+                  **_groups(turn, user.content)}
+        text = _fill(step.text, values)
         if on_text is not None and text:
             size = step.chunk or len(text)
             for start in range(0, len(text), size):
                 if step.chunk_delay and start:
                     await asyncio.sleep(step.chunk_delay)
                 on_text(text[start:start + size])
-        values = {"{message}": user.content, **_references(request.messages)}
         calls = tuple(
             ToolCall(
                 id=f"call_{step_index}_{n}",
@@ -226,6 +229,13 @@ _REFERENCES = {
 }
 
 
+def _groups(turn: Turn, text: str) -> dict[str, str]:
+    match = turn.match.search(text) if turn.match is not None else None
+    if match is None:
+        return {}
+    return {f"{{{n}}}": (group or "").strip() for n, group in enumerate(match.groups(), 1)}
+
+
 def _references(messages: tuple[ChatMessage, ...]) -> dict[str, str]:
     found: dict[str, str] = {}
     for message in reversed(messages):
@@ -233,6 +243,8 @@ def _references(messages: tuple[ChatMessage, ...]) -> dict[str, str]:
             break  # only the current turn's tool results can be referred to
         if message.role != "tool":
             continue
+        # Without the recap the engine appends to the turn's last tool result.
+        found.setdefault("{result}", message.content.split("<TOOL_EXECUTION_SUMMARY>")[0].strip())
         for name, pattern in _REFERENCES.items():
             match = pattern.search(message.content)
             if match and name not in found:

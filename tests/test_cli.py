@@ -34,7 +34,7 @@ def roost(*args: str, cwd: Path, input: str | None = None,
 def test_chat_demo_answers_one_message_and_exits(tmp_path: Path) -> None:
     result = roost("chat", "--demo", "-m", "hello", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("roost> Hello! I'm Roost running in demo mode.")
+    assert result.stdout.startswith("roost> Hello! I'm Roost in demo mode")
     assert (tmp_path / "data" / "roost.db").exists()
 
 
@@ -43,10 +43,10 @@ def test_chat_repl_streams_answers_to_piped_lines_in_order(tmp_path: Path) -> No
     result = roost("chat", "--demo", cwd=tmp_path, input=lines, ROOST_MERGE_WINDOW_MS="0")
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "Saved to notes.md" in out
-    assert out.index("Saved to notes.md") < out.index("Here's what is in notes.md")
+    assert 'Noted in MEMORY.md: "I like tea"' in out
+    assert out.index("Noted in MEMORY.md") < out.index("From my memory (MEMORY.md):")
     assert "You are " in out and "on console" in out
-    notes = tmp_path / "data/workspaces/console/local/notes.md"
+    notes = tmp_path / "data/workspaces/console/local/MEMORY.md"
     assert "I like tea" in notes.read_text()
 
 

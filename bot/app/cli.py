@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
+import sqlite3
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
@@ -15,27 +17,36 @@ import click
 
 from bot import __version__
 from bot.config.settings import ConfigError, Settings, load_settings
-from bot.observability import redact
+from bot.contracts.hookspecs import hookimpl
+from bot.observability import logformat, redact
 
 if TYPE_CHECKING:
     from bot.app.roost import Roost
+    from bot.contracts.events import RunEvent
     from bot.storage.errors import ErrorStore
 
 log = logging.getLogger("roost")
 
 EXIT_SETUP = 2
 
+_output = {"format": "text"}
+"""How one-line errors are written: ``text`` (``roost: ...``) or ``json`` (a log record)."""
 
-def _setup_logging(level: str, *, quiet: bool = False) -> None:
-    logging.basicConfig(
-        level=logging.WARNING if quiet else getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    logging.captureWarnings(True)
+
+def _setup_logging(level: str, *, quiet: bool = False, fmt: str = "text") -> None:
+    _output["format"] = fmt
+    logformat.configure("WARNING" if quiet else level, fmt=fmt)
     # Library chatter (HTTP requests) would drown Roost's own lines.
     for noisy in ("httpx", "httpcore", "anthropic", "openai", "aiosqlite"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _fail(message: str) -> None:
+    """Say why Roost cannot go on: one line on stderr (one JSON record under json logs)."""
+    if _output["format"] == "json":
+        log.error("%s", message)
+    else:
+        click.echo(f"roost: {message}", err=True)
 
 
 def _settings(ctx: click.Context, **overrides: Any) -> Settings:
@@ -46,6 +57,10 @@ def _settings(ctx: click.Context, **overrides: Any) -> Settings:
         sys.exit(EXIT_SETUP)
     # Before anything can log: no configured secret reaches any log line.
     redact.install(redact.secrets_of(settings))
+    if settings.plugins_dir is not None:
+        from bot.app.plugins_dir import use_plugins_dir
+
+        use_plugins_dir(settings.plugins_dir)
     return settings
 
 
@@ -53,7 +68,9 @@ def _run_async(coro: Coroutine[Any, Any, int]) -> None:
     sys.exit(asyncio.run(coro))
 
 
-@click.group()
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "-V", "--version", prog_name="roost",
+                      message="%(prog)s %(version)s")
 @click.option("--config", "config", type=click.Path(path_type=Path), default=None,
               help="Path to roost.toml (default: ./roost.toml if present).")
 @click.pass_context
@@ -68,7 +85,7 @@ def cli(ctx: click.Context, config: Path | None) -> None:
 def run(ctx: click.Context) -> None:
     """Start every channel whose credentials are set; Ctrl-C or SIGTERM stops cleanly."""
     settings = _settings(ctx)
-    _setup_logging(settings.log_level)
+    _setup_logging(settings.log_level, fmt=settings.log_format)
     _run_async(_serve(settings))
 
 
@@ -82,9 +99,15 @@ async def _open_app(settings: Settings) -> Roost | None:
     try:
         await resolve_provider(settings, host)
     except SetupError as exc:
-        click.echo(f"roost: {exc}", err=True)
+        _fail(str(exc))
         return None
-    return await Roost.create(settings, host=host)
+    try:
+        return await Roost.create(settings, host=host)
+    except (OSError, sqlite3.Error) as exc:
+        # A data directory that cannot be created or a database that cannot be opened.
+        log.debug("opening the app failed", exc_info=True)
+        _fail(f"cannot open the data directory {settings.data_dir}: {exc}")
+        return None
 
 
 def _stop_signal() -> asyncio.Event:
@@ -106,6 +129,42 @@ async def _first(*awaitables: Awaitable[Any]) -> None:
             task.cancel()
 
 
+PLATFORM_MODULES = {"aiogram": "aiogram", "discord": "discord.py", "slack_bolt": "slack-bolt",
+                    "slack_sdk": "slack-sdk"}
+"""The platform SDKs' top-level modules and the distributions that install them."""
+
+
+def missing_sdk(channel: str, exc: ModuleNotFoundError) -> str:
+    """What to install when channel ``channel`` could not import ``exc.name``."""
+    module = (exc.name or "").partition(".")[0] or "a module"
+    package = PLATFORM_MODULES.get(module, module)
+    if channel in ("telegram", "discord", "slack"):
+        return f"the {channel} channel needs {package}: pip install 'roost[{channel}]'"
+    return f"the {channel} channel needs {package}: pip install {package}"
+
+
+async def _start_channel(app: Roost, name: str) -> str | None:
+    """Start channel ``name``; ``None``, or one line saying why it cannot start.
+
+    Platform calls at start are retried with backoff by the channel (each retry is
+    logged); what is left when they give up is a sentence, not a traceback.
+    """
+    from bot.config.settings import SetupError
+
+    try:
+        await app.start_channel(name)
+    except SetupError as exc:
+        return str(exc)
+    except ModuleNotFoundError as exc:
+        return missing_sdk(name, exc)
+    except Exception as exc:
+        log.debug("the %s channel could not start", name, exc_info=True)
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        return (f"the {name} channel could not start: {detail} (gave up after retrying; "
+                "ROOST_LOG_LEVEL=DEBUG shows the traceback)")
+    return None
+
+
 async def _serve(settings: Settings) -> int:
     app = await _open_app(settings)
     if app is None:
@@ -113,9 +172,9 @@ async def _serve(settings: Settings) -> int:
     try:
         names = app.configured_channels()
         if not names:
-            click.echo("roost: no channel is configured: set a channel's credentials "
-                       f"(channels available: {', '.join(app.channel_specs)}; "
-                       "ROOST_CONSOLE=1 enables the console)", err=True)
+            _fail("no channel is configured: set a channel's credentials "
+                  f"(channels available: {', '.join(app.channel_specs)}; "
+                  "ROOST_CONSOLE=1 enables the console)")
             return EXIT_SETUP
         from bot.config.settings import SetupError
 
@@ -124,13 +183,16 @@ async def _serve(settings: Settings) -> int:
             # Before the channels: /healthz answers while they connect.
             await app.serve_http(names)
         except SetupError as exc:
-            click.echo(f"roost: {exc}", err=True)
+            _fail(str(exc))
+            return EXIT_SETUP
+        except OSError as exc:
+            _fail(f"the HTTP server cannot listen on {settings.http_host}:{settings.http_port}: "
+                  f"{exc.strerror or exc}")
             return EXIT_SETUP
         for name in names:
-            try:
-                await app.start_channel(name)
-            except SetupError as exc:
-                click.echo(f"roost: {exc}", err=True)
+            problem = await _start_channel(app, name)
+            if problem:
+                _fail(problem)
                 return EXIT_SETUP
         await app.recover()
         log.info("roost ready: provider=%s model=%s channels=%s",
@@ -148,11 +210,14 @@ async def _serve(settings: Settings) -> int:
 
 
 @cli.command()
-@click.option("-m", "--message", help="Send one message, print the answer, exit.")
+@click.option("-m", "--message", help="Send one message, print the answer, exit "
+              "(exit code 1 if it failed).")
 @click.option("--demo", is_flag=True, help="Use the shipped demo script (no API key needed).")
 @click.option("--no-stream", is_flag=True, help="Print answers whole instead of streaming.")
+@click.option("-q", "--quiet", is_flag=True, help="Hide the tool-call lines.")
 @click.pass_context
-def chat(ctx: click.Context, message: str | None, demo: bool, no_stream: bool) -> None:
+def chat(ctx: click.Context, message: str | None, demo: bool, no_stream: bool,
+         quiet: bool) -> None:
     """Chat with Roost in this terminal (the console channel)."""
     overrides: dict[str, Any] = {"provider": "scripted"} if demo else {}
     settings = _settings(ctx, **overrides)
@@ -160,23 +225,126 @@ def chat(ctx: click.Context, message: str | None, demo: bool, no_stream: bool) -
         from plugins.providers import DEMO_SCRIPT
 
         settings.script = DEMO_SCRIPT
-    _setup_logging(settings.log_level, quiet=True)
-    _run_async(_chat(settings, message, stream=not no_stream))
+    _chat_logging(settings)
+    _run_async(_chat(settings, message, stream=not no_stream, quiet=quiet))
 
 
-async def _chat(settings: Settings, message: str | None, *, stream: bool) -> int:
+def _chat_logging(settings: Settings) -> None:
+    """Logs of a chat go to data_dir/chat.log; the terminal gets warnings as one line each.
+
+    A failed answer is shown by the console itself, with its error ID.
+    """
+    _output["format"] = "text"
+    try:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        _fail(f"cannot open the data directory {settings.data_dir}: {exc}")
+        sys.exit(EXIT_SETUP)
+    root = logging.getLogger()
+    if root.handlers:
+        return  # an embedding application (or pytest) configured logging
+    level = getattr(logging, settings.log_level.upper(), logging.INFO)
+    root.setLevel(level)
+    file = logging.FileHandler(settings.data_dir / "chat.log", encoding="utf-8")
+    file.setFormatter(logging.Formatter(logformat.TEXT_FORMAT))
+    terminal = logging.StreamHandler(sys.stderr)
+    terminal.setLevel(logging.WARNING)
+    terminal.setFormatter(_OneLine())
+    # The console reports failed runs itself (one line with the error ID).
+    terminal.addFilter(lambda r: not (r.name == "roost.engine.runloop"
+                                      and r.levelno >= logging.ERROR))
+    root.addHandler(file)
+    root.addHandler(terminal)
+    logging.captureWarnings(True)
+    for noisy in ("httpx", "httpcore", "anthropic", "openai", "aiosqlite"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+class _OneLine(logging.Formatter):
+    """``roost: warning: <message>``: one line, the traceback left to chat.log."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = " ".join(record.getMessage().split())
+        return f"roost: {record.levelname.lower()}: {message}"
+
+
+class _ChatObserver:
+    """Feeds the console what runs do: tool calls, and failures stored with an ID."""
+
+    def __init__(self, console: Any, errors: ErrorStore | None) -> None:
+        self.console = console
+        self.errors = errors
+        self.failures = 0
+        self.tracebacks: dict[str, str] = {}
+
+    @hookimpl
+    async def roost_run_event(self, event: RunEvent) -> None:
+        """Show tool calls; store a failed run's error and hand its ID to the console."""
+        payload = event.payload
+        if event.type == "tool.call":
+            self.console.tool_started(str(payload.get("id", "")), str(payload.get("name", "")),
+                                      payload.get("arguments") or {})
+        elif event.type == "tool.result":
+            self.console.tool_finished(str(payload.get("id", "")), str(payload.get("name", "")),
+                                       is_error=bool(payload.get("is_error")),
+                                       result=str(payload.get("result", "")))
+        elif event.type == "run.failed":
+            self.failures += 1
+            error_id = None
+            if self.errors is not None:
+                raw = {"message": str(payload.get("error", "")), "run_id": event.run_id}
+                trace = self.tracebacks.pop(event.run_id, "")
+                if trace:
+                    raw["traceback"] = trace
+                try:
+                    stored = await self.errors.store(event.session_key, "run", raw)
+                    error_id = stored.id
+                except Exception:
+                    log.exception("could not store the error of run %s", event.run_id)
+            self.console.run_failed(error_id)
+
+
+class _Tracebacks(logging.Handler):
+    """Keeps the traceback the run loop logs for a failed run, for its stored error."""
+
+    def __init__(self, observer: _ChatObserver) -> None:
+        super().__init__(logging.ERROR)
+        self.observer = observer
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.exc_text or ""
+        if not text and record.exc_info and record.exc_info[0] is not None:
+            text = logging.Formatter().formatException(record.exc_info)
+        message = record.getMessage()
+        if text and message.startswith("run "):
+            self.observer.tracebacks[message.split()[1]] = text
+
+
+async def _chat(settings: Settings, message: str | None, *, stream: bool,
+                quiet: bool = False) -> int:
     from channels.console import ConsoleChannel
 
     app = await _open_app(settings)
     if app is None:
         return EXIT_SETUP
-    console = ConsoleChannel(read_stdin=message is None, stream=stream)
+    console = ConsoleChannel(read_stdin=message is None, stream=stream, quiet=quiet,
+                             wait_idle=app.dispatcher.drain,
+                             history_file=settings.data_dir / "chat_history")
+    observer = _ChatObserver(console, app.services.errors)
+    app.host.register(observer, "roost.chat")
+    catcher = _Tracebacks(observer)
+    logging.getLogger("roost.engine.runloop").addHandler(catcher)
     try:
+        if message is None:
+            data = settings.data_dir
+            shown = data if data.is_absolute() or str(data).startswith(".") else f"./{data}"
+            click.echo(f"Roost {__version__} · {settings.model} via {app.provider.name} · "
+                       f"data: {shown} · /help for commands, Ctrl-D to quit", err=True)
         await app.add_channel(console)
         if message is not None:
             await console.say(message)
             await app.dispatcher.drain()
-            return 0
+            return 1 if observer.failures else 0
         stop = _stop_signal()
         await _first(console.eof.wait(), stop.wait())
         if not stop.is_set():
@@ -184,6 +352,7 @@ async def _chat(settings: Settings, message: str | None, *, stream: bool) -> int
             await _first(app.dispatcher.drain(), stop.wait())
         return 0
     finally:
+        logging.getLogger("roost.engine.runloop").removeHandler(catcher)
         await app.close()
 
 
@@ -256,13 +425,24 @@ def plugins_list(ctx: click.Context, as_json: bool, show_all: bool) -> None:
             click.echo(f"    error: {row['error']}")
 
 
-def _pip(action: str, names: tuple[str, ...]) -> None:
+def _pip(ctx: click.Context, action: str, names: tuple[str, ...]) -> None:
     import subprocess
 
     from bot.pluginhost.install import describe_change, pip_command, plugin_entry_points
 
+    settings = _settings(ctx)  # puts plugins_dir on sys.path
     before = plugin_entry_points()
-    code = subprocess.call(pip_command(action, list(names)))
+    command = pip_command(action, list(names))
+    if settings.plugins_dir is not None:
+        from bot.app import plugins_dir
+
+        if action == "install":
+            command += plugins_dir.pip_target_args(settings.plugins_dir)
+        else:
+            # pip uninstalls only inside its own environment.
+            outside = [n for n in names if not plugins_dir.uninstall(settings.plugins_dir, n)]
+            command = pip_command(action, outside) if outside else []
+    code = subprocess.call(command) if command else 0
     if code != 0:
         click.echo(f"roost: pip {action} failed (exit code {code})", err=True)
         sys.exit(code)
@@ -272,16 +452,18 @@ def _pip(action: str, names: tuple[str, ...]) -> None:
 
 @plugins.command("install")
 @click.argument("names", nargs=-1, required=True)
-def plugins_install(names: tuple[str, ...]) -> None:
-    """pip install plugin packages into Roost's own environment."""
-    _pip("install", names)
+@click.pass_context
+def plugins_install(ctx: click.Context, names: tuple[str, ...]) -> None:
+    """pip install plugin packages into Roost's environment (or ROOST_PLUGINS_DIR)."""
+    _pip(ctx, "install", names)
 
 
 @plugins.command("uninstall")
 @click.argument("names", nargs=-1, required=True)
-def plugins_uninstall(names: tuple[str, ...]) -> None:
-    """pip uninstall plugin packages from Roost's own environment."""
-    _pip("uninstall", names)
+@click.pass_context
+def plugins_uninstall(ctx: click.Context, names: tuple[str, ...]) -> None:
+    """pip uninstall plugin packages from Roost's environment (or ROOST_PLUGINS_DIR)."""
+    _pip(ctx, "uninstall", names)
 
 
 def _set_enabled(ctx: click.Context, name: str, enabled: bool) -> None:
@@ -336,12 +518,18 @@ def config() -> None:
 @click.pass_context
 def config_show(ctx: click.Context) -> None:
     """Print the effective configuration with secrets masked."""
+    from bot.config.settings import SECRET_MASK
+
     settings = _settings(ctx)
     for key, value in settings.masked().items():
         if value is None:
             click.echo(f"# {key} = (unset)")
-        else:
-            click.echo(f"{key} = {json.dumps(value)}")
+            continue
+        line = f"{key} = {json.dumps(value)}"
+        if SECRET_MASK in line:
+            # Roost refuses the mask as a value, so a pasted-back line fails loudly.
+            line += "  # masked: not the real value"
+        click.echo(line)
 
 
 @cli.group()
@@ -562,11 +750,48 @@ def status(ctx: click.Context, timeout: float) -> None:
 
 
 @cli.command()
+@click.option("--force", is_flag=True, help="Overwrite roost.toml and .env.example.")
+def init(force: bool) -> None:
+    """Write a commented roost.toml and a .env.example (one line per credential) here."""
+    from bot.app import init as templates
+
+    here = Path.cwd()
+    taken = templates.existing(here)
+    if taken and not force:
+        click.echo(f"roost: {', '.join(p.name for p in taken)} already "
+                   f"{'exists' if len(taken) == 1 else 'exist'} here; nothing written "
+                   "(--force overwrites)", err=True)
+        sys.exit(1)
+    for path in templates.write(here):
+        click.echo(f"wrote {path.name}")
+    click.echo("Next:\n"
+               "  cp .env.example .env   # and fill in the credentials you use\n"
+               "  roost chat             # try it in this terminal (no key: roost chat --demo)")
+
+
+@cli.command()
 def version() -> None:
     """Print Roost's version."""
     click.echo(f"roost {__version__}")
 
 
+def _load_dotenv() -> None:
+    """Put ``.env`` of the working directory into the environment, below what is set.
+
+    The settings read it themselves; this is for what reads the environment
+    directly: OTEL_* for the exporter, ``${VAR}`` in MCP server tables, plugins.
+    """
+    path = Path(".env")
+    if path.is_file():
+        from dotenv import dotenv_values
+
+        for name, value in dotenv_values(path).items():
+            # NAME= (as in .env.example) means unset, not an empty credential.
+            if value and name not in os.environ:
+                os.environ[name] = value
+
+
 def main() -> None:
     """Console-script entry point."""
-    cli(obj={})
+    _load_dotenv()
+    cli(obj={}, prog_name="roost")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextvars
 import ipaddress
+import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -66,15 +67,48 @@ class _TomlSource(PydanticBaseSettingsSource):
         return dict(_toml_data.get() or {})
 
 
+class _KnownNames(PydanticBaseSettingsSource):
+    """``.env`` entries that are Roost's: its fields, their aliases (``TELEGRAM_BOT_TOKEN``)
+    and every ``ROOST_*`` name (a misspelt one is still reported). Other names
+    (``OTEL_*``, a plugin's or an MCP server's ``${VAR}``) are not settings; the
+    command line puts them into the environment instead."""
+
+    def __init__(self, settings_cls: type[BaseSettings],
+                 inner: PydanticBaseSettingsSource) -> None:
+        super().__init__(settings_cls)
+        self.inner = inner
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        known = set()
+        for name, field in self.settings_cls.model_fields.items():
+            known.add(name)
+            if isinstance(field.validation_alias, AliasChoices):
+                known.update(str(c).lower() for c in field.validation_alias.choices)
+        # An empty value (``NAME=`` as .env.example has it) means unset, not "".
+        return {k: v for k, v in self.inner().items() if v not in ("", None)
+                and (k.lower() in known or k.lower().startswith("roost_"))}
+
+
 class Settings(BaseSettings):
     """Every setting Roost reads. Field ``x`` is ``x`` in roost.toml, ``ROOST_X`` in the env."""
 
     model_config = SettingsConfigDict(
-        env_prefix="ROOST_", extra="forbid", case_sensitive=False, populate_by_name=True
+        env_prefix="ROOST_", extra="forbid", case_sensitive=False, populate_by_name=True,
+        # `.env` in the working directory (from `roost init`'s .env.example): below the
+        # real environment, above roost.toml.
+        env_file=".env", env_file_encoding="utf-8",
     )
 
     data_dir: Path = Path("./data")
     log_level: str = "INFO"
+    log_format: Literal["text", "json"] = "text"
+    """``json``: every log line one JSON object (ts, level, logger, message), for shippers."""
+    plugins_dir: Path | None = None
+    """Where ``roost plugins install`` puts plugins (``pip --target``), put on ``sys.path``
+    at start: a directory on the data volume in a container (``/data/plugins``)."""
     bot_name: str = "Roost"
     console: bool = False
     """Also start the console channel under ``roost run`` (local debugging)."""
@@ -368,7 +402,8 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return init_settings, env_settings, _TomlSource(settings_cls)
+        return (init_settings, env_settings, _KnownNames(settings_cls, dotenv_settings),
+                _TomlSource(settings_cls))
 
     @property
     def db_path(self) -> Path:
@@ -410,7 +445,8 @@ class Settings(BaseSettings):
                 data[name] = SECRET_MASK
         data["plugins"] = {k: _mask_tree(v) for k, v in self.plugins.items()}
         data["mcp"] = _masked_mcp(self.mcp)
-        return data
+        # Credentials inside URLs (user:password@, ?token=) whatever the field.
+        return {k: _mask_urls(v) for k, v in data.items()}
 
 
 _SECRET_WORDS = ("token", "secret", "key", "password")
@@ -441,13 +477,69 @@ def load_settings(config_path: Path | None = None, **overrides: Any) -> Settings
         raise ConfigError(f"config file {path} does not exist")
     if path.exists():
         overrides.setdefault("config_file", path)
+    pasted = _find_mask(data)
+    if pasted:
+        raise ConfigError(f"{path}: {pasted} holds {SECRET_MASK!r}, the mask `roost config show` "
+                          "prints, not a real value: put the real value back (or remove it)")
     token = _toml_data.set(data)
     try:
-        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+        settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
         raise ConfigError(_describe(exc, path)) from None
     finally:
         _toml_data.reset(token)
+    for name, value in settings:
+        if isinstance(value, SecretStr) and SECRET_MASK in value.get_secret_value():
+            raise ConfigError(f"{name} holds {SECRET_MASK!r}, the mask `roost config show` "
+                              "prints, not a real value: set the real one (environment or .env)")
+    return settings
+
+
+def _find_mask(tree: Any, where: str = "") -> str:
+    """The dotted key of the first value in ``tree`` holding :data:`SECRET_MASK`, or ``""``."""
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            found = _find_mask(value, f"{where}.{key}" if where else str(key))
+            if found:
+                return found
+    elif isinstance(tree, list):
+        for n, value in enumerate(tree):
+            found = _find_mask(value, f"{where}[{n}]")
+            if found:
+                return found
+    elif isinstance(tree, str) and SECRET_MASK in tree:
+        return where or "(root)"
+    return ""
+
+
+_URL_USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)"
+                           r"(?P<user>[^/\s@:]*)(?P<password>:[^/\s@]*)?@")
+_URL_SECRET_PARAM = re.compile(
+    r"(?P<name>[?&][^=&#\s]*(?:token|secret|key|password|auth)[^=&#\s]*=)[^&#\s]+",
+    re.IGNORECASE)
+
+
+def _mask_url_text(text: str) -> str:
+    def userinfo(match: re.Match[str]) -> str:
+        # user:password@ keeps the user (it helps to see which account); a lone
+        # user@ is usually a token (https://TOKEN@host), so it is masked whole.
+        if match["password"] is not None:
+            return f"{match['scheme']}{match['user']}:{SECRET_MASK}@"
+        return f"{match['scheme']}{SECRET_MASK}@"
+
+    text = _URL_USERINFO.sub(userinfo, text)
+    return _URL_SECRET_PARAM.sub(rf"\g<name>{SECRET_MASK}", text)
+
+
+def _mask_urls(value: Any) -> Any:
+    """``value`` with credentials inside URLs masked, at any depth."""
+    if isinstance(value, str):
+        return _mask_url_text(value) if "://" in value else value
+    if isinstance(value, dict):
+        return {k: _mask_urls(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_mask_urls(v) for v in value]
+    return value
 
 
 def _describe(exc: ValidationError, path: Path) -> str:

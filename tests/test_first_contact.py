@@ -1,0 +1,250 @@
+"""A first run that explains itself: roost init, .env, --version/-h, one-line startup errors,
+config show's masking and JSON logs. Real subprocesses in a scratch directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from bot.app.init import credential_names, env_name
+from bot.config.settings import ConfigError, Settings, load_settings
+
+ROOST = [sys.executable, "-m", "bot"]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment without any Roost setting or credential, plus ``extra``."""
+    names = {env_name(n) for n in credential_names()} | {
+        "ANTHROPIC_BASE_URL", "OPENAI_BASE_URL", "TELEGRAM_API_BASE"}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("ROOST_", "OTEL_")) and k not in names}
+    env.update(PYTHONUNBUFFERED="1", ROOST_DISABLE_PLUGIN_AUTOLOAD="1")
+    env.update(extra)
+    return env
+
+
+def roost(*args: str, cwd: Path, stdin: int | None = subprocess.DEVNULL,
+          **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*ROOST, *args], cwd=cwd, env=clean_env(**env), stdin=stdin,
+                          capture_output=True, text=True, timeout=120)
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# -- roost init -----------------------------------------------------------------------
+
+
+def test_init_writes_a_config_that_loads_and_prints_the_next_two_commands(
+        tmp_path: Path) -> None:
+    result = roost("init", cwd=tmp_path)  # stdin is not a TTY: nothing is asked
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "roost.toml").is_file() and (tmp_path / ".env.example").is_file()
+    assert "cp .env.example .env" in result.stdout and "roost chat" in result.stdout
+    settings = load_settings(tmp_path / "roost.toml")
+    assert settings.provider == "anthropic" and settings.data_dir == Path("data")
+    shown = roost("config", "show", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert 'provider = "anthropic"' in shown.stdout
+
+
+def test_every_commented_setting_in_the_template_is_a_real_one(tmp_path: Path) -> None:
+    roost("init", cwd=tmp_path)
+    text = (tmp_path / "roost.toml").read_text()
+    setting = re.compile(r"# (\[|[a-z_]+ = )")
+    uncommented = "\n".join(line[2:] if setting.match(line) else line
+                            for line in text.splitlines())
+    (tmp_path / "all.toml").write_text(uncommented)
+    load_settings(tmp_path / "all.toml")  # raises on an unknown or invalid key
+
+
+def test_env_example_has_one_empty_line_per_credential(tmp_path: Path) -> None:
+    roost("init", cwd=tmp_path)
+    lines = [line for line in (tmp_path / ".env.example").read_text().splitlines()
+             if line and not line.startswith("#")]
+    secrets = [name for name, field in Settings.model_fields.items()
+               if SecretStr in (field.annotation, *getattr(field.annotation, "__args__", ()))]
+    assert sorted(lines) == sorted(f"{env_name(n)}=" for n in secrets)
+    assert "TELEGRAM_BOT_TOKEN=" in lines and "ANTHROPIC_API_KEY=" in lines
+
+
+def test_config_show_succeeds_after_copying_the_example_and_reads_env(tmp_path: Path) -> None:
+    roost("init", cwd=tmp_path)
+    example = (tmp_path / ".env.example").read_text()
+    (tmp_path / ".env").write_text(example)
+    shown = roost("config", "show", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "# telegram_bot_token = (unset)" in shown.stdout  # NAME= means unset
+    (tmp_path / ".env").write_text(example + "TELEGRAM_BOT_TOKEN=123:from-dot-env\n"
+                                   "ROOST_MODEL=from-dot-env\n")
+    shown = roost("config", "show", cwd=tmp_path, ROOST_MODEL="from-environment")
+    assert shown.returncode == 0, shown.stderr
+    assert 'telegram_bot_token = "********"' in shown.stdout
+    assert "from-dot-env" not in shown.stdout.replace('"from-environment"', "")
+    assert 'model = "from-environment"' in shown.stdout  # the real environment wins
+
+
+def test_a_misspelt_roost_name_in_env_is_reported(tmp_path: Path) -> None:
+    (tmp_path / ".env").write_text("ROOST_MODLE=x\nOTEL_SERVICE_NAME=roost\n")
+    shown = roost("config", "show", cwd=tmp_path)
+    assert shown.returncode == 2
+    assert "roost_modle: unknown setting" in shown.stderr
+    assert "otel" not in shown.stderr.lower()  # other names are not Roost's
+
+
+def test_init_refuses_to_overwrite_without_force(tmp_path: Path) -> None:
+    (tmp_path / "roost.toml").write_text("model = 'mine'\n")
+    result = roost("init", cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.startswith("roost: roost.toml already exists")
+    assert (tmp_path / "roost.toml").read_text() == "model = 'mine'\n"
+    assert not (tmp_path / ".env.example").exists()
+    assert roost("init", "--force", cwd=tmp_path).returncode == 0
+    assert "model = 'mine'" not in (tmp_path / "roost.toml").read_text()
+
+
+# -- version and help ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_version_flags_print_the_version(tmp_path: Path, flag: str) -> None:
+    from bot import __version__
+
+    result = roost(flag, cwd=tmp_path)
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"roost {__version__}"
+
+
+def test_short_help_flag_works_on_the_group_and_commands(tmp_path: Path) -> None:
+    top = roost("-h", cwd=tmp_path)
+    assert top.returncode == 0 and top.stdout.startswith("Usage: roost ")
+    assert "init" in top.stdout
+    chat = roost("chat", "-h", cwd=tmp_path)
+    assert chat.returncode == 0 and "--quiet" in chat.stdout
+
+
+# -- one-line startup errors ---------------------------------------------------------
+
+
+def blocked_sdk_run(module: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """``roost run`` in an interpreter where ``module`` cannot be imported (as if not installed)."""
+    code = (f"import sys; sys.modules[{module!r}] = None; sys.argv = ['roost', 'run']\n"
+            "from bot.app.cli import main; main()")
+    return subprocess.run([sys.executable, "-c", code], cwd=tmp_path,
+                          env=clean_env(ROOST_PROVIDER="scripted", ROOST_LOG_LEVEL="WARNING",
+                                        **env),
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_missing_platform_sdk_is_one_line_naming_the_extra(tmp_path: Path) -> None:
+    result = blocked_sdk_run("aiogram", tmp_path, TELEGRAM_BOT_TOKEN="123:abc")
+    assert result.returncode == 2
+    assert result.stderr == ("roost: the telegram channel needs aiogram: "
+                             "pip install 'roost[telegram]'\n")
+
+
+def test_a_missing_slack_sdk_names_slack_bolt_not_aiohttp(tmp_path: Path) -> None:
+    result = blocked_sdk_run("slack_bolt", tmp_path, SLACK_BOT_TOKEN="xoxb-1",
+                             SLACK_APP_TOKEN="xapp-1")
+    assert result.returncode == 2
+    assert result.stderr == ("roost: the slack channel needs slack-bolt: "
+                             "pip install 'roost[slack]'\n")
+
+
+def test_an_unreachable_telegram_api_is_retried_then_one_line(tmp_path: Path) -> None:
+    result = roost("run", cwd=tmp_path, ROOST_PROVIDER="scripted",
+                   TELEGRAM_BOT_TOKEN="123:abc",
+                   TELEGRAM_API_BASE=f"http://127.0.0.1:{closed_port()}")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert "Traceback" not in result.stderr
+    assert any("telegram getMe failed" in line and "retrying in" in line for line in lines)
+    assert lines[-1].startswith("roost: the telegram channel could not start: ")
+    assert "gave up after retrying" in lines[-1]
+
+
+def test_an_unwritable_data_dir_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    result = roost("chat", "--demo", "-m", "hi", cwd=tmp_path,
+                   ROOST_DATA_DIR=str(tmp_path / "file" / "data"))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert result.stderr.startswith("roost: ")
+
+
+# -- config show masking -------------------------------------------------------------
+
+
+def test_config_show_masks_credentials_in_urls_and_marks_masked_lines(tmp_path: Path) -> None:
+    shown = roost("config", "show", cwd=tmp_path, ANTHROPIC_API_KEY="sk-ant-secret-1",
+                  OPENAI_BASE_URL="http://bob:hunter22@127.0.0.1:11434/v1",
+                  ROOST_SEARXNG_URL="https://search.example/?token=abc123&q=x")
+    assert shown.returncode == 0, shown.stderr
+    out = shown.stdout
+    assert "hunter22" not in out and "abc123" not in out and "sk-ant-secret-1" not in out
+    assert ('openai_base_url = "http://bob:********@127.0.0.1:11434/v1"'
+            "  # masked: not the real value") in out
+    assert 'searxng_url = "https://search.example/?token=********&q=x"' in out
+    assert 'anthropic_api_key = "********"  # masked: not the real value' in out
+    assert 'model = "claude' in out and "# masked" not in out.split("model =")[1].split("\n")[0]
+
+
+def test_a_masked_value_pasted_back_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "roost.toml").write_text('[plugins.weather]\napi_key = "********"\n')
+    with pytest.raises(ConfigError, match=r"plugins\.weather\.api_key holds '\*{8}'"):
+        load_settings(tmp_path / "roost.toml")
+    result = roost("config", "show", cwd=tmp_path, TELEGRAM_BOT_TOKEN="********")
+    assert result.returncode == 2 and "the mask" in result.stderr
+
+
+# -- JSON logs -----------------------------------------------------------------------
+
+
+def test_json_logs_make_every_line_one_object_with_library_lines_and_warnings(
+        tmp_path: Path) -> None:
+    code = """if True:
+        import logging, warnings
+        from bot.observability import logformat, redact
+        redact.install(["sk-secret-value"])
+        logformat.configure("INFO", fmt="json")
+        logging.getLogger("roost.app").info("started with %s", "sk-secret-value")
+        logging.getLogger("aiogram.dispatcher").warning("a library line\\nover two lines")
+        warnings.warn("deprecated thing", DeprecationWarning, stacklevel=1)
+        try:
+            1 / 0
+        except ZeroDivisionError:
+            logging.getLogger("roost.engine").exception("it failed")
+        raise RuntimeError("uncaught")
+    """
+    result = subprocess.run([sys.executable, "-W", "always", "-c", code], cwd=tmp_path,
+                            env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    records = [json.loads(line) for line in result.stderr.splitlines()]
+    assert all({"ts", "level", "logger", "message"} <= r.keys() for r in records)
+    assert [r["logger"] for r in records] == [
+        "roost.app", "aiogram.dispatcher", "py.warnings", "roost.engine", "roost"]
+    assert records[0]["message"] == "started with ***"
+    assert records[0]["ts"].endswith("Z")
+    assert "deprecated thing" in records[2]["message"]
+    assert "ZeroDivisionError" in records[3]["exc_info"]
+    assert records[4]["level"] == "CRITICAL" and "RuntimeError" in records[4]["exc_info"]
+
+
+def test_roost_run_with_json_logs_writes_its_startup_error_as_json(tmp_path: Path) -> None:
+    result = roost("run", cwd=tmp_path, ROOST_PROVIDER="scripted", ROOST_LOG_FORMAT="json")
+    assert result.returncode == 2
+    records = [json.loads(line) for line in result.stderr.splitlines()]
+    assert records and records[-1]["level"] == "ERROR"
+    assert records[-1]["message"].startswith("no channel is configured")
