@@ -412,6 +412,15 @@ async def test_unused_lazy_and_per_user_servers_are_ended_and_start_again(make: 
     assert int(chat.tool_results("lazy__pid")[-1]) not in (lazy, mine, eager)
 
 
+async def test_roosts_own_secrets_never_reach_a_server(make: Any, monkeypatch: Any) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-not-for-servers")
+    chat: ChatChannel = await make([call("toolbox__getenv", {"name": "ANTHROPIC_API_KEY"})],
+                                   mcp={"servers": {"toolbox": stdio()}})
+    await eventually(lambda: "toolbox__getenv" in offered(chat.app), "tools listed")
+    await chat.ask("what is your key")
+    assert chat.tool_results("toolbox__getenv") == ["(unset)"]
+
+
 async def test_env_references_reach_the_server(make: Any, monkeypatch: Any) -> None:
     monkeypatch.setenv("ROOST_TEST_MARK", "from-the-environment")
     chat: ChatChannel = await make(
@@ -539,7 +548,7 @@ args = [{str(SERVERS / "broken.py")!r}]
     runner = CliRunner()
     listed = runner.invoke(cli, ["--config", str(config), "mcp", "list"])
     assert listed.exit_code == 1, listed.output
-    assert "toolbox (stdio, lazy): ok, 11 tools" in listed.output
+    assert "toolbox (stdio, lazy): ok, 12 tools" in listed.output
     assert "toolbox__echo_upper" in listed.output
     assert "broken (stdio, lazy): FAILED" in listed.output
     assert "missing configuration" in listed.output

@@ -57,6 +57,12 @@ def mark() -> str:
 
 
 @server.tool()
+def getenv(name: str) -> str:
+    """The environment variable ``name`` of the server process."""
+    return os.environ.get(name, "(unset)")
+
+
+@server.tool()
 def pid() -> int:
     """The server's process id."""
     return os.getpid()
