@@ -248,3 +248,96 @@ def test_roost_run_with_json_logs_writes_its_startup_error_as_json(tmp_path: Pat
     records = [json.loads(line) for line in result.stderr.splitlines()]
     assert records and records[-1]["level"] == "ERROR"
     assert records[-1]["message"].startswith("no channel is configured")
+
+
+# -- the otel extra ------------------------------------------------------------------
+
+
+def test_the_otel_extra_exports_spans_over_otlp_http(tmp_path: Path) -> None:
+    import http.server
+    import threading
+
+    paths: list[str] = []
+    received = threading.Event()
+
+    class Collector(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            paths.append(self.path)
+            self.send_response(200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+            received.set()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        result = roost("chat", "--demo", "-m", "hello", cwd=tmp_path,
+                       OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{server.server_port}")
+        assert result.returncode == 0, result.stderr
+        assert received.wait(30)  # spans are flushed when the chat closes
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "/v1/traces" in paths
+
+
+# -- plugins_dir ---------------------------------------------------------------------
+
+
+def fake_plugin(directory: Path, name: str = "roost-weather") -> None:
+    """An installed distribution in ``directory`` as ``pip --target`` leaves it."""
+    module = name.replace("-", "_")
+    info = directory / f"{module}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (directory / f"{module}.py").write_text(
+        "from roost import hookimpl\n\n@hookimpl\ndef roost_tools(settings):\n    return []\n")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[roost]\nweather = {module}\n")
+    (info / "RECORD").write_text(f"{module}.py,,\n{info.name}/METADATA,,\n"
+                                 f"{info.name}/entry_points.txt,,\n{info.name}/RECORD,,\n")
+
+
+def test_plugins_in_plugins_dir_are_loaded_at_start(tmp_path: Path) -> None:
+    plugins = tmp_path / "plugins"
+    fake_plugin(plugins)
+    env = clean_env(ROOST_PLUGINS_DIR=str(plugins))
+    env.pop("ROOST_DISABLE_PLUGIN_AUTOLOAD")
+    env["ROOST_LOAD_PLUGINS"] = "roost-weather"
+    listed = subprocess.run([*ROOST, "plugins", "list"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.split()[:4] == ["weather", "roost-weather", "1.0", "enabled"]
+    without = subprocess.run([*ROOST, "plugins", "list"], cwd=tmp_path,
+                             env={**env, "ROOST_PLUGINS_DIR": ""},
+                             capture_output=True, text=True, timeout=60)
+    assert "weather" not in without.stdout
+
+
+def test_plugins_install_targets_plugins_dir_and_uninstall_removes_from_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import click.testing
+
+    from bot.app import cli
+
+    plugins = tmp_path / "plugins"
+    commands: list[list[str]] = []
+    monkeypatch.setattr("subprocess.call", lambda command: commands.append(command) or 0)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the directory is added to it
+    monkeypatch.setenv("ROOST_PLUGINS_DIR", str(plugins))
+    runner = click.testing.CliRunner()
+    result = runner.invoke(cli.cli, ["plugins", "install", "roost-weather"], obj={})
+    assert result.exit_code == 0, result.output
+    assert commands[-1][-4:] == ["roost-weather", "--target", str(plugins), "--upgrade"]
+    assert commands[-1][1:4] == ["-m", "pip", "install"]
+    fake_plugin(plugins)
+    result = runner.invoke(cli.cli, ["plugins", "uninstall", "roost-weather"], obj={})
+    assert result.exit_code == 0, result.output
+    assert len(commands) == 1  # removed from the directory, pip not asked
+    assert not (plugins / "roost_weather.py").exists()
+    assert not list(plugins.glob("*.dist-info"))
