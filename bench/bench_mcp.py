@@ -1,13 +1,14 @@
 """MCP benchmark: what configured MCP servers cost per turn, and what one call costs.
 
-Run with ``.venv/bin/python bench/bench_mcp.py`` (about 40 s on 2 cores).
+Run with ``.venv/bin/python bench/bench_mcp.py`` (about 40 s on 2 cores; ``--rounds``
+prints each round's p50s, to see how much the machine's load moves them).
 
-1. Per-turn overhead with 3 MCP servers configured (11 tools each, lazy, their
+1. Per-turn overhead with 3 MCP servers configured (12 tools each, lazy, their
    tool lists already cached from an earlier start, so no process runs until a
    tool is called): the p50 of a whole text-only turn (scripted model, console
-   chat) with and without them, and the part that offering their 33 tools adds
+   chat) with and without them, and the part that offering their 36 tools adds
    to every turn (the agent's policy filter, cached per plugin state, plus the
-   tool specs handed to the model), measured alone. A control turn offers 33
+   tool specs handed to the model), measured alone. A control turn offers 36
    ordinary plugin tools instead: more tools make every turn's prompt (one line
    per tool) and its token estimate longer, whoever offers them.
 2. MCP call overhead over stdio: p50/p99 of ``tools/call`` on the test toolbox
@@ -35,7 +36,7 @@ from roost import Tool, ToolContext, hookimpl
 
 TOOLBOX = Path(__file__).resolve().parent.parent / "tests" / "mcp_servers" / "toolbox.py"
 TURNS = 100
-ROUNDS = 7
+ROUNDS = 11
 WARMUP = 30
 OFFER_ROUNDS = 20_000
 CALLS = 1_000
@@ -48,7 +49,7 @@ def servers(n: int) -> dict[str, Any]:
 
 
 class PlainTools:
-    """A plugin offering 33 ordinary tools with MCP-like schemas: the control that tells the
+    """A plugin offering 36 ordinary tools with MCP-like schemas: the control that tells the
     cost of offering more tools (prompt lines, token estimates) from MCP's own."""
 
     @staticmethod
@@ -61,7 +62,7 @@ class PlainTools:
                                                     "b": {"type": "integer", "title": "B"}},
                   "required": ["a", "b"]}
         return [Tool(f"plain__tool_{i}", f"Plain tool {i}: adds two integers.", schema, run)
-                for i in range(33)]
+                for i in range(36)]
 
 
 async def turn_p50s(variants: dict[str, tuple[Path, int, tuple[object, ...]]]
@@ -88,13 +89,17 @@ async def turn_p50s(variants: dict[str, tuple[Path, int, tuple[object, ...]]]
                     await chat.ask("hello")
                     times.append((time.perf_counter() - began) * 1000)
                 rounds[name].append(percentile(times, 50))
+                if "--rounds" in sys.argv:
+                    print(name, round(percentile(times, 50), 2), file=sys.stderr)
         out = {}
         for name, chat in chats.items():
             assert chat.app is not None
             manager = manager_of(chat.app.services)
             started = 0 if manager is None else sum(
                 1 for s in manager.servers.values() if s.shared is not None)
-            offered = len(chat.requests[-1].tools) if chat.requests else 0
+            agent = await chat.app.router.get("default")
+            plugins = chat.app.engine.plugins
+            offered = len(agent.tools(plugins.tools, plugins.tool_groups))
             out[name] = (statistics.median(rounds[name]), offered, started)
         return out
     finally:
@@ -197,13 +202,13 @@ async def main() -> None:
         ["text turn p50, no MCP servers", f"{without:.2f} ms", f"{offered_0} tools offered", ""],
         ["text turn p50, 3 MCP servers", f"{with_servers:.2f} ms",
          f"{offered_3} tools offered, {started} servers started", ""],
-        ["text turn p50, 33 plain plugin tools instead", f"{plain:.2f} ms",
+        ["text turn p50, 36 plain plugin tools instead", f"{plain:.2f} ms",
          f"{offered_plain} tools offered", ""],
         ["added per turn (whole turn, p50 difference)", f"{with_servers - without:+.2f} ms",
-         f"33 plain tools: {plain - without:+.2f} ms", ""],
+         f"36 plain tools: {plain - without:+.2f} ms", ""],
         ["offering tools per turn, none / 3 servers",
          f"{offer_0 * 1000:.1f} / {offer_3 * 1000:.1f} us", "", ""],
-        ["added per turn by offering 33 MCP tools", f"{added_offer * 1000:.1f} us",
+        ["added per turn by offering 36 MCP tools", f"{added_offer * 1000:.1f} us",
          f"<= {TARGET_OFFER_MS:g} ms", verdict(added_offer <= TARGET_OFFER_MS)],
         ["servers started by text turns", str(started), "0", verdict(started == 0)],
         ["tools/call over stdio p50 / p99 (connection)",
