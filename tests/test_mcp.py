@@ -138,6 +138,15 @@ def test_tool_names_that_collide_after_cleaning_get_distinct_names() -> None:
     assert all(len(n) <= MAX_NAME for n in names)
 
 
+def test_tools_of_two_servers_that_would_share_a_name_get_distinct_names() -> None:
+    first = tool_names("a", ["b__c"])
+    second = tool_names("a__b", ["c"], taken=first)
+    assert list(first) == ["a__b__c"]
+    [other] = second
+    assert other != "a__b__c" and len(other) <= MAX_NAME
+    assert second == tool_names("a__b", ["c"], taken=first)  # stable
+
+
 def test_a_server_needs_exactly_one_of_command_and_url() -> None:
     with pytest.raises(ValueError, match="either command"):
         McpConfig.model_validate({"servers": {"x": {}}})

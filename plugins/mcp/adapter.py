@@ -52,12 +52,14 @@ MAX_DESCRIPTION = 4_000
 def build_tools(manager: McpManager) -> list[Tool]:
     """The Roost tools of every enabled server's current list."""
     tools: list[Tool] = []
-    for server in manager.servers.values():
+    taken: set[str] = set()
+    for _, server in sorted(manager.servers.items()):
         if not server.config.enabled:
             continue
         by_name = {t.name: t for t in server.tools}
-        for roost_name, mcp_name in tool_names(server.name, by_name).items():
+        for roost_name, mcp_name in tool_names(server.name, by_name, taken).items():
             tools.append(_tool(server, roost_name, by_name[mcp_name]))
+            taken.add(roost_name)
     return tools
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 
 MAX_NAME = 64
 SEPARATOR = "__"
@@ -31,16 +31,19 @@ def _shortened(safe: str, full: str) -> str:
     return f"{safe[:MAX_NAME - _HASH_CHARS - 1]}_{digest}"
 
 
-def tool_names(server: str, tools: Iterable[str]) -> dict[str, str]:
+def tool_names(server: str, tools: Iterable[str],
+               taken: Container[str] = ()) -> dict[str, str]:
     """Roost name -> MCP name for every tool of ``server``, collisions resolved.
 
-    Two MCP names can map to one Roost name (``a.b`` and ``a_b``); the later one
-    gets a hash suffix of its full name, which is stable across listings.
+    Two MCP names can map to one Roost name (``a.b`` and ``a_b``), and so can two
+    servers (``a`` with ``b__c``, ``a__b`` with ``c``; ``taken`` holds the names
+    already given): the later one gets a hash suffix of its server and name,
+    which is stable across listings.
     """
     names: dict[str, str] = {}
     for tool in tools:
         name = tool_name(server, tool)
-        if name in names:
-            name = _shortened(name[:MAX_NAME - _HASH_CHARS - 1], f"{server}{SEPARATOR}{tool}")
+        if name in names or name in taken:
+            name = _shortened(name[:MAX_NAME - _HASH_CHARS - 1], f"{server}\0{tool}")
         names[name] = tool
     return names
