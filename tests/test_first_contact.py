@@ -166,7 +166,7 @@ def test_an_unreachable_telegram_api_is_retried_then_one_line(tmp_path: Path) ->
     result = roost("run", cwd=tmp_path, ROOST_PROVIDER="scripted",
                    TELEGRAM_BOT_TOKEN="123:abc",
                    TELEGRAM_API_BASE=f"http://127.0.0.1:{closed_port()}")
-    assert result.returncode == 2
+    assert result.returncode == 1  # worth restarting later, unlike a setup error (2)
     lines = result.stderr.strip().splitlines()
     assert "Traceback" not in result.stderr
     assert any("telegram getMe failed" in line and "retrying in" in line for line in lines)

@@ -143,8 +143,13 @@ def missing_sdk(channel: str, exc: ModuleNotFoundError) -> str:
     return f"the {channel} channel needs {package}: pip install {package}"
 
 
-async def _start_channel(app: Roost, name: str) -> str | None:
-    """Start channel ``name``; ``None``, or one line saying why it cannot start.
+EXIT_UNAVAILABLE = 1
+"""A platform could not be reached at start: a supervisor may well try again later
+(unlike :data:`EXIT_SETUP`, which needs a change first)."""
+
+
+async def _start_channel(app: Roost, name: str) -> tuple[int, str] | None:
+    """Start channel ``name``; ``None``, or the exit code and one line saying why not.
 
     Platform calls at start are retried with backoff by the channel (each retry is
     logged); what is left when they give up is a sentence, not a traceback.
@@ -154,14 +159,14 @@ async def _start_channel(app: Roost, name: str) -> str | None:
     try:
         await app.start_channel(name)
     except SetupError as exc:
-        return str(exc)
+        return EXIT_SETUP, str(exc)
     except ModuleNotFoundError as exc:
-        return missing_sdk(name, exc)
+        return EXIT_SETUP, missing_sdk(name, exc)
     except Exception as exc:
         log.debug("the %s channel could not start", name, exc_info=True)
         detail = " ".join(str(exc).split()) or type(exc).__name__
-        return (f"the {name} channel could not start: {detail} (gave up after retrying; "
-                "ROOST_LOG_LEVEL=DEBUG shows the traceback)")
+        return EXIT_UNAVAILABLE, (f"the {name} channel could not start: {detail} (gave up "
+                                  "after retrying; ROOST_LOG_LEVEL=DEBUG shows the traceback)")
     return None
 
 
@@ -192,8 +197,8 @@ async def _serve(settings: Settings) -> int:
         for name in names:
             problem = await _start_channel(app, name)
             if problem:
-                _fail(problem)
-                return EXIT_SETUP
+                _fail(problem[1])
+                return problem[0]
         await app.recover()
         log.info("roost ready: provider=%s model=%s channels=%s",
                  app.provider.name, settings.model, ",".join(names))
