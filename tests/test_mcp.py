@@ -467,6 +467,21 @@ async def test_the_mcp_command_is_for_admins(make: Any) -> None:
     assert "- toolbox (stdio, lazy): " in shown and "tools" in shown
 
 
+async def test_an_admin_can_restart_a_server(make: Any) -> None:
+    chat: ChatChannel = await make([call("toolbox__pid")], loop=True, admins=["console:boss"],
+                                   mcp={"servers": {"toolbox": stdio(startup="eager")}})
+    await eventually(lambda: "toolbox__pid" in offered(chat.app), "tools listed")
+    await chat.ask("pid", sender="boss")
+    first = int(chat.tool_results("toolbox__pid")[0])
+    [said] = await chat.ask("/mcp restart toolbox", sender="boss")
+    assert "ended; it starts again now" in said
+    assert gone(first)
+    await chat.ask("pid", sender="boss")
+    assert int(chat.tool_results("toolbox__pid")[-1]) != first
+    [unknown] = await chat.ask("/mcp restart nope", sender="boss")
+    assert "No MCP server named 'nope'" in unknown
+
+
 async def test_a_lazy_server_with_a_cached_list_starts_on_first_call(
         make: Any, tmp_path: Path) -> None:
     data = tmp_path / "shared-data"

@@ -105,14 +105,27 @@ def roost_commands(settings: Settings) -> list[Command] | None:
     """``/mcp``: the servers, their state and tool counts (admins)."""
     if not settings.mcp.servers:
         return None
-    return [Command("mcp", "MCP servers: state and tools", _mcp_command, admin_only=True)]
+    return [Command("mcp", "MCP servers: state and tools; restart one", _mcp_command,
+                    admin_only=True, usage="[restart NAME]")]
 
 
 async def _mcp_command(ctx: CommandContext) -> str:
     manager = manager_of(ctx.app.services)
     if manager is None:
         return "No MCP servers are configured."
-    return format_status(manager.status())
+    words = ctx.args.split()
+    if not words:
+        return format_status(manager.status())
+    if words[0] != "restart" or len(words) != 2:
+        return "Usage: /mcp (the servers) or /mcp restart NAME"
+    server = manager.servers.get(words[1])
+    if server is None:
+        return f"No MCP server named {words[1]!r} (configured: {', '.join(manager.servers)})."
+    await server.stop()
+    server.start(listing=True)
+    return (f"MCP server {server.name} ended; it starts again "
+            + ("now." if server.config.startup == "eager" else "when a tool is called "
+               "(its tools are listed again in the background)."))
 
 
 def format_status(rows: list[dict[str, object]]) -> str:

@@ -128,8 +128,13 @@ class McpServer:
 
     # ---- lifecycle
 
-    def start(self) -> None:
-        """Begin what the startup mode asks for, in the background (returns at once)."""
+    def start(self, *, listing: bool = False) -> None:
+        """Begin what the startup mode asks for, in the background (returns at once).
+
+        ``listing`` lists the tools again even when a list is cached (``/mcp restart``).
+        """
+        if listing:
+            self.listed = False
         if self.config.startup == "eager" and not self.config.per_user:
             self._shared().start()
         elif not self.listed and (self._lister is None or self._lister.done()):
@@ -143,6 +148,7 @@ class McpServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._lister
         connections = [c for c in (self.shared, *self.users.values()) if c is not None]
+        self.users.clear()
         await asyncio.gather(*(c.stop() for c in connections), *self._stopping)
 
     async def _list_until_listed(self) -> None:
