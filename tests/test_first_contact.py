@@ -341,3 +341,14 @@ def test_plugins_install_targets_plugins_dir_and_uninstall_removes_from_it(
     assert len(commands) == 1  # removed from the directory, pip not asked
     assert not (plugins / "roost_weather.py").exists()
     assert not list(plugins.glob("*.dist-info"))
+
+
+def test_a_corrupt_database_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "roost.db").write_bytes(b"this is not a database" * 100)
+    result = roost("run", cwd=tmp_path, ROOST_PROVIDER="scripted", ROOST_CONSOLE="1",
+                   ROOST_LOG_LEVEL="WARNING")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("roost: cannot open the data directory data: ")
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -108,6 +108,11 @@ async def _open_app(settings: Settings) -> Roost | None:
         log.debug("opening the app failed", exc_info=True)
         _fail(f"cannot open the data directory {settings.data_dir}: {exc}")
         return None
+    except Exception as exc:
+        log.debug("opening the app failed", exc_info=True)
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        _fail(f"cannot start: {detail} (ROOST_LOG_LEVEL=DEBUG shows the traceback)")
+        return None
 
 
 def _stop_signal() -> asyncio.Event:
