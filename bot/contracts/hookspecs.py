@@ -61,7 +61,8 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 def roost_tools(settings: Settings, services: Services) -> list[Tool] | Tool | None:
     """Offer tools the model can call.
 
-    Called once at startup (and again when plugins are enabled or disabled).
+    Called once at startup (and again when plugins are enabled or disabled, or
+    when a plugin whose tools changed calls ``Runtime.refresh_tools``).
     Return :class:`bot.contracts.tools.Tool` objects. Tool names must be unique across
     plugins; a later duplicate is refused with a log line naming it.
     ``services`` (:class:`bot.contracts.services.Services`) gives access to shared
