@@ -67,6 +67,17 @@ def test_a_record_without_secrets_is_left_as_it_was(captured: io.StringIO) -> No
     assert captured.getvalue() == "roost run abc completed in 12 ms\n"
 
 
+def test_url_credentials_are_masked_in_linear_time_even_in_megabyte_messages() -> None:
+    # A megabyte of letters before a URL used to make every log line of it quadratic
+    # (an SDK logs whole payloads at debug level): this would not finish.
+    huge = "a" * 1_000_000
+    text = f"{huge} see https://bob:hunter22@example.org/x and {'a:' * 100_000}"
+    clean = redact.redact(text)
+    assert "hunter22" not in clean and clean.startswith(huge)
+    assert redact.redact("postgres://u:pw@db/x, ftp+ssl://a:b@h") == (
+        f"postgres://{redact.MASK}@db/x, ftp+ssl://{redact.MASK}@h")
+
+
 async def test_roost_run_never_logs_the_token_when_telegram_redirects_in_a_loop(
         tmp_path: Path) -> None:
     """aiogram's own error names the request URL, which carries the bot token."""

@@ -21,7 +21,11 @@ from pydantic import SecretStr
 
 MASK = "***"
 
-_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<userinfo>[^/\s@:]*:[^/\s@]*)@")
+# Bounded and anchored at the start of a word: unbounded, a long run of letters (a
+# megabyte message, logged by an SDK at debug level) made every log line quadratic.
+_URL_CREDENTIALS = re.compile(
+    r"(?<![a-zA-Z0-9+.-])(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]{0,31}://)"
+    r"(?P<userinfo>[^/\s@:]{0,256}:[^/\s@]{0,256})@")
 _MIN_SECRET = 6
 """Shorter values are not treated as secrets: masking them would mangle ordinary words."""
 
