@@ -362,6 +362,31 @@ async def test_list_changed_is_picked_up_without_a_restart(make: Any) -> None:
     assert chat.tool_results("toolbox__hello") == ["hello!"]
 
 
+async def test_list_changed_notifications_of_handshake_era_servers_are_read_too() -> None:
+    """2025-era servers send notifications/tools/list_changed on the session itself."""
+    from bot.config.mcp import McpServerConfig
+    from plugins.mcp.connection import Connection
+
+    listings: list[set[str]] = []
+    changed = asyncio.Event()
+
+    def on_tools(_connection: Connection, tools: list[Any]) -> None:
+        listings.append({t.name for t in tools})
+        if "hello" in listings[-1]:
+            changed.set()
+
+    connection = Connection("toolbox", McpServerConfig(**stdio()), on_tools=on_tools)
+    connection.mode = "legacy"
+    try:
+        await connection.wait_ready(60)
+        assert connection.protocol_version < "2026"
+        await connection.call("grow", {}, 30)
+        await asyncio.wait_for(changed.wait(), 30)
+    finally:
+        await connection.stop()
+    assert "hello" not in listings[0]
+
+
 async def test_results_with_images_and_large_text(make: Any) -> None:
     chat: ChatChannel = await make(
         [call("toolbox__picture"), call("toolbox__big", {"size": 40_000})],

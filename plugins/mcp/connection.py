@@ -97,6 +97,10 @@ class Connection:
     makes a one-shot connection (listing a server, ``roost mcp test``).
     """
 
+    mode = "auto"
+    """How the protocol version is agreed: ``auto`` tries the 2026 ``server/discover`` and
+    falls back to the ``initialize`` handshake older servers know (``legacy`` forces it)."""
+
     def __init__(self, name: str, config: McpServerConfig, *, cwd: Path | None = None,
                  on_tools: ToolsCallback | None = None,
                  on_failure: FailureCallback | None = None, restart: bool = True,
@@ -336,7 +340,7 @@ class Connection:
                 # left while the client's task group, entered inside it, stays open.
                 async with asyncio.timeout(self.config.connect_timeout):
                     transport = await self._transport(stack, errlog)
-                    client = Client(_watched(transport, self._closed), mode="auto",
+                    client = Client(_watched(transport, self._closed), mode=self.mode,
                                     message_handler=self._on_message, cache=None,
                                     client_info=_CLIENT_INFO)
                     await stack.enter_async_context(client)
