@@ -512,7 +512,8 @@ def _find_mask(tree: Any, where: str = "") -> str:
     return ""
 
 
-_URL_USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)"
+# The scheme is bounded: an unbounded one makes a long run of letters quadratic.
+_URL_USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]{0,31}://)"
                            r"(?P<user>[^/\s@:]*)(?P<password>:[^/\s@]*)?@")
 _URL_SECRET_PARAM = re.compile(
     r"(?P<name>[?&][^=&#\s]*(?:token|secret|key|password|auth)[^=&#\s]*=)[^&#\s]+",
