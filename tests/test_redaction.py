@@ -19,6 +19,7 @@ from bot.observability import redact
 
 TOKEN = "123456:SECRET-bot-token-value"
 API_KEY = "sk-ant-secret-api-key-0123456789"
+LOGGERS = ("aiogram.dispatcher", "some.lib", "roost.channels.telegram", "x", "httpx", "roost")
 
 
 @pytest.fixture
@@ -30,9 +31,19 @@ def captured() -> Iterator[io.StringIO]:
     root.addHandler(handler)
     previous = root.level
     root.setLevel(logging.DEBUG)
+    # Other tests in this worker (the CLI's logging setup) may have quieted these
+    # loggers; this test is about what reaches a handler, so it sets them itself.
+    loggers = [logging.getLogger(name) for name in LOGGERS]
+    saved = [(logger.level, logger.disabled, logger.propagate) for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.NOTSET)
+        logger.disabled, logger.propagate = False, True
     try:
         yield stream
     finally:
+        for logger, (level, disabled, propagate) in zip(loggers, saved, strict=True):
+            logger.setLevel(level)
+            logger.disabled, logger.propagate = disabled, propagate
         root.removeHandler(handler)
         root.setLevel(previous)
         redact.install([])
