@@ -6,14 +6,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bot.contracts.search import SearchBackend
-from bot.storage.access import AccessStore
-from bot.storage.errors import ErrorStore, ResultStore
-from bot.storage.inbox import Inbox
-from bot.storage.sessions import SessionStore
-from bot.storage.usage import UsageStore
 
 if TYPE_CHECKING:
+    # Type hints only: the stores live in higher layers, which build this object.
     from bot.scheduling.scheduler import Scheduler
+    from bot.storage.access import AccessStore
+    from bot.storage.errors import ErrorStore, ResultStore
+    from bot.storage.inbox import Inbox
+    from bot.storage.sessions import SessionStore
+    from bot.storage.usage import UsageStore
 
 
 @dataclass(slots=True)
