@@ -400,6 +400,11 @@ async def test_results_with_images_and_large_text(make: Any) -> None:
     assert "here is a picture" in picture
     workspaces = list(app.settings.workspaces_dir.rglob(saved.group(1).split("/")[-1]))
     assert workspaces and workspaces[0].read_bytes().startswith(b"\x89PNG")
+    # The model sees the picture itself: the tool's message carries it as an image part.
+    shown = next(m for r in chat.requests for m in r.messages if m.role == "tool" and m.parts)
+    [part] = shown.parts
+    assert (part.kind, part.mime_type, part.path) == ("image", "image/png", saved.group(1))
+    assert part.file.read_bytes().startswith(b"\x89PNG")
     await chat.ask("big")
     [big] = chat.tool_results("toolbox__big")
     assert "lorem ipsum" in big

@@ -218,6 +218,49 @@ async def test_images_in_earlier_turns_are_sent_again_and_tool_results_keep_orde
     assert messages[2]["content"][1] == {"type": "text", "text": "and now?"}
 
 
+async def test_an_image_a_tool_returned_reaches_claude_inside_its_tool_result(
+    claude: tuple[FakeAnthropic, AnthropicProvider], tmp_path: Path
+) -> None:
+    from bot.contracts.llm import ToolCall
+
+    fake, provider = claude
+    fake.reply_text("a chart")
+    part = stored(tmp_path, "chart.png", png(30, 20), mime="image/png")
+    history = (
+        ChatMessage("user", "plot it"),
+        ChatMessage("assistant", "", tool_calls=(ToolCall("t1", "plot", {}),)),
+        ChatMessage("tool", "saved as inbox/chart.png", tool_call_id="t1", parts=(part,)),
+    )
+
+    await provider.complete(LLMRequest("m", "", history))
+
+    [result] = fake.last_request.body["messages"][2]["content"]
+    assert result["type"] == "tool_result" and result["tool_use_id"] == "t1"
+    text, image = result["content"]
+    assert text == {"type": "text", "text": "saved as inbox/chart.png"}
+    assert image["type"] == "image" and decoded(image).size == (30, 20)
+
+
+async def test_an_image_a_tool_returned_is_named_to_an_openai_server(
+    gpt: tuple[FakeOpenAI, OpenAIProvider], tmp_path: Path
+) -> None:
+    from bot.contracts.llm import ToolCall
+
+    fake, provider = gpt
+    fake.reply_text("a chart")
+    part = stored(tmp_path, "chart.png", png(30, 20), mime="image/png")
+    history = (
+        ChatMessage("user", "plot it"),
+        ChatMessage("assistant", "", tool_calls=(ToolCall("t1", "plot", {}),)),
+        ChatMessage("tool", "done", tool_call_id="t1", parts=(part,)),
+    )
+
+    await provider.complete(LLMRequest("m", "", history))
+
+    tool = fake.last_request.body["messages"][-1]
+    assert tool["role"] == "tool" and "inbox/chart.png" in tool["content"]
+
+
 async def test_a_pdf_over_the_page_limit_goes_as_text(tmp_path: Path) -> None:
     data = pdf(*[f"page text {n}" for n in range(MAX_PDF_PAGES + 1)])
     part = stored(tmp_path, "long.pdf", data, "document", "application/pdf")

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bot.contracts.llm import ToolSpec
+from bot.contracts.llm import ContentPart, ToolSpec
 from bot.contracts.messages import OutboundMessage
 
 SendFunc = Callable[[OutboundMessage], Awaitable["str | None"]]
@@ -62,10 +62,16 @@ class ToolContext:
 
 @dataclass(frozen=True, slots=True)
 class ToolResult:
-    """What a tool returns: text for the model, and whether it is an error."""
+    """What a tool returns: text for the model, and whether it is an error.
+
+    ``parts`` are files the model should see with the text (an image a tool
+    produced, saved in the workspace): providers that take images in tool
+    results send them, others get a note naming the file.
+    """
 
     content: str
     is_error: bool = False
+    parts: tuple[ContentPart, ...] = ()
 
 
 ToolFunc = Callable[[ToolContext, Mapping[str, Any]], Awaitable["ToolResult | str"]]

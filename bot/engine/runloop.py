@@ -332,7 +332,8 @@ class Run:
                 await journal.sync()
             for call, result in zip(calls, results, strict=True):
                 answer = ChatMessage("tool", result.content, tool_call_id=call.id,
-                                     tool_name=call.name, is_error=result.is_error)
+                                     tool_name=call.name, is_error=result.is_error,
+                                     parts=result.parts)
                 convo.append(answer)
                 self.buffer.append(answer)
             warning = self._loop_warning(calls)
@@ -516,11 +517,12 @@ class Run:
         if self.engine.on_large_result is not None:
             try:
                 return ToolResult(await self.engine.on_large_result(
-                    self.req.session.key, call.name, result.content))
+                    self.req.session.key, call.name, result.content), parts=result.parts)
             except Exception:
                 log.exception("storing a large %s result failed; cutting it", call.name)
         cut = len(result.content) - limit
-        return ToolResult(f"{result.content[:limit]}\n[... {cut} more characters cut]")
+        return ToolResult(f"{result.content[:limit]}\n[... {cut} more characters cut]",
+                          parts=result.parts)
 
     async def _on_failure(self, call: ToolCall, raw: RawError) -> str:
         assert self.engine.on_tool_failure is not None

@@ -55,6 +55,8 @@ __all__ = ["DEFAULT_RETRY", "ToolExecutor", "retry_policy"]
 
 log = logging.getLogger("roost.tools.executor")
 
+_EMPTY = ToolResult("")
+
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[Any]]
 OnCall = Callable[[ToolCall], Awaitable[None]]
@@ -262,8 +264,9 @@ class ToolExecutor:
                     metrics.retry_successes += 1
                 span.end(is_error=False, attempts=attempts, retries=attempts - 1,
                          timed_out=timed_out, circuit_breaker_state=breaker.state,
-                         output_preview=preview(result))
-                return ToolOutcome(call, result, False, None, attempts)
+                         output_preview=preview(result.content))
+                return ToolOutcome(call, result.content, False, None, attempts,
+                                   parts=result.parts)
             metrics.error(failure.classification)
             if failure.timed_out:
                 metrics.timeout_count += 1
@@ -304,8 +307,8 @@ class ToolExecutor:
         return ToolOutcome(call, text, True, raw.classification, attempts, error=raw)
 
     async def _attempt(self, tool: Tool, call: ToolCall, context: ToolContext,
-                       limit: float) -> tuple[Failure | None, str]:
-        """Run the tool once: (None, text) on success, (failure, '') otherwise."""
+                       limit: float) -> tuple[Failure | None, ToolResult]:
+        """Run the tool once: (None, its result) on success, (failure, empty) otherwise."""
         error: BaseException | str
         try:
             async with asyncio.timeout(limit) as scope:
@@ -315,7 +318,7 @@ class ToolExecutor:
                 code = "TIMEOUT"
                 return Failure(f"timed out after {limit:g}s", code,
                                 classify(exc, tool, code=code), {"timeout": limit}, exc,
-                                True), ""
+                                True), _EMPTY
             error = exc
         except Exception as exc:
             if not isinstance(exc, ToolError):
@@ -323,17 +326,17 @@ class ToolExecutor:
             error = exc
         else:
             if not isinstance(out, ToolResult):
-                return None, str(out)
+                return None, ToolResult(str(out))
             if not out.is_error:
-                return None, out.content
+                return None, out
             error = out.content
         code = error_code(error)
         if isinstance(error, str):
-            return Failure(error, code, classify(error, tool, code=code), {}, None, False), ""
+            return Failure(error, code, classify(error, tool, code=code), {}, None, False), _EMPTY
         details = error.details if isinstance(error, ToolError) else {}
         message = str(error) if isinstance(error, ToolError) else describe_error(error)
         return Failure(message, code, classify(error, tool, code=code), details, error,
-                        isinstance(error, TimeoutError)), ""
+                        isinstance(error, TimeoutError)), _EMPTY
 
     async def _failure_text(self, batch: _Batch, call: ToolCall, raw: RawError,
                             limit: float) -> str:

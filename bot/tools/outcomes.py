@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from bot.contracts.llm import ToolCall
+from bot.contracts.llm import ContentPart, ToolCall
 from bot.contracts.tools import ToolError, ToolResult
 from bot.observability.tracing import Span
 from bot.resilience.breaker import BreakerState
@@ -95,10 +95,12 @@ class ToolOutcome:
     skip_reason: SkipReason | None = None
     used_default: bool = False
     error: RawError | None = None
+    parts: tuple[ContentPart, ...] = ()
+    """Files the tool's result carries for the model (:attr:`ToolResult.parts`)."""
 
     @property
     def result(self) -> ToolResult:
-        return ToolResult(self.content, self.is_error)
+        return ToolResult(self.content, self.is_error, self.parts)
 
     @property
     def produced(self) -> bool:

@@ -30,16 +30,19 @@ import json
 import mimetypes
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import mcp_types as types
 from mcp.shared.exceptions import MCPError
 
+# Built-in: a returned image's type is sniffed from its bytes, like every file Roost takes.
+from bot.media.sniff import sniff_mime
 from plugins.mcp.connection import CallLost, ServerDown
 from plugins.mcp.manager import McpManager, McpServer
 from plugins.mcp.naming import tool_names
-from roost import Tool, ToolContext, ToolError, ToolRetry
+from roost import ContentPart, Tool, ToolContext, ToolError, ToolResult, ToolRetry
 
 __all__ = ["GROUP_PREFIX", "build_tools", "render"]
 
@@ -66,7 +69,7 @@ def build_tools(manager: McpManager) -> list[Tool]:
 def _tool(server: McpServer, roost_name: str, tool: types.Tool) -> Tool:
     mcp_name = tool.name
 
-    async def execute(context: ToolContext, args: Mapping[str, Any]) -> str:
+    async def execute(context: ToolContext, args: Mapping[str, Any]) -> ToolResult:
         try:
             result = await server.call(mcp_name, dict(args), context)
         except ServerDown as exc:
@@ -83,11 +86,11 @@ def _tool(server: McpServer, roost_name: str, tool: types.Tool) -> Tool:
                                 retryable=True) from None
             raise ToolError(f"MCP server '{server.name}' refused the call: {exc.message} "
                             f"(error {exc.code})", code="MCP_PROTOCOL_ERROR") from None
-        text = await render(result, context.workspace, server.name)
+        text, parts = await render(result, context.workspace, server.name)
         if result.is_error:
             raise ToolError(text or f"{mcp_name} failed without saying why",
                             code="MCP_TOOL_ERROR")
-        return text
+        return ToolResult(text, parts=parts)
 
     description = (tool.description or tool.title or f"The {mcp_name} tool").strip()
     if len(description) > MAX_DESCRIPTION:
@@ -109,25 +112,36 @@ def _tool(server: McpServer, roost_name: str, tool: types.Tool) -> Tool:
     )
 
 
-async def render(result: types.CallToolResult, workspace: Path, server: str) -> str:
-    """The text the model reads for ``result``; files are saved in ``workspace``."""
+async def render(result: types.CallToolResult, workspace: Path,
+                 server: str) -> tuple[str, tuple[ContentPart, ...]]:
+    """The text the model reads for ``result``, and its images as content parts.
+
+    Every file is saved in ``workspace``; images also reach the model as parts
+    (providers that take no images in tool results get a note naming the file).
+    """
     texts: list[str] = []
     lines: list[str] = []
+    parts: list[ContentPart] = []
     for index, block in enumerate(result.content):
         if isinstance(block, types.TextContent):
             texts.append(block.text)
         elif isinstance(block, types.ImageContent | types.AudioContent):
             kind = "image" if isinstance(block, types.ImageContent) else "audio"
-            lines.append(await _save(workspace, server, index, block.data, block.mime_type,
-                                     kind))
+            line, saved = await _save(workspace, server, index, block.data, block.mime_type,
+                                      kind)
+            lines.append(line)
+            if saved is not None and kind == "image":
+                parts.append(ContentPart("image", saved.relative, saved.mime, size=saved.size,
+                                         root=str(workspace)))
         elif isinstance(block, types.EmbeddedResource):
             resource = block.resource
             if isinstance(resource, types.TextResourceContents):
                 texts.append(resource.text)
             else:
-                lines.append(await _save(workspace, server, index, resource.blob,
-                                         resource.mime_type or "application/octet-stream",
-                                         f"resource {resource.uri}"))
+                line, _ = await _save(workspace, server, index, resource.blob,
+                                      resource.mime_type or "application/octet-stream",
+                                      f"resource {resource.uri}")
+                lines.append(line)
         elif isinstance(block, types.ResourceLink):
             lines.append(f"[resource link: {block.uri}"
                          + (f" ({block.name})" if block.name else "") + "]")
@@ -136,7 +150,7 @@ async def render(result: types.CallToolResult, workspace: Path, server: str) -> 
     structured = result.structured_content
     if structured is not None and not _said(texts, structured):
         texts.append(json.dumps(structured, ensure_ascii=False, indent=1))
-    return "\n".join([*texts, *lines]).strip()
+    return "\n".join([*texts, *lines]).strip(), tuple(parts)
 
 
 def _said(texts: list[str], structured: Any) -> bool:
@@ -153,20 +167,29 @@ def _said(texts: list[str], structured: Any) -> bool:
     return False
 
 
+@dataclass(frozen=True, slots=True)
+class _Saved:
+    relative: str
+    mime: str
+    size: int
+
+
 async def _save(workspace: Path, server: str, index: int, data: str, mime: str,
-                what: str) -> str:
+                what: str) -> tuple[str, _Saved | None]:
+    """Write a file a tool returned into the workspace: the line naming it, and where."""
     try:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
-        return f"[{what} ({mime}) could not be decoded]"
+        return f"[{what} ({mime}) could not be decoded]", None
     extension = mimetypes.guess_extension(mime.split(";")[0].strip()) or ".bin"
     relative = Path("mcp") / server / f"{time.strftime('%Y%m%d-%H%M%S')}-{index}{extension}"
     target = workspace / relative
     try:
         await asyncio.to_thread(_write, target, raw)
     except OSError as exc:
-        return f"[{what} ({mime}, {len(raw)} bytes) could not be saved: {exc.strerror}]"
-    return f"[{what} ({mime}, {len(raw)} bytes) saved as {relative.as_posix()}]"
+        return f"[{what} ({mime}, {len(raw)} bytes) could not be saved: {exc.strerror}]", None
+    saved = _Saved(relative.as_posix(), sniff_mime(raw, mime), len(raw))
+    return f"[{what} ({mime}, {len(raw)} bytes) saved as {saved.relative}]", saved
 
 
 def _write(target: Path, raw: bytes) -> None:
