@@ -25,18 +25,19 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from bot.agents.router import AgentRouter
 from bot.config.settings import Settings
 from bot.contracts.channel import Channel, ReplyStream
-from bot.contracts.commands import Command, CommandContext, parse_command
+from bot.contracts.commands import Command, parse_command
 from bot.contracts.events import RunEvent
 from bot.contracts.llm import Usage
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.contracts.runtime import Runtime
 from bot.dispatch.access import PairingGate
+from bot.dispatch.commands import run_command
+from bot.dispatch.lanes import Lane, Pending, Running, joined
 from bot.dispatch.registry import ActiveRun, RunRegistry
 from bot.dispatch.stream import DraftWatch, StreamBridge, draft_id
 from bot.engine.budgets import Budgets
@@ -63,43 +64,6 @@ HELD_NOTICE = ("The AI service is not answering right now. Your message is safe:
 
 class ShuttingDown(Exception):
     """Raised to a channel that delivers a message while Roost stops: do not acknowledge it."""
-
-
-@dataclass(slots=True)
-class _Pending:
-    message: InboundMessage
-    received: float
-    options: dict[str, Any] | None = None
-    """RunRequest options of a scheduled run (mode, kind, extra_context...)."""
-    done: asyncio.Future[RunResult] | None = None
-    deliver_failed: bool = True
-    entries: tuple[int, ...] = ()
-    """The inbox entries this run answers (several when messages were merged)."""
-    journal: RunJournal | None = None
-    """What an interrupted earlier run of these entries recorded (recovery)."""
-    stale_draft: str | None = None
-    """A draft an interrupted earlier run left in the chat."""
-    counted: bool = False
-    """The inbox recorded the run as started when it recorded the message."""
-    texts: tuple[str, ...] = ()
-    """The texts of merged messages, each kept whole where the limit allows."""
-
-
-@dataclass(slots=True)
-class _Running:
-    pending: _Pending
-    run: ActiveRun | None = None
-    output: bool = False
-
-
-@dataclass(slots=True)
-class Lane:
-    """The runs and queue of one session."""
-
-    key: str
-    limit: int
-    running: list[_Running] = field(default_factory=list)
-    queue: deque[_Pending] = field(default_factory=deque)
 
 
 class Dispatcher:
@@ -236,7 +200,7 @@ class Dispatcher:
         :class:`bot.engine.runloop.RunRequest`; the future resolves with the run's result.
         """
         done: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
-        pending = _Pending(message, time.monotonic(), options, done, deliver_failed)
+        pending = Pending(message, time.monotonic(), options, done, deliver_failed)
         lane = self._lane(message)
         if len(lane.running) < lane.limit:
             self._start(lane, pending)
@@ -359,7 +323,7 @@ class Dispatcher:
         message = dataclasses.replace(
             head.message, text=join_messages(texts, self.settings.max_message_chars),
             attachments=tuple(a for e in group for a in e.message.attachments))
-        pending = _Pending(message, time.monotonic(), entries=ids, journal=journal,
+        pending = Pending(message, time.monotonic(), entries=ids, journal=journal,
                            stale_draft=head.draft_id, texts=texts)
         lane = self._lane(message, head.session_key)
         if len(lane.running) < lane.limit:
@@ -376,7 +340,7 @@ class Dispatcher:
         if window and self._merge(lane, message, entry, now, window):
             return
         if len(lane.running) < lane.limit:
-            self._start(lane, _Pending(message, now, entries=(entry,), counted=counted))
+            self._start(lane, Pending(message, now, entries=(entry,), counted=counted))
             return
         if len(lane.queue) >= self.settings.queue_cap:
             dropped = lane.queue.popleft()
@@ -385,7 +349,7 @@ class Dispatcher:
             self.inbox.close(dropped.entries)
             self._notify(dropped.message, "Too many messages were waiting, so I dropped this "
                          "one. Send it again if you still need an answer.")
-        lane.queue.append(_Pending(message, now, entries=(entry,), counted=counted))
+        lane.queue.append(Pending(message, now, entries=(entry,), counted=counted))
 
     def _merge(self, lane: Lane, message: InboundMessage, entry_id: int, now: float,
                window: float) -> bool:
@@ -399,26 +363,26 @@ class Dispatcher:
                 lane.running.remove(running)
                 self.registry.abort(running.run.run_id, lane.key, "merged")
                 limit = self.settings.max_message_chars
-                self._start(lane, _joined(prev, message, entry_id, now, limit))
+                self._start(lane, joined(prev, message, entry_id, now, limit))
                 return True
         if lane.queue and len(lane.running) >= lane.limit:
             last = lane.queue[-1]
             if (last.message.sender_id == message.sender_id and last.options is None
                     and now - last.received <= window):
                 limit = self.settings.max_message_chars
-                lane.queue[-1] = _joined(last, message, entry_id, now, limit)
+                lane.queue[-1] = joined(last, message, entry_id, now, limit)
                 return True
         return False
 
-    def _start(self, lane: Lane, pending: _Pending) -> None:
-        entry = _Running(pending)
+    def _start(self, lane: Lane, pending: Pending) -> None:
+        entry = Running(pending)
         lane.running.append(entry)
         run_id = uuid.uuid4().hex
         task = self._spawn(self._run(lane, entry, run_id))
         entry.run = ActiveRun(run_id, lane.key, task, time.monotonic())
         self.registry.register(entry.run)
 
-    def _finished(self, lane: Lane, entry: _Running) -> None:
+    def _finished(self, lane: Lane, entry: Running) -> None:
         if entry.run is not None:
             self.registry.unregister(entry.run.run_id)
         if entry in lane.running:
@@ -431,7 +395,7 @@ class Dispatcher:
 
     # -- one run ---------------------------------------------------------------
 
-    async def _run(self, lane: Lane, entry: _Running, run_id: str) -> None:
+    async def _run(self, lane: Lane, entry: Running, run_id: str) -> None:
         pending = entry.pending
         message = pending.message
         channel = self.channels.get(message.channel)
@@ -632,35 +596,18 @@ class Dispatcher:
         users[0] += 1
         try:
             async with lock:
-                await self._run_command(message, name, args)
+                # Routed again now, not when queued: an earlier command in this chat
+                # (/agent reload) may have changed the bindings.
+                reply = await run_command(message, name, args, self.commands(),
+                                          self.settings, self.runtime, self.key_for(message))
+                if reply:
+                    await self._send(OutboundMessage.reply_to_message(message, reply))
             if entry is not None:
                 self.inbox.close((entry,))
         finally:
             users[0] -= 1
             if not users[0]:
                 del self._command_locks[key]
-
-    async def _run_command(self, message: InboundMessage, name: str, args: str) -> None:
-        command = self.commands().get(name)
-        is_admin = self.settings.is_admin(message.channel, message.sender_id)
-        if command is None:
-            reply: str | None = f"I don't know /{name}. Send /help to see the commands."
-        elif command.admin_only and not is_admin:
-            reply = f"/{command.name} is for admins only."
-            log.warning("non-admin %s:%s tried /%s", message.channel, message.sender_id, name)
-        else:
-            # Routed again now, not when queued: an earlier command in this chat
-            # (/agent reload) may have changed the bindings.
-            key = self.key_for(message)
-            ctx = CommandContext(self.runtime, message, command.name, args, is_admin, key,
-                                 agent_of(key))
-            try:
-                reply = await command.handler(ctx)
-            except Exception as exc:
-                log.exception("command /%s failed", name)
-                reply = f"/{command.name} failed: {exc}"
-        if reply:
-            await self._send(OutboundMessage.reply_to_message(message, reply))
 
     # -- helpers ---------------------------------------------------------------
 
@@ -700,14 +647,3 @@ def _uncounted(channel: str, outcome: str) -> None:
 async def _quietly(work: Coroutine[Any, Any, None]) -> None:
     with contextlib.suppress(Exception):
         await work
-
-
-def _joined(first: _Pending, second: InboundMessage, entry: int, now: float,
-            limit: int) -> _Pending:
-    # Reply to the newest message: that is the one the sender is looking at.
-    texts = (*(first.texts or (first.message.text,)), second.text)
-    attachments = first.message.attachments + second.attachments
-    message = dataclasses.replace(second, text=join_messages(texts, limit),
-                                  attachments=attachments)
-    return _Pending(message, now, entries=(*first.entries, entry),
-                    stale_draft=first.stale_draft, texts=texts)
