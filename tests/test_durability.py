@@ -87,7 +87,7 @@ def message(text: str, event_id: str = "", sender: str = "u1") -> InboundMessage
 async def crash(app: Roost) -> None:
     """What SIGKILL leaves: the database closed under the app, every task abandoned."""
     await app.store.db.close()
-    for task in [*app.dispatcher._tasks, *app.dispatcher._redeliveries]:
+    for task in [*app.dispatcher._tasks, *app.dispatcher.redeliveries.tasks]:
         task.cancel()
     with contextlib.suppress(Exception):
         await asyncio.gather(*app.dispatcher._tasks, return_exceptions=True)
@@ -306,7 +306,7 @@ async def test_a_reply_the_platform_refused_is_sent_after_restart(make_app: AppF
 
 async def test_a_reply_refused_once_is_retried_in_the_same_process(
         make_app: AppFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("bot.dispatch.dispatcher.REDELIVERY", RetryPolicy.fixed(0.01, 0.01))
+    monkeypatch.setattr("bot.dispatch.redelivery.REDELIVERY", RetryPolicy.fixed(0.01, 0.01))
     model = GatedModel()
     app, _, _ = await make_app(model)
     flaky = FlakyChannel(failures=1)

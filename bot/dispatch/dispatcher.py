@@ -38,13 +38,13 @@ from bot.contracts.runtime import Runtime
 from bot.dispatch.access import PairingGate
 from bot.dispatch.commands import run_command
 from bot.dispatch.lanes import Lane, Pending, Running, joined
+from bot.dispatch.redelivery import Redeliveries
 from bot.dispatch.registry import ActiveRun, RunRegistry
 from bot.dispatch.stream import DraftWatch, StreamBridge, draft_id
 from bot.engine.budgets import Budgets
 from bot.engine.guard import join_messages
 from bot.engine.run_engine import RunEngine
 from bot.engine.runloop import RunRequest, RunResult
-from bot.resilience.retry import RetryPolicy
 from bot.storage.access import AccessStore
 from bot.storage.inbox import Inbox, InboxEntry, OutboxEntry, RunJournal, grouped
 from bot.storage.sessions import SessionStore, agent_of, session_key
@@ -55,9 +55,6 @@ log = logging.getLogger("roost.dispatch.dispatcher")
 Leftovers = tuple[list[OutboxEntry], list[InboxEntry]]
 """What a previous process left: replies not confirmed delivered, unfinished messages."""
 
-REDELIVERY = RetryPolicy.fixed(5.0, 30.0, 120.0, 600.0)
-"""A reply the platform did not take is sent again after 5 s, 30 s, 2 min and 10 min
-(and after a restart), then given up."""
 HELD_NOTICE = ("The AI service is not answering right now. Your message is safe: I will "
                "answer as soon as it is back.")
 
@@ -91,7 +88,9 @@ class Dispatcher:
         self.budgets = Budgets(settings, usage or UsageStore(inbox.db, inbox.lock, inbox.writer))
         """Token budgets and the request rate, checked before each run (bot.engine.budgets)."""
         self.registry = RunRegistry()
-        self._redeliveries: set[asyncio.Task[None]] = set()
+        # Through a lambda: on_delivery is set after construction (the metrics).
+        self.redeliveries = Redeliveries(
+            inbox, channels, lambda channel, outcome: self.on_delivery(channel, outcome))
         self.lanes: dict[str, Lane] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
@@ -261,8 +260,7 @@ class Dispatcher:
                 if pending.done is not None and not pending.done.done():
                     pending.done.cancel()
             lane.queue.clear()
-        for task in list(self._redeliveries):
-            task.cancel()
+        self.redeliveries.cancel()
         if grace > 0 and self._tasks:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(grace):
@@ -270,7 +268,7 @@ class Dispatcher:
         self.registry.abort_all("shutdown")
         for task in list(self._tasks):
             task.cancel()
-        await asyncio.gather(*self._tasks, *self._redeliveries, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self.redeliveries.tasks, return_exceptions=True)
 
     async def recover(self, leftovers: Leftovers) -> None:
         """Deliver committed replies and run inbox entries a dead process left unfinished.
@@ -290,7 +288,7 @@ class Dispatcher:
             self.inbox.close([e.id for e in refused])
             entries = [e for e in entries if e not in refused]
         for out in outbox:
-            self._redeliver(out.id, out.message, out.draft_id, out.attempts, delay=0.0)
+            self.redeliveries.schedule(out.id, out.message, out.draft_id, out.attempts, delay=0.0)
         if entries:
             log.info("recovering %d unfinished message(s) from the inbox", len(entries))
         for group in grouped(entries):
@@ -546,46 +544,12 @@ class Dispatcher:
             log.warning("delivering run %s to %s:%s failed (%s); it stays in the outbox",
                         result.run_id, message.channel, message.chat_id, exc)
             self.inbox.not_delivered(result.outbox_id, final=False)
-            self._redeliver(result.outbox_id, reply, draft, 1)
+            self.redeliveries.schedule(result.outbox_id, reply, draft, 1)
             return
         if reply is not None:  # not a silent or withdrawn reply
             self.on_delivery(message.channel, "ok")
         if result.outbox_id is not None:
             self.inbox.delivered(result.outbox_id, platform_id)
-
-    def _redeliver(self, outbox_id: int, reply: OutboundMessage, draft: str | None,
-                   attempts: int, delay: float | None = None) -> None:
-        """Send a committed reply again later (replacing its draft), backing off."""
-        if delay is None:
-            delay = REDELIVERY.delay(attempts)
-
-        async def again() -> None:
-            await asyncio.sleep(delay)
-            channel = self.channels.get(reply.channel)
-            if channel is None:
-                log.error("reply %d: no channel %r; kept in the outbox", outbox_id, reply.channel)
-                return
-            try:
-                platform_id = await channel.send(dataclasses.replace(
-                    reply, replace=draft, delivery_id=f"roost-{outbox_id}", redelivery=True))
-            except Exception as exc:
-                final = attempts >= REDELIVERY.retries
-                self.on_delivery(reply.channel, "given_up" if final else "failed")
-                self.inbox.not_delivered(outbox_id, final=final)
-                if final:
-                    log.error("reply %d to %s:%s could not be delivered; given up (%s)",
-                              outbox_id, reply.channel, reply.chat_id, exc)
-                else:
-                    log.warning("reply %d to %s:%s not delivered (%s); trying again",
-                                outbox_id, reply.channel, reply.chat_id, exc)
-                    self._redeliver(outbox_id, reply, draft, attempts + 1)
-                return
-            self.on_delivery(reply.channel, "ok")
-            self.inbox.delivered(outbox_id, platform_id)
-
-        task = asyncio.ensure_future(again())
-        self._redeliveries.add(task)
-        task.add_done_callback(self._redeliveries.discard)
 
     # -- commands --------------------------------------------------------------
 

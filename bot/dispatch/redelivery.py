@@ -1,0 +1,74 @@
+"""Replies the platform did not take: sent again later, replacing their drafts, then given up."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping
+
+from bot.contracts.channel import Channel
+from bot.contracts.messages import OutboundMessage
+from bot.resilience.retry import RetryPolicy
+from bot.storage.inbox import Inbox
+
+log = logging.getLogger("roost.dispatch.redelivery")
+
+REDELIVERY = RetryPolicy.fixed(5.0, 30.0, 120.0, 600.0)
+"""A reply the platform did not take is sent again after 5 s, 30 s, 2 min and 10 min
+(and after a restart), then given up."""
+
+
+class Redeliveries:
+    """Committed replies waiting for another attempt.
+
+    Each attempt carries the reply's stable ``delivery_id`` (``roost-<outbox id>``)
+    and ``redelivery=True``, so adapters that can check whether an earlier attempt
+    landed do. ``count(channel, outcome)`` sees every attempt's outcome.
+    """
+
+    def __init__(self, inbox: Inbox, channels: Mapping[str, Channel],
+                 count: Callable[[str, str], None]) -> None:
+        self.inbox = inbox
+        self.channels = channels
+        self.count = count
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def schedule(self, outbox_id: int, reply: OutboundMessage, draft: str | None,
+                 attempts: int, delay: float | None = None) -> None:
+        """Send the reply again after ``delay`` (the policy's, by default), backing off."""
+        if delay is None:
+            delay = REDELIVERY.delay(attempts)
+        task = asyncio.ensure_future(self._again(outbox_id, reply, draft, attempts, delay))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def cancel(self) -> None:
+        """Stop waiting: what is not delivered stays in the outbox for the next start."""
+        for task in list(self.tasks):
+            task.cancel()
+
+    async def _again(self, outbox_id: int, reply: OutboundMessage, draft: str | None,
+                     attempts: int, delay: float) -> None:
+        await asyncio.sleep(delay)
+        channel = self.channels.get(reply.channel)
+        if channel is None:
+            log.error("reply %d: no channel %r; kept in the outbox", outbox_id, reply.channel)
+            return
+        try:
+            platform_id = await channel.send(dataclasses.replace(
+                reply, replace=draft, delivery_id=f"roost-{outbox_id}", redelivery=True))
+        except Exception as exc:
+            final = attempts >= REDELIVERY.retries
+            self.count(reply.channel, "given_up" if final else "failed")
+            self.inbox.not_delivered(outbox_id, final=final)
+            if final:
+                log.error("reply %d to %s:%s could not be delivered; given up (%s)",
+                          outbox_id, reply.channel, reply.chat_id, exc)
+            else:
+                log.warning("reply %d to %s:%s not delivered (%s); trying again",
+                            outbox_id, reply.channel, reply.chat_id, exc)
+                self.schedule(outbox_id, reply, draft, attempts + 1)
+            return
+        self.count(reply.channel, "ok")
+        self.inbox.delivered(outbox_id, platform_id)
