@@ -1,3 +1,8 @@
-"""From an accepted message to a delivered reply: per-session lanes, merging, streaming,
-redelivery and recovery (:mod:`.dispatcher`), and the runs in flight (:mod:`.registry`).
+"""From an accepted message to a delivered reply.
+
+- :mod:`.dispatcher`: recording, access checks, per-session lanes, runs, recovery;
+- :mod:`.lanes`: a session's runs and queue, and merging follow-ups;
+- :mod:`.access`: the DM pairing gate; :mod:`.commands`: running a slash command;
+- :mod:`.stream`: streaming a reply into a draft; :mod:`.redelivery`: replies sent again;
+- :mod:`.registry`: the runs in flight (``/stop``).
 """
