@@ -1,0 +1,103 @@
+"""The ``roost`` command group, its shared helpers, ``version`` and the entry point."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from bot import __version__
+from bot.config.settings import ConfigError, Settings, load_settings
+from bot.observability import logformat, redact
+
+if TYPE_CHECKING:
+    pass
+
+log = logging.getLogger("roost")
+
+EXIT_SETUP = 2
+
+_output = {"format": "text"}
+"""How one-line errors are written: ``text`` (``roost: ...``) or ``json`` (a log record)."""
+
+
+def _setup_logging(level: str, *, quiet: bool = False, fmt: str = "text") -> None:
+    _output["format"] = fmt
+    logformat.configure("WARNING" if quiet else level, fmt=fmt)
+    # Library chatter (HTTP requests) would drown Roost's own lines.
+    for noisy in ("httpx", "httpcore", "anthropic", "openai", "aiosqlite"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _fail(message: str) -> None:
+    """Say why Roost cannot go on: one line on stderr (one JSON record under json logs)."""
+    if _output["format"] == "json":
+        log.error("%s", message)
+    else:
+        click.echo(f"roost: {message}", err=True)
+
+
+def _settings(ctx: click.Context, **overrides: Any) -> Settings:
+    try:
+        settings = load_settings(ctx.obj.get("config"), **overrides)
+    except ConfigError as exc:
+        click.echo(f"roost: {exc}", err=True)
+        sys.exit(EXIT_SETUP)
+    # Before anything can log: no configured secret reaches any log line.
+    redact.install(redact.secrets_of(settings))
+    if settings.plugins_dir is not None:
+        from bot.app.plugins_dir import use_plugins_dir
+
+        use_plugins_dir(settings.plugins_dir)
+    return settings
+
+
+def _run_async(coro: Coroutine[Any, Any, int]) -> None:
+    sys.exit(asyncio.run(coro))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "-V", "--version", prog_name="roost",
+                      message="%(prog)s %(version)s")
+@click.option("--config", "config", type=click.Path(path_type=Path), default=None,
+              help="Path to roost.toml (default: ./roost.toml if present).")
+@click.pass_context
+def cli(ctx: click.Context, config: Path | None) -> None:
+    """Roost: an LLM agent in your chats, extended by plugins."""
+    ctx.ensure_object(dict)
+    ctx.obj["config"] = config
+
+
+
+@cli.command()
+def version() -> None:
+    """Print Roost's version."""
+    click.echo(f"roost {__version__}")
+
+
+def _load_dotenv() -> None:
+    """Put ``.env`` of the working directory into the environment, below what is set.
+
+    The settings read it themselves; this is for what reads the environment
+    directly: OTEL_* for the exporter, ``${VAR}`` in MCP server tables, plugins.
+    """
+    path = Path(".env")
+    if path.is_file():
+        from dotenv import dotenv_values
+
+        for name, value in dotenv_values(path).items():
+            # NAME= (as in .env.example) means unset, not an empty credential.
+            if value and name not in os.environ:
+                os.environ[name] = value
+
+
+def main() -> None:
+    """Console-script entry point."""
+    _load_dotenv()
+    cli(obj={}, prog_name="roost")

@@ -1,0 +1,171 @@
+"""``roost plugins``: list, install, uninstall, enable and disable plugins."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from bot.config.settings import Settings
+
+if TYPE_CHECKING:
+    pass
+
+
+from bot.app.cli.base import _settings, cli
+
+
+@cli.group()
+def plugins() -> None:
+    """Inspect, install and enable or disable plugins."""
+
+
+def _persisted_disabled(settings: Settings) -> set[str]:
+    if not settings.db_path.exists():
+        return set()
+
+    async def load() -> set[str]:
+        from bot.pluginhost.state import load_disabled
+        from bot.storage.sessions import SessionStore
+
+        store = await SessionStore.open(settings.db_path)
+        try:
+            return await load_disabled(store.db, store.lock)
+        finally:
+            await store.close()
+
+    return asyncio.run(load())
+
+
+def _plugin_rows(settings: Settings, *, include_builtin: bool) -> list[dict[str, Any]]:
+    from bot.pluginhost.manager import ESSENTIAL_PLUGINS, get_plugin_manager
+
+    host = get_plugin_manager()
+    host.disabled |= _persisted_disabled(settings) - ESSENTIAL_PLUGINS
+    host.validate_configs(settings.plugins)
+    rows: list[dict[str, Any]] = []
+    for name, _plugin in host.pm.list_name_plugin():
+        info = host.info.get(name)
+        if info and info.builtin and not include_builtin:
+            continue
+        rows.append({
+            "name": name,
+            "distribution": info.distribution if info else "",
+            "version": info.version if info else "",
+            "builtin": bool(info and info.builtin),
+            "hooks": host.hooks_of(name),
+            "enabled": name not in host.disabled,
+            "error": host.errors.get(name, ""),
+        })
+    for name, error in host.errors.items():
+        if not any(r["name"] == name for r in rows):
+            rows.append({"name": name, "distribution": "", "version": "", "builtin": False,
+                         "hooks": [], "enabled": False, "error": error})
+    return rows
+
+
+@plugins.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--all", "show_all", is_flag=True, help="Include the built-in plugins.")
+@click.pass_context
+def plugins_list(ctx: click.Context, as_json: bool, show_all: bool) -> None:
+    """List external plugins (--all: built-ins too) with their hooks, state and errors."""
+    rows = _plugin_rows(_settings(ctx), include_builtin=show_all)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo("no external plugins installed (--all lists the built-in ones)")
+    for row in rows:
+        state = "error" if row["error"] else ("enabled" if row["enabled"] else "disabled")
+        dist = f"{row['distribution']} {row['version']}".strip()
+        click.echo(f"{row['name']:<28} {dist:<16} {state:<8} {', '.join(row['hooks'])}")
+        if row["error"]:
+            click.echo(f"    error: {row['error']}")
+
+
+def _pip(ctx: click.Context, action: str, names: tuple[str, ...]) -> None:
+    import subprocess
+
+    from bot.pluginhost.install import describe_change, pip_command, plugin_entry_points
+
+    settings = _settings(ctx)  # puts plugins_dir on sys.path
+    before = plugin_entry_points()
+    command = pip_command(action, list(names))
+    if settings.plugins_dir is not None:
+        from bot.app import plugins_dir
+
+        if action == "install":
+            command += plugins_dir.pip_target_args(settings.plugins_dir)
+        else:
+            # pip uninstalls only inside its own environment.
+            outside = [n for n in names if not plugins_dir.uninstall(settings.plugins_dir, n)]
+            command = pip_command(action, outside) if outside else []
+    code = subprocess.call(command) if command else 0
+    if code != 0:
+        click.echo(f"roost: pip {action} failed (exit code {code})", err=True)
+        sys.exit(code)
+    click.echo(describe_change(before, plugin_entry_points()))
+    click.echo("Restart Roost to apply the change.")
+
+
+@plugins.command("install")
+@click.argument("names", nargs=-1, required=True)
+@click.pass_context
+def plugins_install(ctx: click.Context, names: tuple[str, ...]) -> None:
+    """pip install plugin packages into Roost's environment (or ROOST_PLUGINS_DIR)."""
+    _pip(ctx, "install", names)
+
+
+@plugins.command("uninstall")
+@click.argument("names", nargs=-1, required=True)
+@click.pass_context
+def plugins_uninstall(ctx: click.Context, names: tuple[str, ...]) -> None:
+    """pip uninstall plugin packages from Roost's environment (or ROOST_PLUGINS_DIR)."""
+    _pip(ctx, "uninstall", names)
+
+
+def _set_enabled(ctx: click.Context, name: str, enabled: bool) -> None:
+    from bot.pluginhost.manager import ESSENTIAL_PLUGINS, get_plugin_manager
+    from bot.pluginhost.state import save_state
+    from bot.storage.sessions import SessionStore
+
+    settings = _settings(ctx)
+    host = get_plugin_manager()
+    if host.pm.get_plugin(name) is None:
+        click.echo(f"roost: no plugin named {name!r} is loaded "
+                   f"(see `roost plugins list --all`)", err=True)
+        sys.exit(1)
+    if not enabled and name in ESSENTIAL_PLUGINS:
+        click.echo(f"roost: {name} is essential to Roost and cannot be disabled", err=True)
+        sys.exit(1)
+
+    async def save() -> None:
+        store = await SessionStore.open(settings.db_path)
+        try:
+            await save_state(store.db, store.lock, name, enabled)
+        finally:
+            await store.close()
+
+    asyncio.run(save())
+    click.echo(f"{name} {'enabled' if enabled else 'disabled'}; a running Roost applies it "
+               "at its next start (or use /plugin in chat to apply it at once)")
+
+
+@plugins.command("enable")
+@click.argument("name")
+@click.pass_context
+def plugins_enable(ctx: click.Context, name: str) -> None:
+    """Enable a plugin (remembered in the database)."""
+    _set_enabled(ctx, name, True)
+
+
+@plugins.command("disable")
+@click.argument("name")
+@click.pass_context
+def plugins_disable(ctx: click.Context, name: str) -> None:
+    """Disable a plugin (remembered in the database)."""
+    _set_enabled(ctx, name, False)

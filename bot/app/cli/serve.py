@@ -1,0 +1,158 @@
+"""``roost run``: start every configured channel and serve until stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sqlite3
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from bot.config.settings import Settings
+
+if TYPE_CHECKING:
+    from bot.app.roost import Roost
+
+
+from bot.app.cli.base import EXIT_SETUP, _fail, _run_async, _settings, _setup_logging, cli, log
+
+
+@cli.command()
+@click.pass_context
+def run(ctx: click.Context) -> None:
+    """Start every channel whose credentials are set; Ctrl-C or SIGTERM stops cleanly."""
+    settings = _settings(ctx)
+    _setup_logging(settings.log_level, fmt=settings.log_format)
+    _run_async(_serve(settings))
+
+
+async def _open_app(settings: Settings) -> Roost | None:
+    """The app, or ``None`` after saying exactly what to set for the provider."""
+    from bot.app.roost import Roost, resolve_provider
+    from bot.config.settings import SetupError
+    from bot.pluginhost.manager import get_plugin_manager
+
+    host = get_plugin_manager()
+    try:
+        await resolve_provider(settings, host)
+    except SetupError as exc:
+        _fail(str(exc))
+        return None
+    try:
+        return await Roost.create(settings, host=host)
+    except (OSError, sqlite3.Error) as exc:
+        # A data directory that cannot be created or a database that cannot be opened.
+        log.debug("opening the app failed", exc_info=True)
+        _fail(f"cannot open the data directory {settings.data_dir}: {exc}")
+        return None
+    except Exception as exc:
+        log.debug("opening the app failed", exc_info=True)
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        _fail(f"cannot start: {detail} (ROOST_LOG_LEVEL=DEBUG shows the traceback)")
+        return None
+
+
+def _stop_signal() -> asyncio.Event:
+    """An event set by Ctrl-C or SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def _first(*awaitables: Awaitable[Any]) -> None:
+    """Wait until one of ``awaitables`` is done; cancel the rest."""
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+PLATFORM_MODULES = {"aiogram": "aiogram", "discord": "discord.py", "slack_bolt": "slack-bolt",
+                    "slack_sdk": "slack-sdk"}
+"""The platform SDKs' top-level modules and the distributions that install them."""
+
+
+def missing_sdk(channel: str, exc: ModuleNotFoundError) -> str:
+    """What to install when channel ``channel`` could not import ``exc.name``."""
+    module = (exc.name or "").partition(".")[0] or "a module"
+    package = PLATFORM_MODULES.get(module, module)
+    if channel in ("telegram", "discord", "slack"):
+        return f"the {channel} channel needs {package}: pip install 'roost[{channel}]'"
+    return f"the {channel} channel needs {package}: pip install {package}"
+
+
+EXIT_UNAVAILABLE = 1
+"""A platform could not be reached at start: a supervisor may well try again later
+(unlike :data:`EXIT_SETUP`, which needs a change first)."""
+
+
+async def _start_channel(app: Roost, name: str) -> tuple[int, str] | None:
+    """Start channel ``name``; ``None``, or the exit code and one line saying why not.
+
+    Platform calls at start are retried with backoff by the channel (each retry is
+    logged); what is left when they give up is a sentence, not a traceback.
+    """
+    from bot.config.settings import SetupError
+
+    try:
+        await app.start_channel(name)
+    except SetupError as exc:
+        return EXIT_SETUP, str(exc)
+    except ModuleNotFoundError as exc:
+        return EXIT_SETUP, missing_sdk(name, exc)
+    except Exception as exc:
+        log.debug("the %s channel could not start", name, exc_info=True)
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        return EXIT_UNAVAILABLE, (f"the {name} channel could not start: {detail} (gave up "
+                                  "after retrying; ROOST_LOG_LEVEL=DEBUG shows the traceback)")
+    return None
+
+
+async def _serve(settings: Settings) -> int:
+    app = await _open_app(settings)
+    if app is None:
+        return EXIT_SETUP
+    try:
+        names = app.configured_channels()
+        if not names:
+            _fail("no channel is configured: set a channel's credentials "
+                  f"(channels available: {', '.join(app.channel_specs)}; "
+                  "ROOST_CONSOLE=1 enables the console)")
+            return EXIT_SETUP
+        from bot.config.settings import SetupError
+
+        stop = _stop_signal()
+        try:
+            # Before the channels: /healthz answers while they connect.
+            await app.serve_http(names)
+        except SetupError as exc:
+            _fail(str(exc))
+            return EXIT_SETUP
+        except OSError as exc:
+            _fail(f"the HTTP server cannot listen on {settings.http_host}:{settings.http_port}: "
+                  f"{exc.strerror or exc}")
+            return EXIT_SETUP
+        for name in names:
+            problem = await _start_channel(app, name)
+            if problem:
+                _fail(problem[1])
+                return problem[0]
+        await app.recover()
+        log.info("roost ready: provider=%s model=%s channels=%s",
+                 app.provider.name, settings.model, ",".join(names))
+        warm_up = getattr(app.provider, "warm_up", None)
+        if warm_up is not None:
+            # Load the provider's SDK now, in a thread, not with the first message.
+            app.background(warm_up(), "loading the LLM provider")
+        eof = getattr(app.channels.get("console"), "eof", None)
+        await _first(stop.wait(), *([eof.wait()] if isinstance(eof, asyncio.Event) else []))
+        log.info("roost shutting down")
+    finally:
+        await app.close()
+    return 0
