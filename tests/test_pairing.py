@@ -345,3 +345,15 @@ async def test_roost_pairing_approve_and_list_from_the_command_line(
     assert await dm(fake_telegram, app, "and now?") == ["answer to and now?"]
     assert len(provider.requests) == 1
     assert "approved:\n  telegram:43  Bob  by cli" in roost("pairing", "list").stdout
+
+
+async def test_a_revoked_user_who_was_answered_before_is_refused_again(
+        make_app: Factory) -> None:
+    app, _, _ = await make_app()
+    access = app.services.access
+    assert access is not None
+    refusal = await access.refuse("telegram", "43", "43")
+    assert await access.approve(refusal.code, "admin") is not None
+    assert await access.is_paired("telegram", "43")  # answered once: remembered
+    assert await access.revoke("telegram", "43")
+    assert not await access.is_paired("telegram", "43")

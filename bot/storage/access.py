@@ -97,13 +97,22 @@ class AccessStore:
         self.writer = writer
         self.clock = clock
         """Wall-clock seconds; tests replace it to expire codes."""
+        self._paired: set[tuple[str, str]] = set()
+        # Users known to be paired: every DM asks, and a read under the shared lock
+        # per message would queue behind commits. Only positives are kept, so an
+        # approval by `roost pairing approve` from another process is still seen.
 
     async def is_paired(self, channel: str, user_id: str) -> bool:
         """Whether an admin approved ``user_id`` on ``channel`` (and did not revoke it)."""
+        if (channel, user_id) in self._paired:
+            return True
         async with self.lock, self.db.execute(
             "SELECT 1 FROM paired_users WHERE channel = ? AND user_id = ?", (channel, user_id),
         ) as cur:
-            return await cur.fetchone() is not None
+            paired = await cur.fetchone() is not None
+        if paired:
+            self._paired.add((channel, user_id))
+        return paired
 
     async def refuse(self, channel: str, user_id: str, chat_id: str,
                      display_name: str = "") -> Refusal:
@@ -184,6 +193,7 @@ class AccessStore:
 
     async def revoke(self, channel: str, user_id: str) -> bool:
         """Forget an approved user (their pending codes too); False if they were not paired."""
+        self._paired.discard((channel, user_id))
         async def body(db: aiosqlite.Connection) -> bool:
             cur = await db.execute(
                 "DELETE FROM paired_users WHERE channel = ? AND user_id = ?", (channel, user_id))
