@@ -9,7 +9,7 @@ restart of the service), and a :class:`bot.testing.app.ChatChannel` named
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import pytest
 from bot.app.roost import Roost
 from bot.contracts.llm import LLMProvider
 from bot.testing.app import ChatChannel, EventRecorder, closing_apps, create_app
+from bot.testing.postgres import PostgresCluster
 
 CHANNEL = "test"
 """The name of the chat channel ``make_app`` adds."""
@@ -49,3 +50,28 @@ async def make_app(tmp_path: Path) -> AsyncIterator[AppFactory]:
             return app, channel, log
 
         yield factory
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[PostgresCluster]:
+    """A real PostgreSQL server for this test session (one per xdist worker)."""
+    cluster = PostgresCluster().start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+async def pg_url(postgres_cluster: PostgresCluster) -> str:
+    """A fresh, empty PostgreSQL database of its own for this test."""
+    return await postgres_cluster.create_database()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The storage contract's backends: an SQLite file, then a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'roost.db'}"
+    cluster: PostgresCluster = request.getfixturevalue("postgres_cluster")
+    return await cluster.create_database()
