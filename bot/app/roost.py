@@ -129,7 +129,8 @@ class Roost:
         fires only when told to (``services.scheduler.run_due``; tests, benches).
         """
         host = host or get_plugin_manager()
-        store = await SessionStore.open(settings.db_path, settings.session_cache_size)
+        store = await SessionStore.open(settings.database, settings.session_cache_size,
+                                        settings.database_pool_size)
         try:
             # Plugins an admin disabled stay disabled; essential ones cannot be.
             host.disabled |= await load_disabled(store.db, store.lock) - ESSENTIAL_PLUGINS

@@ -103,6 +103,14 @@ class Settings(BaseSettings):
     )
 
     data_dir: Path = Path("./data")
+    database_url: str = ""
+    """``ROOST_DATABASE_URL``: ``sqlite:///path`` (relative; ``sqlite:////abs`` absolute)
+    or ``postgresql://user:password@host:5432/db``. Empty: SQLite at ``data_dir/roost.db``.
+    On PostgreSQL Roost creates no ``roost.db``."""
+    database_pool_size: int = Field(10, ge=1)
+    """PostgreSQL: at most this many connections per process."""
+    lease_seconds: float = Field(30.0, gt=0)
+    """PostgreSQL replicas: how long a replica's claim on a session's work outlives it."""
     log_level: str = "INFO"
     log_format: Literal["text", "json"] = "text"
     """``json``: every log line one JSON object (ts, level, logger, message), for shippers."""
@@ -407,8 +415,13 @@ class Settings(BaseSettings):
 
     @property
     def db_path(self) -> Path:
-        """The SQLite database file."""
+        """The SQLite database file (when ``database_url`` is empty)."""
         return self.data_dir / "roost.db"
+
+    @property
+    def database(self) -> Path | str:
+        """The database to open: ``database_url`` when set, else :attr:`db_path`."""
+        return self.database_url or self.db_path
 
     @property
     def workspaces_dir(self) -> Path:

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
 import aiosqlite
 
-Step: TypeAlias = str | Callable[[aiosqlite.Connection], Awaitable[None]]
-"""One schema step: SQL text, or a coroutine function given the connection."""
+Step: TypeAlias = str | Mapping[str, str] | Callable[[aiosqlite.Connection], Awaitable[None]]
+"""One schema step: SQL text (portable), SQL per dialect (``{"sqlite": ..., "postgresql":
+...}``), or a coroutine function given the connection."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,11 +24,15 @@ class Migrations:
     transaction together with its record, so a step runs completely once or
     not at all.
 
-    A step is SQL text (one or more statements; no ``BEGIN``/``COMMIT``) or an
-    ``async def step(db)`` given the ``aiosqlite`` connection, for data moves
-    that need logic. Steps only ever get appended: a released step never
-    changes. Name your tables after your plugin (``myplugin_...``) and keep
-    them to yourself; never change Roost's own tables.
+    A step is SQL text (one or more statements; no ``BEGIN``/``COMMIT``), a
+    mapping of dialect to SQL text (``{"sqlite": ..., "postgresql": ...}``) where
+    the backends differ, or an ``async def step(db)`` given the connection, for
+    data moves that need logic. Plain text is written for SQLite and runs on
+    PostgreSQL with its types translated (``INTEGER`` → ``BIGINT``, ``REAL`` →
+    ``DOUBLE PRECISION``, ``INTEGER PRIMARY KEY`` → an identity column). Steps
+    only ever get appended: a released step never changes. Name your tables
+    after your plugin (``myplugin_...``) and keep them to yourself; never
+    change Roost's own tables.
     """
 
     name: str

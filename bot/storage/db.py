@@ -1,6 +1,12 @@
-"""The SQLite database: connection settings, schema migrations, and the one way to write.
+"""The database: connection settings, schema migrations, and the one way to write.
 
-Every coroutine shares one connection. Writes that span statements go through
+Two backends behind one API: SQLite (aiosqlite, the default: ``sqlite:///path``
+or a path) and PostgreSQL (``postgresql://...``, :mod:`bot.storage.postgres`,
+whose :class:`~bot.storage.postgres.PgConnection` offers the aiosqlite
+connection API the stores use over a pool). :func:`connect` picks one by URL;
+:func:`dialect_of` tells a store which it got where their SQL differs.
+
+On SQLite every coroutine shares one connection. Writes that span statements go through
 :func:`transaction` (or a :class:`Writer`, which batches them): the transaction
 runs in a task of its own under the connection's lock, so cancelling the
 caller at any await (``/stop``, a merge, shutdown) can neither leave a
@@ -16,11 +22,16 @@ import sqlite3
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import aiosqlite
 
+if TYPE_CHECKING:
+    from bot.storage.postgres import PgConnection
+
 log = logging.getLogger("roost.storage.db")
+
+Dialect = Literal["sqlite", "postgresql"]
 
 T = TypeVar("T")
 
@@ -329,8 +340,40 @@ DROP_COLUMN_VERSION = (3, 35, 0)
 """The first SQLite with ``ALTER TABLE ... DROP COLUMN``; older ones keep the columns."""
 
 
-async def connect(path: Path) -> aiosqlite.Connection:
-    """Open the database (creating it), tuned for one writer, and migrate it."""
+def dialect_of(db: object) -> Dialect:
+    """Which backend a connection the stores were given talks to."""
+    return "postgresql" if getattr(db, "dialect", "sqlite") == "postgresql" else "sqlite"
+
+
+def is_postgres_url(target: Path | str) -> bool:
+    """Whether ``target`` names a PostgreSQL database (``postgresql://`` or ``postgres://``)."""
+    return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
+
+
+def sqlite_path(target: Path | str) -> Path:
+    """The file of an SQLite target: a path, or a ``sqlite:///path`` URL."""
+    if isinstance(target, Path):
+        return target
+    if target.startswith("sqlite:///"):
+        # As SQLAlchemy: sqlite:///data/roost.db is relative, sqlite:////srv/roost.db absolute.
+        return Path(target.removeprefix("sqlite:///"))
+    if "://" in target:
+        raise ValueError(f"unsupported database URL scheme: {target.split('://', 1)[0]}:// "
+                         "(use sqlite:///path or postgresql://...)")
+    return Path(target)
+
+
+async def connect(target: Path | str, pool_size: int = 10) -> aiosqlite.Connection:
+    """Open the database (creating an SQLite file), and migrate it.
+
+    ``target``: a path or ``sqlite:///path`` (one connection, tuned for one
+    writer), or a ``postgresql://`` URL (a pool of up to ``pool_size``
+    connections, :mod:`bot.storage.postgres`). The PostgreSQL connection offers
+    the aiosqlite API the stores use, so it is typed as one here.
+    """
+    if is_postgres_url(target):
+        return cast(aiosqlite.Connection, await connect_postgres(str(target), pool_size))
+    path = sqlite_path(target)
     path.parent.mkdir(parents=True, exist_ok=True)
     # isolation_level=None: Roost issues BEGIN/COMMIT itself so a run's flush is
     # exactly one transaction.
@@ -350,15 +393,74 @@ async def connect(path: Path) -> aiosqlite.Connection:
     return db
 
 
+async def connect_postgres(url: str, pool_size: int = 10) -> PgConnection:
+    """A pool on the PostgreSQL database at ``url``, migrated."""
+    try:
+        from bot.storage.postgres import PgConnection
+    except ImportError as exc:
+        raise RuntimeError("a postgresql:// database needs asyncpg: "
+                           "pip install 'roost[postgres]'") from exc
+    db = await PgConnection.open(url, pool_size)
+    try:
+        await migrate(cast(aiosqlite.Connection, db))
+    except BaseException:
+        await db.close()
+        raise
+    return db
+
+
+POSTGRES_STEPS: dict[int, str] = {
+    # 7: the memory search tables moved to the memory plugin (its own steps create
+    # them, with tsvector instead of FTS5), and the flush columns retired with them.
+    7: "SELECT 1",
+    # 10: PostgreSQL alters a CHECK constraint in place.
+    10: """
+    ALTER TABLE spans DROP CONSTRAINT spans_kind_check;
+    ALTER TABLE spans ADD CONSTRAINT spans_kind_check
+        CHECK (kind IN ('agent', 'llm', 'tool', 'patterns', 'judge'));
+    """,
+}
+"""PostgreSQL text of the steps whose SQLite text does not translate (the others run
+through :func:`bot.storage.postgres.postgres_ddl`)."""
+
+MIGRATION_LOCK = 0x526F6F7374
+"""The advisory lock key ('Roost') held while PostgreSQL migrates: replicas starting
+together apply each step once, in turn."""
+
+
+def postgres_step(number: int) -> str:
+    """Schema step ``number`` (1-based) in PostgreSQL's dialect."""
+    from bot.storage.postgres import postgres_ddl
+
+    text = POSTGRES_STEPS.get(number)
+    return text if text is not None else postgres_ddl(MIGRATIONS[number - 1])
+
+
 async def schema_version(db: aiosqlite.Connection) -> int:
     """How many migration steps this database has applied."""
+    if dialect_of(db) == "postgresql":
+        async with db.execute("SELECT to_regclass('roost_schema') IS NOT NULL") as cur:
+            exists = await cur.fetchone()
+        if not exists or not exists[0]:
+            return 0
+        async with db.execute("SELECT version FROM roost_schema") as cur:
+            row = await cur.fetchone()
+        return int(row[0]) if row else 0
     async with db.execute("PRAGMA user_version") as cur:
         row = await cur.fetchone()
     return int(row[0]) if row else 0
 
 
 async def migrate(db: aiosqlite.Connection) -> None:
-    """Apply the steps this database has not seen, each in its own transaction."""
+    """Apply the steps this database has not seen, each in its own transaction.
+
+    On PostgreSQL every pending step runs in one transaction holding
+    :data:`MIGRATION_LOCK`, so of two replicas starting together one migrates
+    and the other then finds nothing left to do.
+    """
+    if dialect_of(db) == "postgresql":
+        await _migrate_postgres(cast("PgConnection", db))
+        return
     current = await schema_version(db)
     if current > len(MIGRATIONS):
         raise RuntimeError(
@@ -370,6 +472,30 @@ async def migrate(db: aiosqlite.Connection) -> None:
         await db.executescript(f"BEGIN;\n{script}\nPRAGMA user_version = {number:d};\nCOMMIT;")
 
 
+async def _migrate_postgres(db: PgConnection) -> None:
+    from bot.storage.postgres import transaction as pg_transaction
+
+    async def body(tx: PgConnection) -> None:
+        await tx.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
+        await tx.execute("CREATE TABLE IF NOT EXISTS roost_schema (version BIGINT NOT NULL)")
+        async with tx.execute("SELECT version FROM roost_schema") as cur:
+            row = await cur.fetchone()
+        if row is None:
+            await tx.execute("INSERT INTO roost_schema (version) VALUES (0)")
+        current = int(row[0]) if row else 0
+        if current > len(MIGRATIONS):
+            raise RuntimeError(
+                f"database schema version {current} is newer than this Roost "
+                f"({len(MIGRATIONS)}); upgrade Roost"
+            )
+        for number in range(current + 1, len(MIGRATIONS) + 1):
+            await tx.executescript(postgres_step(number))
+        if current < len(MIGRATIONS):
+            await tx.execute("UPDATE roost_schema SET version = ?", (len(MIGRATIONS),))
+
+    await pg_transaction(db, body)
+
+
 async def retire_columns(db: aiosqlite.Connection, lock: asyncio.Lock,
                          retired: Sequence[tuple[str, str]] = RETIRED_COLUMNS) -> list[str]:
     """Drop the ``retired`` columns still present, in one transaction; returns them.
@@ -377,8 +503,8 @@ async def retire_columns(db: aiosqlite.Connection, lock: asyncio.Lock,
     Call it once the plugins' migrations have run. On an SQLite without
     ``DROP COLUMN`` the columns stay, unused (their defaults fill new rows).
     """
-    if sqlite3.sqlite_version_info < DROP_COLUMN_VERSION:
-        return []
+    if dialect_of(db) == "postgresql" or sqlite3.sqlite_version_info < DROP_COLUMN_VERSION:
+        return []  # PostgreSQL databases never had them (see POSTGRES_STEPS)
     present: list[tuple[str, str]] = []
     for table, column in retired:
         async with lock, db.execute(
@@ -416,7 +542,14 @@ async def transaction(db: aiosqlite.Connection, lock: asyncio.Lock,
     cancelling the caller leaves the transaction to finish (commit, or roll
     back on error) before the lock is released, so the shared connection is
     never left inside a transaction. The caller must not hold ``lock``.
+
+    On PostgreSQL the body runs on a pooled connection of its own (still under
+    ``lock``, so a process orders its writes as on SQLite), and a transaction
+    whose connection was lost before its commit is run again.
     """
+    if dialect_of(db) == "postgresql":
+        return await _postgres_transaction(db, lock, body)
+
     async def run() -> T:
         async with lock:
             if db.in_transaction:
@@ -432,6 +565,21 @@ async def transaction(db: aiosqlite.Connection, lock: asyncio.Lock,
                     await db.execute("ROLLBACK")
                 raise
             return result
+
+    task = asyncio.ensure_future(run())
+    _IN_FLIGHT.add(task)
+    task.add_done_callback(_finished)
+    return await asyncio.shield(task)
+
+
+async def _postgres_transaction(db: aiosqlite.Connection, lock: asyncio.Lock,
+                                body: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T:
+    from bot.storage.postgres import transaction as pg_transaction
+
+    async def run() -> T:
+        async with lock:
+            return await pg_transaction(cast("PgConnection", db),
+                                        cast(Callable[["PgConnection"], Awaitable[T]], body))
 
     task = asyncio.ensure_future(run())
     _IN_FLIGHT.add(task)

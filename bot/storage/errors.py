@@ -432,10 +432,14 @@ class ErrorStore(_Store):
                 clauses.append(clause)
                 params.append(value)
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
-        params.append(limit or -1)
+        postgres = dbmod.dialect_of(self.db) == "postgresql"
+        # No limit: SQLite takes -1, PostgreSQL NULL. Ties: SQLite's insertion order
+        # (rowid); PostgreSQL has none, so the id (its time stamp, then random).
+        params.append(limit or (None if postgres else -1))
+        order = "id DESC" if postgres else "rowid DESC"
         rows = await self._fetch(
             f"SELECT {_ERROR_COLUMNS} FROM agent_errors{where}"
-            " ORDER BY timestamp DESC, rowid DESC LIMIT ?", tuple(params))
+            f" ORDER BY timestamp DESC, {order} LIMIT ?", tuple(params))
         return [_stored_error(r) for r in rows]
 
 

@@ -36,7 +36,7 @@ import aiosqlite
 from bot.contracts.llm import ChatMessage, ToolCall
 from bot.contracts.messages import Attachment, InboundMessage, OutboundFile, OutboundMessage
 from bot.contracts.tools import ToolResult
-from bot.storage.db import Statements, Writer
+from bot.storage.db import Statements, Writer, dialect_of
 
 EntryKind = Literal["message", "command"]
 
@@ -195,7 +195,8 @@ class Inbox:
         params = [(i,) for i in ids]
         self.writer.write_later(
             lambda db: db.executemany(
-                "UPDATE inbox SET state = 'pending', attempts = MAX(attempts - 1, 0)"
+                "UPDATE inbox SET state = 'pending',"
+                " attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END"
                 " WHERE id = ? AND state = 'running'", params),
             what="returning interrupted runs to the inbox")
 
@@ -262,8 +263,10 @@ class Inbox:
         (snowflakes) compare as numbers. At most ``limit`` chats, the most
         recently active first.
         """
+        thread = ("json_extract(message, '$.thread_id')" if dialect_of(self.db) == "sqlite"
+                  else "CAST(message AS jsonb) ->> 'thread_id'")
         async with self.lock, self.db.execute(
-            "SELECT chat_id, json_extract(message, '$.thread_id'), event_id FROM inbox"
+            f"SELECT chat_id, {thread}, event_id FROM inbox"
             " WHERE channel = ? AND received_at >= ? AND event_id NOT LIKE '~%'"
             " ORDER BY id DESC", (channel, since),
         ) as cur:

@@ -159,7 +159,8 @@ class JobStore:
         won: set[str] = set()
         for start in range(0, len(fires), _CLAIM_BATCH):
             batch = fires[start:start + _CLAIM_BATCH]
-            values = ", ".join("(?, ?)" for _ in batch)
+            # Typed, so PostgreSQL does not read the bare VALUES parameters as text.
+            values = ", ".join("(CAST(? AS TEXT), CAST(? AS DOUBLE PRECISION))" for _ in batch)
             params = [v for pair in batch for v in pair]
             rows = await self._fetch(
                 f"WITH due(id, fire) AS (VALUES {values}) "

@@ -1,6 +1,7 @@
 """Plugins' own tables: applying a plugin's :class:`~bot.contracts.migrations.Migrations`.
 
-Roost's own schema is numbered by ``PRAGMA user_version`` (:mod:`bot.storage.db`);
+Roost's own schema is numbered by ``PRAGMA user_version`` on SQLite and the
+``roost_schema`` row on PostgreSQL (:mod:`bot.storage.db`);
 each plugin's is numbered separately, in a ``plugin_schema`` row under the
 name it chose, so plugins can add steps without coordinating with Roost or
 with each other.
@@ -12,11 +13,12 @@ import asyncio
 import functools
 import sqlite3
 import time
+from collections.abc import Mapping
 
 import aiosqlite
 
 from bot.contracts.migrations import Migrations, Step
-from bot.storage.db import transaction
+from bot.storage.db import MIGRATION_LOCK, dialect_of, transaction
 
 
 async def schema_version(db: aiosqlite.Connection, lock: asyncio.Lock, name: str) -> int:
@@ -49,9 +51,21 @@ async def migrate_plugin(db: aiosqlite.Connection, lock: asyncio.Lock,
 
 
 async def _apply(name: str, number: int, step: Step, db: aiosqlite.Connection) -> None:
-    if isinstance(step, str):
-        for statement in split_statements(step):
-            await db.execute(statement)
+    dialect = dialect_of(db)
+    if dialect == "postgresql":
+        # Replicas starting together: one applies the step, the others find it recorded.
+        await db.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
+    async with db.execute("SELECT version FROM plugin_schema WHERE plugin = ?",
+                          (name,)) as cur:
+        row = await cur.fetchone()
+    if row is not None and int(row[0]) >= number:
+        return  # another process applied it meanwhile
+    if isinstance(step, Mapping):
+        if dialect not in step:
+            raise RuntimeError(f"schema step {number} of {name!r} has no {dialect} text")
+        await _run_script(db, step[dialect], dialect, translate=False)
+    elif isinstance(step, str):
+        await _run_script(db, step, dialect, translate=True)
     else:
         await step(db)
     await db.execute(
@@ -59,6 +73,20 @@ async def _apply(name: str, number: int, step: Step, db: aiosqlite.Connection) -
         " ON CONFLICT(plugin) DO UPDATE SET version = excluded.version,"
         " updated_at = excluded.updated_at",
         (name, number, time.time()))
+
+
+async def _run_script(db: aiosqlite.Connection, script: str, dialect: str, *,
+                      translate: bool) -> None:
+    if dialect == "postgresql":
+        if translate:
+            from bot.storage.postgres import postgres_ddl
+
+            script = postgres_ddl(script)
+        # PostgreSQL runs a script's statements in one call (inside the step's transaction).
+        await db.executescript(script)
+        return
+    for statement in split_statements(script):
+        await db.execute(statement)
 
 
 def split_statements(script: str) -> list[str]:

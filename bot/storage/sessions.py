@@ -1,4 +1,4 @@
-"""Sessions: conversation history in SQLite with an in-memory LRU in front.
+"""Sessions: conversation history in the database with an in-memory LRU in front.
 
 A run does not write its history while it works (only its tool exchange goes
 to the journal, :mod:`bot.storage.inbox`). It hands everything it produced to
@@ -143,9 +143,11 @@ class SessionStore:
         return self._lock
 
     @classmethod
-    async def open(cls, path: Path, cache_size: int = 1000) -> SessionStore:
-        """Open (and migrate) the database at ``path``."""
-        return cls(await dbmod.connect(path), cache_size)
+    async def open(cls, path: Path | str, cache_size: int = 1000,
+                   pool_size: int = 10) -> SessionStore:
+        """Open (and migrate) the database at ``path``: a file, ``sqlite:///...`` or
+        ``postgresql://...`` (a pool of ``pool_size`` connections)."""
+        return cls(await dbmod.connect(path, pool_size), cache_size)
 
     async def close(self) -> None:
         """Finish pending writes and close the database."""

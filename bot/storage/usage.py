@@ -71,9 +71,10 @@ class UsageStore:
             await db.executemany(
                 "INSERT INTO usage (scope, subject, period, input_tokens, output_tokens, cost,"
                 " runs) VALUES (?, ?, ?, ?, ?, ?, 1) ON CONFLICT (scope, period, subject)"
-                " DO UPDATE SET input_tokens = input_tokens + excluded.input_tokens,"
-                " output_tokens = output_tokens + excluded.output_tokens,"
-                " cost = cost + excluded.cost, runs = runs + 1",
+                # Qualified: PostgreSQL reads a bare name here as ambiguous.
+                " DO UPDATE SET input_tokens = usage.input_tokens + excluded.input_tokens,"
+                " output_tokens = usage.output_tokens + excluded.output_tokens,"
+                " cost = usage.cost + excluded.cost, runs = usage.runs + 1",
                 rows)
 
         self.writer.write_later(body, what="counting tokens spent")

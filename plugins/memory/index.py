@@ -1,4 +1,13 @@
-"""Keyword search over a workspace's memory files: BM25 on SQLite FTS5.
+"""Keyword search over a workspace's memory files: FTS5 on SQLite, tsvector on PostgreSQL.
+
+The ranking contract, the same on both backends: a chunk matches when it
+contains any query term (stemmed: "remember" finds "remembered"); matches come
+best first by relevance, where more occurrences of the query's terms in a
+shorter passage rank higher (SQLite: BM25, which also weighs rarer terms up;
+PostgreSQL: ``ts_rank_cd`` divided by the log of the passage's length, which does
+not);
+equal scores come newest file first (``memory/2026-11-23.md`` before
+``memory/2026-11-22.md``, by path descending), then by line.
 
 The index lives in the plugin's own tables (``memory_files``, ``memory_chunks``,
 ``memory_fts``; see :mod:`plugins.memory.state`) in Roost's database.
@@ -62,7 +71,7 @@ class Hit:
     end_line: int
     snippet: str
     score: float
-    """Higher is better (the negated FTS5 ``bm25()``)."""
+    """Higher is better (the negated FTS5 ``bm25()``; PostgreSQL's ``ts_rank_cd``)."""
 
 
 def memory_target(workspace: Path, path: str) -> tuple[Path, str]:
@@ -159,8 +168,27 @@ def fts_query(query: str) -> str:
     return " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
 
 
+def tsquery_text(query: str) -> str:
+    """The query for PostgreSQL's ``websearch_to_tsquery``: the terms of :func:`fts_query`,
+    each quoted (a phrase when it has punctuation inside), joined with OR."""
+    terms = [t for t in query.split() if _WORD.search(t)][:MAX_QUERY_TERMS]
+    return " OR ".join('"' + t.replace('"', " ") + '"' for t in terms)
+
+
+_PG_SEARCH = (
+    "SELECT c.path, c.start_line, c.end_line,"
+    " ts_headline('english', f.text, q, 'StartSel=**, StopSel=**, HighlightAll=false,"
+    f" MaxWords={SNIPPET_TOKENS:d}, MinWords={SNIPPET_TOKENS // 2:d}, MaxFragments=1,"
+    " FragmentDelimiter=…'), ts_rank_cd(f.tsv, q, 1) AS score"
+    " FROM memory_fts f JOIN memory_chunks c ON c.id = f.rowid"
+    " CROSS JOIN websearch_to_tsquery('english', ?) AS q"
+    " WHERE f.tsv @@ q AND c.workspace = ?"
+    " ORDER BY score DESC, c.path DESC, c.start_line LIMIT ?"
+)
+
+
 class MemoryIndex:
-    """The FTS5 index of every workspace's memory files, in the shared database.
+    """The search index of every workspace's memory files, in the shared database.
 
     ``db`` is the service's connection and ``lock`` the lock that serializes
     statements on it (``services.sessions.lock``).
@@ -190,6 +218,12 @@ class MemoryIndex:
         if not match:
             return []
         key = await self.sync(workspace)
+        if getattr(self.db, "dialect", "sqlite") == "postgresql":
+            async with self.lock, self.db.execute(
+                _PG_SEARCH, (tsquery_text(query), key, limit)) as cur:
+                rows = await cur.fetchall()
+            return [Hit(r[0], r[1], r[2], " ".join(str(r[3]).split()), float(r[4]))
+                    for r in rows]
         async with self.lock, self.db.execute(
             "SELECT c.path, c.start_line, c.end_line,"
             f" snippet(memory_fts, 0, '**', '**', '…', {SNIPPET_TOKENS:d}), bm25(memory_fts)"
