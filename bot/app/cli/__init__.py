@@ -2,11 +2,11 @@
 
 :mod:`.base` holds the group and its helpers; :mod:`.serve` ``run``; :mod:`.chat`
 ``chat``; :mod:`.plugins` ``plugins``; :mod:`.admin` ``config``, ``mcp``,
-``errors``, ``pairing``, ``status`` and ``init``.
+``errors``, ``pairing``, ``status`` and ``init``; :mod:`.db` ``db`` (migrate, copy).
 """
 
-from bot.app.cli import admin, chat, plugins, serve
+from bot.app.cli import admin, chat, db, plugins, serve
 from bot.app.cli.base import cli, main
 
 # Imported for their commands, which register on ``cli``.
-__all__ = ["admin", "chat", "cli", "main", "plugins", "serve"]
+__all__ = ["admin", "chat", "cli", "db", "main", "plugins", "serve"]

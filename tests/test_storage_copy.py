@@ -1,0 +1,109 @@
+"""``roost db migrate`` and ``roost db copy``: moving a deployment from SQLite to PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from click.testing import CliRunner, Result
+
+from bot.app.cli import cli
+from bot.contracts.llm import ChatMessage
+from bot.contracts.messages import InboundMessage, OutboundMessage
+from bot.storage.errors import ErrorStore
+from bot.storage.inbox import Inbox
+from bot.storage.jobs import Job, JobStore
+from bot.storage.sessions import SessionStore
+from plugins.memory.index import MemoryIndex
+
+
+async def _roost(*args: str, data: Path) -> Result:
+    env = {"ROOST_DISABLE_PLUGIN_AUTOLOAD": "1", "ROOST_DATA_DIR": str(data)}
+    return await asyncio.to_thread(CliRunner().invoke, cli, list(args), env=env,
+                                   catch_exceptions=False)
+
+
+async def _fill(url: str, workspaces: Path) -> int:
+    """A small deployment's worth of rows in every kind of table; returns a session id."""
+    store = await SessionStore.open(url)
+    try:
+        session = await store.get("default:telegram:direct:1")
+        await store.append_run(session, "r1", [ChatMessage("user", "hello"),
+                                               ChatMessage("assistant", "hi there")])
+        other = await store.get("default:telegram:direct:2")
+        await store.append_run(other, "r2", [ChatMessage("user", "second")])
+        await ErrorStore(store.db, store.lock).store("s", "web", "boom")
+        await JobStore(store.db, store.lock).insert(
+            Job("j1", "cron", "", "0 9 * * *", "UTC", "standup", owner_id="1",
+                channel="telegram", chat_id="1", created_at=1.0))
+        inbox = Inbox(store.db, store.lock, store.writer)
+        entry = await inbox.add(InboundMessage("telegram", "1", "direct", "1", "hey",
+                                               event_id="7"), session.key)
+        assert entry is not None
+        await store.writer.write(inbox.finish([entry.id], OutboundMessage("telegram", "1",
+                                                                          "ok")))
+        (workspaces / "u1").mkdir(parents=True)
+        (workspaces / "u1" / "MEMORY.md").write_text("Ann drinks green tea.\n")
+        await MemoryIndex(store.db, store.lock, workspaces, 100_000).sync(workspaces / "u1")
+        return session.id
+    finally:
+        await store.close()
+
+
+async def test_copy_moves_every_table_with_its_ids_and_advances_sequences(
+        tmp_path: Path, pg_url: str) -> None:
+    data = tmp_path / "data"
+    source = f"sqlite:///{data / 'roost.db'}"
+    assert (await _roost("db", "migrate", "--url", source, data=data)).exit_code == 0
+    session_id = await _fill(source, data / "workspaces")
+
+    result = await _roost("db", "copy", "--from", source, "--to", pg_url, data=data)
+    assert result.exit_code == 0, result.output
+    assert "row counts match" in result.output
+    assert "memory_fts: 1 rows" in result.output
+
+    store = await SessionStore.open(pg_url)
+    try:
+        copied = await store.get("default:telegram:direct:1")
+        assert copied.id == session_id
+        assert [m.content for m in copied.messages] == ["hello", "hi there"]
+        fresh = await store.get("default:telegram:direct:3")
+        assert fresh.id > session_id + 1  # the identity sequence moved past the copied ids
+        assert len(await ErrorStore(store.db, store.lock).list()) == 1
+        assert (await JobStore(store.db, store.lock).get("j1")) is not None
+        hits = await MemoryIndex(store.db, store.lock, data / "workspaces", 100_000).search(
+            data / "workspaces" / "u1", "tea", 3)
+        assert [h.path for h in hits] == ["MEMORY.md"]
+    finally:
+        await store.close()
+
+    again = await _roost("db", "copy", "--from", source, "--to", pg_url, data=data)
+    assert again.exit_code == 1
+    assert "already holds rows" in again.output
+    forced = await _roost("db", "copy", "--from", source, "--to", pg_url, "--force",
+                          data=data)
+    assert forced.exit_code == 0, forced.output
+
+
+async def test_copy_back_from_postgresql_to_sqlite(tmp_path: Path, pg_url: str) -> None:
+    data = tmp_path / "data"
+    assert (await _roost("db", "migrate", "--url", pg_url, data=data)).exit_code == 0
+    session_id = await _fill(pg_url, data / "workspaces")
+    target = f"sqlite:///{tmp_path / 'back.db'}"
+    result = await _roost("db", "copy", "--from", pg_url, "--to", target, data=data)
+    assert result.exit_code == 0, result.output
+    store = await SessionStore.open(target)
+    try:
+        assert (await store.get("default:telegram:direct:1")).id == session_id
+    finally:
+        await store.close()
+
+
+async def test_migrate_reports_the_schema_version_and_refuses_an_unknown_scheme(
+        tmp_path: Path, pg_url: str) -> None:
+    result = await _roost("db", "migrate", "--url", pg_url, data=tmp_path)
+    assert result.exit_code == 0
+    assert "schema version" in result.output
+    refused = await _roost("db", "migrate", "--url", "mysql://x/y", data=tmp_path)
+    assert refused.exit_code == 1
+    assert "unsupported database URL scheme: mysql://" in refused.output
