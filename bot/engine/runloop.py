@@ -1,8 +1,8 @@
 """The run loop: one inbound message becomes a think → act → observe run.
 
 Phases: setup → input checks → build messages → LLM iterations with tool
-execution → finalization (sanitize, NO_REPLY, one atomic flush) →
-post-processing (events). Cancellation (``/stop``, merges, shutdown) is plain
+execution → finalization (sanitize, NO_REPLY, judges) → the ending
+(:mod:`bot.engine.finish`: one atomic flush, the last event). Cancellation (``/stop``, merges, shutdown) is plain
 asyncio cancellation: it reaches the provider's HTTP stream and running tools,
 and nothing of a cancelled run is written.
 """
@@ -14,10 +14,9 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from bot.agents.judge import self_correct
 from bot.agents.patterns import PatternLibrary, render
 from bot.agents.router import Agent
 from bot.contracts.events import EventType, RunEvent
@@ -26,15 +25,16 @@ from bot.contracts.llm import ChatMessage, LLMRequest, LLMResponse, ToolCall, Us
 from bot.contracts.prompt import Order, PromptContext, PromptSection, assemble
 from bot.contracts.sanitize import run_pipeline
 from bot.contracts.tools import Tool, ToolContext, ToolResult
+from bot.engine import finish
 from bot.engine.compaction import (
     split_point,
     summarize,
 )
 from bot.engine.context import build_context, kernel_text
 from bot.engine.exec_summary import ExecutionSummary
-from bot.engine.guard import BLOCK_REFUSAL, WITHHELD, truncate
+from bot.engine.guard import BLOCK_REFUSAL, truncate
 from bot.engine.history import limit_turns, prune, repair_pairing, summary_messages
-from bot.engine.judging import TracedJudge
+from bot.engine.judging import judge_reply
 from bot.engine.llm_call import call_model
 from bot.engine.media import drop_images, take_in, vision_for, with_lines
 from bot.engine.requests import (
@@ -47,9 +47,7 @@ from bot.engine.requests import (
     RunStatus,
 )
 from bot.engine.turns import for_model, seeded_files, verbose_input, with_summary, workspace_for
-from bot.observability.tracing import RunTrace, Span, preview
-from bot.storage.db import Statements
-from bot.storage.sessions import RunRecord
+from bot.observability.tracing import RunTrace
 from bot.tools.executor import ToolExecutor
 from bot.tools.outcomes import RawError, ToolOutcome, describe_error, turn_timeout_notice
 from bot.tools.structured_errors import extract
@@ -94,8 +92,6 @@ class Run:
         self.tools: dict[str, Tool] = {}
         self.executor: ToolExecutor
         self.stream = True
-        self.judge_attempt = 0
-        self.judge_spans: list[Span] = []
         self.repeats: dict[tuple[str, str], int] = {}
         self.exec_summary = ExecutionSummary()  # one per run = one per user turn
         self.compacted_midloop = False
@@ -119,21 +115,13 @@ class Run:
         except asyncio.CancelledError as exc:
             # The message given to task.cancel(): "stop", "merged" or "shutdown".
             reason = str(exc.args[0]) if exc.args and exc.args[0] else "cancelled"
-            # A run cancelled while its flush is being written is committed all
-            # the same (the store finishes the write); its trace stays as written.
-            if not self.committed:
-                await self._store_trace("cancelled", reason)
-            self._log("cancelled", reason)
-            # The tokens spent so far count against the budgets (bot.engine.budgets).
-            await self.emit("run.cancelled", reason=reason,
-                            usage={"input_tokens": self.usage.input_tokens,
-                                   "output_tokens": self.usage.output_tokens})
+            await finish.cancelled(self, reason)
             raise
         except TimeoutError:
-            result = await self._fail(f"the run took longer than {timeout:g}s")
+            result = await finish.fail(self, f"the run took longer than {timeout:g}s")
         except Exception as exc:
             log.exception("run %s failed", self.req.run_id)
-            result = await self._fail(describe_error(exc))
+            result = await finish.fail(self, describe_error(exc))
         return result
 
     async def _use_agent(self) -> Agent:
@@ -169,7 +157,7 @@ class Run:
         verdict = self.plugins.guard.check(msg.text, channel=msg.channel, user=msg.sender_id,
                                      session=req.session.key)
         if verdict.blocked:
-            return await self._refuse(BLOCK_REFUSAL)
+            return await finish.refuse(self, BLOCK_REFUSAL)
         text, truncation_note = truncate(msg.text, self.settings.max_message_chars)
         notes = [truncation_note] if truncation_note else []
         # Files are fetched, stored in the workspace and described to the model, a line
@@ -180,7 +168,7 @@ class Run:
             text = with_lines(text, media)
             if not media.usable and not msg.text.strip():
                 # Nothing the model could work with: Roost's own notice is the answer.
-                return await self._refuse("\n".join(media.notices), kept=ChatMessage(
+                return await finish.refuse(self, "\n".join(media.notices), kept=ChatMessage(
                     "user", text, sender_id=msg.sender_id, sender_name=msg.display_name))
             for notice in media.notices:
                 await self.emit("activity", phase="media", notice=notice)
@@ -201,7 +189,7 @@ class Run:
         checked: dict[str, Any] = {"message": msg, "text": text, "settings": self.settings}
         await engine.host.pipe("roost_check_input", checked, step)
         if refusals:
-            return await self._refuse(refusals[0])
+            return await finish.refuse(self, refusals[0])
         text = checked["text"]
         user = ChatMessage("user", text, sender_id=msg.sender_id, sender_name=msg.display_name,
                            parts=tuple(media.parts) if media is not None else ())
@@ -252,35 +240,13 @@ class Run:
         cleaned = run_pipeline(final, self.plugins.sanitizers)
         silent = cleaned == NO_REPLY or not cleaned
         if agent.judges and req.kind == "chat" and not silent:
-            final, cleaned = await self._self_correct(
+            final, cleaned = await judge_reply(
                 agent, convo, (final, cleaned), text,
-                lambda c: self._generate(c, system, specs, limit, tool_context))
+                lambda c: self._generate(c, system, specs, limit, tool_context),
+                trace=self.trace, sanitizers=self.plugins.sanitizers,
+                stats=engine.router.stats_for(agent.name), run_id=req.run_id)
             silent = cleaned == NO_REPLY or not cleaned
-        self.buffer.append(ChatMessage("assistant", final))
-        self.trace.root.attributes["output_preview"] = preview(cleaned)
-        reply = None if silent else cleaned
-        outbox_id = None
-        if req.persist:
-            # From here the run is answered: a follow-up must not merge into it.
-            await self.emit("activity", phase="committing")
-            self.committed = True
-            outbox_id = await engine.store.append_run(
-                req.session, req.run_id, self.buffer, self.usage, self.settings.model,
-                self.provider.name, self._record("completed"), self._spans("completed"),
-                also=self._also(reply),
-            )
-        else:
-            await self._store_trace("completed")
-        self._log("completed")
-        await self.emit("run.completed", content=cleaned, silent=silent,
-                        usage={"input_tokens": self.usage.input_tokens,
-                               "output_tokens": self.usage.output_tokens})
-        return RunResult(req.run_id, "completed", reply, self.usage, self.iterations,
-                         outbox_id=outbox_id)
-
-    def _also(self, reply: str | None, failed: bool = False) -> Statements | None:
-        on_commit = self.req.on_commit
-        return on_commit(reply, failed) if on_commit is not None else None
+        return await finish.complete(self, final, cleaned, silent)
 
     async def _generate(self, convo: list[ChatMessage], system: str,
                         specs: tuple[Any, ...], limit: int,
@@ -356,59 +322,6 @@ class Run:
         matches = library.match(text)
         span.end(matched={m.name: round(m.score, 4) for m in matches})
         return PromptSection("patterns", render(matches), Order.PATTERNS)
-
-    async def _self_correct(
-        self, agent: Agent, convo: list[ChatMessage], first: tuple[str, str], request_text: str,
-        generate: Callable[[list[ChatMessage]], Awaitable[tuple[str, list[ChatMessage]]]],
-    ) -> tuple[str, str]:
-        """Judge the reply; regenerate with the judges' feedback until it passes.
-
-        Returns ``(raw, sanitized)`` of the reply to deliver. A judge that fails
-        (its provider is down) leaves the latest reply unjudged rather than
-        failing the run; cancellation (``/stop``) propagates like anywhere else.
-        """
-        config = agent.config.judge
-        assert config is not None
-        latest = first
-
-        async def attempt(correction: str | None) -> str:
-            nonlocal latest, convo
-            self.judge_attempt += 1
-            if correction is None:
-                return latest[1]
-            log.info("run %s: reply rejected by the judges; attempt %d", self.req.run_id[:8],
-                     self.judge_attempt)
-            convo.append(ChatMessage("assistant", latest[0]))
-            convo.append(ChatMessage("user", correction))
-            raw, convo = await generate(convo)
-            latest = (raw, run_pipeline(raw, self.plugins.sanitizers))
-            return latest[1]
-
-        judges = [TracedJudge(j, self.trace, lambda: self.judge_attempt, self.judge_spans,
-                              config.strategy, config.threshold)
-                  for j in agent.judges]
-        stats = self.engine.router.stats_for(agent.name)
-        try:
-            result = await self_correct(attempt, judges, strategy=config.strategy,
-                                        threshold=config.threshold,
-                                        max_retries=config.max_retries,
-                                        request_text=request_text)
-        except Exception as exc:
-            stats.errors += 1
-            self.trace.root.attributes["judge_error"] = describe_error(exc)
-            log.warning("run %s: a judge failed (%s); the reply goes out unjudged",
-                        self.req.run_id[:8], describe_error(exc))
-            return latest
-        stats.record(result)
-        for span in self.judge_spans:
-            index = span.attributes["attempt"] - 1
-            if index < len(result.scores):
-                span.attributes["aggregate_score"] = round(result.scores[index], 4)
-                span.attributes["passed"] = result.passed and index == result.attempts - 1
-        self.trace.root.attributes.update(judge_attempts=result.attempts,
-                                          judge_passed=result.passed,
-                                          judge_score=round(result.score, 4))
-        return latest
 
     def _history(self, group: bool) -> list[ChatMessage]:
         """Stored history through the pipeline: limit turns → prune → repair pairing."""
@@ -540,72 +453,3 @@ class Run:
         await self.emit("tool.result", name=name, id=outcome.call.id,
                         is_error=outcome.is_error, result=outcome.content[:500],
                         metrics=self.engine.tool_metrics.get(name).snapshot())
-
-    async def _refuse(self, refusal: str, kept: ChatMessage | None = None) -> RunResult:
-        msg = self.req.message
-        # The refused text is not kept: it would reach the model as history
-        # with the sender's next message. ``kept`` is a harmless turn to keep instead
-        # (the lines of files Roost itself refused).
-        self.buffer = [
-            kept or ChatMessage("user", WITHHELD, sender_id=msg.sender_id,
-                                sender_name=msg.display_name),
-            ChatMessage("assistant", refusal),
-        ]
-        outbox_id = None
-        if self.req.persist:
-            outbox_id = await self.engine.store.append_run(
-                self.req.session, self.req.run_id, self.buffer, record=self._record("refused"),
-                spans=self._spans("refused"), also=self._also(refusal))
-        self._log("refused")
-        await self.emit("run.completed", content=refusal, silent=False, refused=True,
-                        usage={"input_tokens": 0, "output_tokens": 0})
-        return RunResult(self.req.run_id, "refused", refusal, self.usage, 0,
-                         outbox_id=outbox_id)
-
-    async def _fail(self, error: str) -> RunResult:
-        # Keep what the user said (so "try again" has context) but none of the
-        # half-finished tool exchange.
-        user = [m for m in self.buffer if m.role == "user"]
-        apology = f"Sorry, I couldn't answer that: {error}"
-        outbox_id = None
-        try:
-            if self.req.persist:
-                outbox_id = await self.engine.store.append_run(
-                    self.req.session, self.req.run_id, user, self.usage,
-                    record=self._record("failed", error), spans=self._spans("failed", error),
-                    also=self._also(apology, failed=True))
-            else:
-                await self._store_trace("failed", error)
-        except Exception:
-            log.exception("could not persist failed run %s", self.req.run_id)
-        self._log("failed", error)
-        await self.emit("run.failed", error=error)
-        return RunResult(self.req.run_id, "failed", apology, self.usage,
-                         self.iterations, error, outbox_id=outbox_id)
-
-    async def _store_trace(self, status: str, error: str = "") -> None:
-        """Store the trace on its own; never raises (it runs on failure paths)."""
-        try:
-            await self.engine.store.record_run(self._record(status, error),
-                                               self._spans(status, error))
-        except Exception:
-            log.exception("could not record the trace of run %s", self.req.run_id)
-
-    def _record(self, status: str, error: str = "") -> RunRecord:
-        return RunRecord(
-            self.req.run_id, self.req.session.key, status, self.trace.root.started_at,
-            time.time(), self.iterations, self.usage.input_tokens, self.usage.output_tokens,
-            self.settings.model, error,
-        )
-
-    def _spans(self, status: str, error: str = "") -> list[Span]:
-        spans = self.trace.finish(status, error)
-        if self.engine.exporter is not None:
-            self.engine.exporter.export(spans)
-        return spans
-
-    def _log(self, status: str, error: str = "") -> None:
-        log.info("run %s %s session=%s iterations=%d tokens=%d/%d %.0fms%s",
-                 self.req.run_id[:8], status, self.req.session.key, self.iterations,
-                 self.usage.input_tokens, self.usage.output_tokens,
-                 (time.monotonic() - self.started) * 1000, f" error={error}" if error else "")

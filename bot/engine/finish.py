@@ -1,0 +1,148 @@
+"""How a run ends: completed, refused, failed or cancelled.
+
+Each ending writes once. A persisted run stores its history, usage, trace and the
+caller's bookkeeping (:attr:`RunRequest.on_commit`) in one transaction; a run that
+stores nothing, or was cancelled, records only its trace. Then come the run's log
+line and its last event.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from bot.contracts.llm import ChatMessage
+from bot.engine.guard import WITHHELD
+from bot.engine.requests import RunResult
+from bot.observability.tracing import Span, preview
+from bot.storage.db import Statements
+from bot.storage.sessions import RunRecord
+
+if TYPE_CHECKING:
+    from bot.engine.runloop import Run
+
+# A run's lines keep the run loop's logger name: the console's filter, the benches and
+# operators' level settings select the per-run lines by it (README "How it works").
+log = logging.getLogger("roost.engine.runloop")
+
+
+async def complete(run: Run, final: str, cleaned: str, silent: bool) -> RunResult:
+    """The answered run: ``final`` joins the history, ``cleaned`` is delivered unless silent."""
+    req = run.req
+    run.buffer.append(ChatMessage("assistant", final))
+    run.trace.root.attributes["output_preview"] = preview(cleaned)
+    reply = None if silent else cleaned
+    outbox_id = None
+    if req.persist:
+        # From here the run is answered: a follow-up must not merge into it.
+        await run.emit("activity", phase="committing")
+        run.committed = True
+        outbox_id = await run.engine.store.append_run(
+            req.session, req.run_id, run.buffer, run.usage, run.settings.model,
+            run.provider.name, _record(run, "completed"), _spans(run, "completed"),
+            also=_also(run, reply),
+        )
+    else:
+        await store_trace(run, "completed")
+    _log(run, "completed")
+    await run.emit("run.completed", content=cleaned, silent=silent, usage=_usage(run))
+    return RunResult(req.run_id, "completed", reply, run.usage, run.iterations,
+                     outbox_id=outbox_id)
+
+
+async def refuse(run: Run, refusal: str, kept: ChatMessage | None = None) -> RunResult:
+    """The run answers ``refusal`` without asking the model (guard, input checks, media)."""
+    req, msg = run.req, run.req.message
+    # The refused text is not kept: it would reach the model as history
+    # with the sender's next message. ``kept`` is a harmless turn to keep instead
+    # (the lines of files Roost itself refused).
+    run.buffer = [
+        kept or ChatMessage("user", WITHHELD, sender_id=msg.sender_id,
+                            sender_name=msg.display_name),
+        ChatMessage("assistant", refusal),
+    ]
+    outbox_id = None
+    if req.persist:
+        outbox_id = await run.engine.store.append_run(
+            req.session, req.run_id, run.buffer, record=_record(run, "refused"),
+            spans=_spans(run, "refused"), also=_also(run, refusal))
+    _log(run, "refused")
+    await run.emit("run.completed", content=refusal, silent=False, refused=True,
+                   usage={"input_tokens": 0, "output_tokens": 0})
+    return RunResult(req.run_id, "refused", refusal, run.usage, 0, outbox_id=outbox_id)
+
+
+async def fail(run: Run, error: str) -> RunResult:
+    """The run failed with ``error``: the user gets an apology naming it."""
+    req = run.req
+    # Keep what the user said (so "try again" has context) but none of the
+    # half-finished tool exchange.
+    user = [m for m in run.buffer if m.role == "user"]
+    apology = f"Sorry, I couldn't answer that: {error}"
+    outbox_id = None
+    try:
+        if req.persist:
+            outbox_id = await run.engine.store.append_run(
+                req.session, req.run_id, user, run.usage,
+                record=_record(run, "failed", error), spans=_spans(run, "failed", error),
+                also=_also(run, apology, failed=True))
+        else:
+            await store_trace(run, "failed", error)
+    except Exception:
+        log.exception("could not persist failed run %s", req.run_id)
+    _log(run, "failed", error)
+    await run.emit("run.failed", error=error)
+    return RunResult(req.run_id, "failed", apology, run.usage, run.iterations, error,
+                     outbox_id=outbox_id)
+
+
+async def cancelled(run: Run, reason: str) -> None:
+    """The run was cancelled (``reason``: "stop", "merged", "shutdown"); nothing is written."""
+    # A run cancelled while its flush is being written is committed all
+    # the same (the store finishes the write); its trace stays as written.
+    if not run.committed:
+        await store_trace(run, "cancelled", reason)
+    _log(run, "cancelled", reason)
+    # The tokens spent so far count against the budgets (bot.engine.budgets).
+    await run.emit("run.cancelled", reason=reason, usage=_usage(run))
+
+
+async def store_trace(run: Run, status: str, error: str = "") -> None:
+    """Store the trace on its own; never raises (it runs on failure paths)."""
+    try:
+        await run.engine.store.record_run(_record(run, status, error),
+                                          _spans(run, status, error))
+    except Exception:
+        log.exception("could not record the trace of run %s", run.req.run_id)
+
+
+def _usage(run: Run) -> dict[str, int]:
+    return {"input_tokens": run.usage.input_tokens, "output_tokens": run.usage.output_tokens}
+
+
+def _also(run: Run, reply: str | None, failed: bool = False) -> Statements | None:
+    on_commit = run.req.on_commit
+    return on_commit(reply, failed) if on_commit is not None else None
+
+
+def _record(run: Run, status: str, error: str = "") -> RunRecord:
+    return RunRecord(
+        run.req.run_id, run.req.session.key, status, run.trace.root.started_at,
+        time.time(), run.iterations, run.usage.input_tokens, run.usage.output_tokens,
+        run.settings.model, error,
+    )
+
+
+def _spans(run: Run, status: str, error: str = "") -> list[Span]:
+    spans = run.trace.finish(status, error)
+    if run.engine.exporter is not None:
+        run.engine.exporter.export(spans)
+    return spans
+
+
+def _log(run: Run, status: str, error: str = "") -> None:
+    log.info("run %s %s session=%s iterations=%d tokens=%d/%d %.0fms%s",
+             run.req.run_id[:8], status, run.req.session.key, run.iterations,
+             run.usage.input_tokens, run.usage.output_tokens,
+             (time.monotonic() - run.started) * 1000, f" error={error}" if error else "")
