@@ -59,6 +59,9 @@ CONNECTION_LOST: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.AdminShutdownError,
     asyncpg.exceptions.ConnectionFailureError,
     asyncpg.exceptions.InterfaceError,
+    # A connection the server ended between two statements can fail the next one
+    # with a protocol-state error before asyncpg notices it is gone.
+    asyncpg.exceptions.InternalClientError,
 )
 """What a lost or refused connection raises (not a failed statement)."""
 
@@ -294,7 +297,11 @@ class PgConnection:
 
         async def pooled() -> T:
             async with self.pool.acquire() as conn:
-                return await mapped(conn)
+                try:
+                    return await mapped(conn)
+                except CONNECTION_LOST:
+                    conn.terminate()  # never handed out again; the pool opens a new one
+                    raise
 
         return await with_reconnect(pooled, "a statement")
 
@@ -441,11 +448,13 @@ async def transaction(db: PgConnection, body: Callable[[PgConnection], Awaitable
         nonlocal committing
         async with db.pool.acquire() as conn:
             tx = conn.transaction()
-            await tx.start()
             try:
+                await tx.start()
                 result = await body(db.bound(conn))
-            except BaseException:
-                if not conn.is_closed():
+            except BaseException as exc:
+                if isinstance(exc, CONNECTION_LOST):
+                    conn.terminate()  # never handed out again; the pool opens a new one
+                elif not conn.is_closed():
                     await tx.rollback()
                 raise
             committing = True
