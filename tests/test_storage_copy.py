@@ -107,3 +107,27 @@ async def test_migrate_reports_the_schema_version_and_refuses_an_unknown_scheme(
     refused = await _roost("db", "migrate", "--url", "mysql://x/y", data=tmp_path)
     assert refused.exit_code == 1
     assert "unsupported database URL scheme: mysql://" in refused.output
+
+
+async def test_admin_commands_use_the_configured_postgresql_database(
+        tmp_path: Path, pg_url: str) -> None:
+    env = {"ROOST_DISABLE_PLUGIN_AUTOLOAD": "1", "ROOST_DATA_DIR": str(tmp_path / "data"),
+           "ROOST_DATABASE_URL": pg_url}
+
+    async def roost(*args: str) -> Result:
+        return await asyncio.to_thread(CliRunner().invoke, cli, list(args), env=env,
+                                       catch_exceptions=False)
+
+    disabled = await roost("plugins", "disable", "plugins.sql_tool")
+    assert disabled.exit_code == 0, disabled.output
+    listed = await roost("pairing", "list")
+    assert listed.exit_code == 0, listed.output
+    errors = await roost("errors", "list")
+    assert errors.exit_code == 0, errors.output
+    store = await SessionStore.open(pg_url)
+    try:
+        rows = await store.db.execute_fetchall("SELECT name FROM plugin_state WHERE enabled = 0")
+        assert [r[0] for r in rows] == ["plugins.sql_tool"]
+    finally:
+        await store.close()
+    assert not (tmp_path / "data" / "roost.db").exists()

@@ -149,10 +149,10 @@ async def _with_errors(settings: Settings,
     from bot.storage.errors import ErrorStore
     from bot.storage.sessions import SessionStore
 
-    if not settings.db_path.exists():
+    if not settings.database_url and not settings.db_path.exists():
         click.echo(f"roost: no database at {settings.db_path}", err=True)
         return 1
-    store = await SessionStore.open(settings.db_path)
+    store = await SessionStore.open(settings.database)
     try:
         return await action(ErrorStore(store.db, store.lock))
     finally:
@@ -168,11 +168,11 @@ async def _with_access(settings: Settings, action: Callable[[Any], Awaitable[int
     from bot.storage.access import AccessStore
     from bot.storage.sessions import SessionStore
 
-    if not settings.db_path.exists():
+    if not settings.database_url and not settings.db_path.exists():
         click.echo(f"roost: no database at {settings.db_path}", err=True)
         return 1
     # WAL and the busy timeout let this write next to a running service.
-    store = await SessionStore.open(settings.db_path)
+    store = await SessionStore.open(settings.database)
     try:
         return await action(AccessStore(store.db, store.lock, store.writer,
                                         ttl=settings.pairing_code_ttl))

@@ -24,14 +24,14 @@ def plugins() -> None:
 
 
 def _persisted_disabled(settings: Settings) -> set[str]:
-    if not settings.db_path.exists():
+    if not settings.database_url and not settings.db_path.exists():
         return set()
 
     async def load() -> set[str]:
         from bot.pluginhost.state import load_disabled
         from bot.storage.sessions import SessionStore
 
-        store = await SessionStore.open(settings.db_path)
+        store = await SessionStore.open(settings.database)
         try:
             return await load_disabled(store.db, store.lock)
         finally:
@@ -144,7 +144,7 @@ def _set_enabled(ctx: click.Context, name: str, enabled: bool) -> None:
         sys.exit(1)
 
     async def save() -> None:
-        store = await SessionStore.open(settings.db_path)
+        store = await SessionStore.open(settings.database)
         try:
             await save_state(store.db, store.lock, name, enabled)
         finally:
