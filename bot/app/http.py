@@ -216,5 +216,5 @@ def gauges(app: Roost) -> Gauges:
     breaker = getattr(provider, "breaker", None)
     if isinstance(breaker, CircuitBreaker):
         states[f"provider:{provider.name}"] = breaker.state
-    queued = sum(len(lane.queue) for lane in app.dispatcher.lanes.values())
+    queued = app.dispatcher.lanes.waiting()
     return Gauges(states, queued, app.engine.active_runs)

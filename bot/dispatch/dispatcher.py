@@ -7,12 +7,8 @@ history and queues the reply in the outbox, and the reply is marked delivered
 once the platform took it. :meth:`Dispatcher.recover` runs what a dead process
 left unfinished.
 
-Each session has a lane: up to one run at a time in a direct chat and
-``group_max_concurrent`` in a group; further messages wait in a FIFO capped at
-``queue_cap`` (the oldest is dropped with a notice). A message from the same
-sender that arrives within ``merge_window_ms`` of the previous one, while that
-message's run has shown nothing yet, cancels the run and restarts it with both
-texts, so a lone message is never delayed to wait for a possible follow-up.
+Who is answered is :mod:`bot.dispatch.intake`'s call; each session's runs and
+queue, and merging follow-ups, are :mod:`bot.dispatch.lanes`'.
 """
 
 from __future__ import annotations
@@ -22,8 +18,6 @@ import contextlib
 import dataclasses
 import logging
 import time
-import uuid
-from collections import deque
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
@@ -37,9 +31,10 @@ from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.contracts.runtime import Runtime
 from bot.dispatch.access import PairingGate
 from bot.dispatch.commands import run_command
-from bot.dispatch.lanes import Lane, Pending, Running, joined
+from bot.dispatch.intake import ChatPolicy
+from bot.dispatch.lanes import Lane, Lanes, Pending, Running
 from bot.dispatch.redelivery import Redeliveries
-from bot.dispatch.registry import ActiveRun, RunRegistry
+from bot.dispatch.registry import RunRegistry
 from bot.dispatch.stream import DraftWatch, StreamBridge, draft_id
 from bot.engine.budgets import Budgets
 from bot.engine.guard import join_messages
@@ -91,11 +86,15 @@ class Dispatcher:
         # Through a lambda: on_delivery is set after construction (the metrics).
         self.redeliveries = Redeliveries(
             inbox, channels, lambda channel, outcome: self.on_delivery(channel, outcome))
-        self.lanes: dict[str, Lane] = {}
+        self.policy = ChatPolicy(settings)
+        """Who is answered: the DM and group policies (bot.dispatch.intake)."""
+        self.lanes = Lanes(settings, self.registry,
+                           lambda lane, entry, run_id: self._spawn(self._run(lane, entry, run_id)),
+                           self._dropped)
+        """Each session's runs and queue (bot.dispatch.lanes)."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
         self._closed = False
-        self._group_context: dict[str, deque[InboundMessage]] = {}
         # Commands of one chat run in the order they were sent ("/pin a", "/pin b").
         self._command_locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         self.on_delivery: Callable[[str, str], None] = _uncounted
@@ -116,13 +115,13 @@ class Dispatcher:
         if not message.text.strip() and not message.attachments:
             return
         parsed = parse_command(message.text)
-        if not self._allowed(message, parsed is not None):
-            return
         key = self.key_for(message)
+        if not self.policy.allows(message, parsed is not None, key):
+            return
         if not await self.pairing.admits(message):
             await self._refuse_unpaired(message, key, parsed is not None)
             return
-        lane = self.lanes.get(key)
+        lane = self.lanes.by_key.get(key)
         # A message whose run will start at once is recorded as started.
         now = parsed is None and (lane is None or (not lane.queue and not lane.running))
         entry = await self.inbox.add(message, key, "message" if parsed is None else "command",
@@ -136,34 +135,7 @@ class Dispatcher:
         if parsed is not None:
             self._spawn(self._command(message, *parsed, entry=entry.id))
             return
-        self._enqueue(message, entry.id, counted=now)
-
-    def _allowed(self, message: InboundMessage, is_command: bool) -> bool:
-        """Apply the DM and group policies; keep un-addressed group messages as context."""
-        s = self.settings
-        admin = s.is_admin(message.channel, message.sender_id)
-        if message.chat_type == "direct":
-            dm = s.dm_policy_for(message.channel)
-            # "pairing" passes here: the pairing gate (bot.dispatch.access) decides next.
-            if admin or dm in ("open", "pairing") or (
-                    dm == "allowlist"
-                    and f"{message.channel}:{message.sender_id}" in s.dm_allowlist):
-                return True
-            log.info("DM from %s:%s ignored (dm policy %s)", message.channel,
-                     message.sender_id, dm)
-            return False
-        policy = s.group_policy_for(message.channel, message.chat_id)
-        if policy == "all" or (policy == "mention" and (message.mentioned or is_command)):
-            return True
-        if policy == "off":
-            return is_command and admin
-        if s.group_context_messages:
-            key = self.key_for(message)
-            kept = self._group_context.get(key)
-            if kept is None:
-                kept = self._group_context[key] = deque(maxlen=s.group_context_messages)
-            kept.append(message)
-        return False
+        self.lanes.enqueue(self.lanes.lane(key, message), message, entry.id, counted=now)
 
     async def _refuse_unpaired(self, message: InboundMessage, key: str,
                                is_command: bool) -> None:
@@ -176,15 +148,6 @@ class Dispatcher:
         reply = await self.pairing.refuse(message)
         if reply is not None:
             self._notify(message, reply)
-
-    def _take_context(self, key: str) -> str:
-        """Group messages the bot was not addressed in since its last run, as prompt text."""
-        kept = self._group_context.pop(key, None)
-        if not kept:
-            return ""
-        lines = [f"[{m.display_name} (id {m.sender_id})]: {m.text[:2_000]}" for m in kept]
-        return ("Recent messages in this group that were not addressed to you, oldest "
-                "first:\n" + "\n".join(lines))
 
     # -- queries and controls used by commands -------------------------------
 
@@ -200,29 +163,16 @@ class Dispatcher:
         """
         done: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
         pending = Pending(message, time.monotonic(), options, done, deliver_failed)
-        lane = self._lane(message)
-        if len(lane.running) < lane.limit:
-            self._start(lane, pending)
-        else:
-            lane.queue.append(pending)
+        self.lanes.add(self.lanes.lane(self.key_for(message), message), pending)
         return done
 
     def key_for(self, message: InboundMessage) -> str:
         """The session ``message`` belongs to, under the agent its chat is bound to."""
         return session_key(message, self.router.route(message))
 
-    def _lane(self, message: InboundMessage, key: str | None = None) -> Lane:
-        key = key or self.key_for(message)
-        lane = self.lanes.get(key)
-        if lane is None:
-            limit = self.settings.group_max_concurrent if message.chat_type == "group" else 1
-            lane = self.lanes[key] = Lane(key, limit)
-        return lane
-
     def queue_length(self, key: str) -> int:
         """Messages waiting in a session's queue."""
-        lane = self.lanes.get(key)
-        return len(lane.queue) if lane else 0
+        return self.lanes.queue_length(key)
 
     def running_count(self, key: str) -> int:
         """Runs in flight for a session (not counting ones already cancelled)."""
@@ -235,16 +185,12 @@ class Dispatcher:
 
     def stop_all(self, key: str) -> tuple[int, int]:
         """Cancel every run of a session and drop its queue (``/stopall``)."""
-        lane = self.lanes.get(key)
-        dropped = 0
-        if lane:
-            dropped = len(lane.queue)
-            lane.queue.clear()
+        dropped = self.lanes.clear_queue(key)
         return self.registry.abort_session(key, "stop"), dropped
 
     async def drain(self) -> None:
         """Wait until no run, queued message or command is left."""
-        while self.lanes or self._tasks:
+        while self.lanes.by_key or self._tasks:
             self._changed.clear()
             await self._changed.wait()
 
@@ -255,11 +201,7 @@ class Dispatcher:
         stay in the inbox and run after the next start.
         """
         self._closed = True
-        for lane in self.lanes.values():
-            for pending in lane.queue:
-                if pending.done is not None and not pending.done.done():
-                    pending.done.cancel()
-            lane.queue.clear()
+        self.lanes.close()
         self.redeliveries.cancel()
         if grace > 0 and self._tasks:
             with contextlib.suppress(TimeoutError):
@@ -323,73 +265,7 @@ class Dispatcher:
             attachments=tuple(a for e in group for a in e.message.attachments))
         pending = Pending(message, time.monotonic(), entries=ids, journal=journal,
                            stale_draft=head.draft_id, texts=texts)
-        lane = self._lane(message, head.session_key)
-        if len(lane.running) < lane.limit:
-            self._start(lane, pending)
-        else:
-            lane.queue.append(pending)
-
-    # -- lanes ---------------------------------------------------------------
-
-    def _enqueue(self, message: InboundMessage, entry: int, *, counted: bool = False) -> None:
-        lane = self._lane(message)
-        now = time.monotonic()
-        window = self.settings.merge_window_ms / 1000
-        if window and self._merge(lane, message, entry, now, window):
-            return
-        if len(lane.running) < lane.limit:
-            self._start(lane, Pending(message, now, entries=(entry,), counted=counted))
-            return
-        if len(lane.queue) >= self.settings.queue_cap:
-            dropped = lane.queue.popleft()
-            if dropped.done is not None and not dropped.done.done():
-                dropped.done.set_exception(RuntimeError("dropped: the chat's queue was full"))
-            self.inbox.close(dropped.entries)
-            self._notify(dropped.message, "Too many messages were waiting, so I dropped this "
-                         "one. Send it again if you still need an answer.")
-        lane.queue.append(Pending(message, now, entries=(entry,), counted=counted))
-
-    def _merge(self, lane: Lane, message: InboundMessage, entry_id: int, now: float,
-               window: float) -> bool:
-        # Into the running run only when nothing waits behind it: a message
-        # queued in between must not be answered after the one merged past it.
-        for running in reversed(lane.running if not lane.queue else ()):
-            prev = running.pending
-            if (prev.message.sender_id == message.sender_id and not running.output
-                    and prev.options is None and prev.journal is None
-                    and now - prev.received <= window and running.run is not None):
-                lane.running.remove(running)
-                self.registry.abort(running.run.run_id, lane.key, "merged")
-                limit = self.settings.max_message_chars
-                self._start(lane, joined(prev, message, entry_id, now, limit))
-                return True
-        if lane.queue and len(lane.running) >= lane.limit:
-            last = lane.queue[-1]
-            if (last.message.sender_id == message.sender_id and last.options is None
-                    and now - last.received <= window):
-                limit = self.settings.max_message_chars
-                lane.queue[-1] = joined(last, message, entry_id, now, limit)
-                return True
-        return False
-
-    def _start(self, lane: Lane, pending: Pending) -> None:
-        entry = Running(pending)
-        lane.running.append(entry)
-        run_id = uuid.uuid4().hex
-        task = self._spawn(self._run(lane, entry, run_id))
-        entry.run = ActiveRun(run_id, lane.key, task, time.monotonic())
-        self.registry.register(entry.run)
-
-    def _finished(self, lane: Lane, entry: Running) -> None:
-        if entry.run is not None:
-            self.registry.unregister(entry.run.run_id)
-        if entry in lane.running:
-            lane.running.remove(entry)
-        while lane.queue and len(lane.running) < lane.limit and not self._closed:
-            self._start(lane, lane.queue.popleft())
-        if not lane.running and not lane.queue and self.lanes.get(lane.key) is lane:
-            del self.lanes[lane.key]
-        self._changed.set()
+        self.lanes.add(self.lanes.lane(head.session_key, message), pending)
 
     # -- one run ---------------------------------------------------------------
 
@@ -455,7 +331,7 @@ class Dispatcher:
             typing = channel.typing(message) if channel else contextlib.nullcontext()
             async with typing:
                 options = pending.options or {
-                    "extra_context": self._take_context(lane.key)}
+                    "extra_context": self.policy.take_context(lane.key)}
                 options = {"agent": agent_of(lane.key), "plugins": plugins, **options}
                 if pending.entries:
                     options["journal"] = pending.journal or RunJournal(self.inbox,
@@ -495,7 +371,8 @@ class Dispatcher:
             else:
                 self._notify(message, "Something went wrong on my side; please try again.")
         finally:
-            self._finished(lane, entry)
+            self.lanes.finished(lane, entry)
+            self._changed.set()
 
     def _count(self, message: InboundMessage, agent: str, usage: Usage) -> None:
         """Add a finished run's tokens (and cost) to its sender's, group's and agent's."""
@@ -574,6 +451,12 @@ class Dispatcher:
                 del self._command_locks[key]
 
     # -- helpers ---------------------------------------------------------------
+
+    def _dropped(self, pending: Pending) -> None:
+        """A message the full queue dropped: closed, and its sender told."""
+        self.inbox.close(pending.entries)
+        self._notify(pending.message, "Too many messages were waiting, so I dropped this "
+                     "one. Send it again if you still need an answer.")
 
     def _notify(self, message: InboundMessage, text: str) -> None:
         self._spawn(self._send(OutboundMessage.reply_to_message(message, text, "notice")))

@@ -1,15 +1,27 @@
-"""A session's lane: its runs in flight and its queue of waiting messages."""
+"""Sessions' lanes: their runs in flight, their queues of waiting messages, merging.
+
+Each session has a lane: up to one run at a time in a direct chat and
+``group_max_concurrent`` in a group; further messages wait in a FIFO capped at
+``queue_cap`` (the oldest is dropped). A message from the same sender that
+arrives within ``merge_window_ms`` of the previous one, while that message's run
+has shown nothing yet, cancels the run and restarts it with both texts, so a
+lone message is never delayed to wait for a possible follow-up.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
+import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from bot.config.settings import Settings
 from bot.contracts.messages import InboundMessage
-from bot.dispatch.registry import ActiveRun
+from bot.dispatch.registry import ActiveRun, RunRegistry
 from bot.engine.guard import join_messages
 from bot.engine.requests import RunResult
 from bot.storage.inbox import RunJournal
@@ -66,3 +78,127 @@ def joined(first: Pending, second: InboundMessage, entry: int, now: float,
                                   attachments=attachments)
     return Pending(message, now, entries=(*first.entries, entry),
                     stale_draft=first.stale_draft, texts=texts)
+
+
+StartRun = Callable[[Lane, Running, str], "asyncio.Task[None]"]
+"""``(lane, entry, run_id) -> task``: starts the run that answers ``entry``."""
+
+
+class Lanes:
+    """Every session's lane: who runs now, who waits, and merging follow-ups.
+
+    ``start`` runs an entry (the dispatcher's task); ``drop(pending)`` is told of a
+    message the full queue dropped. The run's task calls :meth:`finished` when done.
+    """
+
+    def __init__(self, settings: Settings, registry: RunRegistry, start: StartRun,
+                 drop: Callable[[Pending], None]) -> None:
+        self.settings = settings
+        self.registry = registry
+        self._start_run = start
+        self._drop = drop
+        self.by_key: dict[str, Lane] = {}
+        self.closed = False
+        """Set on shutdown: queued messages no longer start."""
+
+    def lane(self, key: str, message: InboundMessage) -> Lane:
+        """Session ``key``'s lane (made for ``message``'s kind of chat when new)."""
+        lane = self.by_key.get(key)
+        if lane is None:
+            limit = self.settings.group_max_concurrent if message.chat_type == "group" else 1
+            lane = self.by_key[key] = Lane(key, limit)
+        return lane
+
+    def waiting(self) -> int:
+        """Messages waiting in all the queues."""
+        return sum(len(lane.queue) for lane in self.by_key.values())
+
+    def queue_length(self, key: str) -> int:
+        """Messages waiting in a session's queue."""
+        lane = self.by_key.get(key)
+        return len(lane.queue) if lane else 0
+
+    def clear_queue(self, key: str) -> int:
+        """Drop a session's queue; returns how many messages it held."""
+        lane = self.by_key.get(key)
+        if not lane:
+            return 0
+        dropped = len(lane.queue)
+        lane.queue.clear()
+        return dropped
+
+    def add(self, lane: Lane, pending: Pending) -> None:
+        """Start ``pending`` if the lane has room, else queue it (never merged)."""
+        if len(lane.running) < lane.limit:
+            self.start(lane, pending)
+        else:
+            lane.queue.append(pending)
+
+    def enqueue(self, lane: Lane, message: InboundMessage, entry: int, *,
+                counted: bool = False) -> None:
+        """A person's message: merged into their previous one, started, or queued."""
+        now = time.monotonic()
+        window = self.settings.merge_window_ms / 1000
+        if window and self._merge(lane, message, entry, now, window):
+            return
+        if len(lane.running) < lane.limit:
+            self.start(lane, Pending(message, now, entries=(entry,), counted=counted))
+            return
+        if len(lane.queue) >= self.settings.queue_cap:
+            dropped = lane.queue.popleft()
+            if dropped.done is not None and not dropped.done.done():
+                dropped.done.set_exception(RuntimeError("dropped: the chat's queue was full"))
+            self._drop(dropped)
+        lane.queue.append(Pending(message, now, entries=(entry,), counted=counted))
+
+    def _merge(self, lane: Lane, message: InboundMessage, entry_id: int, now: float,
+               window: float) -> bool:
+        # Into the running run only when nothing waits behind it: a message
+        # queued in between must not be answered after the one merged past it.
+        for running in reversed(lane.running if not lane.queue else ()):
+            prev = running.pending
+            if (prev.message.sender_id == message.sender_id and not running.output
+                    and prev.options is None and prev.journal is None
+                    and now - prev.received <= window and running.run is not None):
+                lane.running.remove(running)
+                self.registry.abort(running.run.run_id, lane.key, "merged")
+                limit = self.settings.max_message_chars
+                self.start(lane, joined(prev, message, entry_id, now, limit))
+                return True
+        if lane.queue and len(lane.running) >= lane.limit:
+            last = lane.queue[-1]
+            if (last.message.sender_id == message.sender_id and last.options is None
+                    and now - last.received <= window):
+                limit = self.settings.max_message_chars
+                lane.queue[-1] = joined(last, message, entry_id, now, limit)
+                return True
+        return False
+
+    def start(self, lane: Lane, pending: Pending) -> None:
+        """Run ``pending`` now, registered for ``/stop``."""
+        entry = Running(pending)
+        lane.running.append(entry)
+        run_id = uuid.uuid4().hex
+        task = self._start_run(lane, entry, run_id)
+        entry.run = ActiveRun(run_id, lane.key, task, time.monotonic())
+        self.registry.register(entry.run)
+
+    def finished(self, lane: Lane, entry: Running) -> None:
+        """``entry``'s run ended: the next queued message starts; an idle lane goes."""
+        if entry.run is not None:
+            self.registry.unregister(entry.run.run_id)
+        if entry in lane.running:
+            lane.running.remove(entry)
+        while lane.queue and len(lane.running) < lane.limit and not self.closed:
+            self.start(lane, lane.queue.popleft())
+        if not lane.running and not lane.queue and self.by_key.get(lane.key) is lane:
+            del self.by_key[lane.key]
+
+    def close(self) -> None:
+        """Shutdown: queued messages do not start (their scheduled callers are cancelled)."""
+        self.closed = True
+        for lane in self.by_key.values():
+            for pending in lane.queue:
+                if pending.done is not None and not pending.done.done():
+                    pending.done.cancel()
+            lane.queue.clear()

@@ -1,0 +1,59 @@
+"""Who gets an answer: the DM and group policies, and group chatter kept as context.
+
+A group message the bot was not addressed in is not answered; the last
+``group_context_messages`` of them are kept and given to the session's next run.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+from bot.config.settings import Settings
+from bot.contracts.messages import InboundMessage
+
+log = logging.getLogger("roost.dispatch.intake")
+
+
+class ChatPolicy:
+    """Applies the DM and group policies; keeps un-addressed group messages per session."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._group_context: dict[str, deque[InboundMessage]] = {}
+
+    def allows(self, message: InboundMessage, is_command: bool, key: str) -> bool:
+        """Whether ``message`` (of session ``key``) is answered; the DM pairing gate decides
+        after this (``dm_policy`` "pairing" passes here)."""
+        s = self.settings
+        admin = s.is_admin(message.channel, message.sender_id)
+        if message.chat_type == "direct":
+            dm = s.dm_policy_for(message.channel)
+            # "pairing" passes here: the pairing gate (bot.dispatch.access) decides next.
+            if admin or dm in ("open", "pairing") or (
+                    dm == "allowlist"
+                    and f"{message.channel}:{message.sender_id}" in s.dm_allowlist):
+                return True
+            log.info("DM from %s:%s ignored (dm policy %s)", message.channel,
+                     message.sender_id, dm)
+            return False
+        policy = s.group_policy_for(message.channel, message.chat_id)
+        if policy == "all" or (policy == "mention" and (message.mentioned or is_command)):
+            return True
+        if policy == "off":
+            return is_command and admin
+        if s.group_context_messages:
+            kept = self._group_context.get(key)
+            if kept is None:
+                kept = self._group_context[key] = deque(maxlen=s.group_context_messages)
+            kept.append(message)
+        return False
+
+    def take_context(self, key: str) -> str:
+        """Group messages the bot was not addressed in since its last run, as prompt text."""
+        kept = self._group_context.pop(key, None)
+        if not kept:
+            return ""
+        lines = [f"[{m.display_name} (id {m.sender_id})]: {m.text[:2_000]}" for m in kept]
+        return ("Recent messages in this group that were not addressed to you, oldest "
+                "first:\n" + "\n".join(lines))
