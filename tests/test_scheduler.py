@@ -22,7 +22,8 @@ from bot.contracts.messages import InboundMessage
 from bot.engine.runloop import RunResult
 from bot.pluginhost.manager import get_plugin_manager
 from bot.scheduling.cron import ScheduleError, format_duration, parse, parse_duration, zone
-from bot.scheduling.scheduler import JobError, JobView, Scheduler
+from bot.scheduling.requests import JobError
+from bot.scheduling.scheduler import JobView, Scheduler
 from bot.storage.jobs import Job
 from bot.testing.app import ChatChannel, EventRecorder, scripted
 from tests.conftest import AppFactory, make_chat
@@ -259,7 +260,7 @@ async def test_missed_runs_beyond_the_grace_period_are_skipped_and_logged(
     once = await add(scheduler, "at 09:02", "one-off")
     await app.close()
     clock.advance(minutes=11)  # back at 09:10: both fire times are 8+ minutes old
-    caplog.set_level(logging.WARNING, logger="roost.scheduling.scheduler")
+    caplog.set_level(logging.WARNING, logger="roost.scheduling.due")
     _, channel, log, scheduler2 = await cron_app(provider, clock=clock)
     await scheduler2.wait_idle()
     assert channel.sent == [] and "run.started" not in [e.type for e in log.events]

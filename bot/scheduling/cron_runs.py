@@ -14,7 +14,7 @@ from bot.storage.jobs import Job
 
 if TYPE_CHECKING:
     from bot.contracts.runtime import Runtime
-    from bot.scheduling.scheduler import Fire
+    from bot.scheduling.due import Fire
 
 log = logging.getLogger("roost.scheduling.cron_runs")
 

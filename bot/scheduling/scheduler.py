@@ -10,14 +10,16 @@ Two kinds of job share one table (``jobs``, in the service's SQLite database):
 
 Timing is APScheduler's: every job is an APScheduler job with the job's own
 trigger (:mod:`bot.scheduling.cron`), run by an ``AsyncIOScheduler`` on the
-service's loop. But APScheduler only *wakes* Roost up; what runs is decided
-by :meth:`Scheduler.run_due`, which works from a clock it is given and the
-database alone, so tests drive it with a fake clock and no waiting:
+service's loop (:mod:`bot.scheduling.alarm`). But APScheduler only *wakes* Roost
+up; what runs is decided by :meth:`Scheduler.run_due`, which works from a clock
+it is given and the database alone, so tests drive it with a fake clock and no
+waiting:
 
 1. A job is due when its next fire time is not after ``now``.
 2. Fire times older than ``now - misfire_grace_seconds`` are skipped and
    logged (the service was down too long for them to be useful); the due fire
-   times inside the grace window are coalesced into one run, for the latest.
+   times inside the grace window are coalesced into one run, for the latest
+   (:mod:`bot.scheduling.due`).
 3. That fire time is **claimed** in the database: ``last_fire`` is set to it
    only if it is still earlier (one conditional ``UPDATE``). Only a successful
    claim runs the job, so no fire time runs twice: not after a restart (the
@@ -40,24 +42,22 @@ are ``WHERE`` clauses, and the claim is one atomic statement.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import secrets
 import sqlite3
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
-
-from apscheduler.jobstores.base import JobLookupError  # type: ignore[import-untyped]
-from apscheduler.schedulers.asyncio import AsyncIOScheduler  # type: ignore[import-untyped]
 
 from bot.config.settings import Settings
 from bot.contracts.jobs import JobSpec
 from bot.contracts.messages import ChatType
 from bot.resilience.retry import RetryPolicy
-from bot.scheduling.cron import Schedule, ScheduleError, format_duration, parse, zone
+from bot.scheduling.alarm import Alarm
+from bot.scheduling.cron import ScheduleError, parse, zone
 from bot.scheduling.cron_runs import CRON_RETRY, run_cron_job
+from bot.scheduling.due import Entry, Fire, due
+from bot.scheduling.requests import JobError, check_request, new_id
 from bot.storage.jobs import Job, JobStore
 
 if TYPE_CHECKING:
@@ -69,13 +69,9 @@ Clock = Callable[[], datetime]
 """Returns the current time as an aware datetime."""
 Sleep = Callable[[float], Awaitable[None]]
 
-MAX_MESSAGE_CHARS = 4_000
-MAX_NAME_CHARS = 80
 TIMER_SLACK_SECONDS = 5
 """A run this late is on time whatever ``misfire_grace_seconds`` says: the timer wakes
 a little after the fire time, later still when thousands of jobs fire together."""
-_MAX_CATCH_UP = 100_000
-"""Fire times walked when coalescing; only a sub-second system job could get near it."""
 
 def utc_now() -> datetime:
     """The real clock."""
@@ -88,43 +84,6 @@ def _ts(moment: datetime) -> float:
 
 def _dt(timestamp: float) -> datetime:
     return datetime.fromtimestamp(timestamp, UTC)
-
-
-# -- the scheduler ----------------------------------------------------------------------------
-
-
-class JobError(Exception):
-    """A job request refused; the message is fit to show the user.
-
-    ``code``: ``INVALID_ARGUMENT``, ``INVALID_SCHEDULE``, ``INVALID_TIMEZONE``,
-    ``TIME_PASSED``, ``INTERVAL_TOO_SHORT``, ``LIMIT_REACHED``, ``NOT_FOUND``,
-    ``NOT_ALLOWED``.
-    """
-
-    def __init__(self, message: str, code: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-@dataclass(slots=True, eq=False)
-class _Entry:
-    """A loaded job: its row, its parsed schedule and its next fire time."""
-
-    job: Job
-    schedule: Schedule
-    next_fire: datetime | None
-    spec: JobSpec | None = None
-    """The plugin's job, for system jobs."""
-
-
-@dataclass(frozen=True, slots=True)
-class Fire:
-    """One run :meth:`Scheduler.run_due` started: the job, the fire time, how many it stands for."""
-
-    job: Job
-    fire_time: datetime
-    coalesced: int = 1
-    """Due fire times this run covers (more than 1 after downtime)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,15 +118,18 @@ class Scheduler:
             raise ValueError(f"timezone setting: {exc} (set ROOST_TIMEZONE)") from None
         self.runtime: Runtime | None = None
         """What system jobs receive and cron runs go through; set by :meth:`start`."""
-        self.aps: Any = None
-        """The ``AsyncIOScheduler`` while running with the real clock."""
-        self._jobs: dict[str, _Entry] = {}
+        self.alarm = Alarm(self.tz, lambda ids: self.run_due(only=ids), self._spawn)
+        """Wakes the scheduler at fire times (with the real clock only)."""
+        self._jobs: dict[str, Entry] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._woken: set[str] = set()
-        self._waking = False
         self._closed = False
         self.on_fire: Callable[[str], None] | None = None
         """Told the kind (``cron``, ``system``) of each run the scheduler starts (metrics)."""
+
+    @property
+    def aps(self) -> Any:
+        """The ``AsyncIOScheduler`` while running with the real clock."""
+        return self.alarm.aps
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -193,7 +155,7 @@ class Scheduler:
         await self.store.delete_many(done)
         await self._register_system(specs, now)
         if self.timer:
-            self._start_timer()
+            self.alarm.start(self._jobs.values(), self._now())
         await self.run_due(now)
 
     async def sync_system(self, specs: Sequence[JobSpec]) -> None:
@@ -206,26 +168,17 @@ class Scheduler:
             return
         now = self._now()
         for job_id in [j for j, e in self._jobs.items() if e.job.kind == "system"]:
-            self._untime(job_id)
+            self.alarm.untime(job_id)
             del self._jobs[job_id]
         await self._register_system(specs, now)
         for entry in self._jobs.values():
             if entry.job.kind == "system":
-                self._time(entry, now)
+                self.alarm.time(entry, now)
 
     async def close(self) -> None:
         """Stop the timer and cancel runs waiting to retry; nothing fires after this."""
         self._closed = True
-        aps, self.aps = self.aps, None
-        if aps is not None and aps.running:
-            # Pause first and let the calls APScheduler already started finish (they
-            # return at once now): its shutdown cancels unfinished ones and logs each
-            # as a failed job.
-            aps.pause()
-            for _ in range(3):
-                await asyncio.sleep(0)
-            aps.shutdown(wait=False)
-            await asyncio.sleep(0)  # the shutdown itself runs as a loop callback
+        await self.alarm.stop()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -245,7 +198,7 @@ class Scheduler:
         # Whole seconds: anchors and fire times are stored as floats and compared exactly.
         return self.clock().astimezone(UTC).replace(microsecond=0)
 
-    def _load(self, job: Job) -> _Entry | None:
+    def _load(self, job: Job) -> Entry | None:
         try:
             tz = zone(job.timezone)
             schedule = parse(job.schedule, tz, _dt(job.created_at),
@@ -258,7 +211,7 @@ class Scheduler:
             next_fire = schedule.first()
         else:
             next_fire = schedule.following(_dt(job.last_fire))
-        return _Entry(job, schedule, next_fire)
+        return Entry(job, schedule, next_fire)
 
     async def _register_system(self, specs: Sequence[JobSpec], now: datetime) -> None:
         stored = {j.id: j for j in await self.store.find(kind="system")}
@@ -288,60 +241,6 @@ class Scheduler:
         # Rows of jobs no plugin offers any more.
         await self.store.delete_many(set(stored) - keep)
 
-    # -- the timer (production) ----------------------------------------------------------
-
-    def _start_timer(self) -> None:
-        # APScheduler logs every job added and every run at INFO: thousands of lines
-        # for what Roost logs itself. Quiet it unless someone configured it.
-        aps_log = logging.getLogger("apscheduler")
-        if aps_log.level == logging.NOTSET:
-            aps_log.setLevel(logging.WARNING)
-        self.aps = AsyncIOScheduler(timezone=self.tz, job_defaults={
-            # run_due decides about lateness and coalescing; APScheduler must just call.
-            "misfire_grace_time": None, "coalesce": True, "max_instances": 3})
-        # Added before start: APScheduler then sorts them once instead of waking per job.
-        now = self._now()
-        for entry in self._jobs.values():
-            self._time(entry, now)
-        self.aps.start()
-
-    def _time(self, entry: _Entry, now: datetime | None = None) -> None:
-        if self.aps is None or entry.next_fire is None:
-            return
-        options: dict[str, Any] = {}
-        if entry.next_fire > (now or self._now()):
-            # The trigger's first fire time from now, already known: handing it over
-            # saves APScheduler computing it again (most of its cost per job).
-            options["next_run_time"] = entry.next_fire
-        self.aps.add_job(self._on_timer, trigger=entry.schedule.trigger, args=(entry.job.id,),
-                         id=entry.job.id, name=entry.job.name or entry.job.id,
-                         replace_existing=True, **options)
-
-    def _untime(self, job_id: str) -> None:
-        if self.aps is not None:
-            with contextlib.suppress(JobLookupError):
-                self.aps.remove_job(job_id)
-
-    async def _on_timer(self, job_id: str) -> None:
-        """What APScheduler calls at a fire time: queue the job for one batched look.
-
-        APScheduler starts one call per due job; jobs due at the same second
-        (everyone's ``0 9 * * *``) are gathered and claimed by one statement.
-        """
-        self._woken.add(job_id)
-        if not self._waking:
-            self._waking = True
-            self._spawn(self._wake())
-
-    async def _wake(self) -> None:
-        # One loop turn: the calls APScheduler started in the same wakeup get queued.
-        await asyncio.sleep(0)
-        ids, self._woken, self._waking = self._woken, set(), False
-        try:
-            await self.run_due(only=ids)
-        except Exception:
-            log.exception("scheduler: checking %d due job(s) failed", len(ids))
-
     # -- firing ---------------------------------------------------------------------------
 
     async def run_due(self, now: datetime | None = None, *,
@@ -357,49 +256,20 @@ class Scheduler:
             return []
         now = (now or self.clock()).astimezone(UTC)
         grace = max(self.settings.misfire_grace_seconds, TIMER_SLACK_SECONDS)
-        earliest = now - timedelta(seconds=grace)
-        entries: Iterable[_Entry]
+        entries: Iterable[Entry]
         if only is not None:
             entries = [e for e in map(self._jobs.get, only) if e is not None]
         else:
             entries = list(self._jobs.values())
-        wanted: list[tuple[_Entry, datetime, int]] = []
-        expired: list[_Entry] = []
-        for entry in entries:
-            due = entry.next_fire
-            if due is None or due > now:
-                continue
-            job = entry.job
-            if job.kind == "cron" and (job.channel not in self.runtime.channels
-                                       or (channel is not None and job.channel != channel)):
-                continue  # left due: its channel catches it up when it starts
-            if channel is not None and job.kind != "cron":
-                continue
-            if due < earliest:
-                skipped_from = due
-                due = entry.schedule.first_from(earliest)
-                log.warning("job %s: run(s) due since %s were missed by more than %ds "
-                            "(misfire_grace_seconds) and are skipped", job.label,
-                            skipped_from.isoformat(), grace)
-                if due is None or due > now:
-                    entry.next_fire = due
-                    if due is None:
-                        expired.append(entry)
-                    continue
-            latest, count = due, 1
-            while count < _MAX_CATCH_UP:
-                after = entry.schedule.following(latest)
-                if after is None or after > now:
-                    break
-                latest, count = after, count + 1
-            wanted.append((entry, latest, count))
+        wanted, expired = due(entries, now, grace, running=self.runtime.channels,
+                              channel=channel)
         if expired:
             await self._forget(expired)
         if not wanted:
             return []
         won = await self.store.claim([(e.job.id, _ts(fire)) for e, fire, _ in wanted])
         fires: list[Fire] = []
-        lost: list[_Entry] = []
+        lost: list[Entry] = []
         for entry, fire, count in wanted:
             entry.next_fire = entry.schedule.following(fire)
             if entry.job.id not in won:
@@ -422,14 +292,14 @@ class Scheduler:
             gone = [e for e in lost if e.job.id not in present or e.next_fire is None]
             for entry in gone:
                 self._jobs.pop(entry.job.id, None)
-                self._untime(entry.job.id)
+                self.alarm.untime(entry.job.id)
         return fires
 
-    async def _forget(self, entries: Sequence[_Entry]) -> None:
+    async def _forget(self, entries: Sequence[Entry]) -> None:
         """Drop jobs that will never fire again (one-shots whose time is long past)."""
         for entry in entries:
             self._jobs.pop(entry.job.id, None)
-            self._untime(entry.job.id)
+            self.alarm.untime(entry.job.id)
         await self.store.delete_many(e.job.id for e in entries if e.job.kind == "cron")
 
     def _spawn(self, coro: Awaitable[None]) -> None:
@@ -442,7 +312,7 @@ class Scheduler:
         if not task.cancelled() and task.exception() is not None:
             log.error("scheduled run crashed", exc_info=task.exception())
 
-    async def _execute(self, entry: _Entry, fire: Fire) -> None:
+    async def _execute(self, entry: Entry, fire: Fire) -> None:
         if entry.spec is not None:
             await self._run_system(entry.spec, fire)
             return
@@ -466,7 +336,7 @@ class Scheduler:
             log.exception("scheduled job %r (fire time %s) failed", spec.name,
                           fire.fire_time.isoformat())
 
-    async def _run_cron(self, entry: _Entry, fire: Fire) -> None:
+    async def _run_cron(self, entry: Entry, fire: Fire) -> None:
         assert self.runtime is not None
         job = entry.job
         await run_cron_job(self.runtime, job, fire, entry.schedule.tz, self.retry, self.sleep,
@@ -483,38 +353,15 @@ class Scheduler:
         is invalid or over a limit (``cron_max_jobs_per_user``,
         ``cron_min_interval_seconds``).
         """
-        message, name = message.strip(), " ".join(name.split())
-        if not message:
-            raise JobError("the job needs a message: what to do when it fires",
-                           "INVALID_ARGUMENT")
-        if len(message) > MAX_MESSAGE_CHARS:
-            raise JobError(f"the message is {len(message)} characters; the limit is "
-                           f"{MAX_MESSAGE_CHARS}", "INVALID_ARGUMENT")
-        if len(name) > MAX_NAME_CHARS:
-            raise JobError(f"the name is longer than {MAX_NAME_CHARS} characters",
-                           "INVALID_ARGUMENT")
-        try:
-            tz = zone(timezone) if timezone else self.tz
-        except ScheduleError as exc:
-            raise JobError(str(exc), "INVALID_TIMEZONE") from None
         now = self._now()
-        try:
-            parsed = parse(schedule, tz, now)
-        except ScheduleError as exc:
-            raise JobError(str(exc), "INVALID_SCHEDULE") from None
-        if parsed.run_date is not None and parsed.run_date <= now:
-            raise JobError(f"{parsed.run_date.isoformat()} has already passed (it is now "
-                           f"{now.astimezone(tz).isoformat()} in {tz.key})", "TIME_PASSED")
-        floor = self.settings.cron_min_interval_seconds
-        gap = parsed.shortest_gap(floor)
-        if gap is not None:
-            raise JobError(
-                f"{parsed.text!r} would run every {format_duration(int(gap))}; jobs may run "
-                f"at most once every {format_duration(floor)}", "INTERVAL_TOO_SHORT")
+        request = check_request(message, name, schedule, timezone, default_tz=self.tz,
+                                now=now, settings=self.settings)
+        parsed = request.schedule
         limit = self.settings.cron_max_jobs_per_user
         for _ in range(5):
-            job = Job(_new_id(), "cron", name, parsed.text, tz.key, message, owner_id, channel,
-                      chat_id, chat_type, thread_id, _ts(now))
+            job = Job(new_id(), "cron", request.name, parsed.text, request.tz.key,
+                      request.message, owner_id, channel, chat_id, chat_type, thread_id,
+                      _ts(now))
             try:
                 inserted = await self.store.insert(job, max_per_owner=limit)
             except sqlite3.IntegrityError:
@@ -525,9 +372,9 @@ class Scheduler:
         if not inserted:
             raise JobError(f"you already have {limit} scheduled jobs, the most allowed; remove "
                            "one first", "LIMIT_REACHED")
-        entry = _Entry(job, parsed, parsed.first())
+        entry = Entry(job, parsed, parsed.first())
         self._jobs[job.id] = entry
-        self._time(entry)
+        self.alarm.time(entry, self._now())
         log.info("job %s added by %s:%s: %s", job.label, channel, owner_id, parsed.text)
         return JobView(job, entry.next_fire)
 
@@ -566,11 +413,6 @@ class Scheduler:
         if not deleted:
             raise JobError(f"you have no job {job_id!r}", "NOT_FOUND")
         self._jobs.pop(job_id, None)
-        self._untime(job_id)
+        self.alarm.untime(job_id)
         log.info("job %s removed by %s:%s", job.label, channel, owner_id)
         return job
-
-
-def _new_id() -> str:
-    """Eight hex digits: short enough to type in ``/cron remove``."""
-    return secrets.token_hex(4)
