@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.config.settings import SECRET_MASK, ConfigError, load_settings
+from bot.config.masking import SECRET_MASK
+from bot.config.settings import ConfigError, load_settings
 
 
 @pytest.fixture(autouse=True)

@@ -28,6 +28,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from bot.config.masking import SECRET_MASK
+
 SERVER_NAME = re.compile(r"[A-Za-z0-9_-]{1,40}")
 """Server names start every tool name (``<server>__<tool>``), so they are kept plain."""
 
@@ -134,8 +136,6 @@ def expand(value: str, environ: Mapping[str, str]) -> str:
 def masked(config: McpConfig) -> dict[str, Any]:
     """``config`` as plain data with every ``env``/``headers`` value masked, except
     values that are only ``${NAME}`` references (they hold no secret)."""
-    from bot.config.settings import SECRET_MASK
-
     data = config.model_dump(mode="json")
     for server in data.get("servers", {}).values():
         for table in ("env", "headers"):

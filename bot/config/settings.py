@@ -7,9 +7,7 @@ defaults. A bad value fails at start with a message naming the key.
 
 from __future__ import annotations
 
-import contextvars
 import ipaddress
-import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -31,14 +29,10 @@ from pydantic_settings import (
 
 from bot.config.agents import AgentConfig, Binding, check_bindings
 from bot.config.budgets import BudgetConfig
+from bot.config.masking import SECRET_MASK, find_mask, mask_tree, mask_urls
 from bot.config.mcp import McpConfig
 from bot.config.mcp import masked as _masked_mcp
-
-_toml_data: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
-    "roost_toml_data", default=None
-)
-
-SECRET_MASK = "********"
+from bot.config.sources import KnownNames, TomlSource, toml_data
 
 GuardMode = Literal["off", "log", "warn", "block"]
 DmPolicy = Literal["pairing", "open", "allowlist", "disabled"]
@@ -57,39 +51,6 @@ def _env(name: str, field_name: str) -> Any:
     # The SDKs read these exact names, so Roost honours them too; the field
     # name keeps roost.toml readable.
     return AliasChoices(name, f"ROOST_{field_name.upper()}", field_name)
-
-
-class _TomlSource(PydanticBaseSettingsSource):
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        return dict(_toml_data.get() or {})
-
-
-class _KnownNames(PydanticBaseSettingsSource):
-    """``.env`` entries that are Roost's: its fields, their aliases (``TELEGRAM_BOT_TOKEN``)
-    and every ``ROOST_*`` name (a misspelt one is still reported). Other names
-    (``OTEL_*``, a plugin's or an MCP server's ``${VAR}``) are not settings; the
-    command line puts them into the environment instead."""
-
-    def __init__(self, settings_cls: type[BaseSettings],
-                 inner: PydanticBaseSettingsSource) -> None:
-        super().__init__(settings_cls)
-        self.inner = inner
-
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        known = set()
-        for name, field in self.settings_cls.model_fields.items():
-            known.add(name)
-            if isinstance(field.validation_alias, AliasChoices):
-                known.update(str(c).lower() for c in field.validation_alias.choices)
-        # An empty value (``NAME=`` as .env.example has it) means unset, not "".
-        return {k: v for k, v in self.inner().items() if v not in ("", None)
-                and (k.lower() in known or k.lower().startswith("roost_"))}
 
 
 class Settings(BaseSettings):
@@ -271,6 +232,10 @@ class Settings(BaseSettings):
     """Posts a linked channel forwards into a group automatically (``is_automatic_forward``):
     answered as the channel speaking in the group, under the group policy, or ignored."""
     telegram_webhook_port: int = 8443
+    telegram_rate_limits: bool = True
+    """Keep Telegram's documented send limits before it enforces them (about 1 message/s
+    per chat, 20/min per group, 30/s in all); off only where nothing enforces them (a
+    fake Bot API in benchmarks). 429 windows are honoured either way."""
     discord_api_base: str | None = Field(
         None, validation_alias=_env("DISCORD_API_BASE", "discord_api_base"))
     discord_gateway_url: str | None = Field(
@@ -410,8 +375,8 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, _KnownNames(settings_cls, dotenv_settings),
-                _TomlSource(settings_cls))
+        return (init_settings, env_settings, KnownNames(settings_cls, dotenv_settings),
+                TomlSource(settings_cls))
 
     @property
     def db_path(self) -> Path:
@@ -456,21 +421,10 @@ class Settings(BaseSettings):
         for name, value in self:
             if isinstance(value, SecretStr):
                 data[name] = SECRET_MASK
-        data["plugins"] = {k: _mask_tree(v) for k, v in self.plugins.items()}
+        data["plugins"] = {k: mask_tree(v) for k, v in self.plugins.items()}
         data["mcp"] = _masked_mcp(self.mcp)
         # Credentials inside URLs (user:password@, ?token=) whatever the field.
-        return {k: _mask_urls(v) for k, v in data.items()}
-
-
-_SECRET_WORDS = ("token", "secret", "key", "password")
-
-
-def _mask_tree(value: Any, key: str = "") -> Any:
-    if isinstance(value, dict):
-        return {k: _mask_tree(v, k) for k, v in value.items()}
-    if value and any(w in key.lower() for w in _SECRET_WORDS):
-        return SECRET_MASK
-    return value
+        return {k: mask_urls(v) for k, v in data.items()}
 
 
 def load_settings(config_path: Path | None = None, **overrides: Any) -> Settings:
@@ -490,70 +444,22 @@ def load_settings(config_path: Path | None = None, **overrides: Any) -> Settings
         raise ConfigError(f"config file {path} does not exist")
     if path.exists():
         overrides.setdefault("config_file", path)
-    pasted = _find_mask(data)
+    pasted = find_mask(data)
     if pasted:
         raise ConfigError(f"{path}: {pasted} holds {SECRET_MASK!r}, the mask `roost config show` "
                           "prints, not a real value: put the real value back (or remove it)")
-    token = _toml_data.set(data)
+    token = toml_data.set(data)
     try:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
         raise ConfigError(_describe(exc, path)) from None
     finally:
-        _toml_data.reset(token)
+        toml_data.reset(token)
     for name, value in settings:
         if isinstance(value, SecretStr) and SECRET_MASK in value.get_secret_value():
             raise ConfigError(f"{name} holds {SECRET_MASK!r}, the mask `roost config show` "
                               "prints, not a real value: set the real one (environment or .env)")
     return settings
-
-
-def _find_mask(tree: Any, where: str = "") -> str:
-    """The dotted key of the first value in ``tree`` holding :data:`SECRET_MASK`, or ``""``."""
-    if isinstance(tree, dict):
-        for key, value in tree.items():
-            found = _find_mask(value, f"{where}.{key}" if where else str(key))
-            if found:
-                return found
-    elif isinstance(tree, list):
-        for n, value in enumerate(tree):
-            found = _find_mask(value, f"{where}[{n}]")
-            if found:
-                return found
-    elif isinstance(tree, str) and SECRET_MASK in tree:
-        return where or "(root)"
-    return ""
-
-
-# The scheme is bounded: an unbounded one makes a long run of letters quadratic.
-_URL_USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]{0,31}://)"
-                           r"(?P<user>[^/\s@:]*)(?P<password>:[^/\s@]*)?@")
-_URL_SECRET_PARAM = re.compile(
-    r"(?P<name>[?&][^=&#\s]*(?:token|secret|key|password|auth)[^=&#\s]*=)[^&#\s]+",
-    re.IGNORECASE)
-
-
-def _mask_url_text(text: str) -> str:
-    def userinfo(match: re.Match[str]) -> str:
-        # user:password@ keeps the user (it helps to see which account); a lone
-        # user@ is usually a token (https://TOKEN@host), so it is masked whole.
-        if match["password"] is not None:
-            return f"{match['scheme']}{match['user']}:{SECRET_MASK}@"
-        return f"{match['scheme']}{SECRET_MASK}@"
-
-    text = _URL_USERINFO.sub(userinfo, text)
-    return _URL_SECRET_PARAM.sub(rf"\g<name>{SECRET_MASK}", text)
-
-
-def _mask_urls(value: Any) -> Any:
-    """``value`` with credentials inside URLs masked, at any depth."""
-    if isinstance(value, str):
-        return _mask_url_text(value) if "://" in value else value
-    if isinstance(value, dict):
-        return {k: _mask_urls(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_mask_urls(v) for v in value]
-    return value
 
 
 def _describe(exc: ValidationError, path: Path) -> str:

@@ -29,7 +29,7 @@ def config() -> None:
 @click.pass_context
 def config_show(ctx: click.Context) -> None:
     """Print the effective configuration with secrets masked."""
-    from bot.config.settings import SECRET_MASK
+    from bot.config.masking import SECRET_MASK
 
     settings = _settings(ctx)
     for key, value in settings.masked().items():

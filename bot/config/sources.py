@@ -1,0 +1,54 @@
+"""Where settings come from besides the environment: ``roost.toml`` and ``.env``.
+
+:func:`bot.config.settings.load_settings` parses ``roost.toml`` and hands it to
+:class:`TomlSource` through :data:`toml_data` for one construction; :class:`KnownNames`
+keeps only Roost's own names from ``.env``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from typing import Any
+
+from pydantic import AliasChoices
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
+
+toml_data: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "roost_toml_data", default=None
+)
+"""The parsed ``roost.toml`` while :func:`bot.config.settings.load_settings` builds settings."""
+
+
+class TomlSource(PydanticBaseSettingsSource):
+    """``roost.toml``, below the environment and ``.env``."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(toml_data.get() or {})
+
+
+class KnownNames(PydanticBaseSettingsSource):
+    """``.env`` entries that are Roost's: its fields, their aliases (``TELEGRAM_BOT_TOKEN``)
+    and every ``ROOST_*`` name (a misspelt one is still reported). Other names
+    (``OTEL_*``, a plugin's or an MCP server's ``${VAR}``) are not settings; the
+    command line puts them into the environment instead."""
+
+    def __init__(self, settings_cls: type[BaseSettings],
+                 inner: PydanticBaseSettingsSource) -> None:
+        super().__init__(settings_cls)
+        self.inner = inner
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        known = set()
+        for name, field in self.settings_cls.model_fields.items():
+            known.add(name)
+            if isinstance(field.validation_alias, AliasChoices):
+                known.update(str(c).lower() for c in field.validation_alias.choices)
+        # An empty value (``NAME=`` as .env.example has it) means unset, not "".
+        return {k: v for k, v in self.inner().items() if v not in ("", None)
+                and (k.lower() in known or k.lower().startswith("roost_"))}
