@@ -271,9 +271,12 @@ def get_plugin_manager(
     pm.add_hookspecs(hookspecs)
     host = PluginHost(pm, trace=env.get("ROOST_TRACE_PLUGINS", "") in ("1", "true"))
     allowed = load_filter(env)
+    # Read once: each lookup parses the distribution's whole METADATA (the README
+    # included), which for ~20 built-ins was most of the cost of building a host.
+    version = _version("roost")
     for modname in BUILTIN_PLUGINS:
         module = importlib.import_module(modname)
-        host.register(module, modname, PluginInfo(modname, "roost", _version("roost"), True))
+        host.register(module, modname, PluginInfo(modname, "roost", version, True))
     if load_entry_points and env.get("ROOST_DISABLE_PLUGIN_AUTOLOAD", "") not in ("1", "true"):
         for ep in _entry_points():
             dist = ep.dist.name if ep.dist else ""
