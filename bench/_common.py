@@ -195,18 +195,23 @@ class InstantAnthropic(FakeAnthropic):
         return Reply(blocks=("ok",), ping=False)
 
 
-def telegram_env(data_dir: Path, telegram: FakeTelegram,
-                 anthropic: FakeAnthropic | None) -> dict[str, str]:
-    """``roost run`` on ``telegram`` (long polling, no streaming) and ``anthropic``.
+def telegram_env(data_dir: Path, telegram: FakeTelegram, anthropic: FakeAnthropic | None,
+                 *, streaming: bool | None = False) -> dict[str, str]:
+    """``roost run`` on ``telegram`` (long polling) and ``anthropic``.
 
     Without ``anthropic`` the provider is the shipped demo script. Platform and
     provider variables of this environment are left out; direct chats are open.
+    ``streaming`` sets ``ROOST_STREAM_REPLIES`` (``None``: Roost's default).
     """
     drop = ("ROOST_", "TELEGRAM_", "DISCORD_", "SLACK_", "ANTHROPIC_", "OPENAI_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     env.update(ROOST_DATA_DIR=str(data_dir), ROOST_LOG_LEVEL="INFO", ROOST_DM_POLICY="open",
-               ROOST_STREAM_REPLIES="false", TELEGRAM_BOT_TOKEN=telegram.token,
-               TELEGRAM_API_BASE=telegram.base_url)
+               TELEGRAM_BOT_TOKEN=telegram.token, TELEGRAM_API_BASE=telegram.base_url)
+    # The fake enforces no send limits, and the bench measures Roost's own cost: the
+    # proactive budget (1 message/s per chat) would hold every closed loop at Telegram's pace.
+    env["ROOST_TELEGRAM_RATE_LIMITS"] = "false"
+    if streaming is not None:
+        env["ROOST_STREAM_REPLIES"] = "true" if streaming else "false"
     if anthropic is not None:
         env.update(ROOST_PROVIDER="anthropic", ANTHROPIC_API_KEY="x",
                    ANTHROPIC_BASE_URL=anthropic.base_url)
@@ -243,6 +248,12 @@ class RoostProcess:
     def rss(self) -> int:
         """Resident memory in bytes."""
         return int(psutil.Process(self.proc.pid).memory_info().rss)
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the process so far, from ``/proc/<pid>/stat``."""
+        with open(f"/proc/{self.proc.pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def rss_mb(self) -> float:
         """Resident memory in MiB."""

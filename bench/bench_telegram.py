@@ -1,21 +1,19 @@
-"""Telegram channel benchmark: `roost run` end to end against a fake Bot API.
+"""Telegram benchmark: `roost run` as a user runs it, measured from outside.
 
-Run with ``.venv/bin/python bench/bench_telegram.py`` (about 45 s on 2 cores).
+Run with ``.venv/bin/python bench/bench_telegram.py`` (about 3 minutes on 2 cores;
+``--runs 1`` for a quick look). See bench/README.md, "Telegram benchmark".
 
-``roost run`` runs as a subprocess, configured as in production: the Telegram
-channel on long polling (aiogram) against :class:`bot.testing.telegram.FakeTelegram`,
-and the Anthropic provider (the real ``anthropic`` SDK) against a fake Messages
-API that answers every request at once. Both fakes run in this process, on
-127.0.0.1. Streaming is off, so a reply is one ``sendMessage``.
-
-Latency runs from pushing an update to the fake (the moment it is available to
-the bot's pending ``getUpdates``) to the reply's ``sendMessage`` reaching the
-fake; both timestamps are taken in this process. Throughput is closed-loop:
-each chat sends its next message as soon as its reply arrives.
+``roost run`` is a separate process with Roost's default settings (streaming
+on), the real aiogram and anthropic SDKs, against the fake Bot API
+(:class:`bot.testing.telegram.FakeTelegram`, long polling woken by a push) and
+a fake Messages API that streams its answer at once (:mod:`bench._tg_driver`).
+CPU and RSS of that process are read from ``/proc``. Each figure is the median
+of ``--runs`` runs, each in fresh processes on fresh data dirs.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
@@ -23,216 +21,245 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._common import (  # noqa: E402
-    InstantAnthropic,
-    Row,
-    ms,
+    RoostProcess,
     percentile,
-    print_rows,
+    print_table,
     progress,
     roost_process,
     telegram_env,
     verdict,
 )
-from bot.testing.telegram import Call, FakeTelegram, user  # noqa: E402
+from bench._tg_driver import TimedAnthropic, Tracker, Turn  # noqa: E402
+from bot.testing.telegram import FakeTelegram  # noqa: E402
 
-TARGET_P50_MS = 10.0
-TARGET_RPS_100 = 200.0
-TARGET_RSS_MB = 80.0
-LATENCY_TURNS = 300
 WARMUP_TURNS = 30
+LATENCY_TURNS = 150
 THROUGHPUT_CHATS = (1, 20, 100)
-THROUGHPUT_SECONDS = 4.0
+THROUGHPUT_SECONDS = 3.0
 RAMP_SECONDS = 0.5
-STARTUP_RUNS = 3
+NEW_SESSIONS = 1000
+NEW_SESSION_CONCURRENCY = 50
+IDLE_SETTLE = 1.0
+"""Seconds after the first ``getUpdates`` before idle RSS is read and the cold message
+pushed: long enough for start-up work left in the background to end."""
 FIRST_CHAT = 10_000
 
 
-# -- driving chats ----------------------------------------------------------------
+@dataclass(slots=True)
+class Figure:
+    """One line of the table: the value of each run, how to print it, the target."""
+
+    label: str
+    unit: str
+    target: float | None = None
+    higher_is_better: bool = False
+    values: list[float] = field(default_factory=list)
+    note: str = ""
+
+    def median(self) -> float:
+        return statistics.median(self.values) if self.values else float("nan")
+
+    def cell(self, value: float) -> str:
+        return f"{value:,.2f}" if self.unit in ("ms", "s", "MiB") else f"{value:,.1f}"
+
+    def row(self) -> tuple[str, str, str, str, str]:
+        if not self.values:
+            return self.label, "-", "", "", "not measured"
+        med = self.median()
+        target = "" if self.target is None else \
+            f"{'>=' if self.higher_is_better else '<='} {self.target:g} {self.unit}"
+        ok = "" if self.target is None else verdict(
+            med >= self.target if self.higher_is_better else med <= self.target)
+        runs = " / ".join(self.cell(v) for v in self.values)
+        return self.label, f"{self.cell(med)} {self.unit}", target, ok, \
+            f"runs: {runs}" + (f"; {self.note}" if self.note else "")
 
 
-class Driver:
-    """Pushes messages into the fake and times the replies' ``sendMessage``."""
+class Table:
+    """The figures of the issue's table, in its order."""
 
-    def __init__(self, fake: FakeTelegram) -> None:
-        self.fake = fake
-        self.sent_at: dict[int, float] = {}
-        self.latencies: list[float] = []
-        self.completed = 0
-        self.looping: set[int] = set()
-        self.replied = asyncio.Event()
-        self.idle = asyncio.Event()
-        fake.record = False  # thousands of calls: keep only what the bench needs
-        fake.on_call = self._on_call
+    def __init__(self) -> None:
+        self.figures = {
+            "p50": Figure("push -> first text with the answer, minus LLM, p50", "ms", 4),
+            "p99": Figure("push -> first text with the answer, minus LLM, p99", "ms", 10),
+            "ingress": Figure("  ingress: push -> LLM request arrives, p50", "ms", 2),
+            "egress": Figure("  egress: LLM done -> answer shown, p50", "ms", 1.5),
+            "rps1": Figure("replies/s, closed loop, 1 chat", "/s", 150, True),
+            "rps20": Figure("replies/s, closed loop, 20 chats", "/s", 300, True),
+            "rps100": Figure("replies/s, closed loop, 100 chats", "/s", 300, True),
+            "cpu": Figure("CPU per reply (utime+stime, 100 chats)", "ms", 3),
+            "calls": Figure("Bot API calls per short reply", "calls", 2),
+            "cold": Figure("cold first reply of a process, minus LLM", "ms", 50),
+            "restart": Figure("restart -> answer to a DM that waited", "s", 1.0),
+            "start": Figure("start -> first getUpdates", "s", 0.7),
+            "term_idle": Figure("SIGTERM -> exit, idle", "s", 0.3),
+            "term_load": Figure("SIGTERM -> exit, after load", "s", 0.3),
+            "rss": Figure("idle RSS after start (Telegram + Anthropic)", "MiB", 80),
+            "session": Figure("RSS growth per new chat session", "KiB", 20),
+        }
+        self.methods: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter()
+        self.turns = 0
 
-    def push(self, chat: int) -> None:
-        self.sent_at[chat] = time.perf_counter()
-        self.fake.private_message("hello", sender=user(chat, f"U{chat}"))
+    def add(self, key: str, value: float) -> None:
+        self.figures[key].values.append(value)
 
-    def _on_call(self, call: Call) -> None:
-        if call.method != "sendMessage":
-            return
-        chat = call.params.get("chat_id")
-        sent = self.sent_at.pop(chat, None) if isinstance(chat, int) else None
-        if sent is None:
-            return
-        self.latencies.append(call.at - sent)
-        self.completed += 1
-        self.replied.set()
-        if chat in self.looping:
-            self.push(chat)
-        elif not self.sent_at:
-            self.idle.set()
-
-    async def one(self, chat: int) -> float:
-        """One message, one reply; returns the latency."""
-        self.replied.clear()
-        self.push(chat)
-        await asyncio.wait_for(self.replied.wait(), 10)
-        return self.latencies[-1]
-
-    async def closed_loop(self, chats: Sequence[int], seconds: float) -> tuple[float, list[float]]:
-        """Replies/s over ``seconds`` (after a ramp), and the latencies in that window."""
-        self.looping = set(chats)
-        for chat in chats:
-            self.push(chat)
-        await asyncio.sleep(RAMP_SECONDS)
-        done, mark = self.completed, len(self.latencies)
-        began = time.perf_counter()
-        await asyncio.sleep(seconds)
-        elapsed = time.perf_counter() - began
-        rate = (self.completed - done) / elapsed
-        window = self.latencies[mark:]
-        # Let the replies still in flight arrive before the next phase.
-        self.idle.clear()
-        self.looping = set()
-        await asyncio.wait_for(self.idle.wait(), 10)
-        return rate, window
+    def print(self) -> None:
+        per_reply = ", ".join(f"{m} {n / max(self.turns, 1):.2f}"
+                              for m, n in self.methods.most_common())
+        self.figures["calls"].note = per_reply + (
+            f"; refused: {dict(self.refused)}" if self.refused else "; none refused")
+        rows = [fig.row() for fig in self.figures.values()]
+        print_table(("figure", "median", "target", "result"), [r[:4] for r in rows],
+                    details=[[r[4]] for r in rows])
 
 
-# -- report --------------------------------------------------------------------------
+# -- running roost --------------------------------------------------------------------------
 
 
 @contextlib.asynccontextmanager
-async def fakes() -> AsyncIterator[tuple[FakeTelegram, InstantAnthropic]]:
-    async with FakeTelegram() as telegram, InstantAnthropic() as anthropic:
-        yield telegram, anthropic
+async def fakes() -> AsyncIterator[tuple[FakeTelegram, TimedAnthropic, Tracker]]:
+    async with FakeTelegram() as telegram:
+        tracker = Tracker(telegram)
+        async with TimedAnthropic(tracker) as anthropic:
+            yield telegram, anthropic, tracker
 
 
-async def bench_load() -> list[Row]:
-    """Latency and throughput with the real Anthropic SDK behind the core."""
-    rows: list[Row] = []
-    async with fakes() as (telegram, anthropic):
-        driver = Driver(telegram)
-        with tempfile.TemporaryDirectory(prefix="roost-bench-tg-") as tmp:
-            env = telegram_env(Path(tmp) / "data", telegram, anthropic)
-            with roost_process(env, Path(tmp)) as roost:
-                await asyncio.to_thread(roost.wait_ready)
-                progress("roost run is up; warming up")
-                for _ in range(WARMUP_TURNS):
-                    await driver.one(FIRST_CHAT)
-                # First contact (a new session and workspace) for every chat used later.
-                first = [await driver.one(FIRST_CHAT + i) for i in range(1, max(THROUGHPUT_CHATS))]
-
-                progress(f"latency: {LATENCY_TURNS} sequential turns")
-                latencies = [await driver.one(FIRST_CHAT) for _ in range(LATENCY_TURNS)]
-                p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
-                rows.append(Row("latency p50 (update pushed -> sendMessage)", ms(p50),
-                                f"<= {TARGET_P50_MS:g} ms", verdict(p50 * 1000 <= TARGET_P50_MS)))
-                rows.append(Row("latency p99", ms(p99)))
-                rows.append(Row("latency p50, first message of a chat",
-                                ms(percentile(first, 50))))
-
-                for count in THROUGHPUT_CHATS:
-                    progress(f"throughput: {count} chat(s) for {THROUGHPUT_SECONDS:g} s")
-                    chats = [FIRST_CHAT + i for i in range(count)]
-                    rate, window = await driver.closed_loop(chats, THROUGHPUT_SECONDS)
-                    target = f">= {TARGET_RPS_100:g}/s" if count == 100 else ""
-                    ok = verdict(rate >= TARGET_RPS_100) if count == 100 else ""
-                    rows.append(Row(f"replies/s, {count} chat(s)", f"{rate:,.0f}/s", target, ok))
-                    rows.append(Row(f"  latency p50/p99 at {count} chat(s)",
-                                    f"{ms(percentile(window, 50))} / "
-                                    f"{ms(percentile(window, 99))}"))
-                rows.append(Row("RSS of roost run after the load", f"{roost.rss_mb():.1f} MB"))
-                code, took = roost.stop()
-                rows.append(Row("SIGTERM after the load -> exit", "exit 0" if code == 0 else
-                                f"exit {code}", "exit 0 < 10 s",
-                                verdict(code == 0 and took is not None)))
-    return rows
+async def launch(stack: contextlib.ExitStack, data: Path, telegram: FakeTelegram,
+                 anthropic: TimedAnthropic, tracker: Tracker) -> tuple[RoostProcess, float]:
+    """Start ``roost run`` on ``data``; returns it and seconds to its first ``getUpdates``."""
+    tracker.expect_launch()
+    roost = stack.enter_context(roost_process(
+        telegram_env(data, telegram, anthropic, streaming=None), data.parent))
+    first_poll = await tracker.wait_first_poll(roost.started)
+    await asyncio.to_thread(roost.wait_ready)
+    return roost, first_poll
 
 
-async def bench_channel_only() -> list[Row]:
-    """Throughput at 100 chats with the scripted provider: the channel and core alone.
+async def stop(roost: RoostProcess) -> float:
+    code, took = await asyncio.to_thread(roost.stop)
+    if code != 0 or took is None:
+        raise RuntimeError(f"roost run did not stop cleanly (exit {code}):\n"
+                           + roost.stderr_tail(2000))
+    return took
 
-    Not a target; it shows how much of the time above the Anthropic SDK takes.
-    """
-    count = max(THROUGHPUT_CHATS)
-    async with fakes() as (telegram, _):
-        driver = Driver(telegram)
+
+def minus_llm(turns: Sequence[Turn]) -> list[float]:
+    return [t.total - t.llm for t in turns]
+
+
+async def run_start(table: Table) -> None:
+    """Start, idle RSS, cold first reply, SIGTERM when idle, restart with a DM waiting."""
+    async with fakes() as (telegram, anthropic, tracker):
         with tempfile.TemporaryDirectory(prefix="roost-bench-tg-") as tmp, \
-                roost_process(telegram_env(Path(tmp) / "data", telegram, None), Path(tmp)) as roost:
-            await asyncio.to_thread(roost.wait_ready)
-            progress(f"throughput without the SDK: {count} chats")
-            for i in range(count):
-                await driver.one(FIRST_CHAT + i)
-            chats = [FIRST_CHAT + i for i in range(count)]
-            rate, window = await driver.closed_loop(chats, THROUGHPUT_SECONDS)
-            roost.stop()
-    return [Row(f"replies/s, {count} chats, scripted provider (no SDK)", f"{rate:,.0f}/s"),
-            Row(f"  latency p50/p99 at {count} chats, scripted",
-                f"{ms(percentile(window, 50))} / {ms(percentile(window, 99))}")]
+                contextlib.ExitStack() as stack:
+            data = Path(tmp) / "data"
+            roost, first_poll = await launch(stack, data, telegram, anthropic, tracker)
+            table.add("start", first_poll)
+            await asyncio.sleep(IDLE_SETTLE)
+            table.add("rss", roost.rss_mb())
+            cold = await tracker.one(FIRST_CHAT)
+            table.add("cold", (cold.total - cold.llm) * 1000)
+            await asyncio.sleep(0.5)
+            table.add("term_idle", await stop(roost))
+
+            # The user writes while the bot is down; the next process answers.
+            tag = tracker.push(FIRST_CHAT)
+            with contextlib.ExitStack() as again:
+                tracker.expect_launch()
+                roost = again.enter_context(roost_process(
+                    telegram_env(data, telegram, anthropic, streaming=None), Path(tmp)))
+                answered = await tracker.shown(tag)
+                table.add("restart", answered.shown - roost.started)
+                await stop(roost)
 
 
-async def bench_startup(with_anthropic: bool) -> tuple[list[float], list[float], list[int | None]]:
-    ready: list[float] = []
-    rss: list[float] = []
-    codes: list[int | None] = []
-    async with fakes() as (telegram, anthropic):
-        for _ in range(STARTUP_RUNS):
-            with tempfile.TemporaryDirectory(prefix="roost-bench-tg-") as tmp:
-                env = telegram_env(Path(tmp) / "data", telegram,
-                                   anthropic if with_anthropic else None)
-                with roost_process(env, Path(tmp)) as roost:
-                    ready.append(await asyncio.to_thread(roost.wait_ready))
-                    await asyncio.sleep(0.5)  # settle into idle (a pending long poll)
-                    rss.append(roost.rss_mb())
-                    code, _ = await asyncio.to_thread(roost.stop)
-                    codes.append(code)
-    return ready, rss, codes
+async def run_load(table: Table) -> None:
+    """Latency, calls per reply, throughput and CPU, session growth, SIGTERM after load."""
+    async with fakes() as (telegram, anthropic, tracker):
+        with tempfile.TemporaryDirectory(prefix="roost-bench-tg-") as tmp, \
+                contextlib.ExitStack() as stack:
+            roost, _ = await launch(stack, Path(tmp) / "data", telegram, anthropic, tracker)
+            for _ in range(WARMUP_TURNS):
+                await tracker.one(FIRST_CHAT)
+            await asyncio.sleep(1.2)  # let the warm-up's trailing calls land
+            tracker.reset_counts()
+            progress(f"latency: {LATENCY_TURNS} sequential turns")
+            turns = [await tracker.one(FIRST_CHAT) for _ in range(LATENCY_TURNS)]
+            await asyncio.sleep(1.2)
+            table.methods.update(tracker.calls)
+            table.refused.update(tracker.refused)
+            table.turns += LATENCY_TURNS
+            table.add("calls", sum(tracker.calls.values()) / LATENCY_TURNS)
+            lat = minus_llm(turns)
+            table.add("p50", percentile(lat, 50) * 1000)
+            table.add("p99", percentile(lat, 99) * 1000)
+            table.add("ingress", percentile([t.ingress for t in turns], 50) * 1000)
+            table.add("egress", percentile([t.egress for t in turns], 50) * 1000)
+
+            # First contact of every chat the loops use, outside the measured windows.
+            await parallel(tracker, range(FIRST_CHAT + 1, FIRST_CHAT + max(THROUGHPUT_CHATS)), 20)
+            for count in THROUGHPUT_CHATS:
+                progress(f"closed loop: {count} chat(s) for {THROUGHPUT_SECONDS:g} s")
+                chats = [FIRST_CHAT + i for i in range(count)]
+                rate, cpu, _ = await tracker.closed_loop(chats, THROUGHPUT_SECONDS, RAMP_SECONDS,
+                                                         roost.cpu_seconds)
+                table.add(f"rps{count}", rate)
+                if count == max(THROUGHPUT_CHATS):
+                    table.add("cpu", cpu * 1000)
+
+            progress(f"{NEW_SESSIONS} new chat sessions")
+            await asyncio.sleep(0.5)
+            before = roost.rss()
+            base = FIRST_CHAT + 100_000
+            await parallel(tracker, range(base, base + NEW_SESSIONS), NEW_SESSION_CONCURRENCY)
+            await asyncio.sleep(0.5)
+            table.add("session", (roost.rss() - before) / NEW_SESSIONS / 1024)
+            table.add("term_load", await stop(roost))
 
 
-async def run_all() -> list[Row]:
-    began = time.perf_counter()
-    rows = await bench_load()
-    rows += await bench_channel_only()
-    for with_anthropic, label in ((False, "scripted provider"), (True, "anthropic provider")):
-        progress(f"startup and idle RSS, {label}: {STARTUP_RUNS} runs")
-        ready, rss, codes = await bench_startup(with_anthropic)
-        rss_mb = statistics.median(rss)
-        rows.append(Row(f"roost run -> 'roost ready', {label}",
-                        f"{statistics.median(ready):.2f} s"))
-        target = f"<= {TARGET_RSS_MB:g} MB" if not with_anthropic else ""
-        rows.append(Row(f"idle RSS, {label}", f"{rss_mb:.1f} MB", target,
-                        verdict(rss_mb <= TARGET_RSS_MB) if not with_anthropic else ""))
-        rows.append(Row(f"clean stop (SIGTERM -> exit 0), {label}",
-                        f"{sum(c == 0 for c in codes)}/{len(codes)}", "all",
-                        verdict(all(c == 0 for c in codes))))
-    progress(f"done in {time.perf_counter() - began:.1f} s")
-    return rows
+async def parallel(tracker: Tracker, chats: range, width: int) -> None:
+    """One message from each of ``chats``, ``width`` at a time."""
+    pending = iter(chats)
+
+    async def worker() -> None:
+        for chat in pending:
+            await tracker.one(chat)
+
+    await asyncio.gather(*(worker() for _ in range(width)))
+
+
+async def run_all(runs: int, parts: Sequence[Callable[[Table], object]]) -> Table:
+    table = Table()
+    for n in range(runs):
+        for part in parts:
+            progress(f"run {n + 1}/{runs}: {part.__name__}")  # type: ignore[attr-defined]
+            await part(table)  # type: ignore[misc]
+    return table
 
 
 def main() -> None:
-    rows = asyncio.run(run_all())
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=3, help="runs per figure (median)")
+    parser.add_argument("--only", choices=("start", "load"), help="one part of the table")
+    args = parser.parse_args()
+    parts = {"start": [run_start], "load": [run_load]}.get(args.only, [run_start, run_load])
+    began = time.perf_counter()
+    table = asyncio.run(run_all(args.runs, parts))
     print()
-    print(f"Roost Telegram channel benchmark ({os.cpu_count()} cores, "
-          f"python {sys.version.split()[0]})")
-    print_rows(rows)
+    print(f"Roost on Telegram, `roost run` measured from outside ({os.cpu_count()} cores, "
+          f"python {sys.version.split()[0]}, median of {args.runs} runs, "
+          f"{time.perf_counter() - began:.0f} s)")
+    table.print()
 
 
 if __name__ == "__main__":
