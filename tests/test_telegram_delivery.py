@@ -258,3 +258,15 @@ async def test_a_429_in_one_chat_does_not_hold_another(
     await tg.send(reply("free", chat=42))
     assert fake_telegram.visible(42) == ["free"]
     assert fake_telegram.violations == []
+
+
+async def test_the_proactive_budget_can_be_turned_off_while_429_windows_still_hold(
+        start_tg: StartTg, fake_telegram: FakeTelegram) -> None:
+    tg = await start_tg(Inbox(), settings={"telegram_rate_limits": False})
+    assert tg.limiter.limits == Limits()
+    for n in range(5):  # over the 3-per-3-seconds budget of one chat: none held back
+        await tg.send(reply(f"reply {n}"))
+    fake_telegram.fail("sendMessage", 429, retry_after=1)
+    await tg.send(reply("after the window"))
+    assert fake_telegram.violations == []
+    assert fake_telegram.visible(42)[-1] == "after the window"

@@ -92,7 +92,7 @@ class ChannelBase(Channel):
         self.edit_interval = edit_interval
         self.typing_interval = typing_interval
         self.policy = policy or DeliveryPolicy()
-        self.limiter = RateLimiter(limits)
+        self.limiter = RateLimiter(limits if settings.telegram_rate_limits else Limits())
         self.request_timeout = request_timeout
         self.poll_backoff = poll_backoff
         self.bot: Bot | None = None
