@@ -1,7 +1,15 @@
 """The Anthropic Messages API as an :class:`~bot.contracts.llm.LLMProvider`.
 
 Every call streams, so text reaches the chat while the model writes and a
-cancelled run closes the HTTP stream at once. The SDK's own retries are off:
+cancelled run closes the HTTP stream at once.
+
+Prompt caching: each request carries up to four ``cache_control`` breakpoints
+(:func:`cache_breakpoints`): the last tool, the system prompt, the previous
+request's final message and this request's final message. The engine keeps
+everything before them byte-identical from one request of a chat to the next
+(volatile text travels in :attr:`~bot.contracts.llm.LLMRequest.note`, sent
+after the last breakpoint), so each call reads the conversation so far from
+the cache at a tenth of the input price and writes only what is new. The SDK's own retries are off:
 :mod:`plugins.provider_retry` retries transient failures instead (a stream
 cut mid-answer included), reports each retry via ``on_retry``, and holds
 calls behind the provider's circuit breaker during an outage.
@@ -17,6 +25,7 @@ from typing import Any, cast
 
 import anthropic
 from anthropic.types import (
+    CacheControlEphemeralParam,
     DocumentBlockParam,
     ImageBlockParam,
     MessageParam,
@@ -71,6 +80,9 @@ _TRANSPORT_PACKAGES = frozenset({"httpx", "httpx2", "httpcore", "httpcore2", "h1
 _Block = (TextBlockParam | ToolUseBlockParam | ToolResultBlockParam | ImageBlockParam
           | DocumentBlockParam)
 
+MAX_CACHE_BREAKPOINTS = 4
+"""The Messages API refuses a request with more ``cache_control`` blocks (400)."""
+
 
 class AnthropicProvider:
     """Streams Claude completions with tool use, retrying transient failures.
@@ -90,6 +102,7 @@ class AnthropicProvider:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         retry_base_delay: float = 0.5,
         breaker: CircuitBreaker | None = None,
+        prompt_cache: bool = True,
     ) -> None:
         key = settings.anthropic_api_key
         try:
@@ -113,6 +126,8 @@ class AnthropicProvider:
         self.breaker = breaker or CircuitBreaker()
         self.media = MediaReader(documents=True, max_pixels=ANTHROPIC_MAX_PIXELS)
         """Prepares images and PDFs of the history, caching them between calls."""
+        self.prompt_cache = prompt_cache
+        """Whether requests carry cache breakpoints (off: every call pays full input price)."""
 
     async def complete(
         self,
@@ -140,9 +155,13 @@ class AnthropicProvider:
         else:
             messages = to_anthropic_messages(request.messages)
         tools = to_anthropic_tools(request.tools)
+        system = to_anthropic_system(request.system)
+        if self.prompt_cache:
+            cache_breakpoints(tools, system, messages)
+        with_note(messages, request.note)
         try:
             return await with_retries(
-                partial(self._stream_once, request, messages, tools),
+                partial(self._stream_once, request, system, messages, tools),
                 self.retry,
                 on_text=on_text,
                 on_retry=on_retry,
@@ -162,6 +181,7 @@ class AnthropicProvider:
     async def _stream_once(
         self,
         request: LLMRequest,
+        system: list[TextBlockParam],
         messages: list[MessageParam],
         tools: list[ToolParam],
         on_text: OnText | None,
@@ -172,7 +192,7 @@ class AnthropicProvider:
             lambda: self._client.messages.create(
                 model=request.model,
                 max_tokens=request.max_tokens,
-                system=request.system or anthropic.omit,
+                system=system or anthropic.omit,
                 messages=messages,
                 tools=tools or anthropic.omit,
                 # No temperature: this Messages API version no longer accepts one.
@@ -219,7 +239,8 @@ class _Progress:
     def handle(self, event: RawMessageStreamEvent, on_text: OnText | None) -> None:
         if event.type == "message_start":
             usage = event.message.usage
-            self.usage.input_tokens = usage.input_tokens or 0
+            self._input(usage.input_tokens, usage.cache_read_input_tokens,
+                        usage.cache_creation_input_tokens)
             self.usage.output_tokens = usage.output_tokens or 0
         elif event.type == "content_block_start":
             block = event.content_block
@@ -241,9 +262,21 @@ class _Progress:
             self.stop_reason = event.delta.stop_reason or self.stop_reason
             self.usage.output_tokens = event.usage.output_tokens
             if event.usage.input_tokens is not None:
-                self.usage.input_tokens = event.usage.input_tokens
+                self._input(event.usage.input_tokens, event.usage.cache_read_input_tokens,
+                            event.usage.cache_creation_input_tokens)
         elif event.type == "message_stop":
             self.finished = True
+
+    def _input(self, uncached: int | None, read: int | None, written: int | None) -> None:
+        """The API counts input after the last cache hit or write apart from the cached
+        parts; :class:`Usage` counts all input with the cached parts inside it. A
+        ``message_delta`` may repeat the totals, with the cache fields or without."""
+        if read is not None:
+            self.usage.cache_read_tokens = read
+        if written is not None:
+            self.usage.cache_write_tokens = written
+        self.usage.input_tokens = ((uncached or 0) + self.usage.cache_read_tokens
+                                   + self.usage.cache_write_tokens)
 
     def result(self) -> LLMResponse:
         if not self.finished:
@@ -432,6 +465,50 @@ def _part_blocks(message: ChatMessage, media: MediaReader, vision: bool) -> list
         elif isinstance(item, Note):
             blocks.append({"type": "text", "text": item.text})
     return blocks
+
+
+def to_anthropic_system(system: str) -> list[TextBlockParam]:
+    """The system prompt as text blocks (a list, so it can carry a cache breakpoint)."""
+    return [{"type": "text", "text": system}] if system.strip() else []
+
+
+def cache_breakpoints(tools: list[ToolParam], system: list[TextBlockParam],
+                      messages: list[MessageParam]) -> int:
+    """Mark where the prompt cache is written and read; returns how many marks were set.
+
+    The cache key of a mark is the exact prefix tools → system → messages up to
+    and including the marked block. Marked: the last tool (shared by every chat of
+    the agent), the last system block, the last block of the previous request's
+    final message (the user message before the latest assistant turn: the prefix
+    the previous request wrote) and the last block of the final message (what the
+    next request reads). Never more than :data:`MAX_CACHE_BREAKPOINTS`.
+    """
+    marks: list[dict[str, object]] = []
+    if tools:
+        marks.append(cast(dict[str, object], tools[-1]))
+    if system:
+        marks.append(cast(dict[str, object], system[-1]))
+    users = [m for m in messages if m["role"] == "user" and isinstance(m["content"], list)]
+    for message in users[-2:]:
+        blocks = cast(list[dict[str, object]], message["content"])
+        if blocks:
+            marks.append(blocks[-1])
+    marks = marks[-MAX_CACHE_BREAKPOINTS:] if len(marks) > MAX_CACHE_BREAKPOINTS else marks
+    ephemeral: CacheControlEphemeralParam = {"type": "ephemeral"}
+    for block in marks:
+        block["cache_control"] = ephemeral
+    return len(marks)
+
+
+def with_note(messages: list[MessageParam], note: str) -> None:
+    """Append the request's volatile ``note`` after the final message's cached blocks."""
+    if not note.strip():
+        return
+    block: TextBlockParam = {"type": "text", "text": note}
+    if messages and messages[-1]["role"] == "user" and isinstance(messages[-1]["content"], list):
+        cast(list[_Block], messages[-1]["content"]).append(block)
+    else:
+        messages.append({"role": "user", "content": [block]})
 
 
 def to_anthropic_tools(tools: Sequence[ToolSpec]) -> list[ToolParam]:

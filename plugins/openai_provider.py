@@ -118,13 +118,16 @@ class OpenAIProvider:
         Raises :class:`ProviderError` when the call fails for good.
         """
         files = any(m.parts for m in request.messages)
+        # The note goes last, so servers that cache prompt prefixes (vLLM,
+        # llama.cpp) find the system prompt and history unchanged next time.
+        history = with_note(request.messages, request.note)
         if files:
             # Reading and resizing images is CPU work: keep it off the event loop.
             messages = await asyncio.to_thread(
-                to_openai_messages, request.system, request.messages,
+                to_openai_messages, request.system, history,
                 vision=request.vision, media=self.media)
         else:
-            messages = to_openai_messages(request.system, request.messages)
+            messages = to_openai_messages(request.system, history)
         tools = to_openai_tools(request.tools)
         try:
             return await with_retries(
@@ -220,9 +223,11 @@ class _Progress:
 
     def handle(self, chunk: ChatCompletionChunk, on_text: OnText | None) -> None:
         if chunk.usage is not None:
+            details = chunk.usage.prompt_tokens_details
             self.usage = Usage(
                 input_tokens=chunk.usage.prompt_tokens or 0,
                 output_tokens=chunk.usage.completion_tokens or 0,
+                cache_read_tokens=(details.cached_tokens or 0) if details is not None else 0,
             )
         for choice in chunk.choices or ():
             if choice.index != 0:
@@ -326,6 +331,14 @@ def _stream_error(exc: openai.APIError) -> ProviderError:
     )
     client_fault = client_fault or exc.type in _CLIENT_ERROR_TYPES
     return ProviderError(f"the model stream failed: {detail}", retryable=not client_fault)
+
+
+def with_note(history: Sequence[ChatMessage], note: str) -> Sequence[ChatMessage]:
+    """``history`` with the request's volatile ``note`` appended to its final message."""
+    if not note.strip() or not history:
+        return history
+    last = history[-1]
+    return (*history[:-1], replace(last, content=f"{last.content}\n\n{note}"))
 
 
 def to_openai_messages(

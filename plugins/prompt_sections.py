@@ -12,7 +12,7 @@ Full mode, in order (numbers from :class:`bot.contracts.prompt.Order`; plugins u
 400  workspace         whose private workspace the file tools reach
 450  user              sender name and id
 500  (plugin default)
-600  time              current UTC time
+600  time              current UTC time (volatile: read after the conversation)
 650  formatting        Telegram / Discord / Slack / console hints
 700  extra_context     ``PromptContext.extra_context`` in ``<extra_context>`` tags
 800  project_context   AGENTS.md, TOOLS.md behind a defensive preamble
@@ -23,6 +23,10 @@ Full mode, in order (numbers from :class:`bot.contracts.prompt.Order`; plugins u
 
 Minimal mode (memory flush, cron, heartbeat): identity, extra_context and project_context only.
 USER.md is not a section: the run loop places it separately.
+
+Prompt caching: every section but ``time`` (and, in groups, ``user``: the latest
+sender) reads the same from one turn of a chat to the next, so the system prompt
+is a cacheable prefix; the volatile ones travel in each request's note instead.
 """
 
 from __future__ import annotations
@@ -214,7 +218,10 @@ def roost_prompt_sections(prompt: PromptContext) -> list[PromptSection]:
     name = " ".join(msg.sender_name.split())[:MAX_NAME_CHARS]
     who = f"{name} (id {msg.sender_id})" if name else f"user {msg.sender_id}"
     name = name or who
-    workspace = (f"## Workspace\nYou have a private workspace directory belonging to {name}; "
+    # In a group the sender changes from message to message: the workspace section
+    # names nobody (it stays cacheable) and the volatile user section says who.
+    owner = "the latest sender" if group else name
+    workspace = (f"## Workspace\nYou have a private workspace directory belonging to {owner}; "
                  "it persists between conversations. File paths are relative to it and "
                  "cannot leave it. Keep dated notes in memory/.")
     if group:
@@ -235,9 +242,9 @@ def roost_prompt_sections(prompt: PromptContext) -> list[PromptSection]:
         ]), Order.SAFETY),
         _error_handling(tools),
         PromptSection("workspace", workspace, Order.WORKSPACE),
-        PromptSection("user", f"## User\n{lead} {who}.", Order.USER),
+        PromptSection("user", f"## User\n{lead} {who}.", Order.USER, volatile=group),
         PromptSection("time", f"Current time: {now:%Y-%m-%d %H:%M} UTC ({now:%A}).",
-                      Order.TIME),
+                      Order.TIME, volatile=True),
         PromptSection("formatting", _FORMATTING.get(msg.channel, ""), Order.FORMATTING),
         PromptSection("runtime", f"Runtime: agent={prompt.agent} session={prompt.session_key} "
                       f"channel={msg.channel} model={prompt.model} provider={prompt.provider}",

@@ -43,7 +43,10 @@ async def test_top_three_patterns_go_into_the_system_prompt_in_rank_order(
         "patterns": {"dir": str(corpus(tmp_path / "patterns"))}}})
     await channel.say("git merge broke the docker build and the api returns errors")
     await settle(app)
-    system = llm.requests[0].system
+    # What matched this message changes with every message: it is read after the
+    # conversation (the request's note), so the system prompt stays cacheable.
+    assert "Relevant patterns" not in llm.requests[0].system
+    system = llm.requests[0].note
     headings = [line.split(" (")[0] for line in system.splitlines() if line.startswith("### ")]
     assert headings == ["### git-merge-conflict", "### docker-build", "### http-api-debug"]
     assert "## Relevant patterns" in system and "Steps for docker-build." in system
@@ -53,7 +56,7 @@ async def test_top_three_patterns_go_into_the_system_prompt_in_rank_order(
     # A message that matches nothing adds no section.
     await channel.say("good morning, how are you")
     await settle(app)
-    assert "Relevant patterns" not in llm.requests[1].system
+    assert "Relevant patterns" not in llm.requests[1].note
 
 
 async def test_hot_reload_serves_new_patterns_and_reports_a_broken_file(
@@ -64,15 +67,15 @@ async def test_hot_reload_serves_new_patterns_and_reports_a_broken_file(
         "patterns": {"dir": str(directory), "check_interval": 0}}})
     await channel.say("how do I roll out a kubernetes deployment with helm")
     await settle(app)
-    assert "Relevant patterns" not in llm.requests[0].system
+    assert "Relevant patterns" not in llm.requests[0].note
     _write(directory, "k8s.yaml", {"name": "k8s-deploy", "description": "Deploy to Kubernetes",
                                    "keywords": ["kubernetes", "helm", "deployment", "rollout"],
                                    "instructions": "Check the rollout status first."})
     _write(directory, "broken.yaml", "name: [unterminated\n")
     await channel.say("how do I roll out a kubernetes deployment with helm")
     await settle(app)
-    assert "### k8s-deploy" in llm.requests[1].system
-    assert "Check the rollout status first." in llm.requests[1].system
+    assert "### k8s-deploy" in llm.requests[1].note
+    assert "Check the rollout status first." in llm.requests[1].note
     await channel.say("/patterns", sender="boss")
     await settle(app)
     listing = channel.replies[-1]

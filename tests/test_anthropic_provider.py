@@ -6,6 +6,7 @@ import time
 from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import pytest
@@ -94,6 +95,12 @@ async def test_truncated_tool_json_becomes_invalid_arguments_instead_of_crashing
     )
 
 
+def without_cache_marks(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` without their ``cache_control`` breakpoints."""
+    return [{**m, "content": [{k: v for k, v in b.items() if k != "cache_control"}
+                              for b in m["content"]]} for m in messages]
+
+
 async def test_request_streams_with_model_system_tools_and_api_key(
     fake: FakeAnthropic, provider: AnthropicProvider
 ) -> None:
@@ -115,12 +122,18 @@ async def test_request_streams_with_model_system_tools_and_api_key(
     assert sent.body["stream"] is True
     assert sent.body["model"] == "claude-test"
     assert sent.body["max_tokens"] == 777
-    assert sent.body["system"] == "You are Roost."
+    # Cache breakpoints on the last tool, the system prompt and the final message.
+    cached = {"type": "ephemeral"}
+    assert sent.body["system"] == [
+        {"type": "text", "text": "You are Roost.", "cache_control": cached}
+    ]
     assert sent.body["tools"] == [
-        {"name": "read_file", "description": "Read a file.", "input_schema": schema}
+        {"name": "read_file", "description": "Read a file.", "input_schema": schema,
+         "cache_control": cached}
     ]
     assert sent.body["messages"] == [
-        {"role": "user", "content": [{"type": "text", "text": "read a.txt"}]}
+        {"role": "user", "content": [{"type": "text", "text": "read a.txt",
+                                      "cache_control": cached}]}
     ]
 
 
@@ -161,7 +174,7 @@ async def test_history_groups_tool_results_and_merges_roles_so_they_alternate(
 
     await provider.complete(ask(*history))
 
-    assert fake.last_request.body["messages"] == [
+    assert without_cache_marks(fake.last_request.body["messages"]) == [
         {
             "role": "user",
             "content": [

@@ -44,7 +44,8 @@ async def test_a_failure_costs_few_tokens_and_its_detail_is_one_call_away(
     await settle(app)
     failure = [m for m in provider.requests[1].messages if m.role == "tool"][-1]
     assert failure.is_error
-    assert "- billing → FAILED (permission_denied; invoices)" in failure.content  # summary
+    # The execution summary is read after the results (the request's note).
+    assert "- billing → FAILED (permission_denied; invoices)" in provider.requests[1].note
     failure = dataclasses.replace(failure, content=without_summary(failure.content))
     assert failure.content.startswith("Tool 'billing' failed: Code EACCES: permission denied "
                                       "for table invoices\n[Error ID: err_")
@@ -122,7 +123,7 @@ async def test_dropping_tables_with_foreign_keys_plays_out_through_the_engine(
     detail = json.loads(without_summary(
         [m for m in provider.requests[6].messages if m.role == "tool"][-1].content))
     assert detail["raw_error"]["dependencies"] == ["sales"]
-    summary = [m for m in provider.requests[8].messages if m.role == "tool"][-1].content
+    summary = provider.requests[8].note
     assert "<TOOL_EXECUTION_SUMMARY>" in summary and "FAILED" in summary
     assert channel.replies == ["Dropped sales, then customers."]
     check = scripted({"steps": [sql("SELECT name FROM sqlite_master"), {"reply": "x"}]})

@@ -32,7 +32,6 @@ FULL_ORDER = [
     ("safety", "## Safety"),
     ("workspace", "## Workspace"),
     ("user", "## User"),
-    ("time", "Current time:"),
     ("formatting", "Formatting (Telegram)"),
     ("project_context", "## Project context"),
     ("AGENTS.md", '<file path="AGENTS.md">'),
@@ -91,7 +90,10 @@ async def test_full_prompt_sections_appear_in_the_documented_order(
     assert found == sorted(found)
     assert system.startswith("You are a personal AI assistant chatting on Telegram")
     assert "reply exactly NO_REPLY" in system
-    assert re.search(r"Current time: \d{4}-\d\d-\d\d \d\d:\d\d UTC", system)
+    # The time changes every turn: it is read after the conversation, in the request's
+    # note, so the system prompt stays a cacheable prefix.
+    assert "Current time:" not in system
+    assert re.search(r"Current time: \d{4}-\d\d-\d\d \d\d:\d\d UTC", provider.requests[-1].note)
     assert ("Runtime: agent=default session=default:telegram:direct:u1 channel=telegram "
             f"model={app.settings.model} provider=scripted") in system
 
@@ -133,7 +135,9 @@ async def test_group_identity_explains_who_is_speaking_and_direct_does_not(
     group = await run_once(app, provider, channel="discord", chat_type="group")
     assert "on Discord in a group chat" in group
     assert "[name (id N)]:" in group
-    assert "The latest message is from Ann (id u1)." in group
+    # Who sent the latest message changes in a group: it is in the note, not the system.
+    assert "The latest message is from Ann (id u1)." in provider.requests[-1].note
+    assert "Ann" not in outside_files(group)
     assert "latest sender's workspace" in group
     assert "NO_REPLY" in group
 
@@ -180,10 +184,10 @@ async def test_minimal_mode_has_only_identity_agents_md_and_tools_md(
     provider = scripted({"reply": "ok"}, loop=True)
     app, _, _ = await make_app(provider)
     system = await run_once(app, provider, channel="telegram", mode="minimal")
-    found = positions(system, [FULL_ORDER[0], *FULL_ORDER[9:12]])
+    found = positions(system, [FULL_ORDER[0], *FULL_ORDER[8:11]])
     assert found == sorted(found)
     own = outside_files(system)
-    for _, marker in [*FULL_ORDER[1:9], *FULL_ORDER[12:]]:
+    for _, marker in [*FULL_ORDER[1:8], *FULL_ORDER[11:], ("time", "Current time:")]:
         assert marker not in own
     for name in ("BOOTSTRAP.md", "SOUL.md", "IDENTITY.md", "USER.md"):
         assert f'<file path="{name}">' not in system
@@ -202,7 +206,7 @@ async def test_plugin_sections_land_in_the_gap_their_order_names(make_app: AppFa
     system = await run_once(app, provider)
     found = positions(system, [("safety", "## Safety"), ("skills", "## Skills"),
                                ("workspace", "## Workspace"), ("user", "## User"),
-                               ("notes", "## Plugin notes"), ("time", "Current time:")])
+                               ("notes", "## Plugin notes")])
     assert found == sorted(found)
 
 

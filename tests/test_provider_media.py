@@ -61,9 +61,15 @@ def asking(*parts: ContentPart, text: str = "what is this?", vision: bool = True
 
 
 def blocks(fake: FakeAnthropic) -> list[dict[str, Any]]:
+    """The first message's blocks, without their prompt-cache breakpoints."""
     content = fake.last_request.body["messages"][0]["content"]
     assert isinstance(content, list)
-    return content
+    return [unmarked(b) for b in content]
+
+
+def unmarked(block: dict[str, Any]) -> dict[str, Any]:
+    """``block`` without its ``cache_control`` breakpoint."""
+    return {k: v for k, v in block.items() if k != "cache_control"}
 
 
 def decoded(block: dict[str, Any]) -> Image.Image:
@@ -215,7 +221,7 @@ async def test_images_in_earlier_turns_are_sent_again_and_tool_results_keep_orde
     messages = fake.last_request.body["messages"]
     assert messages[0]["content"][0]["type"] == "image"
     assert messages[2]["content"][0]["type"] == "tool_result"
-    assert messages[2]["content"][1] == {"type": "text", "text": "and now?"}
+    assert unmarked(messages[2]["content"][1]) == {"type": "text", "text": "and now?"}
 
 
 async def test_an_image_a_tool_returned_reaches_claude_inside_its_tool_result(
@@ -486,7 +492,9 @@ async def test_a_photo_in_a_chat_reaches_claude_as_a_valid_image_block_turn_afte
 
     assert chat.replies == ["A receipt.", "42.50 EUR."]
     first, second = fake.requests  # both passed the fake's image and document checks
-    image, document, text = first.body["messages"][-1]["content"]
+    # The time (volatile) is read last, after the cached blocks.
+    image, document, text, note = first.body["messages"][-1]["content"]
+    assert note["text"].startswith("Current time:") and "cache_control" in text
     assert decoded(image).size == (1264, 948)
     assert document["source"]["media_type"] == "application/pdf"
     assert text["text"].startswith("what is this?")

@@ -75,10 +75,11 @@ async def test_repeating_the_same_call_three_times_warns_the_model(make_app: App
     app, channel, _ = await make_app(provider)
     await channel.say("loop")
     await settle(app)
-    last_tool = [m for m in provider.requests[2].messages if m.role == "tool"][-1]
-    assert "[No progress" not in last_tool.content
-    last_tool = [m for m in provider.requests[3].messages if m.role == "tool"][-1]
+    # The warning is read with the results, in the request's note: the history the
+    # model saw stays as stored (and as cached).
+    assert "[No progress" not in provider.requests[2].note
     assert "[No progress: you called list_files with identical arguments 3 times" in \
-        last_tool.content
+        provider.requests[3].note
+    assert not any("[No progress" in m.content for m in provider.requests[3].messages)
     session = await app.store.get(KEY)
     assert not any("[No progress" in m.content for m in session.messages)

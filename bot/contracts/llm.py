@@ -89,15 +89,30 @@ class ToolSpec:
 
 @dataclass(slots=True)
 class Usage:
-    """Token counts for one or more LLM calls."""
+    """Token counts for one or more LLM calls.
+
+    ``input_tokens`` is every prompt token the model read, cached or not;
+    ``cache_read_tokens`` and ``cache_write_tokens`` are the parts of it read from
+    and written to the provider's prompt cache (Anthropic bills them at 0.1x and
+    1.25x the input price; OpenAI-compatible servers report reads only).
+    """
 
     input_tokens: int = 0
     output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+
+    @property
+    def uncached_tokens(self) -> int:
+        """Input tokens neither read from nor written to the cache."""
+        return max(0, self.input_tokens - self.cache_read_tokens - self.cache_write_tokens)
 
     def add(self, other: Usage) -> None:
         """Accumulate ``other`` into this counter."""
         self.input_tokens += other.input_tokens
         self.output_tokens += other.output_tokens
+        self.cache_read_tokens += other.cache_read_tokens
+        self.cache_write_tokens += other.cache_write_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +130,14 @@ class LLMRequest:
     vision: bool = True
     """Whether the model takes images (and documents): when ``False`` the provider
     sends a text note in place of every part, never the bytes."""
+    note: str = ""
+    """Context for this request only, read after the conversation: the current time,
+    the tool execution summary, a loop warning (volatile prompt sections). Never
+    stored. Providers send it after their last prompt-cache breakpoint (Anthropic: a
+    text block after the final message's cached blocks; OpenAI-compatible: appended
+    to the final message), so that ``system``, ``tools`` and ``messages`` stay a
+    byte-identical prefix of the next request of the same chat and are read from
+    the cache."""
 
 
 @dataclass(slots=True)

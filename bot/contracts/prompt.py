@@ -19,8 +19,9 @@ class Order(IntEnum):
     The gaps are for plugins: a section with ``order=375`` lands between safety
     and workspace. A section without an order gets :attr:`PLUGIN_DEFAULT`,
     after what the model must know about itself, its tools and its user, and
-    before the per-run details. Stable, cacheable text comes first; text that
-    changes every run (time, runtime) comes late.
+    before the per-run details. Text that changes between turns (the time) is
+    marked ``volatile`` and read after the conversation instead (see
+    :class:`PromptSection`), wherever its order puts it.
     """
 
     IDENTITY = 100
@@ -42,13 +43,14 @@ class Order(IntEnum):
     PLUGIN_DEFAULT = 500
     """Sections that do not choose an order."""
     TIME = 600
-    """Current UTC time."""
+    """Current UTC time (volatile: read after the conversation)."""
     FORMATTING = 650
     """How to format for the message's channel."""
     EXTRA_CONTEXT = 700
     """``PromptContext.extra_context`` in ``<extra_context>`` tags."""
     PATTERNS = 750
-    """The agent's patterns that match this message (added by the engine, not a plugin)."""
+    """The agent's patterns that match this message (added by the engine, not a plugin;
+    volatile)."""
     PROJECT_CONTEXT = 800
     """AGENTS.md and TOOLS.md behind a defensive preamble."""
     KERNEL = 850
@@ -82,11 +84,19 @@ class PromptContext:
 
 @dataclass(frozen=True, slots=True)
 class PromptSection:
-    """A block of the system prompt. Lower ``order`` comes first (see :class:`Order`)."""
+    """A block of the system prompt. Lower ``order`` comes first (see :class:`Order`).
+
+    ``volatile``: the text changes between turns of one conversation (the time,
+    the latest sender in a group, what matched this message). Such sections
+    leave the system prompt for the request's ``note``, read after the
+    conversation, so the system prompt and history stay a cacheable prefix
+    (prompt caching reads a prefix only while it is byte-identical).
+    """
 
     name: str
     text: str
     order: int = Order.PLUGIN_DEFAULT
+    volatile: bool = False
 
 
 def assemble(sections: Iterable[PromptSection]) -> str:

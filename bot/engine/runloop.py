@@ -2,15 +2,14 @@
 
 Phases: setup → input checks → build messages → LLM iterations with tool
 execution → finalization (sanitize, NO_REPLY, judges) → the ending
-(:mod:`bot.engine.finish`: one atomic flush, the last event). Cancellation (``/stop``, merges, shutdown) is plain
-asyncio cancellation: it reaches the provider's HTTP stream and running tools,
-and nothing of a cancelled run is written.
+(:mod:`bot.engine.finish`: one atomic flush, the last event). Cancellation
+(``/stop``, merges, shutdown) is plain asyncio cancellation: it reaches the
+provider's HTTP stream and running tools, and nothing of a cancelled run is written.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import time
@@ -46,7 +45,7 @@ from bot.engine.requests import (
     RunResult,
     RunStatus,
 )
-from bot.engine.turns import for_model, seeded_files, verbose_input, with_summary, workspace_for
+from bot.engine.turns import for_model, seeded_files, verbose_input, workspace_for
 from bot.observability.tracing import RunTrace
 from bot.tools.executor import ToolExecutor
 from bot.tools.outcomes import RawError, ToolOutcome, describe_error, turn_timeout_notice
@@ -95,6 +94,10 @@ class Run:
         self.repeats: dict[tuple[str, str], int] = {}
         self.exec_summary = ExecutionSummary()  # one per run = one per user turn
         self.compacted_midloop = False
+        self.volatile = ""
+        """The prompt's volatile sections, sent in each request's note (never cached)."""
+        self.warning = ""
+        """A loop warning for the next request's note only."""
 
     async def emit(self, type_: EventType, **payload: Any) -> None:
         if not self.observers and self.listener is None:
@@ -206,11 +209,15 @@ class Run:
         sections = await engine.host.collect("roost_prompt_sections", prompt=prompt)
         if agent.patterns is not None and req.mode == "full":
             sections.append(await self._patterns(agent.patterns, text))
-        rom = assemble(sections)
+        # Volatile sections (the time...) go in each request's note, after the cached
+        # prefix: the system prompt stays byte-identical from turn to turn.
+        stable = [s for s in sections if not s.volatile]
+        self.volatile = assemble(s for s in sections if s.volatile)
+        rom = assemble(stable)
         kernel = "" if req.mode == "minimal" else kernel_text(
             read_cached(workspace / "USER.md", 8_000, within=workspace), req.session.facts)
         # The Kernel goes before the recency reminders; it is counted as its own segment.
-        system = assemble([*sections, PromptSection("kernel", kernel, Order.KERNEL)])
+        system = assemble([*stable, PromptSection("kernel", kernel, Order.KERNEL)])
         group = msg.chat_type == "group"
         current = for_model(user, group)
         if notes:
@@ -270,11 +277,11 @@ class Run:
             else:
                 await self.emit("activity", phase="thinking", iteration=self.iterations)
                 request = LLMRequest(
-                    model=self.settings.model, system=system,
-                    messages=with_summary(convo, self.exec_summary.render()),
+                    model=self.settings.model, system=system, messages=tuple(convo),
                     tools=specs, max_tokens=self.settings.max_tokens,
-                    vision=vision_for(self.agent, self.settings),
+                    vision=vision_for(self.agent, self.settings), note=self._note(convo),
                 )
+                self.warning = ""
                 response = await self._call_llm(request)
                 self.usage.add(response.usage)
                 if not response.tool_calls:
@@ -302,26 +309,32 @@ class Run:
                                      parts=result.parts)
                 convo.append(answer)
                 self.buffer.append(answer)
-            warning = self._loop_warning(calls)
-            if warning:
-                # On the result the model reads next; the stored history stays as it was.
-                convo[-1] = dataclasses.replace(convo[-1], content=f"{convo[-1].content}\n\n"
-                                                f"{warning}")
+            # Read with the results next, in the note: the history stays as it was sent.
+            self.warning = self._loop_warning(calls)
             if request is not None:
                 convo = await self._maybe_compact_midloop(
                     convo, response.usage.input_tokens or self.estimator.request(request))
         return (f"I stopped after {limit} steps without finishing. "
                 "Tell me how to continue, or ask for something smaller."), convo
 
+    def _note(self, convo: Sequence[ChatMessage]) -> str:
+        """This request's note: volatile sections, then (after tool results) the
+        execution summary and any loop warning."""
+        parts = [self.volatile]
+        if convo and convo[-1].role == "tool":
+            parts += [self.exec_summary.render(), self.warning]
+        return "\n\n".join(p for p in parts if p)
+
     async def _patterns(self, library: PatternLibrary, text: str) -> PromptSection:
-        """The agent's top patterns for ``text``, for the ROM segment."""
+        """The agent's top patterns for ``text`` (a volatile section: in the note)."""
         if library.reload_due():
             # Parsing YAML and rebuilding the index is file I/O: off the event loop.
             await asyncio.to_thread(library.reload_if_changed)
         span = self.trace.start("patterns", "patterns", library=str(library.directory))
         matches = library.match(text)
         span.end(matched={m.name: round(m.score, 4) for m in matches})
-        return PromptSection("patterns", render(matches), Order.PATTERNS)
+        # They follow the message: volatile, read after the conversation.
+        return PromptSection("patterns", render(matches), Order.PATTERNS, volatile=True)
 
     def _history(self, group: bool) -> list[ChatMessage]:
         """Stored history through the pipeline: limit turns → prune → repair pairing."""

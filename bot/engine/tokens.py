@@ -93,8 +93,8 @@ class TokenEstimator:
         return total + count * (MESSAGE_OVERHEAD + 1)
 
     def request_chars(self, request: LLMRequest) -> float:
-        """English-equivalent characters of a request: system, messages, tool schemas."""
-        chars = self.weight(request.system)
+        """English-equivalent characters of a request: system, messages, note, tool schemas."""
+        chars = self.weight(request.system) + (self.weight(request.note) if request.note else 0)
         for m in request.messages:
             chars += m.weight if m.weight >= 0 else self.message_weight(m)
         return chars + len(request.messages) * MESSAGE_OVERHEAD * self.ratio \

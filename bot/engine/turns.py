@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -18,18 +17,6 @@ def seeded_files(agent: Agent) -> tuple[str, ...]:
     return ("USER.md",) if agent.type == "predefined" else TEMPLATE_NAMES
 
 
-def with_summary(convo: list[ChatMessage], block: str) -> tuple[ChatMessage, ...]:
-    """The execution summary on the last tool result, for this request only.
-
-    Kept off the system prompt and earlier messages (prompt caching) and out of
-    the stored history.
-    """
-    if not block or not convo or convo[-1].role != "tool":
-        return tuple(convo)
-    last = convo[-1]
-    return (*convo[:-1], dataclasses.replace(last, content=f"{last.content}\n\n{block}"))
-
-
 @functools.lru_cache(maxsize=4096)
 def workspace_for(root: Path, channel: str, user_id: str) -> Path:
     # Sanitizing and hashing ids is pure; active users hit this every run.
@@ -38,7 +25,8 @@ def workspace_for(root: Path, channel: str, user_id: str) -> Path:
 
 def verbose_input(request: LLMRequest) -> str:
     data = {"system": request.system,
-            "messages": [{"role": m.role, "content": m.content} for m in request.messages]}
+            "messages": [{"role": m.role, "content": m.content} for m in request.messages],
+            "note": request.note}
     return json.dumps(data, ensure_ascii=False)[:VERBOSE_INPUT_CHARS]
 
 

@@ -21,6 +21,12 @@ instead of hanging.
 Like the real API it validates the transcript first (see
 :func:`transcript_error`) and answers 400 ``invalid_request_error`` to a
 malformed one, so a code path that builds an invalid history fails its test.
+Prompt caching is accounted as the real API documents it
+(:mod:`bot.testing.anthropic_cache`): ``usage`` carries ``cache_read_input_tokens``
+and ``cache_creation_input_tokens`` (also in the stream's ``message_start``),
+``input_tokens`` counts the rest, more than 4 ``cache_control`` blocks get a 400,
+and :attr:`FakeAnthropic.cache` (with its injectable clock) holds the entries.
+Input tokens are estimated from the request unless a reply scripts them.
 Faults are injected per test through :attr:`FakeAnthropic.faults` (a share of
 calls failing with 529, 500, 429 + ``retry-after`` or a stream cut after a few
 deltas, and an outage mode where every call gets 529); these come before the
@@ -34,7 +40,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -67,7 +73,8 @@ __all__ = [
     "media_error",
     "transcript_error",
 ]
-from bot.testing.anthropic_checks import media_error, transcript_error
+from bot.testing.anthropic_cache import CacheUsage, PromptCache
+from bot.testing.anthropic_checks import cache_control_error, media_error, transcript_error
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,11 +97,14 @@ class Reply:
     A text block given as a list of strings is streamed as exactly those
     deltas; a plain string is split into word-sized deltas. ``chunk_delay``
     sleeps before every SSE event, so a test can cancel mid-stream.
+    ``input_tokens``: the uncached input tokens to report; ``None`` estimates
+    them from the request (the cache's read and written tokens are always
+    accounted, :mod:`bot.testing.anthropic_cache`).
     """
 
     blocks: Sequence[str | Sequence[str] | ToolUse]
     stop_reason: str | None = None
-    input_tokens: int = 11
+    input_tokens: int | None = None
     output_tokens: int = 7
     chunk_delay: float = 0.0
     ping: bool = True
@@ -239,8 +249,13 @@ class FakeAnthropic(FakeServer[Reply | HttpError | StreamError]):
 
     route = "/v1/messages"
 
-    def __init__(self, *, api_key: str | None = None, model: str = "fake-claude") -> None:
+    def __init__(self, *, api_key: str | None = None, model: str = "fake-claude",
+                 clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(api_key=api_key, model=model)
+        self.cache = PromptCache(clock)
+        """The prompt cache; ``clock`` (seconds) decides when its entries expire."""
+        self.cache_usage: list[CacheUsage] = []
+        """How each answered request's input split into cache reads, writes and the rest."""
         self.faults = FaultPlan()
         """Faults to inject, checked before the script on every valid request."""
         self.arrivals: list[float] = []
@@ -254,7 +269,7 @@ class FakeAnthropic(FakeServer[Reply | HttpError | StreamError]):
         self,
         *blocks: str | Sequence[str] | ToolUse,
         stop_reason: str | None = None,
-        input_tokens: int = 11,
+        input_tokens: int | None = None,
         output_tokens: int = 7,
         chunk_delay: float = 0.0,
     ) -> None:
@@ -330,7 +345,7 @@ class FakeAnthropic(FakeServer[Reply | HttpError | StreamError]):
 
         if not api_key or (self.api_key is not None and api_key != self.api_key):
             return _error_response(401, "authentication_error", "invalid x-api-key")
-        problem = transcript_error(body) or media_error(body)
+        problem = transcript_error(body) or media_error(body) or cache_control_error(body)
         if problem is not None:
             return _error_response(400, "invalid_request_error", problem)
         stream = bool(body.get("stream"))
@@ -353,9 +368,18 @@ class FakeAnthropic(FakeServer[Reply | HttpError | StreamError]):
             if not stream:
                 return _error_response(529, item.error_type, item.message)
             return await self._stream_error(request, item)
+        usage = self._account(body, item)
         if not stream:
-            return self._json_reply(body, item)
-        return await self._stream_reply(request, body, item)
+            return self._json_reply(body, item, usage)
+        return await self._stream_reply(request, body, item, usage)
+
+    def _account(self, body: Mapping[str, Any], reply: Reply) -> dict[str, int]:
+        """The answer's input ``usage``, with the prompt cache read and written."""
+        split = self.cache.account(body)
+        self.cache_usage.append(split)
+        uncached = split.uncached if reply.input_tokens is None else reply.input_tokens
+        return {"input_tokens": uncached, "cache_creation_input_tokens": split.written,
+                "cache_read_input_tokens": split.read}
 
     def _message_id(self) -> str:
         return f"msg_{next(self._ids):04d}"
@@ -369,7 +393,8 @@ class FakeAnthropic(FakeServer[Reply | HttpError | StreamError]):
         has_tool = any(isinstance(b, ToolUse) for b in reply.blocks)
         return "tool_use" if has_tool else "end_turn"
 
-    def _json_reply(self, body: Mapping[str, Any], reply: Reply) -> web.Response:
+    def _json_reply(self, body: Mapping[str, Any], reply: Reply,
+                    usage: Mapping[str, int]) -> web.Response:
         content: list[dict[str, Any]] = []
         for block in reply.blocks:
             if isinstance(block, ToolUse):
@@ -393,11 +418,11 @@ class FakeAnthropic(FakeServer[Reply | HttpError | StreamError]):
             "content": content,
             "stop_reason": self._stop_reason(reply),
             "stop_sequence": None,
-            "usage": {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens},
+            "usage": {**usage, "output_tokens": reply.output_tokens},
         }
         return web.json_response(message)
 
-    def _start_event(self, body: Mapping[str, Any], input_tokens: int) -> dict[str, Any]:
+    def _start_event(self, body: Mapping[str, Any], usage: Mapping[str, int]) -> dict[str, Any]:
         return {
             "type": "message_start",
             "message": {
@@ -408,7 +433,7 @@ class FakeAnthropic(FakeServer[Reply | HttpError | StreamError]):
                 "content": [],
                 "stop_reason": None,
                 "stop_sequence": None,
-                "usage": {"input_tokens": input_tokens, "output_tokens": 1},
+                "usage": {**usage, "output_tokens": 1},
             },
         }
 
@@ -436,7 +461,11 @@ class FakeAnthropic(FakeServer[Reply | HttpError | StreamError]):
         # answers from the request; the base class then consumes nothing.
         head = self._script[0] if self._script else self._next_item()
         reply = head if isinstance(head, Reply) else self.default_reply
-        events = self._reply_events(body, reply or Reply(blocks=("An answer cut short",)))
+        reply = reply or Reply(blocks=("An answer cut short",))
+        # Cut before the answer finished: nothing is cached, the input estimated.
+        events = self._reply_events(body, reply, {
+            "input_tokens": reply.input_tokens if reply.input_tokens is not None
+            else self.cache.estimate(body)})
         kept: list[_Event] = []
         deltas = 0
         for name, data in events[:-2]:
@@ -446,8 +475,9 @@ class FakeAnthropic(FakeServer[Reply | HttpError | StreamError]):
             kept.append((name, data))
         return await drop_after(request, _frames(kept))
 
-    def _reply_events(self, body: Mapping[str, Any], reply: Reply) -> list[_Event]:
-        events: list[_Event] = [("message_start", self._start_event(body, reply.input_tokens))]
+    def _reply_events(self, body: Mapping[str, Any], reply: Reply,
+                      usage: Mapping[str, int]) -> list[_Event]:
+        events: list[_Event] = [("message_start", self._start_event(body, usage))]
         if reply.ping:
             events.append(("ping", {"type": "ping"}))
         for index, block in enumerate(reply.blocks):
@@ -466,10 +496,12 @@ class FakeAnthropic(FakeServer[Reply | HttpError | StreamError]):
         return events
 
     async def _stream_reply(
-        self, request: web.Request, body: Mapping[str, Any], reply: Reply
+        self, request: web.Request, body: Mapping[str, Any], reply: Reply,
+        usage: Mapping[str, int],
     ) -> web.StreamResponse:
         response = await open_sse(request)
-        await self._send(response, _frames(self._reply_events(body, reply)), reply.chunk_delay)
+        await self._send(response, _frames(self._reply_events(body, reply, usage)),
+                         reply.chunk_delay)
         return response
 
     def _block_events(self, index: int, block: str | Sequence[str] | ToolUse) -> list[_Event]:
@@ -506,7 +538,7 @@ class FakeAnthropic(FakeServer[Reply | HttpError | StreamError]):
 
     def _opening(self, text_before: str) -> list[_Event]:
         """A stream's start, with ``text_before`` in an unfinished text block."""
-        events: list[_Event] = [("message_start", self._start_event({}, 5))]
+        events: list[_Event] = [("message_start", self._start_event({}, {"input_tokens": 5}))]
         if text_before:
             events.extend(self._block_events(0, [text_before])[:-1])
         return events

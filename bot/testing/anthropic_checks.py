@@ -1,4 +1,5 @@
-"""What the fake Messages API refuses the way the real one does: broken transcripts, bad media."""
+"""What the fake Messages API refuses the way the real one does: broken transcripts, bad media,
+too many cache breakpoints."""
 
 from __future__ import annotations
 
@@ -116,6 +117,58 @@ def _orphan_tool_results(
                 f"blocks: {block.get('tool_use_id')}. Each `tool_result` block must have a "
                 "corresponding `tool_use` block in the previous message."
             )
+    return None
+
+
+# -- prompt caching ---------------------------------------------------------------
+
+MAX_CACHE_BREAKPOINTS = 4
+"""Blocks with ``cache_control`` one request may carry."""
+CACHE_TTLS = ("5m", "1h")
+
+
+def cache_control_error(body: Mapping[str, Any]) -> str | None:
+    """What the real Messages API would reject in ``body``'s ``cache_control`` marks.
+
+    Marks may sit on tools, system blocks, message content blocks and blocks
+    inside a ``tool_result``; each must be ``{"type": "ephemeral"}`` with an
+    optional ``ttl`` of ``5m`` or ``1h``, and there may be at most
+    :data:`MAX_CACHE_BREAKPOINTS` of them (the API's wording).
+    """
+    found: list[tuple[str, Any]] = []
+
+    def look(where: str, block: Any) -> None:
+        if not isinstance(block, Mapping):
+            return
+        if "cache_control" in block:
+            found.append((where, block["cache_control"]))
+        inner = block.get("content") if block.get("type") == "tool_result" else None
+        if isinstance(inner, list):
+            for k, b in enumerate(inner):
+                look(f"{where}.content.{k}", b)
+
+    for i, tool in enumerate(body.get("tools") or ()):
+        look(f"tools.{i}", tool)
+    system = body.get("system")
+    if isinstance(system, list):
+        for i, block in enumerate(system):
+            look(f"system.{i}", block)
+    for i, message in enumerate(body.get("messages") or ()):
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if isinstance(content, list):
+            for j, block in enumerate(content):
+                look(f"messages.{i}.content.{j}", block)
+    for where, mark in found:
+        if mark is None:
+            continue
+        if not isinstance(mark, Mapping) or mark.get("type") != "ephemeral":
+            return f"{where}.cache_control.type: Input should be 'ephemeral'"
+        if mark.get("ttl") is not None and mark.get("ttl") not in CACHE_TTLS:
+            return f"{where}.cache_control.ttl: Input should be '5m' or '1h'"
+    marks = sum(mark is not None for _, mark in found)
+    if marks > MAX_CACHE_BREAKPOINTS:
+        return (f"A maximum of {MAX_CACHE_BREAKPOINTS} blocks with cache_control may be "
+                f"provided. Found {marks}.")
     return None
 
 
