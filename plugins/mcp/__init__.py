@@ -2,7 +2,7 @@
 
 The servers are configured in ``roost.toml`` (:mod:`bot.config.mcp`); this
 plugin connects to them with the official ``mcp`` SDK
-(:mod:`plugins.mcp.connection`), keeps their tool lists
+(:mod:`plugins.mcp.connection`, over :mod:`plugins.mcp.transport`), keeps their tool lists
 (:mod:`plugins.mcp.manager`, which also says when each server starts) and
 offers their tools through every agent's tool policy as
 ``<server>__<tool>`` in the group ``mcp:<server>`` (:mod:`plugins.mcp.adapter`).

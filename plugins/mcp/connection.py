@@ -23,8 +23,8 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import Callable, Mapping
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
@@ -32,29 +32,20 @@ import anyio
 import anyio.abc
 import httpx2
 import mcp_types as types
-from mcp import Client, StdioServerParameters, stdio_client
-from mcp.client._transport import Transport, TransportStreams
-from mcp.client.sse import sse_client
-from mcp.client.streamable_http import streamable_http_client
+from mcp import Client
 from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
-from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
-from mcp.shared.message import SessionMessage
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 # Built-in: the server tables are part of Roost's settings (bot/config/mcp.py);
 # retries use the shared policy type.
-from bot.config.mcp import McpServerConfig, expand
+from bot.config.mcp import McpServerConfig
 from bot.resilience.retry import RetryPolicy
+from plugins.mcp.transport import describe_failure, open_transport, watched, with_stderr
 
 __all__ = ["RESTART", "STABLE_AFTER", "CallLost", "Connection", "ServerDown", "State"]
 
 log = logging.getLogger("roost.plugins.mcp")
-
-# The SDK's HTTP client logs every request at INFO (one line per tool call); Roost
-# quiets its other HTTP clients the same way, unless a level was set on purpose.
-if logging.getLogger("httpx2").level == logging.NOTSET:
-    logging.getLogger("httpx2").setLevel(logging.WARNING)
 
 RESTART = RetryPolicy(attempts=1_000_000, base_delay=0.5, multiplier=2.0, max_delay=60.0,
                       jitter=0.2, jitter_mode="up")
@@ -65,8 +56,6 @@ STABLE_AFTER = 60.0
 
 MAX_LIST_PAGES = 100
 """tools/list pages read at most (a server paginating forever cannot hang Roost)."""
-
-_STDERR_TAIL = 600
 
 State = Literal["stopped", "starting", "ready", "restarting"]
 
@@ -294,7 +283,7 @@ class Connection:
             try:
                 await self._session()
             except Exception as exc:
-                self.error = _describe_failure(exc)
+                self.error = describe_failure(exc)
                 log.warning("MCP server %s: %s", self.name, self.error)
                 if self.on_failure is not None:
                     self.on_failure(self.error)
@@ -339,8 +328,9 @@ class Connection:
                 # asyncio's timeout, not anyio's: an anyio cancel scope could not be
                 # left while the client's task group, entered inside it, stays open.
                 async with asyncio.timeout(self.config.connect_timeout):
-                    transport = await self._transport(stack, errlog)
-                    client = Client(_watched(transport, self._closed), mode=self.mode,
+                    transport = open_transport(self.config, self.environ, self.cwd, stack,
+                                               errlog)
+                    client = Client(watched(transport, self._closed), mode=self.mode,
                                     message_handler=self._on_message, cache=None,
                                     client_info=_CLIENT_INFO)
                     await stack.enter_async_context(client)
@@ -348,12 +338,12 @@ class Connection:
                 await self._serve(client)
             if not self._stopping and self.restart:
                 reason = self._lost_reason or "the server closed the connection"
-                self.error = _with_stderr(reason, errlog)
+                self.error = with_stderr(reason, errlog)
                 log.warning("MCP server %s stopped: %s", self.name, self.error)
         except Exception as exc:
             if isinstance(exc, TimeoutError):
                 exc = TimeoutError(f"no answer within {self.config.connect_timeout:g}s")
-            raise RuntimeError(_with_stderr(_describe_failure(exc), errlog)) from exc
+            raise RuntimeError(with_stderr(describe_failure(exc), errlog)) from exc
 
     def _ready(self, client: Client, tools: list[types.Tool]) -> None:
         self.tools = tools
@@ -386,25 +376,6 @@ class Connection:
             tg.cancel_scope.cancel()
         self._client = None
 
-    async def _transport(self, stack: AsyncExitStack, errlog: TextIO | None) -> Transport:
-        config = self.config
-        try:
-            if config.kind == "stdio":
-                assert config.command is not None and errlog is not None
-                env = {k: expand(v, self.environ) for k, v in config.env.items()}
-                params = StdioServerParameters(command=config.command, args=list(config.args),
-                                               env=env, cwd=self.cwd)
-                return stdio_client(params, errlog=errlog)
-            headers = {k: expand(v, self.environ) for k, v in config.headers.items()}
-        except KeyError as exc:
-            raise RuntimeError(f"environment variable {exc.args[0]} is not set") from None
-        assert config.url is not None
-        if config.kind == "sse":
-            return sse_client(config.url, headers=headers, timeout=config.connect_timeout)
-        http = create_mcp_http_client(headers=headers)
-        stack.push_async_callback(http.aclose)
-        return streamable_http_client(config.url, http_client=http)
-
     def _closed(self) -> None:
         self.lost("the server closed the connection")
 
@@ -422,7 +393,7 @@ class Connection:
                 tools = await list_tools(client)
             except Exception as exc:
                 log.warning("MCP server %s: listing tools after a change failed: %s",
-                            self.name, _describe_failure(exc))
+                            self.name, describe_failure(exc))
                 continue
             self.tools = tools
             log.info("MCP server %s: tool list changed (%d tools)", self.name, len(tools))
@@ -459,61 +430,3 @@ async def list_tools(client: Client) -> list[types.Tool]:
         if not cursor:
             break
     return tools
-
-
-@asynccontextmanager
-async def _watched(transport: Transport,
-                   on_closed: Callable[[], None]) -> AsyncIterator[TransportStreams]:
-    """``transport`` with its incoming stream relayed, calling ``on_closed`` when it ends:
-    a stdio server that exits closes its stdout, which is how a crash is seen at once."""
-    async with transport as (read, write):
-        send, receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-
-        async def relay() -> None:
-            try:
-                async with send:
-                    async for item in read:
-                        await send.send(item)
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
-                pass
-            finally:
-                on_closed()
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(relay)
-            try:
-                yield receive, write
-            finally:
-                tg.cancel_scope.cancel()
-
-
-def _describe_failure(exc: BaseException) -> str:
-    """One line about why a start or call failed, never a traceback."""
-    if isinstance(exc, BaseExceptionGroup):
-        inner = exc.exceptions[0] if exc.exceptions else exc
-        return _describe_failure(inner)
-    if isinstance(exc, RuntimeError) and exc.args and isinstance(exc.args[0], str):
-        return exc.args[0]
-    if isinstance(exc, FileNotFoundError):
-        return f"command not found: {exc.filename or exc}"
-    if isinstance(exc, MCPError):
-        return f"MCP error {exc.code}: {exc.message}"
-    text = str(exc) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}" if type(exc).__name__ not in text else text
-
-
-def _with_stderr(reason: str, errlog: TextIO | None) -> str:
-    """``reason`` plus the last lines the server wrote to stderr, if any."""
-    if errlog is None:
-        return reason
-    try:
-        errlog.flush()
-        size = errlog.seek(0, os.SEEK_END)
-        errlog.seek(max(0, size - _STDERR_TAIL * 4))
-        tail = errlog.read()[-_STDERR_TAIL:].strip()
-    except (OSError, ValueError):
-        return reason
-    if not tail:
-        return reason
-    last = " | ".join(line.strip() for line in tail.splitlines()[-3:] if line.strip())
-    return f"{reason}; its stderr ends: {last}"
