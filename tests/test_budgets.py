@@ -22,6 +22,7 @@ from bot.testing.app import EventRecorder, closing_apps, create_app, scripted, s
 from bot.testing.telegram import ALICE, BOB, FakeTelegram, user
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
 from channels.delivery import DeliveryPolicy
+from channels.ratelimit import Limits
 from channels.telegram import TelegramChannel
 from plugins.scripted_provider import ScriptedProvider
 
@@ -53,8 +54,9 @@ async def make_app(tmp_path: Path, fake_telegram: FakeTelegram) -> AsyncIterator
             clock = [LATE]
             assert app.services.usage is not None
             app.services.usage.clock = lambda: clock[0]
+            # No proactive budget (3 calls per 3 s in a chat): not what is tested here.
             await app.add_channel(TelegramChannel(app.settings, polling_timeout=1,
-                                                  policy=FAST))
+                                                  policy=FAST, limits=Limits()))
             return app, provider, clock, recorder
 
         yield factory

@@ -27,6 +27,7 @@ from bot.testing.telegram import BOB, FakeTelegram, user
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
 from channels.delivery import DeliveryPolicy
 from channels.discord import DiscordChannel
+from channels.ratelimit import Limits
 from channels.telegram import TelegramChannel
 from plugins.scripted_provider import ScriptedProvider
 
@@ -58,8 +59,9 @@ async def make_app(tmp_path: Path, fake_telegram: FakeTelegram) -> AsyncIterator
             clock = [START]
             assert app.services.access is not None
             app.services.access.clock = lambda: clock[0]
+            # No proactive budget (3 calls per 3 s in a chat): not what is tested here.
             await app.add_channel(TelegramChannel(app.settings, polling_timeout=1,
-                                                  policy=FAST))
+                                                  policy=FAST, limits=Limits()))
             return app, provider, clock
 
         yield factory

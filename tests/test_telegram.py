@@ -23,6 +23,7 @@ from bot.testing.app import EventRecorder, closing_apps, create_app, scripted, s
 from bot.testing.telegram import BOB, FakeTelegram, parse_html, user
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
 from channels.delivery import DeliveryPolicy
+from channels.ratelimit import Limits
 from channels.telegram import TelegramChannel
 from channels.telegram_format import MAX_TEXT, split_for_telegram, to_html, utf16_len
 from plugins.scripted_provider import ScriptedProvider
@@ -46,7 +47,11 @@ async def make_tg(tmp_path: Path, fake_telegram: FakeTelegram) -> AsyncIterator[
             settings.setdefault("telegram_api_base", fake_telegram.base_url)
             app, log = await create_app(llm, *plugins, data_dir=tmp_path / "data", **settings)
             apps.append(app)
-            options: dict[str, Any] = {"polling_timeout": 1, "policy": FAST, **(channel or {})}
+            # No proactive budget (3 calls per 3 s in a chat): these tests are not about
+            # it and would wait it out; 429 windows still hold. test_telegram_delivery
+            # and test_channel_helpers test the budget.
+            options: dict[str, Any] = {"polling_timeout": 1, "policy": FAST,
+                                       "limits": Limits(), **(channel or {})}
             tg = TelegramChannel(app.settings, **options)
             await app.add_channel(tg)
             return app, tg, log

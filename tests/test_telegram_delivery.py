@@ -29,7 +29,7 @@ from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.testing.telegram import FakeTelegram
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
 from channels.delivery import DeliveryPolicy, RateLimited, Transient
-from channels.ratelimit import Limits
+from channels.ratelimit import TELEGRAM_LIMITS, Limits
 from channels.telegram import ChatMigrated, _translated
 from tests.test_telegram_intake import Inbox, StartTg
 from tests.test_telegram_intake import start_tg as _start_tg  # noqa: F401  (the fixture)
@@ -193,7 +193,7 @@ async def test_a_withdrawn_draft_is_deleted_and_one_already_gone_is_fine(
 
 async def test_a_long_reply_replacing_a_draft_returns_the_last_piece(
         start_tg: StartTg, fake_telegram: FakeTelegram) -> None:
-    tg = await start_tg(Inbox(), limits=Limits())  # no proactive budget: not timed here
+    tg = await start_tg(Inbox())
     draft = await tg.send(reply("Start"))
     assert draft is not None
     text = "\n\n".join(f"paragraph {i} " + "x" * 1500 for i in range(6))
@@ -205,7 +205,7 @@ async def test_a_long_reply_replacing_a_draft_returns_the_last_piece(
 
 async def test_after_a_streamed_reply_the_stream_names_its_last_message(
         start_tg: StartTg, fake_telegram: FakeTelegram) -> None:
-    tg = await start_tg(Inbox(), limits=Limits())
+    tg = await start_tg(Inbox())
     stream = tg.open_stream(inbound())
     assert stream is not None
     await stream.push("Thinking")
@@ -262,7 +262,8 @@ async def test_a_429_in_one_chat_does_not_hold_another(
 
 async def test_the_proactive_budget_can_be_turned_off_while_429_windows_still_hold(
         start_tg: StartTg, fake_telegram: FakeTelegram) -> None:
-    tg = await start_tg(Inbox(), settings={"telegram_rate_limits": False})
+    tg = await start_tg(Inbox(), settings={"telegram_rate_limits": False},
+                        limits=TELEGRAM_LIMITS)
     assert tg.limiter.limits == Limits()
     for n in range(5):  # over the 3-per-3-seconds budget of one chat: none held back
         await tg.send(reply(f"reply {n}"))

@@ -22,6 +22,7 @@ from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.testing.telegram import FakeTelegram, RawJson
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
 from channels.delivery import DeliveryPolicy
+from channels.ratelimit import Limits
 from channels.telegram import TelegramChannel
 
 FAST = DeliveryPolicy(attempts=3, base_delay=0.01, max_delay=0.05)
@@ -62,7 +63,10 @@ async def start_tg(tmp_path: Path, fake_telegram: FakeTelegram) -> AsyncIterator
                       **options: Any) -> TelegramChannel:
         config = Settings(data_dir=tmp_path, telegram_bot_token=fake_telegram.token,
                           telegram_api_base=fake_telegram.base_url, **(settings or {}))
-        options = {"polling_timeout": 1, "policy": FAST, "poll_backoff": 0.01, **options}
+        # No proactive budget unless a test asks for one (limits=TELEGRAM_LIMITS): most
+        # are not about it and would wait it out; 429 windows still hold.
+        options = {"polling_timeout": 1, "policy": FAST, "poll_backoff": 0.01,
+                   "limits": Limits(), **options}
         channel = TelegramChannel(config, **options)
         await channel.start(handler)
         started.append(channel)
