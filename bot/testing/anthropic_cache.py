@@ -27,7 +27,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -221,8 +221,3 @@ class PromptCache:
             out.append(_Block(digest.copy().hexdigest(), tokens,
                               TTLS.get(ttl, TTLS["5m"]) if ttl is not None else None))
         return out
-
-
-def count_marks(blocks: Sequence[tuple[Any, str | None]]) -> int:
-    """How many of ``blocks`` (from :func:`prompt_blocks`) are breakpoints."""
-    return sum(ttl is not None for _, ttl in blocks)
