@@ -156,7 +156,7 @@ class AnthropicProvider:
             messages = to_anthropic_messages(request.messages)
         tools = to_anthropic_tools(request.tools)
         system = to_anthropic_system(request.system)
-        if self.prompt_cache:
+        if self.prompt_cache and request.cache:
             cache_breakpoints(tools, system, messages)
         with_note(messages, request.note)
         try:

@@ -16,13 +16,16 @@ from typing import Any
 import anthropic
 import pytest
 
+from bot.config.budgets import ModelPrice
 from bot.contracts.llm import ChatMessage, LLMRequest, ToolCall, ToolSpec
+from bot.engine.compaction import SUMMARY_SYSTEM
 from bot.testing.anthropic import FakeAnthropic, ToolUse
 from bot.testing.anthropic_cache import CacheUsage, min_cacheable_tokens
+from bot.testing.openai import FakeOpenAI
 from plugins.anthropic_provider import AnthropicProvider
 from tests.conftest import AppFactory
 from tests.provider_helpers import ANTHROPIC_KEY as KEY
-from tests.provider_helpers import anthropic_for
+from tests.provider_helpers import anthropic_for, openai_for
 
 LONG_SYSTEM = "You are Roost, a careful assistant. " * 200
 """About 1,800 tokens by the fake's estimate: over Sonnet's 1024-token minimum."""
@@ -332,9 +335,9 @@ async def test_a_conversation_reads_the_previous_turn_from_the_cache_from_turn_t
         fake.reply_text("Saved a.txt.")
         fake.reply_text("You asked me to save a file.")
         fake.reply_text("Nothing else.")
-        _, channel, _ = await make_app(
+        app, channel, _ = await make_app(
             None, provider="anthropic", anthropic_api_key="sk-test",
-            anthropic_base_url=fake.base_url, model="claude-sonnet-test")
+            anthropic_base_url=fake.base_url, model="claude-sonnet-test", admins=["test:boss"])
         for text in ("save hi in a.txt", "what did I ask?", "anything else?"):
             await channel.say(text)
             await channel.settle()
@@ -353,3 +356,96 @@ async def test_a_conversation_reads_the_previous_turn_from_the_cache_from_turn_t
         # The time is read after the conversation, not in the system prompt.
         assert "Current time:" not in str(fake.requests[0].body["system"])
         assert "Current time:" in fake.requests[-1].body["messages"][-1]["content"][-1]["text"]
+
+        # Counted: the run records, the session, the llm spans, /status and /usage.
+        session = await app.store.get("default:test:direct:u1")
+        runs = await app.store.runs(session.key)
+        read, written = sum(u.read for u in usages), sum(u.written for u in usages)
+        assert sum(r.cache_read_tokens for r in runs) == read > 0
+        assert sum(r.cache_write_tokens for r in runs) == written > 0
+        assert (session.cache_read_tokens, session.cache_write_tokens) == (read, written)
+        assert sum(r.input_tokens for r in runs) == sum(u.total for u in usages)
+        spans = [s for r in runs for s in await app.store.spans(r.run_id) if s.kind == "llm"]
+        assert sum(s.attributes["cache_read_tokens"] for s in spans) == read
+        await channel.say("/status")
+        await channel.settle()
+        assert f"prompt cache: {read} of the input read, {written} written" in \
+            channel.replies[-1]
+        await channel.say("/usage", sender="boss")
+        await channel.settle()
+        assert f"cache read {read:,}/written {written:,}" in channel.replies[-1]
+
+
+def test_cost_budgets_bill_cache_reads_at_a_tenth_and_writes_at_one_and_a_quarter() -> None:
+    price = ModelPrice(input=3.0, output=15.0)
+    # 1M input of which 600k read and 300k written; 100k output.
+    cost = price.cost(1_000_000, 100_000, cache_read_tokens=600_000, cache_write_tokens=300_000)
+    assert cost == pytest.approx(0.1 * 3.0 + 0.6 * 0.3 + 0.3 * 3.75 + 0.1 * 15.0)
+    own = ModelPrice(input=3.0, output=15.0, cache_read=0.5, cache_write=4.0)
+    assert own.cost(1_000_000, 0, 1_000_000, 0) == pytest.approx(0.5)
+    assert price.cost(1_000_000, 0) == pytest.approx(3.0)  # no caching: as before
+
+
+async def test_openai_compatible_servers_get_the_note_last_and_the_prefix_unchanged() -> None:
+    """vLLM and llama.cpp cache prefixes on their own: the same discipline serves them."""
+    async with FakeOpenAI() as fake:
+        fake.reply_text("ok")
+        fake.reply_text("ok")
+        llm = openai_for(fake)
+        try:
+            first = (ChatMessage("user", "hi"),)
+            await llm.complete(request(*first, note="Current time: 21:28"))
+            await llm.complete(request(*first, ChatMessage("assistant", "ok"),
+                                       ChatMessage("user", "again"), note="Current time: 21:35"))
+        finally:
+            await llm.aclose()
+    one, two = (r.body["messages"] for r in fake.requests)
+    assert one[-1] == {"role": "user", "content": "hi\n\nCurrent time: 21:28"}
+    assert two[:2] == [one[0], {"role": "user", "content": "hi"}]  # system, then history
+    assert two[-1] == {"role": "user", "content": "again\n\nCurrent time: 21:35"}
+
+
+async def test_in_a_group_another_sender_keeps_the_cached_prefix(make_app: AppFactory) -> None:
+    async with FakeAnthropic() as fake:
+        fake.reply_always("ok")
+        _, channel, _ = await make_app(
+            None, provider="anthropic", anthropic_api_key="sk-test",
+            anthropic_base_url=fake.base_url, model="claude-sonnet-test")
+        await channel.say("hello all", sender="ann", name="Ann", group="g1")
+        await channel.settle()
+        await channel.say("hi bot", sender="bob", name="Bob", group="g1")
+        await channel.settle()
+        one, two = fake.requests
+        assert one.body["system"] == two.body["system"]  # who spoke last is in the note
+        assert "Bob" in two.body["messages"][-1]["content"][-1]["text"]
+        assert fake.cache_usage[1].read >= fake.cache_usage[0].written > 0
+
+
+async def test_a_batch_of_parallel_tool_calls_longer_than_the_lookback_still_reads_the_prefix(
+    fake: FakeAnthropic, provider: AnthropicProvider
+) -> None:
+    """12 calls and their results are 25 blocks, past the API's 20-block lookback: the
+    breakpoint on the previous request's final message still finds its entry."""
+    fake.reply_always("ok")
+    question = ChatMessage("user", "read all twelve files")
+    await provider.complete(request(question))
+    calls = tuple(ToolCall(f"toolu_{i}", "read_file", {"path": f"{i}.txt"}) for i in range(12))
+    results = [ChatMessage("tool", f"file {i}", tool_call_id=f"toolu_{i}", tool_name="read_file")
+               for i in range(12)]
+    await provider.complete(request(question, ChatMessage("assistant", "", tool_calls=calls),
+                                    *results))
+    first, second = fake.cache_usage
+    assert second.read == first.written > 0
+
+
+async def test_a_one_off_request_marks_nothing_for_the_cache(
+    fake: FakeAnthropic, provider: AnthropicProvider
+) -> None:
+    """The compaction summarizer's transcript is never sent again: writing it would
+    cost 1.25x for nothing."""
+    fake.reply_always("a summary")
+    one_off = LLMRequest(model="claude-sonnet-test", system=SUMMARY_SYSTEM,
+                         messages=(ChatMessage("user", "a long transcript " * 500),), cache=False)
+    response = await provider.complete(one_off)
+    assert marks(fake.last_request.body) == 0
+    assert response.usage.cache_write_tokens == 0 and fake.cache.entries == {}

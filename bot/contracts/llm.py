@@ -138,6 +138,10 @@ class LLMRequest:
     to the final message), so that ``system``, ``tools`` and ``messages`` stay a
     byte-identical prefix of the next request of the same chat and are read from
     the cache."""
+    cache: bool = True
+    """``False`` for a one-off request no later request shares a prefix with (the
+    compaction summarizer): the provider marks nothing for its prompt cache, as
+    writing an entry costs more than plain input (Anthropic: 1.25x)."""
 
 
 @dataclass(slots=True)

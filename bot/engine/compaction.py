@@ -86,6 +86,7 @@ async def summarize(provider: LLMProvider, model: str, messages: Sequence[ChatMe
         messages=(ChatMessage("user", transcript(messages, previous_summary)),),
         max_tokens=SUMMARY_MAX_TOKENS,
         temperature=SUMMARY_TEMPERATURE,
+        cache=False,  # a transcript no later request starts with: caching it only costs
     )
     async with asyncio.timeout(SUMMARY_TIMEOUT):
         response = await provider.complete(request)
