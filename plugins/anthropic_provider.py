@@ -38,6 +38,7 @@ from anthropic.types import (
 
 # Built-in: the HTTP providers share Roost's own circuit breaker and retry plumbing.
 from bot.resilience.breaker import CircuitBreaker
+from plugins.anthropic_stream import open_stream
 from plugins.provider_media import (
     ANTHROPIC_MAX_PIXELS,
     DocumentData,
@@ -189,15 +190,10 @@ class AnthropicProvider:
     ) -> LLMResponse:
         progress = _Progress()
         await read_stream(
-            lambda: self._client.messages.create(
-                model=request.model,
-                max_tokens=request.max_tokens,
-                system=system or anthropic.omit,
-                messages=messages,
-                tools=tools or anthropic.omit,
-                # No temperature: this Messages API version no longer accepts one.
-                stream=True,
-            ),
+            # No temperature: this Messages API version no longer accepts one.
+            lambda: open_stream(self._client, model=request.model,
+                                max_tokens=request.max_tokens, system=system,
+                                messages=messages, tools=tools),
             lambda event: progress.handle(event, on_text),
             _failure,
             # Errors of the HTTP stack arrive unwrapped mid-stream (see
