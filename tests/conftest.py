@@ -5,10 +5,15 @@ any provider (not only a scripted one), one data dir per test (a second call is 
 restart of the service), and a :class:`bot.testing.app.ChatChannel` named
 ``test`` in which ``u1`` speaks. Helpers (``scripted``, ``settle``,
 ``ChatChannel``, ``EventRecorder``...) are imported from :mod:`bot.testing.app`.
+
+It also says how the suite runs under ``pytest -n auto`` (the README's command): how
+many workers, which tests start first, and that Python may cache bytecode.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -75,3 +80,43 @@ async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path / 'roost.db'}"
     cluster: PostgresCluster = request.getfixturevalue("postgres_cluster")
     return await cluster.create_database()
+
+
+# -- how the suite runs ---------------------------------------------------------------
+
+# A container may set PYTHONDONTWRITEBYTECODE=1 (the image does): then each of the ~100
+# `roost` processes the suite starts compiles Roost from source again, and each xdist
+# worker rewrites every test module's asserts again. Let Python cache bytecode, as it
+# does by default; this runs in the controller before the workers start, so they and
+# every process they start inherit it. __pycache__ is ignored by git.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
+WORKERS_PER_CPU = 2
+"""``-n auto`` starts this many workers per CPU: most tests wait on sockets, timers and
+other processes rather than compute, so one worker per CPU leaves the CPUs idle."""
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: :data:`WORKERS_PER_CPU` workers per usable CPU.
+
+    ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still decides when it is set (``None`` hands
+    over to pytest-xdist's own hook, which reads it).
+    """
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    return WORKERS_PER_CPU * len(os.sched_getaffinity(0))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the long tests first: ``e2e`` (separate ``roost`` processes), then ``slow``.
+
+    pytest-xdist hands tests out in collection order; a 30-second test picked up last
+    would keep one worker busy after the others ran out of work. The sort is stable,
+    so it is the same on every worker, as xdist requires, and keeps file order otherwise.
+    """
+    def rank(item: pytest.Item) -> int:
+        return 0 if item.get_closest_marker("e2e") else 1 if item.get_closest_marker("slow") \
+            else 2
+
+    items.sort(key=rank)

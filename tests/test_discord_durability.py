@@ -141,6 +141,7 @@ async def test_catch_up_reads_at_most_the_limit_per_chat_oldest_first(
     assert read.query["limit"] == "3"
 
 
+@pytest.mark.slow
 async def test_a_new_gateway_session_catches_up_what_the_gateway_did_not_replay(
     fake_discord: FakeDiscord, start: Start,
 ) -> None:
@@ -162,6 +163,7 @@ async def test_a_new_gateway_session_catches_up_what_the_gateway_did_not_replay(
     assert len(inbox.calls) == 5  # nothing was handed over twice
 
 
+@pytest.mark.slow
 async def test_a_message_the_core_failed_to_record_is_read_again_after_a_reconnect(
     fake_discord: FakeDiscord, start: Start,
 ) -> None:
@@ -321,6 +323,7 @@ async def test_a_stream_whose_final_edit_fails_for_good_leaves_no_frozen_draft(
 # -- replies under faults ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_replies_under_20_percent_faults_are_all_delivered_once_and_none_frozen(
     fake_discord: FakeDiscord, start: Start,
 ) -> None:

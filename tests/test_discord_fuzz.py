@@ -134,6 +134,7 @@ def _fresh(fuzzed: Fuzzed, name: str) -> tuple[str, dict[str, Any]]:
     return event, payload
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(batch=st.lists(bad_payloads, min_size=1, max_size=3))

@@ -10,9 +10,16 @@ module), then drive every hook it implements through a running app.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import importlib.metadata
 import logging
+import sys
+import tempfile
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,14 +31,35 @@ NAME = "roost-plugin-example"
 INSTALL = "install it with: .venv/bin/pip install -e examples/roost-plugin-example"
 
 
+LOCK = Path(tempfile.gettempdir()) / (
+    "roost-plugin-example-" + hashlib.sha256(sys.prefix.encode()).hexdigest()[:12] + ".lock")
+"""One lock per environment: each test here holds it shared, the end-to-end test, which
+uninstalls and reinstalls the package, exclusively. So no test in another xdist worker
+(or another pytest session on this environment) loads the plugin while it is gone."""
+
+
+@contextlib.contextmanager
+def install_lock(*, exclusive: bool) -> Iterator[None]:
+    """Hold :data:`LOCK` (blocking until it is free)."""
+    with LOCK.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @pytest.fixture(autouse=True)
-def _installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fail (never skip) when the example is not installed."""
+def _installed(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest,
+               ) -> Iterator[None]:
+    """Fail (never skip) when the example is not installed; hold the install lock."""
     monkeypatch.delenv("ROOST_DISABLE_PLUGIN_AUTOLOAD", raising=False)
-    try:
-        importlib.metadata.distribution(NAME)
-    except importlib.metadata.PackageNotFoundError:
-        pytest.fail(f"the example plugin {NAME!r} is not installed; {INSTALL}")
+    with install_lock(exclusive=request.node.get_closest_marker("e2e") is not None):
+        try:
+            importlib.metadata.distribution(NAME)
+        except importlib.metadata.PackageNotFoundError:
+            pytest.fail(f"the example plugin {NAME!r} is not installed; {INSTALL}")
+        yield
 
 
 def test_it_is_discovered_through_its_entry_point() -> None:
@@ -95,11 +123,10 @@ async def test_its_job_is_offered_and_runs(
     assert "roost-plugin-example:" in caplog.text
 
 
+@pytest.mark.e2e
 def test_install_list_use_disable_enable_uninstall_end_to_end(tmp_path: Any) -> None:
     """The whole life of a plugin package through `roost plugins` and the console chat."""
     import subprocess
-    import sys
-    from pathlib import Path
 
     from tests.test_cli import clean_env
 

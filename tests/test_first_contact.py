@@ -162,6 +162,7 @@ def test_a_missing_slack_sdk_names_slack_bolt_not_aiohttp(tmp_path: Path) -> Non
                              "pip install 'roost[slack]'\n")
 
 
+@pytest.mark.e2e
 def test_an_unreachable_telegram_api_is_retried_then_one_line(tmp_path: Path) -> None:
     result = roost("run", cwd=tmp_path, ROOST_PROVIDER="scripted",
                    TELEGRAM_BOT_TOKEN="123:abc",

@@ -223,6 +223,7 @@ async def health_until(channel: Channel, ready: bool, limit: float = 20.0) -> Ch
         pytest.fail(f"{channel.name} never became ready={ready}: {channel.health()}")
 
 
+@pytest.mark.slow
 async def test_discord_is_ready_on_ready_and_not_from_a_dropped_session_until_ready_again(
         tmp_path: Path, scrape: Scrape, fake_discord: FakeDiscord) -> None:
     app, _ = await create_app(scripted({"reply": "hi"}), data_dir=tmp_path,

@@ -251,6 +251,7 @@ async def test_a_call_longer_than_the_timeout_fails_as_a_timeout(make: Any) -> N
     assert chat.tool_results("toolbox__add") == ["3"]
 
 
+@pytest.mark.slow
 async def test_an_http_server_that_went_away_is_reconnected_when_it_is_back(
         make: Any) -> None:
     port = free_port()
@@ -412,6 +413,7 @@ async def test_results_with_images_and_large_text(make: Any) -> None:
     assert "call get_tool_result" in tool_messages[-1].content
 
 
+@pytest.mark.slow
 async def test_per_user_servers_run_in_each_workspace(make: Any) -> None:
     chat: ChatChannel = await make([call("files__where")], loop=True,
                                    mcp={"servers": {"files": stdio(per_user=True)}})
@@ -429,6 +431,7 @@ def gone(pid: int) -> bool:
     return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
+@pytest.mark.slow
 async def test_unused_lazy_and_per_user_servers_are_ended_and_start_again(make: Any) -> None:
     chat: ChatChannel = await make(
         [call("lazy__pid"), call("mine__pid"), call("eager__pid")], loop=True,
@@ -528,6 +531,7 @@ async def test_a_lazy_server_with_a_cached_list_starts_on_first_call(
     assert manager(second.app).servers["toolbox"].status()["state"] == "running"
 
 
+@pytest.mark.slow
 async def test_no_server_process_is_left_after_shutdown(http_server: str, make: Any) -> None:
     before = children()
     chat: ChatChannel = await make(

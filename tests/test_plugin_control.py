@@ -369,6 +369,7 @@ def roost_cli(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[
                           text=True, timeout=60, env=clean_env(**env))
 
 
+@pytest.mark.slow
 def test_cli_enable_disable_persist_and_list(site: Path, tmp_path: Path) -> None:
     path = str(site)
     listing = roost_cli("plugins", "list", "--json", cwd=tmp_path, PYTHONPATH=path)

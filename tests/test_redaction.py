@@ -89,6 +89,7 @@ def test_url_credentials_are_masked_in_linear_time_even_in_megabyte_messages() -
         f"postgres://{redact.MASK}@db/x, ftp+ssl://{redact.MASK}@h")
 
 
+@pytest.mark.e2e
 async def test_roost_run_never_logs_the_token_when_telegram_redirects_in_a_loop(
         tmp_path: Path) -> None:
     """aiogram's own error names the request URL, which carries the bot token."""

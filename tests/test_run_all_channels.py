@@ -8,6 +8,8 @@ import socket
 import sys
 from pathlib import Path
 
+import pytest
+
 from bot.testing.discord import FakeDiscord
 from bot.testing.slack import FakeSlack
 from bot.testing.telegram import FakeTelegram
@@ -22,6 +24,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.e2e
 async def test_roost_run_answers_on_every_configured_platform(
     tmp_path: Path, fake_telegram: FakeTelegram, fake_discord: FakeDiscord,
     fake_slack: FakeSlack,

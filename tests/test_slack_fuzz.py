@@ -189,6 +189,7 @@ async def _deliver(fuzzed: Fuzzed, kind: str, payload: Any) -> None:
     assert delivery.status in (200, 413), (delivery.status, delivery.body[:200])
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(batch=st.lists(bad_payloads, min_size=1, max_size=3))

@@ -59,6 +59,7 @@ def answer(question: str) -> str:
     return f"Here is the answer to {question}, in full."
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kinds", [
     FAULT_KINDS,
     tuple(k for k in FAULT_KINDS if k != "reset_after"),

@@ -163,6 +163,7 @@ async def fuzzed(make_tg: TgFactory) -> Fuzzed:
     return Fuzzed(channel)
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(batch=st.lists(bad_updates, min_size=1, max_size=3))
