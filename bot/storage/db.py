@@ -316,6 +316,16 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE usage ADD COLUMN cost REAL NOT NULL DEFAULT 0;
     """,
+    # 16: replicas (bot.storage.claims): which process holds each session's open
+    # inbox work, until when. A lease that expired (its holder died) is taken over.
+    """
+    CREATE TABLE session_leases (
+        session_key TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        expires_at REAL NOT NULL
+    );
+    CREATE INDEX session_leases_owner ON session_leases(owner);
+    """,
 ]
 """Schema steps in order; ``PRAGMA user_version`` records how many have run.
 

@@ -36,6 +36,7 @@ import aiosqlite
 from bot.contracts.llm import ChatMessage, ToolCall
 from bot.contracts.messages import Attachment, InboundMessage, OutboundFile, OutboundMessage
 from bot.contracts.tools import ToolResult
+from bot.storage.claims import notify
 from bot.storage.db import Statements, Writer, dialect_of
 
 EntryKind = Literal["message", "command"]
@@ -157,7 +158,10 @@ class Inbox:
                 "INSERT OR IGNORE INTO inbox (channel, event_id, session_key, chat_id, kind,"
                 " message, received_at, state, attempts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 row)
-            return cur.lastrowid if cur.rowcount == 1 else None
+            if cur.rowcount != 1:
+                return None
+            await notify(db, session_key)  # other replicas wake when this commits
+            return cur.lastrowid
 
         entry_id = await self.writer.write(body, what="recording an inbound message")
         if entry_id is None:

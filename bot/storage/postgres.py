@@ -192,6 +192,8 @@ class PgConnection:
         self._catalog: dict[str, _Table] = {} if catalog is None else catalog
         self._coerced: set[str] = set() if coerced is None else coerced
         self._translated: dict[str, tuple[str, bool]] = {}
+        self.url = ""
+        """The database's URL (for a connection of its own: LISTEN)."""
 
     @classmethod
     async def open(cls, url: str, pool_size: int = 10) -> PgConnection:
@@ -199,12 +201,15 @@ class PgConnection:
         async def connect() -> asyncpg.Pool:
             return await asyncpg.create_pool(url, min_size=1, max_size=max(1, pool_size),
                                              command_timeout=60)
-        return cls(await with_reconnect(connect, "connecting to PostgreSQL"))
+        opened = cls(await with_reconnect(connect, "connecting to PostgreSQL"))
+        opened.url = url
+        return opened
 
     def bound(self, conn: asyncpg.Connection) -> PgConnection:
         """This API on one connection (a transaction's), sharing the catalog cache."""
         bound = PgConnection(self.pool, conn, catalog=self._catalog, coerced=self._coerced)
         bound._translated = self._translated
+        bound.url = self.url
         return bound
 
     @property
@@ -439,9 +444,14 @@ async def with_reconnect(attempt: Callable[[], Awaitable[T]], what: str) -> T:
             await asyncio.sleep(delay)
 
 
+CONFLICT_RETRIES = 5
+"""Runs of a transaction the server rolled back for a deadlock or serialization failure."""
+
+
 async def transaction(db: PgConnection, body: Callable[[PgConnection], Awaitable[T]]) -> T:
-    """Run ``body`` in one transaction on a pooled connection; retried if the connection
-    was lost before the commit was sent (never after: it may have committed)."""
+    """Run ``body`` in one transaction on a pooled connection; run again if the
+    connection was lost before the commit was sent (never after: it may have
+    committed) or the server rolled it back for a deadlock (:data:`CONFLICT_RETRIES`)."""
     committing = False
 
     async def attempt() -> T:
@@ -462,12 +472,24 @@ async def transaction(db: PgConnection, body: Callable[[PgConnection], Awaitable
             return result
 
     async def guarded() -> T:
-        try:
-            return await attempt()
-        except CONNECTION_LOST:
-            if committing:
-                raise _CommitUnknown from None
-            raise
+        for conflicts in range(1, CONFLICT_RETRIES + 1):
+            try:
+                return await attempt()
+            except CONNECTION_LOST:
+                if committing:
+                    raise _CommitUnknown from None
+                raise
+            except Exception as exc:
+                # A deadlock or serialization failure: the server rolled the whole
+                # transaction back, so running it again is safe.
+                cause = exc if isinstance(exc, asyncpg.PostgresError) else exc.__cause__
+                if not isinstance(cause, asyncpg.exceptions.TransactionRollbackError) \
+                        or conflicts == CONFLICT_RETRIES:
+                    raise
+                log.info("transaction rolled back by the server (%s); running it again",
+                         type(cause).__name__)
+                await asyncio.sleep(RECONNECT.delay(conflicts) / 4)
+        raise AssertionError("unreachable")
 
     try:
         return await with_reconnect(guarded, "a transaction")
