@@ -166,7 +166,7 @@ async def test_retries_stop_at_max_retries_and_the_last_attempt_is_delivered(
     assert len(llm.requests) == 4 and len(never.seen) == 4
     assert [s.attributes["passed"] for s in await spans(app) if s.kind == "judge"] == [
         False] * 4
-    assert app.engine.router.stats_for("default").describe().startswith("0/1 passed (0%)")
+    assert app.router.stats_for("default").describe().startswith("0/1 passed (0%)")
 
 
 @pytest.mark.parametrize(("strategy", "score", "passed"), [
@@ -259,7 +259,7 @@ async def test_a_failing_judge_lets_the_reply_through_and_is_counted(
     assert channel.replies == ["an answer"]
     root = next(s for s in await spans(app) if s.kind == "agent")
     assert "judge backend down" in root.attributes["judge_error"]
-    assert app.engine.router.stats_for("default").errors == 1
+    assert app.router.stats_for("default").errors == 1
 
 
 async def test_an_unknown_judge_type_fails_the_run_naming_the_offered_judges(

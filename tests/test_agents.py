@@ -353,7 +353,7 @@ async def test_router_providers_are_closed_with_the_app(make_app: AppFactory,
     await channel.say("hi")
     await settle(app)
     assert channel.replies == ["from my own script"]
-    agent = await app.engine.router.get("demo")
+    agent = await app.router.get("demo")
     provider: LLMProvider | None = agent.provider
     assert provider is not None and provider is not app.provider
 

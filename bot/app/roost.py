@@ -11,6 +11,7 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any, TypeVar
 
+from bot.agents.router import AgentResolver, AgentRouter
 from bot.app.http import HealthServer, instrument
 from bot.app.runtime import AppRuntime
 from bot.config.settings import Settings, SetupError
@@ -80,7 +81,8 @@ class Roost:
 
     def __init__(self, settings: Settings, host: PluginHost, store: SessionStore,
                  engine: RunEngine, commands: dict[str, Command],
-                 channel_specs: dict[str, ChannelSpec], services: Services | None = None) -> None:
+                 channel_specs: dict[str, ChannelSpec], services: Services | None = None,
+                 *, router: AgentRouter) -> None:
         self.settings = settings
         self.host = host
         self.store = store
@@ -104,8 +106,9 @@ class Roost:
         self.http: HealthServer | None = None
         """The health and metrics server, once :meth:`serve_http` started it."""
         self._leftovers: Leftovers = ([], [])
-        self.router = engine.router
-        """The agents; the dispatcher routes chats with it before a run exists."""
+        self.router = router
+        """The agents; the dispatcher routes chats with it before a run exists, the
+        engine resolves each run's agent through it."""
         self.runtime = AppRuntime(self)
         """What plugins, commands and jobs receive instead of this object."""
         self.dispatcher = Dispatcher(
@@ -155,10 +158,15 @@ class Roost:
         host.validate_configs(settings.plugins)
         services.plugin_configs = host.config
         channel_specs = await _unique(host, "roost_channels", settings, ChannelSpec)
-        engine = RunEngine(settings, host, store, provider, {}, [])
+        # Routing happens before a run exists (the dispatcher), so the router is built
+        # here and handed to both; it reads the engine's provider and judges when it
+        # resolves an agent, by then the engine exists.
+        router = AgentRouter(AgentResolver(settings, host, lambda: engine.provider,
+                                           lambda: dict(engine.plugins.judges)))
+        engine = RunEngine(settings, host, store, provider, {}, [], agents=router)
         engine.exporter = OTelExporter.from_environment()
         engine.on_tool_failure, engine.on_large_result = error_channel(services, settings)
-        app = cls(settings, host, store, engine, {}, channel_specs, services)
+        app = cls(settings, host, store, engine, {}, channel_specs, services, router=router)
         engine.channels = app.channels  # runs download the files of messages through them
         engine.deliver = app.send_now
         instrument(app)  # metrics from spans, deliveries, scheduler fires; gauges
@@ -201,7 +209,7 @@ class Roost:
         engine.plugins = PluginSnapshot.of(guard, tools, groups, sanitizers,
                                            await _judges(host, settings))
         # Agents hold judges and filtered tool lists: resolve them again.
-        engine.router.invalidate()
+        self.router.invalidate()
         commands: dict[str, Command] = {}
         for command in (await _unique(host, "roost_commands", settings, Command)).values():
             for name in (command.name, *command.aliases):
@@ -232,7 +240,7 @@ class Roost:
         self.engine.plugins = dataclasses.replace(
             self.engine.plugins, tools=MappingProxyType(tools),
             tool_groups=MappingProxyType(groups))
-        self.engine.router.invalidate()
+        self.router.invalidate()
 
     async def set_plugin_enabled(self, name: str, enabled: bool) -> str:
         """Enable or disable plugin ``name`` now and persist it; returns what happened."""
@@ -366,7 +374,7 @@ class Roost:
             if isinstance(exporter, OTelExporter):
                 exporter.shutdown()
         await _quietly(self.engine.provider.aclose(), "closing the provider")
-        await _quietly(self.engine.router.aclose(), "closing the agents' providers")
+        await _quietly(self.router.aclose(), "closing the agents' providers")
         for pending in (self.services.errors, self.services.results):
             if pending is not None:
                 await _quietly(pending.flush(), "finishing stored errors and results")

@@ -2,7 +2,8 @@
 
 - :mod:`.runloop`: the run itself (input checks, prompt, model calls, tools);
 - :mod:`.finish`: how a run ends (completed, refused, failed, cancelled: the one commit);
-- :mod:`.run_engine`: what all runs share (provider, plugin snapshot, breakers, compactor);
+- :mod:`.run_engine`: what all runs share (provider, plugin snapshot, breakers, compactor;
+  the agents it is handed);
 - :mod:`.requests`: :class:`RunRequest` and :class:`RunResult`;
 - :mod:`.llm_call`: one model call with its streamed text;
 - :mod:`.judging`: the reply judged and corrected, each verdict a span;

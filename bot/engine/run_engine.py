@@ -1,11 +1,16 @@
-"""The run engine: what all runs share (provider, plugins, breakers, compactor); it starts them."""
+"""The run engine: what all runs share (provider, plugins, breakers, compactor); it starts them.
+
+The agents come from outside (:class:`Agents`): the app builds the router, which the
+dispatcher uses to route a chat before any run exists.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
-from bot.agents.router import AgentResolver, AgentRouter
+from bot.agents.router import Agent, JudgeStats
 from bot.config.settings import Settings
 from bot.contracts.channel import Channel
 from bot.contracts.llm import ChatMessage, LLMProvider
@@ -39,6 +44,22 @@ from bot.tools.metrics import ToolMetricsRegistry
 log = logging.getLogger("roost.engine.run_engine")
 
 
+class Agents(Protocol):
+    """The agents as runs need them: :class:`bot.agents.router.AgentRouter` is one.
+
+    The app builds the router (the dispatcher routes chats with it before a run
+    exists) and hands it to the engine; the engine never builds one.
+    """
+
+    async def get(self, name: str) -> Agent:
+        """Agent ``name``, resolved (or cached) for a run."""
+        ...
+
+    def stats_for(self, name: str) -> JudgeStats:
+        """How agent ``name``'s replies fared with its judges."""
+        ...
+
+
 class RunEngine:
     """Executes runs against one provider with the tools and sanitizers plugins gave."""
 
@@ -51,6 +72,8 @@ class RunEngine:
         tools: Mapping[str, Tool],
         sanitizers: Sequence[Sanitizer],
         guard: InputGuard | None = None,
+        *,
+        agents: Agents,
     ) -> None:
         self.settings = settings
         self.host = host
@@ -81,8 +104,8 @@ class RunEngine:
         """The running channels by name (the app's own dict): runs download files with them."""
         self.workspaces_root = settings.workspaces_dir
         """The default agent's workspaces (others: :func:`bot.agents.router.workspaces_root`)."""
-        self.router = AgentRouter(AgentResolver(settings, host, lambda: self.provider,
-                                                lambda: dict(self.plugins.judges)))
+        self.agents = agents
+        """Resolves each run's agent; judge statistics."""
 
     @property
     def tools(self) -> Mapping[str, Tool]:

@@ -130,7 +130,7 @@ class Run:
     async def _use_agent(self) -> Agent:
         """Resolve the run's agent; its settings, provider and tool policy apply from here."""
         engine, req = self.engine, self.req
-        agent = self.agent = await engine.router.get(req.agent)
+        agent = self.agent = await engine.agents.get(req.agent)
         self.settings = agent.settings
         self.provider = agent.provider or engine.provider
         self.estimator = engine.estimator_for(self.provider.name)
@@ -251,7 +251,7 @@ class Run:
                 agent, convo, (final, cleaned), text,
                 lambda c: self._generate(c, system, specs, limit, tool_context),
                 trace=self.trace, sanitizers=self.plugins.sanitizers,
-                stats=engine.router.stats_for(agent.name), run_id=req.run_id)
+                stats=engine.agents.stats_for(agent.name), run_id=req.run_id)
             silent = cleaned == NO_REPLY or not cleaned
         return await finish.complete(self, final, cleaned, silent)
 
