@@ -50,8 +50,10 @@ async def make_tg(tmp_path: Path, fake_telegram: FakeTelegram) -> AsyncIterator[
             # No proactive budget (3 calls per 3 s in a chat): these tests are not about
             # it and would wait it out; 429 windows still hold. test_telegram_delivery
             # and test_channel_helpers test the budget.
+            # Drafts at the first push (not after 1 s or 400 chars): these tests are about
+            # drafts; test_telegram_delivery tests when the first one is shown.
             options: dict[str, Any] = {"polling_timeout": 1, "policy": FAST,
-                                       "limits": Limits(), **(channel or {})}
+                                       "limits": Limits(), "draft_after": 0, **(channel or {})}
             tg = TelegramChannel(app.settings, **options)
             await app.add_channel(tg)
             return app, tg, log
@@ -589,3 +591,17 @@ def test_every_aiogram_model_still_builds_when_types_are_lazy() -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent.parent,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+async def test_a_short_streamed_reply_is_a_typing_status_and_one_send_message(
+        make_tg: TgFactory, fake_telegram: FakeTelegram) -> None:
+    provider = scripted({"reply": "Sure, **done**.", "chunk": 3})
+    app, _, _ = await make_tg(provider, stream_replies=True,
+                              channel={"draft_after": 60.0})  # the default rule, never timed out
+    update = fake_telegram.private_message("do it")
+    await answered(fake_telegram, app, update)
+    methods = [c.method for c in fake_telegram.calls
+               if c.method not in ("getMe", "deleteWebhook", "setMyCommands", "getUpdates")]
+    # The typing status may give way to the reply (it is never queued ahead of one).
+    assert methods in (["sendChatAction", "sendMessage"], ["sendMessage"])
+    assert fake_telegram.visible(42) == ["Sure, done."]

@@ -271,3 +271,57 @@ async def test_the_proactive_budget_can_be_turned_off_while_429_windows_still_ho
     await tg.send(reply("after the window"))
     assert fake_telegram.violations == []
     assert fake_telegram.visible(42)[-1] == "after the window"
+
+
+# -- when a streamed reply's first draft is shown ----------------------------------------------
+
+
+async def test_a_short_reply_streamed_at_once_is_one_send_message_with_no_draft(
+        start_tg: StartTg, fake_telegram: FakeTelegram) -> None:
+    tg = await start_tg(Inbox(), draft_after=60.0)
+    stream = tg.open_stream(inbound())
+    assert stream is not None
+    for text in ("Sure", "Sure, **do", "Sure, **done**."):
+        await stream.push(text)
+    assert stream.message_id is None and fake_telegram.sent() == []
+    await stream.finish("Sure, **done**.")
+    [sent] = fake_telegram.sent()
+    assert sent.params["text"] == "Sure, <b>done</b>."
+    assert fake_telegram.calls_of("editMessageText") == []
+    assert stream.message_id == str(sent.result["message_id"])
+
+
+async def test_the_first_draft_is_shown_once_the_text_is_long_enough(
+        start_tg: StartTg, fake_telegram: FakeTelegram) -> None:
+    tg = await start_tg(Inbox(), draft_after=60.0, draft_chars=40)
+    stream = tg.open_stream(inbound())
+    assert stream is not None
+    await stream.push("A long answer")
+    assert fake_telegram.sent() == []
+    await stream.push("A long answer, long enough for a draft now")
+    [draft] = fake_telegram.sent()
+    assert stream.message_id == str(draft.result["message_id"])
+    await stream.finish("A long answer, long enough for a draft now")
+    assert fake_telegram.calls_of("editMessageText") == []  # the final text is shown already
+
+
+async def test_the_first_draft_is_shown_by_a_push_after_the_wait(
+        start_tg: StartTg, fake_telegram: FakeTelegram,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr("channels.telegram.sending._now", lambda: clock[0])
+    tg = await start_tg(Inbox(), draft_after=1.0)
+    stream = tg.open_stream(inbound())
+    assert stream is not None
+    await stream.push("Let me")
+    clock[0] += 0.5
+    await stream.push("Let me look")
+    assert fake_telegram.sent() == []
+    clock[0] += 0.5
+    await stream.push("Let me look that up")
+    [draft] = fake_telegram.sent()
+    assert draft.params["text"] == "Let me look that up"
+    await stream.finish("Let me look that up: found it.")
+    [edit] = fake_telegram.calls_of("editMessageText")
+    assert edit.params["text"] == "Let me look that up: found it."
+    assert fake_telegram.visible(42) == ["Let me look that up: found it."]

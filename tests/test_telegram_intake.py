@@ -65,8 +65,10 @@ async def start_tg(tmp_path: Path, fake_telegram: FakeTelegram) -> AsyncIterator
                           telegram_api_base=fake_telegram.base_url, **(settings or {}))
         # No proactive budget unless a test asks for one (limits=TELEGRAM_LIMITS): most
         # are not about it and would wait it out; 429 windows still hold.
+        # Drafts at the first push: the tests of drafts need one (test_telegram_delivery
+        # tests when the first one is shown by default).
         options = {"polling_timeout": 1, "policy": FAST, "poll_backoff": 0.01,
-                   "limits": Limits(), **options}
+                   "limits": Limits(), "draft_after": 0, **options}
         channel = TelegramChannel(config, **options)
         await channel.start(handler)
         started.append(channel)

@@ -84,13 +84,16 @@ class ChannelBase(Channel):
     def __init__(self, settings: Settings, *, polling_timeout: int = 30,
                  edit_interval: float = 1.0, typing_interval: float = 4.0,
                  policy: DeliveryPolicy | None = None, limits: Limits = TELEGRAM_LIMITS,
-                 request_timeout: float = 60.0, poll_backoff: float = 0.5) -> None:
+                 request_timeout: float = 60.0, poll_backoff: float = 0.5,
+                 draft_after: float = 1.0, draft_chars: int = 400) -> None:
         if settings.telegram_bot_token is None:
             raise ValueError("the Telegram channel needs TELEGRAM_BOT_TOKEN")
         self.settings = settings
         self.polling_timeout = polling_timeout
         self.edit_interval = edit_interval
         self.typing_interval = typing_interval
+        self.draft_after = draft_after
+        self.draft_chars = draft_chars
         self.policy = policy or DeliveryPolicy()
         self.limiter = RateLimiter(limits if settings.telegram_rate_limits else Limits())
         self.request_timeout = request_timeout

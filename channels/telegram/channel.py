@@ -37,7 +37,9 @@ class TelegramChannel(Intake, Uploads, Downloads):
 
     Keyword arguments exist for tests and benchmarks: ``polling_timeout`` is
     the long-poll wait in seconds, ``edit_interval`` the minimum time between
-    streaming edits, ``typing_interval`` how often the typing status is
+    streaming edits, ``draft_after`` and ``draft_chars`` when a streamed reply's
+    first draft is shown (see :class:`~channels.telegram.sending._DraftStream`),
+    ``typing_interval`` how often the typing status is
     refreshed, ``policy`` the retry policy for replies, ``limits`` the
     proactive rate limits, ``request_timeout`` how long one Bot API call may
     take (the long poll gets its own wait on top), ``poll_backoff`` the first
@@ -162,7 +164,8 @@ class TelegramChannel(Intake, Uploads, Downloads):
             return None
         target = _Target.of(message.chat_id, message.thread_id,
                             message.message_id if message.chat_type == "group" else None)
-        return _DraftStream(self, target, self.edit_interval)
+        return _DraftStream(self, target, self.edit_interval, draft_after=self.draft_after,
+                            draft_chars=self.draft_chars)
 
     @contextlib.asynccontextmanager
     async def typing(self, message: InboundMessage) -> AsyncIterator[None]:

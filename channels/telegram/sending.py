@@ -142,9 +142,16 @@ class Sending(ChannelBase):
             await asyncio.sleep(self.typing_interval)
 
 
+_now = time.monotonic
+"""The clock the first draft's wait reads (tests replace it)."""
+
+
 class _DraftStream:
     """A reply streamed into one Telegram message, edited at most once per ``interval``.
 
+    The first draft waits until the text is ``draft_chars`` long or a push comes
+    ``draft_after`` seconds after the first one: a short answer that streams in
+    at once is then one ``sendMessage`` at ``finish``, with no draft to edit.
     Drafts give way to rate limits: a first draft that could not be shown is
     tried again on the next push, an edit that could not be made is dropped
     (the next one or the final reply supersedes it). ``message_id`` is the
@@ -152,11 +159,18 @@ class _DraftStream:
     last message (``None`` if nothing is shown).
     """
 
-    def __init__(self, channel: Sending, target: _Target, interval: float) -> None:
+    __slots__ = ("_began", "_editing", "_flusher", "_last", "_pending", "channel",
+                 "draft_after", "draft_chars", "interval", "message_id", "target")
+
+    def __init__(self, channel: Sending, target: _Target, interval: float, *,
+                 draft_after: float = 1.0, draft_chars: int = 400) -> None:
         self.channel = channel
         self.target = target
         self.interval = interval
+        self.draft_after = draft_after
+        self.draft_chars = draft_chars
         self.message_id: str | None = None
+        self._began: float | None = None
         self._last = 0.0
         self._pending: str | None = None
         self._flusher: asyncio.Task[None] | None = None
@@ -166,6 +180,11 @@ class _DraftStream:
         """Show the reply so far (the whole text each time)."""
         draft = fit(text_so_far)
         if self.message_id is None:
+            now = _now()
+            if self._began is None:
+                self._began = now
+            if len(draft) < self.draft_chars and now - self._began < self.draft_after:
+                return  # too early for a draft: the end may come first
             sent = await self._first(draft)
             if sent is not None:
                 self.message_id = str(sent.message_id)
