@@ -16,8 +16,9 @@ The CPU time of the roost process (user + system, from ``/proc``) is read
 around rounds of 20 photo turns and 20 text turns; the per-photo overhead of a
 round is the difference divided by 20 (download, sniff, store, inspect, resize,
 re-encode, base64, the larger request), and the median over the rounds is
-reported. RSS is read at idle (median of 5 samples) after a warm-up of 20 photos and
-after every round, and compared with a second process that gets text in place of photos.
+reported. RSS is read at idle (median of 5 samples, once the provider has handed its
+photo buffers back) after a warm-up of 20 photos and after every round, and compared
+with a second process that gets text in place of photos.
 
 Part 2, in this process, the same code path without the network: the intake
 (:func:`bot.media.intake.receive`: sniff, store, inspect) and the provider's
@@ -60,7 +61,11 @@ from bot.contracts.messages import Attachment, InboundMessage  # noqa: E402
 from bot.media.intake import receive  # noqa: E402
 from bot.testing.telegram import Call, FakeTelegram, user  # noqa: E402
 from plugins.anthropic_provider import to_anthropic_messages  # noqa: E402
-from plugins.provider_media import ANTHROPIC_MAX_PIXELS, MediaReader  # noqa: E402
+from plugins.provider_media import (  # noqa: E402
+    ANTHROPIC_MAX_PIXELS,
+    RELEASE_AFTER_SECONDS,
+    MediaReader,
+)
 
 TARGET_CPU_MS = 60.0
 TARGET_RSS_MB = 5.0
@@ -146,8 +151,9 @@ async def roost_run(env: dict[str, str], cwd: Path) -> AsyncIterator[psutil.Proc
 
 
 async def idle_rss(process: psutil.Process) -> int:
-    """RSS once the process is idle: the median of 5 samples over a second, after 0.5 s."""
-    await asyncio.sleep(0.5)
+    """RSS once the process is idle: the median of 5 samples over a second, taken after
+    the provider handed its photo buffers back (``RELEASE_AFTER_SECONDS`` of quiet)."""
+    await asyncio.sleep(RELEASE_AFTER_SECONDS + 0.5)
     samples = []
     for _ in range(5):
         samples.append(process.memory_info().rss)

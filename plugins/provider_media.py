@@ -15,9 +15,11 @@ A :class:`~bot.contracts.llm.ContentPart` names a file in the user's workspace;
   would be refused on every later turn too, since history keeps its parts.
 
 Reading and resizing cost tens of milliseconds per photo and a conversation
-sends its images again on every model call, so prepared results are cached
-(bounded by bytes; keyed by path, size and modification time). The methods are
-synchronous: providers call :meth:`MediaReader.read_all` in a worker thread.
+sends its images again on every model call, so a photo is prepared once: the
+prepared copy is kept in the workspace (:mod:`bot.media.derived`, found again
+after a restart) and the wire payloads in memory (bounded by bytes; keyed by
+path, size, modification time and inode). The methods are synchronous:
+providers call :meth:`MediaReader.read_all` in a worker thread.
 """
 
 from __future__ import annotations
@@ -28,15 +30,20 @@ import ctypes.util
 import io
 import logging
 import math
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
+from PIL import _imaging as pillow_core
 from pypdf import PdfReader
 
-# Built-in: the providers resize images with the core's own media code.
-from bot.media.images import prepare_for_model
+# Built-in: the providers resize images with the core's own media code, and keep the
+# prepared copies with the core's workspace cache.
+from bot.media.derived import derived_name, read_derived, write_derived
+from bot.media.images import model_ready, prepare_for_model
 from roost import ContentPart, MediaError
 
 __all__ = [
@@ -56,7 +63,15 @@ MAX_IMAGE_EDGE = 1568
 """Anthropic's recommended long edge: larger images are scaled down by the API anyway."""
 ANTHROPIC_MAX_PIXELS = 1_200_000
 """Anthropic also scales down what would cost over ~1,600 tokens (width × height / 750):
-a 4:3 photo is seen at about 1268×951, so sending more pixels only costs upload."""
+a 4:3 photo is seen at about 1268×951, so sending more pixels only costs upload. An
+image that must be scaled anyway is scaled to this (1264×948 for a 4000×3000 photo:
+above the ~1.15 megapixels of the API's own size table, so the model sees every pixel
+it would have seen of the original)."""
+PASS_SLACK = 1.1
+"""An image that needs no scaling for the hard limits (long edge 1568 px, 5 MB) and has
+at most this many times the pixels the API looks at (1280×960, Telegram's usual photo,
+is 2.4% over 1.2 MP) is sent as it is: re-encoding it would cost ~10 ms of CPU and a
+generation of JPEG loss to save the API a resize it does for free."""
 OPENAI_SHORT_EDGE = 768
 """OpenAI's high detail scales an image so its short side is at most 768 px."""
 MAX_IMAGE_BASE64 = 5 * 1024 * 1024
@@ -68,7 +83,14 @@ MAX_PDF_BYTES = 24 * 1024 * 1024
 PDF_TEXT_LIMIT = 60_000
 """Characters of extracted PDF text given to a model; the rest is cut with a note."""
 CACHE_BYTES = 8 * 1024 * 1024
-"""Prepared payloads kept between model calls (base64 and text characters)."""
+"""Prepared payloads kept between model calls (base64 and text characters). Images past
+it are read back from their prepared copy on disk (~1 ms), never prepared again."""
+RELEASE_AFTER_SECONDS = 2.0
+"""How long after the last model call with a newly prepared file the decode buffers
+are handed back to the system (see :class:`_Heap`)."""
+BUFFER_BLOCKS = 4
+"""Pillow image buffers kept for reuse while photos come in: a photo needs three (the
+draft decode, the resize pass, the result)."""
 
 _IMAGE_FORMATS = ("image/jpeg", "image/png", "image/gif", "image/webp")
 # Raw bytes whose base64 text fits MAX_IMAGE_BASE64 (4 characters per 3 bytes).
@@ -111,14 +133,17 @@ class MediaReader:
     """
 
     def __init__(self, *, documents: bool, max_pixels: int = 0, max_short_edge: int = 0,
-                 cache_bytes: int = CACHE_BYTES) -> None:
+                 cache_bytes: int = CACHE_BYTES,
+                 release_after: float = RELEASE_AFTER_SECONDS) -> None:
         self.documents = documents
         self.max_pixels = max_pixels
         """Pixels the model sees at most (0: no limit beyond the long edge)."""
         self.max_short_edge = max_short_edge
         """The short side the model sees at most (0: no such limit)."""
         self.cache_bytes = cache_bytes
-        self._cache: OrderedDict[tuple[str, str, int, int], Prepared] = OrderedDict()
+        self.release_after = release_after
+        """Seconds of quiet before freed buffers go back to the system (0: at once)."""
+        self._cache: OrderedDict[tuple[str, str, int, int, int], Prepared] = OrderedDict()
         self._cached = 0
         self._fresh = 0
         self._lock = threading.Lock()
@@ -152,64 +177,96 @@ class MediaReader:
             stat = path.stat()
         except OSError:
             return Note(part, f"[{part.kind}: {part.path} — the file is no longer available]")
-        key = (mode, str(path), stat.st_size, stat.st_mtime_ns)
+        key = (mode, str(path), stat.st_size, stat.st_mtime_ns, stat.st_ino)
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
                 return _for(part, hit)
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            return Note(part, f"[{part.kind}: {part.path} — the file could not be read: "
-                              f"{exc.strerror or type(exc).__name__}]")
         if mode == "image":
-            item = self._image(part, data)
-        elif mode == "document":
-            item = self._document(part, data)
+            item = self._image(part, path, stat)
         else:
-            item = _pdf_text(part, data, "this model cannot read PDF documents")
-        del data
-        with self._lock:
-            self._fresh += 1
+            try:
+                data = path.read_bytes()
+            except OSError as exc:
+                return _unreadable(part, exc)
+            if mode == "document":
+                item = self._document(part, data)
+            else:
+                item = _pdf_text(part, data, "this model cannot read PDF documents")
+            del data
+            with self._lock:
+                self._fresh += 1
         self._remember(key, item)
         return item
 
     def release(self) -> None:
-        """Hand freed C heap back to the system if a file was prepared since the last call.
+        """Hand the freed buffers back to the system once photos stop coming.
 
         Providers call it when a request with files is done: by then the decode
         buffers, the request's base64 and the intake's download are all freed.
-        Calls that only re-sent cached files skip the trim (it costs 1-3 ms).
+        If a file was prepared since the last call, the heap is trimmed
+        :attr:`release_after` seconds later, unless another file is prepared
+        before then (see :class:`_Heap`); calls that only re-sent prepared files
+        change nothing.
         """
         with self._lock:
             fresh, self._fresh = self._fresh, 0
         if fresh:
-            release_memory()
+            _heap.release(self.release_after)
 
-    def edge_for(self, width: int, height: int) -> int:
+    def edge_for(self, width: int, height: int, slack: float = 1.0) -> int:
         """The long edge to scale an image of ``width`` × ``height`` to, at most.
 
         The API would scale a larger image down itself; doing it here sends fewer
         bytes and spends less CPU on resampling. Unknown dimensions: 1568.
+        ``slack`` allows that many times the pixels the API looks at (the short
+        side: its square root) before the edge goes below the image's own.
         """
         edge = MAX_IMAGE_EDGE
         if width <= 0 or height <= 0:
             return edge
         long, short = max(width, height), min(width, height)
-        if self.max_pixels and width * height > self.max_pixels:
-            edge = min(edge, int(long * math.sqrt(self.max_pixels / (width * height))))
-        if self.max_short_edge and short > self.max_short_edge:
-            edge = min(edge, long * self.max_short_edge // short)
+        pixels = self.max_pixels * slack
+        if self.max_pixels and width * height > pixels:
+            edge = min(edge, int(long * math.sqrt(pixels / (width * height))))
+        short_edge = int(self.max_short_edge * math.sqrt(slack))
+        if self.max_short_edge and short > short_edge:
+            edge = min(edge, long * short_edge // short)
         return max(edge, 1)
 
-    def _image(self, part: ContentPart, data: bytes) -> Prepared:
+    def _image(self, part: ContentPart, path: Path, stat: os.stat_result) -> Prepared:
+        """The image prepared once: the copy kept in the workspace, else made (and kept)."""
+        edge = self.edge_for(part.width, part.height)
+        loose = max(edge, self.edge_for(part.width, part.height, PASS_SLACK))
+        root = Path(part.root) if part.root else None
+        name = derived_name(part.path, stat, f"{edge}px") if root is not None else ""
+        if root is not None:
+            kept = read_derived(root, name)
+            if kept is not None:
+                mime = model_ready(kept, max_edge=loose, max_bytes=_IMAGE_RAW_LIMIT,
+                                   formats=_IMAGE_FORMATS)
+                if mime is not None:
+                    return self._encoded(part, kept, mime)
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            return _unreadable(part, exc)
+        _heap.keep()
+        with self._lock:
+            self._fresh += 1
         try:
             prepared, mime = prepare_for_model(
-                data, max_edge=self.edge_for(part.width, part.height), max_bytes=_IMAGE_RAW_LIMIT,
+                data, max_edge=edge, pass_edge=loose, max_bytes=_IMAGE_RAW_LIMIT,
                 formats=_IMAGE_FORMATS)
         except MediaError as exc:
             return Note(part, f"[image: {part.path} — {exc}]")
+        if root is not None and prepared is not data:
+            write_derived(root, name, prepared)
+        del data
+        return self._encoded(part, prepared, mime)
+
+    def _encoded(self, part: ContentPart, prepared: bytes, mime: str) -> Prepared:
         encoded = base64.b64encode(prepared).decode("ascii")
         if len(encoded) > MAX_IMAGE_BASE64:
             # prepare_for_model promised otherwise; sending it would fail every turn.
@@ -229,7 +286,7 @@ class MediaReader:
                                          "reads as a document", reader=reader)
         return DocumentData(part, base64.b64encode(data).decode("ascii"))
 
-    def _remember(self, key: tuple[str, str, int, int], item: Prepared) -> None:
+    def _remember(self, key: tuple[str, str, int, int, int], item: Prepared) -> None:
         cost = _cost(item)
         if cost > self.cache_bytes:
             return
@@ -265,22 +322,94 @@ _malloc_trim = _load_trim()
 
 
 def release_memory() -> None:
-    """Give the C heap's free pages back to the system after a photo was prepared.
+    """Give the buffers kept for photos and the C heap's free pages back to the system.
 
-    Decoding and resizing a 12-megapixel photo takes ~15 MB of short-lived
+    Decoding and resizing a 12-megapixel photo takes ~25 MB of short-lived
     buffers; glibc keeps such freed memory in its arenas, so a process that
     prepares photos from worker threads sits 20-40 MB above where it started, by
-    chance of which arena served what. ``malloc_trim`` (1-3 ms of CPU when there
-    is memory to return) gives it back: over 100 photos RSS stays flat.
+    chance of which arena served what. Pillow's kept blocks are freed, then
+    ``malloc_trim`` (1-3 ms of CPU when there is memory to return) gives the
+    rest back: over 100 photos RSS stays flat.
     """
+    pillow_core.clear_cache()
     if _malloc_trim is not None:
         _malloc_trim(0)
+
+
+class _Heap:
+    """When the buffers photos need are kept, and when they go back to the system.
+
+    Memory handed back costs a page fault per 4 KB when it is used again
+    (~28 MB, 7,000 faults, 15-25 ms of CPU per 12-megapixel photo, more than the
+    resize). So while photos come in, Pillow keeps up to :data:`BUFFER_BLOCKS`
+    freed image buffers for the next photo and the heap is not trimmed; once
+    no photo was prepared for ``delay`` seconds, :func:`release_memory` runs
+    in a timer thread. Safe against a photo prepared meanwhile: Pillow
+    allocates with the GIL held, which ``clear_cache`` holds too, and a trim
+    only returns free pages.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self._kept = False
+
+    def keep(self) -> None:
+        """Before a photo is prepared: keep freed buffers for the next one."""
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if not self._kept:
+                self._kept = True
+                if pillow_core.get_blocks_max() < BUFFER_BLOCKS:
+                    pillow_core.set_blocks_max(BUFFER_BLOCKS)
+
+    def release(self, delay: float) -> None:
+        """Hand the buffers back ``delay`` seconds from now (0: at once)."""
+        if delay <= 0:
+            with self._lock:
+                self._cancel()
+            release_memory()
+            return
+        with self._lock:
+            self._cancel()
+            timer = threading.Timer(delay, self._fire)
+            timer.daemon = True
+            timer.name = "roost-media-release"
+            self._timer = timer
+            timer.start()
+
+    def pending(self) -> bool:
+        """Whether a release is scheduled."""
+        with self._lock:
+            return self._timer is not None
+
+    def _cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._timer is not threading.current_thread():
+                return  # cancelled or replaced after it had started
+            self._timer = None
+        release_memory()
+
+
+_heap = _Heap()
 
 
 def _cost(item: Prepared) -> int:
     if isinstance(item, Note):
         return len(item.text)
     return len(item.data)
+
+
+def _unreadable(part: ContentPart, exc: OSError) -> Note:
+    return Note(part, f"[{part.kind}: {part.path} — the file could not be read: "
+                      f"{exc.strerror or type(exc).__name__}]")
 
 
 def _for(part: ContentPart, item: Prepared) -> Prepared:

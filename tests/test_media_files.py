@@ -27,8 +27,10 @@ from bot.media.images import (
     ImageTooLarge,
     image_tokens,
     inspect_image,
+    model_ready,
     model_size,
     prepare_for_model,
+    strip_jpeg_metadata,
 )
 from bot.media.sniff import sniff_mime
 from bot.storage.inbox import decode_message, decode_outbound, encode_message, encode_outbound
@@ -96,10 +98,45 @@ def test_a_small_clean_image_goes_to_the_model_unchanged() -> None:
     assert prepare_for_model(small) == (small, "image/png")
 
 
-def test_a_small_photo_with_gps_is_still_re_encoded_without_it() -> None:
-    data, mime = prepare_for_model(jpeg(320, 240, gps=True))
-    assert mime == "image/jpeg" and b"PhoneCo" not in data
+def test_a_small_photo_with_gps_loses_it_without_being_re_encoded() -> None:
+    original = jpeg(320, 240, gps=True)
+    data, mime = prepare_for_model(original)
+    assert mime == "image/jpeg" and b"PhoneCo" not in data and b"GPS" not in data
     assert Image.open(io.BytesIO(data)).size == (320, 240)
+    assert data.endswith(original[original.index(b"\xff\xda"):])  # the scan, untouched
+    assert model_ready(data) == "image/jpeg" and model_ready(original) is None
+
+
+def test_a_turned_photo_within_the_limits_is_re_encoded_upright() -> None:
+    data, _ = prepare_for_model(jpeg(320, 240, gps=True, orientation=6))
+    img = Image.open(io.BytesIO(data))
+    assert img.size == (240, 320) and b"PhoneCo" not in data and len(img.getexif()) == 0
+
+
+def test_stripping_keeps_colour_and_drops_comments_xmp_and_appended_images() -> None:
+    img = Image.open(io.BytesIO(jpeg(64, 48, gps=True)))
+    icc = b"\x00" * 128  # only carried, never parsed
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", progressive=True, exif=img.info["exif"], comment=b"at home",
+             icc_profile=icc, xmp=b"<x:xmpmeta>Paris</x:xmpmeta>")
+    original = buf.getvalue() + b"\xff\xd8 a second image with its own Exif \xff\xd9"
+
+    stripped = strip_jpeg_metadata(original)
+
+    assert stripped is not None
+    for secret in (b"PhoneCo", b"at home", b"Paris", b"second image"):
+        assert secret not in stripped
+    out = Image.open(io.BytesIO(stripped))
+    assert out.info.get("icc_profile") == icc and out.info.get("progressive")
+    assert out.tobytes() == Image.open(io.BytesIO(original)).tobytes()
+
+
+@pytest.mark.parametrize("cut", [b"\xff\xd8\xff\xe1\x00", b"not a jpeg", b""])
+def test_a_jpeg_whose_structure_is_broken_is_not_stripped(cut: bytes) -> None:
+    whole = jpeg(64, 48, gps=True)
+    assert strip_jpeg_metadata(cut) is None
+    assert strip_jpeg_metadata(whole[:-2]) is None  # no end of image
+    assert strip_jpeg_metadata(whole[:200]) is None
 
 
 def test_transparency_is_kept_as_png_and_a_format_the_model_cannot_take_is_converted() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import io
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +18,7 @@ import anthropic
 import openai
 import pytest
 from PIL import Image
+from PIL import _imaging as pillow_core
 
 from bot.contracts.llm import ChatMessage, ContentPart, LLMRequest
 from bot.testing.anthropic import FakeAnthropic
@@ -25,7 +27,8 @@ from bot.testing.media import FileChat
 from bot.testing.openai import FakeOpenAI
 from plugins.anthropic_provider import AnthropicProvider
 from plugins.openai_provider import OpenAIProvider
-from plugins.provider_media import MAX_PDF_PAGES, MediaReader
+from plugins.provider_media import MAX_PDF_PAGES, ImageData, MediaReader
+from tests.media_helpers import jpeg as gps_jpeg
 from tests.media_samples import jpeg, pdf, png
 from tests.provider_helpers import ANTHROPIC_KEY, OPENAI_KEY, anthropic_for, openai_for
 
@@ -299,7 +302,7 @@ async def test_the_heap_is_trimmed_after_new_files_only(
 
     trims: list[int] = []
     monkeypatch.setattr(provider_media, "_malloc_trim", trims.append)
-    reader = MediaReader(documents=True)
+    reader = MediaReader(documents=True, release_after=0)
     part = stored(tmp_path, "p.png", png(30, 20), mime="image/png")
 
     reader.read(part, vision=True)
@@ -308,6 +311,97 @@ async def test_the_heap_is_trimmed_after_new_files_only(
     reader.release()
 
     assert trims == [0]
+
+
+async def test_buffers_go_back_only_once_photos_stop_coming(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from plugins import provider_media
+
+    trimmed = threading.Event()
+    monkeypatch.setattr(provider_media, "_malloc_trim", lambda _: trimmed.set())
+    waiting = MediaReader(documents=True, release_after=3600)
+    waiting.read(stored(tmp_path, "a.jpg", jpeg(300, 200)), vision=True)
+    waiting.release()
+    assert provider_media._heap.pending() and not trimmed.is_set()
+    assert pillow_core.get_blocks_max() >= provider_media.BUFFER_BLOCKS
+
+    waiting.read(stored(tmp_path, "b.jpg", jpeg(300, 200)), vision=True)  # the next photo
+    assert not provider_media._heap.pending()  # keeps the buffers: no release while busy
+
+    soon = MediaReader(documents=True, release_after=0.01)
+    soon.read(stored(tmp_path, "c.jpg", jpeg(300, 200)), vision=True)
+    soon.release()
+    assert trimmed.wait(10)
+    assert not provider_media._heap.pending()
+
+
+async def test_a_photo_is_prepared_once_and_its_copy_is_found_after_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from plugins import provider_media
+
+    part = replace(stored(tmp_path, "big.jpg", jpeg(3000, 2000)), width=3000, height=2000)
+    first = MediaReader(documents=True, max_pixels=provider_media.ANTHROPIC_MAX_PIXELS)
+    made = first.read(part, vision=True)
+    copies = list((tmp_path / ".cache" / "media").iterdir())
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("prepared twice")
+
+    monkeypatch.setattr(provider_media, "prepare_for_model", never)
+    restarted = MediaReader(documents=True, max_pixels=provider_media.ANTHROPIC_MAX_PIXELS,
+                            cache_bytes=0)  # nothing in memory: every read is a miss
+    again = restarted.read(part, vision=True)
+    twice = restarted.read(part, vision=True)
+
+    assert isinstance(made, ImageData) and isinstance(again, ImageData)
+    assert len(copies) == 1 and copies[0].name.endswith("-1341px")
+    assert again.data == made.data and isinstance(twice, ImageData)
+    assert decoded({"source": {"data": again.data}}).size == (1341, 894)
+
+
+async def test_a_damaged_or_changed_copy_on_disk_is_made_again(tmp_path: Path) -> None:
+    part = stored(tmp_path, "big.jpg", jpeg(2000, 1500))
+    made = MediaReader(documents=True).read(part, vision=True)
+    (copy,) = (tmp_path / ".cache" / "media").iterdir()
+    copy.write_bytes(copy.read_bytes()[:-100])  # cut short, as by a crash
+    remade = MediaReader(documents=True).read(part, vision=True)
+    copy.write_bytes(jpeg(3000, 100))  # replaced by something too large to send
+    replaced = MediaReader(documents=True).read(part, vision=True)
+
+    assert isinstance(made, ImageData) and isinstance(remade, ImageData)
+    assert isinstance(replaced, ImageData)
+    assert remade.data == made.data == replaced.data
+
+
+async def test_a_copy_is_never_written_outside_the_workspace(tmp_path: Path) -> None:
+    workspace, outside = tmp_path / "ws", tmp_path / "outside"
+    outside.mkdir()
+    (workspace / ".cache").mkdir(parents=True)
+    (workspace / ".cache" / "media").symlink_to(outside)  # planted by a tool
+    part = stored(workspace, "big.jpg", jpeg(2000, 1500))
+
+    item = MediaReader(documents=True).read(part, vision=True)
+
+    assert isinstance(item, ImageData) and list(outside.iterdir()) == []
+
+
+async def test_a_photo_within_the_limits_is_sent_as_it_is_without_its_gps(
+    tmp_path: Path
+) -> None:
+    from plugins.provider_media import ANTHROPIC_MAX_PIXELS
+
+    original = gps_jpeg(1280, 960, gps=True)  # 2% over the ~1.2 MP the API looks at
+    part = replace(stored(tmp_path, "p.jpg", original), width=1280, height=960)
+
+    item = MediaReader(documents=True, max_pixels=ANTHROPIC_MAX_PIXELS).read(part, vision=True)
+
+    assert isinstance(item, ImageData)
+    sent = base64.b64decode(item.data)
+    assert b"GPS" not in sent and b"PhoneCo" not in sent and len(sent) < len(original)
+    scan = original.index(b"\xff\xda")  # the pixels: not re-encoded, byte for byte
+    assert sent.endswith(original[scan:])
 
 
 # -- the Anthropic fake refuses what the API refuses -------------------------------

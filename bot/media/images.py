@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,9 +34,14 @@ TOKENS_PER_PIXEL = 1 / 750
 
 _METADATA_KEYS = ("exif", "xmp", "XML:com.adobe.xmp", "comment", "Raw profile type exif",
                   "Raw profile type APP1", "Raw profile type iptc")
-_JPEG_METADATA_MARKERS = ("APP1", "APP12", "APP13")
-"""APP1: Exif and XMP; APP12: Ducky/picture info; APP13: Photoshop IRB and IPTC (both may
-name places). APP0 (JFIF) and APP2 (the ICC profile) stay: they describe the pixels."""
+
+_ENTROPY_END = re.compile(rb"\xff(?=[^\x00\xd0-\xd7\xff])")
+"""Where entropy-coded data ends: a 0xFF that is not stuffing (FF 00), a restart marker
+(FF D0-D7) or a fill byte before the next marker."""
+_KEPT_APP = {0xE0: b"JFIF\x00", 0xE2: b"ICC_PROFILE\x00", 0xEE: b"Adobe"}
+"""Application segments that describe the pixels: JFIF (density), the ICC colour
+profile, Adobe (the colour transform a decoder needs). Every other APPn (Exif, XMP,
+IPTC, MPF, maker data) and every comment goes."""
 
 
 class ImageTooLarge(MediaError):
@@ -114,7 +120,14 @@ def _has_metadata(img: Image.Image) -> bool:
     if any(key in img.info for key in _METADATA_KEYS):
         return True
     applist = getattr(img, "applist", None) or []
-    return any(marker in _JPEG_METADATA_MARKERS for marker, _ in applist)
+    for marker, payload in applist:
+        if marker == "COM":
+            return True
+        if marker.startswith("APP"):
+            kept = _KEPT_APP.get(0xE0 + int(marker[3:]))
+            if kept is None or not payload.startswith(kept):
+                return True
+    return False
 
 
 def _orientation(img: Image.Image) -> int:
@@ -131,28 +144,136 @@ def prepare_for_model(
     max_bytes: int = MODEL_MAX_BYTES,
     formats: Sequence[str] = MODEL_FORMATS,
     max_pixels: int = MAX_PIXELS,
+    pass_edge: int | None = None,
 ) -> tuple[bytes, str]:
     """The image in ``data`` as a model should get it: ``(bytes, mime type)``.
 
     Passed through untouched when it is already in ``formats``, within
-    ``max_edge`` and ``max_bytes`` and carries no metadata; otherwise decoded,
-    turned upright (EXIF orientation), scaled down, and re-encoded without any
-    metadata (JPEG; PNG where there is transparency, or a PNG that stays small
-    enough). An animated image becomes its first frame. Raises
+    ``pass_edge`` (default ``max_edge``) and ``max_bytes`` and carries no
+    metadata. Such a JPEG that does carry metadata but stands upright loses its
+    metadata segments losslessly (:func:`strip_jpeg_metadata`: no re-encoding,
+    the pixels stay byte for byte). Anything else is decoded, turned upright
+    (EXIF orientation), scaled to ``max_edge`` at most, and re-encoded without
+    any metadata (JPEG; PNG where there is transparency, or a PNG that stays
+    small enough). An animated image becomes its first frame. Raises
     :class:`MediaError` for bombs and undecodable files.
     """
     img = _open(data, max_pixels)
     with img:
         mime = Image.MIME.get(img.format or "", "")
-        if (mime in formats and max(img.size) <= max_edge and len(data) <= max_bytes
-                and not _has_metadata(img)):
-            return data, mime
+        if (mime in formats and max(img.size) <= (pass_edge or max_edge)
+                and len(data) <= max_bytes):
+            if img.format == "JPEG":
+                # Even without Exif, a phone's JPEG may end in more images (MPF).
+                if _orientation(img) == 1:
+                    stripped = strip_jpeg_metadata(data)
+                    if stripped is not None and _ready(
+                            stripped, pass_edge or max_edge, max_bytes, formats, whole=False):
+                        return (data if len(stripped) == len(data) else stripped), mime
+            elif not _has_metadata(img):
+                return data, mime
         try:
             return _reencode(img, mime, max_edge, max_bytes, formats)
         except MediaError:
             raise
         except Exception as exc:  # truncated or corrupt pixel data, in any codec
             raise MediaError("the image file is damaged") from exc
+
+
+def model_ready(data: bytes, *, max_edge: int = MODEL_MAX_EDGE,
+                max_bytes: int = MODEL_MAX_BYTES,
+                formats: Sequence[str] = MODEL_FORMATS) -> str | None:
+    """The MIME type of ``data`` if a model may get it as it is, else ``None``.
+
+    As it is means: a format in ``formats``, the long edge within ``max_edge``,
+    at most ``max_bytes``, no metadata (a JPEG: no segment
+    :func:`strip_jpeg_metadata` would drop, nothing after its end), and the
+    file complete (it ends as its format ends: a copy cut short by a crash is
+    not ready). Used to check a prepared copy kept on disk before it is sent.
+    """
+    return _ready(data, max_edge, max_bytes, formats, whole=True)
+
+
+def _ready(data: bytes, max_edge: int, max_bytes: int, formats: Sequence[str], *,
+           whole: bool) -> str | None:
+    if len(data) > max_bytes:
+        return None
+    try:
+        img = _open(data, MAX_PIXELS)
+    except MediaError:
+        return None
+    with img:
+        mime = Image.MIME.get(img.format or "", "")
+        if mime not in formats or max(img.size) > max_edge or _has_metadata(img):
+            return None
+    if not _complete(data, mime):
+        return None
+    if whole and mime == "image/jpeg":
+        stripped = strip_jpeg_metadata(data)
+        if stripped is None or len(stripped) != len(data):
+            return None
+    return mime
+
+
+def _complete(data: bytes, mime: str) -> bool:
+    if mime == "image/jpeg":
+        return data.endswith(b"\xff\xd9")
+    if mime == "image/png":
+        return data.endswith(b"IEND\xaeB`\x82")
+    if mime == "image/gif":
+        return data.endswith(b";")
+    if mime == "image/webp":
+        return len(data) >= 12 and int.from_bytes(data[4:8], "little") + 8 == len(data)
+    return False
+
+
+def strip_jpeg_metadata(data: bytes) -> bytes | None:
+    """``data`` (a JPEG) without its metadata segments, the image data untouched.
+
+    Drops every APPn segment except JFIF, the ICC profile and Adobe, every COM
+    segment, and anything after the end of the image (the extra images a
+    phone's MPF appends, which carry their own Exif). Returns ``None`` when
+    the file's structure is not what the JPEG standard says (the caller then
+    re-encodes it).
+    """
+    if not data.startswith(b"\xff\xd8"):
+        return None
+    out = [b"\xff\xd8"]
+    pos, end = 2, len(data)
+    while pos + 1 < end:
+        if data[pos] != 0xFF:
+            return None
+        while pos + 1 < end and data[pos + 1] == 0xFF:  # fill bytes before a marker
+            pos += 1
+        if pos + 1 >= end:
+            return None
+        code = data[pos + 1]
+        if code == 0xD9:
+            out.append(b"\xff\xd9")
+            return b"".join(out)
+        if code == 0x01 or 0xD0 <= code <= 0xD7:  # markers without a length
+            out.append(data[pos:pos + 2])
+            pos += 2
+            continue
+        if pos + 4 > end:
+            return None
+        length = int.from_bytes(data[pos + 2:pos + 4], "big")
+        stop = pos + 2 + length
+        if length < 2 or stop > end:
+            return None
+        if code == 0xFE or (0xE0 <= code <= 0xEF and not data.startswith(
+                _KEPT_APP.get(code, b"\xff"), pos + 4)):
+            pos = stop
+            continue
+        out.append(data[pos:stop])
+        pos = stop
+        if code == 0xDA:  # a scan: its entropy-coded data runs to the next marker
+            marker = _ENTROPY_END.search(data, pos)
+            if marker is None:
+                return None
+            out.append(data[pos:marker.start()])
+            pos = marker.start()
+    return None
 
 
 def _reencode(img: Image.Image, mime: str, max_edge: int, max_bytes: int,
