@@ -21,11 +21,11 @@ COPY bot ./bot
 COPY channels ./channels
 COPY plugins ./plugins
 COPY workspaces ./workspaces
-# Every platform SDK and the OTLP exporter (the `all` extra) and the PostgreSQL
-# driver (`postgres`, for ROOST_DATABASE_URL=postgresql://...), in a venv the
-# runtime stage copies whole: no compiler or build files in the final image.
+# Every platform SDK, the OTLP exporter and the PostgreSQL driver (the `all` extra;
+# ROOST_DATABASE_URL=postgresql://...), in a venv the runtime stage copies whole:
+# no compiler or build files in the final image.
 RUN python -m venv /opt/roost \
-    && /opt/roost/bin/pip install --no-cache-dir ".[all,postgres]"
+    && /opt/roost/bin/pip install --no-cache-dir ".[all]"
 
 FROM ${PYTHON_IMAGE}
 ENV PATH=/opt/roost/bin:$PATH \
