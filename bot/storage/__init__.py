@@ -1,4 +1,6 @@
-"""SQLite persistence: the connection, migrations and group commit (:mod:`.db`), sessions
-(:mod:`.sessions`), the inbox/journal/outbox (:mod:`.inbox`), stored tool errors and
-large results (:mod:`.errors`), plugins' own versioned tables (:mod:`.plugin_tables`).
+"""Persistence on SQLite or PostgreSQL: the connection, migrations and group commit
+(:mod:`.db`; PostgreSQL's adapter in :mod:`.postgres`), sessions (:mod:`.sessions`), the
+inbox/journal/outbox (:mod:`.inbox`), stored tool errors and large results
+(:mod:`.errors`), plugins' own versioned tables (:mod:`.plugin_tables`), replicas' leases
+on the inbox (:mod:`.claims`) and copying a database (:mod:`.copy`).
 """
