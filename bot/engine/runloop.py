@@ -174,7 +174,9 @@ class Run:
                 return await finish.refuse(self, "\n".join(media.notices), kept=ChatMessage(
                     "user", text, sender_id=msg.sender_id, sender_name=msg.display_name))
             for notice in media.notices:
-                await self.emit("activity", phase="media", notice=notice)
+                # At most once per message: a run repeated after a crash skips what it sent.
+                if req.journal is None or await req.journal.notice(notice):
+                    await self.emit("activity", phase="media", notice=notice)
         refusals: list[str] = []
 
         def step(check: Any, args: dict[str, Any]) -> bool:

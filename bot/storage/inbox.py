@@ -24,6 +24,7 @@ What makes an acknowledged message survive the process:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import time
 import uuid
@@ -41,6 +42,9 @@ from bot.storage.db import Statements, Writer, dialect_of
 
 EntryKind = Literal["message", "command"]
 
+NOTICE_ID = "roost-notice:"
+"""Journal ids of notices already sent (:meth:`RunJournal.notice`); tool call ids never
+look like this."""
 INTERRUPTED = ("This call was interrupted when Roost restarted before it finished. It was "
                "not run again because it may already have taken effect: check its effect "
                "before repeating it.")
@@ -119,6 +123,22 @@ class RunJournal:
                                   (head, seq, payload)),
             what="journaling a tool result")
 
+
+    async def notice(self, text: str) -> bool:
+        """Whether Roost's own notice ``text`` (a refused file, say) is to be sent now.
+
+        ``False`` when an earlier life of the run already sent it. Recorded and
+        committed before it is sent, so a notice goes out at most once per
+        message, however often the run is repeated after a crash. Kept as a
+        'result' row under an id no tool call has (the journal's kinds are fixed).
+        """
+        key = NOTICE_ID + hashlib.sha256(text.encode()).hexdigest()[:24]
+        if key in self.results:
+            return False
+        self.results[key] = ToolResult(text)
+        self.result(key, self.results[key])
+        await self.sync()
+        return True
 
     async def sync(self) -> None:
         """Wait until every recorded result is committed (before the model is asked again)."""
