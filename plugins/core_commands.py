@@ -58,7 +58,8 @@ async def _status(ctx: CommandContext) -> str:
         f"Session: {session.key} ({len(session.messages)} messages)",
         f"Agent: {ctx.agent}",
         f"Model: {model}",
-        f"Tokens: {session.input_tokens} in / {session.output_tokens} out",
+        f"Tokens: {session.input_tokens} in / {session.output_tokens} out; prompt cache: "
+        f"{session.cache_read_tokens} of the input read, {session.cache_write_tokens} written",
         f"Running: {app.running_count(ctx.session_key)}, "
         f"queued: {app.queue_length(ctx.session_key)}",
         f"Active runs (all chats): {app.active_runs}",

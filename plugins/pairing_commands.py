@@ -109,6 +109,9 @@ async def _usage(ctx: CommandContext) -> str:
             lines.append(f"Top {what} {title} (UTC), tokens in/out:")
             lines.extend(f"  {s.subject}: {s.tokens:,} ({s.input_tokens:,}/"
                          f"{s.output_tokens:,}), {s.runs} run(s)"
+                         + (f", cache read {s.cache_read_tokens:,}/written "
+                            f"{s.cache_write_tokens:,}"
+                            if s.cache_read_tokens or s.cache_write_tokens else "")
                          + (f", cost {s.cost:.2f}" if s.cost else "") for s in top)
     return "\n".join(lines) if lines else "No tokens spent today or this month."
 

@@ -16,6 +16,7 @@ from typing import Any
 import anthropic
 import pytest
 
+from bot.config.budgets import ModelPrice
 from bot.contracts.llm import ChatMessage, LLMRequest, ToolCall, ToolSpec
 from bot.engine.compaction import SUMMARY_SYSTEM
 from bot.testing.anthropic import FakeAnthropic, ToolUse
@@ -334,9 +335,9 @@ async def test_a_conversation_reads_the_previous_turn_from_the_cache_from_turn_t
         fake.reply_text("Saved a.txt.")
         fake.reply_text("You asked me to save a file.")
         fake.reply_text("Nothing else.")
-        _, channel, _ = await make_app(
+        app, channel, _ = await make_app(
             None, provider="anthropic", anthropic_api_key="sk-test",
-            anthropic_base_url=fake.base_url, model="claude-sonnet-test")
+            anthropic_base_url=fake.base_url, model="claude-sonnet-test", admins=["test:boss"])
         for text in ("save hi in a.txt", "what did I ask?", "anything else?"):
             await channel.say(text)
             await channel.settle()
@@ -355,6 +356,34 @@ async def test_a_conversation_reads_the_previous_turn_from_the_cache_from_turn_t
         # The time is read after the conversation, not in the system prompt.
         assert "Current time:" not in str(fake.requests[0].body["system"])
         assert "Current time:" in fake.requests[-1].body["messages"][-1]["content"][-1]["text"]
+
+        # Counted: the run records, the session, the llm spans, /status and /usage.
+        session = await app.store.get("default:test:direct:u1")
+        runs = await app.store.runs(session.key)
+        read, written = sum(u.read for u in usages), sum(u.written for u in usages)
+        assert sum(r.cache_read_tokens for r in runs) == read > 0
+        assert sum(r.cache_write_tokens for r in runs) == written > 0
+        assert (session.cache_read_tokens, session.cache_write_tokens) == (read, written)
+        assert sum(r.input_tokens for r in runs) == sum(u.total for u in usages)
+        spans = [s for r in runs for s in await app.store.spans(r.run_id) if s.kind == "llm"]
+        assert sum(s.attributes["cache_read_tokens"] for s in spans) == read
+        await channel.say("/status")
+        await channel.settle()
+        assert f"prompt cache: {read} of the input read, {written} written" in \
+            channel.replies[-1]
+        await channel.say("/usage", sender="boss")
+        await channel.settle()
+        assert f"cache read {read:,}/written {written:,}" in channel.replies[-1]
+
+
+def test_cost_budgets_bill_cache_reads_at_a_tenth_and_writes_at_one_and_a_quarter() -> None:
+    price = ModelPrice(input=3.0, output=15.0)
+    # 1M input of which 600k read and 300k written; 100k output.
+    cost = price.cost(1_000_000, 100_000, cache_read_tokens=600_000, cache_write_tokens=300_000)
+    assert cost == pytest.approx(0.1 * 3.0 + 0.6 * 0.3 + 0.3 * 3.75 + 0.1 * 15.0)
+    own = ModelPrice(input=3.0, output=15.0, cache_read=0.5, cache_write=4.0)
+    assert own.cost(1_000_000, 0, 1_000_000, 0) == pytest.approx(0.5)
+    assert price.cost(1_000_000, 0) == pytest.approx(3.0)  # no caching: as before
 
 
 async def test_openai_compatible_servers_get_the_note_last_and_the_prefix_unchanged() -> None:

@@ -22,6 +22,11 @@ cost by a price table per model (per million tokens, in any one currency)::
     output = 15.0
 
 A model missing from the table costs nothing (the log says so once).
+
+Prompt caching: token budgets count every input token, cached or not (caching
+makes a turn cheaper, not smaller). Cost budgets price input read from the
+prompt cache at ``cache_read`` and input written to it at ``cache_write`` per
+million; left out, they are Anthropic's ratios to ``input``: 0.1x and 1.25x.
 """
 
 from __future__ import annotations
@@ -36,10 +41,20 @@ class ModelPrice(BaseModel):
 
     input: float = Field(0.0, ge=0)
     output: float = Field(0.0, ge=0)
+    cache_read: float | None = Field(None, ge=0)
+    """Per million input tokens read from the prompt cache; ``None``: 0.1 x ``input``."""
+    cache_write: float | None = Field(None, ge=0)
+    """Per million input tokens written to the prompt cache; ``None``: 1.25 x ``input``."""
 
-    def cost(self, input_tokens: int, output_tokens: int) -> float:
-        """What a run with these token counts cost."""
-        return (input_tokens * self.input + output_tokens * self.output) / 1_000_000
+    def cost(self, input_tokens: int, output_tokens: int, cache_read_tokens: int = 0,
+             cache_write_tokens: int = 0) -> float:
+        """What a run with these token counts cost (the cache counts are parts of
+        ``input_tokens``)."""
+        read = self.input * 0.1 if self.cache_read is None else self.cache_read
+        write = self.input * 1.25 if self.cache_write is None else self.cache_write
+        plain = max(0, input_tokens - cache_read_tokens - cache_write_tokens)
+        return (plain * self.input + cache_read_tokens * read + cache_write_tokens * write
+                + output_tokens * self.output) / 1_000_000
 
 
 class BudgetConfig(BaseModel):

@@ -134,7 +134,9 @@ class Budgets:
         if not usage.input_tokens and not usage.output_tokens:
             return
         self.usage.record(subjects(message, agent), usage.input_tokens, usage.output_tokens,
-                          self.cost(agent, model, usage))
+                          self.cost(agent, model, usage),
+                          cache_read_tokens=usage.cache_read_tokens,
+                          cache_write_tokens=usage.cache_write_tokens)
 
     def cost(self, agent: str, model: str, usage: Usage) -> float:
         """What ``usage`` of ``model`` costs by the agent's price table (0 when unpriced)."""
@@ -148,7 +150,8 @@ class Budgets:
                 log.warning("model %r has no price in [budgets.prices]; its runs cost 0 for "
                             "the cost budgets", model)
             return 0.0
-        return price.cost(usage.input_tokens, usage.output_tokens)
+        return price.cost(usage.input_tokens, usage.output_tokens, usage.cache_read_tokens,
+                          usage.cache_write_tokens)
 
     async def describe(self, message: InboundMessage, agent: str) -> list[str]:
         """Lines for ``/status``: the sender's tokens today and this month against the limits."""
@@ -163,6 +166,10 @@ class Budgets:
 
         lines = [f"Your tokens: today {today:,}{against(limits.user_daily_tokens)}, "
                  f"this month {month:,}{against(limits.user_monthly_tokens)} (UTC)"]
+        cached = await self.usage.totals("user", user, day_of(now))
+        if cached.cache_read_tokens or cached.cache_write_tokens:
+            lines.append(f"Prompt cache today: {cached.cache_read_tokens:,} input tokens read "
+                         f"(billed at 0.1x), {cached.cache_write_tokens:,} written (1.25x)")
         if message.chat_type == "group" and (limits.group_daily_tokens
                                              or limits.group_monthly_tokens):
             group = f"{message.channel}:{message.chat_id}"

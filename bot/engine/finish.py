@@ -118,7 +118,9 @@ async def store_trace(run: Run, status: str, error: str = "") -> None:
 
 
 def _usage(run: Run) -> dict[str, int]:
-    return {"input_tokens": run.usage.input_tokens, "output_tokens": run.usage.output_tokens}
+    u = run.usage
+    return {"input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
+            "cache_read_tokens": u.cache_read_tokens, "cache_write_tokens": u.cache_write_tokens}
 
 
 def _also(run: Run, reply: str | None, failed: bool = False) -> Statements | None:
@@ -130,7 +132,7 @@ def _record(run: Run, status: str, error: str = "") -> RunRecord:
     return RunRecord(
         run.req.run_id, run.req.session.key, status, run.trace.root.started_at,
         time.time(), run.iterations, run.usage.input_tokens, run.usage.output_tokens,
-        run.settings.model, error,
+        run.settings.model, error, run.usage.cache_read_tokens, run.usage.cache_write_tokens,
     )
 
 

@@ -61,8 +61,10 @@ async def call_model(provider: LLMProvider, request: LLMRequest, span: Span, emi
         if pump is not None:
             queue.put_nowait(None)
             await pump
-    span.end(input_tokens=response.usage.input_tokens,
-             output_tokens=response.usage.output_tokens,
+    usage = response.usage
+    span.end(input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+             cache_read_tokens=usage.cache_read_tokens,
+             cache_write_tokens=usage.cache_write_tokens,
              output_preview=preview(response.text), tool_calls=len(response.tool_calls))
     return response
 

@@ -80,6 +80,8 @@ _ATTRIBUTE_KEYS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
         "model": ("gen_ai.request.model",),
         "input_tokens": ("gen_ai.usage.input_tokens",),
         "output_tokens": ("gen_ai.usage.output_tokens",),
+        "cache_read_tokens": ("gen_ai.usage.cache_read.input_tokens",),
+        "cache_write_tokens": ("gen_ai.usage.cache_creation.input_tokens",),
         "iteration": ("roost.llm.iteration",),
         "output_preview": ("roost.llm.output_preview",),
         "input": ("roost.llm.input",),

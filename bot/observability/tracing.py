@@ -25,6 +25,7 @@ class Span:
     """One timed step of a run. ``attributes`` holds kind-specific fields.
 
     ``llm``: provider, model, iteration, input_tokens, output_tokens,
+    cache_read_tokens and cache_write_tokens (parts of input_tokens),
     output_preview (and input when verbose). ``tool``: name, call_id, is_error, and the
     output_preview of a successful call.
     ``patterns``: matched (name: score). ``judge``: judge, attempt, strategy,

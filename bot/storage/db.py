@@ -326,6 +326,16 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX session_leases_owner ON session_leases(owner);
     """,
+    # 17: prompt caching: of the input tokens, those read from and written to the
+    # provider's prompt cache, per run, per session and in the usage counters.
+    """
+    ALTER TABLE runs ADD COLUMN cache_read_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE runs ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE sessions ADD COLUMN cache_read_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE sessions ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE usage ADD COLUMN cache_read_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE usage ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0;
+    """,
 ]
 """Schema steps in order; ``PRAGMA user_version`` records how many have run.
 

@@ -41,6 +41,10 @@ class RunRecord:
     output_tokens: int = 0
     model: str = ""
     error: str = ""
+    cache_read_tokens: int = 0
+    """Of ``input_tokens``, those read from the provider's prompt cache."""
+    cache_write_tokens: int = 0
+    """Of ``input_tokens``, those written to the prompt cache."""
 
 
 _INSERT_MESSAGE = (
@@ -50,7 +54,8 @@ _INSERT_MESSAGE = (
 )
 _UPDATE_SESSION = (
     "UPDATE sessions SET updated_at = ?, input_tokens = input_tokens + ?,"
-    " output_tokens = output_tokens + ?, model = CASE WHEN ? = '' THEN model ELSE ? END,"
+    " output_tokens = output_tokens + ?, cache_read_tokens = cache_read_tokens + ?,"
+    " cache_write_tokens = cache_write_tokens + ?, model = CASE WHEN ? = '' THEN model ELSE ? END,"
     " provider = CASE WHEN ? = '' THEN provider ELSE ? END WHERE id = ?"
 )
 _INSERT_SPAN = (
@@ -59,7 +64,8 @@ _INSERT_SPAN = (
 )
 _INSERT_RUN = (
     "INSERT OR REPLACE INTO runs (id, session_key, status, started_at, ended_at, iterations,"
-    " input_tokens, output_tokens, model, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " input_tokens, output_tokens, model, error, cache_read_tokens, cache_write_tokens)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
 
@@ -89,6 +95,10 @@ class Session:
     provider: str = ""
     input_tokens: int = 0
     output_tokens: int = 0
+    cache_read_tokens: int = 0
+    """Of ``input_tokens``, those read from the provider's prompt cache."""
+    cache_write_tokens: int = 0
+    """Of ``input_tokens``, those written to the prompt cache."""
     summary: str = ""
     """The latest compaction summary of the history before ``messages``."""
     compactions: int = 0
@@ -280,7 +290,8 @@ class SessionStore:
         """The newest trace records of a session, newest first."""
         async with self._lock, self.db.execute(
             "SELECT id, session_key, status, started_at, ended_at, iterations, input_tokens,"
-            " output_tokens, model, error FROM runs WHERE session_key = ?"
+            " output_tokens, model, error, cache_read_tokens, cache_write_tokens"
+            " FROM runs WHERE session_key = ?"
             " ORDER BY started_at DESC LIMIT ?",
             (session_key, limit),
         ) as cur:
@@ -338,7 +349,8 @@ class SessionStore:
         async with self._lock:
             async with self.db.execute(
                 "SELECT id, created_at, updated_at, model, provider, input_tokens,"
-                " output_tokens, summary, compactions, flushed_compaction, pins"
+                " output_tokens, summary, compactions, flushed_compaction, pins,"
+                " cache_read_tokens, cache_write_tokens"
                 " FROM sessions WHERE key = ? AND archived_at IS NULL",
                 (key,),
             ) as cur:
@@ -360,7 +372,8 @@ class SessionStore:
             id=row[0], key=key, messages=messages, created_at=row[1], updated_at=row[2],
             model=row[3], provider=row[4], input_tokens=row[5], output_tokens=row[6],
             summary=row[7], compactions=row[8], flushed_compaction=row[9],
-            facts=list(json.loads(row[10])),
+            facts=list(json.loads(row[10])), cache_read_tokens=row[11],
+            cache_write_tokens=row[12],
         )
 
     def _remember(self, session: Session) -> None:
@@ -393,7 +406,8 @@ class _Flush:
         await db.executemany(_INSERT_MESSAGE,
                              [_row(self.session.id, self.run_id, m) for m in self.messages])
         await db.execute(_UPDATE_SESSION, (
-            self.now, self.usage.input_tokens, self.usage.output_tokens, self.model,
+            self.now, self.usage.input_tokens, self.usage.output_tokens,
+            self.usage.cache_read_tokens, self.usage.cache_write_tokens, self.model,
             self.model, self.provider, self.provider, self.session.id))
         if self.record is not None:
             await db.execute(_INSERT_RUN, _record_row(self.record))
@@ -407,6 +421,8 @@ class _Flush:
         s.updated_at = self.now
         s.input_tokens += self.usage.input_tokens
         s.output_tokens += self.usage.output_tokens
+        s.cache_read_tokens += self.usage.cache_read_tokens
+        s.cache_write_tokens += self.usage.cache_write_tokens
         s.model = self.model or s.model
         s.provider = self.provider or s.provider
 
@@ -424,7 +440,8 @@ async def _insert(db: aiosqlite.Connection, key: str, now: float) -> Session:
 
 def _record_row(r: RunRecord) -> tuple[Any, ...]:
     return (r.run_id, r.session_key, r.status, r.started_at, r.ended_at, r.iterations,
-            r.input_tokens, r.output_tokens, r.model, r.error)
+            r.input_tokens, r.output_tokens, r.model, r.error, r.cache_read_tokens,
+            r.cache_write_tokens)
 
 
 def _row(session_id: int, run_id: str, m: ChatMessage) -> tuple[Any, ...]:
