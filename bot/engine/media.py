@@ -90,6 +90,16 @@ def without_parts(message: ChatMessage, parts: Sequence[ContentPart],
     return dataclasses.replace(message, content=content, parts=keep)
 
 
+def text_only(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
+    """``messages`` with every image and document replaced by its one-line note.
+
+    For runs that only need the words, such as a memory flush: sending the
+    conversation's photos again would cost ~1,600 tokens each and tell it
+    nothing the lines describing them do not.
+    """
+    return [without_parts(m, m.parts) if m.parts else m for m in messages]
+
+
 def drop_images(messages: Sequence[ChatMessage],
                 ratio: Callable[[Sequence[ChatMessage]], float], soft_ratio: float,
                 max_parts: int = MAX_CONTEXT_IMAGES,

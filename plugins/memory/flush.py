@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 # Built-in: the flush is a background turn of the run engine, with compaction's
-# limits and its history repair; RunRequest is how a turn is described, and
-# agent_of reads the agent out of a session key as the core writes them.
+# limits and its history repair (and its photos as text: a flush needs the words only);
+# RunRequest is how a turn is described, and agent_of reads the agent out of a session
+# key as the core writes them.
 from bot.engine.compaction import FLUSH_ITERATIONS, FLUSH_TIMEOUT, FLUSH_TOOLS
 from bot.engine.history import repair_pairing
+from bot.engine.media import text_only
 from bot.engine.runloop import RunRequest
 from bot.storage.sessions import agent_of
 from plugins.memory.notes import today_utc
@@ -129,7 +131,7 @@ class MemoryFlushJob:
         if session.id != candidate.session_id:
             return False  # reset since the query: a new conversation, nothing to flush
         unflushed = candidate.total - candidate.flushed
-        history = session.messages[-min(unflushed, SCHEDULED_FLUSH_MESSAGES):]
+        history = text_only(session.messages[-min(unflushed, SCHEDULED_FLUSH_MESSAGES):])
         while history and history[0].role != "user":
             history = history[1:]
         message = flush_message(session.key, session.messages,
