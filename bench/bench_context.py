@@ -25,7 +25,8 @@ Run with ``.venv/bin/python bench/bench_context.py`` (about 3 s on 2 cores).
    ``AnthropicProvider`` and SDK against the fake Messages API's cache
    accounting (:mod:`bench.context_cache`): the share of input tokens read from
    the cache (target >= 85%) and billed-equivalent input tokens per turn (reads
-   0.1x, writes 1.25x) with Roost's cache breakpoints and without.
+   0.1x, writes 1.25x) with Roost's cache breakpoints, without, and with a pause
+   past the cache lifetime before every 5th turn.
 
 Parts 1-3 run in-process with the scripted provider, part 4 with a local fake
 API, all on temporary data dirs. No network is used (except by pip, with
