@@ -9,16 +9,20 @@ documents it.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import anthropic
 import pytest
 
 from bot.config.budgets import ModelPrice
+from bot.contracts.hookspecs import hookimpl
 from bot.contracts.llm import ChatMessage, LLMRequest, ToolCall, ToolSpec
+from bot.contracts.tools import Tool, ToolContext
 from bot.engine.compaction import SUMMARY_SYSTEM
+from bot.storage.usage import day_of
 from bot.testing.anthropic import FakeAnthropic, ToolUse
 from bot.testing.anthropic_cache import CacheUsage, min_cacheable_tokens
 from bot.testing.openai import FakeOpenAI
@@ -449,3 +453,40 @@ async def test_a_one_off_request_marks_nothing_for_the_cache(
     response = await provider.complete(one_off)
     assert marks(fake.last_request.body) == 0
     assert response.usage.cache_write_tokens == 0 and fake.cache.entries == {}
+
+
+class Blocker:
+    """A tool that waits until its run is stopped."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+
+    async def _block(self, ctx: ToolContext, args: Mapping[str, Any]) -> str:
+        self.entered.set()
+        await asyncio.Event().wait()  # until cancelled
+        return "never"
+
+    @hookimpl
+    def roost_tools(self) -> list[Tool]:
+        return [Tool("block", "waits", {"type": "object", "properties": {}}, self._block)]
+
+
+async def test_a_stopped_run_still_counts_its_cache_reads_and_writes(
+    make_app: AppFactory,
+) -> None:
+    blocker = Blocker()
+    async with FakeAnthropic() as fake:
+        fake.reply_tool_calls(ToolUse("block", {}))
+        app, channel, _ = await make_app(
+            None, blocker, provider="anthropic", anthropic_api_key="sk-test",
+            anthropic_base_url=fake.base_url, model="claude-sonnet-test")
+        await channel.say("work")
+        await asyncio.wait_for(blocker.entered.wait(), 5)
+        await channel.say("/stop")
+        await channel.settle()
+        store = app.services.usage
+        assert store is not None
+        await store.flush()
+        spent = await store.totals("user", "test:u1", day_of(store.clock()))
+        assert spent.cache_write_tokens == fake.cache_usage[0].written > 0
+        assert spent.input_tokens == fake.cache_usage[0].total

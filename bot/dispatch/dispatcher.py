@@ -321,7 +321,9 @@ class Dispatcher:
                 elif event.type == "run.cancelled":
                     used = event.payload.get("usage") or {}
                     spent = Usage(int(used.get("input_tokens", 0)),
-                                  int(used.get("output_tokens", 0)))
+                                  int(used.get("output_tokens", 0)),
+                                  int(used.get("cache_read_tokens", 0)),
+                                  int(used.get("cache_write_tokens", 0)))
                 elif event.type == "activity":
                     if event.payload.get("phase") == "committing":
                         entry.output = True  # answered: a follow-up starts a run of its own
