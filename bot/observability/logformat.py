@@ -7,20 +7,104 @@ on the root logger, so third-party libraries' records come out the same way; Pyt
 warnings are routed through logging (``py.warnings``) and uncaught exceptions are
 logged instead of printed. Secrets are already masked by the time a record reaches a
 formatter (:mod:`bot.observability.redact` rewrites each record as it is made).
+
+Lines logged in an event loop's thread below WARNING are written together, at
+most :data:`BATCH_DELAY` seconds later (:class:`BatchingStreamHandler`): a busy
+service logs a line per run, and one write per line was a system call per
+chat message. A WARNING or worse, a line from another thread and the exit
+(``logging.shutdown``) write what waits at once, in order.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
 import json
 import logging
 import sys
 import threading
+import time
 from types import TracebackType
 from typing import Any, TextIO
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 FORMATS = ("text", "json")
+BATCH_DELAY = 0.02
+"""Seconds an INFO line logged in the event loop may wait to be written with others."""
+BATCH_LINES = 256
+"""Waiting lines that are written at once, delay or not."""
+
+
+class TextFormatter(logging.Formatter):
+    """:data:`TEXT_FORMAT` with the date and time formatted once per second, not per line."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+        self._second = -1
+        self._stamp = ""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        """``YYYY-MM-DD HH:MM:SS,mmm`` in local time, as :class:`logging.Formatter` writes it."""
+        second = int(record.created)
+        if second != self._second:
+            self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", self.converter(second))
+            self._second = second
+        return f"{self._stamp},{int(record.msecs):03d}"
+
+
+class BatchingStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A stream handler that writes the lines an event loop logs in batches (see the module)."""
+
+    def __init__(self, stream: TextIO, delay: float = BATCH_DELAY) -> None:
+        super().__init__(stream)
+        self.delay = delay
+        self._lines: list[str] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_loop: asyncio.AbstractEventLoop | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Format ``record`` now; write it with the others waiting, now or shortly."""
+        try:
+            self._lines.append(self.format(record))
+            if record.levelno >= logging.WARNING or len(self._lines) >= BATCH_LINES:
+                self._write()
+                return
+            try:
+                loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = None
+            if loop is None:
+                self._write()
+            elif self._timer is None or self._timer_loop is not loop:
+                # (A timer of a loop that has since ended would never fire.)
+                self._timer = loop.call_later(self.delay, self._flush_later)
+                self._timer_loop = loop
+        except Exception:
+            self.handleError(record)
+
+    def flush(self) -> None:
+        """Write the waiting lines, then flush the stream."""
+        with self.lock:  # type: ignore[union-attr]  # created in Handler.__init__
+            self._write()
+
+    def _flush_later(self) -> None:
+        with self.lock:  # type: ignore[union-attr]
+            self._timer = None
+            # Logging must not fail the loop (as Handler.handleError does not).
+            with contextlib.suppress(Exception):
+                self._write()
+
+    def _write(self) -> None:
+        if self._timer is not None and self._timer_loop is not None:
+            if not self._timer_loop.is_closed():
+                self._timer.cancel()
+            self._timer = None
+        lines, self._lines = self._lines, []
+        if lines and self.stream is not None:
+            self.stream.write("\n".join(lines) + "\n")
+        if self.stream is not None and hasattr(self.stream, "flush"):
+            self.stream.flush()
 
 
 class JsonFormatter(logging.Formatter):
@@ -50,8 +134,8 @@ def configure(level: str, *, fmt: str = "text", stream: TextIO | None = None) ->
     Like :func:`logging.basicConfig`, it leaves a root logger that already has
     handlers alone (an embedding application's, or pytest's).
     """
-    handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    handler = BatchingStreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
     logging.captureWarnings(True)
     if fmt == "json":
