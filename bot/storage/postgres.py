@@ -229,16 +229,16 @@ class PgConnection:
 
     def execute(self, sql: str, parameters: Sequence[Any] = ()) -> _Pending:
         """Run one statement; await the cursor or use it with ``async with``."""
-        return _Pending(self._statement(sql, tuple(parameters)))
+        return _Pending(self._statement(sql, _text_safe(parameters)))
 
     async def execute_fetchall(self, sql: str, parameters: Sequence[Any] = ()) -> list[Any]:
         """Run one statement and return all its rows."""
-        cur = await self._statement(sql, tuple(parameters))
+        cur = await self._statement(sql, _text_safe(parameters))
         return await cur.fetchall()
 
     async def executemany(self, sql: str, seq: Iterable[Sequence[Any]]) -> PgCursor:
         """Run one statement for each parameter tuple (one round trip, pipelined)."""
-        rows = [tuple(p) for p in seq]
+        rows = [_text_safe(p) for p in seq]
         if not rows:
             return PgCursor([], 0, None)
         text, _ = await self._translate(sql, want_id=False)
@@ -398,6 +398,17 @@ def as_sqlite_error(exc: BaseException) -> BaseException:
         mapped = sqlite3.OperationalError(str(exc))
     mapped.__cause__ = exc
     return mapped
+
+
+def _text_safe(params: Sequence[Any]) -> tuple[Any, ...]:
+    """``params`` with NUL characters in strings replaced by U+FFFD.
+
+    PostgreSQL text cannot hold NUL (SQLite stores it); a hostile message
+    with null bytes must still be recorded, so it is, with the NULs marked.
+    """
+    if not any(type(p) is str and "\x00" in p for p in params):
+        return tuple(params)
+    return tuple(p.replace("\x00", "\ufffd") if type(p) is str else p for p in params)
 
 
 def _count(status: str) -> int:
