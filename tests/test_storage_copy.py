@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner, Result
 
 from bot.app.cli import cli
@@ -13,8 +14,10 @@ from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.storage.errors import ErrorStore
 from bot.storage.inbox import Inbox
 from bot.storage.jobs import Job, JobStore
+from bot.storage.plugin_tables import migrate_plugin
 from bot.storage.sessions import SessionStore
 from plugins.memory.index import MemoryIndex
+from plugins.memory.state import MIGRATIONS as MEMORY_MIGRATIONS
 
 
 async def _roost(*args: str, data: Path) -> Result:
@@ -131,3 +134,25 @@ async def test_admin_commands_use_the_configured_postgresql_database(
     finally:
         await store.close()
     assert not (tmp_path / "data" / "roost.db").exists()
+
+
+async def test_copy_goes_in_batches_and_keeps_every_row(
+        tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bot.storage import copy as copymod
+
+    monkeypatch.setattr(copymod, "BATCH", 7)
+    source = await SessionStore.open(f"sqlite:///{tmp_path / 's.db'}")
+    target = await SessionStore.open(pg_url)
+    try:
+        # SQLite's core step 7 made the memory tables; on PostgreSQL the plugin makes them.
+        await migrate_plugin(target.db, target.lock, MEMORY_MIGRATIONS)
+        errors = ErrorStore(source.db, source.lock)
+        for i in range(30):
+            await errors.store(f"s{i}", "t", f"e{i}")
+        copied = await copymod.copy_database(source.db, target.db)
+        assert {c.table: c.target_rows for c in copied}["agent_errors"] == 30
+        ids = {e.id for e in await ErrorStore(target.db, target.lock).list(limit=None)}
+        assert ids == {e.id for e in await errors.list(limit=None)}
+    finally:
+        await source.close()
+        await target.close()

@@ -25,7 +25,7 @@ SKIPPED = frozenset({"roost_schema", "plugin_schema"})
 FIRST = ("sessions",)
 """Tables other tables refer to (foreign keys), copied before the rest."""
 
-BATCH = 1000
+BATCH = 2000
 """Rows per read and per ``executemany``."""
 
 
@@ -84,8 +84,9 @@ async def copy_database(source: aiosqlite.Connection, target: aiosqlite.Connecti
 
     Refuses (:class:`CopyError`) when a source table is missing in the target
     (a plugin installed on one side only) or when the target already holds
-    rows, unless ``force`` (the target's rows are deleted first). Each table is
-    copied in one transaction; the counts are compared at the end.
+    rows, unless ``force`` (the target's rows are deleted first). Tables are read
+    and written in batches of :data:`BATCH` rows; the counts are compared at the
+    end (a copy that failed half way is repeated with ``force``).
     """
     src, dst = await tables(source), await tables(target)
     names = [t for t in src if t not in SKIPPED]
@@ -112,19 +113,26 @@ async def copy_database(source: aiosqlite.Connection, target: aiosqlite.Connecti
         marks = ", ".join("?" * len(columns))
         insert = f'INSERT INTO "{table}" ({listed}) VALUES ({marks})'
         select = f'SELECT {listed} FROM "{table}"'
-        order = "rowid" if dialect_of(source) == "sqlite" else "1"
-        rows = [tuple(r) for r in await source.execute_fetchall(f"{select} ORDER BY {order}")]
+        # Physical order, stable while nothing writes (the service is stopped): batches
+        # of BATCH rows, so a table of any size is never held in memory at once.
+        order = "rowid" if dialect_of(source) == "sqlite" else "ctid"
+        copied = 0
+        while True:
+            rows = [tuple(r) for r in await source.execute_fetchall(
+                f"{select} ORDER BY {order} LIMIT ? OFFSET ?", (BATCH, copied))]
+            if not rows:
+                break
 
-        async def write(db: aiosqlite.Connection, rows: list[tuple[object, ...]] = rows,
-                        insert: str = insert) -> None:
-            for start in range(0, len(rows), BATCH):
-                await db.executemany(insert, rows[start:start + BATCH])
+            async def write(db: aiosqlite.Connection, rows: list[tuple[object, ...]] = rows,
+                            insert: str = insert) -> None:
+                await db.executemany(insert, rows)
 
-        await transaction(target, lock, write)
-        if dialect_of(target) == "postgresql" and rows:
+            await transaction(target, lock, write)
+            copied += len(rows)
+        if dialect_of(target) == "postgresql" and copied:
             await _advance_sequences(target, table, columns)
         if progress is not None:
-            progress(table, len(rows))
+            progress(table, copied)
         results.append(Copied(table, await _count(source, table), await _count(target, table)))
     wrong = [c for c in results if c.source_rows != c.target_rows]
     if wrong:
