@@ -100,4 +100,5 @@ def _load_dotenv() -> None:
 def main() -> None:
     """Console-script entry point."""
     _load_dotenv()
-    cli(obj={}, prog_name="roost")
+    # fast_exit: `roost run` ends the process without tearing the interpreter down.
+    cli(obj={"fast_exit": True}, prog_name="roost")

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import signal
 import sqlite3
+import sys
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +28,17 @@ def run(ctx: click.Context) -> None:
     """Start every channel whose credentials are set; Ctrl-C or SIGTERM stops cleanly."""
     settings = _settings(ctx)
     _setup_logging(settings.log_level, fmt=settings.log_format)
-    _run_async(_serve(settings))
+    if not ctx.obj.get("fast_exit"):
+        _run_async(_serve(settings))
+    code = asyncio.run(_serve(settings))
+    # Everything is closed and flushed: what is left is the interpreter tearing
+    # down its modules, which took seconds on a loaded machine (tens of thousands
+    # of objects of the SDKs' models). Only the process's own entry point ends so;
+    # in-process callers (tests) get the usual SystemExit.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 async def _open_app(settings: Settings) -> Roost | None:
