@@ -228,9 +228,11 @@ class Listener:
         while True:
             try:
                 conn = await asyncpg.connect(self.url)
-            except CONNECTION_LOST as exc:
+            except (*CONNECTION_LOST, asyncpg.PostgresError) as exc:
+                # Refused, unreachable or (for now) not allowed: keep trying, loudly.
                 failures += 1
-                log.warning("LISTEN connection failed (%s); retrying", exc)
+                log.warning("LISTEN connection failed (%s: %s); retrying", type(exc).__name__,
+                            exc)
                 await asyncio.sleep(RECONNECT.delay(min(failures, 6)))
                 continue
             closed = asyncio.Event()

@@ -71,9 +71,14 @@ async def tables(db: aiosqlite.Connection) -> dict[str, list[str]]:
     return found
 
 
+def quoted(name: str) -> str:
+    """An identifier quoted for SQL (both dialects): identifiers cannot be bound, and these
+    come from the databases' own catalogs."""
+    return '"' + name.replace('"', '""') + '"'
+
+
 async def _count(db: aiosqlite.Connection, table: str) -> int:
-    # Identifiers cannot be bound: the names come from the database's own catalog.
-    rows = list(await db.execute_fetchall(f'SELECT COUNT(*) FROM "{table}"'))
+    rows = list(await db.execute_fetchall(f"SELECT COUNT(*) FROM {quoted(table)}"))
     return int(rows[0][0])
 
 
@@ -103,16 +108,16 @@ async def copy_database(source: aiosqlite.Connection, target: aiosqlite.Connecti
     if filled:
         async def clear(db: aiosqlite.Connection) -> None:
             for table in reversed(names):
-                await db.execute(f'DELETE FROM "{table}"')
+                await db.execute(f"DELETE FROM {quoted(table)}")
         await transaction(target, lock, clear)
 
     results = []
     for table in names:
         columns = [c for c in src[table] if c in dst[table]]
-        listed = ", ".join(f'"{c}"' for c in columns)
+        listed = ", ".join(quoted(c) for c in columns)
         marks = ", ".join("?" * len(columns))
-        insert = f'INSERT INTO "{table}" ({listed}) VALUES ({marks})'
-        select = f'SELECT {listed} FROM "{table}"'
+        insert = f"INSERT INTO {quoted(table)} ({listed}) VALUES ({marks})"
+        select = f"SELECT {listed} FROM {quoted(table)}"
         # Physical order, stable while nothing writes (the service is stopped): batches
         # of BATCH rows, so a table of any size is never held in memory at once.
         order = "rowid" if dialect_of(source) == "sqlite" else "ctid"
@@ -144,9 +149,10 @@ async def copy_database(source: aiosqlite.Connection, target: aiosqlite.Connecti
 async def _advance_sequences(db: aiosqlite.Connection, table: str, columns: list[str]) -> None:
     for column in columns:
         rows = list(await db.execute_fetchall(
-            "SELECT pg_get_serial_sequence(?, ?)", (f'"{table}"', column)))
+            "SELECT pg_get_serial_sequence(?, ?)", (quoted(table), column)))
         sequence = rows[0][0] if rows else None
         if sequence is None:
             continue
         await db.execute(
-            f'SELECT setval(?, (SELECT MAX("{column}") FROM "{table}"))', (str(sequence),))
+            f"SELECT setval(?, (SELECT MAX({quoted(column)}) FROM {quoted(table)}))",
+            (str(sequence),))
