@@ -25,7 +25,6 @@ from bot.agents.router import AgentRouter
 from bot.config.settings import Settings
 from bot.contracts.channel import Channel, ReplyStream
 from bot.contracts.commands import Command, parse_command
-from bot.contracts.events import RunEvent
 from bot.contracts.llm import Usage
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.contracts.runtime import Runtime
@@ -36,6 +35,7 @@ from bot.dispatch.lanes import Lane, Lanes, Pending, Running
 from bot.dispatch.redelivery import Redeliveries
 from bot.dispatch.registry import RunRegistry
 from bot.dispatch.stream import DraftWatch, StreamBridge, draft_id
+from bot.dispatch.watch import RunWatch
 from bot.engine.budgets import Budgets
 from bot.engine.guard import join_messages
 from bot.engine.run_engine import RunEngine
@@ -49,9 +49,6 @@ log = logging.getLogger("roost.dispatch.dispatcher")
 
 Leftovers = tuple[list[OutboxEntry], list[InboxEntry]]
 """What a previous process left: replies not confirmed delivered, unfinished messages."""
-
-HELD_NOTICE = ("The AI service is not answering right now. Your message is safe: I will "
-               "answer as soon as it is back.")
 
 
 class ShuttingDown(Exception):
@@ -274,8 +271,7 @@ class Dispatcher:
         message = pending.message
         channel = self.channels.get(message.channel)
         bridge: StreamBridge | None = None
-        held = False
-        spent: Usage | None = None  # what a cancelled run had spent
+        watch: RunWatch | None = None
         try:
             if pending.entries and not pending.counted:
                 await self.inbox.started(pending.entries, run_id)
@@ -299,37 +295,8 @@ class Dispatcher:
             plugins = self.engine.plugins  # the run and its stream use one plugin state
             session = await self.store.get(lane.key)
             bridge = StreamBridge(channel, message, plugins.sanitizers)
-            draft = DraftWatch(self.inbox, pending.entries)
-
-            async def listener(event: RunEvent) -> None:
-                nonlocal held, spent
-                if event.type == "chunk":
-                    entry.output = True
-                    await bridge.add(event.payload["content"])
-                    draft.check(bridge.stream)
-                elif event.type == "tool.call":
-                    entry.output = True
-                    await bridge.end_block()
-                elif event.type == "run.retrying":
-                    if event.payload.get("attempt") == 0:
-                        # Held by the provider's circuit breaker: say so once.
-                        if not held:
-                            held = True
-                            self._notify(message, HELD_NOTICE)
-                    else:
-                        await bridge.restart()
-                elif event.type == "run.cancelled":
-                    used = event.payload.get("usage") or {}
-                    spent = Usage(int(used.get("input_tokens", 0)),
-                                  int(used.get("output_tokens", 0)),
-                                  int(used.get("cache_read_tokens", 0)),
-                                  int(used.get("cache_write_tokens", 0)))
-                elif event.type == "activity":
-                    if event.payload.get("phase") == "committing":
-                        entry.output = True  # answered: a follow-up starts a run of its own
-                    elif event.payload.get("notice"):
-                        self._notify(message, event.payload["notice"])
-
+            watch = RunWatch(entry, bridge, DraftWatch(self.inbox, pending.entries),
+                             lambda text: self._notify(message, text))
             typing = channel.typing(message) if channel else contextlib.nullcontext()
             async with typing:
                 options = pending.options or {
@@ -340,7 +307,7 @@ class Dispatcher:
                                                                        pending.entries[-1])
                     options["on_commit"] = self._committer(message, pending.entries, bridge)
                 result = await self.engine.run(
-                    RunRequest(message, session, run_id=run_id, **options), listener)
+                    RunRequest(message, session, run_id=run_id, **options), watch)
             # Counted from what the provider reported, right after the run's commit.
             self._count(message, agent_of(lane.key), result.usage)
             if result.status == "failed" and not pending.deliver_failed:
@@ -351,9 +318,9 @@ class Dispatcher:
             if pending.done is not None and not pending.done.done():
                 pending.done.set_result(result)
         except asyncio.CancelledError:
-            if spent is not None:
+            if watch is not None and watch.spent is not None:
                 # /stop, a merge or shutdown: the tokens were spent all the same.
-                self._count(message, agent_of(lane.key), spent)
+                self._count(message, agent_of(lane.key), watch.spent)
             if bridge is not None and bridge.stream is not None:
                 with contextlib.suppress(Exception):
                     await bridge.stream.finish(None)
