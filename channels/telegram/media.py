@@ -23,6 +23,7 @@ from bot.contracts.media import MediaError, MediaTooLarge
 from bot.contracts.messages import Attachment, clean_text
 from bot.media.sniff import extension_for
 from channels.delivery import RateLimited, Transient, deliver
+from channels.fetching import read_capped
 from channels.telegram.base import ChannelBase
 from channels.telegram.errors import _describe
 
@@ -33,7 +34,6 @@ GET_FILE_LIMIT = 20 * MB
 """The largest file the Bot API lets a bot download (``getFile`` refuses bigger ones)."""
 NAME_LIMIT = 255
 """Characters kept of a file name Telegram declares (a forged update may send a megabyte)."""
-_CHUNK = 64 * 1024
 
 
 def file_attachments(message: Message, cap: int) -> list[Attachment]:
@@ -181,16 +181,8 @@ class Downloads(ChannelBase):
                     raise Transient(f"the file server answered HTTP {response.status}")
                 if response.status != 200:
                     raise MediaError(f"Telegram's file server answered HTTP {response.status}")
-                announced = response.content_length
-                if announced is not None and announced > limit:
-                    raise MediaTooLarge(announced, limit)
-                data = bytearray()
-                async for chunk in response.content.iter_chunked(_CHUNK):
-                    # Kept only up to limit + 1: enough to know it is over.
-                    data += chunk[:limit + 1 - len(data)]
-                    if len(data) > limit:
-                        raise MediaTooLarge(len(data), limit)
-                return bytes(data)
+                # Kept only up to limit + 1: enough to know it is over.
+                return await read_capped(response, limit)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             # Never str(exc): aiohttp puts the URL, and so the token, in some messages.
             raise Transient(f"file download: {type(exc).__name__}") from None
