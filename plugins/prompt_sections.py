@@ -25,7 +25,8 @@ Minimal mode (memory flush, cron, heartbeat): identity, extra_context and projec
 USER.md is not a section: the run loop places it separately.
 
 Prompt caching: every section but ``time`` (and, in groups, ``user``: the latest
-sender) reads the same from one turn of a chat to the next, so the system prompt
+sender; in chat runs ``extra_context``: the group's chatter since the bot last
+spoke) reads the same from one turn of a chat to the next, so the system prompt
 is a cacheable prefix; the volatile ones travel in each request's note instead.
 """
 
@@ -175,8 +176,11 @@ def _memory_reminder(tools: list[str]) -> PromptSection:
 
 def _extra_context(prompt: PromptContext) -> PromptSection:
     extra = prompt.extra_context.strip()
+    # In a chat run it is the group's chatter since the bot last spoke: different every
+    # run, so volatile (read after the conversation, the history stays cached). A
+    # background run's (what the job is for) stays in its system prompt.
     return PromptSection("extra_context", f"<extra_context>\n{extra}\n</extra_context>"
-                         if extra else "", Order.EXTRA_CONTEXT)
+                         if extra else "", Order.EXTRA_CONTEXT, volatile=prompt.mode == "full")
 
 
 @hookimpl

@@ -117,8 +117,8 @@ async def test_group_messages_need_a_mention_and_replies_reference_the_trigger(
     [request] = provider.requests
     asked = request.messages[-1].content
     assert "what was said?" in asked and f"<@{BOT_ID}>" not in asked
-    # The un-addressed message was kept and handed over as context.
-    assert "just chatting" in request.system
+    # The un-addressed message was kept and handed over as context (in the note).
+    assert "just chatting" in request.note
     assert await app.store.get(f"default:discord:group:{CHANNEL_ID}")
 
 

@@ -17,11 +17,13 @@ async def test_in_mention_mode_only_addressed_group_messages_run(make_app: AppFa
     await channel.say("@bot what did we decide?", sender="a", name="Ann", **group)
     await settle(app)
     assert len(provider.requests) == 1
-    system = provider.requests[0].system
-    assert "[Ann (id a)]: lunch at noon?" in system and "[Bob (id b)]: pizza please" in system
+    # Read after the conversation (the request's note): the system prompt stays cacheable.
+    note = provider.requests[0].note
+    assert "[Ann (id a)]: lunch at noon?" in note and "[Bob (id b)]: pizza please" in note
+    assert "lunch at noon?" not in provider.requests[0].system
     await channel.say("@bot and now?", sender="a", **group)
     await settle(app)
-    assert "lunch at noon?" not in provider.requests[1].system  # handed over once
+    assert "lunch at noon?" not in provider.requests[1].note  # handed over once
 
 
 async def test_group_context_is_capped(make_app: AppFactory) -> None:
@@ -31,8 +33,8 @@ async def test_group_context_is_capped(make_app: AppFactory) -> None:
         await channel.say(f"chatter {i}", group="g", mentioned=False)
     await channel.say("@bot hi", group="g")
     await settle(app)
-    system = provider.requests[0].system
-    assert "chatter 2" not in system and all(f"chatter {i}" in system for i in (3, 4, 5))
+    note = provider.requests[0].note
+    assert "chatter 2" not in note and all(f"chatter {i}" in note for i in (3, 4, 5))
 
 
 async def test_commands_work_in_groups_without_a_mention(make_app: AppFactory) -> None:

@@ -409,7 +409,9 @@ async def test_openai_compatible_servers_get_the_note_last_and_the_prefix_unchan
     assert two[-1] == {"role": "user", "content": "again\n\nCurrent time: 21:35"}
 
 
-async def test_in_a_group_another_sender_keeps_the_cached_prefix(make_app: AppFactory) -> None:
+async def test_in_a_group_another_sender_and_chatter_keep_the_cached_prefix(
+    make_app: AppFactory,
+) -> None:
     async with FakeAnthropic() as fake:
         fake.reply_always("ok")
         _, channel, _ = await make_app(
@@ -417,11 +419,14 @@ async def test_in_a_group_another_sender_keeps_the_cached_prefix(make_app: AppFa
             anthropic_base_url=fake.base_url, model="claude-sonnet-test")
         await channel.say("hello all", sender="ann", name="Ann", group="g1")
         await channel.settle()
+        await channel.say("lunch anyone?", sender="cy", name="Cy", group="g1", mentioned=False)
         await channel.say("hi bot", sender="bob", name="Bob", group="g1")
         await channel.settle()
         one, two = fake.requests
-        assert one.body["system"] == two.body["system"]  # who spoke last is in the note
-        assert "Bob" in two.body["messages"][-1]["content"][-1]["text"]
+        # Who spoke last and the chatter since the bot's last answer are in the note.
+        assert one.body["system"] == two.body["system"]
+        note = two.body["messages"][-1]["content"][-1]["text"]
+        assert "Bob" in note and "lunch anyone?" in note
         assert fake.cache_usage[1].read >= fake.cache_usage[0].written > 0
 
 

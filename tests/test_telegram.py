@@ -111,7 +111,7 @@ async def test_group_message_without_mention_is_context_not_a_run(
     await answered(fake_telegram, app, asked)
     request = provider.requests[-1]
     assert last_user_text(provider) == "[Alice (id 42)]: why is that?"  # @test_bot stripped
-    assert "the build is red again" in request.system + str(request.messages)
+    assert "the build is red again" in request.note  # the chatter, read after the history
 
 
 async def test_reply_to_the_bot_counts_as_a_mention(make_tg: TgFactory,
