@@ -279,6 +279,34 @@ async def test_a_group_message_keeps_its_files_when_it_is_attributed(roost_app: 
     assert user.parts[0].root == str(_workspace(chat, "ann"))  # the sender's workspace
 
 
+async def test_a_group_photo_sent_without_a_mention_is_seen_when_the_bot_is_asked_later(
+        roost_app: App) -> None:
+    chat = await _chat(roost_app, [{"reply": "a cat"}, {"reply": "still a cat"}])
+    photo = chat.add_file("cat.jpg", jpeg(640, 480), "photo", mime_type="image/jpeg")
+    await chat.say_with("", photo, sender="bob", group="g1", mentioned=False)
+    await chat.say_with("nice", sender="cy", group="g1", mentioned=False)
+    await chat.settle()
+    assert chat.downloads == [] and chat.requests == []  # not addressed: nothing fetched
+
+    await chat.say_with("@bot what's in the photo above?", sender="ann", group="g1")
+    await chat.settle()
+    await chat.say_with("@bot and now?", sender="ann", group="g1")
+    await chat.settle()
+
+    first, second = chat.requests
+    user = first.messages[-1]
+    (part,) = user.parts
+    assert part.kind == "image" and part.path == f"inbox/{_today()}/cat.jpg"
+    assert part.root == str(_workspace(chat, "ann"))  # stored for the one who asked
+    assert user.content.startswith("[ann (id ann)]: @bot what's in the photo above?")
+    assert f"[photo: inbox/{_today()}/cat.jpg, 640×480" in user.content
+    assert "[bob (id bob)]: (sent photo cat.jpg: given to you" in first.note
+    assert "[cy (id cy)]: nice" in first.note
+    # Recorded in the history as a part: the next turn sends it again, fetched once.
+    assert second.messages[0].parts == (part,) and len(chat.downloads) == 1
+    assert second.messages[-1].parts == ()
+
+
 async def test_the_vision_flag_of_the_agent_reaches_the_provider(roost_app: App) -> None:
     chat = await _chat(roost_app)
     await chat.say("hi")

@@ -299,6 +299,9 @@ class Dispatcher:
                              lambda text: self._notify(message, text))
             typing = channel.typing(message) if channel else contextlib.nullcontext()
             async with typing:
+                asked = message
+                if pending.options is None:  # files sent to the group unaddressed come along
+                    asked = self.policy.with_earlier_files(lane.key, message)
                 options = pending.options or {
                     "extra_context": self.policy.take_context(lane.key)}
                 options = {"agent": agent_of(lane.key), "plugins": plugins, **options}
@@ -307,7 +310,7 @@ class Dispatcher:
                                                                        pending.entries[-1])
                     options["on_commit"] = self._committer(message, pending.entries, bridge)
                 result = await self.engine.run(
-                    RunRequest(message, session, run_id=run_id, **options), watch)
+                    RunRequest(asked, session, run_id=run_id, **options), watch)
             # Counted from what the provider reported, right after the run's commit.
             self._count(message, agent_of(lane.key), result.usage)
             if result.status == "failed" and not pending.deliver_failed:

@@ -6,6 +6,7 @@ A group message the bot was not addressed in is not answered; the last
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import deque
 
@@ -49,11 +50,40 @@ class ChatPolicy:
             kept.append(message)
         return False
 
+    def with_earlier_files(self, key: str, message: InboundMessage) -> InboundMessage:
+        """``message`` with the files of the kept group messages before its own.
+
+        Asked "what's in the photo above?", the bot sees the photo: files sent
+        in the group without addressing it are fetched only once it is
+        addressed (nothing is downloaded for chatter it never answers), the
+        newest up to ``media_max_files`` with the message's own, then stored and
+        shown like the message's own files. Call before :meth:`take_context`,
+        which forgets the kept messages.
+        """
+        kept = self._group_context.get(key)
+        room = self.settings.media_max_files - len(message.attachments)
+        if not kept or room <= 0:
+            return message
+        earlier = [a for m in kept for a in m.attachments][-room:]
+        if not earlier:
+            return message
+        return dataclasses.replace(message, attachments=(*earlier, *message.attachments))
+
     def take_context(self, key: str) -> str:
         """Group messages the bot was not addressed in since its last run, as prompt text."""
         kept = self._group_context.pop(key, None)
         if not kept:
             return ""
-        lines = [f"[{m.display_name} (id {m.sender_id})]: {m.text[:2_000]}" for m in kept]
+        lines = [f"[{m.display_name} (id {m.sender_id})]: {_with_files(m)}" for m in kept]
         return ("Recent messages in this group that were not addressed to you, oldest "
                 "first:\n" + "\n".join(lines))
+
+
+def _with_files(message: InboundMessage) -> str:
+    """A kept message's text, and what files it had (they come with the next run)."""
+    text = message.text[:2_000]
+    if not message.attachments:
+        return text
+    files = ", ".join(f"{a.kind} {a.name}".strip() for a in message.attachments)
+    note = f"(sent {files}: given to you with the message you are answering)"
+    return f"{text} {note}" if text else note

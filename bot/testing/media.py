@@ -69,8 +69,9 @@ class FileChat(ChatChannel):
 
     async def say_with(self, text: str, *attachments: Attachment, sender: str = "user",
                        group: str | None = None, message_id: str = "",
-                       event_id: str = "") -> InboundMessage:
-        """Send ``text`` with ``attachments`` (a direct chat, or the group ``group``).
+                       event_id: str = "", mentioned: bool = True) -> InboundMessage:
+        """Send ``text`` with ``attachments`` (a direct chat, or the group ``group``;
+        ``mentioned=False``: a group message that does not address the bot).
 
         Returns the message once Roost has accepted it; :meth:`settle` waits for
         the answer.
@@ -82,7 +83,7 @@ class FileChat(ChatChannel):
         message = InboundMessage(
             channel=self.name, chat_id=group if group is not None else sender,
             chat_type="group" if group is not None else "direct", sender_id=sender,
-            text=text, message_id=message_id or str(self._ids), mentioned=True,
+            text=text, message_id=message_id or str(self._ids), mentioned=mentioned,
             attachments=attachments, event_id=event_id)
         await handler(message)
         return message
