@@ -95,17 +95,20 @@ sys.dont_write_bytecode = False
 WORKERS_PER_CPU = 2
 """``-n auto`` starts this many workers per CPU: most tests wait on sockets, timers and
 other processes rather than compute, so one worker per CPU leaves the CPUs idle."""
+MAX_WORKERS = 16
+"""...but no more than this: each worker collects the whole suite (~10 s of CPU) and
+may start its own PostgreSQL server."""
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
-    """``-n auto``: :data:`WORKERS_PER_CPU` workers per usable CPU.
+    """``-n auto``: :data:`WORKERS_PER_CPU` workers per usable CPU, at most :data:`MAX_WORKERS`.
 
     ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still decides when it is set (``None`` hands
     over to pytest-xdist's own hook, which reads it).
     """
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None
-    return WORKERS_PER_CPU * len(os.sched_getaffinity(0))
+    return min(WORKERS_PER_CPU * len(os.sched_getaffinity(0)), MAX_WORKERS)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
