@@ -38,7 +38,7 @@ from anthropic.types import (
 
 # Built-in: the HTTP providers share Roost's own circuit breaker and retry plumbing.
 from bot.resilience.breaker import CircuitBreaker
-from plugins.anthropic_stream import open_stream
+from plugins.anthropic_stream import close_streams, open_stream
 from plugins.provider_media import (
     ANTHROPIC_MAX_PIXELS,
     DocumentData,
@@ -177,6 +177,7 @@ class AnthropicProvider:
 
     async def aclose(self) -> None:
         """Close the HTTP client and its connections."""
+        await close_streams(self._client)
         await self._client.close()
 
     async def _stream_once(

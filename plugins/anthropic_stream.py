@@ -1,11 +1,12 @@
-"""A streamed Messages API call over the ``anthropic`` SDK's HTTP client, minus its per-call work.
+"""A streamed Messages API call without the ``anthropic`` SDK's per-call work.
 
 ``client.messages.create(stream=True)`` costs about as much CPU as the rest of a
 chat turn together: each call copies and walks the request body, builds its
-headers layer by layer, and validates every streamed event into pydantic
-models. :func:`open_stream` sends the same request through the same
-``httpx`` client (its connection pool, timeouts, proxies and any custom auth)
-with the headers the SDK would send, computed once per client, and parses the
+headers layer by layer, goes through ``httpx``/``httpcore``'s pool and
+``anyio`` streams, and validates every streamed event into pydantic models.
+:func:`open_stream` sends the same request (the headers the SDK would send,
+computed once per client; its base URL and timeouts) over ``aiohttp``, which
+the channels already use and which costs a fraction per call, and parses the
 server-sent events itself into :class:`Event` dicts that read like the SDK's
 event models (``event.delta.text``; a field the server left out reads
 ``None``).
@@ -14,29 +15,43 @@ Failures keep the SDK's types, so callers classify them as before: a failure
 to send is :class:`anthropic.APIConnectionError` or
 :class:`anthropic.APITimeoutError` (caused by the transport's exception), an
 error status or an ``event: error`` in the stream is the SDK's own
-:class:`anthropic.APIStatusError` subclass for it, and errors while reading
-the body come from the HTTP stack unwrapped, as with the SDK. Nothing here
-retries: :mod:`plugins.provider_retry` does.
+:class:`anthropic.APIStatusError` subclass for it, and a failure while reading
+the body is a transport error of the SDK's HTTP package (``ReadTimeout``,
+``ReadError``), as the SDK's stream raises. Nothing here retries: :mod:`plugins.provider_retry`
+does.
 
-Clients this does not cover (middleware, a subclass such as Bedrock or
-Vertex) go through ``messages.create`` unchanged.
+Clients this does not cover (middleware, custom auth, a subclass such as
+Bedrock or Vertex) go through ``messages.create`` unchanged. The connections
+are closed by :func:`close_streams` (the provider's ``aclose``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import ssl
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, Final
 from weakref import WeakKeyDictionary
 
+import aiohttp
 import anthropic
-import httpx2
+import anthropic._base_client
+import certifi
 
-__all__ = ["Event", "EventStream", "SSEParser", "open_stream"]
+__all__ = ["Event", "EventStream", "SSEParser", "close_streams", "open_stream"]
+
+# The SDK's HTTP package (httpx2 in SDK 1.x/2.x, httpx in 0.x): its requests and
+# responses go into the SDK's exceptions, and its transport errors are what the
+# providers recognise as a failed stream.
+httpx: Any = (getattr(anthropic._base_client, "httpx2", None)
+              or getattr(anthropic._base_client, "httpx"))  # noqa: B009
 
 _MESSAGES_PATH: Final = "/v1/messages"
+_MAX_CONNECTIONS: Final = 1000
+"""As the SDK's pool allows."""
 
 
 class Event(dict[str, Any]):
@@ -62,17 +77,18 @@ _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=
 
 
 class _Route:
-    """What every call of one client shares: URL, headers, timeout, auth."""
+    """What every call of one client shares: URL, headers, timeouts, the HTTP session."""
 
-    __slots__ = ("auth", "client", "headers", "http", "timeout", "url")
+    __slots__ = ("headers", "loop", "session", "timeout", "url")
 
     def __init__(self, client: anthropic.AsyncAnthropic) -> None:
-        self.client = client
-        self.http: httpx2.AsyncClient = client._client
-        self.url = client._prepare_url(_MESSAGES_PATH)
+        self.url = str(client._prepare_url(_MESSAGES_PATH))
         timeout = client.timeout
-        self.timeout = timeout
-        read = timeout.read if isinstance(timeout, httpx2.Timeout) else timeout
+        if isinstance(timeout, httpx.Timeout):
+            read, connect = timeout.read, timeout.connect
+        else:
+            read = connect = timeout
+        self.timeout = aiohttp.ClientTimeout(total=None, connect=connect, sock_read=read)
         # The headers ``messages.create`` sends on a first attempt, values the
         # caller ``Omit``-ted left out.
         headers = {"x-stainless-retry-count": "0", "x-stainless-timeout": str(read)}
@@ -80,7 +96,20 @@ class _Route:
             headers["x-stainless-read-timeout"] = str(read)
         headers.update((k, v) for k, v in client.default_headers.items() if isinstance(v, str))
         self.headers = headers
-        self.auth = client.custom_auth
+        self.session: aiohttp.ClientSession | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def session_for(self, loop: asyncio.AbstractEventLoop) -> aiohttp.ClientSession:
+        session = self.session
+        if session is None or session.closed or self.loop is not loop:
+            # Proxies from the environment and certifi's CA bundle, as the SDK's
+            # httpx client takes them (a slim image may have no system CAs).
+            context = ssl.create_default_context(cafile=certifi.where())
+            session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=_MAX_CONNECTIONS, ssl=context),
+                timeout=self.timeout, trust_env=True, skip_auto_headers=("User-Agent",))
+            self.session, self.loop = session, loop
+        return session
 
 
 _routes: WeakKeyDictionary[anthropic.AsyncAnthropic, _Route | None] = WeakKeyDictionary()
@@ -93,10 +122,25 @@ def _route(client: anthropic.AsyncAnthropic) -> _Route | None:
     except KeyError:
         pass
     route = None
-    if type(client) is anthropic.AsyncAnthropic and not client.middleware:
+    if (type(client) is anthropic.AsyncAnthropic and not client.middleware
+            and client.custom_auth is None):
         route = _Route(client)
     _routes[client] = route
     return route
+
+
+async def close_streams(client: anthropic.AsyncAnthropic) -> None:
+    """Close the connections :func:`open_stream` opened for ``client``."""
+    route = _routes.get(client)
+    if route is not None and route.session is not None:
+        session, route.session = route.session, None
+        if not session.closed:
+            await session.close()
+
+
+def _request(route: _Route) -> httpx.Request:
+    """The request as the SDK's exceptions carry it (they name its method and URL)."""
+    return httpx.Request("POST", route.url)
 
 
 async def open_stream(
@@ -125,25 +169,31 @@ async def open_stream(
     if tools:
         body["tools"] = tools
     body["stream"] = True
-    request = route.http.build_request(
-        "POST", route.url, headers=route.headers, content=_encode(body).encode(),
-        timeout=route.timeout)
+    data = _encode(body).encode()
+    session = route.session_for(asyncio.get_running_loop())
     try:
-        if route.auth is not None:
-            response = await route.http.send(request, stream=True, auth=route.auth)
-        else:
-            response = await route.http.send(request, stream=True)
-    except httpx2.TimeoutException as exc:
-        raise anthropic.APITimeoutError(request=request) from exc
-    except Exception as exc:
-        raise anthropic.APIConnectionError(request=request) from exc
-    if not response.is_success:
+        response = await session.post(route.url, data=data, headers=route.headers)
+    except TimeoutError as exc:
+        raise anthropic.APITimeoutError(request=_request(route)) from exc
+    except (aiohttp.ClientError, OSError) as exc:
+        raise anthropic.APIConnectionError(request=_request(route)) from exc
+    if response.status >= 300:
         try:
-            await response.aread()
+            content = await response.read()
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            content = b""
         finally:
-            await response.aclose()
-        raise client._make_status_error_from_response(response)
-    return EventStream(client, response)
+            response.release()
+        raise client._make_status_error_from_response(_as_httpx(route, response, content))
+    return EventStream(client, route, response)
+
+
+def _as_httpx(route: _Route, response: aiohttp.ClientResponse, content: bytes) -> httpx.Response:
+    """``response`` as the ``httpx`` response the SDK's status errors carry (headers, body)."""
+    return httpx.Response(
+        response.status,
+        headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in response.raw_headers],
+        content=content, request=_request(route))
 
 
 class SSEParser:
@@ -196,22 +246,27 @@ def _event(block: bytes) -> tuple[str | None, bytes] | None:
 class EventStream:
     """The events of one streamed response, as :class:`Event` dicts; closes the response on exit."""
 
-    __slots__ = ("_chunks", "_client", "_done", "_parser", "_pending", "response")
+    __slots__ = ("_client", "_done", "_failed", "_parser", "_pending", "_route", "response")
 
-    def __init__(self, client: anthropic.AsyncAnthropic, response: httpx2.Response) -> None:
+    def __init__(self, client: anthropic.AsyncAnthropic, route: _Route,
+                 response: aiohttp.ClientResponse) -> None:
         self._client = client
+        self._route = route
         self.response = response
-        self._chunks: AsyncIterator[bytes] | None = None
         self._parser = SSEParser()
         self._pending: deque[Event] = deque()
         self._done = False
+        self._failed: anthropic.APIStatusError | None = None
 
     async def __aenter__(self) -> EventStream:
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
-        await self.response.aclose()
+        if self._done:
+            self.response.release()  # read to the end: the connection serves the next call
+        else:
+            self.response.close()  # left mid-stream (cancelled, failed): drop the connection
 
     def __aiter__(self) -> EventStream:
         return self
@@ -219,17 +274,21 @@ class EventStream:
     async def __anext__(self) -> Event:
         pending = self._pending
         while not pending:
+            if self._failed is not None:
+                raise self._failed
             if self._done:
                 raise StopAsyncIteration
-            if self._chunks is None:
-                self._chunks = self.response.aiter_bytes()
             try:
-                chunk = await anext(self._chunks)
-            except StopAsyncIteration:
+                chunk = await self.response.content.readany()
+            except TimeoutError as exc:
+                raise httpx.ReadTimeout(str(exc) or "timed out reading the stream") from exc
+            except (aiohttp.ClientError, OSError) as exc:
+                raise httpx.ReadError(_describe(exc)) from exc
+            if chunk:
+                self._take(self._parser.feed(chunk))
+            else:
                 self._done = True
                 self._take(self._parser.close())
-            else:
-                self._take(self._parser.feed(chunk))
         return pending.popleft()
 
     def _take(self, events: list[tuple[str | None, bytes]]) -> None:
@@ -245,7 +304,16 @@ class EventStream:
                     message = f"{body}"
                 except ValueError:
                     body = data.decode(errors="replace")
-                    message = str(body) or f"Error code: {self.response.status_code}"
-                raise self._client._make_status_error(message, body=body, response=self.response)
+                    message = str(body) or f"Error code: {self.response.status}"
+                # Raised once the events before it were handed out.
+                response = _as_httpx(self._route, self.response, b"")
+                self._failed = self._client._make_status_error(
+                    message, body=body, response=response)
+                return
             if data:
                 self._pending.append(json.loads(data, object_hook=Event))
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -9,7 +9,14 @@ import anthropic
 import pytest
 
 from bot.testing.anthropic import FakeAnthropic
-from plugins.anthropic_stream import Event, EventStream, SSEParser, open_stream
+from plugins.anthropic_stream import (
+    Event,
+    EventStream,
+    SSEParser,
+    _routes,
+    close_streams,
+    open_stream,
+)
 from tests.provider_helpers import ANTHROPIC_KEY as KEY
 
 
@@ -119,4 +126,23 @@ async def test_unreachable_server_raises_the_sdk_connection_error() -> None:
     with pytest.raises(anthropic.APIConnectionError) as caught:
         await _events(client)
     assert caught.value.__cause__ is not None
+    await client.close()
+
+
+async def test_calls_share_a_connection_and_close_streams_closes_it(fake: FakeAnthropic) -> None:
+    client = _client(fake)
+    for text in ("one", "two"):
+        fake.reply_text(text)
+        async with await open_stream(client, model="claude-test", max_tokens=5, system=[],
+                                     messages=[{"role": "user", "content": "hi"}],
+                                     tools=[]) as stream:
+            assert isinstance(stream, EventStream)
+            events = [event async for event in stream]
+        assert events[-1].type == "message_stop"
+    route = _routes[client]
+    assert route is not None and route.session is not None
+    connector = route.session.connector
+    assert connector is not None and len(connector._conns) == 1  # kept alive, reused
+    await close_streams(client)
+    assert connector.closed and route.session is None
     await client.close()
