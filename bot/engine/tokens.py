@@ -31,6 +31,14 @@ DOCUMENT_PAGE_TOKENS = 2_000
 """A PDF page as a model reads it (its text and an image of it): Anthropic counts
 1,500-3,000 tokens per page."""
 _MIN_RATIO, _MAX_RATIO = 1.0, 8.0
+_MEMO_MIN_CHARS = 512
+_MEMO_SIZE = 64
+_script_counts: dict[str, tuple[int, int]] = {}
+"""Dense and other non-Latin characters of recent long non-ASCII texts (emptied when full)."""
+
+
+def _count_scripts(text: str) -> tuple[int, int]:
+    return len(_DENSE.findall(text)), len(_NON_LATIN.findall(text))
 _SMOOTHING = 0.2
 
 
@@ -55,8 +63,19 @@ class TokenEstimator:
         """
         if text.isascii():  # the common case, and O(1) to check
             return len(text)
-        dense = len(_DENSE.findall(text))
-        other = len(_NON_LATIN.findall(text))
+        long = len(text) >= _MEMO_MIN_CHARS
+        if long:
+            # The system prompt and the ROM come back every run (and several
+            # times in one): one dash in them sent kilobytes through two regexes.
+            counts = _script_counts.get(text)
+            if counts is None:
+                counts = _count_scripts(text)
+                if len(_script_counts) >= _MEMO_SIZE:
+                    _script_counts.clear()
+                _script_counts[text] = counts
+        else:
+            counts = _count_scripts(text)
+        dense, other = counts
         return len(text) - dense - other + (dense + other / NON_LATIN_CHARS_PER_TOKEN) * self.ratio
 
     def message(self, message: ChatMessage) -> int:
