@@ -36,15 +36,18 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-
-from PIL import _imaging as pillow_core
-from pypdf import PdfReader
+from typing import TYPE_CHECKING
 
 # Built-in: the providers resize images with the core's own media code, and keep the
 # prepared copies with the core's workspace cache.
 from bot.media.derived import derived_name, read_derived, write_derived
 from bot.media.images import model_ready, prepare_for_model
 from roost import ContentPart, MediaError
+
+if TYPE_CHECKING:
+    # Imported where a PDF or a photo is handled: a process that gets neither never
+    # loads pypdf (with cryptography) or Pillow.
+    from pypdf import PdfReader
 
 __all__ = [
     "MAX_IMAGE_BASE64",
@@ -331,6 +334,8 @@ def release_memory() -> None:
     ``malloc_trim`` (1-3 ms of CPU when there is memory to return) gives the
     rest back: over 100 photos RSS stays flat.
     """
+    from PIL import _imaging as pillow_core
+
     pillow_core.clear_cache()
     if _malloc_trim is not None:
         _malloc_trim(0)
@@ -361,6 +366,8 @@ class _Heap:
                 self._timer.cancel()
                 self._timer = None
             if not self._kept:
+                from PIL import _imaging as pillow_core
+
                 self._kept = True
                 if pillow_core.get_blocks_max() < BUFFER_BLOCKS:
                     pillow_core.set_blocks_max(BUFFER_BLOCKS)
@@ -425,6 +432,8 @@ def _for(part: ContentPart, item: Prepared) -> Prepared:
 
 def _open_pdf(data: bytes) -> tuple[PdfReader | None, str]:
     """A reader for ``data`` and ``""``, or ``None`` and why it cannot be read."""
+    from pypdf import PdfReader
+
     try:
         reader = PdfReader(io.BytesIO(data))
         if reader.is_encrypted and not reader.decrypt(""):

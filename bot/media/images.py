@@ -17,10 +17,14 @@ import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-from PIL import Image, ImageOps, UnidentifiedImageError
+from typing import TYPE_CHECKING
 
 from bot.contracts.media import MediaError
+
+if TYPE_CHECKING:
+    # Pillow is imported by the functions that decode: a process that gets no
+    # image never loads it (a few MB of RSS, ~20 ms at start).
+    from PIL import Image
 
 MAX_PIXELS = 50_000_000
 """Images larger than this (e.g. 8000×6250) are refused: decoding one costs 150 MB
@@ -58,6 +62,7 @@ class ImageInfo:
 
 
 def _open(data: bytes, max_pixels: int) -> Image.Image:
+    from PIL import Image, UnidentifiedImageError
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -85,6 +90,7 @@ def inspect_image(data: bytes, *, max_pixels: int = MAX_PIXELS) -> ImageInfo:
     :class:`ImageTooLarge` for decompression bombs (more than ``max_pixels``),
     without decoding the pixels.
     """
+    from PIL import Image
     img = _open(data, max_pixels)
     with img:
         mime = Image.MIME.get(img.format or "", "") or "application/octet-stream"
@@ -158,6 +164,7 @@ def prepare_for_model(
     small enough). An animated image becomes its first frame. Raises
     :class:`MediaError` for bombs and undecodable files.
     """
+    from PIL import Image
     img = _open(data, max_pixels)
     with img:
         mime = Image.MIME.get(img.format or "", "")
@@ -196,6 +203,7 @@ def model_ready(data: bytes, *, max_edge: int = MODEL_MAX_EDGE,
 
 def _ready(data: bytes, max_edge: int, max_bytes: int, formats: Sequence[str], *,
            whole: bool) -> str | None:
+    from PIL import Image
     if len(data) > max_bytes:
         return None
     try:
@@ -278,6 +286,7 @@ def strip_jpeg_metadata(data: bytes) -> bytes | None:
 
 def _reencode(img: Image.Image, mime: str, max_edge: int, max_bytes: int,
               formats: Sequence[str]) -> tuple[bytes, str]:
+    from PIL import Image, ImageOps
     target = model_size(*img.size, max_edge=max_edge)
     if img.format == "JPEG" and target != img.size:
         # Decode at 1/2, 1/4 or 1/8 scale straight from the DCT: several times faster
@@ -323,6 +332,7 @@ def _reencode(img: Image.Image, mime: str, max_edge: int, max_bytes: int,
 
 
 def _flatten(frame: Image.Image) -> Image.Image:
+    from PIL import Image
     rgba = frame.convert("RGBA")
     background = Image.new("RGB", rgba.size, (255, 255, 255))
     background.paste(rgba, mask=rgba.getchannel("A"))
