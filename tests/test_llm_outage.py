@@ -59,6 +59,7 @@ def holds(log: RetryLog) -> list[str]:
     return [error for attempt, total, error in log.calls if (attempt, total) == (0, 0)]
 
 
+@pytest.mark.slow
 async def test_twenty_calls_held_through_an_outage_stay_within_the_request_bounds() -> None:
     # Half the default base delay, so the default's bound of one request per
     # second becomes two here: exactly the target for the whole process.

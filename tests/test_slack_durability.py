@@ -220,6 +220,7 @@ async def test_slack_api_errors_are_permanent_and_not_retried(
     assert len(fake_slack.calls_of("chat.postMessage")) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["500", "502", "429", "reset_before", "reset_after",
                                    "disconnect", "truncated", "stall"])
 async def test_a_reply_gets_through_a_fault_exactly_once(

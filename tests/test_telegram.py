@@ -573,6 +573,7 @@ def test_split_counts_utf16_units() -> None:
     assert "".join(pieces).replace(" ", "") == "😀" * 3000
 
 
+@pytest.mark.slow
 def test_every_aiogram_model_still_builds_when_types_are_lazy() -> None:
     """channels.telegram_lazy defers aiogram's type building; every model must still build."""
     code = (
