@@ -75,11 +75,24 @@ async def pg_url(postgres_cluster: PostgresCluster) -> str:
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """The storage contract's backends: an SQLite file, then a fresh PostgreSQL database."""
+    """The storage contract's backends: an SQLite file, then a PostgreSQL database of the
+    test's own with Roost's schema already applied (copied from a migrated template)."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'roost.db'}"
     cluster: PostgresCluster = request.getfixturevalue("postgres_cluster")
-    return await cluster.create_database()
+    if cluster not in _MIGRATED:
+        # Roost's schema applied once per cluster; each test copies it (no migration).
+        from bot.storage.sessions import SessionStore
+
+        url = await cluster.create_database()
+        store = await SessionStore.open(url)
+        await store.close()
+        _MIGRATED[cluster] = url.rsplit("/", 1)[1]
+    return await cluster.create_database(template=_MIGRATED[cluster])
+
+
+_MIGRATED: dict[PostgresCluster, str] = {}
+"""Per cluster, the database with Roost's schema that ``database_url`` databases copy."""
 
 
 # -- how the suite runs ---------------------------------------------------------------
