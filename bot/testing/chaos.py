@@ -441,7 +441,9 @@ def _tags(text: str) -> set[str]:
 
 def _last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
     for message in reversed(messages):
-        if message.get("role") != "user":
+        # A tool result message can carry the request's volatile note (time, tool
+        # summary) after its results: that is not what the person said.
+        if message.get("role") != "user" or _is_tool_result(message):
             continue
         content = message.get("content")
         if isinstance(content, str):
