@@ -20,6 +20,7 @@ import glob
 import itertools
 import os
 import pwd
+import shlex
 import shutil
 import socket
 import subprocess
@@ -70,6 +71,7 @@ class PostgresCluster:
         self.port = 0
         self._names = itertools.count(1)
         self._run_as: list[str] = []
+        self._watchdog: subprocess.Popen[bytes] | None = None
         if os.geteuid() == 0:
             # initdb and postgres refuse root: hand the directory to the postgres user.
             try:
@@ -109,7 +111,19 @@ class PostgresCluster:
             except RuntimeError:
                 if attempt == 2:
                     raise RuntimeError("postgres did not start: " + self.log_tail()) from None
+        self._watch(pg_ctl)
         return self
+
+    def _watch(self, pg_ctl: str) -> None:
+        """Stop the server if this process dies without :meth:`stop` (killed by a timeout,
+        an interrupted xdist worker): a server never outlives the tests that started it."""
+        stop = " ".join(shlex.quote(a) for a in [*self._run_as, pg_ctl, "-D", str(self.datadir),
+                                                  "-m", "immediate", "-w", "stop"])
+        script = (f"while kill -0 {os.getpid()} 2>/dev/null; do sleep 1; done; "
+                  f"{stop} >/dev/null 2>&1; rm -rf {shlex.quote(str(self.base))}")
+        self._watchdog = subprocess.Popen(
+            ["sh", "-c", script], start_new_session=True, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def log_tail(self, lines: int = 20) -> str:
         """The end of the server log (for failures)."""
@@ -137,6 +151,10 @@ class PostgresCluster:
 
     def stop(self) -> None:
         """Stop the server at once and delete its files."""
+        if self._watchdog is not None:
+            self._watchdog.kill()
+            self._watchdog.wait()
+            self._watchdog = None
         if self.port:
             with contextlib.suppress(PostgresUnavailable, RuntimeError):
                 self._run(find_binary("pg_ctl"), "-D", str(self.datadir), "-m", "immediate",
