@@ -47,7 +47,7 @@ from bot.testing._server import (
     split_words,
     sse,
 )
-from bot.testing.anthropic import FaultKind, FaultPlan, busiest
+from bot.testing.anthropic_script import FaultKind, FaultPlan, busiest
 from bot.testing.openai_checks import content_error, transcript_error
 
 __all__ = [
