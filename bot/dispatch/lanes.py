@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from bot.contracts.messages import InboundMessage
 from bot.dispatch.registry import ActiveRun, RunRegistry
 from bot.engine.guard import join_messages
 from bot.engine.requests import RunResult
+from bot.observability.ids import hex_id
 from bot.storage.inbox import RunJournal
 
 
@@ -178,7 +178,7 @@ class Lanes:
         """Run ``pending`` now, registered for ``/stop``."""
         entry = Running(pending)
         lane.running.append(entry)
-        run_id = uuid.uuid4().hex
+        run_id = hex_id()
         task = self._start_run(lane, entry, run_id)
         entry.run = ActiveRun(run_id, lane.key, task, time.monotonic())
         self.registry.register(entry.run)

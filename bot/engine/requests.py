@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -12,6 +11,7 @@ from bot.contracts.llm import ChatMessage, ToolCall, Usage
 from bot.contracts.messages import InboundMessage
 from bot.contracts.prompt import PromptMode
 from bot.engine.snapshot import PluginSnapshot
+from bot.observability.ids import hex_id
 from bot.storage.db import Statements
 from bot.storage.inbox import RunJournal
 from bot.storage.sessions import Session
@@ -38,7 +38,7 @@ class RunRequest:
 
     message: InboundMessage
     session: Session
-    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    run_id: str = field(default_factory=hex_id)
     max_iterations: int | None = None
     mode: PromptMode = "full"
     agent: str = "default"

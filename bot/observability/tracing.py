@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
+
+from bot.observability.ids import hex_id
 
 SpanKind = Literal["agent", "llm", "tool", "patterns", "judge"]
 
@@ -37,7 +38,7 @@ class Span:
     kind: SpanKind
     name: str
     started_at: float
-    span_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    span_id: str = field(default_factory=lambda: hex_id(16))
     parent_id: str | None = None
     duration_ms: float = 0.0
     error: bool = False
