@@ -10,6 +10,8 @@ import itertools
 import json
 import logging
 import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -383,3 +385,17 @@ async def test_a_number_too_long_to_convert_skips_its_update_only(
     assert f"update {broken} is not decodable" in warning.getMessage()
     assert len(warning.getMessage()) < 300
     assert tg.polling is not None and not tg.polling.done()
+
+
+def test_the_validators_a_reply_needs_are_built_ahead_in_one_call() -> None:
+    # A fresh interpreter: other tests have long built these models in this one.
+    script = (
+        "from channels.telegram.parsing import _RESPONSE_MODELS, build_validators\n"
+        "from aiogram.types import Update\n"
+        "assert not Update.__pydantic_complete__\n"
+        "build_validators()\n"
+        "assert Update.__pydantic_complete__\n"
+        "assert _RESPONSE_MODELS and all(m.__pydantic_complete__ for m in _RESPONSE_MODELS)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr

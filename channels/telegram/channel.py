@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -21,7 +22,7 @@ from bot.contracts.messages import InboundMessage, OutboundMessage
 from channels.telegram.base import COMMAND_NAME, STOP_GRACE, _chat_id, _int_or_none, _Target
 from channels.telegram.intake import Intake
 from channels.telegram.media import Downloads
-from channels.telegram.parsing import _keep_response_models, _Session
+from channels.telegram.parsing import _keep_response_models, _Session, build_validators
 from channels.telegram.sending import _DraftStream
 from channels.telegram.uploads import Uploads
 from channels.telegram_lazy import LAZY
@@ -66,6 +67,10 @@ class TelegramChannel(Intake, Uploads, Downloads):
         except BaseException:
             await session.close()
             raise
+        # Off the event loop and without delaying the first getUpdates: the first
+        # update's answer then finds the validators built.
+        threading.Thread(target=build_validators, name="roost-telegram-validators",
+                         daemon=True).start()
         assert self.me is not None
         log.info("telegram: receiving as @%s by %s%s", self.me.username,
                  "webhook" if self._webhook or self._shared else "long polling",
