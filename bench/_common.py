@@ -232,6 +232,10 @@ class RoostProcess:
 
     def wait_ready(self, timeout: float = 30.0) -> float:
         """Seconds from launch to the ``roost ready`` log line; raises if it never comes."""
+        return self.wait_line("roost ready", timeout)
+
+    def wait_line(self, text: str, timeout: float = 30.0) -> float:
+        """Seconds from launch to a stderr line containing ``text``; raises if none comes."""
         deadline = self.started + timeout
         while True:
             try:
@@ -239,10 +243,10 @@ class RoostProcess:
             except queue.Empty:
                 line = None
             if line is None:
-                raise RuntimeError("roost run never got ready; stderr tail:\n"
+                raise RuntimeError(f"roost run never logged {text!r}; stderr tail:\n"
                                    + "".join(self.tail[-20:]))
             self.tail.append(line)
-            if "roost ready" in line:
+            if text in line:
                 return time.perf_counter() - self.started
 
     def rss(self) -> int:

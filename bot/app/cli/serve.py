@@ -8,6 +8,7 @@ import os
 import signal
 import sqlite3
 import sys
+import time
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
@@ -127,6 +128,13 @@ async def _start_channel(app: Roost, name: str) -> tuple[int, str] | None:
     return None
 
 
+async def _loaded(warming: Awaitable[Any], name: str) -> None:
+    """Await ``warming`` (the provider's SDK loading) and say when it is done."""
+    began = time.perf_counter()
+    await warming
+    log.info("LLM provider %s loaded in %.2fs", name, time.perf_counter() - began)
+
+
 async def _serve(settings: Settings) -> int:
     app = await _open_app(settings)
     if app is None:
@@ -162,7 +170,7 @@ async def _serve(settings: Settings) -> int:
         warm_up = getattr(app.provider, "warm_up", None)
         if warm_up is not None:
             # Load the provider's SDK now, in a thread, not with the first message.
-            app.background(warm_up(), "loading the LLM provider")
+            app.background(_loaded(warm_up(), app.provider.name), "loading the LLM provider")
         eof = getattr(app.channels.get("console"), "eof", None)
         await _first(stop.wait(), *([eof.wait()] if isinstance(eof, asyncio.Event) else []))
         log.info("roost shutting down")
