@@ -30,6 +30,8 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
+import urllib.parse
+import urllib.request
 from collections import deque
 from collections.abc import Mapping
 from types import TracebackType
@@ -79,7 +81,7 @@ _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=
 class _Route:
     """What every call of one client shares: URL, headers, timeouts, the HTTP session."""
 
-    __slots__ = ("headers", "loop", "session", "timeout", "url")
+    __slots__ = ("headers", "loop", "proxy", "session", "timeout", "url")
 
     def __init__(self, client: anthropic.AsyncAnthropic) -> None:
         self.url = str(client._prepare_url(_MESSAGES_PATH))
@@ -97,19 +99,33 @@ class _Route:
         headers.update((k, v) for k, v in client.default_headers.items() if isinstance(v, str))
         self.headers = headers
         self.session: aiohttp.ClientSession | None = None
+        self.proxy = _env_proxy(self.url)
         self.loop: asyncio.AbstractEventLoop | None = None
 
     def session_for(self, loop: asyncio.AbstractEventLoop) -> aiohttp.ClientSession:
         session = self.session
         if session is None or session.closed or self.loop is not loop:
-            # Proxies from the environment and certifi's CA bundle, as the SDK's
-            # httpx client takes them (a slim image may have no system CAs).
+            # certifi's CA bundle, as the SDK's httpx client takes it (a slim image
+            # may have no system CAs). Not trust_env: aiohttp then reads the proxy
+            # variables and ~/.netrc again for every request, in a worker thread.
             context = ssl.create_default_context(cafile=certifi.where())
             session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=_MAX_CONNECTIONS, ssl=context),
-                timeout=self.timeout, trust_env=True, skip_auto_headers=("User-Agent",))
+                timeout=self.timeout, skip_auto_headers=("User-Agent",))
             self.session, self.loop = session, loop
         return session
+
+
+def _env_proxy(url: str) -> str | None:
+    """The proxy the environment names for ``url`` (``HTTPS_PROXY``, ``NO_PROXY``...), read once."""
+    proxies = urllib.request.getproxies_environment()
+    parts = urllib.parse.urlsplit(url)
+    proxy = proxies.get(parts.scheme) or proxies.get("all")
+    # (In urllib.request on every platform, though not in its type stubs.)
+    bypass = getattr(urllib.request, "proxy_bypass_environment")  # noqa: B009
+    if proxy is None or bypass(parts.hostname or "", proxies):
+        return None
+    return proxy
 
 
 _routes: WeakKeyDictionary[anthropic.AsyncAnthropic, _Route | None] = WeakKeyDictionary()
@@ -172,7 +188,8 @@ async def open_stream(
     data = _encode(body).encode()
     session = route.session_for(asyncio.get_running_loop())
     try:
-        response = await session.post(route.url, data=data, headers=route.headers)
+        response = await session.post(route.url, data=data, headers=route.headers,
+                                      proxy=route.proxy)
     except TimeoutError as exc:
         raise anthropic.APITimeoutError(request=_request(route)) from exc
     except (aiohttp.ClientError, OSError) as exc:

@@ -13,6 +13,7 @@ from plugins.anthropic_stream import (
     Event,
     EventStream,
     SSEParser,
+    _env_proxy,
     _routes,
     close_streams,
     open_stream,
@@ -146,3 +147,29 @@ async def test_calls_share_a_connection_and_close_streams_closes_it(fake: FakeAn
     await close_streams(client)
     assert connector.closed and route.session is None
     await client.close()
+
+
+async def test_a_proxy_named_in_the_environment_carries_the_call(
+    fake: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The fake answers as the proxy: the API's own host does not resolve.
+    monkeypatch.setenv("HTTP_PROXY", fake.base_url)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    fake.reply_text("via proxy")
+    client = anthropic.AsyncAnthropic(api_key=KEY, base_url="http://api.anthropic.invalid",
+                                      max_retries=0)
+    events = await _events(client)
+    assert "".join(e.delta.text for e in events if e.type == "content_block_delta") == (
+        "via proxy")
+    await close_streams(client)
+    await client.close()
+
+
+def test_no_proxy_exempts_a_host_from_the_environments_proxy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
+    monkeypatch.setenv("NO_PROXY", "anthropic.com")
+    assert _env_proxy("https://api.anthropic.com/v1/messages") is None
+    assert _env_proxy("https://gateway.example/v1/messages") == "http://proxy.internal:3128"
