@@ -42,7 +42,10 @@ from typing import TYPE_CHECKING
 # prepared copies with the core's workspace cache.
 from bot.media.derived import derived_name, read_derived, write_derived
 from bot.media.images import model_ready, prepare_for_model
-from roost import ContentPart, MediaError
+from roost import ContentPart, MediaError, ToolError
+
+# Built-in: the one confinement rule every file tool uses (not a plugin API yet).
+from workspaces.paths import resolve_in_workspace
 
 if TYPE_CHECKING:
     # Imported where a PDF or a photo is handled: a process that gets neither never
@@ -175,7 +178,12 @@ class MediaReader:
         mode: str = part.kind
         if is_pdf:
             mode = "document" if vision and self.documents else "pdf-text"
-        path = part.file
+        try:
+            # A link planted in inbox/ (a tool can write there) must not send a
+            # file from outside the workspace to the model.
+            path = resolve_in_workspace(Path(part.root), part.path)
+        except ToolError:
+            return Note(part, f"[{part.kind}: {part.path} — outside the workspace; not sent]")
         try:
             stat = path.stat()
         except OSError:

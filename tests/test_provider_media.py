@@ -27,7 +27,7 @@ from bot.testing.media import FileChat
 from bot.testing.openai import FakeOpenAI
 from plugins.anthropic_provider import AnthropicProvider
 from plugins.openai_provider import OpenAIProvider
-from plugins.provider_media import MAX_PDF_PAGES, ImageData, MediaReader
+from plugins.provider_media import MAX_PDF_PAGES, ImageData, MediaReader, Note
 from tests.media_helpers import jpeg as gps_jpeg
 from tests.media_samples import jpeg, pdf, png
 from tests.provider_helpers import ANTHROPIC_KEY, OPENAI_KEY, anthropic_for, openai_for
@@ -385,6 +385,24 @@ async def test_a_copy_is_never_written_outside_the_workspace(tmp_path: Path) -> 
     item = MediaReader(documents=True).read(part, vision=True)
 
     assert isinstance(item, ImageData) and list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize("link", ["inbox/p.jpg", "inbox"])
+async def test_a_file_linked_from_outside_the_workspace_is_never_sent(
+    tmp_path: Path, link: str
+) -> None:
+    workspace, outside = tmp_path / "ws", tmp_path / "outside"
+    (outside / "inbox").mkdir(parents=True)
+    secret = jpeg(200, 100)
+    (outside / "inbox" / "p.jpg").write_bytes(secret)
+    (workspace / link).parent.mkdir(parents=True, exist_ok=True)
+    (workspace / link).symlink_to(outside / link)  # planted by a tool
+    part = ContentPart("image", "inbox/p.jpg", "image/jpeg", size=len(secret),
+                       root=str(workspace))
+
+    item = MediaReader(documents=True).read(part, vision=True)
+
+    assert item == Note(part, "[image: inbox/p.jpg — outside the workspace; not sent]")
 
 
 async def test_a_photo_within_the_limits_is_sent_as_it_is_without_its_gps(
