@@ -8,13 +8,15 @@ import time
 from pathlib import Path
 
 from bot.testing.anthropic import FakeAnthropic
-from bot.testing.app import create_app
+from bot.testing.app import create_app, scripted
 from bot.testing.media import FileChat
 from plugins.memory import MemoryFlushJob
 from tests.media_samples import jpeg
 from tests.provider_helpers import ANTHROPIC_KEY
 
 WINDOW = 6 * 3600.0
+FLUSH = {"match": "^Pre-compaction memory flush", "reply": "NO_REPLY"}
+SUMMARY = {"match": r"^(\[Earlier summary\]|user: )", "reply": "A photo, then two turns."}
 
 
 async def test_the_scheduled_flush_sends_the_note_of_a_photo_not_the_photo(
@@ -49,3 +51,30 @@ async def test_the_scheduled_flush_sends_the_note_of_a_photo_not_the_photo(
     texts = "\n".join(b["text"] for b in blocks)
     assert "[image: inbox/" in texts and "photo-1.jpg — removed from context]" in texts
     assert "Scheduled memory flush" in texts
+
+
+async def test_the_pre_compaction_flush_sends_the_note_of_a_photo_not_the_photo(
+    tmp_path: Path,
+) -> None:
+    provider = scripted(FLUSH, SUMMARY, {"reply": "ack {message}"}, loop=True)
+    app, recorder = await create_app(provider, data_dir=tmp_path, compact_min_messages=5,
+                                     compact_keep_messages=4)
+    chat = FileChat()
+    try:
+        await chat.attach(app, recorder)
+        photo = chat.add_file("photo-1.jpg", jpeg(800, 600), "photo", mime_type="image/jpeg")
+        await chat.say_with("what is this?", photo)
+        for text in ("turn two", "turn three"):
+            await chat.settle()
+            await chat.say_with(text)
+        await chat.settle()
+        await app.engine.compactor.wait()
+    finally:
+        await app.close()
+
+    first = provider.requests[0].messages[-1]
+    assert first.parts and first.parts[0].kind == "image"  # the chat turn saw the photo
+    flush = next(r for r in provider.requests
+                 if r.messages[-1].content.startswith("Pre-compaction"))
+    assert all(not m.parts for m in flush.messages)
+    assert "photo-1.jpg — removed from context]" in flush.messages[0].content

@@ -21,6 +21,7 @@ from bot.config.settings import Settings
 from bot.contracts.llm import ChatMessage, LLMProvider, LLMRequest
 from bot.contracts.messages import InboundMessage
 from bot.engine.history import repair_pairing
+from bot.engine.media import text_only
 from bot.engine.tokens import TokenEstimator
 from bot.storage.sessions import Session, SessionStore, agent_of
 
@@ -196,7 +197,7 @@ class Compactor:
         )
         outcome = await self.flush(
             flush, session, agent.name if agent is not None else agent_of(session.key),
-            repair_pairing(history))
+            repair_pairing(text_only(history)))
         await self.store.mark_flushed(session)
         log.info("memory flush for %s: %s", session.key, outcome)
 
