@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiogram.client.session.aiohttp import AiohttpSession
 
 from bot.config.settings import Settings
 from bot.contracts.messages import InboundMessage, OutboundMessage
@@ -399,3 +400,21 @@ def test_the_validators_a_reply_needs_are_built_ahead_in_one_call() -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+async def test_stopping_closes_the_http_session_without_aiograms_pause(
+        start_tg: StartTg, monkeypatch: pytest.MonkeyPatch) -> None:
+    tg = await start_tg(Inbox())
+    assert tg.bot is not None
+    pauses: list[float] = []
+
+    async def sleep(delay: float) -> None:
+        pauses.append(delay)
+
+    # aiogram's AiohttpSession.close sleeps 250 ms after closing (for SSL transports).
+    monkeypatch.setattr("aiogram.client.session.aiohttp.asyncio.sleep", sleep)
+    session = tg.bot.session
+    await tg.stop()
+    assert isinstance(session, AiohttpSession) and session._session is not None
+    assert session._session.closed
+    assert pauses == []
