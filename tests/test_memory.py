@@ -16,7 +16,7 @@ from bot.app.roost import Roost
 from bot.contracts.events import RunEvent
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.tools import ToolContext, ToolError
-from bot.storage import db as dbmod
+from bot.storage import schema
 from bot.storage.plugin_tables import schema_version
 from bot.testing.app import scripted, settle, without_summary
 from plugins.memory import (
@@ -365,9 +365,9 @@ async def test_the_plugin_owns_its_tables_and_sessions_keep_no_flush_state(
 
 async def old_database(path: Path, window: int, idle_at: float) -> None:
     """A database as the Roost before plugin tables left it, flush state in ``sessions``."""
-    steps = next(i for i, s in enumerate(dbmod.MIGRATIONS) if "plugin_schema" in s)
+    steps = next(i for i, s in enumerate(schema.MIGRATIONS) if "plugin_schema" in s)
     db = await aiosqlite.connect(path)
-    for number, script in enumerate(dbmod.MIGRATIONS[:steps], start=1):
+    for number, script in enumerate(schema.MIGRATIONS[:steps], start=1):
         await db.executescript(f"BEGIN;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;")
     # user: (messages, flushed count, flushed up to, window last tried)
     old = {"u1": (12, 12, idle_at, window - 1),  # nothing new since its flush

@@ -14,6 +14,7 @@ import pytest
 
 from bot.pluginhost.manager import PluginHost, get_plugin_manager
 from bot.storage import db as dbmod
+from bot.storage import schema
 from bot.storage.plugin_tables import migrate_plugin, schema_version, split_statements
 from bot.storage.sessions import SessionStore
 from roost import Migrations, hookimpl
@@ -60,7 +61,7 @@ async def test_steps_run_in_order_once_each_under_the_plugins_own_version(
         assert await schema_version(db, lock, "notes") == 3
         assert await schema_version(db, lock, "other") == 0
         # Roost's own schema version is untouched.
-        assert await dbmod.schema_version(db) == len(dbmod.MIGRATIONS)
+        assert await dbmod.schema_version(db) == len(schema.MIGRATIONS)
     finally:
         await db.close()
 
@@ -181,7 +182,7 @@ async def test_startup_migrates_every_plugin_and_disables_one_whose_migration_fa
     assert "notes_items" in tables and "thief" not in tables
     # A plugin may still need the retired columns to copy them: they stay until
     # every plugin migrated.
-    assert {c for _, c in dbmod.RETIRED_COLUMNS} <= await columns(db, "sessions")
+    assert {c for _, c in schema.RETIRED_COLUMNS} <= await columns(db, "sessions")
 
 
 async def test_a_disabled_plugin_is_migrated_too(make_app: AppFactory, tmp_path: Path) -> None:
@@ -193,7 +194,7 @@ async def test_a_disabled_plugin_is_migrated_too(make_app: AppFactory, tmp_path:
                                host=host_with(notes=NotesPlugin()), data_dir=data)
     assert "notes" in app.host.disabled
     assert await schema_version(app.store.db, app.store.lock, "notes") == 1
-    assert not {c for _, c in dbmod.RETIRED_COLUMNS} & await columns(app.store.db, "sessions")
+    assert not {c for _, c in schema.RETIRED_COLUMNS} & await columns(app.store.db, "sessions")
 
 
 async def test_idle_sessions_and_their_message_counts(tmp_path: Path) -> None:
@@ -222,7 +223,7 @@ async def test_idle_sessions_and_their_message_counts(tmp_path: Path) -> None:
 
 
 CORE_TABLES = sorted(
-    {name for script in dbmod.MIGRATIONS
+    {name for script in schema.MIGRATIONS
      for name in re.findall(r"CREATE (?:VIRTUAL )?TABLE (\w+)", script)}
     - {"spans_new", "memory_files", "memory_chunks", "memory_fts"})
 """Roost's own tables (the memory index tables step 7 created now belong to the plugin)."""

@@ -11,6 +11,7 @@ import pytest
 
 from bot.contracts.llm import ChatMessage, ToolCall, Usage
 from bot.storage import db as dbmod
+from bot.storage import schema
 from bot.storage.sessions import Session, SessionStore
 
 
@@ -59,8 +60,8 @@ async def test_the_cache_is_bounded_but_never_evicts_a_session_in_use(tmp_path: 
 
 async def test_migrations_are_versioned_and_a_newer_database_is_refused(tmp_path: Path) -> None:
     store = await SessionStore.open(tmp_path / "r.db")
-    assert await dbmod.schema_version(store.db) == len(dbmod.MIGRATIONS)
-    await store.db.execute(f"PRAGMA user_version = {len(dbmod.MIGRATIONS) + 1}")
+    assert await dbmod.schema_version(store.db) == len(schema.MIGRATIONS)
+    await store.db.execute(f"PRAGMA user_version = {len(schema.MIGRATIONS) + 1}")
     await store.close()
     with pytest.raises(RuntimeError, match="newer than this Roost"):
         await dbmod.connect(tmp_path / "r.db")
@@ -70,7 +71,7 @@ async def test_upgrading_an_old_database_keeps_its_spans_and_accepts_judge_spans
         tmp_path: Path) -> None:
     path = tmp_path / "old.db"
     old = await aiosqlite.connect(path)
-    for number, script in enumerate(dbmod.MIGRATIONS[:9], start=1):
+    for number, script in enumerate(schema.MIGRATIONS[:9], start=1):
         await old.executescript(f"BEGIN;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;")
     await old.execute("INSERT INTO spans VALUES ('s1', 'r1', NULL, 'llm', 'llm', 1, 2, 0, '{}')")
     await old.commit()

@@ -15,6 +15,7 @@ import pytest
 from bot.contracts.llm import ChatMessage
 from bot.contracts.messages import InboundMessage
 from bot.storage import db as dbmod
+from bot.storage import schema
 from bot.storage.postgres import placeholders, postgres_ddl
 from bot.storage.sessions import SessionStore
 from bot.testing.app import scripted
@@ -60,7 +61,7 @@ async def test_replicas_starting_together_migrate_once(pg_url: str) -> None:
     stores = await asyncio.gather(*(SessionStore.open(pg_url) for _ in range(4)))
     try:
         for store in stores:
-            assert await dbmod.schema_version(store.db) == len(dbmod.MIGRATIONS)
+            assert await dbmod.schema_version(store.db) == len(schema.MIGRATIONS)
         rows = await stores[0].db.execute_fetchall("SELECT COUNT(*) FROM roost_schema")
         assert rows[0][0] == 1
     finally:

@@ -4,7 +4,7 @@ Before plugins owned tables, Roost's schema step 7 created the index tables
 and kept the flush state in three ``sessions`` columns. Step 1 here adopts
 the index tables (creating them where that step never ran them) and creates
 ``memory_flush_state``; step 2 copies the old columns' values into it, after
-which Roost drops the columns (:data:`bot.storage.db.RETIRED_COLUMNS`).
+which Roost drops the columns (:data:`bot.storage.schema.RETIRED_COLUMNS`).
 """
 
 from __future__ import annotations

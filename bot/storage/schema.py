@@ -1,0 +1,345 @@
+"""Roost's schema: every numbered migration step, in SQLite's dialect, and the few
+steps PostgreSQL needs in its own words.
+
+:mod:`bot.storage.db` applies them (``PRAGMA user_version`` on SQLite, the
+``schema_version`` table under an advisory lock on PostgreSQL). A step never
+changes once released; later features append steps.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: list[str] = [
+    # 1: sessions and their messages.
+    """
+    CREATE TABLE sessions (
+        id INTEGER PRIMARY KEY,
+        key TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        archived_at REAL,
+        model TEXT NOT NULL DEFAULT '',
+        provider TEXT NOT NULL DEFAULT '',
+        input_tokens INTEGER NOT NULL DEFAULT 0,
+        output_tokens INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE UNIQUE INDEX sessions_active_key ON sessions(key) WHERE archived_at IS NULL;
+    CREATE INDEX sessions_updated_at ON sessions(updated_at);
+    CREATE TABLE messages (
+        id INTEGER PRIMARY KEY,
+        session_id INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+        run_id TEXT NOT NULL,
+        role TEXT NOT NULL CHECK (role IN ('user', 'assistant', 'tool')),
+        content TEXT NOT NULL,
+        sender_id TEXT,
+        sender_name TEXT,
+        tool_calls TEXT,
+        tool_call_id TEXT,
+        tool_name TEXT,
+        is_error INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL
+    );
+    CREATE INDEX messages_session ON messages(session_id, id);
+    """,
+    # 2: one trace record per run, whatever its outcome.
+    """
+    CREATE TABLE runs (
+        id TEXT PRIMARY KEY,
+        session_key TEXT NOT NULL,
+        status TEXT NOT NULL
+            CHECK (status IN ('completed', 'failed', 'cancelled', 'refused')),
+        started_at REAL NOT NULL,
+        ended_at REAL NOT NULL,
+        iterations INTEGER NOT NULL DEFAULT 0,
+        input_tokens INTEGER NOT NULL DEFAULT 0,
+        output_tokens INTEGER NOT NULL DEFAULT 0,
+        model TEXT NOT NULL DEFAULT '',
+        error TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX runs_session ON runs(session_key, started_at);
+    """,
+    # 3: spans of each run's trace.
+    """
+    CREATE TABLE spans (
+        id TEXT PRIMARY KEY,
+        run_id TEXT NOT NULL,
+        parent_id TEXT,
+        kind TEXT NOT NULL CHECK (kind IN ('agent', 'llm', 'tool')),
+        name TEXT NOT NULL,
+        started_at REAL NOT NULL,
+        duration_ms REAL NOT NULL,
+        error INTEGER NOT NULL DEFAULT 0,
+        attributes TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE INDEX spans_run ON spans(run_id);
+    """,
+    # 4: compaction state: summary, counters, archived (compacted) messages, pinned facts.
+    """
+    ALTER TABLE sessions ADD COLUMN summary TEXT NOT NULL DEFAULT '';
+    ALTER TABLE sessions ADD COLUMN compactions INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE sessions ADD COLUMN flushed_compaction INTEGER NOT NULL DEFAULT -1;
+    ALTER TABLE sessions ADD COLUMN pins TEXT NOT NULL DEFAULT '[]';
+    ALTER TABLE messages ADD COLUMN compacted INTEGER NOT NULL DEFAULT 0;
+    """,
+    # 5: full tool errors; the model sees a summary and fetches these by ID. The
+    # session and tool indexes carry the timestamp so a filtered list comes out
+    # newest first without sorting.
+    """
+    CREATE TABLE agent_errors (
+        id TEXT PRIMARY KEY,
+        timestamp REAL NOT NULL,
+        session_id TEXT NOT NULL,
+        tool_name TEXT NOT NULL,
+        raw_error TEXT NOT NULL,
+        short_summary TEXT NOT NULL
+    );
+    CREATE INDEX idx_agent_errors_session ON agent_errors(session_id, timestamp);
+    CREATE INDEX idx_agent_errors_timestamp ON agent_errors(timestamp);
+    CREATE INDEX idx_agent_errors_tool ON agent_errors(tool_name, timestamp);
+    """,
+    # 6: large successful tool results; the model sees a preview and reads slices by ID.
+    """
+    CREATE TABLE tool_results (
+        id TEXT PRIMARY KEY,
+        timestamp REAL NOT NULL,
+        session_id TEXT NOT NULL,
+        tool_name TEXT NOT NULL,
+        content TEXT NOT NULL
+    );
+    CREATE INDEX idx_tool_results_timestamp ON tool_results(timestamp);
+    """,
+    # 7: memory search (an FTS5 index of each workspace's memory files, rebuilt from
+    # them as they change) and the scheduled memory flush's per-session marker: how
+    # many messages and which activity it covered, and in which window it last ran.
+    """
+    CREATE TABLE memory_files (
+        workspace TEXT NOT NULL,
+        path TEXT NOT NULL,
+        stamp TEXT NOT NULL,
+        PRIMARY KEY (workspace, path)
+    );
+    CREATE TABLE memory_chunks (
+        id INTEGER PRIMARY KEY,
+        workspace TEXT NOT NULL,
+        path TEXT NOT NULL,
+        start_line INTEGER NOT NULL,
+        end_line INTEGER NOT NULL
+    );
+    CREATE INDEX memory_chunks_file ON memory_chunks(workspace, path);
+    CREATE VIRTUAL TABLE memory_fts USING fts5(
+        text, tokenize = 'porter unicode61 remove_diacritics 2'
+    );
+    ALTER TABLE sessions ADD COLUMN memory_flushed_count INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE sessions ADD COLUMN memory_flushed_upto REAL NOT NULL DEFAULT 0;
+    ALTER TABLE sessions ADD COLUMN memory_flush_window INTEGER NOT NULL DEFAULT -1;
+    """,
+    # 8: scheduled jobs: users' cron jobs (owner and the chat they run in) and plugins'
+    # system jobs. created_at anchors the schedule; last_fire is the latest fire time
+    # claimed, set by one conditional UPDATE so no fire time runs twice.
+    """
+    CREATE TABLE jobs (
+        id TEXT PRIMARY KEY,
+        kind TEXT NOT NULL CHECK (kind IN ('cron', 'system')),
+        name TEXT NOT NULL DEFAULT '',
+        schedule TEXT NOT NULL,
+        timezone TEXT NOT NULL,
+        message TEXT NOT NULL DEFAULT '',
+        owner_id TEXT NOT NULL DEFAULT '',
+        channel TEXT NOT NULL DEFAULT '',
+        chat_id TEXT NOT NULL DEFAULT '',
+        chat_type TEXT NOT NULL DEFAULT 'direct' CHECK (chat_type IN ('direct', 'group')),
+        thread_id TEXT,
+        created_at REAL NOT NULL,
+        last_fire REAL
+    );
+    CREATE INDEX jobs_owner ON jobs(channel, owner_id, kind);
+    """,
+    # 9: plugins an admin enabled or disabled (``roost plugins disable``, ``/plugin``);
+    # a plugin without a row is enabled.
+    """
+    CREATE TABLE plugin_state (
+        name TEXT PRIMARY KEY,
+        enabled INTEGER NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    """,
+    # 10: agents add span kinds: pattern matches and judge verdicts. SQLite cannot
+    # alter a CHECK constraint, so the table is rebuilt with its rows.
+    """
+    CREATE TABLE spans_new (
+        id TEXT PRIMARY KEY,
+        run_id TEXT NOT NULL,
+        parent_id TEXT,
+        kind TEXT NOT NULL CHECK (kind IN ('agent', 'llm', 'tool', 'patterns', 'judge')),
+        name TEXT NOT NULL,
+        started_at REAL NOT NULL,
+        duration_ms REAL NOT NULL,
+        error INTEGER NOT NULL DEFAULT 0,
+        attributes TEXT NOT NULL DEFAULT '{}'
+    );
+    INSERT INTO spans_new SELECT id, run_id, parent_id, kind, name, started_at, duration_ms,
+        error, attributes FROM spans;
+    DROP TABLE spans;
+    ALTER TABLE spans_new RENAME TO spans;
+    CREATE INDEX spans_run ON spans(run_id);
+    """,
+    # 11: durable intake. Every inbound message a platform delivered is recorded
+    # here before the platform is told it arrived (unique on the platform's own
+    # id, so a redelivery is never run twice); the run marks it done in its own
+    # commit. The journal keeps a run's tool exchange as it happens, so a run
+    # resumed after a crash does not execute a finished tool call again; the
+    # outbox keeps a reply until the platform confirmed it.
+    """
+    CREATE TABLE inbox (
+        id INTEGER PRIMARY KEY,
+        channel TEXT NOT NULL,
+        event_id TEXT NOT NULL,
+        session_key TEXT NOT NULL,
+        chat_id TEXT NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('message', 'command')),
+        message TEXT NOT NULL,
+        state TEXT NOT NULL DEFAULT 'pending'
+            CHECK (state IN ('pending', 'running', 'done', 'given_up')),
+        attempts INTEGER NOT NULL DEFAULT 0,
+        run_id TEXT,
+        draft_id TEXT,
+        received_at REAL NOT NULL,
+        finished_at REAL
+    );
+    CREATE UNIQUE INDEX inbox_event ON inbox(channel, event_id);
+    CREATE INDEX inbox_open ON inbox(state) WHERE state IN ('pending', 'running');
+    CREATE INDEX inbox_chat ON inbox(channel, chat_id, received_at);
+    CREATE INDEX inbox_finished ON inbox(finished_at);
+    CREATE TABLE journal (
+        inbox_id INTEGER NOT NULL,
+        seq INTEGER NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('assistant', 'result')),
+        payload TEXT NOT NULL,
+        PRIMARY KEY (inbox_id, seq)
+    );
+    CREATE TABLE outbox (
+        id INTEGER PRIMARY KEY,
+        inbox_id INTEGER,
+        channel TEXT NOT NULL,
+        chat_id TEXT NOT NULL,
+        message TEXT NOT NULL,
+        draft_id TEXT,
+        state TEXT NOT NULL DEFAULT 'pending'
+            CHECK (state IN ('pending', 'delivered', 'failed')),
+        attempts INTEGER NOT NULL DEFAULT 0,
+        platform_id TEXT,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    CREATE INDEX outbox_pending ON outbox(state) WHERE state = 'pending';
+    CREATE INDEX outbox_updated ON outbox(updated_at);
+    """,
+    # 12: media. A message's files (images, documents) as JSON references to
+    # workspace files (kind, path, type, size, dimensions); never the bytes.
+    """
+    ALTER TABLE messages ADD COLUMN parts TEXT;
+    """,
+    # 13: plugins' own tables (bot.storage.plugin_tables): how many schema steps of
+    # each plugin's ``Migrations`` have run, by the name the plugin gave them.
+    """
+    CREATE TABLE plugin_schema (
+        plugin TEXT PRIMARY KEY,
+        version INTEGER NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    """,
+    # 14: access and spend (bot.storage.access, bot.storage.usage). Pairing codes
+    # unknown users were given (one pending code per user; a code is used once),
+    # the users an admin approved, and tokens spent per user, group and agent per
+    # UTC day ('2026-11-23') and month ('2026-11').
+    """
+    CREATE TABLE pairing_requests (
+        code TEXT PRIMARY KEY,
+        channel TEXT NOT NULL,
+        user_id TEXT NOT NULL,
+        chat_id TEXT NOT NULL,
+        display_name TEXT NOT NULL DEFAULT '',
+        state TEXT NOT NULL DEFAULT 'pending'
+            CHECK (state IN ('pending', 'approved', 'revoked')),
+        created_at REAL NOT NULL,
+        expires_at REAL NOT NULL,
+        notified_at REAL NOT NULL,
+        refused INTEGER NOT NULL DEFAULT 1,
+        used_at REAL
+    );
+    CREATE INDEX pairing_requests_user ON pairing_requests(channel, user_id, state);
+    CREATE TABLE paired_users (
+        channel TEXT NOT NULL,
+        user_id TEXT NOT NULL,
+        display_name TEXT NOT NULL DEFAULT '',
+        approved_by TEXT NOT NULL,
+        approved_at REAL NOT NULL,
+        PRIMARY KEY (channel, user_id)
+    );
+    CREATE TABLE usage (
+        scope TEXT NOT NULL CHECK (scope IN ('user', 'group', 'agent')),
+        subject TEXT NOT NULL,
+        period TEXT NOT NULL,
+        input_tokens INTEGER NOT NULL DEFAULT 0,
+        output_tokens INTEGER NOT NULL DEFAULT 0,
+        runs INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (scope, period, subject)
+    );
+    """,
+    # 15: what the tokens cost, by the price table of [budgets] (cost budgets).
+    """
+    ALTER TABLE usage ADD COLUMN cost REAL NOT NULL DEFAULT 0;
+    """,
+    # 16: replicas (bot.storage.claims): which process holds each session's open
+    # inbox work, until when. A lease that expired (its holder died) is taken over.
+    """
+    CREATE TABLE session_leases (
+        session_key TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        expires_at REAL NOT NULL
+    );
+    CREATE INDEX session_leases_owner ON session_leases(owner);
+    """,
+    # 17: prompt caching: of the input tokens, those read from and written to the
+    # provider's prompt cache, per run, per session and in the usage counters.
+    """
+    ALTER TABLE runs ADD COLUMN cache_read_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE runs ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE sessions ADD COLUMN cache_read_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE sessions ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE usage ADD COLUMN cache_read_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE usage ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0;
+    """,
+]
+"""Schema steps in order; ``PRAGMA user_version`` records how many have run.
+
+Later features append steps here; a step never changes once released.
+"""
+
+
+RETIRED_COLUMNS: tuple[tuple[str, str], ...] = (
+    # Step 7's scheduled memory flush state; the memory plugin keeps it in its own
+    # table now and copies these over in its migration.
+    ("sessions", "memory_flushed_count"),
+    ("sessions", "memory_flushed_upto"),
+    ("sessions", "memory_flush_window"),
+)
+"""Columns Roost no longer uses, dropped by :func:`retire_columns`.
+
+Not a numbered step: a plugin that took the data over copies it in its own
+migration first, so they are dropped only after the plugins' migrations ran.
+"""
+
+
+POSTGRES_STEPS: dict[int, str] = {
+    # 7: the memory search tables moved to the memory plugin (its own steps create
+    # them, with tsvector instead of FTS5), and the flush columns retired with them.
+    7: "SELECT 1",
+    # 10: PostgreSQL alters a CHECK constraint in place.
+    10: """
+    ALTER TABLE spans DROP CONSTRAINT spans_kind_check;
+    ALTER TABLE spans ADD CONSTRAINT spans_kind_check
+        CHECK (kind IN ('agent', 'llm', 'tool', 'patterns', 'judge'));
+    """,
+}
+"""PostgreSQL text of the steps whose SQLite text does not translate (the others run
+through :func:`bot.storage.postgres.postgres_ddl`)."""
