@@ -34,23 +34,28 @@ def _logger(stream: _Stream, delay: float = 0.01) -> tuple[logging.Logger, Batch
     return logger, handler
 
 
-async def test_info_lines_of_the_loop_are_written_together_in_one_write() -> None:
+async def test_a_line_after_a_quiet_spell_is_written_at_once_and_the_next_ones_together(
+) -> None:
     stream = _Stream()
+    logger, _ = _logger(stream, delay=0.3)  # longer than a loaded machine's stall
+    logger.info("run 0 done")
+    assert stream.writes == ["INFO run 0 done\n"]
     stream.written = asyncio.Event()
-    logger, _ = _logger(stream)
-    for n in range(3):
+    for n in (1, 2):
         logger.info("run %d done", n)
-    assert stream.writes == []
+    assert stream.writes == ["INFO run 0 done\n"]
     await stream.written.wait()
-    assert stream.writes == ["INFO run 0 done\nINFO run 1 done\nINFO run 2 done\n"]
+    assert stream.writes == ["INFO run 0 done\n", "INFO run 1 done\nINFO run 2 done\n"]
 
 
 async def test_a_warning_writes_the_waiting_lines_and_itself_at_once_in_order() -> None:
     stream = _Stream()
     logger, _ = _logger(stream, delay=3600)
     logger.info("first")
-    logger.warning("second")
-    assert stream.getvalue() == "INFO first\nWARNING second\n"
+    logger.info("second")
+    assert stream.getvalue() == "INFO first\n"
+    logger.warning("third")
+    assert stream.getvalue() == "INFO first\nINFO second\nWARNING third\n"
 
 
 def test_a_line_logged_outside_an_event_loop_is_written_at_once() -> None:
@@ -63,9 +68,11 @@ def test_a_line_logged_outside_an_event_loop_is_written_at_once() -> None:
 async def test_flush_at_shutdown_writes_the_waiting_lines() -> None:
     stream = _Stream()
     logger, handler = _logger(stream, delay=3600)
+    logger.info("written")
     logger.info("pending")
+    assert stream.getvalue() == "INFO written\n"
     handler.flush()
-    assert stream.getvalue() == "INFO pending\n"
+    assert stream.getvalue() == "INFO written\nINFO pending\n"
 
 
 def test_a_line_after_the_loop_ended_is_not_left_behind_a_dead_timer() -> None:
@@ -74,10 +81,11 @@ def test_a_line_after_the_loop_ended_is_not_left_behind_a_dead_timer() -> None:
 
     async def log_in_loop() -> None:
         logger.info("in the loop")
+        logger.info("waiting")
 
     asyncio.run(log_in_loop())
     logger.info("after")
-    assert stream.getvalue() == "INFO in the loop\nINFO after\n"
+    assert stream.getvalue() == "INFO in the loop\nINFO waiting\nINFO after\n"
 
 
 def test_text_formatter_writes_what_the_standard_formatter_writes() -> None:

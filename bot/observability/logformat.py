@@ -8,11 +8,13 @@ warnings are routed through logging (``py.warnings``) and uncaught exceptions ar
 logged instead of printed. Secrets are already masked by the time a record reaches a
 formatter (:mod:`bot.observability.redact` rewrites each record as it is made).
 
-Lines logged in an event loop's thread below WARNING are written together, at
-most :data:`BATCH_DELAY` seconds later (:class:`BatchingStreamHandler`): a busy
-service logs a line per run, and one write per line was a system call per
-chat message. A WARNING or worse, a line from another thread and the exit
-(``logging.shutdown``) write what waits at once, in order.
+Lines logged in an event loop's thread below WARNING are written at most once
+per :data:`BATCH_DELAY` seconds (:class:`BatchingStreamHandler`): a line that
+comes after a quiet spell is written at once, lines that follow it within the
+delay wait and go out together. A busy service logs a line per run, and one
+write per line was a system call per chat message. A WARNING or worse, a line
+from another thread and the exit (``logging.shutdown``) write what waits at
+once, in order.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any, TextIO
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 FORMATS = ("text", "json")
 BATCH_DELAY = 0.02
-"""Seconds an INFO line logged in the event loop may wait to be written with others."""
+"""Seconds between two writes of INFO lines logged in the event loop."""
 BATCH_LINES = 256
 """Waiting lines that are written at once, delay or not."""
 
@@ -62,6 +64,7 @@ class BatchingStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
         self._lines: list[str] = []
         self._timer: asyncio.TimerHandle | None = None
         self._timer_loop: asyncio.AbstractEventLoop | None = None
+        self._written = -delay
 
     def emit(self, record: logging.LogRecord) -> None:
         """Format ``record`` now; write it with the others waiting, now or shortly."""
@@ -78,8 +81,12 @@ class BatchingStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
                 self._write()
             elif self._timer is None or self._timer_loop is not loop:
                 # (A timer of a loop that has since ended would never fire.)
-                self._timer = loop.call_later(self.delay, self._flush_later)
-                self._timer_loop = loop
+                wait = self._written + self.delay - time.monotonic()
+                if wait <= 0:
+                    self._write()  # after a quiet spell: nothing to wait for
+                else:
+                    self._timer = loop.call_later(wait, self._flush_later)
+                    self._timer_loop = loop
         except Exception:
             self.handleError(record)
 
@@ -101,6 +108,7 @@ class BatchingStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
                 self._timer.cancel()
             self._timer = None
         lines, self._lines = self._lines, []
+        self._written = time.monotonic()
         if lines and self.stream is not None:
             self.stream.write("\n".join(lines) + "\n")
         if self.stream is not None and hasattr(self.stream, "flush"):
