@@ -1,6 +1,6 @@
 """Telegram benchmark: `roost run` as a user runs it, measured from outside.
 
-Run with ``.venv/bin/python bench/bench_telegram.py`` (about 3 minutes on 2 cores;
+Run with ``.venv/bin/python bench/bench_telegram.py`` (3-5 minutes on 2 cores;
 ``--runs 1`` for a quick look). See bench/README.md, "Telegram benchmark".
 
 ``roost run`` is a separate process with Roost's default settings (streaming
