@@ -39,10 +39,11 @@ from bot.pluginhost.migrations import migrate_plugins
 from bot.pluginhost.state import load_disabled, save_state
 from bot.scheduling.scheduler import Scheduler
 from bot.storage.access import AccessStore
-from bot.storage.db import retire_columns
+from bot.storage.db import is_postgres_url, retire_columns
 from bot.storage.errors import ErrorStore, ResultStore, format_failure, format_large_result
 from bot.storage.inbox import Inbox
 from bot.storage.jobs import JobStore
+from bot.storage.leader import Leader, check_period, replica_id
 from bot.storage.retention import prune_stores
 from bot.storage.sessions import SessionStore
 from bot.storage.usage import UsageStore
@@ -105,6 +106,10 @@ class Roost:
         """This app's Prometheus metrics, in a registry of its own (``/metrics``)."""
         self.http: HealthServer | None = None
         """The health and metrics server, once :meth:`serve_http` started it."""
+        self.replica = replica_id()
+        """This process's name among replicas (``hostname-pid-random``; leases, /stop)."""
+        self.leader = Leader(None)
+        """Whether this process leads (always on SQLite; elected on PostgreSQL)."""
         self._leftovers: Leftovers = ([], [])
         self.router = router
         """The agents; the dispatcher routes chats with it before a run exists, the
@@ -167,6 +172,11 @@ class Roost:
         engine.exporter = OTelExporter.from_environment()
         engine.on_tool_failure, engine.on_large_result = error_channel(services, settings)
         app = cls(settings, host, store, engine, {}, channel_specs, services, router=router)
+        if isinstance(settings.database, str) and is_postgres_url(settings.database):
+            # Replicas may share this database: one of them long-polls (see add_channel).
+            app.leader = Leader(settings.database,
+                                check_every=check_period(settings.lease_seconds))
+            app.leader.start()
         engine.channels = app.channels  # runs download the files of messages through them
         engine.deliver = app.send_now
         instrument(app)  # metrics from spans, deliveries, scheduler fires; gauges
@@ -296,6 +306,7 @@ class Roost:
         spec = self.channel_specs.get(name)
         if spec is None:
             raise SetupError(f"no channel named {name!r}; known: {', '.join(self.channel_specs)}")
+        shared_secret_missing(self.settings, name)
         channel = spec.create(self.settings)
         await self.add_channel(channel)
         return channel
@@ -315,6 +326,8 @@ class Roost:
     async def add_channel(self, channel: Channel) -> None:
         """Start an already built channel (tests and embedders use this)."""
         self.channels[channel.name] = channel
+        if channel.leadership is None and is_postgres_url(self.settings.database):
+            channel.leadership = self.leader  # long polling and Socket Mode on one replica
         if self.http is not None and channel.http_routes is None:
             channel.http_routes = self.http  # its webhook may share the server's port
         await channel.start(self.dispatcher.submit)
@@ -378,9 +391,28 @@ class Roost:
         for pending in (self.services.errors, self.services.results):
             if pending is not None:
                 await _quietly(pending.flush(), "finishing stored errors and results")
+        await _quietly(self.leader.close(), "giving up leadership")
         await self.store.close()
         if self.http is not None:
             await _quietly(self.http.close(), "stopping the health and metrics server")
+
+
+def shared_secret_missing(settings: Settings, channel: str) -> None:
+    """Refuse a webhook without an explicit secret on PostgreSQL (:class:`SetupError`).
+
+    Replicas behind a load balancer must all check the same secret: one derived
+    or generated per process would make the others refuse the platform's calls.
+    """
+    if not is_postgres_url(settings.database):
+        return
+    if (channel == "telegram" and settings.telegram_webhook_url
+            and settings.telegram_webhook_secret is None):
+        raise SetupError("Telegram webhook mode on PostgreSQL (replicas) needs "
+                         "ROOST_TELEGRAM_WEBHOOK_SECRET set explicitly, the same on every replica")
+    if (channel == "slack" and settings.slack_app_token is None
+            and settings.slack_signing_secret is None):
+        raise SetupError("the Slack Events API on PostgreSQL (replicas) needs "
+                         "SLACK_SIGNING_SECRET set explicitly, the same on every replica")
 
 
 async def _judges(host: PluginHost, settings: Settings) -> dict[str, Judge]:

@@ -82,6 +82,24 @@ class WebRoutes(Protocol):
         """Stop answering ``POST path`` (404 from then on)."""
 
 
+class Leadership(Protocol):
+    """Whether this process leads the deployment (PostgreSQL replicas elect one leader).
+
+    A receiver that must be the only one of its kind (Telegram long polling, Slack
+    Socket Mode) receives only while :attr:`is_leader`; webhooks receive everywhere.
+    """
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this process leads now."""
+
+    async def wait_leading(self) -> None:
+        """Return once this process leads."""
+
+    async def wait_lost(self) -> None:
+        """Return once this process no longer leads."""
+
+
 class Channel:
     """Base for channel adapters. Adapters only translate; they hold no logic.
 
@@ -93,6 +111,9 @@ class Channel:
     http_routes: WebRoutes | None = None
     """Roost's HTTP server when one runs (set before :meth:`start`): a webhook whose
     port setting names its port is mounted there rather than on a server of its own."""
+    leadership: Leadership | None = None
+    """Set by the app before :meth:`start` when several replicas share the database:
+    long polling and Socket Mode receive only while it leads (``None``: always)."""
 
     async def start(self, handler: InboundHandler) -> None:
         """Connect to the platform and begin delivering inbound messages."""

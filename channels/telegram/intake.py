@@ -35,6 +35,9 @@ from channels.telegram.parsing import (
 )
 from channels.telegram.translate import Translating
 
+STANDBY = ChannelHealth(True, "standby: another replica long-polls")
+"""A follower's health: ready to send; the leader receives."""
+
 log = logging.getLogger("roost.channels.telegram")
 
 
@@ -78,6 +81,51 @@ class Intake(Translating):
         self._health = READY
 
     async def _poll(self, bot: Bot) -> None:
+        """Long-poll while this replica leads (always when there is no :attr:`leadership`).
+
+        A follower waits, ready (it sends replies; the leader receives). A leader
+        that loses its lock cuts its long poll at once: the update being handed
+        over either reached the inbox or is served again to the next leader,
+        and the inbox records each update_id once.
+        """
+        lead = self.leadership
+        if lead is None:
+            await self._poll_updates(bot)
+            return
+        while not self._intake_stopped:
+            if not lead.is_leader:
+                self._health = STANDBY
+                log.info("telegram: another replica polls; this one takes over if it stops")
+                if not await self._until(lead.wait_leading()):
+                    return
+            log.info("telegram: this replica leads: long polling")
+            polling = asyncio.ensure_future(self._poll_updates(bot))
+            lost = asyncio.ensure_future(lead.wait_lost())
+            try:
+                await asyncio.wait({polling, lost}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                lost.cancel()
+                if not polling.done():
+                    polling.cancel()
+                await asyncio.gather(lost, polling, return_exceptions=True)
+            if polling.cancelled():
+                continue  # leadership lost: wait to lead again
+            await polling  # ended on its own (stopped, or the token was refused)
+            return
+
+    async def _until(self, event: Awaitable[None]) -> bool:
+        """Wait for ``event``; False if intake stopped first."""
+        waiting = asyncio.ensure_future(event)
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (waiting, stopping):
+                task.cancel()
+            await asyncio.gather(waiting, stopping, return_exceptions=True)
+        return not self._intake_stopped
+
+    async def _poll_updates(self, bot: Bot) -> None:
         """Fetch updates and hand them to the core, one at a time, in order.
 
         The offset (Telegram's acknowledgement) moves past an update only once

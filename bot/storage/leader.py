@@ -1,0 +1,140 @@
+"""One leader among the replicas: a PostgreSQL session-level advisory lock.
+
+What must have exactly one receiver per deployment (Telegram long polling:
+two ``getUpdates`` callers make Telegram answer one of them with a conflict;
+Slack Socket Mode) runs only while this process leads. Leading means holding
+``pg_try_advisory_lock(LEADER_LOCK)`` on a connection of the leader's own,
+kept open for as long as it leads:
+
+* **Lost connection = lost leadership.** The server releases a session-level
+  lock when its connection ends, so a leader killed with ``kill -9`` (the
+  kernel closes its socket) or cut off frees the lock at once. The leader
+  pings its connection every ``check_every`` seconds; a ping that fails or does
+  not answer within ``check_every`` means it may no longer hold the lock, and
+  it stops leading before anyone else can take over (the lock's holder is
+  checked with the same period by the others).
+* **Take over.** A replica that is not leading tries the lock every
+  ``check_every`` seconds (by default a fifth of ``lease_seconds``, at most
+  5 s), so a lone replica leads within ``check_every`` of its start and another
+  replica takes over within ``check_every`` of the leader's connection ending.
+
+On SQLite there is one process: it is always the leader (:class:`Leader` with
+no URL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+from typing import Any
+
+log = logging.getLogger("roost.storage.leader")
+
+LEADER_LOCK = 0x526F6F7374 + 1
+"""The advisory lock key the leader holds (next to the migration lock's)."""
+
+
+def replica_id() -> str:
+    """A name for this process unique across replicas: ``hostname-pid-random``."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def check_period(lease_seconds: float) -> float:
+    """How often a replica checks the lock: a fifth of the lease, between 0.2 and 5 s."""
+    return min(5.0, max(0.2, lease_seconds / 5))
+
+
+class Leader:
+    """Whether this process leads the deployment, and events for becoming and ceasing to.
+
+    ``url`` ``None`` (SQLite, one process): leading from the start, forever.
+    Otherwise :meth:`start` begins contending for the lock in the background.
+    """
+
+    def __init__(self, url: str | None, *, check_every: float = 5.0,
+                 key: int = LEADER_LOCK) -> None:
+        self.url = url
+        self.check_every = check_every
+        self.key = key
+        self._leading = asyncio.Event()
+        self._following = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        if url is None:
+            self._leading.set()
+        else:
+            self._following.set()
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this process leads now."""
+        return self._leading.is_set()
+
+    async def wait_leading(self) -> None:
+        """Return once this process leads."""
+        await self._leading.wait()
+
+    async def wait_lost(self) -> None:
+        """Return once this process no longer leads (never on SQLite)."""
+        await self._following.wait()
+
+    def start(self) -> None:
+        """Contend for the lock in the background (nothing to do on SQLite)."""
+        if self.url is not None and self._task is None:
+            self._task = asyncio.ensure_future(self._run(self.url))
+
+    async def close(self) -> None:
+        """Stop contending; a held lock is released with the connection."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self._set(False)
+
+    def _set(self, leading: bool) -> None:
+        if leading == self._leading.is_set():
+            return
+        if leading:
+            self._following.clear()
+            self._leading.set()
+            log.info("this replica is the leader now")
+        else:
+            self._leading.clear()
+            self._following.set()
+            log.warning("this replica is no longer the leader")
+
+    async def _run(self, url: str) -> None:
+        import asyncpg  # type: ignore[import-untyped]
+
+        from bot.storage.postgres import CONNECTION_LOST
+
+        while True:
+            conn: Any = None
+            try:
+                conn = await asyncio.wait_for(asyncpg.connect(url), self.check_every * 2)
+                await self._hold(conn)
+            except (*CONNECTION_LOST, asyncpg.PostgresError, TimeoutError) as exc:
+                log.warning("leader election: %s (%s); trying again", type(exc).__name__, exc)
+            finally:
+                self._set(False)
+                if conn is not None:
+                    conn.terminate()  # ends the session: the server releases the lock
+            await asyncio.sleep(self.check_every)
+
+    async def _hold(self, conn: Any) -> None:
+        """Try the lock every ``check_every`` seconds; while held, ping the connection."""
+        while True:
+            won = await asyncio.wait_for(
+                conn.fetchval("SELECT pg_try_advisory_lock($1)", self.key), self.check_every)
+            if won:
+                break
+            await asyncio.sleep(self.check_every)
+        self._set(True)
+        while True:
+            await asyncio.sleep(self.check_every)
+            # No answer within the period: treat the lock as gone before others can take it.
+            await asyncio.wait_for(conn.fetchval("SELECT 1"), self.check_every)

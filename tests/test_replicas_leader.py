@@ -1,0 +1,177 @@
+"""Replicas on one PostgreSQL database elect one leader (bot/storage/leader.py): only it
+long-polls Telegram; when it dies (kill -9) another takes over within the lease. Webhook
+mode without an explicit secret is refused on PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg  # type: ignore[import-untyped]
+import pytest
+
+from bot.storage.leader import Leader, check_period, replica_id
+from bot.testing.telegram import FakeTelegram
+from tests.test_cli import clean_env
+
+SCRIPT = "turns:\n  - reply: 'hello from roost'\nloop: true\n"
+
+
+@pytest.fixture
+async def leaders(pg_url: str) -> AsyncIterator[list[Leader]]:
+    made: list[Leader] = []
+    try:
+        yield made
+    finally:
+        for leader in made:
+            await leader.close()
+
+
+def _contender(url: str, made: list[Leader]) -> Leader:
+    leader = Leader(url, check_every=0.2)
+    made.append(leader)
+    leader.start()
+    return leader
+
+
+async def _backend_of_lock(url: str) -> int:
+    """The server pid of the session holding the leader lock."""
+    conn = await asyncpg.connect(url)
+    try:
+        while True:
+            pid = await conn.fetchval("SELECT pid FROM pg_locks WHERE locktype = 'advisory'"
+                                      " AND granted")
+            if pid is not None:
+                return int(pid)
+            await asyncio.sleep(0.05)
+    finally:
+        await conn.close()
+
+
+async def test_on_sqlite_the_one_process_always_leads() -> None:
+    leader = Leader(None)
+    leader.start()
+    await asyncio.wait_for(leader.wait_leading(), 1)
+    assert leader.is_leader
+    await leader.close()
+
+
+async def test_one_of_two_replicas_leads_and_the_other_takes_over_when_its_connection_drops(
+        pg_url: str, leaders: list[Leader]) -> None:
+    first = _contender(pg_url, leaders)
+    await asyncio.wait_for(first.wait_leading(), 10)
+    second = _contender(pg_url, leaders)
+    # The second tries the lock every 0.2 s and is refused while the first holds it.
+    holder = await _backend_of_lock(pg_url)
+    assert first.is_leader and not second.is_leader
+    # The leader's connection ends (as when its process is killed): the server releases
+    # the lock, the first notices at its next ping, the second takes the lock.
+    admin = await asyncpg.connect(pg_url)
+    try:
+        assert await admin.fetchval("SELECT pg_terminate_backend($1)", holder)
+    finally:
+        await admin.close()
+    await asyncio.wait_for(first.wait_lost(), 10)
+    await asyncio.wait_for(second.wait_leading(), 10)
+    assert second.is_leader
+    # The first contends again and stays a follower while the second leads.
+    assert await _backend_of_lock(pg_url) != holder
+    assert not first.is_leader
+
+
+async def test_a_closed_leader_releases_the_lock_at_once(
+        pg_url: str, leaders: list[Leader]) -> None:
+    first = _contender(pg_url, leaders)
+    await asyncio.wait_for(first.wait_leading(), 10)
+    second = _contender(pg_url, leaders)
+    await first.close()
+    assert not first.is_leader
+    await asyncio.wait_for(second.wait_leading(), 10)
+
+
+def test_replica_ids_are_unique_and_name_the_process() -> None:
+    a, b = replica_id(), replica_id()
+    assert a != b and f"-{os.getpid()}-" in a
+    assert check_period(30) == 5.0 and check_period(3) == pytest.approx(0.6)
+
+
+# -- roost run ------------------------------------------------------------------------------
+
+
+async def _start(tmp: Path, env: dict[str, str]) -> asyncio.subprocess.Process:
+    await asyncio.to_thread(tmp.mkdir, exist_ok=True)
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "run", cwd=tmp, env=env,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE)
+
+
+async def _until_logged(proc: asyncio.subprocess.Process, text: bytes) -> list[bytes]:
+    """Read ``proc``'s log until a line containing ``text``; the lines read."""
+    assert proc.stderr is not None
+    lines: list[bytes] = []
+    async with asyncio.timeout(60):  # a hang guard, not a measurement
+        while text not in (line := await proc.stderr.readline()):
+            assert line, b"".join(lines).decode()[-3000:]
+            lines.append(line)
+    return lines
+
+
+@pytest.mark.e2e
+async def test_roost_run_replicas_long_poll_on_the_leader_only_and_fail_over_after_kill_9(
+        tmp_path: Path, pg_url: str, fake_telegram: FakeTelegram) -> None:
+    (tmp_path / "script.yaml").write_text(SCRIPT)
+    env = clean_env(
+        ROOST_PROVIDER="scripted", ROOST_SCRIPT=str(tmp_path / "script.yaml"),
+        ROOST_STREAM_REPLIES="false", ROOST_MERGE_WINDOW_MS="0", ROOST_DM_POLICY="open",
+        ROOST_DATABASE_URL=pg_url, ROOST_LEASE_SECONDS="3",
+        TELEGRAM_BOT_TOKEN=fake_telegram.token, TELEGRAM_API_BASE=fake_telegram.base_url)
+    first = await _start(tmp_path / "a", env)
+    second: asyncio.subprocess.Process | None = None
+    try:
+        await _until_logged(first, b"this replica leads: long polling")
+        second = await _start(tmp_path / "b", env)
+        await _until_logged(second, b"another replica polls")
+        await _until_logged(second, b"roost ready")
+
+        fake_telegram.private_message("hi")
+        (sent,) = await fake_telegram.wait_for("sendMessage", limit=30)
+        assert sent.params["text"] == "hello from roost"
+
+        first.kill()  # kill -9: no goodbye; its connection drops and the lock with it
+        await first.wait()
+        await _until_logged(second, b"this replica leads: long polling")
+        fake_telegram.private_message("still there?")
+        await fake_telegram.wait_for("sendMessage", 2, limit=30)
+        assert [c.params["text"] for c in fake_telegram.sent("sendMessage")] == [
+            "hello from roost", "hello from roost"]
+        second.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            assert await second.wait() == 0
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    assert not (tmp_path / "a" / "data" / "roost.db").exists()
+
+
+@pytest.mark.e2e
+async def test_roost_run_refuses_telegram_webhooks_on_postgresql_without_a_secret(
+        tmp_path: Path, pg_url: str, fake_telegram: FakeTelegram) -> None:
+    env = clean_env(
+        ROOST_PROVIDER="scripted", ROOST_DATABASE_URL=pg_url,
+        TELEGRAM_BOT_TOKEN=fake_telegram.token, TELEGRAM_API_BASE=fake_telegram.base_url,
+        ROOST_TELEGRAM_WEBHOOK_URL="https://bot.example.com/telegram")
+    proc = await _start(tmp_path, env)
+    assert proc.stderr is not None
+    async with asyncio.timeout(60):
+        err = (await proc.stderr.read()).decode()
+        assert await proc.wait() == 2
+    assert "Traceback" not in err
+    assert "ROOST_TELEGRAM_WEBHOOK_SECRET" in err
+    assert fake_telegram.calls_of("setWebhook") == []
