@@ -20,9 +20,9 @@ import aiohttp
 import pytest
 from aiogram.client.session.aiohttp import AiohttpSession
 
-from bot.config.settings import Settings
+from bot.config.settings import Settings, SetupError
 from bot.contracts.messages import InboundMessage, OutboundMessage
-from bot.testing.telegram import FakeTelegram, RawJson
+from bot.testing.telegram import Call, FakeTelegram, RawJson
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
 from channels.delivery import DeliveryPolicy
 from channels.ratelimit import Limits
@@ -418,3 +418,27 @@ async def test_stopping_closes_the_http_session_without_aiograms_pause(
     assert isinstance(session, AiohttpSession) and session._session is not None
     assert session._session.closed
     assert pauses == []
+
+
+async def test_the_webhook_is_removed_while_get_me_is_answered(
+        start_tg: StartTg, fake_telegram: FakeTelegram) -> None:
+    # getMe is held for 3 s: deleteWebhook goes out meanwhile, not after its answer,
+    # so the first getUpdates waits for one round trip, not two.
+    fake_telegram.fail("getMe", kind="stall", seconds=3)
+    pending_get_me: list[int] = []
+
+    def seen(call: Call) -> None:
+        if call.method == "deleteWebhook":
+            pending_get_me.extend(c.status for c in fake_telegram.calls_of("getMe"))
+
+    fake_telegram.on_call = seen
+    tg = await start_tg(Inbox())
+    assert pending_get_me == [0]  # still being answered when deleteWebhook arrived
+    assert tg.me is not None and tg.polling is not None
+
+
+async def test_a_refused_token_is_a_setup_error_and_leaves_nothing_running(
+        start_tg: StartTg, fake_telegram: FakeTelegram) -> None:
+    fake_telegram.fail("getMe", 401, description="Unauthorized")
+    with pytest.raises(SetupError, match="refused the bot token"):
+        await start_tg(Inbox())

@@ -138,14 +138,17 @@ class ChannelBase(Channel):
         return self.bot
 
     async def _api(self, method: TelegramMethod[TelegramType], *, urgent: bool = True,
-                   request_timeout: int | None = None) -> TelegramType | None:
+                   request_timeout: int | None = None,
+                   scope: str | None = None) -> TelegramType | None:
         """One Bot API call through the rate limiter, errors translated.
 
         Returns ``None`` only for a call that is not ``urgent`` and had to give
         way (a 429 window, the budget, another call to the chat in flight).
         A group upgraded to a supergroup is followed: the call goes again to
         the new chat, and so does every later one. ``request_timeout`` replaces the
-        request timeout (uploads get time for their size).
+        request timeout (uploads get time for their size). ``scope`` replaces the
+        rate-limit scope of a call to no chat (the whole bot's), so it need not wait
+        for another such call in flight.
         """
         bot = self._bot()
         for _ in range(3):
@@ -153,10 +156,10 @@ class ChannelBase(Channel):
             if chat in self._migrated:
                 chat = self._migrated[chat]
                 method = method.model_copy(update={"chat_id": chat})
-            scope = BOT if chat is None else f"chat:{chat}"
+            where = (scope or BOT) if chat is None else f"chat:{chat}"
             group = isinstance(chat, str) or (isinstance(chat, int) and chat < 0)
             try:
-                async with self.limiter.slot(scope, group=group, urgent=urgent,
+                async with self.limiter.slot(where, group=group, urgent=urgent,
                                              counted=isinstance(method, _COUNTED)) as go:
                     if not go:
                         return None
@@ -171,10 +174,11 @@ class ChannelBase(Channel):
 
     async def _deliver(self, method: TelegramMethod[TelegramType], what: str, *,
                        policy: DeliveryPolicy | None = None,
-                       request_timeout: int | None = None) -> TelegramType:
+                       request_timeout: int | None = None,
+                       scope: str | None = None) -> TelegramType:
         """An urgent call, retried on transient errors and after 429s."""
         async def call() -> TelegramType:
-            result = await self._api(method, request_timeout=request_timeout)
+            result = await self._api(method, request_timeout=request_timeout, scope=scope)
             assert result is not None  # urgent calls never give way
             return result
 

@@ -77,19 +77,28 @@ class TelegramChannel(Intake, Uploads, Downloads):
                  "" if LAZY else " (aiogram types built eagerly)")
 
     async def _connect(self, bot: Bot) -> None:
+        # getUpdates is refused while a webhook is set (from an earlier webhook
+        # deployment; pending updates are kept): it is removed alongside getMe, so
+        # the first poll waits for one round trip to Telegram, not two.
+        unhook = None if self.settings.telegram_webhook_url else asyncio.ensure_future(
+            self._deliver(DeleteWebhook(drop_pending_updates=False), "deleteWebhook",
+                          scope="deleteWebhook"))  # not behind getMe (the bot's scope)
         try:
             self.me = await self._deliver(GetMe(), "getMe")
-        except TelegramUnauthorizedError as exc:
-            raise SetupError(f"Telegram refused the bot token ({exc.message}): check "
-                             "TELEGRAM_BOT_TOKEN") from exc
+        except BaseException as exc:
+            if unhook is not None:
+                unhook.cancel()
+                await asyncio.gather(unhook, return_exceptions=True)
+            if isinstance(exc, TelegramUnauthorizedError):
+                raise SetupError(f"Telegram refused the bot token ({exc.message}): check "
+                                 "TELEGRAM_BOT_TOKEN") from exc
+            raise
         if not self.me.username:
             log.warning("telegram: the bot has no username: @mentions cannot be recognised")
-        if self.settings.telegram_webhook_url:
-            await self._start_webhook(self.settings.telegram_webhook_url)
+        if unhook is None:
+            await self._start_webhook(self.settings.telegram_webhook_url or "")
             return
-        # getUpdates is refused while a webhook is set (from an earlier webhook
-        # deployment); pending updates are kept.
-        await self._deliver(DeleteWebhook(drop_pending_updates=False), "deleteWebhook")
+        await unhook
         self._polling = asyncio.create_task(self._poll(bot))
 
     async def stop_intake(self) -> None:
