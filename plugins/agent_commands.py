@@ -99,6 +99,7 @@ async def _reload(ctx: CommandContext, name: str) -> str:
     except AgentError as exc:
         return f"Agent {name} cannot run ({note}): {exc}"
     took = (time.perf_counter() - started) * 1000
+    await app.invalidate_everywhere("agent", name)  # replicas re-read it too
     return (f"Reloaded agent {name} ({note}) in {took:.0f} ms: "
             f"{agent.settings.provider}/{agent.settings.model}, {agent.type}.")
 

@@ -30,11 +30,15 @@ async def _help(ctx: CommandContext) -> str:
 async def _stop(ctx: CommandContext) -> str:
     if ctx.app.stop_oldest(ctx.session_key):
         return "Stopped."
-    return "Nothing is running."
+    # Replicas: the run may be another process's (it is asked over the database).
+    runs, _ = await ctx.app.stop_elsewhere(ctx.session_key, "stop")
+    return "Stopped." if runs else "Nothing is running."
 
 
 async def _stopall(ctx: CommandContext) -> str:
     runs, dropped = ctx.app.stop_all(ctx.session_key)
+    far_runs, far_dropped = await ctx.app.stop_elsewhere(ctx.session_key, "stopall")
+    runs, dropped = runs + far_runs, dropped + far_dropped
     if not runs and not dropped:
         return "Nothing is running."
     return f"Stopped {runs} run(s) and dropped {dropped} queued message(s)."

@@ -51,6 +51,7 @@ async def _pair(ctx: CommandContext) -> str:
 async def _approve(ctx: CommandContext, store: AccessStore, code: str) -> str:
     admin = f"{ctx.message.channel}:{ctx.message.sender_id}"
     request = await store.approve(code, admin)
+    await ctx.app.invalidate_everywhere("pairing")
     if request is None:
         return (f"No pending request has the code {normalize_code(code)} (it is wrong, "
                 "expired or already used).")
@@ -88,6 +89,7 @@ async def _revoke(ctx: CommandContext, store: AccessStore, user: str) -> str:
                 + ", ".join(u.user for u in found))
     target = found[0]
     await store.revoke(target.channel, target.user_id)
+    await ctx.app.invalidate_everywhere("pairing")  # replicas forget their cached approval
     log.info("%s:%s revoked %s", ctx.message.channel, ctx.message.sender_id, target.user)
     return f"Revoked {target.user}: their next DM gets a new pairing code."
 

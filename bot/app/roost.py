@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from bot.agents.router import AgentResolver, AgentRouter
 from bot.app.http import HealthServer, instrument
 from bot.app.runtime import AppRuntime
-from bot.config.settings import Settings, SetupError
+from bot.config.settings import Settings, SetupError, load_settings
 from bot.contracts.channel import Channel, ChannelSpec
 from bot.contracts.commands import Command
 from bot.contracts.guard import GuardPattern
@@ -39,6 +39,7 @@ from bot.pluginhost.migrations import migrate_plugins
 from bot.pluginhost.state import load_disabled, save_state
 from bot.scheduling.scheduler import Scheduler
 from bot.storage.access import AccessStore
+from bot.storage.control import Control, open_control
 from bot.storage.db import is_postgres_url, retire_columns
 from bot.storage.errors import ErrorStore, ResultStore, format_failure, format_large_result
 from bot.storage.inbox import Inbox
@@ -110,6 +111,8 @@ class Roost:
         """This process's name among replicas (``hostname-pid-random``; leases, /stop)."""
         self.leader = Leader(None)
         """Whether this process leads (always on SQLite; elected on PostgreSQL)."""
+        self.control: Control | None = None
+        """Commands to and from other replicas (PostgreSQL): /stop, cache invalidation."""
         self._leftovers: Leftovers = ([], [])
         self.router = router
         """The agents; the dispatcher routes chats with it before a run exists, the
@@ -177,6 +180,8 @@ class Roost:
             app.leader = Leader(settings.database,
                                 check_every=check_period(settings.lease_seconds))
             app.leader.start()
+            app.control = await open_control(store.db, app.replica, app._stop_here,
+                                             app._reload_changed)
         engine.channels = app.channels  # runs download the files of messages through them
         engine.deliver = app.send_now
         instrument(app)  # metrics from spans, deliveries, scheduler fires; gauges
@@ -274,12 +279,36 @@ class Roost:
             return f"{name} is already {state}."
         await self.refresh_plugins()
         log.info("plugin %s %s", name, state)
+        if self.control is not None:
+            await self.control.invalidate("plugins")  # the other replicas follow
         message = f"{name} is now {state}."
         restart = sorted(set(host.hooks_of(name)) & RESTART_HOOKS)
         if restart:
             message += (f" Its {' and '.join(h.removeprefix('roost_') for h in restart)} "
                         "change only after a restart.")
         return message
+
+    def _stop_here(self, command: str, key: str) -> tuple[int, int]:
+        """``/stop`` or ``/stopall`` for session ``key`` asked by another replica."""
+        if command == "stopall":
+            return self.dispatcher.stop_all(key)
+        return (1, 0) if self.dispatcher.stop_oldest(key) else (0, 0)
+
+    async def _reload_changed(self, what: str, name: str) -> None:
+        """Reload what another replica changed (``Control.invalidate``)."""
+        log.info("reloading %s %s: changed by another replica", what, name)
+        if what == "plugins":
+            host = self.host
+            host.disabled = ((await load_disabled(self.store.db, self.store.lock)
+                              - ESSENTIAL_PLUGINS) | host.bad_config)
+            await self.refresh_plugins()
+        elif what == "agent":
+            if self.settings.config_file is not None:
+                fresh = await asyncio.to_thread(load_settings, self.settings.config_file)
+                self.settings.agents, self.settings.bindings = fresh.agents, fresh.bindings
+            self.router.invalidate(name or None)
+        elif what == "pairing" and self.services.access is not None:
+            self.services.access.forget_cached()
 
     async def serve_http(self, expected: list[str] | None = None) -> HealthServer | None:
         """Start ``/healthz``, ``/readyz`` and ``/metrics`` if ``http_port`` is set.
@@ -392,6 +421,8 @@ class Roost:
             if pending is not None:
                 await _quietly(pending.flush(), "finishing stored errors and results")
         await _quietly(self.leader.close(), "giving up leadership")
+        if self.control is not None:
+            await _quietly(self.control.close(), "closing the control connection")
         await self.store.close()
         if self.http is not None:
             await _quietly(self.http.close(), "stopping the health and metrics server")

@@ -136,6 +136,14 @@ class AppRuntime:
     def stop_all(self, key: str) -> tuple[int, int]:
         return self._app.dispatcher.stop_all(key)
 
+    async def stop_elsewhere(self, key: str, command: str) -> tuple[int, int]:
+        control = self._app.control
+        return (0, 0) if control is None else await control.stop_elsewhere(command, key)
+
+    async def invalidate_everywhere(self, what: str, name: str = "") -> None:
+        if self._app.control is not None:
+            await self._app.control.invalidate(what, name)
+
     async def set_plugin_enabled(self, name: str, enabled: bool) -> str:
         return await self._app.set_plugin_enabled(name, enabled)
 

@@ -158,6 +158,16 @@ class Runtime(Protocol):
         """Cancel every run of a session and drop its queue: (runs, dropped messages)."""
         ...
 
+    async def stop_elsewhere(self, key: str, command: str) -> tuple[int, int]:
+        """Run ``/stop`` or ``/stopall`` (``command``) on the replica that runs session
+        ``key`` (PostgreSQL replicas): (runs, dropped messages); ``(0, 0)`` on SQLite."""
+        ...
+
+    async def invalidate_everywhere(self, what: str, name: str = "") -> None:
+        """Tell the other replicas to reload ``what`` (``agent`` ``name``, ``plugins``,
+        ``pairing``) as this process just did; nothing to do on SQLite."""
+        ...
+
     async def set_plugin_enabled(self, name: str, enabled: bool) -> str:
         """Enable or disable plugin ``name`` now and persist it; returns what happened."""
         ...

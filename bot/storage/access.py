@@ -102,6 +102,10 @@ class AccessStore:
         # per message would queue behind commits. Only positives are kept, so an
         # approval by `roost pairing approve` from another process is still seen.
 
+    def forget_cached(self) -> None:
+        """Drop the cached approvals (another replica revoked one): ask the table again."""
+        self._paired.clear()
+
     async def is_paired(self, channel: str, user_id: str) -> bool:
         """Whether an admin approved ``user_id`` on ``channel`` (and did not revoke it)."""
         if (channel, user_id) in self._paired:

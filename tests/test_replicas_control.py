@@ -1,0 +1,138 @@
+"""Two Roost apps on one PostgreSQL database (replicas in one test process): /stop on one
+cancels the run on the other (NOTIFY roost_control), cache invalidations reach the other
+(NOTIFY roost_invalidate), and a system job (heartbeat) fires once per deployment."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.app.roost import Roost
+from bot.contracts.hookspecs import hookimpl
+from bot.contracts.jobs import JobSpec
+from bot.contracts.runtime import Runtime
+from bot.testing.app import ChatChannel, EventRecorder, create_app, scripted
+
+NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+
+Pair = list[tuple[Roost, ChatChannel, EventRecorder]]
+
+
+class Beats:
+    """A system job like the heartbeat: counts its runs across both apps."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self.ran = asyncio.Event()
+
+    @hookimpl
+    def roost_scheduled_jobs(self) -> JobSpec:
+        async def beat(_app: Runtime) -> None:
+            self.runs += 1
+            self.ran.set()
+        return JobSpec("beat", "every 1m", beat)
+
+
+@pytest.fixture
+async def beats() -> Beats:
+    return Beats()
+
+
+@pytest.fixture
+async def pair(pg_url: str, tmp_path: Path, beats: Beats) -> AsyncIterator[Pair]:
+    made: Pair = []
+    try:
+        for name in ("a", "b"):
+            app, log = await create_app(scripted({"reply": "too late", "delay": 30}),
+                                        (f"beats-{name}", beats), data_dir=tmp_path / name,
+                                        database_url=pg_url, clock=lambda: NOW)
+            channel = ChatChannel("test", sender="u1")
+            await channel.attach(app, log)
+            made.append((app, channel, log))
+        yield made
+    finally:
+        for app, _, _ in made:
+            await app.close()
+
+
+def _told(app: Roost) -> asyncio.Event:
+    """An event set once ``app`` has handled another replica's invalidation."""
+    assert app.control is not None
+    seen = asyncio.Event()
+    original: Callable[[str, str], Awaitable[None]] = app.control.on_invalidate
+
+    async def wrapped(what: str, name: str) -> None:
+        await original(what, name)
+        seen.set()
+
+    app.control.on_invalidate = wrapped
+    return seen
+
+
+async def test_stop_sent_to_one_replica_cancels_the_run_on_the_other(pair: Pair) -> None:
+    (a, chat_a, log_a), (_b, chat_b, _) = pair
+    await chat_a.say("think hard")
+    await log_a.wait_for("activity")
+    assert a.dispatcher.running_count("default:test:direct:u1") == 1
+    await chat_b.say("/stop")
+    await chat_b.settle()
+    assert chat_b.replies == ["Stopped."]
+    await log_a.wait_for("run.cancelled")
+    await chat_a.settle()
+    assert chat_a.replies == []  # the cancelled run says nothing more
+
+
+async def test_stop_with_nothing_running_anywhere_says_so(pair: Pair) -> None:
+    _, (_b, chat_b, _) = pair[0], pair[1]
+    await chat_b.say("/stop")
+    await chat_b.settle()
+    assert chat_b.replies == ["Nothing is running."]
+
+
+async def test_stopall_sent_to_one_replica_counts_the_other_replicas_runs(pair: Pair) -> None:
+    (_a, chat_a, log_a), (_b, chat_b, _) = pair
+    await chat_a.say("think hard")
+    await log_a.wait_for("activity")
+    await chat_b.say("/stopall")
+    await chat_b.settle()
+    assert chat_b.replies == ["Stopped 1 run(s) and dropped 0 queued message(s)."]
+
+
+async def test_a_plugin_disabled_on_one_replica_is_disabled_on_the_other(pair: Pair) -> None:
+    (a, _, _), (b, _, _) = pair
+    told = _told(b)
+    name = "plugins.file_tools"
+    assert name not in b.host.disabled and "read_file" in b.engine.plugins.tools
+    assert await a.runtime.set_plugin_enabled(name, False) == f"{name} is now disabled."
+    await asyncio.wait_for(told.wait(), 10)
+    assert name in b.host.disabled
+    assert "read_file" not in b.engine.plugins.tools
+    assert set(b.engine.plugins.tools) == set(a.engine.plugins.tools)
+
+
+async def test_a_revoked_pairing_is_forgotten_by_the_other_replicas_cache(pair: Pair) -> None:
+    (a, _, _), (b, _, _) = pair
+    access_b: Any = b.services.access
+    access_b._paired.add(("telegram", "42"))  # approved earlier, cached by B
+    told = _told(b)
+    await a.runtime.invalidate_everywhere("pairing")
+    await asyncio.wait_for(told.wait(), 10)
+    assert not await access_b.is_paired("telegram", "42")
+
+
+async def test_a_system_job_fires_once_per_deployment_not_once_per_replica(
+        pair: Pair, beats: Beats) -> None:
+    (a, _, _), (b, _, _) = pair
+    scheduler_a, scheduler_b = a.services.scheduler, b.services.scheduler
+    assert scheduler_a is not None and scheduler_b is not None
+    later = NOW + timedelta(minutes=1, seconds=1)
+    fired = await asyncio.gather(scheduler_a.run_due(later), scheduler_b.run_due(later))
+    assert sorted(len(f) for f in fired) == [0, 1]  # the fire time claimed once
+    await asyncio.wait_for(beats.ran.wait(), 10)
+    await asyncio.gather(scheduler_a.wait_idle(), scheduler_b.wait_idle())
+    assert beats.runs == 1
