@@ -16,7 +16,7 @@ from bot.contracts.messages import ChatType
 from bot.contracts.prompt import PromptContext, PromptSection
 from bot.engine.context import kernel_text
 from bot.storage.sessions import session_key
-from plugins.anthropic_provider import (
+from plugins.anthropic_request import (
     cache_breakpoints,
     to_anthropic_messages,
     to_anthropic_system,
