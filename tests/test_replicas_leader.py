@@ -14,8 +14,12 @@ from pathlib import Path
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 
+from bot.config.settings import Settings
+from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.storage.leader import Leader, check_period, replica_id
+from bot.testing.slack import FakeSlack
 from bot.testing.telegram import FakeTelegram
+from channels.slack import SlackChannel
 from tests.test_cli import clean_env
 
 SCRIPT = "turns:\n  - reply: 'hello from roost'\nloop: true\n"
@@ -175,3 +179,58 @@ async def test_roost_run_refuses_telegram_webhooks_on_postgresql_without_a_secre
     assert "Traceback" not in err
     assert "ROOST_TELEGRAM_WEBHOOK_SECRET" in err
     assert fake_telegram.calls_of("setWebhook") == []
+
+
+# -- Slack Socket Mode ------------------------------------------------------------------------
+
+
+class Lead:
+    """A leadership the test hands over and takes back."""
+
+    def __init__(self) -> None:
+        self.leading = asyncio.Event()
+        self.following = asyncio.Event()
+        self.following.set()
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leading.is_set()
+
+    def set(self, leading: bool) -> None:
+        (self.leading if leading else self.following).set()
+        (self.following if leading else self.leading).clear()
+
+    async def wait_leading(self) -> None:
+        await self.leading.wait()
+
+    async def wait_lost(self) -> None:
+        await self.following.wait()
+
+
+async def test_slack_socket_mode_connects_only_while_this_replica_leads(
+        fake_slack: FakeSlack) -> None:
+    received: list[InboundMessage] = []
+
+    async def handler(message: InboundMessage) -> None:
+        received.append(message)
+
+    channel = SlackChannel(Settings(**fake_slack.settings(socket_mode=True)), host="127.0.0.1")
+    lead = Lead()
+    channel.leadership = lead
+    await channel.start(handler)
+    try:
+        # A follower can send but holds no Socket Mode connection.
+        assert channel.health().ready and "standby" in channel.health().detail
+        await channel.send(OutboundMessage(channel="slack", chat_id="D1", text="from a follower"))
+        assert fake_slack.socket_connections == 0
+        lead.set(True)
+        await fake_slack.wait_for_socket()
+        await fake_slack.socket_event(fake_slack.direct_message("hello leader"))
+        await fake_slack.wait_until(lambda: bool(received), what="the message delivered")
+        assert [m.text for m in received] == ["hello leader"]
+        lead.set(False)  # leadership lost: the connection is closed
+        await fake_slack.wait_until(lambda: all(ws.closed for ws in fake_slack._sockets),
+                                    what="the socket closed")
+        assert fake_slack.socket_connections == 1
+    finally:
+        await channel.stop()

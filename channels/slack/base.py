@@ -31,6 +31,9 @@ from channels.slack.errors import _post_response, delivery_error
 from channels.slack.socketmode import _SocketClient
 from channels.slack_format import split_for_slack
 
+STANDBY = ChannelHealth(True, "standby: another replica holds the Socket Mode connection")
+"""A follower's health: ready to send; the leader receives."""
+
 if TYPE_CHECKING:
     from bot.config.settings import Settings
 
@@ -72,11 +75,15 @@ class _SlackBase(Channel):
         self._idle.set()
         self._manifest_logged = False
         self._intake_open = True
+        self._standby = False
+        """Replicas: another replica holds the Socket Mode connection."""
 
     def health(self) -> ChannelHealth:
         """Ready once ``auth.test`` passed and the Events endpoint listens or the Socket
         Mode connection is up; not while the socket is down (the SDK reconnects it)."""
         socket = self._socket
+        if socket is None and self._standby:
+            return STANDBY
         if socket is not None:
             session = socket.current_session
             if socket.closed or socket.stale or session is None or session.closed:

@@ -63,7 +63,11 @@ class SlackChannel(_Inbound, _Outbound, _Media):
         self.bot_user_id = str(auth.get("user_id") or "")
         self.bot_id = str(auth.get("bot_id") or "")
         self._app = self._build_app(secret or "", socket_mode=app_token is not None)
-        if app_token is not None:
+        if app_token is not None and self.leadership is not None:
+            # Replicas: one Socket Mode connection per deployment, the leader's.
+            self._standby = not self.leadership.is_leader
+            self._spawn(self._socket_while_leading(self.leadership, app_token))
+        elif app_token is not None:
             await self._connect_socket(app_token)
             log.info("Slack: connected over Socket Mode as %s", self.bot_user_id)
         else:

@@ -20,6 +20,7 @@ from slack_sdk.signature import SignatureVerifier
 from slack_sdk.socket_mode.async_client import AsyncBaseSocketModeClient
 from slack_sdk.socket_mode.request import SocketModeRequest
 
+from bot.contracts.channel import Leadership
 from bot.contracts.commands import parse_command
 from bot.contracts.messages import ChatType, InboundMessage
 from channels.logline import short as _short
@@ -57,6 +58,9 @@ from channels.slack.common import (
 from channels.slack.media import _attachments
 from channels.slack.socketmode import _ack, _ack_payload, _SocketClient
 from channels.slack_format import from_slack, unescape
+
+LEAD_RETRY = 5.0
+"""Seconds between Socket Mode connect attempts of a leader whose connect failed."""
 
 
 class _Inbound(_SlackBase):
@@ -148,6 +152,33 @@ class _Inbound(_SlackBase):
             raise
         self._runner = runner
         self.port = int(runner.addresses[0][1])
+
+    async def _socket_while_leading(self, lead: Leadership, app_token: str) -> None:
+        """Hold the Socket Mode connection while this replica leads; close it when it stops.
+
+        Slack sends each envelope to one of an app's connections, so two replicas
+        connected at once would split the events between them: only the leader
+        connects. A failed connect is tried again after a pause while leading.
+        """
+        while self._intake_open:
+            if not lead.is_leader:
+                self._standby = True
+                log.info("Slack: another replica holds the Socket Mode connection")
+                await lead.wait_leading()
+            try:
+                await self._connect_socket(app_token)
+            except Exception as exc:
+                log.warning("Slack: Socket Mode connect failed while leading (%s); retrying",
+                            exc)
+                await asyncio.sleep(LEAD_RETRY)
+                continue
+            self._standby = False
+            log.info("Slack: this replica leads: connected over Socket Mode as %s",
+                     self.bot_user_id)
+            await lead.wait_lost()
+            socket, self._socket = self._socket, None
+            if socket is not None:
+                await socket.close()  # type: ignore[no-untyped-call]  # SDK method lacks hints
 
     async def _connect_socket(self, app_token: str) -> None:
         assert self._web is not None
