@@ -147,3 +147,22 @@ def test_the_license_file_matches_pyproject() -> None:
     assert isinstance(project, dict)
     assert project["license"] == {"text": "MIT"}
     assert (ROOT / "LICENSE").read_text(encoding="utf-8").startswith("MIT License")
+
+
+def test_replicas_compose_runs_two_replicas_on_postgresql_behind_a_load_balancer() -> None:
+    compose = yaml.safe_load((ROOT / "deploy" / "compose.replicas.yml").read_text(
+        encoding="utf-8"))
+    services = compose["services"]
+    replicas = [services["roost-1"], services["roost-2"]]
+    for replica in replicas:
+        env = replica["environment"]
+        assert env["ROOST_DATABASE_URL"].startswith("postgresql://")
+        # The webhooks share the HTTP server, which the balancer health-checks.
+        assert env["ROOST_TELEGRAM_WEBHOOK_PORT"] == env["ROOST_SLACK_PORT"] == \
+            env["ROOST_HTTP_PORT"]
+        assert "roost-workspaces:/data/workspaces" in replica["volumes"]
+    assert services["db"]["image"].startswith("postgres:")
+    caddyfile = compose["configs"]["caddyfile"]["content"]
+    assert "reverse_proxy roost-1:8080 roost-2:8080" in caddyfile
+    assert "health_uri /readyz" in caddyfile
+    assert "path /telegram /slack/events" in caddyfile and "respond 404" in caddyfile
