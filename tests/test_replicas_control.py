@@ -5,6 +5,8 @@ cancels the run on the other (NOTIFY roost_control), cache invalidations reach t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,6 +19,10 @@ from bot.contracts.hookspecs import hookimpl
 from bot.contracts.jobs import JobSpec
 from bot.contracts.runtime import Runtime
 from bot.testing.app import ChatChannel, EventRecorder, create_app, scripted
+from bot.testing.telegram import FakeTelegram
+from tests.test_cli import clean_env
+from tests.test_replicas_leader import _start, _until_logged
+from tests.test_run_all_channels import free_port
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 
@@ -136,3 +142,48 @@ async def test_a_system_job_fires_once_per_deployment_not_once_per_replica(
     await asyncio.wait_for(beats.ran.wait(), 10)
     await asyncio.gather(scheduler_a.wait_idle(), scheduler_b.wait_idle())
     assert beats.runs == 1
+
+
+# -- roost run ------------------------------------------------------------------------------
+
+
+@pytest.mark.e2e
+async def test_stop_sent_to_one_roost_run_replica_cancels_the_run_on_the_other(
+        tmp_path: Path, pg_url: str, fake_telegram: FakeTelegram) -> None:
+    (tmp_path / "script.yaml").write_text("turns:\n  - reply: 'too late'\n    delay: 60\n"
+                                          "loop: true\n")
+    ports = {name: free_port() for name in ("a", "b")}
+    base = dict(ROOST_PROVIDER="scripted", ROOST_SCRIPT=str(tmp_path / "script.yaml"),
+                ROOST_STREAM_REPLIES="false", ROOST_MERGE_WINDOW_MS="0", ROOST_DM_POLICY="open",
+                ROOST_DATABASE_URL=pg_url, ROOST_TELEGRAM_WEBHOOK_SECRET="s3cret",
+                TELEGRAM_BOT_TOKEN=fake_telegram.token,
+                TELEGRAM_API_BASE=fake_telegram.base_url)
+    url = {name: f"http://127.0.0.1:{port}/telegram" for name, port in ports.items()}
+    procs: dict[str, asyncio.subprocess.Process] = {}
+    try:
+        for name in ("a", "b"):
+            procs[name] = await _start(tmp_path / name, clean_env(
+                **base, ROOST_TELEGRAM_WEBHOOK_URL=url[name],
+                ROOST_TELEGRAM_WEBHOOK_PORT=str(ports[name])))
+            await _until_logged(procs[name], b"roost ready")
+        hook = fake_telegram.webhook
+        assert hook is not None and hook.secret == "s3cret"
+
+        fake_telegram.webhook = dataclasses.replace(hook, url=url["a"])  # to replica A
+        fake_telegram.private_message("think hard")
+        await fake_telegram.wait_for("sendChatAction", limit=30)  # A's run has started
+        fake_telegram.webhook = dataclasses.replace(hook, url=url["b"])  # /stop to B
+        fake_telegram.private_message("/stop")
+        (sent,) = await fake_telegram.wait_for("sendMessage", limit=30)
+        assert sent.params["text"] == "Stopped."
+        await _until_logged(procs["a"], b"stop of ")  # A cancelled it, asked by B
+        for proc in procs.values():
+            proc.send_signal(signal.SIGTERM)
+            async with asyncio.timeout(30):
+                assert await proc.wait() == 0
+        assert [c.params["text"] for c in fake_telegram.sent("sendMessage")] == ["Stopped."]
+    finally:
+        for proc in procs.values():
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
