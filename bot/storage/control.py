@@ -39,6 +39,8 @@ log = logging.getLogger("roost.storage.control")
 
 CONTROL = "roost_control"
 INVALIDATE = "roost_invalidate"
+LISTEN_WAIT = 30.0
+"""Seconds the start waits for the control connection before going on without it."""
 APPLICATION = "roost-control:"
 """The prefix of the control connections' ``application_name`` (then the replica id)."""
 
@@ -208,5 +210,11 @@ async def open_control(db: aiosqlite.Connection, replica: str, on_stop: StopHand
         return None
     control = Control(db, str(getattr(db, "url", "")), replica, on_stop, on_invalidate)
     control.start()
-    await control.listening.wait()
+    try:
+        await asyncio.wait_for(control.listening.wait(), LISTEN_WAIT)
+    except TimeoutError:
+        # The pool connected, so the server is there: keep trying in the background
+        # (logged) rather than holding the start.
+        log.warning("the control connection is not up after %.0fs; /stop from other "
+                    "replicas reaches this one once it is", LISTEN_WAIT)
     return control
