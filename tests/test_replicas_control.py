@@ -100,6 +100,27 @@ async def test_stop_with_nothing_running_anywhere_says_so(pair: Pair) -> None:
     assert chat_b.replies == ["Nothing is running."]
 
 
+async def test_stop_for_a_session_whose_lease_holder_died_answers_nothing_is_running(
+        pair: Pair) -> None:
+    (a, _, _), _ = pair
+    assert a.control is not None
+    # A lease of a replica that died holding it (not expired yet): nobody answers for it.
+    await a.store.db.execute(
+        "INSERT INTO session_leases (session_key, owner, expires_at) VALUES (?, ?, ?)",
+        ("default:test:direct:u1", "ghost-1-abc", a.control.clock() + 60))
+    assert await a.control.stop_elsewhere("stop", "default:test:direct:u1", wait=0.2) == (0, 0)
+
+
+async def test_malformed_control_notifications_are_ignored(pair: Pair) -> None:
+    (_a, chat_a, log_a), (b, _, _) = pair
+    for junk in ("not json", "[1, 2]", '{"kind": "request", "target": "*"}'):
+        await b.store.db.execute("SELECT pg_notify(?, ?)", ("roost_control", junk))
+    await chat_a.say("think hard")
+    await log_a.wait_for("activity")
+    assert b.control is not None
+    assert await b.control.stop_elsewhere("stop", "default:test:direct:u1") == (1, 0)
+
+
 async def test_stopall_sent_to_one_replica_counts_the_other_replicas_runs(pair: Pair) -> None:
     (_a, chat_a, log_a), (_b, chat_b, _) = pair
     await chat_a.say("think hard")

@@ -119,6 +119,9 @@ class Leader:
                 await self._hold(conn)
             except (*CONNECTION_LOST, asyncpg.PostgresError, TimeoutError) as exc:
                 log.warning("leader election: %s (%s); trying again", type(exc).__name__, exc)
+            except Exception:
+                # Never give up contending: a replica that stopped would never take over.
+                log.exception("leader election failed unexpectedly; trying again")
             finally:
                 self._set(False)
                 if conn is not None:
