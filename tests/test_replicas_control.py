@@ -56,7 +56,8 @@ async def pair(pg_url: str, tmp_path: Path, beats: Beats) -> AsyncIterator[Pair]
         for name in ("a", "b"):
             app, log = await create_app(scripted({"reply": "too late", "delay": 30}),
                                         (f"beats-{name}", beats), data_dir=tmp_path / name,
-                                        database_url=pg_url, clock=lambda: NOW)
+                                        database_url=pg_url, clock=lambda: NOW,
+                                        admins=["test:u1"])
             channel = ChatChannel("test", sender="u1")
             await channel.attach(app, log)
             made.append((app, channel, log))
@@ -150,6 +151,25 @@ async def test_a_revoked_pairing_is_forgotten_by_the_other_replicas_cache(pair: 
     await a.runtime.invalidate_everywhere("pairing")
     await asyncio.wait_for(told.wait(), 10)
     assert not await access_b.is_paired("telegram", "42")
+
+
+async def test_an_agent_reloaded_on_one_replica_is_resolved_again_on_the_other(
+        pair: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    (_a, chat_a, _), (b, _, _) = pair
+    forgotten: list[str | None] = []
+    original = b.router.invalidate
+
+    def spy(name: str | None = None) -> bool:
+        forgotten.append(name)
+        return original(name)
+
+    monkeypatch.setattr(b.router, "invalidate", spy)
+    told = _told(b)
+    await chat_a.say("/agent reload default")
+    await chat_a.settle()
+    assert chat_a.replies[0].startswith("Reloaded agent default")
+    await asyncio.wait_for(told.wait(), 10)
+    assert forgotten == ["default"]
 
 
 async def test_a_system_job_fires_once_per_deployment_not_once_per_replica(
