@@ -146,6 +146,8 @@ async def test_roost_run_replicas_long_poll_on_the_leader_only_and_fail_over_aft
         (sent,) = await fake_telegram.wait_for("sendMessage", limit=30)
         assert sent.params["text"] == "hello from roost"
 
+        # Two pollers would end each other's long polls (409 Conflict): only the leader polls.
+        assert all(c.status != 409 for c in fake_telegram.calls_of("getUpdates"))
         first.kill()  # kill -9: no goodbye; its connection drops and the lock with it
         await first.wait()
         await _until_logged(second, b"this replica leads: long polling")
@@ -155,6 +157,7 @@ async def test_roost_run_replicas_long_poll_on_the_leader_only_and_fail_over_aft
         await fake_telegram.wait_for("sendMessage", 2, limit=30)
         assert [c.params["text"] for c in fake_telegram.sent("sendMessage")] == [
             "hello from roost", "hello from roost"]
+        assert all(c.status != 409 for c in fake_telegram.calls_of("getUpdates"))
         second.send_signal(signal.SIGTERM)
         async with asyncio.timeout(30):
             assert await second.wait() == 0
