@@ -14,7 +14,8 @@ from pathlib import Path
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 
-from bot.config.settings import Settings
+from bot.app.roost import shared_secret_missing
+from bot.config.settings import Settings, SetupError
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.storage.leader import Leader, check_period, replica_id
 from bot.testing.slack import FakeSlack
@@ -239,3 +240,18 @@ async def test_slack_socket_mode_connects_only_while_this_replica_leads(
         assert fake_slack.socket_connections == 1
     finally:
         await channel.stop()
+
+
+def test_webhook_modes_on_postgresql_need_explicit_secrets_and_sqlite_does_not() -> None:
+    pg = "postgresql://roost@127.0.0.1:5432/roost"
+    telegram = {"telegram_webhook_url": "https://bot.example.com/telegram"}
+    with pytest.raises(SetupError, match="ROOST_TELEGRAM_WEBHOOK_SECRET"):
+        shared_secret_missing(Settings(database_url=pg, **telegram), "telegram")
+    shared_secret_missing(Settings(database_url=pg, telegram_webhook_secret="s", **telegram),
+                          "telegram")
+    shared_secret_missing(Settings(database_url=pg), "telegram")  # long polling: no secret
+    shared_secret_missing(Settings(**telegram), "telegram")  # SQLite: one process
+    with pytest.raises(SetupError, match="SLACK_SIGNING_SECRET"):
+        shared_secret_missing(Settings(database_url=pg, slack_bot_token="x"), "slack")
+    shared_secret_missing(Settings(database_url=pg, slack_bot_token="x", slack_app_token="y"),
+                          "slack")  # Socket Mode: the leader connects, no signing secret
