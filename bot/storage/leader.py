@@ -63,6 +63,7 @@ class Leader:
         self._leading = asyncio.Event()
         self._following = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
         if url is None:
             self._leading.set()
         else:
@@ -88,6 +89,7 @@ class Leader:
 
     async def close(self) -> None:
         """Stop contending; a held lock is released with the connection."""
+        self._closing = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -105,7 +107,10 @@ class Leader:
         else:
             self._leading.clear()
             self._following.set()
-            log.warning("this replica is no longer the leader")
+            if self._closing:
+                log.info("leadership released (shutting down)")
+            else:
+                log.warning("this replica is no longer the leader")
 
     async def _run(self, url: str) -> None:
         import asyncpg  # type: ignore[import-untyped]
