@@ -5,6 +5,7 @@ mode without an explicit secret is refused on PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import sys
@@ -21,6 +22,7 @@ from bot.storage.leader import Leader, check_period, replica_id
 from bot.testing.slack import FakeSlack
 from bot.testing.telegram import BOB, FakeTelegram
 from channels.slack import SlackChannel
+from channels.telegram import TelegramChannel
 from tests.test_cli import clean_env
 
 SCRIPT = "turns:\n  - reply: 'hello from roost'\nloop: true\n"
@@ -255,3 +257,67 @@ def test_webhook_modes_on_postgresql_need_explicit_secrets_and_sqlite_does_not()
         shared_secret_missing(Settings(database_url=pg, slack_bot_token="x"), "slack")
     shared_secret_missing(Settings(database_url=pg, slack_bot_token="x", slack_app_token="y"),
                           "slack")  # Socket Mode: the leader connects, no signing secret
+
+
+# -- Telegram long polling ----------------------------------------------------------------------
+
+
+class Logged(logging.Handler):
+    """Counts log records containing ``text``; :meth:`wait` for the ``n``-th."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(logging.INFO)
+        self.text = text
+        self.count = 0
+        self.changed = asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.count += 1
+            self.changed.set()
+
+    async def wait(self, n: int) -> None:
+        async with asyncio.timeout(10):  # a hang guard
+            while self.count < n:
+                self.changed.clear()
+                await self.changed.wait()
+
+
+async def test_telegram_long_polls_only_while_leading_and_again_after_regaining_it(
+        tmp_path: Path, fake_telegram: FakeTelegram, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="roost.channels.telegram")
+    standby = Logged("another replica polls")
+    logging.getLogger("roost.channels.telegram").addHandler(standby)
+    received: list[str] = []
+    arrived = asyncio.Event()
+
+    async def handler(message: InboundMessage) -> None:
+        received.append(message.text)
+        arrived.set()
+
+    config = Settings(data_dir=tmp_path, telegram_bot_token=fake_telegram.token,
+                      telegram_api_base=fake_telegram.base_url)
+    channel = TelegramChannel(config, polling_timeout=1, poll_backoff=0.01)
+    lead = Lead()
+    channel.leadership = lead
+    await channel.start(handler)
+    try:
+        await standby.wait(1)
+        assert channel.health().ready and "standby" in channel.health().detail
+        assert fake_telegram.calls_of("getUpdates") == []
+        lead.set(True)
+        fake_telegram.private_message("one")
+        await asyncio.wait_for(arrived.wait(), 10)
+        lead.set(False)  # lost: the long poll in flight is cut, the channel waits
+        await standby.wait(2)
+        assert "standby" in channel.health().detail
+        polls = len(fake_telegram.calls_of("getUpdates"))
+        fake_telegram.private_message("two")  # kept by Telegram for the next leader
+        lead.set(True)
+        await fake_telegram.wait_until(lambda: len(received) == 2)
+        assert received == ["one", "two"]
+        assert len(fake_telegram.calls_of("getUpdates")) > polls
+        assert all(c.status != 409 for c in fake_telegram.calls_of("getUpdates"))
+    finally:
+        logging.getLogger("roost.channels.telegram").removeHandler(standby)
+        await channel.stop()
