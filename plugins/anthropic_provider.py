@@ -40,7 +40,7 @@ from plugins.anthropic_request import (
     to_anthropic_tools,
     with_note,
 )
-from plugins.anthropic_stream import close_streams, open_stream
+from plugins.anthropic_stream import close_streams, open_stream, tls_context
 from plugins.provider_media import (
     ANTHROPIC_MAX_PIXELS,
     MediaReader,
@@ -114,6 +114,7 @@ class AnthropicProvider:
             and self._client.auth_token is None
             and getattr(self._client, "credentials", None) is None
         )
+        tls_context()  # here, off the event loop when built by the warm-up
         self.retry = RetryPolicy(max_attempts, retry_base_delay)
         self.breaker = breaker or CircuitBreaker()
         self.media = MediaReader(documents=True, max_pixels=ANTHROPIC_MAX_PIXELS)

@@ -28,6 +28,7 @@ are closed by :func:`close_streams` (the provider's ``aclose``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import ssl
 import urllib.parse
@@ -78,6 +79,17 @@ _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=
                            default=_jsonable).encode
 
 
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """certifi's CA bundle, as the SDK's httpx client takes it (a slim image may have
+    no system CAs); one per process.
+
+    Loading the bundle takes ~20 ms: the provider builds it when it is built
+    (in ``roost run``'s warm-up thread), not inside the first reply.
+    """
+    return ssl.create_default_context(cafile=certifi.where())
+
+
 class _Route:
     """What every call of one client shares: URL, headers, timeouts, the HTTP session."""
 
@@ -105,12 +117,10 @@ class _Route:
     def session_for(self, loop: asyncio.AbstractEventLoop) -> aiohttp.ClientSession:
         session = self.session
         if session is None or session.closed or self.loop is not loop:
-            # certifi's CA bundle, as the SDK's httpx client takes it (a slim image
-            # may have no system CAs). Not trust_env: aiohttp then reads the proxy
-            # variables and ~/.netrc again for every request, in a worker thread.
-            context = ssl.create_default_context(cafile=certifi.where())
+            # Not trust_env: aiohttp then reads the proxy variables and
+            # ~/.netrc again for every request, in a worker thread.
             session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=_MAX_CONNECTIONS, ssl=context),
+                connector=aiohttp.TCPConnector(limit=_MAX_CONNECTIONS, ssl=tls_context()),
                 timeout=self.timeout, skip_auto_headers=("User-Agent",))
             self.session, self.loop = session, loop
         return session

@@ -9,6 +9,7 @@ import anthropic
 import pytest
 
 from bot.testing.anthropic import FakeAnthropic
+from plugins.anthropic_provider import AnthropicProvider
 from plugins.anthropic_stream import (
     Event,
     EventStream,
@@ -17,7 +18,9 @@ from plugins.anthropic_stream import (
     _routes,
     close_streams,
     open_stream,
+    tls_context,
 )
+from roost import Settings
 from tests.provider_helpers import ANTHROPIC_KEY as KEY
 
 
@@ -173,3 +176,12 @@ def test_no_proxy_exempts_a_host_from_the_environments_proxy(
     monkeypatch.setenv("NO_PROXY", "anthropic.com")
     assert _env_proxy("https://api.anthropic.com/v1/messages") is None
     assert _env_proxy("https://gateway.example/v1/messages") == "http://proxy.internal:3128"
+
+
+def test_the_tls_context_is_built_with_the_provider_not_in_the_first_reply() -> None:
+    tls_context.cache_clear()
+    provider = AnthropicProvider(Settings(anthropic_api_key=KEY,
+                                          anthropic_base_url="http://127.0.0.1:9"))
+
+    assert tls_context.cache_info().currsize == 1
+    assert provider is not None and tls_context() is tls_context()
