@@ -28,6 +28,7 @@ from bot.contracts.search import SearchBackend
 from bot.contracts.services import Services
 from bot.contracts.tools import Tool
 from bot.dispatch.dispatcher import Dispatcher, Leftovers
+from bot.dispatch.replicas import ReplicaWork
 from bot.engine.guard import InputGuard
 from bot.engine.run_engine import RunEngine
 from bot.engine.runloop import FailureHandler, LargeResultHandler
@@ -39,6 +40,7 @@ from bot.pluginhost.migrations import migrate_plugins
 from bot.pluginhost.state import load_disabled, save_state
 from bot.scheduling.scheduler import Scheduler
 from bot.storage.access import AccessStore
+from bot.storage.claims import Claims
 from bot.storage.control import Control, open_control
 from bot.storage.db import is_postgres_url, retire_columns
 from bot.storage.errors import ErrorStore, ResultStore, format_failure, format_large_result
@@ -182,11 +184,19 @@ class Roost:
             app.leader.start()
             app.control = await open_control(store.db, app.replica, app._stop_here,
                                              app._reload_changed)
+            # Each session's messages run on the replica holding its lease (started by
+            # recover(), once the channels can deliver).
+            app.dispatcher.replicas = ReplicaWork(
+                app.inbox, Claims(store.db, store.lock, app.replica,
+                                  lease_seconds=settings.lease_seconds),
+                admit=app.dispatcher.admit, busy=app.dispatcher.busy)
         engine.channels = app.channels  # runs download the files of messages through them
         engine.deliver = app.send_now
         instrument(app)  # metrics from spans, deliveries, scheduler fires; gauges
         # Read before any channel receives: what arrives from now on is this process's.
-        app._leftovers = (await app.inbox.undelivered(), await app.inbox.unfinished())
+        # With replicas, unfinished entries are claimed (their sessions' leases), not taken.
+        app._leftovers = (await app.inbox.undelivered(), [] if app.dispatcher.replicas
+                          else await app.inbox.unfinished())
         await app.refresh_plugins(jobs=False)
         await host.call("roost_startup", app=app.runtime)
         jobs = await _unique(host, "roost_scheduled_jobs", settings, JobSpec)
@@ -379,6 +389,8 @@ class Roost:
         """
         leftovers, self._leftovers = self._leftovers, ([], [])
         await self.dispatcher.recover(leftovers)
+        if self.dispatcher.replicas is not None:
+            await self.dispatcher.replicas.start(self.store.db)
         since = time.time() - self.settings.catch_up_hours * 3600
         for name, channel in self.channels.items():
             if not self.settings.catch_up_chats:

@@ -34,6 +34,7 @@ from bot.dispatch.intake import ChatPolicy
 from bot.dispatch.lanes import Lane, Lanes, Pending, Running
 from bot.dispatch.redelivery import Redeliveries
 from bot.dispatch.registry import RunRegistry
+from bot.dispatch.replicas import ReplicaWork, close_quietly
 from bot.dispatch.stream import DraftWatch, StreamBridge, draft_id
 from bot.dispatch.watch import RunWatch
 from bot.engine.budgets import Budgets
@@ -94,6 +95,9 @@ class Dispatcher:
         self._closed = False
         # Commands of one chat run in the order they were sent ("/pin a", "/pin b").
         self._command_locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+        self.replicas: ReplicaWork | None = None
+        """On PostgreSQL (several replicas): who runs which session (bot.dispatch.replicas);
+        set by the app. ``None`` on SQLite: this process runs what it receives."""
         self.on_delivery: Callable[[str, str], None] = _uncounted
         """Told of each reply handed to a channel: (channel, ``ok``, ``failed`` (kept
         and retried) or ``given_up``); the app counts them in its metrics."""
@@ -117,6 +121,15 @@ class Dispatcher:
             return
         if not await self.pairing.admits(message):
             await self._refuse_unpaired(message, key, parsed is not None)
+            return
+        if self.replicas is not None and parsed is None:
+            # Recorded pending; it runs on whichever replica holds the session.
+            shared = await self.inbox.add(message, key, "message")
+            if shared is None:
+                log.info("%s delivered %s again; it was recorded before", message.channel,
+                         message.event_id)
+            elif not self._closed:
+                await self.replicas.submitted(shared)
             return
         lane = self.lanes.by_key.get(key)
         # A message whose run will start at once is recorded as started.
@@ -200,6 +213,7 @@ class Dispatcher:
         self._closed = True
         self.lanes.close()
         self.redeliveries.cancel()
+        await close_quietly(self.replicas)  # claims no more; its leases lapse or are fenced
         if grace > 0 and self._tasks:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(grace):
@@ -233,7 +247,20 @@ class Dispatcher:
         for group in grouped(entries):
             self._resume(group, await self.inbox.journal(group[-1].id))
 
-    def _resume(self, group: list[InboxEntry], journal: RunJournal) -> None:
+    async def admit(self, entries: list[InboxEntry]) -> None:
+        """Run entries this replica claimed (bot.dispatch.replicas), in order per session;
+        those another replica's run had started resume from its journal."""
+        if self._closed:
+            return
+        for group in grouped(entries):
+            started = group[-1].state == "running"
+            self._resume(group, await self.inbox.journal(group[-1].id) if started else None)
+
+    def busy(self, key: str) -> bool:
+        """Whether session ``key`` has a run, a queued message or a command here."""
+        return key in self.lanes.by_key or key in self._command_locks
+
+    def _resume(self, group: list[InboxEntry], journal: RunJournal | None) -> None:
         head = group[-1]
         ids = tuple(e.id for e in group)
         # The newest entry counts each start of the group's run once.
@@ -308,9 +335,18 @@ class Dispatcher:
                 if pending.entries:
                     options["journal"] = pending.journal or RunJournal(self.inbox,
                                                                        pending.entries[-1])
-                    options["on_commit"] = self._committer(message, pending.entries, bridge)
+                    options["on_commit"] = self._committer(message, pending.entries, bridge,
+                                                           lane.key, run_id)
                 result = await self.engine.run(
                     RunRequest(asked, session, run_id=run_id, **options), watch)
+            if self.replicas is not None and run_id in self.replicas.lost_runs:
+                # Another replica holds the session now and answers these entries.
+                self.replicas.lost_runs.discard(run_id)
+                log.warning("run %s for %s not recorded: the session's lease was lost",
+                            run_id, lane.key)
+                if bridge.stream is not None:
+                    await bridge.stream.finish(None)
+                return
             # Counted from what the provider reported, right after the run's commit.
             self._count(message, agent_of(lane.key), result.usage)
             if result.status == "failed" and not pending.deliver_failed:
@@ -344,6 +380,8 @@ class Dispatcher:
                 self._notify(message, "Something went wrong on my side; please try again.")
         finally:
             self.lanes.finished(lane, entry)
+            if self.replicas is not None and not self.busy(lane.key):
+                self.replicas.idle(lane.key)
             self._changed.set()
 
     def _count(self, message: InboundMessage, agent: str, usage: Usage) -> None:
@@ -356,12 +394,24 @@ class Dispatcher:
         self.budgets.record(message, agent, usage, model)
 
     def _committer(self, message: InboundMessage, entries: tuple[int, ...],
-                   bridge: StreamBridge) -> Any:
-        """What the run writes in its own commit: entries done, the reply into the outbox."""
+                   bridge: StreamBridge, key: str, run_id: str) -> Any:
+        """What the run writes in its own commit: entries done, the reply into the outbox
+        (and, with replicas, the check that the session's lease is still this replica's)."""
+        replicas = self.replicas
+
         def on_commit(reply: str | None, failed: bool) -> Any:
             out = None if reply is None else OutboundMessage.reply_to_message(
                 message, reply, "error" if failed else "reply")
-            return self.inbox.finish(entries, out, draft_id(bridge.stream))
+            finish = self.inbox.finish(entries, out, draft_id(bridge.stream))
+            if replicas is None:
+                return finish
+            fence = replicas.fence(key, run_id)
+
+            async def fenced(db: Any) -> Any:
+                outbox_id = await finish(db)
+                await fence(db)  # last: after the inbox rows (see Claims.fence)
+                return outbox_id
+            return fenced
         return on_commit
 
     async def _deliver(self, channel: Channel | None, message: InboundMessage,
@@ -421,6 +471,8 @@ class Dispatcher:
             users[0] -= 1
             if not users[0]:
                 del self._command_locks[key]
+                if self.replicas is not None and not self.busy(key):
+                    self.replicas.idle(key)
 
     # -- helpers ---------------------------------------------------------------
 
