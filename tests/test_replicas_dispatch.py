@@ -7,17 +7,27 @@ refused by the fence."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
+import random
 import re
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from bot.app.roost import Roost
 from bot.contracts.llm import LLMRequest, LLMResponse, OnRetry, OnText
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.testing.app import ChatChannel, create_app
+from bot.testing.telegram import FakeTelegram
+from bot.testing.telegram.wire import ALICE, BOB
+from tests.test_cli import clean_env
+from tests.test_replicas_leader import _start, _until_logged
+from tests.test_run_all_channels import free_port
 
 KEY = "default:test:direct:u1"
 
@@ -180,3 +190,114 @@ async def _leases(app: Roost) -> dict[str, str]:
     replicas = app.dispatcher.replicas
     assert replicas is not None
     return await replicas.claims.holders()
+
+
+# -- roost run ------------------------------------------------------------------------------
+
+
+@pytest.mark.e2e
+async def test_roost_run_replicas_behind_webhooks_answer_each_message_once_in_order(
+        tmp_path: Path, pg_url: str, fake_telegram: FakeTelegram) -> None:
+    (tmp_path / "script.yaml").write_text("turns:\n  - reply: 're:{message}'\nloop: true\n")
+    ports = {name: free_port() for name in ("a", "b")}
+    base = dict(ROOST_PROVIDER="scripted", ROOST_SCRIPT=str(tmp_path / "script.yaml"),
+                ROOST_STREAM_REPLIES="false", ROOST_MERGE_WINDOW_MS="0", ROOST_DM_POLICY="open",
+                ROOST_DATABASE_URL=pg_url, ROOST_TELEGRAM_WEBHOOK_SECRET="s3cret",
+                ROOST_LEASE_SECONDS="3", TELEGRAM_BOT_TOKEN=fake_telegram.token,
+                TELEGRAM_API_BASE=fake_telegram.base_url)
+    url = {name: f"http://127.0.0.1:{port}/telegram" for name, port in ports.items()}
+    procs: dict[str, asyncio.subprocess.Process] = {}
+    rng = random.Random(19)
+    per_chat, senders = 8, (ALICE, BOB)
+    try:
+        for name in ("a", "b"):
+            procs[name] = await _start(tmp_path / name, clean_env(
+                **base, ROOST_TELEGRAM_WEBHOOK_URL=url[name],
+                ROOST_TELEGRAM_WEBHOOK_PORT=str(ports[name])))
+            await _until_logged(procs[name], b"roost ready")
+        async with aiohttp.ClientSession() as http:
+            for n in range(per_chat):
+                for sender in senders:
+                    to = rng.choice(("a", "b"))
+                    update = await _via(fake_telegram, url[to], f"m{n}", sender)
+                    if rng.random() < 0.3:  # the same update to the other replica too
+                        other = "b" if to == "a" else "a"
+                        async with http.post(url[other], data=json.dumps(update), headers={
+                                "Content-Type": "application/json",
+                                "X-Telegram-Bot-Api-Secret-Token": "s3cret"}) as resp:
+                            assert resp.status == 200
+        await fake_telegram.wait_for("sendMessage", per_chat * len(senders), limit=60)
+        for proc in procs.values():
+            proc.send_signal(signal.SIGTERM)
+            async with asyncio.timeout(30):
+                assert await proc.wait() == 0
+        for sender in senders:
+            assert fake_telegram.sent_texts(sender["id"]) == [
+                f"re:m{n}" for n in range(per_chat)]
+        assert len(fake_telegram.sent_texts()) == per_chat * len(senders)
+    finally:
+        for proc in procs.values():
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+
+@pytest.mark.e2e
+async def test_a_roost_run_replica_killed_mid_run_is_taken_over_after_its_lease(
+        tmp_path: Path, pg_url: str, fake_telegram: FakeTelegram) -> None:
+    (tmp_path / "echo.yaml").write_text("turns:\n  - reply: 're:{message}'\nloop: true\n")
+    (tmp_path / "stuck.yaml").write_text(  # b hangs on the 'slow' message
+        "turns:\n  - match: slow\n    reply: 'too late'\n    delay: 600\n"
+        "  - reply: 're:{message}'\nloop: true\n")
+    ports = {name: free_port() for name in ("a", "b")}
+    base = dict(ROOST_PROVIDER="scripted", ROOST_STREAM_REPLIES="false",
+                ROOST_MERGE_WINDOW_MS="0", ROOST_DM_POLICY="open", ROOST_DATABASE_URL=pg_url,
+                ROOST_TELEGRAM_WEBHOOK_SECRET="s3cret", ROOST_LEASE_SECONDS="3",
+                TELEGRAM_BOT_TOKEN=fake_telegram.token, TELEGRAM_API_BASE=fake_telegram.base_url)
+    url = {name: f"http://127.0.0.1:{port}/telegram" for name, port in ports.items()}
+    procs: dict[str, asyncio.subprocess.Process] = {}
+
+    async def deliver(text: str, to: str) -> None:
+        await _via(fake_telegram, url[to], text)
+
+    try:
+        for name, script in (("a", "echo.yaml"), ("b", "stuck.yaml")):
+            procs[name] = await _start(tmp_path / name, clean_env(
+                **base, ROOST_SCRIPT=str(tmp_path / script),
+                ROOST_TELEGRAM_WEBHOOK_URL=url[name],
+                ROOST_TELEGRAM_WEBHOOK_PORT=str(ports[name])))
+            await _until_logged(procs[name], b"roost ready")
+        for n, to in enumerate("abab"):
+            await deliver(f"m{n}", to)
+        await fake_telegram.wait_for("sendMessage", 4, limit=30)
+        await deliver("m4 slow", "b")
+        await fake_telegram.wait_for("sendChatAction", 5, limit=30)  # b's run started
+        procs["b"].kill()  # kill -9 while it holds the chat's lease
+        await procs["b"].wait()
+        for n in range(5, 8):
+            await deliver(f"m{n}", "a")
+        await fake_telegram.wait_for("sendMessage", 8, limit=60)
+        procs["a"].send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            assert await procs["a"].wait() == 0
+        assert fake_telegram.sent_texts() == [
+            "re:m0", "re:m1", "re:m2", "re:m3", "re:m4 slow", "re:m5", "re:m6", "re:m7"]
+    finally:
+        for proc in procs.values():
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+
+async def _via(fake: FakeTelegram, url: str, text: str,
+               sender: dict[str, Any] = ALICE) -> dict[str, Any]:
+    """A private message the fake posts to the replica at ``url``; returns the update once
+    that replica acknowledged it."""
+    hook = fake.webhook
+    assert hook is not None
+    fake.webhook = dataclasses.replace(hook, url=url)  # the attempts list stays shared
+    update = fake.private_message(text, sender=sender)
+    update_id = int(update["update_id"])
+    await fake.wait_until(lambda: any(
+        u == update_id and 200 <= status < 300 for u, status in hook.attempts), limit=30)
+    return update
