@@ -195,8 +195,9 @@ class Roost:
         instrument(app)  # metrics from spans, deliveries, scheduler fires; gauges
         # Read before any channel receives: what arrives from now on is this process's.
         # With replicas, unfinished entries are claimed (their sessions' leases), not taken.
-        app._leftovers = (await app.inbox.undelivered(), [] if app.dispatcher.replicas
-                          else await app.inbox.unfinished())
+        replicas = app.dispatcher.replicas
+        app._leftovers = (await app.inbox.undelivered(app.replica if replicas else None),
+                          [] if replicas else await app.inbox.unfinished())
         await app.refresh_plugins(jobs=False)
         await host.call("roost_startup", app=app.runtime)
         jobs = await _unique(host, "roost_scheduled_jobs", settings, JobSpec)
