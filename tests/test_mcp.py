@@ -4,6 +4,7 @@ run as a stdio subprocess and as a Streamable HTTP server on 127.0.0.1."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import socket
@@ -62,8 +63,18 @@ def offered(app: Roost) -> set[str]:
 
 
 def children() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True)
-            if p.status() != psutil.STATUS_ZOMBIE}
+    """This process's live MCP server processes (the scripts in ``tests/mcp_servers``).
+
+    Only those: other processes of the worker come and go on their own (a test
+    PostgreSQL server's autovacuum workers and backends are its descendants too).
+    """
+    found = set()
+    for process in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if process.status() != psutil.STATUS_ZOMBIE and \
+                    str(SERVERS) in " ".join(process.cmdline()):
+                found.add(process.pid)
+    return found
 
 
 @pytest.fixture
