@@ -95,7 +95,8 @@ class Leader:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        self._set(False)
+        if self.url is not None:  # on SQLite the one process leads to its end, silently
+            self._set(False)
 
     def _set(self, leading: bool) -> None:
         if leading == self._leading.is_set():
