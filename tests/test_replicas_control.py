@@ -20,8 +20,8 @@ from bot.contracts.jobs import JobSpec
 from bot.contracts.runtime import Runtime
 from bot.testing.app import ChatChannel, EventRecorder, create_app, scripted
 from bot.testing.telegram import FakeTelegram
+from tests.roost_processes import start_roost, until_logged
 from tests.test_cli import clean_env
-from tests.test_replicas_leader import _start, _until_logged
 from tests.test_run_all_channels import free_port
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
@@ -203,10 +203,10 @@ async def test_stop_sent_to_one_roost_run_replica_cancels_the_run_on_the_other(
     procs: dict[str, asyncio.subprocess.Process] = {}
     try:
         for name in ("a", "b"):
-            procs[name] = await _start(tmp_path / name, clean_env(
+            procs[name] = await start_roost(tmp_path / name, clean_env(
                 **base, ROOST_TELEGRAM_WEBHOOK_URL=url[name],
                 ROOST_TELEGRAM_WEBHOOK_PORT=str(ports[name])))
-            await _until_logged(procs[name], b"roost ready")
+            await until_logged(procs[name], b"roost ready")
         hook = fake_telegram.webhook
         assert hook is not None and hook.secret == "s3cret"
 
@@ -217,7 +217,7 @@ async def test_stop_sent_to_one_roost_run_replica_cancels_the_run_on_the_other(
         fake_telegram.private_message("/stop")
         (sent,) = await fake_telegram.wait_for("sendMessage", limit=30)
         assert sent.params["text"] == "Stopped."
-        await _until_logged(procs["a"], b"stop of ")  # A cancelled it, asked by B
+        await until_logged(procs["a"], b"stop of ")  # A cancelled it, asked by B
         for proc in procs.values():
             proc.send_signal(signal.SIGTERM)
             async with asyncio.timeout(30):

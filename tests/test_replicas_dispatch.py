@@ -25,8 +25,8 @@ from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.testing.app import ChatChannel, create_app
 from bot.testing.telegram import FakeTelegram
 from bot.testing.telegram.wire import ALICE, BOB
+from tests.roost_processes import start_roost, until_logged
 from tests.test_cli import clean_env
-from tests.test_replicas_leader import _start, _until_logged
 from tests.test_run_all_channels import free_port
 
 KEY = "default:test:direct:u1"
@@ -211,10 +211,10 @@ async def test_roost_run_replicas_behind_webhooks_answer_each_message_once_in_or
     per_chat, senders = 8, (ALICE, BOB)
     try:
         for name in ("a", "b"):
-            procs[name] = await _start(tmp_path / name, clean_env(
+            procs[name] = await start_roost(tmp_path / name, clean_env(
                 **base, ROOST_TELEGRAM_WEBHOOK_URL=url[name],
                 ROOST_TELEGRAM_WEBHOOK_PORT=str(ports[name])))
-            await _until_logged(procs[name], b"roost ready")
+            await until_logged(procs[name], b"roost ready")
         async with aiohttp.ClientSession() as http:
             for n in range(per_chat):
                 for sender in senders:
@@ -262,11 +262,11 @@ async def test_a_roost_run_replica_killed_mid_run_is_taken_over_after_its_lease(
 
     try:
         for name, script in (("a", "echo.yaml"), ("b", "stuck.yaml")):
-            procs[name] = await _start(tmp_path / name, clean_env(
+            procs[name] = await start_roost(tmp_path / name, clean_env(
                 **base, ROOST_SCRIPT=str(tmp_path / script),
                 ROOST_TELEGRAM_WEBHOOK_URL=url[name],
                 ROOST_TELEGRAM_WEBHOOK_PORT=str(ports[name])))
-            await _until_logged(procs[name], b"roost ready")
+            await until_logged(procs[name], b"roost ready")
         for n, to in enumerate("abab"):
             await deliver(f"m{n}", to)
         await fake_telegram.wait_for("sendMessage", 4, limit=30)

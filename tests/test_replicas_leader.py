@@ -8,7 +8,6 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from bot.testing.slack import FakeSlack
 from bot.testing.telegram import BOB, FakeTelegram
 from channels.slack import SlackChannel
 from channels.telegram import TelegramChannel
+from tests.roost_processes import start_roost, until_logged
 from tests.test_cli import clean_env
 
 SCRIPT = "turns:\n  - reply: 'hello from roost'\nloop: true\n"
@@ -109,25 +109,6 @@ def test_replica_ids_are_unique_and_name_the_process() -> None:
 # -- roost run ------------------------------------------------------------------------------
 
 
-async def _start(tmp: Path, env: dict[str, str]) -> asyncio.subprocess.Process:
-    await asyncio.to_thread(tmp.mkdir, exist_ok=True)
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", "run", cwd=tmp, env=env,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE)
-
-
-async def _until_logged(proc: asyncio.subprocess.Process, text: bytes) -> list[bytes]:
-    """Read ``proc``'s log until a line containing ``text``; the lines read."""
-    assert proc.stderr is not None
-    lines: list[bytes] = []
-    async with asyncio.timeout(60):  # a hang guard, not a measurement
-        while text not in (line := await proc.stderr.readline()):
-            assert line, b"".join(lines).decode()[-3000:]
-            lines.append(line)
-    return lines
-
-
 @pytest.mark.e2e
 async def test_roost_run_replicas_long_poll_on_the_leader_only_and_fail_over_after_kill_9(
         tmp_path: Path, pg_url: str, fake_telegram: FakeTelegram) -> None:
@@ -137,13 +118,13 @@ async def test_roost_run_replicas_long_poll_on_the_leader_only_and_fail_over_aft
         ROOST_STREAM_REPLIES="false", ROOST_MERGE_WINDOW_MS="0", ROOST_DM_POLICY="open",
         ROOST_DATABASE_URL=pg_url, ROOST_LEASE_SECONDS="3",
         TELEGRAM_BOT_TOKEN=fake_telegram.token, TELEGRAM_API_BASE=fake_telegram.base_url)
-    first = await _start(tmp_path / "a", env)
+    first = await start_roost(tmp_path / "a", env)
     second: asyncio.subprocess.Process | None = None
     try:
-        await _until_logged(first, b"this replica leads: long polling")
-        second = await _start(tmp_path / "b", env)
-        await _until_logged(second, b"another replica polls")
-        await _until_logged(second, b"roost ready")
+        await until_logged(first, b"this replica leads: long polling")
+        second = await start_roost(tmp_path / "b", env)
+        await until_logged(second, b"another replica polls")
+        await until_logged(second, b"roost ready")
 
         fake_telegram.private_message("hi")
         (sent,) = await fake_telegram.wait_for("sendMessage", limit=30)
@@ -153,7 +134,7 @@ async def test_roost_run_replicas_long_poll_on_the_leader_only_and_fail_over_aft
         assert all(c.status != 409 for c in fake_telegram.calls_of("getUpdates"))
         first.kill()  # kill -9: no goodbye; its connection drops and the lock with it
         await first.wait()
-        await _until_logged(second, b"this replica leads: long polling")
+        await until_logged(second, b"this replica leads: long polling")
         # Another chat: the first chat's session may still be leased to the dead replica
         # for up to the lease (bot.dispatch.replicas), which is not what this test is about.
         fake_telegram.private_message("still there?", sender=BOB)
@@ -179,7 +160,7 @@ async def test_roost_run_refuses_telegram_webhooks_on_postgresql_without_a_secre
         ROOST_PROVIDER="scripted", ROOST_DATABASE_URL=pg_url,
         TELEGRAM_BOT_TOKEN=fake_telegram.token, TELEGRAM_API_BASE=fake_telegram.base_url,
         ROOST_TELEGRAM_WEBHOOK_URL="https://bot.example.com/telegram")
-    proc = await _start(tmp_path, env)
+    proc = await start_roost(tmp_path, env)
     assert proc.stderr is not None
     async with asyncio.timeout(60):
         err = (await proc.stderr.read()).decode()

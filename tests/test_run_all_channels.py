@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ import pytest
 from bot.testing.discord import FakeDiscord
 from bot.testing.slack import FakeSlack
 from bot.testing.telegram import FakeTelegram
+from tests.roost_processes import start_roost, until_logged
 from tests.test_cli import clean_env
 
 SCRIPT = "turns:\n  - reply: 'hello from roost'\nloop: true\n"
@@ -40,15 +40,9 @@ async def test_roost_run_answers_on_every_configured_platform(
         SLACK_BOT_TOKEN=fake_slack.bot_token, SLACK_SIGNING_SECRET=fake_slack.signing_secret,
         SLACK_API_BASE=fake_slack.base_url, ROOST_SLACK_PORT=str(port),
     )
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", "run", cwd=tmp_path, env=env,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
+    proc = await start_roost(tmp_path, env)
     try:
-        assert proc.stderr is not None
-        async with asyncio.timeout(30):
-            while b"roost ready" not in (line := await proc.stderr.readline()):
-                assert line, "roost run exited before it was ready"
+        line = (await until_logged(proc, b"roost ready"))[-1]
         assert b"channels=telegram,discord,slack" in line
 
         fake_telegram.private_message("hi telegram")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import sys
 from pathlib import Path
 
 import asyncpg  # type: ignore[import-untyped]
@@ -21,6 +20,7 @@ from bot.storage.sessions import SessionStore
 from bot.testing.app import scripted
 from bot.testing.telegram import FakeTelegram
 from tests.conftest import AppFactory
+from tests.roost_processes import start_roost, until_logged
 from tests.test_cli import clean_env
 
 
@@ -124,15 +124,9 @@ async def test_roost_run_on_postgresql_answers_telegram(
         TELEGRAM_BOT_TOKEN=fake_telegram.token, TELEGRAM_API_BASE=fake_telegram.base_url,
         ROOST_DATABASE_URL=pg_url, ROOST_DATABASE_POOL_SIZE="4",
     )
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", "run", cwd=tmp_path, env=env,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
+    proc = await start_roost(tmp_path, env)
     try:
-        assert proc.stderr is not None
-        async with asyncio.timeout(30):
-            while b"roost ready" not in (line := await proc.stderr.readline()):
-                assert line, "roost run exited before it was ready"
+        await until_logged(proc, b"roost ready")
         fake_telegram.private_message("hi")
         (sent,) = await fake_telegram.wait_for("sendMessage", limit=10)
         assert sent.params["text"] == "hello from postgres"
