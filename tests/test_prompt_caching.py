@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anthropic
 import pytest
 
 from bot.config.budgets import ModelPrice
-from bot.contracts.hookspecs import hookimpl
 from bot.contracts.llm import ChatMessage, LLMRequest, ToolCall, ToolSpec
-from bot.contracts.tools import Tool, ToolContext
 from bot.engine.compaction import SUMMARY_SYSTEM
 from bot.storage.usage import day_of
 from bot.testing.anthropic import FakeAnthropic, ToolUse
@@ -30,6 +28,7 @@ from plugins.anthropic_provider import AnthropicProvider
 from tests.conftest import AppFactory
 from tests.provider_helpers import ANTHROPIC_KEY as KEY
 from tests.provider_helpers import anthropic_for, openai_for
+from tests.test_budgets import Blocker
 
 LONG_SYSTEM = "You are Roost, a careful assistant. " * 200
 """About 1,800 tokens by the fake's estimate: over Sonnet's 1024-token minimum."""
@@ -458,22 +457,6 @@ async def test_a_one_off_request_marks_nothing_for_the_cache(
     response = await provider.complete(one_off)
     assert marks(fake.last_request.body) == 0
     assert response.usage.cache_write_tokens == 0 and fake.cache.entries == {}
-
-
-class Blocker:
-    """A tool that waits until its run is stopped."""
-
-    def __init__(self) -> None:
-        self.entered = asyncio.Event()
-
-    async def _block(self, ctx: ToolContext, args: Mapping[str, Any]) -> str:
-        self.entered.set()
-        await asyncio.Event().wait()  # until cancelled
-        return "never"
-
-    @hookimpl
-    def roost_tools(self) -> list[Tool]:
-        return [Tool("block", "waits", {"type": "object", "properties": {}}, self._block)]
 
 
 async def test_a_stopped_run_still_counts_its_cache_reads_and_writes(
