@@ -15,7 +15,7 @@ from bot.contracts.llm import ChatMessage
 from bot.contracts.messages import InboundMessage
 from bot.storage import db as dbmod
 from bot.storage import schema
-from bot.storage.postgres import placeholders, postgres_ddl
+from bot.storage.pg_dialect import placeholders, postgres_ddl
 from bot.storage.sessions import SessionStore
 from bot.testing.app import scripted
 from bot.testing.telegram import FakeTelegram

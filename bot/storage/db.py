@@ -117,7 +117,7 @@ together apply each step once, in turn."""
 
 def postgres_step(number: int) -> str:
     """Schema step ``number`` (1-based) in PostgreSQL's dialect."""
-    from bot.storage.postgres import postgres_ddl
+    from bot.storage.pg_dialect import postgres_ddl
 
     text = POSTGRES_STEPS.get(number)
     return text if text is not None else postgres_ddl(MIGRATIONS[number - 1])

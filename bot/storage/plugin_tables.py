@@ -79,7 +79,7 @@ async def _run_script(db: aiosqlite.Connection, script: str, dialect: str, *,
                       translate: bool) -> None:
     if dialect == "postgresql":
         if translate:
-            from bot.storage.postgres import postgres_ddl
+            from bot.storage.pg_dialect import postgres_ddl
 
             script = postgres_ddl(script)
         # PostgreSQL runs a script's statements in one call (inside the step's transaction).

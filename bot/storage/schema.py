@@ -342,4 +342,4 @@ POSTGRES_STEPS: dict[int, str] = {
     """,
 }
 """PostgreSQL text of the steps whose SQLite text does not translate (the others run
-through :func:`bot.storage.postgres.postgres_ddl`)."""
+through :func:`bot.storage.pg_dialect.postgres_ddl`)."""
