@@ -17,7 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from bot.app.roost import Roost, provider_specs
+from bot.app.offers import provider_specs
+from bot.app.roost import Roost
 from bot.config.settings import Settings
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.providers import ProviderSpec

@@ -9,20 +9,25 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any
 
 from bot.agents.router import AgentResolver, AgentRouter
+from bot.app.error_channel import error_channel
 from bot.app.http import HealthServer, instrument
+from bot.app.offers import (
+    apply_tool_groups,
+    collect_judges,
+    collect_unique,
+    resolve_provider,
+)
 from bot.app.runtime import AppRuntime
 from bot.config.settings import Settings, SetupError, load_settings
 from bot.contracts.channel import Channel, ChannelSpec
 from bot.contracts.commands import Command
 from bot.contracts.guard import GuardPattern
 from bot.contracts.jobs import JobSpec
-from bot.contracts.judge import Judge
-from bot.contracts.llm import LLMProvider, ToolCall
+from bot.contracts.llm import LLMProvider
 from bot.contracts.messages import OutboundMessage
-from bot.contracts.providers import ProviderSpec
 from bot.contracts.sanitize import Sanitizer
 from bot.contracts.search import SearchBackend
 from bot.contracts.services import Services
@@ -31,7 +36,6 @@ from bot.dispatch.dispatcher import Dispatcher, Leftovers
 from bot.dispatch.replicas import ReplicaWork
 from bot.engine.guard import InputGuard
 from bot.engine.run_engine import RunEngine
-from bot.engine.runloop import FailureHandler, LargeResultHandler
 from bot.engine.snapshot import PluginSnapshot
 from bot.observability.metrics import RoostMetrics
 from bot.observability.otel import OTelExporter
@@ -43,41 +47,17 @@ from bot.storage.access import AccessStore
 from bot.storage.claims import Claims
 from bot.storage.control import Control, open_control
 from bot.storage.db import is_postgres_url, retire_columns
-from bot.storage.errors import ErrorStore, ResultStore, format_failure, format_large_result
+from bot.storage.errors import ErrorStore, ResultStore
 from bot.storage.inbox import Inbox
 from bot.storage.jobs import JobStore
 from bot.storage.leader import Leader, check_period, replica_id
 from bot.storage.retention import prune_stores
 from bot.storage.sessions import SessionStore
 from bot.storage.usage import UsageStore
-from bot.tools.outcomes import RawError
-from bot.tools.structured_errors import extract, structured_hint
 
 log = logging.getLogger("roost")
 
-T = TypeVar("T")
 
-LARGE_RESULT_PREVIEW = 2_000
-"""Characters of a stored large result the model sees at once."""
-
-
-async def provider_specs(settings: Settings, host: PluginHost) -> dict[str, ProviderSpec]:
-    """Every provider plugins offer, by name."""
-    specs = await host.collect("roost_providers", settings=settings)
-    return {s.name: s for s in specs if isinstance(s, ProviderSpec)}
-
-
-async def resolve_provider(settings: Settings, host: PluginHost) -> ProviderSpec:
-    """The configured provider's spec, or :class:`SetupError` saying what to set."""
-    specs = await provider_specs(settings, host)
-    spec = specs.get(settings.provider)
-    if spec is None:
-        raise SetupError(f"unknown provider {settings.provider!r}; set ROOST_PROVIDER to one "
-                         f"of: {', '.join(sorted(specs))}")
-    missing = spec.missing(settings)
-    if missing:
-        raise SetupError(missing)
-    return spec
 
 
 class Roost:
@@ -167,7 +147,7 @@ class Roost:
         await prune_stores(services, settings.error_retention_days)
         host.validate_configs(settings.plugins)
         services.plugin_configs = host.config
-        channel_specs = await _unique(host, "roost_channels", settings, ChannelSpec)
+        channel_specs = await collect_unique(host, "roost_channels", settings, ChannelSpec)
         # Routing happens before a run exists (the dispatcher), so the router is built
         # here and handed to both; it reads the engine's provider and judges when it
         # resolves an agent, by then the engine exists.
@@ -175,7 +155,7 @@ class Roost:
                                            lambda: dict(engine.plugins.judges)))
         engine = RunEngine(settings, host, store, provider, {}, [], agents=router)
         engine.exporter = OTelExporter.from_environment()
-        engine.on_tool_failure, engine.on_large_result = error_channel(services, settings)
+        engine.on_tool_failure, engine.on_large_result = error_channel(services)
         app = cls(settings, host, store, engine, {}, channel_specs, services, router=router)
         if isinstance(settings.database, str) and is_postgres_url(settings.database):
             # Replicas may share this database: one of them long-polls (see add_channel).
@@ -200,7 +180,7 @@ class Roost:
                           [] if replicas else await app.inbox.unfinished())
         await app.refresh_plugins(jobs=False)
         await host.call("roost_startup", app=app.runtime)
-        jobs = await _unique(host, "roost_scheduled_jobs", settings, JobSpec)
+        jobs = await collect_unique(host, "roost_scheduled_jobs", settings, JobSpec)
         await _quietly(scheduler.start(app.runtime, list(jobs.values())), "starting the scheduler")
         return app
 
@@ -222,9 +202,9 @@ class Roost:
         self.services.search_backends = tuple(
             b for b in await host.collect("roost_search_backends", settings=settings)
             if isinstance(b, SearchBackend))
-        tools = await _unique(host, "roost_tools", settings, Tool, groups,
+        tools = await collect_unique(host, "roost_tools", settings, Tool, groups,
                               services=self.services)
-        _tool_groups(tools, groups)
+        apply_tool_groups(tools, groups)
         sanitizers = [s for s in await host.collect("roost_output_sanitizers", settings=settings)
                       if isinstance(s, Sanitizer)]
         guard = InputGuard(
@@ -233,11 +213,11 @@ class Roost:
             settings.guard_mode, settings.guard_modes)
         # One assignment: a run sees the old state or the new one, never a mix.
         engine.plugins = PluginSnapshot.of(guard, tools, groups, sanitizers,
-                                           await _judges(host, settings))
+                                           await collect_judges(host, settings))
         # Agents hold judges and filtered tool lists: resolve them again.
         self.router.invalidate()
         commands: dict[str, Command] = {}
-        for command in (await _unique(host, "roost_commands", settings, Command)).values():
+        for command in (await collect_unique(host, "roost_commands", settings, Command)).values():
             for name in (command.name, *command.aliases):
                 commands.setdefault(name, command)
         self.commands = commands
@@ -249,7 +229,7 @@ class Roost:
                            f"registering the commands of {channel.name}")
         scheduler = self.services.scheduler
         if scheduler is not None:
-            specs = await _unique(host, "roost_scheduled_jobs", settings, JobSpec)
+            specs = await collect_unique(host, "roost_scheduled_jobs", settings, JobSpec)
             await _quietly(scheduler.sync_system(list(specs.values())),
                            "updating the scheduled jobs of plugins")
 
@@ -260,9 +240,9 @@ class Roost:
         runs in flight keep the tools they started with.
         """
         groups: dict[str, str] = {}
-        tools = await _unique(self.host, "roost_tools", self.settings, Tool, groups,
+        tools = await collect_unique(self.host, "roost_tools", self.settings, Tool, groups,
                               services=self.services)
-        _tool_groups(tools, groups)
+        apply_tool_groups(tools, groups)
         self.engine.plugins = dataclasses.replace(
             self.engine.plugins, tools=MappingProxyType(tools),
             tool_groups=MappingProxyType(groups))
@@ -457,76 +437,6 @@ def shared_secret_missing(settings: Settings, channel: str) -> None:
             and settings.slack_signing_secret is None):
         raise SetupError("the Slack Events API on PostgreSQL (replicas) needs "
                          "SLACK_SIGNING_SECRET set explicitly, the same on every replica")
-
-
-async def _judges(host: PluginHost, settings: Settings) -> dict[str, Judge]:
-    """The judges plugins offer, by name (``llm`` is the built-in type's and reserved)."""
-    judges: dict[str, Judge] = {}
-    for plugin, judge in await host.collect_named("roost_judges", settings=settings):
-        name = getattr(judge, "name", None)
-        if not isinstance(name, str) or not callable(getattr(judge, "score", None)):
-            log.error("plugin %s: roost_judges returned %r, which has no name and score(); "
-                      "ignored", plugin, judge)
-        elif name == "llm" or name in judges:
-            log.error("plugin %s: judge name %r is taken; ignored", plugin, name)
-        else:
-            judges[name] = judge
-    return judges
-
-
-def _tool_groups(tools: dict[str, Tool], groups: dict[str, str]) -> None:
-    """A tool's own ``meta["group"]`` (``mcp:github``) replaces its plugin as its group."""
-    for name, tool in tools.items():
-        group = tool.meta.get("group")
-        if isinstance(group, str) and group:
-            groups[name] = group
-
-
-async def _unique(host: PluginHost, hook: str, settings: Settings, kind: type[T],
-                  plugins: dict[str, str] | None = None, **kwargs: Any) -> dict[str, T]:
-    """Collect named items from ``hook``; a later duplicate name is refused and logged.
-
-    ``plugins``, when given, is filled with item name -> the plugin that offered it.
-    """
-    items: dict[str, T] = {}
-    for plugin, item in await host.collect_named(hook, settings=settings, **kwargs):
-        if not isinstance(item, kind):
-            log.error("%s returned %r, not a %s; ignored", hook, item, kind.__name__)
-            continue
-        name = str(getattr(item, "name", ""))
-        if name in items:
-            log.error("%s: duplicate name %r ignored", hook, name)
-            continue
-        items[name] = item
-        if plugins is not None:
-            plugins[name] = plugin
-    return items
-
-
-def error_channel(services: Services, settings: Settings) -> tuple[
-        FailureHandler | None, LargeResultHandler | None]:
-    """The engine's hooks into the error and result stores (``None`` where absent)."""
-    errors, results = services.errors, services.results
-
-    async def on_failure(call: ToolCall, raw: RawError, session_key: str) -> str:
-        assert errors is not None
-        structured = extract(raw.message, code=raw.code, details=raw.details)
-        detail = {**raw.as_dict(), **structured.to_dict()}
-        try:
-            stored = await errors.store(session_key, call.name, detail)
-        except Exception:
-            log.exception("the error store is unavailable; the model gets the error inline")
-            stored = None
-        text = format_failure(call.name, stored, raw.message)
-        hint = structured_hint(structured)
-        return f"{text}\n{hint}" if hint else text
-
-    async def on_large(session_key: str, tool_name: str, content: str) -> str:
-        assert results is not None
-        result_id = await results.put(session_key, tool_name, content)
-        return format_large_result(tool_name, result_id, content, LARGE_RESULT_PREVIEW)
-
-    return (on_failure if errors else None), (on_large if results else None)
 
 
 async def _quietly(awaitable: Awaitable[Any], what: str) -> None:

@@ -44,7 +44,8 @@ def run(ctx: click.Context) -> None:
 
 async def _open_app(settings: Settings) -> Roost | None:
     """The app, or ``None`` after saying exactly what to set for the provider."""
-    from bot.app.roost import Roost, resolve_provider
+    from bot.app.offers import resolve_provider
+    from bot.app.roost import Roost
     from bot.config.settings import SetupError
     from bot.pluginhost.manager import get_plugin_manager
 
