@@ -23,13 +23,14 @@ from typing import Any
 
 from bot.agents.router import AgentRouter
 from bot.config.settings import Settings
-from bot.contracts.channel import Channel, ReplyStream
+from bot.contracts.channel import Channel
 from bot.contracts.commands import Command, parse_command
 from bot.contracts.llm import Usage
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.contracts.runtime import Runtime
 from bot.dispatch.access import PairingGate
 from bot.dispatch.commands import run_command
+from bot.dispatch.delivery import deliver_result, run_commit
 from bot.dispatch.intake import ChatPolicy
 from bot.dispatch.lanes import Lane, Lanes, Pending, Running
 from bot.dispatch.redelivery import Redeliveries
@@ -335,8 +336,10 @@ class Dispatcher:
                 if pending.entries:
                     options["journal"] = pending.journal or RunJournal(self.inbox,
                                                                        pending.entries[-1])
-                    options["on_commit"] = self._committer(message, pending.entries, bridge,
-                                                           lane.key, run_id)
+                    options["on_commit"] = run_commit(
+                        self.inbox, message, pending.entries, draft=lambda: draft_id(bridge.stream),
+                        fence=None if self.replicas is None
+                        else self.replicas.fence(lane.key, run_id))
                 result = await self.engine.run(
                     RunRequest(asked, session, run_id=run_id, **options), watch)
             if self.replicas is not None and run_id in self.replicas.lost_runs:
@@ -353,7 +356,9 @@ class Dispatcher:
                 if bridge.stream is not None:
                     await bridge.stream.finish(None)
             else:
-                await self._deliver(channel, message, result, bridge.stream)
+                await deliver_result(channel, message, result, bridge.stream,
+                                     inbox=self.inbox, redeliveries=self.redeliveries,
+                                     count=self.on_delivery)
             if pending.done is not None and not pending.done.done():
                 pending.done.set_result(result)
         except asyncio.CancelledError:
@@ -392,63 +397,6 @@ class Dispatcher:
                  else (config.model if config is not None and config.model else None)
                  or self.settings.model)
         self.budgets.record(message, agent, usage, model)
-
-    def _committer(self, message: InboundMessage, entries: tuple[int, ...],
-                   bridge: StreamBridge, key: str, run_id: str) -> Any:
-        """What the run writes in its own commit: entries done, the reply into the outbox
-        (and, with replicas, the check that the session's lease is still this replica's)."""
-        replicas = self.replicas
-
-        def on_commit(reply: str | None, failed: bool) -> Any:
-            out = None if reply is None else OutboundMessage.reply_to_message(
-                message, reply, "error" if failed else "reply")
-            finish = self.inbox.finish(entries, out, draft_id(bridge.stream))
-            if replicas is None:
-                return finish
-            fence = replicas.fence(key, run_id)
-
-            async def fenced(db: Any) -> Any:
-                outbox_id = await finish(db)
-                await fence(db)  # last: after the inbox rows (see Claims.fence)
-                return outbox_id
-            return fenced
-        return on_commit
-
-    async def _deliver(self, channel: Channel | None, message: InboundMessage,
-                       result: RunResult, stream: ReplyStream | None) -> None:
-        if channel is None:
-            log.error("no channel %r to deliver run %s", message.channel, result.run_id)
-            return
-        reply = None if result.reply is None else OutboundMessage.reply_to_message(
-            message, result.reply, "error" if result.status == "failed" else "reply")
-        draft = draft_id(stream)
-        try:
-            if stream is not None:
-                await stream.finish(result.reply)
-                platform_id = draft_id(stream)
-            elif reply is not None:
-                if result.outbox_id is not None:
-                    reply = dataclasses.replace(reply, delivery_id=f"roost-{result.outbox_id}")
-                platform_id = await channel.send(reply)
-            else:
-                return
-        except Exception as exc:
-            if reply is not None:
-                kept = result.outbox_id is not None
-                self.on_delivery(message.channel, "failed" if kept else "given_up")
-            if result.outbox_id is None or reply is None:
-                log.warning("delivering run %s to %s:%s failed: %s", result.run_id,
-                            message.channel, message.chat_id, exc)
-                return
-            log.warning("delivering run %s to %s:%s failed (%s); it stays in the outbox",
-                        result.run_id, message.channel, message.chat_id, exc)
-            self.inbox.not_delivered(result.outbox_id, final=False)
-            self.redeliveries.schedule(result.outbox_id, reply, draft, 1)
-            return
-        if reply is not None:  # not a silent or withdrawn reply
-            self.on_delivery(message.channel, "ok")
-        if result.outbox_id is not None:
-            self.inbox.delivered(result.outbox_id, platform_id)
 
     # -- commands --------------------------------------------------------------
 

@@ -1,0 +1,91 @@
+"""The end of a run: what its commit writes, then the reply handed to the platform.
+
+A reply is written to the outbox in the run's own commit (with the inbox entries
+it answers), so a process that dies after the commit sends it after a restart;
+one the platform did not take stays in the outbox for :mod:`.redelivery`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from bot.contracts.channel import Channel, ReplyStream
+from bot.contracts.messages import InboundMessage, OutboundMessage
+from bot.dispatch.redelivery import Redeliveries
+from bot.dispatch.stream import draft_id
+from bot.engine.runloop import RunResult
+from bot.storage.inbox import Inbox
+
+log = logging.getLogger("roost.dispatch.delivery")
+
+Fence = Callable[[Any], Awaitable[None]]
+"""A check in the commit that this replica still holds the session's lease."""
+
+
+def run_commit(inbox: Inbox, message: InboundMessage, entries: tuple[int, ...], *,
+               draft: Callable[[], str | None], fence: Fence | None) -> Any:
+    """What a run writes in its own commit: its entries done and the reply into the outbox.
+
+    ``draft()`` is the id of the draft shown while streaming, read at commit time;
+    ``fence`` (with replicas) runs last, after the inbox rows (see ``Claims.fence``).
+    """
+
+    def on_commit(reply: str | None, failed: bool) -> Any:
+        out = None if reply is None else OutboundMessage.reply_to_message(
+            message, reply, "error" if failed else "reply")
+        finish = inbox.finish(entries, out, draft())
+        if fence is None:
+            return finish
+
+        async def fenced(db: Any) -> Any:
+            outbox_id = await finish(db)
+            await fence(db)
+            return outbox_id
+        return fenced
+    return on_commit
+
+
+async def deliver_result(channel: Channel | None, message: InboundMessage, result: RunResult,
+                         stream: ReplyStream | None, *, inbox: Inbox,
+                         redeliveries: Redeliveries,
+                         count: Callable[[str, str], None]) -> None:
+    """Show a committed run's reply: finish its draft or send it, and record the outcome.
+
+    ``count(channel, outcome)`` sees ``ok``, ``failed`` (kept for redelivery) or
+    ``given_up``.
+    """
+    if channel is None:
+        log.error("no channel %r to deliver run %s", message.channel, result.run_id)
+        return
+    reply = None if result.reply is None else OutboundMessage.reply_to_message(
+        message, result.reply, "error" if result.status == "failed" else "reply")
+    draft = draft_id(stream)
+    try:
+        if stream is not None:
+            await stream.finish(result.reply)
+            platform_id = draft_id(stream)
+        elif reply is not None:
+            if result.outbox_id is not None:
+                reply = dataclasses.replace(reply, delivery_id=f"roost-{result.outbox_id}")
+            platform_id = await channel.send(reply)
+        else:
+            return
+    except Exception as exc:
+        if reply is not None:
+            count(message.channel, "failed" if result.outbox_id is not None else "given_up")
+        if result.outbox_id is None or reply is None:
+            log.warning("delivering run %s to %s:%s failed: %s", result.run_id,
+                        message.channel, message.chat_id, exc)
+            return
+        log.warning("delivering run %s to %s:%s failed (%s); it stays in the outbox",
+                    result.run_id, message.channel, message.chat_id, exc)
+        inbox.not_delivered(result.outbox_id, final=False)
+        redeliveries.schedule(result.outbox_id, reply, draft, 1)
+        return
+    if reply is not None:  # not a silent or withdrawn reply
+        count(message.channel, "ok")
+    if result.outbox_id is not None:
+        inbox.delivered(result.outbox_id, platform_id)
