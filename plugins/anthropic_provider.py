@@ -18,18 +18,21 @@ calls behind the provider's circuit breaker during an outage.
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anthropic
-from anthropic.types import (
-    MessageParam,
-    RawMessageStreamEvent,
-    TextBlockParam,
-    ToolParam,
-)
+if TYPE_CHECKING:  # the SDK is imported only where no key is configured (see __init__)
+    import anthropic
+    from anthropic.types import (
+        MessageParam,
+        RawMessageStreamEvent,
+        TextBlockParam,
+        ToolParam,
+    )
 
 # Built-in: the HTTP providers share Roost's own circuit breaker and retry plumbing.
 from bot.resilience.breaker import CircuitBreaker
@@ -40,7 +43,17 @@ from plugins.anthropic_request import (
     to_anthropic_tools,
     with_note,
 )
-from plugins.anthropic_stream import close_streams, open_stream, tls_context
+from plugins.anthropic_stream import (
+    ConnectFailure,
+    ReadFailure,
+    ReadTimeout,
+    RequestTimeout,
+    Route,
+    StatusFailure,
+    close_streams,
+    open_stream,
+    tls_context,
+)
 from plugins.provider_media import (
     ANTHROPIC_MAX_PIXELS,
     MediaReader,
@@ -97,23 +110,26 @@ class AnthropicProvider:
         prompt_cache: bool = True,
     ) -> None:
         key = settings.anthropic_api_key
-        try:
-            self._client = anthropic.AsyncAnthropic(
+        token = os.environ.get("ANTHROPIC_AUTH_TOKEN") or None
+        self._target: Route | anthropic.AsyncAnthropic
+        self._missing_key = False
+        if key is not None or token is not None:
+            # The usual deployment: a configured key. The request is sent directly
+            # (plugins.anthropic_stream), and the SDK is never imported.
+            self._target = Route.direct(
                 api_key=key.get_secret_value() if key is not None else None,
-                base_url=settings.anthropic_base_url or None,
-                max_retries=0,
+                auth_token=token if key is None else None,
+                base_url=settings.anthropic_base_url or os.environ.get("ANTHROPIC_BASE_URL"),
+                user_agent=f"roost/{_version()}")
+        else:
+            self._target = _sdk_client(settings)
+            # If the SDK found no credentials either, every request would fail
+            # with a bare TypeError; fail with the setting to fix instead.
+            self._missing_key = (
+                self._target.api_key is None
+                and self._target.auth_token is None
+                and getattr(self._target, "credentials", None) is None
             )
-        except anthropic.AnthropicError as exc:
-            # Without a key the SDK looks for credential profiles on disk, and
-            # a broken profile fails construction.
-            raise ProviderError(f"Anthropic credentials could not be loaded: {exc}") from exc
-        # If the SDK found no credentials either, every request would fail
-        # with a bare TypeError; fail with the setting to fix instead.
-        self._missing_key = (
-            self._client.api_key is None
-            and self._client.auth_token is None
-            and getattr(self._client, "credentials", None) is None
-        )
         tls_context()  # here, off the event loop when built by the warm-up
         self.retry = RetryPolicy(max_attempts, retry_base_delay)
         self.breaker = breaker or CircuitBreaker()
@@ -169,8 +185,9 @@ class AnthropicProvider:
 
     async def aclose(self) -> None:
         """Close the HTTP client and its connections."""
-        await close_streams(self._client)
-        await self._client.close()
+        await close_streams(self._target)
+        if not isinstance(self._target, Route):
+            await self._target.close()
 
     async def _stream_once(
         self,
@@ -184,7 +201,7 @@ class AnthropicProvider:
         progress = _Progress()
         await read_stream(
             # No temperature: this Messages API version no longer accepts one.
-            lambda: open_stream(self._client, model=request.model,
+            lambda: open_stream(self._target, model=request.model,
                                 max_tokens=request.max_tokens, system=system,
                                 messages=messages, tools=tools),
             lambda event: progress.handle(event, on_text),
@@ -284,21 +301,58 @@ class _Progress:
 
 
 def _failure(exc: Exception) -> AttemptFailed:
-    """Classify anything the SDK or its HTTP stack raised during one attempt."""
-    if isinstance(exc, anthropic.APIStatusError):
-        retry_after = parse_retry_after(exc.response.headers.get("retry-after"))
-        return AttemptFailed(_status_error(exc), retry_after)
-    if isinstance(exc, anthropic.APITimeoutError):
+    """Classify anything one attempt raised: the direct route's failures or the SDK's."""
+    if isinstance(exc, StatusFailure):
+        retry_after = parse_retry_after(exc.headers.get("retry-after"))
+        return AttemptFailed(_status_error(exc.status, exc.body, exc.message), retry_after)
+    if isinstance(exc, RequestTimeout):
         return AttemptFailed(ProviderError("the request to Anthropic timed out", retryable=True))
-    if isinstance(exc, anthropic.APIConnectionError):
+    if isinstance(exc, ConnectFailure):
         text = f"could not reach Anthropic: {_cause(exc)}"
         return AttemptFailed(ProviderError(text, retryable=True))
+    if isinstance(exc, ReadTimeout):
+        return AttemptFailed(ProviderError("the Anthropic stream timed out", retryable=True))
+    if isinstance(exc, ReadFailure):
+        text = f"the connection to Anthropic failed: {_describe(exc)}"
+        return AttemptFailed(ProviderError(text, retryable=True))
+    if "anthropic" in sys.modules:  # an SDK client's call: its exception types
+        import anthropic
+        if isinstance(exc, anthropic.APIStatusError):
+            retry_after = parse_retry_after(exc.response.headers.get("retry-after"))
+            return AttemptFailed(_status_error(exc.status_code, exc.body, exc.message),
+                                 retry_after)
+        if isinstance(exc, anthropic.APITimeoutError):
+            return AttemptFailed(ProviderError("the request to Anthropic timed out",
+                                               retryable=True))
+        if isinstance(exc, anthropic.APIConnectionError):
+            text = f"could not reach Anthropic: {_cause(exc)}"
+            return AttemptFailed(ProviderError(text, retryable=True))
     if type(exc).__module__.split(".")[0] in _TRANSPORT_PACKAGES:
         if "Timeout" in type(exc).__name__:
             return AttemptFailed(ProviderError("the Anthropic stream timed out", retryable=True))
         text = f"the connection to Anthropic failed: {_describe(exc)}"
         return AttemptFailed(ProviderError(text, retryable=True))
     return AttemptFailed(ProviderError(f"Anthropic call failed: {_describe(exc)}"))
+
+
+def _sdk_client(settings: Settings) -> anthropic.AsyncAnthropic:
+    """An SDK client, for credentials only the SDK finds (its environment and profiles)."""
+    import anthropic
+    try:
+        return anthropic.AsyncAnthropic(base_url=settings.anthropic_base_url or None,
+                                        max_retries=0)
+    except anthropic.AnthropicError as exc:
+        # Without a key the SDK looks for credential profiles on disk, and
+        # a broken profile fails construction.
+        raise ProviderError(f"Anthropic credentials could not be loaded: {exc}") from exc
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("roost")
+    except PackageNotFoundError:
+        return "0"
 
 
 def _describe(exc: BaseException) -> str:
@@ -324,10 +378,9 @@ def _api_message(body: object) -> tuple[str | None, str | None]:
     return None, None
 
 
-def _status_error(exc: anthropic.APIStatusError) -> ProviderError:
-    status = exc.status_code
-    etype, message = _api_message(exc.body)
-    detail = message or exc.message
+def _status_error(status: int, body: object, fallback: str) -> ProviderError:
+    etype, message = _api_message(body)
+    detail = message or fallback
     if status < 400:
         # An ``event: error`` inside a 200 stream: classify by its type.
         retryable = etype in _RETRYABLE_STREAM_ERRORS

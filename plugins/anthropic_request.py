@@ -10,18 +10,19 @@ merges roles and turns parts into ``image``/``document`` blocks,
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
-from anthropic.types import (
-    CacheControlEphemeralParam,
-    DocumentBlockParam,
-    ImageBlockParam,
-    MessageParam,
-    TextBlockParam,
-    ToolParam,
-    ToolResultBlockParam,
-    ToolUseBlockParam,
-)
+if TYPE_CHECKING:  # the SDK's TypedDicts name the wire shapes; importing it costs ~45 MiB
+    from anthropic.types import (
+        CacheControlEphemeralParam,
+        DocumentBlockParam,
+        ImageBlockParam,
+        MessageParam,
+        TextBlockParam,
+        ToolParam,
+        ToolResultBlockParam,
+        ToolUseBlockParam,
+    )
 
 # Built-in: images and PDFs are prepared by the providers' shared media reader.
 from plugins.provider_media import (
@@ -42,8 +43,9 @@ __all__ = [
     "with_note",
 ]
 
-_Block = (TextBlockParam | ToolUseBlockParam | ToolResultBlockParam | ImageBlockParam
-          | DocumentBlockParam)
+if TYPE_CHECKING:
+    _Block = (TextBlockParam | ToolUseBlockParam | ToolResultBlockParam | ImageBlockParam
+              | DocumentBlockParam)
 
 MAX_CACHE_BREAKPOINTS = 4
 """The Messages API refuses a request with more ``cache_control`` blocks (400)."""
@@ -193,7 +195,7 @@ def with_note(messages: list[MessageParam], note: str) -> None:
         return
     block: TextBlockParam = {"type": "text", "text": note}
     if messages and messages[-1]["role"] == "user" and isinstance(messages[-1]["content"], list):
-        cast(list[_Block], messages[-1]["content"]).append(block)
+        cast("list[_Block]", messages[-1]["content"]).append(block)
     else:
         messages.append({"role": "user", "content": [block]})
 

@@ -1,28 +1,31 @@
-"""A streamed Messages API call without the ``anthropic`` SDK's per-call work.
+"""A streamed Messages API call without the ``anthropic`` SDK on the hot path.
 
 ``client.messages.create(stream=True)`` costs about as much CPU as the rest of a
 chat turn together: each call copies and walks the request body, builds its
 headers layer by layer, goes through ``httpx``/``httpcore``'s pool and
 ``anyio`` streams, and validates every streamed event into pydantic models.
-:func:`open_stream` sends the same request (the headers the SDK would send,
-computed once per client; its base URL and timeouts) over ``aiohttp``, which
-the channels already use and which costs a fraction per call, and parses the
-server-sent events itself into :class:`Event` dicts that read like the SDK's
-event models (``event.delta.text``; a field the server left out reads
-``None``).
+And importing the SDK at all (2.x loads every beta type) takes ~45 MiB of
+memory and over a second of CPU. :func:`open_stream` sends the request over
+``aiohttp``, which the channels already use, and parses the server-sent events
+itself into :class:`Event` dicts that read like the SDK's event models
+(``event.delta.text``; a field the server left out reads ``None``).
 
-Failures keep the SDK's types, so callers classify them as before: a failure
-to send is :class:`anthropic.APIConnectionError` or
-:class:`anthropic.APITimeoutError` (caused by the transport's exception), an
-error status or an ``event: error`` in the stream is the SDK's own
-:class:`anthropic.APIStatusError` subclass for it, and a failure while reading
-the body is a transport error of the SDK's HTTP package (``ReadTimeout``,
-``ReadError``), as the SDK's stream raises. Nothing here retries: :mod:`plugins.provider_retry`
-does.
+It serves two kinds of target:
 
-Clients this does not cover (middleware, custom auth, a subclass such as
-Bedrock or Vertex) go through ``messages.create`` unchanged. The connections
-are closed by :func:`close_streams` (the provider's ``aclose``).
+* a :class:`Route` built by :meth:`Route.direct` from a configured key (the
+  usual deployment): the SDK is never imported. Failures are this module's
+  :class:`StatusFailure`, :class:`ConnectFailure`, :class:`RequestTimeout`,
+  :class:`ReadTimeout` and :class:`ReadFailure`.
+* an ``anthropic.AsyncAnthropic`` client (credentials the SDK finds itself):
+  the same request with the headers that client would send, and the SDK's
+  own exception types (:class:`anthropic.APIStatusError` subclasses,
+  :class:`anthropic.APIConnectionError`, its HTTP package's ``ReadTimeout``
+  and ``ReadError``), so callers classify them as the SDK's. Clients this
+  does not cover (middleware, custom auth, a subclass such as Bedrock or
+  Vertex) go through ``messages.create`` unchanged.
+
+Nothing here retries: :mod:`plugins.provider_retry` does. The connections are
+closed by :func:`close_streams` (the provider's ``aclose``).
 """
 
 from __future__ import annotations
@@ -36,23 +39,26 @@ import urllib.request
 from collections import deque
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from weakref import WeakKeyDictionary
 
 import aiohttp
-import anthropic
-import anthropic._base_client
 import certifi
 
-__all__ = ["Event", "EventStream", "SSEParser", "close_streams", "open_stream"]
+if TYPE_CHECKING:
+    import anthropic
 
-# The SDK's HTTP package (httpx2 in SDK 1.x/2.x, httpx in 0.x): its requests and
-# responses go into the SDK's exceptions, and its transport errors are what the
-# providers recognise as a failed stream.
-httpx: Any = (getattr(anthropic._base_client, "httpx2", None)
-              or getattr(anthropic._base_client, "httpx"))  # noqa: B009
+__all__ = ["ConnectFailure", "Event", "EventStream", "ReadFailure", "ReadTimeout",
+           "RequestTimeout", "Route", "SSEParser", "StatusFailure", "close_streams",
+           "open_stream"]
 
 _MESSAGES_PATH: Final = "/v1/messages"
+API_VERSION: Final = "2023-06-01"
+"""The ``anthropic-version`` header a direct route sends (the SDK's)."""
+DEFAULT_BASE_URL: Final = "https://api.anthropic.com"
+CONNECT_TIMEOUT: Final = 5.0
+READ_TIMEOUT: Final = 600.0
+"""The SDK's default timeouts, which a direct route keeps."""
 _MAX_CONNECTIONS: Final = 1000
 """As the SDK's pool allows."""
 
@@ -90,29 +96,88 @@ def tls_context() -> ssl.SSLContext:
     return ssl.create_default_context(cafile=certifi.where())
 
 
-class _Route:
-    """What every call of one client shares: URL, headers, timeouts, the HTTP session."""
+class StatusFailure(Exception):
+    """The API answered with an error status, or an ``event: error`` inside a stream.
 
-    __slots__ = ("headers", "loop", "proxy", "session", "timeout", "url")
+    ``status`` is the HTTP status (200 for an error event in a stream), ``body``
+    the parsed JSON body (or its text), ``headers`` the response headers (names
+    case-insensitive).
+    """
 
-    def __init__(self, client: anthropic.AsyncAnthropic) -> None:
-        self.url = str(client._prepare_url(_MESSAGES_PATH))
+    def __init__(self, message: str, *, status: int, body: object,
+                 headers: Mapping[str, str]) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.body = body
+        self.headers = headers
+
+
+class ConnectFailure(Exception):
+    """The request could not be sent (refused, reset, DNS, TLS); caused by the transport's error."""
+
+
+class RequestTimeout(Exception):
+    """No response (status and headers) within the route's timeouts."""
+
+
+class ReadTimeout(Exception):
+    """The streamed body stalled longer than the read timeout."""
+
+
+class ReadFailure(Exception):
+    """The connection failed while the streamed body was read."""
+
+
+class Route:
+    """What every call of one target shares: URL, headers, timeouts, the HTTP session.
+
+    Built by :meth:`direct` from a key (no SDK) or by :meth:`of_client` from an
+    SDK client (its URL, headers and timeouts).
+    """
+
+    __slots__ = ("client", "headers", "loop", "proxy", "session", "timeout", "url")
+
+    def __init__(self, url: str, headers: dict[str, str], *, connect: float | None,
+                 read: float | None, client: anthropic.AsyncAnthropic | None = None) -> None:
+        self.url = url
+        self.headers = headers
+        self.timeout = aiohttp.ClientTimeout(total=None, connect=connect, sock_read=read)
+        self.client = client
+        """The SDK client whose exception types failures take (``None``: this module's)."""
+        self.session: aiohttp.ClientSession | None = None
+        self.proxy = _env_proxy(url)
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def direct(cls, *, api_key: str | None = None, auth_token: str | None = None,
+               base_url: str | None = None, user_agent: str = "roost") -> Route:
+        """A route for a key (``X-Api-Key``) or a bearer token, as the SDK would send them."""
+        headers = {"accept": "application/json", "content-type": "application/json",
+                   "anthropic-version": API_VERSION, "user-agent": user_agent}
+        if api_key is not None:
+            headers["x-api-key"] = api_key
+        if auth_token is not None:
+            headers["authorization"] = f"Bearer {auth_token}"
+        base = (base_url or DEFAULT_BASE_URL).rstrip("/")
+        return cls(base + _MESSAGES_PATH, headers, connect=CONNECT_TIMEOUT, read=READ_TIMEOUT)
+
+    @classmethod
+    def of_client(cls, client: anthropic.AsyncAnthropic) -> Route:
+        """The request ``client.messages.create`` would send on a first attempt."""
+        httpx = _sdk_httpx()
         timeout = client.timeout
         if isinstance(timeout, httpx.Timeout):
             read, connect = timeout.read, timeout.connect
         else:
             read = connect = timeout
-        self.timeout = aiohttp.ClientTimeout(total=None, connect=connect, sock_read=read)
-        # The headers ``messages.create`` sends on a first attempt, values the
-        # caller ``Omit``-ted left out.
+        # Values the caller ``Omit``-ted are left out.
         headers = {"x-stainless-retry-count": "0", "x-stainless-timeout": str(read)}
         if read is not None:
             headers["x-stainless-read-timeout"] = str(read)
         headers.update((k, v) for k, v in client.default_headers.items() if isinstance(v, str))
-        self.headers = headers
-        self.session: aiohttp.ClientSession | None = None
-        self.proxy = _env_proxy(self.url)
-        self.loop: asyncio.AbstractEventLoop | None = None
+        return cls(str(client._prepare_url(_MESSAGES_PATH)), headers, connect=connect,
+                   read=read, client=client)
 
     def session_for(self, loop: asyncio.AbstractEventLoop) -> aiohttp.ClientSession:
         session = self.session
@@ -124,6 +189,80 @@ class _Route:
                 timeout=self.timeout, skip_auto_headers=("User-Agent",))
             self.session, self.loop = session, loop
         return session
+
+    async def close(self) -> None:
+        """Close this route's connections."""
+        session, self.session = self.session, None
+        if session is not None and not session.closed:
+            await session.close()
+
+    # -- failures, as this module's types or (with a client) the SDK's ----------------
+
+    def timed_out(self) -> Exception:
+        if self.client is None:
+            return RequestTimeout(f"no response from {self.url}")
+        import anthropic
+        return anthropic.APITimeoutError(request=self._sdk_request())
+
+    def unreachable(self) -> Exception:
+        if self.client is None:
+            return ConnectFailure(f"could not connect to {self.url}")
+        import anthropic
+        return anthropic.APIConnectionError(request=self._sdk_request())
+
+    def status_failure(self, response: aiohttp.ClientResponse, content: bytes) -> Exception:
+        if self.client is not None:
+            return self.client._make_status_error_from_response(
+                self._sdk_response(response, content))
+        body: object
+        try:
+            body = json.loads(content) if content else None
+        except ValueError:
+            body = content.decode(errors="replace")
+        message = f"Error code: {response.status}" + (f" - {body}" if body else "")
+        return StatusFailure(message, status=response.status, body=body,
+                             headers=response.headers)
+
+    def stream_failure(self, response: aiohttp.ClientResponse, data: bytes) -> Exception:
+        """An ``event: error`` of a stream: the status error its body describes."""
+        body: object
+        try:
+            body = json.loads(data)
+            message = f"{body}"
+        except ValueError:
+            body = data.decode(errors="replace")
+            message = str(body) or f"Error code: {response.status}"
+        if self.client is not None:
+            return self.client._make_status_error(
+                message, body=body, response=self._sdk_response(response, b""))
+        return StatusFailure(message, status=response.status, body=body,
+                             headers=response.headers)
+
+    def read_timeout(self, text: str) -> Exception:
+        return _sdk_httpx().ReadTimeout(text) if self.client is not None else ReadTimeout(text)
+
+    def read_failure(self, text: str) -> Exception:
+        return _sdk_httpx().ReadError(text) if self.client is not None else ReadFailure(text)
+
+    def _sdk_request(self) -> Any:
+        """The request as the SDK's exceptions carry it (they name its method and URL)."""
+        return _sdk_httpx().Request("POST", self.url)
+
+    def _sdk_response(self, response: aiohttp.ClientResponse, content: bytes) -> Any:
+        """``response`` as the ``httpx`` response the SDK's status errors carry."""
+        return _sdk_httpx().Response(
+            response.status,
+            headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in response.raw_headers],
+            content=content, request=self._sdk_request())
+
+
+def _sdk_httpx() -> Any:
+    """The SDK's HTTP package (httpx2 in SDK 1.x/2.x, httpx in 0.x): its requests and
+    responses go into the SDK's exceptions, and its transport errors are what the
+    providers recognise as a failed stream. Imported only for an SDK client."""
+    import anthropic._base_client
+    return (getattr(anthropic._base_client, "httpx2", None)
+            or getattr(anthropic._base_client, "httpx"))  # noqa: B009
 
 
 def _env_proxy(url: str) -> str | None:
@@ -138,39 +277,33 @@ def _env_proxy(url: str) -> str | None:
     return proxy
 
 
-_routes: WeakKeyDictionary[anthropic.AsyncAnthropic, _Route | None] = WeakKeyDictionary()
+_routes: WeakKeyDictionary[anthropic.AsyncAnthropic, Route | None] = WeakKeyDictionary()
 
 
-def _route(client: anthropic.AsyncAnthropic) -> _Route | None:
+def _route(client: anthropic.AsyncAnthropic) -> Route | None:
     """The shared request parts for ``client``, or ``None`` when the SDK must send the call."""
     try:
         return _routes[client]
     except KeyError:
         pass
+    import anthropic
     route = None
     if (type(client) is anthropic.AsyncAnthropic and not client.middleware
             and client.custom_auth is None):
-        route = _Route(client)
+        route = Route.of_client(client)
     _routes[client] = route
     return route
 
 
-async def close_streams(client: anthropic.AsyncAnthropic) -> None:
-    """Close the connections :func:`open_stream` opened for ``client``."""
-    route = _routes.get(client)
-    if route is not None and route.session is not None:
-        session, route.session = route.session, None
-        if not session.closed:
-            await session.close()
-
-
-def _request(route: _Route) -> httpx.Request:
-    """The request as the SDK's exceptions carry it (they name its method and URL)."""
-    return httpx.Request("POST", route.url)
+async def close_streams(target: Route | anthropic.AsyncAnthropic) -> None:
+    """Close the connections :func:`open_stream` opened for ``target``."""
+    route = target if isinstance(target, Route) else _routes.get(target)
+    if route is not None:
+        await route.close()
 
 
 async def open_stream(
-    client: anthropic.AsyncAnthropic,
+    target: Route | anthropic.AsyncAnthropic,
     *,
     model: str,
     max_tokens: int,
@@ -184,9 +317,11 @@ async def open_stream(
     error status raises here. Use the result with ``async with`` so the
     response is closed on every exit.
     """
-    route = _route(client)
+    route = target if isinstance(target, Route) else _route(target)
     if route is None:
-        return await client.messages.create(
+        import anthropic
+        assert not isinstance(target, Route)
+        return await target.messages.create(
             model=model, max_tokens=max_tokens, system=system or anthropic.omit,
             messages=messages, tools=tools or anthropic.omit, stream=True)
     body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "messages": messages}
@@ -201,9 +336,9 @@ async def open_stream(
         response = await session.post(route.url, data=data, headers=route.headers,
                                       proxy=route.proxy)
     except TimeoutError as exc:
-        raise anthropic.APITimeoutError(request=_request(route)) from exc
+        raise route.timed_out() from exc
     except (aiohttp.ClientError, OSError) as exc:
-        raise anthropic.APIConnectionError(request=_request(route)) from exc
+        raise route.unreachable() from exc
     if response.status >= 300:
         try:
             content = await response.read()
@@ -211,16 +346,8 @@ async def open_stream(
             content = b""
         finally:
             response.release()
-        raise client._make_status_error_from_response(_as_httpx(route, response, content))
-    return EventStream(client, route, response)
-
-
-def _as_httpx(route: _Route, response: aiohttp.ClientResponse, content: bytes) -> httpx.Response:
-    """``response`` as the ``httpx`` response the SDK's status errors carry (headers, body)."""
-    return httpx.Response(
-        response.status,
-        headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in response.raw_headers],
-        content=content, request=_request(route))
+        raise route.status_failure(response, content)
+    return EventStream(route, response)
 
 
 class SSEParser:
@@ -273,17 +400,15 @@ def _event(block: bytes) -> tuple[str | None, bytes] | None:
 class EventStream:
     """The events of one streamed response, as :class:`Event` dicts; closes the response on exit."""
 
-    __slots__ = ("_client", "_done", "_failed", "_parser", "_pending", "_route", "response")
+    __slots__ = ("_done", "_failed", "_parser", "_pending", "_route", "response")
 
-    def __init__(self, client: anthropic.AsyncAnthropic, route: _Route,
-                 response: aiohttp.ClientResponse) -> None:
-        self._client = client
+    def __init__(self, route: Route, response: aiohttp.ClientResponse) -> None:
         self._route = route
         self.response = response
         self._parser = SSEParser()
         self._pending: deque[Event] = deque()
         self._done = False
-        self._failed: anthropic.APIStatusError | None = None
+        self._failed: Exception | None = None
 
     async def __aenter__(self) -> EventStream:
         return self
@@ -308,9 +433,10 @@ class EventStream:
             try:
                 chunk = await self.response.content.readany()
             except TimeoutError as exc:
-                raise httpx.ReadTimeout(str(exc) or "timed out reading the stream") from exc
+                raise self._route.read_timeout(str(exc) or "timed out reading the stream") \
+                    from exc
             except (aiohttp.ClientError, OSError) as exc:
-                raise httpx.ReadError(_describe(exc)) from exc
+                raise self._route.read_failure(_describe(exc)) from exc
             if chunk:
                 self._take(self._parser.feed(chunk))
             else:
@@ -325,17 +451,8 @@ class EventStream:
             if name is None or name == "ping":
                 continue
             if name == "error":
-                body: object
-                try:
-                    body = json.loads(data)
-                    message = f"{body}"
-                except ValueError:
-                    body = data.decode(errors="replace")
-                    message = str(body) or f"Error code: {self.response.status}"
                 # Raised once the events before it were handed out.
-                response = _as_httpx(self._route, self.response, b"")
-                self._failed = self._client._make_status_error(
-                    message, body=body, response=response)
+                self._failed = self._route.stream_failure(self.response, data)
                 return
             if data:
                 self._pending.append(json.loads(data, object_hook=Event))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from functools import partial
@@ -16,6 +18,7 @@ from bot.contracts.llm import ChatMessage, LLMRequest, ProviderError, ToolCall, 
 from bot.resilience.breaker import BreakerPolicy, CircuitBreaker
 from bot.testing.anthropic import FakeAnthropic, ToolUse
 from plugins.anthropic_provider import AnthropicProvider
+from plugins.anthropic_stream import StatusFailure
 from plugins.provider_retry import RetryPolicy
 from tests.provider_helpers import ANTHROPIC_KEY as KEY
 from tests.provider_helpers import RetryLog, anthropic_for, request_for
@@ -322,7 +325,8 @@ async def test_three_failures_below_the_breaker_threshold_raise_after_two_retrie
     assert "3 attempts" in str(caught.value)
     assert [(a, m) for a, m, _ in retries.calls] == [(2, 3), (3, 3)]
     assert len(fake.requests) == 3
-    assert isinstance(caught.value.__cause__, anthropic.OverloadedError)
+    assert isinstance(caught.value.__cause__, StatusFailure)
+    assert caught.value.__cause__.status == 529
 
 
 async def test_max_attempts_bounds_the_number_of_requests(fake: FakeAnthropic) -> None:
@@ -503,3 +507,54 @@ async def test_fake_serves_non_streaming_json_to_the_sdk(fake: FakeAnthropic) ->
     assert message.content[0].type == "text"
     assert message.content[1].type == "tool_use"
     assert message.content[1].input == {"path": "a.txt"}
+
+
+def test_a_configured_key_sends_requests_without_importing_the_sdk() -> None:
+    # Importing anthropic 2.x costs ~45 MiB and over a second: a deployment with a
+    # key never pays it (the SDK stays the fallback for credentials only it finds).
+    code = ("import sys\n"
+            "from bot.config.settings import Settings\n"
+            "from plugins.anthropic_provider import AnthropicProvider\n"
+            "AnthropicProvider(Settings(anthropic_api_key='k'))\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'anthropic'))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parent.parent)
+    assert out.stdout.strip() == "[]"
+
+
+async def test_a_bearer_token_alone_is_sent_as_authorization(
+    fake: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_AUTH_TOKEN", KEY)
+    fake.reply_text("hello by token")
+    provider = AnthropicProvider(Settings(anthropic_api_key=None, anthropic_base_url=fake.base_url))
+    try:
+        response = await provider.complete(ask())
+    finally:
+        await provider.aclose()
+    assert response.text == "hello by token"
+    assert fake.requests[-1].headers["authorization"] == f"Bearer {KEY}"
+    assert "x-api-key" not in fake.requests[-1].headers
+
+
+async def test_credentials_only_the_sdk_finds_go_through_the_sdk_client(
+    fake: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No key in Roost's settings: the SDK looks for credentials itself (here its
+    # environment, read when the client is built) and its client carries the call.
+    monkeypatch.delenv("ANTHROPIC_AUTH_TOKEN", raising=False)
+    settings = Settings(anthropic_api_key=None, anthropic_base_url=fake.base_url)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+    provider = AnthropicProvider(settings, max_attempts=1)
+    fake.fail(529, "overloaded_error", "Overloaded")
+    fake.reply_text("hello through the SDK")
+    try:
+        assert isinstance(provider._target, anthropic.AsyncAnthropic)
+        with pytest.raises(ProviderError) as caught:
+            await provider.complete(ask())
+        response = await provider.complete(ask())
+    finally:
+        await provider.aclose()
+    assert isinstance(caught.value.__cause__, anthropic.OverloadedError)
+    assert response.text == "hello through the SDK"
+    assert fake.requests[-1].api_key == KEY
