@@ -37,10 +37,9 @@ if TYPE_CHECKING:  # the SDK is imported only where no key is configured (see __
 # Built-in: the HTTP providers share Roost's own circuit breaker and retry plumbing.
 from bot.resilience.breaker import CircuitBreaker
 from plugins.anthropic_request import (
-    cache_breakpoints,
+    Prefix,
+    mark_messages,
     to_anthropic_messages,
-    to_anthropic_system,
-    to_anthropic_tools,
     with_note,
 )
 from plugins.anthropic_stream import (
@@ -137,6 +136,7 @@ class AnthropicProvider:
         """Prepares images and PDFs of the history, caching them between calls."""
         self.prompt_cache = prompt_cache
         """Whether requests carry cache breakpoints (off: every call pays full input price)."""
+        self._prefix = Prefix()
 
     async def complete(
         self,
@@ -163,14 +163,14 @@ class AnthropicProvider:
                 media=self.media)
         else:
             messages = to_anthropic_messages(request.messages)
-        tools = to_anthropic_tools(request.tools)
-        system = to_anthropic_system(request.system)
-        if self.prompt_cache and request.cache:
-            cache_breakpoints(tools, system, messages)
+        marked = self.prompt_cache and request.cache
+        tools, system, encoded = self._prefix.get(request.tools, request.system, marked)
+        if marked:
+            mark_messages(messages)
         with_note(messages, request.note)
         try:
             return await with_retries(
-                partial(self._stream_once, request, system, messages, tools),
+                partial(self._stream_once, request, system, messages, tools, encoded),
                 self.retry,
                 on_text=on_text,
                 on_retry=on_retry,
@@ -195,6 +195,7 @@ class AnthropicProvider:
         system: list[TextBlockParam],
         messages: list[MessageParam],
         tools: list[ToolParam],
+        encoded: tuple[str, str],
         on_text: OnText | None,
         opened: OnOpen,
     ) -> LLMResponse:
@@ -203,7 +204,7 @@ class AnthropicProvider:
             # No temperature: this Messages API version no longer accepts one.
             lambda: open_stream(self._target, model=request.model,
                                 max_tokens=request.max_tokens, system=system,
-                                messages=messages, tools=tools),
+                                messages=messages, tools=tools, encoded=encoded),
             lambda event: progress.handle(event, on_text),
             _failure,
             # Errors of the HTTP stack arrive unwrapped mid-stream (see

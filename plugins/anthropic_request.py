@@ -24,6 +24,9 @@ if TYPE_CHECKING:  # the SDK's TypedDicts name the wire shapes; importing it cos
         ToolUseBlockParam,
     )
 
+# Built-in: the body is encoded as the provider's direct route sends it.
+from plugins.anthropic_stream import encode_json
+
 # Built-in: images and PDFs are prepared by the providers' shared media reader.
 from plugins.provider_media import (
     ANTHROPIC_MAX_PIXELS,
@@ -36,7 +39,10 @@ from roost import ChatMessage, ToolSpec
 
 __all__ = [
     "MAX_CACHE_BREAKPOINTS",
+    "Prefix",
     "cache_breakpoints",
+    "mark_last",
+    "mark_messages",
     "to_anthropic_messages",
     "to_anthropic_system",
     "to_anthropic_tools",
@@ -172,21 +178,72 @@ def cache_breakpoints(tools: list[ToolParam], system: list[TextBlockParam],
     the previous request wrote) and the last block of the final message (what the
     next request reads). Never more than :data:`MAX_CACHE_BREAKPOINTS`.
     """
-    marks: list[dict[str, object]] = []
-    if tools:
-        marks.append(cast(dict[str, object], tools[-1]))
-    if system:
-        marks.append(cast(dict[str, object], system[-1]))
+    return mark_last(tools) + mark_last(system) + mark_messages(messages)
+
+
+def mark_last(blocks: list[ToolParam] | list[TextBlockParam]) -> int:
+    """Mark the last of ``blocks`` (the tools, or the system prompt); returns the marks set."""
+    if not blocks:
+        return 0
+    ephemeral: CacheControlEphemeralParam = {"type": "ephemeral"}
+    cast(dict[str, object], blocks[-1])["cache_control"] = ephemeral
+    return 1
+
+
+def mark_messages(messages: list[MessageParam]) -> int:
+    """Mark the last block of the last two user messages (see :func:`cache_breakpoints`).
+
+    With the tools and the system prompt marked that makes four, the most the API
+    takes, so these two never need to give way.
+    """
     users = [m for m in messages if m["role"] == "user" and isinstance(m["content"], list)]
+    ephemeral: CacheControlEphemeralParam = {"type": "ephemeral"}
+    marked = 0
     for message in users[-2:]:
         blocks = cast(list[dict[str, object]], message["content"])
         if blocks:
-            marks.append(blocks[-1])
-    marks = marks[-MAX_CACHE_BREAKPOINTS:] if len(marks) > MAX_CACHE_BREAKPOINTS else marks
-    ephemeral: CacheControlEphemeralParam = {"type": "ephemeral"}
-    for block in marks:
-        block["cache_control"] = ephemeral
-    return len(marks)
+            blocks[-1]["cache_control"] = ephemeral
+            marked += 1
+    return marked
+
+
+class Prefix:
+    """The tools and system prompt of an agent's requests, built and encoded once.
+
+    They are the same for every call of the agent (until plugins or its prompt
+    change), and encoding them is most of the JSON work of a short turn.
+    """
+
+    __slots__ = ("_entries",)
+
+    SIZE = 16
+    """Entries kept (a few agents, with and without cache marks)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[int, str, bool], tuple[object, list[ToolParam],
+                                                        list[TextBlockParam], tuple[str, str]]] = {}
+
+    def get(self, specs: Sequence[ToolSpec], system: str, marked: bool
+            ) -> tuple[list[ToolParam], list[TextBlockParam], tuple[str, str]]:
+        """``(tools, system blocks, (system JSON, tools JSON))``, marked for the cache if asked.
+
+        ``specs`` is recognised by identity (the plugin snapshot's tuple), so a
+        changed tool set is built afresh. The lists must not be changed.
+        """
+        key = (id(specs), system, marked)
+        entry = self._entries.get(key)
+        if entry is not None and entry[0] is specs:
+            return entry[1], entry[2], entry[3]
+        tools = to_anthropic_tools(specs)
+        blocks = to_anthropic_system(system)
+        if marked:
+            mark_last(tools)
+            mark_last(blocks)
+        encoded = (encode_json(blocks) if blocks else "", encode_json(tools) if tools else "")
+        if len(self._entries) >= self.SIZE:
+            self._entries.pop(next(iter(self._entries)))
+        self._entries[key] = (specs, tools, blocks, encoded)
+        return tools, blocks, encoded
 
 
 def with_note(messages: list[MessageParam], note: str) -> None:

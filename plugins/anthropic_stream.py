@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ConnectFailure", "Event", "EventStream", "ReadFailure", "ReadTimeout",
            "RequestTimeout", "Route", "SSEParser", "StatusFailure", "close_streams",
-           "open_stream"]
+           "encode_json", "open_stream"]
 
 _MESSAGES_PATH: Final = "/v1/messages"
 API_VERSION: Final = "2023-06-01"
@@ -81,8 +81,9 @@ def _jsonable(value: object) -> object:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False,
-                           default=_jsonable).encode
+encode_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False,
+                               default=_jsonable).encode
+"""JSON as the SDK sends it (compact, UTF-8 text, no NaN)."""
 
 
 @functools.cache
@@ -310,12 +311,15 @@ async def open_stream(
     system: list[Any],
     messages: list[Any],
     tools: list[Any],
+    encoded: tuple[str, str] | None = None,
 ) -> EventStream | anthropic.AsyncStream[Any]:
     """Send a streamed Messages API call; ``system`` and ``tools`` are left out when empty.
 
-    The response has begun (status and headers read) when this returns; an
-    error status raises here. Use the result with ``async with`` so the
-    response is closed on every exit.
+    ``encoded`` is ``system`` and ``tools`` already JSON-encoded (by
+    :func:`encode_json`; ``""`` for an empty one), which the same agent sends
+    unchanged with every call. The response has begun (status and headers read)
+    when this returns; an error status raises here. Use the result with
+    ``async with`` so the response is closed on every exit.
     """
     route = target if isinstance(target, Route) else _route(target)
     if route is None:
@@ -324,13 +328,15 @@ async def open_stream(
         return await target.messages.create(
             model=model, max_tokens=max_tokens, system=system or anthropic.omit,
             messages=messages, tools=tools or anthropic.omit, stream=True)
-    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "messages": messages}
-    if system:
-        body["system"] = system
-    if tools:
-        body["tools"] = tools
-    body["stream"] = True
-    data = _encode(body).encode()
+    system_json, tools_json = encoded if encoded is not None else (
+        encode_json(system) if system else "", encode_json(tools) if tools else "")
+    # The body the SDK sends, with the parts encoded once spliced in.
+    data = "".join((
+        '{"model":', encode_json(model), ',"max_tokens":', encode_json(max_tokens),
+        ',"messages":', encode_json(messages),
+        *((',"system":', system_json) if system_json else ()),
+        *((',"tools":', tools_json) if tools_json else ()),
+        ',"stream":true}')).encode()
     session = route.session_for(asyncio.get_running_loop())
     try:
         response = await session.post(route.url, data=data, headers=route.headers,

@@ -558,3 +558,31 @@ async def test_credentials_only_the_sdk_finds_go_through_the_sdk_client(
     assert isinstance(caught.value.__cause__, anthropic.OverloadedError)
     assert response.text == "hello through the SDK"
     assert fake.requests[-1].api_key == KEY
+
+
+async def test_the_tools_and_system_prompt_follow_each_request_though_encoded_once(
+    provider: AnthropicProvider, fake: FakeAnthropic
+) -> None:
+    # The provider encodes an agent's tools and prompt once and reuses them; a new
+    # tool set, another prompt or a request without cache marks must still be sent
+    # as it is, never an earlier request's.
+    first = (ToolSpec("read_file", "Read a file.", {"type": "object", "properties": {}}),)
+    second = (ToolSpec("send_file", "Send a file.", {"type": "object", "properties": {}}),)
+    for _ in range(4):
+        fake.reply_text("ok")
+    await provider.complete(request_for("claude-test", tools=first))
+    await provider.complete(request_for("claude-test", tools=first))
+    await provider.complete(request_for("claude-test", tools=second))
+    plain = request_for("claude-test", tools=second)
+    await provider.complete(LLMRequest(model=plain.model, system="be thorough",
+                                       messages=plain.messages, tools=second, cache=False))
+
+    bodies = [r.body for r in fake.requests]
+    assert bodies[0]["tools"] == bodies[1]["tools"]
+    assert [t["name"] for b in bodies for t in b["tools"]] == [
+        "read_file", "read_file", "send_file", "send_file"]
+    assert bodies[2]["tools"][-1]["cache_control"] == {"type": "ephemeral"}
+    assert bodies[2]["system"] == [{"type": "text", "text": "be brief",
+                                    "cache_control": {"type": "ephemeral"}}]
+    assert bodies[3]["system"] == [{"type": "text", "text": "be thorough"}]
+    assert "cache_control" not in bodies[3]["tools"][-1]
