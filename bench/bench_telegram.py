@@ -39,6 +39,7 @@ from bench._common import (  # noqa: E402
     verdict,
 )
 from bench._tg_driver import TimedAnthropic, Tracker, Turn  # noqa: E402
+from bench.tg_memory import run_memory  # noqa: E402
 from bot.testing.telegram import FakeTelegram  # noqa: E402
 
 WARMUP_TURNS = 30
@@ -252,16 +253,21 @@ async def run_all(runs: int, parts: Sequence[Callable[[Table], object]]) -> Tabl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3, help="runs per figure (median)")
-    parser.add_argument("--only", choices=("start", "load"), help="one part of the table")
+    parser.add_argument("--only", choices=("start", "load", "memory"),
+                        help="one part: the table's start or load figures, or where memory goes")
     args = parser.parse_args()
-    parts = {"start": [run_start], "load": [run_load]}.get(args.only, [run_start, run_load])
     began = time.perf_counter()
-    table = asyncio.run(run_all(args.runs, parts))
-    print()
-    print(f"Roost on Telegram, `roost run` measured from outside ({os.cpu_count()} cores, "
-          f"python {sys.version.split()[0]}, median of {args.runs} runs, "
-          f"{time.perf_counter() - began:.0f} s)")
-    table.print()
+    if args.only != "memory":
+        parts = {"start": [run_start], "load": [run_load]}.get(args.only or "",
+                                                               [run_start, run_load])
+        table = asyncio.run(run_all(args.runs, parts))
+        print()
+        print(f"Roost on Telegram, `roost run` measured from outside ({os.cpu_count()} cores, "
+              f"python {sys.version.split()[0]}, median of {args.runs} runs, "
+              f"{time.perf_counter() - began:.0f} s)")
+        table.print()
+    if args.only in (None, "memory"):
+        asyncio.run(run_memory())
 
 
 if __name__ == "__main__":

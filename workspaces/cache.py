@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import sys
 from collections import OrderedDict
 from pathlib import Path
 
@@ -45,6 +46,9 @@ def read_cached(path: Path | str, max_chars: int, *, within: Path | str | None =
     except OSError:
         return ""
     text = clip(text.strip(), max_chars, f"{os.path.basename(key)} is {st.st_size:,} bytes")
+    # Every new workspace starts from the same templates: one copy of each text
+    # serves them all (a new session held ~12 KB of duplicates without this).
+    text = sys.intern(text)
     _cache[key] = (stamp, text)
     if len(_cache) > _CACHE_SIZE:
         _cache.popitem(last=False)

@@ -158,7 +158,7 @@ async def _chat(settings: Settings, message: str | None, *, stream: bool,
             await console.say(message)
             await app.dispatcher.drain()
             return 1 if observer.failures else 0
-        stop = _stop_signal()
+        stop = _stop_signal(app.settings)
         await _first(console.eof.wait(), stop.wait())
         if not stop.is_set():
             # End of input: let answers to what was typed finish first.

@@ -69,12 +69,15 @@ async def _open_app(settings: Settings) -> Roost | None:
         return None
 
 
-def _stop_signal() -> asyncio.Event:
-    """An event set by Ctrl-C or SIGTERM."""
+def _stop_signal(settings: Settings) -> asyncio.Event:
+    """An event set by Ctrl-C or SIGTERM; SIGUSR2 writes a memory snapshot meanwhile."""
+    from bot.observability.memory import dump_snapshot
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGUSR2, dump_snapshot, settings.data_dir)
     return stop
 
 
@@ -149,7 +152,7 @@ async def _serve(settings: Settings) -> int:
             return EXIT_SETUP
         from bot.config.settings import SetupError
 
-        stop = _stop_signal()
+        stop = _stop_signal(settings)
         try:
             # Before the channels: /healthz answers while they connect.
             await app.serve_http(names)
