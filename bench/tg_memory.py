@@ -31,7 +31,7 @@ FIRST_CHAT = 500_000
 IMPORT_GROUPS = (
     ("interpreter + asyncio, ssl, json", "asyncio, ssl, json, sqlite3"),
     ("pydantic + settings", "pydantic, bot.config.settings"),
-    ("aiohttp", "aiohttp, aiohttp.web"),
+    ("aiohttp (client)", "aiohttp"),
     ("CLI", "bot.app.cli"),
     ("core (engine, dispatch, storage, aiosqlite)", "bot.app.roost, aiosqlite"),
     ("plugins (built-in)", "plugins, plugins.channels, plugins.providers, plugins.memory"),

@@ -43,8 +43,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from bot.config.agents import DEFAULT_MIN_SCORE, DEFAULT_TOP_K
 from workspaces.cache import is_within
 
@@ -66,8 +64,6 @@ DEFAULT_CHECK_INTERVAL = 2.0
 MAX_FILE_BYTES = 256 * 1024
 KEYWORD_WEIGHT = 2
 PATTERN_SUFFIXES = (".yaml", ".yml")
-# libyaml's safe loader when PyYAML was built with it (several times faster).
-_YamlLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 _STOPWORD_TEXT = """
     a about above after again against all am an and any are as at be because been
@@ -179,8 +175,12 @@ def load_pattern(path: Path) -> Pattern:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise PatternError(f"cannot read: {exc}") from exc
+    import yaml  # only agents with patterns read YAML: the others never load it
+
+    # libyaml's safe loader when PyYAML was built with it (several times faster).
+    loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        data = yaml.load(text, Loader=_YamlLoader)
+        data = yaml.load(text, Loader=loader)
     except yaml.YAMLError as exc:
         raise PatternError(f"invalid YAML: {exc}".replace("\n", " ")) from exc
     return _parse_pattern(data, path.name)

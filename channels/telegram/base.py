@@ -28,7 +28,6 @@ from aiogram.methods import (
 )
 from aiogram.methods.base import TelegramType
 from aiogram.types import Update, User
-from aiohttp import web
 
 from bot.contracts.channel import Channel, ChannelHealth, InboundHandler, WebRoutes
 from channels.delivery import DeliveryPolicy, deliver
@@ -37,6 +36,8 @@ from channels.telegram.errors import ChatMigrated, _translated
 from channels.telegram.parsing import SEEN_UPDATES
 
 if TYPE_CHECKING:
+    from aiohttp import web
+
     from bot.config.settings import Settings
 
 log = logging.getLogger("roost.channels.telegram")

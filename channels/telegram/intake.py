@@ -12,14 +12,13 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from aiogram import Bot
 from aiogram.exceptions import TelegramUnauthorizedError
 from aiogram.methods import GetUpdates, SetWebhook
 from aiogram.types import Update
-from aiohttp import web
 
 from bot.contracts.channel import READY, ChannelHealth
 from bot.contracts.messages import InboundMessage
@@ -34,6 +33,9 @@ from channels.telegram.parsing import (
     parse_update,
 )
 from channels.telegram.translate import Translating
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 STANDBY = ChannelHealth(True, "standby: another replica long-polls")
 """A follower's health: ready to send; the leader receives."""
@@ -65,6 +67,8 @@ class Intake(Translating):
                 raise
             self._health = READY
             return
+        from aiohttp import web  # webhook mode only: long polling never loads the server
+
         app = web.Application()
         app.router.add_post(path, self._webhook_handler(secret))
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
@@ -240,6 +244,8 @@ class Intake(Translating):
             await self._process(update)
 
     def _webhook_handler(self, secret: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+        from aiohttp import web
+
         async def handle(request: web.Request) -> web.Response:
             given = request.headers.get("X-Telegram-Bot-Api-Secret-Token", "")
             if not secrets.compare_digest(given.encode(), secret.encode()):
