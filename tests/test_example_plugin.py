@@ -10,14 +10,9 @@ module), then drive every hook it implements through a running app.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import hashlib
 import importlib.metadata
 import logging
-import sys
-import tempfile
-from collections.abc import Iterator
+import subprocess
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -31,35 +26,37 @@ NAME = "roost-plugin-example"
 INSTALL = "install it with: .venv/bin/pip install -e examples/roost-plugin-example"
 
 
-LOCK = Path(tempfile.gettempdir()) / (
-    "roost-plugin-example-" + hashlib.sha256(sys.prefix.encode()).hexdigest()[:12] + ".lock")
-"""One lock per environment: each test here holds it shared, the end-to-end test, which
-uninstalls and reinstalls the package, exclusively. So no test in another xdist worker
-(or another pytest session on this environment) loads the plugin while it is gone."""
-
-
-@contextlib.contextmanager
-def install_lock(*, exclusive: bool) -> Iterator[None]:
-    """Hold :data:`LOCK` (blocking until it is free)."""
-    with LOCK.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 @pytest.fixture(autouse=True)
-def _installed(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest,
-               ) -> Iterator[None]:
-    """Fail (never skip) when the example is not installed; hold the install lock."""
+def _installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail (never skip) when the example is not installed."""
     monkeypatch.delenv("ROOST_DISABLE_PLUGIN_AUTOLOAD", raising=False)
-    with install_lock(exclusive=request.node.get_closest_marker("e2e") is not None):
-        try:
-            importlib.metadata.distribution(NAME)
-        except importlib.metadata.PackageNotFoundError:
-            pytest.fail(f"the example plugin {NAME!r} is not installed; {INSTALL}")
-        yield
+    try:
+        importlib.metadata.distribution(NAME)
+    except importlib.metadata.PackageNotFoundError:
+        pytest.fail(f"the example plugin {NAME!r} is not installed; {INSTALL}")
+
+
+def environment_without_the_example(root: Path) -> Path:
+    """A virtual environment like the test one, minus the example plugin; its python.
+
+    Its site-packages links every entry of the test environment's except the example's,
+    so pip installs and removes the example there alone. Uninstalling it from the shared
+    environment instead made every ``roost`` process another worker started meanwhile
+    fail to load the plugin.
+    """
+    import sysconfig
+    import venv
+
+    venv.EnvBuilder(with_pip=False).create(root)
+    python = root / "bin" / "python"
+    ours = Path(sysconfig.get_path("purelib"))
+    theirs = Path(subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True, text=True, check=True).stdout.strip())
+    for entry in ours.iterdir():
+        if "roost_plugin_example" not in entry.name and not (theirs / entry.name).exists():
+            (theirs / entry.name).symlink_to(entry)
+    return python
 
 
 def test_it_is_discovered_through_its_entry_point() -> None:
@@ -126,41 +123,39 @@ async def test_its_job_is_offered_and_runs(
 @pytest.mark.e2e
 def test_install_list_use_disable_enable_uninstall_end_to_end(tmp_path: Any) -> None:
     """The whole life of a plugin package through `roost plugins` and the console chat."""
-    import subprocess
-
     from tests.test_cli import clean_env
 
     package = Path(__file__).resolve().parents[1] / "examples" / "roost-plugin-example"
+    python = environment_without_the_example(tmp_path / "venv")
+    home = tmp_path / "home"
+    home.mkdir()
 
     def roost(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "bot", *args], cwd=tmp_path,
+        return subprocess.run([str(python), "-m", "bot", *args], cwd=home,
                               env=clean_env(), capture_output=True, text=True, timeout=300)
 
     def hello() -> str:
         return roost("chat", "--demo", "-m", "/hello Ada").stdout
 
-    try:
-        assert roost("plugins", "uninstall", "roost-plugin-example").returncode == 0
-        assert "roost-plugin-example" not in roost("plugins", "list").stdout
-        assert "I don't know /hello" in hello()
+    assert "roost-plugin-example" not in roost("plugins", "list").stdout
+    assert "I don't know /hello" in hello()
 
-        installed = roost("plugins", "install", str(package))
-        assert installed.returncode == 0, installed.stderr
-        assert "roost-plugin-example" in roost("plugins", "list").stdout
-        assert "Ada" in hello()  # used in chat
+    installed = roost("plugins", "install", str(package))
+    assert installed.returncode == 0, installed.stderr
+    assert "roost-plugin-example" in roost("plugins", "list").stdout
+    assert "Ada" in hello()  # used in chat
 
-        assert roost("plugins", "disable", "roost-plugin-example").returncode == 0
-        assert "disabled" in roost("plugins", "list").stdout
-        assert "I don't know /hello" in hello()
-        assert roost("plugins", "enable", "roost-plugin-example").returncode == 0
-        assert "Ada" in hello()
+    assert roost("plugins", "disable", "roost-plugin-example").returncode == 0
+    assert "disabled" in roost("plugins", "list").stdout
+    assert "I don't know /hello" in hello()
+    assert roost("plugins", "enable", "roost-plugin-example").returncode == 0
+    assert "Ada" in hello()
 
-        assert roost("plugins", "uninstall", "roost-plugin-example").returncode == 0
-        assert "roost-plugin-example" not in roost("plugins", "list").stdout
-    finally:
-        # Leave the environment as the suite expects it: the editable install.
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", str(package)],
-                       capture_output=True, timeout=300, check=True)
+    assert roost("plugins", "uninstall", "roost-plugin-example").returncode == 0
+    assert "roost-plugin-example" not in roost("plugins", "list").stdout
+    assert "I don't know /hello" in hello()
+    # The test environment itself still has the example, as every other test expects.
+    importlib.metadata.distribution(NAME)
 
 
 async def test_disable_and_enable_take_effect_live(roost_app: Any) -> None:
