@@ -112,6 +112,13 @@ class Settings(BaseSettings):
     """How far back a chat counts as recently active for the catch-up."""
     discord_catchup_limit: int = Field(100, ge=1)
     """At most this many missed messages are read back per Discord chat in one catch-up."""
+    discord_shard_count: int = Field(1, ge=1, le=10_000)
+    """Discord gateway shards (``ROOST_DISCORD_SHARD_COUNT``): guild ``g`` is received by
+    shard ``(g >> 22) % count``, DMs by shard 0. With one process (SQLite) it runs them
+    all (1: the one unsharded session, as before). On PostgreSQL each replica takes
+    shards through advisory-lock leases (about ``count / replicas`` each; with 1, one
+    replica receives) and another takes a dead replica's over within ``lease_seconds``;
+    every replica sends."""
     discord_max_upload_mb: float = Field(10, gt=0)
     """The largest file Roost uploads to Discord (10 MB without server boosts; 25 or more
     with them); a larger one is refused with MediaTooLarge before anything is posted."""

@@ -87,6 +87,13 @@ class Leader:
         if self.url is not None and self._task is None:
             self._task = asyncio.ensure_future(self._run(self.url))
 
+    def shares(self, count: int) -> Leases:
+        """Leases on ``count`` numbered shares (Discord's shards) among the same replicas.
+
+        On the same database and with the same period as this election; not started.
+        """
+        return Leases(self.url, count, check_every=self.check_every)
+
     async def close(self) -> None:
         """Stop contending; a held lock is released with the connection."""
         self._closing = True
@@ -147,3 +154,101 @@ class Leader:
             await asyncio.sleep(self.check_every)
             # No answer within the period: treat the lock as gone before others can take it.
             await asyncio.wait_for(conn.fetchval("SELECT 1"), self.check_every)
+
+
+SHARD_LOCKS = 0x526F6F7374 + 0x100
+"""Leases on numbered shares (Discord's gateway shards): ``SHARD_LOCKS`` is held shared
+by every replica that contends (its presence), ``SHARD_LOCKS + 1 + i`` by share i's holder."""
+
+_CENSUS = """SELECT pid, objid::bigint AS low, mode FROM pg_locks
+WHERE locktype = 'advisory' AND granted AND objsubid = 1 AND classid::bigint = $1
+  AND objid::bigint BETWEEN $2 AND $3
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"""
+"""Who holds what among the share locks (advisory locks are per database)."""
+
+
+class Leases(Leader):
+    """Numbered shares (``0..count-1``) spread over the replicas, one advisory lock each.
+
+    All of a replica's locks live on one connection of its own, as the
+    :class:`Leader`'s does: a replica that dies (its connection ends) frees them
+    at once and :meth:`close` gives them back at once. Each replica also holds a
+    shared *presence* lock, so every replica sees (``pg_locks``) who contends and
+    how many shares each holds; every ``check_every`` seconds it
+
+    * takes free shares while it holds no more than the least loaded other
+      replica (a lone replica takes them all; one never takes a second share
+      while another holds none), and
+    * gives back its highest share while it holds two more than the least loaded
+      other (a replica that joins gets shares within a few periods).
+
+    Holdings end up differing by at most one. ``url`` ``None`` (SQLite, one
+    process): every share is held from the start. :attr:`held` is what this
+    replica holds; :meth:`wait_changed` returns when that changes.
+    """
+
+    def __init__(self, url: str | None, count: int, *, check_every: float = 5.0,
+                 base: int = SHARD_LOCKS) -> None:
+        super().__init__(url, check_every=check_every, key=base)
+        self.count = count
+        self.held: frozenset[int] = frozenset(range(count)) if url is None else frozenset()
+        self._changed = asyncio.Event()
+        self._balanced = asyncio.Event()
+        if url is None:
+            self._balanced.set()
+
+    async def wait_balanced(self) -> frozenset[int]:
+        """Return :attr:`held` once the first round of taking shares is over."""
+        await self._balanced.wait()
+        return self.held
+
+    async def wait_changed(self) -> frozenset[int]:
+        """Return :attr:`held` once it changed since the last call."""
+        await self._changed.wait()
+        self._changed.clear()
+        return self.held
+
+    def _hold_only(self, held: frozenset[int]) -> None:
+        if held != self.held:
+            self.held = held
+            self._changed.set()
+
+    def _set(self, leading: bool) -> None:
+        # "Leading" here is being connected; the shares are what counts.
+        if not leading:
+            self._hold_only(frozenset())
+
+    async def _hold(self, conn: Any) -> None:
+        # Presence: shared, so it never waits (nobody takes this key exclusively).
+        await asyncio.wait_for(
+            conn.fetchval("SELECT pg_advisory_lock_shared($1)", self.key), self.check_every)
+        me = conn.get_server_pid()
+        while True:
+            # No answer within the period: treat the locks as gone before others take them.
+            await asyncio.wait_for(self._balance(conn, me), self.check_every)
+            await asyncio.sleep(self.check_every)
+
+    async def _balance(self, conn: Any, me: int) -> None:
+        high, low = self.key >> 32, self.key & 0xFFFFFFFF
+        rows = await conn.fetch(_CENSUS, high, low, low + self.count)
+        load = {r["pid"]: 0 for r in rows if r["low"] == low and r["mode"] == "ShareLock"}
+        holders = {r["low"] - low - 1: r["pid"] for r in rows
+                   if r["low"] != low and r["mode"] == "ExclusiveLock"}
+        for pid in holders.values():
+            load[pid] = load.get(pid, 0) + 1
+        mine = {share for share, pid in holders.items() if pid == me}
+        least = min((n for pid, n in load.items() if pid != me), default=self.count)
+        if len(mine) > least + 1:
+            share = max(mine)
+            await conn.fetchval("SELECT pg_advisory_unlock($1)", self.key + 1 + share)
+            mine.discard(share)
+            log.info("gave back share %d of %d for another replica to take", share,
+                     self.count)
+        for share in range(self.count):
+            if len(mine) > least:
+                break
+            if share not in holders and await conn.fetchval(
+                    "SELECT pg_try_advisory_lock($1)", self.key + 1 + share):
+                mine.add(share)
+        self._hold_only(frozenset(mine))
+        self._balanced.set()

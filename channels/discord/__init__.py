@@ -29,6 +29,12 @@ record. A cursor key ``chat_id:thread_id`` reads that thread after its own
 cursor; a plain ``chat_id`` key reads the channel and its active threads that
 have no key of their own.
 
+Sharding: with ``discord_shard_count`` above 1 each shard is a gateway session
+of its own (Discord sends a guild's events to shard ``(guild_id >> 22) %
+count``, DMs to shard 0); one process runs them all, and replicas on
+PostgreSQL share them through advisory-lock leases, one replica per shard, a
+dead replica's taken over within the lease (see :mod:`channels.discord.shards`).
+
 Outbound: Discord markdown passes through; ``@everyone`` and ``@here`` are
 defused and no reply may ping anyone but the person replied to. Long replies
 are split at 2,000 characters outside code blocks; in groups the first piece

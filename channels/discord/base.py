@@ -11,7 +11,7 @@ import discord
 import yarl
 
 from bot.config.settings import Settings
-from bot.contracts.channel import Channel, ChannelHealth, InboundHandler
+from bot.contracts.channel import READY, Channel, ChannelHealth, InboundHandler
 from channels.delivery import DeliveryPolicy, deliver
 from channels.discord.common import (
     CATCHUP_LIMIT,
@@ -23,6 +23,7 @@ from channels.discord.common import (
     _RecentSet,
 )
 from channels.discord.errors import delivery_error
+from channels.discord.gateway import _Client
 
 
 class _DiscordBase(Channel):
@@ -69,7 +70,6 @@ class _DiscordBase(Channel):
         self.client: discord.Client | None = None
         self._handler: InboundHandler | None = None
         self._runner: asyncio.Task[None] | None = None
-        self._ready = asyncio.Event()
         self._stopping = False
         self._seen = _RecentSet(RECENT_IDS)
         self._own = _RecentSet(RECENT_IDS)
@@ -87,13 +87,25 @@ class _DiscordBase(Channel):
         failed on: a catch-up starts there, so that message is read again."""
         self._catching_up: asyncio.Task[None] | None = None
         self._intake_open = True
+        self._sessions: dict[int | None, _Client] = {}
+        self._runners: dict[int, asyncio.Task[None]] = {}
+        self._started = False
+        """Whether :meth:`start` returned: until then it reports failures itself."""
+        """The gateway sessions this process runs, by shard (``None``: unsharded)."""
         self._health = ChannelHealth(False, "connecting")
-        """What ``/readyz`` shows: ready from READY (or a RESUMED session), not ready
-        from a dropped gateway connection until then."""
+        """The health while no session runs: connecting, or (sharded) ready to send
+        while other replicas hold every shard."""
 
     def health(self) -> ChannelHealth:
-        """Ready while the gateway session is up (READY or RESUMED since the last drop)."""
-        return self._health
+        """Ready while every gateway session is up (READY or RESUMED since the last drop).
+
+        What ``/readyz`` shows; a shard's problem is named with its shard.
+        """
+        for shard, client in sorted(self._sessions.items(), key=lambda s: s[0] or 0):
+            if not client.health.ready:
+                return client.health if shard is None else ChannelHealth(
+                    False, f"shard {shard}: {client.health.detail}")
+        return READY if self._sessions else self._health
 
     async def _deliver(self, call: Callable[[], Awaitable[T]], *, what: str) -> T:
         """Run a REST call with :func:`deliver`, translating discord.py's errors.

@@ -4,28 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator
 
 import discord
 
-from bot.contracts.channel import ChannelHealth, InboundHandler, ReplyStream
+from bot.config.settings import SetupError
+from bot.contracts.channel import InboundHandler, ReplyStream
 from bot.contracts.messages import InboundMessage, OutboundMessage
-from bot.resilience.retry import RetryPolicy
 from channels.chunking import split_message
-from channels.discord.common import _NO_PINGS, MESSAGE_LIMIT, _escape, _reference, _target, log
-from channels.discord.gateway import _Client, _guard_frames, _guard_parsers
-from channels.discord.inbound import _Inbound
+from channels.discord.common import MESSAGE_LIMIT, _escape, _reference, _target, log
 from channels.discord.interactions import _Interactions
 from channels.discord.media import _Media
 from channels.discord.rest import _Rest
+from channels.discord.shards import _Shards
 from channels.discord.stream import _StreamedReply
 
-_RECONNECT = RetryPolicy(base_delay=0.5, max_delay=30.0, jitter=0.0)
-"""Pauses before reconnecting after an unexpected gateway error: 0.5 s doubling to 30 s."""
+_REDIRECTED: list[DiscordChannel] = []
+"""The started channels that point discord.py at other endpoints, oldest first."""
 
 
-class DiscordChannel(_Inbound, _Interactions, _Rest, _Media):
+class DiscordChannel(_Shards, _Interactions, _Rest, _Media):
     """Discord through discord.py's gateway client; see the module docstring."""
 
     name = "discord"
@@ -33,19 +31,25 @@ class DiscordChannel(_Inbound, _Interactions, _Rest, _Media):
     # -- lifecycle -----------------------------------------------------------
 
     async def start(self, handler: InboundHandler) -> None:
-        """Log in, connect to the gateway and return once ``on_ready`` fired."""
+        """Log in, connect to the gateway and return once ``on_ready`` fired.
+
+        Sharded (``discord_shard_count`` above 1, or replicas on PostgreSQL): once
+        the shards this process took are ready (:mod:`channels.discord.shards`).
+        """
         self._handler = handler
         self._redirect()
-        intents = discord.Intents.default()
-        intents.message_content = True
-        client = _Client(self, intents=intents, guild_ready_timeout=self.guild_ready_timeout,
-                         allowed_mentions=_NO_PINGS,
-                         max_ratelimit_timeout=self.max_ratelimit_timeout)
-        _guard_parsers(client)
-        _guard_frames(client)
+        if self._sharded():
+            try:
+                await self._start_shards()
+            except BaseException:
+                await self.stop()
+                raise
+            return
+        client = self._new_client()
         self.client = client
+        self._sessions[None] = client
         self._runner = asyncio.create_task(self._run(client), name="discord-gateway")
-        ready = asyncio.create_task(self._ready.wait())
+        ready = asyncio.create_task(client.connected.wait())
         try:
             done, _ = await asyncio.wait({ready, self._runner}, timeout=self.ready_timeout,
                                          return_when=asyncio.FIRST_COMPLETED)
@@ -57,11 +61,14 @@ class DiscordChannel(_Inbound, _Interactions, _Rest, _Media):
             await client.close()
             await asyncio.gather(runner, return_exceptions=True)
             self._restore()
-            if runner.done() and not runner.cancelled() and runner.exception() is not None:
-                raise RuntimeError(f"Discord did not connect: {runner.exception()}") \
-                    from runner.exception()
+            failure = None if runner.cancelled() else runner.exception()
+            if isinstance(failure, SetupError):
+                raise failure  # 4010/4011: a setting to change, said in one line
+            if failure is not None:
+                raise RuntimeError(f"Discord did not connect: {failure}") from failure
             raise TimeoutError(f"Discord was not ready within {self.ready_timeout:g}s")
-        self._runner.add_done_callback(self._runner_done)
+        self._runner.add_done_callback(lambda task: self._gateway_ended(client, task))
+        self._started = True
         assert client.user is not None
         log.info("discord: connected as %s (id %s)", client.user, client.user.id)
 
@@ -75,6 +82,7 @@ class DiscordChannel(_Inbound, _Interactions, _Rest, _Media):
         self._intake_open = False
         if self._catching_up is not None:
             self._catching_up.cancel()
+        await self._release_shards()  # other replicas take them over at once
 
     async def stop(self) -> None:
         """Let sends in flight finish (10 s at most), then close the client."""
@@ -85,6 +93,7 @@ class DiscordChannel(_Inbound, _Interactions, _Rest, _Media):
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._stop_shards()
         if self.client is not None:
             await self.client.close()
         await self._close_media()
@@ -95,60 +104,26 @@ class DiscordChannel(_Inbound, _Interactions, _Rest, _Media):
 
     def _redirect(self) -> None:
         # discord.py reads both endpoints from class attributes, so they are
-        # process-wide; they are put back on stop.
+        # process-wide; they are put back when the last channel that moved them stops
+        # (several apps in one process, as in tests of replicas).
         if self._api_base is None and self._gateway is None:
             return
         gateway_cls = discord.gateway.DiscordWebSocket
-        self._saved_endpoints = (discord.http.Route.BASE, gateway_cls.DEFAULT_GATEWAY)
+        self._saved_endpoints = _REDIRECTED[0]._saved_endpoints if _REDIRECTED else (
+            discord.http.Route.BASE, gateway_cls.DEFAULT_GATEWAY)
+        _REDIRECTED.append(self)
         if self._api_base is not None:
             discord.http.Route.BASE = self._api_base
         if self._gateway is not None:
             gateway_cls.DEFAULT_GATEWAY = self._gateway
 
     def _restore(self) -> None:
-        if self._saved_endpoints is not None:
+        if self in _REDIRECTED:
+            _REDIRECTED.remove(self)
+        if self._saved_endpoints is not None and not _REDIRECTED:
             discord.http.Route.BASE, discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = \
                 self._saved_endpoints
-            self._saved_endpoints = None
-
-    async def _run(self, client: discord.Client) -> None:
-        """Log in and keep the gateway connected until the client is closed.
-
-        ``connect(reconnect=True)`` already resumes after network errors and
-        Discord's own close codes. Anything else escaping it (a frame that is
-        not JSON, a bug) would end the client for good, so it is logged and
-        the connection is made again.
-        """
-        await client.login(self._token)
-        failures = 0
-        while not client.is_closed():
-            started = time.monotonic()
-            try:
-                await client.connect(reconnect=True)
-            except (discord.ClientException, discord.ConnectionClosed):
-                raise  # bad token, missing intents, bad close codes: not recoverable
-            except Exception:
-                if client.is_closed() or self._stopping:
-                    return
-                failures += 1
-                delay = _RECONNECT.delay(failures)
-                self._health = ChannelHealth(False, "gateway error; reconnecting")
-                log.exception("discord: unexpected gateway error; reconnecting in %.1fs",
-                              delay)
-                if client.ws is not None:
-                    with contextlib.suppress(Exception):
-                        # 4000 keeps the session resumable on Discord's side.
-                        await client.ws.close(code=4000)
-                await asyncio.sleep(delay)
-                if time.monotonic() - started > 60:
-                    failures = 0  # it had been up for a while: the backoff starts over
-
-    def _runner_done(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None and not self._stopping:
-            log.error("discord: the gateway connection ended", exc_info=task.exception())
-            self._health = ChannelHealth(False, "the gateway connection ended "
-                                                f"({type(task.exception()).__name__}); "
-                                                "restart Roost")
+        self._saved_endpoints = None
 
     # -- outbound --------------------------------------------------------------
 

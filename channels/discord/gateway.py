@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -16,29 +17,42 @@ if TYPE_CHECKING:
 
 
 class _Client(discord.Client):
-    """A plain client whose events go to the adapter (no command tree)."""
+    """A plain client whose events go to the adapter (no command tree).
+
+    One gateway session (all of the bot's guilds, or one shard's with
+    ``shard_id``/``shard_count``), or only REST calls when it never connects.
+    """
 
     def __init__(self, adapter: DiscordChannel, **options: Any) -> None:
         super().__init__(**options)
         self.adapter = adapter
+        self.connected = asyncio.Event()
+        """Set at its first READY."""
+        self.health = ChannelHealth(False, "connecting")
+        """Its gateway session's part of the channel's health."""
+        self.taken_at: float | None = None
+        """When this replica took its shard over from another (``None``: at start)."""
 
     async def on_ready(self) -> None:
         # discord.py fires this after every READY: at start, and after a
         # reconnect that could not resume (the missed messages are lost to
         # the gateway and must be read back from the channels' history).
-        if self.adapter._ready.is_set():
+        if self.connected.is_set():
             self.adapter._reconnected()
-        self.adapter._ready.set()
-        self.adapter._health = READY
+        elif self.taken_at is not None:
+            # Nobody received this shard between its previous holder's end and now.
+            self.adapter._spawn(self.adapter._took_over(self))
+        self.connected.set()
+        self.health = READY
 
     async def on_resumed(self) -> None:
-        self.adapter._health = READY
+        self.health = READY
 
     async def on_disconnect(self) -> None:
         # discord.py reconnects by itself (resuming when it can); until READY or
         # RESUMED, nothing arrives.
         if not self.adapter._stopping:
-            self.adapter._health = ChannelHealth(False, "gateway disconnected; reconnecting")
+            self.health = ChannelHealth(False, "gateway disconnected; reconnecting")
 
     async def on_message(self, message: discord.Message) -> None:
         await self.adapter._on_message(message)

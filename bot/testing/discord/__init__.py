@@ -46,8 +46,15 @@ What it speaks (see ``/work/shared/notes/fake-platform-servers.md``):
   message (:attr:`FakeMessage.files`) and served by the CDN.
 - The gateway at ``/gateway``: HELLO, heartbeat ACKs, IDENTIFY → READY and one
   GUILD_CREATE (a text channel, a thread in it and the bot's managed role),
-  RESUME → RESUMED. Helpers push MESSAGE_CREATE (guild, mention, reply to the
-  bot, thread, DM, from another bot, malformed) and INTERACTION_CREATE.
+  RESUME → RESUMED. Sharding as on Discord: an IDENTIFY's ``shard: [id, count]``
+  gets the guilds of that shard (:func:`shard_of`: ``(guild_id >> 22) % count``;
+  :meth:`FakeDiscord.add_guild` adds guilds), each guild's events go to its
+  shard's sessions and DMs to shard 0's; an invalid shard is closed with 4010
+  (Invalid shard) and a count below :attr:`FakeDiscord.shards_required` with
+  4011 (Sharding required), which ``GET /gateway/bot`` recommends (``shards``).
+  :attr:`FakeDiscord.live_shards` lists the live sessions' shards. Helpers push
+  MESSAGE_CREATE (guild, mention, reply to the bot, thread, DM, from another
+  bot, malformed) and INTERACTION_CREATE.
   :meth:`FakeDiscord.invalidate_session` sends INVALID_SESSION (``d: false``):
   the client IDENTIFYs again and gets a new READY, as after a reconnect
   Discord could not resume (the events meanwhile are not replayed).
@@ -81,6 +88,7 @@ from bot.testing.discord.wire import (
     FakeMessage,
     RestCall,
     UploadedFile,
+    shard_of,
     user_payload,
 )
 
@@ -100,6 +108,7 @@ __all__ = [
     "RestCall",
     "UploadedFile",
     "fake_discord",
+    "shard_of",
     "user_payload",
 ]
 

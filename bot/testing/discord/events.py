@@ -39,7 +39,7 @@ class _Events(_Gateway):
         """A MESSAGE_CREATE payload from a user (``author``; Alice by default)."""
         data = _message(message_id or next(self._ids), channel_id, content,
                         dict(author or user_payload(USER_ID, "alice")),
-                        guild_id=GUILD_ID if guild else None)
+                        guild_id=(self.guild_of(channel_id) or GUILD_ID) if guild else None)
         data["attachments"] = [dict(a) for a in attachments]
         if any("waveform" in a for a in attachments):
             data["flags"] = 1 << 13  # IS_VOICE_MESSAGE
@@ -51,7 +51,7 @@ class _Events(_Gateway):
             data["type"] = 19
             data["message_reference"] = {"message_id": ref["id"],
                                          "channel_id": ref["channel_id"],
-                                         **({"guild_id": str(GUILD_ID)} if guild else {})}
+                                         **({"guild_id": data["guild_id"]} if guild else {})}
             data["referenced_message"] = ref
         return data
 
@@ -153,10 +153,11 @@ class _Events(_Gateway):
             "channel_id": str(channel_id),
         }
         if guild:
-            data["guild_id"] = str(GUILD_ID)
+            guild_id = self.guild_of(channel_id) or GUILD_ID
+            data["guild_id"] = str(guild_id)
             data["guild_locale"] = "en-US"
             data["channel"] = (_thread() if channel_id == THREAD_ID
-                               else _text_channel(channel_id))
+                               else _text_channel(channel_id, guild_id))
             data["member"] = {"user": user, "roles": [], "joined_at": TIMESTAMP,
                               "deaf": False, "mute": False, "flags": 0, "permissions": "0"}
             data["context"] = 0

@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from bot.testing.discord.rest import _Rest
-from bot.testing.discord.wire import APP_ID, BOT_ID, GUILD_ID, _guild, _Socket, user_payload
+from bot.testing.discord.wire import APP_ID, BOT_ID, _guild, _Socket, shard_of, user_payload
 
 
 class _Gateway(_Rest):
@@ -41,19 +41,44 @@ class _Gateway(_Rest):
         if op == 1:
             await sock.send({"op": 11})
         elif op == 2:
-            self.identifies.append(dict(payload.get("d") or {}))
-            await sock.dispatch("READY", {
+            identify = dict(payload.get("d") or {})
+            self.identifies.append(identify)
+            shard = _shard(identify.get("shard", [0, 1]))
+            if shard is None:
+                await sock.ws.close(code=4010, message=b"Invalid shard")
+                return
+            if shard[1] < self.shards_required:
+                await sock.ws.close(code=4011, message=b"Sharding required")
+                return
+            sock.shard = shard
+            self._session_shards[f"session-{len(self.identifies)}"] = shard
+            guilds = [g for g in self.guilds if shard_of(g, shard[1]) == shard[0]]
+            ready: dict[str, Any] = {
                 "v": 10, "user": user_payload(BOT_ID, "testbot", bot=True),
-                "guilds": [{"id": str(GUILD_ID), "unavailable": True}],
+                "guilds": [{"id": str(g), "unavailable": True} for g in guilds],
                 "session_id": f"session-{len(self.identifies)}",
                 "resume_gateway_url": self.gateway_url,
                 "application": {"id": str(APP_ID), "flags": 0},
                 "private_channels": [], "relationships": [],
-            })
-            await sock.dispatch("GUILD_CREATE", _guild())
+            }
+            if "shard" in identify:
+                ready["shard"] = list(shard)
+            await sock.dispatch("READY", ready)
+            for guild in guilds:
+                data = _guild(guild, self.guilds[guild])
+                for channel in data["channels"]:
+                    # As on Discord: the newest message's id, which a client may read from.
+                    channel["last_message_id"] = max(
+                        (m for m, d in self.user_messages.items()
+                         if d["channel_id"] == channel["id"]), default=None)
+                    if channel["last_message_id"] is not None:
+                        channel["last_message_id"] = str(channel["last_message_id"])
+                await sock.dispatch("GUILD_CREATE", data)
             await self._activate(sock)
         elif op == 6:
             self.resumes += 1
+            session = (payload.get("d") or {}).get("session_id")
+            sock.shard = self._session_shards.get(str(session), (0, 1))
             await sock.dispatch("RESUMED", {})
             await self._activate(sock)
 
@@ -72,11 +97,23 @@ class _Gateway(_Rest):
         await asyncio.wait_for(wait(), limit)
 
     async def dispatch(self, event: str, data: Any) -> None:
-        """Send a dispatch (op 0) ``event`` to every live gateway session."""
+        """Send a dispatch (op 0) ``event`` to the live gateway sessions it is for.
+
+        As on Discord, an event of a guild (``data["guild_id"]``) goes to the sessions
+        of that guild's shard (:func:`shard_of`), any other (DMs) to shard 0's.
+        """
         if not self._sockets:
             raise AssertionError("no gateway session: start the Discord channel first")
+        guild = data.get("guild_id") if isinstance(data, dict) else None
+        guild_id = int(guild) if isinstance(guild, str) and guild.isdigit() else None
         for sock in list(self._sockets):
-            await sock.dispatch(event, data)
+            if shard_of(guild_id, sock.shard[1]) == sock.shard[0]:
+                await sock.dispatch(event, data)
+
+    @property
+    def live_shards(self) -> list[tuple[int, int]]:
+        """``(shard_id, shard_count)`` of every live gateway session, in connection order."""
+        return [sock.shard for sock in self._sockets]
 
     async def dispatch_raw(self, event: str, data: str) -> None:
         """Dispatch ``event`` whose ``d`` is the JSON text ``data``, spliced in verbatim.
@@ -95,3 +132,12 @@ class _Gateway(_Rest):
         """Send ``frame`` verbatim as a text frame (e.g. something that is not JSON)."""
         for sock in list(self._sockets):
             await sock.ws.send_str(frame)
+
+
+def _shard(value: Any) -> tuple[int, int] | None:
+    """IDENTIFY's ``shard`` as ``(id, count)``, or ``None`` if Discord would reject it."""
+    if (isinstance(value, list) and len(value) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+            and 0 <= value[0] < value[1]):
+        return value[0], value[1]
+    return None

@@ -112,6 +112,8 @@ class _Rest(_Cdn):
             return _json(user_payload(BOT_ID, "testbot", bot=True))
         if method == "GET" and path == "/oauth2/applications/@me":
             return _json(self._application())
+        if method == "GET" and path in ("/gateway", "/gateway/bot"):
+            return _json(self._gateway_info(bot=path == "/gateway/bot"))
         if m := re.fullmatch(r"/channels/(\d+)/typing", path):
             return _no_content()
         if m := re.fullmatch(r"/channels/(\d+)", path):
@@ -166,6 +168,8 @@ class _Rest(_Cdn):
             return _json(_text_channel())
         if channel_id == THREAD_ID:
             return _json(_thread())
+        if channel_id in self.guilds.values():
+            return _json(_text_channel(channel_id, self.guild_of(channel_id) or 0))
         if channel_id == DM_CHANNEL_ID:
             return _json({"id": str(DM_CHANNEL_ID), "type": 1, "last_message_id": None,
                           "recipients": [user_payload(USER_ID, "alice")]})
@@ -192,6 +196,14 @@ class _Rest(_Cdn):
             older = [d for d in found if before is None or int(d["id"]) < before]
             page = older[-limit:]
         return list(reversed(page))
+
+    def _gateway_info(self, *, bot: bool) -> dict[str, Any]:
+        """``GET /gateway`` (the URL) or ``/gateway/bot`` (with the recommended shards)."""
+        if not bot:
+            return {"url": self.gateway_url}
+        return {"url": self.gateway_url, "shards": self.shards_required,
+                "session_start_limit": {"total": 1000, "remaining": 999,
+                                        "reset_after": 14_400_000, "max_concurrency": 1}}
 
     def _application(self) -> dict[str, Any]:
         return {"id": str(APP_ID), "name": "testbot", "description": "", "icon": None,

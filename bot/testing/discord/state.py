@@ -13,6 +13,9 @@ from aiohttp import web
 
 from bot.testing.discord.wire import (
     API_PREFIX,
+    CHANNEL_ID,
+    DM_CHANNEL_ID,
+    GUILD_ID,
     UPLOAD_LIMIT,
     FakeMessage,
     RestCall,
@@ -36,6 +39,11 @@ class _State:
         self.identifies: list[dict[str, Any]] = []
         """Every IDENTIFY payload's ``d`` (intents, token...)."""
         self.resumes = 0
+        self.guilds: dict[int, int] = {GUILD_ID: CHANNEL_ID}
+        """The bot's guilds, each with its text channel (:meth:`FakeDiscord.add_guild`)."""
+        self.shards_required = 1
+        """The fewest shards Discord accepts for this bot: ``/gateway/bot`` recommends it
+        and an IDENTIFY with fewer is closed with 4011 (Sharding required)."""
         self.user_messages: dict[int, dict[str, Any]] = {}
         """Messages users sent (pushed live or recorded as missed), by id."""
         self.injected: list[tuple[str, str, str]] = []
@@ -50,6 +58,7 @@ class _State:
         self._chaos: tuple[float, str | None, re.Pattern[str], tuple[str, ...],
                            random.Random, float, float] | None = None
         self._sockets: list[_Socket] = []
+        self._session_shards: dict[str, tuple[int, int]] = {}
         self._failures: list[_Failure] = []
         self._interactions: dict[int, _Interaction] = {}
         self._ids = itertools.count(900_000)
@@ -72,6 +81,17 @@ class _State:
         """Roost settings that point the Discord channel at this fake."""
         return {"discord_bot_token": self.token, "discord_api_base": self.api_base,
                 "discord_gateway_url": self.gateway_url}
+
+    def guild_of(self, channel_id: int) -> int | None:
+        """The guild a channel is in (the test guild for unknown ones), ``None`` for the DM."""
+        if channel_id == DM_CHANNEL_ID:
+            return None
+        return next((g for g, c in self.guilds.items() if c == channel_id), GUILD_ID)
+
+    def add_guild(self, guild_id: int, channel_id: int) -> None:
+        """Another guild of the bot with one text channel; sessions that IDENTIFY from now
+        on (on its shard) receive it. Its messages: ``guild_message(channel_id=...)``."""
+        self.guilds[guild_id] = channel_id
 
     def _require_port(self) -> int:
         if not self._port:

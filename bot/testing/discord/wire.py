@@ -129,6 +129,8 @@ class _Socket:
     def __init__(self, ws: web.WebSocketResponse) -> None:
         self.ws = ws
         self.seq = 0
+        self.shard = (0, 1)
+        """``(shard_id, shard_count)`` from its IDENTIFY (``(0, 1)``: unsharded)."""
 
     async def send(self, payload: Mapping[str, Any]) -> None:
         # Text frames: the client only inflates binary ones, so compression
@@ -153,10 +155,16 @@ def _message(message_id: int, channel_id: int, content: str, author: dict[str, A
     return data
 
 
-def _text_channel(channel_id: int = CHANNEL_ID) -> dict[str, Any]:
+def _text_channel(channel_id: int = CHANNEL_ID, guild_id: int = GUILD_ID) -> dict[str, Any]:
     return {"id": str(channel_id), "type": 0, "name": "general", "position": 0,
-            "guild_id": str(GUILD_ID), "permission_overwrites": [], "nsfw": False,
+            "guild_id": str(guild_id), "permission_overwrites": [], "nsfw": False,
             "parent_id": None}
+
+
+def shard_of(guild_id: int | None, shard_count: int) -> int:
+    """The shard Discord sends a guild's events to: ``(guild_id >> 22) % shard_count``;
+    DMs (no guild) go to shard 0."""
+    return 0 if guild_id is None else (guild_id >> 22) % shard_count
 
 
 def _thread() -> dict[str, Any]:
@@ -167,18 +175,20 @@ def _thread() -> dict[str, Any]:
                                 "archive_timestamp": TIMESTAMP, "locked": False}}
 
 
-def _guild() -> dict[str, Any]:
+def _guild(guild_id: int = GUILD_ID, channel_id: int = CHANNEL_ID) -> dict[str, Any]:
+    """A GUILD_CREATE: the test guild (a text channel, a thread, the bot's role), or
+    another guild with one text channel (:meth:`FakeDiscord.add_guild`)."""
     role = {"permissions": "0", "color": 0, "hoist": False, "mentionable": False,
             "flags": 0}
     return {
-        "id": str(GUILD_ID), "name": "Test Guild", "unavailable": False, "member_count": 2,
+        "id": str(guild_id), "name": "Test Guild", "unavailable": False, "member_count": 2,
         "owner_id": str(USER_ID), "features": [], "emojis": [], "stickers": [],
-        "roles": [{**role, "id": str(GUILD_ID), "name": "@everyone", "position": 0,
+        "roles": [{**role, "id": str(guild_id), "name": "@everyone", "position": 0,
                    "managed": False},
                   {**role, "id": str(BOT_ROLE_ID), "name": "testbot", "position": 1,
                    "managed": True, "tags": {"bot_id": str(BOT_ID)}}],
-        "channels": [_text_channel()],
-        "threads": [_thread()],
+        "channels": [_text_channel(channel_id, guild_id)],
+        "threads": [_thread()] if guild_id == GUILD_ID else [],
         "members": [], "voice_states": [], "presences": [],
         "joined_at": TIMESTAMP, "large": False,
     }

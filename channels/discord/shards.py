@@ -1,0 +1,295 @@
+"""Gateway sessions: the one unsharded session, or one per shard this process holds.
+
+Discord sends a guild's events to shard ``(guild_id >> 22) % shard_count`` and
+DMs to shard 0; each shard is one gateway session (IDENTIFY with ``shard: [id,
+count]``). ``discord_shard_count`` shards are run as follows:
+
+* **One process** (SQLite: no ``leadership``): it runs every shard, or the
+  one unsharded session when the count is 1 (as before sharding).
+* **Replicas** (PostgreSQL): the app's leader election (the channel's
+  ``leadership``) hands out :class:`ShardLeases` (``bot.storage.leader.Leases``:
+  one advisory lock per shard, spread over the replicas). A replica runs a
+  session per shard it holds, closes one whose lease it lost, and opens one for
+  each it took, catching up the shard's recently active channels from their
+  history (:meth:`_Shards._took_over`). Every replica sends: REST calls go
+  through a client of their own that never connects to the gateway, so a
+  replica holding no shard still delivers the replies of the runs it claims.
+
+Discord closes a session with 4010 (Invalid shard) or 4011 (Sharding required)
+when the setting is wrong: that is one clear error line and the session is not
+retried (at start, :meth:`DiscordChannel.start` fails with that line).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
+
+import discord
+
+from bot.config.settings import SetupError
+from bot.contracts.channel import READY, ChannelHealth
+from bot.resilience.retry import RetryPolicy
+from channels.discord.common import _NO_PINGS, log
+from channels.discord.gateway import _Client, _guard_frames, _guard_parsers
+from channels.discord.inbound import _Inbound
+
+if TYPE_CHECKING:
+    from channels.discord.channel import DiscordChannel
+
+SHARDING_CLOSE_CODES = (4010, 4011)
+"""Discord's close codes for a wrong shard setting: Invalid shard, Sharding required."""
+DISCORD_EPOCH_MS = 1_420_070_400_000
+"""Discord ids count milliseconds from 2015-01-01 in their top 42 bits."""
+_RECONNECT = RetryPolicy(base_delay=0.5, max_delay=30.0, jitter=0.0)
+"""Pauses before reconnecting after an unexpected gateway error: 0.5 s doubling to 30 s."""
+TAKEOVER_MARGIN = 10.0
+"""Seconds read back before the lease when taking a shard over (clock skew, a slow start)."""
+
+
+class ShardLeases(Protocol):
+    """The shards this replica holds among the replicas (``bot.storage.leader.Leases``)."""
+
+    held: frozenset[int]
+    count: int
+    check_every: float
+
+    def start(self) -> None:
+        """Begin contending in the background."""
+
+    async def close(self) -> None:
+        """Give every held shard back at once."""
+
+    async def wait_changed(self) -> frozenset[int]:
+        """Return the held shards once they changed."""
+
+    async def wait_balanced(self) -> frozenset[int]:
+        """Return the held shards once the first round of taking them is over."""
+
+
+@runtime_checkable
+class _SharesOffer(Protocol):
+    """The app's leader election, which hands out shard leases too (replicas only)."""
+
+    def shares(self, count: int) -> ShardLeases:
+        """Leases on ``count`` shards among the replicas; not started."""
+
+
+def snowflake_at(seconds: float) -> int:
+    """The smallest Discord id of a message sent at Unix time ``seconds``."""
+    return max(0, int(seconds * 1000) - DISCORD_EPOCH_MS) << 22
+
+
+class _Shards(_Inbound):
+    """The gateway sessions of a sharded channel, opened and closed with its leases."""
+
+    shard_leases: ShardLeases | None = None
+    """The shards this replica may run; by default taken at :meth:`start` from the app's
+    :attr:`leadership` (set when replicas share a PostgreSQL database), else all."""
+    _keeper: asyncio.Task[None] | None = None
+
+    @property
+    def shard_count(self) -> int:
+        """``discord_shard_count``: how many shards the bot's guilds are split into."""
+        return int(getattr(self.settings, "discord_shard_count", 1))
+
+    def _sharded(self) -> bool:
+        if self.shard_leases is None and isinstance(self.leadership, _SharesOffer):
+            self.shard_leases = self.leadership.shares(self.shard_count)
+        return self.shard_leases is not None or self.shard_count > 1
+
+    def _new_client(self, **shard: int) -> _Client:
+        """A guarded client (``shard_id``/``shard_count`` for one shard's session)."""
+        intents = discord.Intents.default()
+        intents.message_content = True
+        client = _Client(cast("DiscordChannel", self), intents=intents,
+                         guild_ready_timeout=self.guild_ready_timeout, allowed_mentions=_NO_PINGS,
+                         max_ratelimit_timeout=self.max_ratelimit_timeout, **shard)
+        _guard_parsers(client)
+        _guard_frames(client)
+        return client
+
+    async def _run(self, client: _Client) -> None:
+        """Log in and keep the gateway connected until the client is closed.
+
+        ``connect(reconnect=True)`` already resumes after network errors and
+        Discord's own close codes. Anything else escaping it (a frame that is
+        not JSON, a bug) would end the client for good, so it is logged and
+        the connection is made again. Close codes 4010/4011 (the shard
+        setting is wrong) raise :class:`SetupError` saying what to change.
+        """
+        await client.login(self._token)
+        failures = 0
+        while not client.is_closed():
+            started = time.monotonic()
+            try:
+                await client.connect(reconnect=True)
+            except discord.ConnectionClosed as exc:
+                if exc.code in SHARDING_CLOSE_CODES:
+                    raise SetupError(await self._sharding_problem(client, exc.code)) from None
+                raise  # bad token, missing intents, other close codes: not recoverable
+            except discord.ClientException:
+                raise
+            except Exception:
+                if client.is_closed() or self._stopping:
+                    return
+                failures += 1
+                delay = _RECONNECT.delay(failures)
+                client.health = ChannelHealth(False, "gateway error; reconnecting")
+                log.exception("discord: unexpected gateway error; reconnecting in %.1fs",
+                              delay)
+                if client.ws is not None:
+                    with contextlib.suppress(Exception):
+                        # 4000 keeps the session resumable on Discord's side.
+                        await client.ws.close(code=4000)
+                await asyncio.sleep(delay)
+                if time.monotonic() - started > 60:
+                    failures = 0  # it had been up for a while: the backoff starts over
+
+    def _gateway_ended(self, client: _Client, task: asyncio.Task[None]) -> None:
+        """A session's runner ended: said once, and shown by :meth:`health` until a restart.
+
+        A wrong shard setting (:class:`SetupError`) is one line without a traceback;
+        the session is not retried (it would be refused again, in a loop).
+        """
+        if (task.cancelled() or task.exception() is None or self._stopping
+                or not self._started):  # start() raises it instead
+            return
+        failure = task.exception()
+        if isinstance(failure, SetupError):
+            log.error("discord: %s", failure)
+            client.health = ChannelHealth(False, "refused by Discord: shard setting; "
+                                                 "see the log")
+            return
+        log.error("discord: the gateway connection ended", exc_info=failure)
+        client.health = ChannelHealth(False, "the gateway connection ended "
+                                             f"({type(failure).__name__}); restart Roost")
+
+    async def _start_shards(self) -> None:
+        """Log the REST client in, take shards, return once the ones taken are ready."""
+        rest = self._new_client()
+        self.client = rest
+        await rest.login(self._token)
+        leases = self.shard_leases
+        if leases is None:
+            held = frozenset(range(self.shard_count))
+        else:
+            leases.start()
+            held = await asyncio.wait_for(leases.wait_balanced(), self.ready_timeout)
+        self._health = READY  # able to send even while other replicas hold every shard
+        for shard in sorted(held):
+            self._open_shard(shard)
+        waits = {shard: asyncio.ensure_future(self._sessions[shard].connected.wait())
+                 for shard in sorted(held)}
+        try:
+            for shard, ready in waits.items():
+                runner = self._runners[shard]
+                await asyncio.wait({ready, runner}, timeout=self.ready_timeout,
+                                   return_when=asyncio.FIRST_COMPLETED)
+                if runner.done() and not runner.cancelled() and runner.exception():
+                    raise runner.exception() or RuntimeError
+                if not ready.done():
+                    raise TimeoutError(f"Discord shard {shard} was not ready within "
+                                       f"{self.ready_timeout:g}s")
+        finally:
+            for ready in waits.values():
+                ready.cancel()
+        if leases is not None:
+            self._keeper = asyncio.create_task(self._keep(leases), name="discord-shards")
+        self._started = True
+        assert rest.user is not None
+        log.info("discord: connected as %s (id %s); shards %s of %d run here", rest.user,
+                 rest.user.id, ",".join(map(str, sorted(held))) or "none", self.shard_count)
+
+    def _open_shard(self, shard: int, *, taken_over: bool = False) -> None:
+        client = self._new_client(shard_id=shard, shard_count=self.shard_count)
+        if taken_over:
+            client.taken_at = time.time()
+        self._sessions[shard] = client
+        runner = asyncio.create_task(self._run(client), name=f"discord-shard-{shard}")
+        runner.add_done_callback(lambda task: self._gateway_ended(client, task))
+        self._runners[shard] = runner
+
+    async def _close_shard(self, shard: int) -> None:
+        client = self._sessions.pop(shard, None)
+        runner = self._runners.pop(shard, None)
+        if client is not None:
+            await client.close()
+        if runner is not None:
+            runner.cancel()
+            await asyncio.gather(runner, return_exceptions=True)
+
+    async def _keep(self, leases: ShardLeases) -> None:
+        """Follow the leases: close the sessions of shards lost, open those taken."""
+        while True:
+            held = await leases.wait_changed()
+            try:
+                for shard in sorted(s for s in self._sessions if s is not None
+                                    and s not in held):
+                    log.info("discord: shard %d of %d is no longer held here; closing its "
+                             "session (another replica takes it)", shard, self.shard_count)
+                    await self._close_shard(shard)
+                for shard in sorted(held - set(self._sessions)):
+                    log.info("discord: took shard %d of %d; connecting", shard,
+                             self.shard_count)
+                    self._open_shard(shard, taken_over=True)
+            except Exception:
+                # Never stop following: a replica that did would never take a shard over.
+                log.exception("discord: following the shard leases failed")
+
+    async def _release_shards(self) -> None:
+        """Give the leases back at once (shutdown): other replicas take the shards over.
+
+        The sessions stay open until :meth:`stop`, for interactions being answered.
+        """
+        if self._keeper is not None:
+            self._keeper.cancel()
+            await asyncio.gather(self._keeper, return_exceptions=True)
+            self._keeper = None
+        if self.shard_leases is not None:
+            await self.shard_leases.close()
+
+    async def _stop_shards(self) -> None:
+        await self._release_shards()
+        for shard in [s for s in self._sessions if s is not None]:
+            await self._close_shard(shard)
+
+    async def _took_over(self, client: _Client) -> None:
+        """Read back what the shard's channels got since a lease before it was taken over.
+
+        Between its previous holder's end and this session's READY, nobody received
+        the shard's events and Discord does not replay them. The guild channels
+        whose newest message is younger than ``lease_seconds`` (plus a margin) are
+        read after that time (ids are timestamps);
+        the core drops what it already has (same message id). DMs (shard 0) are
+        not read back: a DM channel is only known once a message arrives in it.
+        """
+        lease = float(getattr(self.settings, "lease_seconds", 30.0))
+        after = snowflake_at((client.taken_at or time.time()) - lease - TAKEOVER_MARGIN)
+        for guild in list(client.guilds):
+            for channel in guild.text_channels:
+                if not self._intake_open:
+                    return
+                newest = channel.last_message_id or 0
+                if newest > after:
+                    with contextlib.suppress(Exception):  # logged by the history reader
+                        await self._catch_up_history(channel, channel.id, after)
+
+    async def _sharding_problem(self, client: _Client, code: int) -> str:
+        """One line saying what to change after close code 4010 or 4011."""
+        shard = f"shard {client.shard_id} of {client.shard_count}" \
+            if client.shard_id is not None else "the unsharded session"
+        if code == 4010:
+            return (f"Discord refused {shard} (close code 4010, Invalid shard): set "
+                    "ROOST_DISCORD_SHARD_COUNT to the same value on every replica")
+        advice = "more"
+        rest = self.client
+        if rest is not None and not rest.is_closed():
+            with contextlib.suppress(Exception):
+                recommended, _, _ = await rest.http.get_bot_gateway()
+                advice = f"at least {recommended} (Discord's recommendation)"
+        return (f"Discord refused {shard} (close code 4011, Sharding required: the bot is "
+                f"in too many guilds for {client.shard_count or 1} shard(s)); set "
+                f"ROOST_DISCORD_SHARD_COUNT to {advice}")
