@@ -273,7 +273,9 @@ async def test_two_replicas_share_the_shards_answer_each_guild_once_and_take_ove
                                        mentions=[user_payload(BOT_ID, "testbot", bot=True)],
                                        message_id=snowflake_at(time.time()))
     fake_discord.user_messages[int(gap["id"])] = gap
-    # Shutting a replica down gives its shard back at once; the other takes it.
+    # Shutting a replica down gives its shard back at once; the other takes it (its
+    # session's login fails once, as a Discord outage would: it is opened again).
+    fake_discord.fail_next(503, path="^/users/@me$")
     await first.close()
     await until(lambda: held(two) == {0, 1})
     await until(lambda: sorted(fake_discord.live_shards) == [(0, 2), (1, 2)])
@@ -283,6 +285,7 @@ async def test_two_replicas_share_the_shards_answer_each_guild_once_and_take_ove
     await until(lambda: len(fake_discord.visible(CHANNEL_ID)) + len(
         fake_discord.visible(OTHER_CHANNEL)) == 9)
     await settle(second)
+    assert [c.status for c in fake_discord.calls_to("GET", "^/users/@me$")][-2:] == [503, 200]
     assert fake_discord.visible(where) == [REPLY] * 5
     assert fake_discord.visible(CHANNEL_ID if where != CHANNEL_ID else OTHER_CHANNEL) == [
         REPLY] * 4

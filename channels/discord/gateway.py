@@ -44,6 +44,7 @@ class _Client(discord.Client):
             self.adapter._spawn(self.adapter._took_over(self))
         self.connected.set()
         self.health = READY
+        self.adapter._connected(self)
 
     async def on_resumed(self) -> None:
         self.health = READY

@@ -89,6 +89,7 @@ class _Shards(_Inbound):
     """The shards this replica may run; by default taken at :meth:`start` from the app's
     :attr:`leadership` (set when replicas share a PostgreSQL database), else all."""
     _keeper: asyncio.Task[None] | None = None
+    _failures: dict[int, int]
 
     @property
     def shard_count(self) -> int:
@@ -163,12 +164,31 @@ class _Shards(_Inbound):
             client.health = ChannelHealth(False, "refused by Discord: shard setting; "
                                                  "see the log")
             return
+        shard = client.shard_id
+        if (shard is not None and self._sessions.get(shard) is client
+                and not isinstance(failure, discord.ClientException)):
+            # A held shard must not stay dead (no other replica would take it): a
+            # transient failure (its login's REST call) opens it again after a pause.
+            failures = self._failures[shard] = self._failures.get(shard, 0) + 1
+            delay = _RECONNECT.delay(failures)
+            log.error("discord: shard %d's session ended (%s: %s); opening it again in "
+                      "%.1fs", shard, type(failure).__name__, failure, delay)
+            client.health = ChannelHealth(False, "session ended; reopening")
+            self._spawn(self._reopen(shard, client, delay))
+            return
         log.error("discord: the gateway connection ended", exc_info=failure)
         client.health = ChannelHealth(False, "the gateway connection ended "
                                              f"({type(failure).__name__}); restart Roost")
 
+    async def _reopen(self, shard: int, client: _Client, delay: float) -> None:
+        await asyncio.sleep(delay)
+        if self._sessions.get(shard) is client and not self._stopping:
+            await self._close_shard(shard)
+            self._open_shard(shard, taken_over=True)
+
     async def _start_shards(self) -> None:
         """Log the REST client in, take shards, return once the ones taken are ready."""
+        self._failures = {}
         rest = self._new_client()
         self.client = rest
         await rest.login(self._token)
@@ -211,6 +231,11 @@ class _Shards(_Inbound):
         runner = asyncio.create_task(self._run(client), name=f"discord-shard-{shard}")
         runner.add_done_callback(lambda task: self._gateway_ended(client, task))
         self._runners[shard] = runner
+
+    def _connected(self, client: _Client) -> None:
+        """A shard's session is up: its failures are forgotten."""
+        if client.shard_id is not None:
+            self._failures.pop(client.shard_id, None)
 
     async def _close_shard(self, shard: int) -> None:
         client = self._sessions.pop(shard, None)
