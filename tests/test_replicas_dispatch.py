@@ -7,8 +7,10 @@ refused by the fence."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
+import os
 import random
 import re
 import signal
@@ -24,7 +26,7 @@ from bot.contracts.llm import LLMRequest, LLMResponse, OnRetry, OnText
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.testing.app import ChatChannel, create_app
 from bot.testing.telegram import FakeTelegram
-from bot.testing.telegram.wire import ALICE, BOB
+from bot.testing.telegram.wire import ALICE, BOB, Call
 from tests.roost_processes import start_roost, until_logged
 from tests.test_cli import clean_env
 from tests.test_run_all_channels import free_port
@@ -64,8 +66,15 @@ class SharedChat(ChatChannel):
         super().__init__("test", sender="u1")
         self.seen = seen
         self.changed = changed
+        self.refusing = 0
+        """Sends to refuse next (the platform answering 500)."""
+        self.refused = asyncio.Event()
 
     async def send(self, message: OutboundMessage) -> None:
+        if self.refusing:
+            self.refusing -= 1
+            self.refused.set()
+            raise ConnectionError("500 Internal Server Error")
         await super().send(message)
         self.seen.append(message.text)
         async with self.changed:
@@ -186,6 +195,52 @@ async def test_a_dead_replicas_session_is_taken_over_after_its_lease(make_pair: 
     assert await a.inbox.unfinished() == []
 
 
+async def test_a_reply_a_dead_replica_committed_is_sent_by_another_without_a_restart(
+        make_pair: Any) -> None:
+    pair: Pair = await make_pair(lease_seconds=2)
+    a, b = pair.apps
+    pair.chats[1].refusing = 1
+    await pair.deliver(0, 1)  # b answers; the platform refuses it; b would retry in 5 s...
+    await pair.chats[1].refused.wait()
+    await b.store.writer.write(_nothing)  # b recorded the refusal
+    assert await _outbox(b) == [("pending", b.replica, 0)]
+    assert b.dispatcher.replicas is not None
+    await b.dispatcher.replicas.halt()  # ...but dies first: no heartbeat, no retry
+    b.dispatcher.redeliveries.cancel()
+    await pair.answered(1)  # a takes the reply over once b's heartbeat expired
+    assert pair.seen == ["re:m0 after 0"]
+    assert [m.text for m in pair.chats[0].sent] == ["re:m0 after 0"]
+    await asyncio.gather(*a.dispatcher.redeliveries.tasks)
+    await a.store.writer.write(_nothing)
+    assert await _outbox(a) == [("delivered", a.replica, 0)]
+
+
+async def test_a_stopping_replica_hands_its_sessions_over_before_the_lease_ends(
+        make_pair: Any) -> None:
+    pair: Pair = await make_pair(hold="m0", lease_seconds=600)
+    a, b = pair.apps
+    await pair.deliver(0, 1)  # b takes the session and its run waits
+    await pair.providers[1].holding.wait()
+    await pair.deliver(1, 0)  # held by b: a leaves it
+    assert await _leases(a) == {KEY: b.replica}
+    pair.apps.remove(b)
+    await b.close()  # SIGTERM: the run is cancelled, its message goes back, leases go
+    # a runs both long before the 600 s lease could end.
+    await pair.answered(2)
+    assert pair.seen == ["re:m0 after 0", "re:m1 after 1"]
+    assert [m.text for m in pair.chats[1].sent] == []
+
+
+async def _outbox(app: Roost) -> list[tuple[str, str, int]]:
+    """Each reply's state, owner and ``sending`` mark."""
+    rows = await app.store.db.execute_fetchall("SELECT state, owner, sending FROM outbox")
+    return [(str(r[0]), str(r[1]), int(r[2])) for r in rows]
+
+
+async def _nothing(db: Any) -> None:
+    return None
+
+
 async def _leases(app: Roost) -> dict[str, str]:
     replicas = app.dispatcher.replicas
     assert replicas is not None
@@ -236,10 +291,7 @@ async def test_roost_run_replicas_behind_webhooks_answer_each_message_once_in_or
                 f"re:m{n}" for n in range(per_chat)]
         assert len(fake_telegram.sent_texts()) == per_chat * len(senders)
     finally:
-        for proc in procs.values():
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+        await _killed(procs)
 
 
 @pytest.mark.e2e
@@ -283,10 +335,105 @@ async def test_a_roost_run_replica_killed_mid_run_is_taken_over_after_its_lease(
         assert fake_telegram.sent_texts() == [
             "re:m0", "re:m1", "re:m2", "re:m3", "re:m4 slow", "re:m5", "re:m6", "re:m7"]
     finally:
-        for proc in procs.values():
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+        await _killed(procs)
+
+
+@contextlib.asynccontextmanager
+async def _replicas(tmp_path: Path, envs: dict[str, dict[str, str]],
+                    ) -> AsyncIterator[dict[str, asyncio.subprocess.Process]]:
+    """``roost run`` per environment, each ready; whatever is left running is killed."""
+    procs: dict[str, asyncio.subprocess.Process] = {}
+    try:
+        for name, env in envs.items():
+            procs[name] = await start_roost(tmp_path / name, env)
+            await until_logged(procs[name], b"roost ready")
+        yield procs
+    finally:
+        await _killed(procs)
+
+
+async def _killed(procs: dict[str, asyncio.subprocess.Process]) -> None:
+    for proc in procs.values():
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def _stopped(proc: asyncio.subprocess.Process) -> None:
+    """SIGTERM: the process exits cleanly."""
+    proc.send_signal(signal.SIGTERM)
+    async with asyncio.timeout(30):
+        assert await proc.wait() == 0
+
+
+def _replicas_env(tmp_path: Path, pg_url: str, fake: FakeTelegram, lease: int,
+                  **scripts: str) -> dict[str, dict[str, str]]:
+    """Each replica's environment: webhook on a port of its own, its own script."""
+    base = dict(ROOST_PROVIDER="scripted", ROOST_STREAM_REPLIES="false",
+                ROOST_MERGE_WINDOW_MS="0", ROOST_DM_POLICY="open", ROOST_DATABASE_URL=pg_url,
+                ROOST_TELEGRAM_WEBHOOK_SECRET="s3cret", ROOST_LEASE_SECONDS=str(lease),
+                ROOST_SHUTDOWN_GRACE_SECONDS="0.5", TELEGRAM_BOT_TOKEN=fake.token,
+                TELEGRAM_API_BASE=fake.base_url)
+    envs = {}
+    for name, script in scripts.items():
+        (tmp_path / f"{name}.yaml").write_text(script)
+        port = free_port()
+        envs[name] = clean_env(**base, ROOST_SCRIPT=str(tmp_path / f"{name}.yaml"),
+                               ROOST_TELEGRAM_WEBHOOK_URL=f"http://127.0.0.1:{port}/telegram",
+                               ROOST_TELEGRAM_WEBHOOK_PORT=str(port))
+    return envs
+
+
+ECHO = "turns:\n  - reply: 're:{message}'\nloop: true\n"
+
+
+@pytest.mark.e2e
+async def test_roost_run_replies_of_a_replica_killed_before_sending_go_out_once(
+        tmp_path: Path, pg_url: str, fake_telegram: FakeTelegram) -> None:
+    envs = _replicas_env(tmp_path, pg_url, fake_telegram, 3, a=ECHO, b=ECHO)
+    async with _replicas(tmp_path, envs) as procs:
+        # Alice's reply: b commits it, Telegram refuses it (b keeps it to retry in 5 s; a
+        # 5xx the adapter would retry at once, still sending when b dies).
+        fake_telegram.fail("sendMessage", 403)
+        await _via(fake_telegram, envs["b"]["ROOST_TELEGRAM_WEBHOOK_URL"], "m0")
+        await fake_telegram.wait_for("sendMessage", 1, limit=30, ok=False)
+        # Bob's reply: Telegram takes it, and b is frozen before it can record that...
+        b = procs["b"]
+
+        def freeze_b(call: Call) -> None:
+            if call.method == "sendMessage":
+                fake_telegram.on_call = None
+                os.kill(b.pid, signal.SIGSTOP)
+
+        fake_telegram.on_call = freeze_b
+        await _via(fake_telegram, envs["b"]["ROOST_TELEGRAM_WEBHOOK_URL"], "m1", BOB)
+        await fake_telegram.wait_for("sendMessage", 1, limit=30)
+        await _killed({"b": b})  # ...then killed: it retries nothing and records nothing
+        assert len(fake_telegram.calls_of("sendMessage")) == 2
+        # a, never restarted b, sends Alice's reply once b's heartbeat expired; Bob's
+        # went out before b died, so it is not sent again (at most once).
+        await until_logged(procs["a"], b"not sent again")
+        await fake_telegram.wait_for("sendMessage", 2, limit=45)
+        await _stopped(procs["a"])
+    assert fake_telegram.sent_texts(ALICE["id"]) == ["re:m0"]
+    assert fake_telegram.sent_texts(BOB["id"]) == ["re:m1"]
+
+
+@pytest.mark.e2e
+async def test_roost_run_sigterm_hands_the_session_over_before_the_lease_ends(
+        tmp_path: Path, pg_url: str, fake_telegram: FakeTelegram) -> None:
+    stuck = ("turns:\n  - match: slow\n    reply: 'too late'\n    delay: 600\n"
+             "  - reply: 're:{message}'\nloop: true\n")
+    envs = _replicas_env(tmp_path, pg_url, fake_telegram, 600, a=ECHO, b=stuck)
+    async with _replicas(tmp_path, envs) as procs:
+        await _via(fake_telegram, envs["b"]["ROOST_TELEGRAM_WEBHOOK_URL"], "m0 slow")
+        await fake_telegram.wait_for("sendChatAction", 1, limit=30)  # b's run started
+        await _via(fake_telegram, envs["a"]["ROOST_TELEGRAM_WEBHOOK_URL"], "m1")  # b holds it
+        await _stopped(procs["b"])
+        # a runs both: after b's hand-over, not after the 600 s lease.
+        await fake_telegram.wait_for("sendMessage", 2, limit=60)
+        await _stopped(procs["a"])
+    assert fake_telegram.sent_texts() == ["re:m0 slow", "re:m1"]
 
 
 async def _via(fake: FakeTelegram, url: str, text: str,

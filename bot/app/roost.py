@@ -44,7 +44,7 @@ from bot.pluginhost.migrations import migrate_plugins
 from bot.pluginhost.state import load_disabled, save_state
 from bot.scheduling.scheduler import Scheduler
 from bot.storage.access import AccessStore
-from bot.storage.claims import Claims
+from bot.storage.claims import Claims, fit_replica_id
 from bot.storage.control import Control, open_control
 from bot.storage.db import is_postgres_url, retire_columns
 from bot.storage.errors import ErrorStore, ResultStore
@@ -89,8 +89,9 @@ class Roost:
         """This app's Prometheus metrics, in a registry of its own (``/metrics``)."""
         self.http: HealthServer | None = None
         """The health and metrics server, once :meth:`serve_http` started it."""
-        self.replica = replica_id()
-        """This process's name among replicas (``hostname-pid-random``; leases, /stop)."""
+        self.replica = fit_replica_id(replica_id())
+        """This process's name among replicas (``hostname-pid-random``, the host name
+        shortened to fit PostgreSQL's names; leases, /stop)."""
         self.leader = Leader(None)
         """Whether this process leads (always on SQLite; elected on PostgreSQL)."""
         self.control: Control | None = None
@@ -166,18 +167,23 @@ class Roost:
                                              app._reload_changed)
             # Each session's messages run on the replica holding its lease (started by
             # recover(), once the channels can deliver).
+            app.inbox.owner = app.replica  # the replies it commits are its to send
             app.dispatcher.replicas = ReplicaWork(
                 app.inbox, Claims(store.db, store.lock, app.replica,
                                   lease_seconds=settings.lease_seconds),
-                admit=app.dispatcher.admit, busy=app.dispatcher.busy)
+                admit=app.dispatcher.admit, busy=app.dispatcher.busy,
+                resend=lambda replies: app.dispatcher.recover((replies, [])))
+            # Alive from now on: replies committed before recover() are not taken for a
+            # dead replica's.
+            await app.dispatcher.replicas.claims.renew(())
         engine.channels = app.channels  # runs download the files of messages through them
         engine.deliver = app.send_now
         instrument(app)  # metrics from spans, deliveries, scheduler fires; gauges
         # Read before any channel receives: what arrives from now on is this process's.
-        # With replicas, unfinished entries are claimed (their sessions' leases), not taken.
-        replicas = app.dispatcher.replicas
-        app._leftovers = (await app.inbox.undelivered(app.replica if replicas else None),
-                          [] if replicas else await app.inbox.unfinished())
+        # With replicas, unfinished entries are claimed (their sessions' leases) and
+        # dead replicas' replies taken over (one taker each), not read here.
+        if app.dispatcher.replicas is None:
+            app._leftovers = (await app.inbox.undelivered(), await app.inbox.unfinished())
         await app.refresh_plugins(jobs=False)
         await host.call("roost_startup", app=app.runtime)
         jobs = await collect_unique(host, "roost_scheduled_jobs", settings, JobSpec)
@@ -401,6 +407,9 @@ class Roost:
         # draft can be withdrawn. The dispatcher refuses new messages meanwhile
         # (channels do not acknowledge them, so platforms deliver them again).
         await self.dispatcher.close(self.settings.shutdown_grace_seconds)
+        if self.dispatcher.replicas is not None:
+            # Leases and the replies left go to the other replicas now, not after the lease.
+            await _quietly(self.dispatcher.replicas.hand_over(), "handing work over")
         for channel in list(self.channels.values()):
             await _quietly(channel.stop(), f"stopping channel {channel.name}")
         await self.engine.compactor.wait()

@@ -24,7 +24,20 @@ so two receivers of one update record it once). Who runs what:
 * **Wake.** :meth:`bot.storage.inbox.Inbox.add` sends ``NOTIFY roost_inbox``
   with the session key in the insert's transaction (delivered on commit);
   :func:`listen` calls back at once on every replica, so idle replicas claim
-  new work without polling.
+  new work without polling. An empty payload means "anything may be free now"
+  (a replica handed its work over, :meth:`Claims.hand_over`).
+* **Bounded.** A claim reads at most ``limit`` open entries (in id order, through
+  a partial index of the open ones, skipping sessions others hold) and at most
+  ``per_session`` entries of each session; :attr:`Claimed.complete` says whether
+  it saw them all. A backlog costs the claim what it returns, not its size.
+* **Replies of the dead.** Each replica renews a heartbeat row (``replicas``)
+  with its leases. A reply is its committer's to send (``outbox.owner``);
+  :meth:`Claims.take_replies` moves pending replies of replicas whose heartbeat
+  expired to the caller: rows read ``FOR UPDATE SKIP LOCKED``, then an ``UPDATE``
+  that checks the owner again, so two live replicas never both take one. A taken reply whose send
+  was under way when its owner died (``sending``) is not sent again unless it
+  replaces a draft (editing is idempotent): it may have been shown, and at most
+  once wins.
 
 Lease times are the replicas' clocks (Unix seconds): keep them in sync (NTP);
 skew eats into the lease. On SQLite (one process) the same calls work: the
@@ -35,7 +48,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -49,6 +64,13 @@ log = logging.getLogger("roost.storage.claims")
 
 CHANNEL = "roost_inbox"
 """The NOTIFY channel new inbox entries are announced on (payload: the session key)."""
+PER_SESSION = 50
+"""Open entries of one session a claim or a release returns at most (the rest later)."""
+APPLICATION_NAME_BYTES = 63
+"""PostgreSQL cuts ``application_name`` (and every identifier) to this many bytes."""
+REPLICA_ID_MAX = APPLICATION_NAME_BYTES - len("roost-control:")
+"""The longest replica id that survives as ``roost-control:<id>`` (bot.storage.control
+counts the live replicas by that name and must find its own unchanged)."""
 
 
 class LeaseLost(RuntimeError):
@@ -61,6 +83,47 @@ class Claimed:
 
     session_key: str
     entry_ids: tuple[int, ...]
+    complete: bool = True
+    """Whether ``entry_ids`` are all its open entries (else the first ``per_session``)."""
+    taken_from: str | None = None
+    """The replica whose expired lease this claim took over, if any."""
+
+
+@dataclass(frozen=True, slots=True)
+class TakenReply:
+    """A pending reply of a dead replica, now this replica's (:meth:`Claims.take_replies`)."""
+
+    id: int
+    message: str
+    """The reply as :func:`bot.storage.inbox.encode_outbound` wrote it."""
+    draft_id: str | None
+    attempts: int
+    send: bool
+    """``False``: its owner died while sending it and it replaces no draft, so it is
+    not sent again (marked ``failed``)."""
+
+
+def fit_replica_id(name: str) -> str:
+    """``name`` as a replica id PostgreSQL keeps whole: printable ASCII, at most
+    :data:`REPLICA_ID_MAX` characters.
+
+    A long host name is cut in the middle (its start and end stay readable, a
+    pod name's unique suffix included); the ``-pid-random`` tail of
+    :func:`bot.storage.leader.replica_id` is kept whole, so ids stay unique.
+    """
+    clean = re.sub(r"[^A-Za-z0-9._:-]", "_", name)
+    if len(clean) <= REPLICA_ID_MAX:
+        return clean
+    host, _, tail = clean.rpartition("-")
+    host, _, pid = host.rpartition("-")
+    if not host or len(pid) + len(tail) + 2 > REPLICA_ID_MAX // 2:
+        host, tail = clean, ""  # not hostname-pid-random: cut the whole
+    else:
+        tail = f"-{pid}-{tail}"
+    mark = hashlib.sha256(host.encode()).hexdigest()[:4]
+    room = REPLICA_ID_MAX - len(tail) - len(mark) - 2
+    head, end = host[: room - room // 2], host[len(host) - room // 2:]
+    return f"{head}~{mark}~{end}{tail}"[:REPLICA_ID_MAX]
 
 
 class Claims:
@@ -75,25 +138,35 @@ class Claims:
         self.clock = clock
         """Unix seconds; tests replace it to expire leases."""
 
-    async def claim(self, limit: int = 100) -> list[Claimed]:
-        """Lease the sessions of up to ``limit`` of the oldest open entries not held by others.
+    async def claim(self, limit: int = 100, per_session: int = PER_SESSION,
+                    mine: Sequence[str] = ()) -> list[Claimed]:
+        """Lease the sessions of up to ``limit`` of the oldest open entries nobody holds
+        (or whose lease expired), and renew ``mine`` (sessions this replica holds and
+        wants the open entries of).
 
-        Returns each session newly leased or still held, with all its open
-        entries (not only those among the ``limit`` read).
+        Returns each session newly leased or still held, with its open entries
+        (up to ``per_session`` of them, oldest first; not only those among the
+        ``limit`` read). Entries of held sessions, this replica's included, are
+        skipped in the read, so a backlog never crowds out free work.
         """
         now = self.clock()
         until = now + self.lease_seconds
-        skip = " FOR UPDATE SKIP LOCKED" if dialect_of(self.db) == "postgresql" else ""
+        skip = " FOR UPDATE OF i SKIP LOCKED" if dialect_of(self.db) == "postgresql" else ""
 
         async def body(db: aiosqlite.Connection) -> list[Claimed]:
             rows = await db.execute_fetchall(
-                "SELECT id, session_key FROM inbox WHERE state IN ('pending', 'running')"
-                f" ORDER BY id LIMIT ?{skip}", (limit,))
+                "SELECT i.id, i.session_key, l.owner FROM inbox i"
+                " LEFT JOIN session_leases l ON l.session_key = i.session_key"
+                " WHERE i.state IN ('pending', 'running')"
+                " AND (l.owner IS NULL OR l.expires_at <= ?)"
+                f" ORDER BY i.id LIMIT ?{skip}", (now, limit))
+            before: dict[str, str | None] = dict.fromkeys(mine)
+            before.update((str(r[1]), None if r[2] in (None, self.owner) else str(r[2]))
+                          for r in rows)
             # Leases are locked in key order (here, in renew and in a run's commit,
             # which updates its inbox rows before its lease): no deadlock between replicas.
-            sessions = sorted({str(r[1]) for r in rows})
             held: list[Claimed] = []
-            for key in sessions:
+            for key in sorted(before):
                 won = await db.execute_fetchall(
                     "INSERT INTO session_leases (session_key, owner, expires_at)"
                     " VALUES (?, ?, ?) ON CONFLICT (session_key) DO UPDATE"
@@ -102,22 +175,26 @@ class Claims:
                     " OR session_leases.owner = excluded.owner RETURNING session_key",
                     (key, self.owner, until, now))
                 if not won:
-                    continue  # another replica holds it and is alive
-                ids = await db.execute_fetchall(
-                    "SELECT id FROM inbox WHERE session_key = ?"
-                    " AND state IN ('pending', 'running') ORDER BY id", (key,))
-                held.append(Claimed(key, tuple(int(r[0]) for r in ids)))
+                    continue  # another replica took it since the read, and is alive
+                ids = await _open_ids(db, key, per_session + 1)
+                held.append(Claimed(key, ids[:per_session], len(ids) <= per_session,
+                                    before[key]))
             return held
 
         claimed: list[Claimed] = await transaction(self.db, self.lock, body)
         return claimed
 
     async def renew(self, keys: Sequence[str]) -> set[str]:
-        """Extend this replica's leases on ``keys``; the keys it still held."""
-        until = self.clock() + self.lease_seconds
+        """Extend this replica's heartbeat and its leases on ``keys``; the keys it still held."""
+        now = self.clock()
+        until = now + self.lease_seconds
         kept: set[str] = set()
 
         async def body(db: aiosqlite.Connection) -> None:
+            await db.execute(
+                "INSERT INTO replicas (id, started_at, expires_at) VALUES (?, ?, ?)"
+                " ON CONFLICT (id) DO UPDATE SET expires_at = excluded.expires_at",
+                (self.owner, now, until))
             for key in sorted(keys):
                 rows = await db.execute_fetchall(
                     "UPDATE session_leases SET expires_at = ?"
@@ -128,9 +205,10 @@ class Claims:
         await transaction(self.db, self.lock, body)
         return kept
 
-    async def release(self, key: str) -> tuple[int, ...]:
+    async def release(self, key: str, per_session: int = PER_SESSION) -> tuple[int, ...]:
         """Give up the lease on ``key`` if its entries are all done; else keep it and
-        return the open entries (arrived meanwhile), oldest first, to run next.
+        return the open entries (arrived meanwhile; at most ``per_session``), oldest
+        first, to run next.
 
         The lease row is locked first, so a replica woken by an entry that
         arrives during the release waits for it and then finds the session
@@ -142,17 +220,70 @@ class Claims:
             await db.execute_fetchall(
                 "SELECT 1 FROM session_leases WHERE session_key = ? AND owner = ?"
                 f"{lock_row}", (key, self.owner))
-            rows = await db.execute_fetchall(
-                "SELECT id FROM inbox WHERE session_key = ? AND state IN ('pending', 'running')"
-                " ORDER BY id", (key,))
-            if rows:
-                return tuple(int(r[0]) for r in rows)
+            ids = await _open_ids(db, key, per_session)
+            if ids:
+                return ids
             await db.execute("DELETE FROM session_leases WHERE session_key = ? AND owner = ?",
                              (key, self.owner))
             return ()
 
         left: tuple[int, ...] = await transaction(self.db, self.lock, body)
         return left
+
+    async def hand_over(self) -> int:
+        """Give up every lease and the heartbeat of this replica (it stops), and wake the
+        others: its sessions and its pending replies are theirs at once, not after
+        the lease. Returns how many leases were released."""
+
+        async def body(db: aiosqlite.Connection) -> int:
+            cur = await db.execute("DELETE FROM session_leases WHERE owner = ?", (self.owner,))
+            await db.execute("DELETE FROM replicas WHERE id = ?", (self.owner,))
+            await notify(db, "")
+            return int(cur.rowcount)
+
+        released: int = await transaction(self.db, self.lock, body)
+        return released
+
+    async def take_replies(self, limit: int = 50) -> list[TakenReply]:
+        """Take over up to ``limit`` pending replies, oldest first, whose owner is dead
+        (its heartbeat expired or is gone) or unknown (written by a single process).
+
+        Each reply is taken by one replica only: the rows are read ``FOR UPDATE SKIP
+        LOCKED`` and moved to this owner in the same transaction. Replies to send are
+        marked ``sending`` (this replica sends them now); those not to be sent again
+        (see :class:`TakenReply`) are marked ``failed``. Heartbeats expired for a
+        whole lease are deleted on the way.
+        """
+        now = self.clock()
+        skip = " FOR UPDATE SKIP LOCKED" if dialect_of(self.db) == "postgresql" else ""
+
+        async def body(db: aiosqlite.Connection) -> list[TakenReply]:
+            await db.execute("DELETE FROM replicas WHERE expires_at < ?",
+                             (now - self.lease_seconds,))
+            dead = ("NOT EXISTS (SELECT 1 FROM replicas r WHERE r.id = o.owner"
+                    " AND r.expires_at > ?)")
+            rows = await db.execute_fetchall(
+                f"SELECT o.id FROM outbox o WHERE o.state = 'pending' AND {dead}"
+                f" ORDER BY o.id LIMIT ?{skip}", (now, limit))
+            if not rows:
+                return []
+            # Locked now; checked again in a statement of its own, which sees a take
+            # another replica committed between the read and the lock.
+            ids = [int(r[0]) for r in rows]
+            again = "sending = 0 OR owner IS NULL OR draft_id IS NOT NULL"
+            taken = await db.execute_fetchall(
+                f"UPDATE outbox AS o SET owner = ?, updated_at = ?,"
+                f" state = CASE WHEN {again} THEN 'pending' ELSE 'failed' END,"
+                f" sending = CASE WHEN {again} THEN 1 ELSE 0 END"
+                f" WHERE o.id IN ({', '.join('?' * len(ids))}) AND o.state = 'pending'"
+                f" AND {dead} RETURNING id, message, draft_id, attempts, state",
+                (self.owner, now, *ids, now))
+            # Sent again: never attempted, or a draft to replace. Else at most once wins.
+            return [TakenReply(int(r[0]), str(r[1]), r[2], int(r[3]), r[4] == "pending")
+                    for r in sorted(taken, key=lambda r: int(r[0]))]
+
+        replies: list[TakenReply] = await transaction(self.db, self.lock, body)
+        return replies
 
     def fence(self, key: str) -> Statements:
         """Statements for a run's commit: raise :class:`LeaseLost` (rolling the commit
@@ -181,6 +312,14 @@ class Claims:
                 "SELECT session_key, owner FROM session_leases WHERE expires_at > ?",
                 (self.clock(),))
         return {str(r[0]): str(r[1]) for r in rows}
+
+
+async def _open_ids(db: aiosqlite.Connection, key: str, limit: int) -> tuple[int, ...]:
+    """The first ``limit`` open entries of session ``key`` (index ``inbox_open_session``)."""
+    rows = await db.execute_fetchall(
+        "SELECT id FROM inbox WHERE session_key = ? AND state IN ('pending', 'running')"
+        " ORDER BY id LIMIT ?", (key, limit))
+    return tuple(int(r[0]) for r in rows)
 
 
 async def notify(db: aiosqlite.Connection, session_key: str) -> None:

@@ -18,7 +18,10 @@ What makes an acknowledged message survive the process:
 * **Outbox.** A run's reply is written in the run's own commit and marked
   delivered, with the platform's message id, once the platform took it;
   replies still pending at start are sent again (replacing their draft when
-  one is known).
+  one is known). With replicas (:attr:`Inbox.owner`) a reply is its committer's
+  to send, marked ``sending`` until the outcome is recorded; replies of a
+  replica that died are taken over by the others
+  (:meth:`bot.storage.claims.Claims.take_replies`).
 """
 
 from __future__ import annotations
@@ -158,6 +161,9 @@ class Inbox:
         self.lock = lock
         self.writer = writer
         self.clock = clock
+        self.owner: str | None = None
+        """With replicas: this replica's id, written with each reply it commits (it is
+        sending it); ``None`` for a single process."""
 
     # -- intake ------------------------------------------------------------------
 
@@ -233,6 +239,7 @@ class Inbox:
         now, params = self.clock(), [(i,) for i in ids]
         head = ids[-1] if ids else None
         encoded = encode_outbound(reply) if reply is not None else None
+        owner, sending = self.owner, int(self.owner is not None)
 
         async def body(db: aiosqlite.Connection) -> int | None:
             await _close(db, now, "done", params)
@@ -240,19 +247,23 @@ class Inbox:
                 return None
             cur = await db.execute(
                 "INSERT INTO outbox (inbox_id, channel, chat_id, message, draft_id, created_at,"
-                " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (head, reply.channel, reply.chat_id, encoded, draft_id, now, now))
+                " updated_at, owner, sending) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (head, reply.channel, reply.chat_id, encoded, draft_id, now, now, owner,
+                 sending))
             return cur.lastrowid
 
         return body
 
     # -- recovery ----------------------------------------------------------------
 
-    async def unfinished(self) -> list[InboxEntry]:
-        """Entries whose run did not finish, oldest first."""
+    async def unfinished(self, ids: Sequence[int] | None = None) -> list[InboxEntry]:
+        """Entries whose run did not finish, oldest first (only those of ``ids`` if given)."""
+        only = "" if ids is None else f" AND id IN ({', '.join('?' * len(ids))})"
+        if ids is not None and not ids:
+            return []
         async with self.lock, self.db.execute(
             "SELECT id, kind, session_key, state, attempts, run_id, draft_id, message FROM inbox"
-            " WHERE state IN ('pending', 'running') ORDER BY id",
+            f" WHERE state IN ('pending', 'running'){only} ORDER BY id", tuple(ids or ()),
         ) as cur:
             rows = await cur.fetchall()
         entries = []
@@ -337,8 +348,8 @@ class Inbox:
         now = self.clock()
         self.writer.write_later(
             lambda db: db.execute(
-                "UPDATE outbox SET state = 'delivered', platform_id = ?, updated_at = ?"
-                " WHERE id = ?", (platform_id, now, outbox_id)),
+                "UPDATE outbox SET state = 'delivered', platform_id = ?, updated_at = ?,"
+                " sending = 0 WHERE id = ?", (platform_id, now, outbox_id)),
             what="marking a reply delivered")
 
     def not_delivered(self, outbox_id: int, *, final: bool) -> None:
@@ -346,8 +357,8 @@ class Inbox:
         now, state = self.clock(), "failed" if final else "pending"
         self.writer.write_later(
             lambda db: db.execute(
-                "UPDATE outbox SET state = ?, attempts = attempts + 1, updated_at = ?"
-                " WHERE id = ?", (state, now, outbox_id)),
+                "UPDATE outbox SET state = ?, attempts = attempts + 1, updated_at = ?,"
+                " sending = 0 WHERE id = ?", (state, now, outbox_id)),
             what="recording a failed delivery")
 
     async def prune(self, days: float) -> int:

@@ -309,6 +309,27 @@ MIGRATIONS: list[str] = [
     ALTER TABLE usage ADD COLUMN cache_read_tokens INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE usage ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0;
     """,
+    # 18: replicas (bot.dispatch.replicas): each live replica's heartbeat, and which
+    # replica sends each reply. ``sending`` is 1 from the commit that gave the reply
+    # to ``owner`` until the outcome of its send is recorded: a reply of a dead
+    # replica still marked so may have been shown, and is not sent again. The
+    # open inbox entries and pending replies are indexed in id order (and per
+    # session), so a claim or a sweep reads what it returns, not the whole backlog.
+    """
+    CREATE TABLE replicas (
+        id TEXT PRIMARY KEY,
+        started_at REAL NOT NULL,
+        expires_at REAL NOT NULL
+    );
+    ALTER TABLE outbox ADD COLUMN owner TEXT;
+    ALTER TABLE outbox ADD COLUMN sending INTEGER NOT NULL DEFAULT 0;
+    DROP INDEX inbox_open;
+    CREATE INDEX inbox_open_id ON inbox(id) WHERE state IN ('pending', 'running');
+    CREATE INDEX inbox_open_session ON inbox(session_key, id)
+        WHERE state IN ('pending', 'running');
+    DROP INDEX outbox_pending;
+    CREATE INDEX outbox_pending_id ON outbox(id) WHERE state = 'pending';
+    """,
 ]
 """Schema steps in order; ``PRAGMA user_version`` records how many have run.
 
