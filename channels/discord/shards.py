@@ -200,7 +200,8 @@ class _Shards(_Inbound):
             held = await asyncio.wait_for(leases.wait_balanced(), self.ready_timeout)
         self._health = READY  # able to send even while other replicas hold every shard
         for shard in sorted(held):
-            self._open_shard(shard)
+            # Replicas: a free shard may have been another's a moment ago (it died).
+            self._open_shard(shard, taken_over=leases is not None)
         waits = {shard: asyncio.ensure_future(self._sessions[shard].connected.wait())
                  for shard in sorted(held)}
         try:
@@ -287,7 +288,8 @@ class _Shards(_Inbound):
         Between its previous holder's end and this session's READY, nobody received
         the shard's events and Discord does not replay them. The guild channels
         whose newest message is younger than ``lease_seconds`` (plus a margin) are
-        read after that time (ids are timestamps);
+        read after that time (ids are timestamps); on replicas this runs for the
+        shards taken at start too, since a free shard may be a dead replica's;
         the core drops what it already has (same message id). DMs (shard 0) are
         not read back: a DM channel is only known once a message arrives in it.
         """
