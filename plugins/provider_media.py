@@ -19,28 +19,36 @@ sends its images again on every model call, so a photo is prepared once: the
 prepared copy is kept in the workspace (:mod:`bot.media.derived`, found again
 after a restart) and the wire payloads in memory (bounded by bytes; keyed by
 path, size, modification time and inode). The methods are synchronous:
-providers call :meth:`MediaReader.read_all` in a worker thread.
+providers call :meth:`MediaReader.read_all` in a worker thread, and the work
+itself runs on the one media thread (:mod:`bot.media.heap`: photo buffers
+stay in one malloc arena, handed back once photos stop coming).
 """
 
 from __future__ import annotations
 
 import base64
-import ctypes
-import ctypes.util
 import io
 import logging
 import math
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 # Built-in: the providers resize images with the core's own media code, and keep the
 # prepared copies with the core's workspace cache.
-from bot.media.derived import derived_name, read_derived, write_derived
+from bot.media.derived import (
+    derived_name,
+    forget_derived,
+    read_derived,
+    take_over,
+    tidy,
+    write_derived,
+)
+from bot.media.heap import heap, on_media_thread
 from bot.media.images import model_ready, prepare_for_model
 from roost import ContentPart, MediaError, ToolError
 
@@ -93,10 +101,7 @@ CACHE_BYTES = 8 * 1024 * 1024
 it are read back from their prepared copy on disk (~1 ms), never prepared again."""
 RELEASE_AFTER_SECONDS = 2.0
 """How long after the last model call with a newly prepared file the decode buffers
-are handed back to the system (see :class:`_Heap`)."""
-BUFFER_BLOCKS = 4
-"""Pillow image buffers kept for reuse while photos come in: a photo needs three (the
-draft decode, the resize pass, the result)."""
+are handed back to the system (see :class:`bot.media.heap.Heap`)."""
 
 _IMAGE_FORMATS = ("image/jpeg", "image/png", "image/gif", "image/webp")
 # Raw bytes whose base64 text fits MAX_IMAGE_BASE64 (4 characters per 3 bytes).
@@ -159,17 +164,28 @@ class MediaReader:
 
         Audio parts give nothing (their transcript is in the message text), nor
         do documents other than PDFs (the message text names them; the file
-        tools read them).
+        tools read them). Runs on the media thread; blocks the caller meanwhile.
         """
+        chosen = [p for p in parts if _sendable(p)]
+        if not chosen:
+            return []
+        return on_media_thread(self._read_all, chosen, vision)
+
+    def _read_all(self, parts: list[ContentPart], vision: bool) -> list[Prepared]:
         prepared: list[Prepared] = []
         for part in parts:
-            item = self.read(part, vision=vision)
+            item = self._read(part, vision)
             if item is not None:
                 prepared.append(item)
         return prepared
 
     def read(self, part: ContentPart, *, vision: bool) -> Prepared | None:
         """``part`` prepared for the model, or ``None`` if it gives the model nothing."""
+        if not _sendable(part):
+            return None
+        return on_media_thread(self._read, part, vision)
+
+    def _read(self, part: ContentPart, vision: bool) -> Prepared | None:
         is_pdf = part.kind == "document" and part.mime_type == "application/pdf"
         if part.kind != "image" and not is_pdf:
             return None
@@ -187,6 +203,8 @@ class MediaReader:
         try:
             stat = path.stat()
         except OSError:
+            if part.root:
+                forget_derived(Path(part.root), part.path)
             return Note(part, f"[{part.kind}: {part.path} — the file is no longer available]")
         key = (mode, str(path), stat.st_size, stat.st_mtime_ns, stat.st_ino)
         with self._lock:
@@ -198,7 +216,7 @@ class MediaReader:
             item = self._image(part, path, stat)
         else:
             try:
-                data = path.read_bytes()
+                data = take_over(path, stat) or path.read_bytes()
             except OSError as exc:
                 return _unreadable(part, exc)
             if mode == "document":
@@ -218,13 +236,13 @@ class MediaReader:
         buffers, the request's base64 and the intake's download are all freed.
         If a file was prepared since the last call, the heap is trimmed
         :attr:`release_after` seconds later, unless another file is prepared
-        before then (see :class:`_Heap`); calls that only re-sent prepared files
-        change nothing.
+        before then (see :class:`bot.media.heap.Heap`); calls that only re-sent
+        prepared files change nothing.
         """
         with self._lock:
             fresh, self._fresh = self._fresh, 0
         if fresh:
-            _heap.release(self.release_after)
+            heap.release(self.release_after)
 
     def edge_for(self, width: int, height: int, slack: float = 1.0) -> int:
         """The long edge to scale an image of ``width`` × ``height`` to, at most.
@@ -251,8 +269,8 @@ class MediaReader:
         edge = self.edge_for(part.width, part.height)
         loose = max(edge, self.edge_for(part.width, part.height, PASS_SLACK))
         root = Path(part.root) if part.root else None
-        name = derived_name(part.path, stat, f"{edge}px") if root is not None else ""
-        if root is not None:
+        name = derived_name(part.path, stat, f"{edge}px") if root is not None else None
+        if root is not None and name is not None:
             kept = read_derived(root, name)
             if kept is not None:
                 mime = model_ready(kept, max_edge=loose, max_bytes=_IMAGE_RAW_LIMIT,
@@ -260,10 +278,11 @@ class MediaReader:
                 if mime is not None:
                     return self._encoded(part, kept, mime)
         try:
-            data = path.read_bytes()
+            # The intake has just stored it: its bytes, not a read back from disk.
+            data = take_over(path, stat) or path.read_bytes()
         except OSError as exc:
             return _unreadable(part, exc)
-        _heap.keep()
+        heap.keep()
         with self._lock:
             self._fresh += 1
         try:
@@ -272,8 +291,9 @@ class MediaReader:
                 formats=_IMAGE_FORMATS)
         except MediaError as exc:
             return Note(part, f"[image: {part.path} — {exc}]")
-        if root is not None and prepared is not data:
+        if root is not None and name is not None and prepared is not data:
             write_derived(root, name, prepared)
+            tidy(root)
         del data
         return self._encoded(part, prepared, mime)
 
@@ -317,103 +337,10 @@ class MediaReader:
             self._cached = 0
 
 
-def _load_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``, or ``None`` on other C libraries."""
-    name = ctypes.util.find_library("c")
-    if not name:
-        return None
-    try:
-        trim: Callable[[int], int] = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):
-        return None
-    return trim
-
-
-_malloc_trim = _load_trim()
-
-
-def release_memory() -> None:
-    """Give the buffers kept for photos and the C heap's free pages back to the system.
-
-    Decoding and resizing a 12-megapixel photo takes ~25 MB of short-lived
-    buffers; glibc keeps such freed memory in its arenas, so a process that
-    prepares photos from worker threads sits 20-40 MB above where it started, by
-    chance of which arena served what. Pillow's kept blocks are freed, then
-    ``malloc_trim`` (1-3 ms of CPU when there is memory to return) gives the
-    rest back: over 100 photos RSS stays flat.
-    """
-    from PIL import _imaging as pillow_core
-
-    pillow_core.clear_cache()
-    if _malloc_trim is not None:
-        _malloc_trim(0)
-
-
-class _Heap:
-    """When the buffers photos need are kept, and when they go back to the system.
-
-    Memory handed back costs a page fault per 4 KB when it is used again
-    (~28 MB, 7,000 faults, 15-25 ms of CPU per 12-megapixel photo, more than the
-    resize). So while photos come in, Pillow keeps up to :data:`BUFFER_BLOCKS`
-    freed image buffers for the next photo and the heap is not trimmed; once
-    no photo was prepared for ``delay`` seconds, :func:`release_memory` runs
-    in a timer thread. Safe against a photo prepared meanwhile: Pillow
-    allocates with the GIL held, which ``clear_cache`` holds too, and a trim
-    only returns free pages.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._timer: threading.Timer | None = None
-        self._kept = False
-
-    def keep(self) -> None:
-        """Before a photo is prepared: keep freed buffers for the next one."""
-        with self._lock:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-            if not self._kept:
-                from PIL import _imaging as pillow_core
-
-                self._kept = True
-                if pillow_core.get_blocks_max() < BUFFER_BLOCKS:
-                    pillow_core.set_blocks_max(BUFFER_BLOCKS)
-
-    def release(self, delay: float) -> None:
-        """Hand the buffers back ``delay`` seconds from now (0: at once)."""
-        if delay <= 0:
-            with self._lock:
-                self._cancel()
-            release_memory()
-            return
-        with self._lock:
-            self._cancel()
-            timer = threading.Timer(delay, self._fire)
-            timer.daemon = True
-            timer.name = "roost-media-release"
-            self._timer = timer
-            timer.start()
-
-    def pending(self) -> bool:
-        """Whether a release is scheduled."""
-        with self._lock:
-            return self._timer is not None
-
-    def _cancel(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _fire(self) -> None:
-        with self._lock:
-            if self._timer is not threading.current_thread():
-                return  # cancelled or replaced after it had started
-            self._timer = None
-        release_memory()
-
-
-_heap = _Heap()
+def _sendable(part: ContentPart) -> bool:
+    """Whether ``part`` is a kind that can give the model something (images, PDFs)."""
+    return part.kind == "image" or (part.kind == "document"
+                                    and part.mime_type == "application/pdf")
 
 
 def _cost(item: Prepared) -> int:

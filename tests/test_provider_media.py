@@ -298,10 +298,10 @@ async def test_a_prepared_image_is_reused_until_the_file_changes(tmp_path: Path)
 async def test_the_heap_is_trimmed_after_new_files_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from plugins import provider_media
+    from bot.media import heap
 
     trims: list[int] = []
-    monkeypatch.setattr(provider_media, "_malloc_trim", trims.append)
+    monkeypatch.setattr(heap, "_malloc_trim", trims.append)
     reader = MediaReader(documents=True, release_after=0)
     part = stored(tmp_path, "p.png", png(30, 20), mime="image/png")
 
@@ -316,24 +316,24 @@ async def test_the_heap_is_trimmed_after_new_files_only(
 async def test_buffers_go_back_only_once_photos_stop_coming(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from plugins import provider_media
+    from bot.media import heap
 
     trimmed = threading.Event()
-    monkeypatch.setattr(provider_media, "_malloc_trim", lambda _: trimmed.set())
+    monkeypatch.setattr(heap, "_malloc_trim", lambda _: trimmed.set())
     waiting = MediaReader(documents=True, release_after=3600)
     waiting.read(stored(tmp_path, "a.jpg", jpeg(300, 200)), vision=True)
     waiting.release()
-    assert provider_media._heap.pending() and not trimmed.is_set()
-    assert pillow_core.get_blocks_max() >= provider_media.BUFFER_BLOCKS
+    assert heap.heap.pending() and not trimmed.is_set()
+    assert pillow_core.get_blocks_max() >= heap.BUFFER_BLOCKS
 
     waiting.read(stored(tmp_path, "b.jpg", jpeg(300, 200)), vision=True)  # the next photo
-    assert not provider_media._heap.pending()  # keeps the buffers: no release while busy
+    assert not heap.heap.pending()  # keeps the buffers: no release while busy
 
     soon = MediaReader(documents=True, release_after=0.01)
     soon.read(stored(tmp_path, "c.jpg", jpeg(300, 200)), vision=True)
     soon.release()
     assert trimmed.wait(10)
-    assert not provider_media._heap.pending()
+    assert not heap.heap.pending()
 
 
 async def test_a_photo_is_prepared_once_and_its_copy_is_found_after_a_restart(
@@ -356,7 +356,8 @@ async def test_a_photo_is_prepared_once_and_its_copy_is_found_after_a_restart(
     twice = restarted.read(part, vision=True)
 
     assert isinstance(made, ImageData) and isinstance(again, ImageData)
-    assert len(copies) == 1 and copies[0].name.endswith("-1341px")
+    assert len(copies) == 1 and copies[0].name.startswith("inbox%2Fbig.jpg.")
+    assert copies[0].name.endswith("-1341px")
     assert again.data == made.data and isinstance(twice, ImageData)
     assert decoded({"source": {"data": again.data}}).size == (1341, 894)
 

@@ -28,10 +28,12 @@ from bot.contracts.llm import ContentPart
 from bot.contracts.media import MediaError, MediaTooLarge, Transcriber
 from bot.contracts.messages import Attachment, InboundMessage
 from bot.contracts.tools import ToolError
+from bot.media.derived import hand_over
 from bot.media.documents import pdf_page_count
 from bot.media.images import ImageTooLarge, inspect_image
 from bot.media.sniff import extension_for, sniff_mime
 from workspaces import safe_file_name, store_file
+from workspaces.paths import resolve_in_workspace
 
 log = logging.getLogger("roost.media.intake")
 
@@ -336,6 +338,9 @@ def _check_and_store(workspace: Path, directory: str, name: str, data: bytes,
         except MediaError:
             pages = 0
     path = store_file(workspace, directory, name, data)
+    if width or 0 < pages <= MAX_DOCUMENT_PAGES:
+        # What the provider sends next: it takes these bytes instead of reading them back.
+        hand_over(resolve_in_workspace(workspace, path), data)
     return path, width, height, pages
 
 

@@ -1,0 +1,194 @@
+"""Where the buffers of photo preparation live, and when they go back to the system.
+
+Decoding and scaling a 12-megapixel photo takes ~25 MB of short-lived buffers.
+glibc keeps freed memory in the arena of the thread that allocated it, and
+``malloc_trim`` hands back the free pages inside every arena but the *top* of
+the per-thread ones: a worker thread's arena kept up to ~24 MB resident (its
+trim threshold, raised by glibc after the first large buffer), and which of the
+event loop's worker threads decoded which photo decided how much stayed (RSS
+after 100 photos +2 to +22 MB from one run to the next). So:
+
+- every photo is prepared on one thread (:func:`on_media_thread`): its
+  buffers come from one arena, whichever thread asked;
+- the thresholds are fixed at the first photo (:data:`MMAP_THRESHOLD`,
+  :data:`KEEP_TOP`) instead of moving with what was freed last;
+- while photos come in, Pillow keeps :data:`BUFFER_BLOCKS` freed image buffers
+  for the next photo and nothing is trimmed (memory handed back costs a page
+  fault per 4 KB when used again: ~7,000 faults, 15-25 ms per photo on this
+  VM); once no photo was prepared for a while, :func:`release_memory` runs on
+  the media thread: Pillow's blocks are freed, the media thread's arena top is
+  trimmed, then ``malloc_trim`` returns the rest.
+
+Off glibc the thread and Pillow's cache still apply; the allocator calls do not.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import ParamSpec, TypeVar
+
+log = logging.getLogger("roost.media.heap")
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+BUFFER_BLOCKS = 4
+"""Pillow image buffers kept for reuse while photos come in: a photo needs three (the
+draft decode, the resize pass, the result)."""
+MMAP_THRESHOLD = 16 * 1024 * 1024
+"""Allocations from this size on get their own mapping (returned when freed). Fixed, so
+glibc no longer raises it after a large free; Pillow's buffers (16 MB blocks at most)
+stay below it and are reused from the arena while photos come in."""
+KEEP_TOP = 32 * 1024 * 1024
+"""Free memory an arena's top may hold before a free hands it back (glibc's own value
+after its threshold has grown): photo bursts reuse it; :func:`release_memory` trims it."""
+
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_PROBE_BYTES = 96 * 1024
+"""A free of at least 64 KB makes glibc check the trim threshold of the chunk's arena
+(``heap_trim``); under the mmap threshold, so it comes from the arena."""
+
+
+def _glibc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    if not name:
+        return None
+    try:
+        libc = ctypes.CDLL(name)
+        libc.gnu_get_libc_version  # noqa: B018  (only glibc has it)
+    except (OSError, AttributeError):
+        return None
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    return libc
+
+
+_libc = _glibc()
+_malloc_trim: Callable[[int], int] | None = _libc.malloc_trim if _libc is not None else None
+_mallopt: Callable[[int, int], int] | None = _libc.mallopt if _libc is not None else None
+
+_media_thread: list[int] = []
+
+
+def _note_thread() -> None:
+    _media_thread.append(threading.get_ident())
+
+
+# Started by the first photo: a process that never gets one has no such thread.
+_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="roost-media",
+                               initializer=_note_thread)
+
+
+def on_media_thread(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """``fn(*args, **kwargs)`` run on the media thread, waiting for it (directly when
+    already there). Blocks the caller: call it from a worker thread, not the event loop."""
+    if threading.get_ident() in _media_thread:
+        return fn(*args, **kwargs)
+    return _executor.submit(fn, *args, **kwargs).result()
+
+
+def _trim_this_arena() -> None:
+    """Hand back the top of the calling thread's arena (``malloc_trim`` does not)."""
+    if _libc is None or _mallopt is None:
+        return
+    _mallopt(_M_TRIM_THRESHOLD, 0)
+    try:
+        probe = _libc.malloc(_PROBE_BYTES)
+        if probe:
+            _libc.free(probe)
+    finally:
+        _mallopt(_M_TRIM_THRESHOLD, KEEP_TOP)
+
+
+def release_memory() -> None:
+    """Give the buffers kept for photos and the C heap's free pages back to the system.
+
+    Runs on the media thread (so the arena trimmed first is the one photos
+    use): Pillow's kept blocks are freed, that arena's top is trimmed, then
+    ``malloc_trim`` (1-3 ms of CPU when there is memory to return) gives back
+    the free pages of every arena and the main arena's top.
+    """
+    from PIL import _imaging as pillow_core
+
+    from bot.media.derived import forget_handed
+
+    forget_handed()
+    pillow_core.clear_cache()
+    _trim_this_arena()
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+
+
+class Heap:
+    """When the buffers photos need are kept, and when they go back to the system.
+
+    :meth:`keep` before a photo is prepared cancels a pending release; after a
+    model call with a newly prepared file, :meth:`release` schedules
+    :func:`release_memory` ``delay`` seconds later (on the media thread: a
+    photo prepared meanwhile waits for it, or it for the photo).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self._kept = False
+
+    def keep(self) -> None:
+        """Before a photo is prepared: keep freed buffers for the next one."""
+        with self._lock:
+            self._cancel()
+            if not self._kept:
+                from PIL import _imaging as pillow_core
+
+                self._kept = True
+                if pillow_core.get_blocks_max() < BUFFER_BLOCKS:
+                    pillow_core.set_blocks_max(BUFFER_BLOCKS)
+                if _mallopt is not None:
+                    _mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+                    _mallopt(_M_TRIM_THRESHOLD, KEEP_TOP)
+
+    def release(self, delay: float) -> None:
+        """Hand the buffers back ``delay`` seconds from now (0: at once)."""
+        if delay <= 0:
+            with self._lock:
+                self._cancel()
+            on_media_thread(release_memory)
+            return
+        with self._lock:
+            self._cancel()
+            timer = threading.Timer(delay, self._fire)
+            timer.daemon = True
+            timer.name = "roost-media-release"
+            self._timer = timer
+            timer.start()
+
+    def pending(self) -> bool:
+        """Whether a release is scheduled."""
+        with self._lock:
+            return self._timer is not None
+
+    def _cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._timer is not threading.current_thread():
+                return  # cancelled or replaced after it had started
+            self._timer = None
+        try:
+            on_media_thread(release_memory)
+        except RuntimeError:  # the interpreter is shutting down: nothing to hand back
+            log.debug("media memory not released: shutting down")
+
+
+heap = Heap()
