@@ -45,8 +45,9 @@ MMAP_THRESHOLD = 16 * 1024 * 1024
 glibc no longer raises it after a large free; Pillow's buffers (16 MB blocks at most)
 stay below it and are reused from the arena while photos come in."""
 KEEP_TOP = 32 * 1024 * 1024
-"""Free memory an arena's top may hold before a free hands it back (glibc's own value
-after its threshold has grown): photo bursts reuse it; :func:`release_memory` trims it."""
+"""Free memory an arena's top may hold before a free hands it back (twice the mmap
+threshold, as glibc sets it when it raises that threshold itself): photo bursts reuse
+it; :func:`release_memory` trims it."""
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
