@@ -19,8 +19,8 @@ sends its images again on every model call, so a photo is prepared once: the
 prepared copy is kept in the workspace (:mod:`bot.media.derived`, found again
 after a restart) and the wire payloads in memory (bounded by bytes; keyed by
 path, size, modification time and inode). The methods are synchronous:
-providers call :meth:`MediaReader.read_all` in a worker thread, and the work
-itself runs on the one media thread (:mod:`bot.media.heap`: photo buffers
+providers call :meth:`MediaReader.read_all` in a worker thread, and images
+are prepared on the one media thread (:mod:`bot.media.heap`: photo buffers
 stay in one malloc arena, handed back once photos stop coming).
 """
 
@@ -164,28 +164,21 @@ class MediaReader:
 
         Audio parts give nothing (their transcript is in the message text), nor
         do documents other than PDFs (the message text names them; the file
-        tools read them). Runs on the media thread; blocks the caller meanwhile.
+        tools read them).
         """
-        chosen = [p for p in parts if _sendable(p)]
-        if not chosen:
-            return []
-        return on_media_thread(self._read_all, chosen, vision)
-
-    def _read_all(self, parts: list[ContentPart], vision: bool) -> list[Prepared]:
         prepared: list[Prepared] = []
         for part in parts:
-            item = self._read(part, vision)
+            item = self.read(part, vision=vision)
             if item is not None:
                 prepared.append(item)
         return prepared
 
     def read(self, part: ContentPart, *, vision: bool) -> Prepared | None:
-        """``part`` prepared for the model, or ``None`` if it gives the model nothing."""
-        if not _sendable(part):
-            return None
-        return on_media_thread(self._read, part, vision)
+        """``part`` prepared for the model, or ``None`` if it gives the model nothing.
 
-    def _read(self, part: ContentPart, vision: bool) -> Prepared | None:
+        Images are prepared on the media thread (the caller waits), PDFs in the
+        calling thread: a long text extraction holds up no photo.
+        """
         is_pdf = part.kind == "document" and part.mime_type == "application/pdf"
         if part.kind != "image" and not is_pdf:
             return None
@@ -213,7 +206,7 @@ class MediaReader:
                 self._cache.move_to_end(key)
                 return _for(part, hit)
         if mode == "image":
-            item = self._image(part, path, stat)
+            item = on_media_thread(self._image, part, path, stat)
         else:
             try:
                 data = take_over(path, stat) or path.read_bytes()
@@ -335,12 +328,6 @@ class MediaReader:
         with self._lock:
             self._cache.clear()
             self._cached = 0
-
-
-def _sendable(part: ContentPart) -> bool:
-    """Whether ``part`` is a kind that can give the model something (images, PDFs)."""
-    return part.kind == "image" or (part.kind == "document"
-                                    and part.mime_type == "application/pdf")
 
 
 def _cost(item: Prepared) -> int:

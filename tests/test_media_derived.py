@@ -123,3 +123,14 @@ def test_photo_memory_is_handed_back_on_the_media_thread(
     reader.release()
 
     assert len(threads) == 1 and threads[0].startswith("roost-media")
+
+
+def test_bytes_nobody_takes_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(derived, "HAND_OVER_BYTES", 10)
+    old, new = tmp_path / "old.jpg", tmp_path / "new.jpg"
+    for path in (old, new):
+        path.write_bytes(b"8 bytes!")
+        hand_over(path, b"8 bytes!")
+
+    assert take_over(old, old.stat()) is None  # let go to stay within the bound
+    assert take_over(new, new.stat()) == b"8 bytes!"

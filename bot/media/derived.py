@@ -55,6 +55,8 @@ TEMP_AGE = 3600.0
 HAND_OVER_SECONDS = 60.0
 """How long handed-over bytes wait for the provider."""
 HAND_OVER_FILES = 8
+HAND_OVER_BYTES = 64 * 1024 * 1024
+"""At most this many bytes wait (a model without vision never takes them)."""
 
 _swept: dict[str, float] = {}
 _handed: OrderedDict[tuple[str, int, int, int], tuple[float, bytes]] = OrderedDict()
@@ -156,9 +158,10 @@ def hand_over(path: Path, data: bytes) -> None:
     with _lock:
         _handed[key] = (now, data)
         _handed.move_to_end(key)
-        while len(_handed) > HAND_OVER_FILES:
-            _handed.popitem(last=False)
         _expire(now)
+        while len(_handed) > HAND_OVER_FILES or (
+                len(_handed) > 1 and sum(len(d) for _, d in _handed.values()) > HAND_OVER_BYTES):
+            _handed.popitem(last=False)
 
 
 def take_over(path: Path, stat: os.stat_result) -> bytes | None:
