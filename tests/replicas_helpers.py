@@ -244,7 +244,7 @@ class _Load:
         if self.spare_unsent:
             victim.proc.send_signal(signal.SIGSTOP)  # frozen: its outbox cannot change now
             if await self.pg.fetchval("SELECT count(*) FROM outbox WHERE owner = $1"
-                                      " AND state = 'pending'", owner):
+                                      " AND state = 'pending' AND sending = 1", owner):
                 victim.proc.send_signal(signal.SIGCONT)
                 self.result.spared += 1
                 return
@@ -270,10 +270,10 @@ async def run_load(fake: FakeTelegram, replicas: list[Replica], database_url: st
     replicas (a share ``twice`` of them to a second one as well). With ``kill``, after half
     the messages, the replica holding the most chats with unanswered messages is killed
     with SIGKILL, and those messages must be answered within ``lease`` + 30 s.
-    ``spare_unsent`` puts the kill off (to the next delivery) while that replica has a
-    reply committed and not yet recorded as sent: one it dies sending is never sent again
-    (at most once, ``bot/storage/claims.py``), and that includes a reply committed whose
-    send had not begun, so its message stays unanswered (seen about once in ten kills).
+    ``spare_unsent`` puts the kill off (to the next delivery) while that replica is
+    handing a reply to the platform (marked ``sending``, not yet recorded as sent): one it
+    dies sending is never sent again (at most once, ``bot/storage/claims.py``). A reply
+    committed and not yet being sent is killed over on purpose: another replica sends it.
 
     Then the replicas left are stopped (exit code 0) and every chat must have been answered
     exactly once per message, in order; an :class:`AssertionError` says which chats were

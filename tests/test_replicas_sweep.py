@@ -91,6 +91,8 @@ async def test_replies_of_a_dead_replica_are_taken_over_and_not_resent_once_trie
     failed = await _reply(inbox_b, "platform said 500")  # sent, refused: B retries later
     inbox_b.not_delivered(failed, final=False)
     sending = await _reply(inbox_b, "under way when B died")
+    await inbox_b.sending(sending)  # B was handing it to the platform
+    unsent = await _reply(inbox_b, "committed, B died before sending it")
     draft = await _reply(inbox_b, "finishing a draft", draft="d7")
     delivered = await _reply(inbox_b, "shown")
     inbox_b.delivered(delivered, "p1")
@@ -101,12 +103,14 @@ async def test_replies_of_a_dead_replica_are_taken_over_and_not_resent_once_trie
     clock[0] += 2 * LEASE + 1  # B stopped renewing; A goes on
     await a.renew(())
     taken = await a.take_replies()
-    assert [(t.id, t.send) for t in taken] == [(failed, True), (sending, False), (draft, True)]
-    assert taken[2].draft_id == "d7"
+    assert [(t.id, t.send) for t in taken] == [
+        (failed, True), (sending, False), (unsent, True), (draft, True)]
+    assert taken[3].draft_id == "d7"
     rows = dict(await store.db.execute_fetchall(
         "SELECT id, owner || ':' || state || ':' || sending FROM outbox"))
-    assert rows == {failed: "A:pending:1", sending: "A:failed:0", draft: "A:pending:1",
-                    delivered: "B:delivered:0", legacy: "A:pending:1"}
+    # Taken replies wait unmarked until A itself hands them to the platform.
+    assert rows == {failed: "A:pending:0", sending: "A:failed:0", unsent: "A:pending:0",
+                    draft: "A:pending:0", delivered: "B:delivered:0", legacy: "A:pending:0"}
     # A is alive: nobody takes them from it, A included.
     assert await b.take_replies() == [] and await a.take_replies() == []
     # B's heartbeat, expired a whole lease ago, is gone.

@@ -70,6 +70,7 @@ async def deliver_result(channel: Channel | None, message: InboundMessage, resul
         elif reply is not None:
             if result.outbox_id is not None:
                 reply = dataclasses.replace(reply, delivery_id=f"roost-{result.outbox_id}")
+                await inbox.sending(result.outbox_id)
             platform_id = await channel.send(reply)
         else:
             return

@@ -56,6 +56,7 @@ class Redeliveries:
             log.error("reply %d: no channel %r; kept in the outbox", outbox_id, reply.channel)
             return
         try:
+            await self.inbox.sending(outbox_id)
             platform_id = await channel.send(dataclasses.replace(
                 reply, replace=draft, delivery_id=f"roost-{outbox_id}", redelivery=True))
         except Exception as exc:

@@ -250,7 +250,8 @@ class Claims:
 
         Each reply is taken by one replica only: the rows are read ``FOR UPDATE SKIP
         LOCKED`` and moved to this owner in the same transaction. Replies to send are
-        marked ``sending`` (this replica sends them now); those not to be sent again
+        left unmarked (this replica marks each just before it sends it, see
+        :meth:`bot.storage.inbox.Inbox.sending`); those not to be sent again
         (see :class:`TakenReply`) are marked ``failed``. Heartbeats expired for a
         whole lease are deleted on the way.
         """
@@ -274,7 +275,7 @@ class Claims:
             taken = await db.execute_fetchall(
                 f"UPDATE outbox AS o SET owner = ?, updated_at = ?,"
                 f" state = CASE WHEN {again} THEN 'pending' ELSE 'failed' END,"
-                f" sending = CASE WHEN {again} THEN 1 ELSE 0 END"
+                f" sending = 0"
                 f" WHERE o.id IN ({', '.join('?' * len(ids))}) AND o.state = 'pending'"
                 f" AND {dead} RETURNING id, message, draft_id, attempts, state",
                 (self.owner, now, *ids, now))

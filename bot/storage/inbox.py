@@ -19,7 +19,8 @@ What makes an acknowledged message survive the process:
   delivered, with the platform's message id, once the platform took it;
   replies still pending at start are sent again (replacing their draft when
   one is known). With replicas (:attr:`Inbox.owner`) a reply is its committer's
-  to send, marked ``sending`` until the outcome is recorded; replies of a
+  to send, marked ``sending`` from just before the platform call until the
+  outcome is recorded (:meth:`Inbox.sending`); replies of a
   replica that died are taken over by the others
   (:meth:`bot.storage.claims.Claims.take_replies`).
 """
@@ -239,7 +240,7 @@ class Inbox:
         now, params = self.clock(), [(i,) for i in ids]
         head = ids[-1] if ids else None
         encoded = encode_outbound(reply) if reply is not None else None
-        owner, sending = self.owner, int(self.owner is not None)
+        owner = self.owner
 
         async def body(db: aiosqlite.Connection) -> int | None:
             await _close(db, now, "done", params)
@@ -247,9 +248,8 @@ class Inbox:
                 return None
             cur = await db.execute(
                 "INSERT INTO outbox (inbox_id, channel, chat_id, message, draft_id, created_at,"
-                " updated_at, owner, sending) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (head, reply.channel, reply.chat_id, encoded, draft_id, now, now, owner,
-                 sending))
+                " updated_at, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (head, reply.channel, reply.chat_id, encoded, draft_id, now, now, owner))
             return cur.lastrowid
 
         return body
@@ -342,6 +342,21 @@ class Inbox:
         async with self.lock, self.db.execute(sql, params) as cur:
             rows = await cur.fetchall()
         return [OutboxEntry(r[0], decode_outbound(r[1]), r[2], r[3]) for r in rows]
+
+    async def sending(self, outbox_id: int) -> None:
+        """About to hand the reply to the platform; returns once that is committed.
+
+        With replicas, a reply whose owner died after this mark is not sent again by
+        another replica (the platform may have shown it: at most once wins), while one
+        committed but not yet marked is (it was certainly never shown). Marking at the
+        commit instead lost the replies of a replica killed between its commit and its
+        send. A single process (no owner) writes nothing.
+        """
+        if self.owner is None:
+            return
+        await self.writer.write(
+            lambda db: db.execute("UPDATE outbox SET sending = 1 WHERE id = ?", (outbox_id,)),
+            what="marking a reply as being sent")
 
     def delivered(self, outbox_id: int, platform_id: str | None) -> None:
         """The platform took the reply."""
