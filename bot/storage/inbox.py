@@ -163,8 +163,8 @@ class Inbox:
         self.writer = writer
         self.clock = clock
         self.owner: str | None = None
-        """With replicas: this replica's id, written with each reply it commits (it is
-        sending it); ``None`` for a single process."""
+        """With replicas: this replica's id, written with each reply it commits (the
+        reply is its to send); ``None`` for a single process."""
 
     # -- intake ------------------------------------------------------------------
 
