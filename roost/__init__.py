@@ -22,7 +22,14 @@ implementation and may change. Test helpers live in :mod:`roost.testing`.
 from __future__ import annotations
 
 from bot.config.settings import Settings
-from bot.contracts.channel import Channel, ChannelHealth, ChannelSpec, InboundHandler, ReplyStream
+from bot.contracts.channel import (
+    Channel,
+    ChannelHealth,
+    ChannelSpec,
+    InboundHandler,
+    ReplyStream,
+    marked_send,
+)
 from bot.contracts.commands import Command, CommandContext
 from bot.contracts.events import RunEvent
 from bot.contracts.guard import GuardPattern, InputCheck
@@ -113,6 +120,7 @@ __all__ = [
     "check_keys",
     "hookimpl",
     "int_arg",
+    "marked_send",
     "str_arg",
     "transaction",
 ]

@@ -26,10 +26,12 @@ from bot.contracts.llm import LLMRequest, LLMResponse, OnRetry, OnText
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.testing.app import ChatChannel, create_app
 from bot.testing.telegram import FakeTelegram
-from bot.testing.telegram.wire import ALICE, BOB, Call
+from bot.testing.telegram.wire import ALICE, BOB, Call, user
 from tests.roost_processes import start_roost, until_logged
 from tests.test_cli import clean_env
 from tests.test_run_all_channels import free_port
+
+CAROL = user(44, "Carol", "carol")
 
 KEY = "default:test:direct:u1"
 
@@ -397,6 +399,11 @@ async def test_roost_run_replies_of_a_replica_killed_before_sending_go_out_once(
         fake_telegram.fail("sendMessage", 403)
         await _via(fake_telegram, envs["b"]["ROOST_TELEGRAM_WEBHOOK_URL"], "m0")
         await fake_telegram.wait_for("sendMessage", 1, limit=30, ok=False)
+        # Carol's reply: Telegram says to wait 5 s, and b waits in its rate limiter: the
+        # reply was not shown, so it must not count as under way when b dies there.
+        fake_telegram.fail("sendMessage", 429, retry_after=5)
+        await _via(fake_telegram, envs["b"]["ROOST_TELEGRAM_WEBHOOK_URL"], "m2", CAROL)
+        await fake_telegram.wait_for("sendMessage", 2, limit=30, ok=False)
         # Bob's reply: Telegram takes it, and b is frozen before it can record that...
         b = procs["b"]
 
@@ -409,14 +416,15 @@ async def test_roost_run_replies_of_a_replica_killed_before_sending_go_out_once(
         await _via(fake_telegram, envs["b"]["ROOST_TELEGRAM_WEBHOOK_URL"], "m1", BOB)
         await fake_telegram.wait_for("sendMessage", 1, limit=30)
         await _killed({"b": b})  # ...then killed: it retries nothing and records nothing
-        assert len(fake_telegram.calls_of("sendMessage")) == 2
-        # a, never restarted b, sends Alice's reply once b's heartbeat expired; Bob's
-        # went out before b died, so it is not sent again (at most once).
+        assert len(fake_telegram.calls_of("sendMessage")) == 3
+        # a, never restarted b, sends Alice's and Carol's replies once b's heartbeat
+        # expired; Bob's went out before b died, so it is not sent again (at most once).
         await until_logged(procs["a"], b"not sent again")
-        await fake_telegram.wait_for("sendMessage", 2, limit=45)
+        await fake_telegram.wait_for("sendMessage", 3, limit=45)
         await _stopped(procs["a"])
     assert fake_telegram.sent_texts(ALICE["id"]) == ["re:m0"]
     assert fake_telegram.sent_texts(BOB["id"]) == ["re:m1"]
+    assert fake_telegram.sent_texts(CAROL["id"]) == ["re:m2"]
 
 
 @pytest.mark.e2e

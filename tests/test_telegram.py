@@ -6,6 +6,7 @@ import asyncio
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -15,12 +16,13 @@ import pytest
 
 from bot.app.roost import Roost
 from bot.config.settings import Settings
+from bot.contracts.channel import sending_mark
 from bot.contracts.commands import Command, CommandContext
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.llm import LLMProvider
-from bot.contracts.messages import InboundMessage
+from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.testing.app import EventRecorder, closing_apps, create_app, scripted, settle
-from bot.testing.telegram import BOB, FakeTelegram, parse_html, user
+from bot.testing.telegram import BOB, Call, FakeTelegram, parse_html, user
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
 from channels.delivery import DeliveryPolicy
 from channels.ratelimit import Limits
@@ -385,6 +387,53 @@ async def test_429_retry_after_is_honoured_and_the_reply_sent_once(
     assert limited.status == 429 and delivered.status == 200
     assert delivered.at - limited.at >= 0.95
     assert fake_telegram.sent_texts() == ["patient"]
+
+
+async def test_a_reply_is_marked_sending_at_its_call_and_unmarked_when_refused(
+        make_tg: TgFactory, fake_telegram: FakeTelegram) -> None:
+    # With replicas the outbox marks a reply as possibly shown: only once the adapter's
+    # own waits are over, and taken back when Telegram certainly refused the call.
+    _, tg, _ = await make_tg(scripted({"reply": "unused"}))
+    fake_telegram.fail("sendMessage", 429, retry_after=1)
+    marks: list[tuple[bool, float]] = []
+
+    async def mark(on: bool) -> None:
+        marks.append((on, time.perf_counter()))
+
+    with sending_mark(mark):
+        await tg.send(OutboundMessage(channel="telegram", chat_id="42", text="patient"))
+    limited, delivered = fake_telegram.calls_of("sendMessage")
+    assert [on for on, _ in marks] == [True, False, True]
+    (_, first), (_, back), (_, again) = marks
+    assert first <= limited.at <= back  # marked for the refused call only
+    assert again - limited.at >= 0.95  # marked again after the 429 window, not during it
+    assert again <= delivered.at
+    assert fake_telegram.sent_texts() == ["patient"]
+
+
+async def test_a_reply_whose_first_piece_was_shown_stays_marked_when_a_later_one_fails(
+        make_tg: TgFactory, fake_telegram: FakeTelegram) -> None:
+    _, tg, _ = await make_tg(scripted({"reply": "unused"}))
+    marks: list[bool] = []
+
+    async def mark(on: bool) -> None:
+        marks.append(on)
+
+    pieces = 0
+
+    def refuse_the_second(call: Call) -> None:
+        nonlocal pieces
+        if call.method == "sendMessage":
+            pieces += 1
+            if pieces == 2:
+                fake_telegram.fail("sendMessage", 403)
+
+    fake_telegram.on_call = refuse_the_second
+    with sending_mark(mark), pytest.raises(Exception, match="blocked"):
+        await tg.send(OutboundMessage(channel="telegram", chat_id="42",
+                                      text="x" * (MAX_TEXT + 10)))
+    assert [c.status for c in fake_telegram.calls_of("sendMessage")] == [200, 403]
+    assert marks == [True]  # the first piece may be on screen: at most once holds
 
 
 async def test_server_errors_are_retried_then_delivered_once(

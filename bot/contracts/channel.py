@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+import contextvars
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from bot.contracts.media import MediaError
 from bot.contracts.messages import Attachment, InboundMessage, OutboundMessage
@@ -13,6 +14,8 @@ from bot.contracts.messages import Attachment, InboundMessage, OutboundMessage
 if TYPE_CHECKING:
     from bot.config.settings import Settings
     from bot.contracts.commands import Command
+
+T = TypeVar("T")
 
 InboundHandler = Callable[[InboundMessage], Awaitable[None]]
 """The core's entry point: adapters await it for every normalized message.
@@ -44,6 +47,62 @@ class ReplyStream(Protocol):
         run): the adapter removes whatever it showed. Raises if the reply could
         not be delivered (the core then keeps it in the outbox and retries).
         """
+
+
+@dataclass(slots=True)
+class _SendingMark:
+    mark: Callable[[bool], Awaitable[None]]
+    on: bool = False
+    shown: bool = False
+
+
+_SENDING: contextvars.ContextVar[_SendingMark | None] = contextvars.ContextVar(
+    "roost_sending_mark", default=None)
+
+
+@contextlib.contextmanager
+def sending_mark(mark: Callable[[bool], Awaitable[None]]) -> Iterator[None]:
+    """Within the block, :func:`marked_send` calls ``mark(True)`` before the first platform
+    call that may show the reply, and ``mark(False)`` if that call was refused.
+
+    The core wraps :meth:`Channel.send` in it for adapters that set
+    :attr:`Channel.marks_sending`; with replicas, ``mark`` records in the outbox that
+    the reply may have reached the platform, so a replica taking over a dead one's
+    replies does not send it again (at most once).
+    """
+    token = _SENDING.set(_SendingMark(mark))
+    try:
+        yield
+    finally:
+        _SENDING.reset(token)
+
+
+async def marked_send(call: Callable[[], Awaitable[T]], *,
+                      refused: Callable[[BaseException], bool]) -> T:
+    """Make one platform call of a reply being sent (``await call()``), marking the reply first.
+
+    An adapter makes each such call through this *after* its own waits (rate-limit
+    pacing, a 429 window), so a replica that dies while a reply waits there leaves
+    it unmarked and another replica sends it. ``refused(error)`` says the failed
+    call certainly showed nothing (a 429, a 400): if no earlier call of the same
+    reply succeeded, the mark is taken back. Outside :func:`sending_mark` (no
+    replicas, not a reply) it is just ``await call()``.
+    """
+    state = _SENDING.get()
+    if state is None:
+        return await call()
+    if not state.on:
+        await state.mark(True)
+        state.on = True
+    try:
+        result = await call()
+    except BaseException as exc:
+        if state.on and not state.shown and refused(exc):
+            state.on = False
+            await state.mark(False)
+        raise
+    state.shown = True
+    return result
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +173,9 @@ class Channel:
     leadership: Leadership | None = None
     """Set by the app before :meth:`start` when several replicas share the database:
     long polling and Socket Mode receive only while it leads (``None``: always)."""
+    marks_sending: ClassVar[bool] = False
+    """``True`` when :meth:`send` awaits its platform calls through :func:`marked_send`;
+    otherwise the core marks a reply as under way just before calling :meth:`send`."""
 
     async def start(self, handler: InboundHandler) -> None:
         """Connect to the platform and begin delivering inbound messages."""

@@ -14,7 +14,7 @@ from typing import Any
 
 from bot.contracts.channel import Channel, ReplyStream
 from bot.contracts.messages import InboundMessage, OutboundMessage
-from bot.dispatch.redelivery import Redeliveries
+from bot.dispatch.redelivery import Redeliveries, send_marked
 from bot.dispatch.stream import draft_id
 from bot.engine.runloop import RunResult
 from bot.storage.inbox import Inbox
@@ -68,10 +68,11 @@ async def deliver_result(channel: Channel | None, message: InboundMessage, resul
             await stream.finish(result.reply)
             platform_id = draft_id(stream)
         elif reply is not None:
-            if result.outbox_id is not None:
+            if result.outbox_id is None:
+                platform_id = await channel.send(reply)
+            else:
                 reply = dataclasses.replace(reply, delivery_id=f"roost-{result.outbox_id}")
-                await inbox.sending(result.outbox_id)
-            platform_id = await channel.send(reply)
+                platform_id = await send_marked(channel, reply, inbox, result.outbox_id)
         else:
             return
     except Exception as exc:

@@ -7,7 +7,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 
-from bot.contracts.channel import Channel
+from bot.contracts.channel import Channel, sending_mark
 from bot.contracts.messages import OutboundMessage
 from bot.resilience.retry import RetryPolicy
 from bot.storage.inbox import Inbox
@@ -17,6 +17,22 @@ log = logging.getLogger("roost.dispatch.redelivery")
 REDELIVERY = RetryPolicy.fixed(5.0, 30.0, 120.0, 600.0)
 """A reply the platform did not take is sent again after 5 s, 30 s, 2 min and 10 min
 (and after a restart), then given up."""
+
+
+async def send_marked(channel: Channel, reply: OutboundMessage, inbox: Inbox,
+                      outbox_id: int) -> str | None:
+    """``channel.send(reply)`` with the outbox's ``sending`` mark set as late as the
+    adapter allows: by the adapter right before its platform call (after its rate-limit
+    waits) where it can, else here just before the send."""
+    if not channel.marks_sending:
+        await inbox.sending(outbox_id)
+        return await channel.send(reply)
+
+    async def mark(on: bool) -> None:
+        await inbox.sending(outbox_id, on)
+
+    with sending_mark(mark):
+        return await channel.send(reply)
 
 
 class Redeliveries:
@@ -56,9 +72,9 @@ class Redeliveries:
             log.error("reply %d: no channel %r; kept in the outbox", outbox_id, reply.channel)
             return
         try:
-            await self.inbox.sending(outbox_id)
-            platform_id = await channel.send(dataclasses.replace(
-                reply, replace=draft, delivery_id=f"roost-{outbox_id}", redelivery=True))
+            platform_id = await send_marked(channel, dataclasses.replace(
+                reply, replace=draft, delivery_id=f"roost-{outbox_id}", redelivery=True),
+                self.inbox, outbox_id)
         except Exception as exc:
             final = attempts >= REDELIVERY.retries
             self.count(reply.channel, "given_up" if final else "failed")

@@ -343,20 +343,24 @@ class Inbox:
             rows = await cur.fetchall()
         return [OutboxEntry(r[0], decode_outbound(r[1]), r[2], r[3]) for r in rows]
 
-    async def sending(self, outbox_id: int) -> None:
+    async def sending(self, outbox_id: int, on: bool = True) -> None:
         """About to hand the reply to the platform; returns once that is committed.
 
         With replicas, a reply whose owner died after this mark is not sent again by
         another replica (the platform may have shown it: at most once wins), while one
         committed but not yet marked is (it was certainly never shown). Marking at the
         commit instead lost the replies of a replica killed between its commit and its
-        send. A single process (no owner) writes nothing.
+        send; adapters that can (:attr:`bot.contracts.channel.Channel.marks_sending`)
+        mark only once their own rate-limit waits are over. ``on=False`` takes the
+        mark back: the platform refused the call, so the reply was not shown. A
+        single process (no owner) writes nothing.
         """
         if self.owner is None:
             return
         await self.writer.write(
-            lambda db: db.execute("UPDATE outbox SET sending = 1 WHERE id = ?", (outbox_id,)),
-            what="marking a reply as being sent")
+            lambda db: db.execute("UPDATE outbox SET sending = ? WHERE id = ?",
+                                  (int(on), outbox_id)),
+            what="marking a reply as being sent" if on else "unmarking a refused reply")
 
     def delivered(self, outbox_id: int, platform_id: str | None) -> None:
         """The platform took the reply."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import re
 from collections import OrderedDict
@@ -18,6 +19,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from aiogram import Bot
+from aiogram.exceptions import (
+    TelegramAPIError,
+    TelegramEntityTooLarge,
+    TelegramNetworkError,
+    TelegramServerError,
+)
 from aiogram.methods import (
     DeleteMessage,
     EditMessageText,
@@ -29,8 +36,8 @@ from aiogram.methods import (
 from aiogram.methods.base import TelegramType
 from aiogram.types import Update, User
 
-from bot.contracts.channel import Channel, ChannelHealth, InboundHandler, WebRoutes
-from channels.delivery import DeliveryPolicy, deliver
+from bot.contracts.channel import Channel, ChannelHealth, InboundHandler, WebRoutes, marked_send
+from channels.delivery import DeliveryPolicy, RateLimited, deliver
 from channels.ratelimit import BOT, TELEGRAM_LIMITS, Limits, RateLimiter
 from channels.telegram.errors import ChatMigrated, _translated
 from channels.telegram.parsing import SEEN_UPDATES
@@ -77,10 +84,26 @@ class _Target:
         return cls(_chat_id(chat_id), _int_or_none(thread_id), _int_or_none(reply_to))
 
 
+async def _call(bot: Bot, method: TelegramMethod[TelegramType],
+                request_timeout: int | None) -> TelegramType:
+    return await _translated(bot(method, request_timeout=request_timeout))
+
+
+def _refused(error: BaseException) -> bool:
+    """Whether a failed call certainly showed nothing: a 429, a migrated chat or any other
+    4xx answer. 5xx answers and network errors may come after the call took effect."""
+    cause = error.__cause__ if isinstance(error, (RateLimited, ChatMigrated)) else error
+    if isinstance(cause, TelegramEntityTooLarge):  # a TelegramNetworkError, yet a 413
+        return True
+    return isinstance(cause, TelegramAPIError) and not isinstance(
+        cause, (TelegramServerError, TelegramNetworkError))
+
+
 class ChannelBase(Channel):
     """The state of a Telegram channel and the Bot API calls every part of it makes."""
 
     name = "telegram"
+    marks_sending = True  # after the rate limiter's waits: see _api
 
     def __init__(self, settings: Settings, *, polling_timeout: int = 30,
                  edit_interval: float = 1.0, typing_interval: float = 4.0,
@@ -164,7 +187,9 @@ class ChannelBase(Channel):
                                              counted=isinstance(method, _COUNTED)) as go:
                     if not go:
                         return None
-                    return await _translated(bot(method, request_timeout=request_timeout))
+                    return await marked_send(
+                        functools.partial(_call, bot, method, request_timeout),
+                        refused=_refused)
             except ChatMigrated as moved:
                 if chat is None:
                     raise
