@@ -217,6 +217,33 @@ async def test_a_reply_a_dead_replica_committed_is_sent_by_another_without_a_res
     assert await _outbox(a) == [("delivered", a.replica, 0)]
 
 
+async def test_a_reply_whose_sending_mark_cannot_be_written_is_kept_and_sent_later(
+        make_pair: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    pair: Pair = await make_pair()
+    a, _ = pair.apps
+    mark = a.inbox.sending
+    lost = asyncio.Event()
+
+    async def database_gone_once(outbox_id: int, on: bool = True) -> None:
+        if not lost.is_set():
+            lost.set()
+            raise ConnectionResetError("the connection to the database was lost")
+        await mark(outbox_id, on)
+
+    monkeypatch.setattr(a.inbox, "sending", database_gone_once)
+    await pair.deliver(0, 0)
+    await lost.wait()
+    await a.store.writer.write(_nothing)
+    # Not handed to the platform unmarked: kept as a failed attempt, retried in 5 s.
+    assert await _outbox(a) == [("pending", a.replica, 0)]
+    assert pair.seen == []
+    await pair.answered(1)
+    assert pair.seen == ["re:m0 after 0"]
+    await asyncio.gather(*a.dispatcher.redeliveries.tasks)
+    await a.store.writer.write(_nothing)
+    assert await _outbox(a) == [("delivered", a.replica, 0)]
+
+
 async def test_a_stopping_replica_hands_its_sessions_over_before_the_lease_ends(
         make_pair: Any) -> None:
     pair: Pair = await make_pair(hold="m0", lease_seconds=600)
