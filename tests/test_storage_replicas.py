@@ -7,17 +7,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
 
-from bot.contracts.messages import InboundMessage, OutboundMessage
+from bot.contracts.messages import InboundMessage
 from bot.storage.claims import Claims, LeaseLost, Listener, listen
 from bot.storage.db import Statements
-from bot.storage.inbox import Inbox, encode_outbound
+from bot.storage.inbox import Inbox
 from bot.storage.sessions import SessionStore
 
 LEASE = 30.0
@@ -199,35 +197,3 @@ async def test_an_idle_replica_is_woken_by_another_replicas_insert(
     await a.inbox.add(InboundMessage("telegram", "c", "direct", "u", "hi", event_id="9"), "k9")
     await asyncio.wait_for(b.wake.wait(), 10)
     assert [c.session_key for c in await b.claims.claim()] == ["k9"]
-
-
-async def test_a_starting_replica_leaves_replies_a_live_replica_is_delivering(
-        replicas: list[Replica]) -> None:
-    a = replicas[0]
-    now = time.time()
-    reply = encode_outbound(OutboundMessage("telegram", "c1", "answer"))
-
-    async def body(db: Any) -> None:
-        for n, key in enumerate(("held-by-B", "lease-expired", "held-by-A", "no-lease")):
-            cur = await db.execute(
-                "INSERT INTO inbox (channel, event_id, session_key, chat_id, kind, message,"
-                " state, received_at) VALUES ('telegram', ?, ?, 'c1', 'message', '{}',"
-                " 'done', ?)", (str(n), key, now))
-            await db.execute(
-                "INSERT INTO outbox (inbox_id, channel, chat_id, message, created_at,"
-                " updated_at) VALUES (?, 'telegram', 'c1', ?, ?, ?)",
-                (cur.lastrowid, reply, now, now))
-        for key, owner, expires in (("held-by-B", "B", now + 30), ("lease-expired", "B", now - 1),
-                                    ("held-by-A", "A", now + 30)):
-            await db.execute("INSERT INTO session_leases VALUES (?, ?, ?)", (key, owner, expires))
-        await db.execute(
-            "INSERT INTO outbox (inbox_id, channel, chat_id, message, created_at, updated_at)"
-            " VALUES (NULL, 'telegram', 'c1', ?, ?, ?)", (reply, now, now))  # a cron reply
-
-    await a.store.writer.write(body)
-
-    everything = [e.id for e in await a.inbox.undelivered()]
-    starting_a = [e.id for e in await a.inbox.undelivered("A")]
-
-    assert len(everything) == 5
-    assert starting_a == [everything[i] for i in (1, 2, 3, 4)]  # not B's live session

@@ -321,24 +321,12 @@ class Inbox:
 
     # -- outbox ------------------------------------------------------------------
 
-    async def undelivered(self, replica: str | None = None) -> list[OutboxEntry]:
-        """Replies committed but not confirmed delivered, oldest first.
-
-        ``replica`` (replicas on PostgreSQL: this one's lease owner name) leaves out
-        replies of sessions another live replica holds a lease on: that replica
-        is delivering them right now, and a second sender would show them twice.
-        """
+    async def undelivered(self) -> list[OutboxEntry]:
+        """Replies committed but not confirmed delivered, oldest first (a single process's
+        start; replicas take a dead owner's replies with ``Claims.take_replies``)."""
+        sql = ("SELECT id, message, draft_id, attempts FROM outbox"
+               " WHERE state = 'pending' ORDER BY id")
         params: tuple[str | float, ...] = ()
-        if replica is None:
-            sql = ("SELECT id, message, draft_id, attempts FROM outbox"
-                   " WHERE state = 'pending' ORDER BY id")
-        else:
-            sql = ("SELECT o.id, o.message, o.draft_id, o.attempts FROM outbox o"
-                   " LEFT JOIN inbox i ON i.id = o.inbox_id WHERE o.state = 'pending'"
-                   " AND NOT EXISTS (SELECT 1 FROM session_leases l"
-                   " WHERE l.session_key = i.session_key AND l.owner <> ?"
-                   " AND l.expires_at > ?) ORDER BY o.id")
-            params = (replica, self.clock())
         async with self.lock, self.db.execute(sql, params) as cur:
             rows = await cur.fetchall()
         return [OutboxEntry(r[0], decode_outbound(r[1]), r[2], r[3]) for r in rows]
