@@ -1,5 +1,14 @@
 """MCP servers' tools through real runs: a server written with the SDK (tests/mcp_servers)
-run as a stdio subprocess and as a Streamable HTTP server on 127.0.0.1."""
+run as a stdio subprocess and as a Streamable HTTP (and SSE) server on 127.0.0.1.
+
+Each start of that server costs most of a second of CPU (importing the SDK), so starts
+are spent where the behaviour needs them: what does not depend on a process of its own
+(calling, results, timeouts, the error channel, ``/mcp``, SSE) talks to one HTTP server
+per pytest worker (:func:`toolbox_http`); a stdio server is ``eager`` (one start) where
+being lazy is not the point, or its tools are cached (:func:`seed_tool_cache`) where
+listing them is not: a lazy server not listed yet is started twice, to list and to call.
+The process tests (crash, restart, idle ends, per-user, shutdown) start their own.
+"""
 
 from __future__ import annotations
 
@@ -15,16 +24,18 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import mcp_types
 import psutil
 import pytest
 
 import plugins.mcp as mcp_plugin
 from bot.agents.tool_policy import ToolPolicy
 from bot.app.roost import Roost
-from bot.config.mcp import McpConfig, expand
+from bot.config.mcp import McpConfig, McpServerConfig, expand
 from bot.config.settings import Settings
 from bot.testing.app import ChatChannel, app_factory
-from plugins.mcp.manager import McpManager
+from plugins.mcp.connection import Connection
+from plugins.mcp.manager import CACHE_FILE, McpManager, ToolCache, fingerprint
 from plugins.mcp.naming import MAX_NAME, tool_name, tool_names
 from roost import Tool, ToolContext
 
@@ -89,9 +100,10 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def serve_http(port: int, transport: str = "--http") -> subprocess.Popen[bytes]:
-    """The toolbox as a Streamable HTTP (or SSE) server on 127.0.0.1:``port``, listening."""
-    process = subprocess.Popen([sys.executable, TOOLBOX, transport, str(port)],
+def serve_http(port: int) -> subprocess.Popen[bytes]:
+    """The toolbox as a Streamable HTTP (``/mcp``) and SSE (``/sse``) server on
+    127.0.0.1:``port``, listening."""
+    process = subprocess.Popen([sys.executable, TOOLBOX, "--http", str(port)],
                                stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while True:
@@ -113,15 +125,40 @@ def end(process: subprocess.Popen[bytes]) -> None:
         process.wait(5)
 
 
-@pytest.fixture
-def http_server() -> Iterator[str]:
-    """The toolbox as a Streamable HTTP server on 127.0.0.1; its URL."""
+@pytest.fixture(scope="session")
+def toolbox_http() -> Iterator[str]:
+    """The toolbox as an HTTP server on 127.0.0.1, shared by this module's tests run by one
+    xdist worker; its base URL (Streamable HTTP at ``/mcp``, SSE at ``/sse``).
+
+    Kept for the whole session, not the module: the suite runs ``slow`` tests first
+    (tests/conftest.py), so a worker comes back to this module after others and would
+    start it again. Tests that use it must not change it (``grow``, ``crash``) nor
+    depend on its process.
+    """
     port = free_port()
     process = serve_http(port)
     try:
-        yield f"http://127.0.0.1:{port}/mcp"
+        yield f"http://127.0.0.1:{port}"
     finally:
         end(process)
+
+
+@pytest.fixture(scope="session")
+def toolbox_tools(toolbox_http: str) -> list[mcp_types.Tool]:
+    """The toolbox's tool list, as the shared server lists it."""
+    config = McpServerConfig(url=f"{toolbox_http}/mcp")
+    return asyncio.run(Connection("toolbox", config, restart=False).list_once())
+
+
+def seed_tool_cache(data_dir: Path, tools: list[mcp_types.Tool],
+                    servers: dict[str, Any]) -> Path:
+    """``data_dir`` with ``tools`` cached as the tool list of each of ``servers`` (an
+    ``mcp.servers`` table), as an earlier run of Roost would have left it: lazy and
+    per-user servers then start only when called, not also once to be listed."""
+    cache = ToolCache(data_dir / CACHE_FILE)
+    for name, config in McpConfig.model_validate({"servers": servers}).servers.items():
+        cache.put(name, fingerprint(config), tools)
+    return data_dir
 
 
 # ---- names and configuration
@@ -208,6 +245,8 @@ async def test_stdio_server_tools_are_listed_and_called_through_a_run(make: Any)
     chat: ChatChannel = await make(
         [call("toolbox__add", {"a": 2, "b": 3}, "five"),
          call("toolbox__echo_upper", {"text": "quiet"}, "loud")],
+        # Lazy, the default, and not listed yet: one process lists the tools and ends,
+        # the first call starts another (the other stdio tests start one: eager or cached).
         mcp={"servers": {"toolbox": stdio()}})
     app = chat.app
     await eventually(lambda: "toolbox__add" in offered(app), "tools listed")
@@ -224,35 +263,31 @@ async def test_stdio_server_tools_are_listed_and_called_through_a_run(make: Any)
 
 
 async def test_http_server_tools_are_listed_and_called_through_a_run(
-        http_server: str, make: Any) -> None:
+        toolbox_http: str, make: Any) -> None:
     chat: ChatChannel = await make(
         [call("web__add", {"a": 40, "b": 2}, "42")],
-        mcp={"servers": {"web": {"url": http_server, "headers": {"X-Test": "${HOME}"}}}})
+        mcp={"servers": {"web": {"url": f"{toolbox_http}/mcp",
+                                 "headers": {"X-Test": "${HOME}"}}}})
     await eventually(lambda: "web__add" in offered(chat.app), "HTTP tools listed")
     assert await chat.ask("add") == ["42"]
     assert chat.tool_results("web__add") == ["42"]
 
 
-async def test_an_sse_server_works_for_older_servers(make: Any) -> None:
-    port = free_port()
-    process = serve_http(port, "--sse")
-    try:
-        chat: ChatChannel = await make(
-            [call("old__add", {"a": 20, "b": 1}, "21")],
-            mcp={"servers": {"old": {"url": f"http://127.0.0.1:{port}/sse",
-                                     "transport": "sse"}}})
-        await eventually(lambda: "old__add" in offered(chat.app), "SSE tools listed")
-        assert await chat.ask("add") == ["21"]
-        assert chat.tool_results("old__add") == ["21"]
-        await chat.app.close()
-    finally:
-        end(process)
+async def test_an_sse_server_works_for_older_servers(toolbox_http: str, make: Any) -> None:
+    chat: ChatChannel = await make(
+        [call("old__add", {"a": 20, "b": 1}, "21")],
+        mcp={"servers": {"old": {"url": f"{toolbox_http}/sse", "transport": "sse"}}})
+    await eventually(lambda: "old__add" in offered(chat.app), "SSE tools listed")
+    assert await chat.ask("add") == ["21"]
+    assert chat.tool_results("old__add") == ["21"]
 
 
-async def test_a_call_longer_than_the_timeout_fails_as_a_timeout(make: Any) -> None:
+async def test_a_call_longer_than_the_timeout_fails_as_a_timeout(
+        toolbox_http: str, make: Any) -> None:
     chat: ChatChannel = await make(
         [call("toolbox__slow", {"seconds": 30}), call("toolbox__add", {"a": 1, "b": 2})],
-        mcp={"servers": {"toolbox": stdio(timeout=0.5, startup="eager")}})
+        mcp={"servers": {"toolbox": {"url": f"{toolbox_http}/mcp", "timeout": 0.5,
+                                     "startup": "eager"}}})
     app = chat.app
     await eventually(lambda: "toolbox__slow" in offered(app), "tools listed")
     await chat.ask("slow")
@@ -291,9 +326,10 @@ async def test_an_http_server_that_went_away_is_reconnected_when_it_is_back(
         end(process)
 
 
-async def test_a_tool_error_goes_through_the_error_channel(make: Any) -> None:
+async def test_a_tool_error_goes_through_the_error_channel(
+        toolbox_http: str, make: Any) -> None:
     chat: ChatChannel = await make([call("toolbox__fail", {"reason": "disk on fire"})],
-                                   mcp={"servers": {"toolbox": stdio()}})
+                                   mcp={"servers": {"toolbox": {"url": f"{toolbox_http}/mcp"}}})
     await eventually(lambda: "toolbox__fail" in offered(chat.app), "tools listed")
     await chat.ask("fail please")
     [result] = chat.tool_results("toolbox__fail")
@@ -364,7 +400,7 @@ def test_a_crashed_server_is_restarted_within_two_seconds_backing_off_to_a_minut
 
 async def test_list_changed_is_picked_up_without_a_restart(make: Any) -> None:
     chat: ChatChannel = await make([call("toolbox__grow"), call("toolbox__hello")],
-                                   mcp={"servers": {"toolbox": stdio()}})
+                                   mcp={"servers": {"toolbox": stdio(startup="eager")}})
     app = chat.app
     await eventually(lambda: "toolbox__grow" in offered(app), "tools listed")
     assert "toolbox__hello" not in offered(app)
@@ -376,9 +412,6 @@ async def test_list_changed_is_picked_up_without_a_restart(make: Any) -> None:
 
 async def test_list_changed_notifications_of_handshake_era_servers_are_read_too() -> None:
     """2025-era servers send notifications/tools/list_changed on the session itself."""
-    from bot.config.mcp import McpServerConfig
-    from plugins.mcp.connection import Connection
-
     listings: list[set[str]] = []
     changed = asyncio.Event()
 
@@ -399,10 +432,10 @@ async def test_list_changed_notifications_of_handshake_era_servers_are_read_too(
     assert "hello" not in listings[0]
 
 
-async def test_results_with_images_and_large_text(make: Any) -> None:
+async def test_results_with_images_and_large_text(toolbox_http: str, make: Any) -> None:
     chat: ChatChannel = await make(
         [call("toolbox__picture"), call("toolbox__big", {"size": 40_000})],
-        mcp={"servers": {"toolbox": stdio()}})
+        mcp={"servers": {"toolbox": {"url": f"{toolbox_http}/mcp"}}})
     app = chat.app
     await eventually(lambda: "toolbox__picture" in offered(app), "tools listed")
     await chat.ask("picture")
@@ -425,11 +458,14 @@ async def test_results_with_images_and_large_text(make: Any) -> None:
 
 
 @pytest.mark.slow
-async def test_per_user_servers_run_in_each_workspace(make: Any) -> None:
-    chat: ChatChannel = await make([call("files__where")], loop=True,
-                                   mcp={"servers": {"files": stdio(per_user=True)}})
+async def test_per_user_servers_run_in_each_workspace(
+        make: Any, toolbox_tools: list[mcp_types.Tool], tmp_path: Path) -> None:
+    servers = {"files": stdio(per_user=True)}
+    data = seed_tool_cache(tmp_path / "data", toolbox_tools, servers)
+    chat: ChatChannel = await make([call("files__where")], loop=True, data_dir=data,
+                                   mcp={"servers": servers})
     app = chat.app
-    await eventually(lambda: "files__where" in offered(app), "tools listed")
+    assert "files__where" in offered(app)  # from the cache: no instance started to list
     await chat.ask("where am I", sender="alice")
     await chat.ask("where am I", sender="bob")
     alice, bob = chat.tool_results("files__where")
@@ -443,15 +479,16 @@ def gone(pid: int) -> bool:
 
 
 @pytest.mark.slow
-async def test_unused_lazy_and_per_user_servers_are_ended_and_start_again(make: Any) -> None:
+async def test_unused_lazy_and_per_user_servers_are_ended_and_start_again(
+        make: Any, toolbox_tools: list[mcp_types.Tool], tmp_path: Path) -> None:
+    listed = {"lazy": stdio(idle_timeout=0.3), "mine": stdio(per_user=True, idle_timeout=0.3)}
+    data = seed_tool_cache(tmp_path / "data", toolbox_tools, listed)
     chat: ChatChannel = await make(
-        [call("lazy__pid"), call("mine__pid"), call("eager__pid")], loop=True,
-        mcp={"servers": {"lazy": stdio(idle_timeout=0.3), "mine": stdio(per_user=True,
-                                                                         idle_timeout=0.3),
-                         "eager": stdio(startup="eager", idle_timeout=0.3)}})
+        [call("lazy__pid"), call("mine__pid"), call("eager__pid")], loop=True, data_dir=data,
+        mcp={"servers": {**listed, "eager": stdio(startup="eager", idle_timeout=0.3)}})
     app = chat.app
-    await eventually(lambda: {"lazy__pid", "mine__pid", "eager__pid"} <= offered(app),
-                     "tools listed")
+    assert {"lazy__pid", "mine__pid"} <= offered(app)  # from the cache, nothing started
+    await eventually(lambda: "eager__pid" in offered(app), "tools listed")
     for _ in range(3):
         await chat.ask("pid")
     lazy, mine, eager = (int(r) for r in chat.tool_results())
@@ -468,7 +505,7 @@ async def test_unused_lazy_and_per_user_servers_are_ended_and_start_again(make: 
 async def test_roosts_own_secrets_never_reach_a_server(make: Any, monkeypatch: Any) -> None:
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-not-for-servers")
     chat: ChatChannel = await make([call("toolbox__getenv", {"name": "ANTHROPIC_API_KEY"})],
-                                   mcp={"servers": {"toolbox": stdio()}})
+                                   mcp={"servers": {"toolbox": stdio(startup="eager")}})
     await eventually(lambda: "toolbox__getenv" in offered(chat.app), "tools listed")
     await chat.ask("what is your key")
     assert chat.tool_results("toolbox__getenv") == ["(unset)"]
@@ -478,18 +515,20 @@ async def test_env_references_reach_the_server(make: Any, monkeypatch: Any) -> N
     monkeypatch.setenv("ROOST_TEST_MARK", "from-the-environment")
     chat: ChatChannel = await make(
         [call("toolbox__mark")],
-        mcp={"servers": {"toolbox": stdio(env={"TOOLBOX_MARK": "${ROOST_TEST_MARK}"})}})
+        mcp={"servers": {"toolbox": stdio(env={"TOOLBOX_MARK": "${ROOST_TEST_MARK}"},
+                                          startup="eager")}})
     await eventually(lambda: "toolbox__mark" in offered(chat.app), "tools listed")
     await chat.ask("mark")
     assert chat.tool_results("toolbox__mark") == ["from-the-environment"]
 
 
-async def test_a_server_that_never_starts_is_reported_and_blocks_nothing(make: Any) -> None:
+async def test_a_server_that_never_starts_is_reported_and_blocks_nothing(
+        toolbox_http: str, make: Any) -> None:
     chat: ChatChannel = await make(
         [call("toolbox__add", {"a": 1, "b": 2}, "three")],
         mcp={"servers": {"broken": {"command": sys.executable,
                                     "args": [str(SERVERS / "broken.py")]},
-                         "toolbox": stdio()}})
+                         "toolbox": {"url": f"{toolbox_http}/mcp"}}})
     app = chat.app
     await eventually(lambda: "toolbox__add" in offered(app), "the good server listed")
     assert await chat.ask("add") == ["three"]
@@ -501,14 +540,14 @@ async def test_a_server_that_never_starts_is_reported_and_blocks_nothing(make: A
     assert "plugins.mcp: MCP servers that could not be started: broken:" in shown
 
 
-async def test_the_mcp_command_is_for_admins(make: Any) -> None:
+async def test_the_mcp_command_is_for_admins(toolbox_http: str, make: Any) -> None:
     chat: ChatChannel = await make([], admins=["console:boss"],
-                                   mcp={"servers": {"toolbox": stdio()}})
+                                   mcp={"servers": {"toolbox": {"url": f"{toolbox_http}/mcp"}}})
     await eventually(lambda: "toolbox__add" in offered(chat.app), "tools listed")
     refused = await chat.ask("/mcp", sender="someone")
     assert "toolbox" not in " ".join(refused)
     [shown] = await chat.ask("/mcp", sender="boss")
-    assert "- toolbox (stdio, lazy): " in shown and "tools" in shown
+    assert "- toolbox (http, lazy): " in shown and "tools" in shown
 
 
 async def test_an_admin_can_restart_a_server(make: Any) -> None:
@@ -543,12 +582,16 @@ async def test_a_lazy_server_with_a_cached_list_starts_on_first_call(
 
 
 @pytest.mark.slow
-async def test_no_server_process_is_left_after_shutdown(http_server: str, make: Any) -> None:
-    before = children()
+async def test_no_server_process_is_left_after_shutdown(
+        toolbox_http: str, toolbox_tools: list[mcp_types.Tool], make: Any,
+        tmp_path: Path) -> None:
+    before = children()  # the shared HTTP server among them: it outlives this Roost
+    listed = {"lazy": stdio(), "mine": stdio(per_user=True)}
+    data = seed_tool_cache(tmp_path / "data", toolbox_tools, listed)
     chat: ChatChannel = await make(
-        [call("eager__pid"), call("lazy__pid"), call("mine__pid")], loop=True,
-        mcp={"servers": {"eager": stdio(startup="eager"), "lazy": stdio(),
-                         "mine": stdio(per_user=True), "web": {"url": http_server},
+        [call("eager__pid"), call("lazy__pid"), call("mine__pid")], loop=True, data_dir=data,
+        mcp={"servers": {**listed, "eager": stdio(startup="eager"),
+                         "web": {"url": f"{toolbox_http}/mcp"},
                          "stubborn": stdio(startup="eager", env={"TOOLBOX_STUBBORN": "1"})}})
     app = chat.app
     await eventually(lambda: {"eager__pid", "lazy__pid", "mine__pid", "web__pid",
@@ -600,7 +643,7 @@ def _roost_toml(tmp_path: Path, servers: str) -> Path:
     return path
 
 
-def test_roost_mcp_list_and_test_report_each_server(tmp_path: Path) -> None:
+def test_roost_mcp_list_and_test_report_each_server(toolbox_http: str, tmp_path: Path) -> None:
     from click.testing import CliRunner
 
     from bot.app.cli import cli
@@ -613,27 +656,28 @@ args = [{TOOLBOX!r}]
 [mcp.servers.broken]
 command = {sys.executable!r}
 args = [{str(SERVERS / "broken.py")!r}]
+
+[mcp.servers.web]
+url = "{toolbox_http}/mcp"
 """)
     runner = CliRunner()
     listed = runner.invoke(cli, ["--config", str(config), "mcp", "list"])
     assert listed.exit_code == 1, listed.output
     assert "toolbox (stdio, lazy): ok, 12 tools" in listed.output
     assert "toolbox__echo_upper" in listed.output
+    assert "web (http, lazy): ok, 12 tools" in listed.output
     assert "broken (stdio, lazy): FAILED" in listed.output
     assert "missing configuration" in listed.output
-    tested = runner.invoke(cli, ["--config", str(config), "mcp", "test", "toolbox"])
+    tested = runner.invoke(cli, ["--config", str(config), "mcp", "test", "web"])
     assert tested.exit_code == 0, tested.output
-    assert "toolbox__add  (MCP name: add)" in tested.output
+    assert "web__add  (MCP name: add)" in tested.output
     assert "- a: integer" in tested.output
     unknown = runner.invoke(cli, ["--config", str(config), "mcp", "test", "nope"])
     assert unknown.exit_code == 2
-    assert "configured: broken, toolbox" in unknown.output
+    assert "configured: broken, toolbox, web" in unknown.output
 
 
 async def test_a_start_during_a_stop_starts_again_once_the_stop_is_over() -> None:
-    from bot.config.mcp import McpServerConfig
-    from plugins.mcp.connection import Connection
-
     connection = Connection("toolbox", McpServerConfig(**stdio()))
     await connection.wait_ready(60)
     first = (await connection.call("pid", {}, 30)).structured_content
