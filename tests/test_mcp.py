@@ -586,11 +586,14 @@ async def test_no_server_process_is_left_after_shutdown(
         toolbox_http: str, toolbox_tools: list[mcp_types.Tool], make: Any,
         tmp_path: Path) -> None:
     before = children()  # the shared HTTP server among them: it outlives this Roost
-    listed = {"lazy": stdio(), "mine": stdio(per_user=True)}
+    listed = {"lazy": stdio()}
     data = seed_tool_cache(tmp_path / "data", toolbox_tools, listed)
     chat: ChatChannel = await make(
         [call("eager__pid"), call("lazy__pid"), call("mine__pid")], loop=True, data_dir=data,
-        mcp={"servers": {**listed, "eager": stdio(startup="eager"),
+        # "mine" is not listed yet: an instance in a scratch directory lists it and must
+        # be gone as well (the one lazy listing of a per-user server in these tests).
+        mcp={"servers": {**listed, "mine": stdio(per_user=True),
+                         "eager": stdio(startup="eager"),
                          "web": {"url": f"{toolbox_http}/mcp"},
                          "stubborn": stdio(startup="eager", env={"TOOLBOX_STUBBORN": "1"})}})
     app = chat.app
