@@ -23,7 +23,8 @@ with a second process that gets text in place of photos.
 Part 2, in this process, the same code path without the network: the intake
 (:func:`bot.media.intake.receive`: sniff, store, inspect) and the provider's
 preparation (:func:`plugins.anthropic_request.to_anthropic_messages`: resize,
-re-encode, base64) and the request body's JSON encoding, per photo; CPU by
+re-encode, base64) and the request body's encoding as the provider does it
+(:func:`plugins.anthropic_stream.encode_messages`), per photo; CPU by
 :func:`time.process_time` (all threads), median over the photos, and the split
 between the steps.
 
@@ -37,7 +38,6 @@ import asyncio
 import contextlib
 import gc
 import io
-import json
 import shutil
 import statistics
 import sys
@@ -61,6 +61,7 @@ from bot.contracts.messages import Attachment, InboundMessage  # noqa: E402
 from bot.media.intake import receive  # noqa: E402
 from bot.testing.telegram import Call, FakeTelegram, user  # noqa: E402
 from plugins.anthropic_request import to_anthropic_messages  # noqa: E402
+from plugins.anthropic_stream import encode_messages  # noqa: E402
 from plugins.provider_media import (  # noqa: E402
     ANTHROPIC_MAX_PIXELS,
     RELEASE_AFTER_SECONDS,
@@ -250,9 +251,11 @@ async def bench_in_process(photo: bytes, photos: int) -> dict[str, Any]:
             history = [ChatMessage("user", received.text, parts=tuple(received.parts))]
             messages = to_anthropic_messages(history, media=reader)
             prepared = time.process_time()
-            body = json.dumps({"model": "m", "max_tokens": 1024, "messages": messages})
+            # The body as the provider puts it together (open_stream), base64 spliced in.
+            body = b"".join((b'{"model":"m","max_tokens":1024,"messages":',
+                             *encode_messages(messages), b',"stream":true}'))
             encoded = time.process_time()
-            assert '"type": "image"' in body, received.lines
+            assert b'"type":"image"' in body, received.lines
             if n >= WARMUP:
                 steps["intake"].append(took_in - start)
                 steps["prepare"].append(prepared - took_in)

@@ -20,7 +20,7 @@ import pytest
 from PIL import Image
 from PIL import _imaging as pillow_core
 
-from bot.contracts.llm import ChatMessage, ContentPart, LLMRequest
+from bot.contracts.llm import ChatMessage, ContentPart, LLMRequest, ToolCall
 from bot.testing.anthropic import FakeAnthropic
 from bot.testing.app import create_app
 from bot.testing.media import FileChat
@@ -326,14 +326,52 @@ async def test_buffers_go_back_only_once_photos_stop_coming(
     assert heap.heap.pending() and not trimmed.is_set()
     assert pillow_core.get_blocks_max() >= heap.BUFFER_BLOCKS
 
+    for n in range(3):  # photos keep coming: one thread keeps the time for all of them
+        waiting.read(stored(tmp_path, f"more-{n}.jpg", jpeg(300, 201 + n)), vision=True)
+        waiting.release()
+    clocks = [t for t in threading.enumerate() if t.name == "roost-media-release"]
+    assert len(clocks) == 1 and heap.heap.pending() and not trimmed.is_set()
+
     waiting.read(stored(tmp_path, "b.jpg", jpeg(300, 200)), vision=True)  # the next photo
     assert not heap.heap.pending()  # keeps the buffers: no release while busy
 
+    # A shorter delay than the one the thread sleeps towards wakes it.
     soon = MediaReader(documents=True, release_after=0.01)
     soon.read(stored(tmp_path, "c.jpg", jpeg(300, 200)), vision=True)
     soon.release()
     assert trimmed.wait(10)
     assert not heap.heap.pending()
+    assert [t for t in threading.enumerate() if t.name == "roost-media-release"] == clocks
+
+
+async def test_the_request_body_carries_base64_byte_for_byte_as_json_would_encode_it(
+    tmp_path: Path,
+) -> None:
+    from plugins.anthropic_request import to_anthropic_messages
+    from plugins.anthropic_stream import Base64Text, encode_json, encode_messages
+
+    photo = stored(tmp_path, "photo.jpg", jpeg(64, 48))
+    scan = stored(tmp_path, "scan.pdf", pdf("Total 42.50 EUR"), kind="document",
+                  mime="application/pdf")
+    history = [
+        # Text that looks like the markers the body is put together with.
+        ChatMessage("user", 'look \x00deadbeef:0 "quoted" — a dash', parts=(photo,)),
+        ChatMessage("assistant", "", tool_calls=(ToolCall("t1", "fetch", {}),)),
+        ChatMessage("tool", "fetched", tool_call_id="t1", parts=(scan, photo)),
+    ]
+    messages: list[Any] = to_anthropic_messages(history)
+    sources = [b["source"] for m in messages for b in m["content"] if "source" in b]
+    sources += [b["source"] for m in messages for r in m["content"]
+                if r["type"] == "tool_result" for b in r["content"] if "source" in b]
+    assert len(sources) == 3 and all(isinstance(s["data"], Base64Text) for s in sources)
+
+    body = b"".join(encode_messages(messages))
+
+    assert body == encode_json(messages).encode()
+    assert encode_messages([{"role": "user", "content": "hi — no files"}]) == [
+        encode_json([{"role": "user", "content": "hi — no files"}]).encode()]
+    # The messages given are left as they were.
+    assert all(isinstance(s["data"], Base64Text) and len(s["data"]) > 100 for s in sources)
 
 
 async def test_a_photo_is_prepared_once_and_its_copy_is_found_after_a_restart(

@@ -68,10 +68,17 @@ def store_file(workspace: Path, directory: str, name: str, data: bytes,
     Raises :class:`~bot.contracts.tools.ToolError` if the directory is not
     inside the workspace (a symlink pointing out, say).
     """
+    return store_file_at(workspace, directory, name, data, max_tries)[0]
+
+
+def store_file_at(workspace: Path, directory: str, name: str, data: bytes,
+                  max_tries: int = 1000) -> tuple[str, Path]:
+    """:func:`store_file`, also returning the stored file's resolved absolute path."""
     target_dir = resolve_in_workspace(workspace, directory)
-    target_dir.mkdir(parents=True, exist_ok=True)
-    # Resolved again now that it exists: a link planted as the directory is refused.
-    resolve_in_workspace(workspace, directory)
+    if not target_dir.is_dir():
+        target_dir.mkdir(parents=True, exist_ok=True)
+        # Resolved again now that it exists: a link planted as the directory is refused.
+        resolve_in_workspace(workspace, directory)
     temp = target_dir / f".incoming-{uuid.uuid4().hex}"
     with open(temp, "xb") as out:
         out.write(data)
@@ -85,15 +92,15 @@ def store_file(workspace: Path, directory: str, name: str, data: bytes,
                 continue
             if path.exists():
                 if _same(path, data):
-                    return f"{directory}/{candidate}"
+                    return f"{directory}/{candidate}", path
                 continue
             try:
                 os.link(temp, path)
             except FileExistsError:
                 if _same(path, data):
-                    return f"{directory}/{candidate}"
+                    return f"{directory}/{candidate}", path
                 continue
-            return f"{directory}/{candidate}"
+            return f"{directory}/{candidate}", path
         raise ToolError(f"{directory} holds too many files named like {name}",
                         code="INVALID_PATH")
     finally:

@@ -135,16 +135,23 @@ def forget_derived(workspace: Path, path: str) -> None:
 def tidy(workspace: Path) -> None:
     """:func:`prune_derived`, at most once per :data:`PRUNE_EVERY` seconds per workspace
     in this process (called whenever a copy is written)."""
+    if _swept_now(workspace):
+        prune_derived(workspace)
+
+
+def _swept_now(workspace: Path) -> bool:
+    """Note a sweep of ``workspace`` now; whether one is due (none in the last
+    :data:`PRUNE_EVERY` seconds)."""
     key = str(workspace)
     now = time.monotonic()
     with _lock:
         last = _swept.get(key)
         if last is not None and now - last < PRUNE_EVERY:
-            return
+            return False
         _swept[key] = now
         if len(_swept) > 10_000:
             _swept.clear()
-    prune_derived(workspace)
+    return True
 
 
 def hand_over(path: Path, data: bytes) -> None:
@@ -208,9 +215,12 @@ def write_derived(workspace: Path, name: str, data: bytes) -> bool:
     temp: Path | None = None
     try:
         directory = resolve_in_workspace(workspace, CACHE_DIR)
-        directory.mkdir(parents=True, exist_ok=True)
-        # Resolved again now that it exists: a link planted as the directory is refused.
-        directory = resolve_in_workspace(workspace, CACHE_DIR)
+        if not directory.is_dir():
+            directory.mkdir(parents=True, exist_ok=True)
+            # Resolved again now that it exists: a link planted as the directory is refused.
+            directory = resolve_in_workspace(workspace, CACHE_DIR)
+            # Nothing in it to sweep but what is written now: tidy() need not look.
+            _swept_now(workspace)
         temp = directory / f".{name}.{uuid.uuid4().hex}"
         with open(temp, "xb") as out:
             out.write(data)

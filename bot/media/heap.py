@@ -28,6 +28,7 @@ import ctypes
 import ctypes.util
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
@@ -77,6 +78,7 @@ _malloc_trim: Callable[[int], int] | None = _libc.malloc_trim if _libc is not No
 _mallopt: Callable[[int, int], int] | None = _libc.mallopt if _libc is not None else None
 
 _media_thread: list[int] = []
+_BUSY = float("-inf")
 
 
 def _note_thread() -> None:
@@ -134,18 +136,27 @@ class Heap:
     :meth:`keep` before a photo is prepared cancels a pending release; after a
     model call with a newly prepared file, :meth:`release` schedules
     :func:`release_memory` ``delay`` seconds later (on the media thread: a
-    photo prepared meanwhile waits for it, or it for the photo).
+    photo prepared meanwhile waits for it, or it for the photo). One thread,
+    started by the first release, keeps the time: a timer thread per photo
+    cost ~0.2 ms of CPU to start and stop.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._timer: threading.Timer | None = None
+        self._wake = threading.Condition(self._lock)
+        self._due: float | None = None
+        """When the release is due (monotonic seconds); ``None``: none is scheduled."""
+        self._sleeping_until: float | None = _BUSY
+        """When the release thread wakes by itself (``None``: only when woken; ``_BUSY``:
+        it is not waiting, and looks at ``_due`` before it does)."""
+        self._thread: threading.Thread | None = None
         self._kept = False
 
     def keep(self) -> None:
         """Before a photo is prepared: keep freed buffers for the next one."""
         with self._lock:
-            self._cancel()
+            # Not woken: finding nothing due when its time comes, the thread sleeps on.
+            self._due = None
             if not self._kept:
                 from PIL import _imaging as pillow_core
 
@@ -160,36 +171,48 @@ class Heap:
         """Hand the buffers back ``delay`` seconds from now (0: at once)."""
         if delay <= 0:
             with self._lock:
-                self._cancel()
+                self._due = None
             on_media_thread(release_memory)
             return
         with self._lock:
-            self._cancel()
-            timer = threading.Timer(delay, self._fire)
-            timer.daemon = True
-            timer.name = "roost-media-release"
-            self._timer = timer
-            timer.start()
+            due = time.monotonic() + delay
+            self._due = due
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="roost-media-release",
+                                                daemon=True)
+                self._thread.start()
+            elif self._sleeping_until is None or self._sleeping_until > due:
+                self._wake.notify()
 
     def pending(self) -> bool:
         """Whether a release is scheduled."""
         with self._lock:
-            return self._timer is not None
+            return self._due is not None
 
-    def _cancel(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _fire(self) -> None:
+    def _run(self) -> None:
         with self._lock:
-            if self._timer is not threading.current_thread():
-                return  # cancelled or replaced after it had started
-            self._timer = None
-        try:
-            on_media_thread(release_memory)
-        except RuntimeError:  # the interpreter is shutting down: nothing to hand back
-            log.debug("media memory not released: shutting down")
+            while True:
+                due = self._due
+                if due is None:
+                    self._sleeping_until = None
+                    self._wake.wait()
+                    self._sleeping_until = _BUSY
+                    continue
+                left = due - time.monotonic()
+                if left > 0:
+                    self._sleeping_until = due
+                    self._wake.wait(left)
+                    self._sleeping_until = _BUSY
+                    continue
+                self._due = None
+                self._lock.release()
+                try:
+                    on_media_thread(release_memory)
+                except RuntimeError:  # the interpreter is shutting down: nothing to hand back
+                    log.debug("media memory not released: shutting down")
+                    return
+                finally:
+                    self._lock.acquire()
 
 
 heap = Heap()

@@ -34,8 +34,8 @@ from bot.media.derived import hand_over
 from bot.media.documents import pdf_page_count
 from bot.media.images import ImageTooLarge, inspect_image
 from bot.media.sniff import extension_for, sniff_mime
-from workspaces import safe_file_name, store_file
-from workspaces.paths import resolve_in_workspace
+from workspaces import safe_file_name
+from workspaces.files import store_file_at
 
 log = logging.getLogger("roost.media.intake")
 
@@ -339,8 +339,7 @@ def _check_and_store(workspace: Path, directory: str, name: str, data: bytes,
             pages = pdf_page_count(data)
         except MediaError:
             pages = 0
-    path = store_file(workspace, directory, name, data)
-    where = resolve_in_workspace(workspace, path)
+    path, where = store_file_at(workspace, directory, name, data)
     if width or 0 < pages <= MAX_DOCUMENT_PAGES:
         # What the provider sends next: it takes these bytes instead of reading them back.
         hand_over(where, data)

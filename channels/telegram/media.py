@@ -181,6 +181,13 @@ class Downloads(ChannelBase):
                     raise Transient(f"the file server answered HTTP {response.status}")
                 if response.status != 200:
                     raise MediaError(f"Telegram's file server answered HTTP {response.status}")
+                declared = response.content_length
+                if (declared is not None and declared <= limit
+                        and "Content-Encoding" not in response.headers):
+                    # The body is exactly the declared length (aiohttp reads no more), so
+                    # it is read whole: the buffers as they came off the socket, joined
+                    # once, where 64 KB reads copied each of them again (~45 awaits).
+                    return await response.read()
                 # Kept only up to limit + 1: enough to know it is over.
                 return await read_capped(response, limit)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
