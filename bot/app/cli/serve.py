@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -29,9 +30,17 @@ def run(ctx: click.Context) -> None:
     """Start every channel whose credentials are set; Ctrl-C or SIGTERM stops cleanly."""
     settings = _settings(ctx)
     _setup_logging(settings.log_level, fmt=settings.log_format)
-    if not ctx.obj.get("fast_exit"):
-        _run_async(_serve(settings))
-    code = asyncio.run(_serve(settings))
+    # Start-up imports the SDKs and builds thousands of long-lived objects (pydantic
+    # models, plugin tables): the cyclic collector would scan them over and over for
+    # nothing. It stays off until the service is ready, which then freezes them (never
+    # scanned again), and on again if start-up fails.
+    gc.disable()
+    try:
+        if not ctx.obj.get("fast_exit"):
+            _run_async(_serve(settings))
+        code = asyncio.run(_serve(settings))
+    finally:
+        gc.enable()
     # Everything is closed and flushed: what is left is the interpreter tearing
     # down its modules, which took seconds on a loaded machine (tens of thousands
     # of objects of the SDKs' models). Only the process's own entry point ends so;
@@ -169,6 +178,8 @@ async def _serve(settings: Settings) -> int:
                 _fail(problem[1])
                 return problem[0]
         await app.recover()
+        gc.freeze()
+        gc.enable()
         log.info("roost ready: provider=%s model=%s channels=%s",
                  app.provider.name, settings.model, ",".join(names))
         warm_up = getattr(app.provider, "warm_up", None)
