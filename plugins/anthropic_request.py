@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # the SDK's TypedDicts name the wire shapes; importing it cos
     )
 
 # Built-in: the body is encoded as the provider's direct route sends it.
-from plugins.anthropic_stream import Base64Text, encode_json
+from plugins.anthropic_stream import encode_json
 
 # Built-in: images and PDFs are prepared by the providers' shared media reader.
 from plugins.provider_media import (
@@ -147,15 +147,14 @@ def _part_blocks(message: ChatMessage, media: MediaReader, vision: bool) -> list
                 "source": {
                     "type": "base64",
                     "media_type": item.mime_type,  # type: ignore[typeddict-item]
-                    "data": Base64Text(item.data),
+                    "data": item.data,  # Base64Text: the body takes it as it is
                 },
             }
             blocks.append(image)
         elif isinstance(item, DocumentData):
             document: DocumentBlockParam = {
                 "type": "document",
-                "source": {"type": "base64", "media_type": "application/pdf",
-                           "data": Base64Text(item.data)},
+                "source": {"type": "base64", "media_type": "application/pdf", "data": item.data},
             }
             blocks.append(document)
         elif isinstance(item, Note):

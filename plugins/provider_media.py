@@ -64,6 +64,7 @@ __all__ = [
     "MAX_IMAGE_BASE64",
     "MAX_PDF_PAGES",
     "PDF_TEXT_LIMIT",
+    "Base64Text",
     "DocumentData",
     "ImageData",
     "MediaReader",
@@ -108,9 +109,20 @@ _IMAGE_FORMATS = ("image/jpeg", "image/png", "image/gif", "image/webp")
 _IMAGE_RAW_LIMIT = MAX_IMAGE_BASE64 // 4 * 3
 
 
+class Base64Text(str):
+    """Text that holds base64 only (``A-Z a-z 0-9 + / =``): an image's or a PDF's data.
+
+    JSON needs no escape in it, so a request body can take it as it is instead of
+    through the JSON encoder (:func:`plugins.anthropic_stream.encode_messages`).
+    Elsewhere it is an ordinary string.
+    """
+
+    __slots__ = ()
+
+
 @dataclass(frozen=True, slots=True)
 class ImageData:
-    """An image ready for the wire: its MIME type and base64 data."""
+    """An image ready for the wire: its MIME type and base64 data (:class:`Base64Text`)."""
 
     part: ContentPart
     mime_type: str
@@ -119,7 +131,7 @@ class ImageData:
 
 @dataclass(frozen=True, slots=True)
 class DocumentData:
-    """A PDF ready for the wire as base64 data."""
+    """A PDF ready for the wire as base64 data (:class:`Base64Text`)."""
 
     part: ContentPart
     data: str
@@ -291,7 +303,7 @@ class MediaReader:
         return self._encoded(part, prepared, mime)
 
     def _encoded(self, part: ContentPart, prepared: bytes, mime: str) -> Prepared:
-        encoded = base64.b64encode(prepared).decode("ascii")
+        encoded = Base64Text(base64.b64encode(prepared), "ascii")
         if len(encoded) > MAX_IMAGE_BASE64:
             # prepare_for_model promised otherwise; sending it would fail every turn.
             log.warning("prepared image %s is still %d bytes as base64", part.path, len(encoded))
@@ -308,7 +320,7 @@ class MediaReader:
         if pages > MAX_PDF_PAGES:
             return _pdf_text(part, data, f"{pages} pages, over the {MAX_PDF_PAGES} a model "
                                          "reads as a document", reader=reader)
-        return DocumentData(part, base64.b64encode(data).decode("ascii"))
+        return DocumentData(part, Base64Text(base64.b64encode(data), "ascii"))
 
     def _remember(self, key: tuple[str, str, int, int, int], item: Prepared) -> None:
         cost = _cost(item)

@@ -348,7 +348,8 @@ async def test_the_request_body_carries_base64_byte_for_byte_as_json_would_encod
     tmp_path: Path,
 ) -> None:
     from plugins.anthropic_request import to_anthropic_messages
-    from plugins.anthropic_stream import Base64Text, encode_json, encode_messages
+    from plugins.anthropic_stream import encode_json, encode_messages
+    from plugins.provider_media import Base64Text
 
     photo = stored(tmp_path, "photo.jpg", jpeg(64, 48))
     scan = stored(tmp_path, "scan.pdf", pdf("Total 42.50 EUR"), kind="document",
