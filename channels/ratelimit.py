@@ -19,6 +19,10 @@ only extends it. So every call to a platform goes through :meth:`RateLimiter.slo
 Calls to one chat are serialized: a call already in flight when a 429 comes
 back would otherwise land inside the window that 429 just opened.
 
+The ``overall`` budget is the bot's, not the process's: replicas sharing one
+bot account each pace at their share of it (:attr:`RateLimiter.shared_by`, read
+at every counted call, so it follows replicas coming and going).
+
 The module knows nothing about a platform; adapters say what the scope of a
 call is and translate their SDK's 429 into :class:`~channels.delivery.RateLimited`.
 """
@@ -34,7 +38,7 @@ from dataclasses import dataclass, field
 
 from channels.delivery import RateLimited
 
-__all__ = ["BOT", "TELEGRAM_LIMITS", "Limits", "Rate", "RateLimiter"]
+__all__ = ["BOT", "SHARE_BURST", "TELEGRAM_LIMITS", "Limits", "Rate", "RateLimiter", "share_of"]
 
 BOT = "bot"
 """The bot-wide scope: a 429 there (a global flood) holds every call."""
@@ -62,6 +66,25 @@ TELEGRAM_LIMITS = Limits(per_chat=Rate(3, 3.0), per_group=Rate(20, 60.0),
 """Telegram's FAQ: about one message per second in a chat (short bursts are
 tolerated, so three per three seconds), 20 per minute in a group, 30 per second
 in all. ``sendMessage``, ``editMessageText`` and ``deleteMessage`` count."""
+
+SHARE_BURST = 5
+"""Calls a process's share of the overall budget allows at once, at least (fewer when
+the whole budget is smaller): below it the share's period is stretched instead, so a
+reply split into a few messages is not spaced out and drafts keep part of the share
+(a fifth is reserved for urgent calls)."""
+
+
+def share_of(rate: Rate, sharers: int) -> Rate:
+    """One of ``sharers`` processes' part of ``rate``: together they make ``rate``'s pace.
+
+    The count is divided while the share still allows :data:`SHARE_BURST` calls at once;
+    beyond that the period grows instead (30/s among 2: 15 per second; among 10: 5 per
+    1.67 s). A burst is never more than ``rate`` allows.
+    """
+    if sharers <= 1:
+        return rate
+    count = max(rate.count // sharers, min(rate.count, SHARE_BURST))
+    return Rate(count, rate.per * count * sharers / rate.count)
 
 
 class _Window:
@@ -107,13 +130,32 @@ class RateLimiter:
 
     def __init__(self, limits: Limits = Limits(), *,
                  clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 shared_by: Callable[[], int] | None = None) -> None:
         self.limits = limits
         self.clock = clock
         self.sleep = sleep
+        self.shared_by = shared_by
+        """How many processes share the bot-wide (``overall``) budget now (``None``: this
+        one alone); called at every counted call, so it must be cheap and never block."""
+        self._share: tuple[Rate | None, int, Rate | None] = (limits.overall, 1, limits.overall)
+        # The share last computed, of what and for how many: replaced whole (one
+        # assignment), so a reader never sees a count with another count's rate.
         self._until: dict[str, float] = {}
         self._windows: dict[tuple[str, str], _Window] = {}
         self._scopes: dict[str, _Scope] = {}
+
+    @property
+    def overall(self) -> Rate | None:
+        """This process's part of ``limits.overall`` now (:func:`share_of` among
+        ``shared_by()`` processes, at least 1); ``None`` when there is no overall limit."""
+        whole = self.limits.overall
+        sharers = 1 if self.shared_by is None else max(1, self.shared_by())
+        of, known, rate = self._share
+        if known != sharers or of != whole:
+            rate = None if whole is None else share_of(whole, sharers)
+            self._share = (whole, sharers, rate)
+        return rate
 
     # -- 429 windows -----------------------------------------------------------
 
@@ -205,12 +247,16 @@ class RateLimiter:
         found: list[_Window] = []
         for kind, key, rate in (("chat", scope, self.limits.per_chat),
                                 ("group", scope, self.limits.per_group if group else None),
-                                ("overall", "", self.limits.overall)):
+                                ("overall", "", self.overall)):
             if rate is None:
                 continue
             window = self._windows.get((kind, key))
             if window is None:
                 window = self._windows[(kind, key)] = _Window(rate)
+            elif window.rate != rate:
+                # The share changed (a replica came or went): the calls already made in
+                # the window count against the new rate from now on.
+                window.rate = rate
             found.append(window)
         return found
 

@@ -354,6 +354,8 @@ class Roost:
         self.channels[channel.name] = channel
         if channel.leadership is None and is_postgres_url(self.settings.database):
             channel.leadership = self.leader  # long polling and Socket Mode on one replica
+        if channel.replicas is None and self.dispatcher.replicas is not None:
+            channel.replicas = self.dispatcher.replicas  # bot-wide send limits are shared
         if self.http is not None and channel.http_routes is None:
             channel.http_routes = self.http  # its webhook may share the server's port
         await channel.start(self.dispatcher.submit)

@@ -159,6 +159,19 @@ class Leadership(Protocol):
         """Return once this process no longer leads."""
 
 
+class LiveReplicas(Protocol):
+    """How many replicas of the deployment are alive (PostgreSQL replicas share one bot).
+
+    Platform-wide budgets (Telegram's ~30 messages/s per bot) are the bot's, not a
+    process's: an adapter paces at its share of them.
+    """
+
+    @property
+    def live(self) -> int:
+        """Replicas whose heartbeat had not expired at this one's last renewal, itself
+        included (at least 1); read again every ``lease_seconds / 3``."""
+
+
 class Channel:
     """Base for channel adapters. Adapters only translate; they hold no logic.
 
@@ -173,6 +186,9 @@ class Channel:
     leadership: Leadership | None = None
     """Set by the app before :meth:`start` when several replicas share the database:
     long polling and Socket Mode receive only while it leads (``None``: always)."""
+    replicas: LiveReplicas | None = None
+    """Set by the app before :meth:`start` when several replicas share the database:
+    bot-wide send limits are divided among the live ones (``None``: this process alone)."""
     marks_sending: ClassVar[bool] = False
     """``True`` when :meth:`send` awaits its platform calls through :func:`marked_send`;
     otherwise the core marks a reply as under way just before calling :meth:`send`."""

@@ -12,7 +12,8 @@ it receives and this module is not used. With several replicas:
   session with the new entry (other replicas stay asleep: the receiver claims a
   session nobody holds itself). A replica whose holder died claims the session once the
   lease expired: on the next ``NOTIFY`` or the sweep every ``lease_seconds / 3``.
-* Held leases are renewed by that same sweep, with the replica's heartbeat; a
+* Held leases are renewed by that same sweep, with the replica's heartbeat (which also
+  counts the live replicas: :attr:`ReplicaWork.live` divides bot-wide send limits); a
   session's lease is released when its lane is idle (entries still open then are
   run, not abandoned).
 * Replies: a replica sends the replies it commits. The sweep (and a claim that
@@ -324,6 +325,13 @@ class ReplicaWork:
             except Exception as exc:
                 log.warning("taking over the replies of dead replicas failed: %s", exc)
             self._poked.set()  # and claim leases that expired (a replica died)
+
+    @property
+    def live(self) -> int:
+        """Replicas alive at this one's last heartbeat, itself included (at least 1): the
+        app gives channels this object (:attr:`bot.contracts.channel.Channel.replicas`)
+        so they divide bot-wide send limits among the replicas."""
+        return self.claims.live
 
     async def renew(self) -> None:
         """Extend the heartbeat and the held leases; forget those another replica holds now."""

@@ -137,6 +137,9 @@ class Claims:
         self.lease_seconds = lease_seconds
         self.clock = clock
         """Unix seconds; tests replace it to expire leases."""
+        self.live = 1
+        """Replicas whose heartbeat had not expired at the last :meth:`renew`, this one
+        included (at least 1)."""
 
     async def claim(self, limit: int = 100, per_session: int = PER_SESSION,
                     mine: Sequence[str] = ()) -> list[Claimed]:
@@ -185,7 +188,9 @@ class Claims:
         return claimed
 
     async def renew(self, keys: Sequence[str]) -> set[str]:
-        """Extend this replica's heartbeat and its leases on ``keys``; the keys it still held."""
+        """Extend this replica's heartbeat and its leases on ``keys``; the keys it still held.
+
+        Also counts the live replicas (:attr:`live`)."""
         now = self.clock()
         until = now + self.lease_seconds
         kept: set[str] = set()
@@ -201,8 +206,16 @@ class Claims:
                     " WHERE session_key = ? AND owner = ? RETURNING session_key",
                     (until, key, self.owner))
                 kept.update(str(r[0]) for r in rows)
+            # Counted with the heartbeat (no round trip of its own): bot-wide send limits
+            # are divided among the live replicas (Channel.replicas).
+            async with db.execute("SELECT count(*) FROM replicas WHERE expires_at > ?",
+                                  (now,)) as cursor:
+                row = await cursor.fetchone()
+            counted[0] = max(1, int(row[0]) if row is not None else 1)
 
+        counted = [self.live]
         await transaction(self.db, self.lock, body)
+        self.live = counted[0]
         return kept
 
     async def release(self, key: str, per_session: int = PER_SESSION) -> tuple[int, ...]:

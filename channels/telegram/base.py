@@ -119,7 +119,8 @@ class ChannelBase(Channel):
         self.draft_after = draft_after
         self.draft_chars = draft_chars
         self.policy = policy or DeliveryPolicy()
-        self.limiter = RateLimiter(limits if settings.telegram_rate_limits else Limits())
+        self.limiter = RateLimiter(limits if settings.telegram_rate_limits else Limits(),
+                                   shared_by=self._live_replicas)
         self.request_timeout = request_timeout
         self.poll_backoff = poll_backoff
         self.bot: Bot | None = None
@@ -149,6 +150,11 @@ class ChannelBase(Channel):
         # a final edit identical to the draft would be refused as "not modified".
         self._shown: OrderedDict[tuple[int | str, int], tuple[str, str | None]] = \
             OrderedDict()
+
+    def _live_replicas(self) -> int:
+        # Telegram's ~30 messages/s is the bot's, whichever replica sends: each paces at
+        # its share. Per-chat limits stay per replica (a chat's session has one holder).
+        return 1 if self.replicas is None else self.replicas.live
 
     def health(self) -> ChannelHealth:
         """Ready once receiving; not from a failed ``getUpdates`` until one succeeds."""
