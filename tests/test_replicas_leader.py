@@ -14,10 +14,11 @@ from pathlib import Path
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 
-from bot.app.roost import shared_secret_missing
+from bot.app.roost import Roost, shared_secret_missing
 from bot.config.settings import Settings, SetupError
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.storage.leader import Leader, check_period, replica_id
+from bot.testing.app import create_app, scripted
 from bot.testing.slack import FakeSlack
 from bot.testing.telegram import BOB, FakeTelegram
 from channels.slack import SlackChannel
@@ -302,3 +303,25 @@ async def test_telegram_long_polls_only_while_leading_and_again_after_regaining_
     finally:
         logging.getLogger("roost.channels.telegram").removeHandler(standby)
         await channel.stop()
+
+
+async def test_a_replica_that_fails_to_start_leaves_no_task_heartbeat_or_connection(
+        pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def connection_lost(self: Roost, *, jobs: bool = True) -> None:
+        raise ConnectionResetError("the connection to the database was lost")
+
+    # Late in start-up: the leader election runs, the control connection listens and the
+    # replica's heartbeat is written by then.
+    monkeypatch.setattr(Roost, "refresh_plugins", connection_lost)
+    before = asyncio.all_tasks()
+    with pytest.raises(ConnectionResetError):
+        await create_app(scripted({"reply": "never"}), data_dir=tmp_path, database_url=pg_url)
+    assert {t for t in asyncio.all_tasks() - before if not t.done()} == set()
+    db = await asyncpg.connect(pg_url)
+    try:
+        assert await db.fetchval("SELECT count(*) FROM replicas") == 0
+        assert await db.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid()") == 0
+    finally:
+        await db.close()

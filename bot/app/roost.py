@@ -139,55 +139,62 @@ class Roost:
                                       clock=scheduler_clock)
             except ValueError as exc:  # a bad timezone setting
                 raise SetupError(str(exc)) from None
+            services = Services(store, errors=ErrorStore(store.db, store.lock),
+                                results=ResultStore(store.db, store.lock), scheduler=scheduler,
+                                inbox=Inbox(store.db, store.lock, store.writer))
+            await prune_stores(services, settings.error_retention_days)
+            host.validate_configs(settings.plugins)
+            services.plugin_configs = host.config
+            channel_specs = await collect_unique(host, "roost_channels", settings, ChannelSpec)
+            # Routing happens before a run exists (the dispatcher), so the router is built
+            # here and handed to both; it reads the engine's provider and judges when it
+            # resolves an agent, by then the engine exists.
+            router = AgentRouter(AgentResolver(settings, host, lambda: engine.provider,
+                                               lambda: dict(engine.plugins.judges)))
+            engine = RunEngine(settings, host, store, provider, {}, [], agents=router)
+            engine.exporter = OTelExporter.from_environment()
+            engine.on_tool_failure, engine.on_large_result = error_channel(services)
+            app = cls(settings, host, store, engine, {}, channel_specs, services, router=router)
         except BaseException:
             await store.close()
             raise
-        services = Services(store, errors=ErrorStore(store.db, store.lock),
-                            results=ResultStore(store.db, store.lock), scheduler=scheduler,
-                            inbox=Inbox(store.db, store.lock, store.writer))
-        await prune_stores(services, settings.error_retention_days)
-        host.validate_configs(settings.plugins)
-        services.plugin_configs = host.config
-        channel_specs = await collect_unique(host, "roost_channels", settings, ChannelSpec)
-        # Routing happens before a run exists (the dispatcher), so the router is built
-        # here and handed to both; it reads the engine's provider and judges when it
-        # resolves an agent, by then the engine exists.
-        router = AgentRouter(AgentResolver(settings, host, lambda: engine.provider,
-                                           lambda: dict(engine.plugins.judges)))
-        engine = RunEngine(settings, host, store, provider, {}, [], agents=router)
-        engine.exporter = OTelExporter.from_environment()
-        engine.on_tool_failure, engine.on_large_result = error_channel(services)
-        app = cls(settings, host, store, engine, {}, channel_specs, services, router=router)
-        if isinstance(settings.database, str) and is_postgres_url(settings.database):
-            # Replicas may share this database: one of them long-polls (see add_channel).
-            app.leader = Leader(settings.database,
-                                check_every=check_period(settings.lease_seconds))
-            app.leader.start()
-            app.control = await open_control(store.db, app.replica, app._stop_here,
-                                             app._reload_changed)
-            # Each session's messages run on the replica holding its lease (started by
-            # recover(), once the channels can deliver).
-            app.inbox.owner = app.replica  # the replies it commits are its to send
-            app.dispatcher.replicas = ReplicaWork(
-                app.inbox, Claims(store.db, store.lock, app.replica,
-                                  lease_seconds=settings.lease_seconds),
-                admit=app.dispatcher.admit, busy=app.dispatcher.busy,
-                resend=lambda replies: app.dispatcher.recover((replies, [])))
-            # Alive from now on: replies committed before recover() are not taken for a
-            # dead replica's.
-            await app.dispatcher.replicas.claims.renew(())
-        engine.channels = app.channels  # runs download the files of messages through them
-        engine.deliver = app.send_now
-        instrument(app)  # metrics from spans, deliveries, scheduler fires; gauges
-        # Read before any channel receives: what arrives from now on is this process's.
-        # With replicas, unfinished entries are claimed (their sessions' leases) and
-        # dead replicas' replies taken over (one taker each), not read here.
-        if app.dispatcher.replicas is None:
-            app._leftovers = (await app.inbox.undelivered(), await app.inbox.unfinished())
-        await app.refresh_plugins(jobs=False)
-        await host.call("roost_startup", app=app.runtime)
-        jobs = await collect_unique(host, "roost_scheduled_jobs", settings, JobSpec)
-        await _quietly(scheduler.start(app.runtime, list(jobs.values())), "starting the scheduler")
+        try:
+            if isinstance(settings.database, str) and is_postgres_url(settings.database):
+                # Replicas may share this database: one of them long-polls (see add_channel).
+                app.leader = Leader(settings.database,
+                                    check_every=check_period(settings.lease_seconds))
+                app.leader.start()
+                app.control = await open_control(store.db, app.replica, app._stop_here,
+                                                 app._reload_changed)
+                # Each session's messages run on the replica holding its lease (started by
+                # recover(), once the channels can deliver).
+                app.inbox.owner = app.replica  # the replies it commits are its to send
+                app.dispatcher.replicas = ReplicaWork(
+                    app.inbox, Claims(store.db, store.lock, app.replica,
+                                      lease_seconds=settings.lease_seconds),
+                    admit=app.dispatcher.admit, busy=app.dispatcher.busy,
+                    resend=lambda replies: app.dispatcher.recover((replies, [])))
+                # Alive from now on: replies committed before recover() are not taken for a
+                # dead replica's.
+                await app.dispatcher.replicas.claims.renew(())
+            engine.channels = app.channels  # runs download the files of messages through them
+            engine.deliver = app.send_now
+            instrument(app)  # metrics from spans, deliveries, scheduler fires; gauges
+            # Read before any channel receives: what arrives from now on is this process's.
+            # With replicas, unfinished entries are claimed (their sessions' leases) and
+            # dead replicas' replies taken over (one taker each), not read here.
+            if app.dispatcher.replicas is None:
+                app._leftovers = (await app.inbox.undelivered(), await app.inbox.unfinished())
+            await app.refresh_plugins(jobs=False)
+            await host.call("roost_startup", app=app.runtime)
+            jobs = await collect_unique(host, "roost_scheduled_jobs", settings, JobSpec)
+            await _quietly(scheduler.start(app.runtime, list(jobs.values())),
+                           "starting the scheduler")
+        except BaseException:
+            # Nothing of a half-started app may outlive it: the leader's and the control
+            # connection's tasks, the heartbeat and leases, the database.
+            await app.close()
+            raise
         return app
 
     def plugin_config(self, name: str) -> Any:
