@@ -24,7 +24,7 @@ Part 2, in this process, the same code path without the network: the intake
 (:func:`bot.media.intake.receive`: sniff, store, inspect) and the provider's
 preparation (:func:`plugins.anthropic_request.to_anthropic_messages`: resize,
 re-encode, base64) and the request body's encoding as the provider does it
-(:func:`plugins.anthropic_stream.encode_messages`), per photo; CPU by
+(:func:`plugins.anthropic_body.encode_messages`), per photo; CPU by
 :func:`time.process_time` (all threads), median over the photos, and the split
 between the steps.
 
@@ -60,8 +60,8 @@ from bot.contracts.llm import ChatMessage  # noqa: E402
 from bot.contracts.messages import Attachment, InboundMessage  # noqa: E402
 from bot.media.intake import receive  # noqa: E402
 from bot.testing.telegram import Call, FakeTelegram, user  # noqa: E402
+from plugins.anthropic_body import encode_messages  # noqa: E402
 from plugins.anthropic_request import to_anthropic_messages  # noqa: E402
-from plugins.anthropic_stream import encode_messages  # noqa: E402
 from plugins.provider_media import (  # noqa: E402
     ANTHROPIC_MAX_PIXELS,
     RELEASE_AFTER_SECONDS,

@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # the SDK's TypedDicts name the wire shapes; importing it cos
     )
 
 # Built-in: the body is encoded as the provider's direct route sends it.
-from plugins.anthropic_stream import encode_json
+from plugins.anthropic_body import encode_json
 
 # Built-in: images and PDFs are prepared by the providers' shared media reader.
 from plugins.provider_media import (

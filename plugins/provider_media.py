@@ -113,7 +113,7 @@ class Base64Text(str):
     """Text that holds base64 only (``A-Z a-z 0-9 + / =``): an image's or a PDF's data.
 
     JSON needs no escape in it, so a request body can take it as it is instead of
-    through the JSON encoder (:func:`plugins.anthropic_stream.encode_messages`).
+    through the JSON encoder (:func:`plugins.anthropic_body.encode_messages`).
     Elsewhere it is an ordinary string.
     """
 

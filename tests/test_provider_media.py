@@ -347,8 +347,8 @@ async def test_buffers_go_back_only_once_photos_stop_coming(
 async def test_the_request_body_carries_base64_byte_for_byte_as_json_would_encode_it(
     tmp_path: Path,
 ) -> None:
+    from plugins.anthropic_body import encode_json, encode_messages
     from plugins.anthropic_request import to_anthropic_messages
-    from plugins.anthropic_stream import encode_json, encode_messages
     from plugins.provider_media import Base64Text
 
     photo = stored(tmp_path, "photo.jpg", jpeg(64, 48))
