@@ -210,5 +210,6 @@ async def _retention(app: Runtime) -> None:
 
 @hookimpl
 def roost_scheduled_jobs(settings: Settings) -> JobSpec:
-    """Delete errors and stored results older than ``error_retention_days``, daily."""
+    """Delete errors, stored results and answered inbox entries older than
+    ``error_retention_days`` and run traces older than ``trace_retention_days``, daily."""
     return JobSpec("error-retention", "every 24h", _retention)

@@ -8,6 +8,7 @@ import pytest
 
 from bot.config.masking import SECRET_MASK
 from bot.config.settings import ConfigError, load_settings
+from bot.storage.retention import TRACE_RETENTION_DAYS
 
 
 @pytest.fixture(autouse=True)
@@ -51,6 +52,17 @@ def test_admins_come_from_a_comma_separated_variable(monkeypatch: pytest.MonkeyP
 def test_malformed_admin_entry_is_rejected_naming_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ROOST_ADMINS", "just-an-id")
     with pytest.raises(ConfigError, match="admins"):
+        load_settings()
+
+
+def test_trace_retention_days_defaults_to_30_and_follows_its_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert load_settings().trace_retention_days == TRACE_RETENTION_DAYS == 30
+    monkeypatch.setenv("ROOST_TRACE_RETENTION_DAYS", "7")
+    assert load_settings().trace_retention_days == 7
+    monkeypatch.setenv("ROOST_TRACE_RETENTION_DAYS", "0")
+    with pytest.raises(ConfigError, match="trace_retention_days"):
         load_settings()
 
 

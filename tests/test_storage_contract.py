@@ -17,6 +17,7 @@ import pytest
 from bot.contracts.llm import ChatMessage, ToolCall, Usage
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.contracts.migrations import Migrations
+from bot.contracts.services import Services
 from bot.contracts.tools import ToolResult
 from bot.observability.tracing import Span
 from bot.pluginhost.state import load_disabled, save_state
@@ -26,6 +27,7 @@ from bot.storage.errors import ErrorStore, ResultStore
 from bot.storage.inbox import Inbox
 from bot.storage.jobs import Job, JobStore
 from bot.storage.plugin_tables import migrate_plugin
+from bot.storage.retention import prune_stores
 from bot.storage.sessions import RunRecord, SessionStore
 from bot.storage.usage import UsageStore, day_of, month_of
 from plugins.memory.index import MemoryIndex
@@ -238,6 +240,37 @@ async def test_inbox_is_idempotent_and_replays_its_journal(store: SessionStore) 
     assert await inbox.undelivered() == []
     inbox.clock = lambda: 1_000.0 + 10 * 86_400
     assert await inbox.prune(7) == 2
+
+
+async def test_old_runs_and_their_spans_are_pruned_and_kept_traces_stay_whole(
+        store: SessionStore, caplog: pytest.LogCaptureFixture) -> None:
+    day = 86_400.0
+    now = time.time()
+    key = "default:telegram:direct:1"
+
+    async def run(run_id: str, started: float, ended: float) -> None:
+        await store.record_run(RunRecord(run_id, key, "completed", started, ended),
+                               [Span(run_id, "agent", "agent", started),
+                                Span(run_id, "tool", "read_file", started + 1)])
+
+    for i in range(5):
+        await run(f"old-{i}", now - 11 * day, now - 10 * day + i)
+    # Started before the cut-off but ended after it: kept, its early spans with it.
+    await run("long", now - 8 * day, now - day)
+    await run("recent", now - 60, now - 30)
+
+    assert await store.prune_runs(now - 7 * day, batch=2) == (5, 10)
+    assert [r.run_id for r in await store.runs(key)] == ["recent", "long"]
+    for kept in ("long", "recent"):
+        assert [s.name for s in await store.spans(kept)] == ["agent", "read_file"]
+    assert await store.spans("old-0") == []
+
+    await run("old-again", now - 11 * day, now - 10 * day)
+    with caplog.at_level("INFO", logger="roost.storage.retention"):
+        await prune_stores(Services(store), 30, trace_days=7)
+    assert [r.run_id for r in await store.runs(key)] == ["recent", "long"]
+    assert await store.spans("old-again") == []
+    assert "deleted 1 runs and 2 spans older than 7 days" in caplog.text
 
 
 async def test_memory_search_ranks_alike_on_both_backends(store: SessionStore,

@@ -94,6 +94,8 @@ class Settings(BaseSettings):
     turn_timeout: float = Field(300.0, gt=0)
     """All tool calls of one model answer; unfinished ones are cancelled and skipped."""
     error_retention_days: int = Field(30, ge=1)
+    trace_retention_days: int = Field(30, ge=1)
+    """Runs' trace records (``runs`` and their ``spans``) older than this are deleted."""
     large_result_chars: int = Field(16_000, ge=1_000)
     """Tool results longer than this are stored; the model gets a preview and a reference."""
     group_max_concurrent: int = Field(3, ge=1)

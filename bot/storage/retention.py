@@ -1,19 +1,28 @@
-"""Retention: deleting answered inbox entries, stored errors and large results past their age."""
+"""Retention: deleting answered inbox entries, stored errors, large results and run
+traces past their age."""
 
 from __future__ import annotations
 
 import logging
 import sqlite3
+import time
 
 from bot.contracts.services import Services
 
 log = logging.getLogger("roost.storage.retention")
 
+TRACE_RETENTION_DAYS = 30
+"""Default of ``trace_days``: the default of the ``trace_retention_days`` setting."""
 
-async def prune_stores(services: Services, days: int) -> None:
-    """Delete stored errors and large results older than ``days``.
+
+async def prune_stores(services: Services, days: int,
+                       trace_days: int = TRACE_RETENTION_DAYS) -> None:
+    """Delete answered inbox entries, stored errors and large results older than
+    ``days``, and runs' trace records (``runs`` and their spans) that ended more
+    than ``trace_days`` ago.
 
     Runs at startup and daily as the ``error-retention`` job (plugins/error_tools.py).
+    Conversation history (``messages``) is never pruned.
     """
     if services.inbox is not None:
         try:
@@ -33,3 +42,10 @@ async def prune_stores(services: Services, days: int) -> None:
             continue
         if deleted:
             log.info("deleted %d stored %s older than %d days", deleted, what, days)
+    try:
+        runs, spans = await services.sessions.prune_runs(time.time() - trace_days * 86_400)
+    except (sqlite3.Error, ValueError):
+        log.exception("could not delete run traces older than %d days", trace_days)
+    else:
+        if runs:
+            log.info("deleted %d runs and %d spans older than %d days", runs, spans, trace_days)

@@ -330,6 +330,11 @@ MIGRATIONS: list[str] = [
     DROP INDEX outbox_pending;
     CREATE INDEX outbox_pending_id ON outbox(id) WHERE state = 'pending';
     """,
+    # 19: trace retention (bot.storage.retention): runs are pruned oldest first by
+    # when they ended, a batch at a time, so each batch reads only what it deletes.
+    """
+    CREATE INDEX runs_ended ON runs(ended_at);
+    """,
 ]
 """Schema steps in order; ``PRAGMA user_version`` records how many have run.
 

@@ -81,6 +81,9 @@ class SessionActivity:
 _ID_BATCH = 500
 """Session ids per ``IN (...)`` query: well under SQLite's bound-parameter limit."""
 
+_PRUNE_BATCH = 500
+"""Runs deleted per transaction by :meth:`SessionStore.prune_runs`."""
+
 
 @dataclass(slots=True, eq=False)
 class Session:
@@ -250,6 +253,36 @@ class SessionStore:
         return [Span(run_id=r[1], kind=r[3], name=r[4], started_at=r[5], span_id=r[0],
                      parent_id=r[2], duration_ms=r[6], error=bool(r[7]),
                      attributes=dict(attributes_of(r[8]))) for r in rows]
+
+    async def prune_runs(self, before: float, batch: int = _PRUNE_BATCH) -> tuple[int, int]:
+        """Delete the trace records of runs that ended before ``before``, with their spans.
+
+        Returns how many runs and spans were deleted. A run's row and spans are
+        written together once it ended, so a run in progress has none yet, and
+        spans go by their run, never by their own age: a kept run's trace stays
+        whole. Each ``batch`` of runs is a transaction of its own through the
+        writer, so a first prune of a large table never holds the write lock long.
+        """
+        runs = spans = 0
+        while True:
+            async def body(db: aiosqlite.Connection) -> tuple[int, int, int]:
+                rows = await db.execute_fetchall(
+                    "SELECT id FROM runs WHERE ended_at < ? ORDER BY ended_at LIMIT ?",
+                    (before, batch))
+                ids = [r[0] for r in rows]
+                if not ids:
+                    return 0, 0, 0
+                marks = ", ".join("?" * len(ids))
+                cur = await db.execute(f"DELETE FROM spans WHERE run_id IN ({marks})", ids)
+                gone_spans = cur.rowcount
+                cur = await db.execute(f"DELETE FROM runs WHERE id IN ({marks})", ids)
+                return len(ids), cur.rowcount, gone_spans
+
+            found, gone_runs, gone_spans = await self.writer.write(body, what="pruning traces")
+            runs += gone_runs
+            spans += gone_spans
+            if found < batch:
+                return runs, spans
 
     async def compact(self, session: Session, count: int, summary: str) -> None:
         """Replace the oldest ``count`` messages of ``session`` by ``summary``.
