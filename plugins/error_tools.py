@@ -205,7 +205,8 @@ async def _retention(app: Runtime) -> None:
     # Built-in: retention is the store's own job; this plugin only schedules it.
     from bot.storage.retention import prune_stores
 
-    await prune_stores(app.services, app.settings.error_retention_days)
+    await prune_stores(app.services, app.settings.error_retention_days,
+                       trace_days=app.settings.trace_retention_days)
 
 
 @hookimpl

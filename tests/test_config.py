@@ -8,7 +8,6 @@ import pytest
 
 from bot.config.masking import SECRET_MASK
 from bot.config.settings import ConfigError, load_settings
-from bot.storage.retention import TRACE_RETENTION_DAYS
 
 
 @pytest.fixture(autouse=True)
@@ -58,7 +57,7 @@ def test_malformed_admin_entry_is_rejected_naming_the_key(monkeypatch: pytest.Mo
 def test_trace_retention_days_defaults_to_30_and_follows_its_variable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert load_settings().trace_retention_days == TRACE_RETENTION_DAYS == 30
+    assert load_settings().trace_retention_days == 30
     monkeypatch.setenv("ROOST_TRACE_RETENTION_DAYS", "7")
     assert load_settings().trace_retention_days == 7
     monkeypatch.setenv("ROOST_TRACE_RETENTION_DAYS", "0")

@@ -18,6 +18,7 @@ import pytest
 from bot.config.settings import Settings
 from bot.contracts.services import Services
 from bot.contracts.tools import Tool, ToolContext, ToolError
+from bot.observability.tracing import Span
 from bot.storage import errors as error_store
 from bot.storage.errors import (
     ERROR_ID_RE,
@@ -30,7 +31,7 @@ from bot.storage.errors import (
     normalize_raw_error,
     summarize_error,
 )
-from bot.storage.sessions import SessionStore
+from bot.storage.sessions import RunRecord, SessionStore
 from bot.testing.app import scripted
 from plugins import error_tools
 from tests.conftest import AppFactory
@@ -296,6 +297,31 @@ async def test_startup_prunes_by_error_retention_days(
     assert await count(app.store, "tool_results") == 0
     assert "deleted 1 stored errors older than 7 days" in caplog.text
     assert {"get_error_detail", "get_tool_result"} <= set(app.engine.tools)
+
+
+async def test_trace_retention_days_prunes_old_runs_at_startup_and_daily(
+        make_app: AppFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    key = "default:test:direct:u1"
+
+    async def run(store: SessionStore, run_id: str, days_ago: float) -> None:
+        ended = time.time() - days_ago * DAY
+        await store.record_run(RunRecord(run_id, key, "completed", ended - 5, ended),
+                               [Span(run_id, "agent", "agent", ended - 5)])
+
+    store = await SessionStore.open(Settings(data_dir=tmp_path / "data").db_path)
+    await run(store, "ten-days-old", 10)
+    await run(store, "yesterday", 1)
+    await store.close()
+
+    with caplog.at_level(logging.INFO, "roost"):
+        app, _, _ = await make_app(scripted({"reply": "ok"}), trace_retention_days=7)
+    assert [r.run_id for r in await app.store.runs(key)] == ["yesterday"]
+    assert "deleted 1 runs and 1 spans older than 7 days" in caplog.text
+    # The daily job (with replicas: once per deployment) prunes by the same setting.
+    await run(app.store, "eight-days-old", 8)
+    await error_tools._retention(app.runtime)
+    assert [r.run_id for r in await app.store.runs(key)] == ["yesterday"]
+    assert await app.store.spans("eight-days-old") == []
 
 
 # --- a locked database ---------------------------------------------------------------

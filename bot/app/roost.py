@@ -142,7 +142,8 @@ class Roost:
             services = Services(store, errors=ErrorStore(store.db, store.lock),
                                 results=ResultStore(store.db, store.lock), scheduler=scheduler,
                                 inbox=Inbox(store.db, store.lock, store.writer))
-            await prune_stores(services, settings.error_retention_days)
+            await prune_stores(services, settings.error_retention_days,
+                               trace_days=settings.trace_retention_days)
             host.validate_configs(settings.plugins)
             services.plugin_configs = host.config
             channel_specs = await collect_unique(host, "roost_channels", settings, ChannelSpec)

@@ -11,12 +11,7 @@ from bot.contracts.services import Services
 
 log = logging.getLogger("roost.storage.retention")
 
-TRACE_RETENTION_DAYS = 30
-"""Default of ``trace_days``: the default of the ``trace_retention_days`` setting."""
-
-
-async def prune_stores(services: Services, days: int,
-                       trace_days: int = TRACE_RETENTION_DAYS) -> None:
+async def prune_stores(services: Services, days: int, *, trace_days: int) -> None:
     """Delete answered inbox entries, stored errors and large results older than
     ``days``, and runs' trace records (``runs`` and their spans) that ended more
     than ``trace_days`` ago.
