@@ -10,7 +10,6 @@ leaves no partial history behind.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import time
 from collections import OrderedDict
@@ -21,10 +20,11 @@ from typing import Any
 
 import aiosqlite
 
-from bot.contracts.llm import ChatMessage, ContentPart, ToolCall, Usage
+from bot.contracts.llm import ChatMessage, Usage
 from bot.contracts.messages import InboundMessage
 from bot.observability.tracing import Span, attributes_of, span_row
 from bot.storage import db as dbmod
+from bot.storage.message_rows import message_row, row_message
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,7 +395,7 @@ class SessionStore:
                     " AND compacted = 0 ORDER BY id",
                     (row[0],),
                 ) as cur:
-                    messages = [_message(r) for r in await cur.fetchall()]
+                    messages = [row_message(r) for r in await cur.fetchall()]
         if row is None:
             created = time.time()
             new: Session = await self.writer.write(lambda db: _insert(db, key, created),
@@ -437,7 +437,7 @@ class _Flush:
 
     async def write(self, db: aiosqlite.Connection) -> None:
         await db.executemany(_INSERT_MESSAGE,
-                             [_row(self.session.id, self.run_id, m) for m in self.messages])
+                             [message_row(self.session.id, self.run_id, m) for m in self.messages])
         await db.execute(_UPDATE_SESSION, (
             self.now, self.usage.input_tokens, self.usage.output_tokens,
             self.usage.cache_read_tokens, self.usage.cache_write_tokens, self.model,
@@ -475,41 +475,3 @@ def _record_row(r: RunRecord) -> tuple[Any, ...]:
     return (r.run_id, r.session_key, r.status, r.started_at, r.ended_at, r.iterations,
             r.input_tokens, r.output_tokens, r.model, r.error, r.cache_read_tokens,
             r.cache_write_tokens)
-
-
-def _row(session_id: int, run_id: str, m: ChatMessage) -> tuple[Any, ...]:
-    calls = (
-        json.dumps([{"id": c.id, "name": c.name, "arguments": dict(c.arguments)}
-                    for c in m.tool_calls])
-        if m.tool_calls else None
-    )
-    return (session_id, run_id, m.role, m.content, m.sender_id, m.sender_name, calls,
-            m.tool_call_id, m.tool_name, int(m.is_error), m.created_at, encode_parts(m.parts))
-
-
-def _message(r: Any) -> ChatMessage:
-    calls = tuple(ToolCall(c["id"], c["name"], c["arguments"]) for c in json.loads(r[4])) \
-        if r[4] else ()
-    return ChatMessage(
-        role=r[0], content=r[1], sender_id=r[2], sender_name=r[3], tool_calls=calls,
-        tool_call_id=r[5], tool_name=r[6], is_error=bool(r[7]), created_at=r[8],
-        parts=decode_parts(r[9]),
-    )
-
-
-_PART_FIELDS = frozenset(f.name for f in dataclasses.fields(ContentPart))
-
-
-def encode_parts(parts: Sequence[ContentPart]) -> str | None:
-    """A message's parts as JSON references (path, type, size...), ``None`` for none."""
-    if not parts:
-        return None
-    return json.dumps([dataclasses.asdict(p) for p in parts], ensure_ascii=False)
-
-
-def decode_parts(text: str | None) -> tuple[ContentPart, ...]:
-    """The inverse of :func:`encode_parts`; fields a newer Roost added are ignored."""
-    if not text:
-        return ()
-    return tuple(ContentPart(**{k: v for k, v in item.items() if k in _PART_FIELDS})
-                 for item in json.loads(text))
