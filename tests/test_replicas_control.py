@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import asyncpg  # type: ignore[import-untyped]
 import pytest
 
 from bot.app.roost import Roost
@@ -212,12 +213,16 @@ async def test_stop_sent_to_one_roost_run_replica_cancels_the_run_on_the_other(
 
         fake_telegram.webhook = dataclasses.replace(hook, url=url["a"])  # to replica A
         fake_telegram.private_message("think hard")
-        await fake_telegram.wait_for("sendChatAction", limit=30)  # A's run has started
-        fake_telegram.webhook = dataclasses.replace(hook, url=url["b"])  # /stop to B
+        await fake_telegram.wait_for("sendChatAction", limit=30)  # the run has started
+        # Either replica may have claimed it (A took the update in, B was woken too):
+        # /stop goes to the other one.
+        runner = await _lease_holder(pg_url, procs)
+        other = "b" if runner == "a" else "a"
+        fake_telegram.webhook = dataclasses.replace(hook, url=url[other])
         fake_telegram.private_message("/stop")
         (sent,) = await fake_telegram.wait_for("sendMessage", limit=30)
         assert sent.params["text"] == "Stopped."
-        await until_logged(procs["a"], b"stop of ")  # A cancelled it, asked by B
+        await until_logged(procs[runner], b"stop of ")  # the runner cancelled it, asked
         for proc in procs.values():
             proc.send_signal(signal.SIGTERM)
             async with asyncio.timeout(30):
@@ -228,3 +233,14 @@ async def test_stop_sent_to_one_roost_run_replica_cancels_the_run_on_the_other(
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
+
+
+async def _lease_holder(url: str, procs: dict[str, asyncio.subprocess.Process]) -> str:
+    """Which of ``procs`` holds the one session's lease (replica ids end in ``-<pid>-<random>``)."""
+    db = await asyncpg.connect(url)
+    try:
+        (owner,) = [str(r[0]) for r in await db.fetch("SELECT owner FROM session_leases")]
+    finally:
+        await db.close()
+    pid = int(owner.rsplit("-", 2)[-2])
+    return next(name for name, proc in procs.items() if proc.pid == pid)
