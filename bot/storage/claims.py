@@ -195,7 +195,7 @@ class Claims:
         until = now + self.lease_seconds
         kept: set[str] = set()
 
-        async def body(db: aiosqlite.Connection) -> None:
+        async def body(db: aiosqlite.Connection) -> int:
             await db.execute(
                 "INSERT INTO replicas (id, started_at, expires_at) VALUES (?, ?, ?)"
                 " ON CONFLICT (id) DO UPDATE SET expires_at = excluded.expires_at",
@@ -211,11 +211,9 @@ class Claims:
             async with db.execute("SELECT count(*) FROM replicas WHERE expires_at > ?",
                                   (now,)) as cursor:
                 row = await cursor.fetchone()
-            counted[0] = max(1, int(row[0]) if row is not None else 1)
+            return max(1, int(row[0]) if row is not None else 1)
 
-        counted = [self.live]
-        await transaction(self.db, self.lock, body)
-        self.live = counted[0]
+        self.live = await transaction(self.db, self.lock, body)
         return kept
 
     async def release(self, key: str, per_session: int = PER_SESSION) -> tuple[int, ...]:

@@ -310,9 +310,9 @@ MIGRATIONS: list[str] = [
     ALTER TABLE usage ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0;
     """,
     # 18: replicas (bot.dispatch.replicas): each live replica's heartbeat, and which
-    # replica sends each reply. ``sending`` is 1 from the commit that gave the reply
-    # to ``owner`` until the outcome of its send is recorded: a reply of a dead
-    # replica still marked so may have been shown, and is not sent again. The
+    # replica sends each reply. ``sending`` is 1 from just before the platform call
+    # (bot.storage.inbox.Inbox.sending) until the outcome of the send is recorded: a
+    # reply of a dead replica still marked so may have been shown, and is not sent again. The
     # open inbox entries and pending replies are indexed in id order (and per
     # session), so a claim or a sweep reads what it returns, not the whole backlog.
     """
