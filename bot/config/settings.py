@@ -64,6 +64,7 @@ class Settings(BaseSettings):
     )
 
     data_dir: Path = Path("./data")
+    """Where the SQLite database (``roost.db``), the workspaces and local state live."""
     database_url: str = ""
     """``ROOST_DATABASE_URL``: ``sqlite:///path`` (relative; ``sqlite:////abs`` absolute)
     or ``postgresql://user:password@host:5432/db``. Empty: SQLite at ``data_dir/roost.db``.
@@ -73,34 +74,47 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(30.0, gt=0)
     """PostgreSQL replicas: how long a replica's claim on a session's work outlives it."""
     log_level: str = "INFO"
+    """``DEBUG``, ``INFO``, ``WARNING`` or ``ERROR``; ``roost.<layer>`` loggers can be set apart."""
     log_format: Literal["text", "json"] = "text"
     """``json``: every log line one JSON object (ts, level, logger, message), for shippers."""
     plugins_dir: Path | None = None
     """Where ``roost plugins install`` puts plugins (``pip --target``), put on ``sys.path``
     at start: a directory on the data volume in a container (``/data/plugins``)."""
     bot_name: str = "Roost"
+    """The name the bot answers to and introduces itself with."""
     console: bool = False
     """Also start the console channel under ``roost run`` (local debugging)."""
 
     provider: str = "anthropic"
+    """The LLM provider: ``anthropic``, ``openai``, ``scripted`` or a plugin's."""
     model: str = "claude-sonnet-5-5"
+    """The model name passed to the provider."""
     max_tokens: int = Field(4096, ge=1)
+    """The most output tokens one model call may produce."""
     script: Path | None = None
+    """The script file of the ``scripted`` provider (default: the demo script)."""
 
     max_iterations: int = Field(20, ge=1)
+    """Model calls per run before the run stops."""
     run_timeout: float = Field(600.0, gt=0)
+    """Seconds a whole run may take."""
     tool_timeout: float = Field(30.0, gt=0)
     """Per-tool timeout (a tool's own ``timeout`` wins)."""
     turn_timeout: float = Field(300.0, gt=0)
     """All tool calls of one model answer; unfinished ones are cancelled and skipped."""
     error_retention_days: int = Field(30, ge=1)
+    """Stored errors, large tool results and answered inbox entries older than this are deleted."""
     trace_retention_days: int = Field(30, ge=1)
     """Runs' trace records (``runs`` and their ``spans``) older than this are deleted."""
     large_result_chars: int = Field(16_000, ge=1_000)
     """Tool results longer than this are stored; the model gets a preview and a reference."""
     group_max_concurrent: int = Field(3, ge=1)
+    """Runs at once in one group chat (a direct chat has one)."""
     queue_cap: int = Field(10, ge=1)
+    """Messages waiting per conversation; past it the oldest is dropped with a notice."""
     merge_window_ms: int = Field(800, ge=0)
+    """A follow-up from the same sender within this window, before any output, restarts the run
+    with both texts; 0 turns merging off."""
     shutdown_grace_seconds: float = Field(8.0, ge=0)
     """On SIGTERM, how long runs in flight may finish before they are cancelled
     (they then run again after the next start); under Docker's 10 s."""
@@ -125,7 +139,9 @@ class Settings(BaseSettings):
     """The largest file Roost uploads to Discord (10 MB without server boosts; 25 or more
     with them); a larger one is refused with MediaTooLarge before anything is posted."""
     session_cache_size: int = Field(1000, ge=1)
+    """Conversations whose history is kept in memory between runs."""
     max_file_bytes: int = Field(1_000_000, ge=1)
+    """The largest file the file tools read or write."""
 
     # Media: files people send (bot/media) and voice transcription.
     media_max_file_mb: float = Field(20, gt=0)
@@ -140,30 +156,46 @@ class Settings(BaseSettings):
     transcribe_base_url: str | None = None
     """An OpenAI-compatible ``/v1/audio/transcriptions`` server for voice notes."""
     transcribe_model: str = "whisper-1"
+    """The model name sent to the transcription server."""
     transcribe_api_key: SecretStr | None = None
+    """The transcription server's API key."""
     max_history_messages: int = Field(200, ge=2)
+    """Messages of history read for one run."""
 
     admins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """``channel:user_id`` entries allowed to run admin commands
+    (``ROOST_ADMINS=telegram:42,slack:U123``)."""
 
     # Input guard and limits.
     guard_mode: GuardMode = "warn"
+    """The input guard: ``off``, ``log``, ``warn`` (logged only) or ``block`` (refused with a
+    reply)."""
     guard_modes: dict[str, GuardMode] = Field(default_factory=dict)
     """Per-channel overrides of ``guard_mode``, e.g. ``{telegram = "block"}``."""
     max_message_chars: int = Field(32_768, ge=1)
+    """Longer messages are shortened (the model is told so), never rejected."""
 
     # Context window, history pipeline and compaction.
     context_window: int = Field(200_000, ge=1_000)
+    """Tokens one request may hold, output reserve included."""
     output_reserve: int = Field(8_192, ge=256)
+    """Tokens of the window kept free for the answer."""
     history_turns: int = Field(40, ge=1)
     """User turns (with their assistant and tool messages) sent to the model."""
     prune_soft_ratio: float = Field(0.3, gt=0, le=1)
+    """Share of the window from which old tool results are trimmed."""
     prune_hard_ratio: float = Field(0.5, gt=0, le=1)
+    """Share of the window from which old tool results are cleared."""
     compact_ratio: float = Field(0.75, gt=0, le=1)
     """Share of the window that triggers mid-loop and post-run compaction."""
     compact_min_messages: int = Field(50, ge=5)
+    """Messages a conversation needs before it is compacted."""
     compact_keep_messages: int = Field(4, ge=1)
+    """Most recent messages compaction keeps verbatim."""
     compaction: bool = True
+    """Summarize old history when the window fills (mid-run and after a run)."""
     memory_flush: bool = True
+    """Before compacting, let the agent save durable notes to ``memory/YYYY-MM-DD.md``."""
 
     # Traces.
     trace_verbose: bool = False
@@ -184,30 +216,40 @@ class Settings(BaseSettings):
     anthropic_api_key: SecretStr | None = Field(
         None, validation_alias=_env("ANTHROPIC_API_KEY", "anthropic_api_key")
     )
+    """``ANTHROPIC_API_KEY``: the Anthropic API key."""
     anthropic_base_url: str | None = Field(
         None, validation_alias=_env("ANTHROPIC_BASE_URL", "anthropic_base_url")
     )
+    """``ANTHROPIC_BASE_URL``: another Anthropic-compatible endpoint."""
     openai_api_key: SecretStr | None = Field(
         None, validation_alias=_env("OPENAI_API_KEY", "openai_api_key")
     )
+    """``OPENAI_API_KEY``: the key of an OpenAI-compatible server."""
     openai_base_url: str | None = Field(
         None, validation_alias=_env("OPENAI_BASE_URL", "openai_base_url")
     )
+    """``OPENAI_BASE_URL``: an OpenAI-compatible server (Ollama, vLLM, llama.cpp)."""
     telegram_bot_token: SecretStr | None = Field(
         None, validation_alias=_env("TELEGRAM_BOT_TOKEN", "telegram_bot_token")
     )
+    """``TELEGRAM_BOT_TOKEN``: from @BotFather; starts the Telegram channel."""
     discord_bot_token: SecretStr | None = Field(
         None, validation_alias=_env("DISCORD_BOT_TOKEN", "discord_bot_token")
     )
+    """``DISCORD_BOT_TOKEN``: starts the Discord channel."""
     slack_bot_token: SecretStr | None = Field(
         None, validation_alias=_env("SLACK_BOT_TOKEN", "slack_bot_token")
     )
+    """``SLACK_BOT_TOKEN``: the ``xoxb-`` token; starts Slack with a signing secret or an app
+    token."""
     slack_signing_secret: SecretStr | None = Field(
         None, validation_alias=_env("SLACK_SIGNING_SECRET", "slack_signing_secret")
     )
+    """``SLACK_SIGNING_SECRET``: Events API over HTTP; requests with a bad signature get 401."""
     slack_app_token: SecretStr | None = Field(
         None, validation_alias=_env("SLACK_APP_TOKEN", "slack_app_token")
     )
+    """``SLACK_APP_TOKEN``: the ``xapp-`` token for Socket Mode."""
 
     # Chat policies.
     dm_policy: DmPolicy = "pairing"
@@ -224,34 +266,45 @@ class Settings(BaseSettings):
     budgets: BudgetConfig = Field(default_factory=BudgetConfig)
     """``[budgets]``: token budgets and a request rate (bot/config/budgets.py)."""
     group_policy: GroupPolicy = "mention"
+    """In groups: ``mention`` (answer when mentioned, replied to or given a command), ``all`` or
+    ``off``."""
     group_policies: dict[str, GroupPolicy] = Field(default_factory=dict)
     """Per channel (``telegram``) or per group (``telegram:-100123``)."""
     group_context_messages: int = Field(50, ge=0)
     """Un-addressed group messages kept and handed to the next run as context."""
     stream_replies: bool = True
+    """Stream replies by editing one message at most once a second."""
     stream_channels: dict[str, bool] = Field(default_factory=dict)
+    """Per-channel override of ``stream_replies``, e.g. ``{slack = false}``."""
 
     # Platform endpoints (proxies, self-hosted Bot API servers, tests).
     telegram_api_base: str | None = Field(
         None, validation_alias=_env("TELEGRAM_API_BASE", "telegram_api_base"))
+    """``TELEGRAM_API_BASE``: a self-hosted Bot API server."""
     telegram_webhook_url: str | None = None
     """Public HTTPS URL for webhook mode; long polling when unset."""
     telegram_webhook_secret: SecretStr | None = None
+    """Checked on every webhook request (``X-Telegram-Bot-Api-Secret-Token``)."""
     telegram_automatic_forwards: Literal["channel", "ignore"] = "channel"
     """Posts a linked channel forwards into a group automatically (``is_automatic_forward``):
     answered as the channel speaking in the group, under the group policy, or ignored."""
     telegram_webhook_port: int = 8443
+    """Where the webhook listens; the HTTP port's value shares that server."""
     telegram_rate_limits: bool = True
     """Keep Telegram's documented send limits before it enforces them (about 1 message/s
     per chat, 20/min per group, 30/s in all); off only where nothing enforces them (a
     fake Bot API in benchmarks). 429 windows are honoured either way."""
     discord_api_base: str | None = Field(
         None, validation_alias=_env("DISCORD_API_BASE", "discord_api_base"))
+    """``DISCORD_API_BASE``: redirects Discord's REST API (proxies)."""
     discord_gateway_url: str | None = Field(
         None, validation_alias=_env("DISCORD_GATEWAY_URL", "discord_gateway_url"))
+    """``DISCORD_GATEWAY_URL``: redirects Discord's gateway (proxies)."""
     slack_api_base: str | None = Field(
         None, validation_alias=_env("SLACK_API_BASE", "slack_api_base"))
+    """``SLACK_API_BASE``: redirects Slack's Web API."""
     slack_port: int = 3000
+    """Where the Events API listens (``/slack/events``); the HTTP port shares its server."""
 
     # Scheduler, cron jobs, memory, heartbeat.
     timezone: str = "UTC"
@@ -259,13 +312,21 @@ class Settings(BaseSettings):
     misfire_grace_seconds: int = Field(300, ge=0)
     """A run missed while the service was down fires once if this late at most."""
     cron_max_jobs_per_user: int = Field(20, ge=1)
+    """Scheduled jobs one user may have."""
     cron_min_interval_seconds: int = Field(60, ge=1)
+    """The shortest interval a recurring job may have."""
     memory_flush_every_hours: float = Field(6.0, gt=0)
+    """How often idle sessions get a scheduled memory flush."""
     memory_flush_idle_minutes: float = Field(30.0, gt=0)
+    """A session idle this long is due for the scheduled flush."""
     memory_flush_min_messages: int = Field(10, ge=1)
+    """Unsaved messages a session needs for the scheduled flush."""
     heartbeat: bool = False
+    """Run a short turn with the owner's ``HEARTBEAT.md`` every interval."""
     heartbeat_interval_minutes: int = Field(30, ge=5)
+    """Minutes between heartbeats."""
     heartbeat_active_hours: str = "08:00-22:00"
+    """Local hours (``timezone``) in which the heartbeat runs."""
     heartbeat_owner: str | None = None
     """``channel:user_id`` whose direct chat and workspace the heartbeat uses."""
     heartbeat_chat: str | None = None
@@ -281,6 +342,7 @@ class Settings(BaseSettings):
     web_fetch_timeout: float = Field(20.0, gt=0)
     """Seconds for one fetch, redirects and download included (also each search request)."""
     web_max_redirects: int = Field(5, ge=0)
+    """Redirects web_fetch follows, each checked like the first URL."""
     web_search_backend: str | None = None
     """The search backend web_search uses (``searxng``, ``brave``, ``tavily`` or a
     plugin's); unset: the first configured one. None configured: no web_search."""
@@ -288,10 +350,14 @@ class Settings(BaseSettings):
     """A SearXNG instance with the JSON format enabled, e.g. ``http://searx.lan:8080``."""
     brave_api_key: SecretStr | None = Field(
         None, validation_alias=_env("BRAVE_API_KEY", "brave_api_key"))
+    """``BRAVE_API_KEY``: the Brave Search API as web_search's backend."""
     brave_api_base: str = "https://api.search.brave.com"
+    """The Brave Search API's address."""
     tavily_api_key: SecretStr | None = Field(
         None, validation_alias=_env("TAVILY_API_KEY", "tavily_api_key"))
+    """``TAVILY_API_KEY``: Tavily as web_search's backend."""
     tavily_api_base: str = "https://api.tavily.com"
+    """The Tavily API's address."""
 
     @field_validator("web_allow_private", mode="before")
     @classmethod
@@ -318,11 +384,13 @@ class Settings(BaseSettings):
     exec_max_timeout: float = Field(300.0, gt=0)
     """The longest ``timeout`` the model may ask for."""
     exec_cpu_seconds: int = Field(60, ge=1)
+    """CPU seconds of each process in the sandbox (RLIMIT_CPU)."""
     exec_memory_mb: int = Field(1024, ge=64)
     """Address space of each process in the sandbox (RLIMIT_AS)."""
     exec_max_processes: int = Field(64, ge=4)
     """Processes and threads the sandbox may add (RLIMIT_NPROC): fork bombs stop here."""
     exec_max_file_mb: int = Field(100, ge=1)
+    """The largest file a sandboxed command may write (RLIMIT_FSIZE)."""
     exec_max_output_bytes: int = Field(200_000, ge=1_000)
     """Output read from a command; past it the command is stopped."""
     exec_network_agents: Annotated[list[str], NoDecode] = Field(default_factory=list)
@@ -338,6 +406,7 @@ class Settings(BaseSettings):
         return value
 
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """``[plugins.<name>]``: each plugin's own settings, validated by its config model."""
     plugins_chat_install: bool = False
     """Let admins install plugins from chat (``/plugin install``); off by default."""
     plugins_install_allowlist: Annotated[list[str], NoDecode] = Field(default_factory=list)
@@ -348,7 +417,9 @@ class Settings(BaseSettings):
 
     # Agents (bot/config/agents.py) and which chats they serve.
     agents: dict[str, AgentConfig] = Field(default_factory=dict)
+    """``[agents.<name>]``: agents with their own provider, model, persona, tools and judges."""
     bindings: list[Binding] = Field(default_factory=list)
+    """``[[bindings]]``: which chats each agent serves (most specific match wins)."""
     agent_cache_ttl: float = Field(300.0, ge=0)
     """Seconds a resolved agent is reused before its configuration is resolved again."""
     config_file: Path | None = None
