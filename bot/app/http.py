@@ -138,6 +138,10 @@ class HealthServer:
             if not health.ready:
                 # Redacted: an adapter's detail may quote a platform error verbatim.
                 lines.append(redact(f"{name}: {health.detail or 'not ready'}"))
+        # Parts plugins vouch for (the exec sandbox's canary): roost_health.
+        lines.extend(redact(f"{report.part}: {report.detail or 'not ready'}")
+                     for report in await self.app.host.health(self.app.runtime)
+                     if not report.ready)
         problem = await self._store_problem()
         if problem:
             lines.append(f"store: {problem}")

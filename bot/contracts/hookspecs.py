@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from bot.contracts.commands import Command
     from bot.contracts.events import RunEvent
     from bot.contracts.guard import GuardPattern, InputCheck
+    from bot.contracts.health import HealthReport
     from bot.contracts.jobs import JobSpec
     from bot.contracts.judge import Judge
     from bot.contracts.media import Transcriber
@@ -239,6 +240,17 @@ def roost_startup(app: Runtime) -> None:
 
     ``app`` is the :class:`bot.contracts.runtime.Runtime`: keep it to deliver
     messages, queue scheduled turns or start background work later.
+    """
+
+
+@hookspec
+def roost_health(app: Runtime) -> list[HealthReport] | HealthReport | None:
+    """Report the health of parts this plugin vouches for (a sandbox, a connection).
+
+    Called on every ``/readyz`` request and ``/status`` command: return the latest
+    known state at once (run checks in the background, never here). A
+    :class:`bot.contracts.health.HealthReport` that is not ``ready`` makes ``/readyz``
+    answer 503 with its line.
     """
 
 
