@@ -37,7 +37,10 @@ from plugins.exec_sandbox import Probe, Sandbox, SandboxUnavailable, hand_over
 log = logging.getLogger("roost.plugins.exec_tool")
 
 INTERVAL = 3600.0
-"""Seconds between canaries (and the age past which a result is re-checked)."""
+"""Seconds between canaries (and the age past which a passed result is re-checked)."""
+RETRY = 60.0
+"""The age past which a failed result is re-checked (a canary that timed out on a busy
+host should not keep exec refused for an hour)."""
 TIMEOUT = 30.0
 ENV_MARKER = "ROOST_EXEC_CANARY"
 """A variable Roost puts in its own environment (a random value) for the canary to miss."""
@@ -74,30 +77,36 @@ class Canary:
     """The canary of one sandbox configuration: its latest result and the runs that make it."""
 
     def __init__(self, sandbox: Sandbox, probe: Probe, *, interval: float = INTERVAL,
-                 timeout: float = TIMEOUT, clock: Callable[[], float] = time.monotonic) -> None:
+                 retry: float = RETRY, timeout: float = TIMEOUT,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.sandbox = sandbox
         self.probe = probe
         self.interval = interval
+        self.retry = retry
         self.timeout = timeout
         self.clock = clock
         self.last: CanaryResult | None = None
         self.runs = 0
         self._lock = asyncio.Lock()
 
+    def _max_age(self, result: CanaryResult) -> float:
+        return self.interval if result.passed else self.retry
+
     async def check(self) -> CanaryResult:
         """The latest result, running a canary first when there is none younger than
-        ``interval`` (concurrent callers share one run)."""
+        ``interval`` (``retry`` after a failure); concurrent callers share one run."""
         async with self._lock:
             last = self.last
-            if last is None or self.clock() - last.at >= self.interval:
+            if last is None or self.clock() - last.at >= self._max_age(last):
                 last = self.last = await self.run()
             return last
 
     async def watch(self) -> None:
-        """Check now and every ``interval`` seconds, until cancelled."""
+        """Check now and every ``interval`` seconds (``retry`` after a failure), until
+        cancelled."""
         while True:
-            await self.check()
-            await asyncio.sleep(self.interval)
+            last = await self.check()
+            await asyncio.sleep(self._max_age(last))
 
     async def run(self) -> CanaryResult:
         """Run one canary and log its verdict (a failure loudly)."""

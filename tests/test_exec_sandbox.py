@@ -562,7 +562,8 @@ async def test_a_weakened_sandbox_fails_its_canary_and_exec_refuses(
     loosen, said = WEAKENED[weakness]
     loosen = tuple(marker if arg == "set below" else arg for arg in loosen)
     sandbox = sandbox_of(root, *loosen)
-    canary = Canary(sandbox, Probe())
+    now = [1000.0]
+    canary = Canary(sandbox, Probe(), clock=lambda: now[0])
     tool = build_tool(Settings(data_dir=root / "data"), sandbox, canary)
     with pytest.raises(ToolError) as caught:
         await run(tool, workspace, "touch ran.txt")
@@ -570,10 +571,16 @@ async def test_a_weakened_sandbox_fails_its_canary_and_exec_refuses(
     assert f"failed its self-check (the sandbox {said})" in str(caught.value)
     assert not (workspace / "ran.txt").exists()
     assert canary.last is not None and not canary.last.passed
-    # The verdict is kept: the next call refuses without another canary.
+    # The verdict is kept a minute: the next call refuses without another canary; after
+    # that a canary runs again (and fails again).
     with pytest.raises(ToolError):
         await run(tool, workspace, "touch ran.txt")
     assert canary.runs == 1
+    now[0] += 60
+    with pytest.raises(ToolError):
+        await run(tool, workspace, "touch ran.txt")
+    assert canary.runs == 2
+    assert not (workspace / "ran.txt").exists()
 
 
 async def app_with(plugin: ExecPlugin, root: Path, call: Mapping[str, Any] | None = None,

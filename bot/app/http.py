@@ -8,7 +8,8 @@ the channels, so ``/healthz`` answers while they connect.
 * ``/healthz``: 200 ``ok`` while the process is alive and its event loop turns,
   whatever the platforms do.
 * ``/readyz``: 200 ``ready`` once every expected channel reports itself ready
-  (:meth:`~bot.contracts.channel.Channel.health`) and the store accepts a write
+  (:meth:`~bot.contracts.channel.Channel.health`), so does every part a plugin reports
+  (``roost_health``) and the store accepts a write
   (``BEGIN IMMEDIATE`` … ``COMMIT`` with nothing in it, under the store's lock);
   otherwise 503 with one line per failing part, ``telegram: getUpdates failing
   (…)``, ``store: …``.
