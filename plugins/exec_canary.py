@@ -163,8 +163,12 @@ class Canary:
         checked = "no network, no host file, no Roost environment"
         if disabled:
             return True, f"passed: {checked}, no nested user namespaces"
+        if "userns-created" not in lines:
+            return True, (f"passed: {checked}, no nested user namespaces (refused by the "
+                          "kernel; bwrap does not disable them)")
         return True, (f"passed: {checked}; nested user namespaces are NOT disabled ("
-                      f"{self.sandbox.bwrap} has no --disable-userns; bubblewrap 0.8.0 has it)")
+                      f"{self.sandbox.bwrap} is setuid or has no --disable-userns; an "
+                      "unprivileged bubblewrap 0.8.0 or later disables them)")
 
 
 def _prepare(place: Path, token: str, run_as: int | None) -> tuple[Path, Path]:

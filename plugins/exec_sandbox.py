@@ -81,8 +81,11 @@ class SandboxUnavailable(Exception):
 
 @functools.cache
 def disables_userns(bwrap: str) -> bool:
-    """Whether the bubblewrap at ``bwrap`` has ``--disable-userns`` (asked once per binary)."""
+    """Whether the bubblewrap at ``bwrap`` has ``--disable-userns`` and runs unprivileged
+    (asked once per binary): a setuid bwrap keeps its ``--unshare-user-try`` ways."""
     try:
+        if os.stat(bwrap).st_mode & stat.S_ISUID:
+            return False
         done = subprocess.run([bwrap, "--help"], capture_output=True, timeout=10, check=False,
                               env={"PATH": SANDBOX_PATH, "LANG": "C.UTF-8"})
     except (OSError, subprocess.SubprocessError):

@@ -159,9 +159,7 @@ def build_tool(settings: Settings, sandbox: Sandbox, canary: Canary) -> Tool:
         if len(command) > MAX_COMMAND_CHARS or "\x00" in command:
             raise ToolError(f"'command' must be text of at most {MAX_COMMAND_CHARS} characters",
                             code="INVALID_ARGUMENT")
-        wall = _timeout_arg(args, default_timeout, settings.exec_max_timeout)
-        # Stop in time to report, before the executor's own deadline cancels the call.
-        wall = max(0.1, min(wall, context.remaining() - 1.0))
+        asked = _timeout_arg(args, default_timeout, settings.exec_max_timeout)
         network = _agent_of(context.session_key) in network_agents
         try:
             await PROBE.check(sandbox)
@@ -171,6 +169,9 @@ def build_tool(settings: Settings, sandbox: Sandbox, canary: Canary) -> Tool:
                     f"exec is refused: the sandbox failed its self-check ({verdict.detail}). "
                     "Commands never run in a sandbox that has not proved its isolation; an "
                     "admin sees this in /status.", code="SANDBOX_UNSAFE")
+            # Stop in time to report, before the executor's own deadline cancels the call
+            # (counted after the canary, which a first call may have waited for).
+            wall = max(0.1, min(asked, context.remaining() - 1.0))
             workspace = context.workspace.resolve()
             workspace.mkdir(parents=True, exist_ok=True)
             if run_as is not None:

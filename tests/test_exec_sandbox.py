@@ -226,7 +226,7 @@ async def test_a_fork_bomb_stops_at_the_process_limit(root: Path, workspace: Pat
     result = await run(tool, workspace, f"{marker}() {{ {marker} | {marker} & }}; {marker}; "
                        "exec sleep 30", timeout=2)
     status, output = status_and_output(result)
-    assert status.startswith("[killed: still running after 2s"), status
+    assert status.startswith("[killed: still running after 2s"), (status, output[:500])
     assert "Cannot fork" in output, output[:2000]
     assert processes_with(marker) == []
 
@@ -450,11 +450,14 @@ async def test_no_setuid_or_setgid_bit_outlives_the_call(root: Path, workspace: 
                        "chmod 4755 s && chmod 2755 g && chmod 6755 both deep/er/est/s && "
                        "chmod 1644 t && chmod 2775 sgid-dir && mkdir sticky-dir && "
                        f"chmod 1777 sticky-dir && ln -s {outside} out && "
-                       f"ln -s {outside}/host-suid out-file && ls -l s g both | cut -c1-10")
+                       f"ln -s {outside}/host-suid out-file && ls -l s g both | cut -c1-10 && "
+                       "grep ' /workspace ' /proc/self/mountinfo")
     status, output = status_and_output(result)
     assert status.startswith("[exit code 0"), result
     # Inside, the bits were set (the command saw them) ...
     assert output.splitlines()[:3] == ["-rwsr-sr-x", "-rwxr-sr-x", "-rwsr-xr-x"], result
+    # (where they do nothing: the workspace is mounted nosuid)
+    assert "nosuid" in output.splitlines()[3].split()[5].split(","), output
     # ... and none is left on the host's disk.
     for name in ("s", "g", "both", "deep/er/est/s", "sgid-dir"):
         assert special_bits(workspace / name) & SPECIAL == 0, name
@@ -543,6 +546,26 @@ async def test_the_canary_passes_on_the_real_sandbox_and_reruns_after_its_interv
     now[0] += 1
     again = await canary.check()
     assert again is not first and again.passed and canary.runs == 2
+
+
+async def test_a_bubblewrap_without_disable_userns_is_used_and_said_to_be_weaker(
+        root: Path, workspace: Path) -> None:
+    # bubblewrap before 0.8.0: the same sandbox otherwise, and no claim it does not make.
+    old = root / "bwrap-0.7"
+    old.write_text("#!/bin/sh\nif [ \"$1\" = --help ]; then echo 'usage: bwrap [OPTIONS...]'; "
+                   f"exit 0; fi\nexec {shutil.which('bwrap')} \"$@\"\n")
+    old.chmod(0o755)
+    sandbox = Sandbox.from_settings(Settings(data_dir=root / "data", exec_bwrap=str(old)))
+    assert not sandbox.userns_disabled()
+    canary = Canary(sandbox, Probe())
+    verdict = await canary.check()
+    assert verdict.passed, verdict.detail
+    assert verdict.detail.endswith("nested user namespaces are NOT disabled (" + str(old) +
+                                   " is setuid or has no --disable-userns; an unprivileged "
+                                   "bubblewrap 0.8.0 or later disables them)")
+    tool = build_tool(Settings(data_dir=root / "data"), sandbox, canary)
+    _, output = status_and_output(await run(tool, workspace, "unshare -r id -u"))
+    assert output == "0\n"  # what the verdict warns of
 
 
 WEAKENED = {
