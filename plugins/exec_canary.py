@@ -92,6 +92,13 @@ class Canary:
     def _max_age(self, result: CanaryResult) -> float:
         return self.interval if result.passed else self.retry
 
+    def due(self) -> bool:
+        """Whether the next :meth:`check` would run a canary (none, or too old, and none
+        running now)."""
+        last = self.last
+        stale = last is None or self.clock() - last.at >= self._max_age(last)
+        return stale and not self._lock.locked()
+
     async def check(self) -> CanaryResult:
         """The latest result, running a canary first when there is none younger than
         ``interval`` (``retry`` after a failure); concurrent callers share one run."""

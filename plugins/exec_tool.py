@@ -279,7 +279,10 @@ class ExecPlugin:
         """The canary's latest verdict, where an agent may use exec."""
         if not exec_enabled(app):
             return None
-        last = self.canary(app.settings).last
+        canary = self.canary(app.settings)
+        if canary.due():  # e.g. exec's plugin was enabled after the start
+            app.background(canary.check(), "the exec sandbox canary")
+        last = canary.last
         if last is None:
             return HealthReport(HEALTH_PART, False, "canary not run yet; exec waits for it")
         if last.passed:

@@ -665,6 +665,28 @@ async def test_a_failing_canary_makes_readyz_fail_status_say_so_and_exec_refuse(
         await chat.app.close()
 
 
+async def test_exec_enabled_after_the_start_gets_its_canary_from_the_health_check(
+        root: Path) -> None:
+    plugin = ExecPlugin(Canaries(Probe()))
+    host = get_plugin_manager(load_entry_points=False)
+    host.pm.unregister(name="plugins.exec_tool")
+    host.disabled.add("plugins.exec_tool")
+    chat = await build_app([], ("plugins.exec_tool", plugin), host=host, data_dir=root / "data",
+                           agents=EXEC_AGENT)
+    try:
+        canary = plugin.canary(chat.app.settings)
+        assert await readyz(chat) == (200, "ready\n") and canary.runs == 0
+        await chat.app.set_plugin_enabled("plugins.exec_tool", True)
+        # The first health check finds no verdict, says so and starts a canary.
+        assert await readyz(chat) == (
+            503, "exec sandbox: canary not run yet; exec waits for it\n")
+        await canary.check()
+        assert canary.runs == 1
+        assert await readyz(chat) == (200, "ready\n")
+    finally:
+        await chat.app.close()
+
+
 async def test_without_an_agent_allowed_exec_there_is_no_canary(root: Path) -> None:
     plugin = ExecPlugin(Canaries(Probe()), loosen=("--share-net",))
     chat = await app_with(plugin, root)
