@@ -14,6 +14,8 @@ import logging
 import os
 import shutil
 import stat
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -494,6 +496,37 @@ def test_the_clean_up_walks_by_descriptor_and_never_follows_links(root: Path) ->
     (root / "toplink").symlink_to(top)
     with pytest.raises(OSError, match=r"Errno (40|20)\]"):  # ELOOP, ENOTDIR
         strip_special_bits(root / "toplink")
+
+
+def test_the_clean_up_is_not_led_outside_by_a_directory_flipped_to_a_link(
+        root: Path) -> None:
+    # What a command still running in another sandbox on the same workspace can do while
+    # the walk runs: swap a directory for a link to a host directory, and back.
+    outside = root / "host-dir"
+    outside.mkdir()
+    (outside / "victim").touch()
+    (outside / "victim").chmod(0o4755)
+    top = root / "flipping"
+    (top / "d").mkdir(parents=True)
+    (top / "d" / "inner").touch()
+    for i in range(50):  # time spent in d: a walk by path has a wider window to be swapped
+        (top / "d" / f"f{i}").touch()
+    # Another process, as a sandbox would be: truly concurrent with the walk.
+    flip = (f"import os\ntop, out = {str(top)!r}, {str(outside)!r}\nwhile True:\n"
+            " try:\n  os.rename(top + '/d', top + '/d.real'); os.symlink(out, top + '/d')\n"
+            "  os.sched_yield(); os.unlink(top + '/d'); os.rename(top + '/d.real', top + '/d')\n"
+            "  os.sched_yield()\n"
+            " except OSError: pass\n")
+    flipper = subprocess.Popen([sys.executable, "-c", flip])
+    try:
+        for _ in range(1000):
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                os.chmod(top / "d.real" / "inner", 0o4755, follow_symlinks=False)
+            strip_special_bits(top)
+    finally:
+        flipper.kill()
+        flipper.wait()
+    assert stat.S_IMODE((outside / "victim").stat().st_mode) == 0o4755
 
 
 def test_a_workspace_too_large_to_walk_is_cut_with_one_log_line(
