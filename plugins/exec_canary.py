@@ -116,7 +116,8 @@ class Canary:
             await asyncio.sleep(self._max_age(last))
 
     async def run(self) -> CanaryResult:
-        """Run one canary and log its verdict (a failure loudly)."""
+        """Run one canary and log its verdict: a failure loudly, the same failure again
+        (re-checked every ``retry`` seconds) once."""
         started = self.clock()
         self.runs += 1
         try:
@@ -124,11 +125,14 @@ class Canary:
         except Exception as exc:  # a canary that cannot run is a failed canary
             passed, detail = False, f"the canary could not run ({type(exc).__name__}: {exc})"
         result = CanaryResult(passed, detail, self.clock(), self.clock() - started)
+        before = self.last
         if passed:
             log.info("exec sandbox canary: %s (%.2fs)", detail, result.seconds)
-        else:
+        elif before is None or before.passed or before.detail != detail:
             log.error("exec sandbox canary FAILED: %s; exec refuses every command until a "
                       "canary passes", detail)
+        else:
+            log.debug("exec sandbox canary still failing: %s", detail)
         return result
 
     async def _attempt(self) -> tuple[bool, str]:

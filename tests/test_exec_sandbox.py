@@ -612,7 +612,8 @@ WEAKENED = {
 
 @pytest.mark.parametrize("weakness", sorted(WEAKENED))
 async def test_a_weakened_sandbox_fails_its_canary_and_exec_refuses(
-        root: Path, workspace: Path, weakness: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        root: Path, workspace: Path, weakness: str, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
     marker = "m" * 32
     monkeypatch.setenv(ENV_MARKER, marker)
     loosen, said = WEAKENED[weakness]
@@ -637,6 +638,10 @@ async def test_a_weakened_sandbox_fails_its_canary_and_exec_refuses(
         await run(tool, workspace, "touch ran.txt")
     assert canary.runs == 2
     assert not (workspace / "ran.txt").exists()
+    # Loud once, not once a minute.
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [f"exec sandbox canary FAILED: the sandbox {said}; exec refuses every "
+                      "command until a canary passes"]
 
 
 async def app_with(plugin: ExecPlugin, root: Path, call: Mapping[str, Any] | None = None,
