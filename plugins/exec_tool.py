@@ -52,6 +52,7 @@ import dataclasses
 import logging
 import signal
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 # Built-in: whether any agent may use exec is its tool policy's answer (an internal rule).
@@ -66,7 +67,7 @@ from plugins.exec_sandbox import (
     SandboxUnavailable,
     hand_over,
 )
-from plugins.exec_strip import strip_special_bits
+from plugins.exec_strip import Stripped, strip_special_bits
 from roost import (
     HealthReport,
     Runtime,
@@ -144,6 +145,14 @@ def stripped_note(changed: int) -> str:
             "keeps none]")
 
 
+def _strip(workspace: Path) -> Stripped:
+    try:
+        return strip_special_bits(workspace)
+    except OSError as exc:  # the workspace itself is gone or unreadable: nothing to walk
+        log.warning("exec: cannot walk %s to remove setuid/setgid bits: %s", workspace, exc)
+        return Stripped()
+
+
 def build_tool(settings: Settings, sandbox: Sandbox, canary: Canary) -> Tool:
     """The ``exec`` tool running commands in ``sandbox`` while ``canary`` passes."""
     limits = sandbox.limits
@@ -181,8 +190,7 @@ def build_tool(settings: Settings, sandbox: Sandbox, canary: Canary) -> Tool:
                                             network=network, wall=wall)
             finally:
                 # Also after /stop or a timeout: the bits would stay on the host's disk.
-                stripped = await asyncio.shield(asyncio.to_thread(strip_special_bits,
-                                                                  workspace))
+                stripped = await asyncio.shield(asyncio.to_thread(_strip, workspace))
         except SandboxUnavailable as exc:
             raise ToolError(f"exec is unavailable: {exc}. Commands never run outside the "
                             "sandbox.", code="SANDBOX_UNAVAILABLE") from None
