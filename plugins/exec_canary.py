@@ -44,6 +44,9 @@ host should not keep exec refused for an hour)."""
 TIMEOUT = 30.0
 ENV_MARKER = "ROOST_EXEC_CANARY"
 """A variable Roost puts in its own environment (a random value) for the canary to miss."""
+# Set on import, while plugins load and before threads run: setenv racing a getenv in
+# another thread is unsafe in C.
+os.environ.setdefault(ENV_MARKER, secrets.token_hex(16))
 _QUIET = frozenset({"_", "PWD", "OLDPWD", "SHLVL", "PATH", "HOME", "LANG"})
 """Variables whose values a sandbox may share with Roost by coincidence."""
 _MIN_VALUE = 8
@@ -140,7 +143,6 @@ class Canary:
             await self.probe.check(self.sandbox)
         except SandboxUnavailable as exc:
             return False, f"no sandbox: {exc}"
-        os.environ.setdefault(ENV_MARKER, secrets.token_hex(16))
         token, done = secrets.token_hex(16), secrets.token_hex(8)
         with tempfile.TemporaryDirectory(prefix="roost-exec-canary-") as tmp, \
                 socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
