@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import os
 import shutil
+import socket
 import stat
 import subprocess
 import sys
@@ -37,6 +38,7 @@ from plugins.exec_canary import ENV_MARKER, Canaries, Canary
 from plugins.exec_sandbox import Probe, Sandbox
 from plugins.exec_strip import strip_special_bits
 from plugins.exec_tool import ExecPlugin, build_tool, roost_tools
+from tests.roost_processes import until_logged
 
 SECRET = "sk-roost-test-0123456789abcdef"
 
@@ -735,3 +737,29 @@ async def test_without_an_agent_allowed_exec_there_is_no_canary(root: Path) -> N
         assert plugin.canary(chat.app.settings).runs == 0
     finally:
         await chat.app.close()
+
+
+@pytest.mark.e2e
+async def test_roost_run_checks_its_sandbox_at_start_and_readyz_says_so(root: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    (root / "roost.toml").write_text('[agents.default]\ntools = { allow = ["exec"] }\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROOST_")}
+    env.update(PYTHONUNBUFFERED="1", ROOST_PROVIDER="scripted", ROOST_CONSOLE="1",
+               ROOST_HTTP_PORT=str(port), ROOST_LOG_LEVEL="INFO")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "run", cwd=root, env=env, stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    try:
+        lines = await until_logged(proc, b"exec sandbox canary")
+        assert (b"exec sandbox canary: passed: no network, no host file, no Roost environment, "
+                b"no nested user namespaces") in lines[-1]
+        if not any(b"roost ready" in line for line in lines):  # the server is up by then
+            await until_logged(proc, b"roost ready")
+        async with aiohttp.ClientSession() as session, \
+                session.get(f"http://127.0.0.1:{port}/readyz") as response:
+            assert (response.status, await response.text()) == (200, "ready\n")
+    finally:
+        proc.terminate()
+        await proc.wait()
