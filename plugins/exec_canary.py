@@ -22,6 +22,7 @@ does not finish fails. ``exec`` refuses while the latest result is a failure.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import secrets
@@ -50,6 +51,8 @@ os.environ.setdefault(ENV_MARKER, secrets.token_hex(16))
 _QUIET = frozenset({"_", "PWD", "OLDPWD", "SHLVL", "PATH", "HOME", "LANG"})
 """Variables whose values a sandbox may share with Roost by coincidence."""
 _MIN_VALUE = 8
+_OUTPUT_BYTES = 1_000_000
+"""What the canary may print (a sandbox that leaks prints more), whatever exec's cap."""
 
 _SCRIPT = """\
 echo "@netns $(readlink /proc/self/ns/net)"
@@ -152,8 +155,11 @@ class Canary:
             listener.listen(8)
             listener.setblocking(False)
             script = _SCRIPT.format(marker=marker, port=listener.getsockname()[1], done=done)
-            outcome = await self.sandbox.run(workspace, ["/bin/sh", "-c", script],
-                                             network=False, wall=self.timeout)
+            # The same sandbox; only Roost's own cap on what it reads is the canary's.
+            limits = dataclasses.replace(self.sandbox.limits, output_bytes=_OUTPUT_BYTES)
+            sandbox = dataclasses.replace(self.sandbox, limits=limits)
+            outcome = await sandbox.run(workspace, ["/bin/sh", "-c", script], network=False,
+                                        wall=self.timeout)
             reached = _accepted(listener)
         text = outcome.output.decode("utf-8", "replace")
         lines = set(text.splitlines())

@@ -563,7 +563,9 @@ def test_a_workspace_too_large_to_walk_is_cut_with_one_log_line(
 
 
 def sandbox_of(root: Path, *loosen: str) -> Sandbox:
-    settings = Settings(data_dir=root / "data")
+    # The smallest limits there are: the canary must pass within them.
+    settings = Settings(data_dir=root / "data", exec_max_output_bytes=1_000,
+                        exec_max_processes=4, exec_memory_mb=64, exec_cpu_seconds=1)
     return dataclasses.replace(Sandbox.from_settings(settings), loosen=loosen)
 
 
