@@ -103,13 +103,30 @@ def strip_special_bits(root: Path, *, max_entries: int = MAX_ENTRIES,
 
 def _enter(parent: int, name: str, done: Stripped) -> int | None:
     """Fix ``name`` in directory ``parent``; a readable descriptor of it when it is a
-    directory to walk into, else ``None``."""
+    directory to walk into, else ``None``.
+
+    A look without opening (``fstatat``, no link followed) first: most entries need
+    nothing more. An entry to change or enter is then opened without following links
+    and used only if it is still the inode looked at.
+    """
     try:
-        handle = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        seen = os.stat(name, dir_fd=parent, follow_symlinks=False)
     except OSError:
         done.failed += 1
         return None
+    is_dir = stat.S_ISDIR(seen.st_mode)
+    if stat.S_ISLNK(seen.st_mode) or not (is_dir or stat.S_IMODE(seen.st_mode) & _drop(False)):
+        return None
     try:
+        handle = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    except OSError:  # gone meanwhile
+        done.failed += 1
+        return None
+    try:
+        now = os.fstat(handle)
+        if (now.st_ino, now.st_dev) != (seen.st_ino, seen.st_dev):
+            done.failed += 1  # swapped meanwhile: the next walk sees what is there then
+            return None
         if not _fix(handle, done):
             return None
         try:
@@ -122,6 +139,11 @@ def _enter(parent: int, name: str, done: Stripped) -> int | None:
         os.close(handle)
 
 
+def _drop(is_dir: bool) -> int:
+    """The bits to clear: setuid and setgid, and sticky on anything but a directory."""
+    return SPECIAL if is_dir else SPECIAL | stat.S_ISVTX
+
+
 def _fix(fd: int, done: Stripped) -> bool:
     """Clear the bits on the file ``fd`` refers to; ``True`` when it is a directory."""
     try:
@@ -132,15 +154,14 @@ def _fix(fd: int, done: Stripped) -> bool:
     if stat.S_ISLNK(st.st_mode):
         return False
     is_dir = stat.S_ISDIR(st.st_mode)
-    drop = SPECIAL if is_dir else SPECIAL | stat.S_ISVTX
+    drop = _drop(is_dir)
     mode = stat.S_IMODE(st.st_mode)
     if mode & drop:
         try:
             # The inode fd refers to, not a path: /proc/self/fd/N is resolved by the kernel
-            # to the open file itself.
+            # to the open file itself (fchmod refuses O_PATH descriptors).
             os.chmod(f"/proc/self/fd/{fd}", mode & ~drop)
             done.changed += 1
         except OSError:
             done.failed += 1
     return is_dir
-
