@@ -34,7 +34,7 @@ from bot.contracts.tools import Tool, ToolContext, ToolError
 from bot.pluginhost.manager import get_plugin_manager
 from bot.testing.app import ChatChannel, build_app, without_summary
 from plugins import exec_tool
-from plugins.exec_canary import ENV_MARKER, Canaries, Canary
+from plugins.exec_canary import ENV_MARKER, Canaries, Canary, CanaryResult
 from plugins.exec_sandbox import Probe, Sandbox
 from plugins.exec_strip import strip_special_bits
 from plugins.exec_tool import ExecPlugin, build_tool, roost_tools
@@ -603,6 +603,32 @@ async def test_a_bubblewrap_without_disable_userns_is_used_and_said_to_be_weaker
     tool = build_tool(Settings(data_dir=root / "data"), sandbox, canary)
     _, output = status_and_output(await run(tool, workspace, "unshare -r id -u"))
     assert output == "0\n"  # what the verdict warns of
+
+
+class CountedCanary(Canary):
+    """A canary that says when it has run three times."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.third = asyncio.Event()
+
+    async def run(self) -> CanaryResult:
+        result = await super().run()
+        if self.runs >= 3:
+            self.third.set()
+        return result
+
+
+async def test_the_canary_watch_runs_it_again_at_every_interval(root: Path) -> None:
+    canary = CountedCanary(sandbox_of(root), Probe(), interval=0.01, retry=0.01)
+    watch = asyncio.ensure_future(canary.watch())
+    try:
+        await asyncio.wait_for(canary.third.wait(), 60)  # a hang guard, not a measurement
+    finally:
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+    assert canary.last is not None and canary.last.passed
 
 
 WEAKENED = {
