@@ -86,6 +86,8 @@ async def _status(ctx: CommandContext) -> str:
     if ctx.is_admin:
         lines.extend(_tool_health(app.tool_metrics.snapshot(),
                                   app.breakers.snapshot()))
+    lines.extend(f"{r.part}: {'ok' if r.ready else 'NOT READY'}, {r.detail}"
+                 for r in await app.plugins.health(app))
     if app.plugins.errors:
         lines.append("Plugin errors:")
         lines.extend(f"  {name}: {error}" for name, error in sorted(app.plugins.errors.items()))

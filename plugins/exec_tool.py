@@ -11,7 +11,8 @@ agent gets it only with ``tools = { allow = ["exec"] }``. Each call runs
   and ``/etc/group`` of the sandbox's user alone; nothing else of the host (no
   ``/etc/shadow``, ``/home``, ``/root``, data directory or other workspaces);
 * new user, PID, IPC, UTS, cgroup and network namespaces (``--unshare-all``); the
-  network is shared only for agents listed in ``exec_network_agents``;
+  network is shared only for agents listed in ``exec_network_agents``; nested user
+  namespaces disabled (``--disable-userns``) where bubblewrap supports it;
 * no capabilities, ``--new-session`` (no terminal injection), ``--die-with-parent``;
 * an environment of ``PATH``, ``HOME`` and ``LANG`` only: nothing of Roost's
   (tokens, keys, ``ROOST_*``) reaches the command, nor bwrap itself;
@@ -31,7 +32,11 @@ Roost, as root, keeps full access.
 
 Where ``bwrap`` or ``prlimit`` is missing or cannot create its namespaces (a
 probe runs a real sandbox once per process), ``exec`` refuses with an error that
-says so. It never runs a command outside the sandbox.
+says so. It never runs a command outside the sandbox, nor in one whose canary
+(:mod:`plugins.exec_canary`: at start where an agent may use ``exec``, then hourly)
+did not pass; ``/readyz`` and ``/status`` show the canary's verdict. After each
+command no file in the workspace keeps a setuid or setgid bit
+(:mod:`plugins.exec_strip`).
 
 The result is the exit status, then the output (stdout and stderr interleaved),
 at most ``exec_max_output_bytes``; the engine stores a long result and gives the
@@ -43,19 +48,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
-import os
-import shutil
 import signal
-import stat
-import tempfile
-import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+# Built-in: whether any agent may use exec is its tool policy's answer (an internal rule).
+from bot.agents.tool_policy import ToolPolicy
+from plugins.exec_canary import Canaries, Canary
+from plugins.exec_sandbox import (
+    PROBE,
+    SANDBOX_WORKSPACE,
+    Limits,
+    Outcome,
+    Sandbox,
+    SandboxUnavailable,
+    hand_over,
+)
+from plugins.exec_strip import Stripped, strip_special_bits
 from roost import (
+    HealthReport,
+    Runtime,
     Settings,
     Tool,
     ToolContext,
@@ -71,26 +86,13 @@ log = logging.getLogger("roost.plugins.exec_tool")
 NAME = "exec"
 OPT_IN = "opt_in"
 """The ``Tool.meta`` key the tool policy reads (``bot.agents.tool_policy.OPT_IN``)."""
+HEALTH_PART = "exec sandbox"
+"""The name the canary's verdict has in ``/readyz`` and ``/status``."""
 
-SANDBOX_WORKSPACE = "/workspace"
-SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 MAX_COMMAND_CHARS = 100_000
-_READ_CHUNK = 65_536
-_PROBE_TIMEOUT = 15.0
-_REAP_TIMEOUT = 5.0
 _KILL_GRACE = 10.0
 """Seconds the executor's own timeout leaves beyond the longest wall-clock limit,
 so the sandbox is stopped and reported here rather than cut off by the executor."""
-
-# Links into /usr on merged-/usr systems (recreated as links), else directories (bound).
-_SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-# What the loader, locale and TLS need; no account databases, no secrets (of /etc/ssl only
-# the public certificates and the configuration: /etc/ssl/private holds the host's keys).
-_ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives",
-              "/etc/localtime", "/etc/ssl/certs", "/etc/ssl/openssl.cnf",
-              "/etc/ca-certificates")
-_ETC_NETWORK = ("/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/host.conf",
-                "/etc/gai.conf", "/etc/services", "/etc/protocols")
 
 # Exit statuses 128+N (the shell's and bwrap's report of a child killed by signal N).
 _SIGNALS: dict[int, str] = {
@@ -99,270 +101,6 @@ _SIGNALS: dict[int, str] = {
     signal.SIGKILL.value: "it was killed (SIGKILL; the CPU time limit is {cpu}s)",
     signal.SIGSEGV.value: "it crashed (SIGSEGV; memory is limited to {mem} MB per process)",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """What one sandbox may use."""
-
-    cpu_seconds: int
-    memory_mb: int
-    processes: int
-    file_mb: int
-    output_bytes: int
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> Limits:
-        """The ``exec_*`` limits of ``settings``."""
-        return cls(settings.exec_cpu_seconds, settings.exec_memory_mb,
-                   settings.exec_max_processes, settings.exec_max_file_mb,
-                   settings.exec_max_output_bytes)
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """How a sandboxed command ended."""
-
-    output: bytes
-    returncode: int | None
-    stopped: str | None
-    """Why Roost killed it (``timeout``, ``output``), or ``None`` when it ended by itself."""
-    seconds: float
-
-
-class SandboxUnavailable(Exception):
-    """bwrap or prlimit is missing, or cannot build a sandbox here."""
-
-
-@dataclass(slots=True)
-class Sandbox:
-    """Builds and runs bwrap command lines for one configuration."""
-
-    bwrap: str
-    limits: Limits
-    run_as: int | None
-    """The uid (and gid) to run as when Roost is root; ``None`` runs as Roost's user."""
-
-    def argv(self, workspace: Path, command: Sequence[str], *, network: bool,
-             nproc: int, accounts: tuple[int, int] | None = None) -> list[str]:
-        """prlimit, then bwrap with its mounts and namespaces, then ``command``.
-
-        ``accounts`` are two readable descriptors holding the sandbox's own
-        ``/etc/passwd`` and ``/etc/group`` (one user, one group: the host's stay out).
-        """
-        bwrap, prlimit = self.binaries()
-        lim = self.limits
-        mb = 1024 * 1024
-        argv = [prlimit, f"--cpu={lim.cpu_seconds}:{lim.cpu_seconds + 1}",
-                f"--as={lim.memory_mb * mb}", f"--fsize={lim.file_mb * mb}",
-                f"--nproc={nproc}", "--nofile=1024", "--core=0", "--",
-                bwrap, "--unshare-all"]
-        if network:
-            argv.append("--share-net")
-        argv += ["--die-with-parent", "--new-session", "--cap-drop", "ALL",
-                 "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
-        for path in _SYSTEM_DIRS:
-            if os.path.islink(path):
-                argv += ["--symlink", os.readlink(path), path]
-            elif os.path.isdir(path):
-                argv += ["--ro-bind", path, path]
-        for path in _ETC_FILES + (_ETC_NETWORK if network else ()):
-            argv += ["--ro-bind-try", path, path]
-        if accounts is not None:
-            argv += ["--ro-bind-data", str(accounts[0]), "/etc/passwd",
-                     "--ro-bind-data", str(accounts[1]), "/etc/group"]
-        argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-                 "--bind", str(workspace), SANDBOX_WORKSPACE,
-                 # The root itself is bwrap's tmpfs: read-only, writes go nowhere.
-                 "--remount-ro", "/",
-                 "--chdir", SANDBOX_WORKSPACE, "--clearenv",
-                 "--setenv", "PATH", SANDBOX_PATH, "--setenv", "HOME", SANDBOX_WORKSPACE,
-                 "--setenv", "LANG", "C.UTF-8", "--", *command]
-        return argv
-
-    def binaries(self) -> tuple[str, str]:
-        """The paths of bwrap and prlimit; :class:`SandboxUnavailable` if one is missing."""
-        bwrap = shutil.which(self.bwrap)
-        if bwrap is None:
-            raise SandboxUnavailable(
-                f"bubblewrap ({self.bwrap!r}) is not installed; install the 'bubblewrap' "
-                "package (apt-get install bubblewrap)")
-        prlimit = shutil.which("prlimit")
-        if prlimit is None:
-            raise SandboxUnavailable("prlimit (util-linux) is not installed")
-        return bwrap, prlimit
-
-    def nproc_limit(self) -> int:
-        """RLIMIT_NPROC for the next sandbox: counted per user, so what the user runs now
-        plus the sandbox's own allowance (bwrap's two processes included)."""
-        uid = self.run_as if self.run_as is not None else os.getuid()
-        return _tasks_of(uid) + self.limits.processes + 2
-
-    async def run(self, workspace: Path, command: Sequence[str], *, network: bool,
-                  wall: float) -> Outcome:
-        """Run ``command`` in a sandbox on ``workspace``; kill it at ``wall`` seconds,
-        at the output cap, or when cancelled."""
-        self.binaries()  # first: a host without bwrap (macOS) may have no /proc either
-        nproc = await asyncio.to_thread(self.nproc_limit)
-        extra: dict[str, Any] = {}
-        uid, gid = os.getuid(), os.getgid()
-        if self.run_as is not None:
-            uid = gid = self.run_as
-            extra = {"user": uid, "group": gid, "extra_groups": []}
-        accounts = (_data_fd(f"sandbox:x:{uid}:{gid}:Roost sandbox:{SANDBOX_WORKSPACE}:/bin/sh\n"),
-                    _data_fd(f"sandbox:x:{gid}:\n"))
-        started = time.monotonic()
-        try:
-            argv = self.argv(workspace, command, network=network, nproc=nproc,
-                             accounts=accounts)
-            proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT, env={"PATH": SANDBOX_PATH, "LANG": "C.UTF-8"},
-                start_new_session=True, close_fds=True, pass_fds=accounts, **extra)
-        finally:
-            for fd in accounts:
-                os.close(fd)
-        assert proc.stdout is not None
-        chunks: list[bytes] = []
-        room = self.limits.output_bytes
-        stopped: str | None = None
-        try:
-            async with asyncio.timeout(wall):
-                while data := await proc.stdout.read(_READ_CHUNK):
-                    chunks.append(data[:room])
-                    room -= len(data)
-                    if room < 0:
-                        stopped = "output"
-                        break
-                if stopped is None:
-                    await proc.wait()
-        except TimeoutError:
-            stopped = "timeout"
-        finally:
-            # Also on cancellation (/stop): nothing of the sandbox outlives the call.
-            if proc.returncode is None:
-                _kill(proc)
-            # Shielded: a second cancellation must not leave the process unreaped.
-            await asyncio.shield(_reap(proc))
-        return Outcome(b"".join(chunks), proc.returncode, stopped, time.monotonic() - started)
-
-
-def _data_fd(text: str) -> int:
-    """A pipe's read end holding ``text`` (small: it fits the pipe's buffer)."""
-    read, write = os.pipe()
-    try:
-        os.write(write, text.encode())
-    finally:
-        os.close(write)
-    return read
-
-
-async def _reap(proc: asyncio.subprocess.Process) -> None:
-    # asyncio wakes wait() only once the pipe has seen EOF, and a pipe we stopped
-    # reading at the cap is paused: drain it (its writers are dead) first.
-    assert proc.stdout is not None
-    try:
-        async with asyncio.timeout(_REAP_TIMEOUT):
-            while await proc.stdout.read(_READ_CHUNK):
-                pass
-            await proc.wait()
-    except TimeoutError:
-        # Should not happen (the PID namespace dies with bwrap); never hang the run on it.
-        log.error("exec: the sandbox (pid %d) still holds its output %gs after it was killed",
-                  proc.pid, _REAP_TIMEOUT)
-
-
-def _kill(proc: asyncio.subprocess.Process) -> None:
-    # bwrap leads its own process group; --die-with-parent and the PID namespace
-    # take the command and everything it started down with it.
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-
-
-def _tasks_of(uid: int) -> int:
-    """Processes and threads whose real uid is ``uid`` (what RLIMIT_NPROC counts)."""
-    count = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/status", encoding="ascii", errors="replace") as fh:
-                fields = dict(line.split(":", 1) for line in fh if ":" in line)
-        except OSError:
-            continue  # gone meanwhile
-        if int(fields.get("Uid", "-1").split()[0]) == uid:
-            count += int(fields.get("Threads", "1"))
-    return count
-
-
-def _hand_over(workspace: Path, uid: int) -> None:
-    """Root only: give the workspace to the sandbox's uid and check it can reach it."""
-    for parent in reversed(workspace.parents):
-        st = parent.stat()
-        if not st.st_mode & stat.S_IXOTH and st.st_uid != uid:
-            raise SandboxUnavailable(
-                f"the sandbox user (uid {uid}) cannot reach the workspace: {parent} is not "
-                "searchable by others (chmod o+x it, or run Roost as a non-root user)")
-    st = os.lstat(workspace)
-    if st.st_uid != uid or st.st_gid != uid:
-        os.lchown(workspace, uid, uid)
-    # By directory descriptor, never by path: another sandbox on this workspace may swap a
-    # directory for a link to /etc meanwhile, and root must not follow it (fwalk checks
-    # each directory it opens is the one it listed; chown is relative and no-follow).
-    for _, dirs, files, fd in os.fwalk(workspace, follow_symlinks=False):
-        for name in (*dirs, *files):
-            with contextlib.suppress(FileNotFoundError):
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                if st.st_uid != uid or st.st_gid != uid:
-                    os.chown(name, uid, uid, dir_fd=fd, follow_symlinks=False)
-
-
-class Probe:
-    """Whether a sandbox can be built here, found once by building one."""
-
-    def __init__(self) -> None:
-        self._lock = asyncio.Lock()
-        self._results: dict[tuple[str, int | None], str] = {}
-
-    async def check(self, sandbox: Sandbox) -> None:
-        """Raise :class:`SandboxUnavailable` unless ``sandbox`` ran ``true`` successfully.
-
-        A missing binary is looked for again on every call (installing bubblewrap
-        needs no restart); whether namespaces can be built is asked once.
-        """
-        sandbox.binaries()
-        key = (sandbox.bwrap, sandbox.run_as)
-        async with self._lock:
-            if key not in self._results:
-                self._results[key] = await self._probe(sandbox)
-                if self._results[key]:
-                    log.warning("exec is unavailable: %s", self._results[key])
-        if problem := self._results[key]:
-            raise SandboxUnavailable(problem)
-
-    async def _probe(self, sandbox: Sandbox) -> str:
-        """``""`` when a sandbox ran, else what went wrong."""
-        with tempfile.TemporaryDirectory(prefix="roost-exec-probe-") as tmp:
-            try:
-                if sandbox.run_as is not None:
-                    await asyncio.to_thread(_hand_over, Path(tmp), sandbox.run_as)
-                outcome = await sandbox.run(Path(tmp), ["/bin/sh", "-c", "true"],
-                                            network=False, wall=_PROBE_TIMEOUT)
-            except SandboxUnavailable as exc:
-                return str(exc)
-            except OSError as exc:
-                return f"bubblewrap could not be started: {exc}"
-        if outcome.returncode == 0:
-            return ""
-        said = outcome.output.decode("utf-8", "replace").strip()[:500]
-        how = "timed out" if outcome.stopped else f"exited with {outcome.returncode}"
-        return (f"bubblewrap cannot create a sandbox here ({how}: {said or 'no output'}); "
-                "it needs user namespaces (kernel.unprivileged_userns_clone, "
-                "user.max_user_namespaces) or a container that allows them")
-
-
-PROBE = Probe()
-"""One probe per process: the answer does not change while Roost runs."""
 
 
 def _timeout_arg(args: Mapping[str, Any], default: float, maximum: float) -> float:
@@ -401,12 +139,24 @@ def report(outcome: Outcome, limits: Limits, wall: float) -> str:
     return f"{head}\n{text}" if text else f"{head}\n(no output)"
 
 
-@hookimpl
-def roost_tools(settings: Settings) -> Tool:
-    """The ``exec`` tool (opt-in: offered only where an agent's policy allows it)."""
-    limits = Limits.from_settings(settings)
-    run_as = settings.exec_uid if os.geteuid() == 0 else None
-    sandbox = Sandbox(settings.exec_bwrap, limits, run_as)
+def stripped_note(changed: int) -> str:
+    """The line the model reads when setuid/setgid bits were taken off its files."""
+    return (f"\n[setuid/setgid bits were removed from {changed} file(s): the workspace "
+            "keeps none]")
+
+
+def _strip(workspace: Path) -> Stripped:
+    try:
+        return strip_special_bits(workspace)
+    except OSError as exc:  # the workspace itself is gone or unreadable: nothing to walk
+        log.warning("exec: cannot walk %s to remove setuid/setgid bits: %s", workspace, exc)
+        return Stripped()
+
+
+def build_tool(settings: Settings, sandbox: Sandbox, canary: Canary) -> Tool:
+    """The ``exec`` tool running commands in ``sandbox`` while ``canary`` passes."""
+    limits = sandbox.limits
+    run_as = sandbox.run_as
     network_agents = frozenset(settings.exec_network_agents)
     default_timeout = min(settings.exec_timeout, settings.exec_max_timeout)
 
@@ -418,24 +168,37 @@ def roost_tools(settings: Settings) -> Tool:
         if len(command) > MAX_COMMAND_CHARS or "\x00" in command:
             raise ToolError(f"'command' must be text of at most {MAX_COMMAND_CHARS} characters",
                             code="INVALID_ARGUMENT")
-        wall = _timeout_arg(args, default_timeout, settings.exec_max_timeout)
-        # Stop in time to report, before the executor's own deadline cancels the call.
-        wall = max(0.1, min(wall, context.remaining() - 1.0))
+        asked = _timeout_arg(args, default_timeout, settings.exec_max_timeout)
         network = _agent_of(context.session_key) in network_agents
         try:
             await PROBE.check(sandbox)
+            verdict = await canary.check()
+            if not verdict.passed:
+                raise ToolError(
+                    f"exec is refused: the sandbox failed its self-check ({verdict.detail}). "
+                    "Commands never run in a sandbox that has not proved its isolation; an "
+                    "admin sees this in /status.", code="SANDBOX_UNSAFE")
+            # Stop in time to report, before the executor's own deadline cancels the call
+            # (counted after the canary, which a first call may have waited for).
+            wall = max(0.1, min(asked, context.remaining() - 1.0))
             workspace = context.workspace.resolve()
             workspace.mkdir(parents=True, exist_ok=True)
             if run_as is not None:
-                await asyncio.to_thread(_hand_over, workspace, run_as)
-            outcome = await sandbox.run(workspace, ["/bin/sh", "-c", command],
-                                        network=network, wall=wall)
+                await asyncio.to_thread(hand_over, workspace, run_as)
+            try:
+                outcome = await sandbox.run(workspace, ["/bin/sh", "-c", command],
+                                            network=network, wall=wall)
+            finally:
+                # Also after /stop or a timeout: the bits would stay on the host's disk.
+                stripped = await asyncio.shield(asyncio.to_thread(_strip, workspace))
         except SandboxUnavailable as exc:
             raise ToolError(f"exec is unavailable: {exc}. Commands never run outside the "
                             "sandbox.", code="SANDBOX_UNAVAILABLE") from None
-        log.info("exec in %s: exit %s, stopped %s, %d bytes, %.2fs", context.session_key,
-                 outcome.returncode, outcome.stopped, len(outcome.output), outcome.seconds)
-        return report(outcome, limits, wall)
+        log.info("exec in %s: exit %s, stopped %s, %d bytes, %.2fs, %d mode(s) stripped",
+                 context.session_key, outcome.returncode, outcome.stopped,
+                 len(outcome.output), outcome.seconds, stripped.changed)
+        text = report(outcome, limits, wall)
+        return text + stripped_note(stripped.changed) if stripped.changed else text
 
     return Tool(
         name=NAME,
@@ -468,6 +231,92 @@ def roost_tools(settings: Settings) -> Tool:
         timeout=settings.exec_max_timeout + _KILL_GRACE,
         # Never retried: a command may have changed files before it failed.
         retry=ToolRetry(max_attempts=1),
-        permanent_codes=frozenset({"SANDBOX_UNAVAILABLE", "INVALID_ARGUMENT"}),
+        permanent_codes=frozenset({"SANDBOX_UNAVAILABLE", "SANDBOX_UNSAFE",
+                                   "INVALID_ARGUMENT"}),
         meta={OPT_IN: True},
     )
+
+
+def exec_enabled(app: Runtime) -> bool:
+    """Whether the ``exec`` tool is registered and some agent's tool policy lets it run."""
+    snapshot = app.snapshot
+    tool = snapshot.tools.get(NAME)
+    if tool is None:
+        return False
+    offered = {NAME: tool}
+    return any(NAME in ToolPolicy(config.tools.profile, config.tools.allow,
+                                  config.tools.deny).filter(offered, snapshot.tool_groups)
+               for config in app.settings.agents.values())
+
+
+class ExecPlugin:
+    """The plugin: the tool, its canary at start and hourly, and the canary's health.
+
+    ``loosen`` (extra bwrap arguments) exists for tests that prove the canary notices a
+    weakened sandbox; no setting reaches it, and it is logged loudly when used.
+    """
+
+    def __init__(self, canaries: Canaries, *, loosen: tuple[str, ...] = ()) -> None:
+        self.canaries = canaries
+        self.loosen = loosen
+        if loosen:
+            log.warning("exec sandbox WEAKENED with %s (tests only): its canary must fail",
+                        " ".join(loosen))
+
+    def sandbox(self, settings: Settings) -> Sandbox:
+        """The sandbox ``settings`` describe (loosened when this plugin was made so)."""
+        return dataclasses.replace(Sandbox.from_settings(settings), loosen=self.loosen)
+
+    def canary(self, settings: Settings) -> Canary:
+        """The canary of the sandbox ``settings`` describe."""
+        return self.canaries.of(self.sandbox(settings))
+
+    @hookimpl
+    def roost_tools(self, settings: Settings) -> Tool:
+        """The ``exec`` tool (opt-in: offered only where an agent's policy allows it)."""
+        return build_tool(settings, self.sandbox(settings), self.canary(settings))
+
+    @hookimpl
+    def roost_startup(self, app: Runtime) -> None:
+        """Where an agent may use exec, run the canary now and every hour."""
+        if exec_enabled(app):
+            app.background(self.canary(app.settings).watch(), "the exec sandbox canary")
+
+    @hookimpl
+    def roost_health(self, app: Runtime) -> HealthReport | None:
+        """The canary's latest verdict, where an agent may use exec."""
+        if not exec_enabled(app):
+            return None
+        canary = self.canary(app.settings)
+        if canary.due():  # e.g. exec's plugin was enabled after the start
+            app.background(canary.check(), "the exec sandbox canary")
+        last = canary.last
+        if last is None:
+            return HealthReport(HEALTH_PART, False, "canary not run yet; exec waits for it")
+        if last.passed:
+            return HealthReport(HEALTH_PART, True, f"canary {last.detail}")
+        return HealthReport(HEALTH_PART, False,
+                            f"canary FAILED: {last.detail}; exec refuses to run")
+
+
+CANARIES = Canaries(PROBE)
+"""One canary per sandbox configuration per process, shared by every app in it."""
+PLUGIN = ExecPlugin(CANARIES)
+
+
+@hookimpl
+def roost_tools(settings: Settings) -> Tool:
+    """The ``exec`` tool (opt-in: offered only where an agent's policy allows it)."""
+    return PLUGIN.roost_tools(settings)
+
+
+@hookimpl
+def roost_startup(app: Runtime) -> None:
+    """Where an agent may use exec, run the sandbox's canary now and every hour."""
+    PLUGIN.roost_startup(app)
+
+
+@hookimpl
+def roost_health(app: Runtime) -> HealthReport | None:
+    """The sandbox canary's latest verdict, where an agent may use exec."""
+    return PLUGIN.roost_health(app)

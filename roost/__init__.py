@@ -33,6 +33,7 @@ from bot.contracts.channel import (
 from bot.contracts.commands import Command, CommandContext
 from bot.contracts.events import RunEvent
 from bot.contracts.guard import GuardPattern, InputCheck
+from bot.contracts.health import HealthReport
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.jobs import JobSpec
 from bot.contracts.judge import Judge, Verdict
@@ -79,6 +80,7 @@ __all__ = [
     "CommandContext",
     "ContentPart",
     "GuardPattern",
+    "HealthReport",
     "InboundHandler",
     "InboundMessage",
     "InputCheck",

@@ -145,6 +145,10 @@ class AllHooks:
         self.called.add("roost_startup")
 
     @hookimpl
+    def roost_health(self) -> None:
+        self.called.add("roost_health")
+
+    @hookimpl
     def roost_shutdown(self) -> None:
         self.called.add("roost_shutdown")
 
@@ -153,6 +157,7 @@ async def test_a_running_app_calls_every_hook(roost_app: Any) -> None:
     plugin = AllHooks()
     chat = await roost_app([{"reply": "hi"}], ("all-hooks", plugin))
     assert await chat.ask("hello") == ["hi"]
+    await chat.ask("/status")  # what /readyz asks too
     await provider_specs(chat.app.settings, chat.app.host)  # what `roost run` does first
     await transcriber_of(chat.app.host, chat.app.settings)  # what a voice note does
     await chat.app.close()

@@ -8,7 +8,8 @@ the channels, so ``/healthz`` answers while they connect.
 * ``/healthz``: 200 ``ok`` while the process is alive and its event loop turns,
   whatever the platforms do.
 * ``/readyz``: 200 ``ready`` once every expected channel reports itself ready
-  (:meth:`~bot.contracts.channel.Channel.health`) and the store accepts a write
+  (:meth:`~bot.contracts.channel.Channel.health`), so does every part a plugin reports
+  (``roost_health``) and the store accepts a write
   (``BEGIN IMMEDIATE`` … ``COMMIT`` with nothing in it, under the store's lock);
   otherwise 503 with one line per failing part, ``telegram: getUpdates failing
   (…)``, ``store: …``.
@@ -138,6 +139,10 @@ class HealthServer:
             if not health.ready:
                 # Redacted: an adapter's detail may quote a platform error verbatim.
                 lines.append(redact(f"{name}: {health.detail or 'not ready'}"))
+        # Parts plugins vouch for (the exec sandbox's canary): roost_health.
+        lines.extend(redact(f"{report.part}: {report.detail or 'not ready'}")
+                     for report in await self.app.host.health(self.app.runtime)
+                     if not report.ready)
         problem = await self._store_problem()
         if problem:
             lines.append(f"store: {problem}")

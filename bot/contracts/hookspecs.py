@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from bot.contracts.commands import Command
     from bot.contracts.events import RunEvent
     from bot.contracts.guard import GuardPattern, InputCheck
+    from bot.contracts.health import HealthReport
     from bot.contracts.jobs import JobSpec
     from bot.contracts.judge import Judge
     from bot.contracts.media import Transcriber
@@ -548,6 +549,35 @@ def roost_startup(app: Runtime) -> None:
     @hookimpl
     async def roost_startup(app):
         app.background(poll_feed(app), "polling the feed")
+    ```
+    """
+
+
+@hookspec
+def roost_health(app: Runtime) -> list[HealthReport] | HealthReport | None:
+    """Report the health of parts this plugin vouches for (a sandbox, a connection).
+
+    * **Called:** on every `/readyz` request and every `/status` command.
+    * **Arguments:** `app`, the service's `Runtime`.
+    * **Returns:** `roost.HealthReport(part, ready, detail)` for each part the plugin vouches
+      for, or `None`. A report that is not `ready` makes `/readyz` answer 503 with the line
+      `part: detail`; `/status` shows every report. Return the latest known state at once: run
+      the checks themselves in the background (from `roost_startup`), never in this hook. The
+      `exec` tool reports its sandbox's canary this way.
+
+    ```python
+    from roost import HealthReport, hookimpl
+
+    class Feed:
+        failing_since: str | None = None
+
+    feed = Feed()
+
+    @hookimpl
+    def roost_health(app):
+        if feed.failing_since is not None:
+            return HealthReport("feed", False, f"unreachable since {feed.failing_since}")
+        return HealthReport("feed", True, "polling")
     ```
     """
 

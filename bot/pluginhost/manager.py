@@ -21,6 +21,7 @@ from typing import Any
 import pluggy
 
 from bot.contracts import hookspecs
+from bot.contracts.health import HealthReport
 
 log = logging.getLogger("roost.pluginhost.manager")
 
@@ -227,6 +228,18 @@ class PluginHost:
             else:
                 items.append((plugin, result))
         return items
+
+    async def health(self, app: Any) -> list[HealthReport]:
+        """What ``roost_health`` reports (``app`` is the runtime); other items are logged
+        and left out."""
+        reports = []
+        for plugin, item in await self.collect_named("roost_health", app=app):
+            if isinstance(item, HealthReport):
+                reports.append(item)
+            else:
+                log.error("plugin %r returned %s from roost_health, not a HealthReport; "
+                          "ignored", plugin, type(item).__name__)
+        return reports
 
     def _failed(self, plugin: str, hook: str, exc: BaseException) -> None:
         self.errors[plugin] = f"{hook}: {type(exc).__name__}: {exc}"
