@@ -209,7 +209,9 @@ async def test_the_network_is_unreachable_unless_the_agent_may_use_it(
 
 
 async def test_a_fork_bomb_stops_at_the_process_limit(root: Path, workspace: Path) -> None:
-    tool = make_tool(root, exec_max_processes=16)
+    # A uid of its own: RLIMIT_NPROC counts every process of a uid, so a bomb run as the
+    # uid other tests' sandboxes use would make their starts fail (EAGAIN) meanwhile.
+    tool = make_tool(root, exec_max_processes=16, exec_uid=65533)
     counting = ("python3 -c \"import os,time\nn=0\nwhile n < 5000:\n"
                 " try: pid = os.fork()\n"
                 " except OSError as e: print('fork failed after', n, e.strerror); break\n"
