@@ -1,0 +1,230 @@
+"""The workspace race: a hostile loop flips paths between real files or directories and
+links to outside (a host directory, ``/proc/self/environ``) while reads, uploads and
+system-prompt builds run. Not one outside byte may reach a tool result, the prompt or
+the platform.
+
+The flipper is a process of its own (tests/race_flipper.py), as a model's ``exec``
+loop would be, so it runs truly alongside the reads on another core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from bot.contracts.messages import InboundMessage
+from bot.contracts.prompt import PromptContext
+from bot.contracts.tools import SendFunc, ToolContext, ToolError
+from bot.testing.telegram import ALICE, FakeTelegram
+from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
+from plugins import file_tools, media_tools, prompt_sections
+from plugins.memory import daily_notes
+from roost import Settings
+from tests.test_telegram_intake import Inbox, StartTg
+from tests.test_telegram_intake import start_tg as _start_tg  # noqa: F401  (the fixture)
+from workspaces import read_cached, workspace_dir
+
+FLIPPER = Path(__file__).with_name("race_flipper.py")
+MB = 1024 * 1024
+BIG = 11 * MB
+"""Over Telegram's 10 MB for photos: the upload streams (it used to reopen the path)."""
+
+
+def today_note() -> str:
+    return f"memory/{dt.datetime.now(dt.UTC).date().isoformat()}.md"
+
+
+@dataclass
+class Race:
+    """The workspace under attack, what is inside it, and how to spot outside bytes."""
+
+    workspace: Path
+    inside: dict[str, bytes]
+    secret: bytes
+    environ: list[bytes]
+    flips: int = 0
+    seen: list[str] = field(default_factory=list)
+
+    def leaked(self, data: bytes | str, where: str) -> int:
+        """Outside bytes in ``data``: the host secret or a line of Roost's environment."""
+        raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
+        found = raw.count(self.secret) * len(self.secret) + sum(
+            raw.count(entry) * len(entry) for entry in self.environ)
+        if found:
+            self.seen.append(f"{where}: {raw[:120]!r}")
+        return found
+
+
+@contextlib.contextmanager
+def flipping(tmp_path: Path, workspace: Path) -> Iterator[Race]:
+    """A workspace whose files and directory ``d`` flip to links to outside meanwhile."""
+    secret = f"OUTSIDE-{uuid.uuid4().hex}".encode()
+    keep, outside = tmp_path / "keep", tmp_path / "outside"
+    (outside / "d").mkdir(parents=True)
+    keep.mkdir()
+    (workspace / "memory").mkdir(parents=True, exist_ok=True)
+    (workspace / "d").mkdir()
+    (workspace / "d" / "f").write_bytes(b"inside d/f\n")
+    (outside / "d" / "f").write_bytes(secret + b" host directory\n")
+    inside = {"d/f": b"inside d/f\n"}
+    for name in ("USER.md", "AGENTS.md", today_note(), "file.txt", "big.bin"):
+        data = (b"i" * BIG) if name == "big.bin" else f"inside {name}\n".encode()
+        flat = name.replace("/", "%2F")
+        (keep / flat).write_bytes(data)
+        (outside / flat).write_bytes(secret * (BIG // len(secret)) if name == "big.bin"
+                                     else secret + b"\n")
+        (workspace / name).write_bytes(data)
+        inside[name] = data
+    with open("/proc/self/environ", "rb") as fh:  # what a link to it would show Roost
+        environ = [e for e in fh.read().split(b"\0") if len(e) >= 12]
+    assert environ
+    stop = tmp_path / "stop"
+    flipper = subprocess.Popen([sys.executable, str(FLIPPER), str(workspace), str(keep),
+                                str(outside), str(stop)], stdout=subprocess.PIPE)
+    race = Race(workspace, inside, secret, environ)
+    try:
+        time.sleep(0.2)  # running before the first read
+        yield race
+    finally:
+        stop.touch()
+        out, _ = flipper.communicate(timeout=60)
+        race.flips = int(out or 0)
+
+
+def context(workspace: Path, send: SendFunc | None = None) -> ToolContext:
+    return ToolContext(user_id=str(ALICE["id"]), channel="telegram", chat_id=str(ALICE["id"]),
+                       session_key="main:telegram:direct:42", run_id="race",
+                       workspace=workspace, deadline=time.monotonic() + 600,
+                       send=send)
+
+
+def system_prompt(workspace: Path) -> str:
+    """The workspace parts of a full-mode system prompt, read as a run reads them."""
+    prompt = PromptContext(
+        message=InboundMessage("telegram", str(ALICE["id"]), "direct", str(ALICE["id"]), "hi"),
+        session_key="main:telegram:direct:42", workspace=workspace,
+        tool_names=["read_file"], model="m", provider="p", agent="main")
+    sections = [*prompt_sections.roost_prompt_sections(prompt), daily_notes(prompt)]
+    user = read_cached(workspace / "USER.md", 8_000, within=workspace)  # as the run loop
+    return "\n".join([*(s.text for s in sections if s is not None), user])
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(data_dir=tmp_path / "data")
+
+
+@pytest.fixture
+def ws(settings: Settings) -> Path:
+    path = workspace_dir(settings.workspaces_dir, "telegram", str(ALICE["id"]))
+    path.mkdir(parents=True)
+    return path
+
+
+READS = 3000
+PROMPTS = 3000
+UPLOADS = 300
+BIG_UPLOADS = 12
+
+
+async def test_no_outside_byte_reaches_a_tool_result_the_prompt_or_telegram(
+        tmp_path: Path, settings: Settings, ws: Path, start_tg: StartTg,
+        fake_telegram: FakeTelegram) -> None:
+    read_file = next(t for t in file_tools.roost_tools(settings) if t.name == "read_file")
+    [send_file] = media_tools.roost_tools(settings)
+    channel = await start_tg(Inbox())
+    counts = {"read": 0, "read_refused": 0, "prompt": 0, "upload": 0, "upload_refused": 0}
+    leaked = 0
+    foreign: list[str] = []  # results that are not the workspace's own bytes
+
+    with flipping(tmp_path, ws) as race:
+
+        async def reads() -> None:
+            nonlocal leaked
+            ctx = context(ws)
+            paths = ("d/f", "file.txt", "USER.md", today_note())
+            for n in range(READS):
+                path = paths[n % len(paths)]
+                try:
+                    text = await read_file.execute(ctx, {"path": path})
+                except ToolError as exc:
+                    counts["read_refused"] += 1
+                    leaked += race.leaked(str(exc), f"read_file {path} error")
+                    continue
+                counts["read"] += 1
+                leaked += race.leaked(text, f"read_file {path}")
+                if text.encode() != race.inside[path] and not text.endswith("is empty)"):
+                    foreign.append(f"read_file {path}")
+
+        async def prompts() -> None:
+            nonlocal leaked
+            for _ in range(PROMPTS):
+                text = await asyncio.to_thread(system_prompt, ws)
+                counts["prompt"] += 1
+                leaked += race.leaked(text, "system prompt")
+
+        async def uploads() -> None:
+            nonlocal leaked
+            ctx = context(ws, channel.send)
+            for n in range(UPLOADS + BIG_UPLOADS):
+                path = "big.bin" if n % (UPLOADS // BIG_UPLOADS + 1) == 0 else "file.txt"
+                try:
+                    result = await send_file.execute(ctx, {"path": path})
+                except ToolError as exc:
+                    counts["upload_refused"] += 1
+                    leaked += race.leaked(str(exc), f"send_file {path} error")
+                    continue
+                counts["upload"] += 1
+                leaked += race.leaked(result, f"send_file {path}")
+
+        await asyncio.gather(reads(), prompts(), uploads())
+
+    for upload in fake_telegram.uploads:
+        leaked += race.leaked(upload.data, f"uploaded {upload.name}")
+        if upload.data != race.inside[upload.name]:
+            foreign.append(f"uploaded {upload.name}")
+    big = sum(1 for u in fake_telegram.uploads if u.name == "big.bin")
+    print(f"\nworkspace race: {race.flips} flips; {counts}; {big} uploads of 11 MB; "
+          f"{leaked} outside bytes in {len(race.seen)} results "
+          f"{dict(Counter(w.split(':')[0] for w in race.seen))}; foreign: "
+          f"{sorted(set(foreign))} ({len(foreign)})")
+    assert leaked == 0, race.seen[:5]
+    assert foreign == []
+    assert race.flips >= 100
+    # The race was real: every kind of call met the links at least once.
+    assert counts["read_refused"] > 0 and counts["upload_refused"] > 0
+    assert counts["read"] > 0 and counts["upload"] > 0 and big > 0
+
+
+PROMPT_ONLY = 5000
+
+
+async def test_no_outside_byte_reaches_the_system_prompt_of_concurrent_builds(
+        tmp_path: Path, ws: Path) -> None:
+    """USER.md, AGENTS.md and today's note flipping to /proc/self/environ (Roost's tokens)
+    while prompts are built in two threads at once, as a user's concurrent runs would."""
+    leaked = 0
+    with flipping(tmp_path, ws) as race:
+
+        def builds() -> int:
+            found = 0
+            for _ in range(PROMPT_ONLY // 2):
+                found += race.leaked(system_prompt(ws), "system prompt")
+            return found
+
+        leaked = sum(await asyncio.gather(asyncio.to_thread(builds), asyncio.to_thread(builds)))
+    print(f"\nprompt race: {race.flips} flips; {PROMPT_ONLY} prompt builds; "
+          f"{leaked} outside bytes in {len(race.seen)} prompts")
+    assert leaked == 0, race.seen[:3]
+    assert race.flips >= 100
