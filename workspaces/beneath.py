@@ -119,8 +119,8 @@ def open_beneath(dir_fd: int, parts: Parts, flags: int = os.O_RDONLY, mode: int 
 
     ``flags`` as for :func:`os.open` (``O_CLOEXEC`` and, on the last name,
     ``O_NOFOLLOW`` are added; ``O_CREAT`` creates the last name only). A link at
-    any component raises :class:`OSError` ``ELOOP``; ``()`` opens ``dir_fd``'s
-    directory again.
+    any component raises :class:`OSError` ``ELOOP`` (with ``O_DIRECTORY`` too);
+    ``()`` opens ``dir_fd``'s directory again.
     """
     flags |= os.O_CLOEXEC | os.O_NOFOLLOW
     if not parts:
@@ -134,6 +134,8 @@ def open_beneath(dir_fd: int, parts: Parts, flags: int = os.O_RDONLY, mode: int 
                       ctypes.byref(how), ctypes.sizeof(how))
         if fd < 0:
             code = ctypes.get_errno()
+            if code == errno.ENOTDIR and flags & os.O_DIRECTORY and _leaf_is_link(dir_fd, parts):
+                code = errno.ELOOP  # as the walk says, and as any other link says
             raise OSError(code, os.strerror(code), "/".join(parts))
         return int(fd)
     return _walk(dir_fd, parts, flags, mode)
@@ -154,10 +156,26 @@ def _walk(dir_fd: int, parts: Parts, flags: int, mode: int) -> int:
             if current != dir_fd:
                 os.close(current)
             current = following
-        return os.open(parts[-1], flags, mode, dir_fd=current)
+        try:
+            return os.open(parts[-1], flags, mode, dir_fd=current)
+        except NotADirectoryError:
+            if flags & os.O_DIRECTORY and _is_link(current, parts[-1]):
+                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), parts[-1]) from None
+            raise
     finally:
         if current != dir_fd:
             os.close(current)
+
+
+def _leaf_is_link(dir_fd: int, parts: Parts) -> bool:
+    try:
+        parent = open_beneath(dir_fd, parts[:-1], os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        return _is_link(parent, parts[-1])
+    finally:
+        os.close(parent)
 
 
 def _is_link(dir_fd: int, name: str) -> bool:
