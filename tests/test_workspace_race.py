@@ -26,11 +26,13 @@ import pytest
 from bot.contracts.messages import InboundMessage
 from bot.contracts.prompt import PromptContext
 from bot.contracts.tools import SendFunc, ToolContext, ToolError
+from bot.testing.app import scripted
 from bot.testing.telegram import ALICE, FakeTelegram
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
 from plugins import file_tools, media_tools, prompt_sections
 from plugins.memory import daily_notes
 from roost import Settings
+from tests.conftest import AppFactory
 from tests.test_telegram_intake import Inbox, StartTg
 from tests.test_telegram_intake import start_tg as _start_tg  # noqa: F401  (the fixture)
 from workspaces import read_cached, workspace_dir
@@ -78,7 +80,7 @@ def flipping(tmp_path: Path, workspace: Path) -> Iterator[Race]:
     (workspace / "d" / "f").write_bytes(b"inside d/f\n")
     (outside / "d" / "f").write_bytes(secret + b" host directory\n")
     inside = {"d/f": b"inside d/f\n"}
-    for name in ("USER.md", "AGENTS.md", today_note(), "file.txt", "big.bin"):
+    for name in ("USER.md", "AGENTS.md", "MEMORY.md", today_note(), "file.txt", "big.bin"):
         data = (b"i" * BIG) if name == "big.bin" else f"inside {name}\n".encode()
         flat = name.replace("/", "%2F")
         (keep / flat).write_bytes(data)
@@ -201,7 +203,7 @@ async def test_no_outside_byte_reaches_a_tool_result_the_prompt_or_telegram(
           f"{sorted(set(foreign))} ({len(foreign)})")
     assert leaked == 0, race.seen[:5]
     assert foreign == []
-    assert race.flips >= 100
+    assert race.flips > 0
     # The race was real: every kind of call met the links at least once.
     assert counts["read_refused"] > 0 and counts["upload_refused"] > 0
     assert counts["read"] > 0 and counts["upload"] > 0 and big > 0
@@ -214,17 +216,60 @@ async def test_no_outside_byte_reaches_the_system_prompt_of_concurrent_builds(
         tmp_path: Path, ws: Path) -> None:
     """USER.md, AGENTS.md and today's note flipping to /proc/self/environ (Roost's tokens)
     while prompts are built in two threads at once, as a user's concurrent runs would."""
-    leaked = 0
     with flipping(tmp_path, ws) as race:
 
-        def builds() -> int:
-            found = 0
-            for _ in range(PROMPT_ONLY // 2):
-                found += race.leaked(system_prompt(ws), "system prompt")
-            return found
+        def builds() -> tuple[int, int]:
+            found = missed = 0
+            # At least PROMPT_ONLY / 2 builds each, and on until USER.md was met as a link
+            # a few times (the flipper shares two cores with everything else).
+            for n in range(2 * PROMPT_ONLY):
+                if n >= PROMPT_ONLY // 2 and missed >= 5:
+                    break
+                text = system_prompt(ws)
+                found += race.leaked(text, "system prompt")
+                missed += "inside USER.md" not in text
+            return found, missed
 
-        leaked = sum(await asyncio.gather(asyncio.to_thread(builds), asyncio.to_thread(builds)))
-    print(f"\nprompt race: {race.flips} flips; {PROMPT_ONLY} prompt builds; "
-          f"{leaked} outside bytes in {len(race.seen)} prompts")
+        done = await asyncio.gather(asyncio.to_thread(builds), asyncio.to_thread(builds))
+    leaked = sum(found for found, _ in done)
+    missed = sum(m for _, m in done)
+    print(f"\nprompt race: {race.flips} flips; >= {PROMPT_ONLY} prompt builds, {missed} without "
+          f"USER.md (a link then); {leaked} outside bytes in {len(race.seen)} prompts")
     assert leaked == 0, race.seen[:3]
-    assert race.flips >= 100
+    assert race.flips > 0 and missed > 0
+
+
+MEMORY_CALLS = 1500
+
+
+async def test_no_outside_byte_reaches_memory_get_or_memory_search(
+        tmp_path: Path, make_app: AppFactory) -> None:
+    """memory_get and memory_search (whose index reads the files) through a running app."""
+    app, _, _ = await make_app(scripted({"reply": "ok"}))
+    ws = workspace_dir(app.settings.workspaces_dir, "test", "u1")
+    ws.mkdir(parents=True, exist_ok=True)
+    ctx = ToolContext(user_id="u1", channel="test", chat_id="u1",
+                      session_key="default:test:direct:u1", run_id="r", workspace=ws,
+                      deadline=time.monotonic() + 600)
+    tools = app.engine.tools
+    leaked = refused = answered = 0
+    with flipping(tmp_path, ws) as race:
+        for n in range(10 * MEMORY_CALLS):
+            if n >= MEMORY_CALLS and refused >= 5:
+                break  # on until the links were met a few times, however slow the flipper
+            path = ("MEMORY.md", today_note())[n % 2]
+            try:
+                if n % 5 == 4:
+                    text = await tools["memory_search"].execute(ctx, {"query": "OUTSIDE inside"})
+                else:
+                    text = await tools["memory_get"].execute(ctx, {"path": path})
+            except ToolError as exc:
+                refused += 1
+                leaked += race.leaked(str(exc), "memory error")
+                continue
+            answered += 1
+            leaked += race.leaked(str(text), "memory_get" if n % 5 != 4 else "memory_search")
+    print(f"\nmemory race: {race.flips} flips; {answered + refused} calls ({answered} answered, "
+          f"{refused} refused); {leaked} outside bytes in {len(race.seen)} results")
+    assert leaked == 0, race.seen[:3]
+    assert race.flips > 0 and refused > 0 and answered > 0
