@@ -25,7 +25,7 @@ import platform
 import stat
 import uuid
 from collections.abc import Sequence
-from pathlib import PurePosixPath, PureWindowsPath
+from pathlib import PureWindowsPath
 from typing import Any
 
 MAX_LINK_HOPS = 8
@@ -76,6 +76,10 @@ def _load_openat2() -> Any:
 
 
 _openat2 = _load_openat2()
+_HOW_SIZE = ctypes.sizeof(_OpenHow)
+_O_TMPFILE = getattr(os, "O_TMPFILE", 0)
+_hows: dict[tuple[int, int], Any] = {}
+"""The ``open_how`` of each (flags, mode) pair seen, built once (a few are ever used)."""
 
 
 def has_openat2() -> bool:
@@ -102,7 +106,10 @@ def split_path(user_path: str) -> Parts:
     if user_path.startswith("~"):
         raise PathRefused(f"path {user_path!r}: '~' is not expanded; use a path relative "
                           "to your workspace")
-    if PurePosixPath(user_path).is_absolute() or PureWindowsPath(user_path).is_absolute():
+    # Both flavours, so "C:\\x" is refused on a POSIX host too (the Windows parse only
+    # when it can matter: it is the costly part of a call).
+    if user_path.startswith("/") or (("\\" in user_path or ":" in user_path)
+                                     and PureWindowsPath(user_path).is_absolute()):
         raise PathRefused(f"path {user_path!r} is absolute; use a path relative to your "
                           "workspace")
     return split_path_under((), user_path, user_path)
@@ -126,12 +133,14 @@ def open_beneath(dir_fd: int, parts: Parts, flags: int = os.O_RDONLY, mode: int 
     if not parts:
         return os.open(".", flags & ~os.O_NOFOLLOW, dir_fd=dir_fd)
     if _openat2 is not None:
-        # openat2 refuses a mode without O_CREAT or O_TMPFILE (which includes O_DIRECTORY).
-        tmpfile = getattr(os, "O_TMPFILE", 0)
-        creates = flags & os.O_CREAT or (tmpfile and flags & tmpfile == tmpfile)
-        how = _OpenHow(flags, mode if creates else 0, _RESOLVE)
+        how = _hows.get((flags, mode))
+        if how is None:
+            # openat2 refuses a mode without O_CREAT or O_TMPFILE (which has O_DIRECTORY).
+            creates = flags & os.O_CREAT or (_O_TMPFILE and flags & _O_TMPFILE == _O_TMPFILE)
+            how = _hows[(flags, mode)] = ctypes.byref(
+                _OpenHow(flags, mode if creates else 0, _RESOLVE))
         fd = _openat2(_SYS_OPENAT2, dir_fd, "/".join(parts).encode("utf-8", "surrogateescape"),
-                      ctypes.byref(how), ctypes.sizeof(how))
+                      how, _HOW_SIZE)
         if fd < 0:
             code = ctypes.get_errno()
             if code == errno.ENOTDIR and flags & os.O_DIRECTORY and _leaf_is_link(dir_fd, parts):

@@ -19,7 +19,8 @@ _CACHE_SIZE = 4096
 _cache: OrderedDict[str, tuple[tuple[int, int, int, int], str]] = OrderedDict()
 
 
-def read_cached(path: Path | str, max_chars: int, *, within: Path | str | None = None) -> str:
+def read_cached(path: Path | str, max_chars: int, *, within: Path | str | None = None,
+                root: WorkspaceRoot | None = None) -> str:
     """The stripped text of ``path`` (at most ``max_chars``), or '' if unreadable.
 
     The file is opened once and everything after works on that descriptor: the
@@ -28,11 +29,12 @@ def read_cached(path: Path | str, max_chars: int, *, within: Path | str | None =
     calls can never serve text of another file. ``within``: the file is opened
     below this directory (a workspace) with no link followed at open
     (:class:`workspaces.root.WorkspaceRoot`); a link the user made that stays
-    inside is resolved, one that leads out reads as '' (and is logged).
+    inside is resolved, one that leads out reads as '' (and is logged). ``root``:
+    ``within`` already open (several files of one workspace read in a row).
     """
     key = os.fspath(path)
     try:
-        fd = _open(key, within)
+        fd = _open(key, within, root)
     except ToolError as exc:
         log.warning("%s not read: %s", os.path.basename(key), exc)
         return ""
@@ -63,15 +65,17 @@ def read_cached(path: Path | str, max_chars: int, *, within: Path | str | None =
     return text
 
 
-def _open(key: str, within: Path | str | None) -> int:
+def _open(key: str, within: Path | str | None, root: WorkspaceRoot | None) -> int:
     """A read-only descriptor of ``key``: below ``within`` without following links there."""
     if within is None:
         return os.open(key, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     base = os.fspath(within).rstrip(os.sep) or os.sep
     if not key.startswith(base + os.sep):
         raise ToolError(f"{key!r} is not inside {base!r}", code="PATH_ESCAPE")
-    with WorkspaceRoot(base) as root:
+    if root is not None:
         return root.open(key[len(base) + 1:])[0]
+    with WorkspaceRoot(base) as opened:
+        return opened.open(key[len(base) + 1:])[0]
 
 
 def is_within(path: Path | str, root: Path | str) -> bool:

@@ -54,12 +54,12 @@ class WorkspaceRoot:
 
     def __init__(self, workspace: Path | str, *, follow: bool = True,
                  create: bool = False) -> None:
-        self.path = Path(workspace)
+        self.where = os.fspath(workspace)
         self.follow = follow
         if create:
             # The workspace itself is the operator's path (its parents are Roost's).
-            self.path.mkdir(parents=True, exist_ok=True)
-        self.fd = open_root(self.path)
+            os.makedirs(self.where, exist_ok=True)
+        self.fd = open_root(self.where)
         self._roots: tuple[str, ...] | None = None
 
     def __enter__(self) -> WorkspaceRoot:
@@ -85,8 +85,7 @@ class WorkspaceRoot:
             raise ToolError(f"path {shown!r} goes through a link; links are not followed "
                             "here", code="PATH_ESCAPE")
         if self._roots is None:
-            self._roots = tuple(dict.fromkeys((os.fspath(self.path),
-                                               os.path.realpath(self.path))))
+            self._roots = tuple(dict.fromkeys((self.where, os.path.realpath(self.where))))
         try:
             return resolve_links(self.fd, parts, root_paths=self._roots)
         except PathRefused as exc:
