@@ -78,13 +78,6 @@ def _open(key: str, within: Path | str | None, root: WorkspaceRoot | None) -> in
         return opened.open(key[len(base) + 1:])[0]
 
 
-def is_within(path: Path | str, root: Path | str) -> bool:
-    """Whether ``path``, every link followed, lands inside ``root``."""
-    real = os.path.realpath(path)
-    base = os.path.realpath(root)
-    return real == base or real.startswith(base.rstrip(os.sep) + os.sep)
-
-
 def clip(text: str, limit: int, why: str) -> str:
     """``text`` cut to about ``limit`` characters (at a line end if one is near), marked."""
     if len(text) <= limit:
