@@ -35,7 +35,7 @@ from roost import Settings
 from tests.conftest import AppFactory
 from tests.test_telegram_intake import Inbox, StartTg
 from tests.test_telegram_intake import start_tg as _start_tg  # noqa: F401  (the fixture)
-from workspaces import read_cached, workspace_dir
+from workspaces import beneath, read_cached, workspace_dir
 
 FLIPPER = Path(__file__).with_name("race_flipper.py")
 MB = 1024 * 1024
@@ -134,6 +134,14 @@ def ws(settings: Settings) -> Path:
     return path
 
 
+@pytest.fixture(params=["openat2", "walk"])
+def resolver(request: pytest.FixtureRequest) -> Iterator[str]:
+    """openat2(2), or the O_NOFOLLOW walk of kernels without it (forced)."""
+    beneath.use_openat2(request.param == "openat2")
+    yield str(request.param)
+    beneath.use_openat2(True)
+
+
 READS = 3000
 PROMPTS = 3000
 UPLOADS = 300
@@ -142,7 +150,7 @@ BIG_UPLOADS = 12
 
 async def test_no_outside_byte_reaches_a_tool_result_the_prompt_or_telegram(
         tmp_path: Path, settings: Settings, ws: Path, start_tg: StartTg,
-        fake_telegram: FakeTelegram) -> None:
+        fake_telegram: FakeTelegram, resolver: str) -> None:
     read_file = next(t for t in file_tools.roost_tools(settings) if t.name == "read_file")
     [send_file] = media_tools.roost_tools(settings)
     channel = await start_tg(Inbox())
@@ -197,7 +205,7 @@ async def test_no_outside_byte_reaches_a_tool_result_the_prompt_or_telegram(
         if upload.data != race.inside[upload.name]:
             foreign.append(f"uploaded {upload.name}")
     big = sum(1 for u in fake_telegram.uploads if u.name == "big.bin")
-    print(f"\nworkspace race: {race.flips} flips; {counts}; {big} uploads of 11 MB; "
+    print(f"\nworkspace race ({resolver}): {race.flips} flips; {counts}; {big} uploads of 11 MB; "
           f"{leaked} outside bytes in {len(race.seen)} results "
           f"{dict(Counter(w.split(':')[0] for w in race.seen))}; foreign: "
           f"{sorted(set(foreign))} ({len(foreign)})")

@@ -77,6 +77,7 @@ def _load_openat2() -> Any:
 
 _openat2 = _load_openat2()
 _HOW_SIZE = ctypes.sizeof(_OpenHow)
+_EAGAIN_TRIES = 8
 _O_TMPFILE = getattr(os, "O_TMPFILE", 0)
 _hows: dict[tuple[int, int], Any] = {}
 """The ``open_how`` of each (flags, mode) pair seen, built once (a few are ever used)."""
@@ -139,8 +140,12 @@ def open_beneath(dir_fd: int, parts: Parts, flags: int = os.O_RDONLY, mode: int 
             creates = flags & os.O_CREAT or (_O_TMPFILE and flags & _O_TMPFILE == _O_TMPFILE)
             how = _hows[(flags, mode)] = ctypes.byref(
                 _OpenHow(flags, mode if creates else 0, _RESOLVE))
-        fd = _openat2(_SYS_OPENAT2, dir_fd, "/".join(parts).encode("utf-8", "surrogateescape"),
-                      how, _HOW_SIZE)
+        name = "/".join(parts).encode("utf-8", "surrogateescape")
+        for _ in range(_EAGAIN_TRIES):
+            fd = _openat2(_SYS_OPENAT2, dir_fd, name, how, _HOW_SIZE)
+            # EAGAIN: the kernel could not rule out a race on the way; it asks for a retry.
+            if fd >= 0 or ctypes.get_errno() != errno.EAGAIN:
+                break
         if fd < 0:
             code = ctypes.get_errno()
             if code == errno.ENOTDIR and flags & os.O_DIRECTORY and _leaf_is_link(dir_fd, parts):
