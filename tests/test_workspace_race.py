@@ -33,6 +33,8 @@ from plugins import file_tools, media_tools, prompt_sections
 from plugins.memory import daily_notes
 from roost import Settings
 from tests.conftest import AppFactory
+from tests.test_telegram import TgFactory, answered
+from tests.test_telegram import make_tg as _make_tg  # noqa: F401  (the fixture)
 from tests.test_telegram_intake import Inbox, StartTg
 from tests.test_telegram_intake import start_tg as _start_tg  # noqa: F401  (the fixture)
 from workspaces import beneath, read_cached, workspace_dir
@@ -281,3 +283,36 @@ async def test_no_outside_byte_reaches_memory_get_or_memory_search(
           f"{refused} refused); {leaked} outside bytes in {len(race.seen)} results")
     assert leaked == 0, race.seen[:3]
     assert race.flips > 0 and refused > 0 and answered > 0
+
+
+TURNS = 60
+
+
+async def test_through_roost_on_telegram_no_outside_byte_reaches_the_model_or_the_chat(
+        tmp_path: Path, make_tg: TgFactory, fake_telegram: FakeTelegram) -> None:
+    """Whole turns of a running Roost on the real Telegram channel: each one builds the
+    system prompt (USER.md, AGENTS.md, today's note), calls read_file twice and send_file
+    once; every request the model gets and every file the chat gets is checked."""
+    turn = {"steps": [{"tool_calls": [
+        {"name": "read_file", "arguments": {"path": "file.txt"}},
+        {"name": "read_file", "arguments": {"path": "d/f"}},
+        {"name": "send_file", "arguments": {"path": "file.txt"}}]}, {"reply": "done"}]}
+    provider = scripted(turn, loop=True)
+    app, _, _ = await make_tg(provider)
+    ws = workspace_dir(app.settings.workspaces_dir, "telegram", str(ALICE["id"]))
+    ws.mkdir(parents=True)
+    with flipping(tmp_path, ws) as race:
+        for n in range(TURNS):
+            await answered(fake_telegram, app, fake_telegram.private_message(f"turn {n}"))
+    leaked = 0
+    for request in provider.requests:
+        leaked += race.leaked(request.system + request.note, "system prompt")
+        for message in request.messages:
+            leaked += race.leaked(str(message.content), f"{message.role} message")
+    for upload in fake_telegram.uploads:
+        leaked += race.leaked(upload.data, "upload")
+    print(f"\nroost race: {race.flips} flips; {TURNS} turns, {len(provider.requests)} model "
+          f"requests, {len(fake_telegram.uploads)} uploads; {leaked} outside bytes in "
+          f"{dict(Counter(w.split(':')[0] for w in race.seen))}")
+    assert leaked == 0, race.seen[:3]
+    assert fake_telegram.visible(ALICE["id"]).count("done") == TURNS
