@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from bot.config.settings import Settings
-from bot.contracts.messages import OutboundMessage
+from bot.contracts.media import MediaError
+from bot.contracts.messages import OutboundFile, OutboundMessage
 from bot.contracts.tools import SendFunc, ToolContext
 from bot.testing.discord import DM_CHANNEL_ID, FakeDiscord
 from bot.testing.discord import fake_discord as _fake_discord  # noqa: F401  (the fixture)
@@ -124,3 +125,20 @@ async def test_slack_uploads_the_file_send_file_opened(
                     path)
     [shared] = fake_slack.shared
     assert shared.data == INSIDE
+
+
+async def test_a_file_given_by_path_alone_is_opened_once_and_never_through_a_link(
+        places: tuple[Path, Path], start_tg: StartTg, fake_telegram: FakeTelegram) -> None:
+    """A plugin's OutboundFile without ``source``: the channel opens the path once, a link
+    as its last name refused, and uploads from that descriptor."""
+    ws, outside = places
+    (ws / "planted.bin").symlink_to(outside / "big.bin")
+    channel = await start_tg(Inbox())
+    chat = str(ALICE["id"])
+    with pytest.raises(MediaError, match=r"planted\.bin"):
+        await channel.send(OutboundMessage(channel="telegram", chat_id=chat, text="", files=(
+            OutboundFile(str(ws / "planted.bin"), "planted.bin", "", SIZE),)))
+    await channel.send(OutboundMessage(channel="telegram", chat_id=chat, text="", files=(
+        OutboundFile(str(ws / "big.bin"), "big.bin", "", SIZE),)))
+    [upload] = fake_telegram.uploads
+    assert upload.data == INSIDE
