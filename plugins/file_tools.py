@@ -1,7 +1,10 @@
 """Built-in plugin: read, write, list and edit files in the user's workspace.
 
-Every path goes through :func:`workspaces.resolve_in_workspace`, so a tool can
-never touch anything outside ``context.workspace``. Failures raise
+Every path is opened once below ``context.workspace`` with no link followed at
+open (:class:`workspaces.root.WorkspaceRoot`; a link the user made that stays
+inside is resolved explicitly first), and the tool works on that descriptor,
+so nothing outside the workspace is read or written even while the workspace
+changes underneath. Failures raise
 :class:`~bot.contracts.tools.ToolError` with one of these codes: ``INVALID_ARGUMENT``,
 ``INVALID_PATH``, ``PATH_ESCAPE``, ``NOT_FOUND``, ``IS_A_DIRECTORY``,
 ``NOT_A_DIRECTORY``, ``NOT_A_FILE``, ``TOO_LARGE``, ``BINARY_FILE``,
@@ -11,17 +14,17 @@ never touch anything outside ``context.workspace``. Failures raise
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import errno
 import os
 import stat
-import tempfile
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from roost import Settings, Tool, ToolContext, ToolError, check_keys, hookimpl, str_arg
-from workspaces import resolve_in_workspace
+from workspaces.beneath import Parts, lstat_at, make_dirs, read_fd, write_atomic
+from workspaces.root import WorkspaceRoot, user_parts
 
 MAX_LIST_ENTRIES = 500
 """``list_files`` shows at most this many entries and notes how many it left out."""
@@ -42,15 +45,13 @@ def roost_tools(settings: Settings) -> list[Tool]:
     async def read_file(context: ToolContext, args: Mapping[str, Any]) -> str:
         check_keys(args, required=("path",))
         path = str_arg(args, "path")
-        target = resolve_in_workspace(context.workspace, path)
-        text = await asyncio.to_thread(_read_text, target, path, cap)
-        return text if text else f"({_display(context.workspace, target)} is empty)"
+        shown, text = await asyncio.to_thread(_read_file, context.workspace, path, cap)
+        return text if text else f"({shown} is empty)"
 
     async def write_file(context: ToolContext, args: Mapping[str, Any]) -> str:
         check_keys(args, required=("path", "content"))
         path = str_arg(args, "path")
         content = str_arg(args, "content")
-        target = _resolve_file(context.workspace, path)
         data = _encode(content, "content")
         if len(data) > cap:
             raise ToolError(
@@ -58,18 +59,18 @@ def roost_tools(settings: Settings) -> list[Tool]:
                 "split it across several files",
                 code="TOO_LARGE",
             )
-        async with _lock_for(target):
-            existed = await asyncio.to_thread(_write_atomic, target, path, data)
+        parts = await asyncio.to_thread(_file_parts, context.workspace, path)
+        async with _lock_for(context.workspace, parts):
+            existed = await asyncio.to_thread(_write_file, context.workspace, parts, path, data)
         verb = "Overwrote" if existed else "Created"
-        return f"{verb} {_display(context.workspace, target)} ({len(data)} bytes)."
+        return f"{verb} {'/'.join(parts)} ({len(data)} bytes)."
 
     async def list_files(context: ToolContext, args: Mapping[str, Any]) -> str:
         check_keys(args, required=(), optional=("path",))
         path = str_arg(args, "path", default=".")
-        target = resolve_in_workspace(context.workspace, path)
-        entries = await asyncio.to_thread(_list_dir, target, path)
+        where, entries = await asyncio.to_thread(_list_dir, context.workspace, path)
         shown = entries[:MAX_LIST_ENTRIES]
-        header = f"{_display(context.workspace, target)}/ ({len(entries)} entries)"
+        header = f"{where}/ ({len(entries)} entries)"
         if not entries:
             return f"{header}: empty directory"
         lines = [header, *shown]
@@ -87,12 +88,10 @@ def roost_tools(settings: Settings) -> list[Tool]:
                 "'old' must not be empty; to replace the whole file use write_file",
                 code="INVALID_ARGUMENT",
             )
-        target = _resolve_file(context.workspace, path)
-        async with _lock_for(target):
-            line = await asyncio.to_thread(_edit, target, path, old, new, cap)
-        return (
-            f"Edited {_display(context.workspace, target)}: replaced 1 occurrence at line {line}."
-        )
+        parts = await asyncio.to_thread(_file_parts, context.workspace, path)
+        async with _lock_for(context.workspace, parts):
+            line = await asyncio.to_thread(_edit, context.workspace, parts, path, old, new, cap)
+        return f"Edited {'/'.join(parts)}: replaced 1 occurrence at line {line}."
 
     return [
         Tool(
@@ -163,16 +162,20 @@ def _schema(*, required: tuple[str, ...], **descriptions: str) -> dict[str, Any]
     }
 
 
-
-
-
-
-def _resolve_file(workspace: Path, path: str) -> Path:
-    """Resolve a path that must name a file, not the root or a directory-style path."""
-    target = resolve_in_workspace(workspace, path)
-    if path.endswith(("/", "\\")) or target == workspace.resolve():
+def _file_parts(workspace: Path, path: str) -> Parts:
+    """``path`` checked and its links resolved (they must stay inside); must name a file."""
+    if path.endswith(("/", "\\")):
         raise ToolError(f"{path!r} names a directory, not a file", code="IS_A_DIRECTORY")
-    return target
+    parts = user_parts(path)
+    if parts and workspace.is_dir():  # else write_file creates it: nothing to resolve
+        with WorkspaceRoot(workspace) as root:
+            try:
+                parts = root.resolve(parts, path)
+            except OSError as exc:
+                raise _io_error(path, exc) from exc
+    if not parts:
+        raise ToolError(f"{path!r} names a directory, not a file", code="IS_A_DIRECTORY")
+    return parts
 
 
 def _encode(text: str, name: str) -> bytes:
@@ -186,15 +189,11 @@ def _encode(text: str, name: str) -> bytes:
         ) from None
 
 
-def _display(workspace: Path, target: Path) -> str:
-    rel = target.relative_to(workspace.resolve())
-    return rel.as_posix() if rel.parts else "."
-
-
-def _lock_for(target: Path) -> asyncio.Lock:
-    lock = _file_locks.get(target)
+def _lock_for(workspace: Path, parts: Parts) -> asyncio.Lock:
+    key = workspace.joinpath(*parts)
+    lock = _file_locks.get(key)
     if lock is None:
-        lock = _file_locks[target] = asyncio.Lock()
+        lock = _file_locks[key] = asyncio.Lock()
     return lock
 
 
@@ -209,33 +208,42 @@ def _parent_is_file(path: str) -> ToolError:
     )
 
 
-def _stat_regular_file(target: Path, path: str) -> os.stat_result:
-    try:
-        st = target.stat()
-    except FileNotFoundError:
-        raise ToolError(f"{path!r} does not exist", code="NOT_FOUND") from None
-    except NotADirectoryError:
-        raise ToolError(f"{path!r} does not exist (a parent is a file)", code="NOT_FOUND") from None
-    except OSError as exc:
-        raise _io_error(path, exc) from exc
-    if stat.S_ISDIR(st.st_mode):
-        raise ToolError(
-            f"{path!r} is a directory; use list_files to see its contents", code="IS_A_DIRECTORY"
-        )
-    if not stat.S_ISREG(st.st_mode):
-        # A FIFO or device would block the reading thread or never end.
-        raise ToolError(f"{path!r} is not a regular file", code="NOT_A_FILE")
-    return st
+def _not_found(path: str, exc: OSError) -> ToolError:
+    if isinstance(exc, NotADirectoryError):
+        return ToolError(f"{path!r} does not exist (a parent is a file)", code="NOT_FOUND")
+    if isinstance(exc, FileNotFoundError):
+        return ToolError(f"{path!r} does not exist", code="NOT_FOUND")
+    return _io_error(path, exc)
 
 
-def _read_text(target: Path, path: str, cap: int) -> str:
-    size = _stat_regular_file(target, path).st_size
-    if size > cap:
-        raise ToolError(f"{path!r} is {size} bytes, over the {cap}-byte limit", code="TOO_LARGE")
+def _read_file(workspace: Path, path: str, cap: int) -> tuple[str, str]:
+    """Open ``path`` once below the workspace and read it: ``(shown path, text)``."""
+    with WorkspaceRoot(workspace) as root:
+        try:
+            fd, parts = root.open(path)
+        except OSError as exc:
+            raise _not_found(path, exc) from None
     try:
-        with target.open("rb") as fh:
-            # Read one byte past the cap in case the file grew since stat().
-            data = fh.read(cap + 1)
+        return "/".join(parts) or ".", _read_text(fd, path, cap)
+    finally:
+        os.close(fd)
+
+
+def _read_text(fd: int, path: str, cap: int) -> str:
+    """The UTF-8 text of the open file ``fd``; a :class:`ToolError` unless it is one."""
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise ToolError(f"{path!r} is a directory; use list_files to see its contents",
+                            code="IS_A_DIRECTORY")
+        if not stat.S_ISREG(st.st_mode):
+            # A FIFO or device would block the reading thread or never end.
+            raise ToolError(f"{path!r} is not a regular file", code="NOT_A_FILE")
+        if st.st_size > cap:
+            raise ToolError(f"{path!r} is {st.st_size} bytes, over the {cap}-byte limit",
+                            code="TOO_LARGE")
+        # One byte past the cap in case the file grew since fstat().
+        data = read_fd(fd, cap + 1)
     except OSError as exc:
         raise _io_error(path, exc) from exc
     if len(data) > cap:
@@ -252,64 +260,69 @@ def _read_text(target: Path, path: str, cap: int) -> str:
         ) from None
 
 
-def _write_atomic(target: Path, path: str, data: bytes) -> bool:
-    """Write ``data`` to ``target`` via a temp file; return whether it existed."""
-    mode = _NEW_FILE_MODE
-    existed = False
+def _write_file(workspace: Path, parts: Parts, path: str, data: bytes) -> bool:
+    """Write ``data`` as ``parts`` (whole or not at all); return whether it existed.
+
+    Missing parent directories are created; each directory is opened below the
+    one before without following a link, and the file is renamed into place
+    relative to its directory's descriptor.
+    """
+    with WorkspaceRoot(workspace, create=True) as root:
+        try:
+            dir_fd = make_dirs(root.fd, parts[:-1])
+        except (FileExistsError, NotADirectoryError):
+            raise _parent_is_file(path) from None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise ToolError(f"path {path!r} is a link that changed while it was "
+                                "opened, or leads outside your workspace",
+                                code="PATH_ESCAPE") from None
+            raise _io_error(path, exc) from exc
     try:
-        st = target.stat()
-    except FileNotFoundError:
-        pass
-    except NotADirectoryError:
-        raise _parent_is_file(path) from None
-    except OSError as exc:
-        raise _io_error(path, exc) from exc
-    else:
-        if stat.S_ISDIR(st.st_mode):
-            raise ToolError(f"{path!r} is a directory", code="IS_A_DIRECTORY")
-        if not stat.S_ISREG(st.st_mode):
-            raise ToolError(f"{path!r} is not a regular file", code="NOT_A_FILE")
-        existed = True
-        mode = stat.S_IMODE(st.st_mode)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise _parent_is_file(path) from None
-    except OSError as exc:
-        raise _io_error(path, exc) from exc
-    tmp_name = ""
-    try:
-        fd, tmp_name = tempfile.mkstemp(
-            dir=target.parent, prefix=f".{target.name[:100]}.", suffix=".tmp"
-        )
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp_name, mode)
-        os.replace(tmp_name, target)
-    except OSError as exc:
-        if tmp_name:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp_name)
-        raise _io_error(path, exc) from exc
-    return existed
+        mode, existed = _NEW_FILE_MODE, False
+        try:
+            st = lstat_at(dir_fd, parts[-1])
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise _io_error(path, exc) from exc
+        else:
+            if stat.S_ISDIR(st.st_mode):
+                raise ToolError(f"{path!r} is a directory", code="IS_A_DIRECTORY")
+            if stat.S_ISREG(st.st_mode):
+                existed, mode = True, stat.S_IMODE(st.st_mode) & 0o777
+            elif not stat.S_ISLNK(st.st_mode):
+                raise ToolError(f"{path!r} is not a regular file", code="NOT_A_FILE")
+            # A link swapped in since resolving is replaced, never written through.
+        try:
+            write_atomic(dir_fd, parts[-1], data, mode)
+        except OSError as exc:
+            raise _io_error(path, exc) from exc
+        return existed
+    finally:
+        os.close(dir_fd)
 
 
-def _list_dir(target: Path, path: str) -> list[str]:
+def _list_dir(workspace: Path, path: str) -> tuple[str, list[str]]:
+    """Open directory ``path`` once below the workspace: ``(shown path, sorted entries)``."""
+    with WorkspaceRoot(workspace) as root:
+        try:
+            fd, parts = root.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        except NotADirectoryError:
+            raise ToolError(
+                f"{path!r} is a file, not a directory; use read_file", code="NOT_A_DIRECTORY"
+            ) from None
+        except OSError as exc:
+            raise _not_found(path, exc) from None
     try:
-        with os.scandir(target) as it:
+        with os.scandir(fd) as it:
             raw = sorted(it, key=lambda e: e.name)
             entries = [_describe_entry(e) for e in raw]
-    except FileNotFoundError:
-        raise ToolError(f"{path!r} does not exist", code="NOT_FOUND") from None
-    except NotADirectoryError:
-        raise ToolError(
-            f"{path!r} is a file, not a directory; use read_file", code="NOT_A_DIRECTORY"
-        ) from None
     except OSError as exc:
         raise _io_error(path, exc) from exc
-    return entries
+    finally:
+        os.close(fd)
+    return "/".join(parts) or ".", entries
 
 
 def _describe_entry(entry: os.DirEntry[str]) -> str:
@@ -324,9 +337,17 @@ def _describe_entry(entry: os.DirEntry[str]) -> str:
         return f"{entry.name} (unreadable)"
 
 
-def _edit(target: Path, path: str, old: str, new: str, cap: int) -> int:
+def _edit(workspace: Path, parts: Parts, path: str, old: str, new: str, cap: int) -> int:
     """Replace the single occurrence of ``old``; return its 1-based line number."""
-    text = _read_text(target, path, cap)
+    with WorkspaceRoot(workspace) as root:
+        try:
+            fd, _ = root.open(parts)
+        except OSError as exc:
+            raise _not_found(path, exc) from None
+    try:
+        text = _read_text(fd, path, cap)
+    finally:
+        os.close(fd)
     positions = _find_all(text, old)
     if not positions:
         raise ToolError(
@@ -348,7 +369,7 @@ def _edit(target: Path, path: str, old: str, new: str, cap: int) -> int:
             f"the edited {path!r} would be {len(data)} bytes, over the {cap}-byte limit",
             code="TOO_LARGE",
         )
-    _write_atomic(target, path, data)
+    _write_file(workspace, parts, path, data)
     return text.count("\n", 0, at) + 1
 
 

@@ -40,8 +40,8 @@ from bot.agents.router import workspaces_root
 # Built-in: the heartbeat routes its run like an inbound message (agent bindings).
 from bot.config.agents import route
 from bot.engine.runloop import NO_REPLY
-from roost import ChatMessage, InboundMessage, JobSpec, Sanitizer, Settings, ToolError, hookimpl
-from workspaces import read_cached, resolve_in_workspace, workspace_dir
+from roost import ChatMessage, InboundMessage, JobSpec, Sanitizer, Settings, hookimpl
+from workspaces import read_cached, workspace_dir
 
 if TYPE_CHECKING:
     from roost import Runtime
@@ -171,11 +171,8 @@ class Heartbeat:
 
     def checklist(self) -> str:
         """The owner's HEARTBEAT.md ('' if missing or outside the workspace)."""
-        try:
-            path = resolve_in_workspace(self.workspace, HEARTBEAT_FILE)
-        except ToolError:
-            return ""
-        return read_cached(os.fspath(path), MAX_CHECKLIST_CHARS)
+        return read_cached(os.path.join(self.workspace, HEARTBEAT_FILE), MAX_CHECKLIST_CHARS,
+                           within=self.workspace)
 
     async def run(self, app: Runtime) -> None:
         """One tick of the job (what the scheduler calls)."""

@@ -1,7 +1,9 @@
 """Built-in plugin: ``send_file``, a file from the user's workspace delivered to the chat.
 
-The path goes through :func:`workspaces.resolve_in_workspace` like every file
-tool, so nothing outside ``context.workspace`` can be sent. The file goes out at
+The file is opened once below ``context.workspace`` like every file tool's
+(:class:`workspaces.root.WorkspaceRoot`: no link followed at open), and the
+channel uploads from that descriptor (:attr:`~roost.OutboundFile.source`),
+never reopening the path, so nothing outside the workspace can be sent. The file goes out at
 once through :attr:`~roost.ToolContext.send` as an
 :class:`~roost.OutboundMessage` carrying an :class:`~roost.OutboundFile`; the
 channel uploads it (a photo or a document, as the platform allows). Failures
@@ -26,6 +28,7 @@ from bot.media.sniff import sniff_mime
 from roost import (
     MediaError,
     MediaTooLarge,
+    OpenFile,
     OutboundFile,
     OutboundMessage,
     Settings,
@@ -37,7 +40,7 @@ from roost import (
     hookimpl,
     str_arg,
 )
-from workspaces import resolve_in_workspace
+from workspaces.root import WorkspaceRoot
 
 __all__ = ["roost_tools"]
 
@@ -63,41 +66,25 @@ def roost_tools(settings: Settings) -> list[Tool]:
                 "a file: shorten it, or send the text as your reply",
                 code="INVALID_ARGUMENT",
             )
-        target = resolve_in_workspace(context.workspace, path)
-        size, head = await asyncio.to_thread(_inspect, target, path)
-        if context.send is None:
-            raise ToolError("this run has no chat to send files to", code="UNAVAILABLE")
-        mime = sniff_mime(head, name=target.name)
-        shown = _display(context.workspace, target)
-        message = OutboundMessage(
-            channel=context.channel,
-            chat_id=context.chat_id,
-            text="",
-            chat_type="group" if context.chat_type == "group" else "direct",
-            thread_id=context.thread_id,
-            files=(OutboundFile(str(target), target.name, mime, size, caption),),
-        )
+        opened, shown, head = await asyncio.to_thread(_open, context.workspace, path)
+        size = opened.size
         try:
-            await context.send(message)
-        except MediaTooLarge as exc:
-            limit = f"; {context.channel} takes files up to {_size(exc.limit)}" if exc.limit \
-                else f"; {context.channel} refused it as too large"
-            raise ToolError(
-                f"{shown} is {_size(size)}, too large to send{limit}. Send a smaller file "
-                "(compress or split it) or tell the user where it is",
-                code="TOO_LARGE", details={"size": size, "limit": exc.limit},
-            ) from exc
-        except MediaError as exc:
-            raise ToolError(f"{shown} could not be sent: {exc}", code="SEND_FAILED") from exc
-        except LookupError as exc:
-            raise ToolError(f"{shown} could not be sent: {exc}", code="UNAVAILABLE") from exc
-        # The channel retried what was transient; anything else it raised means not
-        # delivered, and the model must read that rather than the run failing.
-        except Exception as exc:
-            log.warning("send_file: %s could not be sent to %s: %s", shown, context.channel,
-                        exc)
-            raise ToolError(f"{shown} could not be sent: {type(exc).__name__}",
-                            code="SEND_FAILED") from exc
+            if context.send is None:
+                raise ToolError("this run has no chat to send files to", code="UNAVAILABLE")
+            name = shown.rsplit("/", 1)[-1]
+            mime = sniff_mime(head, name=name)
+            message = OutboundMessage(
+                channel=context.channel,
+                chat_id=context.chat_id,
+                text="",
+                chat_type="group" if context.chat_type == "group" else "direct",
+                thread_id=context.thread_id,
+                files=(OutboundFile(os.path.join(context.workspace, shown), name, mime, size,
+                                    caption, source=opened),),
+            )
+            await _send(context, message, shown, size)
+        finally:
+            opened.close()
         return f"Sent {shown} ({_size(size)}, {mime}) to the chat."
 
     return [
@@ -131,37 +118,65 @@ def roost_tools(settings: Settings) -> list[Tool]:
     ]
 
 
-def _inspect(target: Path, path: str) -> tuple[int, bytes]:
-    """``target``'s size and first bytes; a :class:`ToolError` unless it is a regular file."""
+async def _send(context: ToolContext, message: OutboundMessage, shown: str, size: int) -> None:
+    """Hand ``message`` to the chat; what went wrong as a :class:`ToolError`."""
+    assert context.send is not None
     try:
-        info = target.stat()
-    except FileNotFoundError:
-        raise ToolError(f"{path!r} does not exist", code="NOT_FOUND") from None
-    except NotADirectoryError:
-        raise ToolError(f"{path!r} does not exist (a parent is a file)",
-                        code="NOT_FOUND") from None
-    except OSError as exc:
-        raise ToolError(f"{path!r}: {exc.strerror or exc}", code="SEND_FAILED") from exc
-    if stat.S_ISDIR(info.st_mode):
-        raise ToolError(f"{path!r} is a directory; send the files in it one by one",
-                        code="IS_A_DIRECTORY")
-    if not stat.S_ISREG(info.st_mode):
-        raise ToolError(f"{path!r} is not a regular file", code="NOT_A_FILE")
-    if info.st_size == 0:
-        raise ToolError(f"{path!r} is empty; there is nothing to send", code="EMPTY_FILE")
-    try:
-        with open(target, "rb") as handle:
-            head = handle.read(_SNIFF_BYTES)
-    except OSError as exc:
-        raise ToolError(f"{path!r}: {exc.strerror or exc}", code="SEND_FAILED") from exc
-    return info.st_size, head
+        await context.send(message)
+    except MediaTooLarge as exc:
+        limit = f"; {context.channel} takes files up to {_size(exc.limit)}" if exc.limit \
+            else f"; {context.channel} refused it as too large"
+        raise ToolError(
+            f"{shown} is {_size(size)}, too large to send{limit}. Send a smaller file "
+            "(compress or split it) or tell the user where it is",
+            code="TOO_LARGE", details={"size": size, "limit": exc.limit},
+        ) from exc
+    except MediaError as exc:
+        raise ToolError(f"{shown} could not be sent: {exc}", code="SEND_FAILED") from exc
+    except LookupError as exc:
+        raise ToolError(f"{shown} could not be sent: {exc}", code="UNAVAILABLE") from exc
+    # The channel retried what was transient; anything else it raised means not
+    # delivered, and the model must read that rather than the run failing.
+    except Exception as exc:
+        log.warning("send_file: %s could not be sent to %s: %s", shown, context.channel, exc)
+        raise ToolError(f"{shown} could not be sent: {type(exc).__name__}",
+                        code="SEND_FAILED") from exc
 
 
-def _display(workspace: Path, target: Path) -> str:
+def _open(workspace: Path, path: str) -> tuple[OpenFile, str, bytes]:
+    """Open ``path`` once below ``workspace``: the file, its shown path, its first bytes.
+
+    A :class:`ToolError` unless it is a non-empty regular file. The upload reads
+    from this descriptor; the path is never opened again.
+    """
+    with WorkspaceRoot(workspace) as root:
+        try:
+            fd, parts = root.open(path)
+        except FileNotFoundError:
+            raise ToolError(f"{path!r} does not exist", code="NOT_FOUND") from None
+        except NotADirectoryError:
+            raise ToolError(f"{path!r} does not exist (a parent is a file)",
+                            code="NOT_FOUND") from None
+        except OSError as exc:
+            raise ToolError(f"{path!r}: {exc.strerror or exc}", code="SEND_FAILED") from exc
     try:
-        return target.relative_to(workspace.resolve()).as_posix()
-    except ValueError:
-        return os.fspath(target)
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise ToolError(f"{path!r} is a directory; send the files in it one by one",
+                            code="IS_A_DIRECTORY")
+        if not stat.S_ISREG(info.st_mode):
+            raise ToolError(f"{path!r} is not a regular file", code="NOT_A_FILE")
+        if info.st_size == 0:
+            raise ToolError(f"{path!r} is empty; there is nothing to send", code="EMPTY_FILE")
+        opened = OpenFile(fd)
+        head = opened.read_at(0, _SNIFF_BYTES)
+    except OSError as exc:
+        os.close(fd)
+        raise ToolError(f"{path!r}: {exc.strerror or exc}", code="SEND_FAILED") from exc
+    except BaseException:
+        os.close(fd)
+        raise
+    return opened, "/".join(parts), head
 
 
 def _size(size: int) -> str:

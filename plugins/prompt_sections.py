@@ -39,6 +39,7 @@ from pathlib import Path
 from roost import InboundMessage, Order, PromptContext, PromptSection, hookimpl
 from workspaces import read_cached
 from workspaces.cache import clip
+from workspaces.root import WorkspaceRoot
 
 MAX_FILE_CHARS = 8_000
 """Any one workspace file shown in the prompt is cut to this many characters."""
@@ -80,9 +81,21 @@ _FORMATTING = {
 }
 
 
-def _read(workspace: Path, name: str) -> str:
-    """The stripped text of a workspace file, cut to :data:`MAX_FILE_CHARS`; '' if absent."""
-    return read_cached(os.path.join(workspace, name), MAX_FILE_CHARS, within=workspace)
+def _read(workspace: Path, name: str, root: WorkspaceRoot | None = None) -> str:
+    """The stripped text of a workspace file, cut to :data:`MAX_FILE_CHARS`; '' if absent.
+
+    Opened once below ``workspace`` (``root``, when it is open already) with no link
+    followed at open, and read from that descriptor.
+    """
+    return read_cached(os.path.join(workspace, name), MAX_FILE_CHARS, within=workspace,
+                       root=root)
+
+
+def _opened(directory: Path) -> WorkspaceRoot | None:
+    try:
+        return WorkspaceRoot(directory)
+    except OSError:
+        return None  # no workspace (yet): every file reads as ''
 
 
 def _file(name: str, body: str) -> str:
@@ -106,10 +119,10 @@ def _identity(msg: InboundMessage) -> PromptSection:
     return PromptSection("identity", text, Order.IDENTITY)
 
 
-def _project_context(ws: Path) -> PromptSection:
+def _project_context(ws: Path, root: WorkspaceRoot | None) -> PromptSection:
     budget, blocks = MAX_PROJECT_CONTEXT_CHARS, []
     for name in PROJECT_FILES:
-        body = _read(ws, name)
+        body = _read(ws, name, root)
         if not body:
             continue
         if budget <= 0:
@@ -187,18 +200,29 @@ def _extra_context(prompt: PromptContext) -> PromptSection:
 def roost_prompt_sections(prompt: PromptContext) -> list[PromptSection]:
     """The built-in sections; background runs (minimal mode) get identity, extra context,
     AGENTS.md and TOOLS.md."""
-    msg, ws = prompt.message, prompt.workspace
     # A predefined agent's persona and project files are its own; an open
-    # agent's live in each user's workspace.
-    persona_dir = prompt.agent_dir or ws
+    # agent's live in each user's workspace. Each directory is opened once.
+    persona_dir = prompt.agent_dir or prompt.workspace
+    persona_root = _opened(persona_dir)
+    ws_root = persona_root if persona_dir == prompt.workspace else _opened(prompt.workspace)
+    try:
+        return _sections(prompt, persona_dir, persona_root, ws_root)
+    finally:
+        for root in {id(r): r for r in (persona_root, ws_root) if r is not None}.values():
+            root.close()
+
+
+def _sections(prompt: PromptContext, persona_dir: Path, persona_root: WorkspaceRoot | None,
+              ws_root: WorkspaceRoot | None) -> list[PromptSection]:
+    msg, ws = prompt.message, prompt.workspace
     group = msg.chat_type == "group"
     # extra_context is how a background run (cron job, heartbeat) says what it is for,
     # so minimal mode keeps it.
-    sections = [_identity(msg), _extra_context(prompt), _project_context(persona_dir)]
+    sections = [_identity(msg), _extra_context(prompt), _project_context(persona_dir, persona_root)]
     if prompt.mode == "minimal":
         return sections
 
-    bootstrap = _read(ws, "BOOTSTRAP.md")  # an emptied file counts as done
+    bootstrap = _read(ws, "BOOTSTRAP.md", ws_root)  # an emptied file counts as done
     if bootstrap:
         sections.append(PromptSection("bootstrap", "\n".join([
             "## [MANDATORY] First run",
@@ -208,7 +232,8 @@ def roost_prompt_sections(prompt: PromptContext) -> list[PromptSection]:
             _file("BOOTSTRAP.md", bootstrap),
         ]), Order.BOOTSTRAP))
 
-    persona = [_file(n, body) for n in PERSONA_FILES if (body := _read(persona_dir, n))]
+    persona = [_file(n, body) for n in PERSONA_FILES
+               if (body := _read(persona_dir, n, persona_root))]
     if persona:
         sections.append(PromptSection("persona", "\n".join([
             "## Persona", "These files define who you are. Embody them.", *persona,

@@ -36,6 +36,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from stat import S_ISREG
 from typing import TYPE_CHECKING
 
 # Built-in: the providers resize images with the core's own media code, and keep the
@@ -53,7 +54,8 @@ from bot.media.images import model_ready, prepare_for_model
 from roost import ContentPart, MediaError, ToolError
 
 # Built-in: the one confinement rule every file tool uses (not a plugin API yet).
-from workspaces.paths import resolve_in_workspace
+from workspaces.beneath import read_fd
+from workspaces.root import WorkspaceRoot
 
 if TYPE_CHECKING:
     # Imported where a PDF or a photo is handled: a process that gets neither never
@@ -200,17 +202,29 @@ class MediaReader:
         if is_pdf:
             mode = "document" if vision and self.documents else "pdf-text"
         try:
-            # A link planted in inbox/ (a tool can write there) must not send a
-            # file from outside the workspace to the model.
-            path = resolve_in_workspace(Path(part.root), part.path)
+            # Opened once below the workspace, no link followed at open: a link planted
+            # in inbox/ (a tool can write there) never sends a file from outside.
+            with WorkspaceRoot(Path(part.root)) as workspace:
+                fd, parts = workspace.open(part.path)
         except ToolError:
             return Note(part, f"[{part.kind}: {part.path} — outside the workspace; not sent]")
-        try:
-            stat = path.stat()
         except OSError:
             if part.root:
                 forget_derived(Path(part.root), part.path)
             return Note(part, f"[{part.kind}: {part.path} — the file is no longer available]")
+        try:
+            return self._read_open(part, mode, fd, Path(part.root).joinpath(*parts))
+        finally:
+            os.close(fd)
+
+    def _read_open(self, part: ContentPart, mode: str, fd: int, path: Path) -> Prepared | None:
+        """:meth:`read` once the file is open as ``fd`` (``path``: how it is known)."""
+        try:
+            stat = os.fstat(fd)
+        except OSError as exc:
+            return _unreadable(part, exc)
+        if not S_ISREG(stat.st_mode):
+            return Note(part, f"[{part.kind}: {part.path} — not a regular file; not sent]")
         key = (mode, str(path), stat.st_size, stat.st_mtime_ns, stat.st_ino)
         with self._lock:
             hit = self._cache.get(key)
@@ -218,10 +232,10 @@ class MediaReader:
                 self._cache.move_to_end(key)
                 return _for(part, hit)
         if mode == "image":
-            item = on_media_thread(self._image, part, path, stat)
+            item = on_media_thread(self._image, part, path, stat, fd)
         else:
             try:
-                data = take_over(path, stat) or path.read_bytes()
+                data = take_over(path, stat) or read_fd(fd, stat.st_size)
             except OSError as exc:
                 return _unreadable(part, exc)
             if mode == "document":
@@ -269,8 +283,11 @@ class MediaReader:
             edge = min(edge, long * short_edge // short)
         return max(edge, 1)
 
-    def _image(self, part: ContentPart, path: Path, stat: os.stat_result) -> Prepared:
-        """The image prepared once: the copy kept in the workspace, else made (and kept)."""
+    def _image(self, part: ContentPart, path: Path, stat: os.stat_result, fd: int) -> Prepared:
+        """The image prepared once: the copy kept in the workspace, else made (and kept).
+
+        ``fd`` is the original, open; its bytes are read from there, never by path.
+        """
         edge = self.edge_for(part.width, part.height)
         loose = max(edge, self.edge_for(part.width, part.height, PASS_SLACK))
         root = Path(part.root) if part.root else None
@@ -284,7 +301,7 @@ class MediaReader:
                     return self._encoded(part, kept, mime)
         try:
             # The intake has just stored it: its bytes, not a read back from disk.
-            data = take_over(path, stat) or path.read_bytes()
+            data = take_over(path, stat) or read_fd(fd, stat.st_size)
         except OSError as exc:
             return _unreadable(part, exc)
         heap.keep()

@@ -32,6 +32,7 @@ from bot.contracts.channel import (
 )
 from bot.contracts.commands import Command, CommandContext
 from bot.contracts.events import RunEvent
+from bot.contracts.files import OpenFile
 from bot.contracts.guard import GuardPattern, InputCheck
 from bot.contracts.health import HealthReport
 from bot.contracts.hookspecs import hookimpl
@@ -94,6 +95,7 @@ __all__ = [
     "Migrations",
     "OnRetry",
     "OnText",
+    "OpenFile",
     "Order",
     "OutboundFile",
     "OutboundMessage",

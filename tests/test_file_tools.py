@@ -234,7 +234,7 @@ async def test_failed_write_keeps_old_content_and_cleans_up(
     (ws / "a.md").write_text("original")
     before = set(os.listdir(ws))
 
-    def broken_replace(src: str, dst: str) -> None:
+    def broken_replace(src: str, dst: str, **_: object) -> None:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr("plugins.file_tools.os.replace", broken_replace)

@@ -2,8 +2,11 @@
 
 Every user gets a private directory ``<workspaces_dir>/<channel>/<user_id>``
 (see :func:`workspace_dir`), seeded once with the bootstrap templates by
-:func:`ensure_workspace`. File tools reach files only through
-:func:`resolve_in_workspace`, which refuses anything that lands outside.
+:func:`ensure_workspace`. Files in it are reached only through
+:class:`WorkspaceRoot` (:mod:`workspaces.root`): each path is opened once below
+the workspace with no link followed at open (:mod:`workspaces.beneath`), and
+the caller works on the descriptor. :func:`resolve_in_workspace` only checks a
+path (for code that must hand a path to a library that opens it itself).
 """
 
 from workspaces.cache import read_cached
@@ -14,6 +17,7 @@ from workspaces.paths import (
     safe_component,
     workspace_dir,
 )
+from workspaces.root import WorkspaceRoot, user_parts
 from workspaces.seed import (
     FIRST_RUN_TEMPLATE,
     MEMORY_DIR,
@@ -30,6 +34,7 @@ __all__ = [
     "MAX_FILE_NAME",
     "MEMORY_DIR",
     "TEMPLATE_NAMES",
+    "WorkspaceRoot",
     "ensure_workspace",
     "forget_workspace",
     "is_seeded",
@@ -39,5 +44,6 @@ __all__ = [
     "safe_file_name",
     "store_file",
     "template_text",
+    "user_parts",
     "workspace_dir",
 ]

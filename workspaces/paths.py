@@ -51,10 +51,12 @@ def workspace_dir(root: Path, channel: str, user_id: str) -> Path:
 def resolve_in_workspace(workspace: Path, user_path: str) -> Path:
     """Resolve ``user_path`` (relative to ``workspace``) to an absolute path inside it.
 
-    Every file tool goes through this. ``""`` and ``"."`` mean the workspace
-    itself. Symlinks are followed, so a link inside the workspace that points
-    outside it (or a not-yet-existing file below such a link) is refused too.
-    The path need not exist.
+    A check of the path as it is now, not a way to open it: the path may be a
+    link by the time it is opened, so open files with
+    :class:`workspaces.root.WorkspaceRoot` instead. ``""`` and ``"."`` mean the
+    workspace itself. Symlinks are followed, so a link inside the workspace that
+    points outside it (or a not-yet-existing file below such a link) is refused
+    too. The path need not exist.
 
     Raises :class:`~bot.contracts.tools.ToolError` with code ``INVALID_ARGUMENT`` (not a
     string), ``INVALID_PATH`` (null byte, absolute, ``~``, unresolvable) or

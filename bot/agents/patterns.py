@@ -35,6 +35,7 @@ import logging
 import math
 import os
 import re
+import stat
 import threading
 import time
 import unicodedata
@@ -44,7 +45,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bot.config.agents import DEFAULT_MIN_SCORE, DEFAULT_TOP_K
-from workspaces.cache import is_within
+from bot.contracts.tools import ToolError
+from workspaces.beneath import read_fd
+from workspaces.root import WorkspaceRoot
 
 log = logging.getLogger("roost.agents.patterns")
 
@@ -167,12 +170,26 @@ def _parse_pattern(data: object, source: str) -> Pattern:
 
 
 def load_pattern(path: Path) -> Pattern:
-    """Read and validate one pattern file; raises ``PatternError``."""
+    """Read and validate one pattern file; raises ``PatternError``.
+
+    The file is opened once, below its directory and with no link followed at
+    open (a link that stays in the directory is resolved first), and read from
+    that descriptor: a file swapped for a link meanwhile is never read.
+    """
     try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise PatternError(f"file too large ({size} bytes > {MAX_FILE_BYTES})")
-        text = path.read_text(encoding="utf-8")
+        with WorkspaceRoot(path.parent) as directory:
+            fd, _ = directory.open(path.name)
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise PatternError("not a regular file")
+            if info.st_size > MAX_FILE_BYTES:
+                raise PatternError(f"file too large ({info.st_size} bytes > {MAX_FILE_BYTES})")
+            text = read_fd(fd, MAX_FILE_BYTES + 1).decode("utf-8")
+        finally:
+            os.close(fd)
+    except ToolError as exc:
+        raise PatternError(f"a link that leads out of the patterns directory ({exc})") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise PatternError(f"cannot read: {exc}") from exc
     import yaml  # only agents with patterns read YAML: the others never load it
@@ -370,8 +387,6 @@ class PatternLibrary:
         seen: dict[str, str] = {}
         for fname, _mtime, _size in snap:
             try:
-                if not is_within(self.directory / fname, self.directory):
-                    raise PatternError("a link that leads out of the patterns directory")
                 pat = load_pattern(self.directory / fname)
             except PatternError as exc:
                 errors[fname] = str(exc)

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from bot.contracts.files import OpenFile
+
 ChatType = Literal["direct", "group"]
 
 
@@ -125,7 +127,9 @@ class OutboundFile:
     """A file a reply carries to the chat (``send_file``, a rendered chart).
 
     ``path`` is absolute and already confined to the workspace by whoever built
-    it; the channel reads the bytes from there when it uploads.
+    it. ``source``, when given, is that file opened once: the channel uploads
+    from it and never opens ``path`` (whoever built it closes it after the
+    send). Without one the channel opens ``path`` once, a link there refused.
     """
 
     path: str
@@ -134,6 +138,13 @@ class OutboundFile:
     mime_type: str
     size: int
     caption: str = ""
+    source: OpenFile | None = field(default=None, compare=False, repr=False)
+    """The open file to upload from; never stored (a descriptor lives in one process)."""
+
+    def opened(self) -> OpenFile:
+        """A file to read the upload from, to be closed after: :attr:`source` borrowed,
+        else :attr:`path` opened once (its last component not followed)."""
+        return self.source.borrowed() if self.source is not None else OpenFile.open(self.path)
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,13 +30,14 @@ import logging
 import os
 import threading
 import time
-import uuid
 from collections import OrderedDict
 from pathlib import Path
+from stat import S_ISREG
 from urllib.parse import quote, unquote
 
 from bot.contracts.tools import ToolError
-from workspaces.paths import resolve_in_workspace
+from workspaces.beneath import make_dirs, open_dir, read_fd, unlink_at, write_atomic
+from workspaces.root import WorkspaceRoot
 
 log = logging.getLogger("roost.media.derived")
 
@@ -76,26 +77,39 @@ def _encoded(path: str) -> str:
     return quote(path, safe="")
 
 
+def _cache_parts() -> tuple[str, ...]:
+    return tuple(CACHE_DIR.split("/"))
+
+
 def prune_derived(workspace: Path) -> int:
     """Remove the copies in ``workspace`` whose original is gone or changed; how many.
 
     A copy's name says which file it was made from and, through its digest, which
     version of it: a copy whose original no longer exists, or now has another size,
     time or inode, is never sent again. Copies made the old way (another
-    :data:`VERSION`) and half-written ones left by a crash go too.
+    :data:`VERSION`) and half-written ones left by a crash go too. The directory
+    is opened below the workspace without following a link, and names are removed
+    relative to it.
     """
     removed = 0
     try:
-        directory = resolve_in_workspace(workspace, CACHE_DIR)
-        entries = list(os.scandir(directory))
+        with WorkspaceRoot(workspace, follow=False) as root:
+            directory = open_dir(root.fd, _cache_parts())
     except (OSError, ToolError):
         return 0
-    now = time.time()
-    for entry in entries:
-        if _stale(workspace, entry, now):
-            with contextlib.suppress(OSError):
-                os.unlink(entry.path)
-                removed += 1
+    try:
+        with os.scandir(directory) as it:
+            entries = list(it)
+        now = time.time()
+        for entry in entries:
+            if _stale(workspace, entry, now):
+                with contextlib.suppress(OSError):
+                    unlink_at(directory, entry.name)
+                    removed += 1
+    except OSError:
+        pass
+    finally:
+        os.close(directory)
     return removed
 
 
@@ -112,7 +126,12 @@ def _stale(workspace: Path, entry: os.DirEntry[str], now: float) -> bool:
         return True  # not a name this version makes
     original = unquote(encoded)
     try:
-        stat = resolve_in_workspace(workspace, original).stat()
+        with WorkspaceRoot(workspace) as root:
+            fd, _ = root.open(original)
+        try:
+            stat = os.fstat(fd)
+        finally:
+            os.close(fd)
     except (OSError, ToolError):
         return True
     return derived_name(original, stat, variant) != name
@@ -122,14 +141,21 @@ def forget_derived(workspace: Path, path: str) -> None:
     """Remove every copy made from workspace file ``path`` (found gone)."""
     prefix = _encoded(path) + "."
     try:
-        directory = resolve_in_workspace(workspace, CACHE_DIR)
-        entries = list(os.scandir(directory))
+        with WorkspaceRoot(workspace, follow=False) as root:
+            directory = open_dir(root.fd, _cache_parts())
     except (OSError, ToolError):
         return
-    for entry in entries:
-        if entry.name.startswith(prefix) and "." not in entry.name[len(prefix):]:
-            with contextlib.suppress(OSError):
-                os.unlink(entry.path)
+    try:
+        with os.scandir(directory) as it:
+            names = [e.name for e in it]
+        for name in names:
+            if name.startswith(prefix) and "." not in name[len(prefix):]:
+                with contextlib.suppress(OSError):
+                    unlink_at(directory, name)
+    except OSError:
+        pass
+    finally:
+        os.close(directory)
 
 
 def tidy(workspace: Path) -> None:
@@ -197,40 +223,45 @@ def _expire(now: float) -> None:
 
 def read_derived(workspace: Path, name: str) -> bytes | None:
     """The copy called ``name`` in ``workspace``, or ``None`` (not made yet, unreadable,
-    or a link leading out of the workspace)."""
+    not a regular file, or reached through a link)."""
     try:
-        target = resolve_in_workspace(workspace, f"{CACHE_DIR}/{name}")
-        return target.read_bytes()
+        with WorkspaceRoot(workspace, follow=False) as root:
+            fd, _ = root.open((*_cache_parts(), name))
     except (OSError, ToolError):
         return None
+    try:
+        stat = os.fstat(fd)
+        if not S_ISREG(stat.st_mode):
+            return None
+        return read_fd(fd, stat.st_size)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def write_derived(workspace: Path, name: str, data: bytes) -> bool:
     """Keep ``data`` as the copy called ``name``; ``False`` if it could not be written.
 
-    Written aside and renamed into place, so a reader finds the whole copy or
-    none. A failure (read-only workspace, disk full, a link planted as the
-    directory) is logged and otherwise ignored: the copy is made again next time.
+    Written aside and renamed into place relative to the directory's descriptor
+    (made and opened below the workspace without following a link), so a reader
+    finds the whole copy or none. A failure (read-only workspace, disk full, a
+    link planted as the directory) is logged and otherwise ignored: the copy is
+    made again next time.
     """
-    temp: Path | None = None
     try:
-        directory = resolve_in_workspace(workspace, CACHE_DIR)
-        if not directory.is_dir():
-            directory.mkdir(parents=True, exist_ok=True)
-            # Resolved again now that it exists: a link planted as the directory is refused.
-            directory = resolve_in_workspace(workspace, CACHE_DIR)
-            # Nothing in it to sweep but what is written now: tidy() need not look.
-            _swept_now(workspace)
-        temp = directory / f".{name}.{uuid.uuid4().hex}"
-        with open(temp, "xb") as out:
-            out.write(data)
-        os.replace(temp, directory / name)
-        temp = None
+        with WorkspaceRoot(workspace, follow=False) as root:
+            try:
+                directory = open_dir(root.fd, _cache_parts())
+            except FileNotFoundError:
+                directory = make_dirs(root.fd, _cache_parts())
+                # Nothing in it to sweep but what is written now: tidy() need not look.
+                _swept_now(workspace)
+        try:
+            write_atomic(directory, name, data, 0o644)
+        finally:
+            os.close(directory)
         return True
     except (OSError, ToolError) as exc:
         log.info("could not keep a prepared copy in %s: %s", workspace, exc)
         return False
-    finally:
-        if temp is not None:
-            with contextlib.suppress(OSError):
-                temp.unlink()

@@ -16,10 +16,8 @@ rest of the message.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
-import os
 import unicodedata
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -339,30 +337,13 @@ def _check_and_store(workspace: Path, directory: str, name: str, data: bytes,
             pages = pdf_page_count(data)
         except MediaError:
             pages = 0
+    # Stored with its pages dropped from the page cache: nothing reads them soon (the
+    # provider gets the bytes in memory, tools rarely open a file just received).
     path, where = store_file_at(workspace, directory, name, data)
     if width or 0 < pages <= MAX_DOCUMENT_PAGES:
         # What the provider sends next: it takes these bytes instead of reading them back.
         hand_over(where, data)
-    _drop_cached(where)
     return path, width, height, pages
-
-
-def _drop_cached(path: Path) -> None:
-    """Let the kernel drop the stored file's pages from its cache (written and synced).
-
-    Nothing reads them soon: the provider gets the bytes in memory, tools rarely
-    open a file just received. Their pages are then reused for the next file,
-    where fresh page-cache pages cost ~2 ms per MB of CPU to fill on a VM (a
-    2.8 MB photo: ~5 ms stored into new pages, ~1 ms into reused ones).
-    """
-    if not hasattr(os, "posix_fadvise"):
-        return
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def _too_large(name: str, size: int, limit: int, *, exact: bool = True) -> str:

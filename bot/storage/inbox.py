@@ -422,8 +422,14 @@ def decode_message(text: str) -> InboundMessage:
 
 
 def encode_outbound(message: OutboundMessage) -> str:
-    """``message`` as JSON."""
-    return json.dumps(dataclasses.asdict(message), ensure_ascii=False)
+    """``message`` as JSON (a file's open ``source`` is not stored: only its path)."""
+    if any(f.source is not None for f in message.files):
+        message = dataclasses.replace(message, files=tuple(
+            dataclasses.replace(f, source=None) for f in message.files))
+    data = dataclasses.asdict(message)
+    for file in data["files"]:
+        file.pop("source", None)
+    return json.dumps(data, ensure_ascii=False)
 
 
 def decode_outbound(text: str) -> OutboundMessage:

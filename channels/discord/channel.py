@@ -18,6 +18,7 @@ from channels.discord.media import _Media
 from channels.discord.rest import _Rest
 from channels.discord.shards import _Shards
 from channels.discord.stream import _StreamedReply
+from channels.uploading import opened_files
 
 _REDIRECTED: list[DiscordChannel] = []
 """The started channels that point discord.py at other endpoints, oldest first."""
@@ -137,9 +138,9 @@ class DiscordChannel(_Shards, _Interactions, _Rest, _Media):
         each; a file over the upload limit raises :class:`MediaTooLarge` before
         anything is posted. Raises when the reply was not delivered.
         """
-        with self._busy():
-            if message.files:
-                self._check_files(message.files)  # before anything is posted
+        # Every file opened once and checked before anything is posted; uploads read
+        # from those descriptors.
+        with self._busy(), opened_files(message.files, self._check_file) as opened:
             pieces = split_message(_escape(message.text), MESSAGE_LIMIT)
             target = _target(message)
             reference = _reference(message, target)
@@ -147,14 +148,15 @@ class DiscordChannel(_Shards, _Interactions, _Rest, _Media):
             if pending is not None and await self._answer(pending, pieces):
                 if message.files:
                     # An interaction's answer is text; its files follow in the channel.
-                    await self._upload_files(target, message.files, None, message.delivery_id)
+                    await self._upload_files(target, message.files, opened, None,
+                                             message.delivery_id)
                 return None
             last = await self._deliver_reply(target, reference, pieces,
                                              draft=message.replace or None,
                                              delivery_id=message.delivery_id)
             if message.files:
                 uploaded = await self._upload_files(
-                    target, message.files, reference if last is None else None,
+                    target, message.files, opened, reference if last is None else None,
                     message.delivery_id)
                 last = uploaded or last
             return last

@@ -17,12 +17,13 @@ is posted, and so is one Discord itself refuses as too large (HTTP 413, code
 from __future__ import annotations
 
 import math
-import os
 import secrets
+from collections.abc import Sequence
 
 import aiohttp
 import discord
 
+from bot.contracts.files import OpenFile
 from bot.contracts.media import MediaError, MediaTooLarge
 from bot.contracts.messages import Attachment, OutboundFile, clean_text
 from channels.discord.base import _DiscordBase
@@ -83,25 +84,23 @@ class _Media(_DiscordBase):
         mb = configured if isinstance(configured, int | float) else DEFAULT_MAX_UPLOAD_MB
         return int(mb * _MB)
 
-    def _check_files(self, files: tuple[OutboundFile, ...]) -> None:
-        """Raise :class:`MediaTooLarge` for a file over the limit (its size on disk).
+    def _check_file(self, file: OutboundFile, size: int) -> None:
+        """Raise :class:`MediaTooLarge` for a file over the limit (its size when opened).
 
-        Checked before anything of the reply is posted, so a refused file
-        leaves no half-sent reply behind.
+        Checked (by :func:`channels.uploading.opened_files`) before anything of the
+        reply is posted, so a refused file leaves no half-sent reply behind.
         """
         limit = self.max_upload
-        for file in files:
-            try:
-                size = os.stat(file.path).st_size
-            except OSError as exc:
-                raise MediaError(f"cannot read {file.name}: {exc.strerror or exc}") from exc
-            if size > limit:
-                raise MediaTooLarge(size, limit, _too_large(file.name, size, limit))
+        if size > limit:
+            raise MediaTooLarge(size, limit, _too_large(file.name, size, limit))
 
     async def _upload_files(self, target: int, files: tuple[OutboundFile, ...],
+                            opened: Sequence[OpenFile],
                             reference: discord.MessageReference | None,
                             delivery_id: str | None) -> str | None:
         """Post each file as a message of its own (caption as text); the last one's id.
+
+        The bytes come from ``opened`` (each file opened once), never from its path.
 
         The first file carries ``reference`` (when the reply has no text).
         Each post has a nonce (derived from ``delivery_id`` when given), so a
@@ -110,17 +109,17 @@ class _Media(_DiscordBase):
         assert self.client is not None
         channel = self.client.get_partial_messageable(target)
         last: str | None = None
-        for index, file in enumerate(files):
+        for index, (file, source) in enumerate(zip(files, opened, strict=True)):
             caption = _fit(_escape(file.caption)) if file.caption else None
             nonce: str | int = _nonce(f"{delivery_id}f{index}", 0) if delivery_id \
                 else secrets.randbelow(1 << 62)
             ref = reference if index == 0 else None
 
-            async def call(file: OutboundFile = file, caption: str | None = caption,
-                           nonce: str | int = nonce,
+            async def call(file: OutboundFile = file, source: OpenFile = source,
+                           caption: str | None = caption, nonce: str | int = nonce,
                            ref: discord.MessageReference | None = ref) -> discord.Message:
-                # A fresh discord.File per try: a failed try has read the first one.
-                upload = discord.File(file.path, filename=file.name)
+                # A fresh reader at byte 0 per try: a failed try has read the first one.
+                upload = discord.File(source.reader(), filename=file.name)
                 try:
                     if ref is None:
                         return await channel.send(caption, file=upload,
@@ -134,14 +133,14 @@ class _Media(_DiscordBase):
                 sent = await self._deliver(call, what=f"uploading {file.name} to discord:{target}")
             except discord.HTTPException as exc:
                 if exc.status == 413 or exc.code == REQUEST_TOO_LARGE:
-                    raise MediaTooLarge(file.size, 0, f"{file.name} is "
-                                        f"{file.size / _MB:.1f} MB; Discord refused it as too "
-                                        "large for this server") from exc
+                    raise MediaTooLarge(source.size, 0, f"{file.name} is "
+                                        f"{source.size / _MB:.1f} MB; Discord refused it as "
+                                        "too large for this server") from exc
                 raise
             except OSError as exc:
                 raise MediaError(f"cannot read {file.name}: {exc.strerror or exc}") from exc
             self._own.add(sent.id)
-            log.info("discord: uploaded %s (%d bytes) to %s", file.name, file.size, target)
+            log.info("discord: uploaded %s (%d bytes) to %s", file.name, source.size, target)
             last = str(sent.id)
         return last
 

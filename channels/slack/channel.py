@@ -11,6 +11,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.contracts.channel import InboundHandler
+from bot.contracts.files import OpenFile
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from channels.slack.common import (
     _SLASH,
@@ -27,6 +28,7 @@ from channels.slack.inbound import _Inbound
 from channels.slack.media import _Media
 from channels.slack.outbound import _Outbound
 from channels.slack_format import split_for_slack
+from channels.uploading import opened_files
 
 if TYPE_CHECKING:
     from bot.contracts.commands import Command
@@ -119,8 +121,12 @@ class SlackChannel(_Inbound, _Outbound, _Media):
         the text's); one over 1 GB raises :class:`MediaTooLarge` before
         anything is posted.
         """
-        if message.files:
-            self._check_files(message.files)  # before anything is posted
+        # Every file opened once and checked before anything is posted; uploads read
+        # from those descriptors.
+        with opened_files(message.files, self._check_file) as opened:
+            return await self._send(message, opened)
+
+    async def _send(self, message: OutboundMessage, opened: Sequence[OpenFile]) -> str | None:
         thread_ts = message.thread_id or message.reply_to
         slash = _SLASH.get()
         if slash is not None and slash.channel_id == message.chat_id and not message.replace:
@@ -128,7 +134,7 @@ class SlackChannel(_Inbound, _Outbound, _Media):
                 await self._respond(slash.response_url, message.text)
             if message.files:
                 # A response_url takes no files: they are shared in the channel.
-                await self._upload_files(message.chat_id, thread_ts, message.files)
+                await self._upload_files(message.chat_id, thread_ts, message.files, opened)
             return None
         pieces = split_for_slack(message.text, MESSAGE_LIMIT) if message.text.strip() else []
         last = await self._deliver_reply(message.chat_id, thread_ts, pieces,
@@ -136,7 +142,7 @@ class SlackChannel(_Inbound, _Outbound, _Media):
                                          delivery_id=message.delivery_id,
                                          look_first=message.redelivery)
         if message.files:
-            await self._upload_files(message.chat_id, thread_ts, message.files)
+            await self._upload_files(message.chat_id, thread_ts, message.files, opened)
         return last
 
     async def withdraw(self, chat_id: str, message_id: str) -> None:

@@ -22,13 +22,15 @@ lost answer would share the file twice.
 
 from __future__ import annotations
 
-import os
+import asyncio
 import re
 import urllib.parse
+from collections.abc import Sequence
 
 import aiohttp
 from slack_sdk.errors import SlackApiError, SlackRequestError
 
+from bot.contracts.files import OpenFile
 from bot.contracts.media import MediaError, MediaTooLarge
 from bot.contracts.messages import Attachment, OutboundFile, clean_text
 from channels.fetching import fetch_capped
@@ -134,25 +136,25 @@ class _Media(_SlackBase):
             await self._media_session.close()
             self._media_session = None
 
-    def _check_files(self, files: tuple[OutboundFile, ...]) -> None:
-        """Raise :class:`MediaTooLarge` for a file over Slack's 1 GB (its size on disk)."""
-        for file in files:
-            try:
-                size = os.stat(file.path).st_size
-            except OSError as exc:
-                raise MediaError(f"cannot read {file.name}: {exc.strerror or exc}") from exc
-            if size > MAX_UPLOAD:
-                raise MediaTooLarge(size, MAX_UPLOAD, f"{file.name} is {size / _MB:.0f} MB; "
-                                    "Slack takes files up to 1 GB")
+    def _check_file(self, file: OutboundFile, size: int) -> None:
+        """Raise :class:`MediaTooLarge` for a file over Slack's 1 GB (its size when opened)."""
+        if size > MAX_UPLOAD:
+            raise MediaTooLarge(size, MAX_UPLOAD, f"{file.name} is {size / _MB:.0f} MB; "
+                                "Slack takes files up to 1 GB")
 
     async def _upload_files(self, channel: str, thread_ts: str | None,
-                            files: tuple[OutboundFile, ...]) -> None:
-        """Share each file into ``channel`` (and ``thread_ts``), its caption as the comment."""
+                            files: tuple[OutboundFile, ...],
+                            opened: Sequence[OpenFile]) -> None:
+        """Share each file into ``channel`` (and ``thread_ts``), its caption as the comment.
+
+        The bytes come from ``opened`` (each file opened once), never from its path.
+        """
         api = self._api()
-        for file in files:
+        for file, source in zip(files, opened, strict=True):
             try:
+                data = await asyncio.to_thread(source.read_all)
                 response = await self._tracked(api.files_upload_v2(
-                    channel=channel, thread_ts=thread_ts, file=file.path, filename=file.name,
+                    channel=channel, thread_ts=thread_ts, file=data, filename=file.name,
                     title=file.name,
                     initial_comment=to_mrkdwn(file.caption) if file.caption else None))
             except SlackApiError as exc:
@@ -177,8 +179,8 @@ class _Media(_SlackBase):
             if thread_ts:
                 self._bot_threads.add((channel, thread_ts))
             shared = response.get("file")
-            log.info("Slack: uploaded %s (%d bytes) to %s as %s", file.name, file.size, channel,
-                     shared.get("id") if isinstance(shared, dict) else "?")
+            log.info("Slack: uploaded %s (%d bytes) to %s as %s", file.name, source.size,
+                     channel, shared.get("id") if isinstance(shared, dict) else "?")
 
 
 def _attachments(event: dict[str, object]) -> tuple[Attachment, ...]:

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiogram.exceptions import TelegramBadRequest, TelegramEntityTooLarge
 from aiogram.methods import SendDocument, SendPhoto
-from aiogram.types import BufferedInputFile, FSInputFile, InputFile, Message, ReplyParameters
+from aiogram.types import BufferedInputFile, InputFile, Message, ReplyParameters
 
+from bot.contracts.files import OpenFile
 from bot.contracts.media import MediaError, MediaTooLarge
 from bot.contracts.messages import OutboundFile, OutboundMessage
 from bot.media.images import inspect_image
@@ -29,6 +32,9 @@ from channels.telegram.errors import _describe, _entity_error
 from channels.telegram.media import MB
 from channels.telegram.sending import Sending
 from channels.telegram_format import split_for_telegram, to_html
+
+if TYPE_CHECKING:
+    from aiogram import Bot
 
 log = logging.getLogger("roost.channels.telegram")
 
@@ -50,35 +56,58 @@ UPLOAD_RATE = 512 * 1024
 
 @dataclass(frozen=True, slots=True)
 class _Upload:
-    """A file checked and ready to go: as a photo (bytes read) or a document (from disk)."""
+    """A file checked and ready to go: as a photo (bytes read) or a document (streamed
+    from the file opened once, ``opened``, which the sender closes)."""
 
     name: str
     size: int
     photo: BufferedInputFile | None
     document: InputFile
+    opened: OpenFile
+
+
+class _OpenedInputFile(InputFile):
+    """An upload streamed from a file opened once; each try reads it again from byte 0."""
+
+    def __init__(self, opened: OpenFile, filename: str) -> None:
+        super().__init__(filename=filename)
+        self.opened = opened
+
+    async def read(self, bot: Bot) -> AsyncGenerator[bytes, None]:
+        async for chunk in self.opened.chunks(self.chunk_size):
+            yield chunk
 
 
 def prepare(file: OutboundFile) -> _Upload:
     """Check ``file`` and choose how it goes (blocking: reads it; run in a thread).
 
-    Raises :class:`MediaTooLarge` over 50 MB, :class:`MediaError` when the file
-    cannot be read.
+    The file is opened once (:meth:`OutboundFile.opened`) and read only through
+    that descriptor; close :attr:`_Upload.opened` after sending. Raises
+    :class:`MediaTooLarge` over 50 MB, :class:`MediaError` when the file cannot
+    be read.
     """
-    path = Path(file.path)
-    name = file.name or path.name
+    name = file.name or os.path.basename(file.path)
     try:
-        size = path.stat().st_size
+        opened = file.opened()
+    except OSError as exc:
+        raise MediaError(f"{name} cannot be read ({type(exc).__name__})") from None
+    try:
+        size = opened.size
         if size > UPLOAD_LIMIT:
             raise MediaTooLarge(size, UPLOAD_LIMIT, f"{name} is {size / MB:.1f} MB; Telegram "
                                                     "takes files up to 50 MB from bots")
-        document = FSInputFile(path, filename=name)
+        document: InputFile = _OpenedInputFile(opened, name)
         if size > PHOTO_LIMIT:
-            return _Upload(name, size, None, document)
-        data = path.read_bytes()
+            return _Upload(name, size, None, document, opened)
+        data = opened.read_all()
     except OSError as exc:
+        opened.close()
         raise MediaError(f"{name} cannot be read ({type(exc).__name__})") from None
+    except BaseException:
+        opened.close()
+        raise
     photo = BufferedInputFile(data, filename=name) if _photo_like(data) else None
-    return _Upload(name, len(data), photo, BufferedInputFile(data, filename=name))
+    return _Upload(name, len(data), photo, BufferedInputFile(data, filename=name), opened)
 
 
 def _photo_like(data: bytes) -> bool:
@@ -107,7 +136,17 @@ class Uploads(Sending):
 
         Returns the id of the last message sent.
         """
-        uploads = [await asyncio.to_thread(prepare, f) for f in message.files]
+        uploads: list[_Upload] = []
+        try:
+            for file in message.files:
+                uploads.append(await asyncio.to_thread(prepare, file))
+            return await self._deliver_uploads(target, message, uploads)
+        finally:
+            for upload in uploads:
+                upload.opened.close()
+
+    async def _deliver_uploads(self, target: _Target, message: OutboundMessage,
+                               uploads: list[_Upload]) -> str | None:
         captions = [f.caption for f in message.files]
         text: str | None = message.text if message.text.strip() else None
         if text is not None and len(uploads) == 1 and not captions[0].strip() \

@@ -37,7 +37,8 @@ from pathlib import Path, PurePosixPath
 import aiosqlite
 
 from roost import ToolError, transaction
-from workspaces import resolve_in_workspace
+from workspaces.beneath import lstat_at, open_dir, read_fd
+from workspaces.root import WorkspaceRoot
 
 MEMORY_FILE = "MEMORY.md"
 MEMORY_DIR = "memory"
@@ -74,22 +75,44 @@ class Hit:
     """Higher is better (the negated FTS5 ``bm25()``; PostgreSQL's ``ts_rank_cd``)."""
 
 
-def memory_target(workspace: Path, path: str) -> tuple[Path, str]:
-    """Resolve ``path`` to a memory file of ``workspace``: ``(absolute path, display path)``.
+def read_memory(workspace: Path, path: str, cap: int) -> tuple[str, str, str]:
+    """Open memory file ``path`` of ``workspace`` once and read it: ``(display path, text,
+    stamp)``; raises :class:`ToolError`.
 
-    Only ``MEMORY.md`` and ``memory/<name>.md`` qualify, judged after symlinks
-    are followed, so a link in ``memory/`` that points at another workspace
-    file (or outside the workspace) is refused. Raises :class:`ToolError`.
+    Only ``MEMORY.md`` and ``memory/<name>.md`` qualify, judged after the links
+    the user made inside the workspace are resolved, so a link in ``memory/``
+    that points at another workspace file (or outside it) is refused. The file
+    is opened below the workspace with no link followed at open, and the text
+    and its stamp come from that one descriptor.
     """
-    target = resolve_in_workspace(workspace, path)
-    rel = PurePosixPath(target.relative_to(workspace.resolve()).as_posix())
-    if is_memory_path(rel):
-        return target, rel.as_posix()
-    raise ToolError(
-        f"{path!r} is not a memory file: only {MEMORY_FILE} and {MEMORY_DIR}/*.md can be "
-        "read with memory_get (use read_file for other workspace files)",
-        code="INVALID_PATH",
-    )
+    if not workspace.is_dir():
+        raise ToolError(f"{path!r} does not exist", code="NOT_FOUND")
+    with WorkspaceRoot(workspace) as root:
+        parts = root.parts(path)
+        try:
+            parts = root.resolve(parts, path)
+        except OSError as exc:
+            raise ToolError(f"{path!r}: {exc.strerror or exc}", code="IO_ERROR") from exc
+        display = "/".join(parts)
+        if not is_memory_path(PurePosixPath(display)):
+            raise ToolError(
+                f"{path!r} is not a memory file: only {MEMORY_FILE} and {MEMORY_DIR}/*.md can "
+                "be read with memory_get (use read_file for other workspace files)",
+                code="INVALID_PATH",
+            )
+        try:
+            fd, _ = root.open(parts)
+        except FileNotFoundError:
+            raise ToolError(f"{display!r} does not exist", code="NOT_FOUND") from None
+        except NotADirectoryError:
+            raise ToolError(f"{display!r} does not exist", code="NOT_FOUND") from None
+        except OSError as exc:
+            raise ToolError(f"{display!r}: {exc.strerror or exc}", code="IO_ERROR") from exc
+    try:
+        text, stamp = read_memory_fd(fd, display, cap)
+    finally:
+        os.close(fd)
+    return display, text, stamp
 
 
 def is_memory_path(rel: PurePosixPath) -> bool:
@@ -99,25 +122,22 @@ def is_memory_path(rel: PurePosixPath) -> bool:
     )
 
 
-def read_memory_text(target: Path, display: str, cap: int) -> tuple[str, str]:
-    """The UTF-8 text of a memory file and its stamp; raises :class:`ToolError`.
+def read_memory_fd(fd: int, display: str, cap: int) -> tuple[str, str]:
+    """The UTF-8 text of the open memory file ``fd`` and its stamp; raises :class:`ToolError`.
 
     The stamp comes from the open file, so text and stamp always belong
     together even if the file is replaced meanwhile.
     """
     try:
-        with target.open("rb") as fh:
-            st = os.fstat(fh.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise ToolError(f"{display!r} is not a regular file", code="NOT_A_FILE")
-            if st.st_size > cap:
-                raise ToolError(f"{display!r} is {st.st_size} bytes, over the {cap}-byte "
-                                "limit", code="TOO_LARGE")
-            data = fh.read(cap + 1)
-    except FileNotFoundError:
-        raise ToolError(f"{display!r} does not exist", code="NOT_FOUND") from None
-    except IsADirectoryError:
-        raise ToolError(f"{display!r} is a directory", code="IS_A_DIRECTORY") from None
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise ToolError(f"{display!r} is a directory", code="IS_A_DIRECTORY")
+        if not stat.S_ISREG(st.st_mode):
+            raise ToolError(f"{display!r} is not a regular file", code="NOT_A_FILE")
+        if st.st_size > cap:
+            raise ToolError(f"{display!r} is {st.st_size} bytes, over the {cap}-byte "
+                            "limit", code="TOO_LARGE")
+        data = read_fd(fd, cap + 1)
     except OSError as exc:
         raise ToolError(f"{display!r}: {exc.strerror or exc}", code="IO_ERROR") from exc
     if len(data) > cap:
@@ -256,32 +276,58 @@ class MemoryIndex:
         return key
 
     def _scan(self, workspace: Path) -> dict[str, str]:
-        """Stamps of the memory files that may be indexed, by display path."""
-        names = [MEMORY_FILE]
+        """Stamps of the memory files that may be indexed, by display path.
+
+        Names are listed and stat'ed relative to descriptors opened without
+        following links; a link is resolved (and must stay a memory file) by
+        :func:`read_memory` like any read.
+        """
+        found: dict[str, str] = {}
         try:
-            with os.scandir(workspace / MEMORY_DIR) as it:
-                names += [f"{MEMORY_DIR}/{e.name}" for e in it if e.name.endswith(".md")]
+            root = WorkspaceRoot(workspace)
         except OSError:
-            pass  # no memory/ yet (or it is not a directory): only MEMORY.md counts
-        found = {}
-        for name in names:
+            return found  # no workspace yet
+        with root:
+            self._stamp_into(found, root, root.fd, MEMORY_FILE, MEMORY_FILE)
             try:
-                target, display = memory_target(workspace, name)
-                st = target.stat()
-            except (ToolError, OSError):
-                continue  # absent, or a link that leaves the memory files
-            if stat.S_ISREG(st.st_mode) and st.st_size <= self.max_bytes:
-                found[display] = _stamp(st)
+                memory_fd = open_dir(root.fd, (MEMORY_DIR,))
+            except OSError:
+                return found  # no memory/ (or not a plain directory): only MEMORY.md
+            try:
+                with os.scandir(memory_fd) as it:
+                    names = [e.name for e in it if e.name.endswith(".md")]
+                for name in names:
+                    self._stamp_into(found, root, memory_fd, name, f"{MEMORY_DIR}/{name}")
+            finally:
+                os.close(memory_fd)
         return found
+
+    def _stamp_into(self, found: dict[str, str], root: WorkspaceRoot, dir_fd: int, name: str,
+                    display: str) -> None:
+        try:
+            st = lstat_at(dir_fd, name)
+            if stat.S_ISLNK(st.st_mode):
+                fd, parts = root.open(root.resolve(root.parts(display), display))
+                try:
+                    st = os.fstat(fd)
+                finally:
+                    os.close(fd)
+                display = "/".join(parts)
+                if not is_memory_path(PurePosixPath(display)):
+                    return
+        except (ToolError, OSError):
+            return  # absent, or a link that leaves the memory files
+        if stat.S_ISREG(st.st_mode) and st.st_size <= self.max_bytes:
+            found[display] = _stamp(st)
 
     def _read(self, workspace: Path, paths: Sequence[str]) -> dict[str, tuple[str, str]]:
         files = {}
         for path in paths:
             try:
-                target, display = memory_target(workspace, path)
-                files[display] = read_memory_text(target, display, self.max_bytes)
+                display, text, stamp = read_memory(workspace, path, self.max_bytes)
             except ToolError:
                 continue  # gone or changed into something unreadable since the scan
+            files[display] = (text, stamp)
         return files
 
     async def _write(self, key: str, dropped: Sequence[str],

@@ -9,8 +9,8 @@ from __future__ import annotations
 import datetime as dt
 import os
 
-from roost import Order, PromptContext, PromptSection, ToolError
-from workspaces import read_cached, resolve_in_workspace
+from roost import Order, PromptContext, PromptSection
+from workspaces import read_cached
 
 MAX_DAILY_NOTE_CHARS = 3_000
 """Each of today's and yesterday's notes is cut to this many characters in the prompt."""
@@ -31,15 +31,10 @@ def daily_notes(prompt: PromptContext) -> PromptSection | None:
     blocks = []
     for day, label in ((today, "today"), (today - dt.timedelta(days=1), "yesterday")):
         rel = f"memory/{day.isoformat()}.md"
-        if not os.path.lexists(os.path.join(prompt.workspace, rel)):
-            continue  # the common case, for one syscall instead of a full resolve
-        try:
-            # Resolving costs a few lstat calls; it keeps a symlinked "note" that
-            # points outside the workspace out of the prompt.
-            path = resolve_in_workspace(prompt.workspace, rel)
-        except ToolError:
-            continue
-        body = read_cached(os.fspath(path), MAX_DAILY_NOTE_CHARS)
+        # Opened once below the workspace, no link followed at open: a "note"
+        # swapped for a link to outside reads as ''.
+        body = read_cached(os.path.join(prompt.workspace, rel), MAX_DAILY_NOTE_CHARS,
+                           within=prompt.workspace)
         if body:
             blocks.append(f'<file path="{rel}" day="{label}">\n{body}\n</file>')
     if not blocks:

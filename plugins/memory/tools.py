@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from plugins.memory.index import MemoryIndex, memory_target, read_memory_text
+from plugins.memory.index import MemoryIndex, read_memory
 from roost import Services, Settings, Tool, ToolContext, ToolError, check_keys, int_arg, str_arg
 
 DEFAULT_RESULTS = 5
@@ -43,10 +43,10 @@ def memory_tools(settings: Settings, services: Services) -> list[Tool]:
 
     async def memory_get(context: ToolContext, args: Mapping[str, Any]) -> str:
         check_keys(args, required=("path",), optional=("from_line", "lines"))
-        target, display = memory_target(context.workspace, str_arg(args, "path"))
+        path = str_arg(args, "path")
         start = int_arg(args, "from_line", 1, minimum=1)
         count = min(int_arg(args, "lines", DEFAULT_GET_LINES, minimum=1), MAX_GET_LINES)
-        text, _ = await asyncio.to_thread(read_memory_text, target, display, cap)
+        display, text, _ = await asyncio.to_thread(read_memory, context.workspace, path, cap)
         return _slice(display, text.splitlines(), start, count)
 
     return [
