@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import concurrent.futures
 import ctypes
 import ctypes.util
 import functools
@@ -92,8 +93,8 @@ _META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]
                            re.IGNORECASE)
 _BLANK_LINES = re.compile(r"\n[ \t]*\n(?:[ \t]*\n)+")
 _PDF_TEXT_LIMIT = 1_000_000
-_CONVERTING = threading.Lock()
-"""Held by the conversion running now: concurrent fetches add one conversion's memory."""
+_CONVERTER: concurrent.futures.ThreadPoolExecutor | None = None
+_CONVERTER_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,9 +151,14 @@ class WebFetcher:
                    max_redirects=settings.web_max_redirects, resolver=resolver, verify=verify)
 
     async def fetch(self, url: str) -> Page:
-        """Download ``url`` and convert it (in a worker thread, one conversion at a time)."""
+        """Download ``url`` and convert it (on the conversion thread, one at a time)."""
         download = await self.download(url)
-        return await asyncio.to_thread(_convert_alone, download)
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(_converter(), convert, download)
+        finally:
+            del download  # the body, before the memory is handed back
+            await loop.run_in_executor(_converter(), _release_memory)
 
     async def download(self, url: str) -> Download:
         """The body at ``url`` after redirects; raises :class:`ToolError` on any failure."""
@@ -317,12 +323,15 @@ def _too_large(url: httpx.URL, declared: int | None, cap: int) -> ToolError:
 # ----------------------------------------------------------------------- conversion
 
 
-def _convert_alone(download: Download) -> Page:
-    with _CONVERTING:
-        try:
-            return convert(download)
-        finally:
-            _release_memory()
+def _converter() -> concurrent.futures.ThreadPoolExecutor:
+    """The one thread conversions run on: concurrent fetches add one conversion's
+    memory, not one each, and reuse one allocator arena."""
+    global _CONVERTER  # made on first use: most processes never fetch
+    with _CONVERTER_LOCK:
+        if _CONVERTER is None:
+            _CONVERTER = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="web-convert")
+        return _CONVERTER
 
 
 def convert(download: Download) -> Page:
