@@ -490,7 +490,7 @@ def _pdf(download: Download) -> str:
 
     try:
         text = pdf_text(download.body, max_chars=_PDF_TEXT_LIMIT)
-    except MediaError:
+    except (MediaError, RecursionError):  # RecursionError: objects nested without end
         raise web_error(f"unreadable PDF (damaged or encrypted): {download.url}",
                         "UNREADABLE", url=download.url) from None
     return text or "(the PDF has no text layer: its pages are probably scanned images)"
