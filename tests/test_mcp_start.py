@@ -117,3 +117,48 @@ async def test_the_first_message_waits_for_new_servers_tools_at_most_their_start
     assert "toolbox__add" in {t.name for t in chat.requests[0].tools}
     assert chat.tool_results("toolbox__add") == ["5"]
     assert not manager(chat.app).servers["silent"].listed
+
+
+@pytest.mark.e2e
+async def test_roost_runs_first_message_sees_a_new_servers_tools(tmp_path: Path) -> None:
+    """Through ``roost run``: a message sent the moment it is ready is answered with the
+    tools of a lazy server it has never listed."""
+    import asyncio
+    import os
+
+    from bot.testing.anthropic import FakeAnthropic
+
+    (tmp_path / "roost.toml").write_text(
+        f'data_dir = "{tmp_path / "data"}"\n'
+        f"[mcp.servers.toolbox]\ncommand = {sys.executable!r}\n"
+        f"args = [{str(SERVERS / 'toolbox.py')!r}]\n", encoding="utf-8")
+    async with FakeAnthropic() as fake:
+        fake.reply_text("hello")
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("ROOST_", "ANTHROPIC_", "TELEGRAM_", "DISCORD_", "SLACK_"))}
+        env.update(ROOST_PROVIDER="anthropic", ANTHROPIC_API_KEY="x",
+                   ANTHROPIC_BASE_URL=fake.base_url, ROOST_CONSOLE="1", PYTHONUNBUFFERED="1")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bot", "run", cwd=tmp_path, env=env,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE)
+        assert proc.stdin is not None and proc.stderr is not None
+        log: asyncio.Task[bytes] | None = None
+        try:
+            async with asyncio.timeout(120):
+                while b"roost ready" not in (line := await proc.stderr.readline()):
+                    assert line, "roost run ended before it was ready"
+            # The rest of its log is read meanwhile: a full pipe would block its logging.
+            log = asyncio.create_task(proc.stderr.read())
+            proc.stdin.write(b"what can you do?\n")
+            await proc.stdin.drain()
+            await eventually(lambda: bool(fake.requests), "the model asked", limit=120)
+            tools = {t["name"] for t in fake.requests[0].body.get("tools", [])}
+            assert "toolbox__add" in tools
+        finally:
+            if proc.returncode is None:
+                proc.terminate()
+            async with asyncio.timeout(60):
+                await proc.wait()
+                if log is not None:
+                    await log
