@@ -127,6 +127,10 @@ def test_reduced_markup_stops_at_its_limits_with_every_element_closed() -> None:
     assert reduced.truncated
     assert reduced.markup.count("<p>") == reduced.markup.count("</p>") == 5
     assert reduced.markup.count("<div>") == reduced.markup.count("</div>") == 5
+    # One text as long as the page (an unclosed comment ends as text) is cut too.
+    for page in ("<p>x</p><!--" + "y" * 10_000, "<p>" + "&amp;" * 10_000):
+        reduced = reduce_html(page, max_markup=1_000)
+        assert reduced.truncated and len(reduced.markup) <= 1_000 + len("</p>")
 
 
 def context(user: str) -> ToolContext:

@@ -159,7 +159,10 @@ class _Reducer(HTMLParser):
         # An end tag of nothing open: browsers ignore it, and so does this.
 
     def handle_data(self, data: str) -> None:
-        self._write(html.escape(data, quote=False))
+        # Cut to the room left: one text can be the whole page (an unclosed comment is
+        # text at the end, say).
+        room = max(0, self.max_markup - self.size)
+        self._write(html.escape(data[:room], quote=False)[:room])
 
     def finish(self) -> str:
         """The markup, every element still open closed."""
