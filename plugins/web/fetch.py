@@ -30,7 +30,6 @@ import asyncio
 import codecs
 import concurrent.futures
 import ctypes
-import ctypes.util
 import functools
 import html as htmllib
 import itertools
@@ -357,9 +356,8 @@ def convert(download: Download) -> Page:
 
 @functools.cache
 def _malloc_trim() -> Any:
-    name = ctypes.util.find_library("c")
     try:
-        return ctypes.CDLL(name).malloc_trim if name else None
+        return ctypes.CDLL(None).malloc_trim  # the C library the process runs on
     except (OSError, AttributeError):  # not glibc: nothing to call
         return None
 
