@@ -396,11 +396,16 @@ class Roost:
             if cursors:
                 self.background(channel.catch_up(cursors), f"catching up {name}")
 
-    def background(self, work: Awaitable[Any], what: str) -> None:
+    def background(self, work: Awaitable[Any], what: str) -> asyncio.Future[Any]:
         """Run ``work`` in the background; failures are logged, shutdown cancels it."""
         task = asyncio.ensure_future(_quietly(work, what))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
+
+    def hold_runs(self, work: Awaitable[Any], what: str) -> None:
+        """:meth:`background`, and runs starting before ``work`` ends wait for it."""
+        self.engine.hold_runs(self.background(work, what))
 
     async def close(self) -> None:
         """Stop the scheduler and intake, cancel runs, stop channels, close everything."""

@@ -95,6 +95,9 @@ class AppRuntime:
     def background(self, work: Awaitable[Any], what: str) -> None:
         self._app.background(work, what)
 
+    def hold_runs(self, work: Awaitable[Any], what: str) -> None:
+        self._app.hold_runs(work, what)
+
     async def deliver(self, message: OutboundMessage) -> str | None:
         channel = self._app.channels.get(message.channel)
         if channel is None:

@@ -55,6 +55,9 @@ def roost_tools(settings: Settings, services: Services) -> list[Tool] | Tool | N
       should be off unless an admin turns it on (the built-in `exec` runs shell commands) carries
       `meta={"opt_in": True}`: no tool profile offers it, not even `full`; an agent gets it only
       when its `allow` names it (`tools = { allow = ["exec"] }`) or its plugin's group.
+      A tool's transient failures open its circuit breaker for every caller; a tool whose
+      failures belong to one caller or target passes `breaker_key=lambda context, args: ...`
+      (web_fetch: the user and the URL's host), and each key gets a breaker of its own.
     * **The context:** `ToolContext` says who runs the tool and where (`user_id`, `channel`,
       `chat_id`, `chat_type`, `thread_id`), the user's `workspace` and the `deadline`; its
       `send(OutboundMessage)` delivers a message to the chat at once, not after the run (the

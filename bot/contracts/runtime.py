@@ -106,6 +106,12 @@ class Runtime(Protocol):
         """Run ``work`` in the background; failures are logged, shutdown cancels it."""
         ...
 
+    def hold_runs(self, work: Awaitable[Any], what: str) -> None:
+        """Run ``work`` in the background like :meth:`background`; runs that start
+        before it ends wait for it first (a plugin's tools still being listed, say).
+        ``work`` must end by itself within a bound of its own."""
+        ...
+
     async def deliver(self, message: OutboundMessage) -> str | None:
         """Send ``message`` through its channel; the platform message id, if any.
 

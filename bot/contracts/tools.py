@@ -121,6 +121,9 @@ class Tool:
     default: str | None = None
     """The result to use when this call is skipped because a requirement failed."""
     meta: Mapping[str, Any] = field(default_factory=dict)
+    breaker_key: Callable[[ToolContext, Mapping[str, Any]], str] | None = None
+    """Divides the tool's circuit breaker: calls with different keys (a user and a
+    host, say) open and pause apart. ``None``: one breaker for every call."""
 
     def spec(self) -> ToolSpec:
         """The part of the tool the model is shown."""

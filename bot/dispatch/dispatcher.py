@@ -320,6 +320,7 @@ class Dispatcher:
                 if pending.done is not None and not pending.done.done():
                     pending.done.set_result(result)
                 return
+            await self.engine.held()  # tools still being listed at start, say
             plugins = self.engine.plugins  # the run and its stream use one plugin state
             session = await self.store.get(lane.key)
             bridge = StreamBridge(channel, message, plugins.sanitizers)

@@ -6,9 +6,10 @@ dispatcher uses to route a chat before any run exists.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from bot.agents.router import Agent, JudgeStats
 from bot.config.settings import Settings
@@ -106,6 +107,7 @@ class RunEngine:
         """The default agent's workspaces (others: :func:`bot.agents.router.workspaces_root`)."""
         self.agents = agents
         """Resolves each run's agent; judge statistics."""
+        self._holds: set[asyncio.Future[Any]] = set()
 
     @property
     def tools(self) -> Mapping[str, Tool]:
@@ -139,8 +141,25 @@ class RunEngine:
         ))
         return "nothing stored" if result.silent else result.status
 
+    def hold_runs(self, work: asyncio.Future[Any]) -> None:
+        """Runs starting before ``work`` is done wait for it (it ends by itself)."""
+        self._holds.add(work)
+        work.add_done_callback(self._holds.discard)
+
+    async def held(self) -> None:
+        """Return once the work passed to :meth:`hold_runs` is done (at once if it is).
+
+        Call it before taking :attr:`plugins` for a run.
+        """
+        if self._holds:
+            await asyncio.wait(set(self._holds))  # a cancelled caller leaves them running
+
     async def run(self, req: RunRequest, listener: Listener | None = None) -> RunResult:
-        """Execute ``req`` to completion; raises ``CancelledError`` if cancelled."""
+        """Execute ``req`` to completion; raises ``CancelledError`` if cancelled.
+
+        Waits first for the work passed to :meth:`hold_runs` that is not done yet.
+        """
+        await self.held()
         run = Run(self, req, listener)
         self.active_runs += 1
         req.session.pins += 1

@@ -10,9 +10,9 @@ call, in call order:
 - transient failures are retried with exponential backoff and jitter
   (:func:`retry_policy`: the tool's :class:`~bot.contracts.tools.ToolRetry` as a
   :class:`~bot.resilience.retry.RetryPolicy`), invisibly to the model;
-- a circuit breaker per tool (shared by every session through one
-  :class:`~bot.tools.breakers.Breakers` registry) fails calls fast after
-  repeated transient failures;
+- a circuit breaker per tool (per tool and key for a tool with a ``breaker_key``;
+  shared by every session through one :class:`~bot.tools.breakers.Breakers`
+  registry) fails calls fast after repeated transient failures;
 - a call whose ``requires`` failed in the same batch is skipped or given its
   ``default``; independent calls go on;
 - the per-turn timeout keeps finished results and skips the calls still running.
@@ -36,6 +36,7 @@ from bot.config.settings import Settings
 from bot.contracts.llm import ToolCall
 from bot.contracts.tools import Tool, ToolContext, ToolError, ToolResult, ToolRetry
 from bot.observability.tracing import RunTrace, Span, preview
+from bot.resilience.breaker import CircuitBreaker
 from bot.resilience.retry import RetryPolicy
 from bot.tools.args import check_arguments
 from bot.tools.breakers import Breakers
@@ -216,7 +217,7 @@ class ToolExecutor:
             metrics.calls += 1
             metrics.error("permanent")
             record_decision(span, call.name, "fail", "permanent", failure=failure, retry_count=0,
-                            breaker_state=self.breakers.get(tool.name).state)
+                            breaker_state=self._breaker(tool, batch.context, call).state)
             return self._fail_preflight(span, call, failure, text)
         return await self._call_with_retries(batch, span, call, tool)
 
@@ -230,7 +231,7 @@ class ToolExecutor:
     async def _call_with_retries(self, batch: _Batch, span: Span, call: ToolCall,
                                  tool: Tool) -> ToolOutcome:
         policy = retry_policy(tool.retry or DEFAULT_RETRY)
-        breaker = self.breakers.get(tool.name)
+        breaker = self._breaker(tool, batch.context, call)
         metrics = self.metrics.get(tool.name)
         metrics.calls += 1
         timeout = tool.timeout or self.settings.tool_timeout
@@ -306,6 +307,17 @@ class ToolExecutor:
                  circuit_breaker_state=breaker.state)
         return ToolOutcome(call, text, True, raw.classification, attempts, error=raw)
 
+    def _breaker(self, tool: Tool, context: ToolContext, call: ToolCall) -> CircuitBreaker:
+        """The breaker ``call`` counts against: the tool's, or its key's."""
+        key = ""
+        if tool.breaker_key is not None:
+            try:
+                key = tool.breaker_key(context, call.arguments)
+            except Exception:  # a bug in the key function must not fail the call
+                log.exception("breaker key of tool %s failed; using the tool's breaker",
+                              tool.name)
+        return self.breakers.get(tool.name, key)
+
     async def _attempt(self, tool: Tool, call: ToolCall, context: ToolContext,
                        limit: float) -> tuple[Failure | None, ToolResult]:
         """Run the tool once: (None, its result) on success, (failure, empty) otherwise."""
@@ -366,7 +378,7 @@ class ToolExecutor:
                        "which failed.")
             is_error, reason = True, "requirement failed"
         record_decision(span, call.name, "skip", reason, retry_count=0,
-                        breaker_state=self.breakers.get(tool.name).state,
+                        breaker_state=self._breaker(tool, batch.context, call).state,
                         failed_requirements=failed, used_default=tool.default is not None)
         span.end(error=is_error, is_error=is_error, attempts=0, skipped=True,
                  skip_reason="dependency")

@@ -69,11 +69,14 @@ def roost_tools(settings: Settings, services: Services) -> list[Tool] | None:
 
 @hookimpl
 async def roost_startup(app: Runtime) -> None:
-    """Start eager servers and list unlisted ones, all in the background."""
+    """Start eager servers and list unlisted ones in the background; runs wait for
+    the first listing of servers never listed before."""
     manager = _managers.get(id(app.services))
     if manager is None:
         return
     manager.start(app)
+    if any(s.config.enabled and not s.listed for s in manager.servers.values()):
+        app.hold_runs(manager.first_listing(), "listing MCP servers never listed before")
     app.background(_follow_enabled(manager, app), "ending MCP servers disabled or idle")
 
 

@@ -17,7 +17,8 @@ executor's classifier reads:
 Results: text blocks as they are; structured content as JSON when no text
 says the same; images, audio and binary resources are saved in the caller's
 workspace under ``mcp/<server>/`` and described by a line giving the path
-(``send_file`` can deliver them). Large results go through Roost's large-result
+(``send_file`` can deliver them); each in a new file, never over an earlier one
+(:mod:`plugins.mcp.files`). Large results go through Roost's large-result
 store like any tool's.
 """
 
@@ -40,6 +41,7 @@ from mcp.shared.exceptions import MCPError
 # Built-in: a returned image's type is sniffed from its bytes, like every file Roost takes.
 from bot.media.sniff import sniff_mime
 from plugins.mcp.connection import CallLost, ServerDown
+from plugins.mcp.files import save_new
 from plugins.mcp.manager import McpManager, McpServer
 from plugins.mcp.naming import tool_names
 from roost import ContentPart, Tool, ToolContext, ToolError, ToolResult, ToolRetry
@@ -182,16 +184,11 @@ async def _save(workspace: Path, server: str, index: int, data: str, mime: str,
     except (binascii.Error, ValueError):
         return f"[{what} ({mime}) could not be decoded]", None
     extension = mimetypes.guess_extension(mime.split(";")[0].strip()) or ".bin"
-    relative = Path("mcp") / server / f"{time.strftime('%Y%m%d-%H%M%S')}-{index}{extension}"
-    target = workspace / relative
+    stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{index}"
     try:
-        await asyncio.to_thread(_write, target, raw)
+        relative = await asyncio.to_thread(save_new, workspace, server, stem, extension, raw)
     except OSError as exc:
-        return f"[{what} ({mime}, {len(raw)} bytes) could not be saved: {exc.strerror}]", None
-    saved = _Saved(relative.as_posix(), sniff_mime(raw, mime), len(raw))
+        return f"[{what} ({mime}, {len(raw)} bytes) could not be saved: " \
+               f"{exc.strerror or exc}]", None
+    saved = _Saved(relative, sniff_mime(raw, mime), len(raw))
     return f"[{what} ({mime}, {len(raw)} bytes) saved as {saved.relative}]", saved
-
-
-def _write(target: Path, raw: bytes) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(raw)

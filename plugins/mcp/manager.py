@@ -6,8 +6,11 @@ configuration. When the list is there, the server's tools are offered from it
 at once and the server is started only when one of them is first called. When
 it is not (first start, or the configuration changed), the server is started
 in the background at startup just to list its tools, then ended; the tools
-are offered from the moment the listing arrives. Runs never wait for a server
-and pay nothing per turn: the tools are ordinary entries of the tool snapshot.
+are offered from the moment the listing arrives; runs that start before it
+arrives wait for it (at most the server's ``connect_timeout``), so the first
+message after a start sees the new server's tools. Otherwise runs never wait
+for a server and pay nothing per turn: the tools are ordinary entries of the
+tool snapshot.
 A lazily started server left unused for ``idle_timeout`` is ended again
 (:meth:`McpServer.end_idle`). ``startup = "eager"`` servers are started in the
 background at startup and kept running. ``tools/list_changed`` replaces the
@@ -125,6 +128,8 @@ class McpServer:
         self.users: OrderedDict[str, Connection] = OrderedDict()
         self._lister: asyncio.Task[None] | None = None
         self._stopping: set[asyncio.Task[None]] = set()
+        self._answered = asyncio.Event()
+        """Set once a listing answered: the tools, or why the server could not start."""
 
     # ---- lifecycle
 
@@ -175,7 +180,18 @@ class McpServer:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
 
+    async def wait_listed(self, limit: float) -> bool:
+        """Wait until the tools are listed or a listing failed, at most ``limit``
+        seconds; whether they are listed."""
+        if not self.listed:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(limit):
+                    await self._answered.wait()
+        return self.listed
+
     def _failed(self, why: str) -> None:
+        if why:
+            self._answered.set()
         if self.on_failure is not None:
             self.on_failure(self.name, why)
 
@@ -230,6 +246,7 @@ class McpServer:
         changed = not self.listed or _dump(tools) != _dump(self.tools)
         self.tools = tools
         self.listed = True
+        self._answered.set()
         if changed:
             self.cache.put(self.name, self.fingerprint, tools)
             self.on_change(self)
@@ -299,6 +316,19 @@ class McpManager:
         for server in self.servers.values():
             if server.config.enabled:
                 server.start()
+
+    async def first_listing(self) -> None:
+        """Wait for the first listing of every enabled server never listed before (each
+        at most its ``connect_timeout``), then offer what was listed.
+
+        :func:`plugins.mcp.roost_startup` holds runs on this, so the first message
+        after a start sees a new server's tools instead of racing their listing.
+        """
+        waiting = [s for s in self.servers.values() if s.config.enabled and not s.listed]
+        listed = await asyncio.gather(*(s.wait_listed(s.config.connect_timeout)
+                                        for s in waiting))
+        if any(listed) and self.runtime is not None:
+            await self.runtime.refresh_tools()
 
     async def stop(self) -> None:
         """End every server (all at once: each may take its 2 s + 2 s shutdown)."""

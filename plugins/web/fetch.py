@@ -6,9 +6,12 @@ and sent to the checked address; redirects followed by hand, at most
 ``web_fetch_max_bytes``; the whole fetch within ``web_fetch_timeout``; no
 proxies from the environment (they would resolve names themselves).
 
-The conversion (:func:`convert`), by content type: HTML to Markdown (the main
-content through trafilatura, else the whole page through markdownify), text,
-JSON and XML as they are, PDFs through Roost's document text extraction.
+The conversion (:func:`convert`), by content type: HTML to Markdown (the page
+first reduced to bounded markup by :mod:`plugins.web.markup`, then its main
+content through trafilatura, else all of it through markdownify), text, JSON
+and XML as they are, PDFs through Roost's document text extraction. One
+conversion runs at a time in the process, and the memory it freed is handed
+back to the system after it.
 Anything else (images, archives...) is refused. The result names the final URL
 and the page's title.
 
@@ -17,24 +20,31 @@ Failures raise :class:`~roost.ToolError` with one of these codes:
 ``CREDENTIALS_IN_URL``, ``BLOCKED_ADDRESS``, ``UNKNOWN_HOST``, ``DNS_FAILED``*,
 ``TIMEOUT``*, ``NETWORK``*, ``HTTP_<status>`` (* for 408, 425 and 5xx),
 ``RATE_LIMITED``*, ``TLS_ERROR``, ``TOO_MANY_REDIRECTS``, ``BAD_REDIRECT``, ``TOO_LARGE``,
-``BAD_RESPONSE``, ``UNSUPPORTED_CONTENT``, ``UNREADABLE``; * marks the retryable ones.
+``BAD_RESPONSE``, ``UNSUPPORTED_CONTENT``, ``UNREADABLE`` (a broken PDF, HTML nested too
+deep); * marks the retryable ones.
 """
 
 from __future__ import annotations
 
 import asyncio
 import codecs
+import concurrent.futures
+import ctypes
+import functools
 import html as htmllib
 import itertools
 import logging
 import re
 import ssl
+import threading
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from plugins.web._http import USER_AGENT, default_tls, status_error, transport_error, web_error
+from plugins.web.markup import TooDeep, reduce_html
 from plugins.web.ssrf import AddressPolicy, Guard, Resolver, Target, check_url, system_resolver
 from roost import (
     MediaError,
@@ -56,6 +66,7 @@ __all__ = [
     "Download",
     "Page",
     "WebFetcher",
+    "breaker_key",
     "convert",
     "default_max_chars",
     "render",
@@ -80,8 +91,9 @@ _TITLE = re.compile(r"<title[^>]*>(.*?)</title", re.IGNORECASE | re.DOTALL)
 _META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""",
                            re.IGNORECASE)
 _BLANK_LINES = re.compile(r"\n[ \t]*\n(?:[ \t]*\n)+")
-_DROPPED_TAGS = ["head", "script", "style", "noscript", "template", "svg", "iframe", "object"]
 _PDF_TEXT_LIMIT = 1_000_000
+_CONVERTER: concurrent.futures.ThreadPoolExecutor | None = None
+_CONVERTER_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,9 +150,14 @@ class WebFetcher:
                    max_redirects=settings.web_max_redirects, resolver=resolver, verify=verify)
 
     async def fetch(self, url: str) -> Page:
-        """Download ``url`` and convert it (the conversion runs in a worker thread)."""
+        """Download ``url`` and convert it (on the conversion thread, one at a time)."""
         download = await self.download(url)
-        return await asyncio.to_thread(convert, download)
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(_converter(), convert, download)
+        finally:
+            del download  # the body, before the memory is handed back
+            await loop.run_in_executor(_converter(), _release_memory)
 
     async def download(self, url: str) -> Download:
         """The body at ``url`` after redirects; raises :class:`ToolError` on any failure."""
@@ -305,14 +322,28 @@ def _too_large(url: httpx.URL, declared: int | None, cap: int) -> ToolError:
 # ----------------------------------------------------------------------- conversion
 
 
+def _converter() -> concurrent.futures.ThreadPoolExecutor:
+    """The one thread conversions run on: concurrent fetches add one conversion's
+    memory, not one each, and reuse one allocator arena."""
+    global _CONVERTER  # made on first use: most processes never fetch
+    with _CONVERTER_LOCK:
+        if _CONVERTER is None:
+            _CONVERTER = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="web-convert")
+        return _CONVERTER
+
+
 def convert(download: Download) -> Page:
     """The text of ``download`` for the model; raises :class:`ToolError` for what has none."""
     kind = _kind(download.content_type, download.body)
     shown_type = download.content_type or "(none)"
     requested, url = str(download.requested), str(download.url)
     if kind == "html":
-        text, title = html_to_markdown(_decode(download.body, download.charset, html=True), url)
-        return Page(requested, url, title, shown_type, "HTML converted to Markdown", text)
+        text, title, cut = html_to_markdown(
+            _decode(download.body, download.charset, html=True), url)
+        how = "HTML converted to Markdown" + (
+            "; the page is very large: only its start was read" if cut else "")
+        return Page(requested, url, title, shown_type, how, text)
     if kind == "pdf":
         return Page(requested, url, None, shown_type, "text of the PDF", _pdf(download))
     if kind == "text":
@@ -321,6 +352,21 @@ def convert(download: Download) -> Page:
     raise web_error(f"{shown_type} has no text to read (web_fetch reads HTML, text, JSON, "
                     f"XML and PDF): {url}, {len(download.body)} bytes", "UNSUPPORTED_CONTENT",
                     url=url, content_type=shown_type)
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    try:
+        return ctypes.CDLL(None).malloc_trim  # the C library the process runs on
+    except (OSError, AttributeError):  # not glibc: nothing to call
+        return None
+
+
+def _release_memory() -> None:
+    """Give the memory a conversion freed back to the system (glibc keeps it otherwise)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def _kind(content_type: str, body: bytes) -> str:
@@ -369,21 +415,31 @@ def _decode(body: bytes, charset: str | None, *, html: bool = False) -> str:
     return body.decode("cp1252", errors="replace")
 
 
-def html_to_markdown(html: str, url: str) -> tuple[str, str | None]:
-    """The page's main content as Markdown, and its ``<title>``.
+def html_to_markdown(html: str, url: str) -> tuple[str, str | None, bool]:
+    """The page's main content as Markdown, its ``<title>``, and whether the page was
+    too large to be read whole.
 
+    The page is first reduced to bounded markup (:func:`plugins.web.markup.reduce_html`).
     trafilatura finds the main content (no menus, footers or ads); when that is
     nothing or a small part of the page (a listing, a table), markdownify converts
-    the whole body instead.
+    the whole body instead. Raises :class:`ToolError` (``UNREADABLE``) for HTML
+    nested too deep to convert.
     """
     title = _title(html)
+    try:
+        reduced = reduce_html(html)
+    except TooDeep as exc:
+        raise web_error(f"unreadable page: {exc}: {url}", "UNREADABLE", url=url,
+                        action="Look for another source") from None
+    markup = reduced.markup
     extracted = ""
     try:
         import trafilatura
 
         extracted = trafilatura.extract(
-            html, url=url, output_format="markdown", include_links=True, include_tables=True,
-            include_images=False, include_comments=False, favor_recall=True) or ""
+            markup, url=url, output_format="markdown", include_links=True,
+            include_tables=True, include_images=False, include_comments=False,
+            favor_recall=True) or ""
     except Exception:  # a parser failure on a hostile page must not lose the page
         log.warning("trafilatura failed on %s; converting the whole page", url, exc_info=True)
     extracted = _tidy(extracted)
@@ -391,21 +447,24 @@ def html_to_markdown(html: str, url: str) -> tuple[str, str | None]:
         # Little found: a short page (where the extract can lose its structure, and
         # the whole page is short anyway), or a page trafilatura misreads (a listing,
         # a table), where the extract is a small part of the whole.
-        whole = _tidy(_markdownify(html))
+        try:
+            whole = _tidy(_markdownify(markup))
+        except RecursionError:  # the depth cap makes this unlikely; never a retry
+            raise web_error(f"unreadable page: its HTML nests too deep to convert: {url}",
+                            "UNREADABLE", url=url, action="Look for another source") from None
         if len(extracted.split()) < 50 or len(extracted) < 0.3 * len(whole):
             extracted = whole
     if title is None and extracted.startswith("# "):
         title = extracted.split("\n", 1)[0][2:].strip() or None
-    return extracted, title
+    return extracted, title, reduced.truncated
 
 
-def _markdownify(html: str) -> str:
+def _markdownify(markup: str) -> str:
     from bs4 import BeautifulSoup
     from markdownify import MarkdownConverter
 
-    soup = BeautifulSoup(html, "html.parser")
-    for tag in soup(_DROPPED_TAGS):
-        tag.decompose()
+    # The reduced markup has no scripts, styles or head left to drop.
+    soup = BeautifulSoup(markup, "html.parser")
     text: str = MarkdownConverter(heading_style="ATX", strip=["img"]).convert_soup(soup)
     return text
 
@@ -429,7 +488,7 @@ def _pdf(download: Download) -> str:
 
     try:
         text = pdf_text(download.body, max_chars=_PDF_TEXT_LIMIT)
-    except MediaError:
+    except (MediaError, RecursionError):  # RecursionError: objects nested without end
         raise web_error(f"unreadable PDF (damaged or encrypted): {download.url}",
                         "UNREADABLE", url=download.url) from None
     return text or "(the PDF has no text layer: its pages are probably scanned images)"
@@ -463,6 +522,20 @@ def default_max_chars(settings: Settings) -> int:
     return max(1_000, min(20_000, settings.large_result_chars - 1_000))
 
 
+def breaker_key(context: ToolContext, args: Mapping[str, Any]) -> str:
+    """web_fetch's circuit breakers are per user and host (with its port): one user's
+    failing site never pauses the tool for another user or another site."""
+    url = args.get("url")
+    host = ""
+    if isinstance(url, str):
+        try:
+            parts = urlsplit(url.strip())
+            host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+        except ValueError:  # an invalid URL or port: refused as such by the call
+            host = ""
+    return f"{context.channel}:{context.user_id} {host[:300]}"
+
+
 def web_fetch_tool(fetcher: WebFetcher, *, default_chars: int = 20_000) -> Tool:
     """The ``web_fetch`` tool over ``fetcher``."""
 
@@ -491,4 +564,5 @@ def web_fetch_tool(fetcher: WebFetcher, *, default_chars: int = 20_000) -> Tool:
         # The fetch has its own deadline; this leaves time to convert a large page.
         timeout=fetcher.timeout + 15.0,
         retry=ToolRetry(max_attempts=3, initial_delay=0.5, max_delay=2.0, max_total=10.0),
+        breaker_key=breaker_key,
     )
