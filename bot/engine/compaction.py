@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from bot.config.settings import Settings
 from bot.contracts.llm import ChatMessage, LLMProvider, LLMRequest
 from bot.contracts.messages import InboundMessage
+from bot.contracts.metering import metered_complete
 from bot.engine.history import repair_pairing
 from bot.engine.media import text_only
 from bot.engine.tokens import TokenEstimator
@@ -90,7 +91,7 @@ async def summarize(provider: LLMProvider, model: str, messages: Sequence[ChatMe
         cache=False,  # a transcript no later request starts with: caching it only costs
     )
     async with asyncio.timeout(SUMMARY_TIMEOUT):
-        response = await provider.complete(request)
+        response = await metered_complete(provider, request)
     summary = response.text.strip()
     if not summary:
         raise ValueError("the model returned an empty summary")
