@@ -19,11 +19,14 @@ import pytest
 
 from bot.agents.judge import JUDGE_SYSTEM
 from bot.app.roost import Roost
+from bot.contracts.hookspecs import hookimpl
 from bot.contracts.llm import LLMRequest, LLMResponse, OnRetry, OnText, Usage
 from bot.contracts.messages import InboundMessage
 from bot.engine.compaction import SUMMARY_SYSTEM
 from bot.storage.usage import Limit, UsageStore, day_of
 from bot.testing.app import ChatChannel, closing_apps, create_app, settle
+from bot.testing.media import FileChat
+from tests.media_helpers import ogg_opus
 
 NOW = 1_900_000_000.0
 """A fixed moment (2030-03-17, UTC) for the usage counters."""
@@ -293,3 +296,41 @@ async def test_a_crashed_calls_reservation_expires(database_url: str) -> None:
         assert await counters.spent("user", USER, day_of(NOW)) == 1_500
     finally:
         await store.close()
+
+
+class Ears:
+    """A transcriber plugin that hears ``text`` in every voice note."""
+
+    name = "ears"
+    model = "ears-1"
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    async def transcribe(self, data: bytes, mime_type: str, name: str) -> str:
+        return self.text
+
+    @hookimpl
+    def roost_transcriber(self) -> Ears:
+        return self
+
+
+async def test_a_transcription_counts_against_the_sender(roost_app: Any) -> None:
+    heard = "what is the weather tomorrow in the mountains " * 20
+    chat = await FileChat.join(await roost_app(
+        [{"reply": "sunny"}], ("ears", Ears(heard)),
+        budgets={"user_daily_cost": 10_000.0, "prices": {"ears-1": {"output": 1_000_000.0}}}))
+    assert chat.app is not None
+    chat.app.services.usage.clock = lambda: NOW  # type: ignore[union-attr]
+    await chat.say_with("", chat.add_file("v.ogg", ogg_opus(12), "voice",
+                                          mime_type="audio/ogg"))
+    await chat.settle()
+    assert chat.replies == ["sunny"]
+    done = next(e for e in chat.events if e.type == "run.completed")
+    run = done.payload["usage"]["input_tokens"] + done.payload["usage"]["output_tokens"]
+    transcript = len(heard.strip()) // 4 + 1
+    store = usage(chat.app)
+    await store.flush()
+    assert await store.spent("user", "console:user", day_of(NOW)) == run + transcript
+    # Priced as output of the transcriber's model (1.0 per token here).
+    assert await store.cost("user", "console:user", day_of(NOW)) == transcript

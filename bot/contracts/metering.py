@@ -65,3 +65,17 @@ async def metered_complete(provider: LLMProvider, request: LLMRequest, *,
         raise
     await asyncio.shield(hold.settle(response.usage, request.model))
     return response
+
+
+TRANSCRIPT_CHARS_PER_TOKEN = 4
+"""A transcription counts as its transcript's tokens, at about this many characters each."""
+
+
+async def charge_transcription(transcriber: object, transcript: str) -> None:
+    """Count a transcription against the current meter: the transcript's tokens as output
+    of the transcriber's model (``model``, else its ``name``), priced by ``[budgets.prices]``."""
+    meter = METER.get()
+    if meter is None:
+        return
+    model = str(getattr(transcriber, "model", "") or getattr(transcriber, "name", ""))
+    await meter.charge(Usage(0, len(transcript) // TRANSCRIPT_CHARS_PER_TOKEN + 1), model)

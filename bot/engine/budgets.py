@@ -196,10 +196,13 @@ class Budgets:
         who = {"user": "you have", "group": "this group has",
                "agent": "this assistant has"}[limit.scope]
         if limit.tokens and standing.spent >= WARN_AT * limit.tokens:
-            what = f"{when} token budget ({standing.spent:,} of {limit.tokens:,})"
+            share, what = (standing.spent / limit.tokens,
+                           f"{when} token budget ({standing.spent:,} of {limit.tokens:,})")
         else:
-            what = f"{when} spending limit ({standing.cost:.2f} of {limit.cost:.2f})"
-        return f"Heads-up: {who} used {round(WARN_AT * 100)} % of the {what}."
+            share, what = (standing.cost / limit.cost,
+                           f"{when} spending limit ({standing.cost:.2f} of {limit.cost:.2f})")
+        used = "all" if share >= 1 else f"{round(WARN_AT * 100)} %"
+        return f"Heads-up: {who} used {used} of the {what}."
 
     def cost(self, agent: str, model: str, usage: Usage) -> float:
         """What ``usage`` of ``model`` costs by the agent's price table (0 when unpriced)."""
