@@ -180,6 +180,26 @@ async def test_two_replicas_share_one_budget(make: Make, pg_url: str) -> None:
     assert sum(r.startswith(DAILY) for r in replies) == 12 - answered > 0
 
 
+async def test_cron_jobs_due_together_on_two_replicas_share_one_budget(
+        make: Make, pg_url: str) -> None:
+    spenders = [Spender(), Spender()]
+    settings: dict[str, Any] = {"database_url": pg_url, "max_tokens": 4_000,
+                                "budgets": {"user_daily_tokens": 24_000}}
+    apps = [(await make(spenders[0], "a", **settings))[0],
+            (await make(spenders[1], "b", **settings))[0]]
+    # Nine jobs of one owner, in nine chats, fire at once: five on one replica, four on the other.
+    fired = [apps[k % 2].runtime.run_scheduled(
+        InboundMessage("test", f"g{k}", "group", "u1", f"job {k}"), mode="minimal",
+        kind="cron", deliver_failed=False) for k in range(9)]
+    results = await asyncio.wait_for(asyncio.gather(*fired), 60)
+    await idle(*apps)
+    counted = await usage(apps[0]).spent("user", USER, day_of(NOW))
+    assert counted == sum(s.spent() for s in spenders)
+    bound = 24_000 + max(s.worst_reservation() for s in spenders if s.calls)
+    assert counted <= bound, f"{counted:,} counted against 24,000 (bound {bound:,})"
+    assert sum(r.status == "refused" for r in results) == 9 - sum(len(s.calls) for s in spenders)
+
+
 async def test_a_cost_budget_holds_the_same_way(make: Make, database_url: str) -> None:
     spender = Spender()
     prices = {"priced": {"input": 10.0, "output": 20.0}}  # per million tokens
@@ -232,6 +252,8 @@ async def test_compaction_and_judges_count_against_the_owner(make: Make,
     counted = await usage(app).spent("user", USER, day_of(NOW))
     assert counted == spender.spent()
     assert await usage(app).spent("agent", "default", day_of(NOW)) == counted
+    # ``runs`` still counts runs: the four answered messages, not their calls.
+    assert (await usage(app).totals("user", USER, day_of(NOW))).runs == 4
 
 
 async def test_a_scheduled_memory_flush_counts_against_the_sessions_user(

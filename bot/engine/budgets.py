@@ -274,6 +274,8 @@ class Payer:
         self.message = message
         self.agent = agent
         self.notify = notify
+        self.counted = False
+        """Whether a call of this run was counted yet (the run counts once in ``runs``)."""
         self.held: list[str] | None = []
         """Warnings kept until :meth:`release` (after the run's reply); ``None``: at once."""
 
@@ -327,13 +329,15 @@ class _Hold:
         spent = usage or Usage()
         if not self.limits and not spent.input_tokens and not spent.output_tokens:
             return
+        first = not payer.counted and bool(spent.input_tokens or spent.output_tokens)
+        payer.counted = payer.counted or first
         try:
             warned = await budgets.usage.settle(
                 self.id, subjects(payer.message, payer.agent), spent.input_tokens,
                 spent.output_tokens, budgets.cost(payer.agent, model, spent),
                 cache_read_tokens=spent.cache_read_tokens,
                 cache_write_tokens=spent.cache_write_tokens, limits=self.limits,
-                warn_at=WARN_AT)
+                warn_at=WARN_AT, runs=1 if first else 0)
         except Exception:
             # The hold expires on its own; the spend is lost to the counters.
             log.exception("counting %d tokens of %s failed", spent.input_tokens

@@ -19,11 +19,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import aiosqlite
 
-from bot.storage.db import Writer, transaction
+from bot.storage.db import Writer
 
 Scope = Literal["user", "group", "agent"]
 
@@ -202,13 +202,14 @@ class UsageStore:
                  for (scope, period, subject), _ in ordered])
             return None
 
-        return await transaction(self.db, self.lock, body)
+        return cast("Standing | None", await self.writer.write(body, what="reserving tokens"))
 
     async def settle(self, hold: str, subjects: list[tuple[Scope, str]], input_tokens: int,
                      output_tokens: int, cost: float, *, cache_read_tokens: int = 0,
                      cache_write_tokens: int = 0, limits: Sequence[Limit] = (),
-                     warn_at: float = 0.8) -> list[Standing]:
-        """Count one call's spend for each subject's day and month and drop its hold.
+                     warn_at: float = 0.8, runs: int = 1) -> list[Standing]:
+        """Count one call's spend (``runs``: 1 for a run's first call, else 0) for each
+        subject's day and month and drop its hold.
 
         Returns the limits among ``limits`` this spend took to ``warn_at`` of a cap
         for the first time in their period (each is returned once, across replicas).
@@ -224,15 +225,16 @@ class UsageStore:
                 await db.executemany(
                     "INSERT INTO usage (scope, subject, period, input_tokens, output_tokens,"
                     " cost, cache_read_tokens, cache_write_tokens, runs)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1) ON CONFLICT (scope, period, subject)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (scope, period, subject)"
                     " DO UPDATE SET input_tokens = usage.input_tokens + excluded.input_tokens,"
                     " output_tokens = usage.output_tokens + excluded.output_tokens,"
                     " cost = usage.cost + excluded.cost,"
                     " cache_read_tokens = usage.cache_read_tokens + excluded.cache_read_tokens,"
                     " cache_write_tokens = usage.cache_write_tokens"
-                    " + excluded.cache_write_tokens, runs = usage.runs + 1",
+                    " + excluded.cache_write_tokens, runs = usage.runs + excluded.runs",
                     [(scope, subject, period, input_tokens, output_tokens, cost,
-                      cache_read_tokens, cache_write_tokens) for scope, period, subject in rows])
+                      cache_read_tokens, cache_write_tokens, runs)
+                     for scope, period, subject in rows])
             await db.execute("DELETE FROM usage_holds WHERE hold = ?", (hold,))
             if not counted:
                 return []
@@ -256,7 +258,7 @@ class UsageStore:
                             break
             return warned
 
-        return await transaction(self.db, self.lock, body)
+        return cast("list[Standing]", await self.writer.write(body, what="counting tokens spent"))
 
     async def held(self, scope: Scope, subject: str, period: str) -> int:
         """Tokens that calls in flight hold against ``subject`` in ``period``."""
@@ -292,7 +294,7 @@ class UsageStore:
                              (" ".join(repr(s) for s in recent), subject))
             return wait
 
-        return await transaction(self.db, self.lock, body)
+        return cast("float | None", await self.writer.write(body, what="counting a request"))
 
 
 async def _standing(db: aiosqlite.Connection, limit: Limit, now: float, *,
