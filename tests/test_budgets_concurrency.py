@@ -356,3 +356,27 @@ async def test_a_transcription_counts_against_the_sender(roost_app: Any) -> None
     assert await store.spent("user", "console:user", day_of(NOW)) == run + transcript
     # Priced as output of the transcriber's model (1.0 per token here).
     assert await store.cost("user", "console:user", day_of(NOW)) == transcript
+
+
+async def test_a_call_cancelled_while_it_reserves_leaves_nothing_reserved(
+        make: Make, database_url: str) -> None:
+    from bot.contracts.llm import ChatMessage
+
+    app, _ = await make(Spender(0), database_url=database_url,
+                        budgets={"user_daily_tokens": 10_000})
+    payer = app.dispatcher.budgets.meter(
+        InboundMessage("test", "u1", "direct", "u1", "hi"), "default")
+    request = LLMRequest("m", "system", (ChatMessage("user", "hi"),), max_tokens=1_000)
+    # /stop or a merge cancels the run while its reservation is being written.
+    reserving = asyncio.ensure_future(payer.reserve(request, "spender"))
+    await asyncio.sleep(0)
+    reserving.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reserving
+    await usage(app).flush()
+    assert await usage(app).held("user", USER, day_of(NOW)) == 0
+    # A reservation that is not cancelled is held until settled.
+    hold = await payer.reserve(request, "spender")
+    assert await usage(app).held("user", USER, day_of(NOW)) > 1_000
+    await hold.settle(Usage(10, 20), "m")
+    assert await usage(app).held("user", USER, day_of(NOW)) == 0

@@ -19,6 +19,7 @@ user (or the group) in chat, an agent's budget in the log for the admin.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Callable
@@ -92,14 +93,6 @@ class Budgets:
             return None
         now = self.usage.clock()
         user = f"{message.channel}:{message.sender_id}"
-        if request and limits.user_requests_per_minute:
-            wait = await self.usage.admit_request(user, limits.user_requests_per_minute,
-                                                  RATE_WINDOW)
-            if wait is not None:
-                log.info("%s refused: %d requests in the last minute", user,
-                         limits.user_requests_per_minute)
-                return (f"Too many messages: at most {limits.user_requests_per_minute} per "
-                        f"minute. Try again in {max(1, round(wait))} s.")
         day, month = day_of(now), month_of(now)
         group = f"{message.channel}:{message.chat_id}" if message.chat_type == "group" else None
         checks: list[tuple[int, Scope, str | None, str, str]] = [
@@ -138,6 +131,15 @@ class Budgets:
                      "daily" if daily else "monthly", cost, cap)
             return (f"{whose} {'daily' if daily else 'monthly'} spending limit reached, resets "
                     f"{_resets(daily, now)} ({cost:.2f} of {cap:.2f} spent).")
+        # Last: a message refused for its budget does not use up a request.
+        if request and limits.user_requests_per_minute:
+            wait = await self.usage.admit_request(user, limits.user_requests_per_minute,
+                                                  RATE_WINDOW)
+            if wait is not None:
+                log.info("%s refused: %d requests in the last minute", user,
+                         limits.user_requests_per_minute)
+                return (f"Too many messages: at most {limits.user_requests_per_minute} per "
+                        f"minute. Try again in {max(1, round(wait))} s.")
         return None
 
     def meter(self, message: InboundMessage, agent: str,
@@ -304,10 +306,15 @@ class Payer:
         if not limits:
             return hold
         worst = self.estimate(request, provider)
-        standing = await budgets.usage.reserve(
-            hold.id, limits, worst.input_tokens + worst.output_tokens,
-            budgets.cost(self.agent, request.model, worst),
-            budgets.settings.run_timeout + HOLD_GRACE)
+        try:
+            standing = await budgets.usage.reserve(
+                hold.id, limits, worst.input_tokens + worst.output_tokens,
+                budgets.cost(self.agent, request.model, worst),
+                budgets.settings.run_timeout + HOLD_GRACE)
+        except asyncio.CancelledError:
+            # The reservation commits all the same (writes finish once queued): let it go.
+            budgets.usage.release(hold.id)
+            raise
         if standing is not None:
             raise BudgetRefused(budgets.refusal(standing))
         return hold

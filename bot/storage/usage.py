@@ -260,6 +260,15 @@ class UsageStore:
 
         return cast("list[Standing]", await self.writer.write(body, what="counting tokens spent"))
 
+    def release(self, hold: str) -> None:
+        """Drop reservation ``hold`` without counting anything (queued after any write
+        of it already queued, so a reservation still committing is dropped too)."""
+
+        async def body(db: aiosqlite.Connection) -> None:
+            await db.execute("DELETE FROM usage_holds WHERE hold = ?", (hold,))
+
+        self.writer.write_later(body, what="releasing a reservation")
+
     async def held(self, scope: Scope, subject: str, period: str) -> int:
         """Tokens that calls in flight hold against ``subject`` in ``period``."""
         async with self.lock, self.db.execute(
