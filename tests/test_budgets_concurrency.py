@@ -380,3 +380,19 @@ async def test_a_call_cancelled_while_it_reserves_leaves_nothing_reserved(
     assert await usage(app).held("user", USER, day_of(NOW)) > 1_000
     await hold.settle(Usage(10, 20), "m")
     assert await usage(app).held("user", USER, day_of(NOW)) == 0
+
+
+async def test_a_run_whose_next_call_does_not_fit_ends_with_one_line(roost_app: Any) -> None:
+    chat = await roost_app(
+        [{"steps": [{"tool_calls": [{"name": "no_such_tool", "arguments": {}}]},
+                    {"reply": "done"}]}],
+        budgets={"user_daily_tokens": 1_000})
+    usage(chat.app).clock = lambda: NOW
+    # The first call fits (nothing spent yet) and spends more than the day's 1,000 tokens.
+    [reply] = await chat.ask("work", sender="u1")
+    spent = await usage(chat.app).spent("user", "console:u1", day_of(NOW))
+    assert reply == f"{DAILY} ({spent:,} of 1,000 tokens used)."
+    assert len(chat.requests) == 1  # before: the second call was made and "done" answered
+    session = await chat.app.store.get("default:console:direct:u1")
+    assert [(m.role, m.content) for m in session.messages] == [("user", "work"),
+                                                               ("assistant", reply)]

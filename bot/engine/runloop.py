@@ -126,8 +126,10 @@ class Run:
         except BudgetRefused as exc:
             if not self.usage.input_tokens and not self.usage.output_tokens:
                 raise  # before the model answered anything: the caller refuses the run
-            # A later call of the run: it ends with the refusal, its tool turns dropped.
-            result = await finish.refuse(self, exc.reply)
+            # A later call of the run: it ends with the refusal, its tool turns dropped
+            # (the user's message is kept: it was not what was refused).
+            result = await finish.refuse(self, exc.reply, kept=next(
+                (m for m in self.buffer if m.role == "user"), None))
         except Exception as exc:
             log.exception("run %s failed", self.req.run_id)
             result = await finish.fail(self, describe_error(exc))
