@@ -314,8 +314,17 @@ async def test_a_crashed_calls_reservation_expires(database_url: str) -> None:
         await counters.settle("second", [("user", USER)], 1_000, 500, 0.0, limits=limit)
         now[0] += 601  # the dead process's hold has expired
         assert await counters.held("user", USER, day_of(NOW)) == 0
+        assert await counters.drop_expired() == 1  # the daily retention job's sweep
         assert await counters.reserve("fourth", limit, 9_000, 0.0, ttl=600) is None
         assert await counters.spent("user", USER, day_of(NOW)) == 1_500
+        # A user whose every call was refused spent nothing: /usage does not list them.
+        broke = [Limit("user", "test:u2", day_of(NOW), tokens=10)]
+        await counters.settle("x", [("user", "test:u2")], 6, 6, 0.0, limits=broke)
+        assert await counters.reserve("y", broke, 100, 0.0, ttl=600) is not None
+        never = [Limit("user", "test:u3", day_of(NOW), tokens=10)]
+        assert await counters.reserve("z", never, 100, 0.0, ttl=600) is None
+        await counters.settle("z", [("user", "test:u3")], 0, 0, 0.0, limits=never)
+        assert [s.subject for s in await counters.top("user", day_of(NOW))] == [USER, "test:u2"]
     finally:
         await store.close()
 

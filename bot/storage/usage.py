@@ -156,6 +156,8 @@ class UsageStore:
         async with self.lock, self.db.execute(
             "SELECT subject, input_tokens, output_tokens, runs, cost, cache_read_tokens,"
             " cache_write_tokens FROM usage WHERE scope = ? AND period = ?"
+            # A counter only ever reserved against (all its calls refused) spent nothing.
+            " AND (input_tokens + output_tokens > 0 OR cost > 0)"
             " ORDER BY input_tokens + output_tokens DESC, subject LIMIT ?",
             (scope, period, limit),
         ) as cur:
@@ -268,6 +270,18 @@ class UsageStore:
             await db.execute("DELETE FROM usage_holds WHERE hold = ?", (hold,))
 
         self.writer.write_later(body, what="releasing a reservation")
+
+    async def drop_expired(self) -> int:
+        """Delete every expired reservation (those of counters reserved again are dropped
+        then already); returns how many."""
+        now = self.clock()
+
+        async def body(db: aiosqlite.Connection) -> int:
+            async with db.execute("DELETE FROM usage_holds WHERE expires_at <= ?",
+                                  (now,)) as cur:
+                return int(cur.rowcount)
+
+        return cast("int", await self.writer.write(body, what="deleting expired reservations"))
 
     async def held(self, scope: Scope, subject: str, period: str) -> int:
         """Tokens that calls in flight hold against ``subject`` in ``period``."""
