@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -19,14 +23,18 @@ import pytest
 
 from bot.agents.judge import JUDGE_SYSTEM
 from bot.app.roost import Roost
+from bot.config.settings import Settings
 from bot.contracts.hookspecs import hookimpl
-from bot.contracts.llm import LLMRequest, LLMResponse, OnRetry, OnText, Usage
+from bot.contracts.llm import ChatMessage, LLMRequest, LLMResponse, OnRetry, OnText, Usage
 from bot.contracts.messages import InboundMessage
 from bot.engine.compaction import SUMMARY_SYSTEM
+from bot.engine.runloop import RunRequest
+from bot.storage.sessions import SessionStore
 from bot.storage.usage import Limit, UsageStore, day_of
 from bot.testing.app import ChatChannel, closing_apps, create_app, settle
 from bot.testing.media import FileChat
 from tests.media_helpers import ogg_opus
+from tests.test_cli import clean_env
 
 NOW = 1_900_000_000.0
 """A fixed moment (2030-03-17, UTC) for the usage counters."""
@@ -258,8 +266,6 @@ async def test_compaction_and_judges_count_against_the_owner(make: Make,
 
 async def test_a_scheduled_memory_flush_counts_against_the_sessions_user(
         make: Make, database_url: str) -> None:
-    from bot.engine.runloop import RunRequest
-
     spender = Spender(0)
     app, chat = await make(spender, database_url=database_url)
     assert await chat.ask("remember that I like tea") == ["ok"]
@@ -299,8 +305,6 @@ async def test_eighty_percent_of_a_budget_warns_once(make: Make, database_url: s
 
 
 async def test_a_crashed_calls_reservation_expires(database_url: str) -> None:
-    from bot.storage.sessions import SessionStore
-
     store = await SessionStore.open(database_url)
     try:
         now = [NOW]
@@ -369,8 +373,6 @@ async def test_a_transcription_counts_against_the_sender(roost_app: Any) -> None
 
 async def test_a_call_cancelled_while_it_reserves_leaves_nothing_reserved(
         make: Make, database_url: str) -> None:
-    from bot.contracts.llm import ChatMessage
-
     app, _ = await make(Spender(0), database_url=database_url,
                         budgets={"user_daily_tokens": 10_000})
     payer = app.dispatcher.budgets.meter(
@@ -405,3 +407,52 @@ async def test_a_run_whose_next_call_does_not_fit_ends_with_one_line(roost_app: 
     session = await chat.app.store.get("default:console:direct:u1")
     assert [(m.role, m.content) for m in session.messages] == [("user", "work"),
                                                                ("assistant", reply)]
+
+
+def test_a_killed_processs_reservation_is_shared_and_expires(tmp_path: Path) -> None:
+    (tmp_path / "roost.toml").write_text(
+        "[budgets]\nuser_daily_tokens = 100000\nadmins_exempt = false\n", encoding="utf-8")
+    script = tmp_path / "slow.yaml"
+    script.write_text("turns:\n  - {reply: never, delay: 120}\n", encoding="utf-8")
+    db = tmp_path / "data" / "roost.db"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bot", "chat", "-m", "hello"], cwd=tmp_path,
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=clean_env(ROOST_PROVIDER="scripted", ROOST_SCRIPT=str(script)))
+    try:
+        deadline = time.monotonic() + 60  # a hang guard, not a measurement
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, "no reservation"
+            try:
+                with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+                    if conn.execute("SELECT COUNT(*) FROM usage_holds").fetchone()[0]:
+                        break
+            except sqlite3.OperationalError:  # not created or migrated yet
+                pass
+            time.sleep(0.05)
+        proc.kill()  # SIGKILL while the model call is in flight: nothing is settled
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    asyncio.run(_after_the_kill(db, Settings().run_timeout))
+
+
+async def _after_the_kill(db: Path, run_timeout: float) -> None:
+    store = await SessionStore.open(db)
+    try:
+        now = [time.time()]  # the clock the killed process counted by
+        counters = UsageStore(store.db, store.lock, store.writer, clock=lambda: now[0])
+        day = day_of(now[0])
+        held = await counters.held("user", "console:local", day)
+        # Another process (a replica, a restart) sees the dead call's reservation...
+        assert held > 0
+        full = [Limit("user", "console:local", day, tokens=held)]
+        assert await counters.reserve("next", full, 1, 0.0, ttl=60) is not None
+        # ...until it expires, a minute after the longest a run may take.
+        now[0] += run_timeout + 61
+        assert await counters.held("user", "console:local", day) == 0
+        assert await counters.reserve("next", full, 1, 0.0, ttl=60) is None
+    finally:
+        await store.close()
+
