@@ -338,6 +338,14 @@ class _Hold:
             return
         first = not payer.counted and bool(spent.input_tokens or spent.output_tokens)
         payer.counted = payer.counted or first
+        if not self.limits:
+            # Nothing reserved, nothing to warn about: counted with the next commit.
+            budgets.usage.record(
+                subjects(payer.message, payer.agent), spent.input_tokens, spent.output_tokens,
+                budgets.cost(payer.agent, model, spent),
+                cache_read_tokens=spent.cache_read_tokens,
+                cache_write_tokens=spent.cache_write_tokens, runs=1 if first else 0)
+            return
         try:
             warned = await budgets.usage.settle(
                 self.id, subjects(payer.message, payer.agent), spent.input_tokens,
@@ -352,11 +360,11 @@ class _Hold:
             return
         for standing in warned:
             text = budgets.warning(standing)
-            log.warning("%s %s: %s", standing.limit.scope, standing.limit.subject, text)
             limit = standing.limit
-            # Past the whole limit the next message's refusal says it; an agent's
-            # budget is the admin's business (the log).
-            if limit.scope != "agent" and not (
-                    (limit.tokens and standing.spent >= limit.tokens)
-                    or (limit.cost and standing.cost >= limit.cost)):
+            passed = bool((limit.tokens and standing.spent >= limit.tokens)
+                          or (limit.cost and standing.cost >= limit.cost))
+            # Past the whole limit the next message's refusal says it (and is logged).
+            log.log(logging.INFO if passed else logging.WARNING, "%s %s: %s", limit.scope,
+                    limit.subject, text)
+            if limit.scope != "agent" and not passed:  # an agent's: the admin's, in the log
                 payer.tell(text)

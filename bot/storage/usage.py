@@ -104,12 +104,13 @@ class UsageStore:
 
     def record(self, subjects: list[tuple[Scope, str]], input_tokens: int,
                output_tokens: int, cost: float = 0.0, moment: float | None = None, *,
-               cache_read_tokens: int = 0, cache_write_tokens: int = 0) -> None:
-        """Add one run's tokens (and their cost) to each subject's day and month (queued;
-        committed with the next write). The cache counts are parts of ``input_tokens``."""
+               cache_read_tokens: int = 0, cache_write_tokens: int = 0, runs: int = 1) -> None:
+        """Add tokens (and their cost) to each subject's day and month, without a
+        reservation to settle (queued; committed with the next write). The cache counts
+        are parts of ``input_tokens``; ``runs`` is added to the run count."""
         moment = self.clock() if moment is None else moment
         rows = [(scope, subject, period, input_tokens, output_tokens, cost, cache_read_tokens,
-                 cache_write_tokens)
+                 cache_write_tokens, runs)
                 for scope, subject in subjects
                 for period in (day_of(moment), month_of(moment))]
 
@@ -117,14 +118,14 @@ class UsageStore:
             await db.executemany(
                 "INSERT INTO usage (scope, subject, period, input_tokens, output_tokens, cost,"
                 " cache_read_tokens, cache_write_tokens, runs)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1) ON CONFLICT (scope, period, subject)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (scope, period, subject)"
                 # Qualified: PostgreSQL reads a bare name here as ambiguous.
                 " DO UPDATE SET input_tokens = usage.input_tokens + excluded.input_tokens,"
                 " output_tokens = usage.output_tokens + excluded.output_tokens,"
                 " cost = usage.cost + excluded.cost,"
                 " cache_read_tokens = usage.cache_read_tokens + excluded.cache_read_tokens,"
                 " cache_write_tokens = usage.cache_write_tokens + excluded.cache_write_tokens,"
-                " runs = usage.runs + 1",
+                " runs = usage.runs + excluded.runs",
                 rows)
 
         self.writer.write_later(body, what="counting tokens spent")
