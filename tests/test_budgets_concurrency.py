@@ -456,3 +456,16 @@ async def _after_the_kill(db: Path, run_timeout: float) -> None:
     finally:
         await store.close()
 
+
+
+async def test_a_judge_call_that_does_not_fit_ends_the_run_with_the_refusal(
+        make: Make, database_url: str) -> None:
+    spender = Spender(0)
+    _, chat = await make(spender, database_url=database_url,
+                         agents={"default": {"judge": {"judges": [{"type": "llm"}]}}},
+                         budgets={"user_daily_tokens": 1_000})
+    # The answer's call fits (nothing spent yet) and spends the day; the judge's does not:
+    # the unjudged answer is not delivered (before: it went out, judged or not).
+    [reply] = await chat.ask("hello")
+    assert reply.startswith(DAILY)
+    assert [kind for kind, _, _ in spender.calls] == ["run"]
