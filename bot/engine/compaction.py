@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from bot.config.settings import Settings
 from bot.contracts.llm import ChatMessage, LLMProvider, LLMRequest
 from bot.contracts.messages import InboundMessage
-from bot.contracts.metering import metered_complete
+from bot.contracts.metering import BudgetRefused, metered_complete
 from bot.engine.history import repair_pairing
 from bot.engine.media import text_only
 from bot.engine.tokens import TokenEstimator
@@ -177,6 +177,9 @@ class Compactor:
                 await self.memory_flush(session, message, agent)
             await self.compact(session, agent)
             self.failed_at.pop(session.key, None)
+        except BudgetRefused as exc:
+            self.failed_at[session.key] = len(session.messages)
+            log.info("compaction of %s skipped: %s", session.key, exc.reply)
         except Exception:
             self.failed_at[session.key] = len(session.messages)
             log.exception("compaction of %s failed; history left as it was (next try after "
