@@ -469,3 +469,20 @@ async def test_a_judge_call_that_does_not_fit_ends_the_run_with_the_refusal(
     [reply] = await chat.ask("hello")
     assert reply.startswith(DAILY)
     assert [kind for kind, _, _ in spender.calls] == ["run"]
+
+
+async def test_a_compaction_without_budget_left_is_one_log_line(
+        make: Make, database_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    spender = Spender(0)
+    _, chat = await make(spender, database_url=database_url, compact_min_messages=5,
+                         compact_keep_messages=2, budgets={"user_daily_tokens": 20_000})
+    caplog.set_level(logging.INFO, "roost.engine.compaction")
+    # Three runs of ~8,000 tokens each fit (each starts below 20,000); the compaction
+    # after the third does not.
+    for k in range(3):
+        assert await chat.ask(f"message {k}") == ["ok"]
+    await chat.app.engine.compactor.wait()  # type: ignore[union-attr]
+    assert [kind for kind, _, _ in spender.calls] == ["run"] * 3
+    [line] = [r for r in caplog.records if r.name == "roost.engine.compaction"]
+    assert line.levelno == logging.INFO and line.getMessage().startswith(
+        f"compaction of default:test:direct:u1 skipped: {DAILY}")
