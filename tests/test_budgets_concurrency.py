@@ -486,3 +486,22 @@ async def test_a_compaction_without_budget_left_is_one_log_line(
     [line] = [r for r in caplog.records if r.name == "roost.engine.compaction"]
     assert line.levelno == logging.INFO and line.getMessage().startswith(
         f"compaction of default:test:direct:u1 skipped: {DAILY}")
+
+
+async def test_token_and_cost_warnings_are_each_given_once(database_url: str) -> None:
+    store = await SessionStore.open(database_url)
+    try:
+        counters = UsageStore(store.db, store.lock, store.writer, clock=lambda: NOW)
+        both = [Limit("user", USER, day_of(NOW), tokens=1_000, cost=1.0)]
+        subjects: list[tuple[Any, str]] = [("user", USER)]
+
+        async def spend(tokens: int, cost: float) -> list[str]:
+            warned = await counters.settle("h", subjects, tokens, 0, cost, limits=both)
+            return [kind for _, kind in warned]
+
+        assert await spend(500, 0.1) == []
+        assert await spend(350, 0.1) == ["tokens"]  # 850 of 1,000 tokens
+        assert await spend(10, 0.65) == ["cost"]  # 0.85 of 1.00
+        assert await spend(10, 0.01) == []  # each once per period
+    finally:
+        await store.close()

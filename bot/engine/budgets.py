@@ -191,13 +191,13 @@ class Budgets:
         return (f"{whose} {when} spending limit reached, resets {_resets(daily, now)} "
                 f"({standing.cost:.2f} of {limit.cost:.2f} spent{busy}).")
 
-    def warning(self, standing: Standing) -> str:
-        """The 80 % warning for ``standing``'s limit."""
+    def warning(self, standing: Standing, kind: str) -> str:
+        """The 80 % warning for ``standing``'s limit of ``kind`` (``tokens`` or ``cost``)."""
         limit = standing.limit
         when = "daily" if limit.period == day_of(self.usage.clock()) else "monthly"
         who = {"user": "you have", "group": "this group has",
                "agent": "this assistant has"}[limit.scope]
-        if limit.tokens and standing.spent >= WARN_AT * limit.tokens:
+        if kind == "tokens":
             share, what = (standing.spent / limit.tokens,
                            f"{when} token budget ({standing.spent:,} of {limit.tokens:,})")
         else:
@@ -278,20 +278,20 @@ class Payer:
         self.notify = notify
         self.counted = False
         """Whether a call of this run was counted yet (the run counts once in ``runs``)."""
-        self.held: list[str] | None = []
+        self.kept: list[str] | None = []
         """Warnings kept until :meth:`release` (after the run's reply); ``None``: at once."""
 
     def tell(self, text: str) -> None:
         """Tell the chat ``text`` — once the run's reply went out."""
-        if self.held is not None:
-            self.held.append(text)
+        if self.kept is not None:
+            self.kept.append(text)
         elif self.notify is not None:
             self.notify(text)
 
     def release(self) -> None:
         """Send the warnings kept so far; later ones go at once (background work)."""
-        held, self.held = self.held or [], None
-        for text in held:
+        kept, self.kept = self.kept or [], None
+        for text in kept:
             self.tell(text)
 
     def estimate(self, request: LLMRequest, provider: str) -> Usage:
@@ -358,11 +358,11 @@ class _Hold:
             log.exception("counting %d tokens of %s failed", spent.input_tokens
                           + spent.output_tokens, payer.message.sender_id)
             return
-        for standing in warned:
-            text = budgets.warning(standing)
+        for standing, kind in warned:
+            text = budgets.warning(standing, kind)
             limit = standing.limit
-            passed = bool((limit.tokens and standing.spent >= limit.tokens)
-                          or (limit.cost and standing.cost >= limit.cost))
+            passed = (standing.spent >= limit.tokens if kind == "tokens"
+                      else standing.cost >= limit.cost)
             # Past the whole limit the next message's refusal says it (and is logged).
             log.log(logging.INFO if passed else logging.WARNING, "%s %s: %s", limit.scope,
                     limit.subject, text)

@@ -210,12 +210,13 @@ class UsageStore:
     async def settle(self, hold: str, subjects: list[tuple[Scope, str]], input_tokens: int,
                      output_tokens: int, cost: float, *, cache_read_tokens: int = 0,
                      cache_write_tokens: int = 0, limits: Sequence[Limit] = (),
-                     warn_at: float = 0.8, runs: int = 1) -> list[Standing]:
+                     warn_at: float = 0.8, runs: int = 1) -> list[tuple[Standing, str]]:
         """Count one call's spend (``runs``: 1 for a run's first call, else 0) for each
         subject's day and month and drop its hold.
 
         Returns the limits among ``limits`` this spend took to ``warn_at`` of a cap
-        for the first time in their period (each is returned once, across replicas).
+        for the first time in their period, with which cap (``tokens`` or ``cost``);
+        each is returned once, across replicas.
         """
         now = self.clock()
         counted = input_tokens or output_tokens or cost
@@ -223,7 +224,7 @@ class UsageStore:
                        for period in (day_of(now), month_of(now))})
         warnable = [limit for limit in limits if limit.tokens or limit.cost]
 
-        async def body(db: aiosqlite.Connection) -> list[Standing]:
+        async def body(db: aiosqlite.Connection) -> list[tuple[Standing, str]]:
             if counted:
                 await db.executemany(
                     "INSERT INTO usage (scope, subject, period, input_tokens, output_tokens,"
@@ -257,11 +258,11 @@ class UsageStore:
                         (limit.scope, limit.subject, limit.period, kind, now),
                     ) as cur:
                         if await cur.fetchone() is not None:
-                            warned.append(standing)
-                            break
+                            warned.append((standing, kind))
             return warned
 
-        return cast("list[Standing]", await self.writer.write(body, what="counting tokens spent"))
+        return cast("list[tuple[Standing, str]]",
+                    await self.writer.write(body, what="counting tokens spent"))
 
     def release(self, hold: str) -> None:
         """Drop reservation ``hold`` without counting anything (queued after any write
