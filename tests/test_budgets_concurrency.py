@@ -508,5 +508,9 @@ async def test_token_and_cost_warnings_are_each_given_once(database_url: str) ->
         assert await spend(350, 0.1) == ["tokens"]  # 850 of 1,000 tokens
         assert await spend(10, 0.65) == ["cost"]  # 0.85 of 1.00
         assert await spend(10, 0.01) == []  # each once per period
+        # The daily retention job forgets them two months on (their period is long over).
+        later = UsageStore(store.db, store.lock, store.writer, clock=lambda: NOW + 63 * 86_400)
+        await later.drop_expired()
+        assert await spend(10, 0.01) == ["tokens", "cost"]  # the same day, remembered no more
     finally:
         await store.close()

@@ -85,6 +85,9 @@ class Standing:
     held_cost: float = 0.0
 
 
+WARNINGS_KEPT = 62 * 86_400.0
+"""Seconds a given 80 % warning is remembered: past its month, and the next."""
+
 _LOCK_ROW = (
     "INSERT INTO usage (scope, subject, period) VALUES (?, ?, ?)"
     " ON CONFLICT (scope, period, subject) DO UPDATE SET runs = usage.runs")
@@ -275,10 +278,13 @@ class UsageStore:
 
     async def drop_expired(self) -> int:
         """Delete every expired reservation (those of counters reserved again are dropped
-        then already); returns how many."""
+        then already), and the 80 % warnings of periods over for a month; returns how many
+        reservations."""
         now = self.clock()
 
         async def body(db: aiosqlite.Connection) -> int:
+            await db.execute("DELETE FROM budget_warnings WHERE warned_at < ?",
+                             (now - WARNINGS_KEPT,))
             async with db.execute("DELETE FROM usage_holds WHERE expires_at <= ?",
                                   (now,)) as cur:
                 return int(cur.rowcount)
