@@ -35,6 +35,7 @@ from bot.contracts.judge import (
     Verdict,
 )
 from bot.contracts.llm import ChatMessage, LLMProvider, LLMRequest
+from bot.contracts.metering import metered_complete
 
 log = logging.getLogger("roost.agents.judge")
 
@@ -153,7 +154,8 @@ class LLMJudge:
     async def score(self, request_text: str, reply: str,
                     criteria: str | None = None) -> Verdict:
         """Ask the model and parse its verdict."""
-        response = await self.provider.complete(self.request(request_text, reply, criteria))
+        response = await metered_complete(self.provider,
+                                          self.request(request_text, reply, criteria))
         verdict = parse_verdict(response.text)
         return replace(verdict, judge=self.name, weight=self.weight)
 

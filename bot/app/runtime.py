@@ -12,6 +12,7 @@ from bot.config.settings import Settings
 from bot.contracts.commands import Command
 from bot.contracts.llm import LLMProvider
 from bot.contracts.messages import InboundMessage, OutboundMessage
+from bot.contracts.metering import METER
 from bot.contracts.services import Services
 from bot.engine.runloop import RunRequest, RunResult
 from bot.engine.snapshot import PluginSnapshot
@@ -110,7 +111,16 @@ class AppRuntime:
                                                   **options)
 
     async def run_turn(self, request: RunRequest) -> RunResult:
-        return await self._app.engine.run(request)
+        if METER.get() is not None:  # a turn inside a run: its owner pays
+            return await self._app.engine.run(request)
+        # A background turn (the scheduled memory flush) counts against its message's sender.
+        dispatcher = self._app.dispatcher
+        token = METER.set(dispatcher.budgets.meter(
+            request.message, request.agent))
+        try:
+            return await self._app.engine.run(request)
+        finally:
+            METER.reset(token)
 
     def key_for(self, message: InboundMessage) -> str:
         return self._app.dispatcher.key_for(message)

@@ -1,7 +1,9 @@
 """The ``[budgets]`` table: token budgets and a request rate, per user, group and agent.
 
 Every limit is a number of tokens (input plus output, as the provider reported
-them) or requests; ``0`` means unlimited, which is the default. An agent may
+them) or requests; ``0`` means unlimited, which is the default. Each model call
+reserves its worst case against the limits before it is made
+(:mod:`bot.engine.budgets`), so a limit is exceeded by at most one call's reservation. An agent may
 override any of them in ``[agents.<name>.budgets]``; what it leaves unset comes
 from the top-level table::
 

@@ -27,6 +27,7 @@ from bot.contracts.channel import Channel
 from bot.contracts.commands import Command, parse_command
 from bot.contracts.llm import Usage
 from bot.contracts.messages import InboundMessage, OutboundMessage
+from bot.contracts.metering import METER, BudgetRefused
 from bot.contracts.runtime import Runtime
 from bot.dispatch.access import PairingGate
 from bot.dispatch.commands import run_command
@@ -38,7 +39,7 @@ from bot.dispatch.registry import RunRegistry
 from bot.dispatch.replicas import ReplicaWork, close_quietly
 from bot.dispatch.stream import DraftWatch, StreamBridge, draft_id
 from bot.dispatch.watch import RunWatch
-from bot.engine.budgets import Budgets
+from bot.engine.budgets import Budgets, Payer
 from bot.engine.guard import join_messages
 from bot.engine.run_engine import RunEngine
 from bot.engine.runloop import RunRequest, RunResult
@@ -79,8 +80,10 @@ class Dispatcher:
         self.pairing = PairingGate(settings, access or AccessStore(
             inbox.db, inbox.lock, inbox.writer, ttl=settings.pairing_code_ttl))
         """Who may DM the bot under the pairing policy (bot.dispatch.access)."""
-        self.budgets = Budgets(settings, usage or UsageStore(inbox.db, inbox.lock, inbox.writer))
-        """Token budgets and the request rate, checked before each run (bot.engine.budgets)."""
+        self.budgets = Budgets(settings, usage or UsageStore(inbox.db, inbox.lock, inbox.writer),
+                               engine.estimator_for)
+        """Token budgets and the request rate, checked before each run and reserved around
+        each model call (bot.engine.budgets)."""
         self.registry = RunRegistry()
         # Through a lambda: on_delivery is set after construction (the metrics).
         self.redeliveries = Redeliveries(
@@ -300,27 +303,22 @@ class Dispatcher:
         channel = self.channels.get(message.channel)
         bridge: StreamBridge | None = None
         watch: RunWatch | None = None
+        payer: Payer | None = None
         try:
             if pending.entries and not pending.counted:
                 await self.inbox.started(pending.entries, run_id)
             if pending.stale_draft and channel is not None:
                 with contextlib.suppress(Exception):
                     await channel.withdraw(message.chat_id, pending.stale_draft)
-            refusal = await self.budgets.check(message, agent_of(lane.key),
-                                               request=pending.options is None)
+            agent = agent_of(lane.key)
+            refusal = await self.budgets.check(message, agent, request=pending.options is None)
             if refusal is not None:
-                # Before the model is called: nothing of the run happens, nothing is stored.
-                self.inbox.close(pending.entries)
-                result = RunResult(run_id, "refused", refusal, Usage())
-                if pending.options is None:
-                    self._notify(message, refusal)
-                else:
-                    log.info("scheduled %s run in %s skipped: %s",
-                             pending.options.get("kind", "scheduled"), lane.key, refusal)
-                if pending.done is not None and not pending.done.done():
-                    pending.done.set_result(result)
+                self._refused(message, pending, run_id, lane.key, refusal)
                 return
             await self.engine.held()  # tools still being listed at start, say
+            # Every model call of the run, and of what serves it, reserves against its budgets.
+            payer = self.budgets.meter(message, agent, lambda text: self._notify(message, text))
+            METER.set(payer)
             plugins = self.engine.plugins  # the run and its stream use one plugin state
             session = await self.store.get(lane.key)
             bridge = StreamBridge(channel, message, plugins.sanitizers)
@@ -341,8 +339,15 @@ class Dispatcher:
                         self.inbox, message, pending.entries, draft=lambda: draft_id(bridge.stream),
                         fence=None if self.replicas is None
                         else self.replicas.fence(lane.key, run_id))
-                result = await self.engine.run(
-                    RunRequest(asked, session, run_id=run_id, **options), watch)
+                try:
+                    result = await self.engine.run(
+                        RunRequest(asked, session, run_id=run_id, **options), watch)
+                except BudgetRefused as exc:
+                    # Its first model call did not fit: like a refusal before the run.
+                    if bridge.stream is not None:
+                        await bridge.stream.finish(None)
+                    self._refused(message, pending, run_id, lane.key, exc.reply)
+                    return
             if self.replicas is not None and run_id in self.replicas.lost_runs:
                 # Another replica holds the session now and answers these entries.
                 self.replicas.lost_runs.discard(run_id)
@@ -351,8 +356,6 @@ class Dispatcher:
                 if bridge.stream is not None:
                     await bridge.stream.finish(None)
                 return
-            # Counted from what the provider reported, right after the run's commit.
-            self._count(message, agent_of(lane.key), result.usage)
             if result.status == "failed" and not pending.deliver_failed:
                 if bridge.stream is not None:
                     await bridge.stream.finish(None)
@@ -363,9 +366,6 @@ class Dispatcher:
             if pending.done is not None and not pending.done.done():
                 pending.done.set_result(result)
         except asyncio.CancelledError:
-            if watch is not None and watch.spent is not None:
-                # /stop, a merge or shutdown: the tokens were spent all the same.
-                self._count(message, agent_of(lane.key), watch.spent)
             if bridge is not None and bridge.stream is not None:
                 with contextlib.suppress(Exception):
                     await bridge.stream.finish(None)
@@ -385,19 +385,25 @@ class Dispatcher:
             else:
                 self._notify(message, "Something went wrong on my side; please try again.")
         finally:
+            if payer is not None:
+                payer.release()  # 80 % warnings: after the reply
             self.lanes.finished(lane, entry)
             if self.replicas is not None and not self.busy(lane.key):
                 self.replicas.idle(lane.key)
             self._changed.set()
 
-    def _count(self, message: InboundMessage, agent: str, usage: Usage) -> None:
-        """Add a finished run's tokens (and cost) to its sender's, group's and agent's."""
-        resolved = self.router.peek(agent)  # the run resolved it: cached now
-        config = self.settings.agents.get(agent)
-        model = (resolved.settings.model if resolved is not None
-                 else (config.model if config is not None and config.model else None)
-                 or self.settings.model)
-        self.budgets.record(message, agent, usage, model)
+    def _refused(self, message: InboundMessage, pending: Pending, run_id: str, key: str,
+                 refusal: str) -> None:
+        """A run refused by a budget before the model answered: nothing of it is stored."""
+        self.inbox.close(pending.entries)
+        result = RunResult(run_id, "refused", refusal, Usage())
+        if pending.options is None:
+            self._notify(message, refusal)
+        else:
+            log.info("scheduled %s run in %s skipped: %s",
+                     pending.options.get("kind", "scheduled"), key, refusal)
+        if pending.done is not None and not pending.done.done():
+            pending.done.set_result(result)
 
     # -- commands --------------------------------------------------------------
 

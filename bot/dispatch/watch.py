@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from bot.contracts.events import RunEvent
-from bot.contracts.llm import Usage
 from bot.dispatch.lanes import Running
 from bot.dispatch.stream import DraftWatch, StreamBridge
 
@@ -29,8 +28,6 @@ class RunWatch:
         self.draft = draft
         self.notify = notify
         self.held = False
-        self.spent: Usage | None = None
-        """What the run had spent when it was cancelled (``None``: not cancelled)."""
 
     async def __call__(self, event: RunEvent) -> None:
         if event.type == "chunk":
@@ -48,12 +45,6 @@ class RunWatch:
                     self.notify(HELD_NOTICE)
             else:
                 await self.bridge.restart()
-        elif event.type == "run.cancelled":
-            used = event.payload.get("usage") or {}
-            self.spent = Usage(int(used.get("input_tokens", 0)),
-                               int(used.get("output_tokens", 0)),
-                               int(used.get("cache_read_tokens", 0)),
-                               int(used.get("cache_write_tokens", 0)))
         elif event.type == "activity":
             if event.payload.get("phase") == "committing":
                 self.entry.output = True  # answered: a follow-up starts a run of its own

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from bot.config.settings import Settings
 from bot.contracts.llm import ChatMessage, LLMProvider, LLMRequest
 from bot.contracts.messages import InboundMessage
+from bot.contracts.metering import BudgetRefused, metered_complete
 from bot.engine.history import repair_pairing
 from bot.engine.media import text_only
 from bot.engine.tokens import TokenEstimator
@@ -90,7 +91,7 @@ async def summarize(provider: LLMProvider, model: str, messages: Sequence[ChatMe
         cache=False,  # a transcript no later request starts with: caching it only costs
     )
     async with asyncio.timeout(SUMMARY_TIMEOUT):
-        response = await provider.complete(request)
+        response = await metered_complete(provider, request)
     summary = response.text.strip()
     if not summary:
         raise ValueError("the model returned an empty summary")
@@ -176,6 +177,9 @@ class Compactor:
                 await self.memory_flush(session, message, agent)
             await self.compact(session, agent)
             self.failed_at.pop(session.key, None)
+        except BudgetRefused as exc:
+            self.failed_at[session.key] = len(session.messages)
+            log.info("compaction of %s skipped: %s", session.key, exc.reply)
         except Exception:
             self.failed_at[session.key] = len(session.messages)
             log.exception("compaction of %s failed; history left as it was (next try after "

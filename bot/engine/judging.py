@@ -9,6 +9,7 @@ from bot.agents.judge import self_correct
 from bot.agents.router import Agent, JudgeStats
 from bot.contracts.judge import Judge, Verdict
 from bot.contracts.llm import ChatMessage
+from bot.contracts.metering import BudgetRefused
 from bot.contracts.sanitize import Sanitizer, run_pipeline
 from bot.observability.tracing import RunTrace, Span
 from bot.tools.outcomes import describe_error
@@ -57,7 +58,8 @@ async def judge_reply(
     ``first`` is ``(raw, sanitized)`` of the reply the run produced. Returns
     ``(raw, sanitized)`` of the reply to deliver. A judge that fails (its
     provider is down) leaves the latest reply unjudged rather than failing the
-    run; cancellation (``/stop``) propagates like anywhere else.
+    run; cancellation (``/stop``) and a budget refusing a judge's or a correction's
+    model call propagate.
     """
     config = agent.config.judge
     assert config is not None
@@ -84,6 +86,8 @@ async def judge_reply(
                                     threshold=config.threshold,
                                     max_retries=config.max_retries,
                                     request_text=request_text)
+    except BudgetRefused:
+        raise  # no budget left to judge or correct: the run ends with the refusal
     except Exception as exc:
         stats.errors += 1
         trace.root.attributes["judge_error"] = describe_error(exc)

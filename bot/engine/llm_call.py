@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from bot.contracts.events import EventType
 from bot.contracts.llm import LLMProvider, LLMRequest, LLMResponse
+from bot.contracts.metering import metered_complete
 from bot.observability.tracing import Span, preview
 from bot.tools.outcomes import describe_error
 
@@ -32,7 +33,8 @@ async def call_model(provider: LLMProvider, request: LLMRequest, span: Span, emi
                      streaming: bool) -> LLMResponse:
     """Ask ``provider``; fragments become ``chunk`` events and retries ``run.retrying``.
 
-    ``span`` (started by the caller) is ended here with the usage or the error.
+    ``span`` (started by the caller) is ended here with the usage or the error. The call
+    is reserved and settled on the run's meter (:mod:`bot.contracts.metering`).
     """
     on_text = None
     pump: asyncio.Task[None] | None = None
@@ -53,7 +55,8 @@ async def call_model(provider: LLMProvider, request: LLMRequest, span: Span, emi
             await _emit_retrying(emit, retrying)
 
     try:
-        response = await provider.complete(request, on_text=on_text, on_retry=on_retry)
+        response = await metered_complete(provider, request, on_text=on_text,
+                                          on_retry=on_retry)
     except BaseException as exc:
         span.end(error=True, error_message=describe_error(exc))
         raise

@@ -21,6 +21,7 @@ from bot.agents.router import Agent
 from bot.contracts.events import EventType, RunEvent
 from bot.contracts.guard import InputCheck
 from bot.contracts.llm import ChatMessage, LLMRequest, LLMResponse, ToolCall, Usage
+from bot.contracts.metering import BudgetRefused
 from bot.contracts.prompt import Order, PromptContext, PromptSection, assemble
 from bot.contracts.sanitize import run_pipeline
 from bot.contracts.tools import Tool, ToolContext, ToolResult
@@ -122,6 +123,13 @@ class Run:
             raise
         except TimeoutError:
             result = await finish.fail(self, f"the run took longer than {timeout:g}s")
+        except BudgetRefused as exc:
+            if not self.usage.input_tokens and not self.usage.output_tokens:
+                raise  # before the model answered anything: the caller refuses the run
+            # A later call of the run: it ends with the refusal, its tool turns dropped
+            # (the user's message is kept: it was not what was refused).
+            result = await finish.refuse(self, exc.reply, kept=next(
+                (m for m in self.buffer if m.role == "user"), None))
         except Exception as exc:
             log.exception("run %s failed", self.req.run_id)
             result = await finish.fail(self, describe_error(exc))

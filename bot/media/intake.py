@@ -27,6 +27,7 @@ from bot.config.settings import Settings
 from bot.contracts.llm import ContentPart
 from bot.contracts.media import MediaError, MediaTooLarge, Transcriber
 from bot.contracts.messages import Attachment, InboundMessage
+from bot.contracts.metering import charge_transcription
 from bot.contracts.tools import ToolError
 from bot.media.derived import hand_over
 from bot.media.documents import pdf_page_count
@@ -307,6 +308,7 @@ async def receive(
                 out.lines.append(f"[{label}{length}: {path}, {size} — could not be "
                                  "transcribed; the user was told]")
                 continue
+            await charge_transcription(transcriber, transcript)
             out.lines.append(f"[{label}{length}] {transcript or '(no speech)'}")
             out.lines.append(f"[{label} file: {path}, {size}]")
             out.usable += 1

@@ -44,3 +44,12 @@ async def prune_stores(services: Services, days: int, *, trace_days: int) -> Non
     else:
         if runs:
             log.info("deleted %d runs and %d spans older than %d days", runs, spans, trace_days)
+    if services.usage is not None:
+        try:
+            expired = await services.usage.drop_expired()
+        except (sqlite3.Error, ValueError):
+            log.exception("could not delete expired budget reservations")
+        else:
+            if expired:
+                log.info("deleted %d expired budget reservations (of calls whose process "
+                         "died)", expired)

@@ -335,6 +335,34 @@ MIGRATIONS: list[str] = [
     """
     CREATE INDEX runs_ended ON runs(ended_at);
     """,
+    # 20: budgets that hold across replicas (bot.storage.usage): each model call's
+    # reservation until it is settled or expires, each user's request times of the
+    # last minute, and which 80 % warnings were given in a period.
+    """
+    CREATE TABLE usage_holds (
+        hold TEXT NOT NULL,
+        scope TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        period TEXT NOT NULL,
+        tokens INTEGER NOT NULL,
+        cost REAL NOT NULL DEFAULT 0,
+        expires_at REAL NOT NULL,
+        PRIMARY KEY (hold, scope, period, subject)
+    );
+    CREATE INDEX usage_holds_budget ON usage_holds(scope, period, subject);
+    CREATE TABLE request_windows (
+        subject TEXT PRIMARY KEY,
+        stamps TEXT NOT NULL DEFAULT ''
+    );
+    CREATE TABLE budget_warnings (
+        scope TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        period TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        warned_at REAL NOT NULL,
+        PRIMARY KEY (scope, period, subject, kind)
+    );
+    """,
 ]
 """Schema steps in order; ``PRAGMA user_version`` records how many have run.
 
