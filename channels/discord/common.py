@@ -1,7 +1,7 @@
-"""Constants and the small pure helpers the parts of the Discord adapter share.
+"""Constants, small helpers and the two bits of state the parts of the Discord adapter share.
 
-Everything here is public to the package: ids checked, places named, text
-defused, nonces derived; no state but :class:`RecentIds`.
+Ids checked, places named, text defused, nonces derived; :class:`Intake` (the
+core's handler and whether it takes messages) and :class:`RecentIds`.
 """
 
 from __future__ import annotations

@@ -43,14 +43,17 @@ class GatewayClient(discord.Client):
     ``shard_id``/``shard_count``), or only REST calls when it never connects.
     """
 
-    def __init__(self, events: GatewayEvents, **options: Any) -> None:
+    def __init__(self, events: GatewayEvents, *, taken_at: float | None = None,
+                 **options: Any) -> None:
+        """``taken_at``: when this replica took the session's shard over from another
+        (``None``: at start); ``options`` go to :class:`discord.Client`."""
         super().__init__(**options)
         self.events = events
         self.connected = asyncio.Event()
         """Set at its first READY."""
         self.health = ChannelHealth(False, "connecting")
         """Its gateway session's part of the channel's health."""
-        self.taken_at: float | None = None
+        self.taken_at = taken_at
         """When this replica took its shard over from another (``None``: at start)."""
 
     async def on_ready(self) -> None:

@@ -223,13 +223,15 @@ class Sessions:
 
     # -- sessions -----------------------------------------------------------------
 
-    def _new_client(self, **shard: int) -> GatewayClient:
-        """A guarded client (``shard_id``/``shard_count`` for one shard's session)."""
+    def _new_client(self, taken_at: float | None = None, **shard: int) -> GatewayClient:
+        """A guarded client (``shard_id``/``shard_count`` for one shard's session,
+        ``taken_at`` when it was taken over from another replica)."""
         intents = discord.Intents.default()
         intents.message_content = True
-        client = GatewayClient(self, intents=intents,
-                         guild_ready_timeout=self.guild_ready_timeout, allowed_mentions=NO_PINGS,
-                         max_ratelimit_timeout=self.max_ratelimit_timeout, **shard)
+        client = GatewayClient(self, taken_at=taken_at, intents=intents,
+                               guild_ready_timeout=self.guild_ready_timeout,
+                               allowed_mentions=NO_PINGS,
+                               max_ratelimit_timeout=self.max_ratelimit_timeout, **shard)
         guard_parsers(client)
         guard_frames(client)
         return client
@@ -347,9 +349,8 @@ class Sessions:
                  rest.user.id, ",".join(map(str, sorted(held))) or "none", self.shard_count)
 
     def _open_shard(self, shard: int, *, taken_over: bool = False) -> None:
-        client = self._new_client(shard_id=shard, shard_count=self.shard_count)
-        if taken_over:
-            client.taken_at = time.time()
+        client = self._new_client(time.time() if taken_over else None, shard_id=shard,
+                                  shard_count=self.shard_count)
         self.clients[shard] = client
         runner = asyncio.create_task(self._run(client), name=f"discord-shard-{shard}")
         runner.add_done_callback(lambda task: self._gateway_ended(client, task))

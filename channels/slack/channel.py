@@ -18,6 +18,7 @@ from channels.delivery import DeliveryPolicy
 from channels.inflight import InFlight
 from channels.slack.api import SlackApi
 from channels.slack.common import (
+    CHANNEL_NAME,
     EVENTS_PATH,
     MESSAGE_LIMIT,
     REMEMBERED,
@@ -28,7 +29,7 @@ from channels.slack.common import (
     manifest,
 )
 from channels.slack.events_api import EventsEndpoint
-from channels.slack.inbound import CHANNEL_NAME, Inbound
+from channels.slack.inbound import Inbound
 from channels.slack.media import Media
 from channels.slack.outbound import Replies
 from channels.slack.socketmode import SocketMode

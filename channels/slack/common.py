@@ -1,4 +1,4 @@
-"""Constants, small caches and the pure helpers every part of the Slack adapter uses."""
+"""Constants, small caches and the pure helpers the parts of the Slack adapter share."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ from channels.logline import short as _short
 log = logging.getLogger("roost.channels.slack")
 sdk_log = logging.getLogger("roost.channels.slack.sdk")
 
+CHANNEL_NAME = "slack"
+"""The channel's name in the core's messages."""
 MESSAGE_LIMIT = 4_000
 """Slack's recommended maximum for a message's text; longer replies are split."""
 DEFAULT_API_BASE = "https://slack.com/api/"

@@ -26,6 +26,7 @@ from channels.inflight import InFlight
 from channels.logline import short as _short
 from channels.slack.api import SlackApi
 from channels.slack.common import (
+    CHANNEL_NAME,
     REMEMBERED,
     RESPONSE_URL,
     SLACK_ID,
@@ -52,9 +53,6 @@ from channels.slack.common import (
 )
 from channels.slack.media import attachments_of
 from channels.slack_format import from_slack, unescape
-
-CHANNEL_NAME = "slack"
-"""The channel's name in the core's messages."""
 
 
 class Inbound:
