@@ -206,7 +206,7 @@ async def test_a_shard_refused_later_is_one_error_line_and_is_not_retried(
     fake_discord.shards_required = 4
     with caplog.at_level(logging.INFO, "roost"):
         await fake_discord.invalidate_session()
-        await until(lambda: all(r.done() for r in channel._runners.values()))
+        await until(lambda: all(r.done() for r in channel.sessions.runners.values()))
     refused = [r for r in caplog.records if "4011" in r.getMessage()]
     assert [r.levelname for r in refused] == ["ERROR", "ERROR"]  # one line per shard
     assert refused[0].getMessage().startswith("discord: Discord refused shard ")
@@ -220,7 +220,7 @@ async def test_a_shard_refused_later_is_one_error_line_and_is_not_retried(
 
 
 def held(channel: DiscordChannel) -> set[int]:
-    return {shard for shard in channel._sessions if shard is not None}
+    return {shard for shard in channel.sessions.clients if shard is not None}
 
 
 async def test_leases_spread_the_shards_and_free_a_dead_replicas_at_once(pg_url: str) -> None:

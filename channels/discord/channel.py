@@ -1,33 +1,104 @@
-"""The :class:`DiscordChannel` itself: lifecycle and the outbound entry points."""
+"""The :class:`DiscordChannel`: the channel contract, delegated to the parts it builds.
+
+Its parts: :class:`Sessions` (the gateway sessions, sharded or not),
+:class:`Inbound` (messages into the core and the catch-up), :class:`Interactions`
+(slash commands), :class:`Rest` (posts, edits, deletes), :class:`Media`
+(downloads and uploads) and a :class:`StreamedReply` per streamed reply.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
-import discord
-
-from bot.config.settings import SetupError
-from bot.contracts.channel import InboundHandler, ReplyStream
-from bot.contracts.messages import InboundMessage, OutboundMessage
+from bot.config.settings import Settings
+from bot.contracts.channel import Channel, ChannelHealth, InboundHandler, ReplyStream
+from bot.contracts.messages import Attachment, InboundMessage, OutboundMessage
 from channels.chunking import split_message
-from channels.discord.common import MESSAGE_LIMIT, _escape, _reference, _target, log
-from channels.discord.interactions import _Interactions
-from channels.discord.media import _Media
-from channels.discord.rest import _Rest
-from channels.discord.shards import _Shards
-from channels.discord.stream import _StreamedReply
+from channels.delivery import DeliveryPolicy
+from channels.discord.common import (
+    CATCHUP_LIMIT,
+    CHANNEL_NAME,
+    INTERACTION_TIMEOUT,
+    MESSAGE_LIMIT,
+    Intake,
+    defuse_mentions,
+    reply_reference,
+    reply_target,
+)
+from channels.discord.endpoints import Endpoints
+from channels.discord.inbound import Inbound
+from channels.discord.interactions import Interactions
+from channels.discord.media import Media
+from channels.discord.rest import Rest
+from channels.discord.shards import Sessions
+from channels.discord.stream import StreamedReply
+from channels.inflight import InFlight
 from channels.uploading import opened_files
 
-_REDIRECTED: list[DiscordChannel] = []
-"""The started channels that point discord.py at other endpoints, oldest first."""
+if TYPE_CHECKING:
+    import discord
+
+    from bot.contracts.commands import Command
+
+STOP_GRACE = 10.0
+"""How long :meth:`DiscordChannel.stop` lets sends in flight finish."""
 
 
-class DiscordChannel(_Shards, _Interactions, _Rest, _Media):
-    """Discord through discord.py's gateway client; see the module docstring."""
+class DiscordChannel(Channel):
+    """Discord through discord.py's gateway client; see the package docstring."""
 
-    name = "discord"
+    name = CHANNEL_NAME
+
+    def __init__(self, settings: Settings, *, guild_ready_timeout: float = 1.0,
+                 ready_timeout: float = 60.0, delivery: DeliveryPolicy | None = None,
+                 edit_interval: float = 1.0,
+                 interaction_timeout: float = INTERACTION_TIMEOUT,
+                 catchup_limit: int | None = None, call_timeout: float | None = None,
+                 max_ratelimit_timeout: float = 30.0) -> None:
+        """Read the token and endpoints from ``settings`` and build the parts; nothing
+        connects yet.
+
+        ``guild_ready_timeout`` is how long discord.py waits for further guilds
+        before ``on_ready`` (and so :meth:`start`) returns; ``ready_timeout``
+        bounds the whole start. ``delivery`` tunes retries of 5xx and connection
+        errors; ``edit_interval`` spaces streaming edits. ``catchup_limit``
+        bounds the messages read back per chat when catching up (default: the
+        ``discord_catchup_limit`` setting if there is one, else 100).
+        ``call_timeout``, if set, bounds each REST call, discord.py's own
+        queueing for its rate-limit buckets included (so it must be generous;
+        without it a stalled call is bounded by aiohttp's 5-minute default).
+        discord.py waits out 429s up to ``max_ratelimit_timeout`` seconds by
+        itself, longer ones reach :func:`deliver` as :class:`RateLimited`.
+        """
+        if settings.discord_bot_token is None:
+            raise ValueError("DISCORD_BOT_TOKEN is not set")
+        self.settings = settings
+        self.edit_interval = edit_interval
+        configured = getattr(settings, "discord_catchup_limit", None)
+        limit = int(catchup_limit if catchup_limit is not None
+                    else configured if isinstance(configured, int) else CATCHUP_LIMIT)
+        delivery = delivery or DeliveryPolicy()
+        self.inflight = InFlight()
+        self.intake = Intake()
+        self.rest = Rest(delivery=delivery, call_timeout=call_timeout)
+        self.media = Media(settings, self.rest, delivery=delivery)
+        self.inbound = Inbound(self.intake, self.rest, self.inflight, catchup_limit=limit)
+        self.interactions = Interactions(self.intake, self.rest, self.inflight,
+                                         timeout=interaction_timeout)
+        self.sessions = Sessions(
+            settings, token=settings.discord_bot_token.get_secret_value(),
+            intake=self.intake, rest=self.rest, inbound=self.inbound,
+            interactions=self.interactions, inflight=self.inflight,
+            endpoints=Endpoints(settings), guild_ready_timeout=guild_ready_timeout,
+            ready_timeout=ready_timeout, max_ratelimit_timeout=max_ratelimit_timeout)
+
+    @property
+    def client(self) -> discord.Client | None:
+        """The discord.py client REST calls go through (``None`` before :meth:`start`)."""
+        return self.rest.client
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -37,41 +108,19 @@ class DiscordChannel(_Shards, _Interactions, _Rest, _Media):
         Sharded (``discord_shard_count`` above 1, or replicas on PostgreSQL): once
         the shards this process took are ready (:mod:`channels.discord.shards`).
         """
-        self._handler = handler
-        self._redirect()
-        if self._sharded():
-            try:
-                await self._start_shards()
-            except BaseException:
-                await self.stop()
-                raise
-            return
-        client = self._new_client()
-        self.client = client
-        self._sessions[None] = client
-        self._runner = asyncio.create_task(self._run(client), name="discord-gateway")
-        ready = asyncio.create_task(client.connected.wait())
+        self.intake.start(handler)
         try:
-            done, _ = await asyncio.wait({ready, self._runner}, timeout=self.ready_timeout,
-                                         return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            ready.cancel()
-        if ready not in done:
-            runner, self._runner = self._runner, None
-            runner.cancel()
-            await client.close()
-            await asyncio.gather(runner, return_exceptions=True)
-            self._restore()
-            failure = None if runner.cancelled() else runner.exception()
-            if isinstance(failure, SetupError):
-                raise failure  # 4010/4011: a setting to change, said in one line
-            if failure is not None:
-                raise RuntimeError(f"Discord did not connect: {failure}") from failure
-            raise TimeoutError(f"Discord was not ready within {self.ready_timeout:g}s")
-        self._runner.add_done_callback(lambda task: self._gateway_ended(client, task))
-        self._started = True
-        assert client.user is not None
-        log.info("discord: connected as %s (id %s)", client.user, client.user.id)
+            await self.sessions.start(self.leadership)
+        except BaseException:
+            await self.stop()
+            raise
+
+    def health(self) -> ChannelHealth:
+        """Ready while every gateway session is up (READY or RESUMED since the last drop).
+
+        What ``/readyz`` shows; a shard's problem is named with its shard.
+        """
+        return self.sessions.health()
 
     async def stop_intake(self) -> None:
         """Hand the core no more messages; the REST client keeps sending until :meth:`stop`.
@@ -80,53 +129,39 @@ class DiscordChannel(_Shards, _Interactions, _Rest, _Media):
         on advances no cursor, so the catch-up after the restart reads it
         from the history (the core's cursors stop at its last recorded message).
         """
-        self._intake_open = False
-        if self._catching_up is not None:
-            self._catching_up.cancel()
-        await self._release_shards()  # other replicas take them over at once
+        self.intake.close()
+        self.inbound.stop()
+        await self.sessions.release_shards()  # other replicas take them over at once
 
     async def stop(self) -> None:
         """Let sends in flight finish (10 s at most), then close the client."""
-        self._stopping = True
-        self._intake_open = False
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._idle.wait(), 10)
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._stop_shards()
-        if self.client is not None:
-            await self.client.close()
-        await self._close_media()
-        if self._runner is not None:
-            await asyncio.gather(self._runner, return_exceptions=True)
-            self._runner = None
-        self._restore()
+        self.sessions.begin_stop()
+        self.intake.close()
+        await self.inflight.wait_idle(STOP_GRACE)
+        await self.inflight.cancel_tasks()
+        await self.sessions.stop()
+        await self.media.close()
 
-    def _redirect(self) -> None:
-        # discord.py reads both endpoints from class attributes, so they are
-        # process-wide; they are put back when the last channel that moved them stops
-        # (several apps in one process, as in tests of replicas).
-        if self._api_base is None and self._gateway is None:
-            return
-        gateway_cls = discord.gateway.DiscordWebSocket
-        self._saved_endpoints = _REDIRECTED[0]._saved_endpoints if _REDIRECTED else (
-            discord.http.Route.BASE, gateway_cls.DEFAULT_GATEWAY)
-        _REDIRECTED.append(self)
-        if self._api_base is not None:
-            discord.http.Route.BASE = self._api_base
-        if self._gateway is not None:
-            gateway_cls.DEFAULT_GATEWAY = self._gateway
+    # -- inbound ---------------------------------------------------------------
 
-    def _restore(self) -> None:
-        if self in _REDIRECTED:
-            _REDIRECTED.remove(self)
-        if self._saved_endpoints is not None and not _REDIRECTED:
-            discord.http.Route.BASE, discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = \
-                self._saved_endpoints
-        self._saved_endpoints = None
+    async def catch_up(self, cursors: Mapping[str, str]) -> None:
+        """Read back what was said while Roost was away (see :meth:`Inbound.catch_up`)."""
+        await self.inbound.catch_up(cursors)
+
+    async def register_commands(self, commands: Sequence[Command]) -> None:
+        """Replace the global application commands with ``commands`` (aliases included)."""
+        await self.interactions.register_commands(commands)
+
+    async def download(self, attachment: Attachment, limit: int) -> bytes:
+        """The bytes of ``attachment`` from Discord's CDN (see :meth:`Media.download`)."""
+        return await self.media.download(attachment, limit)
 
     # -- outbound --------------------------------------------------------------
+
+    @property
+    def max_upload(self) -> int:
+        """The largest file uploaded, in bytes (``discord_max_upload_mb``)."""
+        return self.media.max_upload
 
     async def send(self, message: OutboundMessage) -> str | None:
         """Deliver one reply; the id of its last message (``None`` for an interaction's).
@@ -140,22 +175,22 @@ class DiscordChannel(_Shards, _Interactions, _Rest, _Media):
         """
         # Every file opened once and checked before anything is posted; uploads read
         # from those descriptors.
-        with self._busy(), opened_files(message.files, self._check_file) as opened:
-            pieces = split_message(_escape(message.text), MESSAGE_LIMIT)
-            target = _target(message)
-            reference = _reference(message, target)
-            pending = None if message.replace else self._claim_interaction(message)
-            if pending is not None and await self._answer(pending, pieces):
+        with self.inflight.busy(), opened_files(message.files, self.media.check_file) as opened:
+            pieces = split_message(defuse_mentions(message.text), MESSAGE_LIMIT)
+            target = reply_target(message)
+            reference = reply_reference(message, target)
+            pending = None if message.replace else self.interactions.claim(message)
+            if pending is not None and await self.interactions.answer(pending, pieces):
                 if message.files:
                     # An interaction's answer is text; its files follow in the channel.
-                    await self._upload_files(target, message.files, opened, None,
-                                             message.delivery_id)
+                    await self.media.upload_files(target, message.files, opened, None,
+                                                  message.delivery_id)
                 return None
-            last = await self._deliver_reply(target, reference, pieces,
-                                             draft=message.replace or None,
-                                             delivery_id=message.delivery_id)
+            last = await self.rest.deliver_reply(target, reference, pieces,
+                                                 draft=message.replace or None,
+                                                 delivery_id=message.delivery_id)
             if message.files:
-                uploaded = await self._upload_files(
+                uploaded = await self.media.upload_files(
                     target, message.files, opened, reference if last is None else None,
                     message.delivery_id)
                 last = uploaded or last
@@ -163,22 +198,24 @@ class DiscordChannel(_Shards, _Interactions, _Rest, _Media):
 
     async def withdraw(self, chat_id: str, message_id: str) -> None:
         """Delete one of the bot's messages (``chat_id`` may be a thread); gone is fine."""
-        with self._busy():
-            await self._delete(int(chat_id), int(message_id))
+        with self.inflight.busy():
+            await self.rest.delete(int(chat_id), int(message_id))
 
     def open_stream(self, message: InboundMessage) -> ReplyStream | None:
         """A draft message edited as the reply grows, unless streaming is off for discord."""
-        if self.client is None or not self.settings.streams(self.name):
+        if self.rest.client is None or not self.settings.streams(self.name):
             return None
-        return _StreamedReply(self, message).stream
+        return StreamedReply(self.rest, self.inflight, message,
+                             edit_interval=self.edit_interval).stream
 
     @contextlib.asynccontextmanager
     async def typing(self, message: InboundMessage) -> AsyncIterator[None]:
         """Show "typing…" in the message's channel or thread, refreshed until the block ends."""
-        if self.client is None:
+        if self.rest.client is None:
             yield
             return
-        task = self._spawn(self._keep_typing(int(message.thread_id or message.chat_id)))
+        task = self.inflight.spawn(
+            self.rest.keep_typing(int(message.thread_id or message.chat_id)))
         try:
             yield
         finally:

@@ -1,25 +1,27 @@
-"""Constants, the recent-id set and the small helpers every part of the Discord adapter uses."""
+"""Constants, small helpers and the two bits of state the parts of the Discord adapter share.
+
+Ids checked, places named, text defused, nonces derived; :class:`Intake` (the
+core's handler and whether it takes messages) and :class:`RecentIds`.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import re
 from collections import OrderedDict
 from collections.abc import Hashable
-from dataclasses import dataclass
-from typing import TypeVar
 
 import discord
 
+from bot.contracts.channel import InboundHandler
 from bot.contracts.messages import ChatType, OutboundMessage
 from channels.logline import short as _short
 
 log = logging.getLogger("roost.channels.discord")
 
-T = TypeVar("T")
-
+CHANNEL_NAME = "discord"
+"""The channel's name in the core's messages."""
 MESSAGE_LIMIT = 2000
 """Discord's limit on a message's content, in characters."""
 TYPING_REFRESH = 8.0
@@ -37,28 +39,39 @@ NONCE_LIMIT = 25
 SNOWFLAKE_LIMIT = 1 << 64
 """Discord ids are unsigned 64-bit integers; anything else is no Discord id."""
 
-_COMMAND_NAME = re.compile(r"^[-_a-z0-9]{1,32}$")
+COMMAND_NAME = re.compile(r"^[-_a-z0-9]{1,32}$")
 _MASS_MENTION = re.compile(r"@(everyone|here)\b")
-_API_VERSION = re.compile(r"/api/v\d+$")
-_ADDRESSED_TYPES = (discord.MessageType.default, discord.MessageType.reply)
-_NO_PINGS = discord.AllowedMentions(everyone=False, users=False, roles=False,
-                                    replied_user=True)
+ADDRESSED_TYPES = (discord.MessageType.default, discord.MessageType.reply)
+NO_PINGS = discord.AllowedMentions(everyone=False, users=False, roles=False,
+                                   replied_user=True)
 """The model's text pings nobody; a reply still notifies the person it answers."""
 
 
-class _Malformed(ValueError):
+class Malformed(ValueError):
     """A gateway payload missing what the adapter needs, or holding the wrong types."""
 
 
-@dataclass(slots=True)
-class _PendingInteraction:
-    interaction: discord.Interaction[discord.Client]
-    target: str
-    chat_type: ChatType
-    timer: asyncio.Task[None] | None = None
+class Intake:
+    """The core's handler once the channel started, and whether messages may reach it now.
+
+    Closed for good by :meth:`close` (shutdown): what arrives after that is left
+    for the catch-up after the restart.
+    """
+
+    def __init__(self) -> None:
+        self.handler: InboundHandler | None = None
+        self.open = True
+
+    def start(self, handler: InboundHandler) -> None:
+        """Hand messages to ``handler`` from now on."""
+        self.handler = handler
+
+    def close(self) -> None:
+        """Hand the core no more messages."""
+        self.open = False
 
 
-class _RecentSet:
+class RecentIds:
     """The last ``size`` keys seen, for dropping redeliveries in bounded memory."""
 
     def __init__(self, size: int) -> None:
@@ -78,7 +91,7 @@ class _RecentSet:
         return key in self._keys
 
 
-def _nonce(delivery_id: str, piece: int) -> str:
+def piece_nonce(delivery_id: str, piece: int) -> str:
     """The nonce of one piece of reply ``delivery_id``: stable, at most 25 characters.
 
     ``roost-<outbox id>`` fits as it is (``.n`` marks the later pieces);
@@ -90,63 +103,60 @@ def _nonce(delivery_id: str, piece: int) -> str:
     return hashlib.sha256(plain.encode("utf-8", "surrogatepass")).hexdigest()[:NONCE_LIMIT]
 
 
-def _place(channel: object, in_guild: bool,
+def place_of(channel: object, in_guild: bool,
            channel_id: int | None = None) -> tuple[str, ChatType, str | None]:
     """``(chat_id, chat_type, thread_id)`` for a channel: threads keep their parent.
 
-    Raises :class:`_Malformed` when an id is no Discord id.
+    Raises :class:`Malformed` when an id is no Discord id.
     """
-    ident = _snowflake(getattr(channel, "id", channel_id))
+    ident = snowflake(getattr(channel, "id", channel_id))
     if not in_guild:
         return str(ident), "direct", None
     if isinstance(channel, discord.Thread):
-        return str(_snowflake(channel.parent_id)), "group", str(ident)
+        return str(snowflake(channel.parent_id)), "group", str(ident)
     return str(ident), "group", None
 
 
-def _snowflake(value: object) -> int:
+def snowflake(value: object) -> int:
     """``value`` if it is a Discord id (an unsigned 64-bit integer); ``ValueError`` if not."""
     if isinstance(value, int) and not isinstance(value, bool) and 0 < value < SNOWFLAKE_LIMIT:
         return value
-    raise _Malformed(f"{_short(value, 40)} is not a Discord id")
+    raise Malformed(f"{_short(value, 40)} is not a Discord id")
 
 
-def _problem(exc: BaseException) -> str:
-    return str(exc) if isinstance(exc, _Malformed) else f"{type(exc).__name__}: {_short(exc)}"
+def problem(exc: BaseException) -> str:
+    """What was wrong with a payload, in a few words for a warning line."""
+    return str(exc) if isinstance(exc, Malformed) else f"{type(exc).__name__}: {_short(exc)}"
 
 
-def _strip_mentions(text: str, bot_id: int, role_id: int | None) -> str:
+def strip_mentions(text: str, bot_id: int, role_id: int | None) -> str:
+    """``text`` without the mentions of the bot (and of its managed role)."""
     pattern = rf"<@!?{bot_id}>" + (rf"|<@&{role_id}>" if role_id is not None else "")
     return re.sub(rf"[ \t]*(?:{pattern})[ \t]*", " ", text).strip()
 
 
-def _escape(text: str) -> str:
+def defuse_mentions(text: str) -> str:
+    """``text`` with ``@everyone`` and ``@here`` shown but no longer mentions."""
     # A zero-width space after "@" shows the word but is no mention; the
     # allowed-mentions setting blocks the ping as well, this keeps it readable.
     return _MASS_MENTION.sub("@\u200b\\1", text)
 
 
-def _fit(text: str) -> str:
+def fit(text: str) -> str:
+    """``text`` cut to one message (an ellipsis marks the cut)."""
     return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 1] + "…"
 
 
-def _target(message: OutboundMessage) -> int:
+def reply_target(message: OutboundMessage) -> int:
     """The channel a reply is posted in: the thread if there is one."""
     return int(message.thread_id or message.chat_id)
 
 
-def _reference(message: OutboundMessage, target: int) -> discord.MessageReference | None:
+def reply_reference(message: OutboundMessage, target: int) -> discord.MessageReference | None:
+    """The reference a group reply carries to the message it answers (``None`` in DMs)."""
     if message.chat_type != "group" or not message.reply_to or not message.reply_to.isdigit():
         return None
     # fail_if_not_exists=False: if the message was deleted meanwhile, the
     # reply is still posted, just without the reference.
     return discord.MessageReference(message_id=int(message.reply_to), channel_id=target,
                                     fail_if_not_exists=False)
-
-
-def _api_base(value: str | None) -> str | None:
-    """``DISCORD_API_BASE`` as ``Route.BASE``: ``/api/v10`` is added when missing."""
-    if not value:
-        return None
-    base = value.rstrip("/")
-    return base if _API_VERSION.search(base) else base + "/api/v10"

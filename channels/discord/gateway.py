@@ -1,10 +1,15 @@
-"""The discord.py client and the guards that keep one bad gateway payload from ending it."""
+"""The discord.py client of one gateway session, and the guards that keep one bad
+gateway payload from ending it.
+
+A :class:`GatewayClient` reports what its session receives to the
+:class:`GatewayEvents` it was built with.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import discord
 
@@ -12,39 +17,53 @@ from bot.contracts.channel import READY, ChannelHealth
 from channels.discord.common import log
 from channels.logline import short as _short
 
-if TYPE_CHECKING:
-    from channels.discord.channel import DiscordChannel
+
+class GatewayEvents(Protocol):
+    """Where a gateway session's events go."""
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the channel is shutting down (a disconnect is then no problem)."""
+
+    def session_ready(self, client: GatewayClient, *, again: bool) -> None:
+        """``client``'s session is up: a READY, ``again`` after a reconnect that could
+        not resume (what was missed meanwhile must be read back from the history)."""
+
+    async def message(self, message: discord.Message) -> None:
+        """A message was posted where the bot can read it."""
+
+    async def interaction(self, interaction: discord.Interaction[discord.Client]) -> None:
+        """Someone used one of the bot's application commands."""
 
 
-class _Client(discord.Client):
-    """A plain client whose events go to the adapter (no command tree).
+class GatewayClient(discord.Client):
+    """A plain client whose events go to :class:`GatewayEvents` (no command tree).
 
     One gateway session (all of the bot's guilds, or one shard's with
     ``shard_id``/``shard_count``), or only REST calls when it never connects.
     """
 
-    def __init__(self, adapter: DiscordChannel, **options: Any) -> None:
+    def __init__(self, events: GatewayEvents, *, taken_at: float | None = None,
+                 **options: Any) -> None:
+        """``taken_at``: when this replica took the session's shard over from another
+        (``None``: at start); ``options`` go to :class:`discord.Client`."""
         super().__init__(**options)
-        self.adapter = adapter
+        self.events = events
         self.connected = asyncio.Event()
         """Set at its first READY."""
         self.health = ChannelHealth(False, "connecting")
         """Its gateway session's part of the channel's health."""
-        self.taken_at: float | None = None
+        self.taken_at = taken_at
         """When this replica took its shard over from another (``None``: at start)."""
 
     async def on_ready(self) -> None:
         # discord.py fires this after every READY: at start, and after a
         # reconnect that could not resume (the missed messages are lost to
         # the gateway and must be read back from the channels' history).
-        if self.connected.is_set():
-            self.adapter._reconnected()
-        elif self.taken_at is not None:
-            # Nobody received this shard between its previous holder's end and now.
-            self.adapter._spawn(self.adapter._took_over(self))
+        again = self.connected.is_set()
         self.connected.set()
         self.health = READY
-        self.adapter._connected(self)
+        self.events.session_ready(self, again=again)
 
     async def on_resumed(self) -> None:
         self.health = READY
@@ -52,21 +71,21 @@ class _Client(discord.Client):
     async def on_disconnect(self) -> None:
         # discord.py reconnects by itself (resuming when it can); until READY or
         # RESUMED, nothing arrives.
-        if not self.adapter._stopping:
+        if not self.events.stopping:
             self.health = ChannelHealth(False, "gateway disconnected; reconnecting")
 
     async def on_message(self, message: discord.Message) -> None:
-        await self.adapter._on_message(message)
+        await self.events.message(message)
 
     async def on_interaction(self, interaction: discord.Interaction[discord.Client]) -> None:
-        await self.adapter._on_interaction(interaction)
+        await self.events.interaction(interaction)
 
     async def on_error(self, event_method: str, /, *args: Any, **kwargs: Any) -> None:
         # discord.py calls on_error from inside its except block: the exception is current.
         log.exception("discord: handling %s failed", event_method)
 
 
-def _guard_parsers(client: discord.Client) -> None:
+def guard_parsers(client: discord.Client) -> None:
     """Make a gateway event the library cannot parse a logged, skipped event.
 
     discord.py calls its parsers straight from the websocket loop, so one
@@ -89,7 +108,7 @@ def _guard_parsers(client: discord.Client) -> None:
         parsers[event] = guarded(event, parser)
 
 
-def _guard_frames(client: discord.Client) -> None:
+def guard_frames(client: discord.Client) -> None:
     """Make a gateway frame that is not JSON a logged, skipped frame.
 
     discord.py decodes each frame in ``DiscordWebSocket.received_message``,

@@ -1,4 +1,9 @@
-"""Messages into the core: live ones, and those read back when catching up."""
+"""Messages into the core: live ones, and those read back when catching up.
+
+:class:`Inbound` translates each gateway message into an
+:class:`~bot.contracts.messages.InboundMessage`, hands it to the core once, and
+keeps the per-channel cursors a catch-up after a gap starts from.
+"""
 
 from __future__ import annotations
 
@@ -8,27 +13,52 @@ from collections.abc import Mapping
 import discord
 
 from bot.contracts.messages import InboundMessage
-from channels.discord.base import _DiscordBase
 from channels.discord.common import (
-    _ADDRESSED_TYPES,
-    _Malformed,
-    _place,
-    _problem,
-    _snowflake,
-    _strip_mentions,
+    ADDRESSED_TYPES,
+    CHANNEL_NAME,
+    RECENT_IDS,
+    Intake,
+    Malformed,
+    RecentIds,
     log,
+    place_of,
+    problem,
+    snowflake,
+    strip_mentions,
 )
-from channels.discord.media import _attachment
+from channels.discord.media import attachment_of
+from channels.discord.rest import Rest
+from channels.inflight import InFlight
 from channels.logline import short as _short
 
 
-class _Inbound(_DiscordBase):
-    """Gateway messages translated for the core, and the catch-up after a gap."""
+class Inbound:
+    """Gateway messages translated and handed to the core once, and the catch-up after a gap."""
 
-    # -- inbound ---------------------------------------------------------------
+    def __init__(self, intake: Intake, rest: Rest, inflight: InFlight, *,
+                 catchup_limit: int) -> None:
+        """``catchup_limit`` bounds the messages read back per chat when catching up."""
+        self.intake = intake
+        self.rest = rest
+        self.inflight = inflight
+        self.catchup_limit = catchup_limit
+        self._seen = RecentIds(RECENT_IDS)
+        self._cursors: dict[int, int] = {}
+        """Per channel (or thread), the newest message id the core has (or was
+        not meant to get): where a catch-up after a reconnect starts."""
+        self._gaps: dict[int, int] = {}
+        """Per channel, the id just before the oldest message the handler
+        failed on: a catch-up starts there, so that message is read again."""
+        self._catching_up: asyncio.Task[None] | None = None
 
-    async def _on_message(self, message: discord.Message) -> None:
-        if self._intake_open:
+    def stop(self) -> None:
+        """Stop the catch-up under way, if any (intake is closed)."""
+        if self._catching_up is not None:
+            self._catching_up.cancel()
+
+    async def message(self, message: discord.Message) -> None:
+        """A message arrived live: hand it to the core, unless intake is closed."""
+        if self.intake.open:
             await self._take(message)
         else:
             log.debug("discord: message %s arrived while shutting down; the catch-up after "
@@ -43,24 +73,25 @@ class _Inbound(_DiscordBase):
         leaves a gap that the next catch-up starts from, and the error
         propagates (a catch-up stops there, to keep the order).
         """
-        client = self.client
-        if client is None or client.user is None or self._handler is None:
+        client = self.rest.client
+        handler = self.intake.handler
+        if client is None or client.user is None or handler is None:
             return
         try:
             # discord.py stores some fields as the payload had them (content,
             # ids of partial objects), so a malformed one surfaces only here.
-            where = _snowflake(message.channel.id)
+            where = snowflake(message.channel.id)
             author = message.author
             mine = author.id == client.user.id
             if mine:
-                self._own.add(message.id)
+                self.rest.own.add(message.id)
             skipped = (author.bot or mine or message.webhook_id is not None
-                       or message.type not in _ADDRESSED_TYPES)  # joins, pins, threads...
+                       or message.type not in ADDRESSED_TYPES)  # joins, pins, threads...
             inbound = None if skipped or message.id in self._seen \
                 else self._translate(message, client.user)
         except Exception as exc:
             log.warning("discord: skipped a malformed message %s (%s)",
-                        _short(getattr(message, "id", "?"), 40), _problem(exc))
+                        _short(getattr(message, "id", "?"), 40), problem(exc))
             return
         if inbound is None:
             if skipped:
@@ -69,7 +100,7 @@ class _Inbound(_DiscordBase):
                 log.debug("discord: message %s delivered twice; ignored", message.id)
             return
         try:
-            await self._handler(inbound)
+            await handler(inbound)
         except BaseException:
             gap = self._gaps.get(where)
             self._gaps[where] = min(gap, message.id - 1) if gap is not None \
@@ -100,7 +131,7 @@ class _Inbound(_DiscordBase):
         own_keys = {int(key.rsplit(":", 1)[-1]) for key in cursors
                     if ":" in key and key.rsplit(":", 1)[-1].isdigit()}
         for key, cursor in cursors.items():
-            if not self._intake_open:
+            if not self.intake.open:
                 return
             place = key.rsplit(":", 1)[-1]
             if not place.isdigit() or not str(cursor).isdigit():
@@ -110,26 +141,26 @@ class _Inbound(_DiscordBase):
 
     async def _catch_up_channel(self, where: int, after: int,
                                 keyed: set[int] | frozenset[int] = frozenset()) -> None:
-        client = self.client
+        client = self.rest.client
         if client is None:
             return
         try:
-            channel = client.get_channel(where) or await self._deliver(
+            channel = client.get_channel(where) or await self.rest.deliver(
                 lambda: client.fetch_channel(where), what=f"reading discord channel {where}")
         except Exception:
             log.exception("discord: could not catch up channel %s: it cannot be read", where)
             return
         if isinstance(channel, discord.abc.Messageable):
-            await self._catch_up_history(channel, where, after)
+            await self.catch_up_history(channel, where, after)
         if isinstance(channel, discord.TextChannel | discord.ForumChannel):
             # A thread is a session of its own but shares its parent's chat id,
             # so the core's cursor for the chat covers its threads too (ids are
             # time-ordered): the active threads are read after the same id.
             for thread in channel.threads:
                 if thread.id not in keyed:
-                    await self._catch_up_history(thread, thread.id, after)
+                    await self.catch_up_history(thread, thread.id, after)
 
-    async def _catch_up_history(self, channel: discord.abc.Messageable, where: int,
+    async def catch_up_history(self, channel: discord.abc.Messageable, where: int,
                                 after: int) -> None:
         """Hand the messages of ``channel`` after ``after`` to the core, oldest first."""
         async def read() -> list[discord.Message]:
@@ -138,7 +169,7 @@ class _Inbound(_DiscordBase):
                 limit=self.catchup_limit, after=discord.Object(after), oldest_first=True)]
 
         try:
-            missed = await self._deliver(read, what=f"reading discord history of {where}")
+            missed = await self.rest.deliver(read, what=f"reading discord history of {where}")
         except Exception:
             log.exception("discord: could not read the history of %s after %s", where, after)
             return
@@ -148,7 +179,7 @@ class _Inbound(_DiscordBase):
                         len(missed), after)
         taken = 0
         for message in missed:
-            if not self._intake_open:
+            if not self.intake.open:
                 return  # shutting down: the next start reads the rest
             try:
                 await self._take(message)
@@ -163,13 +194,13 @@ class _Inbound(_DiscordBase):
         if gap is not None and after <= gap:
             self._gaps.pop(where)  # the failed message was read again and taken
 
-    def _reconnected(self) -> None:
+    def reconnected(self) -> None:
         """A new gateway session (READY, not RESUME): Discord replayed nothing missed.
 
         Catch-ups run one after another; each reads from the cursors as they
         are when it starts, so a second reconnect during one is covered too.
         """
-        if not self._intake_open:
+        if not self.intake.open:
             return
         previous = self._catching_up
 
@@ -185,33 +216,33 @@ class _Inbound(_DiscordBase):
                          len(starts))
                 await self.catch_up({str(where): str(after) for where, after in starts.items()})
 
-        self._catching_up = self._spawn(run())
+        self._catching_up = self.inflight.spawn(run())
 
     def _translate(self, message: discord.Message, me: discord.ClientUser) -> InboundMessage:
-        """The core's message for ``message``; raises :class:`_Malformed` (or worse) if
+        """The core's message for ``message``; raises :class:`Malformed` (or worse) if
         the payload was malformed."""
-        _snowflake(message.id)
-        _snowflake(message.author.id)
+        snowflake(message.id)
+        snowflake(message.author.id)
         if not isinstance(message.content, str):
-            raise _Malformed("its content is not text")
+            raise Malformed("its content is not text")
         # A guild discord.py has not cached (unavailable, or an id it never
         # heard of) leaves ``guild`` None, but the channel still names it: such
         # a message is a group message, never a DM.
         guild_id = message.guild.id if message.guild is not None \
             else getattr(message.channel, "guild_id", None)
-        chat_id, chat_type, thread_id = _place(message.channel, guild_id is not None)
+        chat_id, chat_type, thread_id = place_of(message.channel, guild_id is not None)
         role = message.guild.self_role if message.guild is not None else None
-        text = _strip_mentions(message.content, me.id, role.id if role else None)
+        text = strip_mentions(message.content, me.id, role.id if role else None)
         reference = message.reference
         reply_to = str(reference.message_id) if reference and reference.message_id else None
         mentioned = (chat_type == "direct" or self._addresses_me(message, me, role)
                      or text.startswith("/"))
         return InboundMessage(
-            channel=self.name, chat_id=chat_id, chat_type=chat_type,
+            channel=CHANNEL_NAME, chat_id=chat_id, chat_type=chat_type,
             sender_id=str(message.author.id), sender_name=str(message.author.display_name),
             text=text, message_id=str(message.id), reply_to=reply_to, thread_id=thread_id,
-            mentioned=mentioned,
-            attachments=tuple(_attachment(a, message.id) for a in message.attachments), raw=message,
+            mentioned=mentioned, raw=message,
+            attachments=tuple(attachment_of(a, message.id) for a in message.attachments),
             group_id=str(guild_id) if guild_id is not None else None,
             event_id=str(message.id))
 
@@ -227,4 +258,4 @@ class _Inbound(_DiscordBase):
         replied = reference.resolved
         if isinstance(replied, discord.Message) and replied.author.id == me.id:
             return True
-        return reference.message_id is not None and reference.message_id in self._own
+        return reference.message_id is not None and reference.message_id in self.rest.own

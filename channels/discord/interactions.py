@@ -1,53 +1,85 @@
-"""Slash commands: registration, deferred interactions and their answers."""
+"""Slash commands: registration, deferred interactions and their answers.
+
+:class:`Interactions` syncs the application commands, defers each use at once
+and hands it to the core as ``/name args``; the reply to it answers the
+interaction.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import discord
 
-from bot.contracts.messages import InboundMessage, OutboundMessage
-from channels.discord.base import _DiscordBase
+from bot.contracts.messages import ChatType, InboundMessage, OutboundMessage
 from channels.discord.common import (
-    _COMMAND_NAME,
-    _NO_PINGS,
+    CHANNEL_NAME,
+    COMMAND_NAME,
     MAX_COMMANDS,
-    _Malformed,
-    _PendingInteraction,
-    _place,
-    _problem,
-    _snowflake,
+    NO_PINGS,
+    RECENT_IDS,
+    Intake,
+    Malformed,
+    RecentIds,
     log,
+    place_of,
+    problem,
+    snowflake,
 )
+from channels.discord.rest import Rest
+from channels.inflight import InFlight
 from channels.logline import short as _short
 
 if TYPE_CHECKING:
     from bot.contracts.commands import Command
 
 
-class _Interactions(_DiscordBase):
+@dataclass(slots=True)
+class PendingInteraction:
+    """A deferred interaction waiting for the reply that answers it."""
+
+    interaction: discord.Interaction[discord.Client]
+    target: str
+    chat_type: ChatType
+    timer: asyncio.Task[None] | None = None
+
+
+class Interactions:
     """Application commands: synced at start, deferred when used, answered by the reply."""
 
-    async def _on_interaction(self, interaction: discord.Interaction[discord.Client]) -> None:
-        if not self._intake_open or self._handler is None:
+    def __init__(self, intake: Intake, rest: Rest, inflight: InFlight, *,
+                 timeout: float) -> None:
+        """A deferred interaction nobody answered is withdrawn after ``timeout`` seconds."""
+        self.intake = intake
+        self.rest = rest
+        self.inflight = inflight
+        self.timeout = timeout
+        self._seen = RecentIds(RECENT_IDS)
+        self._pending: dict[str, PendingInteraction] = {}
+
+    async def interaction(self, interaction: discord.Interaction[discord.Client]) -> None:
+        """Defer one use of a command and hand it to the core (unless intake is closed)."""
+        handler = self.intake.handler
+        if not self.intake.open or handler is None:
             return
         if interaction.type is not discord.InteractionType.application_command:
             return
         try:
             name, args = _command_of(interaction.data)
-            _snowflake(interaction.id)
-            _snowflake(interaction.user.id)
+            snowflake(interaction.id)
+            snowflake(interaction.user.id)
             in_guild = interaction.guild_id is not None
-            chat_id, chat_type, thread_id = _place(interaction.channel, in_guild,
+            chat_id, chat_type, thread_id = place_of(interaction.channel, in_guild,
                                                    interaction.channel_id)
         except Exception as exc:
             log.warning("discord: skipped a malformed interaction %s (%s)",
-                        _short(interaction.id, 40), _problem(exc))
+                        _short(interaction.id, 40), problem(exc))
             return
-        if not self._seen.add(("interaction", interaction.id)):
+        if not self._seen.add(interaction.id):
             return
         key = str(interaction.id)
         try:
@@ -61,15 +93,15 @@ class _Interactions(_DiscordBase):
         except Exception as exc:
             # discord.py reads more of the payload to answer it; if that fails,
             # nothing can be answered either.
-            log.warning("discord: skipped a malformed interaction %s (%s)", key, _problem(exc))
+            log.warning("discord: skipped a malformed interaction %s (%s)", key, problem(exc))
             return
         else:
-            pending = _PendingInteraction(interaction, thread_id or chat_id, chat_type)
-            self._interactions[key] = pending
-            pending.timer = self._spawn(self._expire(key))
+            pending = PendingInteraction(interaction, thread_id or chat_id, chat_type)
+            self._pending[key] = pending
+            pending.timer = self.inflight.spawn(self._expire(key))
         user = interaction.user
-        await self._handler(InboundMessage(
-            channel=self.name, chat_id=chat_id, chat_type=chat_type, sender_id=str(user.id),
+        await handler(InboundMessage(
+            channel=CHANNEL_NAME, chat_id=chat_id, chat_type=chat_type, sender_id=str(user.id),
             sender_name=str(user.display_name), text=f"/{name} {args}".strip(), message_id=key,
             thread_id=thread_id, mentioned=True, raw=interaction,
             group_id=str(interaction.guild_id) if in_guild else None,
@@ -78,25 +110,25 @@ class _Interactions(_DiscordBase):
 
     async def _expire(self, key: str) -> None:
         """Withdraw a deferred answer the core never replied to (the command said nothing)."""
-        await asyncio.sleep(self.interaction_timeout)
-        pending = self._interactions.pop(key, None)
+        await asyncio.sleep(self.timeout)
+        pending = self._pending.pop(key, None)
         if pending is not None:
             with contextlib.suppress(discord.HTTPException):
                 await pending.interaction.delete_original_response()
 
     async def register_commands(self, commands: Sequence[Command]) -> None:
         """Replace the global application commands with ``commands`` (aliases included)."""
-        client = self.client
+        client = self.rest.client
         if client is None or client.application_id is None:
             raise RuntimeError("start() the Discord channel before registering commands")
         payload = _command_payload(commands)
         app_id = client.application_id
-        await self._deliver(
+        await self.rest.deliver(
             lambda: client.http.bulk_upsert_global_commands(app_id, cast(Any, payload)),
             what="syncing discord application commands")
         log.info("discord: %d application commands synced", len(payload))
 
-    def _claim_interaction(self, message: OutboundMessage) -> _PendingInteraction | None:
+    def claim(self, message: OutboundMessage) -> PendingInteraction | None:
         """The deferred interaction ``message`` answers, if any.
 
         In groups replies name the message they answer (the interaction id).
@@ -104,38 +136,38 @@ class _Interactions(_DiscordBase):
         that DM; only command replies can race for it, and commands of one
         chat run in order.
         """
-        if not self._interactions:
+        if not self._pending:
             return None
-        if message.reply_to is not None and message.reply_to in self._interactions:
-            return self._pop_interaction(message.reply_to)
+        if message.reply_to is not None and message.reply_to in self._pending:
+            return self._pop(message.reply_to)
         if message.chat_type == "direct" and message.kind == "reply":
             target = message.thread_id or message.chat_id
-            for key, pending in self._interactions.items():
+            for key, pending in self._pending.items():
                 if pending.chat_type == "direct" and pending.target == target:
-                    return self._pop_interaction(key)
+                    return self._pop(key)
         return None
 
-    def _pop_interaction(self, key: str) -> _PendingInteraction:
-        pending = self._interactions.pop(key)
+    def _pop(self, key: str) -> PendingInteraction:
+        pending = self._pending.pop(key)
         if pending.timer is not None:
             pending.timer.cancel()
         return pending
 
-    async def _answer(self, pending: _PendingInteraction, pieces: list[str]) -> bool:
+    async def answer(self, pending: PendingInteraction, pieces: list[str]) -> bool:
         """Answer a deferred interaction; ``False`` if the token no longer works."""
         interaction = pending.interaction
         try:
             if not pieces:
-                await self._deliver(interaction.delete_original_response,
+                await self.rest.deliver(interaction.delete_original_response,
                                     what="withdrawing a discord interaction response")
                 return True
             first = pieces[0]
-            await self._deliver(
+            await self.rest.deliver(
                 lambda: interaction.edit_original_response(content=first,
-                                                           allowed_mentions=_NO_PINGS),
+                                                           allowed_mentions=NO_PINGS),
                 what="answering a discord interaction")
             for piece in pieces[1:]:
-                await self._deliver(_followup(interaction, piece),
+                await self.rest.deliver(_followup(interaction, piece),
                                     what="following up a discord interaction")
         except (discord.NotFound, discord.Forbidden):
             log.warning("discord: interaction %s expired; replying in the channel",
@@ -150,21 +182,21 @@ def _command_of(data: object) -> tuple[str, str]:
     discord.py keeps ``data`` as the payload had it, so every type is checked.
     """
     if not isinstance(data, dict):
-        raise _Malformed("it has no data object")
+        raise Malformed("it has no data object")
     name = data.get("name")
-    if not isinstance(name, str) or not _COMMAND_NAME.match(name):
-        raise _Malformed("it names no command")
+    if not isinstance(name, str) or not COMMAND_NAME.match(name):
+        raise Malformed("it names no command")
     options = data.get("options", [])
     if not isinstance(options, list):
-        raise _Malformed("its options are not a list")
+        raise Malformed("its options are not a list")
     args = []
     for option in options:
         if not isinstance(option, dict):
-            raise _Malformed("an option is not an object")
+            raise Malformed("an option is not an object")
         value = option.get("value", "")
         if option.get("name") == "args":
             if not isinstance(value, str | int | float | bool):
-                raise _Malformed("its args are not text")
+                raise Malformed("its args are not text")
             args.append(str(value))
     return name, " ".join(args)
 
@@ -172,7 +204,7 @@ def _command_of(data: object) -> tuple[str, str]:
 def _followup(interaction: discord.Interaction[discord.Client],
               text: str) -> Callable[[], Awaitable[object]]:
     async def call() -> object:
-        return await interaction.followup.send(text, allowed_mentions=_NO_PINGS, wait=True)
+        return await interaction.followup.send(text, allowed_mentions=NO_PINGS, wait=True)
     return call
 
 
@@ -185,7 +217,7 @@ def _command_payload(commands: Sequence[Command]) -> list[dict[str, Any]]:
             name = name.lower()
             if name in seen:
                 continue
-            if not _COMMAND_NAME.match(name):
+            if not COMMAND_NAME.match(name):
                 log.warning("discord: /%s is not a valid application command name; "
                             "it still works typed as a message", name)
                 continue

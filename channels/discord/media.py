@@ -3,7 +3,7 @@
 Inbound, each ``discord.Attachment`` becomes an :class:`Attachment` whose
 ``url`` is the attachment's CDN URL (signed by Discord; it stays valid for
 about a day, long enough for the core to fetch it right after the message).
-:meth:`_Media.download` GETs it with a session of the adapter's own (no bot
+:meth:`Media.download` GETs it with a session of the adapter's own (no bot
 token: the CDN wants none), reading at most ``limit`` bytes.
 
 Outbound, the files of a reply are uploaded one message each (multipart, as
@@ -23,11 +23,13 @@ from collections.abc import Sequence
 import aiohttp
 import discord
 
+from bot.config.settings import Settings
 from bot.contracts.files import OpenFile
 from bot.contracts.media import MediaError, MediaTooLarge
 from bot.contracts.messages import Attachment, OutboundFile, clean_text
-from channels.discord.base import _DiscordBase
-from channels.discord.common import _NO_PINGS, _escape, _fit, _nonce, log
+from channels.delivery import DeliveryPolicy
+from channels.discord.common import NO_PINGS, defuse_mentions, fit, log, piece_nonce
+from channels.discord.rest import Rest
 from channels.fetching import fetch_capped
 
 DOWNLOAD_TIMEOUT = 120.0
@@ -39,10 +41,15 @@ REQUEST_TOO_LARGE = 40005
 _MB = 1024 * 1024
 
 
-class _Media(_DiscordBase):
-    """Attachment downloads from the CDN and file uploads with a reply."""
+class Media:
+    """Attachment downloads from the CDN, and a reply's files uploaded through :class:`Rest`."""
 
-    _media_session: aiohttp.ClientSession | None = None
+    def __init__(self, settings: Settings, rest: Rest, *, delivery: DeliveryPolicy) -> None:
+        """``delivery`` tunes the retries of a download (5xx, 429, dropped connections)."""
+        self.settings = settings
+        self.rest = rest
+        self.delivery = delivery
+        self._media_session: aiohttp.ClientSession | None = None
 
     async def download(self, attachment: Attachment, limit: int) -> bytes:
         """The bytes of ``attachment`` from Discord's CDN, at most ``limit`` of them.
@@ -72,7 +79,8 @@ class _Media(_DiscordBase):
         return await fetch_capped(session, url, limit, check=check, policy=self.delivery,
                                   what=f"downloading {name} from Discord")
 
-    async def _close_media(self) -> None:
+    async def close(self) -> None:
+        """Close the download session (a later download opens another)."""
         if self._media_session is not None:
             await self._media_session.close()
             self._media_session = None
@@ -84,7 +92,7 @@ class _Media(_DiscordBase):
         mb = configured if isinstance(configured, int | float) else DEFAULT_MAX_UPLOAD_MB
         return int(mb * _MB)
 
-    def _check_file(self, file: OutboundFile, size: int) -> None:
+    def check_file(self, file: OutboundFile, size: int) -> None:
         """Raise :class:`MediaTooLarge` for a file over the limit (its size when opened).
 
         Checked (by :func:`channels.uploading.opened_files`) before anything of the
@@ -94,24 +102,23 @@ class _Media(_DiscordBase):
         if size > limit:
             raise MediaTooLarge(size, limit, _too_large(file.name, size, limit))
 
-    async def _upload_files(self, target: int, files: tuple[OutboundFile, ...],
-                            opened: Sequence[OpenFile],
-                            reference: discord.MessageReference | None,
-                            delivery_id: str | None) -> str | None:
+    async def upload_files(self, target: int, files: tuple[OutboundFile, ...],
+                           opened: Sequence[OpenFile],
+                           reference: discord.MessageReference | None,
+                           delivery_id: str | None) -> str | None:
         """Post each file as a message of its own (caption as text); the last one's id.
-
-        The bytes come from ``opened`` (each file opened once), never from its path.
 
         The first file carries ``reference`` (when the reply has no text).
         Each post has a nonce (derived from ``delivery_id`` when given), so a
-        retry after a lost answer does not upload the file twice.
+        retry after a lost answer does not upload the file twice. The bytes come from
+        ``opened`` (each file opened once), never from its path.
         """
-        assert self.client is not None
-        channel = self.client.get_partial_messageable(target)
+        assert self.rest.client is not None
+        channel = self.rest.client.get_partial_messageable(target)
         last: str | None = None
         for index, (file, source) in enumerate(zip(files, opened, strict=True)):
-            caption = _fit(_escape(file.caption)) if file.caption else None
-            nonce: str | int = _nonce(f"{delivery_id}f{index}", 0) if delivery_id \
+            caption = fit(defuse_mentions(file.caption)) if file.caption else None
+            nonce: str | int = piece_nonce(f"{delivery_id}f{index}", 0) if delivery_id \
                 else secrets.randbelow(1 << 62)
             ref = reference if index == 0 else None
 
@@ -123,14 +130,15 @@ class _Media(_DiscordBase):
                 try:
                     if ref is None:
                         return await channel.send(caption, file=upload,
-                                                  allowed_mentions=_NO_PINGS, nonce=nonce)
-                    return await channel.send(caption, file=upload, allowed_mentions=_NO_PINGS,
+                                                  allowed_mentions=NO_PINGS, nonce=nonce)
+                    return await channel.send(caption, file=upload, allowed_mentions=NO_PINGS,
                                               reference=ref, nonce=nonce)
                 finally:
                     upload.close()
 
             try:
-                sent = await self._deliver(call, what=f"uploading {file.name} to discord:{target}")
+                sent = await self.rest.deliver(
+                    call, what=f"uploading {file.name} to discord:{target}")
             except discord.HTTPException as exc:
                 if exc.status == 413 or exc.code == REQUEST_TOO_LARGE:
                     raise MediaTooLarge(source.size, 0, f"{file.name} is "
@@ -139,13 +147,13 @@ class _Media(_DiscordBase):
                 raise
             except OSError as exc:
                 raise MediaError(f"cannot read {file.name}: {exc.strerror or exc}") from exc
-            self._own.add(sent.id)
+            self.rest.own.add(sent.id)
             log.info("discord: uploaded %s (%d bytes) to %s", file.name, source.size, target)
             last = str(sent.id)
         return last
 
 
-def _attachment(attachment: discord.Attachment, message_id: int) -> Attachment:
+def attachment_of(attachment: discord.Attachment, message_id: int) -> Attachment:
     """The core's :class:`Attachment` for one of a message's attachments.
 
     discord.py keeps the fields as the payload had them, and the core stores

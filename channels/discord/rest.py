@@ -1,21 +1,81 @@
-"""Posting, editing and deleting messages over Discord's REST API."""
+"""Discord's REST API as the adapter uses it: every call retried, posts made once.
+
+:class:`Rest` holds the discord.py client REST calls go through (opened by the
+gateway sessions at start) and makes each call through :func:`deliver`, with
+discord.py's errors mapped by :func:`delivery_error`.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import secrets
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import discord
 
-from channels.discord.base import _DiscordBase
-from channels.discord.common import _NO_PINGS, TYPING_REFRESH, _nonce, log
+from channels.delivery import DeliveryPolicy, deliver
+from channels.discord.common import (
+    NO_PINGS,
+    RECENT_IDS,
+    TYPING_REFRESH,
+    RecentIds,
+    log,
+    piece_nonce,
+)
+from channels.discord.errors import delivery_error
+
+T = TypeVar("T")
 
 
-class _Rest(_DiscordBase):
-    """REST calls behind replies: post, edit, delete, typing."""
+class Rest:
+    """Posts, edits, deletes and typing over the REST client, each call retried by deliver()."""
 
-    async def _deliver_reply(self, target: int, reference: discord.MessageReference | None,
+    def __init__(self, *, delivery: DeliveryPolicy, call_timeout: float | None) -> None:
+        """``delivery`` tunes retries of 5xx and connection errors; ``call_timeout``, if
+        set, bounds each call, discord.py's own queueing for its rate-limit buckets
+        included."""
+        self.delivery = delivery
+        self.call_timeout = call_timeout
+        self.own = RecentIds(RECENT_IDS)
+        """Ids of the bot's own recent messages (a reply to one addresses the bot)."""
+        self._client: discord.Client | None = None
+
+    @property
+    def client(self) -> discord.Client | None:
+        """The client REST calls go through; ``None`` until :meth:`use`."""
+        return self._client
+
+    def use(self, client: discord.Client) -> None:
+        """Make REST calls through ``client`` from now on."""
+        self._client = client
+
+    def _ready(self) -> discord.Client:
+        assert self._client is not None
+        return self._client
+
+    async def deliver(self, call: Callable[[], Awaitable[T]], *, what: str) -> T:
+        """Run a REST call with :func:`deliver`, translating discord.py's errors.
+
+        discord.py already sleeps through 429s (``retry_after``) and retries
+        500/502/504 a few times; what reaches here is a limit longer than its
+        ``max_ratelimit_timeout``, another 5xx, a dropped connection, or a
+        call that took longer than :attr:`call_timeout`.
+        """
+        async def translated() -> T:
+            try:
+                async with asyncio.timeout(self.call_timeout):  # None: no bound
+                    return await call()
+            except Exception as exc:
+                mapped = delivery_error(exc)
+                if mapped is exc:
+                    raise
+                raise mapped from exc
+
+        return await deliver(translated, what=what, policy=self.delivery)
+
+    async def deliver_reply(self, target: int, reference: discord.MessageReference | None,
                              pieces: list[str], *, draft: str | None,
                              shown: str | None = None,
                              delivery_id: str | None = None) -> str | None:
@@ -32,9 +92,9 @@ class _Rest(_DiscordBase):
         """
         if not pieces:
             if draft:
-                await self._delete(target, int(draft))
+                await self.delete(target, int(draft))
             return None
-        nonces: list[str | None] = [_nonce(delivery_id, i) if delivery_id else None
+        nonces: list[str | None] = [piece_nonce(delivery_id, i) if delivery_id else None
                                     for i in range(len(pieces))]
         first: str | None = None
         if draft:
@@ -42,29 +102,29 @@ class _Rest(_DiscordBase):
                 first = draft
             else:
                 try:
-                    await self._edit(target, int(draft), pieces[0])
+                    await self.edit(target, int(draft), pieces[0])
                     first = draft
                 except Exception as exc:
                     log.warning("discord: could not edit draft %s into the reply (%s); "
                                 "posting it anew", draft, exc)
         if first is None:
-            first = str((await self._post(target, pieces[0], reference, nonces[0])).id)
+            first = str((await self.post(target, pieces[0], reference, nonces[0])).id)
             if draft:
                 try:
-                    await self._delete(target, int(draft))
+                    await self.delete(target, int(draft))
                 except Exception:
                     # The reply is out: failing now would make the core post it again.
                     log.exception("discord: could not delete the replaced draft %s in %s",
                                   draft, target)
         last = first
         for piece, nonce in zip(pieces[1:], nonces[1:], strict=True):
-            last = str((await self._post(target, piece, None, nonce)).id)
+            last = str((await self.post(target, piece, None, nonce)).id)
         return last
 
-    async def _post(self, target: int, text: str, reference: discord.MessageReference | None,
+    async def post(self, target: int, text: str, reference: discord.MessageReference | None,
                     key: str | None = None) -> discord.Message:
-        assert self.client is not None
-        channel = self.client.get_partial_messageable(target)
+        """Post one message into ``target`` (nonce ``key``, else a random one); the message."""
+        channel = self._ready().get_partial_messageable(target)
         # Every try of one post carries the same nonce (``key``, else a random
         # one), and discord.py asks Discord to enforce it: a try that took
         # effect before its answer was lost (a reset, a timeout) is returned
@@ -73,33 +133,33 @@ class _Rest(_DiscordBase):
 
         async def call() -> discord.Message:
             if reference is None:
-                return await channel.send(text, allowed_mentions=_NO_PINGS, nonce=nonce)
-            return await channel.send(text, allowed_mentions=_NO_PINGS, reference=reference,
+                return await channel.send(text, allowed_mentions=NO_PINGS, nonce=nonce)
+            return await channel.send(text, allowed_mentions=NO_PINGS, reference=reference,
                                       nonce=nonce)
 
-        sent = await self._deliver(call, what=f"sending to discord:{target}")
-        self._own.add(sent.id)
+        sent = await self.deliver(call, what=f"sending to discord:{target}")
+        self.own.add(sent.id)
         return sent
 
-    async def _edit(self, target: int, message_id: int, text: str) -> None:
-        assert self.client is not None
-        partial = self.client.get_partial_messageable(target).get_partial_message(message_id)
+    async def edit(self, target: int, message_id: int, text: str) -> None:
+        """Replace the text of one of the bot's messages."""
+        partial = self._ready().get_partial_messageable(target).get_partial_message(message_id)
 
         async def call() -> None:
-            await partial.edit(content=text, allowed_mentions=_NO_PINGS)
+            await partial.edit(content=text, allowed_mentions=NO_PINGS)
 
-        await self._deliver(call, what=f"editing discord:{target}/{message_id}")
+        await self.deliver(call, what=f"editing discord:{target}/{message_id}")
 
-    async def _delete(self, target: int, message_id: int) -> None:
-        assert self.client is not None
-        partial = self.client.get_partial_messageable(target).get_partial_message(message_id)
+    async def delete(self, target: int, message_id: int) -> None:
+        """Delete one of the bot's messages; one already gone counts as deleted."""
+        partial = self._ready().get_partial_messageable(target).get_partial_message(message_id)
         # Already gone (deleted by a moderator or the user) is as good as deleted.
         with contextlib.suppress(discord.NotFound):
-            await self._deliver(partial.delete, what=f"deleting discord:{target}/{message_id}")
+            await self.deliver(partial.delete, what=f"deleting discord:{target}/{message_id}")
 
-    async def _keep_typing(self, target: int) -> None:
-        assert self.client is not None
-        channel = self.client.get_partial_messageable(target)
+    async def keep_typing(self, target: int) -> None:
+        """Show "typing…" in ``target``, refreshed until cancelled."""
+        channel = self._ready().get_partial_messageable(target)
         while True:
             try:
                 await channel.typing()

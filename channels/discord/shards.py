@@ -11,9 +11,12 @@ count]``). ``discord_shard_count`` shards are run as follows:
   one advisory lock per shard, spread over the replicas). A replica runs a
   session per shard it holds, closes one whose lease it lost, and opens one for
   each it took, catching up the shard's recently active channels from their
-  history (:meth:`_Shards._took_over`). Every replica sends: REST calls go
+  history (:meth:`Sessions.took_over`). Every replica sends: REST calls go
   through a client of their own that never connects to the gateway, so a
   replica holding no shard still delivers the replies of the runs it claims.
+
+:class:`Sessions` runs them and reports their health; the REST calls go through
+:class:`Rest`, messages to :class:`Inbound` and commands to :class:`Interactions`.
 
 Discord closes a session with 4010 (Invalid shard) or 4011 (Sharding required)
 when the setting is wrong: that is one clear error line and the session is not
@@ -25,19 +28,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import discord
 
-from bot.config.settings import SetupError
-from bot.contracts.channel import READY, ChannelHealth
+from bot.config.settings import Settings, SetupError
+from bot.contracts.channel import READY, ChannelHealth, Leadership
 from bot.resilience.retry import RetryPolicy
-from channels.discord.common import _NO_PINGS, log
-from channels.discord.gateway import _Client, _guard_frames, _guard_parsers
-from channels.discord.inbound import _Inbound
-
-if TYPE_CHECKING:
-    from channels.discord.channel import DiscordChannel
+from channels.discord.common import NO_PINGS, Intake, log
+from channels.discord.endpoints import Endpoints
+from channels.discord.gateway import GatewayClient, guard_frames, guard_parsers
+from channels.discord.inbound import Inbound
+from channels.discord.interactions import Interactions
+from channels.discord.rest import Rest
+from channels.inflight import InFlight
 
 SHARDING_CLOSE_CODES = (4010, 4011)
 """Discord's close codes for a wrong shard setting: Invalid shard, Sharding required."""
@@ -70,7 +74,7 @@ class ShardLeases(Protocol):
 
 
 @runtime_checkable
-class _SharesOffer(Protocol):
+class SharesOffer(Protocol):
     """The app's leader election, which hands out shard leases too (replicas only)."""
 
     def shares(self, count: int) -> ShardLeases:
@@ -82,37 +86,157 @@ def snowflake_at(seconds: float) -> int:
     return max(0, int(seconds * 1000) - DISCORD_EPOCH_MS) << 22
 
 
-class _Shards(_Inbound):
-    """The gateway sessions of a sharded channel, opened and closed with its leases."""
+class Sessions:
+    """The gateway sessions: opened at start (one, or one per shard held), followed with
+    the shard leases, reported as the channel's health, closed at stop."""
 
-    shard_leases: ShardLeases | None = None
-    """The shards this replica may run; by default taken at :meth:`start` from the app's
-    :attr:`leadership` (set when replicas share a PostgreSQL database), else all."""
-    _keeper: asyncio.Task[None] | None = None
-    _failures: dict[int, int]
+    def __init__(self, settings: Settings, *, token: str, intake: Intake, rest: Rest,
+                 inbound: Inbound, interactions: Interactions, inflight: InFlight,
+                 endpoints: Endpoints, guild_ready_timeout: float, ready_timeout: float,
+                 max_ratelimit_timeout: float) -> None:
+        """``guild_ready_timeout`` is how long discord.py waits for further guilds
+        before ``on_ready``; ``ready_timeout`` bounds the whole start; discord.py waits
+        out 429s up to ``max_ratelimit_timeout`` seconds by itself."""
+        self.settings = settings
+        self._token = token
+        self.intake = intake
+        self.rest = rest
+        self.inbound = inbound
+        self.interactions = interactions
+        self.inflight = inflight
+        self.endpoints = endpoints
+        self.guild_ready_timeout = guild_ready_timeout
+        self.ready_timeout = ready_timeout
+        self.max_ratelimit_timeout = max_ratelimit_timeout
+        self.clients: dict[int | None, GatewayClient] = {}
+        """The gateway sessions this process runs, by shard (``None``: unsharded)."""
+        self.runners: dict[int, asyncio.Task[None]] = {}
+        """The task keeping each shard's session connected."""
+        self._runner: asyncio.Task[None] | None = None
+        """The unsharded session's task."""
+        self._leases: ShardLeases | None = None
+        self._keeper: asyncio.Task[None] | None = None
+        self._failures: dict[int, int] = {}
+        self._stopping = False
+        self._started = False
+        """Whether :meth:`start` returned: until then it reports failures itself."""
+        self._health = ChannelHealth(False, "connecting")
+        """The health while no session runs: connecting, or (sharded) ready to send
+        while other replicas hold every shard."""
 
     @property
     def shard_count(self) -> int:
         """``discord_shard_count``: how many shards the bot's guilds are split into."""
         return int(getattr(self.settings, "discord_shard_count", 1))
 
-    def _sharded(self) -> bool:
-        if self.shard_leases is None and isinstance(self.leadership, _SharesOffer):
-            self.shard_leases = self.leadership.shares(self.shard_count)
-        return self.shard_leases is not None or self.shard_count > 1
+    @property
+    def stopping(self) -> bool:
+        """Whether :meth:`begin_stop` was called."""
+        return self._stopping
 
-    def _new_client(self, **shard: int) -> _Client:
-        """A guarded client (``shard_id``/``shard_count`` for one shard's session)."""
+    def health(self) -> ChannelHealth:
+        """Ready while every gateway session is up (READY or RESUMED since the last drop).
+
+        A shard's problem is named with its shard.
+        """
+        for shard, client in sorted(self.clients.items(), key=lambda s: s[0] or 0):
+            if not client.health.ready:
+                return client.health if shard is None else ChannelHealth(
+                    False, f"shard {shard}: {client.health.detail}")
+        return READY if self.clients else self._health
+
+    async def start(self, leadership: Leadership | None) -> None:
+        """Log in, connect and return once the sessions this process runs are ready.
+
+        Sharded (``discord_shard_count`` above 1, or replicas sharing shards through
+        ``leadership``): once the shards this process took are ready. Raises what kept
+        the session from connecting (:class:`SetupError` for a wrong shard setting).
+        """
+        self.endpoints.redirect()
+        if self._leases is None and isinstance(leadership, SharesOffer):
+            self._leases = leadership.shares(self.shard_count)
+        if self._leases is not None or self.shard_count > 1:
+            await self._start_shards()
+            return
+        client = self._new_client()
+        self.rest.use(client)
+        self.clients[None] = client
+        self._runner = asyncio.create_task(self._run(client), name="discord-gateway")
+        ready = asyncio.create_task(client.connected.wait())
+        try:
+            done, _ = await asyncio.wait({ready, self._runner}, timeout=self.ready_timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+        if ready not in done:
+            runner, self._runner = self._runner, None
+            runner.cancel()
+            await client.close()
+            await asyncio.gather(runner, return_exceptions=True)
+            self.endpoints.restore()
+            failure = None if runner.cancelled() else runner.exception()
+            if isinstance(failure, SetupError):
+                raise failure  # 4010/4011: a setting to change, said in one line
+            if failure is not None:
+                raise RuntimeError(f"Discord did not connect: {failure}") from failure
+            raise TimeoutError(f"Discord was not ready within {self.ready_timeout:g}s")
+        self._runner.add_done_callback(lambda task: self._gateway_ended(client, task))
+        self._started = True
+        assert client.user is not None
+        log.info("discord: connected as %s (id %s)", client.user, client.user.id)
+
+    def begin_stop(self) -> None:
+        """Shutting down: a session dropping from now on is no problem to report."""
+        self._stopping = True
+
+    async def stop(self) -> None:
+        """Close every session and the REST client; put discord.py's endpoints back."""
+        self._stopping = True
+        await self._stop_shards()
+        if self.rest.client is not None:
+            await self.rest.client.close()
+        if self._runner is not None:
+            await asyncio.gather(self._runner, return_exceptions=True)
+            self._runner = None
+        self.endpoints.restore()
+
+    # -- GatewayEvents ------------------------------------------------------------
+
+    def session_ready(self, client: GatewayClient, *, again: bool) -> None:
+        """A READY: catch up after a reconnect that could not resume, or after taking a
+        shard over; the shard's failures are forgotten."""
+        if again:
+            self.inbound.reconnected()
+        elif client.taken_at is not None:
+            # Nobody received this shard between its previous holder's end and now.
+            self.inflight.spawn(self.took_over(client))
+        if client.shard_id is not None:
+            self._failures.pop(client.shard_id, None)
+
+    async def message(self, message: discord.Message) -> None:
+        """A message: to :class:`Inbound`."""
+        await self.inbound.message(message)
+
+    async def interaction(self, interaction: discord.Interaction[discord.Client]) -> None:
+        """A command used: to :class:`Interactions`."""
+        await self.interactions.interaction(interaction)
+
+    # -- sessions -----------------------------------------------------------------
+
+    def _new_client(self, taken_at: float | None = None, **shard: int) -> GatewayClient:
+        """A guarded client (``shard_id``/``shard_count`` for one shard's session,
+        ``taken_at`` when it was taken over from another replica)."""
         intents = discord.Intents.default()
         intents.message_content = True
-        client = _Client(cast("DiscordChannel", self), intents=intents,
-                         guild_ready_timeout=self.guild_ready_timeout, allowed_mentions=_NO_PINGS,
-                         max_ratelimit_timeout=self.max_ratelimit_timeout, **shard)
-        _guard_parsers(client)
-        _guard_frames(client)
+        client = GatewayClient(self, taken_at=taken_at, intents=intents,
+                               guild_ready_timeout=self.guild_ready_timeout,
+                               allowed_mentions=NO_PINGS,
+                               max_ratelimit_timeout=self.max_ratelimit_timeout, **shard)
+        guard_parsers(client)
+        guard_frames(client)
         return client
 
-    async def _run(self, client: _Client) -> None:
+    async def _run(self, client: GatewayClient) -> None:
         """Log in and keep the gateway connected until the client is closed.
 
         ``connect(reconnect=True)`` already resumes after network errors and
@@ -149,7 +273,7 @@ class _Shards(_Inbound):
                 if time.monotonic() - started > 60:
                     failures = 0  # it had been up for a while: the backoff starts over
 
-    def _gateway_ended(self, client: _Client, task: asyncio.Task[None]) -> None:
+    def _gateway_ended(self, client: GatewayClient, task: asyncio.Task[None]) -> None:
         """A session's runner ended: said once, and shown by :meth:`health` until a restart.
 
         A wrong shard setting (:class:`SetupError`) is one line without a traceback;
@@ -165,7 +289,7 @@ class _Shards(_Inbound):
                                                  "see the log")
             return
         shard = client.shard_id
-        if (shard is not None and self._sessions.get(shard) is client
+        if (shard is not None and self.clients.get(shard) is client
                 and not isinstance(failure, discord.ClientException)):
             # A held shard must not stay dead (no other replica would take it): a
             # transient failure (its login's REST call) opens it again after a pause.
@@ -174,15 +298,15 @@ class _Shards(_Inbound):
             log.error("discord: shard %d's session ended (%s: %s); opening it again in "
                       "%.1fs", shard, type(failure).__name__, failure, delay)
             client.health = ChannelHealth(False, "session ended; reopening")
-            self._spawn(self._reopen(shard, client, delay))
+            self.inflight.spawn(self._reopen(shard, client, delay))
             return
         log.error("discord: the gateway connection ended", exc_info=failure)
         client.health = ChannelHealth(False, "the gateway connection ended "
                                              f"({type(failure).__name__}); restart Roost")
 
-    async def _reopen(self, shard: int, client: _Client, delay: float) -> None:
+    async def _reopen(self, shard: int, client: GatewayClient, delay: float) -> None:
         await asyncio.sleep(delay)
-        if self._sessions.get(shard) is client and not self._stopping:
+        if self.clients.get(shard) is client and not self._stopping:
             await self._close_shard(shard)
             self._open_shard(shard, taken_over=True)
 
@@ -190,9 +314,9 @@ class _Shards(_Inbound):
         """Log the REST client in, take shards, return once the ones taken are ready."""
         self._failures = {}
         rest = self._new_client()
-        self.client = rest
+        self.rest.use(rest)
         await rest.login(self._token)
-        leases = self.shard_leases
+        leases = self._leases
         if leases is None:
             held = frozenset(range(self.shard_count))
         else:
@@ -202,11 +326,11 @@ class _Shards(_Inbound):
         for shard in sorted(held):
             # Replicas: a free shard may have been another's a moment ago (it died).
             self._open_shard(shard, taken_over=leases is not None)
-        waits = {shard: asyncio.ensure_future(self._sessions[shard].connected.wait())
+        waits = {shard: asyncio.ensure_future(self.clients[shard].connected.wait())
                  for shard in sorted(held)}
         try:
             for shard, ready in waits.items():
-                runner = self._runners[shard]
+                runner = self.runners[shard]
                 await asyncio.wait({ready, runner}, timeout=self.ready_timeout,
                                    return_when=asyncio.FIRST_COMPLETED)
                 if runner.done() and not runner.cancelled() and runner.exception():
@@ -225,22 +349,16 @@ class _Shards(_Inbound):
                  rest.user.id, ",".join(map(str, sorted(held))) or "none", self.shard_count)
 
     def _open_shard(self, shard: int, *, taken_over: bool = False) -> None:
-        client = self._new_client(shard_id=shard, shard_count=self.shard_count)
-        if taken_over:
-            client.taken_at = time.time()
-        self._sessions[shard] = client
+        client = self._new_client(time.time() if taken_over else None, shard_id=shard,
+                                  shard_count=self.shard_count)
+        self.clients[shard] = client
         runner = asyncio.create_task(self._run(client), name=f"discord-shard-{shard}")
         runner.add_done_callback(lambda task: self._gateway_ended(client, task))
-        self._runners[shard] = runner
-
-    def _connected(self, client: _Client) -> None:
-        """A shard's session is up: its failures are forgotten."""
-        if client.shard_id is not None:
-            self._failures.pop(client.shard_id, None)
+        self.runners[shard] = runner
 
     async def _close_shard(self, shard: int) -> None:
-        client = self._sessions.pop(shard, None)
-        runner = self._runners.pop(shard, None)
+        client = self.clients.pop(shard, None)
+        runner = self.runners.pop(shard, None)
         if client is not None:
             await client.close()
         if runner is not None:
@@ -252,12 +370,12 @@ class _Shards(_Inbound):
         while True:
             held = await leases.wait_changed()
             try:
-                for shard in sorted(s for s in self._sessions if s is not None
+                for shard in sorted(s for s in self.clients if s is not None
                                     and s not in held):
                     log.info("discord: shard %d of %d is no longer held here; closing its "
                              "session (another replica takes it)", shard, self.shard_count)
                     await self._close_shard(shard)
-                for shard in sorted(held - set(self._sessions)):
+                for shard in sorted(held - set(self.clients)):
                     log.info("discord: took shard %d of %d; connecting", shard,
                              self.shard_count)
                     self._open_shard(shard, taken_over=True)
@@ -265,7 +383,7 @@ class _Shards(_Inbound):
                 # Never stop following: a replica that did would never take a shard over.
                 log.exception("discord: following the shard leases failed")
 
-    async def _release_shards(self) -> None:
+    async def release_shards(self) -> None:
         """Give the leases back at once (shutdown): other replicas take the shards over.
 
         The sessions stay open until :meth:`stop`, for interactions being answered.
@@ -274,15 +392,15 @@ class _Shards(_Inbound):
             self._keeper.cancel()
             await asyncio.gather(self._keeper, return_exceptions=True)
             self._keeper = None
-        if self.shard_leases is not None:
-            await self.shard_leases.close()
+        if self._leases is not None:
+            await self._leases.close()
 
     async def _stop_shards(self) -> None:
-        await self._release_shards()
-        for shard in [s for s in self._sessions if s is not None]:
+        await self.release_shards()
+        for shard in [s for s in self.clients if s is not None]:
             await self._close_shard(shard)
 
-    async def _took_over(self, client: _Client) -> None:
+    async def took_over(self, client: GatewayClient) -> None:
         """Read back what the shard's channels got since a lease before it was taken over.
 
         Between its previous holder's end and this session's READY, nobody received
@@ -297,14 +415,14 @@ class _Shards(_Inbound):
         after = snowflake_at((client.taken_at or time.time()) - lease - TAKEOVER_MARGIN)
         for guild in list(client.guilds):
             for channel in guild.text_channels:
-                if not self._intake_open:
+                if not self.intake.open:
                     return
                 newest = channel.last_message_id or 0
                 if newest > after:
                     with contextlib.suppress(Exception):  # logged by the history reader
-                        await self._catch_up_history(channel, channel.id, after)
+                        await self.inbound.catch_up_history(channel, channel.id, after)
 
-    async def _sharding_problem(self, client: _Client, code: int) -> str:
+    async def _sharding_problem(self, client: GatewayClient, code: int) -> str:
         """One line saying what to change after close code 4010 or 4011."""
         shard = f"shard {client.shard_id} of {client.shard_count}" \
             if client.shard_id is not None else "the unsharded session"
@@ -312,7 +430,7 @@ class _Shards(_Inbound):
             return (f"Discord refused {shard} (close code 4010, Invalid shard): set "
                     "ROOST_DISCORD_SHARD_COUNT to the same value on every replica")
         advice = "more"
-        rest = self.client
+        rest = self.rest.client
         if rest is not None and not rest.is_closed():
             with contextlib.suppress(Exception):
                 recommended, _, _ = await rest.http.get_bot_gateway()

@@ -1,36 +1,44 @@
-"""Streaming a reply by editing a draft message."""
+"""Streaming a reply by editing a draft message.
+
+A :class:`StreamedReply` posts a draft, edits it as the reply grows and puts
+the final pieces in its place, all through :class:`Rest`.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from channels.chunking import split_message
 from channels.delivery import EditStream
-from channels.discord.common import MESSAGE_LIMIT, _escape, _fit, _reference, log
+from channels.discord.common import MESSAGE_LIMIT, defuse_mentions, fit, log, reply_reference
+from channels.discord.rest import Rest
+from channels.inflight import InFlight
 
-if TYPE_CHECKING:
-    from channels.discord.channel import DiscordChannel
 
-
-class _StreamedReply:
+class StreamedReply:
     """The callbacks behind one :class:`EditStream`: draft, edits, final pieces."""
 
-    def __init__(self, channel: DiscordChannel, message: InboundMessage) -> None:
-        self.channel = channel
+    def __init__(self, rest: Rest, inflight: InFlight, message: InboundMessage, *,
+                 edit_interval: float) -> None:
+        """The reply to ``message``, edited at most every ``edit_interval`` seconds."""
+        self.rest = rest
+        self.inflight = inflight
         self.target = int(message.thread_id or message.chat_id)
-        self.reference = _reference(OutboundMessage.reply_to_message(message, ""), self.target)
+        self.reference = reply_reference(OutboundMessage.reply_to_message(message, ""),
+                                         self.target)
         self.shown: dict[str, str] = {}
         self.editing: asyncio.Task[None] | None = None
-        self.stream: EditStream = EditStream(send=self.send, edit=self.edit, finalize=self.finalize,
-                                 limit=MESSAGE_LIMIT, interval=channel.edit_interval)
+        self.stream: EditStream = EditStream(send=self.send, edit=self.edit,
+                                             finalize=self.finalize, limit=MESSAGE_LIMIT,
+                                             interval=edit_interval)
 
     async def send(self, draft: str) -> str:
-        text = _fit(_escape(draft))
-        with self.channel._busy():
+        """Post the first draft; its id (``""`` if it could not be posted)."""
+        text = fit(defuse_mentions(draft))
+        with self.inflight.busy():
             try:
-                sent = await self.channel._post(self.target, text, self.reference)
+                sent = await self.rest.post(self.target, text, self.reference)
             except Exception:
                 # A lost draft must not end the run: the final reply is sent whole.
                 log.warning("discord: a streaming draft could not be sent", exc_info=True)
@@ -39,26 +47,29 @@ class _StreamedReply:
         return str(sent.id)
 
     async def edit(self, message_id: str, draft: str) -> None:
+        """Show the reply so far in the draft."""
         if not message_id:
             return
         # Shielded: the stream cancels a pending edit when the reply is final,
         # but a request already sent would still be applied, possibly after
         # the final edit. finalize() waits for it instead.
-        self.editing = asyncio.ensure_future(self._edit(message_id, _fit(_escape(draft))))
+        self.editing = asyncio.ensure_future(
+            self._edit(message_id, fit(defuse_mentions(draft))))
         await asyncio.shield(self.editing)
 
     async def _edit(self, message_id: str, text: str) -> None:
-        with self.channel._busy():
-            await self.channel._edit(self.target, int(message_id), text)
+        with self.inflight.busy():
+            await self.rest.edit(self.target, int(message_id), text)
         self.shown[message_id] = text
 
     async def finalize(self, message_id: str | None, final_text: str | None) -> None:
+        """Put the final pieces in the draft's place (none: delete the draft)."""
         if self.editing is not None:
             await asyncio.gather(self.editing, return_exceptions=True)
-        with self.channel._busy():
-            pieces = split_message(_escape(final_text or ""), MESSAGE_LIMIT)
+        with self.inflight.busy():
+            pieces = split_message(defuse_mentions(final_text or ""), MESSAGE_LIMIT)
             draft = message_id or None
-            last = await self.channel._deliver_reply(
+            last = await self.rest.deliver_reply(
                 self.target, self.reference, pieces, draft=draft,
                 shown=self.shown.get(draft) if draft else None)
             # The draft may have given way to a new message: name the one

@@ -1,43 +1,96 @@
-"""The :class:`SlackChannel` itself: lifecycle and the outbound entry points."""
+"""The :class:`SlackChannel`: the channel contract, delegated to the parts it builds.
+
+Its parts: :class:`SlackApi` (the Web API and response_urls), :class:`Inbound`
+(events and commands into the core), one update source (:class:`EventsEndpoint`
+over HTTP or :class:`SocketMode`), :class:`Replies` (posts, drafts, deletes)
+and :class:`Media` (downloads and uploads).
+"""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
-from slack_sdk.errors import SlackApiError
-from slack_sdk.web.async_client import AsyncWebClient
-
-from bot.contracts.channel import InboundHandler
+from bot.contracts.channel import READY, Channel, ChannelHealth, InboundHandler, ReplyStream
 from bot.contracts.files import OpenFile
-from bot.contracts.messages import InboundMessage, OutboundMessage
+from bot.contracts.messages import Attachment, InboundMessage, OutboundMessage
+from channels.delivery import DeliveryPolicy
+from channels.inflight import InFlight
+from channels.slack.api import SlackApi
 from channels.slack.common import (
-    _SLASH,
+    CHANNEL_NAME,
     EVENTS_PATH,
     MESSAGE_LIMIT,
+    REMEMBERED,
+    SLASH_REPLY,
     STOP_GRACE,
-    _api_base,
-    _error_code,
-    _manifest,
-    _sdk_log,
+    RecentKeys,
     log,
+    manifest,
 )
-from channels.slack.inbound import _Inbound
-from channels.slack.media import _Media
-from channels.slack.outbound import _Outbound
+from channels.slack.events_api import EventsEndpoint
+from channels.slack.inbound import Inbound
+from channels.slack.media import Media
+from channels.slack.outbound import Replies
+from channels.slack.socketmode import SocketMode
 from channels.slack_format import split_for_slack
 from channels.uploading import opened_files
 
 if TYPE_CHECKING:
+    from bot.config.settings import Settings
     from bot.contracts.commands import Command
 
 
-class SlackChannel(_Inbound, _Outbound, _Media):
-    """Slack through slack-bolt; see the module docstring for the mapping."""
+class SlackChannel(Channel):
+    """Slack through slack-bolt; see the package docstring for the mapping."""
 
-    name = "slack"
+    name = CHANNEL_NAME
+
+    def __init__(self, settings: Settings, *, host: str = "0.0.0.0",
+                 policy: DeliveryPolicy | None = None, edit_interval: float = 1.0,
+                 timeout: int = 30) -> None:
+        """Build the parts; nothing connects yet.
+
+        ``host`` is the address the Events API listener binds; ``policy`` tunes
+        retries; ``edit_interval`` spaces streaming edits; ``timeout`` bounds each
+        Web API call (seconds), an answer that takes longer counts as a transient
+        failure.
+        """
+        self.settings = settings
+        policy = policy or DeliveryPolicy()
+        bot_threads: RecentKeys[tuple[str, str]] = RecentKeys(REMEMBERED)
+        self.inflight = InFlight()
+        self.api = SlackApi(settings, self.inflight, policy=policy, timeout=timeout)
+        self.media = Media(settings, self.api, self.inflight, bot_threads, policy=policy)
+        self.inbound = Inbound(self.api, self.inflight, bot_threads)
+        self.replies = Replies(self.api, self.inflight, bot_threads, policy=policy,
+                               edit_interval=edit_interval)
+        self.events = EventsEndpoint(settings, self.inbound, host=host)
+        self.socket = SocketMode(self.api, self.inbound, self.inflight)
+        self._manifest_logged = False
+
+    @property
+    def bot_user_id(self) -> str:
+        """The bot's user id (``auth.test`` at start)."""
+        return self.api.bot_user_id
+
+    @property
+    def bot_id(self) -> str:
+        """The bot's bot id (``auth.test`` at start)."""
+        return self.api.bot_id
+
+    @property
+    def port(self) -> int | None:
+        """The HTTP port the Events API is served on (``slack_port`` may be 0 in tests)."""
+        return self.events.port
+
+    @property
+    def events_url(self) -> str:
+        """The local Events API URL (HTTP mode, once started)."""
+        if self.events.port is None:
+            raise RuntimeError("the Slack channel is not listening over HTTP")
+        return f"http://127.0.0.1:{self.events.port}{EVENTS_PATH}"
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -51,31 +104,24 @@ class SlackChannel(_Inbound, _Outbound, _Media):
         if app_token is None and secret is None:
             raise ValueError("set SLACK_APP_TOKEN (Socket Mode) or SLACK_SIGNING_SECRET "
                              "(Events API over HTTP) next to SLACK_BOT_TOKEN")
-        self._handler = handler
-        # No SDK retry handlers: deliver() owns retries, and two layers of them
-        # could post one reply twice.
-        self._web = AsyncWebClient(token=s.slack_bot_token.get_secret_value(),
-                                   base_url=_api_base(s.slack_api_base), retry_handlers=[],
-                                   logger=_sdk_log, timeout=self.timeout)
-        try:
-            auth = await self._web.auth_test()
-        except SlackApiError as exc:
-            raise RuntimeError(f"Slack refused SLACK_BOT_TOKEN: auth.test answered "
-                               f"{_error_code(exc) or exc.response.status_code}") from exc
-        self.bot_user_id = str(auth.get("user_id") or "")
-        self.bot_id = str(auth.get("bot_id") or "")
-        self._app = self._build_app(secret or "", socket_mode=app_token is not None)
-        if app_token is not None and self.leadership is not None:
-            # Replicas: one Socket Mode connection per deployment, the leader's.
-            self._standby = not self.leadership.is_leader
-            self._spawn(self._socket_while_leading(self.leadership, app_token))
-        elif app_token is not None:
-            await self._connect_socket(app_token)
-            log.info("Slack: connected over Socket Mode as %s", self.bot_user_id)
+        await self.api.open(s.slack_bot_token.get_secret_value())
+        self.inbound.start(handler, secret or "", socket_mode=app_token is not None)
+        if app_token is not None:
+            await self.socket.start(app_token, self.leadership)
         else:
-            await self._listen_http(secret or "")
-            log.info("Slack: Events API on %s:%s%s as %s", self.host, self.port, EVENTS_PATH,
-                     self.bot_user_id)
+            await self.events.listen(secret or "", self.http_routes)
+            log.info("Slack: Events API on %s:%s%s as %s", self.events.host, self.events.port,
+                     EVENTS_PATH, self.api.bot_user_id)
+
+    def health(self) -> ChannelHealth:
+        """Ready once ``auth.test`` passed and the Events endpoint listens or the Socket
+        Mode connection is up; not while the socket is down (the SDK reconnects it)."""
+        socket = self.socket.health()
+        if socket is not None:
+            return socket
+        if self.events.listening:
+            return READY
+        return ChannelHealth(False, "connecting" if self.inbound.open else "stopped")
 
     async def stop_intake(self) -> None:
         """Take no more deliveries; replies keep going out until :meth:`stop`.
@@ -84,29 +130,18 @@ class SlackChannel(_Inbound, _Outbound, _Media):
         are left unacked: Slack delivers both again (after the restart).
         Deliveries already being handed over finish and are acknowledged.
         """
-        self._intake_open = False
+        self.inbound.close()
 
     async def stop(self) -> None:
         """Stop receiving, then let Web API calls in flight finish (up to 10 s)."""
-        self._intake_open = False
-        if self._socket is not None:
-            socket, self._socket = self._socket, None
-            with contextlib.suppress(Exception):
-                await socket.close()  # type: ignore[no-untyped-call]  # SDK method lacks hints
-        if self._runner is not None:
-            runner, self._runner = self._runner, None
-            await runner.cleanup()
-        if self._shared is not None:
-            shared, self._shared = self._shared, None
-            shared.remove_post(EVENTS_PATH)
-        try:
-            await asyncio.wait_for(self._idle.wait(), STOP_GRACE)
-        except TimeoutError:
-            log.warning("Slack: %d Web API call(s) still running at shutdown", self._in_flight)
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._close_media()
+        self.inbound.close()
+        await self.socket.close()
+        await self.events.close()
+        if not await self.inflight.wait_idle(STOP_GRACE):
+            log.warning("Slack: %d Web API call(s) still running at shutdown",
+                        self.inflight.count)
+        await self.inflight.cancel_tasks()
+        await self.media.close()
 
     # -- outbound ----------------------------------------------------------------
 
@@ -123,31 +158,43 @@ class SlackChannel(_Inbound, _Outbound, _Media):
         """
         # Every file opened once and checked before anything is posted; uploads read
         # from those descriptors.
-        with opened_files(message.files, self._check_file) as opened:
-            return await self._send(message, opened)
+        with opened_files(message.files, self.media.check_file) as opened:
+            return await self.send_opened(message, opened)
 
-    async def _send(self, message: OutboundMessage, opened: Sequence[OpenFile]) -> str | None:
+    async def send_opened(self, message: OutboundMessage,
+                          opened: Sequence[OpenFile]) -> str | None:
+        """:meth:`send` once the reply's files are open (``opened``, in their order)."""
         thread_ts = message.thread_id or message.reply_to
-        slash = _SLASH.get()
+        slash = SLASH_REPLY.get()
         if slash is not None and slash.channel_id == message.chat_id and not message.replace:
             if message.text.strip() or not message.files:
-                await self._respond(slash.response_url, message.text)
+                await self.api.respond(slash.response_url, message.text)
             if message.files:
                 # A response_url takes no files: they are shared in the channel.
-                await self._upload_files(message.chat_id, thread_ts, message.files, opened)
+                await self.media.upload_files(message.chat_id, thread_ts, message.files, opened)
             return None
         pieces = split_for_slack(message.text, MESSAGE_LIMIT) if message.text.strip() else []
-        last = await self._deliver_reply(message.chat_id, thread_ts, pieces,
-                                         draft=message.replace or None,
-                                         delivery_id=message.delivery_id,
-                                         look_first=message.redelivery)
+        last = await self.replies.deliver_reply(message.chat_id, thread_ts, pieces,
+                                                draft=message.replace or None,
+                                                delivery_id=message.delivery_id,
+                                                look_first=message.redelivery)
         if message.files:
-            await self._upload_files(message.chat_id, thread_ts, message.files, opened)
+            await self.media.upload_files(message.chat_id, thread_ts, message.files, opened)
         return last
 
     async def withdraw(self, chat_id: str, message_id: str) -> None:
         """Delete one of the bot's messages; one already gone counts as deleted."""
-        await self._delete(chat_id, message_id)
+        await self.replies.delete(chat_id, message_id)
+
+    async def download(self, attachment: Attachment, limit: int) -> bytes:
+        """The bytes of ``attachment`` from Slack (see :meth:`Media.download`)."""
+        return await self.media.download(attachment, limit)
+
+    def open_stream(self, message: InboundMessage) -> ReplyStream | None:
+        """An edited draft in the reply's place, unless streaming is off for Slack."""
+        if not self.api.started or not self.settings.streams(self.name):
+            return None
+        return self.replies.open_stream(message)
 
     @contextlib.asynccontextmanager
     async def typing(self, message: InboundMessage) -> AsyncIterator[None]:
@@ -161,4 +208,4 @@ class SlackChannel(_Inbound, _Outbound, _Media):
         self._manifest_logged = True
         names = ", ".join(sorted({c.name for c in commands}))
         log.debug("Slack slash commands live in the app manifest, not in the API. "
-                  "Add to the manifest:\n%s", _manifest(names))
+                  "Add to the manifest:\n%s", manifest(names))

@@ -1,4 +1,4 @@
-"""Constants, small caches and the pure helpers every part of the Slack adapter uses."""
+"""Constants, small caches and the pure helpers the parts of the Slack adapter share."""
 
 from __future__ import annotations
 
@@ -20,8 +20,10 @@ from channels.delivery import DeliveryPolicy
 from channels.logline import short as _short
 
 log = logging.getLogger("roost.channels.slack")
-_sdk_log = logging.getLogger("roost.channels.slack.sdk")
+sdk_log = logging.getLogger("roost.channels.slack.sdk")
 
+CHANNEL_NAME = "slack"
+"""The channel's name in the core's messages."""
 MESSAGE_LIMIT = 4_000
 """Slack's recommended maximum for a message's text; longer replies are split."""
 DEFAULT_API_BASE = "https://slack.com/api/"
@@ -51,18 +53,18 @@ TRANSIENT_ERRORS = frozenset({"internal_error", "fatal_error", "service_unavaila
 
 # Message subtypes that are a person saying something; the rest (edits,
 # deletions, joins, topic changes, bot posts...) are not addressed to the bot.
-_SPOKEN_SUBTYPES = frozenset({"file_share", "thread_broadcast", "me_message"})
+SPOKEN_SUBTYPES = frozenset({"file_share", "thread_broadcast", "me_message"})
 # A streaming edit is cosmetic: one try, and the next edit or the final reply catches up.
-_EDIT_POLICY = DeliveryPolicy(attempts=1)
+EDIT_POLICY = DeliveryPolicy(attempts=1)
 
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
 
 
-class _Malformed(ValueError):
+class Malformed(ValueError):
     """A Slack payload missing what the adapter needs."""
 
-class _NotRecorded(Exception):
+class NotRecorded(Exception):
     """The core's handler raised: the delivery must not be acknowledged (Slack retries)."""
 
 
@@ -71,18 +73,18 @@ class _NotRecorded(Exception):
 # before slack_sdk's verifier, which calls int() on the timestamp (a 500 for
 # "1.5") and compares the signature with hmac.compare_digest (a TypeError for
 # non-ASCII text).
-_TIMESTAMP = re.compile(r"[0-9]{1,12}")
-_SIGNATURE = re.compile(r"v0=[0-9a-f]{64}")
+SIGNATURE_TIMESTAMP = re.compile(r"[0-9]{1,12}")
+SIGNATURE = re.compile(r"v0=[0-9a-f]{64}")
 # What Slack's ids look like. The core stores ids as given (only text and
 # names are cleaned of lone surrogates), so anything else is malformed.
-_SLACK_ID = re.compile(r"[A-Z0-9]{1,64}")
-_SLACK_TS = re.compile(r"[0-9]{1,12}\.[0-9]{1,9}")
-_TRIGGER_ID = re.compile(r"[A-Za-z0-9._-]{1,200}")
-_RESPONSE_URL = re.compile(r"https?://[\x21-\x7e]{1,2000}")
+SLACK_ID = re.compile(r"[A-Z0-9]{1,64}")
+SLACK_TS = re.compile(r"[0-9]{1,12}\.[0-9]{1,9}")
+TRIGGER_ID = re.compile(r"[A-Za-z0-9._-]{1,200}")
+RESPONSE_URL = re.compile(r"https?://[\x21-\x7e]{1,2000}")
 
 
 @dataclass(frozen=True, slots=True)
-class _SlashReply:
+class SlashReply:
     channel_id: str
     response_url: str
 
@@ -91,10 +93,10 @@ class _SlashReply:
 # in a task created inside that call, which inherits this context, so the
 # command's reply (sent from that task) finds its response_url here without
 # the core knowing about Slack.
-_SLASH: ContextVar[_SlashReply | None] = ContextVar("roost_slack_slash", default=None)
+SLASH_REPLY: ContextVar[SlashReply | None] = ContextVar("roost_slack_slash", default=None)
 
 
-class _Recent(Generic[K]):
+class RecentKeys(Generic[K]):
     """A set that keeps only the newest ``size`` keys."""
 
     def __init__(self, size: int) -> None:
@@ -115,7 +117,7 @@ class _Recent(Generic[K]):
         return key in self._keys
 
 
-class _KeyedLocks:
+class KeyedLocks:
     """One lock per key, alive only while someone holds or waits for it."""
 
     def __init__(self) -> None:
@@ -136,14 +138,14 @@ class _KeyedLocks:
                 self._locks[key] = (lock, users - 1)
 
 
-def _api_base(value: str | None) -> str:
+def api_base(value: str | None) -> str:
     # The SDK joins base and method by plain concatenation.
     if not value:
         return DEFAULT_API_BASE
     return value if value.endswith("/") else value + "/"
 
 
-def _malformed(body: Any) -> str | None:
+def body_problem(body: Any) -> str | None:
     """Why a request body is not handed to bolt, or ``None`` if it is one Roost takes.
 
     Roost takes events, the URL check, SSL checks and slash commands. Anything
@@ -169,7 +171,7 @@ def _malformed(body: Any) -> str | None:
     return f"a {_short(kind or 'typeless', 60)} request, which Roost does not handle"
 
 
-def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+def caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
     """Whether ``kind`` is ``exc`` or among the exceptions it was raised in handling."""
     seen: set[int] = set()
     current: BaseException | None = exc
@@ -181,18 +183,18 @@ def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
     return False
 
 
-def _ts_order(ts: str) -> float:
+def ts_order(ts: str) -> float:
     try:
         return float(ts)
     except ValueError:
         return float("inf")
 
 
-def _problem(exc: BaseException) -> str:
-    return str(exc) if isinstance(exc, _Malformed) else f"{type(exc).__name__}: {_short(exc)}"
+def problem_text(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, Malformed) else f"{type(exc).__name__}: {_short(exc)}"
 
 
-def _describe(body: Any) -> str:
+def describe_request(body: Any) -> str:
     """A request's kind, for the log line that says it was skipped."""
     if not isinstance(body, dict):
         return "not an object"
@@ -200,7 +202,7 @@ def _describe(body: Any) -> str:
     return _short(kind, 60)
 
 
-def _event_key(channel: str, ts: str) -> str:
+def event_key(channel: str, ts: str) -> str:
     """The inbox key of one Slack message.
 
     A post reaches the app as a ``message`` and an ``app_mention`` event with
@@ -210,35 +212,35 @@ def _event_key(channel: str, ts: str) -> str:
     return f"{channel}:{ts}"
 
 
-def _header(request: AsyncBoltRequest, name: str) -> str | None:
+def header_value(request: AsyncBoltRequest, name: str) -> str | None:
     values = request.headers.get(name)
     return str(values[0]) if values else None
 
 
-def _team(body: Mapping[str, Any], event: Mapping[str, Any]) -> str | None:
+def team_of(body: Mapping[str, Any], event: Mapping[str, Any]) -> str | None:
     """The Slack workspace (team id) an event or command came from, if it says."""
     for value in (event.get("team"), body.get("team_id")):
-        if isinstance(value, str) and _SLACK_ID.fullmatch(value):
+        if isinstance(value, str) and SLACK_ID.fullmatch(value):
             return value
     return None
 
 
-def _field(data: Mapping[str, Any], key: str, shape: re.Pattern[str] | None = None) -> str:
-    """``data[key]``, a non-empty string (of ``shape``, if given), or :class:`_Malformed`."""
+def field_of(data: Mapping[str, Any], key: str, shape: re.Pattern[str] | None = None) -> str:
+    """``data[key]``, a non-empty string (of ``shape``, if given), or :class:`Malformed`."""
     value = data.get(key)
     if not isinstance(value, str) or not value:
-        raise _Malformed(f"missing {key!r}")
+        raise Malformed(f"missing {key!r}")
     if shape is not None and not shape.fullmatch(value):
-        raise _Malformed(f"{key!r} is not what Slack sends ({_short(value, 40)})")
+        raise Malformed(f"{key!r} is not what Slack sends ({_short(value, 40)})")
     return value
 
 
-def _error_code(exc: SlackApiError) -> str:
+def error_code(exc: SlackApiError) -> str:
     data = exc.response.data
     return str(data.get("error") or "") if isinstance(data, dict) else ""
 
 
-def _retry_after(headers: Any) -> float:
+def retry_after(headers: Any) -> float:
     """``Retry-After`` in seconds from SDK headers (their key case varies), default 1."""
     items = headers.items() if isinstance(headers, Mapping) else []
     for key, value in items:
@@ -249,7 +251,7 @@ def _retry_after(headers: Any) -> float:
     return 1.0
 
 
-def _command_text(command: str, args: str) -> str:
+def command_text(command: str, args: str) -> str:
     """``/roost stop now`` → ``/stop now``; another slash command stays as typed."""
     if command == SLASH_COMMAND:
         args = args.lstrip("/").strip()
@@ -257,7 +259,7 @@ def _command_text(command: str, args: str) -> str:
     return f"{command} {args}".strip()
 
 
-def _sender_name(event: Mapping[str, Any]) -> str:
+def sender_name(event: Mapping[str, Any]) -> str:
     profile = event.get("user_profile")
     if isinstance(profile, dict):
         for key in ("display_name", "real_name", "name"):
@@ -267,14 +269,14 @@ def _sender_name(event: Mapping[str, Any]) -> str:
 
 
 @contextlib.contextmanager
-def _logged(what: str) -> Iterator[None]:
+def logged(what: str) -> Iterator[None]:
     try:
         yield
     except Exception:
         log.exception("Slack: %s failed", what)
 
 
-def _manifest(command_names: str) -> str:
+def manifest(command_names: str) -> str:
     return f"""\
 features:
   bot_user: {{display_name: Roost, always_online: true}}

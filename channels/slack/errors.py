@@ -7,7 +7,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from channels.delivery import RateLimited, Transient
-from channels.slack.common import TRANSIENT_ERRORS, _retry_after
+from channels.slack.common import TRANSIENT_ERRORS, retry_after
 
 
 def delivery_error(exc: BaseException) -> BaseException:
@@ -36,7 +36,7 @@ def delivery_error(exc: BaseException) -> BaseException:
         data = getattr(response, "data", None)
         code = data.get("error") if isinstance(data, dict) else None
         if status == 429 or code == "ratelimited":
-            return RateLimited(_retry_after(getattr(response, "headers", None)))
+            return RateLimited(retry_after(getattr(response, "headers", None)))
         if status >= 500:
             return Transient(f"Slack answered HTTP {status}")
         if code in TRANSIENT_ERRORS:
@@ -49,14 +49,14 @@ def delivery_error(exc: BaseException) -> BaseException:
     return exc
 
 
-async def _post_response(webhook: AsyncWebhookClient, text: str) -> None:
+async def post_response(webhook: AsyncWebhookClient, text: str) -> None:
     """Post one ephemeral reply to a response_url, errors translated for deliver()."""
     try:
         response = await webhook.send(text=text, response_type="ephemeral")
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         raise Transient(f"{type(exc).__name__}: {exc}") from exc
     if response.status_code == 429:
-        raise RateLimited(_retry_after(response.headers))
+        raise RateLimited(retry_after(response.headers))
     if response.status_code >= 500:
         raise Transient(f"response_url answered HTTP {response.status_code}")
     if response.status_code != 200:

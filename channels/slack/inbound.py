@@ -1,73 +1,94 @@
-"""Deliveries into the core: the Events API and Socket Mode through bolt, slash commands."""
+"""Deliveries into the core: events and slash commands, routed by bolt.
+
+:class:`Inbound` translates each event into an
+:class:`~bot.contracts.messages.InboundMessage` and hands it to the core once
+per message; the update source (:class:`EventsEndpoint` or
+:class:`SocketMode`) acknowledges the delivery only after that returned.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-from aiohttp import web
-from slack_bolt.adapter.aiohttp import to_aiohttp_response
 from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.error import BoltUnhandledRequestError
 from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_bolt.response import BoltResponse
-from slack_sdk.errors import SlackApiError
-from slack_sdk.signature import SignatureVerifier
-from slack_sdk.socket_mode.async_client import AsyncBaseSocketModeClient
-from slack_sdk.socket_mode.request import SocketModeRequest
 
-from bot.contracts.channel import Leadership
+from bot.contracts.channel import InboundHandler
 from bot.contracts.commands import parse_command
 from bot.contracts.messages import ChatType, InboundMessage
+from channels.inflight import InFlight
 from channels.logline import short as _short
-from channels.slack.base import _SlackBase
+from channels.slack.api import SlackApi
 from channels.slack.common import (
-    _RESPONSE_URL,
-    _SIGNATURE,
-    _SLACK_ID,
-    _SLACK_TS,
-    _SLASH,
-    _SPOKEN_SUBTYPES,
-    _TIMESTAMP,
-    _TRIGGER_ID,
-    CONNECT_TIMEOUT,
-    EVENTS_PATH,
+    CHANNEL_NAME,
+    REMEMBERED,
+    RESPONSE_URL,
+    SLACK_ID,
+    SLACK_TS,
     SLASH_COMMAND,
-    _caused_by,
-    _command_text,
-    _describe,
-    _error_code,
-    _event_key,
-    _field,
-    _header,
-    _logged,
-    _Malformed,
-    _malformed,
-    _NotRecorded,
-    _problem,
-    _sdk_log,
-    _sender_name,
-    _SlashReply,
-    _team,
+    SLASH_REPLY,
+    SPOKEN_SUBTYPES,
+    TRIGGER_ID,
+    KeyedLocks,
+    Malformed,
+    NotRecorded,
+    RecentKeys,
+    SlashReply,
+    command_text,
+    describe_request,
+    event_key,
+    field_of,
+    header_value,
     log,
+    logged,
+    problem_text,
+    sender_name,
+    team_of,
 )
-from channels.slack.media import _attachments
-from channels.slack.socketmode import _ack, _ack_payload, _SocketClient
+from channels.slack.media import attachments_of
 from channels.slack_format import from_slack, unescape
 
-LEAD_RETRY = 5.0
-"""Seconds between Socket Mode connect attempts of a leader whose connect failed."""
 
+class Inbound:
+    """Events and slash commands translated and handed to the core once each."""
 
-class _Inbound(_SlackBase):
-    """Events and slash commands, acknowledged once the core recorded them."""
+    def __init__(self, api: SlackApi, inflight: InFlight,
+                 bot_threads: RecentKeys[tuple[str, str]]) -> None:
+        """``bot_threads`` holds the threads the bot posted in (a reply there addresses it)."""
+        self.api = api
+        self.inflight = inflight
+        self.bot_threads = bot_threads
+        self.open = True
+        """Whether deliveries are taken (``False`` from :meth:`close` on)."""
+        self._handler: InboundHandler | None = None
+        self._app: AsyncApp | None = None
+        self._handled: RecentKeys[str] = RecentKeys(REMEMBERED)
+        """Delivery keys the core has recorded (see :func:`event_key`)."""
+        self._handling = KeyedLocks()
+
+    def start(self, handler: InboundHandler, secret: str, *, socket_mode: bool) -> None:
+        """Hand deliveries to ``handler`` from now on, through a bolt app verifying
+        requests with ``secret`` (Socket Mode's are not signed)."""
+        self._handler = handler
+        self._app = self._build_app(secret, socket_mode=socket_mode)
+
+    def close(self) -> None:
+        """Take no more deliveries (shutdown): the update sources leave them unacknowledged."""
+        self.open = False
+
+    async def dispatch(self, request: AsyncBoltRequest) -> BoltResponse:
+        """Route one request through bolt; a 5xx answer means the core did not record it."""
+        assert self._app is not None
+        return await self._app.async_dispatch(request)
 
     def _build_app(self, secret: str, *, socket_mode: bool) -> AsyncApp:
-        app = AsyncApp(client=self._web, signing_secret=secret, name="roost",
+        app = AsyncApp(client=self.api.web, signing_secret=secret, name="roost",
                        logger=logging.getLogger("roost.channels.slack.bolt"),
                        # Socket Mode requests are not signed; the socket is authenticated.
                        request_verification_enabled=not socket_mode,
@@ -90,9 +111,9 @@ class _Inbound(_SlackBase):
         # closures named the way it expects (a bound method would expose ``self``).
         async def on_event(body: dict[str, Any], request: AsyncBoltRequest) -> None:
             try:
-                await self._on_event(body, _header(request, "x-slack-retry-num"))
+                await self._on_event(body, header_value(request, "x-slack-retry-num"))
             except Exception as exc:
-                raise _NotRecorded(str(exc)) from exc
+                raise NotRecorded(str(exc)) from exc
 
         async def on_command(ack: AsyncAck, body: dict[str, Any]) -> None:
             # The core only records the command before returning, well inside
@@ -101,7 +122,7 @@ class _Inbound(_SlackBase):
             try:
                 await self._on_command(body)
             except Exception as exc:
-                raise _NotRecorded(str(exc)) from exc
+                raise NotRecorded(str(exc)) from exc
             await ack()
 
         # One catch-all listener each, so every event is acked (an unhandled one
@@ -120,179 +141,17 @@ class _Inbound(_SlackBase):
         line, as bolt recommends for unhandled requests (a 404 or a 500 would
         make Slack retry it).
         """
-        if isinstance(error, _NotRecorded):
+        if isinstance(error, NotRecorded):
             log.error("Slack: the core did not record a delivery; Slack will deliver it "
                       "again", exc_info=error.__cause__ or error)
             return None
         if isinstance(error, BoltUnhandledRequestError):
             log.warning("Slack: skipped a request nothing handles (%s)",
-                        _describe(request.body))
+                        describe_request(request.body))
         else:
             log.warning("Slack: skipped a malformed request (%s: %s)", type(error).__name__,
                         _short(error))
         return BoltResponse(status=200, body="")
-
-    async def _listen_http(self, secret: str) -> None:
-        self._verifier = SignatureVerifier(secret)
-        shared = self.http_routes
-        if shared is not None and shared.port == self.settings.slack_port:
-            # slack_port is Roost's own HTTP port: the endpoint is mounted on that server.
-            shared.add_post(EVENTS_PATH, self._http_request)
-            self._shared = shared
-            self.port = shared.port
-            return
-        web_app = web.Application(client_max_size=1 << 20)
-        web_app.router.add_post(EVENTS_PATH, self._http_request)
-        runner = web.AppRunner(web_app, access_log=None)
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, self.host, self.settings.slack_port).start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self._runner = runner
-        self.port = int(runner.addresses[0][1])
-
-    async def _socket_while_leading(self, lead: Leadership, app_token: str) -> None:
-        """Hold the Socket Mode connection while this replica leads; close it when it stops.
-
-        Slack sends each envelope to one of an app's connections, so two replicas
-        connected at once would split the events between them: only the leader
-        connects. A failed connect is tried again after a pause while leading.
-        """
-        while self._intake_open:
-            if not lead.is_leader:
-                self._standby = True
-                log.info("Slack: another replica holds the Socket Mode connection")
-                await lead.wait_leading()
-            try:
-                await self._connect_socket(app_token)
-            except Exception as exc:
-                log.warning("Slack: Socket Mode connect failed while leading (%s); retrying",
-                            exc)
-                await asyncio.sleep(LEAD_RETRY)
-                continue
-            self._standby = False
-            log.info("Slack: this replica leads: connected over Socket Mode as %s",
-                     self.bot_user_id)
-            await lead.wait_lost()
-            socket, self._socket = self._socket, None
-            if socket is not None:
-                await socket.close()  # type: ignore[no-untyped-call]  # SDK method lacks hints
-
-    async def _connect_socket(self, app_token: str) -> None:
-        assert self._web is not None
-        # Ask for the socket URL here: inside connect() a refused app token would
-        # be retried forever instead of failing start().
-        try:
-            opened = await self._web.apps_connections_open(app_token=app_token)
-        except SlackApiError as exc:
-            raise RuntimeError(f"Slack refused SLACK_APP_TOKEN: apps.connections.open "
-                               f"answered {_error_code(exc) or exc.response.status_code}") from exc
-        client = _SocketClient(app_token=app_token, web_client=self._web, logger=_sdk_log)
-        client.socket_mode_request_listeners.append(self._socket_request)
-        client.wss_uri = str(opened["url"])
-        try:
-            # The SDK's connect/close carry no type hints.
-            await asyncio.wait_for(client.connect(), CONNECT_TIMEOUT)  # type: ignore[no-untyped-call]
-        except BaseException:
-            await client.close()  # type: ignore[no-untyped-call]
-            raise
-        self._socket = client
-
-    # -- inbound -----------------------------------------------------------------
-
-    async def _http_request(self, request: web.Request) -> web.StreamResponse:
-        """One Events API request: verify, screen, hand to bolt."""
-        assert self._app is not None and self._verifier is not None
-        if not self._intake_open:
-            # Shutting down: Slack retries a 5xx later, when Roost is back.
-            return web.Response(status=503, text="shutting down")
-        raw = await request.read()
-        # Bolt parses the body before verifying it and answers junk with a 500
-        # and a traceback, so unsigned requests are refused here first.
-        if not self._signed(raw, request.headers.get("X-Slack-Request-Timestamp"),
-                            request.headers.get("X-Slack-Signature")):
-            log.warning("Slack: refused a request with a bad signature from %s", request.remote)
-            return web.Response(status=401, text="invalid signature")
-        try:
-            bolt_request = AsyncBoltRequest(
-                body=raw.decode("utf-8", errors="replace"), query=request.query_string,
-                headers={k.lower(): request.headers.getall(k) for k in request.headers})
-            problem = _malformed(bolt_request.body)
-        except Exception as exc:
-            # Bolt reads ids out of the body while building the request.
-            problem = f"unparseable body ({type(exc).__name__}: {_short(exc)})"
-        if problem:
-            log.warning("Slack: request skipped: %s", problem)
-            return web.Response(status=200)
-        try:
-            response = await self._app.async_dispatch(bolt_request)
-        except Exception as exc:
-            if _caused_by(exc, _NotRecorded):
-                # Nothing was recorded: a 5xx makes Slack deliver it again.
-                log.exception("Slack: the core did not record a request; answered 500 so "
-                              "Slack retries it")
-                return web.Response(status=500, text="not recorded")
-            # Bolt itself choked on the payload: a redelivery would too.
-            log.warning("Slack: malformed request skipped (%s: %s)", type(exc).__name__,
-                        _short(exc))
-            return web.Response(status=200)
-        # A 5xx from bolt means the core did not record the event (the listener
-        # raised): it goes back to Slack as is, and Slack redelivers.
-        return await to_aiohttp_response(response)
-
-    def _signed(self, body: bytes, timestamp: str | None, signature: str | None) -> bool:
-        """Whether the request carries Slack's valid, fresh signature."""
-        assert self._verifier is not None
-        if (timestamp is None or signature is None or not _TIMESTAMP.fullmatch(timestamp)
-                or not _SIGNATURE.fullmatch(signature)):
-            return False
-        try:
-            return self._verifier.is_valid(body, timestamp, signature)
-        except (TypeError, ValueError):  # the SDK's own parsing; refused all the same
-            return False
-
-    async def _socket_request(self, client: AsyncBaseSocketModeClient,
-                              req: SocketModeRequest) -> None:
-        """One Socket Mode envelope: hand to bolt; ack it once the core recorded it.
-
-        An envelope whose listener raised is not acked, so Slack delivers it
-        again; a malformed one is acked (a redelivery would fail the same
-        way). Nothing raises out of here: the SDK would log a traceback.
-        """
-        assert self._app is not None
-        if not self._intake_open:
-            # Shutting down: unacked, Slack delivers it again later.
-            log.debug("Slack: envelope %s left unacked at shutdown", req.envelope_id)
-            return
-        payload: dict[str, Any] | None = None
-        problem = _malformed(req.payload)
-        if problem:
-            log.warning("Slack: Socket Mode envelope skipped: %s", problem)
-        else:
-            headers: dict[str, str | Sequence[str]] = {}
-            if isinstance(req.retry_attempt, int):
-                headers["x-slack-retry-num"] = str(req.retry_attempt)
-            try:
-                response = await self._app.async_dispatch(AsyncBoltRequest(
-                    mode="socket_mode", body=req.payload, headers=headers))
-            except Exception as exc:
-                if _caused_by(exc, _NotRecorded):
-                    log.exception("Slack: the core did not record envelope %s; not acked, "
-                                  "so Slack delivers it again", req.envelope_id)
-                    return
-                # Bolt reads ids out of the body while building the request, and
-                # a redelivery would fail the same way.
-                log.warning("Slack: malformed Socket Mode envelope skipped (%s: %s)",
-                            type(exc).__name__, _short(exc))
-                response = BoltResponse(status=200, body="")
-            if response.status >= 500:
-                log.warning("Slack: envelope %s was not recorded; not acked, so Slack "
-                            "delivers it again", req.envelope_id)
-                return
-            payload = _ack_payload(response)
-        await _ack(client, req.envelope_id, payload)
 
     async def _on_event(self, body: dict[str, Any], retry: str | None) -> None:
         try:
@@ -300,7 +159,7 @@ class _Inbound(_SlackBase):
         except Exception as exc:
             # Whatever the payload holds (a list where a string belongs, an
             # unexpected shape), a redelivery would fail the same way: skip it.
-            log.warning("Slack: malformed event skipped: %s", _problem(exc))
+            log.warning("Slack: malformed event skipped: %s", problem_text(exc))
             return
         if message is not None:
             await self._hand_over(message, retry)
@@ -329,63 +188,63 @@ class _Inbound(_SlackBase):
         """The inbound message for one event, or ``None`` when it is not for the core."""
         event = body.get("event")
         if not isinstance(event, dict):
-            raise _Malformed("no event object")
+            raise Malformed("no event object")
         kind, subtype = event.get("type"), event.get("subtype")
         if kind not in ("message", "app_mention"):
             return None
-        if subtype is not None and subtype not in _SPOKEN_SUBTYPES:
+        if subtype is not None and subtype not in SPOKEN_SUBTYPES:
             return None
-        if event.get("bot_id") or event.get("user") == self.bot_user_id:
+        if event.get("bot_id") or event.get("user") == self.api.bot_user_id:
             return None
-        channel, user = _field(event, "channel", _SLACK_ID), _field(event, "user", _SLACK_ID)
-        ts = _field(event, "ts", _SLACK_TS)
+        channel, user = field_of(event, "channel", SLACK_ID), field_of(event, "user", SLACK_ID)
+        ts = field_of(event, "ts", SLACK_TS)
         raw_text = event.get("text") or ""
         if not isinstance(raw_text, str):
-            raise _Malformed(f"text of {ts} is not a string")
+            raise Malformed(f"text of {ts} is not a string")
         channel_type = event.get("channel_type") or ("im" if channel.startswith("D") else "")
         direct = channel_type == "im"
-        thread_ts = _field(event, "thread_ts", _SLACK_TS) if event.get("thread_ts") else None
+        thread_ts = field_of(event, "thread_ts", SLACK_TS) if event.get("thread_ts") else None
         thread = thread_ts if thread_ts != ts else None
-        text, at_bot = from_slack(raw_text, self.bot_user_id)
+        text, at_bot = from_slack(raw_text, self.api.bot_user_id)
         mentioned = (direct or kind == "app_mention" or at_bot
-                     or (thread is not None and (channel, thread) in self._bot_threads))
+                     or (thread is not None and (channel, thread) in self.bot_threads))
         chat_type: ChatType = "direct" if direct else "group"
         return InboundMessage(
-            channel=self.name, chat_id=channel, chat_type=chat_type, sender_id=user,
-            sender_name=_sender_name(event), text=text, message_id=ts, thread_id=thread,
-            mentioned=mentioned, attachments=_attachments(event), raw=event,
-            group_id=_team(body, event), event_id=_event_key(channel, ts))
+            channel=CHANNEL_NAME, chat_id=channel, chat_type=chat_type, sender_id=user,
+            sender_name=sender_name(event), text=text, message_id=ts, thread_id=thread,
+            mentioned=mentioned, attachments=attachments_of(event), raw=event,
+            group_id=team_of(body, event), event_id=event_key(channel, ts))
 
     async def _on_command(self, body: dict[str, Any]) -> None:
         try:
-            command, channel = _field(body, "command"), _field(body, "channel_id", _SLACK_ID)
-            user = _field(body, "user_id", _SLACK_ID)
-            response_url = _field(body, "response_url")
-            if not _RESPONSE_URL.fullmatch(response_url):
-                raise _Malformed("response_url is not an http(s) URL")
-            trigger = _field(body, "trigger_id", _TRIGGER_ID) if body.get("trigger_id") else ""
-            text = _command_text(command, unescape(str(body.get("text") or "")).strip())
+            command, channel = field_of(body, "command"), field_of(body, "channel_id", SLACK_ID)
+            user = field_of(body, "user_id", SLACK_ID)
+            response_url = field_of(body, "response_url")
+            if not RESPONSE_URL.fullmatch(response_url):
+                raise Malformed("response_url is not an http(s) URL")
+            trigger = field_of(body, "trigger_id", TRIGGER_ID) if body.get("trigger_id") else ""
+            text = command_text(command, unescape(str(body.get("text") or "")).strip())
         except Exception as exc:
-            log.warning("Slack: malformed slash command skipped: %s", _problem(exc))
+            log.warning("Slack: malformed slash command skipped: %s", problem_text(exc))
             return
         if parse_command(text) is None:
             # Answered in the background: bolt acks only once this returns.
-            self._spawn(self._usage(response_url))
+            self.inflight.spawn(self._usage(response_url))
             return
         message = InboundMessage(
-            channel=self.name, chat_id=channel,
+            channel=CHANNEL_NAME, chat_id=channel,
             chat_type="direct" if channel.startswith("D") else "group", sender_id=user,
             sender_name=str(body.get("user_name") or ""), text=text, mentioned=True, raw=body,
-            group_id=_team(body, body),
+            group_id=team_of(body, body),
             # Slack never redelivers a command, but the inbox wants a unique key.
             event_id=f"cmd:{trigger or response_url}")
-        token = _SLASH.set(_SlashReply(channel, response_url))
+        token = SLASH_REPLY.set(SlashReply(channel, response_url))
         try:
             await self._hand_over(message)
         finally:
-            _SLASH.reset(token)
+            SLASH_REPLY.reset(token)
 
     async def _usage(self, response_url: str) -> None:
-        with _logged("answering a slash command"):
-            await self._respond(response_url, f"Usage: `{SLASH_COMMAND} <command> [args]`, "
-                                              f"for example `{SLASH_COMMAND} help`.")
+        with logged("answering a slash command"):
+            await self.api.respond(response_url, f"Usage: `{SLASH_COMMAND} <command> [args]`, "
+                                                  f"for example `{SLASH_COMMAND} help`.")

@@ -4,7 +4,7 @@ Inbound, each file object of a message event becomes an :class:`Attachment`
 whose ``url`` is its ``url_private_download`` (else ``url_private``; for a
 minimal object without either, as Slack Connect sends with ``file_access:
 check_file_info``, ``slack-file:<id>``, and the link comes from ``files.info``).
-:meth:`_Media.download` GETs it with ``Authorization: Bearer <bot token>``,
+:meth:`Media.download` GETs it with ``Authorization: Bearer <bot token>``,
 which needs the ``files:read`` scope. The token goes only to Slack's own hosts
 (``slack.com`` and its subdomains, over https) or to the host of
 ``SLACK_API_BASE``; a link elsewhere is refused unread. Slack answers a
@@ -30,13 +30,16 @@ from collections.abc import Sequence
 import aiohttp
 from slack_sdk.errors import SlackApiError, SlackRequestError
 
+from bot.config.settings import Settings
 from bot.contracts.files import OpenFile
 from bot.contracts.media import MediaError, MediaTooLarge
 from bot.contracts.messages import Attachment, OutboundFile, clean_text
+from channels.delivery import DeliveryPolicy
 from channels.fetching import fetch_capped
+from channels.inflight import InFlight
 from channels.logline import short as _short
-from channels.slack.base import _SlackBase
-from channels.slack.common import _error_code, log
+from channels.slack.api import SlackApi
+from channels.slack.common import RecentKeys, error_code, log
 from channels.slack.errors import delivery_error
 from channels.slack_format import to_mrkdwn
 
@@ -46,17 +49,27 @@ DOWNLOAD_TIMEOUT = 120.0
 """Seconds one download may take, connecting included."""
 FILE_INFO = "slack-file:"
 """The ``url`` of an attachment whose event carried no link (Slack Connect's
-``file_access: check_file_info``): :meth:`_Media.download` asks ``files.info`` first."""
+``file_access: check_file_info``): :meth:`Media.download` asks ``files.info`` first."""
 _FILE_ID = re.compile(r"F[A-Z0-9]{1,63}")
 _SCOPE_HINT = ("Roost lacks the files:read scope (add it to the Slack app and reinstall "
                "it)")
 _MB = 1024 * 1024
 
 
-class _Media(_SlackBase):
+class Media:
     """Downloads of ``url_private`` with the bot token, and file uploads with a reply."""
 
-    _media_session: aiohttp.ClientSession | None = None
+    def __init__(self, settings: Settings, api: SlackApi, inflight: InFlight,
+                 bot_threads: RecentKeys[tuple[str, str]], *,
+                 policy: DeliveryPolicy) -> None:
+        """``bot_threads`` gets each thread a file is shared into; ``policy`` tunes the
+        retries of a download."""
+        self.settings = settings
+        self.api = api
+        self.inflight = inflight
+        self.bot_threads = bot_threads
+        self.policy = policy
+        self._media_session: aiohttp.ClientSession | None = None
 
     async def download(self, attachment: Attachment, limit: int) -> bytes:
         """The bytes of ``attachment`` from Slack, at most ``limit`` of them.
@@ -97,16 +110,16 @@ class _Media(_SlackBase):
         # login page, and the token must not follow a redirect anywhere.
         return await fetch_capped(
             session, url, limit, check=check, policy=self.policy, allow_redirects=False,
-            headers={"Authorization": f"Bearer {self._api().token}"},
+            headers={"Authorization": f"Bearer {self.api.web.token}"},
             what=f"downloading {name} from Slack")
 
     async def _file_url(self, file_id: str, name: str) -> str:
         """The download link ``files.info`` gives for a file the event did not describe."""
         try:
-            response = await self._call("files.info", self._api().files_info, self.policy,
+            response = await self.api.call("files.info", self.api.web.files_info, self.policy,
                                         file=file_id)
         except SlackApiError as exc:
-            code = _error_code(exc)
+            code = error_code(exc)
             if code == "missing_scope":
                 raise MediaError(f"Slack did not describe {name}: {_SCOPE_HINT}") from exc
             raise MediaError(f"Slack did not describe {name}: "
@@ -131,34 +144,35 @@ class _Media(_SlackBase):
         return (parts.scheme, parts.netloc.lower()) == (configured.scheme,
                                                         configured.netloc.lower())
 
-    async def _close_media(self) -> None:
+    async def close(self) -> None:
+        """Close the download session (a later download opens another)."""
         if self._media_session is not None:
             await self._media_session.close()
             self._media_session = None
 
-    def _check_file(self, file: OutboundFile, size: int) -> None:
+    def check_file(self, file: OutboundFile, size: int) -> None:
         """Raise :class:`MediaTooLarge` for a file over Slack's 1 GB (its size when opened)."""
         if size > MAX_UPLOAD:
             raise MediaTooLarge(size, MAX_UPLOAD, f"{file.name} is {size / _MB:.0f} MB; "
                                 "Slack takes files up to 1 GB")
 
-    async def _upload_files(self, channel: str, thread_ts: str | None,
+    async def upload_files(self, channel: str, thread_ts: str | None,
                             files: tuple[OutboundFile, ...],
                             opened: Sequence[OpenFile]) -> None:
         """Share each file into ``channel`` (and ``thread_ts``), its caption as the comment.
 
         The bytes come from ``opened`` (each file opened once), never from its path.
         """
-        api = self._api()
+        api = self.api.web
         for file, source in zip(files, opened, strict=True):
             try:
                 data = await asyncio.to_thread(source.read_all)
-                response = await self._tracked(api.files_upload_v2(
+                response = await self.inflight.tracked(api.files_upload_v2(
                     channel=channel, thread_ts=thread_ts, file=data, filename=file.name,
                     title=file.name,
                     initial_comment=to_mrkdwn(file.caption) if file.caption else None))
             except SlackApiError as exc:
-                code = _error_code(exc)
+                code = error_code(exc)
                 if code in ("missing_scope", "not_allowed_token_type"):
                     raise MediaError(f"Slack refused to upload {file.name}: Roost lacks the "
                                      "files:write scope") from exc
@@ -177,13 +191,13 @@ class _Media(_SlackBase):
                     raise
                 raise mapped from exc
             if thread_ts:
-                self._bot_threads.add((channel, thread_ts))
+                self.bot_threads.add((channel, thread_ts))
             shared = response.get("file")
             log.info("Slack: uploaded %s (%d bytes) to %s as %s", file.name, source.size,
                      channel, shared.get("id") if isinstance(shared, dict) else "?")
 
 
-def _attachments(event: dict[str, object]) -> tuple[Attachment, ...]:
+def attachments_of(event: dict[str, object]) -> tuple[Attachment, ...]:
     """The core's :class:`Attachment` items for the ``files`` of a message event.
 
     Slack's file objects are taken as given, so every field is type-checked

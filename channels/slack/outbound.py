@@ -1,4 +1,8 @@
-"""Replies out: posting exactly once, streaming drafts, deleting."""
+"""Replies out: posting exactly once, streaming drafts, deleting.
+
+:class:`Replies` posts, edits and deletes messages through :class:`SlackApi`;
+each post carries a nonce in its metadata so a retry never posts it twice.
+"""
 
 from __future__ import annotations
 
@@ -10,33 +14,47 @@ from slack_sdk.errors import SlackApiError
 
 from bot.contracts.channel import ReplyStream
 from bot.contracts.messages import InboundMessage, OutboundMessage
-from channels.delivery import EditStream, RateLimited, Transient, deliver
-from channels.slack.base import _SlackBase
+from channels.delivery import DeliveryPolicy, EditStream, RateLimited, Transient, deliver
+from channels.inflight import InFlight
+from channels.slack.api import SlackApi
 from channels.slack.common import (
-    _EDIT_POLICY,
+    EDIT_POLICY,
     LOOKUP_LIMIT,
     LOOKUP_MARGIN,
     MESSAGE_LIMIT,
     METADATA_EVENT,
     REDELIVERY_LOOKBACK,
+    REMEMBERED,
     SWEEP_MARGIN,
-    _error_code,
-    _logged,
-    _problem,
-    _ts_order,
+    RecentKeys,
+    error_code,
     log,
+    logged,
+    problem_text,
+    ts_order,
 )
 from channels.slack.errors import delivery_error
 from channels.slack_format import split_for_slack, to_mrkdwn
 
 
-class _Outbound(_SlackBase):
-    """Posting, editing and deleting messages through the Web API."""
+class Replies:
+    """Posts each message of a reply exactly once, streams drafts, edits and deletes."""
 
-    def open_stream(self, message: InboundMessage) -> ReplyStream | None:
-        """An edited draft in the reply's place, unless streaming is off for Slack."""
-        if self._web is None or not self.settings.streams(self.name):
-            return None
+    def __init__(self, api: SlackApi, inflight: InFlight,
+                 bot_threads: RecentKeys[tuple[str, str]], *, policy: DeliveryPolicy,
+                 edit_interval: float) -> None:
+        """``bot_threads`` gets each thread a post goes into (a reply there addresses
+        the bot); ``edit_interval`` spaces streaming edits."""
+        self.api = api
+        self.inflight = inflight
+        self.bot_threads = bot_threads
+        self.policy = policy
+        self.edit_interval = edit_interval
+        self._dropped: RecentKeys[tuple[str, str]] = RecentKeys(REMEMBERED)
+        """Drafts the reply was posted in place of (and deleted)."""
+
+    def open_stream(self, message: InboundMessage) -> ReplyStream:
+        """An edited draft in the place of the reply to ``message``."""
         target = OutboundMessage.reply_to_message(message, "")
         channel, thread_ts = target.chat_id, target.thread_id or target.reply_to
 
@@ -57,7 +75,7 @@ class _Outbound(_SlackBase):
 
         async def update(ts: str, text: str) -> None:
             try:
-                await self._call("chat.update", self._api().chat_update, _EDIT_POLICY,
+                await self.api.call("chat.update", self.api.web.chat_update, EDIT_POLICY,
                                  channel=channel, ts=ts, text=text)
             except Exception:
                 doubtful[0] = True
@@ -75,7 +93,7 @@ class _Outbound(_SlackBase):
         async def finalize(ts: str | None, final: str | None) -> None:
             await asyncio.gather(*editing, return_exceptions=True)
             pieces = split_for_slack(final, MESSAGE_LIMIT) if final and final.strip() else []
-            last = await self._deliver_reply(channel, thread_ts, pieces, draft=ts or None,
+            last = await self.deliver_reply(channel, thread_ts, pieces, draft=ts or None,
                                              shown=shown[0])
             # The draft may have been replaced by a new message: the stream
             # names the message that now carries the reply.
@@ -83,13 +101,13 @@ class _Outbound(_SlackBase):
             if doubtful[0] and ts and pieces and self._kept(channel, ts):
                 # A draft edit that timed out may still be applied by Slack
                 # after the final text: put the final text back once it would have.
-                self._spawn(self._reassert(channel, ts, pieces[0]))
+                self.inflight.spawn(self._reassert(channel, ts, pieces[0]))
 
         stream = EditStream(send=send, edit=edit, finalize=finalize, limit=MESSAGE_LIMIT,
                             interval=self.edit_interval)
         return stream
 
-    async def _deliver_reply(self, channel: str, thread_ts: str | None, pieces: list[str],
+    async def deliver_reply(self, channel: str, thread_ts: str | None, pieces: list[str],
                              *, draft: str | None, shown: str | None = None,
                              delivery_id: str | None = None,
                              look_first: bool = True) -> str | None:
@@ -118,7 +136,7 @@ class _Outbound(_SlackBase):
                 posted = await self._posted_before(channel, thread_ts, delivery_id)
         if not pieces:
             if draft:
-                await self._delete(channel, draft)
+                await self.delete(channel, draft)
             return None
         first: str | None = None
         if draft:
@@ -126,7 +144,7 @@ class _Outbound(_SlackBase):
                 first = draft
             else:
                 try:
-                    await self._call("chat.update", self._api().chat_update, self.policy,
+                    await self.api.call("chat.update", self.api.web.chat_update, self.policy,
                                      channel=channel, ts=draft, text=pieces[0])
                     first = draft
                 except Exception as exc:
@@ -146,9 +164,9 @@ class _Outbound(_SlackBase):
         return (channel, ts) not in self._dropped
 
     async def _reassert(self, channel: str, ts: str, text: str) -> None:
-        await asyncio.sleep(self.timeout + SWEEP_MARGIN)
-        with _logged("restoring a reply after a late draft edit"):
-            await self._call("chat.update", self._api().chat_update, self.policy,
+        await asyncio.sleep(self.api.timeout + SWEEP_MARGIN)
+        with logged("restoring a reply after a late draft edit"):
+            await self.api.call("chat.update", self.api.web.chat_update, self.policy,
                              channel=channel, ts=ts, text=text)
 
     async def _drop_draft(self, channel: str, ts: str) -> None:
@@ -159,16 +177,17 @@ class _Outbound(_SlackBase):
         """
         self._dropped.add((channel, ts))
         try:
-            await self._delete(channel, ts)
+            await self.delete(channel, ts)
         except Exception:
             log.exception("Slack: could not delete the replaced draft %s in %s", ts, channel)
 
-    async def _delete(self, channel: str, ts: str) -> None:
+    async def delete(self, channel: str, ts: str) -> None:
+        """Delete one of the bot's messages; one already gone counts as deleted."""
         try:
-            await self._call("chat.delete", self._api().chat_delete, self.policy,
+            await self.api.call("chat.delete", self.api.web.chat_delete, self.policy,
                              channel=channel, ts=ts)
         except SlackApiError as exc:
-            if _error_code(exc) != "message_not_found":
+            if error_code(exc) != "message_not_found":
                 raise
 
     async def _post(self, channel: str, text: str, thread_ts: str | None,
@@ -200,7 +219,7 @@ class _Outbound(_SlackBase):
                     found_again = True
                     return found[0]
             try:
-                response = await self._api().chat_postMessage(
+                response = await self.api.web.chat_postMessage(
                     channel=channel, text=text, thread_ts=thread_ts, metadata=metadata)
             except Exception as exc:
                 mapped = delivery_error(exc)
@@ -210,12 +229,12 @@ class _Outbound(_SlackBase):
                 raise mapped from exc
             return str(response.get("ts") or "")
 
-        ts = await self._tracked(deliver(attempt, what="Slack chat.postMessage",
+        ts = await self.inflight.tracked(deliver(attempt, what="Slack chat.postMessage",
                                          policy=self.policy))
         if thread_ts:
-            self._bot_threads.add((channel, thread_ts))
+            self.bot_threads.add((channel, thread_ts))
         if unsure and not found_again:
-            self._spawn(self._sweep(channel, thread_ts, nonce, since, keep=ts))
+            self.inflight.spawn(self._sweep(channel, thread_ts, nonce, since, keep=ts))
         return ts
 
     async def _posted_before(self, channel: str, thread_ts: str | None,
@@ -228,10 +247,10 @@ class _Outbound(_SlackBase):
         """
         since = f"{time.time() - REDELIVERY_LOOKBACK:.6f}"
         try:
-            found = await self._tracked(self._read_nonces(channel, thread_ts, since))
+            found = await self.inflight.tracked(self._read_nonces(channel, thread_ts, since))
         except Exception as exc:
             log.info("Slack: could not check whether reply %s was posted already (%s); "
-                     "posting it", delivery_id, _problem(exc))
+                     "posting it", delivery_id, problem_text(exc))
             return {}
         mine = {nonce: stamps[0] for nonce, stamps in found.items()
                 if nonce == delivery_id or nonce.startswith(delivery_id + "#")}
@@ -239,18 +258,18 @@ class _Outbound(_SlackBase):
             log.info("Slack: %d piece(s) of reply %s were posted already; not posting "
                      "them again", len(mine), delivery_id)
             if thread_ts:
-                self._bot_threads.add((channel, thread_ts))
+                self.bot_threads.add((channel, thread_ts))
         return mine
 
     async def _sweep(self, channel: str, thread_ts: str | None, nonce: str, since: str,
                      keep: str) -> None:
         """Delete copies of a post that landed late (a timed-out try Slack still ran)."""
-        await asyncio.sleep(self.timeout + SWEEP_MARGIN)
-        with _logged("removing a duplicate post"):
+        await asyncio.sleep(self.api.timeout + SWEEP_MARGIN)
+        with logged("removing a duplicate post"):
             for ts in await self._find_posts(channel, thread_ts, nonce, since):
                 if ts != keep:
                     log.warning("Slack: a timed-out post landed late (ts %s); deleted", ts)
-                    await self._delete(channel, ts)
+                    await self.delete(channel, ts)
 
     async def _find_posts(self, channel: str, thread_ts: str | None, nonce: str,
                           since: str) -> list[str]:
@@ -275,7 +294,7 @@ class _Outbound(_SlackBase):
 
         Raises Slack's errors mapped by :func:`delivery_error`.
         """
-        api = self._api()
+        api = self.api.web
         try:
             if thread_ts:
                 response = await api.conversations_replies(
@@ -299,5 +318,5 @@ class _Outbound(_SlackBase):
                     and item.get("ts")):
                 found.setdefault(payload["nonce"], []).append(str(item["ts"]))
         for stamps in found.values():
-            stamps.sort(key=_ts_order)
+            stamps.sort(key=ts_order)
         return found
