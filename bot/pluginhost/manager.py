@@ -113,7 +113,7 @@ class PluginHost:
         For tests and tools that go through hooks by name; the service calls
         hooks through :attr:`hooks`.
         """
-        async with aclosing(self._each(hook, kwargs)) as results:
+        async with aclosing(self.each(hook, kwargs)) as results:
             return [result async for _, result in results]
 
     async def collect(self, hook: str, **kwargs: Any) -> list[Any]:
@@ -128,7 +128,7 @@ class PluginHost:
         failure is logged but not recorded in ``errors``.
         """
         items: list[tuple[str, Any]] = []
-        async with aclosing(self._each(hook, kwargs, only)) as results:
+        async with aclosing(self.each(hook, kwargs, only)) as results:
             async for plugin, result in results:
                 if isinstance(result, list | tuple):
                     items.extend((plugin, item) for item in result)
@@ -144,28 +144,31 @@ class PluginHost:
         ``kwargs`` (in place) for the implementations after it; it returns
         True to stop there.
         """
-        async with aclosing(self._each(hook, kwargs, only)) as results:
+        async with aclosing(self.each(hook, kwargs, only)) as results:
             async for _, result in results:
                 if step(result, kwargs):
                     return
 
-    async def _each(self, hook: str, kwargs: Mapping[str, Any], only: str | None = None,
-                    failed: Callable[[str, str, Exception], None] | None = None,
-                    ) -> AsyncGenerator[tuple[str, Any], None]:
+    async def each(self, hook: str, kwargs: Mapping[str, Any], only: str | None = None,
+                   failed: Callable[[str, str, Exception], None] | None = None, *,
+                   disabled_too: bool = False) -> AsyncGenerator[tuple[str, Any], None]:
         """The one place implementations are called: each non-``None`` result with its plugin.
 
         Calls the enabled implementations of ``hook`` in call order (``only``:
-        that plugin's, enabled or not) with the arguments each names, read from
-        ``kwargs`` at its turn, and awaits async ones. One that raises is handed
-        to ``failed`` (default: logged with its plugin's name and recorded in
-        ``errors``; with ``only``: logged) and skipped. With ``trace`` every
-        call is logged with its implementations and their durations.
+        that plugin's, enabled or not; ``disabled_too``: every plugin's) with
+        the arguments each names, read from ``kwargs`` at its turn, and awaits
+        async ones. One that raises is handed to ``failed`` (default: logged
+        with its plugin's name and recorded in ``errors``; with ``only``:
+        logged) and skipped. With ``trace`` every call is logged with its
+        implementations and their durations. Iterate it inside
+        :func:`contextlib.aclosing`, so a caller that stops early still ends it.
         """
-        if only is None:
+        if only is None and not disabled_too:
             impls = self.implementations(hook)
         else:
             caller: pluggy.HookCaller = getattr(self.pm.hook, hook)
-            impls = [i for i in caller.get_hookimpls() if i.plugin_name == only]
+            impls = [i for i in reversed(caller.get_hookimpls())
+                     if only is None or i.plugin_name == only]
         if failed is None:
             failed = self._failed if only is None else _logged
         timings: list[str] = []
@@ -210,7 +213,7 @@ class PluginHost:
             self._bad_config(name, f"{hook}: {type(exc).__name__}: {exc}")
 
         hook = hookspecs.roost_plugin_config_model.__name__
-        async with aclosing(self._each(hook, {}, failed=raised)) as models:
+        async with aclosing(self.each(hook, {}, failed=raised)) as models:
             async for name, model in models:
                 if not (isinstance(model, type) and issubclass(model, BaseModel)):
                     raised(name, hook, TypeError(f"returned {model!r}, not a pydantic model "
