@@ -18,6 +18,7 @@ import time
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import pluggy
@@ -97,7 +98,7 @@ class PluginHost:
         self.pm.register(plugin, name=name)
         self.info[name] = info or PluginInfo(name=name)
 
-    @property
+    @cached_property
     def hooks(self) -> Hooks:
         """Every hook as a typed method over the enabled plugins (``host.hooks.roost_tools``)."""
         return Hooks(self)
