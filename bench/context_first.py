@@ -114,7 +114,7 @@ async def first_requests() -> list[FirstRequest]:
                 message=message, session_key=key, workspace=workspace,
                 tool_names=sorted(t.name for t in request.tools), model=app.settings.model,
                 provider=provider.name, agent="default")
-            collected = await app.host.collect("roost_prompt_sections", prompt=prompt)
+            collected = await app.host.hooks.roost_prompt_sections(prompt=prompt)
             session = await app.store.get(key)
             kernel = kernel_text(read_cached(workspace / "USER.md", 8_000), session.facts)
             parts = [s for s in collected if isinstance(s, PromptSection) and s.text.strip()]

@@ -87,7 +87,7 @@ async def _status(ctx: CommandContext) -> str:
         lines.extend(_tool_health(app.tool_metrics.snapshot(),
                                   app.breakers.snapshot()))
     lines.extend(f"{r.part}: {'ok' if r.ready else 'NOT READY'}, {r.detail}"
-                 for r in await app.plugins.health(app))
+                 for r in await app.plugins.hooks.roost_health(app=app))
     if app.plugins.errors:
         lines.append("Plugin errors:")
         lines.extend(f"  {name}: {error}" for name, error in sorted(app.plugins.errors.items()))

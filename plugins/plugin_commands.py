@@ -95,15 +95,13 @@ async def _info(app: Runtime, name: str) -> str:
               else f"{info.distribution} {info.version}".strip())
     lines = [f"{name} ({origin}): {_state(app, name)}",
              f"Hooks: {', '.join(host.hooks_of(name)) or 'none'}"]
-    tools = await host.call_plugin(name, "roost_tools", settings=app.settings,
-                                   services=app.services)
-    lines.append("Tools: " + (", ".join(sorted(str(getattr(t, "name", t)) for t in tools))
-                              or "none"))
-    commands = await host.call_plugin(name, "roost_commands", settings=app.settings)
-    lines.append("Commands: " + (", ".join(sorted(f"/{getattr(c, 'name', c)}"
-                                                  for c in commands)) or "none"))
-    models = await host.call_plugin(name, "roost_plugin_config_model")
-    if models and hasattr(models[0], "model_json_schema"):
+    hooks = host.hooks.only(name)
+    tools = await hooks.roost_tools(settings=app.settings, services=app.services)
+    lines.append("Tools: " + (", ".join(sorted(t.name for t in tools)) or "none"))
+    commands = await hooks.roost_commands(settings=app.settings)
+    lines.append("Commands: " + (", ".join(sorted(f"/{c.name}" for c in commands)) or "none"))
+    models = await hooks.roost_plugin_config_model()
+    if models:
         schema = json.dumps(models[0].model_json_schema(), ensure_ascii=False)
         if len(schema) > MAX_SCHEMA_CHARS:
             schema = schema[:MAX_SCHEMA_CHARS] + "…"

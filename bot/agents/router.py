@@ -28,7 +28,6 @@ from bot.config.settings import Settings
 from bot.contracts.judge import Judge, Verdict
 from bot.contracts.llm import LLMProvider
 from bot.contracts.messages import InboundMessage
-from bot.contracts.providers import ProviderSpec
 from bot.contracts.tools import Tool
 from bot.pluginhost.manager import PluginHost
 from workspaces import safe_component
@@ -235,8 +234,7 @@ class AgentResolver:
         base = self.settings
         if (requested is None or requested == base.provider) and settings.script == base.script:
             return None, base.provider
-        specs = [s for s in await self.host.collect("roost_providers", settings=settings)
-                 if isinstance(s, ProviderSpec)]
+        specs = list(await self.host.hooks.roost_providers(settings=settings))
         if not specs:
             raise AgentError(f"agent {agent}: no provider plugin is loaded")
         name = requested or base.provider

@@ -141,7 +141,7 @@ class HealthServer:
                 lines.append(redact(f"{name}: {health.detail or 'not ready'}"))
         # Parts plugins vouch for (the exec sandbox's canary): roost_health.
         lines.extend(redact(f"{report.part}: {report.detail or 'not ready'}")
-                     for report in await self.app.host.health(self.app.runtime)
+                     for report in await self.app.host.hooks.roost_health(app=self.app.runtime)
                      if not report.ready)
         problem = await self._store_problem()
         if problem:

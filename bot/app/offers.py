@@ -7,12 +7,13 @@ plugin never stops the others from loading.
 from __future__ import annotations
 
 import logging
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from bot.config.settings import Settings, SetupError
 from bot.contracts.judge import Judge
 from bot.contracts.providers import ProviderSpec
 from bot.contracts.tools import Tool
+from bot.pluginhost.hooks import Offers
 from bot.pluginhost.manager import PluginHost
 
 log = logging.getLogger("roost.app.offers")
@@ -22,8 +23,7 @@ T = TypeVar("T")
 
 async def provider_specs(settings: Settings, host: PluginHost) -> dict[str, ProviderSpec]:
     """Every provider plugins offer, by name."""
-    specs = await host.collect("roost_providers", settings=settings)
-    return {s.name: s for s in specs if isinstance(s, ProviderSpec)}
+    return {s.name: s for s in await host.hooks.roost_providers(settings=settings)}
 
 
 async def resolve_provider(settings: Settings, host: PluginHost) -> ProviderSpec:
@@ -42,12 +42,9 @@ async def resolve_provider(settings: Settings, host: PluginHost) -> ProviderSpec
 async def collect_judges(host: PluginHost, settings: Settings) -> dict[str, Judge]:
     """The judges plugins offer, by name (``llm`` is the built-in type's and reserved)."""
     judges: dict[str, Judge] = {}
-    for plugin, judge in await host.collect_named("roost_judges", settings=settings):
-        name = getattr(judge, "name", None)
-        if not isinstance(name, str) or not callable(getattr(judge, "score", None)):
-            log.error("plugin %s: roost_judges returned %r, which has no name and score(); "
-                      "ignored", plugin, judge)
-        elif name == "llm" or name in judges:
+    for plugin, judge in (await host.hooks.roost_judges(settings=settings)).named:
+        name = judge.name
+        if name == "llm" or name in judges:
             log.error("plugin %s: judge name %r is taken; ignored", plugin, name)
         else:
             judges[name] = judge
@@ -62,20 +59,16 @@ def apply_tool_groups(tools: dict[str, Tool], groups: dict[str, str]) -> None:
             groups[name] = group
 
 
-async def collect_unique(host: PluginHost, hook: str, settings: Settings, kind: type[T],
-                  plugins: dict[str, str] | None = None, **kwargs: Any) -> dict[str, T]:
-    """Collect named items from ``hook``; a later duplicate name is refused and logged.
+def unique_by_name(offers: Offers[T], plugins: dict[str, str] | None = None) -> dict[str, T]:
+    """What a hook offered, by name; a later duplicate name is refused and logged.
 
     ``plugins``, when given, is filled with item name -> the plugin that offered it.
     """
     items: dict[str, T] = {}
-    for plugin, item in await host.collect_named(hook, settings=settings, **kwargs):
-        if not isinstance(item, kind):
-            log.error("%s returned %r, not a %s; ignored", hook, item, kind.__name__)
-            continue
+    for plugin, item in offers.named:
         name = str(getattr(item, "name", ""))
         if name in items:
-            log.error("%s: duplicate name %r ignored", hook, name)
+            log.error("%s: duplicate name %r ignored", offers.hook, name)
             continue
         items[name] = item
         if plugins is not None:

@@ -17,21 +17,16 @@ from bot.app.http import HealthServer, instrument
 from bot.app.offers import (
     apply_tool_groups,
     collect_judges,
-    collect_unique,
     resolve_provider,
+    unique_by_name,
 )
 from bot.app.runtime import AppRuntime
 from bot.config.settings import Settings, SetupError, load_settings
 from bot.contracts.channel import Channel, ChannelSpec
 from bot.contracts.commands import Command
-from bot.contracts.guard import GuardPattern
-from bot.contracts.jobs import JobSpec
 from bot.contracts.llm import LLMProvider
 from bot.contracts.messages import OutboundMessage
-from bot.contracts.sanitize import Sanitizer
-from bot.contracts.search import SearchBackend
 from bot.contracts.services import Services
-from bot.contracts.tools import Tool
 from bot.dispatch.dispatcher import Dispatcher, Leftovers
 from bot.dispatch.replicas import ReplicaWork
 from bot.engine.guard import InputGuard
@@ -144,9 +139,9 @@ class Roost:
                                 inbox=Inbox(store.db, store.lock, store.writer))
             await prune_stores(services, settings.error_retention_days,
                                trace_days=settings.trace_retention_days)
-            host.validate_configs(settings.plugins)
+            await host.validate_configs(settings.plugins)
             services.plugin_configs = host.config
-            channel_specs = await collect_unique(host, "roost_channels", settings, ChannelSpec)
+            channel_specs = unique_by_name(await host.hooks.roost_channels(settings=settings))
             # Routing happens before a run exists (the dispatcher), so the router is built
             # here and handed to both; it reads the engine's provider and judges when it
             # resolves an agent, by then the engine exists.
@@ -187,8 +182,8 @@ class Roost:
             if app.dispatcher.replicas is None:
                 app._leftovers = (await app.inbox.undelivered(), await app.inbox.unfinished())
             await app.refresh_plugins(jobs=False)
-            await host.call("roost_startup", app=app.runtime)
-            jobs = await collect_unique(host, "roost_scheduled_jobs", settings, JobSpec)
+            await host.hooks.roost_startup(app=app.runtime)
+            jobs = unique_by_name(await host.hooks.roost_scheduled_jobs(settings=settings))
             await _quietly(scheduler.start(app.runtime, list(jobs.values())),
                            "starting the scheduler")
         except BaseException:
@@ -214,16 +209,13 @@ class Roost:
         groups: dict[str, str] = {}
         # web_search (plugins/web) picks its engine among these, so they come first.
         self.services.search_backends = tuple(
-            b for b in await host.collect("roost_search_backends", settings=settings)
-            if isinstance(b, SearchBackend))
-        tools = await collect_unique(host, "roost_tools", settings, Tool, groups,
-                              services=self.services)
+            await host.hooks.roost_search_backends(settings=settings))
+        tools = unique_by_name(
+            await host.hooks.roost_tools(settings=settings, services=self.services), groups)
         apply_tool_groups(tools, groups)
-        sanitizers = [s for s in await host.collect("roost_output_sanitizers", settings=settings)
-                      if isinstance(s, Sanitizer)]
+        sanitizers = list(await host.hooks.roost_output_sanitizers(settings=settings))
         guard = InputGuard(
-            [p for p in await host.collect("roost_guard_patterns", settings=settings)
-             if isinstance(p, GuardPattern)],
+            list(await host.hooks.roost_guard_patterns(settings=settings)),
             settings.guard_mode, settings.guard_modes)
         # One assignment: a run sees the old state or the new one, never a mix.
         engine.plugins = PluginSnapshot.of(guard, tools, groups, sanitizers,
@@ -231,7 +223,7 @@ class Roost:
         # Agents hold judges and filtered tool lists: resolve them again.
         self.router.invalidate()
         commands: dict[str, Command] = {}
-        for command in (await collect_unique(host, "roost_commands", settings, Command)).values():
+        for command in unique_by_name(await host.hooks.roost_commands(settings=settings)).values():
             for name in (command.name, *command.aliases):
                 commands.setdefault(name, command)
         self.commands = commands
@@ -243,7 +235,7 @@ class Roost:
                            f"registering the commands of {channel.name}")
         scheduler = self.services.scheduler
         if scheduler is not None:
-            specs = await collect_unique(host, "roost_scheduled_jobs", settings, JobSpec)
+            specs = unique_by_name(await host.hooks.roost_scheduled_jobs(settings=settings))
             await _quietly(scheduler.sync_system(list(specs.values())),
                            "updating the scheduled jobs of plugins")
 
@@ -254,8 +246,8 @@ class Roost:
         runs in flight keep the tools they started with.
         """
         groups: dict[str, str] = {}
-        tools = await collect_unique(self.host, "roost_tools", self.settings, Tool, groups,
-                              services=self.services)
+        tools = unique_by_name(await self.host.hooks.roost_tools(
+            settings=self.settings, services=self.services), groups)
         apply_tool_groups(tools, groups)
         self.engine.plugins = dataclasses.replace(
             self.engine.plugins, tools=MappingProxyType(tools),
@@ -428,7 +420,7 @@ class Roost:
         for channel in list(self.channels.values()):
             await _quietly(channel.stop(), f"stopping channel {channel.name}")
         await self.engine.compactor.wait()
-        await self.host.call("roost_shutdown", app=self.runtime)
+        await self.host.hooks.roost_shutdown(app=self.runtime)
         for exporter in (self.engine.exporter, self.metrics.then):
             if isinstance(exporter, OTelExporter):
                 exporter.shutdown()

@@ -37,10 +37,8 @@ to 100 per request but lowers the size it accepts past 20; every image costs up 
 
 async def transcriber_of(host: PluginHost, settings: Settings) -> Transcriber | None:
     """The first transcriber a plugin offers through ``roost_transcriber``, if any."""
-    for item in await host.collect("roost_transcriber", settings=settings):
-        if isinstance(item, Transcriber):
-            return item
-    return None
+    offered = await host.hooks.roost_transcriber(settings=settings)
+    return offered[0] if offered else None
 
 
 async def take_in(message: InboundMessage, workspace: Path, channels: Mapping[str, Channel],

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from bot.agents.patterns import PatternLibrary, render
 from bot.agents.router import Agent
+from bot.contracts import hookspecs
 from bot.contracts.events import EventType, RunEvent
-from bot.contracts.guard import InputCheck
 from bot.contracts.llm import ChatMessage, LLMRequest, LLMResponse, ToolCall, Usage
 from bot.contracts.metering import BudgetRefused
 from bot.contracts.prompt import Order, PromptContext, PromptSection, assemble
@@ -77,7 +77,7 @@ class Run:
         self.plugins = req.plugins or engine.plugins
         """The plugin state this run started with; it keeps it to the end."""
         self.listener = listener
-        self.observers = bool(engine.host.implementations("roost_run_event"))
+        self.observers = engine.host.hooks.implemented(hookspecs.roost_run_event)
         self.usage = Usage()
         self.buffer: list[ChatMessage] = []
         self.iterations = 0
@@ -107,7 +107,7 @@ class Run:
         if self.listener is not None:
             await self.listener(event)
         if self.observers:
-            await self.engine.host.call("roost_run_event", event=event)
+            await self.engine.host.hooks.roost_run_event(event=event)
 
     async def execute(self) -> RunResult:
         msg = self.req.message
@@ -185,25 +185,12 @@ class Run:
                 # At most once per message: a run repeated after a crash skips what it sent.
                 if req.journal is None or await req.journal.notice(notice):
                     await self.emit("activity", phase="media", notice=notice)
-        refusals: list[str] = []
-
-        def step(check: Any, args: dict[str, Any]) -> bool:
-            if not isinstance(check, InputCheck):
-                return False
-            if check.refusal is not None:
-                refusals.append(check.refusal)
-                return True
-            if check.text is not None:
-                args["text"] = check.text  # the next check sees the rewrite
-            if check.note:
-                notes.append(check.note)
-            return False
-
-        checked: dict[str, Any] = {"message": msg, "text": text, "settings": self.settings}
-        await engine.host.pipe("roost_check_input", checked, step)
-        if refusals:
-            return await finish.refuse(self, refusals[0])
-        text = checked["text"]
+        checked = await engine.host.hooks.roost_check_input(message=msg, text=text,
+                                                             settings=self.settings)
+        if checked.refusal is not None:
+            return await finish.refuse(self, checked.refusal)
+        text = checked.text
+        notes.extend(checked.notes)
         user = ChatMessage("user", text, sender_id=msg.sender_id, sender_name=msg.display_name,
                            parts=tuple(media.parts) if media is not None else ())
         self.buffer.append(user)
@@ -216,7 +203,7 @@ class Run:
             extra_context=req.extra_context,
             agent_dir=agent.bootstrap_dir if agent.type == "predefined" else None,
         )
-        sections = await engine.host.collect("roost_prompt_sections", prompt=prompt)
+        sections = await engine.host.hooks.roost_prompt_sections(prompt=prompt)
         if agent.patterns is not None and req.mode == "full":
             sections.append(await self._patterns(agent.patterns, text))
         # Volatile sections (the time...) go in each request's note, after the cached

@@ -2,7 +2,8 @@
 
 pluggy calls implementations synchronously and stops at the first exception;
 Roost needs async implementations awaited and a failing plugin skipped, so
-hooks are called through :meth:`PluginHost.call` instead of ``pm.hook.X()``.
+hooks are called through ``host.hooks.roost_X(...)`` (:mod:`bot.pluginhost.hooks`)
+instead of ``pm.hook.roost_X()``.
 """
 
 from __future__ import annotations
@@ -14,14 +15,16 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
+from contextlib import aclosing
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import pluggy
 
 from bot.contracts import hookspecs
-from bot.contracts.health import HealthReport
+from bot.pluginhost.hooks import Hooks
 
 log = logging.getLogger("roost.pluginhost.manager")
 
@@ -95,86 +98,102 @@ class PluginHost:
         self.pm.register(plugin, name=name)
         self.info[name] = info or PluginInfo(name=name)
 
+    @cached_property
+    def hooks(self) -> Hooks:
+        """Every hook as a typed method over the enabled plugins (``host.hooks.roost_tools``)."""
+        return Hooks(self)
+
     def implementations(self, hook: str) -> list[pluggy.HookImpl]:
         """Enabled implementations of ``hook`` in pluggy's call order."""
         caller: pluggy.HookCaller = getattr(self.pm.hook, hook)
         return [i for i in reversed(caller.get_hookimpls()) if i.plugin_name not in self.disabled]
 
     async def call(self, hook: str, **kwargs: Any) -> list[Any]:
-        """Call every enabled implementation of ``hook``, awaiting async ones.
+        """Call every enabled implementation of ``hook``; its non-``None`` results in call order.
 
-        Returns the non-``None`` results in call order. An implementation that
-        raises is logged with its plugin's name and skipped.
+        For tests and tools that go through hooks by name; the service calls
+        hooks through :attr:`hooks`.
         """
-        return [result for _, result in await self.call_named(hook, **kwargs)]
+        async with aclosing(self.each(hook, kwargs)) as results:
+            return [result async for _, result in results]
 
-    async def call_named(self, hook: str, **kwargs: Any) -> list[tuple[str, Any]]:
-        """Like :meth:`call`, each result paired with the name of the plugin it came from."""
-        results: list[tuple[str, Any]] = []
-        impls = self.implementations(hook)
-        timings: list[str] = []
-        start = time.perf_counter()
-        for impl in impls:
-            began = time.perf_counter()
-            try:
-                result = impl.function(*[kwargs[a] for a in impl.argnames])
-                if inspect.isawaitable(result):
-                    result = await result
-            except Exception as exc:
-                self._failed(impl.plugin_name, hook, exc)
-                if self.trace:
-                    timings.append(f"{impl.plugin_name} {_ms(began)} raised")
-                continue
-            if self.trace:
-                timings.append(f"{impl.plugin_name} {_ms(began)}")
-            if result is not None:
-                results.append((impl.plugin_name, result))
-        if self.trace:
-            log.info("hook %s: %d implementation(s) in %s [%s]", hook, len(impls),
-                     _ms(start), ", ".join(timings))
-        return results
+    async def collect(self, hook: str, **kwargs: Any) -> list[Any]:
+        """Like :meth:`call`, results that are lists flattened into one list."""
+        return [item for _, item in await self.collect_named(hook, kwargs)]
+
+    async def collect_named(self, hook: str, kwargs: Mapping[str, Any],
+                            only: str | None = None) -> list[tuple[str, Any]]:
+        """Each item ``hook``'s implementations return (lists flattened) with its plugin's name.
+
+        ``only`` calls that plugin's implementation alone, enabled or not; its
+        failure is logged but not recorded in ``errors``.
+        """
+        items: list[tuple[str, Any]] = []
+        async with aclosing(self.each(hook, kwargs, only)) as results:
+            async for plugin, result in results:
+                if isinstance(result, list | tuple):
+                    items.extend((plugin, item) for item in result)
+                else:
+                    items.append((plugin, result))
+        return items
 
     async def pipe(self, hook: str, kwargs: dict[str, Any],
-                   step: Callable[[Any, dict[str, Any]], bool]) -> None:
+                   step: Callable[[Any, dict[str, Any]], bool], only: str | None = None) -> None:
         """Call ``hook``'s implementations in order, each seeing what the ones before changed.
 
         After each non-``None`` result, ``step(result, kwargs)`` may change
         ``kwargs`` (in place) for the implementations after it; it returns
-        True to stop there. An implementation that raises is logged and skipped.
+        True to stop there.
         """
-        for impl in self.implementations(hook):
-            try:
-                result = impl.function(*[kwargs[a] for a in impl.argnames])
-                if inspect.isawaitable(result):
-                    result = await result
-            except Exception as exc:
-                self._failed(impl.plugin_name, hook, exc)
-                continue
-            if result is not None and step(result, kwargs):
-                return
+        async with aclosing(self.each(hook, kwargs, only)) as results:
+            async for _, result in results:
+                if step(result, kwargs):
+                    return
 
-    async def call_plugin(self, name: str, hook: str, **kwargs: Any) -> list[Any]:
-        """What plugin ``name`` alone returns from ``hook``, flattened, disabled or not.
+    async def each(self, hook: str, kwargs: Mapping[str, Any], only: str | None = None,
+                   failed: Callable[[str, str, Exception], None] | None = None, *,
+                   disabled_too: bool = False) -> AsyncGenerator[tuple[str, Any], None]:
+        """The one place implementations are called: each non-``None`` result with its plugin.
 
-        For describing a plugin (``/plugin info``); failures give an empty list.
+        Calls the enabled implementations of ``hook`` in call order (``only``:
+        that plugin's, enabled or not; ``disabled_too``: every plugin's) with
+        the arguments each names, read from ``kwargs`` at its turn, and awaits
+        async ones. One that raises is handed to ``failed`` (default: logged
+        with its plugin's name and recorded in ``errors``; with ``only``:
+        logged) and skipped. With ``trace`` every call is logged with its
+        implementations and their durations. Iterate it inside
+        :func:`contextlib.aclosing`, so a caller that stops early still ends it.
         """
-        caller: pluggy.HookCaller = getattr(self.pm.hook, hook)
-        items: list[Any] = []
-        for impl in caller.get_hookimpls():
-            if impl.plugin_name != name:
-                continue
-            try:
-                result = impl.function(*[kwargs[a] for a in impl.argnames])
-                if inspect.isawaitable(result):
-                    result = await result
-            except Exception:
-                log.exception("plugin %r raised in %s", name, hook)
-                continue
-            if isinstance(result, list | tuple):
-                items.extend(result)
-            elif result is not None:
-                items.append(result)
-        return items
+        if only is None and not disabled_too:
+            impls = self.implementations(hook)
+        else:
+            caller: pluggy.HookCaller = getattr(self.pm.hook, hook)
+            impls = [i for i in reversed(caller.get_hookimpls())
+                     if only is None or i.plugin_name == only]
+        if failed is None:
+            failed = self._failed if only is None else _logged
+        timings: list[str] = []
+        start = time.perf_counter()
+        try:
+            for impl in impls:
+                began = time.perf_counter()
+                try:
+                    result = impl.function(*[kwargs[a] for a in impl.argnames])
+                    if inspect.isawaitable(result):
+                        result = await result
+                except Exception as exc:
+                    failed(impl.plugin_name, hook, exc)
+                    if self.trace:
+                        timings.append(f"{impl.plugin_name} {_ms(began)} raised")
+                    continue
+                if self.trace:
+                    timings.append(f"{impl.plugin_name} {_ms(began)}")
+                if result is not None:
+                    yield impl.plugin_name, result
+        finally:
+            if self.trace:
+                log.info("hook %s: %d implementation(s) in %s [%s]", hook, len(impls),
+                         _ms(start), ", ".join(timings))
 
     def hooks_of(self, name: str) -> list[str]:
         """Names of the hooks plugin ``name`` implements (empty if it is not registered)."""
@@ -183,7 +202,7 @@ class PluginHost:
             return []
         return sorted(h.name for h in self.pm.get_hookcallers(plugin) or [])
 
-    def validate_configs(self, configs: Mapping[str, Any]) -> None:
+    async def validate_configs(self, configs: Mapping[str, Any]) -> None:
         """Validate each plugin's ``[plugins.<name>]`` table against its config model.
 
         A plugin whose configuration does not validate is disabled (not
@@ -191,23 +210,26 @@ class PluginHost:
         """
         from pydantic import BaseModel, ValidationError
 
-        for impl in self.implementations("roost_plugin_config_model"):
-            name = impl.plugin_name
-            try:
-                model = impl.function()
-                if model is None:
-                    continue
+        def raised(name: str, hook: str, exc: Exception) -> None:
+            self._bad_config(name, f"{hook}: {type(exc).__name__}: {exc}")
+
+        hook = hookspecs.roost_plugin_config_model.__name__
+        async with aclosing(self.each(hook, {}, failed=raised)) as models:
+            async for name, model in models:
                 if not (isinstance(model, type) and issubclass(model, BaseModel)):
-                    raise TypeError(f"returned {model!r}, not a pydantic model class")
-                self.config[name] = model.model_validate(configs.get(name, {}))
-            except ValidationError as exc:
-                problems = "; ".join(
-                    f"{'.'.join(str(p) for p in e['loc']) or '(table)'}: {e['msg']}"
-                    for e in exc.errors())
-                self._bad_config(name, f"invalid configuration in [plugins.{name}]: "
-                                       f"{problems}")
-            except Exception as exc:
-                self._bad_config(name, f"roost_plugin_config_model: {type(exc).__name__}: {exc}")
+                    raised(name, hook, TypeError(f"returned {model!r}, not a pydantic model "
+                                                 f"class"))
+                    continue
+                try:
+                    self.config[name] = model.model_validate(configs.get(name, {}))
+                except ValidationError as exc:
+                    problems = "; ".join(
+                        f"{'.'.join(str(p) for p in e['loc']) or '(table)'}: {e['msg']}"
+                        for e in exc.errors())
+                    self._bad_config(name, f"invalid configuration in [plugins.{name}]: "
+                                           f"{problems}")
+                except Exception as exc:
+                    raised(name, hook, exc)
 
     def _bad_config(self, name: str, message: str) -> None:
         self.errors[name] = message
@@ -215,35 +237,13 @@ class PluginHost:
         self.disabled.add(name)
         log.error("plugin %r is disabled: %s", name, message)
 
-    async def collect(self, hook: str, **kwargs: Any) -> list[Any]:
-        """Call ``hook`` and flatten results that are lists into one list."""
-        return [item for _, item in await self.collect_named(hook, **kwargs)]
-
-    async def collect_named(self, hook: str, **kwargs: Any) -> list[tuple[str, Any]]:
-        """Like :meth:`collect`, each item paired with the name of its plugin."""
-        items: list[tuple[str, Any]] = []
-        for plugin, result in await self.call_named(hook, **kwargs):
-            if isinstance(result, list | tuple):
-                items.extend((plugin, item) for item in result)
-            else:
-                items.append((plugin, result))
-        return items
-
-    async def health(self, app: Any) -> list[HealthReport]:
-        """What ``roost_health`` reports (``app`` is the runtime); other items are logged
-        and left out."""
-        reports = []
-        for plugin, item in await self.collect_named("roost_health", app=app):
-            if isinstance(item, HealthReport):
-                reports.append(item)
-            else:
-                log.error("plugin %r returned %s from roost_health, not a HealthReport; "
-                          "ignored", plugin, type(item).__name__)
-        return reports
-
     def _failed(self, plugin: str, hook: str, exc: BaseException) -> None:
         self.errors[plugin] = f"{hook}: {type(exc).__name__}: {exc}"
         log.error("plugin %r raised in %s; skipped for this call", plugin, hook, exc_info=exc)
+
+
+def _logged(plugin: str, hook: str, exc: BaseException) -> None:
+    log.error("plugin %r raised in %s", plugin, hook, exc_info=exc)
 
 
 def _ms(since: float) -> str:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
+from contextlib import aclosing
 
 import aiosqlite
-import pluggy
 
+from bot.contracts import hookspecs
 from bot.contracts.migrations import Migrations
 from bot.pluginhost.manager import PluginHost
 from bot.storage.plugin_tables import migrate_plugin
@@ -26,32 +26,32 @@ async def migrate_plugins(host: PluginHost, db: aiosqlite.Connection,
     names a schema another plugin already claimed) is disabled for this
     process, with the failure in ``host.errors``; the others run.
     """
-    caller: pluggy.HookCaller = host.pm.hook.roost_migrations
     owners: dict[str, str] = {}
-    ok = True
-    for impl in reversed(caller.get_hookimpls()):
-        plugin = impl.plugin_name
-        try:
-            result = impl.function()
-            if inspect.isawaitable(result):
-                result = await result
-            items = result if isinstance(result, list | tuple) else [result]
-            for migrations in items:
-                if migrations is None:
-                    continue
-                if not isinstance(migrations, Migrations):
-                    raise TypeError(f"returned {migrations!r}, not roost.Migrations")
-                owner = owners.setdefault(migrations.name, plugin)
-                if owner != plugin:
-                    raise ValueError(f"schema name {migrations.name!r} is already used by "
-                                     f"plugin {owner!r}")
-                ran = await migrate_plugin(db, lock, migrations)
-                if ran:
-                    log.info("plugin %r: applied %d schema step(s) of %r", plugin, ran,
-                             migrations.name)
-        except Exception as exc:
-            ok = False
-            host.errors[plugin] = f"roost_migrations: {type(exc).__name__}: {exc}"
-            host.disabled.add(plugin)
-            log.error("plugin %r is disabled: its migrations failed", plugin, exc_info=exc)
-    return ok
+    failed: set[str] = set()
+
+    def disable(plugin: str, hook: str, exc: Exception) -> None:
+        failed.add(plugin)
+        host.errors[plugin] = f"{hook}: {type(exc).__name__}: {exc}"
+        host.disabled.add(plugin)
+        log.error("plugin %r is disabled: its migrations failed", plugin, exc_info=exc)
+
+    hook = hookspecs.roost_migrations.__name__
+    async with aclosing(host.each(hook, {}, failed=disable, disabled_too=True)) as results:
+        async for plugin, result in results:
+            try:
+                for migrations in result if isinstance(result, list | tuple) else [result]:
+                    if migrations is None:
+                        continue
+                    if not isinstance(migrations, Migrations):
+                        raise TypeError(f"returned {migrations!r}, not roost.Migrations")
+                    owner = owners.setdefault(migrations.name, plugin)
+                    if owner != plugin:
+                        raise ValueError(f"schema name {migrations.name!r} is already used by "
+                                         f"plugin {owner!r}")
+                    ran = await migrate_plugin(db, lock, migrations)
+                    if ran:
+                        log.info("plugin %r: applied %d schema step(s) of %r", plugin, ran,
+                                 migrations.name)
+            except Exception as exc:
+                disable(plugin, hook, exc)
+    return not failed

@@ -45,7 +45,7 @@ def _plugin_rows(settings: Settings, *, include_builtin: bool) -> list[dict[str,
 
     host = get_plugin_manager()
     host.disabled |= _persisted_disabled(settings) - ESSENTIAL_PLUGINS
-    host.validate_configs(settings.plugins)
+    asyncio.run(host.validate_configs(settings.plugins))
     rows: list[dict[str, Any]] = []
     for name, _plugin in host.pm.list_name_plugin():
         info = host.info.get(name)
