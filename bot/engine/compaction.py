@@ -209,7 +209,12 @@ class Compactor:
         old = list(session.messages[:cut])
         provider, model = self._provider(agent)
         summary = await summarize(provider, model, old, session.summary)
-        await self.store.compact(session, cut, summary)
+        if not await self.store.compact(session, cut, summary):
+            # Another replica compacted it, or this copy missed a turn: the next run
+            # starts from the stored session and schedules a compaction of that.
+            log.info("compaction of %s dropped: the stored session changed meanwhile",
+                     session.key)
+            return False
         log.info("compacted %s: %d messages into a %d-char summary (compaction #%d)",
                  session.key, cut, len(summary), session.compactions)
         return True

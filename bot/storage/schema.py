@@ -335,6 +335,11 @@ MIGRATIONS: list[str] = [
     """
     CREATE INDEX runs_ended ON runs(ended_at);
     """,
+    # 21: each session's version, bumped by every write to it (a run's history, a
+    # compaction, pins): a replica's cached copy is checked against it before a run.
+    """
+    ALTER TABLE sessions ADD COLUMN version INTEGER NOT NULL DEFAULT 0;
+    """,
 ]
 """Schema steps in order; ``PRAGMA user_version`` records how many have run.
 
