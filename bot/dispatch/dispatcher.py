@@ -42,6 +42,7 @@ from bot.engine.budgets import Budgets
 from bot.engine.guard import join_messages
 from bot.engine.run_engine import RunEngine
 from bot.engine.runloop import RunRequest, RunResult
+from bot.engine.tokens import TokenEstimator
 from bot.storage.access import AccessStore
 from bot.storage.inbox import Inbox, InboxEntry, OutboxEntry, RunJournal, grouped
 from bot.storage.sessions import SessionStore, agent_of, session_key
@@ -330,8 +331,8 @@ class Dispatcher:
                 asked = message
                 if pending.options is None:  # files sent to the group unaddressed come along
                     asked = self.policy.with_earlier_files(lane.key, message)
-                options = pending.options or {
-                    "extra_context": self.policy.take_context(lane.key)}
+                options = pending.options or {"extra_context": self.policy.take_context(
+                    lane.key, self._estimator(agent_of(lane.key)))}
                 options = {"agent": agent_of(lane.key), "plugins": plugins, **options}
                 if pending.entries:
                     options["journal"] = pending.journal or RunJournal(self.inbox,
@@ -388,6 +389,13 @@ class Dispatcher:
             if self.replicas is not None and not self.busy(lane.key):
                 self.replicas.idle(lane.key)
             self._changed.set()
+
+    def _estimator(self, agent: str) -> TokenEstimator:
+        """The token estimator of the provider ``agent``'s runs use (the default one
+        until the agent was first resolved)."""
+        resolved = self.router.peek(agent)
+        provider = resolved.provider if resolved is not None else None
+        return self.engine.estimator_for((provider or self.engine.provider).name)
 
     def _count(self, message: InboundMessage, agent: str, usage: Usage) -> None:
         """Add a finished run's tokens (and cost) to its sender's, group's and agent's."""

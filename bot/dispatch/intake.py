@@ -1,7 +1,8 @@
 """Who gets an answer: the DM and group policies, and group chatter kept as context.
 
 A group message the bot was not addressed in is not answered; the last
-``group_context_messages`` of them are kept and given to the session's next run.
+``group_context_messages`` of them are kept and given to the session's next run,
+the newest whole messages that fit in ``group_context_tokens``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections import deque
 
 from bot.config.settings import Settings
 from bot.contracts.messages import InboundMessage
+from bot.engine.tokens import TokenEstimator
 
 log = logging.getLogger("roost.dispatch.intake")
 
@@ -69,19 +71,51 @@ class ChatPolicy:
             return message
         return dataclasses.replace(message, attachments=(*earlier, *message.attachments))
 
-    def take_context(self, key: str) -> str:
-        """Group messages the bot was not addressed in since its last run, as prompt text."""
+    def take_context(self, key: str, estimator: TokenEstimator) -> str:
+        """Group messages the bot was not addressed in since its last run, as prompt text.
+
+        Each message is cut at ``MESSAGE_CHARS``; then the newest whole messages whose
+        lines fit in ``group_context_tokens`` (by ``estimator``) are kept, and the model
+        is told how many older ones were left out. The newest alone is cut to the cap
+        when even it does not fit.
+        """
         kept = self._group_context.pop(key, None)
-        if not kept:
+        cap = self.settings.group_context_tokens
+        if not kept or cap <= 0:
             return ""
-        lines = [f"[{m.display_name} (id {m.sender_id})]: {_with_files(m)}" for m in kept]
+        lines: list[str] = []
+        used = 0
+        for m in reversed(kept):
+            line = f"[{m.display_name} (id {m.sender_id})]: {_with_files(m)}"
+            cost = estimator.text(line)
+            if used + cost > cap:
+                if not lines:  # the newest alone is over the cap: its start
+                    lines.append(_cut(line, cap, estimator))
+                break
+            lines.append(line)
+            used += cost
+        lines.reverse()
+        left_out = len(kept) - len(lines)
+        note = (f"\n({left_out} earlier message(s) left out: over the "
+                f"{cap:,}-token limit for group chatter)") if left_out else ""
         return ("Recent messages in this group that were not addressed to you, oldest "
-                "first:\n" + "\n".join(lines))
+                "first:\n" + "\n".join(lines) + note)
+
+
+def _cut(text: str, tokens: int, estimator: TokenEstimator) -> str:
+    """The longest start of ``text`` found within ``tokens`` (a few estimates)."""
+    while text and estimator.text(text) > tokens:
+        text = text[:min(len(text) - 1, int(len(text) * tokens / estimator.text(text)))]
+    return text
+
+
+MESSAGE_CHARS = 2_000
+"""Characters of one kept group message given to the run."""
 
 
 def _with_files(message: InboundMessage) -> str:
     """A kept message's text, and what files it had (they come with the next run)."""
-    text = message.text[:2_000]
+    text = message.text[:MESSAGE_CHARS]
     if not message.attachments:
         return text
     files = ", ".join(f"{a.kind} {a.name}".strip() for a in message.attachments)
