@@ -1,6 +1,7 @@
 """Two Roost apps on one PostgreSQL database, a chat's turns taken alternately: each run
 starts from the session as committed, whichever app ran the turn before (the session
-cache is checked against the stored session's version, bot/storage/sessions.py)."""
+cache is checked against the stored session's version, bot/storage/sessions.py); and two
+session stores on one database (SQLite and PostgreSQL) see each other's writes."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from bot.app.roost import Roost
-from bot.contracts.llm import LLMRequest, LLMResponse, OnRetry, OnText
+from bot.contracts.llm import ChatMessage, LLMRequest, LLMResponse, OnRetry, OnText
 from bot.contracts.messages import InboundMessage, OutboundMessage
+from bot.storage.sessions import SessionStore
 from bot.testing.app import ChatChannel, create_app
 
 CHATS = 10
@@ -153,28 +155,89 @@ def _key(chat: int) -> str:
     return f"default:test:direct:u{chat}"
 
 
+async def _command_elsewhere(apps: Apps, text: str) -> int:
+    """Chat 0's first turn, then the command ``text`` on the app that did not run it (a
+    command runs on the app that received it); returns the app that ran the turn, which
+    has the session cached from before the command."""
+    ran: dict[str, int] = {}
+    await _turn(apps, 0, 0, ran)
+    first = ran["c0m0"]
+    await apps.released(first, 0)
+    await apps.say(1 - first, 0, text, 1)
+    await apps.replied(0, 2)
+    await apps.released(1 - first, 0)
+    await apps.say(first, 0, "c0m1", 2)
+    await apps.replied(0, 3)
+    return first
+
+
 async def test_a_pin_made_on_the_other_replica_reaches_the_next_run(two_apps: Apps) -> None:
-    await two_apps.say(0, 0, "c0m0", 0)
-    await two_apps.replied(0, 1)
-    await two_apps.released(0, 0)
-    await two_apps.say(1, 0, "/pin the cat is called Tom", 1)  # a command: run by app b
-    await two_apps.replied(0, 2)
-    await two_apps.say(0, 0, "c0m1", 2)  # app a held the session before: its copy is old
-    await two_apps.replied(0, 3)
-    last = two_apps.models[0].requests[-1]
+    first = await _command_elsewhere(two_apps, "/pin the cat is called Tom")
+    last = two_apps.models[first].requests[-1]
     assert "the cat is called Tom" in last.system
     assert _turns(last) == ["c0m0", "c0m0", "c0m1"]
 
 
 async def test_a_reset_on_the_other_replica_starts_the_next_run_afresh(
         two_apps: Apps) -> None:
-    await two_apps.say(0, 0, "c0m0", 0)
-    await two_apps.replied(0, 1)
-    await two_apps.released(0, 0)
-    await two_apps.say(1, 0, "/reset", 1)
-    await two_apps.replied(0, 2)
-    await two_apps.say(0, 0, "c0m1", 2)
-    await two_apps.replied(0, 3)
-    assert _turns(two_apps.models[0].requests[-1]) == ["c0m1"]
-    session = await two_apps.apps[0].store.get(_key(0))
+    first = await _command_elsewhere(two_apps, "/reset")
+    assert _turns(two_apps.models[first].requests[-1]) == ["c0m1"]
+    session = await two_apps.apps[first].store.get(_key(0))
     assert [m.content for m in session.messages] == ["c0m1", "re:c0m1"]
+
+
+# -- the session store, two processes' views of one database ---------------------------------
+
+
+def _exchange(n: int) -> list[ChatMessage]:
+    return [ChatMessage("user", f"q{n}"), ChatMessage("assistant", f"a{n}")]
+
+
+@pytest.fixture
+async def two_stores(database_url: str) -> AsyncIterator[tuple[SessionStore, SessionStore]]:
+    """Two session stores on one database, each with its own connection(s) and cache."""
+    one = await SessionStore.open(database_url, pool_size=2)
+    other = await SessionStore.open(database_url, pool_size=2)
+    try:
+        yield one, other
+    finally:
+        await one.close()
+        await other.close()
+
+
+async def test_a_cached_session_is_reloaded_once_another_store_wrote_it(
+        two_stores: tuple[SessionStore, SessionStore]) -> None:
+    a, b = two_stores
+    await a.append_run(await a.get("k"), "r0", _exchange(0))
+    cached = await a.get("k")
+    await b.append_run(await b.get("k"), "r1", _exchange(1))
+    await b.set_facts(await b.get("k"), ["tea, no sugar"])
+    fresh = await a.get("k")
+    assert [m.content for m in fresh.messages] == ["q0", "a0", "q1", "a1"]
+    assert fresh.facts == ["tea, no sugar"]
+    assert fresh is not cached
+    # Its own writes keep a copy current: no reload while no one else writes.
+    await a.append_run(fresh, "r2", _exchange(2))
+    assert await a.get("k") is fresh
+    assert [m.content for m in fresh.messages][-2:] == ["q2", "a2"]
+
+
+async def test_a_compaction_of_a_copy_another_store_compacted_meanwhile_is_dropped(
+        two_stores: tuple[SessionStore, SessionStore]) -> None:
+    a, b = two_stores
+    session = await a.get("k")
+    for n in range(3):
+        await a.append_run(session, f"r{n}", _exchange(n))
+    stale = await a.get("k")
+    await b.compact(await b.get("k"), 2, "b's summary of q0")
+    # a summarized its own (older) copy: applying it would compact q1 unsummarized.
+    assert not await a.compact(stale, 2, "a's summary of q0")
+    stored = await b.db.execute_fetchall(
+        "SELECT summary, compactions FROM sessions WHERE key = 'k' AND archived_at IS NULL")
+    assert [tuple(r) for r in stored] == [("b's summary of q0", 1)]
+    active = await b.db.execute_fetchall(
+        "SELECT content FROM messages WHERE compacted = 0 ORDER BY id")
+    assert [r[0] for r in active] == ["q1", "a1", "q2", "a2"]
+    fresh = await a.get("k")
+    assert fresh.summary == "b's summary of q0" and fresh.compactions == 1
+    assert [m.content for m in fresh.messages] == ["q1", "a1", "q2", "a2"]
