@@ -16,6 +16,7 @@ database, that committed a turn meanwhile is never missed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import time
@@ -240,7 +241,10 @@ class SessionStore:
         return await asyncio.shield(loading)
 
     async def _row(self, key: str) -> Any:
-        async with self._lock, self.db.execute(_SELECT_SESSION, (key,)) as cur:
+        # On PostgreSQL a read outside a transaction has a pooled connection of its own:
+        # it need not wait for this process's write in progress (SQLite's one must).
+        shared = self._lock if dbmod.dialect_of(self.db) == "sqlite" else contextlib.nullcontext()
+        async with shared, self.db.execute(_SELECT_SESSION, (key,)) as cur:
             return await cur.fetchone()
 
     async def _load(self, key: str, row: Any) -> Session:
