@@ -186,6 +186,24 @@ async def test_a_reset_on_the_other_replica_starts_the_next_run_afresh(
     assert [m.content for m in session.messages] == ["c0m1", "re:c0m1"]
 
 
+async def test_group_chatter_received_by_one_replica_reaches_a_run_on_the_other(
+        two_apps: Apps) -> None:
+    await _turn(two_apps, 0, 0, {})  # both apps' first claims (at start) are over now
+    for n, (app, text) in enumerate([(0, "lunch at noon?"), (0, "pizza please")]):
+        await two_apps.apps[app].dispatcher.submit(InboundMessage(
+            "test", "g", "group", f"m{n}", text, sender_name=f"M{n}", mentioned=False,
+            message_id=f"g{n}", event_id=f"g{n}"))
+    await two_apps.apps[1].dispatcher.submit(InboundMessage(
+        "test", "g", "group", "m0", "@bot c9m0 what did we decide?", mentioned=True,
+        message_id="g2", event_id="g2"))
+    async with two_apps.changed:
+        await asyncio.wait_for(two_apps.changed.wait_for(lambda: two_apps.replies["g"]), 60)
+    asked = [r for r in two_apps.models[1].requests if _turns(r)[-1:] == ["c9m0"]]
+    assert len(asked) == 1
+    assert "[M0 (id m0)]: lunch at noon?" in asked[0].note
+    assert "[M1 (id m1)]: pizza please" in asked[0].note
+
+
 # -- the session store, two processes' views of one database ---------------------------------
 
 

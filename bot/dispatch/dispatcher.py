@@ -44,6 +44,7 @@ from bot.engine.run_engine import RunEngine
 from bot.engine.runloop import RunRequest, RunResult
 from bot.engine.tokens import TokenEstimator
 from bot.storage.access import AccessStore
+from bot.storage.chatter import GroupChatter
 from bot.storage.inbox import Inbox, InboxEntry, OutboxEntry, RunJournal, grouped
 from bot.storage.sessions import SessionStore, agent_of, session_key
 from bot.storage.usage import UsageStore
@@ -86,7 +87,7 @@ class Dispatcher:
         # Through a lambda: on_delivery is set after construction (the metrics).
         self.redeliveries = Redeliveries(
             inbox, channels, lambda channel, outcome: self.on_delivery(channel, outcome))
-        self.policy = ChatPolicy(settings)
+        self.policy = ChatPolicy(settings, GroupChatter(inbox.db, inbox.lock, inbox.writer))
         """Who is answered: the DM and group policies (bot.dispatch.intake)."""
         self.lanes = Lanes(settings, self.registry,
                            lambda lane, entry, run_id: self._spawn(self._run(lane, entry, run_id)),
@@ -119,7 +120,7 @@ class Dispatcher:
             return
         parsed = parse_command(message.text)
         key = self.key_for(message)
-        if not self.policy.allows(message, parsed is not None, key):
+        if not await self.policy.allows(message, parsed is not None, key):
             return
         if not await self.pairing.admits(message):
             await self._refuse_unpaired(message, key, parsed is not None)
@@ -328,11 +329,13 @@ class Dispatcher:
                              lambda text: self._notify(message, text))
             typing = channel.typing(message) if channel else contextlib.nullcontext()
             async with typing:
-                asked = message
-                if pending.options is None:  # files sent to the group unaddressed come along
-                    asked = self.policy.with_earlier_files(lane.key, message)
-                options = pending.options or {"extra_context": self.policy.take_context(
-                    lane.key, self._estimator(agent_of(lane.key)))}
+                asked, chatter = message, ""
+                if pending.options is None and message.chat_type != "direct":
+                    # The group's chatter since the last run, and the files sent in it.
+                    kept = await self.policy.take(lane.key)
+                    asked = self.policy.with_earlier_files(kept, message)
+                    chatter = self.policy.context(kept, self._estimator(agent_of(lane.key)))
+                options = pending.options or {"extra_context": chatter}
                 options = {"agent": agent_of(lane.key), "plugins": plugins, **options}
                 if pending.entries:
                     options["journal"] = pending.journal or RunJournal(self.inbox,
