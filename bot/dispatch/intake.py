@@ -49,7 +49,9 @@ class ChatPolicy:
         if policy == "off":
             return is_command and admin
         if s.group_context_messages:
-            await self.chatter.keep(key, message, s.group_context_messages)
+            # Stored as much of it as a run is given.
+            await self.chatter.keep(key, dataclasses.replace(
+                message, text=message.text[:MESSAGE_CHARS], raw=None), s.group_context_messages)
         return False
 
     async def take(self, key: str) -> list[InboundMessage]:

@@ -357,9 +357,9 @@ class SessionStore:
             if not rows or rows[0][0] != session.compactions \
                     or [(r[2], r[3]) for r in rows] != summarized:
                 return None
-            marks = ", ".join("?" * len(rows))
-            await db.execute(f"UPDATE messages SET compacted = 1 WHERE id IN ({marks})",
-                             [r[1] for r in rows])
+            # The oldest ``count`` active ones: every active one up to the last of them.
+            await db.execute("UPDATE messages SET compacted = 1 WHERE session_id = ?"
+                             " AND compacted = 0 AND id <= ?", (session.id, rows[-1][1]))
             return _version(await db.execute_fetchall(
                 "UPDATE sessions SET summary = ?, compactions = compactions + 1,"
                 " version = version + 1 WHERE id = ? RETURNING version", (summary, session.id)))
