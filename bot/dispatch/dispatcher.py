@@ -87,7 +87,7 @@ class Dispatcher:
         # Through a lambda: on_delivery is set after construction (the metrics).
         self.redeliveries = Redeliveries(
             inbox, channels, lambda channel, outcome: self.on_delivery(channel, outcome))
-        self.policy = ChatPolicy(settings, GroupChatter(inbox.db, inbox.lock, inbox.writer))
+        self.policy = ChatPolicy(settings, GroupChatter(inbox.writer))
         """Who is answered: the DM and group policies (bot.dispatch.intake)."""
         self.lanes = Lanes(settings, self.registry,
                            lambda lane, entry, run_id: self._spawn(self._run(lane, entry, run_id)),

@@ -210,8 +210,8 @@ class Compactor:
         provider, model = self._provider(agent)
         summary = await summarize(provider, model, old, session.summary)
         if not await self.store.compact(session, cut, summary):
-            # Another replica compacted it, or this copy missed a turn: the next run
-            # starts from the stored session and schedules a compaction of that.
+            # Another replica compacted it meanwhile (or its oldest messages are not the
+            # ones summarized): the next run starts from the stored session.
             log.info("compaction of %s dropped: the stored session changed meanwhile",
                      session.key)
             return False

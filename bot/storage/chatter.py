@@ -8,8 +8,6 @@ received them, and a restart in between keeps them. Each session keeps its newes
 
 from __future__ import annotations
 
-import asyncio
-
 import aiosqlite
 
 from bot.contracts.messages import InboundMessage
@@ -18,11 +16,9 @@ from bot.storage.inbox import decode_message, encode_message
 
 
 class GroupChatter:
-    """The chatter of every group session, on the inbox's connection."""
+    """The chatter of every group session, written through ``writer`` (the inbox's)."""
 
-    def __init__(self, db: aiosqlite.Connection, lock: asyncio.Lock, writer: Writer) -> None:
-        self.db = db
-        self.lock = lock
+    def __init__(self, writer: Writer) -> None:
         self.writer = writer
 
     async def keep(self, key: str, message: InboundMessage, limit: int) -> None:
