@@ -438,10 +438,10 @@ async def test_a_run_cancelled_by_a_merge_during_the_session_load_does_not_take_
     release = asyncio.Event()
     original = store._load_or_create
 
-    async def slow_load(key: str) -> Any:
+    async def slow_load(key: str, *row: Any) -> Any:
         loading.set()
         await release.wait()
-        return await original(key)
+        return await original(key, *row)
 
     monkeypatch.setattr(store, "_load_or_create", slow_load)
     await app.dispatcher.submit(message("first", "e1"))

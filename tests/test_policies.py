@@ -37,6 +37,39 @@ async def test_group_context_is_capped(make_app: AppFactory) -> None:
     assert "chatter 2" not in note and all(f"chatter {i}" in note for i in (3, 4, 5))
 
 
+async def test_group_chatter_is_capped_by_tokens_newest_whole_messages_kept(
+        make_app: AppFactory) -> None:
+    provider = scripted({"reply": "hi"}, loop=True)
+    app, channel, _ = await make_app(provider)  # group_context_tokens: 2,000 by default
+    for i in range(50):  # one member posting long messages: each is cut at 2,000 characters
+        await channel.say(f"msg{i:02d} " + "x" * 3_000, sender="a", name="Ann", group="g",
+                          mentioned=False)
+    await channel.say("@bot sum it up", group="g")
+    await settle(app)
+    note = provider.requests[0].note
+    chatter = [line for line in note.splitlines() if line.startswith("[Ann (id a)]: ")]
+    # ~504 tokens a line (ratio 4): the newest three fit in 2,000, a fourth would not.
+    assert [line[14:19] for line in chatter] == ["msg47", "msg48", "msg49"]
+    assert all(line == f"[Ann (id a)]: msg{i} " + "x" * 1_994 for i, line in
+               zip((47, 48, 49), chatter, strict=True))
+    assert "(47 earlier message(s) left out" in note
+    assert sum(app.engine.estimator_for("scripted").text(line) for line in chatter) <= 2_000
+
+
+async def test_the_newest_chatter_alone_over_the_cap_is_cut_to_it(make_app: AppFactory) -> None:
+    provider = scripted({"reply": "hi"}, loop=True)
+    app, channel, _ = await make_app(provider, group_context_tokens=50)
+    await channel.say("older", sender="b", name="Bob", group="g", mentioned=False)
+    await channel.say("newest " + "y" * 1_000, sender="a", name="Ann", group="g",
+                      mentioned=False)
+    await channel.say("@bot hi", group="g")
+    await settle(app)
+    note = provider.requests[0].note
+    assert "older" not in note and "(1 earlier message(s) left out" in note
+    line = next(line for line in note.splitlines() if line.startswith("[Ann (id a)]: newest"))
+    assert 0 < app.engine.estimator_for("scripted").text(line) <= 50
+
+
 async def test_commands_work_in_groups_without_a_mention(make_app: AppFactory) -> None:
     app, channel, _ = await make_app(scripted({"reply": "x"}))
     await channel.say("/whoami", group="g", mentioned=False)

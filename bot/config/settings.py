@@ -272,6 +272,8 @@ class Settings(BaseSettings):
     """Per channel (``telegram``) or per group (``telegram:-100123``)."""
     group_context_messages: int = Field(50, ge=0)
     """Un-addressed group messages kept and handed to the next run as context."""
+    group_context_tokens: int = Field(2_000, ge=0)
+    """Tokens those messages may take in the next run: the newest whole ones that fit."""
     stream_replies: bool = True
     """Stream replies by editing one message at most once a second."""
     stream_channels: dict[str, bool] = Field(default_factory=dict)

@@ -43,7 +43,9 @@ from bot.engine.budgets import Budgets, Payer
 from bot.engine.guard import join_messages
 from bot.engine.run_engine import RunEngine
 from bot.engine.runloop import RunRequest, RunResult
+from bot.engine.tokens import TokenEstimator
 from bot.storage.access import AccessStore
+from bot.storage.chatter import GroupChatter
 from bot.storage.inbox import Inbox, InboxEntry, OutboxEntry, RunJournal, grouped
 from bot.storage.sessions import SessionStore, agent_of, session_key
 from bot.storage.usage import UsageStore
@@ -88,7 +90,7 @@ class Dispatcher:
         # Through a lambda: on_delivery is set after construction (the metrics).
         self.redeliveries = Redeliveries(
             inbox, channels, lambda channel, outcome: self.on_delivery(channel, outcome))
-        self.policy = ChatPolicy(settings)
+        self.policy = ChatPolicy(settings, GroupChatter(inbox.writer))
         """Who is answered: the DM and group policies (bot.dispatch.intake)."""
         self.lanes = Lanes(settings, self.registry,
                            lambda lane, entry, run_id: self._spawn(self._run(lane, entry, run_id)),
@@ -121,7 +123,7 @@ class Dispatcher:
             return
         parsed = parse_command(message.text)
         key = self.key_for(message)
-        if not self.policy.allows(message, parsed is not None, key):
+        if not await self.policy.allows(message, parsed is not None, key):
             return
         if not await self.pairing.admits(message):
             await self._refuse_unpaired(message, key, parsed is not None)
@@ -326,11 +328,13 @@ class Dispatcher:
                              lambda text: self._notify(message, text))
             typing = channel.typing(message) if channel else contextlib.nullcontext()
             async with typing:
-                asked = message
-                if pending.options is None:  # files sent to the group unaddressed come along
-                    asked = self.policy.with_earlier_files(lane.key, message)
-                options = pending.options or {
-                    "extra_context": self.policy.take_context(lane.key)}
+                asked, chatter = message, ""
+                if pending.options is None and message.chat_type != "direct":
+                    # The group's chatter since the last run, and the files sent in it.
+                    kept = await self.policy.take(lane.key)
+                    asked = self.policy.with_earlier_files(kept, message)
+                    chatter = self.policy.context(kept, self._estimator(agent_of(lane.key)))
+                options = pending.options or {"extra_context": chatter}
                 options = {"agent": agent_of(lane.key), "plugins": plugins, **options}
                 if pending.entries:
                     options["journal"] = pending.journal or RunJournal(self.inbox,
@@ -404,6 +408,13 @@ class Dispatcher:
                      pending.options.get("kind", "scheduled"), key, refusal)
         if pending.done is not None and not pending.done.done():
             pending.done.set_result(result)
+
+    def _estimator(self, agent: str) -> TokenEstimator:
+        """The token estimator of the provider ``agent``'s runs use (the default one
+        until the agent was first resolved)."""
+        resolved = self.router.peek(agent)
+        provider = resolved.provider if resolved is not None else None
+        return self.engine.estimator_for((provider or self.engine.provider).name)
 
     # -- commands --------------------------------------------------------------
 

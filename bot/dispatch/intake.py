@@ -1,17 +1,21 @@
 """Who gets an answer: the DM and group policies, and group chatter kept as context.
 
 A group message the bot was not addressed in is not answered; the last
-``group_context_messages`` of them are kept and given to the session's next run.
+``group_context_messages`` of them are kept in the database (so the next run finds
+them whichever replica received them) and given to the session's next run, the
+newest whole messages that fit in ``group_context_tokens``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections import deque
+from collections.abc import Sequence
 
 from bot.config.settings import Settings
 from bot.contracts.messages import InboundMessage
+from bot.engine.tokens import TokenEstimator
+from bot.storage.chatter import GroupChatter
 
 log = logging.getLogger("roost.dispatch.intake")
 
@@ -19,13 +23,14 @@ log = logging.getLogger("roost.dispatch.intake")
 class ChatPolicy:
     """Applies the DM and group policies; keeps un-addressed group messages per session."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, chatter: GroupChatter) -> None:
         self.settings = settings
-        self._group_context: dict[str, deque[InboundMessage]] = {}
+        self.chatter = chatter
 
-    def allows(self, message: InboundMessage, is_command: bool, key: str) -> bool:
+    async def allows(self, message: InboundMessage, is_command: bool, key: str) -> bool:
         """Whether ``message`` (of session ``key``) is answered; the DM pairing gate decides
-        after this (``dm_policy`` "pairing" passes here)."""
+        after this (``dm_policy`` "pairing" passes here). Group messages not answered
+        under the ``mention`` policy are kept for the session's next run."""
         s = self.settings
         admin = s.is_admin(message.channel, message.sender_id)
         if message.chat_type == "direct":
@@ -44,23 +49,26 @@ class ChatPolicy:
         if policy == "off":
             return is_command and admin
         if s.group_context_messages:
-            kept = self._group_context.get(key)
-            if kept is None:
-                kept = self._group_context[key] = deque(maxlen=s.group_context_messages)
-            kept.append(message)
+            # Stored as much of it as a run is given.
+            await self.chatter.keep(key, dataclasses.replace(
+                message, text=message.text[:MESSAGE_CHARS], raw=None), s.group_context_messages)
         return False
 
-    def with_earlier_files(self, key: str, message: InboundMessage) -> InboundMessage:
+    async def take(self, key: str) -> list[InboundMessage]:
+        """The group messages kept for session ``key`` since its last run, oldest first
+        (forgotten now: each is handed to one run)."""
+        return await self.chatter.take(key)
+
+    def with_earlier_files(self, kept: Sequence[InboundMessage],
+                          message: InboundMessage) -> InboundMessage:
         """``message`` with the files of the kept group messages before its own.
 
         Asked "what's in the photo above?", the bot sees the photo: files sent
         in the group without addressing it are fetched only once it is
         addressed (nothing is downloaded for chatter it never answers), the
         newest up to ``media_max_files`` with the message's own, then stored and
-        shown like the message's own files. Call before :meth:`take_context`,
-        which forgets the kept messages.
+        shown like the message's own files. ``kept`` is what :meth:`take` returned.
         """
-        kept = self._group_context.get(key)
         room = self.settings.media_max_files - len(message.attachments)
         if not kept or room <= 0:
             return message
@@ -69,19 +77,51 @@ class ChatPolicy:
             return message
         return dataclasses.replace(message, attachments=(*earlier, *message.attachments))
 
-    def take_context(self, key: str) -> str:
-        """Group messages the bot was not addressed in since its last run, as prompt text."""
-        kept = self._group_context.pop(key, None)
-        if not kept:
+    def context(self, kept: Sequence[InboundMessage], estimator: TokenEstimator) -> str:
+        """Group messages the bot was not addressed in since its last run (``kept``), as
+        prompt text.
+
+        Each message is cut at ``MESSAGE_CHARS``; then the newest whole messages whose
+        lines fit in ``group_context_tokens`` (by ``estimator``) are kept, and the model
+        is told how many older ones were left out. The newest alone is cut to the cap
+        when even it does not fit.
+        """
+        cap = self.settings.group_context_tokens
+        if not kept or cap <= 0:
             return ""
-        lines = [f"[{m.display_name} (id {m.sender_id})]: {_with_files(m)}" for m in kept]
+        lines: list[str] = []
+        used = 0
+        for m in reversed(kept):
+            line = f"[{m.display_name} (id {m.sender_id})]: {_with_files(m)}"
+            cost = estimator.text(line)
+            if used + cost > cap:
+                if not lines:  # the newest alone is over the cap: its start
+                    lines.append(_cut(line, cap, estimator))
+                break
+            lines.append(line)
+            used += cost
+        lines.reverse()
+        left_out = len(kept) - len(lines)
+        note = (f"\n({left_out} earlier message(s) left out: over the "
+                f"{cap:,}-token limit for group chatter)") if left_out else ""
         return ("Recent messages in this group that were not addressed to you, oldest "
-                "first:\n" + "\n".join(lines))
+                "first:\n" + "\n".join(lines) + note)
+
+
+def _cut(text: str, tokens: int, estimator: TokenEstimator) -> str:
+    """The longest start of ``text`` found within ``tokens`` (a few estimates)."""
+    while text and estimator.text(text) > tokens:
+        text = text[:min(len(text) - 1, int(len(text) * tokens / estimator.text(text)))]
+    return text
+
+
+MESSAGE_CHARS = 2_000
+"""Characters of one kept group message given to the run."""
 
 
 def _with_files(message: InboundMessage) -> str:
     """A kept message's text, and what files it had (they come with the next run)."""
-    text = message.text[:2_000]
+    text = message.text[:MESSAGE_CHARS]
     if not message.attachments:
         return text
     files = ", ".join(f"{a.kind} {a.name}".strip() for a in message.attachments)

@@ -213,7 +213,12 @@ class Compactor:
         old = list(session.messages[:cut])
         provider, model = self._provider(agent)
         summary = await summarize(provider, model, old, session.summary)
-        await self.store.compact(session, cut, summary)
+        if not await self.store.compact(session, cut, summary):
+            # Another replica compacted it meanwhile (or its oldest messages are not the
+            # ones summarized): the next run starts from the stored session.
+            log.info("compaction of %s dropped: the stored session changed meanwhile",
+                     session.key)
+            return False
         log.info("compacted %s: %d messages into a %d-char summary (compaction #%d)",
                  session.key, cut, len(summary), session.compactions)
         return True

@@ -363,6 +363,19 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (scope, period, subject, kind)
     );
     """,
+    # 21: each session's version, bumped by every write to it (a run's history, a
+    # compaction, pins): a replica's cached copy is checked against it before a run.
+    # Group chatter (bot.storage.chatter) is stored, so the next run takes it whichever
+    # replica received it.
+    """
+    ALTER TABLE sessions ADD COLUMN version INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE group_chatter (
+        id INTEGER PRIMARY KEY,
+        session_key TEXT NOT NULL,
+        message TEXT NOT NULL
+    );
+    CREATE INDEX group_chatter_session ON group_chatter(session_key, id);
+    """,
 ]
 """Schema steps in order; ``PRAGMA user_version`` records how many have run.
 

@@ -5,15 +5,23 @@ to the journal, :mod:`bot.storage.inbox`). It hands everything it produced to
 :meth:`SessionStore.append_run`, which writes it in one transaction, so
 concurrent runs cannot interleave half-finished history and a crash mid-run
 leaves no partial history behind.
+
+The cache is validated, not trusted: every write to a session bumps its
+``version`` in the same transaction, and :meth:`SessionStore.get` reads the
+session's row (one indexed read) and reloads the history when the row is
+newer than the cached copy. So a replica, or another process on the same
+database, that committed a turn meanwhile is never missed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,8 +64,27 @@ _UPDATE_SESSION = (
     "UPDATE sessions SET updated_at = ?, input_tokens = input_tokens + ?,"
     " output_tokens = output_tokens + ?, cache_read_tokens = cache_read_tokens + ?,"
     " cache_write_tokens = cache_write_tokens + ?, model = CASE WHEN ? = '' THEN model ELSE ? END,"
-    " provider = CASE WHEN ? = '' THEN provider ELSE ? END WHERE id = ?"
+    " provider = CASE WHEN ? = '' THEN provider ELSE ? END, version = version + 1"
+    " WHERE id = ? RETURNING version"
 )
+_SELECT_SESSION = (
+    "SELECT id, version, created_at, updated_at, model, provider, input_tokens,"
+    " output_tokens, summary, compactions, flushed_compaction, pins,"
+    " cache_read_tokens, cache_write_tokens"
+    " FROM sessions WHERE key = ? AND archived_at IS NULL"
+)
+_SELECT_MESSAGES = (
+    # One statement, so the version read with the messages is the one they belong to;
+    # the outer join gives one row (no message) to a session without messages.
+    "SELECT s.version, m.role, m.content, m.sender_id, m.sender_name, m.tool_calls,"
+    " m.tool_call_id, m.tool_name, m.is_error, m.created_at, m.parts"
+    " FROM sessions s LEFT JOIN messages m ON m.session_id = s.id AND m.compacted = 0"
+    " WHERE s.id = ? ORDER BY m.id"
+)
+STALE = -1
+"""The ``version`` of a cached session that missed a write: the next get reloads it."""
+_LOAD_TRIES = 5
+"""Loads of one session that may find it written between their two reads."""
 _INSERT_SPAN = (
     "INSERT OR REPLACE INTO spans (id, run_id, parent_id, kind, name, started_at, duration_ms,"
     " error, attributes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -113,6 +140,15 @@ class Session:
     """Token counts of each context segment in the latest run (for ``/status``)."""
     pins: int = field(default=0, repr=False)
     """Runs currently using this session; a pinned session is never evicted."""
+    version: int = 0
+    """The database's ``sessions.version`` this copy is; :data:`STALE` once it missed a
+    write (:meth:`SessionStore.get` then reloads it)."""
+
+    def advance(self, committed: int | None) -> None:
+        """Record that a write of this copy's own committed as version ``committed``:
+        current again only if no other write came in between."""
+        self.version = committed if committed is not None \
+            and committed == self.version + 1 else STALE
 
 
 def session_key(message: InboundMessage, agent: str = "default") -> str:
@@ -176,26 +212,44 @@ class SessionStore:
         return len(self._cache)
 
     async def get(self, key: str) -> Session:
-        """The active session for ``key``: from cache, from disk, or new.
+        """The active session for ``key`` as committed: from cache, from disk, or new.
 
-        The load runs in a task of its own that every caller awaits shielded:
-        a caller cancelled meanwhile (a merge, ``/stop``) neither cancels the
-        load nor passes its cancellation to the others waiting for it.
+        A cached copy is checked against the session's row first (one read): when
+        another process or replica wrote the session since (a turn, a compaction,
+        ``/pin``, ``/reset``), the session is loaded again. The load runs in a task
+        of its own that every caller awaits shielded: a caller cancelled meanwhile
+        (a merge, ``/stop``) neither cancels the load nor passes its cancellation
+        to the others waiting for it.
         """
-        session = self._cache.get(key)
-        if session is not None:
-            self._cache.move_to_end(key)
-            return session
         loading = self._loading.get(key)
+        row = None
         if loading is None:
-            loading = self._loading[key] = asyncio.ensure_future(self._load(key))
+            session = self._cache.get(key)
+            row = await self._row(key)
+            if session is not None and row is not None and row[0] == session.id \
+                    and row[1] <= session.version:  # lower: read before a write of ours
+                if self._cache.get(key) is session:
+                    self._cache.move_to_end(key)
+                return session
+            if session is not None and self._cache.get(key) is session:
+                del self._cache[key]
+            loading = self._loading.get(key)  # one may have started while we read
+        if loading is None:
+            loading = self._loading[key] = asyncio.ensure_future(self._load(key, row))
             # Retrieved even when every caller was cancelled before it ended.
             loading.add_done_callback(lambda t: t.cancelled() or t.exception())
         return await asyncio.shield(loading)
 
-    async def _load(self, key: str) -> Session:
+    async def _row(self, key: str) -> Any:
+        # On PostgreSQL a read outside a transaction has a pooled connection of its own:
+        # it need not wait for this process's write in progress (SQLite's one must).
+        shared = self._lock if dbmod.dialect_of(self.db) == "sqlite" else contextlib.nullcontext()
+        async with shared, self.db.execute(_SELECT_SESSION, (key,)) as cur:
+            return await cur.fetchone()
+
+    async def _load(self, key: str, row: Any) -> Session:
         try:
-            session = await self._load_or_create(key)
+            session = await self._load_or_create(key, row)
             self._remember(session)
             return session
         finally:
@@ -284,40 +338,58 @@ class SessionStore:
             if found < batch:
                 return runs, spans
 
-    async def compact(self, session: Session, count: int, summary: str) -> None:
+    async def compact(self, session: Session, count: int, summary: str) -> bool:
         """Replace the oldest ``count`` messages of ``session`` by ``summary``.
 
         The messages stay in the database (marked compacted) but leave the
-        active history; the compaction counter goes up by one.
+        active history; the compaction counter goes up by one. Nothing changes
+        (returns ``False``) when the stored session is not the one summarized:
+        another process compacted it meanwhile, or its oldest ``count`` active
+        messages are not ``session``'s.
         """
-        async def body(db: aiosqlite.Connection) -> None:
-            await db.execute(
-                "UPDATE messages SET compacted = 1 WHERE id IN (SELECT id FROM messages"
-                " WHERE session_id = ? AND compacted = 0 ORDER BY id LIMIT ?)",
-                (session.id, count))
-            await db.execute(
-                "UPDATE sessions SET summary = ?, compactions = compactions + 1 WHERE id = ?",
-                (summary, session.id))
+        summarized = [(m.role, m.created_at) for m in session.messages[:count]]
 
-        await self.writer.write(body, what=f"compacting {session.key}")
-        # Runs only ever append, so the oldest ``count`` are the ones summarized.
+        async def body(db: aiosqlite.Connection) -> int | None:
+            rows = list(await db.execute_fetchall(
+                "SELECT s.compactions, m.id, m.role, m.created_at FROM sessions s"
+                " LEFT JOIN messages m ON m.session_id = s.id AND m.compacted = 0"
+                " WHERE s.id = ? ORDER BY m.id LIMIT ?", (session.id, count)))
+            if not rows or rows[0][0] != session.compactions \
+                    or [(r[2], r[3]) for r in rows] != summarized:
+                return None
+            # The oldest ``count`` active ones: every active one up to the last of them.
+            await db.execute("UPDATE messages SET compacted = 1 WHERE session_id = ?"
+                             " AND compacted = 0 AND id <= ?", (session.id, rows[-1][1]))
+            return _version(await db.execute_fetchall(
+                "UPDATE sessions SET summary = ?, compactions = compactions + 1,"
+                " version = version + 1 WHERE id = ? RETURNING version", (summary, session.id)))
+
+        version = await self.writer.write(body, what=f"compacting {session.key}")
+        if version is None:
+            return False
         del session.messages[:count]
         session.summary = summary
         session.compactions += 1
+        session.advance(version)
+        return True
 
     async def mark_flushed(self, session: Session) -> None:
         """Record that the memory flush ran for the current compaction cycle."""
         async with self._lock:
-            await self.db.execute("UPDATE sessions SET flushed_compaction = ? WHERE id = ?",
-                                  (session.compactions, session.id))
+            version = _version(await self.db.execute_fetchall(
+                "UPDATE sessions SET flushed_compaction = ?, version = version + 1"
+                " WHERE id = ? RETURNING version", (session.compactions, session.id)))
         session.flushed_compaction = session.compactions
+        session.advance(version)
 
     async def set_facts(self, session: Session, facts: Sequence[str]) -> None:
         """Replace the session's pinned facts."""
         async with self._lock:
-            await self.db.execute("UPDATE sessions SET pins = ? WHERE id = ?",
-                                  (json.dumps(list(facts)), session.id))
+            version = _version(await self.db.execute_fetchall(
+                "UPDATE sessions SET pins = ?, version = version + 1 WHERE id = ?"
+                " RETURNING version", (json.dumps(list(facts)), session.id)))
         session.facts = list(facts)
+        session.advance(version)
 
     async def runs(self, session_key: str, limit: int = 50) -> list[RunRecord]:
         """The newest trace records of a session, newest first."""
@@ -378,36 +450,30 @@ class SessionStore:
         self._remember(session)
         return session
 
-    async def _load_or_create(self, key: str) -> Session:
-        async with self._lock:
-            async with self.db.execute(
-                "SELECT id, created_at, updated_at, model, provider, input_tokens,"
-                " output_tokens, summary, compactions, flushed_compaction, pins,"
-                " cache_read_tokens, cache_write_tokens"
-                " FROM sessions WHERE key = ? AND archived_at IS NULL",
-                (key,),
-            ) as cur:
-                row = await cur.fetchone()
-            if row is not None:
-                async with self.db.execute(
-                    "SELECT role, content, sender_id, sender_name, tool_calls, tool_call_id,"
-                    " tool_name, is_error, created_at, parts FROM messages WHERE session_id = ?"
-                    " AND compacted = 0 ORDER BY id",
-                    (row[0],),
-                ) as cur:
-                    messages = [row_message(r) for r in await cur.fetchall()]
-        if row is None:
-            created = time.time()
-            new: Session = await self.writer.write(lambda db: _insert(db, key, created),
-                                                   what=f"creating session {key}")
-            return new
-        return Session(
-            id=row[0], key=key, messages=messages, created_at=row[1], updated_at=row[2],
-            model=row[3], provider=row[4], input_tokens=row[5], output_tokens=row[6],
-            summary=row[7], compactions=row[8], flushed_compaction=row[9],
-            facts=list(json.loads(row[10])), cache_read_tokens=row[11],
-            cache_write_tokens=row[12],
-        )
+    async def _load_or_create(self, key: str, row: Any = None) -> Session:
+        """The session's row (``row`` if already read) and its active messages, as of
+        one version: read again if a write committed between the two reads."""
+        for _ in range(_LOAD_TRIES):
+            if row is None:
+                row = await self._row(key)
+            if row is None:
+                new: Session = await self.writer.write(
+                    functools.partial(_insert, key=key, now=time.time()),
+                    what=f"creating session {key}")
+                return new
+            async with self._lock, self.db.execute(_SELECT_MESSAGES, (row[0],)) as cur:
+                rows = list(await cur.fetchall())
+            if rows and rows[0][0] == row[1]:
+                return Session(
+                    id=row[0], key=key, messages=[row_message(tuple(r)[1:]) for r in rows
+                                                  if r[1] is not None],
+                    created_at=row[2], updated_at=row[3], model=row[4], provider=row[5],
+                    input_tokens=row[6], output_tokens=row[7], summary=row[8],
+                    compactions=row[9], flushed_compaction=row[10],
+                    facts=list(json.loads(row[11])), cache_read_tokens=row[12],
+                    cache_write_tokens=row[13], version=row[1])
+            row = None  # written meanwhile (or archived): read the row again
+        raise RuntimeError(f"session {key} kept changing while it was being loaded")
 
     def _remember(self, session: Session) -> None:
         self._cache[session.key] = session
@@ -434,14 +500,16 @@ class _Flush:
     record: RunRecord | None
     spans: tuple[Span, ...]
     now: float
+    version: int | None = None
+    """The session's version this write committed as (set by :meth:`write`)."""
 
     async def write(self, db: aiosqlite.Connection) -> None:
         await db.executemany(_INSERT_MESSAGE,
                              [message_row(self.session.id, self.run_id, m) for m in self.messages])
-        await db.execute(_UPDATE_SESSION, (
+        self.version = _version(await db.execute_fetchall(_UPDATE_SESSION, (
             self.now, self.usage.input_tokens, self.usage.output_tokens,
             self.usage.cache_read_tokens, self.usage.cache_write_tokens, self.model,
-            self.model, self.provider, self.provider, self.session.id))
+            self.model, self.provider, self.provider, self.session.id)))
         if self.record is not None:
             await db.execute(_INSERT_RUN, _record_row(self.record))
         if self.spans:
@@ -458,6 +526,7 @@ class _Flush:
         s.cache_write_tokens += self.usage.cache_write_tokens
         s.model = self.model or s.model
         s.provider = self.provider or s.provider
+        s.advance(self.version)
 
 
 async def _insert(db: aiosqlite.Connection, key: str, now: float) -> Session:
@@ -469,6 +538,13 @@ async def _insert(db: aiosqlite.Connection, key: str, now: float) -> Session:
     )
     assert cur.lastrowid is not None
     return Session(id=cur.lastrowid, key=key, messages=[], created_at=now, updated_at=now)
+
+
+def _version(rows: Iterable[Any]) -> int | None:
+    """The version an ``UPDATE ... RETURNING version`` set (``None``: no such session)."""
+    for row in rows:
+        return int(row[0])
+    return None
 
 
 def _record_row(r: RunRecord) -> tuple[Any, ...]:
