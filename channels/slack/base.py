@@ -7,7 +7,6 @@ import functools
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
 from slack_bolt.app.async_app import AsyncApp
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
@@ -15,6 +14,7 @@ from slack_sdk.web.async_slack_response import AsyncSlackResponse
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from bot.contracts.channel import READY, Channel, ChannelHealth, InboundHandler, WebRoutes
+from bot.resilience.listener import Listener
 from channels.delivery import DeliveryPolicy, deliver
 from channels.slack.common import (
     EVENTS_PATH,
@@ -58,7 +58,8 @@ class _SlackBase(Channel):
         self._handler: InboundHandler | None = None
         self._web: AsyncWebClient | None = None
         self._app: AsyncApp | None = None
-        self._runner: web.AppRunner | None = None
+        self._runner: Listener | None = None
+        """The Events endpoint's own listener (HTTP mode on a port of its own)."""
         self._shared: WebRoutes | None = None
         """Roost's HTTP server, when the Events endpoint is mounted there."""
         self._socket: _SocketClient | None = None

@@ -93,7 +93,7 @@ class SlackChannel(_Inbound, _Outbound, _Media):
                 await socket.close()  # type: ignore[no-untyped-call]  # SDK method lacks hints
         if self._runner is not None:
             runner, self._runner = self._runner, None
-            await runner.cleanup()
+            await runner.close()
         if self._shared is not None:
             shared, self._shared = self._shared, None
             shared.remove_post(EVENTS_PATH)

@@ -23,6 +23,7 @@ from slack_sdk.socket_mode.request import SocketModeRequest
 from bot.contracts.channel import Leadership
 from bot.contracts.commands import parse_command
 from bot.contracts.messages import ChatType, InboundMessage
+from bot.resilience.listener import Limits, Listener
 from channels.logline import short as _short
 from channels.slack.base import _SlackBase
 from channels.slack.common import (
@@ -141,17 +142,12 @@ class _Inbound(_SlackBase):
             self._shared = shared
             self.port = shared.port
             return
-        web_app = web.Application(client_max_size=1 << 20)
-        web_app.router.add_post(EVENTS_PATH, self._http_request)
-        runner = web.AppRunner(web_app, access_log=None)
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, self.host, self.settings.slack_port).start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self._runner = runner
-        self.port = int(runner.addresses[0][1])
+        listener = Listener(self.host, self.settings.slack_port,
+                            Limits.from_settings(self.settings), name="Slack events")
+        listener.app.router.add_post(EVENTS_PATH, self._http_request)
+        await listener.start()
+        self._runner = listener
+        self.port = listener.port
 
     async def _socket_while_leading(self, lead: Leadership, app_token: str) -> None:
         """Hold the Socket Mode connection while this replica leads; close it when it stops.

@@ -1,0 +1,417 @@
+"""HTTP listeners that hold up against hostile clients; every port Roost opens is one.
+
+A :class:`Listener` serves an aiohttp application behind a guard:
+
+* a client has ``header_timeout`` seconds from connecting (or from its previous
+  response) to finish a request's headers, and ``body_timeout`` seconds to send
+  the body; otherwise the connection is cut (a slow-loris holds nothing for long);
+* at most ``max_connections`` connections at once, ``max_per_address`` from one
+  address. At a cap, the connection that has waited longest (at least
+  :data:`EVICT_AFTER` seconds) for its request headers is closed to make room;
+  when none has, the newcomer is refused at once (``503``, ``429`` at the address
+  cap) and closed, so a flood never holds more descriptors than the cap;
+* ``GET`` and ``HEAD`` take no body, other routes at most ``max_body`` bytes (``413``);
+* ``accept()`` failing for lack of descriptors is logged at most once a minute,
+  and so is the count of refused and cut connections.
+
+aiohttp is imported only when a listener starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+__all__ = ["EVICT_AFTER", "LimitSettings", "Limits", "Listener", "raise_open_files"]
+
+log = logging.getLogger("roost.http")
+
+EVICT_AFTER = 0.25
+"""Seconds a connection may wait for its request headers before a newcomer at a cap may
+close it: a client that connects and sends at once is never pushed out by a flood."""
+
+REPORT_EVERY = 60.0
+"""Seconds between two log lines about refused or cut connections or failed accepts."""
+
+MAX_DERIVED = 4096
+"""The most connections a listener takes when ``max_connections`` is derived."""
+
+_ACCEPT_FAILED = "socket.accept() out of system resource"
+"""The message asyncio gives its exception handler when ``accept()`` runs out of descriptors."""
+
+_WAITING, _BODY, _BUSY = "waiting", "body", "busy"
+
+
+class LimitSettings(Protocol):
+    """The settings a :class:`Limits` is read from (``bot.config.settings.Settings``)."""
+
+    @property
+    def http_header_timeout(self) -> float: ...
+    @property
+    def http_body_timeout(self) -> float: ...
+    @property
+    def http_max_connections(self) -> int: ...
+    @property
+    def http_max_per_address(self) -> int: ...
+    @property
+    def http_max_body(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one listener allows; ``max_connections`` 0 derives it from the descriptor limit,
+    ``max_per_address`` 0 turns the address cap off."""
+
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    max_connections: int = 0
+    max_per_address: int = 64
+    max_body: int = 1 << 20
+
+    @classmethod
+    def from_settings(cls, settings: LimitSettings) -> Limits:
+        """The limits the ``http_*`` settings give."""
+        return cls(settings.http_header_timeout, settings.http_body_timeout,
+                   settings.http_max_connections, settings.http_max_per_address,
+                   settings.http_max_body)
+
+    def connections(self) -> int:
+        """The connection cap: as set, or a quarter of the open-file soft limit (32 to 4,096)."""
+        if self.max_connections > 0:
+            return self.max_connections
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY:
+            return MAX_DERIVED
+        return max(32, min(MAX_DERIVED, soft // 4))
+
+
+def raise_open_files() -> tuple[int, int]:
+    """Raise this process's open-file soft limit to its hard limit; (before, after).
+
+    An unlimited hard limit is met with the kernel's own ceiling (``fs.nr_open``); a
+    refusal leaves the soft limit as it was.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if hard == resource.RLIM_INFINITY:
+        try:
+            with open("/proc/sys/fs/nr_open", encoding="ascii") as ceiling:
+                target = int(ceiling.read().strip())
+        except (OSError, ValueError):
+            target = 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (OSError, ValueError):
+            return soft, soft
+        return soft, target
+    return soft, soft
+
+
+class _Connection(asyncio.Protocol):
+    """One accepted connection: admitted by the guard, then served by aiohttp's protocol."""
+
+    __slots__ = ("address", "factory", "guard", "inner", "since", "state", "transport")
+
+    def __init__(self, guard: _Guard, factory: Callable[[], asyncio.Protocol]) -> None:
+        self.guard = guard
+        self.factory = factory
+        self.inner: asyncio.Protocol | None = None
+        self.transport: asyncio.Transport | None = None
+        self.address = ""
+        self.state = _WAITING
+        self.since = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.address = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        if self.guard.admit(self):
+            self.inner = self.factory()
+            self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.inner is not None:
+            self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received() if self.inner is not None else None
+
+    def pause_writing(self) -> None:
+        if self.inner is not None:
+            self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.inner is not None:
+            self.inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.guard.release(self)
+        if self.inner is not None:
+            self.inner.connection_lost(exc)
+
+
+def _refusal(status: int, reason: str, text: str) -> bytes:
+    body = text.encode()
+    return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+
+
+_BUSY_REPLY = _refusal(503, "Service Unavailable", "too many connections\n")
+_ADDRESS_REPLY = _refusal(429, "Too Many Requests", "too many connections from your address\n")
+
+
+class _Guard:
+    """The books of one listener: connections by transport and address, oldest waiting first."""
+
+    def __init__(self, limits: Limits, name: str) -> None:
+        self.limits = limits
+        self.name = name
+        self.cap = limits.connections()
+        self.open: dict[asyncio.BaseTransport, _Connection] = {}
+        self.waiting: dict[_Connection, None] = {}
+        """Connections waiting for request headers, the longest-waiting first."""
+        self.per_address: Counter[str] = Counter()
+        self.refused = self.evicted = self.timed_out = 0
+
+    def admit(self, conn: _Connection) -> bool:
+        """Take ``conn`` on (closing a stale one at a cap), or refuse it at once."""
+        assert conn.transport is not None
+        now = time.monotonic()
+        most = self.limits.max_per_address
+        if most > 0 and self.per_address[conn.address] >= most \
+                and not self._evict(now, conn.address):
+            return self._refuse(conn, _ADDRESS_REPLY)
+        if len(self.open) >= self.cap and not self._evict(now, None):
+            return self._refuse(conn, _BUSY_REPLY)
+        self.open[conn.transport] = conn
+        self.per_address[conn.address] += 1
+        self.wait(conn, now)
+        return True
+
+    def _refuse(self, conn: _Connection, reply: bytes) -> bool:
+        assert conn.transport is not None
+        self.refused += 1
+        conn.transport.write(reply)
+        conn.transport.close()
+        return False
+
+    def _evict(self, now: float, address: str | None) -> bool:
+        """Close the longest-waiting connection (from ``address`` if given); whether one was."""
+        for conn in self.waiting:
+            if now - conn.since < EVICT_AFTER:
+                return False  # the rest waited even less
+            if address is None or conn.address == address:
+                self.evicted += 1
+                self.drop(conn)
+                return True
+        return False
+
+    def wait(self, conn: _Connection, now: float) -> None:
+        """``conn`` waits for a request's headers from ``now`` on."""
+        conn.state, conn.since = _WAITING, now
+        self.waiting.pop(conn, None)
+        self.waiting[conn] = None
+
+    def step(self, conn: _Connection, state: str) -> None:
+        """``conn`` got its headers: it reads a body (``_BODY``) or is handled (``_BUSY``)."""
+        conn.state, conn.since = state, time.monotonic()
+        self.waiting.pop(conn, None)
+
+    def drop(self, conn: _Connection) -> None:
+        """Forget ``conn`` and cut it at once."""
+        self.release(conn)
+        if conn.transport is not None:
+            conn.transport.abort()
+
+    def release(self, conn: _Connection) -> None:
+        """Forget ``conn`` (idempotent)."""
+        if conn.transport is None or self.open.get(conn.transport) is not conn:
+            return
+        del self.open[conn.transport]
+        self.waiting.pop(conn, None)
+        left = self.per_address[conn.address] - 1
+        if left > 0:
+            self.per_address[conn.address] = left
+        else:
+            del self.per_address[conn.address]
+
+    def expire(self, now: float) -> None:
+        """Cut every connection that waited longer than the header timeout."""
+        limit = self.limits.header_timeout
+        while self.waiting:
+            conn = next(iter(self.waiting))
+            if now - conn.since < limit:
+                return
+            self.timed_out += 1
+            self.drop(conn)
+
+
+class _AcceptErrors:
+    """A loop exception handler that logs failed ``accept()`` calls at most once a minute
+    and hands everything else to the handler it replaced."""
+
+    def __init__(self, previous: Callable[[asyncio.AbstractEventLoop, dict[str, Any]], object]
+                 | None) -> None:
+        self.previous = previous
+        self.last = -REPORT_EVERY
+        self.skipped = 0
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if not str(context.get("message", "")).startswith(_ACCEPT_FAILED):
+            if self.previous is not None:
+                self.previous(loop, context)
+            else:
+                loop.default_exception_handler(context)
+            return
+        now = time.monotonic()
+        if now - self.last < REPORT_EVERY:
+            self.skipped += 1
+            return
+        self.last = now
+        log.warning("HTTP: accept() failed (%s): new connections wait in the backlog "
+                    "(%d more such failures in the last minute not logged)",
+                    context.get("exception"), self.skipped)
+        self.skipped = 0
+
+
+def _install_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
+    current = loop.get_exception_handler()
+    if not isinstance(current, _AcceptErrors):
+        loop.set_exception_handler(_AcceptErrors(current))
+
+
+Handler = Callable[["web.Request"], Awaitable["web.StreamResponse"]]
+
+
+class Listener:
+    """An aiohttp application served on ``host:port`` behind the guard; ``name`` labels its
+    log lines. Add routes to :attr:`app` before :meth:`start`; :meth:`close` ends it."""
+
+    def __init__(self, host: str | None, port: int, limits: Limits, *, name: str = "HTTP") -> None:
+        from aiohttp import web
+
+        self.host = host
+        self.port = port
+        """The port asked for; once started, the one bound (``0`` picks a free one)."""
+        self.limits = limits
+        self.name = name
+        self.guard = _Guard(limits, name)
+
+        @web.middleware
+        async def guarded(request: web.Request, handler: Handler) -> web.StreamResponse:
+            return await self._middleware(request, handler)
+
+        self.app = web.Application(client_max_size=limits.max_body, middlewares=[guarded])
+        self._runner: web.AppRunner | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._ticker: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Bind and serve; raises :class:`OSError` when the address cannot be bound."""
+        from aiohttp import web
+
+        # lingering_time=0: a body left unread (a 413) closes the connection at once
+        # instead of being read for another 10 s.
+        runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
+                               lingering_time=0)
+        await runner.setup()
+        factory = runner.server
+        assert factory is not None
+        loop = asyncio.get_running_loop()
+        try:
+            server = await loop.create_server(lambda: _Connection(self.guard, factory),
+                                              self.host, self.port, backlog=128)
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner, self._server = runner, server
+        self.port = int(server.sockets[0].getsockname()[1])
+        _install_accept_errors(loop)
+        self._ticker = asyncio.create_task(self._tick(), name=f"{self.name} listener guard")
+        log.info("%s: at most %d connections (%s per address), headers within %gs, "
+                 "bodies within %gs and %d bytes", self.name, self.guard.cap,
+                 self.limits.max_per_address or "no cap", self.limits.header_timeout,
+                 self.limits.body_timeout, self.limits.max_body)
+
+    async def close(self) -> None:
+        """Stop accepting, cut waiting connections and end aiohttp's (in-flight ones are cut)."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        ticker, self._ticker = self._ticker, None
+        if ticker is not None:
+            ticker.cancel()
+            await asyncio.gather(ticker, return_exceptions=True)
+        for conn in list(self.guard.waiting):
+            self.guard.drop(conn)
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def _tick(self) -> None:
+        """Cut connections past the header timeout; report refusals once a minute."""
+        every = max(0.05, min(1.0, self.limits.header_timeout / 4))
+        reported = time.monotonic()
+        seen = (0, 0, 0)
+        while True:
+            await asyncio.sleep(every)
+            now = time.monotonic()
+            guard = self.guard
+            guard.expire(now)
+            counts = (guard.refused, guard.evicted, guard.timed_out)
+            if counts != seen and now - reported >= REPORT_EVERY:
+                log.warning("%s on port %d: %d connections refused at a cap, %d closed to "
+                            "make room, %d cut for not sending headers in time (since the "
+                            "last such line); %d open", self.name, self.port,
+                            counts[0] - seen[0], counts[1] - seen[1], counts[2] - seen[2],
+                            len(guard.open))
+                seen, reported = counts, now
+
+    async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Enforce the body's size and time limits, and keep the guard's books per request."""
+        from aiohttp import web
+
+        guard = self.guard
+        transport = request.transport
+        conn = guard.open.get(transport) if transport is not None else None
+        if conn is not None:
+            guard.step(conn, _BODY)
+        try:
+            limit = 0 if request.method in ("GET", "HEAD") else self.limits.max_body
+            length = request.content_length
+            if length is not None and length > limit:
+                return _closing(web.Response(status=413, text="request body too large\n"))
+            if request.body_exists:
+                try:
+                    async with asyncio.timeout(self.limits.body_timeout):
+                        body = await request.read()
+                except TimeoutError:
+                    return _closing(web.Response(status=408, text="request body too slow\n"))
+                except ConnectionError:  # the client went away mid-body: nothing to answer
+                    return _closing(web.Response(status=400, text="connection lost\n"))
+                except web.HTTPRequestEntityTooLarge:
+                    body = None
+                if body is None or len(body) > limit:
+                    return _closing(web.Response(status=413, text="request body too large\n"))
+            if conn is not None:
+                guard.step(conn, _BUSY)
+            return await handler(request)
+        finally:
+            if conn is not None and transport is not None and guard.open.get(transport) is conn:
+                guard.wait(conn, time.monotonic())
+
+
+def _closing(response: web.Response) -> web.Response:
+    response.force_close()
+    return response

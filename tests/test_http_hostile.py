@@ -1,0 +1,170 @@
+"""`roost run`'s public port against hostile clients, at systemd's 1,024-descriptor limit.
+
+One `roost run` process serves `/healthz` and Slack's Events endpoint on one port with a
+1,024 soft and hard open-file limit; the test holds thousands of connections to it from
+``127.0.0.x`` addresses and checks what the README promises (connection caps, refusals,
+timeouts, body limits, a quiet log).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from bot.testing.hostile_http import (
+    Held,
+    close_all,
+    flood,
+    get,
+    hold,
+    outcome,
+    raise_own_open_files,
+    request,
+    status,
+)
+from bot.testing.slack import FakeSlack
+from tests.test_cli import clean_env
+
+SCRIPT = "turns:\n  - reply: 'still here'\nloop: true\n"
+HEADER_TIMEOUT = 3
+CAP = 256
+"""A quarter of 1,024 descriptors: the derived connection cap."""
+PER_ADDRESS = 64
+SLOW_BODY = (b"POST /slack/events HTTP/1.1\r\nHost: roost\r\nContent-Length: 100\r\n"
+             b"Expect: 100-continue\r\n\r\n")
+"""Headers whose body never comes: the request is being read, not waiting for headers."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def limit_open_files() -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+
+
+async def until_in_log(log: Path, text: str, proc: asyncio.subprocess.Process) -> str:
+    async with asyncio.timeout(60):  # a hang guard, not a measurement
+        while True:
+            content = await asyncio.to_thread(log.read_text, errors="replace")
+            if text in content:
+                return content
+            assert proc.returncode is None, content[-3000:]
+            await asyncio.sleep(0.1)
+
+
+async def until_healthy(port: int) -> None:
+    async with asyncio.timeout(30):  # a hang guard, not a measurement
+        while True:
+            answer, _ = await request(port, get("/healthz"))
+            if status(answer) == 200:
+                return
+            await asyncio.sleep(0.05)
+
+
+async def held_body(port: int, address: str) -> Held:
+    """A POST whose headers the server has taken (it said ``100 Continue``), body held back."""
+    held = await hold(port, address, SLOW_BODY)
+    assert held is not None
+    async with asyncio.timeout(30):  # a hang guard
+        assert (await held.reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 100")
+    return held
+
+
+@pytest.mark.e2e
+async def test_roost_run_at_1024_descriptors_holds_against_2000_slow_loris_connections(
+        tmp_path: Path, fake_slack: FakeSlack) -> None:
+    raise_own_open_files(6000)
+    (tmp_path / "script.yaml").write_text(SCRIPT)
+    port = free_port()
+    env = clean_env(
+        ROOST_PROVIDER="scripted", ROOST_SCRIPT=str(tmp_path / "script.yaml"),
+        ROOST_STREAM_REPLIES="false", ROOST_MERGE_WINDOW_MS="0", ROOST_DM_POLICY="open",
+        SLACK_BOT_TOKEN=fake_slack.bot_token, SLACK_SIGNING_SECRET=fake_slack.signing_secret,
+        SLACK_API_BASE=fake_slack.base_url, ROOST_SLACK_PORT=str(port),
+        ROOST_HTTP_PORT=str(port), ROOST_HTTP_HEADER_TIMEOUT=str(HEADER_TIMEOUT))
+    log = tmp_path / "roost.log"
+    held: list[Held | None] = []
+    with log.open("wb") as sink:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bot", "run", cwd=tmp_path, env=env,
+            stdin=asyncio.subprocess.DEVNULL, stdout=sink, stderr=sink,
+            preexec_fn=limit_open_files)
+    try:
+        started = await until_in_log(log, "roost ready", proc)
+        assert "open files: up to 1024\n" in started
+        assert f"HTTP: at most {CAP} connections ({PER_ADDRESS} per address), headers " \
+               f"within {HEADER_TIMEOUT}s, bodies within 30s and 1048576 bytes" in started
+
+        # Per-address cap: 64 requests from one address are being read; the 65th and
+        # later ones from it are refused at once (none of the 64 waits for headers).
+        held += [await held_body(port, "127.0.0.2") for _ in range(PER_ADDRESS)]
+        extra = await flood(port, 8, ["127.0.0.2"], head=SLOW_BODY)
+        held += extra
+        # Taken on, they would get "100 Continue" and be held 30 s for their bodies; refused,
+        # they are closed (429, or a reset as their request was never read).
+        ends = [await outcome(h, 15) for h in extra if h]
+        assert len(ends) == 8 and {status(end) if end is not None else None
+                                   for end in ends} <= {429, 0}
+        # The connection cap: three more addresses fill it; a fifth address is refused.
+        for address in ("127.0.0.3", "127.0.0.4", "127.0.0.5"):
+            held += [await held_body(port, address) for _ in range(PER_ADDRESS)]
+        answer, _ = await request(port, get("/healthz"), address="127.0.0.6")
+        assert status(answer) in (503, 0)
+        close_all(held)
+        held.clear()
+        await until_healthy(port)  # the server has seen them go
+
+        # Body limits per route: GET takes none, the webhook at most 1 MiB.
+        too_big = (b"POST /slack/events HTTP/1.1\r\nHost: roost\r\nConnection: close\r\n"
+                   b"Content-Length: 1048577\r\n\r\n")
+        answer, _ = await request(port, too_big)
+        assert status(answer) == 413
+        body_on_get = (b"GET /healthz HTTP/1.1\r\nHost: roost\r\nConnection: close\r\n"
+                       b"Content-Length: 5\r\n\r\nhello")
+        answer, _ = await request(port, body_on_get)
+        assert status(answer) == 413
+        answer, _ = await request(port, get("/healthz"))
+        assert status(answer) == 200 and answer.endswith(b"\r\n\r\nok\n")
+
+        # 2,000 slow-loris connections from 40 addresses (50 each, under the address cap).
+        size_before = log.stat().st_size
+        addresses = [f"127.0.0.{i}" for i in range(10, 50)]
+        held = await flood(port, 2000, addresses)
+        await asyncio.sleep(0.5)  # the last ones have waited long enough to be closed for room
+        answer, seconds = await request(port, get("/healthz"))
+        print(f"/healthz under 2,000 slow-loris connections: {seconds * 1000:.1f} ms")
+        assert status(answer) == 200 and answer.endswith(b"\r\n\r\nok\n")
+        fake_slack.events_url = f"http://127.0.0.1:{port}/slack/events"
+        delivery = await fake_slack.post_event(fake_slack.direct_message("are you there?"))
+        assert delivery.status == 200
+        (posted,) = await fake_slack.wait_for("chat.postMessage", limit=30)
+        assert posted.params["text"] == "still here"
+
+        # Every slow-loris connection ends: refused, closed for room, or cut at the
+        # header timeout (a hang guard well past it).
+        ends = await asyncio.gather(*(outcome(h, HEADER_TIMEOUT + 20) for h in held if h))
+        assert ends.count(None) == 0
+        assert {status(end) for end in ends if end} <= {503}
+        grown = log.stat().st_size - size_before
+        print(f"log grew {grown} bytes")
+        assert grown < 1 << 20
+        content = log.read_text(errors="replace")
+        assert "Traceback" not in content, content[-3000:]
+
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            assert await proc.wait() == 0
+    finally:
+        close_all(held)
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
