@@ -79,25 +79,33 @@ async def held_body(port: int, address: str) -> Held:
     return held
 
 
-@pytest.mark.e2e
-async def test_roost_run_at_1024_descriptors_holds_against_2000_slow_loris_connections(
-        tmp_path: Path, fake_slack: FakeSlack) -> None:
-    raise_own_open_files(6000)
+def roost_env(tmp_path: Path, port: int, fake_slack: FakeSlack, **extra: str) -> dict[str, str]:
     (tmp_path / "script.yaml").write_text(SCRIPT)
-    port = free_port()
-    env = clean_env(
+    return clean_env(
         ROOST_PROVIDER="scripted", ROOST_SCRIPT=str(tmp_path / "script.yaml"),
         ROOST_STREAM_REPLIES="false", ROOST_MERGE_WINDOW_MS="0", ROOST_DM_POLICY="open",
         SLACK_BOT_TOKEN=fake_slack.bot_token, SLACK_SIGNING_SECRET=fake_slack.signing_secret,
         SLACK_API_BASE=fake_slack.base_url, ROOST_SLACK_PORT=str(port),
-        ROOST_HTTP_PORT=str(port), ROOST_HTTP_HEADER_TIMEOUT=str(HEADER_TIMEOUT))
-    log = tmp_path / "roost.log"
-    held: list[Held | None] = []
-    with log.open("wb") as sink:
-        proc = await asyncio.create_subprocess_exec(
+        ROOST_HTTP_PORT=str(port), ROOST_HTTP_HEADER_TIMEOUT=str(HEADER_TIMEOUT), **extra)
+
+
+async def start_limited(tmp_path: Path, env: dict[str, str]) -> asyncio.subprocess.Process:
+    """``roost run`` with 1,024 descriptors (soft and hard), its log in ``roost.log``."""
+    with (tmp_path / "roost.log").open("wb") as sink:
+        return await asyncio.create_subprocess_exec(
             sys.executable, "-m", "bot", "run", cwd=tmp_path, env=env,
             stdin=asyncio.subprocess.DEVNULL, stdout=sink, stderr=sink,
             preexec_fn=limit_open_files)
+
+
+@pytest.mark.e2e
+async def test_roost_run_at_1024_descriptors_holds_against_2000_slow_loris_connections(
+        tmp_path: Path, fake_slack: FakeSlack) -> None:
+    raise_own_open_files(6000)
+    port = free_port()
+    log = tmp_path / "roost.log"
+    held: list[Held | None] = []
+    proc = await start_limited(tmp_path, roost_env(tmp_path, port, fake_slack))
     try:
         started = await until_in_log(log, "roost ready", proc)
         assert "open files: up to 1024\n" in started
@@ -139,7 +147,6 @@ async def test_roost_run_at_1024_descriptors_holds_against_2000_slow_loris_conne
         size_before = log.stat().st_size
         addresses = [f"127.0.0.{i}" for i in range(10, 50)]
         held = await flood(port, 2000, addresses)
-        await asyncio.sleep(0.5)  # the last ones have waited long enough to be closed for room
         answer, seconds = await request(port, get("/healthz"))
         print(f"/healthz under 2,000 slow-loris connections: {seconds * 1000:.1f} ms")
         assert status(answer) == 200 and answer.endswith(b"\r\n\r\nok\n")
@@ -160,6 +167,41 @@ async def test_roost_run_at_1024_descriptors_holds_against_2000_slow_loris_conne
         content = log.read_text(errors="replace")
         assert "Traceback" not in content, content[-3000:]
 
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            assert await proc.wait() == 0
+    finally:
+        close_all(held)
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+@pytest.mark.e2e
+async def test_accept_failing_for_lack_of_descriptors_is_logged_once_a_minute(
+        tmp_path: Path, fake_slack: FakeSlack) -> None:
+    # A connection cap set above the descriptor limit: accept() runs out of descriptors.
+    raise_own_open_files(6000)
+    port = free_port()
+    log = tmp_path / "roost.log"
+    proc = await start_limited(tmp_path, roost_env(tmp_path, port, fake_slack,
+                                                   ROOST_HTTP_MAX_CONNECTIONS="3000"))
+    held: list[Held | None] = []
+    try:
+        await until_in_log(log, "roost ready", proc)
+        size_before = log.stat().st_size
+        held = await flood(port, 1500, [f"127.0.0.{i}" for i in range(10, 40)])
+        # asyncio tries accept() again every second while descriptors lack: let it fail
+        # for a few seconds, until the header timeout frees them.
+        await asyncio.sleep(HEADER_TIMEOUT + 2)
+        close_all(held)
+        held.clear()
+        await until_healthy(port)
+        content = (await asyncio.to_thread(log.read_bytes))[size_before:].decode(errors="replace")
+        assert content.count("accept() failed") == 1, content[-3000:]
+        assert "Too many open files" in content
+        assert "socket.accept() out of system resource" not in content
+        assert log.stat().st_size - size_before < 1 << 20
         proc.send_signal(signal.SIGTERM)
         async with asyncio.timeout(30):
             assert await proc.wait() == 0

@@ -6,10 +6,13 @@ A :class:`Listener` serves an aiohttp application behind a guard:
   response) to finish a request's headers, and ``body_timeout`` seconds to send
   the body; otherwise the connection is cut (a slow-loris holds nothing for long);
 * at most ``max_connections`` connections at once, ``max_per_address`` from one
-  address. At a cap, the connection that has waited longest (at least
-  :data:`EVICT_AFTER` seconds) for its request headers is closed to make room;
-  when none has, the newcomer is refused at once (``503``, ``429`` at the address
-  cap) and closed, so a flood never holds more descriptors than the cap;
+  address; past the address cap a newcomer is refused at once (``429``) and closed.
+  At the connection cap, a newcomer from an address holding fewer connections than
+  the address holding the most closes that address's longest wait for request
+  headers and takes its place; otherwise it is refused at once (``503``). So a
+  flood never holds more descriptors than the cap, and a client with few
+  connections (a health probe, a platform's webhook) gets in while a few
+  addresses hold the rest;
 * ``GET`` and ``HEAD`` take no body, other routes at most ``max_body`` bytes (``413``);
 * ``accept()`` failing for lack of descriptors is logged at most once a minute,
   and so is the count of refused and cut connections.
@@ -31,13 +34,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from aiohttp import web
 
-__all__ = ["EVICT_AFTER", "LimitSettings", "Limits", "Listener", "raise_open_files"]
+__all__ = ["LimitSettings", "Limits", "Listener", "raise_open_files"]
 
 log = logging.getLogger("roost.http")
-
-EVICT_AFTER = 0.25
-"""Seconds a connection may wait for its request headers before a newcomer at a cap may
-close it: a client that connects and sends at once is never pushed out by a flood."""
 
 REPORT_EVERY = 60.0
 """Seconds between two log lines about refused or cut connections or failed accepts."""
@@ -181,22 +180,23 @@ class _Guard:
         self.open: dict[asyncio.BaseTransport, _Connection] = {}
         self.waiting: dict[_Connection, None] = {}
         """Connections waiting for request headers, the longest-waiting first."""
+        self.waiting_from: dict[str, dict[_Connection, None]] = {}
+        """The same by address."""
         self.per_address: Counter[str] = Counter()
         self.refused = self.evicted = self.timed_out = 0
 
     def admit(self, conn: _Connection) -> bool:
-        """Take ``conn`` on (closing a stale one at a cap), or refuse it at once."""
+        """Take ``conn`` on (closing another address's waiting one at the cap), or refuse it
+        at once."""
         assert conn.transport is not None
-        now = time.monotonic()
         most = self.limits.max_per_address
-        if most > 0 and self.per_address[conn.address] >= most \
-                and not self._evict(now, conn.address):
+        if most > 0 and self.per_address[conn.address] >= most:
             return self._refuse(conn, _ADDRESS_REPLY)
-        if len(self.open) >= self.cap and not self._evict(now, None):
+        if len(self.open) >= self.cap and not self._evict_for(conn.address):
             return self._refuse(conn, _BUSY_REPLY)
         self.open[conn.transport] = conn
         self.per_address[conn.address] += 1
-        self.wait(conn, now)
+        self.wait(conn, time.monotonic())
         return True
 
     def _refuse(self, conn: _Connection, reply: bytes) -> bool:
@@ -206,27 +206,38 @@ class _Guard:
         conn.transport.close()
         return False
 
-    def _evict(self, now: float, address: str | None) -> bool:
-        """Close the longest-waiting connection (from ``address`` if given); whether one was."""
-        for conn in self.waiting:
-            if now - conn.since < EVICT_AFTER:
-                return False  # the rest waited even less
-            if address is None or conn.address == address:
-                self.evicted += 1
-                self.drop(conn)
-                return True
-        return False
+    def _evict_for(self, address: str) -> bool:
+        """Close the longest-waiting connection of the address holding the most connections,
+        if it holds more than ``address``; whether one was closed."""
+        victim, most = "", self.per_address[address]
+        for other in self.waiting_from:
+            held = self.per_address[other]
+            if held > most:
+                victim, most = other, held
+        if not victim:
+            return False
+        self.evicted += 1
+        self.drop(next(iter(self.waiting_from[victim])))
+        return True
 
     def wait(self, conn: _Connection, now: float) -> None:
         """``conn`` waits for a request's headers from ``now`` on."""
+        self._unwait(conn)
         conn.state, conn.since = _WAITING, now
-        self.waiting.pop(conn, None)
         self.waiting[conn] = None
+        self.waiting_from.setdefault(conn.address, {})[conn] = None
 
     def step(self, conn: _Connection, state: str) -> None:
         """``conn`` got its headers: it reads a body (``_BODY``) or is handled (``_BUSY``)."""
         conn.state, conn.since = state, time.monotonic()
-        self.waiting.pop(conn, None)
+        self._unwait(conn)
+
+    def _unwait(self, conn: _Connection) -> None:
+        if self.waiting.pop(conn, 0) is None:
+            mine = self.waiting_from[conn.address]
+            del mine[conn]
+            if not mine:
+                del self.waiting_from[conn.address]
 
     def drop(self, conn: _Connection) -> None:
         """Forget ``conn`` and cut it at once."""
@@ -239,7 +250,7 @@ class _Guard:
         if conn.transport is None or self.open.get(conn.transport) is not conn:
             return
         del self.open[conn.transport]
-        self.waiting.pop(conn, None)
+        self._unwait(conn)
         left = self.per_address[conn.address] - 1
         if left > 0:
             self.per_address[conn.address] = left
