@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from bot.testing.app import create_app, scripted
 from bot.testing.hostile_http import (
     Held,
     close_all,
@@ -29,6 +30,10 @@ from bot.testing.hostile_http import (
     status,
 )
 from bot.testing.slack import FakeSlack
+from bot.testing.telegram import FakeTelegram
+from channels.delivery import DeliveryPolicy
+from channels.slack import SlackChannel
+from channels.telegram import TelegramChannel
 from tests.test_cli import clean_env
 
 SCRIPT = "turns:\n  - reply: 'still here'\nloop: true\n"
@@ -210,3 +215,48 @@ async def test_accept_failing_for_lack_of_descriptors_is_logged_once_a_minute(
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def test_slacks_and_telegrams_own_listeners_cut_slow_clients_and_cap_bodies_and_addresses(
+        tmp_path: Path, fake_slack: FakeSlack, fake_telegram: FakeTelegram) -> None:
+    hook_port = free_port()
+    app, _ = await create_app(
+        scripted({"reply": "ok"}, loop=True), data_dir=tmp_path,
+        **fake_slack.settings(port=0), telegram_bot_token=fake_telegram.token,
+        telegram_api_base=fake_telegram.base_url,
+        telegram_webhook_url=f"http://127.0.0.1:{hook_port}/hook",
+        telegram_webhook_port=hook_port, telegram_webhook_secret="s3cret",
+        http_header_timeout=0.5, http_max_per_address=2, http_max_body=1000)
+    held: list[Held | None] = []
+    try:
+        slack = SlackChannel(app.settings, host="127.0.0.1")
+        await app.add_channel(slack)
+        telegram = TelegramChannel(app.settings, policy=DeliveryPolicy(attempts=2))
+        await app.add_channel(telegram)
+        assert slack.port is not None and slack.port != hook_port  # two listeners of their own
+        for port, path in ((slack.port, "/slack/events"), (hook_port, "/hook")):
+            # A slow-loris is cut after the header timeout (the hang guard is far past it).
+            slow = await hold(port, "127.0.0.7")
+            assert slow is not None and await outcome(slow, 20) == b""
+            # Two requests from one address are being read: a third is refused at once.
+            head = (f"POST {path} HTTP/1.1\r\nHost: roost\r\nContent-Length: 10\r\n"
+                    "Expect: 100-continue\r\n\r\n").encode()
+            for _ in range(2):
+                held.append(one := await hold(port, "127.0.0.8", head))
+                assert one is not None
+                async with asyncio.timeout(20):  # a hang guard
+                    assert (await one.reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 100")
+            answer, _ = await request(port, get(path), address="127.0.0.8")
+            assert status(answer) in (429, 0)
+            answer, _ = await request(port, get(path), address="127.0.0.9")
+            assert status(answer) == 405  # another address gets in (GET: not allowed)
+            close_all(held)
+            held.clear()
+            # A body over http_max_body: 413 before the route's own checks.
+            big = (f"POST {path} HTTP/1.1\r\nHost: roost\r\nConnection: close\r\n"
+                   f"Content-Length: 1001\r\n\r\n").encode() + b"x" * 1001
+            answer, _ = await request(port, big, address="127.0.0.10")
+            assert status(answer) == 413
+    finally:
+        close_all(held)
+        await app.close()
