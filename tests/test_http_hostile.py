@@ -260,3 +260,21 @@ async def test_slacks_and_telegrams_own_listeners_cut_slow_clients_and_cap_bodie
     finally:
         close_all(held)
         await app.close()
+
+
+async def test_a_body_slower_than_the_body_timeout_gets_408_and_the_connection_closes(
+        tmp_path: Path, fake_slack: FakeSlack) -> None:
+    app, _ = await create_app(scripted({"reply": "ok"}, loop=True), data_dir=tmp_path,
+                              **fake_slack.settings(port=0), http_body_timeout=0.5)
+    try:
+        slack = SlackChannel(app.settings, host="127.0.0.1")
+        await app.add_channel(slack)
+        assert slack.port is not None
+        head = (b"POST /slack/events HTTP/1.1\r\nHost: roost\r\nContent-Length: 10\r\n\r\n"
+                b"12345")  # half the body, the rest never
+        slow = await hold(slack.port, "127.0.0.11", head)
+        assert slow is not None
+        end = await outcome(slow, 20)  # a hang guard far past the body timeout
+        assert end is not None and status(end) == 408, end
+    finally:
+        await app.close()
