@@ -41,6 +41,10 @@ log = logging.getLogger("roost.http")
 REPORT_EVERY = 60.0
 """Seconds between two log lines about refused or cut connections or failed accepts."""
 
+BACKLOG = 1024
+"""Connections the kernel queues before Roost accepts them: room for a burst (no
+descriptor is used until accepted)."""
+
 MAX_DERIVED = 4096
 """The most connections a listener takes when ``max_connections`` is derived."""
 
@@ -342,7 +346,7 @@ class Listener:
         loop = asyncio.get_running_loop()
         try:
             server = await loop.create_server(lambda: _Connection(self.guard, factory),
-                                              self.host, self.port, backlog=128)
+                                              self.host, self.port, backlog=BACKLOG)
         except BaseException:
             await runner.cleanup()
             raise
