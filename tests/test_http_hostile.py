@@ -278,3 +278,21 @@ async def test_a_body_slower_than_the_body_timeout_gets_408_and_the_connection_c
         assert end is not None and status(end) == 408, end
     finally:
         await app.close()
+
+
+async def test_unsigned_slack_requests_cannot_flood_the_log(
+        tmp_path: Path, fake_slack: FakeSlack, caplog: pytest.LogCaptureFixture) -> None:
+    app, _ = await create_app(scripted({"reply": "ok"}, loop=True), data_dir=tmp_path,
+                              **fake_slack.settings(port=0))
+    try:
+        slack = SlackChannel(app.settings, host="127.0.0.1")
+        await app.add_channel(slack)
+        fake_slack.events_url = slack.events_url
+        caplog.set_level("WARNING")
+        for n in range(200):
+            forged = await fake_slack.post_event(fake_slack.direct_message(f"x{n}"), forge=True)
+            assert forged.status == 401
+        lines = [r.getMessage() for r in caplog.records if "bad signature" in r.getMessage()]
+        assert lines == ["Slack: refused a request with a bad signature from 127.0.0.1"]
+    finally:
+        await app.close()

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from aiohttp import web
 
-__all__ = ["LimitSettings", "Limits", "Listener", "raise_open_files"]
+__all__ = ["LimitSettings", "Limits", "Listener", "Throttle", "raise_open_files"]
 
 log = logging.getLogger("roost.http")
 
@@ -272,6 +272,26 @@ class _Guard:
             self.drop(conn)
 
 
+class Throttle:
+    """Lets a log line through at most once per ``every`` seconds and counts the ones held
+    back, for the next line to say."""
+
+    def __init__(self, every: float = REPORT_EVERY) -> None:
+        self.every = every
+        self.last = -every
+        self.skipped = 0
+
+    def ready(self) -> int | None:
+        """``None`` when the line is to be held back; otherwise how many were since the last."""
+        now = time.monotonic()
+        if now - self.last < self.every:
+            self.skipped += 1
+            return None
+        self.last = now
+        skipped, self.skipped = self.skipped, 0
+        return skipped
+
+
 class _AcceptErrors:
     """A loop exception handler that logs failed ``accept()`` calls at most once a minute
     and hands everything else to the handler it replaced."""
@@ -279,8 +299,7 @@ class _AcceptErrors:
     def __init__(self, previous: Callable[[asyncio.AbstractEventLoop, dict[str, Any]], object]
                  | None) -> None:
         self.previous = previous
-        self.last = -REPORT_EVERY
-        self.skipped = 0
+        self.throttle = Throttle()
 
     def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         if not str(context.get("message", "")).startswith(_ACCEPT_FAILED):
@@ -289,15 +308,11 @@ class _AcceptErrors:
             else:
                 loop.default_exception_handler(context)
             return
-        now = time.monotonic()
-        if now - self.last < REPORT_EVERY:
-            self.skipped += 1
-            return
-        self.last = now
-        log.warning("HTTP: accept() failed (%s): new connections wait in the backlog "
-                    "(%d more such failures in the last minute not logged)",
-                    context.get("exception"), self.skipped)
-        self.skipped = 0
+        skipped = self.throttle.ready()
+        if skipped is not None:
+            log.warning("HTTP: accept() failed (%s): new connections wait in the backlog "
+                        "(%d more such failures since the last such line)",
+                        context.get("exception"), skipped)
 
 
 def _install_accept_errors(loop: asyncio.AbstractEventLoop) -> None:

@@ -14,7 +14,7 @@ from slack_sdk.web.async_slack_response import AsyncSlackResponse
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from bot.contracts.channel import READY, Channel, ChannelHealth, InboundHandler, WebRoutes
-from bot.resilience.listener import Listener
+from bot.resilience.listener import Listener, Throttle
 from channels.delivery import DeliveryPolicy, deliver
 from channels.slack.common import (
     EVENTS_PATH,
@@ -64,6 +64,8 @@ class _SlackBase(Channel):
         """Roost's HTTP server, when the Events endpoint is mounted there."""
         self._socket: _SocketClient | None = None
         self._verifier: SignatureVerifier | None = None
+        self._refusals = Throttle()
+        """Paces the log line about requests with a bad signature."""
         self._handled: _Recent[str] = _Recent(REMEMBERED)
         """Delivery keys the core has recorded (see :func:`_event_key`)."""
         self._handling = _KeyedLocks()

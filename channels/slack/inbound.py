@@ -209,7 +209,12 @@ class _Inbound(_SlackBase):
         # and a traceback, so unsigned requests are refused here first.
         if not self._signed(raw, request.headers.get("X-Slack-Request-Timestamp"),
                             request.headers.get("X-Slack-Signature")):
-            log.warning("Slack: refused a request with a bad signature from %s", request.remote)
+            # Anyone can send these: one line a minute at most, so they cannot flood the log.
+            skipped = self._refusals.ready()
+            if skipped is not None:
+                log.warning("Slack: refused a request with a bad signature from %s%s",
+                            request.remote, f" ({skipped} more since the last such line)"
+                            if skipped else "")
             return web.Response(status=401, text="invalid signature")
         try:
             bolt_request = AsyncBoltRequest(
