@@ -10,10 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import itertools
+import random
 import resource
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+_PORTS = itertools.count(random.randrange(22_000))
+"""Source ports below Linux's ephemeral range (32768-60999): thousands of connections
+never take a port another test was just handed as free (and is about to bind)."""
 
 SLOW_HEAD = b"GET /healthz HTTP/1.1\r\nHost: roost\r\nX-Slow: "
 """The start of a request whose headers never end."""
@@ -41,13 +48,25 @@ async def hold(port: int, address: str, head: bytes = SLOW_HEAD) -> Held | None:
     connection could not be made or was cut at once."""
     try:
         async with asyncio.timeout(10):  # a hang guard: a full backlog retries SYNs
-            reader, writer = await asyncio.open_connection("127.0.0.1", port,
-                                                           local_addr=(address, 0))
+            reader, writer = await _connect(port, address)
             writer.write(head)
             await writer.drain()
     except (OSError, TimeoutError):
         return None
     return Held(reader, writer, address)
+
+
+async def _connect(port: int, address: str) -> tuple[asyncio.StreamReader,
+                                                      asyncio.StreamWriter]:
+    for _ in range(4):
+        source = 10_000 + next(_PORTS) % 22_000
+        try:
+            return await asyncio.open_connection("127.0.0.1", port,
+                                                 local_addr=(address, source))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+    raise OSError(errno.EADDRINUSE, "no free source port")
 
 
 async def flood(port: int, count: int, addresses: Sequence[str], *, head: bytes = SLOW_HEAD,
