@@ -155,6 +155,8 @@ async def test_roost_run_at_1024_descriptors_holds_against_2000_slow_loris_conne
         answer, seconds = await request(port, get("/healthz"))
         print(f"/healthz under 2,000 slow-loris connections: {seconds * 1000:.1f} ms")
         assert status(answer) == 200 and answer.endswith(b"\r\n\r\nok\n")
+        answer, _ = await request(port, get("/readyz"))
+        assert status(answer) == 200 and answer.endswith(b"\r\n\r\nready\n")
         fake_slack.events_url = f"http://127.0.0.1:{port}/slack/events"
         delivery = await fake_slack.post_event(fake_slack.direct_message("are you there?"))
         assert delivery.status == 200
