@@ -84,7 +84,7 @@ class HealthServer:
     async def start(self) -> None:
         """Bind and serve; raises :class:`SetupError` when the address cannot be bound."""
         try:
-            from aiohttp import web  # noqa: F401
+            import aiohttp  # noqa: F401  (named in the error below when missing)
         except ImportError:  # pragma: no cover - aiohttp ships with Roost
             raise SetupError("ROOST_HTTP_PORT needs aiohttp: pip install aiohttp") from None
         listener = Listener(self.host, self.port, self.limits, name="HTTP")

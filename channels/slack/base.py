@@ -58,7 +58,7 @@ class _SlackBase(Channel):
         self._handler: InboundHandler | None = None
         self._web: AsyncWebClient | None = None
         self._app: AsyncApp | None = None
-        self._runner: Listener | None = None
+        self._listener: Listener | None = None
         """The Events endpoint's own listener (HTTP mode on a port of its own)."""
         self._shared: WebRoutes | None = None
         """Roost's HTTP server, when the Events endpoint is mounted there."""
@@ -92,7 +92,7 @@ class _SlackBase(Channel):
             if socket.closed or socket.stale or session is None or session.closed:
                 return ChannelHealth(False, "Socket Mode disconnected; reconnecting")
             return READY
-        if self._runner is not None or self._shared is not None:
+        if self._listener is not None or self._shared is not None:
             return READY
         return ChannelHealth(False, "connecting" if self._intake_open else "stopped")
 

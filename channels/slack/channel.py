@@ -91,9 +91,9 @@ class SlackChannel(_Inbound, _Outbound, _Media):
             socket, self._socket = self._socket, None
             with contextlib.suppress(Exception):
                 await socket.close()  # type: ignore[no-untyped-call]  # SDK method lacks hints
-        if self._runner is not None:
-            runner, self._runner = self._runner, None
-            await runner.close()
+        if self._listener is not None:
+            listener, self._listener = self._listener, None
+            await listener.close()
         if self._shared is not None:
             shared, self._shared = self._shared, None
             shared.remove_post(EVENTS_PATH)

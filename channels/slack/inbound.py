@@ -146,7 +146,7 @@ class _Inbound(_SlackBase):
                             Limits.from_settings(self.settings), name="Slack events")
         listener.app.router.add_post(EVENTS_PATH, self._http_request)
         await listener.start()
-        self._runner = listener
+        self._listener = listener
         self.port = listener.port
 
     async def _socket_while_leading(self, lead: Leadership, app_token: str) -> None:

@@ -44,7 +44,6 @@ from channels.telegram.errors import ChatMigrated, _translated
 from channels.telegram.parsing import SEEN_UPDATES
 
 if TYPE_CHECKING:
-
     from bot.config.settings import Settings
 
 log = logging.getLogger("roost.channels.telegram")
