@@ -298,3 +298,28 @@ async def test_unsigned_slack_requests_cannot_flood_the_log(
         assert lines == ["Slack: refused a request with a bad signature from 127.0.0.1"]
     finally:
         await app.close()
+
+
+@pytest.mark.e2e
+async def test_roost_run_raises_its_open_file_soft_limit_to_the_hard_one_and_says_so(
+        tmp_path: Path, fake_slack: FakeSlack) -> None:
+    port = free_port()
+    log = tmp_path / "roost.log"
+    with log.open("wb") as sink:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bot", "run", cwd=tmp_path,
+            env=roost_env(tmp_path, port, fake_slack), stdin=asyncio.subprocess.DEVNULL,
+            stdout=sink, stderr=sink,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (512, 1024)))
+    try:
+        started = await until_in_log(log, "roost ready", proc)
+        assert "open files: up to 1024 (soft limit raised from 512)\n" in started
+        # The connection cap is derived from the raised limit (a quarter of 1,024).
+        assert f"HTTP: at most {CAP} connections" in started
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            assert await proc.wait() == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
