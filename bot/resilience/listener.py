@@ -23,8 +23,11 @@ aiohttp is imported only when a listener starts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import logging
 import resource
+import socket
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -45,11 +48,14 @@ BACKLOG = 1024
 """Connections the kernel queues before Roost accepts them: room for a burst (no
 descriptor is used until accepted)."""
 
+ACCEPT_BATCH = 128
+"""Connections accepted in one turn of the event loop before other work gets its turn."""
+
 MAX_DERIVED = 4096
 """The most connections a listener takes when ``max_connections`` is derived."""
 
-_ACCEPT_FAILED = "socket.accept() out of system resource"
-"""The message asyncio gives its exception handler when ``accept()`` runs out of descriptors."""
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+"""``accept()`` errors that mean "no descriptor or memory now": accepting pauses a second."""
 
 _WAITING, _BODY, _BUSY = "waiting", "body", "busy"
 
@@ -189,26 +195,30 @@ class _Guard:
         self.per_address: Counter[str] = Counter()
         self.refused = self.evicted = self.timed_out = 0
 
-    def admit(self, conn: _Connection) -> bool:
-        """Take ``conn`` on (closing another address's waiting one at the cap), or refuse it
-        at once."""
-        assert conn.transport is not None
+    def screen(self, address: str) -> bytes | None:
+        """Make room for a connection from ``address`` (closing another address's waiting
+        one at the cap); ``None`` when it may come in, else the answer refusing it."""
         most = self.limits.max_per_address
-        if most > 0 and self.per_address[conn.address] >= most:
-            return self._refuse(conn, _ADDRESS_REPLY)
-        if len(self.open) >= self.cap and not self._evict_for(conn.address):
-            return self._refuse(conn, _BUSY_REPLY)
+        if most > 0 and self.per_address[address] >= most:
+            self.refused += 1
+            return _ADDRESS_REPLY
+        if len(self.open) >= self.cap and not self._evict_for(address):
+            self.refused += 1
+            return _BUSY_REPLY
+        return None
+
+    def admit(self, conn: _Connection) -> bool:
+        """Take ``conn`` on, or refuse it at once (see :meth:`screen`)."""
+        assert conn.transport is not None
+        reply = self.screen(conn.address)
+        if reply is not None:
+            conn.transport.write(reply)
+            conn.transport.close()
+            return False
         self.open[conn.transport] = conn
         self.per_address[conn.address] += 1
         self.wait(conn, time.monotonic())
         return True
-
-    def _refuse(self, conn: _Connection, reply: bytes) -> bool:
-        assert conn.transport is not None
-        self.refused += 1
-        conn.transport.write(reply)
-        conn.transport.close()
-        return False
 
     def _evict_for(self, address: str) -> bool:
         """Close the longest-waiting connection of the address holding the most connections,
@@ -292,35 +302,6 @@ class Throttle:
         return skipped
 
 
-class _AcceptErrors:
-    """A loop exception handler that logs failed ``accept()`` calls at most once a minute
-    and hands everything else to the handler it replaced."""
-
-    def __init__(self, previous: Callable[[asyncio.AbstractEventLoop, dict[str, Any]], object]
-                 | None) -> None:
-        self.previous = previous
-        self.throttle = Throttle()
-
-    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        if not str(context.get("message", "")).startswith(_ACCEPT_FAILED):
-            if self.previous is not None:
-                self.previous(loop, context)
-            else:
-                loop.default_exception_handler(context)
-            return
-        skipped = self.throttle.ready()
-        if skipped is not None:
-            log.warning("HTTP: accept() failed (%s): new connections wait in the backlog "
-                        "(%d more such failures since the last such line)",
-                        context.get("exception"), skipped)
-
-
-def _install_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
-    current = loop.get_exception_handler()
-    if not isinstance(current, _AcceptErrors):
-        loop.set_exception_handler(_AcceptErrors(current))
-
-
 Handler = Callable[["web.Request"], Awaitable["web.StreamResponse"]]
 
 
@@ -344,7 +325,10 @@ class Listener:
 
         self.app = web.Application(client_max_size=limits.max_body, middlewares=[guarded])
         self._runner: web.AppRunner | None = None
-        self._server: asyncio.AbstractServer | None = None
+        self._factory: Callable[[], asyncio.Protocol] | None = None
+        self._sockets: list[socket.socket] = []
+        self._opening: set[asyncio.Task[Any]] = set()
+        self._accept_errors = Throttle()
         self._ticker: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -358,16 +342,17 @@ class Listener:
         await runner.setup()
         factory = runner.server
         assert factory is not None
+        self._factory = factory
         loop = asyncio.get_running_loop()
         try:
-            server = await loop.create_server(lambda: _Connection(self.guard, factory),
-                                              self.host, self.port, backlog=BACKLOG)
+            self._sockets = await _bind(loop, self.host, self.port)
         except BaseException:
             await runner.cleanup()
             raise
-        self._runner, self._server = runner, server
-        self.port = int(server.sockets[0].getsockname()[1])
-        _install_accept_errors(loop)
+        self._runner = runner
+        self.port = int(self._sockets[0].getsockname()[1])
+        for sock in self._sockets:
+            loop.add_reader(sock.fileno(), self._accept, sock)
         self._ticker = asyncio.create_task(self._tick(), name=f"{self.name} listener guard")
         log.info("%s: at most %d connections (%s per address), headers within %gs, "
                  "bodies within %gs and %d bytes", self.name, self.guard.cap,
@@ -376,9 +361,13 @@ class Listener:
 
     async def close(self) -> None:
         """Stop accepting, cut waiting connections and end aiohttp's (in-flight ones are cut)."""
-        server, self._server = self._server, None
-        if server is not None:
-            server.close()
+        loop = asyncio.get_running_loop()
+        sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            loop.remove_reader(sock.fileno())
+            sock.close()
+        for task in list(self._opening):
+            task.cancel()
         ticker, self._ticker = self._ticker, None
         if ticker is not None:
             ticker.cancel()
@@ -388,6 +377,53 @@ class Listener:
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+
+    def _accept(self, sock: socket.socket) -> None:
+        """Accept what the kernel queued: refused connections are answered and closed on the
+        raw socket (no transport is made for them), the others served."""
+        loop = asyncio.get_running_loop()
+        for _ in range(ACCEPT_BATCH):
+            try:
+                conn, peer = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in _OUT_OF_RESOURCES:
+                    skipped = self._accept_errors.ready()
+                    if skipped is not None:
+                        log.warning("%s: accept() failed (%s): new connections wait in the "
+                                    "backlog (%d more such failures since the last such "
+                                    "line)", self.name, exc, skipped)
+                    loop.remove_reader(sock.fileno())
+                    loop.call_later(1.0, self._resume, sock)
+                    return
+                continue  # the client gave up while queued (ECONNABORTED and the like)
+            address = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+            reply = self.guard.screen(address)
+            if reply is not None:
+                with contextlib.suppress(OSError):
+                    conn.setblocking(False)
+                    conn.send(reply)
+                conn.close()
+                continue
+            conn.setblocking(False)
+            task = loop.create_task(self._serve(conn))
+            self._opening.add(task)
+            task.add_done_callback(self._opening.discard)
+
+    async def _serve(self, conn: socket.socket) -> None:
+        factory = self._factory
+        assert factory is not None
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(
+                lambda: _Connection(self.guard, factory), conn)
+        except BaseException:
+            conn.close()
+            raise
+
+    def _resume(self, sock: socket.socket) -> None:
+        if sock in self._sockets:
+            asyncio.get_running_loop().add_reader(sock.fileno(), self._accept, sock)
 
     async def _tick(self) -> None:
         """Cut connections past the header timeout; report refusals once a minute."""
@@ -445,3 +481,36 @@ class Listener:
 def _closing(response: web.Response) -> web.Response:
     response.force_close()
     return response
+
+
+async def _bind(loop: asyncio.AbstractEventLoop, host: str | None,
+                port: int) -> list[socket.socket]:
+    """Listening, non-blocking sockets on every address ``host`` names (``None`` or ``""``:
+    all of this host's)."""
+    infos = await loop.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            try:
+                sock = socket.socket(family, kind, proto)
+            except OSError:
+                continue  # a family this host lacks (IPv6 in some containers)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                raise OSError(exc.errno, f"error while attempting to bind on address "
+                                         f"{address!r}: {exc.strerror}") from None
+            sock.listen(BACKLOG)
+            sock.setblocking(False)
+        if not sockets:
+            raise OSError(errno.EADDRNOTAVAIL, f"no address to listen on for {host!r}")
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
