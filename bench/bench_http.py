@@ -1,6 +1,6 @@
 """HTTP port benchmark: ``/healthz`` and a signed webhook under a sustained slow-loris.
 
-Run with ``.venv/bin/python bench/bench_http.py`` (about 40 s). ``--connections`` and
+Run with ``.venv/bin/python bench/bench_http.py`` (about 25 s). ``--connections`` and
 ``--seconds`` shrink or grow the attack.
 
 ``roost run`` starts with a 1,024 soft and hard open-file limit (systemd's default),
