@@ -21,6 +21,9 @@ Webhooks can share it: a channel whose own listener's port setting
 ``POST`` endpoint here (:class:`~bot.contracts.channel.WebRoutes`) instead of
 binding a second server.
 
+Every connection goes through :class:`~bot.resilience.listener.Listener`'s guard:
+header and body timeouts, connection caps, body size limits (``http_*`` settings).
+
 aiohttp is imported only when the server starts.
 """
 
@@ -36,6 +39,7 @@ from bot.contracts.channel import WebHandler
 from bot.observability.metrics import CONTENT_TYPE, Gauges
 from bot.observability.redact import redact
 from bot.resilience.breaker import CircuitBreaker
+from bot.resilience.listener import Limits, Listener
 from bot.storage.db import transaction
 
 if TYPE_CHECKING:
@@ -54,11 +58,12 @@ class HealthServer:
 
     ``expected`` names the channels that must be ready besides the ones
     already running (``roost run`` passes those it is about to start, so
-    ``/readyz`` says ``telegram: not started`` until it is).
+    ``/readyz`` says ``telegram: not started`` until it is). ``limits`` defaults
+    to the app's ``http_*`` settings.
     """
 
     def __init__(self, app: Roost, host: str, port: int, *, expected: Iterable[str] = (),
-                 store_timeout: float = STORE_TIMEOUT) -> None:
+                 store_timeout: float = STORE_TIMEOUT, limits: Limits | None = None) -> None:
         self.app = app
         self.host = host
         self.port = port
@@ -67,7 +72,9 @@ class HealthServer:
         self.store_timeout = store_timeout
         self.closing = False
         """Set when shutdown begins: ``/readyz`` answers 503 from then on."""
-        self._runner: web.AppRunner | None = None
+        self.limits = limits if limits is not None else Limits.from_settings(app.settings)
+        """Timeouts, connection caps and body sizes (:mod:`bot.resilience.listener`)."""
+        self._listener: Listener | None = None
         self._posts: dict[str, WebHandler] = {}
 
     @property
@@ -78,27 +85,24 @@ class HealthServer:
     async def start(self) -> None:
         """Bind and serve; raises :class:`SetupError` when the address cannot be bound."""
         try:
-            from aiohttp import web
+            import aiohttp  # noqa: F401  (named in the error below when missing)
         except ImportError:  # pragma: no cover - aiohttp ships with Roost
             raise SetupError("ROOST_HTTP_PORT needs aiohttp: pip install aiohttp") from None
-        server = web.Application()
-        server.router.add_get("/healthz", self._healthz)
-        server.router.add_get("/readyz", self._readyz)
-        server.router.add_get("/metrics", self._metrics)
+        listener = Listener(self.host, self.port, self.limits, name="HTTP")
+        router = listener.app.router
+        router.add_get("/healthz", self._healthz)
+        router.add_get("/readyz", self._readyz)
+        router.add_get("/metrics", self._metrics)
         # aiohttp's router is frozen once serving; channels mount webhooks later.
-        server.router.add_post("/{path:.*}", self._post)
-        runner = web.AppRunner(server, access_log=None, handle_signals=False)
-        await runner.setup()
+        router.add_post("/{path:.*}", self._post)
         try:
-            await web.TCPSite(runner, self.host, self.port).start()
+            await listener.start()
         except OSError as exc:
-            await runner.cleanup()
             raise SetupError(f"cannot serve health and metrics on {self.host}:{self.port} "
                              f"({exc.strerror or exc}); set ROOST_HTTP_PORT to a free port "
                              "or 0 to turn it off") from None
-        self._runner = runner
-        bound = runner.addresses[0]
-        self.port = int(bound[1])
+        self._listener = listener
+        self.port = listener.port
         log.info("health and metrics on http://%s:%d (/healthz, /readyz, /metrics)",
                  self.host, self.port)
 
@@ -116,9 +120,9 @@ class HealthServer:
     async def close(self) -> None:
         """Stop serving (requests in flight are cut)."""
         self.closing = True
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            await listener.close()
 
     async def problems(self) -> list[str]:
         """One line per part that is not ready; empty when ready."""

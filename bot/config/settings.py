@@ -207,6 +207,17 @@ class Settings(BaseSettings):
     http_port: int | None = Field(None, ge=0, le=65535)
     """Port of /healthz, /readyz and /metrics; unset or 0 turns the server off."""
 
+    http_header_timeout: float = Field(10.0, gt=0)
+    """Seconds a client has to send a request's headers (after connecting or its last answer)."""
+    http_body_timeout: float = Field(30.0, gt=0)
+    """Seconds a client has to send a request's body."""
+    http_max_connections: int = Field(0, ge=0)
+    """Connections at once per listener; 0: a quarter of the open-file limit (32 to 4,096)."""
+    http_max_per_address: int = Field(64, ge=0)
+    """Connections at once from one address per listener; 0: no cap (behind a proxy)."""
+    http_max_body: int = Field(1 << 20, ge=1)
+    """Largest request body a webhook route takes (GET routes take none); larger: 413."""
+
     @field_validator("http_port", mode="before")
     @classmethod
     def _empty_port_is_off(cls, value: Any) -> Any:

@@ -15,6 +15,7 @@ from slack_sdk.signature import SignatureVerifier
 
 from bot.config.settings import Settings
 from bot.contracts.channel import WebRoutes
+from bot.resilience.listener import Limits, Listener, Throttle
 from channels.logline import short as _short
 from channels.slack.common import (
     EVENTS_PATH,
@@ -39,14 +40,17 @@ class EventsEndpoint:
         self.port: int | None = None
         """The HTTP port actually bound (``slack_port`` may be 0 in tests)."""
         self._verifier: SignatureVerifier | None = None
-        self._runner: web.AppRunner | None = None
+        self._listener: Listener | None = None
+        """The endpoint's own listener (HTTP mode on a port of its own)."""
+        self._refusals = Throttle()
+        """Paces the log line about requests with a bad signature."""
         self._shared: WebRoutes | None = None
         """Roost's HTTP server, when the endpoint is mounted there."""
 
     @property
     def listening(self) -> bool:
         """Whether the endpoint is served now."""
-        return self._runner is not None or self._shared is not None
+        return self._listener is not None or self._shared is not None
 
     async def listen(self, secret: str, http_routes: WebRoutes | None) -> None:
         """Serve the endpoint, on ``http_routes`` if ``slack_port`` is its port."""
@@ -58,23 +62,18 @@ class EventsEndpoint:
             self._shared = shared
             self.port = shared.port
             return
-        web_app = web.Application(client_max_size=1 << 20)
-        web_app.router.add_post(EVENTS_PATH, self._http_request)
-        runner = web.AppRunner(web_app, access_log=None)
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, self.host, self.settings.slack_port).start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self._runner = runner
-        self.port = int(runner.addresses[0][1])
+        listener = Listener(self.host, self.settings.slack_port,
+                            Limits.from_settings(self.settings), name="Slack events")
+        listener.app.router.add_post(EVENTS_PATH, self._http_request)
+        await listener.start()
+        self._listener = listener
+        self.port = listener.port
 
     async def close(self) -> None:
         """Stop serving the endpoint."""
-        if self._runner is not None:
-            runner, self._runner = self._runner, None
-            await runner.cleanup()
+        if self._listener is not None:
+            listener, self._listener = self._listener, None
+            await listener.close()
         if self._shared is not None:
             shared, self._shared = self._shared, None
             shared.remove_post(EVENTS_PATH)
@@ -90,7 +89,12 @@ class EventsEndpoint:
         # and a traceback, so unsigned requests are refused here first.
         if not self._signed(raw, request.headers.get("X-Slack-Request-Timestamp"),
                             request.headers.get("X-Slack-Signature")):
-            log.warning("Slack: refused a request with a bad signature from %s", request.remote)
+            # Anyone can send these: one line a minute at most, so they cannot flood the log.
+            skipped = self._refusals.ready()
+            if skipped is not None:
+                log.warning("Slack: refused a request with a bad signature from %s%s",
+                            request.remote, f" ({skipped} more since the last such line)"
+                            if skipped else "")
             return web.Response(status=401, text="invalid signature")
         try:
             bolt_request = AsyncBoltRequest(

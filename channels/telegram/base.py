@@ -37,14 +37,13 @@ from aiogram.methods.base import TelegramType
 from aiogram.types import Update, User
 
 from bot.contracts.channel import Channel, ChannelHealth, InboundHandler, WebRoutes, marked_send
+from bot.resilience.listener import Listener
 from channels.delivery import DeliveryPolicy, RateLimited, deliver
 from channels.ratelimit import BOT, TELEGRAM_LIMITS, Limits, RateLimiter
 from channels.telegram.errors import ChatMigrated, _translated
 from channels.telegram.parsing import SEEN_UPDATES
 
 if TYPE_CHECKING:
-    from aiohttp import web
-
     from bot.config.settings import Settings
 
 log = logging.getLogger("roost.channels.telegram")
@@ -129,7 +128,7 @@ class ChannelBase(Channel):
         self._seen: OrderedDict[int, None] = OrderedDict()
         self._polling: asyncio.Task[None] | None = None
         self._fetching: asyncio.Task[list[Update]] | None = None
-        self._webhook: web.AppRunner | None = None
+        self._webhook: Listener | None = None
         self._shared: WebRoutes | None = None
         """Roost's HTTP server, when the webhook is mounted there (same port)."""
         self._sending = 0

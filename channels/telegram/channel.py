@@ -130,7 +130,7 @@ class TelegramChannel(Intake, Uploads, Downloads):
         await self.stop_intake()
         self._stopped = True
         if self._webhook is not None:
-            await self._webhook.cleanup()
+            await self._webhook.close()
         if self._shared is not None and self.settings.telegram_webhook_url:
             shared, self._shared = self._shared, None
             shared.remove_post(urlsplit(self.settings.telegram_webhook_url).path or "/")

@@ -22,6 +22,8 @@ from aiogram.types import Update
 
 from bot.contracts.channel import READY, ChannelHealth
 from bot.contracts.messages import InboundMessage
+from bot.resilience.listener import Limits as ListenerLimits
+from bot.resilience.listener import Listener
 from channels.delivery import RateLimited, Transient
 from channels.telegram.base import ALLOWED_UPDATES, CONNECTING, GET_UPDATES
 from channels.telegram.errors import _backoff, _describe, _translated, _where
@@ -67,19 +69,17 @@ class Intake(Translating):
                 raise
             self._health = READY
             return
-        from aiohttp import web  # webhook mode only: long polling never loads the server
-
-        app = web.Application()
-        app.router.add_post(path, self._webhook_handler(secret))
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        await web.TCPSite(runner, port=self.settings.telegram_webhook_port).start()
-        self._webhook = runner
+        # Webhook mode only: long polling never loads the server.
+        listener = Listener(None, self.settings.telegram_webhook_port,
+                            ListenerLimits.from_settings(self.settings), name="Telegram webhook")
+        listener.app.router.add_post(path, self._webhook_handler(secret))
+        await listener.start()
+        self._webhook = listener
         try:
             await self._deliver(SetWebhook(url=url, secret_token=secret,
                                            allowed_updates=ALLOWED_UPDATES), "setWebhook")
         except BaseException:
-            await runner.cleanup()
+            await listener.close()
             self._webhook = None
             raise
         self._health = READY

@@ -30,6 +30,7 @@ def run(ctx: click.Context) -> None:
     """Start every channel whose credentials are set; Ctrl-C or SIGTERM stops cleanly."""
     settings = _settings(ctx)
     _setup_logging(settings.log_level, fmt=settings.log_format)
+    _raise_open_files()
     # Start-up imports the SDKs and builds thousands of long-lived objects (pydantic
     # models, plugin tables): the cyclic collector would scan them over and over for
     # nothing. It stays off until the service is ready, which then freezes them (never
@@ -49,6 +50,17 @@ def run(ctx: click.Context) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _raise_open_files() -> None:
+    """Raise the open-file soft limit to the hard one and say how many files Roost may open."""
+    from bot.resilience.listener import raise_open_files
+
+    before, after = raise_open_files()
+    if after > before:
+        log.info("open files: up to %d (soft limit raised from %d)", after, before)
+    else:
+        log.info("open files: up to %d", after)
 
 
 async def _open_app(settings: Settings) -> Roost | None:
