@@ -28,8 +28,8 @@ async def send_marked(channel: Channel, reply: OutboundMessage, inbox: Inbox,
         await inbox.sending(outbox_id)
         return await channel.send(reply)
 
-    async def mark(on: bool) -> None:
-        await inbox.sending(outbox_id, on)
+    async def mark(on: bool, note: str | None = None) -> None:
+        await inbox.sending(outbox_id, on, note)
 
     with sending_mark(mark):
         return await channel.send(reply)

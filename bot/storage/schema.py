@@ -335,6 +335,12 @@ MIGRATIONS: list[str] = [
     """
     CREATE INDEX runs_ended ON runs(ended_at);
     """,
+    # 22: what an adapter noted right before a reply's first platform call
+    # (bot.contracts.channel.marked_send; Telegram: the chat's highest message id),
+    # given back on redelivery so it can find out whether that attempt was shown.
+    """
+    ALTER TABLE outbox ADD COLUMN attempt_note TEXT;
+    """,
 ]
 """Schema steps in order; ``PRAGMA user_version`` records how many have run.
 
