@@ -71,7 +71,7 @@ CONNECTING = ChannelHealth(False, "connecting")
 _COUNTED = (SendMessage, EditMessageText, EditMessageCaption, DeleteMessage, SendPhoto,
             SendDocument)
 """The methods Telegram's message limits count."""
-KNOWN_IDS = 256
+KNOWN_IDS = 32
 """Message ids remembered per chat (a probe for a lost send's message skips them)."""
 CHATS = 4096
 """Chats whose message ids are remembered (least recently used ones forgotten)."""
@@ -106,7 +106,7 @@ async def _call(bot: Bot, method: TelegramMethod[TelegramType],
     return await _translated(bot(method, request_timeout=request_timeout))
 
 
-def _refused(error: BaseException) -> bool:
+def certainly_refused(error: BaseException) -> bool:
     """Whether a failed call certainly showed nothing: a 429, a migrated chat or any other
     4xx answer. 5xx answers and network errors may come after the call took effect."""
     cause = error.__cause__ if isinstance(error, (RateLimited, ChatMigrated)) else error
@@ -217,7 +217,7 @@ class ChannelBase(Channel):
                     if not marked:
                         return await call()
                     note = None if chat is None else functools.partial(self._floor_note, chat)
-                    return await marked_send(call, refused=_refused, note=note)
+                    return await marked_send(call, refused=certainly_refused, note=note)
             except ChatMigrated as moved:
                 if chat is None:
                     raise
@@ -258,10 +258,9 @@ class ChannelBase(Channel):
         ids = self._ids.get(key)
         if ids is None:
             ids = self._ids[key] = _ChatIds()
-            if len(self._ids) > CHATS:
-                for old, state in list(self._ids.items())[:len(self._ids) - CHATS]:
-                    if not state.lock.locked():
-                        del self._ids[old]
+            oldest = next(iter(self._ids))
+            if len(self._ids) > CHATS and not self._ids[oldest].lock.locked():
+                del self._ids[oldest]
         else:
             self._ids.move_to_end(key)
         return ids

@@ -48,8 +48,7 @@ from aiogram.methods.base import TelegramType
 from aiogram.types import Chat, Message
 
 from channels.delivery import DeliveryPolicy, RateLimited, Transient, deliver
-from channels.telegram.base import ChannelBase, _refused
-from channels.telegram.errors import _describe, _not_modified
+from channels.telegram.base import ChannelBase, certainly_refused
 
 log = logging.getLogger("roost.channels.telegram")
 
@@ -129,7 +128,7 @@ class Outcomes(ChannelBase):
                     sent = await self._api(method, urgent=urgent,
                                            request_timeout=request_timeout)
                 except Exception as exc:
-                    unknown = not _refused(exc)
+                    unknown = not certainly_refused(exc)
                     raise
                 if sent is not None:
                     self._saw(sent.chat.id, sent.message_id)
@@ -209,13 +208,13 @@ class Outcomes(ChannelBase):
                           policy=self.policy)
         except TelegramBadRequest as exc:
             text = exc.message.lower()
-            if _not_modified(exc):
+            if "message is not modified" in text:
                 return "ours"
-            if "not found" in text:
+            if "not found" in text or "message_id_invalid" in text:
                 return "unused"
             return "other"  # can't be edited (someone else's), no text / caption, ...
         except Exception as exc:
-            raise _Unresolved(_describe(exc)) from exc
+            raise _Unresolved(type(exc).__name__) from exc
         # The edit took effect: a message of ours the chat's known ids did not hold
         # (left by a process that died mid-call) now shows this text.
         log.warning("telegram: probing %d in %s changed a message of Roost's not known to "
