@@ -17,12 +17,13 @@ from typing import Any
 
 import pytest
 
-from bot.contracts.messages import OutboundMessage
+from bot.contracts.messages import OutboundFile, OutboundMessage
 from bot.testing.chaos import ChaosConfig, ChaosRun
 from bot.testing.telegram import BOB, Call, FakeTelegram
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
 from channels.telegram import TelegramChannel
 from channels.telegram_format import MAX_TEXT
+from tests.media_samples import png
 from tests.test_telegram_intake import FAST, Inbox, StartTg
 from tests.test_telegram_intake import start_tg as _start_tg  # noqa: F401  (the fixture)
 
@@ -107,6 +108,26 @@ async def test_in_a_group_the_probe_steps_over_other_members_messages(
     *others, found = probes(fake_telegram)
     assert set(others) <= {"Bad Request: message can't be edited"}
     assert "message is not modified" in found
+
+
+async def test_a_photo_and_a_document_whose_answers_were_lost_are_found_by_their_captions(
+        start_tg: StartTg, fake_telegram: FakeTelegram, tmp_path: Path) -> None:
+    tg, _ = await talking(start_tg, fake_telegram)
+    picture, notes = tmp_path / "a.png", tmp_path / "notes.txt"
+    picture.write_bytes(png(40, 30))
+    notes.write_bytes(b"plain text")
+    fake_telegram.fail("sendPhoto", kind="reset_after")
+    fake_telegram.fail("sendDocument", kind="reset_after")
+    await tg.send(reply("", files=(
+        OutboundFile(str(picture), "a.png", "image/png", picture.stat().st_size, "the plot"),
+        OutboundFile(str(notes), "notes.txt", "text/plain", 10))))
+    assert [(u.method, u.caption) for u in fake_telegram.uploads] == \
+        [("photo", "the plot"), ("document", None)]
+    assert len(fake_telegram.calls_of("sendPhoto")) == 1
+    assert len(fake_telegram.calls_of("sendDocument")) == 1
+    # Each found by an edit to its own caption (none for the document): a no-op.
+    answers = [c.error for c in fake_telegram.calls_of("editMessageCaption")]
+    assert len(answers) == 2 and all("message is not modified" in a for a in answers)
 
 
 async def test_a_reply_whose_last_attempt_lost_its_answer_is_found_not_failed(
