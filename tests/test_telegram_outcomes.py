@@ -17,10 +17,12 @@ from typing import Any
 
 import pytest
 
+from bot.contracts.channel import sending_mark
 from bot.contracts.messages import OutboundFile, OutboundMessage
 from bot.testing.chaos import ChaosConfig, ChaosRun
 from bot.testing.telegram import BOB, Call, FakeTelegram
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
+from channels.delivery import Transient
 from channels.telegram import TelegramChannel
 from channels.telegram_format import MAX_TEXT
 from tests.media_samples import png
@@ -205,3 +207,45 @@ async def test_a_kill_9_between_telegram_taking_a_reply_and_its_mark_leaves_one_
     assert report.answered == 1
     assert report.duplicated == []
     assert telegram.visible(5000)[-1].startswith("ok #1")
+
+
+async def test_a_reply_found_not_to_have_arrived_at_all_takes_its_mark_and_note_back(
+        start_tg: StartTg, fake_telegram: FakeTelegram) -> None:
+    # Its note must not outlive it: other messages posted before its redelivery would sit
+    # above the noted id, where a probe for it could mistake one of them for it.
+    tg, hello = await talking(start_tg, fake_telegram)
+    marks: list[tuple[bool, str | None]] = []
+
+    async def mark(on: bool, note: str | None = None) -> None:
+        marks.append((on, note))
+
+    fake_telegram.fail("sendMessage", kind="reset_before", times=FAST.attempts)
+    with sending_mark(mark), pytest.raises(Transient):
+        await tg.send(reply("never arrived"))
+    assert marks == [(True, str(hello)), (False, None)]
+    assert fake_telegram.visible(42) == []
+
+
+async def test_a_piece_found_after_all_keeps_the_mark_when_a_later_piece_is_refused(
+        start_tg: StartTg, fake_telegram: FakeTelegram) -> None:
+    tg, _ = await talking(start_tg, fake_telegram)
+    marks: list[bool] = []
+
+    async def mark(on: bool, note: str | None = None) -> None:
+        marks.append(on)
+
+    pieces = 0
+
+    def refuse_the_second(call: Call) -> None:
+        nonlocal pieces
+        if call.method == "sendMessage":
+            pieces += 1
+            if pieces == 2:
+                fake_telegram.fail("sendMessage", 403)
+
+    fake_telegram.fail("sendMessage", kind="reset_after")
+    fake_telegram.on_call = refuse_the_second
+    with sending_mark(mark), pytest.raises(Exception, match="blocked"):
+        await tg.send(reply("a" * MAX_TEXT + " " + "b" * 10))
+    assert len(fake_telegram.visible(42)) == 1  # the first piece is on screen
+    assert marks == [True]  # so the reply stays marked: at most once holds

@@ -118,6 +118,24 @@ async def marked_send(call: Callable[[], Awaitable[T]], *,
     return result
 
 
+def found_shown() -> None:
+    """Within :func:`sending_mark`: a call of this reply whose outcome was unknown was found
+    to have been shown after all (a later refused call then does not take the mark back)."""
+    state = _SENDING.get()
+    if state is not None:
+        state.shown = True
+
+
+async def found_nothing_shown() -> None:
+    """Within :func:`sending_mark`: the adapter found out that no call of this reply was
+    shown (each was refused, or found not to have arrived): the mark and the note are
+    taken back, so nothing later is looked for on the strength of a stale note."""
+    state = _SENDING.get()
+    if state is not None and state.on and not state.shown:
+        state.on = False
+        await state.mark(False)
+
+
 @dataclass(frozen=True, slots=True)
 class ChannelHealth:
     """Whether a channel is connected and receiving, for ``/readyz``.

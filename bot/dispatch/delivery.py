@@ -51,9 +51,16 @@ def run_commit(inbox: Inbox, message: InboundMessage, entries: tuple[int, ...], 
 def _noting(inbox: Inbox, outbox_id: int) -> SendingMark:
     """A streamed reply's mark: only the adapter's note is kept (a replica taking over
     sends a streamed reply again, as before)."""
+    noted = False
+
     async def mark(on: bool, note: str | None = None) -> None:
+        nonlocal noted
         if on and note is not None:
             await inbox.note_attempt(outbox_id, note)
+            noted = True
+        elif not on and noted:
+            await inbox.note_attempt(outbox_id, None)
+            noted = False
     return mark
 
 

@@ -334,7 +334,8 @@ class Inbox:
             rows = await cur.fetchall()
         return [OutboxEntry(r[0], decode_outbound(r[1]), r[2], r[3], r[4]) for r in rows]
 
-    async def sending(self, outbox_id: int, on: bool = True, note: str | None = None) -> None:
+    async def sending(self, outbox_id: int, on: bool = True, note: str | None = None, *,
+                      forget: bool = False) -> None:
         """About to hand the reply to the platform; returns once that is committed.
 
         With replicas, a reply whose owner died after this mark is not sent again by
@@ -345,16 +346,17 @@ class Inbox:
         mark only once their own rate-limit waits are over. ``on=False`` takes the
         mark back: the platform refused the call, so the reply was not shown. A
         single process (no owner) writes nothing but the adapter's ``note`` (see
-        :func:`bot.contracts.channel.marked_send`), kept in every case.
+        :func:`bot.contracts.channel.marked_send`), kept in every case; ``forget`` clears
+        it (taking the mark back after a note was kept).
         """
-        if note is not None and self.owner is None:
+        if (note is not None or forget) and self.owner is None:
             await self.note_attempt(outbox_id, note)
             return
-        if note is not None:
+        if note is not None or forget:
             await self.writer.write(
                 lambda db: db.execute("UPDATE outbox SET sending = ?, attempt_note = ?"
                                       " WHERE id = ?", (int(on), note, outbox_id)),
-                what="marking a reply as being sent")
+                what="marking a reply as being sent" if on else "unmarking a refused reply")
             return
         if self.owner is None:
             return
@@ -363,9 +365,9 @@ class Inbox:
                                   (int(on), outbox_id)),
             what="marking a reply as being sent" if on else "unmarking a refused reply")
 
-    async def note_attempt(self, outbox_id: int, note: str) -> None:
-        """Keep what the adapter noted before a reply's first platform call; returns once
-        committed (see :func:`bot.contracts.channel.marked_send`)."""
+    async def note_attempt(self, outbox_id: int, note: str | None) -> None:
+        """Keep what the adapter noted before a reply's first platform call (``None``:
+        forget it); returns once committed (see :func:`bot.contracts.channel.marked_send`)."""
         await self.writer.write(
             lambda db: db.execute("UPDATE outbox SET attempt_note = ? WHERE id = ?",
                                   (note, outbox_id)),

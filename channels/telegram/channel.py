@@ -22,7 +22,7 @@ from bot.contracts.messages import InboundMessage, OutboundMessage
 from channels.telegram.base import COMMAND_NAME, STOP_GRACE, _chat_id, _int_or_none, _Target
 from channels.telegram.intake import Intake
 from channels.telegram.media import Downloads
-from channels.telegram.outcomes import resumed
+from channels.telegram.outcomes import as_reply
 from channels.telegram.parsing import _keep_response_models, _Session, build_validators
 from channels.telegram.sending import _DraftStream
 from channels.telegram.uploads import Uploads
@@ -167,8 +167,8 @@ class TelegramChannel(Intake, Uploads, Downloads):
             if not live:
                 raise RuntimeError("the Telegram channel is stopped")
             if message.files:
-                return await resumed(floor, lambda: self._deliver_with_files(target, message))
-            return await resumed(floor, lambda: self._deliver_reply(
+                return await as_reply(floor, lambda: self._deliver_with_files(target, message))
+            return await as_reply(floor, lambda: self._deliver_reply(
                 target, message.replace, message.text))
 
     async def withdraw(self, chat_id: str, message_id: str) -> None:

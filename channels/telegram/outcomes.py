@@ -47,6 +47,7 @@ from aiogram.methods import (
 from aiogram.methods.base import TelegramType
 from aiogram.types import Chat, Message
 
+from bot.contracts.channel import found_nothing_shown, found_shown
 from channels.delivery import DeliveryPolicy, RateLimited, Transient, deliver
 from channels.telegram.base import ChannelBase, certainly_refused
 
@@ -64,14 +65,16 @@ Creating = SendMessage | SendPhoto | SendDocument
 
 
 @dataclass(slots=True)
-class _Resume:
-    """A redelivered reply's floor: each piece is looked for above it before it is sent."""
+class _Reply:
+    """A reply being sent: a redelivery's floor (each piece is looked for above it before
+    it is posted), and whether some call's outcome could not be found out."""
 
     floor: int | None
+    unsure: bool = False
 
 
-_RESUME: contextvars.ContextVar[_Resume | None] = contextvars.ContextVar(
-    "roost_telegram_resume", default=None)
+_REPLY: contextvars.ContextVar[_Reply | None] = contextvars.ContextVar(
+    "roost_telegram_reply", default=None)
 
 
 class _Unresolved(Exception):
@@ -99,7 +102,7 @@ class Outcomes(ChannelBase):
         """Post a message (``urgent``: retried per ``policy``), finding out after each
         unknown outcome whether it was posted before trying again.
 
-        A redelivered reply (:data:`_RESUME`) first looks for the piece above its
+        A redelivered reply (:func:`as_reply`) first looks for the piece above its
         floor. Not ``urgent``: tried once, ``None`` when it gave way or failed (a
         failure with an unknown outcome is probed first).
         """
@@ -108,7 +111,7 @@ class Outcomes(ChannelBase):
             return None  # a draft gives way to a message being posted
         async with ids.lock:
             floor = ids.top
-            resume = _RESUME.get()
+            resume = _REPLY.get()
             if resume is not None and resume.floor is not None:
                 found = await self._look_for(method, resume.floor)
                 if found is not None:
@@ -159,6 +162,7 @@ class Outcomes(ChannelBase):
         not posted (or cannot be looked for: no floor, or the chat is unresolved)."""
         ids = self._chat_ids(method.chat_id)
         if floor is None or ids.unresolved:
+            _unsure()
             log.info("telegram: whether a %s to %s was posted cannot be found out (%s); "
                      "sending it again", method.__api_method__, method.chat_id,
                      "nothing known of the chat" if floor is None else "chat unresolved")
@@ -172,6 +176,7 @@ class Outcomes(ChannelBase):
                 verdict = await self._probe(method, candidate)
             except _Unresolved:
                 ids.unresolved = True
+                _unsure()
                 log.warning("telegram: could not find out whether a %s to %s was posted; "
                             "sending it again", method.__api_method__, method.chat_id)
                 return None
@@ -225,19 +230,30 @@ class Outcomes(ChannelBase):
         """The message a probe found, as the send would have returned it (id and chat)."""
         chat = self._migrated.get(method.chat_id, method.chat_id)
         self._saw(chat, message_id)
+        found_shown()
         return Message(message_id=message_id, date=datetime.datetime.now(datetime.UTC),
                        chat=Chat(id=chat if isinstance(chat, int) else 0,
                                  type="private" if isinstance(chat, int) and chat > 0
                                  else "supergroup"))
 
 
-async def resumed(floor: int | None, body: Callable[[], Awaitable[T]]) -> T:
-    """``await body()`` with each message it posts looked for above ``floor`` first
-    (``None``: just ``await body()``)."""
-    if floor is None:
-        return await body()
-    token = _RESUME.set(_Resume(floor))
+def _unsure() -> None:
+    reply = _REPLY.get()
+    if reply is not None:
+        reply.unsure = True
+
+
+async def as_reply(floor: int | None, body: Callable[[], Awaitable[T]]) -> T:
+    """``await body()`` as one reply: with a redelivery's ``floor``, each message it posts
+    is looked for above it first. If ``body`` fails and every call of it was refused or
+    found not to have arrived, the core's mark and note are taken back."""
+    reply = _Reply(floor)
+    token = _REPLY.set(reply)
     try:
         return await body()
+    except Exception:
+        if not reply.unsure:
+            await found_nothing_shown()
+        raise
     finally:
-        _RESUME.reset(token)
+        _REPLY.reset(token)

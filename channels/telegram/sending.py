@@ -14,7 +14,7 @@ from aiogram.types import Message, ReplyParameters
 from channels.delivery import DeliveryPolicy
 from channels.telegram.base import _DRAFT_POLICY, _Target, _unthreaded
 from channels.telegram.errors import _describe, _entity_error, _not_modified
-from channels.telegram.outcomes import Outcomes
+from channels.telegram.outcomes import Outcomes, as_reply
 from channels.telegram_format import fit, split_for_telegram, to_html
 
 log = logging.getLogger("roost.channels.telegram")
@@ -236,5 +236,5 @@ class _DraftStream:
                 raise RuntimeError("the Telegram channel is stopped")
             # Once delivered, the id is that of the reply's last message (the core
             # records it); if this raises, it stays the draft's, to be replaced.
-            self.message_id = await self.channel._deliver_reply(self.target, self.message_id,
-                                                                final_text)
+            self.message_id = await as_reply(None, lambda: self.channel._deliver_reply(
+                self.target, self.message_id, final_text))
