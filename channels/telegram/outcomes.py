@@ -23,7 +23,10 @@ never a changed message). Across a restart the floor comes from the core: the
 adapter notes it with its first platform call of a reply (:func:`marked_send`'s
 ``note``), the outbox keeps it, and a redelivery carries it back as
 ``OutboundMessage.attempt_note``; each piece of the reply is then looked for
-from there before it is sent.
+from there before it is sent. A reply found not to have arrived at all takes its
+note back. What a killed process posted above a note without learning its id, or
+after the reply's first piece, the next process does not know: a probe can then
+edit such a message of Roost's into the reply (logged as a warning).
 """
 
 from __future__ import annotations
