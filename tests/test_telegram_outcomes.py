@@ -249,3 +249,14 @@ async def test_a_piece_found_after_all_keeps_the_mark_when_a_later_piece_is_refu
         await tg.send(reply("a" * MAX_TEXT + " " + "b" * 10))
     assert len(fake_telegram.visible(42)) == 1  # the first piece is on screen
     assert marks == [True]  # so the reply stays marked: at most once holds
+
+
+async def test_two_replies_to_one_chat_do_not_interleave_their_pieces(
+        start_tg: StartTg, fake_telegram: FakeTelegram) -> None:
+    # Nothing lands between a reply's pieces: after a restart, what sits above its note
+    # is its own pieces (and people's messages), never another of Roost's.
+    tg, _ = await talking(start_tg, fake_telegram)
+    first, second = "a" * MAX_TEXT + " " + "A" * 10, "b" * MAX_TEXT + " " + "B" * 10
+    await asyncio.gather(tg.send(reply(first)), tg.send(reply(second)))
+    shown = [text[-1] for text in fake_telegram.visible(42)]
+    assert shown in (["a", "A", "b", "B"], ["b", "B", "a", "A"]), shown

@@ -78,7 +78,7 @@ CHATS = 4096
 
 
 @dataclass(slots=True)
-class _ChatIds:
+class ChatIds:
     """What is known of one chat's message ids, and its one creating call at a time."""
 
     top: int | None = None
@@ -167,7 +167,7 @@ class ChannelBase(Channel):
         # a final edit identical to the draft would be refused as "not modified".
         self._shown: OrderedDict[tuple[int | str, int], tuple[str, str | None]] = \
             OrderedDict()
-        self._ids: OrderedDict[int | str, _ChatIds] = OrderedDict()
+        self._ids: OrderedDict[int | str, ChatIds] = OrderedDict()
         """Per chat, the message ids known (see :mod:`channels.telegram.outcomes`)."""
 
     def _live_replicas(self) -> int:
@@ -253,11 +253,11 @@ class ChannelBase(Channel):
             if not self._sending:
                 self._idle.set()
 
-    def _chat_ids(self, chat: int | str) -> _ChatIds:
+    def _chat_ids(self, chat: int | str) -> ChatIds:
         key = self._migrated.get(chat, chat)
         ids = self._ids.get(key)
         if ids is None:
-            ids = self._ids[key] = _ChatIds()
+            ids = self._ids[key] = ChatIds()
             oldest = next(iter(self._ids))
             if len(self._ids) > CHATS and not self._ids[oldest].lock.locked():
                 del self._ids[oldest]

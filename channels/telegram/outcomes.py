@@ -52,7 +52,7 @@ from aiogram.types import Chat, Message
 
 from bot.contracts.channel import found_nothing_shown, found_shown
 from channels.delivery import DeliveryPolicy, RateLimited, Transient, deliver
-from channels.telegram.base import ChannelBase, certainly_refused
+from channels.telegram.base import ChannelBase, ChatIds, certainly_refused
 
 log = logging.getLogger("roost.channels.telegram")
 
@@ -74,6 +74,8 @@ class _Reply:
 
     floor: int | None
     unsure: bool = False
+    held: ChatIds | None = None
+    """The chat whose message-creating lock the reply holds until it is sent."""
 
 
 _REPLY: contextvars.ContextVar[_Reply | None] = contextvars.ContextVar(
@@ -110,55 +112,74 @@ class Outcomes(ChannelBase):
         failure with an unknown outcome is probed first).
         """
         ids = self._chat_ids(method.chat_id)
+        reply = _REPLY.get()
+        if reply is not None and reply.held is ids:
+            return await self._create_held(ids, method, what, policy=policy,
+                                           request_timeout=request_timeout, urgent=urgent)
         if not urgent and ids.lock.locked():
             return None  # a draft gives way to a message being posted
-        async with ids.lock:
-            floor = ids.top
-            resume = _REPLY.get()
-            if resume is not None and resume.floor is not None:
-                found = await self._look_for(method, resume.floor)
-                if found is not None:
-                    resume.floor = found
-                    return self._found(method, found)
-                resume.floor = None  # this piece and the rest were never posted
-            unknown = False
+        await ids.lock.acquire()
+        if reply is not None and urgent and reply.held is None:
+            # Held until the reply is sent: no other message lands between its pieces.
+            reply.held = ids
+            return await self._create_held(ids, method, what, policy=policy,
+                                           request_timeout=request_timeout, urgent=urgent)
+        try:
+            return await self._create_held(ids, method, what, policy=policy,
+                                           request_timeout=request_timeout, urgent=urgent)
+        finally:
+            ids.lock.release()
 
-            async def attempt() -> Message | None:
-                nonlocal unknown
+    async def _create_held(self, ids: ChatIds, method: Creating, what: str, *,
+                           policy: DeliveryPolicy, request_timeout: int | None,
+                           urgent: bool) -> Message | None:
+        """:meth:`_create` holding the chat's lock."""
+        floor = ids.top
+        resume = _REPLY.get()
+        if resume is not None and resume.floor is not None:
+            found = await self._look_for(method, resume.floor)
+            if found is not None:
+                resume.floor = found
+                return self._found(method, found)
+            resume.floor = None  # this piece and the rest were never posted
+        unknown = False
+
+        async def attempt() -> Message | None:
+            nonlocal unknown
+            if unknown:
+                unknown = False
+                found = await self._look_for(method, floor)
+                if found is not None:
+                    return self._found(method, found)
+            try:
+                sent = await self._api(method, urgent=urgent,
+                                       request_timeout=request_timeout)
+            except Exception as exc:
+                unknown = not certainly_refused(exc)
+                raise
+            if sent is not None:
+                self._saw(sent.chat.id, sent.message_id)
+            return sent
+
+        if urgent:
+            try:
+                return await deliver(attempt, what=f"telegram {what}", policy=policy)
+            except (Transient, RateLimited):
                 if unknown:
-                    unknown = False
+                    # The last attempt's outcome too is found out before giving up.
                     found = await self._look_for(method, floor)
                     if found is not None:
                         return self._found(method, found)
-                try:
-                    sent = await self._api(method, urgent=urgent,
-                                           request_timeout=request_timeout)
-                except Exception as exc:
-                    unknown = not certainly_refused(exc)
-                    raise
-                if sent is not None:
-                    self._saw(sent.chat.id, sent.message_id)
-                return sent
-
-            if urgent:
-                try:
-                    return await deliver(attempt, what=f"telegram {what}", policy=policy)
-                except (Transient, RateLimited):
-                    if unknown:
-                        # The last attempt's outcome too is found out before giving up.
-                        found = await self._look_for(method, floor)
-                        if found is not None:
-                            return self._found(method, found)
-                    raise
-            try:
-                return await attempt()
-            except Exception as exc:
-                if not unknown:
-                    raise
-                found = await self._look_for(method, floor)
-                if found is None:
-                    raise exc from None
-                return self._found(method, found)
+                raise
+        try:
+            return await attempt()
+        except Exception as exc:
+            if not unknown:
+                raise
+            found = await self._look_for(method, floor)
+            if found is None:
+                raise exc from None
+            return self._found(method, found)
 
     async def _look_for(self, method: Creating, floor: int | None) -> int | None:
         """The id of the message ``method`` posted above ``floor``, ``None`` if it was
@@ -260,3 +281,5 @@ async def as_reply(floor: int | None, body: Callable[[], Awaitable[T]]) -> T:
         raise
     finally:
         _REPLY.reset(token)
+        if reply.held is not None:
+            reply.held.lock.release()
