@@ -18,6 +18,7 @@ aiogram and anthropic SDKs (see :mod:`bot.testing.chaos`):
 
     .venv/bin/python bench/bench_chaos.py                # all three, ~15 min
     .venv/bin/python bench/bench_chaos.py kills --kills 20
+    .venv/bin/python bench/bench_chaos.py faults --users 300 --seconds 30   # 300 DMs
 """
 
 from __future__ import annotations
@@ -43,12 +44,13 @@ async def kills(count: int) -> None:
     print("\n".join(report.lines()))
 
 
-async def faults(seconds: float, share: float) -> None:
+async def faults(seconds: float, share: float, users: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         report = await ChaosRun(Path(tmp), ChaosConfig(
-            kills=0, duration=seconds, users=8, platform_faults=share,
+            kills=0, duration=seconds, users=users, platform_faults=share,
             llm_faults=share)).run()
-    print(f"\n## faults: {share:.0%} of Bot API and model calls failing for {seconds:g} s")
+    print(f"\n## faults: {share:.0%} of Bot API and model calls failing for {seconds:g} s, "
+          f"{users} users chatting")
     print("\n".join(report.lines()))
 
 
@@ -86,12 +88,13 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--share", type=float, default=0.2)
+    parser.add_argument("--users", type=int, default=8, help="users chatting in `faults`")
     args = parser.parse_args()
     for name in args.scenarios:
         if name == "kills":
             asyncio.run(kills(args.kills))
         elif name == "faults":
-            asyncio.run(faults(args.seconds, args.share))
+            asyncio.run(faults(args.seconds, args.share, args.users))
         elif name == "outage":
             asyncio.run(outage(args.seconds, 20))
         else:

@@ -230,6 +230,55 @@ async def run_load(table: Table) -> None:
             table.add("term_load", await stop(roost))
 
 
+SATURATION_CHATS = 1000
+SATURATION_RAMP = 45.0
+"""Seconds of the closed loops before answers are counted (every chat's first contact)."""
+SATURATION_WITHIN = 120.0
+"""Every message answered within this many seconds (the target)."""
+
+
+async def run_saturation(seconds: float) -> None:
+    """1,000 chats in closed loops against Telegram's 30 messages/s (the proactive budget
+    on, as by default): answer latency p50/p99 and messages unanswered after 120 s."""
+    async with fakes() as (telegram, anthropic, tracker):
+        with tempfile.TemporaryDirectory(prefix="roost-bench-tg-") as tmp, \
+                contextlib.ExitStack() as stack:
+            env = telegram_env(Path(tmp) / "data", telegram, anthropic, streaming=None)
+            env["ROOST_TELEGRAM_RATE_LIMITS"] = "true"
+            tracker.expect_launch()
+            roost = stack.enter_context(roost_process(env, Path(tmp)))
+            await tracker.wait_first_poll(roost.started)
+            await asyncio.to_thread(roost.wait_ready)
+            chats = [FIRST_CHAT + i for i in range(SATURATION_CHATS)]
+            progress(f"saturation: {len(chats)} chats in closed loops for "
+                     f"{SATURATION_RAMP + seconds:g} s, answers counted after "
+                     f"{SATURATION_RAMP:g} s")
+            tracker.looping = set(chats)
+            for chat in chats:
+                tracker.push(chat)
+            await asyncio.sleep(SATURATION_RAMP)
+            began, cpu0 = time.perf_counter(), roost.cpu_seconds()
+            await asyncio.sleep(seconds)
+            ended, cpu1 = time.perf_counter(), roost.cpu_seconds()
+            tracker.looping = set()
+            with contextlib.suppress(TimeoutError):
+                await tracker.settle(SATURATION_WITHIN)
+            counted = [t for t in tracker.turns.values() if began <= t.pushed < ended]
+            answered = [t.total for t in counted if t.shown]
+            late = [t for t in counted if not t.shown or t.total > SATURATION_WITHIN]
+            rate = sum(1 for t in tracker.turns.values() if began <= t.shown < ended) \
+                / (ended - began)
+            await stop(roost)
+    p50, p99 = percentile(answered, 50), percentile(answered, 99)
+    print(f"\nsaturation: {len(chats)} chats, closed loops, Telegram's limits on "
+          f"({os.cpu_count()} cores, {seconds:g} s counted after a {SATURATION_RAMP:g} s ramp)")
+    print(f"  messages pushed in the window: {len(counted)}; answers/s: {rate:.1f}; "
+          f"CPU of roost run: {(cpu1 - cpu0) / (ended - began):.0%} of a core")
+    print(f"  answer latency p50 {p50:.1f} s, p99 {p99:.1f} s (p99/p50 {p99 / p50:.2f}, "
+          f"target <= 2), max {max(answered):.1f} s")
+    print(f"  not answered within {SATURATION_WITHIN:g} s: {len(late)} (target 0)")
+
+
 async def parallel(tracker: Tracker, chats: range, width: int) -> None:
     """One message from each of ``chats``, ``width`` at a time."""
     pending = iter(chats)
@@ -253,10 +302,16 @@ async def run_all(runs: int, parts: Sequence[Callable[[Table], object]]) -> Tabl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3, help="runs per figure (median)")
-    parser.add_argument("--only", choices=("start", "load", "memory"),
-                        help="one part: the table's start or load figures, or where memory goes")
+    parser.add_argument("--only", choices=("start", "load", "memory", "saturation"),
+                        help="one part: the table's start or load figures, where memory "
+                             "goes, or 1,000 chats against Telegram's 30 messages/s")
+    parser.add_argument("--saturation-seconds", type=float, default=120.0,
+                        help="seconds of the saturation run whose answers are counted")
     args = parser.parse_args()
     began = time.perf_counter()
+    if args.only == "saturation":
+        asyncio.run(run_saturation(args.saturation_seconds))
+        return
     if args.only != "memory":
         parts = {"start": [run_start], "load": [run_load]}.get(args.only or "",
                                                                [run_start, run_load])

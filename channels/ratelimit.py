@@ -19,6 +19,13 @@ only extends it. So every call to a platform goes through :meth:`RateLimiter.slo
 Calls to one chat are serialized: a call already in flight when a 429 comes
 back would otherwise land inside the window that 429 just opened.
 
+When the bot-wide (``overall``) budget is the bottleneck, urgent calls take it in
+the order they became ready for it (once their chat's own limits let them go): a
+first-in, first-out line in which each chat has at most its next call, so chats
+are served round-robin and each chat's calls stay in order. Only the call at the
+head of the line waits for the budget; calls that are not urgent never go while
+the line is not empty (typing indicators and drafts are the first to be dropped).
+
 The ``overall`` budget is the bot's, not the process's: replicas sharing one
 bot account each pace at their share of it (:attr:`RateLimiter.shared_by`, read
 at every counted call, so it follows replicas coming and going).
@@ -144,6 +151,13 @@ class RateLimiter:
         self._until: dict[str, float] = {}
         self._windows: dict[tuple[str, str], _Window] = {}
         self._scopes: dict[str, _Scope] = {}
+        self._line: deque[asyncio.Future[None]] = deque()
+        """Urgent counted calls waiting for the overall budget, first come first."""
+
+    @property
+    def queued(self) -> int:
+        """Urgent calls waiting in line for the bot-wide budget now."""
+        return len(self._line)
 
     @property
     def overall(self) -> Rate | None:
@@ -187,10 +201,11 @@ class RateLimiter:
         """Make one call in ``scope``; yields whether it may go ahead.
 
         Urgent calls wait (for a 429 window to pass, for the budget, for the
-        call before them in the scope) and always get ``True``. Other calls wait
-        only for the call in flight before them, and get ``False`` (they must
-        then skip the call) where they would have to wait for a window or the
-        budget, or an urgent call is waiting in the scope. A :class:`RateLimited`
+        call before them in the scope, in line for the bot-wide budget) and always
+        get ``True``. Other calls wait only for the call in flight before them, and
+        get ``False`` (they must then skip the call) where they would have to wait
+        for a window or the budget, or an urgent call is waiting in the scope or in
+        line for the bot-wide budget. A :class:`RateLimited`
         raised in the block opens the window of its scope (``exc.scope``, else
         ``scope``) before the next call can start.
         """
@@ -200,17 +215,14 @@ class RateLimiter:
         state.users += 1
         try:
             if not urgent:
-                if state.urgent_waiting or self._wait(scope, group, counted, urgent=False) > 0:
+                if self._gives_way(state, scope, group, counted):
                     yield False
                     return
                 # Behind a call in flight it waits its turn, then looks again: an
                 # urgent call that came meanwhile, or a 429 that call got, wins.
                 async with state.lock:
-                    if state.urgent_waiting \
-                            or self._wait(scope, group, counted, urgent=False) > 0:
-                        go = False
-                    else:
-                        go = True
+                    go = not self._gives_way(state, scope, group, counted)
+                    if go:
                         self._spend(scope, group, counted)
                     with self._opening_windows(scope):
                         yield go
@@ -219,8 +231,16 @@ class RateLimiter:
             waiting = True
             try:
                 async with state.lock:
-                    while (wait := self._wait(scope, group, counted, urgent=True)) > 0:
-                        await self.sleep(wait)
+                    while True:
+                        while (wait := self._wait(scope, group, counted, urgent=True,
+                                                  overall=False)) > 0:
+                            await self.sleep(wait)
+                        if counted and self.overall is not None:
+                            await self._take_turn()
+                            if self._wait(scope, group, counted, urgent=True,
+                                          overall=False) > 0:
+                                continue  # a 429 came meanwhile: to the back of the line
+                        break
                     state.urgent_waiting -= 1
                     waiting = False
                     self._spend(scope, group, counted)
@@ -235,6 +255,36 @@ class RateLimiter:
                 # Chats come and go; their state need not outlive their calls.
                 del self._scopes[scope]
 
+    def _gives_way(self, state: _Scope, scope: str, group: bool, counted: bool) -> bool:
+        """Whether a call that is not urgent must be skipped now."""
+        return bool(state.urgent_waiting or self._line) \
+            or self._wait(scope, group, counted, urgent=False) > 0
+
+    async def _take_turn(self) -> None:
+        """Wait in line for the overall budget (and any bot-wide 429 window); returns at
+        the head of the line with room in the budget, the line moved on. The caller
+        spends the budget before its next ``await``."""
+        ticket: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._line.append(ticket)
+        try:
+            if self._line[0] is not ticket:
+                await ticket  # set when it reaches the head
+            while (wait := self._overall_wait()) > 0:
+                await self.sleep(wait)
+        finally:
+            head = bool(self._line) and self._line[0] is ticket
+            self._line.remove(ticket)
+            if head and self._line and not self._line[0].done():
+                self._line[0].set_result(None)
+
+    def _overall_wait(self) -> float:
+        wait = self.blocked_for(BOT)
+        rate = self.overall
+        if rate is not None:
+            window = self._overall_window(rate)
+            wait = max(wait, window.wait(self.clock(), urgent=True))
+        return wait
+
     @contextlib.contextmanager
     def _opening_windows(self, scope: str) -> Iterator[None]:
         try:
@@ -243,11 +293,19 @@ class RateLimiter:
             self.block(exc.scope or scope, exc.retry_after)
             raise
 
-    def _budgets(self, scope: str, group: bool) -> list[_Window]:
+    def _overall_window(self, rate: Rate) -> _Window:
+        window = self._windows.get(("overall", ""))
+        if window is None:
+            window = self._windows[("overall", "")] = _Window(rate)
+        elif window.rate != rate:
+            window.rate = rate
+        return window
+
+    def _budgets(self, scope: str, group: bool, overall: bool = True) -> list[_Window]:
         found: list[_Window] = []
         for kind, key, rate in (("chat", scope, self.limits.per_chat),
                                 ("group", scope, self.limits.per_group if group else None),
-                                ("overall", "", self.overall)):
+                                ("overall", "", self.overall if overall else None)):
             if rate is None:
                 continue
             window = self._windows.get((kind, key))
@@ -260,11 +318,12 @@ class RateLimiter:
             found.append(window)
         return found
 
-    def _wait(self, scope: str, group: bool, counted: bool, *, urgent: bool) -> float:
+    def _wait(self, scope: str, group: bool, counted: bool, *, urgent: bool,
+              overall: bool = True) -> float:
         wait = self.blocked_for(scope)
         if counted:
             now = self.clock()
-            for window in self._budgets(scope, group):
+            for window in self._budgets(scope, group, overall):
                 wait = max(wait, window.wait(now, urgent=urgent))
         return wait
 

@@ -397,7 +397,7 @@ async def test_a_reply_is_marked_sending_at_its_call_and_unmarked_when_refused(
     fake_telegram.fail("sendMessage", 429, retry_after=1)
     marks: list[tuple[bool, float]] = []
 
-    async def mark(on: bool) -> None:
+    async def mark(on: bool, note: str | None = None) -> None:
         marks.append((on, time.perf_counter()))
 
     with sending_mark(mark):
@@ -416,7 +416,7 @@ async def test_a_reply_whose_first_piece_was_shown_stays_marked_when_a_later_one
     _, tg, _ = await make_tg(scripted({"reply": "unused"}))
     marks: list[bool] = []
 
-    async def mark(on: bool) -> None:
+    async def mark(on: bool, note: str | None = None) -> None:
         marks.append(on)
 
     pieces = 0

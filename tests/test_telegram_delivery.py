@@ -113,7 +113,8 @@ async def test_transient_errors_of_every_kind_are_retried_until_delivered_once(
 
 async def test_a_final_reply_whose_answer_was_lost_is_sent_again_at_least_once(
         start_tg: StartTg, fake_telegram: FakeTelegram) -> None:
-    # The decision for ambiguous failures: a duplicate rather than a lost reply.
+    # With no message id known in the chat there is nothing to probe from: a duplicate
+    # rather than a lost reply (test_telegram_outcomes: where an id is known).
     tg = await start_tg(Inbox())
     fake_telegram.fail("sendMessage", kind="reset_after")
     await tg.send(reply("twice rather than never"))

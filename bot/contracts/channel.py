@@ -49,9 +49,19 @@ class ReplyStream(Protocol):
         """
 
 
+class SendingMark(Protocol):
+    """The core's record that a reply may have reached its platform (see :func:`sending_mark`)."""
+
+    def __call__(self, on: bool, note: str | None = None) -> Awaitable[None]:
+        """``on``: the reply may be shown from now on (``False``: it certainly is not).
+        ``note``: what the adapter needs to find out later whether it was (kept with the
+        reply, given back on its redelivery as ``OutboundMessage.attempt_note``)."""
+        ...
+
+
 @dataclass(slots=True)
 class _SendingMark:
-    mark: Callable[[bool], Awaitable[None]]
+    mark: SendingMark
     on: bool = False
     shown: bool = False
 
@@ -61,14 +71,14 @@ _SENDING: contextvars.ContextVar[_SendingMark | None] = contextvars.ContextVar(
 
 
 @contextlib.contextmanager
-def sending_mark(mark: Callable[[bool], Awaitable[None]]) -> Iterator[None]:
-    """Within the block, :func:`marked_send` calls ``mark(True)`` before the first platform
-    call that may show the reply, and ``mark(False)`` if that call was refused.
+def sending_mark(mark: SendingMark) -> Iterator[None]:
+    """Within the block, :func:`marked_send` calls ``mark(True, note)`` before the first
+    platform call that may show the reply, and ``mark(False)`` if that call was refused.
 
     The core wraps :meth:`Channel.send` in it for adapters that set
     :attr:`Channel.marks_sending`; with replicas, ``mark`` records in the outbox that
     the reply may have reached the platform, so a replica taking over a dead one's
-    replies does not send it again (at most once).
+    replies does not send it again (at most once). The note is kept in every case.
     """
     token = _SENDING.set(_SendingMark(mark))
     try:
@@ -78,21 +88,24 @@ def sending_mark(mark: Callable[[bool], Awaitable[None]]) -> Iterator[None]:
 
 
 async def marked_send(call: Callable[[], Awaitable[T]], *,
-                      refused: Callable[[BaseException], bool]) -> T:
+                      refused: Callable[[BaseException], bool],
+                      note: Callable[[], str | None] | None = None) -> T:
     """Make one platform call of a reply being sent (``await call()``), marking the reply first.
 
     An adapter makes each such call through this *after* its own waits (rate-limit
     pacing, a 429 window), so a replica that dies while a reply waits there leaves
     it unmarked and another replica sends it. ``refused(error)`` says the failed
     call certainly showed nothing (a 429, a 400): if no earlier call of the same
-    reply succeeded, the mark is taken back. Outside :func:`sending_mark` (no
-    replicas, not a reply) it is just ``await call()``.
+    reply succeeded, the mark is taken back. ``note()``, read right before the
+    reply's first call, is what the adapter will need on a redelivery to find out
+    whether this attempt reached the platform; it is committed before the call.
+    Outside :func:`sending_mark` (no replicas, not a reply) it is just ``await call()``.
     """
     state = _SENDING.get()
     if state is None:
         return await call()
     if not state.on:
-        await state.mark(True)
+        await state.mark(True, None if note is None else note())
         state.on = True
     try:
         result = await call()
@@ -103,6 +116,24 @@ async def marked_send(call: Callable[[], Awaitable[T]], *,
         raise
     state.shown = True
     return result
+
+
+def found_shown() -> None:
+    """Within :func:`sending_mark`: a call of this reply whose outcome was unknown was found
+    to have been shown after all (a later refused call then does not take the mark back)."""
+    state = _SENDING.get()
+    if state is not None:
+        state.shown = True
+
+
+async def found_nothing_shown() -> None:
+    """Within :func:`sending_mark`: the adapter found out that no call of this reply was
+    shown (each was refused, or found not to have arrived): the mark and the note are
+    taken back, so nothing later is looked for on the strength of a stale note."""
+    state = _SENDING.get()
+    if state is not None and state.on and not state.shown:
+        state.on = False
+        await state.mark(False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -169,6 +169,10 @@ class OutboundMessage:
     """A stable key of this reply across attempts and restarts (``roost-<outbox id>``).
     Adapters whose platform supports it use it to make the post idempotent
     (Discord's enforced nonce, Slack message metadata)."""
+    attempt_note: str | None = None
+    """On a redelivery, what the adapter noted right before an earlier attempt's first
+    platform call (:func:`bot.contracts.channel.marked_send`), to find out whether it
+    was shown (Telegram: the chat's highest message id then)."""
     files: tuple[OutboundFile, ...] = ()
     """Files to upload with the reply (after or with its text). A file over the
     platform's limit makes :meth:`bot.contracts.channel.Channel.send` raise

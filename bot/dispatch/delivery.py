@@ -12,7 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from bot.contracts.channel import Channel, ReplyStream
+from bot.contracts.channel import Channel, ReplyStream, SendingMark, sending_mark
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.dispatch.redelivery import Redeliveries, send_marked
 from bot.dispatch.stream import draft_id
@@ -48,6 +48,22 @@ def run_commit(inbox: Inbox, message: InboundMessage, entries: tuple[int, ...], 
     return on_commit
 
 
+def _noting(inbox: Inbox, outbox_id: int) -> SendingMark:
+    """A streamed reply's mark: only the adapter's note is kept (a replica taking over
+    sends a streamed reply again, as before)."""
+    noted = False
+
+    async def mark(on: bool, note: str | None = None) -> None:
+        nonlocal noted
+        if on and note is not None:
+            await inbox.note_attempt(outbox_id, note)
+            noted = True
+        elif not on and noted:
+            await inbox.note_attempt(outbox_id, None)
+            noted = False
+    return mark
+
+
 async def deliver_result(channel: Channel | None, message: InboundMessage, result: RunResult,
                          stream: ReplyStream | None, *, inbox: Inbox,
                          redeliveries: Redeliveries,
@@ -65,7 +81,11 @@ async def deliver_result(channel: Channel | None, message: InboundMessage, resul
     draft = draft_id(stream)
     try:
         if stream is not None:
-            await stream.finish(result.reply)
+            if result.outbox_id is None:
+                await stream.finish(result.reply)
+            else:
+                with sending_mark(_noting(inbox, result.outbox_id)):
+                    await stream.finish(result.reply)
             platform_id = draft_id(stream)
         elif reply is not None:
             if result.outbox_id is None:

@@ -247,7 +247,9 @@ class Dispatcher:
             self.inbox.close([e.id for e in refused])
             entries = [e for e in entries if e not in refused]
         for out in outbox:
-            self.redeliveries.schedule(out.id, out.message, out.draft_id, out.attempts, delay=0.0)
+            reply = out.message if out.attempt_note is None else \
+                dataclasses.replace(out.message, attempt_note=out.attempt_note)
+            self.redeliveries.schedule(out.id, reply, out.draft_id, out.attempts, delay=0.0)
         if entries:
             log.info("recovering %d unfinished message(s) from the inbox", len(entries))
         for group in grouped(entries):

@@ -28,8 +28,12 @@ async def send_marked(channel: Channel, reply: OutboundMessage, inbox: Inbox,
         await inbox.sending(outbox_id)
         return await channel.send(reply)
 
-    async def mark(on: bool) -> None:
-        await inbox.sending(outbox_id, on)
+    noted = False
+
+    async def mark(on: bool, note: str | None = None) -> None:
+        nonlocal noted
+        await inbox.sending(outbox_id, on, note, forget=not on and noted)
+        noted = on and (noted or note is not None)
 
     with sending_mark(mark):
         return await channel.send(reply)

@@ -77,6 +77,9 @@ class OutboxEntry:
     message: OutboundMessage
     draft_id: str | None
     attempts: int
+    attempt_note: str | None = None
+    """What the adapter noted before an earlier attempt's platform call (see
+    :meth:`Inbox.sending`)."""
 
 
 @dataclass(slots=True)
@@ -324,14 +327,15 @@ class Inbox:
     async def undelivered(self) -> list[OutboxEntry]:
         """Replies committed but not confirmed delivered, oldest first (a single process's
         start; replicas take a dead owner's replies with ``Claims.take_replies``)."""
-        sql = ("SELECT id, message, draft_id, attempts FROM outbox"
+        sql = ("SELECT id, message, draft_id, attempts, attempt_note FROM outbox"
                " WHERE state = 'pending' ORDER BY id")
         params: tuple[str | float, ...] = ()
         async with self.lock, self.db.execute(sql, params) as cur:
             rows = await cur.fetchall()
-        return [OutboxEntry(r[0], decode_outbound(r[1]), r[2], r[3]) for r in rows]
+        return [OutboxEntry(r[0], decode_outbound(r[1]), r[2], r[3], r[4]) for r in rows]
 
-    async def sending(self, outbox_id: int, on: bool = True) -> None:
+    async def sending(self, outbox_id: int, on: bool = True, note: str | None = None, *,
+                      forget: bool = False) -> None:
         """About to hand the reply to the platform; returns once that is committed.
 
         With replicas, a reply whose owner died after this mark is not sent again by
@@ -341,14 +345,33 @@ class Inbox:
         send; adapters that can (:attr:`bot.contracts.channel.Channel.marks_sending`)
         mark only once their own rate-limit waits are over. ``on=False`` takes the
         mark back: the platform refused the call, so the reply was not shown. A
-        single process (no owner) writes nothing.
+        single process (no owner) writes nothing but the adapter's ``note`` (see
+        :func:`bot.contracts.channel.marked_send`), kept in every case; ``forget`` clears
+        it (taking the mark back after a note was kept).
         """
+        if (note is not None or forget) and self.owner is None:
+            await self.note_attempt(outbox_id, note)
+            return
+        if note is not None or forget:
+            await self.writer.write(
+                lambda db: db.execute("UPDATE outbox SET sending = ?, attempt_note = ?"
+                                      " WHERE id = ?", (int(on), note, outbox_id)),
+                what="marking a reply as being sent" if on else "unmarking a refused reply")
+            return
         if self.owner is None:
             return
         await self.writer.write(
             lambda db: db.execute("UPDATE outbox SET sending = ? WHERE id = ?",
                                   (int(on), outbox_id)),
             what="marking a reply as being sent" if on else "unmarking a refused reply")
+
+    async def note_attempt(self, outbox_id: int, note: str | None) -> None:
+        """Keep what the adapter noted before a reply's first platform call (``None``:
+        forget it); returns once committed (see :func:`bot.contracts.channel.marked_send`)."""
+        await self.writer.write(
+            lambda db: db.execute("UPDATE outbox SET attempt_note = ? WHERE id = ?",
+                                  (note, outbox_id)),
+            what="noting how to find out whether a reply was shown")
 
     def delivered(self, outbox_id: int, platform_id: str | None) -> None:
         """The platform took the reply."""

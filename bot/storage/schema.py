@@ -376,6 +376,12 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX group_chatter_session ON group_chatter(session_key, id);
     """,
+    # 22: what an adapter noted right before a reply's first platform call
+    # (bot.contracts.channel.marked_send; Telegram: the chat's highest message id),
+    # given back on redelivery so it can find out whether that attempt was shown.
+    """
+    ALTER TABLE outbox ADD COLUMN attempt_note TEXT;
+    """,
 ]
 """Schema steps in order; ``PRAGMA user_version`` records how many have run.
 

@@ -15,7 +15,7 @@ import logging
 import re
 from collections import OrderedDict
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from aiogram import Bot
@@ -27,6 +27,7 @@ from aiogram.exceptions import (
 )
 from aiogram.methods import (
     DeleteMessage,
+    EditMessageCaption,
     EditMessageText,
     SendDocument,
     SendMessage,
@@ -66,8 +67,24 @@ GET_UPDATES = "getUpdates"
 """The rate-limit scope of ``getUpdates``: a 429 on it holds polling only."""
 CONNECTING = ChannelHealth(False, "connecting")
 """The health of a channel that has not received yet (before ``getMe`` or the first poll)."""
-_COUNTED = (SendMessage, EditMessageText, DeleteMessage, SendPhoto, SendDocument)
+_COUNTED = (SendMessage, EditMessageText, EditMessageCaption, DeleteMessage, SendPhoto,
+            SendDocument)
 """The methods Telegram's message limits count."""
+KNOWN_IDS = 32
+"""Message ids remembered per chat (a probe for a lost send's message skips them)."""
+CHATS = 4096
+"""Chats whose message ids are remembered (least recently used ones forgotten)."""
+
+
+@dataclass(slots=True)
+class ChatIds:
+    """What is known of one chat's message ids, and its one creating call at a time."""
+
+    top: int | None = None
+    known: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    unresolved: bool = False
+    """A probe here could not finish: a message of ours may be unknown above the top."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +105,7 @@ async def _call(bot: Bot, method: TelegramMethod[TelegramType],
     return await _translated(bot(method, request_timeout=request_timeout))
 
 
-def _refused(error: BaseException) -> bool:
+def certainly_refused(error: BaseException) -> bool:
     """Whether a failed call certainly showed nothing: a 429, a migrated chat or any other
     4xx answer. 5xx answers and network errors may come after the call took effect."""
     cause = error.__cause__ if isinstance(error, (RateLimited, ChatMigrated)) else error
@@ -149,6 +166,8 @@ class ChannelBase(Channel):
         # a final edit identical to the draft would be refused as "not modified".
         self._shown: OrderedDict[tuple[int | str, int], tuple[str, str | None]] = \
             OrderedDict()
+        self._ids: OrderedDict[int | str, ChatIds] = OrderedDict()
+        """Per chat, the message ids known (see :mod:`channels.telegram.outcomes`)."""
 
     def _live_replicas(self) -> int:
         # Telegram's ~30 messages/s is the bot's, whichever replica sends: each paces at
@@ -167,14 +186,15 @@ class ChannelBase(Channel):
         return self.bot
 
     async def _api(self, method: TelegramMethod[TelegramType], *, urgent: bool = True,
-                   request_timeout: int | None = None,
-                   scope: str | None = None) -> TelegramType | None:
+                   request_timeout: int | None = None, scope: str | None = None,
+                   marked: bool = True) -> TelegramType | None:
         """One Bot API call through the rate limiter, errors translated.
 
         Returns ``None`` only for a call that is not ``urgent`` and had to give
         way (a 429 window, the budget, another call to the chat in flight).
         A group upgraded to a supergroup is followed: the call goes again to
-        the new chat, and so does every later one. ``request_timeout`` replaces the
+        the new chat, and so does every later one. ``marked``: a call of a reply being
+        sent (:func:`marked_send`; probes are not). ``request_timeout`` replaces the
         request timeout (uploads get time for their size). ``scope`` replaces the
         rate-limit scope of a call to no chat (the whole bot's), so it need not wait
         for another such call in flight.
@@ -192,9 +212,11 @@ class ChannelBase(Channel):
                                              counted=isinstance(method, _COUNTED)) as go:
                     if not go:
                         return None
-                    return await marked_send(
-                        functools.partial(_call, bot, method, request_timeout),
-                        refused=_refused)
+                    call = functools.partial(_call, bot, method, request_timeout)
+                    if not marked:
+                        return await call()
+                    note = None if chat is None else functools.partial(self._floor_note, chat)
+                    return await marked_send(call, refused=certainly_refused, note=note)
             except ChatMigrated as moved:
                 if chat is None:
                     raise
@@ -229,6 +251,33 @@ class ChannelBase(Channel):
             self._sending -= 1
             if not self._sending:
                 self._idle.set()
+
+    def _chat_ids(self, chat: int | str) -> ChatIds:
+        key = self._migrated.get(chat, chat)
+        ids = self._ids.get(key)
+        if ids is None:
+            ids = self._ids[key] = ChatIds()
+            oldest = next(iter(self._ids))
+            if len(self._ids) > CHATS and not self._ids[oldest].lock.locked():
+                del self._ids[oldest]
+        else:
+            self._ids.move_to_end(key)
+        return ids
+
+    def _saw(self, chat: int | str, message_id: int) -> None:
+        """Message ``message_id`` exists in ``chat`` (received, or posted by Roost)."""
+        ids = self._chat_ids(chat)
+        if ids.top is None or message_id > ids.top:
+            ids.top = message_id
+        ids.known[message_id] = None
+        if len(ids.known) > KNOWN_IDS:
+            ids.known.popitem(last=False)
+
+    def _floor_note(self, chat: int | str) -> str | None:
+        """What a reply's first platform call notes for a later redelivery: the chat's
+        highest known message id (``None``: none known)."""
+        top = self._chat_ids(chat).top
+        return None if top is None else str(top)
 
     def _remember_shown(self, chat: int | str, message_id: int, text: str,
                         mode: str | None) -> None:

@@ -22,6 +22,7 @@ from bot.contracts.messages import InboundMessage, OutboundMessage
 from channels.telegram.base import COMMAND_NAME, STOP_GRACE, _chat_id, _int_or_none, _Target
 from channels.telegram.intake import Intake
 from channels.telegram.media import Downloads
+from channels.telegram.outcomes import as_reply
 from channels.telegram.parsing import _keep_response_models, _Session, build_validators
 from channels.telegram.sending import _DraftStream
 from channels.telegram.uploads import Uploads
@@ -154,16 +155,21 @@ class TelegramChannel(Intake, Uploads, Downloads):
         ``message.files`` follow the text as photos or documents (see
         :mod:`channels.telegram.uploads`); one over 50 MB raises
         :class:`~bot.contracts.media.MediaTooLarge` before anything is sent.
-        Returns the id of the last message sent; raises if the reply was not
-        delivered (the core keeps it and tries again).
+        A redelivery posts only what an earlier attempt did not (see
+        :mod:`channels.telegram.outcomes`). Returns the id of the last message sent;
+        raises if the reply was not delivered (the core keeps it and tries again).
         """
         target = _Target.of(message.chat_id, message.thread_id, message.reply_to)
+        # A redelivery looks for each message above what an earlier attempt noted
+        # before posting it (channels.telegram.outcomes).
+        floor = _int_or_none(message.attempt_note) if message.redelivery else None
         async with self._sending_reply() as live:
             if not live:
                 raise RuntimeError("the Telegram channel is stopped")
             if message.files:
-                return await self._deliver_with_files(target, message)
-            return await self._deliver_reply(target, message.replace, message.text)
+                return await as_reply(floor, lambda: self._deliver_with_files(target, message))
+            return await as_reply(floor, lambda: self._deliver_reply(
+                target, message.replace, message.text))
 
     async def withdraw(self, chat_id: str, message_id: str) -> None:
         """Delete a message Roost sent (a stale draft); one already gone is fine."""

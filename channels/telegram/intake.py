@@ -217,6 +217,8 @@ class Intake(Translating):
         inbound: InboundMessage | None = None
         if update.message is not None:
             try:
+                # Its id takes a place in the chat's sequence (see .outcomes).
+                self._saw(update.message.chat.id, update.message.message_id)
                 inbound = self.translate(update.message, event_id=str(update.update_id))
             except Exception as exc:
                 # A translation bug would fail the same way on every redelivery

@@ -12,24 +12,24 @@ from aiogram.methods import DeleteMessage, EditMessageText, SendChatAction, Send
 from aiogram.types import Message, ReplyParameters
 
 from channels.delivery import DeliveryPolicy
-from channels.telegram.base import _DRAFT_POLICY, ChannelBase, _Target, _unthreaded
+from channels.telegram.base import _DRAFT_POLICY, _Target, _unthreaded
 from channels.telegram.errors import _describe, _entity_error, _not_modified
+from channels.telegram.outcomes import Outcomes, as_reply
 from channels.telegram_format import fit, split_for_telegram, to_html
 
 log = logging.getLogger("roost.channels.telegram")
 
 
-class Sending(ChannelBase):
+class Sending(Outcomes):
     """Replies out: pieces sent, drafts edited into the final reply, stale drafts deleted."""
 
     async def _send_piece(self, target: _Target, source: str, *, urgent: bool = True,
                           policy: DeliveryPolicy | None = None) -> Message | None:
         """Send one piece as HTML; if Telegram cannot parse it, as the plain text.
 
-        A final reply is retried after a reset or a timeout although it may
-        have arrived: the Bot API has no idempotency key, and Roost prefers a
-        rare duplicate to a lost answer (at-least-once). Drafts (``urgent``
-        false) are tried once and give way to rate limits: ``None`` then.
+        A final reply is retried after a reset, a timeout or a 5xx once it is found
+        out that it did not arrive (:mod:`channels.telegram.outcomes`). Drafts
+        (``urgent`` false) are tried once and give way to rate limits: ``None`` then.
         """
         reply = ReplyParameters(message_id=target.reply_to, allow_sending_without_reply=True) \
             if target.reply_to is not None else None
@@ -37,11 +37,8 @@ class Sending(ChannelBase):
             method = SendMessage(chat_id=target.chat_id, text=text, parse_mode=mode,
                                  message_thread_id=target.thread_id, reply_parameters=reply)
             try:
-                if urgent:
-                    sent: Message | None = await self._deliver(method, "sendMessage",
-                                                               policy=policy)
-                else:
-                    sent = await self._api(method, urgent=False)
+                sent = await self._create(method, "sendMessage",
+                                          policy=policy or self.policy, urgent=urgent)
             except TelegramBadRequest as exc:
                 if mode is None or not _entity_error(exc):
                     raise
@@ -239,5 +236,5 @@ class _DraftStream:
                 raise RuntimeError("the Telegram channel is stopped")
             # Once delivered, the id is that of the reply's last message (the core
             # records it); if this raises, it stays the draft's, to be replaced.
-            self.message_id = await self.channel._deliver_reply(self.target, self.message_id,
-                                                                final_text)
+            self.message_id = await as_reply(None, lambda: self.channel._deliver_reply(
+                self.target, self.message_id, final_text))

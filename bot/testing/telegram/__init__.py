@@ -23,8 +23,11 @@ parse entities", nginx's HTML 502 page, a reset before or after the call took
 effect, a stall...); :meth:`FakeTelegram.inject_faults` fails a share of all
 calls at random, the ways real Telegram does. A 429 holds the call's chat
 (or the bot) as on the real server: every call into that window is refused
-again and kept in :attr:`FakeTelegram.violations`. Identical edits get
-"message is not modified", updates are served until a higher offset confirms
+again and kept in :attr:`FakeTelegram.violations`. Message ids run in sequence
+per chat, shared by the bot and the people posting there; identical edits get
+"message is not modified", edits of someone else's message "message can't be
+edited", of an unused id "message to edit not found" (``editMessageText`` and
+``editMessageCaption``), updates are served until a higher offset confirms
 them (the offset read as the real server reads it: a 32-bit integer, and a
 negative one forgets all queued updates but the last few), and webhook
 deliveries are retried on non-2xx.

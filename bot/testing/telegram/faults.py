@@ -28,7 +28,9 @@ class Faults(State):
         does during incidents; ``"reset_before"`` closes the connection without
         doing anything; ``"reset_after"`` does the call, then closes the
         connection without answering; ``"stall"`` waits ``seconds`` before
-        doing and answering the call (a client that gives up first cancels it).
+        doing and answering the call (a client that gives up first cancels it);
+        ``"hold_after"`` does the call, then waits ``seconds`` before answering
+        (a test kills the client meanwhile).
         Failures for one method are used in the order they were added.
         """
         if status == 429 and retry_after is None:

@@ -22,7 +22,7 @@ from typing import Any
 from aiohttp import web
 from PIL import Image, UnidentifiedImageError
 
-from bot.testing.telegram.messages import Messages
+from bot.testing.telegram.messages import MAX_CAPTION, Messages
 from bot.testing.telegram.updates import Updates
 from bot.testing.telegram.wire import (
     _HTML_PAGES,
@@ -34,8 +34,6 @@ from bot.testing.telegram.wire import (
     _utf16_len,
 )
 
-MAX_CAPTION = 1024
-"""Telegram's limit on a caption, in UTF-16 code units after entity parsing."""
 DOWNLOAD_FAULTS = ("status", "html", "reset", "cut")
 """How :meth:`Files.fail_download` can make a download fail."""
 

@@ -18,9 +18,17 @@ from bot.testing.telegram.wire import (
     _utf16_len,
 )
 
+NOT_MODIFIED = ("Bad Request: message is not modified: specified new message content and "
+                "reply markup are exactly the same as a current content and reply markup of "
+                "the message")
+"""Telegram's answer to an edit that would change nothing."""
+MAX_CAPTION = 1024
+"""Telegram's limit on a caption, in UTF-16 code units after entity parsing."""
+
 
 class Messages(State):
-    """``sendMessage``, ``editMessageText``, ``deleteMessage`` and ``setMyCommands``."""
+    """``sendMessage``, ``editMessageText``, ``editMessageCaption``, ``deleteMessage`` and
+    ``setMyCommands``."""
 
     def _text(self, p: dict[str, Any]) -> str:
         text = self._visible(p.get("text"), p.get("parse_mode"))
@@ -57,7 +65,7 @@ class Messages(State):
         thread = p.get("message_thread_id")
         if thread is not None and not chat.get("is_forum") and chat.get("type") == "private":
             raise _ApiError(400, "Bad Request: message thread not found")
-        message: dict[str, Any] = {"message_id": next(self._message_ids), "date": _now(),
+        message: dict[str, Any] = {"message_id": self._next_id(chat_id), "date": _now(),
                                    "chat": chat, "from": self.bot_user, **content}
         if thread is not None:
             message["message_thread_id"] = thread
@@ -72,21 +80,51 @@ class Messages(State):
             **message, "_source": source, "_parse_mode": p.get("parse_mode")}
         return message
 
-    def _edit_message(self, p: dict[str, Any]) -> dict[str, Any]:
-        _require(p, "chat_id", "message_id", "text")
+    def _editable(self, p: dict[str, Any]) -> tuple[tuple[int | str, int], dict[str, Any]]:
+        """The bot's message ``p`` names, with Telegram's answers when there is none: a
+        message someone else posted "can't be edited"; an id that holds nothing (never
+        used yet, or deleted) is "not found"."""
         key = (p["chat_id"], int(p["message_id"]))
+        if key in self._foreign:
+            raise _ApiError(400, "Bad Request: message can't be edited")
         message = self.messages.get(key)
         if message is None:
             raise _ApiError(400, "Bad Request: message to edit not found")
+        return key, message
+
+    def _edit_message(self, p: dict[str, Any]) -> dict[str, Any]:
+        _require(p, "chat_id", "message_id", "text")
+        key, message = self._editable(p)
+        if "text" not in message:
+            raise _ApiError(400, "Bad Request: there is no text in the message to edit")
         text = self._text(p)
         # Telegram compares the resulting text and entities; the source text
         # and parse mode stand in for the entities here.
         if p.get("text") == message.get("_source") \
                 and p.get("parse_mode") == message.get("_parse_mode"):
-            raise _ApiError(400, "Bad Request: message is not modified: specified new "
-                                 "message content and reply markup are exactly the same as "
-                                 "a current content and reply markup of the message")
+            raise _ApiError(400, NOT_MODIFIED)
         message = {**message, "text": text, "edit_date": _now(), "_source": p.get("text"),
+                   "_parse_mode": p.get("parse_mode")}
+        self.messages[key] = message
+        return _public(message)
+
+    def _edit_caption(self, p: dict[str, Any]) -> dict[str, Any]:
+        """``editMessageCaption``: a photo's or document's caption (none: removed)."""
+        _require(p, "chat_id", "message_id")
+        key, message = self._editable(p)
+        if "text" in message:
+            raise _ApiError(400, "Bad Request: there is no caption in the message to edit")
+        source = p.get("caption") or None
+        caption = None if source is None else self._visible(source, p.get("parse_mode"))
+        if _utf16_len(caption or "") > MAX_CAPTION:
+            raise _ApiError(400, "Bad Request: message caption is too long")
+        if source == (message.get("_source") or None) and (
+                source is None or p.get("parse_mode") == message.get("_parse_mode")):
+            raise _ApiError(400, NOT_MODIFIED)
+        message = {k: v for k, v in message.items() if k != "caption"}
+        if caption is not None:
+            message["caption"] = caption
+        message = {**message, "edit_date": _now(), "_source": source,
                    "_parse_mode": p.get("parse_mode")}
         self.messages[key] = message
         return _public(message)

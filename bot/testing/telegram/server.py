@@ -126,6 +126,8 @@ class FakeTelegram(Faults, Files):
         await self._record_call(call)
         if failure is not None and failure.kind == "reset_after":
             _drop(request)
+        if failure is not None and failure.kind == "hold_after":
+            await asyncio.sleep(failure.seconds)
         return web.Response(text='{"ok": true, "result": ' + _dumps(call.result) + "}",
                             content_type="application/json")
 
@@ -138,6 +140,8 @@ class FakeTelegram(Faults, Files):
             return self._send_message(p)
         if method == "editmessagetext":
             return self._edit_message(p)
+        if method == "editmessagecaption":
+            return self._edit_caption(p)
         if method == "deletemessage":
             return self._delete_message(p)
         if method in ("sendphoto", "senddocument"):

@@ -53,7 +53,11 @@ class State:
         self._redeliver: list[_Pending] = []
         self._confirmed = 0  # every update_id below this was confirmed by an offset
         self._update_ids = itertools.count(1)
-        self._message_ids = itertools.count(1000)
+        self._message_ids: dict[int | str, itertools.count[int]] = {}
+        """Each chat's own sequence of message ids, shared by everyone who posts there
+        (the bot and the people), as on Telegram."""
+        self._foreign: set[tuple[int | str, int]] = set()
+        """Messages people posted (pushed ones): the bot cannot edit them."""
         self._chats: dict[int | str, dict[str, Any]] = {}
         self._failures: dict[str, list[_Failure]] = {}
         self._random: _RandomFaults | None = None
@@ -171,6 +175,13 @@ class State:
             self.calls.append(call)
         async with self._call_cond:
             self._call_cond.notify_all()
+
+    def _next_id(self, chat_id: int | str) -> int:
+        """The next message id in ``chat_id`` (each chat counts from 1000)."""
+        counter = self._message_ids.get(chat_id)
+        if counter is None:
+            counter = self._message_ids[chat_id] = itertools.count(1000)
+        return next(counter)
 
     def _chat(self, chat_id: int | str) -> dict[str, Any]:
         known = self._chats.get(chat_id)

@@ -167,7 +167,7 @@ class Updates(State):
                       text: str | None, entities: Sequence[Mapping[str, Any]] | None,
                       **extra: Any) -> dict[str, Any]:
         self._chats[chat["id"]] = chat
-        message: dict[str, Any] = {"message_id": next(self._message_ids), "date": _now(),
+        message: dict[str, Any] = {"message_id": self._next_id(chat["id"]), "date": _now(),
                                    "chat": chat, "from": dict(sender)}
         # A media message has no text (its words are the caption).
         if text is not None:
@@ -176,6 +176,7 @@ class Updates(State):
             message["entities" if text is not None else "caption_entities"] = \
                 [dict(e) for e in entities]
         message.update(extra)
+        self._foreign.add((chat["id"], message["message_id"]))
         return self.push_update({"message": message})
 
     def _enqueue(self, pending: _Pending) -> None:
