@@ -35,19 +35,29 @@ def _setup_logging(level: str, *, quiet: bool = False, fmt: str = "text") -> Non
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def echo(text: str, *, err: bool = False, nl: bool = True) -> None:
+    """Print ``text`` (``err``: to stderr) with every secret masked.
+
+    Every command prints through this: configured secrets and credentials inside
+    URLs are masked by :func:`bot.observability.redact.redact`, the masking of log
+    records and ``roost config show``.
+    """
+    click.echo(redact.redact(text), err=err, nl=nl)
+
+
 def _fail(message: str) -> None:
     """Say why Roost cannot go on: one line on stderr (one JSON record under json logs)."""
     if _output["format"] == "json":
         log.error("%s", message)
     else:
-        click.echo(f"roost: {message}", err=True)
+        echo(f"roost: {message}", err=True)
 
 
 def _settings(ctx: click.Context, **overrides: Any) -> Settings:
     try:
         settings = load_settings(ctx.obj.get("config"), **overrides)
     except ConfigError as exc:
-        click.echo(f"roost: {exc}", err=True)
+        echo(f"roost: {exc}", err=True)
         sys.exit(EXIT_SETUP)
     # Before anything can log: no configured secret reaches any log line.
     redact.install(redact.secrets_of(settings))
@@ -78,7 +88,7 @@ def cli(ctx: click.Context, config: Path | None) -> None:
 @cli.command()
 def version() -> None:
     """Print Roost's version."""
-    click.echo(f"roost {__version__}")
+    echo(f"roost {__version__}")
 
 
 def _load_dotenv() -> None:
