@@ -236,7 +236,7 @@ def test_json_logs_make_every_line_one_object_with_library_lines_and_warnings(
     assert all({"ts", "level", "logger", "message"} <= r.keys() for r in records)
     assert [r["logger"] for r in records] == [
         "roost.app", "aiogram.dispatcher", "py.warnings", "roost.engine", "roost"]
-    assert records[0]["message"] == "started with ***"
+    assert records[0]["message"] == "started with ********"
     assert records[0]["ts"].endswith("Z")
     assert "deprecated thing" in records[2]["message"]
     assert "ZeroDivisionError" in records[3]["exc_info"]
@@ -353,3 +353,31 @@ def test_a_corrupt_database_is_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
     assert result.stderr.startswith("roost: cannot open the data directory data: ")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+# -- roost chat -m with the model away -------------------------------------------------
+
+
+def test_chat_m_gives_up_in_one_line_when_the_model_is_unreachable(tmp_path: Path) -> None:
+    result = roost("chat", "-m", "hi", cwd=tmp_path, ROOST_PROVIDER="openai",
+                   OPENAI_API_KEY="sk-test",
+                   OPENAI_BASE_URL=f"http://127.0.0.1:{closed_port()}/v1")
+    assert result.returncode == 1
+    assert "as soon as it is back" not in result.stdout + result.stderr
+    assert result.stderr.startswith("roost: the AI service is not answering (the connection "
+                                    "to http://127.0.0.1:"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_chat_m_gives_up_after_its_timeout_when_the_model_never_answers(
+        tmp_path: Path) -> None:
+    with socket.socket() as silent:  # accepts connections, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        port = silent.getsockname()[1]
+        result = roost("chat", "-m", "hi", "--timeout", "2", cwd=tmp_path,
+                       ROOST_PROVIDER="openai", OPENAI_API_KEY="sk-test",
+                       OPENAI_BASE_URL=f"http://127.0.0.1:{port}/v1")
+    assert result.returncode == 1
+    assert result.stderr.startswith("roost: no answer within 2 s; gave up"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
