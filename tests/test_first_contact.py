@@ -381,3 +381,29 @@ def test_chat_m_gives_up_after_its_timeout_when_the_model_never_answers(
     assert result.returncode == 1
     assert result.stderr.startswith("roost: no answer within 2 s; gave up"), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_brand_new_database_logs_no_dropped_retired_columns(tmp_path: Path) -> None:
+    result = roost("chat", "--demo", "-m", "hello", cwd=tmp_path, ROOST_LOG_LEVEL="INFO")
+    assert result.returncode == 0, result.stderr
+    log = (tmp_path / "data" / "chat.log").read_text()
+    assert "roost" in log and "retired columns" not in log
+
+
+@pytest.mark.parametrize("command", [("run",), ("config", "show"), ("chat", "--demo", "-m", "hi")])
+def test_a_roost_toml_that_is_a_directory_is_one_line_and_exit_2(
+        tmp_path: Path, command: tuple[str, ...]) -> None:
+    (tmp_path / "roost.toml").mkdir()  # what compose's bind mount of a missing file makes
+    result = roost(*command, cwd=tmp_path, ROOST_PROVIDER="scripted")
+    assert result.returncode == 2
+    assert result.stderr.startswith("roost: roost.toml is a directory, not a file"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_demo_banner_names_no_model_it_does_not_use(tmp_path: Path) -> None:
+    result = subprocess.run([*ROOST, "chat", "--demo"], cwd=tmp_path, env=clean_env(),
+                            input="", capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    banner = result.stderr.splitlines()[0]
+    assert banner.startswith("Roost ") and "demo script, no model" in banner
+    assert str(Settings.model_fields["model"].default) not in result.stderr

@@ -171,8 +171,11 @@ async def _chat(settings: Settings, message: str | None, *, stream: bool,
         if message is None:
             data = settings.data_dir
             shown = data if data.is_absolute() or str(data).startswith(".") else f"./{data}"
-            echo(f"Roost {__version__} · {settings.model} via {app.provider.name} · "
-                       f"data: {shown} · /help for commands, Ctrl-D to quit", err=True)
+            # The scripted provider (--demo) plays a script: no model is asked.
+            model = ("demo script, no model" if settings.provider == "scripted"
+                     else f"{settings.model} via {app.provider.name}")
+            echo(f"Roost {__version__} · {model} · data: {shown} · /help for commands, "
+                 "Ctrl-D to quit", err=True)
         await app.add_channel(console)
         if message is not None:
             await console.say(message)
