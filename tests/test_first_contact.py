@@ -407,3 +407,28 @@ def test_the_demo_banner_names_no_model_it_does_not_use(tmp_path: Path) -> None:
     banner = result.stderr.splitlines()[0]
     assert banner.startswith("Roost ") and "demo script, no model" in banner
     assert str(Settings.model_fields["model"].default) not in result.stderr
+
+
+@pytest.mark.parametrize("token", ["not-a-token", "123456:has space", "abc:def"])
+def test_a_malformed_telegram_token_is_a_setting_exit_2_without_retrying(
+        tmp_path: Path, token: str) -> None:
+    result = roost("run", cwd=tmp_path, ROOST_PROVIDER="scripted", ROOST_LOG_LEVEL="INFO",
+                   TELEGRAM_BOT_TOKEN=token,
+                   TELEGRAM_API_BASE=f"http://127.0.0.1:{closed_port()}")
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("roost: TELEGRAM_BOT_TOKEN is malformed"), result.stderr
+    assert "retry" not in result.stderr and "Traceback" not in result.stderr
+    assert token not in result.stderr
+
+
+@pytest.mark.parametrize("channels", [{}, {"ROOST_CONSOLE": "1"}], ids=["alone", "with-console"])
+def test_a_slack_bot_token_alone_names_the_missing_slack_credential(
+        tmp_path: Path, channels: dict[str, str]) -> None:
+    result = roost("run", cwd=tmp_path, stdin=subprocess.PIPE, ROOST_PROVIDER="scripted",
+                   ROOST_LOG_LEVEL="WARNING", SLACK_BOT_TOKEN="xoxb-only-the-bot-token",
+                   **channels)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == ("roost: the slack channel needs SLACK_APP_TOKEN (Socket Mode) or "
+                             "SLACK_SIGNING_SECRET (Events API over HTTP) next to "
+                             "SLACK_BOT_TOKEN\n")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot.config.settings import SetupError
 from bot.contracts.channel import InboundHandler
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from channels.slack.common import (
@@ -47,8 +48,9 @@ class SlackChannel(_Inbound, _Outbound, _Media):
         app_token = s.slack_app_token.get_secret_value() if s.slack_app_token else None
         secret = s.slack_signing_secret.get_secret_value() if s.slack_signing_secret else None
         if app_token is None and secret is None:
-            raise ValueError("set SLACK_APP_TOKEN (Socket Mode) or SLACK_SIGNING_SECRET "
-                             "(Events API over HTTP) next to SLACK_BOT_TOKEN")
+            raise SetupError("the slack channel needs SLACK_APP_TOKEN (Socket Mode) or "
+                             "SLACK_SIGNING_SECRET (Events API over HTTP) next to "
+                             "SLACK_BOT_TOKEN")
         self._handler = handler
         # No SDK retry handlers: deliver() owns retries, and two layers of them
         # could post one reply twice.
