@@ -432,3 +432,48 @@ def test_a_slack_bot_token_alone_names_the_missing_slack_credential(
     assert result.stderr == ("roost: the slack channel needs SLACK_APP_TOKEN (Socket Mode) or "
                              "SLACK_SIGNING_SECRET (Events API over HTTP) next to "
                              "SLACK_BOT_TOKEN\n")
+
+
+# -- the deployment files' instructions ------------------------------------------------
+
+
+@pytest.mark.parametrize("compose", ["compose.yaml", "deploy/compose.replicas.yml"])
+def test_the_compose_files_instructions_make_every_file_they_mount(
+        tmp_path: Path, compose: str) -> None:
+    """The header's commands, run as written in the repository root, leave no bind mount
+    without its file (a missing one becomes a directory) and no env file missing."""
+    import shlex
+    import shutil
+
+    import yaml
+
+    source = Path(__file__).resolve().parents[1] / compose
+    header = []
+    for line in source.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        header.append(line)
+    steps = []
+    for line in header:
+        if (m := re.match(r"#   (\S.*)", line)):
+            if m[1].startswith("docker compose"):
+                break
+            steps.append(shlex.split(m[1], comments=True))
+    assert steps, f"{compose} says nothing to do before docker compose"
+    (tmp_path / compose).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(source, tmp_path / compose)
+    for argv in steps:
+        argv = [*ROOST, *argv[1:]] if argv[0] == "roost" else argv
+        done = subprocess.run(argv, cwd=tmp_path, env=clean_env(), capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, f"{' '.join(argv)} failed: {done.stderr}"
+    here = (tmp_path / compose).parent
+    spec = yaml.safe_load((tmp_path / compose).read_text())
+    for name, service in spec["services"].items():
+        for volume in service.get("volumes", []):
+            host = str(volume).split(":")[0]
+            if host.startswith("."):
+                assert (here / host).is_file(), f"{name} mounts {host}, which is not a file"
+        for env_file in service.get("env_file", []):
+            path = env_file["path"] if isinstance(env_file, dict) else env_file
+            assert (here / path).is_file(), f"{name} reads {path}, which does not exist"
