@@ -72,6 +72,23 @@ def test_secrets_are_masked_in_messages_arguments_tracebacks_and_stacks(
     assert "RuntimeError: request to /bot********/sendMessage failed" in output
 
 
+@pytest.mark.parametrize("url", [
+    "https://bob:hunter22@example.com/p?x=1",
+    "https://example.com/hook?api_key=hunter22&sig=hunter23&access_token=hunter24#frag",
+    "postgresql://roost:hunter22@db:5432/roost?sslpassword=hunter23",
+    "https://hunter22@github.com/org/repo.git",
+    "https://h.example/?X-Amz-Signature=hunter22&Secret=hunter23&pwd=hunter24&q=kept",
+])
+def test_a_log_line_masks_a_url_exactly_as_config_show_does(
+        captured: io.StringIO, url: str) -> None:
+    redact.install([])
+    logging.getLogger("some.lib").warning("calling %s failed", url)
+    shown = Settings(searxng_url=url).masked()["searxng_url"]
+    assert captured.getvalue() == f"some.lib calling {shown} failed\n"
+    assert "hunter" not in shown
+    assert "q=kept" in shown or "q=kept" not in url  # only secrets are masked
+
+
 def test_a_record_without_secrets_is_left_as_it_was(captured: io.StringIO) -> None:
     redact.install([TOKEN])
     logging.getLogger("roost").info("run %s completed in %d ms", "abc", 12)
