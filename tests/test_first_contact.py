@@ -477,3 +477,15 @@ def test_the_compose_files_instructions_make_every_file_they_mount(
         for env_file in service.get("env_file", []):
             path = env_file["path"] if isinstance(env_file, dict) else env_file
             assert (here / path).is_file(), f"{name} reads {path}, which does not exist"
+
+
+@pytest.mark.parametrize("command", [("errors", "list"), ("pairing", "list"), ("db", "migrate"),
+                                     ("plugins", "list")])
+def test_an_unreachable_database_is_one_line_naming_it_masked(
+        tmp_path: Path, command: tuple[str, ...]) -> None:
+    url = f"postgresql://roost:pw-hunter2@127.0.0.1:{closed_port()}/roost?sslpassword=ssl-hunter3"
+    result = roost(*command, cwd=tmp_path, ROOST_DATABASE_URL=url)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr and "hunter" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert re.match(r"roost: cannot \w+ the database postgresql://roost:\*{8}@127\.0\.0\.1:", last)

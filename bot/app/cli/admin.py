@@ -17,7 +17,15 @@ if TYPE_CHECKING:
     from bot.storage.errors import ErrorStore
 
 
-from bot.app.cli.base import EXIT_SETUP, _run_async, _settings, _setup_logging, cli, echo
+from bot.app.cli.base import (
+    EXIT_SETUP,
+    _run_async,
+    _settings,
+    _setup_logging,
+    cli,
+    database_of,
+    echo,
+)
 
 
 @cli.group()
@@ -120,7 +128,7 @@ def errors_list(ctx: click.Context, session: str | None, tool: str | None, since
             echo("no errors match")
         return 0
 
-    _run_async(_with_errors(settings, show))
+    _run_async(_with_errors(settings, show), f"cannot read {database_of(settings)}")
 
 
 @errors.command("show")
@@ -141,7 +149,7 @@ def errors_show(ctx: click.Context, error_id: str) -> None:
                               indent=2, ensure_ascii=False))
         return 0
 
-    _run_async(_with_errors(settings, show))
+    _run_async(_with_errors(settings, show), f"cannot read {database_of(settings)}")
 
 
 async def _with_errors(settings: Settings,
@@ -197,7 +205,7 @@ def pairing_approve(ctx: click.Context, code: str) -> None:
         echo(f"approved {request.user}{name}")
         return 0
 
-    _run_async(_with_access(settings, approve))
+    _run_async(_with_access(settings, approve), f"cannot use {database_of(settings)}")
 
 
 @pairing.command("list")
@@ -220,7 +228,7 @@ def pairing_list(ctx: click.Context) -> None:
             echo(f"  {u.user}  {u.display_name or '-'}  by {u.approved_by}")
         return 0
 
-    _run_async(_with_access(settings, show))
+    _run_async(_with_access(settings, show), f"cannot read {database_of(settings)}")
 
 
 @cli.command()

@@ -6,9 +6,10 @@ import asyncio
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     pass
 
 log = logging.getLogger("roost")
+T = TypeVar("T")
 
 EXIT_SETUP = 2
 
@@ -68,8 +70,30 @@ def _settings(ctx: click.Context, **overrides: Any) -> Settings:
     return settings
 
 
-def _run_async(coro: Coroutine[Any, Any, int]) -> None:
-    sys.exit(asyncio.run(coro))
+def _run(coro: Coroutine[Any, Any, T], what: str = "") -> T:
+    """``asyncio.run(coro)``; a failure is one line saying ``what`` failed and exit code 1.
+
+    ``ROOST_LOG_LEVEL=DEBUG`` prints the traceback too (masked, like every output).
+    """
+    try:
+        return asyncio.run(coro)
+    except click.ClickException:
+        raise
+    except Exception as exc:
+        if os.environ.get("ROOST_LOG_LEVEL", "").upper() == "DEBUG":
+            echo("".join(traceback.format_exception(exc)).rstrip("\n"), err=True)
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        _fail(f"{what}: {detail}" if what else detail)
+        sys.exit(1)
+
+
+def _run_async(coro: Coroutine[Any, Any, int], what: str = "") -> None:
+    sys.exit(_run(coro, what))
+
+
+def database_of(settings: Settings) -> str:
+    """How to name the database of ``settings`` in a line (its URL is masked on output)."""
+    return f"the database {settings.database_url or settings.db_path}"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

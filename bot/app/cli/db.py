@@ -67,7 +67,7 @@ def db_migrate(ctx: click.Context, url: str | None) -> None:
         echo(f"database at schema version {version}")
         return 0
 
-    _run_async(run())
+    _run_async(run(), f"cannot migrate the database {url or settings.database}")
 
 
 @db.command("copy")
@@ -110,4 +110,4 @@ def db_copy(ctx: click.Context, source: str, target: str, force: bool) -> None:
         echo(f"copied {total} rows in {len(copied)} tables; row counts match")
         return 0
 
-    _run_async(run())
+    _run_async(run(), "cannot copy the database")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from typing import TYPE_CHECKING, Any
@@ -15,7 +14,7 @@ if TYPE_CHECKING:
     pass
 
 
-from bot.app.cli.base import _settings, cli, echo
+from bot.app.cli.base import _run, _settings, cli, database_of, echo
 
 
 @cli.group()
@@ -37,7 +36,7 @@ def _persisted_disabled(settings: Settings) -> set[str]:
         finally:
             await store.close()
 
-    return asyncio.run(load())
+    return _run(load(), f"cannot read {database_of(settings)}")
 
 
 def _plugin_rows(settings: Settings, *, include_builtin: bool) -> list[dict[str, Any]]:
@@ -150,7 +149,7 @@ def _set_enabled(ctx: click.Context, name: str, enabled: bool) -> None:
         finally:
             await store.close()
 
-    asyncio.run(save())
+    _run(save(), f"cannot use {database_of(settings)}")
     echo(f"{name} {'enabled' if enabled else 'disabled'}; a running Roost applies it "
                "at its next start (or use /plugin in chat to apply it at once)")
 
