@@ -21,6 +21,7 @@ implementation and may change. Test helpers live in :mod:`roost.testing`.
 
 from __future__ import annotations
 
+from bot.config.masking import mask_text
 from bot.config.settings import Settings
 from bot.contracts.channel import (
     Channel,
@@ -125,6 +126,7 @@ __all__ = [
     "hookimpl",
     "int_arg",
     "marked_send",
+    "mask_text",
     "str_arg",
     "transaction",
 ]

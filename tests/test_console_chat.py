@@ -45,7 +45,7 @@ def test_the_demo_shows_tool_calls_memory_and_status_with_true_replies(tmp_path:
     assert (tmp_path / "data/workspaces/console/local/MEMORY.md").read_text() == "- I like tea\n"
     banner = result.stderr.strip().splitlines()
     assert len(banner) == 1
-    assert "claude-sonnet-5-5 via scripted" in banner[0] and "data: ./data" in banner[0]
+    assert "demo script, no model" in banner[0] and "data: ./data" in banner[0]
     assert "/help" in banner[0]
 
 

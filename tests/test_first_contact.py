@@ -236,7 +236,7 @@ def test_json_logs_make_every_line_one_object_with_library_lines_and_warnings(
     assert all({"ts", "level", "logger", "message"} <= r.keys() for r in records)
     assert [r["logger"] for r in records] == [
         "roost.app", "aiogram.dispatcher", "py.warnings", "roost.engine", "roost"]
-    assert records[0]["message"] == "started with ***"
+    assert records[0]["message"] == "started with ********"
     assert records[0]["ts"].endswith("Z")
     assert "deprecated thing" in records[2]["message"]
     assert "ZeroDivisionError" in records[3]["exc_info"]
@@ -353,3 +353,139 @@ def test_a_corrupt_database_is_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
     assert result.stderr.startswith("roost: cannot open the data directory data: ")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+# -- roost chat -m with the model away -------------------------------------------------
+
+
+def test_chat_m_gives_up_in_one_line_when_the_model_is_unreachable(tmp_path: Path) -> None:
+    result = roost("chat", "-m", "hi", cwd=tmp_path, ROOST_PROVIDER="openai",
+                   OPENAI_API_KEY="sk-test",
+                   OPENAI_BASE_URL=f"http://127.0.0.1:{closed_port()}/v1")
+    assert result.returncode == 1
+    assert "as soon as it is back" not in result.stdout + result.stderr
+    assert result.stderr.startswith("roost: the AI service is not answering (the connection "
+                                    "to http://127.0.0.1:"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_chat_m_gives_up_after_its_timeout_when_the_model_never_answers(
+        tmp_path: Path) -> None:
+    with socket.socket() as silent:  # accepts connections, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        port = silent.getsockname()[1]
+        result = roost("chat", "-m", "hi", "--timeout", "2", cwd=tmp_path,
+                       ROOST_PROVIDER="openai", OPENAI_API_KEY="sk-test",
+                       OPENAI_BASE_URL=f"http://127.0.0.1:{port}/v1")
+    assert result.returncode == 1
+    assert result.stderr.startswith("roost: no answer within 2 s; gave up"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_brand_new_database_logs_no_dropped_retired_columns(tmp_path: Path) -> None:
+    result = roost("chat", "--demo", "-m", "hello", cwd=tmp_path, ROOST_LOG_LEVEL="INFO")
+    assert result.returncode == 0, result.stderr
+    log = (tmp_path / "data" / "chat.log").read_text()
+    assert "roost" in log and "retired columns" not in log
+
+
+@pytest.mark.parametrize("command", [("run",), ("config", "show"), ("chat", "--demo", "-m", "hi")])
+def test_a_roost_toml_that_is_a_directory_is_one_line_and_exit_2(
+        tmp_path: Path, command: tuple[str, ...]) -> None:
+    (tmp_path / "roost.toml").mkdir()  # what compose's bind mount of a missing file makes
+    result = roost(*command, cwd=tmp_path, ROOST_PROVIDER="scripted")
+    assert result.returncode == 2
+    assert result.stderr.startswith("roost: roost.toml is a directory, not a file"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_demo_banner_names_no_model_it_does_not_use(tmp_path: Path) -> None:
+    result = subprocess.run([*ROOST, "chat", "--demo"], cwd=tmp_path, env=clean_env(),
+                            input="", capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    banner = result.stderr.splitlines()[0]
+    assert banner.startswith("Roost ") and "demo script, no model" in banner
+    assert str(Settings.model_fields["model"].default) not in result.stderr
+
+
+@pytest.mark.parametrize("token", ["not-a-token", "123456:has space", "abc:def"])
+def test_a_malformed_telegram_token_is_a_setting_exit_2_without_retrying(
+        tmp_path: Path, token: str) -> None:
+    result = roost("run", cwd=tmp_path, ROOST_PROVIDER="scripted", ROOST_LOG_LEVEL="INFO",
+                   TELEGRAM_BOT_TOKEN=token,
+                   TELEGRAM_API_BASE=f"http://127.0.0.1:{closed_port()}")
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("roost: TELEGRAM_BOT_TOKEN is malformed"), result.stderr
+    assert "retry" not in result.stderr and "Traceback" not in result.stderr
+    assert token not in result.stderr
+
+
+@pytest.mark.parametrize("channels", [{}, {"ROOST_CONSOLE": "1"}], ids=["alone", "with-console"])
+def test_a_slack_bot_token_alone_names_the_missing_slack_credential(
+        tmp_path: Path, channels: dict[str, str]) -> None:
+    result = roost("run", cwd=tmp_path, stdin=subprocess.PIPE, ROOST_PROVIDER="scripted",
+                   ROOST_LOG_LEVEL="WARNING", SLACK_BOT_TOKEN="xoxb-only-the-bot-token",
+                   **channels)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == ("roost: the slack channel needs SLACK_APP_TOKEN (Socket Mode) or "
+                             "SLACK_SIGNING_SECRET (Events API over HTTP) next to "
+                             "SLACK_BOT_TOKEN\n")
+
+
+# -- the deployment files' instructions ------------------------------------------------
+
+
+@pytest.mark.parametrize("compose", ["compose.yaml", "deploy/compose.replicas.yml"])
+def test_the_compose_files_instructions_make_every_file_they_mount(
+        tmp_path: Path, compose: str) -> None:
+    """The header's commands, run as written in the repository root, leave no bind mount
+    without its file (a missing one becomes a directory) and no env file missing."""
+    import shlex
+    import shutil
+
+    import yaml
+
+    source = Path(__file__).resolve().parents[1] / compose
+    header = []
+    for line in source.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        header.append(line)
+    steps = []
+    for line in header:
+        if (m := re.match(r"#   (\S.*)", line)):
+            if m[1].startswith("docker compose"):
+                break
+            steps.append(shlex.split(m[1], comments=True))
+    assert steps, f"{compose} says nothing to do before docker compose"
+    (tmp_path / compose).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(source, tmp_path / compose)
+    for argv in steps:
+        argv = [*ROOST, *argv[1:]] if argv[0] == "roost" else argv
+        done = subprocess.run(argv, cwd=tmp_path, env=clean_env(), capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, f"{' '.join(argv)} failed: {done.stderr}"
+    here = (tmp_path / compose).parent
+    spec = yaml.safe_load((tmp_path / compose).read_text())
+    for name, service in spec["services"].items():
+        for volume in service.get("volumes", []):
+            host = str(volume).split(":")[0]
+            if host.startswith("."):
+                assert (here / host).is_file(), f"{name} mounts {host}, which is not a file"
+        for env_file in service.get("env_file", []):
+            path = env_file["path"] if isinstance(env_file, dict) else env_file
+            assert (here / path).is_file(), f"{name} reads {path}, which does not exist"
+
+
+@pytest.mark.parametrize("command", [("errors", "list"), ("pairing", "list"), ("db", "migrate"),
+                                     ("plugins", "list")])
+def test_an_unreachable_database_is_one_line_naming_it_masked(
+        tmp_path: Path, command: tuple[str, ...]) -> None:
+    url = f"postgresql://roost:pw-hunter2@127.0.0.1:{closed_port()}/roost?sslpassword=ssl-hunter3"
+    result = roost(*command, cwd=tmp_path, ROOST_DATABASE_URL=url)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr and "hunter" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert re.match(r"roost: cannot \w+ the database postgresql://roost:\*{8}@127\.0\.0\.1:", last)

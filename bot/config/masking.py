@@ -42,30 +42,44 @@ def find_mask(tree: Any, where: str = "") -> str:
     return ""
 
 
-# The scheme is bounded: an unbounded one makes a long run of letters quadratic.
-_URL_USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]{0,31}://)"
-                           r"(?P<user>[^/\s@:]*)(?P<password>:[^/\s@]*)?@")
+# The scheme is bounded and must start a word, the user and password are bounded: unbounded,
+# a long run of letters (a megabyte payload logged by an SDK) made every line quadratic.
+_URL_USERINFO = re.compile(
+    r"(?<![a-zA-Z0-9+.-])(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]{0,31}://)"
+    r"(?P<user>[^/\s@:?#]{0,256})(?P<password>:[^/\s@]{0,256})?@")
+SECRET_PARAM_WORDS = ("token", "secret", "key", "password", "passwd", "pwd", "auth",
+                      "sig", "credential", "session")
+"""A query parameter whose name holds one of these words has its value masked."""
 _URL_SECRET_PARAM = re.compile(
-    r"(?P<name>[?&][^=&#\s]*(?:token|secret|key|password|auth)[^=&#\s]*=)[^&#\s]+",
-    re.IGNORECASE)
+    r"(?P<name>[?&;][^=&#\s?]{0,64}?(?:" + "|".join(SECRET_PARAM_WORDS) + r")[^=&#\s?]{0,64}=)"
+    r"[^&#\s\"'<>]+", re.IGNORECASE)
 
 
-def _mask_url_text(text: str) -> str:
-    def userinfo(match: re.Match[str]) -> str:
-        # user:password@ keeps the user (it helps to see which account); a lone
-        # user@ is usually a token (https://TOKEN@host), so it is masked whole.
-        if match["password"] is not None:
-            return f"{match['scheme']}{match['user']}:{SECRET_MASK}@"
-        return f"{match['scheme']}{SECRET_MASK}@"
+def mask_text(text: str) -> str:
+    """``text`` with credentials inside URLs masked: ``user:password@``, ``TOKEN@``, ``?key=``.
 
-    text = _URL_USERINFO.sub(userinfo, text)
-    return _URL_SECRET_PARAM.sub(rf"\g<name>{SECRET_MASK}", text)
+    The one function every output uses (``roost config show``, every CLI command's
+    lines and errors, log records): the user of ``user:password@`` is kept, a lone
+    ``user@`` (usually a token) and the value of every secret-named query parameter
+    become :data:`SECRET_MASK`.
+    """
+    if "://" in text:
+        text = _URL_USERINFO.sub(_userinfo, text)
+    if "=" in text:
+        text = _URL_SECRET_PARAM.sub(rf"\g<name>{SECRET_MASK}", text)
+    return text
+
+
+def _userinfo(match: re.Match[str]) -> str:
+    if match["password"] is not None:
+        return f"{match['scheme']}{match['user']}:{SECRET_MASK}@"
+    return f"{match['scheme']}{SECRET_MASK}@"
 
 
 def mask_urls(value: Any) -> Any:
-    """``value`` with credentials inside URLs masked, at any depth."""
+    """``value`` with :func:`mask_text` applied to every string, at any depth."""
     if isinstance(value, str):
-        return _mask_url_text(value) if "://" in value else value
+        return mask_text(value)
     if isinstance(value, dict):
         return {k: mask_urls(v) for k, v in value.items()}
     if isinstance(value, list):

@@ -528,11 +528,18 @@ def load_settings(config_path: Path | None = None, **overrides: Any) -> Settings
     explicit = config_path is not None
     path = config_path or Path("roost.toml")
     data: dict[str, Any] = {}
+    if path.is_dir():
+        # What a compose bind mount of a missing file makes.
+        raise ConfigError(f"{path} is a directory, not a file (a bind mount of a file that "
+                          "did not exist creates one): remove it and create the file "
+                          "(`roost init` writes one)")
     if path.exists():
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read it: {exc.strerror or exc}") from exc
     elif explicit:
         raise ConfigError(f"config file {path} does not exist")
     if path.exists():

@@ -6,12 +6,15 @@ Third-party libraries put secrets in their messages (aiogram's errors carry
 logger made it and whichever handler writes it, has every configured secret
 replaced by ``***`` in its message, its exception text and its stack before
 any handler or formatter sees it. Credentials inside URLs
-(``scheme://user:password@host``) are masked whether configured or not.
+(``scheme://user:password@host``, ``?api_key=``) are masked whether configured or
+not, by :func:`bot.config.masking.mask_text`, the function ``roost config show`` and
+every CLI command use: a secret looks the same wherever Roost shows it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import traceback
 from collections.abc import Iterable
@@ -19,13 +22,10 @@ from typing import Any
 
 from pydantic import SecretStr
 
-MASK = "***"
+from bot.config.masking import SECRET_MASK, mask_text
 
-# Bounded and anchored at the start of a word: unbounded, a long run of letters (a
-# megabyte message, logged by an SDK at debug level) made every log line quadratic.
-_URL_CREDENTIALS = re.compile(
-    r"(?<![a-zA-Z0-9+.-])(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]{0,31}://)"
-    r"(?P<userinfo>[^/\s@:]{0,256}:[^/\s@]{0,256})@")
+MASK = SECRET_MASK
+_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _MIN_SECRET = 6
 """Shorter values are not treated as secrets: masking them would mangle ordinary words."""
 
@@ -33,12 +33,22 @@ _state: dict[str, Any] = {"pattern": None, "base": None}
 
 
 def secrets_of(settings: Any) -> list[str]:
-    """Every secret value in ``settings``: its ``SecretStr`` fields and secret-named plugin keys."""
+    """Every secret value in ``settings``.
+
+    Its ``SecretStr`` fields, secret-named plugin keys, and the ``env`` and ``headers``
+    values of MCP servers (``${VAR}`` references resolved from the environment).
+    """
     found: list[str] = []
     for _, value in settings:
         if isinstance(value, SecretStr):
             found.append(value.get_secret_value())
     _walk(getattr(settings, "plugins", {}) or {}, found)
+    servers = getattr(getattr(settings, "mcp", None), "servers", None) or {}
+    for server in servers.values():
+        for table in (getattr(server, "env", None) or {}, getattr(server, "headers", None) or {}):
+            for value in map(str, table.values()):
+                found.append(_REFERENCE.sub(lambda m: os.environ.get(m[1], ""), value))
+                found.extend(os.environ.get(name, "") for name in _REFERENCE.findall(value))
     return found
 
 
@@ -75,9 +85,7 @@ def redact(text: str) -> str:
     pattern = _state["pattern"]
     if pattern is not None:
         text = pattern.sub(MASK, text)
-    if "://" in text:
-        text = _URL_CREDENTIALS.sub(rf"\g<scheme>{MASK}@", text)
-    return text
+    return mask_text(text)
 
 
 def _redact_record(record: logging.LogRecord) -> None:

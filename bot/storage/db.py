@@ -188,7 +188,9 @@ async def retire_columns(db: aiosqlite.Connection, lock: asyncio.Lock,
     """Drop the ``retired`` columns still present, in one transaction; returns them.
 
     Call it once the plugins' migrations have run. On an SQLite without
-    ``DROP COLUMN`` the columns stay, unused (their defaults fill new rows).
+    ``DROP COLUMN`` the columns stay, unused (their defaults fill new rows). The
+    drop is logged only when a table holding them has rows: a brand-new database's
+    steps made them a moment ago, and it never had anything in them to retire.
     """
     if dialect_of(db) == "postgresql" or sqlite3.sqlite_version_info < DROP_COLUMN_VERSION:
         return []  # PostgreSQL databases never had them (see POSTGRES_STEPS)
@@ -201,6 +203,11 @@ async def retire_columns(db: aiosqlite.Connection, lock: asyncio.Lock,
                 present.append((table, column))
     if not present:
         return []
+    held_rows = False
+    for table in sorted({table for table, _ in present}):
+        async with lock, db.execute(f'SELECT EXISTS (SELECT 1 FROM "{table}")') as cur:
+            row = await cur.fetchone()
+        held_rows = held_rows or bool(row and row[0])
 
     async def body(db: aiosqlite.Connection) -> None:
         for table, column in present:
@@ -214,7 +221,8 @@ async def retire_columns(db: aiosqlite.Connection, lock: asyncio.Lock,
         log.exception("could not drop retired columns; they stay, unused")
         return []
     dropped = [f"{table}.{column}" for table, column in present]
-    log.info("dropped retired columns: %s", ", ".join(dropped))
+    if held_rows:
+        log.info("dropped retired columns: %s", ", ".join(dropped))
     return dropped
 
 

@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
+from bot.config.settings import SetupError
 from bot.contracts.channel import READY, Channel, ChannelHealth, InboundHandler, ReplyStream
 from bot.contracts.files import OpenFile
 from bot.contracts.messages import Attachment, InboundMessage, OutboundMessage
@@ -102,8 +103,9 @@ class SlackChannel(Channel):
         app_token = s.slack_app_token.get_secret_value() if s.slack_app_token else None
         secret = s.slack_signing_secret.get_secret_value() if s.slack_signing_secret else None
         if app_token is None and secret is None:
-            raise ValueError("set SLACK_APP_TOKEN (Socket Mode) or SLACK_SIGNING_SECRET "
-                             "(Events API over HTTP) next to SLACK_BOT_TOKEN")
+            raise SetupError("the slack channel needs SLACK_APP_TOKEN (Socket Mode) or "
+                             "SLACK_SIGNING_SECRET (Events API over HTTP) next to "
+                             "SLACK_BOT_TOKEN")
         await self.api.open(s.slack_bot_token.get_secret_value())
         self.inbound.start(handler, secret or "", socket_mode=app_token is not None)
         if app_token is not None:

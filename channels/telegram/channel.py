@@ -15,6 +15,7 @@ from aiogram.client.telegram import TelegramAPIServer
 from aiogram.exceptions import TelegramUnauthorizedError
 from aiogram.methods import DeleteWebhook, GetMe, SetMyCommands
 from aiogram.types import BotCommand, BotCommandScopeChat
+from aiogram.utils.token import TokenValidationError, validate_token
 
 from bot.config.settings import SetupError
 from bot.contracts.channel import InboundHandler, ReplyStream
@@ -55,14 +56,20 @@ class TelegramChannel(Intake, Uploads, Downloads):
     async def start(self, handler: InboundHandler) -> None:
         """Check the token (``getMe``), then receive by long polling or webhook."""
         assert self.settings.telegram_bot_token is not None
+        token = self.settings.telegram_bot_token.get_secret_value()
+        try:
+            validate_token(token)
+        except TokenValidationError:
+            # A setting to change, not an outage: nothing to retry (exit code 2).
+            raise SetupError("TELEGRAM_BOT_TOKEN is malformed: a bot token looks like "
+                             "123456789:AAE... (as @BotFather gives it)") from None
         self._handler = handler
         _keep_response_models()
         base = self.settings.telegram_api_base
         api = TelegramAPIServer.from_base(base) if base else None
         session = _Session(api=api, timeout=self.request_timeout) if api else \
             _Session(timeout=self.request_timeout)
-        self.bot = bot = Bot(self.settings.telegram_bot_token.get_secret_value(),
-                             session=session)
+        self.bot = bot = Bot(token, session=session)
         try:
             await self._connect(bot)
         except BaseException:

@@ -2,7 +2,8 @@
 
 Each server is started (in a scratch directory for ``per_user`` ones), its
 tools listed, and the server ended, as Roost would at startup; a server that
-fails says why (the last lines of its stderr included).
+fails says why (the last lines of its stderr included). URLs and errors are
+masked (:func:`roost.mask_text`): no credential of a server is printed.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import mcp_types as types
 from bot.config.mcp import McpServerConfig
 from plugins.mcp.connection import Connection, ServerDown
 from plugins.mcp.naming import tool_names
-from roost import Settings
+from roost import Settings, mask_text
 
 __all__ = ["list_servers", "test_server"]
 
@@ -29,7 +30,7 @@ async def _probe(name: str, config: McpServerConfig) -> tuple[list[types.Tool], 
     try:
         return await Connection(name, config, cwd=scratch, restart=False).list_once(), ""
     except ServerDown as exc:
-        return [], str(exc)
+        return [], mask_text(str(exc))
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -45,7 +46,7 @@ async def list_servers(settings: Settings) -> tuple[int, str]:
     lines: list[str] = []
     failed = False
     for name, config in sorted(servers.items()):
-        where = config.command if config.kind == "stdio" else config.url
+        where = mask_text(str(config.command if config.kind == "stdio" else config.url))
         head = f"{name} ({config.kind}, {config.startup}{', per user' if config.per_user else ''})"
         if not config.enabled:
             lines.append(f"{head}: disabled")

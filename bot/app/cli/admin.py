@@ -17,7 +17,15 @@ if TYPE_CHECKING:
     from bot.storage.errors import ErrorStore
 
 
-from bot.app.cli.base import EXIT_SETUP, _run_async, _settings, _setup_logging, cli
+from bot.app.cli.base import (
+    EXIT_SETUP,
+    _run_async,
+    _settings,
+    _setup_logging,
+    cli,
+    database_of,
+    echo,
+)
 
 
 @cli.group()
@@ -34,13 +42,13 @@ def config_show(ctx: click.Context) -> None:
     settings = _settings(ctx)
     for key, value in settings.masked().items():
         if value is None:
-            click.echo(f"# {key} = (unset)")
+            echo(f"# {key} = (unset)")
             continue
         line = f"{key} = {json.dumps(value)}"
         if SECRET_MASK in line:
             # Roost refuses the mask as a value, so a pasted-back line fails loudly.
             line += "  # masked: not the real value"
-        click.echo(line)
+        echo(line)
 
 
 @cli.group()
@@ -56,7 +64,7 @@ def _mcp_report(ctx: click.Context, name: str | None) -> None:
     _setup_logging("ERROR")
     work = list_servers(settings) if name is None else test_server(settings, name)
     code, text = asyncio.run(work)
-    click.echo(text)
+    echo(text)
     sys.exit(code)
 
 
@@ -114,13 +122,13 @@ def errors_list(ctx: click.Context, session: str | None, tool: str | None, since
     async def show(store: ErrorStore) -> int:
         rows = await store.list(session_id=session, tool_name=tool, since=start, limit=limit)
         for e in rows:
-            click.echo(f"{e.id}  {e.iso_timestamp()}  {e.tool_name:<16} {e.session_id}  "
+            echo(f"{e.id}  {e.iso_timestamp()}  {e.tool_name:<16} {e.session_id}  "
                        f"{e.short_summary}")
         if not rows:
-            click.echo("no errors match")
+            echo("no errors match")
         return 0
 
-    _run_async(_with_errors(settings, show))
+    _run_async(_with_errors(settings, show), f"cannot read {database_of(settings)}")
 
 
 @errors.command("show")
@@ -133,15 +141,15 @@ def errors_show(ctx: click.Context, error_id: str) -> None:
     async def show(store: ErrorStore) -> int:
         found = await store.get(error_id)
         if found is None:
-            click.echo(f"roost: no error {error_id}", err=True)
+            echo(f"roost: no error {error_id}", err=True)
             return 1
-        click.echo(json.dumps({"id": found.id, "timestamp": found.iso_timestamp(),
+        echo(json.dumps({"id": found.id, "timestamp": found.iso_timestamp(),
                                "session": found.session_id, "tool": found.tool_name,
                                "summary": found.short_summary, "error": found.raw_error},
                               indent=2, ensure_ascii=False))
         return 0
 
-    _run_async(_with_errors(settings, show))
+    _run_async(_with_errors(settings, show), f"cannot read {database_of(settings)}")
 
 
 async def _with_errors(settings: Settings,
@@ -150,7 +158,7 @@ async def _with_errors(settings: Settings,
     from bot.storage.sessions import SessionStore
 
     if not settings.database_url and not settings.db_path.exists():
-        click.echo(f"roost: no database at {settings.db_path}", err=True)
+        echo(f"roost: no database at {settings.db_path}", err=True)
         return 1
     store = await SessionStore.open(settings.database)
     try:
@@ -169,7 +177,7 @@ async def _with_access(settings: Settings, action: Callable[[Any], Awaitable[int
     from bot.storage.sessions import SessionStore
 
     if not settings.database_url and not settings.db_path.exists():
-        click.echo(f"roost: no database at {settings.db_path}", err=True)
+        echo(f"roost: no database at {settings.db_path}", err=True)
         return 1
     # WAL and the busy timeout let this write next to a running service.
     store = await SessionStore.open(settings.database)
@@ -190,14 +198,14 @@ def pairing_approve(ctx: click.Context, code: str) -> None:
     async def approve(store: Any) -> int:
         request = await store.approve(code, "cli")
         if request is None:
-            click.echo(f"roost: no pending request has the code {code} (wrong, expired or "
+            echo(f"roost: no pending request has the code {code} (wrong, expired or "
                        "already used)", err=True)
             return 1
         name = f" ({request.display_name})" if request.display_name else ""
-        click.echo(f"approved {request.user}{name}")
+        echo(f"approved {request.user}{name}")
         return 0
 
-    _run_async(_with_access(settings, approve))
+    _run_async(_with_access(settings, approve), f"cannot use {database_of(settings)}")
 
 
 @pairing.command("list")
@@ -211,16 +219,16 @@ def pairing_list(ctx: click.Context) -> None:
     async def show(store: Any) -> int:
         now = time.time()
         pending, paired = await store.pending(), await store.paired()
-        click.echo("pending:" if pending else "pending: none")
+        echo("pending:" if pending else "pending: none")
         for r in pending:
-            click.echo(f"  {r.code}  {r.user}  {r.display_name or '-'}  expires in "
+            echo(f"  {r.code}  {r.user}  {r.display_name or '-'}  expires in "
                        f"{max(0, round((r.expires_at - now) / 60))} min")
-        click.echo("approved:" if paired else "approved: none")
+        echo("approved:" if paired else "approved: none")
         for u in paired:
-            click.echo(f"  {u.user}  {u.display_name or '-'}  by {u.approved_by}")
+            echo(f"  {u.user}  {u.display_name or '-'}  by {u.approved_by}")
         return 0
 
-    _run_async(_with_access(settings, show))
+    _run_async(_with_access(settings, show), f"cannot read {database_of(settings)}")
 
 
 @cli.command()
@@ -235,7 +243,7 @@ def status(ctx: click.Context, timeout: float) -> None:
 
     settings = _settings(ctx)
     if not settings.http_port:
-        click.echo("roost: ROOST_HTTP_PORT is not set, so Roost serves no /readyz to ask",
+        echo("roost: ROOST_HTTP_PORT is not set, so Roost serves no /readyz to ask",
                    err=True)
         sys.exit(EXIT_SETUP)
     # A server bound to every interface is asked on the loopback one.
@@ -250,13 +258,13 @@ def status(ctx: click.Context, timeout: float) -> None:
         finally:
             connection.close()
     except (OSError, http.client.HTTPException) as exc:
-        click.echo(f"roost: cannot reach {host}:{settings.http_port} ({exc})", err=True)
+        echo(f"roost: cannot reach {host}:{settings.http_port} ({exc})", err=True)
         sys.exit(EXIT_SETUP)
     if response.status == 200:
-        click.echo(body, nl=False)
+        echo(body, nl=False)
         sys.exit(0)
-    click.echo("not ready:" if response.status == 503 else f"HTTP {response.status}:")
-    click.echo(body, nl=False)
+    echo("not ready:" if response.status == 503 else f"HTTP {response.status}:")
+    echo(body, nl=False)
     sys.exit(1)
 
 
@@ -269,12 +277,12 @@ def init(force: bool) -> None:
     here = Path.cwd()
     taken = templates.existing(here)
     if taken and not force:
-        click.echo(f"roost: {', '.join(p.name for p in taken)} already "
+        echo(f"roost: {', '.join(p.name for p in taken)} already "
                    f"{'exists' if len(taken) == 1 else 'exist'} here; nothing written "
                    "(--force overwrites)", err=True)
         sys.exit(1)
     for path in templates.write(here):
-        click.echo(f"wrote {path.name}")
-    click.echo("Next:\n"
+        echo(f"wrote {path.name}")
+    echo("Next:\n"
                "  cp .env.example .env   # and fill in the credentials you use\n"
                "  roost chat             # try it in this terminal (no key: roost chat --demo)")

@@ -6,9 +6,10 @@ import asyncio
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     pass
 
 log = logging.getLogger("roost")
+T = TypeVar("T")
 
 EXIT_SETUP = 2
 
@@ -35,19 +37,29 @@ def _setup_logging(level: str, *, quiet: bool = False, fmt: str = "text") -> Non
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def echo(text: str, *, err: bool = False, nl: bool = True) -> None:
+    """Print ``text`` (``err``: to stderr) with every secret masked.
+
+    Every command prints through this: configured secrets and credentials inside
+    URLs are masked by :func:`bot.observability.redact.redact`, the masking of log
+    records and ``roost config show``.
+    """
+    click.echo(redact.redact(text), err=err, nl=nl)
+
+
 def _fail(message: str) -> None:
     """Say why Roost cannot go on: one line on stderr (one JSON record under json logs)."""
     if _output["format"] == "json":
         log.error("%s", message)
     else:
-        click.echo(f"roost: {message}", err=True)
+        echo(f"roost: {message}", err=True)
 
 
 def _settings(ctx: click.Context, **overrides: Any) -> Settings:
     try:
         settings = load_settings(ctx.obj.get("config"), **overrides)
     except ConfigError as exc:
-        click.echo(f"roost: {exc}", err=True)
+        echo(f"roost: {exc}", err=True)
         sys.exit(EXIT_SETUP)
     # Before anything can log: no configured secret reaches any log line.
     redact.install(redact.secrets_of(settings))
@@ -58,8 +70,30 @@ def _settings(ctx: click.Context, **overrides: Any) -> Settings:
     return settings
 
 
-def _run_async(coro: Coroutine[Any, Any, int]) -> None:
-    sys.exit(asyncio.run(coro))
+def _run(coro: Coroutine[Any, Any, T], what: str = "") -> T:
+    """``asyncio.run(coro)``; a failure is one line saying ``what`` failed and exit code 1.
+
+    ``ROOST_LOG_LEVEL=DEBUG`` prints the traceback too (masked, like every output).
+    """
+    try:
+        return asyncio.run(coro)
+    except click.ClickException:
+        raise
+    except Exception as exc:
+        if os.environ.get("ROOST_LOG_LEVEL", "").upper() == "DEBUG":
+            echo("".join(traceback.format_exception(exc)).rstrip("\n"), err=True)
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        _fail(f"{what}: {detail}" if what else detail)
+        sys.exit(1)
+
+
+def _run_async(coro: Coroutine[Any, Any, int], what: str = "") -> None:
+    sys.exit(_run(coro, what))
+
+
+def database_of(settings: Settings) -> str:
+    """How to name the database of ``settings`` in a line (its URL is masked on output)."""
+    return f"the database {settings.database_url or settings.db_path}"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -78,7 +112,7 @@ def cli(ctx: click.Context, config: Path | None) -> None:
 @cli.command()
 def version() -> None:
     """Print Roost's version."""
-    click.echo(f"roost {__version__}")
+    echo(f"roost {__version__}")
 
 
 def _load_dotenv() -> None:

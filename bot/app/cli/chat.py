@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from bot.storage.errors import ErrorStore
 
 
-from bot.app.cli.base import EXIT_SETUP, _fail, _output, _run_async, _settings, cli, log
+from bot.app.cli.base import EXIT_SETUP, _fail, _output, _run_async, _settings, cli, echo, log
 from bot.app.cli.serve import _first, _open_app, _stop_signal
 
 
@@ -28,9 +29,12 @@ from bot.app.cli.serve import _first, _open_app, _stop_signal
 @click.option("--demo", is_flag=True, help="Use the shipped demo script (no API key needed).")
 @click.option("--no-stream", is_flag=True, help="Print answers whole instead of streaming.")
 @click.option("-q", "--quiet", is_flag=True, help="Hide the tool-call lines.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=30.0,
+              show_default=True, help="With -m: give up (exit code 1) when no answer came "
+              "within this many seconds, or at once when the AI service is not answering.")
 @click.pass_context
 def chat(ctx: click.Context, message: str | None, demo: bool, no_stream: bool,
-         quiet: bool) -> None:
+         quiet: bool, timeout: float) -> None:
     """Chat with Roost in this terminal (the console channel)."""
     overrides: dict[str, Any] = {"provider": "scripted"} if demo else {}
     settings = _settings(ctx, **overrides)
@@ -38,14 +42,17 @@ def chat(ctx: click.Context, message: str | None, demo: bool, no_stream: bool,
         from plugins.providers import DEMO_SCRIPT
 
         settings.script = DEMO_SCRIPT
-    _chat_logging(settings)
-    _run_async(_chat(settings, message, stream=not no_stream, quiet=quiet))
+    _chat_logging(settings, one_shot=message is not None)
+    _run_async(_chat(settings, message, stream=not no_stream, quiet=quiet,
+                     give_up_after=timeout))
 
 
-def _chat_logging(settings: Settings) -> None:
+def _chat_logging(settings: Settings, *, one_shot: bool = False) -> None:
     """Logs of a chat go to data_dir/chat.log; the terminal gets warnings as one line each.
 
-    A failed answer is shown by the console itself, with its error ID.
+    A failed answer is shown by the console itself, with its error ID; under ``-m``
+    (``one_shot``) the circuit breaker's warnings stay in chat.log too, as the line
+    giving up names the reason.
     """
     _output["format"] = "text"
     try:
@@ -66,6 +73,8 @@ def _chat_logging(settings: Settings) -> None:
     # The console reports failed runs itself (one line with the error ID).
     terminal.addFilter(lambda r: not (r.name == "roost.engine.runloop"
                                       and r.levelno >= logging.ERROR))
+    if one_shot:
+        terminal.addFilter(lambda r: r.name != "roost.resilience.breaker")
     root.addHandler(file)
     root.addHandler(terminal)
     logging.captureWarnings(True)
@@ -82,13 +91,19 @@ class _OneLine(logging.Formatter):
 
 
 class _ChatObserver:
-    """Feeds the console what runs do: tool calls, and failures stored with an ID."""
+    """Feeds the console what runs do: tool calls, and failures stored with an ID.
+
+    It also notes when a run is held because the AI service is not answering
+    (:attr:`held`, with the last error), which ends a one-shot ``-m``.
+    """
 
     def __init__(self, console: Any, errors: ErrorStore | None) -> None:
         self.console = console
         self.errors = errors
         self.failures = 0
         self.tracebacks: dict[str, str] = {}
+        self.held = asyncio.Event()
+        self.last_error = ""
 
     @hookimpl
     async def roost_run_event(self, event: RunEvent) -> None:
@@ -101,6 +116,10 @@ class _ChatObserver:
             self.console.tool_finished(str(payload.get("id", "")), str(payload.get("name", "")),
                                        is_error=bool(payload.get("is_error")),
                                        result=str(payload.get("result", "")))
+        elif event.type == "run.retrying":
+            self.last_error = " ".join(str(payload.get("error") or "").split())
+            if payload.get("attempt") == 0:  # held by the provider's circuit breaker
+                self.held.set()
         elif event.type == "run.failed":
             self.failures += 1
             error_id = None
@@ -134,15 +153,16 @@ class _Tracebacks(logging.Handler):
 
 
 async def _chat(settings: Settings, message: str | None, *, stream: bool,
-                quiet: bool = False) -> int:
+                quiet: bool = False, give_up_after: float = 30.0) -> int:
     from channels.console import ConsoleChannel
 
     app = await _open_app(settings)
     if app is None:
         return EXIT_SETUP
-    console = ConsoleChannel(read_stdin=message is None, stream=stream, quiet=quiet,
-                             wait_idle=app.dispatcher.drain,
-                             history_file=settings.data_dir / "chat_history")
+    kind = ConsoleChannel if message is None else _one_shot_console()
+    console = kind(read_stdin=message is None, stream=stream, quiet=quiet,
+                   wait_idle=app.dispatcher.drain,
+                   history_file=settings.data_dir / "chat_history")
     observer = _ChatObserver(console, app.services.errors)
     app.host.register(observer, "roost.chat")
     catcher = _Tracebacks(observer)
@@ -151,13 +171,15 @@ async def _chat(settings: Settings, message: str | None, *, stream: bool,
         if message is None:
             data = settings.data_dir
             shown = data if data.is_absolute() or str(data).startswith(".") else f"./{data}"
-            click.echo(f"Roost {__version__} · {settings.model} via {app.provider.name} · "
-                       f"data: {shown} · /help for commands, Ctrl-D to quit", err=True)
+            # The scripted provider (--demo) plays a script: no model is asked.
+            model = ("demo script, no model" if settings.provider == "scripted"
+                     else f"{settings.model} via {app.provider.name}")
+            echo(f"Roost {__version__} · {model} · data: {shown} · /help for commands, "
+                 "Ctrl-D to quit", err=True)
         await app.add_channel(console)
         if message is not None:
             await console.say(message)
-            await app.dispatcher.drain()
-            return 1 if observer.failures else 0
+            return await _answered(app, observer, give_up_after)
         stop = _stop_signal(app.settings)
         await _first(console.eof.wait(), stop.wait())
         if not stop.is_set():
@@ -167,3 +189,41 @@ async def _chat(settings: Settings, message: str | None, *, stream: bool,
     finally:
         logging.getLogger("roost.engine.runloop").removeHandler(catcher)
         await app.close()
+
+
+def _one_shot_console() -> Any:
+    """The console of ``-m``, which never promises an answer later: it gives up instead."""
+    from bot.contracts.messages import OutboundMessage
+    from bot.dispatch.watch import HELD_NOTICE
+    from channels.console import ConsoleChannel
+
+    class OneShotConsole(ConsoleChannel):
+        async def send(self, message: OutboundMessage) -> None:
+            if message.text != HELD_NOTICE:
+                await super().send(message)
+
+    return OneShotConsole
+
+
+async def _answered(app: Any, observer: _ChatObserver, limit: float) -> int:
+    """Wait for the answer of ``-m``: 0 when it came, 1 (after one line) when it did not.
+
+    It does not come when the run fails, when the AI service is not answering (the run
+    is held until it is back) or when ``limit`` seconds pass first; the run is then
+    cancelled and its message not kept for later.
+    """
+    try:
+        async with asyncio.timeout(limit):
+            await _first(app.dispatcher.drain(), observer.held.wait())
+    except TimeoutError:
+        reason = f"no answer within {limit:g} s"
+    else:
+        if not observer.held.is_set():
+            return 1 if observer.failures else 0
+        reason = "the AI service is not answering"
+    # Told it gave up, the user does not get this answer at the next start either.
+    app.dispatcher.registry.abort_all("gave up")
+    await app.dispatcher.drain()
+    detail = f" ({observer.last_error})" if observer.last_error else ""
+    _fail(f"{reason}{detail}; gave up (details in {app.settings.data_dir / 'chat.log'})")
+    return 1

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from bot.app.cli.base import _run_async, _settings, _setup_logging, cli
+from bot.app.cli.base import _run_async, _settings, _setup_logging, cli, echo
 
 if TYPE_CHECKING:
     from bot.storage.sessions import SessionStore
@@ -64,10 +64,10 @@ def db_migrate(ctx: click.Context, url: str | None) -> None:
             version = await schema_version(store.db)
         finally:
             await store.close()
-        click.echo(f"database at schema version {version}")
+        echo(f"database at schema version {version}")
         return 0
 
-    _run_async(run())
+    _run_async(run(), f"cannot migrate the database {url or settings.database}")
 
 
 @db.command("copy")
@@ -98,16 +98,16 @@ def db_copy(ctx: click.Context, source: str, target: str, force: bool) -> None:
             try:
                 copied = await copy_database(
                     src.db, dst.db, force=force,
-                    progress=lambda table, n: click.echo(f"{table}: {n} rows"))
+                    progress=lambda table, n: echo(f"{table}: {n} rows"))
             finally:
                 await dst.close()
         except CopyError as exc:
-            click.echo(f"roost: {exc}", err=True)
+            echo(f"roost: {exc}", err=True)
             return 1
         finally:
             await src.close()
         total = sum(c.target_rows for c in copied)
-        click.echo(f"copied {total} rows in {len(copied)} tables; row counts match")
+        echo(f"copied {total} rows in {len(copied)} tables; row counts match")
         return 0
 
-    _run_async(run())
+    _run_async(run(), "cannot copy the database")

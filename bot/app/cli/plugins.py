@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     pass
 
 
-from bot.app.cli.base import _settings, cli
+from bot.app.cli.base import _run, _settings, cli, database_of, echo
 
 
 @cli.group()
@@ -37,7 +37,7 @@ def _persisted_disabled(settings: Settings) -> set[str]:
         finally:
             await store.close()
 
-    return asyncio.run(load())
+    return _run(load(), f"cannot read {database_of(settings)}")
 
 
 def _plugin_rows(settings: Settings, *, include_builtin: bool) -> list[dict[str, Any]]:
@@ -75,16 +75,16 @@ def plugins_list(ctx: click.Context, as_json: bool, show_all: bool) -> None:
     """List external plugins (--all: built-ins too) with their hooks, state and errors."""
     rows = _plugin_rows(_settings(ctx), include_builtin=show_all)
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        echo(json.dumps(rows, indent=2))
         return
     if not rows:
-        click.echo("no external plugins installed (--all lists the built-in ones)")
+        echo("no external plugins installed (--all lists the built-in ones)")
     for row in rows:
         state = "error" if row["error"] else ("enabled" if row["enabled"] else "disabled")
         dist = f"{row['distribution']} {row['version']}".strip()
-        click.echo(f"{row['name']:<28} {dist:<16} {state:<8} {', '.join(row['hooks'])}")
+        echo(f"{row['name']:<28} {dist:<16} {state:<8} {', '.join(row['hooks'])}")
         if row["error"]:
-            click.echo(f"    error: {row['error']}")
+            echo(f"    error: {row['error']}")
 
 
 def _pip(ctx: click.Context, action: str, names: tuple[str, ...]) -> None:
@@ -106,10 +106,10 @@ def _pip(ctx: click.Context, action: str, names: tuple[str, ...]) -> None:
             command = pip_command(action, outside) if outside else []
     code = subprocess.call(command) if command else 0
     if code != 0:
-        click.echo(f"roost: pip {action} failed (exit code {code})", err=True)
+        echo(f"roost: pip {action} failed (exit code {code})", err=True)
         sys.exit(code)
-    click.echo(describe_change(before, plugin_entry_points()))
-    click.echo("Restart Roost to apply the change.")
+    echo(describe_change(before, plugin_entry_points()))
+    echo("Restart Roost to apply the change.")
 
 
 @plugins.command("install")
@@ -136,11 +136,11 @@ def _set_enabled(ctx: click.Context, name: str, enabled: bool) -> None:
     settings = _settings(ctx)
     host = get_plugin_manager()
     if host.pm.get_plugin(name) is None:
-        click.echo(f"roost: no plugin named {name!r} is loaded "
+        echo(f"roost: no plugin named {name!r} is loaded "
                    f"(see `roost plugins list --all`)", err=True)
         sys.exit(1)
     if not enabled and name in ESSENTIAL_PLUGINS:
-        click.echo(f"roost: {name} is essential to Roost and cannot be disabled", err=True)
+        echo(f"roost: {name} is essential to Roost and cannot be disabled", err=True)
         sys.exit(1)
 
     async def save() -> None:
@@ -150,8 +150,8 @@ def _set_enabled(ctx: click.Context, name: str, enabled: bool) -> None:
         finally:
             await store.close()
 
-    asyncio.run(save())
-    click.echo(f"{name} {'enabled' if enabled else 'disabled'}; a running Roost applies it "
+    _run(save(), f"cannot use {database_of(settings)}")
+    echo(f"{name} {'enabled' if enabled else 'disabled'}; a running Roost applies it "
                "at its next start (or use /plugin in chat to apply it at once)")
 
 

@@ -21,7 +21,16 @@ if TYPE_CHECKING:
     from bot.app.roost import Roost
 
 
-from bot.app.cli.base import EXIT_SETUP, _fail, _run_async, _settings, _setup_logging, cli, log
+from bot.app.cli.base import (
+    EXIT_SETUP,
+    _fail,
+    _run_async,
+    _settings,
+    _setup_logging,
+    cli,
+    database_of,
+    log,
+)
 
 
 @cli.command()
@@ -81,7 +90,9 @@ async def _open_app(settings: Settings) -> Roost | None:
     except (OSError, sqlite3.Error) as exc:
         # A data directory that cannot be created or a database that cannot be opened.
         log.debug("opening the app failed", exc_info=True)
-        _fail(f"cannot open the data directory {settings.data_dir}: {exc}")
+        where = (f"cannot open {database_of(settings)}" if settings.database_url
+                 else f"cannot open the data directory {settings.data_dir}")
+        _fail(f"{where}: {exc}")
         return None
     except Exception as exc:
         log.debug("opening the app failed", exc_info=True)

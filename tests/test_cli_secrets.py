@@ -1,0 +1,154 @@
+"""No ``roost`` command prints a secret.
+
+Every subcommand, enumerated from the click group (a new command is covered without
+touching this file), runs as a real process against settings full of credentials: in
+URLs (``user:password@``), in secret query parameters, in MCP tables, in the
+environment. Neither stdout nor stderr may hold any of them, on SQLite and with a
+PostgreSQL URL that cannot be reached (whose error names the URL).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import click
+import pytest
+
+from bot.app.cli import cli
+from bot.app.init import credential_names, env_name
+
+ROOST = [sys.executable, "-m", "bot"]
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+PORT = closed_port()
+SECRETS = {
+    # Each value appears only where it is a secret, so any occurrence is a leak.
+    "OPENAI_API_KEY": "sk-openai-S3CRET-KEY-01",
+    "ANTHROPIC_API_KEY": "sk-ant-S3CRET-KEY-02",
+    "SLACK_SIGNING_SECRET": "slack-S3CRET-SIGNING-03",
+    "MCP_TOKEN": "mcp-S3CRET-BEARER-04",
+}
+URL_SECRETS = {name: f"{name}-S3CRET-{n:02}" for n, name in enumerate((
+    "oaiPW", "oaiQK", "oaiAT", "searxTOK", "whisperPW", "whisperKEY", "whisperSECRET",
+    "whisperPASSWORD", "mcpPW", "mcpKEY", "mcpSIG", "stdioPW", "stdioTOK", "stdioENV",
+    "pluginKEY", "dbPW", "dbSSL", "copyPW", "copyTOK", "otelPW"))}
+U = URL_SECRETS
+OPENAI_URL = (f"http://oai:{U['oaiPW']}@127.0.0.1:{PORT}/v1?api_key={U['oaiQK']}"
+              f"&access_token={U['oaiAT']}")
+DATABASE_URL = (f"postgresql://dbuser:{U['dbPW']}@127.0.0.1:{PORT}/roost"
+                f"?sslpassword={U['dbSSL']}")
+COPY_URL = f"postgresql://copier:{U['copyPW']}@127.0.0.1:{PORT}/x?token={U['copyTOK']}"
+STDIO_FAILURE = (f"import sys; print('cannot reach https://u:{U['stdioPW']}@h.example/"
+                 f"?token={U['stdioTOK']}', file=sys.stderr); sys.exit(3)")
+CONFIG = f"""
+provider = "openai"
+model = "gpt-test"
+searxng_url = "https://searx.example/?token={U['searxTOK']}&q=x"
+transcribe_base_url = "http://w:{U['whisperPW']}@127.0.0.1:{PORT}/v1?key={U['whisperKEY']}\
+&secret={U['whisperSECRET']}&password={U['whisperPASSWORD']}"
+
+[mcp.servers.web]
+url = "http://mcp:{U['mcpPW']}@127.0.0.1:{PORT}/mcp?api_key={U['mcpKEY']}&sig={U['mcpSIG']}"
+headers = {{ Authorization = "Bearer ${{MCP_TOKEN}}" }}
+startup = "eager"
+
+[mcp.servers.tool]
+command = "{sys.executable}"
+args = ["-c", "{STDIO_FAILURE}"]
+env = {{ API_TOKEN = "{U['stdioENV']}" }}
+
+[plugins.weather]
+api_key = "{U['pluginKEY']}"
+"""
+ENV = {**SECRETS, "OPENAI_BASE_URL": OPENAI_URL, "ROOST_HTTP_PORT": str(PORT),
+       "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://otel:{U['otelPW']}@127.0.0.1:{PORT}",
+       "PIP_NO_INDEX": "1", "ROOST_LOG_LEVEL": "DEBUG"}
+
+ARGUMENTS = {"name": "web", "error_id": "E0000000", "code": "ABCD1234",
+             "names": "roost-plugin-that-does-not-exist", "source": COPY_URL,
+             "target": "sqlite:///copy.db"}
+"""A value for every required argument or option, by parameter name."""
+
+EXTRA = [("chat", "-m", "hello", "--timeout", "5"), ("mcp", "test", "tool"),
+         ("db", "migrate", "--url", COPY_URL)]
+"""Invocations beyond the plain one of each command: where an error names a URL."""
+
+
+def every_command(group: click.Group = cli, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Each leaf command of ``group`` with a value for every required parameter."""
+    found: list[tuple[str, ...]] = []
+    for name, command in sorted(group.commands.items()):
+        if isinstance(command, click.Group):
+            found += every_command(command, (*path, name))
+            continue
+        args: list[str] = []
+        for param in command.params:
+            if not param.required:
+                continue
+            assert param.name in ARGUMENTS, (
+                f"`roost {' '.join((*path, name))}` needs {param.name}: add a value to ARGUMENTS")
+            value = ARGUMENTS[param.name]
+            if isinstance(param, click.Option):
+                args += [param.opts[0], value]
+            else:
+                args.append(value)
+        found.append((*path, name, *args))
+    return found
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    names = {env_name(n) for n in credential_names()} | {
+        "ANTHROPIC_BASE_URL", "OPENAI_BASE_URL", "TELEGRAM_API_BASE"}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("ROOST_", "OTEL_")) and k not in names}
+    env.update(PYTHONUNBUFFERED="1", ROOST_DISABLE_PLUGIN_AUTOLOAD="1")
+    env.update(extra)
+    return env
+
+
+def run(args: tuple[str, ...], root: Path, database: str) -> tuple[str, str]:
+    cwd = root / "-".join(a.replace("/", "_")[:20] for a in args)
+    cwd.mkdir()
+    (cwd / "roost.toml").write_text(CONFIG)
+    env = clean_env(**ENV, ROOST_DATABASE_URL=database)
+    try:
+        done = subprocess.run([*ROOST, *args], cwd=cwd, env=env, input="",
+                              capture_output=True, text=True, timeout=90)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"roost {' '.join(args)} did not end within 90 s") from exc
+    return done.stdout, done.stderr
+
+
+def test_every_command_is_enumerated() -> None:
+    names = {" ".join(c[:2]) for c in every_command()}
+    assert {"mcp list", "mcp test", "config show", "db copy", "plugins install", "errors show",
+            "pairing approve"} <= names
+    assert {"run", "chat", "status", "init", "version"} <= {n.split()[0] for n in names}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("database", ["", DATABASE_URL], ids=["sqlite", "postgresql-url"])
+def test_no_command_prints_a_secret(tmp_path: Path, database: str) -> None:
+    invocations = every_command() + EXTRA
+    with ThreadPoolExecutor(4) as pool:
+        outputs = list(pool.map(lambda a: run(a, tmp_path, database), invocations))
+    leaks = []
+    for args, (out, err) in zip(invocations, outputs, strict=True):
+        for secret in [*SECRETS.values(), *URL_SECRETS.values()]:
+            if secret in out or secret in err:
+                leaks.append(f"roost {' '.join(args)} printed {secret}:\n{out}{err}")
+    assert not leaks, "\n\n".join(leaks)
+    # The commands did run into the URLs: the failing MCP server is reported, masked.
+    mcp_list = outputs[invocations.index(("mcp", "list"))][0]
+    assert f"http://mcp:********@127.0.0.1:{PORT}/mcp?api_key=********" in mcp_list
