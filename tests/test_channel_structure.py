@@ -1,11 +1,14 @@
-"""Channel adapters compose their parts: no private imports, no import cycles, no towers.
+"""Channel adapters and fake platform servers compose their parts: no private imports,
+no import cycles, no towers.
 
 Checked for the packages in :data:`COMPOSED` (a package joins the list once it
-holds its parts as objects): no module imports a private ``_name`` from another
-module (in either direction), the package's modules import each other without a
-cycle (imports under ``TYPE_CHECKING`` and inside functions count too), no
-class has more than one base besides ``Protocol``/``Generic``, and the channel
-class derives from no class of its own package.
+holds its parts as objects): no module of ``bot`` or ``channels`` imports a
+private ``_name`` from another module of such a package, nor such a module from
+any other (in either direction); the package's modules import each other
+without a cycle (imports under ``TYPE_CHECKING`` and inside functions count
+too); no class has more than one base besides ``Protocol``/``Generic``; and
+the composed class (the channel, the fake server) derives from no class of its
+own package.
 """
 
 from __future__ import annotations
@@ -19,18 +22,25 @@ import pytest
 
 import channels
 
-COMPOSED = ("discord", "slack")
-"""The channel packages held to these rules."""
+COMPOSED: dict[str, tuple[str, ...]] = {
+    "channels.discord": ("DiscordChannel",),
+    "channels.slack": ("SlackChannel",),
+    "bot.testing.discord": ("FakeDiscord",),
+    "bot.testing.slack": ("FakeSlack",),
+}
+"""The packages held to these rules, each with the classes that hold its parts."""
 
-ROOT = Path(channels.__file__).parent
+SCANNED = ("bot", "channels")
+"""The trees whose modules may import no private name from a composed package."""
+
+REPO = Path(channels.__file__).parent.parent
 MIXIN_FREE_BASES = {"Protocol", "Generic"}
 
 
-def modules(package: str | None = None) -> Iterator[tuple[str, Path]]:
-    """``(dotted name, path)`` of every module of ``channels`` (or of one package)."""
-    base = ROOT if package is None else ROOT / package
-    for path in sorted(base.rglob("*.py")):
-        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+def modules(package: str) -> Iterator[tuple[str, Path]]:
+    """``(dotted name, path)`` of every module of a package (``bot``, ``channels.slack``...)."""
+    for path in sorted((REPO / package.replace(".", "/")).rglob("*.py")):
+        parts = path.relative_to(REPO).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         yield name, path
 
@@ -58,13 +68,13 @@ def private(name: str) -> bool:
 
 
 def composed(module: str) -> bool:
-    return any(module == f"channels.{p}" or module.startswith(f"channels.{p}.")
-               for p in COMPOSED)
+    return any(module == p or module.startswith(f"{p}.") for p in COMPOSED)
 
 
 def test_no_private_name_is_imported_across_modules() -> None:
     found = [f"{name}: from {source} import {imported}"
-             for name, path in modules() for source, imported in imports(name, path)
+             for tree in SCANNED for name, path in modules(tree)
+             for source, imported in imports(name, path)
              if imported is not None and private(imported)
              and (composed(name) or composed(source))]
     assert found == []
@@ -95,7 +105,7 @@ def cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 @pytest.mark.parametrize("package", COMPOSED)
-def test_a_channel_package_has_no_import_cycle(package: str) -> None:
+def test_a_composed_package_has_no_import_cycle(package: str) -> None:
     own = dict(modules(package))
     graph: dict[str, set[str]] = {name: set() for name in own}
     for name, path in own.items():
@@ -107,7 +117,7 @@ def test_a_channel_package_has_no_import_cycle(package: str) -> None:
 
 
 @pytest.mark.parametrize("package", COMPOSED)
-def test_no_class_of_a_channel_package_has_more_than_one_base(package: str) -> None:
+def test_no_class_of_a_composed_package_has_more_than_one_base(package: str) -> None:
     stacked = []
     for name, path in modules(package):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -119,11 +129,10 @@ def test_no_class_of_a_channel_package_has_more_than_one_base(package: str) -> N
 
 
 @pytest.mark.parametrize("package", COMPOSED)
-def test_the_channel_class_derives_from_no_class_of_its_package(package: str) -> None:
-    module = importlib.import_module(f"channels.{package}")
-    adapters = [getattr(module, n) for n in module.__all__ if n.endswith("Channel")]
-    assert adapters, f"channels.{package} exports no channel class"
-    for adapter in adapters:
-        own = [c.__qualname__ for c in adapter.__mro__[1:]
-               if c.__module__.startswith(f"channels.{package}")]
-        assert own == [], f"{adapter.__name__} stacks {own}"
+def test_the_composed_class_derives_from_no_class_of_its_package(package: str) -> None:
+    module = importlib.import_module(package)
+    for name in COMPOSED[package]:
+        assert name in module.__all__, f"{package} exports no {name}"
+        own = [c.__qualname__ for c in getattr(module, name).__mro__[1:]
+               if c.__module__.startswith(package)]
+        assert own == [], f"{name} stacks {own}"

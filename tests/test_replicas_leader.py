@@ -219,7 +219,7 @@ async def test_slack_socket_mode_connects_only_while_this_replica_leads(
         await fake_slack.wait_until(lambda: bool(received), what="the message delivered")
         assert [m.text for m in received] == ["hello leader"]
         lead.set(False)  # leadership lost: the connection is closed
-        await fake_slack.wait_until(lambda: all(ws.closed for ws in fake_slack._sockets),
+        await fake_slack.wait_until(lambda: all(ws.closed for ws in fake_slack.sockets),
                                     what="the socket closed")
         assert fake_slack.socket_connections == 1
     finally:

@@ -62,9 +62,11 @@ What it speaks (see ``/work/shared/notes/fake-platform-servers.md``):
 The server never closes a gateway socket by itself: the client would try to
 RESUME, which is not what a test wants to see.
 
-The parts: :mod:`.wire` (ids, payload shapes, HTTP helpers), :mod:`.state`,
-:mod:`.faults`, :mod:`.cdn`, :mod:`.rest`, :mod:`.gateway`, :mod:`.events`
-(pushing users' messages) and :mod:`.server` (:class:`FakeDiscord` itself).
+The modules: :mod:`.wire` (ids, payload shapes, HTTP helpers) and one per
+part, each an object :class:`FakeDiscord` (:mod:`.server`) builds and holds:
+:mod:`.state` (what the fake holds, shared by the others), :mod:`.faults`,
+:mod:`.cdn`, :mod:`.rest`, :mod:`.gateway` and :mod:`.events` (pushing users'
+messages).
 """
 
 from __future__ import annotations

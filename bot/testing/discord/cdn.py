@@ -8,12 +8,15 @@ from typing import Any
 
 from aiohttp import web
 
-from bot.testing.discord.faults import _Faults
-from bot.testing.discord.wire import CDN_GONE, CHANNEL_ID, _cdn_signature, _reset
+from bot.testing.discord.state import State
+from bot.testing.discord.wire import CDN_GONE, CHANNEL_ID, cdn_signature, reset_connection
 
 
-class _Cdn(_Faults):
-    """Files on the CDN, served by signed URL."""
+class Cdn:
+    """Files on the CDN (kept in ``state``), served by signed URL."""
+
+    def __init__(self, state: State) -> None:
+        self._state = state
 
     def attachment(self, data: bytes, filename: str, content_type: str | None = None, *,
                    channel_id: int = CHANNEL_ID, width: int | None = None,
@@ -25,12 +28,12 @@ class _Cdn(_Faults):
         serves the bytes without a Content-Length. ``voice_seconds`` makes it
         a voice message's attachment (``duration_secs`` and ``waveform``).
         """
-        attachment_id = next(self._ids)
+        attachment_id = next(self._state.ids)
         path = f"/attachments/{channel_id}/{attachment_id}/{filename}"
-        self._cdn[path] = (data, content_type or "application/octet-stream", chunked)
+        self._state.cdn_files[path] = (data, content_type or "application/octet-stream", chunked)
         expires = f"{int(time.time()) + 86_400:x}"
-        url = (f"http://127.0.0.1:{self._require_port()}{path}?ex={expires}"
-               f"&is={int(time.time()):x}&hm={_cdn_signature(path, expires)}&")
+        url = (f"http://127.0.0.1:{self._state.require_port()}{path}?ex={expires}"
+               f"&is={int(time.time()):x}&hm={cdn_signature(path, expires)}&")
         found: dict[str, Any] = {"id": str(attachment_id), "filename": filename,
                                  "size": len(data) if size is None else size, "url": url,
                                  "proxy_url": url.replace("/attachments/",
@@ -46,27 +49,28 @@ class _Cdn(_Faults):
 
     def expire(self, url: str) -> None:
         """Forget the file behind a CDN ``url``: it answers 404 from now on."""
-        self._cdn.pop(urllib.parse.urlsplit(url).path, None)
+        self._state.cdn_files.pop(urllib.parse.urlsplit(url).path, None)
 
     def fail_cdn(self, fault: int | str, count: int = 1) -> None:
         """Fail the next ``count`` CDN requests: an HTTP status, or ``"reset"``."""
-        self._cdn_failures.extend([fault] * count)
+        self._state.cdn_failures.extend([fault] * count)
 
-    async def _cdn_get(self, request: web.Request) -> web.StreamResponse:
-        found = self._cdn.get(request.path)
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        """Serve a CDN ``GET``: the file, or the CDN's 404 for a bad or expired URL."""
+        found = self._state.cdn_files.get(request.path)
         expires = request.query.get("ex", "")
         status = 200
-        if self._cdn_failures:
-            fault = self._cdn_failures.pop(0)
+        if self._state.cdn_failures:
+            fault = self._state.cdn_failures.pop(0)
             if fault == "reset":
-                self.cdn_requests.append((request.path_qs, dict(request.headers), 0))
-                _reset(request)
+                self._state.cdn_requests.append((request.path_qs, dict(request.headers), 0))
+                reset_connection(request)
                 return web.Response(status=500)  # never written: the connection is gone
             status = int(fault)
-        elif (found is None or request.query.get("hm") != _cdn_signature(request.path, expires)
+        elif (found is None or request.query.get("hm") != cdn_signature(request.path, expires)
               or int(expires or "0", 16) < time.time()):
             status = 404
-        self.cdn_requests.append((request.path_qs, dict(request.headers), status))
+        self._state.cdn_requests.append((request.path_qs, dict(request.headers), status))
         if status != 200 or found is None:
             return web.Response(status=status, text=CDN_GONE if status == 404
                                 else f"{status} Error", content_type="text/plain")

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bot.testing.discord.gateway import _Gateway
+from bot.testing.discord.gateway import Gateway
+from bot.testing.discord.state import State
 from bot.testing.discord.wire import (
     APP_ID,
     BOT_ID,
@@ -18,16 +19,22 @@ from bot.testing.discord.wire import (
     TIMESTAMP,
     USER_ID,
     FakeMessage,
-    _Interaction,
-    _message,
-    _text_channel,
-    _thread,
+    Interaction,
+    bot_message_payload,
+    message_object,
+    text_channel,
+    thread_channel,
     user_payload,
 )
 
 
-class _Events(_Gateway):
-    """MESSAGE_CREATE and INTERACTION_CREATE from users."""
+class Events:
+    """MESSAGE_CREATE and INTERACTION_CREATE from users, recorded in ``state`` and
+    dispatched through ``gateway``."""
+
+    def __init__(self, state: State, gateway: Gateway) -> None:
+        self._state = state
+        self._gateway = gateway
 
     def message_payload(self, content: str, *, channel_id: int = CHANNEL_ID,
                         guild: bool = True, author: Mapping[str, Any] | None = None,
@@ -37,16 +44,16 @@ class _Events(_Gateway):
                         message_id: int | None = None,
                         attachments: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
         """A MESSAGE_CREATE payload from a user (``author``; Alice by default)."""
-        data = _message(message_id or next(self._ids), channel_id, content,
-                        dict(author or user_payload(USER_ID, "alice")),
-                        guild_id=(self.guild_of(channel_id) or GUILD_ID) if guild else None)
+        guild_id = (self._state.guild_of(channel_id) or GUILD_ID) if guild else None
+        data = message_object(message_id or next(self._state.ids), channel_id, content,
+                              dict(author or user_payload(USER_ID, "alice")), guild_id=guild_id)
         data["attachments"] = [dict(a) for a in attachments]
         if any("waveform" in a for a in attachments):
             data["flags"] = 1 << 13  # IS_VOICE_MESSAGE
         data["mentions"] = [dict(m) for m in mentions]
         data["mention_roles"] = [str(r) for r in mention_roles]
         if referenced is not None:
-            ref = (self._message_payload(referenced) if isinstance(referenced, FakeMessage)
+            ref = (bot_message_payload(referenced) if isinstance(referenced, FakeMessage)
                    else dict(referenced))
             data["type"] = 19
             data["message_reference"] = {"message_id": ref["id"],
@@ -57,8 +64,8 @@ class _Events(_Gateway):
 
     async def push_message(self, data: Mapping[str, Any]) -> int:
         """Dispatch a MESSAGE_CREATE with ``data`` (kept in the history); its message id."""
-        self.user_messages[int(data["id"])] = dict(data)
-        await self.dispatch("MESSAGE_CREATE", dict(data))
+        self._state.user_messages[int(data["id"])] = dict(data)
+        await self._gateway.dispatch("MESSAGE_CREATE", dict(data))
         return int(data["id"])
 
     def missed(self, content: str, *, channel_id: int = CHANNEL_ID, mention: bool = False,
@@ -72,14 +79,8 @@ class _Events(_Gateway):
         data = self.message_payload(f"<@{BOT_ID}> {content}" if mention else content,
                                     channel_id=channel_id, guild=guild, author=author,
                                     mentions=mentions)
-        self.user_messages[int(data["id"])] = data
+        self._state.user_messages[int(data["id"])] = data
         return int(data["id"])
-
-    async def invalidate_session(self) -> None:
-        """Send INVALID_SESSION (not resumable) to every live session: the client IDENTIFYs anew."""
-        for sock in list(self._sockets):
-            self._sockets.remove(sock)
-            await sock.send({"op": 9, "d": False})
 
     async def guild_message(self, content: str, *, mention: bool = False,
                             channel_id: int = CHANNEL_ID,
@@ -122,16 +123,16 @@ class _Events(_Gateway):
 
     async def malformed(self) -> None:
         """A MESSAGE_CREATE the client cannot parse (no author, a non-numeric id)."""
-        await self.dispatch("MESSAGE_CREATE", {"id": "not-a-snowflake",
-                                               "channel_id": str(CHANNEL_ID),
-                                               "guild_id": str(GUILD_ID), "content": "?"})
+        await self._gateway.dispatch("MESSAGE_CREATE", {"id": "not-a-snowflake",
+                                                        "channel_id": str(CHANNEL_ID),
+                                                        "guild_id": str(GUILD_ID), "content": "?"})
 
     async def interaction(self, name: str, args: str = "", *, user_id: int = USER_ID,
                           channel_id: int = CHANNEL_ID, guild: bool = True) -> int:
         """An INTERACTION_CREATE for the slash command ``/name`` with option ``args``."""
         data = self.interaction_payload(name, args, user_id=user_id, channel_id=channel_id,
                                         guild=guild)
-        await self.dispatch("INTERACTION_CREATE", data)
+        await self._gateway.dispatch("INTERACTION_CREATE", data)
         return int(data["id"])
 
     def interaction_payload(self, name: str, args: str = "", *, user_id: int = USER_ID,
@@ -140,8 +141,9 @@ class _Events(_Gateway):
 
         For tests that change it before dispatching it themselves.
         """
-        interaction = _Interaction(next(self._ids), f"itoken-{next(self._ids)}", channel_id)
-        self._interactions[interaction.id] = interaction
+        ids = self._state.ids
+        interaction = Interaction(next(ids), f"itoken-{next(ids)}", channel_id)
+        self._state.interactions[interaction.id] = interaction
         user = user_payload(user_id, "alice")
         data: dict[str, Any] = {
             "id": str(interaction.id), "application_id": str(APP_ID), "type": 2,
@@ -153,11 +155,11 @@ class _Events(_Gateway):
             "channel_id": str(channel_id),
         }
         if guild:
-            guild_id = self.guild_of(channel_id) or GUILD_ID
+            guild_id = self._state.guild_of(channel_id) or GUILD_ID
             data["guild_id"] = str(guild_id)
             data["guild_locale"] = "en-US"
-            data["channel"] = (_thread() if channel_id == THREAD_ID
-                               else _text_channel(channel_id, guild_id))
+            data["channel"] = (thread_channel() if channel_id == THREAD_ID
+                               else text_channel(channel_id, guild_id))
             data["member"] = {"user": user, "roles": [], "joined_at": TIMESTAMP,
                               "deaf": False, "mute": False, "flags": 0, "permissions": "0"}
             data["context"] = 0
@@ -169,4 +171,4 @@ class _Events(_Gateway):
 
     def interaction_deferred(self, interaction_id: int) -> bool:
         """Whether the interaction was answered with a deferred (type 5) response."""
-        return self._interactions[interaction_id].deferred
+        return self._state.interactions[interaction_id].deferred

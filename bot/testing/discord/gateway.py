@@ -8,17 +8,21 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from bot.testing.discord.rest import _Rest
-from bot.testing.discord.wire import APP_ID, BOT_ID, _guild, _Socket, shard_of, user_payload
+from bot.testing.discord.state import State
+from bot.testing.discord.wire import APP_ID, BOT_ID, Socket, guild_create, shard_of, user_payload
 
 
-class _Gateway(_Rest):
-    """Gateway sessions and what is dispatched to them."""
+class Gateway:
+    """Gateway sessions (kept in ``state``) and what is dispatched to them."""
 
-    async def _gateway(self, request: web.Request) -> web.WebSocketResponse:
+    def __init__(self, state: State) -> None:
+        self._state = state
+
+    async def handle(self, request: web.Request) -> web.WebSocketResponse:
+        """Serve one gateway websocket until the client closes it."""
         ws = web.WebSocketResponse(autoping=True)
         await ws.prepare(request)
-        sock = _Socket(ws)
+        sock = Socket(ws)
         await sock.send({"op": 10, "d": {"heartbeat_interval": 30_000}})
         try:
             async for frame in ws:
@@ -30,34 +34,34 @@ class _Gateway(_Rest):
                     continue
                 await self._on_gateway(sock, payload)
         finally:
-            if sock in self._sockets:
-                self._sockets.remove(sock)
-            async with self._changed:
-                self._changed.notify_all()
+            if sock in self._state.sockets:
+                self._state.sockets.remove(sock)
+            async with self._state.changed:
+                self._state.changed.notify_all()
         return ws
 
-    async def _on_gateway(self, sock: _Socket, payload: dict[str, Any]) -> None:
+    async def _on_gateway(self, sock: Socket, payload: dict[str, Any]) -> None:
         op = payload.get("op")
         if op == 1:
             await sock.send({"op": 11})
         elif op == 2:
             identify = dict(payload.get("d") or {})
-            self.identifies.append(identify)
+            self._state.identifies.append(identify)
             shard = _shard(identify.get("shard", [0, 1]))
             if shard is None:
                 await sock.ws.close(code=4010, message=b"Invalid shard")
                 return
-            if shard[1] < self.shards_required:
+            if shard[1] < self._state.shards_required:
                 await sock.ws.close(code=4011, message=b"Sharding required")
                 return
             sock.shard = shard
-            self._session_shards[f"session-{len(self.identifies)}"] = shard
-            guilds = [g for g in self.guilds if shard_of(g, shard[1]) == shard[0]]
+            self._state.session_shards[f"session-{len(self._state.identifies)}"] = shard
+            guilds = [g for g in self._state.guilds if shard_of(g, shard[1]) == shard[0]]
             ready: dict[str, Any] = {
                 "v": 10, "user": user_payload(BOT_ID, "testbot", bot=True),
                 "guilds": [{"id": str(g), "unavailable": True} for g in guilds],
-                "session_id": f"session-{len(self.identifies)}",
-                "resume_gateway_url": self.gateway_url,
+                "session_id": f"session-{len(self._state.identifies)}",
+                "resume_gateway_url": self._state.gateway_url,
                 "application": {"id": str(APP_ID), "flags": 0},
                 "private_channels": [], "relationships": [],
             }
@@ -65,34 +69,40 @@ class _Gateway(_Rest):
                 ready["shard"] = list(shard)
             await sock.dispatch("READY", ready)
             for guild in guilds:
-                data = _guild(guild, self.guilds[guild])
+                data = guild_create(guild, self._state.guilds[guild])
                 for channel in data["channels"]:
                     # As on Discord: the newest message's id, which a client may read from.
                     channel["last_message_id"] = max(
-                        (m for m, d in self.user_messages.items()
+                        (m for m, d in self._state.user_messages.items()
                          if d["channel_id"] == channel["id"]), default=None)
                     if channel["last_message_id"] is not None:
                         channel["last_message_id"] = str(channel["last_message_id"])
                 await sock.dispatch("GUILD_CREATE", data)
             await self._activate(sock)
         elif op == 6:
-            self.resumes += 1
+            self._state.resumes += 1
             session = (payload.get("d") or {}).get("session_id")
-            sock.shard = self._session_shards.get(str(session), (0, 1))
+            sock.shard = self._state.session_shards.get(str(session), (0, 1))
             await sock.dispatch("RESUMED", {})
             await self._activate(sock)
 
-    async def _activate(self, sock: _Socket) -> None:
-        async with self._changed:
-            self._sockets.append(sock)
-            self._changed.notify_all()
+    async def _activate(self, sock: Socket) -> None:
+        async with self._state.changed:
+            self._state.sockets.append(sock)
+            self._state.changed.notify_all()
+
+    async def invalidate_session(self) -> None:
+        """Send INVALID_SESSION (not resumable) to every live session: the client IDENTIFYs anew."""
+        for sock in list(self._state.sockets):
+            self._state.sockets.remove(sock)
+            await sock.send({"op": 9, "d": False})
 
     async def wait_identified(self, count: int = 1, limit: float = 5.0) -> None:
         """Wait until ``count`` IDENTIFYs arrived and a session is live."""
         async def wait() -> None:
-            async with self._changed:
-                await self._changed.wait_for(
-                    lambda: len(self.identifies) >= count and bool(self._sockets))
+            async with self._state.changed:
+                await self._state.changed.wait_for(
+                    lambda: len(self._state.identifies) >= count and bool(self._state.sockets))
 
         await asyncio.wait_for(wait(), limit)
 
@@ -102,18 +112,18 @@ class _Gateway(_Rest):
         As on Discord, an event of a guild (``data["guild_id"]``) goes to the sessions
         of that guild's shard (:func:`shard_of`), any other (DMs) to shard 0's.
         """
-        if not self._sockets:
+        if not self._state.sockets:
             raise AssertionError("no gateway session: start the Discord channel first")
         guild = data.get("guild_id") if isinstance(data, dict) else None
         guild_id = int(guild) if isinstance(guild, str) and guild.isdigit() else None
-        for sock in list(self._sockets):
+        for sock in list(self._state.sockets):
             if shard_of(guild_id, sock.shard[1]) == sock.shard[0]:
                 await sock.dispatch(event, data)
 
     @property
     def live_shards(self) -> list[tuple[int, int]]:
         """``(shard_id, shard_count)`` of every live gateway session, in connection order."""
-        return [sock.shard for sock in self._sockets]
+        return [sock.shard for sock in self._state.sockets]
 
     async def dispatch_raw(self, event: str, data: str) -> None:
         """Dispatch ``event`` whose ``d`` is the JSON text ``data``, spliced in verbatim.
@@ -121,16 +131,16 @@ class _Gateway(_Rest):
         For payloads no Python object serializes to (nesting past any
         decoder's depth); the frame gets its sequence number like any other.
         """
-        if not self._sockets:
+        if not self._state.sockets:
             raise AssertionError("no gateway session: start the Discord channel first")
-        for sock in list(self._sockets):
+        for sock in list(self._state.sockets):
             sock.seq += 1
             await sock.ws.send_str(f'{{"op": 0, "t": {json.dumps(event)}, "s": {sock.seq}, '
                                    f'"d": {data}}}')
 
     async def send_raw(self, frame: str) -> None:
         """Send ``frame`` verbatim as a text frame (e.g. something that is not JSON)."""
-        for sock in list(self._sockets):
+        for sock in list(self._state.sockets):
             await sock.ws.send_str(frame)
 
 

@@ -11,7 +11,9 @@ from typing import Any
 
 from aiohttp import web
 
-from bot.testing.discord.cdn import _Cdn
+from bot.testing.discord.cdn import Cdn
+from bot.testing.discord.faults import Faults
+from bot.testing.discord.state import State
 from bot.testing.discord.wire import (
     API_PREFIX,
     APP_ID,
@@ -20,44 +22,52 @@ from bot.testing.discord.wire import (
     DM_CHANNEL_ID,
     MAX_FILES,
     THREAD_ID,
-    TIMESTAMP,
     USER_ID,
     FakeMessage,
+    Interaction,
     RestCall,
     UploadedFile,
-    _failure_response,
-    _Interaction,
-    _json,
-    _message,
-    _no_content,
-    _not_found,
-    _path_id,
-    _read_multipart,
-    _reset,
-    _text_channel,
-    _thread,
+    bot_message_payload,
+    failure_response,
+    json_response,
+    no_content,
+    not_found,
+    read_multipart,
+    reset_connection,
+    text_channel,
+    thread_channel,
     user_payload,
 )
 
 
-class _Rest(_Cdn):
-    """Discord's REST routes the client uses."""
+class Rest:
+    """Discord's REST routes the client uses, answered from ``state``.
 
-    async def _rest(self, request: web.Request) -> web.Response:
-        self._serving += 1
+    Every call is recorded; ``faults`` picks the calls that fail, and ``cdn``
+    stores the files of multipart uploads.
+    """
+
+    def __init__(self, state: State, faults: Faults, cdn: Cdn) -> None:
+        self._state = state
+        self._faults = faults
+        self._cdn = cdn
+
+    async def handle(self, request: web.Request) -> web.Response:
+        """Answer one request under ``/api/v10``."""
+        self._state.serving += 1
         try:
             return await self._serve(request)
         finally:
-            self._serving -= 1
-            async with self._changed:
-                self._changed.notify_all()
+            self._state.serving -= 1
+            async with self._state.changed:
+                self._state.changed.notify_all()
 
     async def _serve(self, request: web.Request) -> web.Response:
         path = request.path[len(API_PREFIX):]
         body: Any = None
         files: list[tuple[str, str, bytes]] | None = None
         if request.content_type == "multipart/form-data":
-            body, files = await _read_multipart(request)
+            body, files = await read_multipart(request)
         elif request.can_read_body:
             raw = await request.read()
             if raw:
@@ -65,10 +75,10 @@ class _Rest(_Cdn):
                     body = json.loads(raw)
                 except ValueError:
                     body = raw.decode("utf-8", "replace")
-        failure = self._take_failure(request.method, path)
+        failure = self._faults.take_failure(request.method, path)
         kind = failure.kind if failure is not None else ""
         if failure is not None and kind != "status":
-            self.injected.append((request.method, path, kind))
+            self._state.injected.append((request.method, path, kind))
         if kind == "stall":
             # The call takes effect after the stall, even if the client gave up.
             await asyncio.sleep(failure.stall if failure is not None else 0)
@@ -76,104 +86,105 @@ class _Rest(_Cdn):
             if kind == "reset_before":
                 await self._record(RestCall(request.method, path, dict(request.query), body,
                                             dict(request.headers), 0, time.monotonic()))
-                _reset(request)
+                reset_connection(request)
                 return web.Response(status=500)  # never written: the connection is gone
-            response = _failure_response(failure)
+            response = failure_response(failure)
         elif not self._authorized(path, request.headers.get("Authorization", "")):
-            response = _json({"message": "401: Unauthorized", "code": 0}, status=401)
+            response = json_response({"message": "401: Unauthorized", "code": 0}, status=401)
         else:
             try:
                 rejected = None if files is None else self._check_upload(body, files)
                 response = rejected or self._route(request.method, path, request.query, body,
                                                    files or [])
             except (KeyError, TypeError, ValueError) as exc:
-                response = _json({"message": f"400: Bad Request ({exc})", "code": 50035},
-                                 status=400)
+                response = json_response({"message": f"400: Bad Request ({exc})", "code": 50035},
+                                         status=400)
         await self._record(RestCall(request.method, path, dict(request.query), body,
                                     dict(request.headers), response.status, time.monotonic()))
         if kind == "reset_after":
-            _reset(request)  # it took effect; the answer is lost
+            reset_connection(request)  # it took effect; the answer is lost
         return response
 
     async def _record(self, call: RestCall) -> None:
-        async with self._changed:
-            self.calls.append(call)
-            self._changed.notify_all()
+        async with self._state.changed:
+            self._state.calls.append(call)
+            self._state.changed.notify_all()
 
     def _authorized(self, path: str, authorization: str) -> bool:
         # Interaction callbacks and webhooks are authorized by their token in the path.
         if path.startswith(("/interactions/", "/webhooks/")):
             return True
-        return authorization == f"Bot {self.token}"
+        return authorization == f"Bot {self._state.token}"
 
     def _route(self, method: str, path: str, query: Mapping[str, str],
                body: Any, files: Sequence[tuple[str, str, bytes]] = ()) -> web.Response:
         if method == "GET" and path == "/users/@me":
-            return _json(user_payload(BOT_ID, "testbot", bot=True))
+            return json_response(user_payload(BOT_ID, "testbot", bot=True))
         if method == "GET" and path == "/oauth2/applications/@me":
-            return _json(self._application())
+            return json_response(self._application())
         if method == "GET" and path in ("/gateway", "/gateway/bot"):
-            return _json(self._gateway_info(bot=path == "/gateway/bot"))
+            return json_response(self._gateway_info(bot=path == "/gateway/bot"))
         if m := re.fullmatch(r"/channels/(\d+)/typing", path):
-            return _no_content()
+            return no_content()
         if m := re.fullmatch(r"/channels/(\d+)", path):
             if method != "GET":
-                return _not_found()
+                return not_found()
             return self._channel(int(m[1]))
         if m := re.fullmatch(r"/channels/(\d+)/messages", path):
             if method == "GET":
-                return _json(self._history(int(m[1]), query))
+                return json_response(self._history(int(m[1]), query))
             if method != "POST":
-                return _not_found()
+                return not_found()
             data = body if isinstance(body, dict) else {}
             nonce = data.get("nonce")
-            if data.get("enforce_nonce") and nonce is not None and str(nonce) in self._nonces:
-                earlier = self.messages[self._nonces[str(nonce)]]
-                return _json(self._message_payload(earlier))
+            if data.get("enforce_nonce") and nonce is not None and str(nonce) in self._state.nonces:
+                earlier = self._state.messages[self._state.nonces[str(nonce)]]
+                return json_response(bot_message_payload(earlier))
             if not str(data.get("content") or "") and not files and not data.get("embeds"):
-                return _json({"message": "Cannot send an empty message", "code": 50006},
-                             status=400)
+                return json_response({"message": "Cannot send an empty message", "code": 50006},
+                                     status=400)
             msg = self._create(int(m[1]), body, files=files)
             if nonce is not None:
-                self._nonces[str(nonce)] = msg.id
-            return _json(self._message_payload(msg))
+                self._state.nonces[str(nonce)] = msg.id
+            return json_response(bot_message_payload(msg))
         if m := re.fullmatch(r"/channels/(\d+)/messages/(\d+)", path):
             return self._change(method, int(m[2]), body)
         if m := re.fullmatch(r"/applications/(\d+)/commands", path):
             if method != "PUT":
-                return _not_found()
-            self.commands = [dict(c) for c in body]
-            return _json([{**c, "id": str(next(self._ids)), "application_id": str(APP_ID),
-                           "version": "1", "type": c.get("type", 1),
-                           "default_member_permissions": None, "nsfw": False}
-                          for c in self.commands])
+                return not_found()
+            self._state.commands = [dict(c) for c in body]
+            return json_response([{**c, "id": str(next(self._state.ids)),
+                                   "application_id": str(APP_ID),
+                                   "version": "1", "type": c.get("type", 1),
+                                   "default_member_permissions": None, "nsfw": False}
+                          for c in self._state.commands])
         if m := re.fullmatch(r"/interactions/(\d+)/([^/]+)/callback", path):
             return self._callback(int(m[1]), m[2], query, body)
         if m := re.fullmatch(r"/webhooks/(\d+)/([^/]+)/messages/@original", path):
             return self._original(method, m[2], body)
         if m := re.fullmatch(r"/webhooks/(\d+)/([^/]+)", path):
             if method != "POST":
-                return _not_found()
+                return not_found()
             interaction = self._by_token(m[2])
             if interaction is None:
-                return _not_found()
+                return not_found()
             msg = self._create(interaction.channel_id, body, interaction_id=interaction.id)
             if query.get("wait") in ("true", "1", "True"):
-                return _json(self._message_payload(msg))
-            return _no_content()
-        return _not_found()
+                return json_response(bot_message_payload(msg))
+            return no_content()
+        return not_found()
 
     def _channel(self, channel_id: int) -> web.Response:
         if channel_id == CHANNEL_ID:
-            return _json(_text_channel())
+            return json_response(text_channel())
         if channel_id == THREAD_ID:
-            return _json(_thread())
-        if channel_id in self.guilds.values():
-            return _json(_text_channel(channel_id, self.guild_of(channel_id) or 0))
+            return json_response(thread_channel())
+        if channel_id in self._state.guilds.values():
+            return json_response(text_channel(channel_id, self._state.guild_of(channel_id) or 0))
         if channel_id == DM_CHANNEL_ID:
-            return _json({"id": str(DM_CHANNEL_ID), "type": 1, "last_message_id": None,
-                          "recipients": [user_payload(USER_ID, "alice")]})
-        return _json({"message": "Unknown Channel", "code": 10003}, status=404)
+            return json_response({"id": str(DM_CHANNEL_ID), "type": 1, "last_message_id": None,
+                                  "recipients": [user_payload(USER_ID, "alice")]})
+        return json_response({"message": "Unknown Channel", "code": 10003}, status=404)
 
     def _history(self, channel_id: int, query: Mapping[str, str]) -> list[dict[str, Any]]:
         """A page of a channel's messages, as Discord serves it.
@@ -183,9 +194,9 @@ class _Rest(_Cdn):
         ``limit`` older than it; both bounds are exclusive.
         """
         limit = max(1, min(100, int(query.get("limit", "50"))))
-        found = [dict(data) for data in self.user_messages.values()
+        found = [dict(data) for data in self._state.user_messages.values()
                  if int(data["channel_id"]) == channel_id]
-        found += [self._message_payload(m) for m in self.messages.values()
+        found += [bot_message_payload(m) for m in self._state.messages.values()
                   if m.channel_id == channel_id and not m.deleted and m.interaction_id is None]
         found.sort(key=lambda data: int(data["id"]))
         if "after" in query:
@@ -200,8 +211,8 @@ class _Rest(_Cdn):
     def _gateway_info(self, *, bot: bool) -> dict[str, Any]:
         """``GET /gateway`` (the URL) or ``/gateway/bot`` (with the recommended shards)."""
         if not bot:
-            return {"url": self.gateway_url}
-        return {"url": self.gateway_url, "shards": self.shards_required,
+            return {"url": self._state.gateway_url}
+        return {"url": self._state.gateway_url, "shards": self._state.shards_required,
                 "session_start_limit": {"total": 1000, "remaining": 999,
                                         "reset_after": 14_400_000, "max_concurrency": 1}}
 
@@ -214,52 +225,52 @@ class _Rest(_Cdn):
     def _create(self, channel_id: int, body: Any, *, interaction_id: int | None = None,
                 files: Sequence[tuple[str, str, bytes]] = ()) -> FakeMessage:
         data = body if isinstance(body, dict) else {}
-        msg = FakeMessage(id=next(self._ids), channel_id=channel_id,
+        msg = FakeMessage(id=next(self._state.ids), channel_id=channel_id,
                           content=str(data.get("content") or ""),
                           reference=data.get("message_reference"),
                           allowed_mentions=data.get("allowed_mentions"),
                           interaction_id=interaction_id)
         for filename, content_type, blob in files:
-            attachment = self.attachment(blob, filename, content_type, channel_id=channel_id)
+            attachment = self._cdn.attachment(blob, filename, content_type, channel_id=channel_id)
             msg.files.append(UploadedFile(filename, content_type, blob, attachment["url"]))
-        self.messages[msg.id] = msg
+        self._state.messages[msg.id] = msg
         return msg
 
     def _check_upload(self, body: Any, files: Sequence[tuple[str, str, bytes]],
                       ) -> web.Response | None:
         """The API's answer to a multipart body it refuses, or ``None`` if it takes it."""
         if not isinstance(body, dict):
-            return _json({"message": "Invalid Form Body", "code": 50035, "errors": {
+            return json_response({"message": "Invalid Form Body", "code": 50035, "errors": {
                 "payload_json": {"_errors": [{"code": "DICT_TYPE_CONVERT",
                                               "message": "Only dictionaries may be used "
                                                          "in a DictType"}]}}}, status=400)
         if len(files) > MAX_FILES:
-            return _json({"message": "Invalid Form Body", "code": 50035, "errors": {
+            return json_response({"message": "Invalid Form Body", "code": 50035, "errors": {
                 "files": {"_errors": [{"code": "BASE_TYPE_MAX_LENGTH",
                                        "message": f"Must be {MAX_FILES} or fewer in "
                                                   "length."}]}}}, status=400)
-        if sum(len(blob) for _, _, blob in files) > self.upload_limit:
-            return _json({"message": "Request entity too large", "code": 40005}, status=413)
+        if sum(len(blob) for _, _, blob in files) > self._state.upload_limit:
+            return json_response({"message": "Request entity too large", "code": 40005}, status=413)
         return None
 
     def _change(self, method: str, message_id: int, body: Any) -> web.Response:
-        msg = self.messages.get(message_id)
+        msg = self._state.messages.get(message_id)
         if msg is None or msg.deleted:
-            return _json({"message": "Unknown Message", "code": 10008}, status=404)
+            return json_response({"message": "Unknown Message", "code": 10008}, status=404)
         if method == "DELETE":
             msg.deleted = True
-            return _no_content()
+            return no_content()
         if method == "PATCH":
             msg.content = str((body or {}).get("content") or "")
             msg.edits.append(msg.content)
-            return _json(self._message_payload(msg))
-        return _not_found()
+            return json_response(bot_message_payload(msg))
+        return not_found()
 
     def _callback(self, interaction_id: int, token: str, query: Mapping[str, str],
                   body: Any) -> web.Response:
-        interaction = self._interactions.get(interaction_id)
+        interaction = self._state.interactions.get(interaction_id)
         if interaction is None or interaction.token != token:
-            return _json({"message": "Unknown interaction", "code": 10062}, status=404)
+            return json_response({"message": "Unknown interaction", "code": 10062}, status=404)
         kind = int(body.get("type", 0))
         if kind == 5:
             interaction.deferred = True
@@ -267,17 +278,17 @@ class _Rest(_Cdn):
             data = body.get("data") or {}
             self._create(interaction.channel_id, data, interaction_id=interaction.id)
         if query.get("with_response") in ("1", "true", "True"):
-            return _json({"interaction": {"id": str(interaction_id), "type": 2,
-                                          "response_message_loading": kind == 5,
-                                          "response_message_ephemeral": False},
+            return json_response({"interaction": {"id": str(interaction_id), "type": 2,
+                                                  "response_message_loading": kind == 5,
+                                                  "response_message_ephemeral": False},
                           "resource": {"type": kind}})
-        return _no_content()
+        return no_content()
 
     def _original(self, method: str, token: str, body: Any) -> web.Response:
         interaction = self._by_token(token)
         if interaction is None:
-            return _not_found()
-        original = next((m for m in self.messages.values()
+            return not_found()
+        original = next((m for m in self._state.messages.values()
                          if m.interaction_id == interaction.id), None)
         if method == "PATCH":
             if original is None:
@@ -287,25 +298,13 @@ class _Rest(_Cdn):
             original.content = str((body or {}).get("content") or "")
             original.edits.append(original.content)
             original.allowed_mentions = (body or {}).get("allowed_mentions")
-            return _json(self._message_payload(original))
+            return json_response(bot_message_payload(original))
         if method == "DELETE":
             if original is not None:
                 original.deleted = True
             interaction.deferred = False
-            return _no_content()
-        return _not_found()
+            return no_content()
+        return not_found()
 
-    def _by_token(self, token: str) -> _Interaction | None:
-        return next((i for i in self._interactions.values() if i.token == token), None)
-
-    def _message_payload(self, msg: FakeMessage) -> dict[str, Any]:
-        data = _message(msg.id, msg.channel_id, msg.content,
-                        user_payload(BOT_ID, "testbot", bot=True),
-                        guild_id=None)
-        data["attachments"] = [
-            {"id": _path_id(f.url), "filename": f.filename, "size": len(f.data),
-             "url": f.url, "proxy_url": f.url, "content_type": f.content_type}
-            for f in msg.files]
-        if msg.edits:
-            data["edited_timestamp"] = TIMESTAMP
-        return data
+    def _by_token(self, token: str) -> Interaction | None:
+        return next((i for i in self._state.interactions.values() if i.token == token), None)

@@ -9,24 +9,22 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from aiohttp import web
-
 from bot.testing.discord.wire import (
     API_PREFIX,
     CHANNEL_ID,
     DM_CHANNEL_ID,
     GUILD_ID,
     UPLOAD_LIMIT,
+    Failure,
     FakeMessage,
+    Interaction,
     RestCall,
-    _Failure,
-    _Interaction,
-    _Socket,
+    Socket,
 )
 
 
-class _State:
-    """The fake's state; the parts of :class:`FakeDiscord` build on it."""
+class State:
+    """What the fake Discord holds; every part of :class:`FakeDiscord` reads and writes it."""
 
     def __init__(self, *, token: str = "test-discord-token") -> None:
         self.token = token
@@ -52,30 +50,29 @@ class _State:
         """The most bytes of files one message may carry (413 beyond)."""
         self.cdn_requests: list[tuple[str, Mapping[str, str], int]] = []
         """Every CDN request as ``(path with query, headers, status)``, in order."""
-        self._cdn: dict[str, tuple[bytes, str, bool]] = {}
-        self._cdn_failures: list[int | str] = []
-        self._nonces: dict[str, int] = {}
-        self._chaos: tuple[float, str | None, re.Pattern[str], tuple[str, ...],
-                           random.Random, float, float] | None = None
-        self._sockets: list[_Socket] = []
-        self._session_shards: dict[str, tuple[int, int]] = {}
-        self._failures: list[_Failure] = []
-        self._interactions: dict[int, _Interaction] = {}
-        self._ids = itertools.count(900_000)
-        self._serving = 0
-        self._changed = asyncio.Condition()
-        self._runner: web.AppRunner | None = None
-        self._port = 0
+        self.cdn_files: dict[str, tuple[bytes, str, bool]] = {}
+        self.cdn_failures: list[int | str] = []
+        self.nonces: dict[str, int] = {}
+        self.chaos_plan: tuple[float, str | None, re.Pattern[str], tuple[str, ...],
+                               random.Random, float, float] | None = None
+        self.sockets: list[Socket] = []
+        self.session_shards: dict[str, tuple[int, int]] = {}
+        self.failures: list[Failure] = []
+        self.interactions: dict[int, Interaction] = {}
+        self.ids = itertools.count(900_000)
+        self.serving = 0
+        self.changed = asyncio.Condition()
+        self.port = 0
 
     @property
     def api_base(self) -> str:
         """The REST base, as ``discord.http.Route.BASE`` expects it."""
-        return f"http://127.0.0.1:{self._require_port()}{API_PREFIX}"
+        return f"http://127.0.0.1:{self.require_port()}{API_PREFIX}"
 
     @property
     def gateway_url(self) -> str:
         """The gateway websocket URL."""
-        return f"ws://127.0.0.1:{self._require_port()}/gateway"
+        return f"ws://127.0.0.1:{self.require_port()}/gateway"
 
     def settings(self) -> dict[str, Any]:
         """Roost settings that point the Discord channel at this fake."""
@@ -93,7 +90,8 @@ class _State:
         on (on its shard) receive it. Its messages: ``guild_message(channel_id=...)``."""
         self.guilds[guild_id] = channel_id
 
-    def _require_port(self) -> int:
-        if not self._port:
+    def require_port(self) -> int:
+        """The port the fake listens on; raises if it is not started."""
+        if not self.port:
             raise RuntimeError("FakeDiscord is not started")
-        return self._port
+        return self.port

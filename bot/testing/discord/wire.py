@@ -99,7 +99,9 @@ class FakeMessage:
 
 
 @dataclass(slots=True)
-class _Failure:
+class Failure:
+    """One scripted REST failure: what it answers, how often, and which calls it matches."""
+
     status: int
     remaining: int
     retry_after: float
@@ -111,19 +113,22 @@ class _Failure:
     html: bool = False
 
     def matches(self, method: str, path: str) -> bool:
+        """Whether a call of ``method`` to ``path`` is one this failure is for."""
         return (self.method is None or self.method == method) and (
             self.path is None or self.path.search(path) is not None)
 
 
 @dataclass(slots=True)
-class _Interaction:
+class Interaction:
+    """An interaction the fake dispatched: its token and whether it was deferred."""
+
     id: int
     token: str
     channel_id: int
     deferred: bool = False
 
 
-class _Socket:
+class Socket:
     """One gateway connection and its sequence numbers."""
 
     def __init__(self, ws: web.WebSocketResponse) -> None:
@@ -133,17 +138,20 @@ class _Socket:
         """``(shard_id, shard_count)`` from its IDENTIFY (``(0, 1)``: unsharded)."""
 
     async def send(self, payload: Mapping[str, Any]) -> None:
+        """Send one gateway payload as a JSON text frame."""
         # Text frames: the client only inflates binary ones, so compression
         # can be ignored even though it asks for zlib-stream.
         await self.ws.send_str(json.dumps(payload))
 
     async def dispatch(self, event: str, data: Any) -> None:
+        """Send a dispatch (op 0) with the next sequence number."""
         self.seq += 1
         await self.send({"op": 0, "t": event, "s": self.seq, "d": data})
 
 
-def _message(message_id: int, channel_id: int, content: str, author: dict[str, Any],
-             *, guild_id: int | None) -> dict[str, Any]:
+def message_object(message_id: int, channel_id: int, content: str,
+                   author: dict[str, Any], *, guild_id: int | None) -> dict[str, Any]:
+    """A message object as Discord sends it (no attachments, mentions or flags yet)."""
     data: dict[str, Any] = {
         "id": str(message_id), "channel_id": str(channel_id), "type": 0, "content": content,
         "author": author, "timestamp": TIMESTAMP, "edited_timestamp": None, "tts": False,
@@ -155,7 +163,8 @@ def _message(message_id: int, channel_id: int, content: str, author: dict[str, A
     return data
 
 
-def _text_channel(channel_id: int = CHANNEL_ID, guild_id: int = GUILD_ID) -> dict[str, Any]:
+def text_channel(channel_id: int = CHANNEL_ID, guild_id: int = GUILD_ID) -> dict[str, Any]:
+    """A guild text channel object."""
     return {"id": str(channel_id), "type": 0, "name": "general", "position": 0,
             "guild_id": str(guild_id), "permission_overwrites": [], "nsfw": False,
             "parent_id": None}
@@ -167,7 +176,8 @@ def shard_of(guild_id: int | None, shard_count: int) -> int:
     return 0 if guild_id is None else (guild_id >> 22) % shard_count
 
 
-def _thread() -> dict[str, Any]:
+def thread_channel() -> dict[str, Any]:
+    """The thread of the test guild's text channel."""
     return {"id": str(THREAD_ID), "type": 11, "name": "a thread", "guild_id": str(GUILD_ID),
             "parent_id": str(CHANNEL_ID), "owner_id": str(USER_ID), "message_count": 1,
             "member_count": 1, "rate_limit_per_user": 0,
@@ -175,7 +185,7 @@ def _thread() -> dict[str, Any]:
                                 "archive_timestamp": TIMESTAMP, "locked": False}}
 
 
-def _guild(guild_id: int = GUILD_ID, channel_id: int = CHANNEL_ID) -> dict[str, Any]:
+def guild_create(guild_id: int = GUILD_ID, channel_id: int = CHANNEL_ID) -> dict[str, Any]:
     """A GUILD_CREATE: the test guild (a text channel, a thread, the bot's role), or
     another guild with one text channel (:meth:`FakeDiscord.add_guild`)."""
     role = {"permissions": "0", "color": 0, "hoist": False, "mentionable": False,
@@ -187,23 +197,24 @@ def _guild(guild_id: int = GUILD_ID, channel_id: int = CHANNEL_ID) -> dict[str, 
                    "managed": False},
                   {**role, "id": str(BOT_ROLE_ID), "name": "testbot", "position": 1,
                    "managed": True, "tags": {"bot_id": str(BOT_ID)}}],
-        "channels": [_text_channel(channel_id, guild_id)],
-        "threads": [_thread()] if guild_id == GUILD_ID else [],
+        "channels": [text_channel(channel_id, guild_id)],
+        "threads": [thread_channel()] if guild_id == GUILD_ID else [],
         "members": [], "voice_states": [], "presences": [],
         "joined_at": TIMESTAMP, "large": False,
     }
 
 
-def _json(data: Any, status: int = 200, headers: Mapping[str, str] | None = None,
-          ) -> web.Response:
+def json_response(data: Any, status: int = 200, headers: Mapping[str, str] | None = None,
+                  ) -> web.Response:
+    """A JSON answer with exactly the content type discord.py parses."""
     # Exactly "application/json": with "; charset=utf-8" discord.py reads the
     # body as a string, not JSON.
     return web.Response(status=status, body=json.dumps(data).encode(),
                         headers={"Content-Type": "application/json", **(headers or {})})
 
 
-async def _read_multipart(request: web.Request,
-                          ) -> tuple[Any, list[tuple[str, str, bytes]]]:
+async def read_multipart(request: web.Request,
+                         ) -> tuple[Any, list[tuple[str, str, bytes]]]:
     """``(payload_json, files)`` of a multipart body as discord.py sends it."""
     body: Any = None
     files: list[tuple[str, str, bytes]] = []
@@ -224,32 +235,37 @@ async def _read_multipart(request: web.Request,
     return body, files
 
 
-def _cdn_signature(path: str, expires: str) -> str:
+def cdn_signature(path: str, expires: str) -> str:
+    """The ``hm`` query parameter of a CDN URL for ``path`` expiring at ``expires``."""
     # Stands in for Discord's HMAC over the path and expiry.
     return hashlib.sha256(f"{path}:{expires}".encode()).hexdigest()[:32]
 
 
-def _path_id(url: str) -> str:
+def path_id(url: str) -> str:
     """The attachment id in a CDN URL (``/attachments/{channel}/{id}/{name}``)."""
     return urllib.parse.urlsplit(url).path.split("/")[-2]
 
 
-def _no_content() -> web.Response:
+def no_content() -> web.Response:
+    """An empty 204 answer."""
     return web.Response(status=204)
 
 
-def _not_found() -> web.Response:
-    return _json({"message": "404: Not Found", "code": 0}, status=404)
+def not_found() -> web.Response:
+    """A 404 in Discord's error shape."""
+    return json_response({"message": "404: Not Found", "code": 0}, status=404)
 
 
-_FAULT_STATUS = {"500": 500, "502": 502, "503": 503, "429": 429}
+FAULT_STATUS = {"500": 500, "502": 502, "503": 503, "429": 429}
+"""The HTTP status of each fault kind that answers one."""
 
 
-def _failure_response(failure: _Failure) -> web.Response:
+def failure_response(failure: Failure) -> web.Response:
+    """The answer Discord (or the proxy in front of it) gives for ``failure``."""
     if failure.status == 429:
         wait = f"{failure.retry_after:g}"
-        return _json({"message": "You are being rate limited.",
-                      "retry_after": failure.retry_after, "global": False},
+        return json_response({"message": "You are being rate limited.",
+                              "retry_after": failure.retry_after, "global": False},
                      status=429,
                      headers={"Retry-After": wait, "Via": "1.1 google",
                               "X-RateLimit-Limit": "5", "X-RateLimit-Remaining": "0",
@@ -260,11 +276,24 @@ def _failure_response(failure: _Failure) -> web.Response:
     if failure.kind == "502" or failure.html:
         return web.Response(status=failure.status, text=BAD_GATEWAY_PAGE.replace(
             "502 Bad Gateway", f"{failure.status} Error"), content_type="text/html")
-    return _json({"message": f"{failure.status}: injected failure", "code": 0},
-                 status=failure.status)
+    return json_response({"message": f"{failure.status}: injected failure", "code": 0},
+                         status=failure.status)
 
 
-def _reset(request: web.Request) -> None:
+def bot_message_payload(msg: FakeMessage) -> dict[str, Any]:
+    """The message object Discord returns for a message the bot created."""
+    data = message_object(msg.id, msg.channel_id, msg.content,
+                          user_payload(BOT_ID, "testbot", bot=True), guild_id=None)
+    data["attachments"] = [
+        {"id": path_id(f.url), "filename": f.filename, "size": len(f.data),
+         "url": f.url, "proxy_url": f.url, "content_type": f.content_type}
+        for f in msg.files]
+    if msg.edits:
+        data["edited_timestamp"] = TIMESTAMP
+    return data
+
+
+def reset_connection(request: web.Request) -> None:
     """Reset the connection (a TCP RST, as a connection dropped mid-call looks)."""
     transport = request.transport
     if transport is None:

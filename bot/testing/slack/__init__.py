@@ -59,9 +59,11 @@ event whose POST got a non-2xx (or no answer in time) with
 ``X-Slack-Retry-Num``; :meth:`FakeSlack.deliver_socket_event` resends an
 envelope that was not acked in time.
 
-The parts: :mod:`.wire` (ids, tokens, records, helpers), :mod:`.state`,
-:mod:`.faults`, :mod:`.events` (what Slack sends the app), :mod:`.api` (the
-Web API), :mod:`.files` and :mod:`.server` (:class:`FakeSlack` itself).
+The modules: :mod:`.wire` (ids, tokens, records, helpers) and one per part,
+each an object :class:`FakeSlack` (:mod:`.server`) builds and holds:
+:mod:`.state` (what the fake holds, shared by the others), :mod:`.faults`,
+:mod:`.events` (what Slack sends the app, Socket Mode included), :mod:`.files`
+and :mod:`.api` (the Web API and response URLs).
 """
 
 from __future__ import annotations

@@ -11,14 +11,46 @@ from typing import Any
 
 from aiohttp import web
 
-from bot.testing.slack.events import _Events
-from bot.testing.slack.wire import BAD_GATEWAY_PAGE, MAX_TEXT, Call, Posted, _Failure, _reset
+from bot.testing.slack.faults import Faults
+from bot.testing.slack.files import Files
+from bot.testing.slack.state import State
+from bot.testing.slack.wire import (
+    BAD_GATEWAY_PAGE,
+    MAX_TEXT,
+    Call,
+    Failure,
+    Posted,
+    ResponsePost,
+    reset_connection,
+)
 
 
-class _Api(_Events):
-    """The Web API methods the app calls."""
+class Api:
+    """The Web API methods the app calls, answered from ``state``.
 
-    async def _api(self, request: web.Request) -> web.Response:
+    ``faults`` picks the calls that fail; ``files`` answers the file methods.
+    """
+
+    def __init__(self, state: State, faults: Faults, files: Files) -> None:
+        self._state = state
+        self._faults = faults
+        self._methods: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+            "auth.test": self._auth_test,
+            "chat.postMessage": self._post_message,
+            "chat.update": self._update,
+            "chat.delete": self._delete,
+            "apps.connections.open": self._connections_open,
+            "conversations.info": self._conversation_info,
+            "conversations.history": self._history,
+            "conversations.replies": self._replies,
+            "files.info": files.info,
+            "files.getUploadURLExternal": files.get_upload_url,
+            "files.completeUploadExternal": files.complete_upload,
+        }
+        """The Web API methods the fake answers, and what answers each."""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        """Answer one Web API call (``/api/{method}``)."""
         method = request.match_info["method"]
         params: dict[str, Any] = {}
         if request.can_read_body:
@@ -31,10 +63,10 @@ class _Api(_Events):
         auth = request.headers.get("Authorization", "")
         token = str(params.pop("token", "")) or (auth[7:] if auth.startswith("Bearer ") else "")
         call = Call(method, params, token, time.perf_counter())
-        self.calls.append(call)
-        failure = self._take_failure(method)
+        self._state.calls.append(call)
+        failure = self._faults.take_failure(method)
         if failure is not None and failure.kind != "status":
-            self.injected.append((method, failure.kind))
+            self._state.injected.append((method, failure.kind))
             return await self._fault(request, call, failure)
         status, data, headers = self._answer(method, params, token, failure)
         return await self._finish(call, status, data, headers)
@@ -44,15 +76,15 @@ class _Api(_Events):
         call.status, call.ok = status, bool(data.get("ok"))
         call.error = str(data.get("error", ""))
         call.done = True
-        await self._notify()
+        await self._state.notify()
         return web.json_response(data, status=status, headers=headers)
 
-    async def _fault(self, request: web.Request, call: Call, failure: _Failure) -> web.Response:
+    async def _fault(self, request: web.Request, call: Call, failure: Failure) -> web.Response:
         """Serve an injected fault the way Slack's infrastructure fails."""
         kind = failure.kind
         if kind == "502":
             call.status, call.ok, call.error, call.done = 502, False, "bad_gateway", True
-            await self._notify()
+            await self._state.notify()
             return web.Response(status=502, text=BAD_GATEWAY_PAGE, content_type="text/html")
         if kind == "500":
             return await self._finish(call, 500, {"ok": False, "error": "internal_error"}, {})
@@ -61,12 +93,12 @@ class _Api(_Events):
                                       {"Retry-After": str(max(1, round(failure.retry_after)))})
         if kind in ("reset_before", "disconnect"):
             call.status, call.ok, call.error, call.done = 0, False, kind, True
-            await self._notify()
-            _reset(request, hard=kind == "reset_before")
+            await self._state.notify()
+            reset_connection(request, hard=kind == "reset_before")
             return web.Response(status=500)  # never written: the connection is gone
         if kind == "truncated":
             call.status, call.ok, call.error, call.done = 200, False, "truncated", True
-            await self._notify()
+            await self._state.notify()
             return web.Response(status=200, text='{"ok": true, "chan',
                                 content_type="application/json")
         if kind == "stall":
@@ -77,45 +109,28 @@ class _Api(_Events):
         response = await self._finish(call, status, data, headers)
         if kind == "reset_after":
             call.error = "reset_after"  # took effect; the answer is lost
-            _reset(request)
+            reset_connection(request)
         return response
 
-    def _take_failure(self, method: str) -> _Failure | None:
-        for key in (method, "*"):
-            queue = self._failures.get(key)
-            if not queue:
-                continue
-            failure = queue[0]
-            failure.remaining -= 1
-            if failure.remaining <= 0:
-                queue.pop(0)
-            return failure
-        chaos = self._chaos
-        if chaos is not None and method in chaos.methods and chaos.rng.random() < chaos.rate:
-            kind = chaos.rng.choice(chaos.kinds)
-            status = {"500": 500, "502": 502, "429": 429}.get(kind, 0)
-            return _Failure(status, 1, chaos.retry_after, "", kind=kind, stall=chaos.stall)
-        return None
-
     def _answer(self, method: str, params: dict[str, Any], token: str,
-                failure: _Failure | None) -> tuple[int, dict[str, Any], dict[str, str]]:
-        expected = self.app_token if method == "apps.connections.open" else self.bot_token
+                failure: Failure | None) -> tuple[int, dict[str, Any], dict[str, str]]:
+        state = self._state
+        expected = state.app_token if method == "apps.connections.open" else state.bot_token
         if token != expected:
             return 200, {"ok": False, "error": "invalid_auth" if token else "not_authed"}, {}
         if failure is not None:
             headers = {"Retry-After": str(max(1, round(failure.retry_after)))} \
                 if failure.status == 429 else {}
             return failure.status, {"ok": False, "error": failure.error}, headers
-        name = _METHODS.get(method)
-        if name is None:
+        handler = self._methods.get(method)
+        if handler is None:
             return 200, {"ok": False, "error": "unknown_method"}, {}
-        handler: Callable[[dict[str, Any]], dict[str, Any]] = getattr(self, name)
         return 200, handler(params), {}
 
     def _auth_test(self, params: dict[str, Any]) -> dict[str, Any]:
         return {"ok": True, "url": "https://fake.slack.com/", "team": "Fake Team",
-                "user": "roost", "team_id": self.team_id, "user_id": self.bot_user_id,
-                "bot_id": self.bot_id, "is_enterprise_install": False}
+                "user": "roost", "team_id": self._state.team_id, "user_id": self._state.bot_user_id,
+                "bot_id": self._state.bot_id, "is_enterprise_install": False}
 
     def _post_message(self, params: dict[str, Any]) -> dict[str, Any]:
         channel, text = str(params.get("channel") or ""), params.get("text")
@@ -125,7 +140,7 @@ class _Api(_Events):
             return {"ok": False, "error": "no_text"}
         if len(text) > MAX_TEXT:
             return {"ok": False, "error": "msg_too_long"}
-        ts = self.next_ts()
+        ts = self._state.next_ts()
         thread_ts = params.get("thread_ts")
         metadata = params.get("metadata")
         if isinstance(metadata, str):  # form-encoded calls send it as JSON text
@@ -133,13 +148,14 @@ class _Api(_Events):
                 metadata = json.loads(metadata)
         posted = Posted(channel, ts, text, str(thread_ts) if thread_ts else None,
                         metadata=metadata if isinstance(metadata, dict) else None)
-        self.messages[ts] = posted
+        self._state.messages[ts] = posted
         return {"ok": True, "channel": channel, "ts": ts,
                 "message": self._message_object(posted, with_metadata=False)}
 
     def _message_object(self, posted: Posted, *, with_metadata: bool) -> dict[str, Any]:
-        message: dict[str, Any] = {"type": "message", "user": self.bot_user_id,
-                                   "bot_id": self.bot_id, "text": posted.text, "ts": posted.ts}
+        message: dict[str, Any] = {"type": "message", "user": self._state.bot_user_id,
+                                   "bot_id": self._state.bot_id, "text": posted.text,
+                                   "ts": posted.ts}
         if posted.thread_ts:
             message["thread_ts"] = posted.thread_ts
         if with_metadata and posted.metadata is not None:
@@ -169,7 +185,7 @@ class _Api(_Events):
 
     def _read_back(self, params: dict[str, Any]) -> list[Posted]:
         oldest = float(params.get("oldest") or 0)
-        return [m for m in self.messages.values() if not m.deleted and float(m.ts) > oldest]
+        return [m for m in self._state.messages.values() if not m.deleted and float(m.ts) > oldest]
 
     def _page(self, found: list[Posted], params: dict[str, Any]) -> dict[str, Any]:
         limit = int(params.get("limit") or 100)
@@ -179,7 +195,7 @@ class _Api(_Events):
                              for m in found[:limit]]}
 
     def _find(self, params: dict[str, Any]) -> Posted | dict[str, Any]:
-        posted = self.messages.get(str(params.get("ts") or ""))
+        posted = self._state.messages.get(str(params.get("ts") or ""))
         if posted is None or posted.deleted or posted.channel != params.get("channel"):
             return {"ok": False, "error": "message_not_found"}
         return posted
@@ -205,8 +221,8 @@ class _Api(_Events):
         return {"ok": True, "channel": found.channel, "ts": found.ts}
 
     def _connections_open(self, params: dict[str, Any]) -> dict[str, Any]:
-        ws_url = self.url.replace("http://", "ws://", 1)
-        return {"ok": True, "url": f"{ws_url}/socket?ticket={next(self._ids)}"}
+        ws_url = self._state.url.replace("http://", "ws://", 1)
+        return {"ok": True, "url": f"{ws_url}/socket?ticket={next(self._state.ids)}"}
 
     def _conversation_info(self, params: dict[str, Any]) -> dict[str, Any]:
         channel = str(params.get("channel") or "")
@@ -218,18 +234,19 @@ class _Api(_Events):
                                         "is_group": channel.startswith("G"), "is_im": is_im,
                                         "is_private": not channel.startswith("C")}}
 
-
-_METHODS: dict[str, str] = {
-    "auth.test": "_auth_test",
-    "chat.postMessage": "_post_message",
-    "chat.update": "_update",
-    "chat.delete": "_delete",
-    "apps.connections.open": "_connections_open",
-    "conversations.info": "_conversation_info",
-    "conversations.history": "_history",
-    "conversations.replies": "_replies",
-    "files.info": "_file_info",
-    "files.getUploadURLExternal": "_get_upload_url",
-    "files.completeUploadExternal": "_complete_upload",
-}
-"""The Web API methods the fake answers, and the method of the fake that does."""
+    async def response_url(self, request: web.Request) -> web.Response:
+        """A POST to a slash command's ``response_url``: recorded, or a scripted failure."""
+        url = f"{self._state.url}{request.path}"
+        failure = self._faults.take_failure("response_url")
+        if failure is not None:
+            headers = {"Retry-After": str(max(1, round(failure.retry_after)))} \
+                if failure.status == 429 else {}
+            return web.Response(status=failure.status, text=failure.error, headers=headers)
+        try:
+            body = await request.json()
+        except ValueError:
+            return web.Response(status=400, text="invalid_payload")
+        self._state.responses.append(ResponsePost(url, body if isinstance(body, dict) else {},
+                                                  time.perf_counter()))
+        await self._state.notify()
+        return web.Response(text="ok")

@@ -3,37 +3,44 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
-from bot.testing.slack.faults import _Faults
-from bot.testing.slack.wire import ALICE, APP_ID, Delivery, SlashResult, _channel_type, sign
+import aiohttp
+from aiohttp import web
+
+from bot.testing.slack.faults import Faults
+from bot.testing.slack.state import State
+from bot.testing.slack.wire import ALICE, APP_ID, Delivery, SlashResult, channel_type_of, sign
 
 
-class _Events(_Faults):
-    """Events and commands built and delivered as Slack does."""
+class Events:
+    """Events and commands built and delivered as Slack does, over HTTP and Socket Mode.
 
-    def next_ts(self) -> str:
-        """A fresh Slack timestamp: the clock, strictly increasing (``"1763900000.123456"``)."""
-        self._last_ts = max(round(time.time(), 6), round(self._last_ts + 0.000001, 6))
-        return f"{self._last_ts:.6f}"
+    Reads and records in ``state``; waits for acks through ``faults``.
+    """
+
+    def __init__(self, state: State, faults: Faults) -> None:
+        self._state = state
+        self._faults = faults
 
     def mention(self, text: str) -> str:
         """``text`` with the bot's ``<@U0BOT>`` mention in front."""
-        return f"<@{self.bot_user_id}> {text}"
+        return f"<@{self._state.bot_user_id}> {text}"
 
     def message(self, text: str, *, user: str = ALICE, channel: str | None = None,
                 ts: str | None = None, thread_ts: str | None = None,
                 channel_type: str | None = None, **extra: Any) -> dict[str, Any]:
         """A ``message`` event; ``channel_type`` follows the channel id (``D``… is ``im``)."""
-        channel = channel or self.channel
-        ts = ts or self.next_ts()
+        channel = channel or self._state.channel
+        ts = ts or self._state.next_ts()
         event: dict[str, Any] = {
             "type": "message", "channel": channel, "user": user, "text": text, "ts": ts,
-            "event_ts": ts, "channel_type": channel_type or _channel_type(channel),
+            "event_ts": ts, "channel_type": channel_type or channel_type_of(channel),
         }
         if thread_ts is not None:
             event["thread_ts"] = thread_ts
@@ -42,7 +49,7 @@ class _Events(_Faults):
 
     def direct_message(self, text: str, *, user: str = ALICE, **extra: Any) -> dict[str, Any]:
         """A ``message`` event in the DM channel (``channel_type: im``)."""
-        return self.message(text, user=user, channel=self.dm_channel, **extra)
+        return self.message(text, user=user, channel=self._state.dm_channel, **extra)
 
     def app_mention(self, text: str, *, user: str = ALICE, channel: str | None = None,
                     ts: str | None = None, thread_ts: str | None = None,
@@ -66,17 +73,17 @@ class _Events(_Faults):
                  event_id: str | None = None) -> dict[str, Any]:
         """The ``event_callback`` body Slack wraps an event in."""
         return {
-            "token": "legacy-verification-token", "team_id": self.team_id,
+            "token": "legacy-verification-token", "team_id": self._state.team_id,
             "api_app_id": APP_ID, "event": event, "type": "event_callback",
             "event_id": event_id or self.next_event_id(), "event_time": int(time.time()),
-            "authorizations": [{"team_id": self.team_id, "user_id": self.bot_user_id,
+            "authorizations": [{"team_id": self._state.team_id, "user_id": self._state.bot_user_id,
                                 "is_bot": True, "is_enterprise_install": False}],
             "is_ext_shared_channel": False,
         }
 
     def next_event_id(self) -> str:
         """A fresh event id (``Ev0000000001``)."""
-        return f"Ev{next(self._ids):010d}"
+        return f"Ev{next(self._state.ids):010d}"
 
     # -- Events API over HTTP ------------------------------------------------------
 
@@ -145,18 +152,19 @@ class _Events(_Faults):
         signed over it as given, the way a hostile client with the secret
         would. ``signature`` replaces the computed signature header.
         """
-        if self.events_url is None or self._session is None:
+        if self._state.events_url is None or self._state.session is None:
             raise RuntimeError("set FakeSlack.events_url (and start the fake) first")
         raw = body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body
         stamp = int(time.time()) if timestamp is None else timestamp
-        secret = "not-" + self.signing_secret if forge else self.signing_secret
+        secret = "not-" + self._state.signing_secret if forge else self._state.signing_secret
         all_headers = {"Content-Type": content_type, "X-Slack-Request-Timestamp": str(stamp),
                        "X-Slack-Signature": sign(raw, stamp, secret) if signature is None
                        else signature,
                        "User-Agent": "Slackbot 1.0 (+https://api.slack.com/robots)",
                        **(headers or {})}
         started = time.perf_counter()
-        async with self._session.post(self.events_url, data=raw, headers=all_headers) as resp:
+        async with self._state.session.post(self._state.events_url, data=raw,
+                                            headers=all_headers) as resp:
             text = await resp.text()
             return Delivery(resp.status, text, time.perf_counter() - started)
 
@@ -176,18 +184,43 @@ class _Events(_Faults):
 
     def _slash_payload(self, text: str, command: str, user: str, user_name: str,
                        channel: str | None) -> dict[str, str]:
-        channel = channel or self.channel
-        n = next(self._ids)
+        channel = channel or self._state.channel
+        n = next(self._state.ids)
         return {
-            "token": "legacy-verification-token", "team_id": self.team_id,
+            "token": "legacy-verification-token", "team_id": self._state.team_id,
             "team_domain": "fake", "channel_id": channel,
             "channel_name": "directmessage" if channel.startswith("D") else "general",
             "user_id": user, "user_name": user_name, "command": command, "text": text,
             "api_app_id": APP_ID, "is_enterprise_install": "false",
-            "response_url": f"{self.url}/response/{n}", "trigger_id": f"trigger.{n}",
+            "response_url": f"{self._state.url}/response/{n}", "trigger_id": f"trigger.{n}",
         }
 
     # -- Socket Mode ---------------------------------------------------------------
+
+    async def serve_socket(self, request: web.Request) -> web.WebSocketResponse:
+        """Serve one Socket Mode connection: ``hello``, then record the app's acks."""
+        ws = web.WebSocketResponse(autoping=True)
+        await ws.prepare(request)
+        self._state.sockets.append(ws)
+        self._state.socket_connections += 1
+        await ws.send_str(json.dumps({
+            "type": "hello", "num_connections": 1,
+            "debug_info": {"host": "fake-slack", "approximate_connection_time": 3600},
+            "connection_info": {"app_id": APP_ID}}))
+        await self._state.notify()
+        try:
+            async for msg in ws:
+                if msg.type != aiohttp.WSMsgType.TEXT:
+                    continue
+                with contextlib.suppress(ValueError):
+                    frame = json.loads(msg.data)
+                    if isinstance(frame, dict) and "envelope_id" in frame:
+                        self._state.acks[str(frame["envelope_id"])] = frame
+                        await self._state.notify()
+        finally:
+            self._state.sockets.remove(ws)
+            await self._state.notify()
+        return ws
 
     async def socket_event(self, event: Mapping[str, Any] | Any, *,
                            event_id: str | None = None,
@@ -220,7 +253,7 @@ class _Events(_Faults):
             envelope_id = await self.socket_send(frame)
             sent.append(envelope_id)
             try:
-                await self.wait_for_ack(envelope_id, limit=ack_timeout)
+                await self._faults.wait_for_ack(envelope_id, limit=ack_timeout)
             except AssertionError:
                 continue
             break
@@ -237,17 +270,17 @@ class _Events(_Faults):
 
     async def socket_send(self, frame: dict[str, Any] | str) -> str:
         """Send a raw frame on the newest socket (an ``envelope_id`` is added to dicts)."""
-        open_sockets = [ws for ws in self._sockets if not ws.closed]
+        open_sockets = [ws for ws in self._state.sockets if not ws.closed]
         if not open_sockets:
             raise AssertionError("no Socket Mode connection is open")
         envelope_id = ""
         if isinstance(frame, dict):
-            envelope_id = str(frame.setdefault("envelope_id", f"env-{next(self._ids)}"))
+            envelope_id = str(frame.setdefault("envelope_id", f"env-{next(self._state.ids)}"))
             frame = json.dumps(frame)
         await open_sockets[-1].send_str(frame)
         return envelope_id
 
     async def wait_for_socket(self, *, limit: float = 5.0) -> None:
         """Wait until a Socket Mode connection is open."""
-        await self.wait_until(lambda: any(not ws.closed for ws in self._sockets),
-                              limit=limit, what="a Socket Mode connection")
+        await self._state.wait_until(lambda: any(not ws.closed for ws in self._state.sockets),
+                                     limit=limit, what="a Socket Mode connection")

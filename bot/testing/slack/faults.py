@@ -2,25 +2,26 @@
 
 from __future__ import annotations
 
-import asyncio
 import random
-from collections.abc import Callable
 from typing import Any
 
-from bot.testing.slack.state import _State
+from bot.testing.slack.state import State
 from bot.testing.slack.wire import (
     CHAOS_METHODS,
     FAULTS,
     Call,
+    Chaos,
+    Failure,
     Posted,
     ResponsePost,
-    _Chaos,
-    _Failure,
 )
 
 
-class _Faults(_State):
-    """Failures to serve, and what the Web API received."""
+class Faults:
+    """Failures to serve, and what the Web API received (both kept in ``state``)."""
+
+    def __init__(self, state: State) -> None:
+        self._state = state
 
     def fail(self, method: str, status: int = 429, *, times: int = 1,
              retry_after: float = 1.0, error: str = "") -> None:
@@ -35,7 +36,8 @@ class _Faults(_State):
         if not error:
             error = "ratelimited" if status == 429 else "fatal_error" if status >= 500 \
                 else "invalid_arguments"
-        self._failures.setdefault(method, []).append(_Failure(status, times, retry_after, error))
+        self._state.failures.setdefault(method, []).append(
+            Failure(status, times, retry_after, error))
 
     def inject(self, kind: str, method: str = "*", *, times: int = 1, retry_after: float = 1.0,
                stall: float = 0.5) -> None:
@@ -49,8 +51,8 @@ class _Faults(_State):
             raise ValueError(f"unknown fault {kind!r}; one of {FAULTS}")
         status = {"500": 500, "502": 502, "429": 429}.get(kind, 0)
         error = {"500": "internal_error", "429": "ratelimited"}.get(kind, "")
-        self._failures.setdefault(method, []).append(
-            _Failure(status, times, retry_after, error, kind=kind, stall=stall))
+        self._state.failures.setdefault(method, []).append(
+            Failure(status, times, retry_after, error, kind=kind, stall=stall))
 
     def chaos(self, rate: float, *, methods: tuple[str, ...] = CHAOS_METHODS,
               kinds: tuple[str, ...] = FAULTS, seed: int = 0, retry_after: float = 1.0,
@@ -62,24 +64,42 @@ class _Faults(_State):
         unknown = set(kinds) - set(FAULTS)
         if unknown:
             raise ValueError(f"unknown faults {sorted(unknown)}")
-        self._chaos = None if rate <= 0 else _Chaos(rate, frozenset(methods), kinds,
-                                                     random.Random(seed), retry_after, stall)
+        self._state.chaos_plan = None if rate <= 0 else Chaos(
+            rate, frozenset(methods), kinds, random.Random(seed), retry_after, stall)
+
+    def take_failure(self, method: str) -> Failure | None:
+        """The failure to serve to a call of ``method``, if any (counted as served)."""
+        for key in (method, "*"):
+            queue = self._state.failures.get(key)
+            if not queue:
+                continue
+            failure = queue[0]
+            failure.remaining -= 1
+            if failure.remaining <= 0:
+                queue.pop(0)
+            return failure
+        chaos = self._state.chaos_plan
+        if chaos is not None and method in chaos.methods and chaos.rng.random() < chaos.rate:
+            kind = chaos.rng.choice(chaos.kinds)
+            status = {"500": 500, "502": 502, "429": 429}.get(kind, 0)
+            return Failure(status, 1, chaos.retry_after, "", kind=kind, stall=chaos.stall)
+        return None
 
     def calls_of(self, method: str) -> list[Call]:
         """Every call of ``method`` (failed ones included)."""
-        return [c for c in self.calls if c.method == method]
+        return [c for c in self._state.calls if c.method == method]
 
     def sent(self, method: str) -> list[Call]:
         """The successful calls of ``method``."""
-        return [c for c in self.calls if c.method == method and c.ok]
+        return [c for c in self._state.calls if c.method == method and c.ok]
 
     def quiet(self) -> bool:
         """Whether every call received so far has been answered (none is stalled)."""
-        return all(c.done for c in self.calls)
+        return all(c.done for c in self._state.calls)
 
     def visible(self, channel: str | None = None) -> list[Posted]:
         """The app's messages not deleted, optionally only in ``channel``, in posting order."""
-        return [m for m in self.messages.values()
+        return [m for m in self._state.messages.values()
                 if not m.deleted and (channel is None or m.channel == channel)]
 
     async def wait_for(self, method: str, count: int = 1, *, limit: float = 5.0,
@@ -88,31 +108,23 @@ class _Faults(_State):
         def matching() -> list[Call]:
             return self.sent(method) if ok else self.calls_of(method)
 
-        await self.wait_until(lambda: len(matching()) >= count, limit=limit,
-                              what=lambda: f"{count} {method} call(s), got {len(matching())}; "
-                                           f"calls: {[c.method for c in self.calls]}")
+        await self._state.wait_until(lambda: len(matching()) >= count, limit=limit,
+                                     what=lambda: f"{count} {method} call(s), got "
+                                                  f"{len(matching())}; calls: "
+                                                  f"{[c.method for c in self._state.calls]}")
         return matching()
 
     async def wait_for_responses(self, count: int = 1, *,
                                  limit: float = 5.0) -> list[ResponsePost]:
         """Wait until ``count`` posts to response URLs arrived."""
-        await self.wait_until(lambda: len(self.responses) >= count, limit=limit,
-                              what=lambda: f"{count} response_url post(s), "
-                                           f"got {len(self.responses)}")
-        return list(self.responses)
+        await self._state.wait_until(lambda: len(self._state.responses) >= count, limit=limit,
+                                     what=lambda: f"{count} response_url post(s), "
+                                           f"got {len(self._state.responses)}")
+        return list(self._state.responses)
 
     async def wait_for_ack(self, envelope_id: str, *, limit: float = 5.0) -> dict[str, Any]:
         """Wait for the app's Socket Mode ack of ``envelope_id``; returns the ack frame."""
-        await self.wait_until(lambda: envelope_id in self.acks, limit=limit,
-                              what=lambda: f"an ack of {envelope_id}; acks: {list(self.acks)}")
-        return self.acks[envelope_id]
-
-    async def wait_until(self, predicate: Callable[[], bool], *, limit: float = 5.0,
-                         what: Callable[[], str] | str = "the condition") -> None:
-        """Wait until ``predicate()`` holds; re-checked whenever the fake records something."""
-        try:
-            async with asyncio.timeout(limit), self._changed:
-                await self._changed.wait_for(predicate)
-        except TimeoutError:
-            described = what() if callable(what) else what
-            raise AssertionError(f"expected {described} within {limit}s") from None
+        acks = self._state.acks
+        await self._state.wait_until(lambda: envelope_id in acks, limit=limit,
+                                     what=lambda: f"an ack of {envelope_id}; acks: {list(acks)}")
+        return self._state.acks[envelope_id]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -19,17 +21,17 @@ from bot.testing.slack.wire import (
     SIGNING_SECRET,
     TEAM_ID,
     Call,
+    Chaos,
+    Failure,
     Posted,
     ResponsePost,
     SharedFile,
     SlackFile,
-    _Chaos,
-    _Failure,
 )
 
 
-class _State:
-    """The fake's state; the parts of :class:`FakeSlack` build on it."""
+class State:
+    """What the fake Slack holds; every part of :class:`FakeSlack` reads and writes it."""
 
     def __init__(self, *, bot_token: str = BOT_TOKEN, app_token: str = APP_TOKEN,
                  signing_secret: str = SIGNING_SECRET) -> None:
@@ -63,24 +65,23 @@ class _State:
         """Files shared by ``files.completeUploadExternal``, in order."""
         self.file_requests: list[tuple[str, dict[str, str], int]] = []
         """Every ``url_private`` request as ``(path, headers, status)``, in order."""
-        self._failures: dict[str, list[_Failure]] = {}
-        self._chaos: _Chaos | None = None
+        self.failures: dict[str, list[Failure]] = {}
+        self.chaos_plan: Chaos | None = None
         self.injected: list[tuple[str, str]] = []
         """Every fault served, as ``(method, kind)``, in order."""
-        self._last_ts = 0.0
-        self._sockets: list[web.WebSocketResponse] = []
-        self._changed = asyncio.Condition()
-        self._ids = itertools.count(1)
-        self._runner: web.AppRunner | None = None
-        self._session: aiohttp.ClientSession | None = None
-        self._port = 0
+        self.last_ts = 0.0
+        self.sockets: list[web.WebSocketResponse] = []
+        self.changed = asyncio.Condition()
+        self.ids = itertools.count(1)
+        self.session: aiohttp.ClientSession | None = None
+        self.port = 0
 
     @property
     def url(self) -> str:
         """``http://127.0.0.1:{port}`` (no trailing slash)."""
-        if not self._port:
+        if not self.port:
             raise RuntimeError("FakeSlack is not started")
-        return f"http://127.0.0.1:{self._port}"
+        return f"http://127.0.0.1:{self.port}"
 
     @property
     def base_url(self) -> str:
@@ -101,6 +102,22 @@ class _State:
             values["slack_signing_secret"] = self.signing_secret
         return values
 
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
+    async def notify(self) -> None:
+        """Wake everything waiting for the fake to record something."""
+        async with self.changed:
+            self.changed.notify_all()
+
+    def next_ts(self) -> str:
+        """A fresh Slack timestamp: the clock, strictly increasing (``"1763900000.123456"``)."""
+        self.last_ts = max(round(time.time(), 6), round(self.last_ts + 0.000001, 6))
+        return f"{self.last_ts:.6f}"
+
+    async def wait_until(self, predicate: Callable[[], bool], *, limit: float = 5.0,
+                         what: Callable[[], str] | str = "the condition") -> None:
+        """Wait until ``predicate()`` holds; re-checked whenever the fake records something."""
+        try:
+            async with asyncio.timeout(limit), self.changed:
+                await self.changed.wait_for(predicate)
+        except TimeoutError:
+            described = what() if callable(what) else what
+            raise AssertionError(f"expected {described} within {limit}s") from None

@@ -144,7 +144,9 @@ class ResponsePost:
 
 
 @dataclass(slots=True)
-class _Failure:
+class Failure:
+    """One scripted failure: what it answers and how many more calls it fails."""
+
     status: int
     remaining: int
     retry_after: float
@@ -155,7 +157,9 @@ class _Failure:
 
 
 @dataclass(slots=True)
-class _Chaos:
+class Chaos:
+    """Random failures: the share of calls, the methods and kinds, and the seeded generator."""
+
     rate: float
     methods: frozenset[str]
     kinds: tuple[str, ...]
@@ -164,11 +168,12 @@ class _Chaos:
     stall: float
 
 
-def _guess_type(name: str) -> str:
+def guess_type(name: str) -> str:
+    """The MIME type of a file name (``application/octet-stream`` when unknown)."""
     return mimetypes.guess_type(name)[0] or "application/octet-stream"
 
 
-def _reset(request: web.Request, *, hard: bool = True) -> None:
+def reset_connection(request: web.Request, *, hard: bool = True) -> None:
     """Drop the connection: a TCP RST (``hard``) as a reset mid-call looks, else a close."""
     transport = request.transport
     if transport is None:
@@ -180,7 +185,8 @@ def _reset(request: web.Request, *, hard: bool = True) -> None:
     transport.abort()
 
 
-def _channel_type(channel: str) -> str:
+def channel_type_of(channel: str) -> str:
+    """An event's ``channel_type`` for a channel id: ``im``, ``group`` or ``channel``."""
     if channel.startswith("D"):
         return "im"
     return "group" if channel.startswith("G") else "channel"
