@@ -11,17 +11,17 @@ from __future__ import annotations
 import asyncio
 import time
 
-from bot.agents.router import Agent, AgentError
+from bot.agents.router import AgentError
 
 # Built-in: the agent admin commands read and reload the agents' configuration itself.
 from bot.config.agents import DEFAULT_AGENT, AgentConfig
 from bot.config.settings import ConfigError, load_settings
-from roost import Command, CommandContext, Settings, hookimpl
+from roost import AgentView, Command, CommandContext, Settings, hookimpl
 
 MAX_PATTERNS_LISTED = 80
 
 
-def _describe(name: str, config: AgentConfig, settings: Settings, agent: Agent | None,
+def _describe(name: str, config: AgentConfig, settings: Settings, agent: AgentView | None,
               tools: int) -> str:
     provider = config.provider or settings.provider
     model = config.model or settings.model

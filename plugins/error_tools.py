@@ -29,14 +29,14 @@ from bot.storage.errors import (
     ERROR_ID_RE,
     RESULT_ID_EXAMPLE,
     RESULT_ID_RE,
-    ErrorStore,
-    ResultStore,
-    StoredError,
 )
 from roost import (
+    ErrorsView,
     JobSpec,
+    ResultsView,
     Services,
     Settings,
+    StoredErrorView,
     Tool,
     ToolContext,
     ToolError,
@@ -69,7 +69,7 @@ def roost_tools(settings: Settings, services: Services | None) -> list[Tool]:
     return tools
 
 
-def error_detail_json(stored: StoredError) -> str:
+def error_detail_json(stored: StoredErrorView) -> str:
     """What ``get_error_detail`` returns for one error."""
     return json.dumps({
         "error_id": stored.id,
@@ -80,7 +80,7 @@ def error_detail_json(stored: StoredError) -> str:
     }, ensure_ascii=False, indent=2)
 
 
-def _error_detail_tool(errors: ErrorStore) -> Tool:
+def _error_detail_tool(errors: ErrorsView) -> Tool:
     async def get_error_detail(context: ToolContext, args: Mapping[str, Any]) -> str:
         check_keys(args, required=("error_id",))
         error_id = str_arg(args, "error_id").strip()
@@ -126,7 +126,7 @@ def _error_detail_tool(errors: ErrorStore) -> Tool:
     )
 
 
-def _tool_result_tool(results: ResultStore, max_length: int) -> Tool:
+def _tool_result_tool(results: ResultsView, max_length: int) -> Tool:
     async def get_tool_result(context: ToolContext, args: Mapping[str, Any]) -> str:
         check_keys(args, required=("result_id",), optional=("offset", "length"))
         result_id = str_arg(args, "result_id").strip()

@@ -6,9 +6,17 @@ import contextlib
 import logging
 
 # Built-in: the pairing and usage stores are internal objects.
-from bot.storage.access import AccessStore, normalize_code
-from bot.storage.usage import Scope, UsageStore, day_of, month_of
-from roost import Command, CommandContext, OutboundMessage, Settings, hookimpl
+from bot.storage.access import normalize_code
+from bot.storage.usage import Scope, day_of, month_of
+from roost import (
+    AccessView,
+    Command,
+    CommandContext,
+    OutboundMessage,
+    Settings,
+    UsageView,
+    hookimpl,
+)
 
 log = logging.getLogger("roost.plugins.pairing_commands")
 
@@ -16,14 +24,14 @@ PAIR_USAGE = "approve CODE | list | revoke USER"
 APPROVED_NOTICE = "An admin approved you: you can talk to me now. Send your message again."
 
 
-def _access(ctx: CommandContext) -> AccessStore:
+def _access(ctx: CommandContext) -> AccessView:
     store = ctx.app.services.access
     if store is None:
         raise RuntimeError("the pairing store is not set up")
     return store
 
 
-def _usage_store(ctx: CommandContext) -> UsageStore:
+def _usage_store(ctx: CommandContext) -> UsageView:
     store = ctx.app.services.usage
     if store is None:
         raise RuntimeError("the usage store is not set up")
@@ -48,7 +56,7 @@ async def _pair(ctx: CommandContext) -> str:
     return f"Usage: /pair {PAIR_USAGE}"
 
 
-async def _approve(ctx: CommandContext, store: AccessStore, code: str) -> str:
+async def _approve(ctx: CommandContext, store: AccessView, code: str) -> str:
     admin = f"{ctx.message.channel}:{ctx.message.sender_id}"
     request = await store.approve(code, admin)
     await ctx.app.invalidate_everywhere("pairing")
@@ -64,7 +72,7 @@ async def _approve(ctx: CommandContext, store: AccessStore, code: str) -> str:
     return f"Approved {name}({request.user}). They can talk to me now."
 
 
-async def _list(store: AccessStore) -> str:
+async def _list(store: AccessView) -> str:
     now = store.clock()
     pending, paired = await store.pending(), await store.paired()
     lines = ["Pending pairing requests:" if pending else "No pending pairing requests."]
@@ -80,7 +88,7 @@ async def _list(store: AccessStore) -> str:
     return "\n".join(lines)
 
 
-async def _revoke(ctx: CommandContext, store: AccessStore, user: str) -> str:
+async def _revoke(ctx: CommandContext, store: AccessView, user: str) -> str:
     found = await store.find_paired(user, ctx.message.channel)
     if not found:
         return f"No approved user {user}. /pair list shows them."

@@ -88,7 +88,7 @@ async def _plugin(ctx: CommandContext) -> str:
 
 async def _info(app: Runtime, name: str) -> str:
     host = app.plugins
-    if host.pm.get_plugin(name) is None:
+    if not host.is_loaded(name):
         return f"No plugin named {name!r} is loaded."
     info = host.info.get(name)
     origin = ("built-in" if info is None or info.builtin

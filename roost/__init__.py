@@ -62,15 +62,34 @@ from bot.contracts.messages import (
 from bot.contracts.migrations import Migrations
 from bot.contracts.prompt import Order, PromptContext, PromptSection
 from bot.contracts.providers import ProviderSpec
-from bot.contracts.runtime import Runtime
+from bot.contracts.runtime import RunOutcome, Runtime
 from bot.contracts.sanitize import Sanitizer
 from bot.contracts.search import SearchBackend, SearchResult
 from bot.contracts.services import Services
+from bot.contracts.sessions import Session, agent_of
 from bot.contracts.tools import Tool, ToolContext, ToolError, ToolResult, ToolRetry
+from bot.contracts.views import (
+    AccessView,
+    AgentsView,
+    AgentView,
+    ErrorsView,
+    JobListing,
+    JobRecordView,
+    OfferView,
+    PluginsView,
+    ResultsView,
+    SchedulerView,
+    SessionsView,
+    StoredErrorView,
+    UsageView,
+)
 from bot.storage.db import transaction
 from bot.tools.args import check_keys, int_arg, str_arg
 
 __all__ = [
+    "AccessView",
+    "AgentView",
+    "AgentsView",
     "Attachment",
     "Channel",
     "ChannelHealth",
@@ -80,11 +99,14 @@ __all__ = [
     "Command",
     "CommandContext",
     "ContentPart",
+    "ErrorsView",
     "GuardPattern",
     "HealthReport",
     "InboundHandler",
     "InboundMessage",
     "InputCheck",
+    "JobListing",
+    "JobRecordView",
     "JobSpec",
     "Judge",
     "LLMProvider",
@@ -93,24 +115,32 @@ __all__ = [
     "MediaError",
     "MediaTooLarge",
     "Migrations",
+    "OfferView",
     "OnRetry",
     "OnText",
     "OpenFile",
     "Order",
     "OutboundFile",
     "OutboundMessage",
+    "PluginsView",
     "PromptContext",
     "PromptSection",
     "ProviderError",
     "ProviderSpec",
     "ReplyStream",
+    "ResultsView",
     "RunEvent",
+    "RunOutcome",
     "Runtime",
     "Sanitizer",
+    "SchedulerView",
     "SearchBackend",
     "SearchResult",
     "Services",
+    "Session",
+    "SessionsView",
     "Settings",
+    "StoredErrorView",
     "Tool",
     "ToolCall",
     "ToolContext",
@@ -120,7 +150,9 @@ __all__ = [
     "ToolSpec",
     "Transcriber",
     "Usage",
+    "UsageView",
     "Verdict",
+    "agent_of",
     "check_keys",
     "hookimpl",
     "int_arg",

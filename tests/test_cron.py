@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from bot.app.services import AppServices as Services
 from bot.config.settings import Settings
-from bot.contracts.services import Services
 from bot.contracts.tools import Tool, ToolContext, ToolError
 from bot.scheduling.scheduler import Scheduler
 from bot.testing.app import ChatChannel, scripted

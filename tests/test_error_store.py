@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from bot.app.services import AppServices as Services
 from bot.config.settings import Settings
-from bot.contracts.services import Services
 from bot.contracts.tools import Tool, ToolContext, ToolError
 from bot.observability.tracing import Span
 from bot.storage import errors as error_store

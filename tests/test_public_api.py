@@ -22,6 +22,9 @@ PUBLIC = {
     "Settings", "check_keys", "str_arg", "int_arg",
     "ContentPart", "OutboundFile", "MediaError", "MediaTooLarge", "Transcriber",
     "Migrations", "transaction",
+    "RunOutcome", "Session", "agent_of", "SessionsView", "ErrorsView", "StoredErrorView",
+    "ResultsView", "SchedulerView", "JobListing", "JobRecordView", "AccessView", "UsageView",
+    "AgentsView", "AgentView", "PluginsView", "OfferView",
 }
 """Names plugin authors rely on: removing one is a breaking change, so this test fails."""
 

@@ -21,6 +21,7 @@ from bot.app.offers import (
     resolve_provider,
 )
 from bot.app.runtime import AppRuntime
+from bot.app.services import AppServices as Services
 from bot.config.settings import Settings, SetupError, load_settings
 from bot.contracts.channel import Channel, ChannelSpec
 from bot.contracts.commands import Command
@@ -30,7 +31,6 @@ from bot.contracts.llm import LLMProvider
 from bot.contracts.messages import OutboundMessage
 from bot.contracts.sanitize import Sanitizer
 from bot.contracts.search import SearchBackend
-from bot.contracts.services import Services
 from bot.contracts.tools import Tool
 from bot.dispatch.dispatcher import Dispatcher, Leftovers
 from bot.dispatch.replicas import ReplicaWork

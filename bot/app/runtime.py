@@ -8,11 +8,12 @@ from collections.abc import Awaitable, Collection, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from bot.agents.router import AgentRouter
+from bot.app.services import AppServices
 from bot.config.settings import Settings
 from bot.contracts.commands import Command
 from bot.contracts.llm import LLMProvider
 from bot.contracts.messages import InboundMessage, OutboundMessage
-from bot.contracts.services import Services
+from bot.engine.budgets import Budgets
 from bot.engine.runloop import RunRequest, RunResult
 from bot.engine.snapshot import PluginSnapshot
 from bot.pluginhost.manager import PluginHost
@@ -42,7 +43,7 @@ class AppRuntime:
         return self._app.settings
 
     @property
-    def services(self) -> Services:
+    def services(self) -> AppServices:
         return self._app.services
 
     @property
@@ -111,6 +112,12 @@ class AppRuntime:
 
     async def run_turn(self, request: RunRequest) -> RunResult:
         return await self._app.engine.run(request)
+
+    async def spending(self, message: InboundMessage, agent: str) -> list[str]:
+        usage = self._app.services.usage
+        if usage is None:
+            return []
+        return await Budgets(self._app.settings, usage).describe(message, agent)
 
     def key_for(self, message: InboundMessage) -> str:
         return self._app.dispatcher.key_for(message)

@@ -176,6 +176,10 @@ class PluginHost:
                 items.append(result)
         return items
 
+    def is_loaded(self, name: str) -> bool:
+        """True when a plugin named ``name`` is registered."""
+        return self.pm.get_plugin(name) is not None
+
     def hooks_of(self, name: str) -> list[str]:
         """Names of the hooks plugin ``name`` implements (empty if it is not registered)."""
         plugin = self.pm.get_plugin(name)

@@ -25,10 +25,9 @@ from bot.engine.compaction import FLUSH_ITERATIONS, FLUSH_TIMEOUT, FLUSH_TOOLS
 from bot.engine.history import repair_pairing
 from bot.engine.media import text_only
 from bot.engine.runloop import RunRequest
-from bot.storage.sessions import agent_of
 from plugins.memory.notes import today_utc
 from plugins.memory.state import NEVER, FlushStates
-from roost import ChatMessage, InboundMessage, JobSpec, Settings
+from roost import ChatMessage, InboundMessage, JobSpec, Settings, agent_of
 
 if TYPE_CHECKING:
     from roost import Runtime
