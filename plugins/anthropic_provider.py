@@ -35,7 +35,6 @@ if TYPE_CHECKING:  # the SDK is imported only where no key is configured (see __
     )
 
 # Built-in: the HTTP providers share Roost's own circuit breaker and retry plumbing.
-from bot.resilience.breaker import CircuitBreaker
 from plugins.anthropic_request import (
     Prefix,
     mark_messages,
@@ -69,6 +68,7 @@ from plugins.provider_retry import (
     with_retries,
 )
 from roost import (
+    CircuitBreaker,
     LLMRequest,
     LLMResponse,
     OnRetry,
@@ -93,7 +93,7 @@ class AnthropicProvider:
 
     ``max_attempts`` and ``retry_base_delay`` make its
     :class:`~plugins.provider_retry.RetryPolicy`. ``breaker`` is shared by all
-    calls of this instance (a fresh :class:`~bot.resilience.breaker.CircuitBreaker`
+    calls of this instance (a fresh :class:`roost.CircuitBreaker`
     with the default policy unless given).
     """
 

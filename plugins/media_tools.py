@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 # Built-in: the file's type is judged from its bytes by the core's sniffer.
-from bot.media.sniff import sniff_mime
 from roost import (
     MediaError,
     MediaTooLarge,
@@ -38,6 +37,7 @@ from roost import (
     ToolRetry,
     check_keys,
     hookimpl,
+    sniff_mime,
     str_arg,
 )
 from workspaces.root import WorkspaceRoot

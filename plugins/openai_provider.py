@@ -30,7 +30,6 @@ from openai.types.chat import (
 )
 
 # Built-in: the HTTP providers share Roost's own circuit breaker and retry plumbing.
-from bot.resilience.breaker import CircuitBreaker
 from plugins.provider_media import (
     OPENAI_SHORT_EDGE,
     DocumentData,
@@ -52,6 +51,7 @@ from plugins.provider_retry import (
 )
 from roost import (
     ChatMessage,
+    CircuitBreaker,
     LLMRequest,
     LLMResponse,
     OnRetry,
@@ -73,7 +73,7 @@ class OpenAIProvider:
 
     ``max_attempts`` and ``retry_base_delay`` make its
     :class:`~plugins.provider_retry.RetryPolicy`. ``breaker`` is shared by all
-    calls of this instance (a fresh :class:`~bot.resilience.breaker.CircuitBreaker`
+    calls of this instance (a fresh :class:`roost.CircuitBreaker`
     with the default policy unless given).
     """
 

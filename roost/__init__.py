@@ -61,7 +61,7 @@ from bot.contracts.messages import (
 )
 from bot.contracts.migrations import Migrations
 from bot.contracts.prompt import Order, PromptContext, PromptSection
-from bot.contracts.providers import ProviderSpec
+from bot.contracts.providers import LazyProvider, ProviderSpec
 from bot.contracts.runtime import RunOutcome, Runtime
 from bot.contracts.sanitize import Sanitizer
 from bot.contracts.search import SearchBackend, SearchResult
@@ -83,6 +83,10 @@ from bot.contracts.views import (
     StoredErrorView,
     UsageView,
 )
+from bot.engine.tokens import tools_chars
+from bot.media.sniff import sniff_mime
+from bot.resilience.breaker import CircuitBreaker
+from bot.resilience.retry import JitterMode, RetryPolicy, is_retryable_status, parse_retry_after
 from bot.storage.db import transaction
 from bot.tools.args import check_keys, int_arg, str_arg
 
@@ -96,6 +100,7 @@ __all__ = [
     "ChannelSpec",
     "ChatMessage",
     "ChatType",
+    "CircuitBreaker",
     "Command",
     "CommandContext",
     "ContentPart",
@@ -105,6 +110,7 @@ __all__ = [
     "InboundHandler",
     "InboundMessage",
     "InputCheck",
+    "JitterMode",
     "JobListing",
     "JobRecordView",
     "JobSpec",
@@ -112,6 +118,7 @@ __all__ = [
     "LLMProvider",
     "LLMRequest",
     "LLMResponse",
+    "LazyProvider",
     "MediaError",
     "MediaTooLarge",
     "Migrations",
@@ -129,6 +136,7 @@ __all__ = [
     "ProviderSpec",
     "ReplyStream",
     "ResultsView",
+    "RetryPolicy",
     "RunEvent",
     "RunOutcome",
     "Runtime",
@@ -156,7 +164,11 @@ __all__ = [
     "check_keys",
     "hookimpl",
     "int_arg",
+    "is_retryable_status",
     "marked_send",
+    "parse_retry_after",
+    "sniff_mime",
     "str_arg",
+    "tools_chars",
     "transaction",
 ]
