@@ -40,8 +40,16 @@ from bot.agents.router import workspaces_root
 # Built-in: the heartbeat routes its run like an inbound message (agent bindings).
 from bot.config.agents import route
 from bot.engine.runloop import NO_REPLY
-from roost import ChatMessage, InboundMessage, JobSpec, Sanitizer, Settings, hookimpl
-from workspaces import read_cached, workspace_dir
+from roost import (
+    ChatMessage,
+    InboundMessage,
+    JobSpec,
+    Sanitizer,
+    Settings,
+    hookimpl,
+    read_cached,
+    workspace_dir,
+)
 
 if TYPE_CHECKING:
     from roost import Runtime

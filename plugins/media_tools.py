@@ -35,12 +35,12 @@ from roost import (
     ToolContext,
     ToolError,
     ToolRetry,
+    WorkspaceRoot,
     check_keys,
     hookimpl,
     sniff_mime,
     str_arg,
 )
-from workspaces.root import WorkspaceRoot
 
 __all__ = ["roost_tools"]
 

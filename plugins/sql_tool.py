@@ -37,8 +37,7 @@ from typing import Any
 # structured-error codes.
 from bot.engine.exec_summary import SqlStatement, parse_statement
 from bot.tools.structured_errors import FOREIGN_KEY, PERMISSION, TIMEOUT, extract
-from roost import Settings, Tool, ToolContext, ToolError, hookimpl
-from workspaces import resolve_in_workspace
+from roost import Settings, Tool, ToolContext, ToolError, hookimpl, resolve_in_workspace
 
 DB_FILE = "data.sqlite3"
 """The database file, relative to the user's workspace."""

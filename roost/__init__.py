@@ -89,6 +89,10 @@ from bot.resilience.breaker import CircuitBreaker
 from bot.resilience.retry import JitterMode, RetryPolicy, is_retryable_status, parse_retry_after
 from bot.storage.db import transaction
 from bot.tools.args import check_keys, int_arg, str_arg
+from workspaces import read_cached, resolve_in_workspace, workspace_dir
+from workspaces.beneath import Parts, lstat_at, make_dirs, open_dir, read_fd, write_atomic
+from workspaces.cache import clip
+from workspaces.root import WorkspaceRoot, user_parts
 
 __all__ = [
     "AccessView",
@@ -129,6 +133,7 @@ __all__ = [
     "Order",
     "OutboundFile",
     "OutboundMessage",
+    "Parts",
     "PluginsView",
     "PromptContext",
     "PromptSection",
@@ -160,15 +165,26 @@ __all__ = [
     "Usage",
     "UsageView",
     "Verdict",
+    "WorkspaceRoot",
     "agent_of",
     "check_keys",
+    "clip",
     "hookimpl",
     "int_arg",
     "is_retryable_status",
+    "lstat_at",
+    "make_dirs",
     "marked_send",
+    "open_dir",
     "parse_retry_after",
+    "read_cached",
+    "read_fd",
+    "resolve_in_workspace",
     "sniff_mime",
     "str_arg",
     "tools_chars",
     "transaction",
+    "user_parts",
+    "workspace_dir",
+    "write_atomic",
 ]
