@@ -11,12 +11,10 @@ from __future__ import annotations
 import asyncio
 import time
 
-from bot.agents.router import AgentError
-
 # Built-in: the agent admin commands read and reload the agents' configuration itself.
 from bot.config.agents import DEFAULT_AGENT, AgentConfig
 from bot.config.settings import ConfigError, load_settings
-from roost import AgentView, Command, CommandContext, Settings, hookimpl
+from roost import AgentError, AgentView, Command, CommandContext, Settings, hookimpl
 
 MAX_PATTERNS_LISTED = 80
 

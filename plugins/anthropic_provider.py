@@ -34,7 +34,6 @@ if TYPE_CHECKING:  # the SDK is imported only where no key is configured (see __
         ToolParam,
     )
 
-# Built-in: the HTTP providers share Roost's own circuit breaker and retry plumbing.
 from plugins.anthropic_request import (
     Prefix,
     mark_messages,

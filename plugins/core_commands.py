@@ -6,11 +6,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-# Built-in: /status describes the resolved agent, an internal object.
-from bot.agents.router import AgentError
-
-# Built-in: /status shows the sender's spend against the budgets (internal rules).
-from roost import AgentView, Command, CommandContext, Settings, hookimpl
+from roost import AgentError, AgentView, Command, CommandContext, Settings, hookimpl
 
 
 async def _help(ctx: CommandContext) -> str:

@@ -25,12 +25,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from zoneinfo import ZoneInfo
 
-# Built-in: the cron tool drives the scheduler's job store directly.
-from bot.scheduling.requests import JobError
 from roost import (
     ChatType,
     Command,
     CommandContext,
+    JobError,
     JobListing,
     SchedulerView,
     Services,

@@ -39,8 +39,8 @@ from bot.agents.router import workspaces_root
 
 # Built-in: the heartbeat routes its run like an inbound message (agent bindings).
 from bot.config.agents import route
-from bot.engine.runloop import NO_REPLY
 from roost import (
+    NO_REPLY,
     ChatMessage,
     InboundMessage,
     JobSpec,

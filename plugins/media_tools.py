@@ -23,7 +23,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-# Built-in: the file's type is judged from its bytes by the core's sniffer.
 from roost import (
     MediaError,
     MediaTooLarge,

@@ -29,7 +29,6 @@ from openai.types.chat import (
     ChatCompletionMessageParam,
 )
 
-# Built-in: the HTTP providers share Roost's own circuit breaker and retry plumbing.
 from plugins.provider_media import (
     OPENAI_SHORT_EDGE,
     DocumentData,

@@ -5,17 +5,18 @@ from __future__ import annotations
 import contextlib
 import logging
 
-# Built-in: the pairing and usage stores are internal objects.
-from bot.storage.access import normalize_code
-from bot.storage.usage import Scope, day_of, month_of
 from roost import (
     AccessView,
     Command,
     CommandContext,
     OutboundMessage,
     Settings,
+    UsageScope,
     UsageView,
+    day_of,
     hookimpl,
+    month_of,
+    normalize_code,
 )
 
 log = logging.getLogger("roost.plugins.pairing_commands")
@@ -110,7 +111,7 @@ async def _usage(ctx: CommandContext) -> str:
         limit = max(1, min(50, int(ctx.args.strip())))
     lines: list[str] = []
     for title, period in (("today", day_of(now)), ("this month", month_of(now))):
-        scopes: tuple[tuple[Scope, str], ...] = (
+        scopes: tuple[tuple[UsageScope, str], ...] = (
             ("user", "users"), ("group", "groups"), ("agent", "agents"))
         for scope, what in scopes:
             top = await store.top(scope, period, limit)

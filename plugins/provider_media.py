@@ -53,8 +53,6 @@ from bot.media.heap import heap, on_media_thread
 from bot.media.images import model_ready, prepare_for_model
 from roost import ContentPart, MediaError, ToolError, WorkspaceRoot, read_fd
 
-# Built-in: the one confinement rule every file tool uses (not a plugin API yet).
-
 if TYPE_CHECKING:
     # Imported where a PDF or a photo is handled: a process that gets neither never
     # loads pypdf (with cryptography) or Pillow.

@@ -23,7 +23,6 @@ from functools import partial
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
-# Built-in: the HTTP providers share Roost's own circuit breaker and retry plumbing.
 from roost import (
     CircuitBreaker,
     JitterMode,

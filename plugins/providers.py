@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-# Built-in: provider specs load their SDK lazily through the core's wrapper.
 from roost import LazyProvider, LLMProvider, ProviderSpec, Settings, hookimpl
 
 DEMO_SCRIPT = Path(__file__).with_name("demo_script.yaml")

@@ -34,7 +34,6 @@ from typing import Any
 
 import yaml
 
-# Built-in: the scripted provider sizes tool schemas as the token estimator does.
 from roost import (
     ChatMessage,
     LLMRequest,

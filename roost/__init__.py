@@ -62,7 +62,7 @@ from bot.contracts.messages import (
 from bot.contracts.migrations import Migrations
 from bot.contracts.prompt import Order, PromptContext, PromptSection
 from bot.contracts.providers import LazyProvider, ProviderSpec
-from bot.contracts.runtime import RunOutcome, Runtime
+from bot.contracts.runtime import NO_REPLY, RunOutcome, Runtime
 from bot.contracts.sanitize import Sanitizer
 from bot.contracts.search import SearchBackend, SearchResult
 from bot.contracts.services import Services
@@ -70,9 +70,11 @@ from bot.contracts.sessions import Session, agent_of
 from bot.contracts.tools import Tool, ToolContext, ToolError, ToolResult, ToolRetry
 from bot.contracts.views import (
     AccessView,
+    AgentError,
     AgentsView,
     AgentView,
     ErrorsView,
+    JobError,
     JobListing,
     JobRecordView,
     OfferView,
@@ -81,13 +83,16 @@ from bot.contracts.views import (
     SchedulerView,
     SessionsView,
     StoredErrorView,
+    UsageScope,
     UsageView,
 )
 from bot.engine.tokens import tools_chars
 from bot.media.sniff import sniff_mime
 from bot.resilience.breaker import CircuitBreaker
 from bot.resilience.retry import JitterMode, RetryPolicy, is_retryable_status, parse_retry_after
+from bot.storage.access import normalize_code
 from bot.storage.db import transaction
+from bot.storage.usage import day_of, month_of
 from bot.tools.args import check_keys, int_arg, str_arg
 from workspaces import read_cached, resolve_in_workspace, workspace_dir
 from workspaces.beneath import Parts, lstat_at, make_dirs, open_dir, read_fd, write_atomic
@@ -95,7 +100,9 @@ from workspaces.cache import clip
 from workspaces.root import WorkspaceRoot, user_parts
 
 __all__ = [
+    "NO_REPLY",
     "AccessView",
+    "AgentError",
     "AgentView",
     "AgentsView",
     "Attachment",
@@ -115,6 +122,7 @@ __all__ = [
     "InboundMessage",
     "InputCheck",
     "JitterMode",
+    "JobError",
     "JobListing",
     "JobRecordView",
     "JobSpec",
@@ -163,18 +171,22 @@ __all__ = [
     "ToolSpec",
     "Transcriber",
     "Usage",
+    "UsageScope",
     "UsageView",
     "Verdict",
     "WorkspaceRoot",
     "agent_of",
     "check_keys",
     "clip",
+    "day_of",
     "hookimpl",
     "int_arg",
     "is_retryable_status",
     "lstat_at",
     "make_dirs",
     "marked_send",
+    "month_of",
+    "normalize_code",
     "open_dir",
     "parse_retry_after",
     "read_cached",

@@ -30,6 +30,7 @@ from bot.contracts.llm import LLMProvider
 from bot.contracts.messages import InboundMessage
 from bot.contracts.providers import ProviderSpec
 from bot.contracts.tools import Tool
+from bot.contracts.views import AgentError as AgentError
 from bot.pluginhost.manager import PluginHost
 from workspaces import safe_component
 
@@ -54,10 +55,6 @@ def workspaces_root(settings: Settings, agent: str) -> Path:
     if agent == DEFAULT_AGENT:
         return settings.workspaces_dir
     return settings.workspaces_dir / AGENT_WORKSPACES / safe_component(agent)
-
-
-class AgentError(Exception):
-    """An agent cannot be resolved as configured; the message says what to fix."""
 
 
 @dataclass(slots=True)

@@ -26,6 +26,9 @@ from bot.contracts.views import (
     SnapshotSource,
 )
 
+NO_REPLY = "NO_REPLY"
+"""A reply that is exactly this token is not delivered (a scheduled turn with nothing to say)."""
+
 
 class RunOutcome(Protocol):
     """How a turn ended: ``reply`` is what was delivered or is to be (``None``: silent)."""

@@ -20,6 +20,23 @@ from bot.contracts.settings import SettingsModel
 from bot.contracts.tools import Tool
 
 
+class AgentError(Exception):
+    """An agent cannot be resolved as configured; the message says what to fix."""
+
+
+class JobError(Exception):
+    """A job request refused; the message is fit to show the user.
+
+    ``code``: ``INVALID_ARGUMENT``, ``INVALID_SCHEDULE``, ``INVALID_TIMEZONE``,
+    ``TIME_PASSED``, ``INTERVAL_TOO_SHORT``, ``LIMIT_REACHED``, ``NOT_FOUND``,
+    ``NOT_ALLOWED``.
+    """
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class SessionsView(Protocol):
     """Conversation history: read a session, reset it, pin facts, append a run."""
 
@@ -170,7 +187,7 @@ class SchedulerView(Protocol):
     async def add(self, *, owner_id: str, channel: str, chat_id: str, chat_type: ChatType,
                   thread_id: str | None, schedule: str, message: str, name: str = "",
                   timezone: str | None = None) -> JobListing:
-        """Create a cron job; raises an error carrying a message for the user."""
+        """Create a cron job; raises :class:`JobError` with a message for the user."""
         ...
 
     async def jobs(self, *, channel: str | None = None,
@@ -243,7 +260,7 @@ class AgentsView(Protocol):
     """The configured agents."""
 
     async def get(self, name: str) -> AgentView:
-        """Agent ``name``, resolved (raises an error with a message when it cannot be)."""
+        """Agent ``name``, resolved; raises :class:`AgentError` when it cannot be."""
         ...
 
     def peek(self, name: str) -> AgentView | None:
@@ -390,6 +407,10 @@ class SpentView(Protocol):
     def tokens(self) -> int: ...
 
 
+UsageScope = Literal["user", "group", "agent"]
+"""Whose tokens a usage counter holds."""
+
+
 class UsageView(Protocol):
     """Tokens spent per user, group and agent, by UTC day and month."""
 
@@ -398,5 +419,5 @@ class UsageView(Protocol):
         """Wall-clock seconds."""
         ...
 
-    async def top(self, scope: Literal["user", "group", "agent"], period: str,
+    async def top(self, scope: UsageScope, period: str,
                   limit: int = 10) -> Sequence[SpentView]: ...
