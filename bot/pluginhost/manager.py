@@ -34,7 +34,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "plugins.prompt_sections",
     "plugins.guard_patterns",
     "plugins.providers",
-    "plugins.channels",
+    "channels.builtin",
     "plugins.sanitizers",
     "plugins.memory",
     "plugins.heartbeat",
@@ -50,7 +50,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
 """Modules of the built-in plugins, registered like external ones."""
 
 ESSENTIAL_PLUGINS: frozenset[str] = frozenset(
-    {"plugins.core_commands", "plugins.providers", "plugins.channels",
+    {"plugins.core_commands", "plugins.providers", "channels.builtin",
      "plugins.plugin_commands"})
 """Built-ins that cannot be disabled: without them Roost cannot run or be re-enabled."""
 
