@@ -1,7 +1,7 @@
 """Built-in plugin: fetch a stored tool error, or read a stored large tool result.
 
 A failed tool call reaches the model as a short summary with an error ID, and
-a very long result as a preview with a result ID (see :mod:`bot.storage.errors`).
+a very long result as a preview with a result ID (its format: ``roost.RESULT_ID_RE``).
 These tools fetch the rest on demand:
 
 - ``get_error_detail {error_id}``: the full stored error as JSON; offered only
@@ -23,14 +23,11 @@ import sqlite3
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-# Built-in: the error tools read the core's error and result stores.
-from bot.storage.errors import (
+from roost import (
     ERROR_ID_EXAMPLE,
     ERROR_ID_RE,
     RESULT_ID_EXAMPLE,
     RESULT_ID_RE,
-)
-from roost import (
     ErrorsView,
     JobSpec,
     ResultsView,
@@ -202,11 +199,7 @@ def _tool_result_tool(results: ResultsView, max_length: int) -> Tool:
 
 
 async def _retention(app: Runtime) -> None:
-    # Built-in: retention is the store's own job; this plugin only schedules it.
-    from bot.storage.retention import prune_stores
-
-    await prune_stores(app.services, app.settings.error_retention_days,
-                       trace_days=app.settings.trace_retention_days)
+    await app.prune_stores()
 
 
 @hookimpl

@@ -69,6 +69,10 @@ from bot.contracts.services import Services
 from bot.contracts.sessions import Session, agent_of
 from bot.contracts.tools import Tool, ToolContext, ToolError, ToolResult, ToolRetry
 from bot.contracts.views import (
+    ERROR_ID_EXAMPLE,
+    ERROR_ID_RE,
+    RESULT_ID_EXAMPLE,
+    RESULT_ID_RE,
     AccessView,
     AgentError,
     AgentsView,
@@ -100,7 +104,11 @@ from workspaces.cache import clip
 from workspaces.root import WorkspaceRoot, user_parts
 
 __all__ = [
+    "ERROR_ID_EXAMPLE",
+    "ERROR_ID_RE",
     "NO_REPLY",
+    "RESULT_ID_EXAMPLE",
+    "RESULT_ID_RE",
     "AccessView",
     "AgentError",
     "AgentView",

@@ -18,6 +18,7 @@ from bot.engine.runloop import RunRequest, RunResult
 from bot.engine.snapshot import PluginSnapshot
 from bot.pluginhost.manager import PluginHost
 from bot.scheduling.scheduler import Scheduler
+from bot.storage.retention import prune_stores
 from bot.storage.sessions import SessionStore
 from bot.tools.breakers import Breakers
 from bot.tools.metrics import ToolMetricsRegistry
@@ -118,6 +119,11 @@ class AppRuntime:
         if usage is None:
             return []
         return await Budgets(self._app.settings, usage).describe(message, agent)
+
+    async def prune_stores(self) -> None:
+        settings = self._app.settings
+        await prune_stores(self._app.services, settings.error_retention_days,
+                           trace_days=settings.trace_retention_days)
 
     def key_for(self, message: InboundMessage) -> str:
         return self._app.dispatcher.key_for(message)

@@ -159,6 +159,11 @@ class Runtime(Protocol):
         budgets in force for ``agent`` (none when usage is not counted)."""
         ...
 
+    async def prune_stores(self) -> None:
+        """Delete answered inbox entries, stored errors and results older than
+        ``error_retention_days`` and run traces older than ``trace_retention_days``."""
+        ...
+
     def key_for(self, message: InboundMessage) -> str:
         """The session ``message`` belongs to, under the agent its chat is bound to."""
         ...

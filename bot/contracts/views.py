@@ -7,6 +7,7 @@ plugin host and scheduler live in higher layers and satisfy these structurally.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal, Protocol
@@ -87,6 +88,14 @@ class InboxView(Protocol):
     async def prune(self, days: float) -> int:
         """Delete finished entries and delivered replies older than ``days``."""
         ...
+
+
+ERROR_ID_RE = re.compile(r"err_\d{8}_\d{6}_[0-9a-f]{6}")
+"""What a stored error's ID looks like."""
+RESULT_ID_RE = re.compile(r"res_\d{8}_\d{6}_[0-9a-f]{6}")
+"""What a stored large result's ID looks like."""
+ERROR_ID_EXAMPLE = "err_20241121_230334_abc123"
+RESULT_ID_EXAMPLE = "res_20241121_230334_abc123"
 
 
 class StoredErrorView(Protocol):
