@@ -91,6 +91,7 @@ from bot.contracts.views import (
     UsageView,
 )
 from bot.engine.tokens import tools_chars
+from bot.media.documents import pdf_text
 from bot.media.sniff import sniff_mime
 from bot.resilience.breaker import CircuitBreaker
 from bot.resilience.retry import JitterMode, RetryPolicy, is_retryable_status, parse_retry_after
@@ -197,6 +198,7 @@ __all__ = [
     "normalize_code",
     "open_dir",
     "parse_retry_after",
+    "pdf_text",
     "read_cached",
     "read_fd",
     "resolve_in_workspace",

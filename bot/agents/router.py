@@ -355,6 +355,14 @@ class AgentRouter:
             dropped |= self._cache.pop(each, None) is not None
         return dropped
 
+    def permits_anywhere(self, name: str, tools: Mapping[str, Tool],
+                         groups: Mapping[str, str]) -> bool:
+        """Whether some configured agent's tool policy lets tool ``name`` (one of
+        ``tools``, grouped by ``groups``) run."""
+        offered = {name: tools[name]} if name in tools else {}
+        return any(name in ToolPolicy(c.tools.profile, c.tools.allow, c.tools.deny)
+                   .filter(offered, groups) for c in self.settings.agents.values())
+
     def stats_for(self, name: str) -> JudgeStats:
         """The judge statistics of agent ``name`` (kept across re-resolutions)."""
         stats = self.stats.get(name)

@@ -280,6 +280,12 @@ class AgentsView(Protocol):
         """Forget agent ``name`` (every agent when ``None``) so it is resolved again."""
         ...
 
+    def permits_anywhere(self, name: str, tools: Mapping[str, Tool],
+                         groups: Mapping[str, str]) -> bool:
+        """Whether some configured agent's tool policy lets tool ``name`` (one of
+        ``tools``, grouped by ``groups``) run."""
+        ...
+
     def stats_for(self, name: str) -> StatsView:
         """Agent ``name``'s judge statistics."""
         ...
