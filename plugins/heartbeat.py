@@ -35,10 +35,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from bot.agents.router import workspaces_root
-
-# Built-in: the heartbeat routes its run like an inbound message (agent bindings).
-from bot.config.agents import route
 from roost import (
     NO_REPLY,
     ChatMessage,
@@ -48,7 +44,7 @@ from roost import (
     Settings,
     hookimpl,
     read_cached,
-    workspace_dir,
+    user_workspace,
 )
 
 if TYPE_CHECKING:
@@ -164,8 +160,7 @@ class Heartbeat:
             raise ValueError(f"timezone {settings.timezone!r} is not a known IANA time "
                              "zone") from exc
         # The workspace of the agent that serves the owner's direct chat.
-        agent = route(settings.bindings, self.message())
-        self.workspace = workspace_dir(workspaces_root(settings, agent), channel, user)
+        self.workspace = user_workspace(settings, self.message())
 
     def spec(self) -> JobSpec:
         """The job, for ``roost_scheduled_jobs``."""

@@ -21,6 +21,7 @@ implementation and may change. Test helpers live in :mod:`roost.testing`.
 
 from __future__ import annotations
 
+from bot.agents.router import user_workspace
 from bot.config.settings import Settings
 from bot.contracts.channel import (
     Channel,
@@ -207,6 +208,7 @@ __all__ = [
     "tools_chars",
     "transaction",
     "user_parts",
+    "user_workspace",
     "workspace_dir",
     "write_atomic",
 ]

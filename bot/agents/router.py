@@ -32,7 +32,7 @@ from bot.contracts.providers import ProviderSpec
 from bot.contracts.tools import Tool
 from bot.contracts.views import AgentError as AgentError
 from bot.pluginhost.manager import PluginHost
-from workspaces import safe_component
+from workspaces import safe_component, workspace_dir
 
 log = logging.getLogger("roost.agents.router")
 
@@ -55,6 +55,12 @@ def workspaces_root(settings: Settings, agent: str) -> Path:
     if agent == DEFAULT_AGENT:
         return settings.workspaces_dir
     return settings.workspaces_dir / AGENT_WORKSPACES / safe_component(agent)
+
+
+def user_workspace(settings: Settings, message: InboundMessage) -> Path:
+    """The workspace of ``message``'s sender, under the agent its chat is bound to."""
+    root = workspaces_root(settings, route(settings.bindings, message))
+    return workspace_dir(root, message.channel, message.sender_id)
 
 
 @dataclass(slots=True)
