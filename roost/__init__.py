@@ -91,6 +91,7 @@ from bot.contracts.views import (
     UsageScope,
     UsageView,
 )
+from bot.engine.exec_summary import SqlStatement, parse_statement
 from bot.engine.tokens import tools_chars
 from bot.media.documents import pdf_text
 from bot.media.sniff import sniff_mime
@@ -100,6 +101,16 @@ from bot.storage.access import normalize_code
 from bot.storage.db import transaction
 from bot.storage.usage import day_of, month_of
 from bot.tools.args import check_keys, int_arg, str_arg
+from bot.tools.structured_errors import CONNECTION as ERROR_TYPE_CONNECTION
+from bot.tools.structured_errors import ERROR_TYPES, StructuredError
+from bot.tools.structured_errors import EXISTS as ERROR_TYPE_EXISTS
+from bot.tools.structured_errors import FOREIGN_KEY as ERROR_TYPE_FOREIGN_KEY
+from bot.tools.structured_errors import NOT_FOUND as ERROR_TYPE_NOT_FOUND
+from bot.tools.structured_errors import PERMISSION as ERROR_TYPE_PERMISSION
+from bot.tools.structured_errors import SYNTAX as ERROR_TYPE_SYNTAX
+from bot.tools.structured_errors import TIMEOUT as ERROR_TYPE_TIMEOUT
+from bot.tools.structured_errors import UNKNOWN as ERROR_TYPE_UNKNOWN
+from bot.tools.structured_errors import extract as structure_error
 from workspaces import read_cached, resolve_in_workspace, workspace_dir
 from workspaces.beneath import Parts, lstat_at, make_dirs, open_dir, read_fd, write_atomic
 from workspaces.cache import clip
@@ -108,6 +119,15 @@ from workspaces.root import WorkspaceRoot, user_parts
 __all__ = [
     "ERROR_ID_EXAMPLE",
     "ERROR_ID_RE",
+    "ERROR_TYPES",
+    "ERROR_TYPE_CONNECTION",
+    "ERROR_TYPE_EXISTS",
+    "ERROR_TYPE_FOREIGN_KEY",
+    "ERROR_TYPE_NOT_FOUND",
+    "ERROR_TYPE_PERMISSION",
+    "ERROR_TYPE_SYNTAX",
+    "ERROR_TYPE_TIMEOUT",
+    "ERROR_TYPE_UNKNOWN",
     "NO_REPLY",
     "RESULT_ID_EXAMPLE",
     "RESULT_ID_RE",
@@ -171,7 +191,9 @@ __all__ = [
     "Session",
     "SessionsView",
     "Settings",
+    "SqlStatement",
     "StoredErrorView",
+    "StructuredError",
     "Tool",
     "ToolCall",
     "ToolContext",
@@ -199,12 +221,14 @@ __all__ = [
     "normalize_code",
     "open_dir",
     "parse_retry_after",
+    "parse_statement",
     "pdf_text",
     "read_cached",
     "read_fd",
     "resolve_in_workspace",
     "sniff_mime",
     "str_arg",
+    "structure_error",
     "tools_chars",
     "transaction",
     "user_parts",
