@@ -92,6 +92,7 @@ from bot.contracts.views import (
     UsageView,
 )
 from bot.engine.exec_summary import SqlStatement, parse_statement
+from bot.engine.requests import RunRequest
 from bot.engine.tokens import tools_chars
 from bot.media.documents import pdf_text
 from bot.media.sniff import sniff_mime
@@ -182,6 +183,7 @@ __all__ = [
     "RetryPolicy",
     "RunEvent",
     "RunOutcome",
+    "RunRequest",
     "Runtime",
     "Sanitizer",
     "SchedulerView",
