@@ -6,10 +6,14 @@ Installing Roost registers a pytest plugin with the fixtures ``roost_app``,
 :func:`build_app` builds the same app::
 
     from roost.testing import build_app
+
+:class:`AppServices` is the service's own :class:`roost.Services`, for handing
+``roost_tools`` the stores it needs in a unit test.
 """
 
 from __future__ import annotations
 
+from bot.app.services import AppServices
 from bot.testing.app import ChatChannel, EventRecorder, build_app, scripted_provider
 
-__all__ = ["ChatChannel", "EventRecorder", "build_app", "scripted_provider"]
+__all__ = ["AppServices", "ChatChannel", "EventRecorder", "build_app", "scripted_provider"]

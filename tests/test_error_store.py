@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from bot.app.services import AppServices as Services
 from bot.config.settings import Settings
 from bot.contracts.tools import Tool, ToolContext, ToolError
 from bot.observability.tracing import Span
@@ -34,6 +33,7 @@ from bot.storage.errors import (
 from bot.storage.sessions import RunRecord, SessionStore
 from bot.testing.app import scripted
 from plugins import error_tools
+from roost.testing import AppServices as Services
 from tests.conftest import AppFactory
 
 T0 = 1_732_230_214.0

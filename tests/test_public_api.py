@@ -44,7 +44,8 @@ def test_public_classes_and_functions_are_documented() -> None:
 
 
 def test_the_testing_entry_point_exports_the_app_builder() -> None:
-    assert {"build_app", "ChatChannel", "scripted_provider"} <= set(roost.testing.__all__)
+    expected = {"build_app", "ChatChannel", "scripted_provider", "AppServices"}
+    assert expected <= set(roost.testing.__all__)
 
 
 def _public_names_from_bot(path: Path) -> list[str]:
