@@ -22,6 +22,7 @@ implementation and may change. Test helpers live in :mod:`roost.testing`.
 from __future__ import annotations
 
 from bot.agents.router import user_workspace
+from bot.config.agents import DEFAULT_AGENT, AgentConfig
 from bot.config.settings import Settings
 from bot.contracts.channel import (
     Channel,
@@ -118,6 +119,7 @@ from workspaces.cache import clip
 from workspaces.root import WorkspaceRoot, user_parts
 
 __all__ = [
+    "DEFAULT_AGENT",
     "ERROR_ID_EXAMPLE",
     "ERROR_ID_RE",
     "ERROR_TYPES",
@@ -133,6 +135,7 @@ __all__ = [
     "RESULT_ID_EXAMPLE",
     "RESULT_ID_RE",
     "AccessView",
+    "AgentConfig",
     "AgentError",
     "AgentView",
     "AgentsView",

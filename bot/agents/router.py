@@ -24,7 +24,7 @@ from bot.agents.judge import CorrectionResult, LLMJudge
 from bot.agents.patterns import PatternLibrary
 from bot.agents.tool_policy import ToolPolicy
 from bot.config.agents import DEFAULT_AGENT, AgentConfig, AgentType, JudgeConfig, route
-from bot.config.settings import Settings
+from bot.config.settings import ConfigError, Settings, load_settings
 from bot.contracts.judge import Judge, Verdict
 from bot.contracts.llm import LLMProvider
 from bot.contracts.messages import InboundMessage
@@ -346,6 +346,22 @@ class AgentRouter:
             if self._generation.get(name, 0) == generation:
                 self._cache[name] = _Cached(agent, self.clock() + self.ttl)
             return agent
+
+    async def reread(self) -> str:
+        """Re-read the agents and bindings from the config file the service started
+        from; what was done, in a phrase. Raises :class:`AgentError` (nothing changed)
+        when the file has errors."""
+        settings = self.settings
+        if settings.config_file is None:
+            return "no config file to re-read; resolved again from the running configuration"
+        try:
+            fresh = await asyncio.to_thread(load_settings, settings.config_file)
+        except ConfigError as exc:
+            raise AgentError(f"{settings.config_file} has errors; nothing changed:\n{exc}") \
+                from None
+        settings.agents = fresh.agents
+        settings.bindings = fresh.bindings
+        return f"re-read {settings.config_file}"
 
     def peek(self, name: str) -> Agent | None:
         """Agent ``name`` if it is cached and fresh; never resolves."""

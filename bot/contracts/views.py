@@ -272,6 +272,12 @@ class AgentsView(Protocol):
         """Agent ``name``, resolved; raises :class:`AgentError` when it cannot be."""
         ...
 
+    async def reread(self) -> str:
+        """Re-read the agents and bindings from the config file the service started
+        from; what was done, in a phrase. Raises :class:`AgentError` (nothing changed)
+        when the file has errors."""
+        ...
+
     def peek(self, name: str) -> AgentView | None:
         """Agent ``name`` if it is resolved already."""
         ...
