@@ -92,7 +92,10 @@ from bot.contracts.views import (
     UsageScope,
     UsageView,
 )
+from bot.engine.compaction import FLUSH_ITERATIONS, FLUSH_TIMEOUT, FLUSH_TOOLS
 from bot.engine.exec_summary import SqlStatement, parse_statement
+from bot.engine.history import repair_pairing
+from bot.engine.media import text_only
 from bot.engine.requests import RunRequest
 from bot.engine.tokens import tools_chars
 from bot.media.documents import pdf_text
@@ -131,6 +134,9 @@ __all__ = [
     "ERROR_TYPE_SYNTAX",
     "ERROR_TYPE_TIMEOUT",
     "ERROR_TYPE_UNKNOWN",
+    "FLUSH_ITERATIONS",
+    "FLUSH_TIMEOUT",
+    "FLUSH_TOOLS",
     "NO_REPLY",
     "RESULT_ID_EXAMPLE",
     "RESULT_ID_RE",
@@ -230,10 +236,12 @@ __all__ = [
     "pdf_text",
     "read_cached",
     "read_fd",
+    "repair_pairing",
     "resolve_in_workspace",
     "sniff_mime",
     "str_arg",
     "structure_error",
+    "text_only",
     "tools_chars",
     "transaction",
     "user_parts",
