@@ -51,10 +51,6 @@ from plugins.anthropic_stream import (
     open_stream,
     tls_context,
 )
-from plugins.provider_media import (
-    ANTHROPIC_MAX_PIXELS,
-    MediaReader,
-)
 from plugins.provider_retry import (
     DEFAULT_MAX_ATTEMPTS,
     AttemptFailed,
@@ -67,9 +63,11 @@ from plugins.provider_retry import (
     with_retries,
 )
 from roost import (
+    ANTHROPIC_MAX_PIXELS,
     CircuitBreaker,
     LLMRequest,
     LLMResponse,
+    MediaReader,
     OnRetry,
     OnText,
     ProviderError,

@@ -29,13 +29,6 @@ from openai.types.chat import (
     ChatCompletionMessageParam,
 )
 
-from plugins.provider_media import (
-    OPENAI_SHORT_EDGE,
-    DocumentData,
-    ImageData,
-    MediaReader,
-    Note,
-)
 from plugins.provider_retry import (
     DEFAULT_MAX_ATTEMPTS,
     RETRYABLE_STATUSES,
@@ -49,10 +42,15 @@ from plugins.provider_retry import (
     with_retries,
 )
 from roost import (
+    OPENAI_SHORT_EDGE,
     ChatMessage,
     CircuitBreaker,
+    DocumentData,
+    ImageData,
     LLMRequest,
     LLMResponse,
+    MediaReader,
+    Note,
     OnRetry,
     OnText,
     ProviderError,

@@ -99,6 +99,15 @@ from bot.engine.media import text_only
 from bot.engine.requests import RunRequest
 from bot.engine.tokens import tools_chars
 from bot.media.documents import pdf_text
+from bot.media.reader import (
+    ANTHROPIC_MAX_PIXELS,
+    OPENAI_SHORT_EDGE,
+    Base64Text,
+    DocumentData,
+    ImageData,
+    MediaReader,
+    Note,
+)
 from bot.media.sniff import sniff_mime
 from bot.resilience.breaker import CircuitBreaker
 from bot.resilience.retry import JitterMode, RetryPolicy, is_retryable_status, parse_retry_after
@@ -122,6 +131,7 @@ from workspaces.cache import clip
 from workspaces.root import WorkspaceRoot, user_parts
 
 __all__ = [
+    "ANTHROPIC_MAX_PIXELS",
     "DEFAULT_AGENT",
     "ERROR_ID_EXAMPLE",
     "ERROR_ID_RE",
@@ -138,6 +148,7 @@ __all__ = [
     "FLUSH_TIMEOUT",
     "FLUSH_TOOLS",
     "NO_REPLY",
+    "OPENAI_SHORT_EDGE",
     "RESULT_ID_EXAMPLE",
     "RESULT_ID_RE",
     "AccessView",
@@ -146,6 +157,7 @@ __all__ = [
     "AgentView",
     "AgentsView",
     "Attachment",
+    "Base64Text",
     "Channel",
     "ChannelHealth",
     "ChannelSpec",
@@ -155,9 +167,11 @@ __all__ = [
     "Command",
     "CommandContext",
     "ContentPart",
+    "DocumentData",
     "ErrorsView",
     "GuardPattern",
     "HealthReport",
+    "ImageData",
     "InboundHandler",
     "InboundMessage",
     "InputCheck",
@@ -172,8 +186,10 @@ __all__ = [
     "LLMResponse",
     "LazyProvider",
     "MediaError",
+    "MediaReader",
     "MediaTooLarge",
     "Migrations",
+    "Note",
     "OfferView",
     "OnRetry",
     "OnText",
