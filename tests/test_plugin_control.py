@@ -22,10 +22,10 @@ from bot.contracts.prompt import PromptContext, PromptSection
 from bot.contracts.sanitize import Sanitizer
 from bot.contracts.services import Services
 from bot.contracts.tools import Tool, ToolContext
+from bot.pluginhost import commands as plugin_commands
 from bot.pluginhost.install import run_streaming
 from bot.pluginhost.manager import get_plugin_manager
 from bot.testing.app import ChatChannel, scripted, settle, without_summary
-from plugins import plugin_commands
 from tests.conftest import AppFactory
 from tests.test_cli import clean_env
 from tests.test_plugins import GOOD, make_dist

@@ -39,7 +39,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "plugins.memory",
     "plugins.heartbeat",
     "plugins.cron",
-    "plugins.plugin_commands",
+    "bot.pluginhost.commands",
     "plugins.agent_commands",
     "plugins.media_tools",
     "plugins.transcribe",
@@ -51,7 +51,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
 
 ESSENTIAL_PLUGINS: frozenset[str] = frozenset(
     {"plugins.core_commands", "plugins.providers", "channels.builtin",
-     "plugins.plugin_commands"})
+     "bot.pluginhost.commands"})
 """Built-ins that cannot be disabled: without them Roost cannot run or be re-enabled."""
 
 RESTART_HOOKS: frozenset[str] = frozenset({"roost_channels", "roost_providers"})

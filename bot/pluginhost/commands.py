@@ -21,7 +21,10 @@ import time
 import weakref
 from typing import TYPE_CHECKING
 
-# Built-in: plugin administration works on the plugin host itself.
+from bot.config.settings import Settings
+from bot.contracts.commands import Command, CommandContext
+from bot.contracts.hookspecs import hookimpl
+from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.pluginhost.install import (
     describe_change,
     pip_command,
@@ -30,12 +33,11 @@ from bot.pluginhost.install import (
     valid_name,
 )
 from bot.pluginhost.manager import ESSENTIAL_PLUGINS, normalize_dist
-from roost import Command, CommandContext, InboundMessage, OutboundMessage, Settings, hookimpl
 
 if TYPE_CHECKING:
-    from roost import Runtime
+    from bot.contracts.runtime import Runtime
 
-log = logging.getLogger("roost.plugins.plugin_commands")
+log = logging.getLogger("roost.pluginhost.commands")
 
 PROGRESS_INTERVAL = 5.0
 """Seconds between progress messages of one install."""
