@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from bot.agents.router import user_workspace
 from bot.config.agents import DEFAULT_AGENT, AgentConfig
+from bot.config.mcp import McpServerConfig
+from bot.config.mcp import expand as expand_env
 from bot.config.settings import Settings
 from bot.contracts.channel import (
     Channel,
@@ -185,6 +187,7 @@ __all__ = [
     "LLMRequest",
     "LLMResponse",
     "LazyProvider",
+    "McpServerConfig",
     "MediaError",
     "MediaReader",
     "MediaTooLarge",
@@ -238,6 +241,7 @@ __all__ = [
     "check_keys",
     "clip",
     "day_of",
+    "expand_env",
     "hookimpl",
     "int_arg",
     "is_retryable_status",

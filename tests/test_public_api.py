@@ -69,6 +69,22 @@ def test_built_in_plugins_and_the_example_import_public_names_from_roost() -> No
     assert not offenders, f"import these from roost instead: {offenders}"
 
 
+def _core_imports(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        modules = ([node.module] if isinstance(node, ast.ImportFrom) and node.module
+                   and node.level == 0 else
+                   [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+        found += [m for m in modules if m.split(".")[0] in ("bot", "channels", "workspaces")]
+    return found
+
+
+def test_built_in_plugins_import_only_roost_and_their_own_package() -> None:
+    offenders = {str(p.relative_to(ROOT)): names for p in sorted((ROOT / "plugins").rglob("*.py"))
+                 if (names := _core_imports(p))}
+    assert not offenders, f"built-in plugins may import only roost and plugins.*: {offenders}"
+
+
 def test_the_plugin_guide_imports_only_from_roost() -> None:
     guide = (ROOT / "docs" / "plugins.md").read_text(encoding="utf-8")
     assert not re.findall(r"^from bot\.", guide, flags=re.M)
