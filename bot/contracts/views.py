@@ -10,7 +10,10 @@ import asyncio
 import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Literal, Protocol
+
+import aiosqlite
 
 from bot.contracts.health import HealthReport
 from bot.contracts.judge import Judge
@@ -42,8 +45,8 @@ class SessionsView(Protocol):
     """Conversation history: read a session, reset it, pin facts, append a run."""
 
     @property
-    def db(self) -> Any:
-        """The shared database connection (SQLite ``aiosqlite.Connection``)."""
+    def db(self) -> aiosqlite.Connection:
+        """The shared database connection."""
         ...
 
     @property
@@ -229,6 +232,40 @@ class JudgeSettingsView(Protocol):
     def threshold(self) -> float: ...
 
 
+class PatternView(Protocol):
+    """One pattern of an agent's library."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def description(self) -> str: ...
+
+
+class PatternLibraryView(Protocol):
+    """An agent's pattern library: the patterns loaded from its directory."""
+
+    @property
+    def directory(self) -> Path: ...
+    @property
+    def top_k(self) -> int: ...
+    @property
+    def min_score(self) -> float: ...
+    @property
+    def patterns(self) -> Sequence[PatternView]: ...
+    @property
+    def errors(self) -> Mapping[str, str]:
+        """File name -> why it was skipped, as of the last load."""
+        ...
+    @property
+    def last_scores(self) -> Mapping[str, float]:
+        """Each pattern's score at its last match."""
+        ...
+
+    def reload_if_changed(self, *, force: bool = False) -> bool:
+        """Rebuild if the directory changed (or ``force``); True if a new index is live."""
+        ...
+
+
 class AgentView(Protocol):
     """One resolved agent."""
 
@@ -255,7 +292,7 @@ class AgentView(Protocol):
         """The judges its replies are scored by."""
         ...
     @property
-    def patterns(self) -> Any:
+    def patterns(self) -> PatternLibraryView | None:
         """Its pattern library, or ``None`` (``/patterns``)."""
         ...
 
