@@ -79,9 +79,12 @@ def _core_imports(path: Path) -> list[str]:
     return found
 
 
-def test_built_in_plugins_import_only_roost_and_their_own_package() -> None:
-    offenders = {str(p.relative_to(ROOT)): names for p in sorted((ROOT / "plugins").rglob("*.py"))
-                 if (names := _core_imports(p))}
+def test_built_in_plugins_and_the_example_import_only_roost_and_their_own_package() -> None:
+    example = ROOT / "examples" / "roost-plugin-example"
+    files = [*sorted((ROOT / "plugins").rglob("*.py")),
+             *sorted((example / "roost_plugin_example").rglob("*.py")),
+             *sorted((example / "tests").rglob("*.py"))]
+    offenders = {str(p.relative_to(ROOT)): names for p in files if (names := _core_imports(p))}
     assert not offenders, f"built-in plugins may import only roost and plugins.*: {offenders}"
 
 
