@@ -14,8 +14,6 @@ from typing import Any
 
 from roost import Base64Text
 
-# Built-in: the base64 text the providers' media reader makes, which needs no JSON escape.
-
 __all__ = ["encode_json", "encode_messages"]
 
 

@@ -26,8 +26,6 @@ if TYPE_CHECKING:  # the SDK's TypedDicts name the wire shapes; importing it cos
 
 # Built-in: the body is encoded as the provider's direct route sends it.
 from plugins.anthropic_body import encode_json
-
-# Built-in: images and PDFs are prepared by the providers' shared media reader.
 from roost import (
     ANTHROPIC_MAX_PIXELS,
     ChatMessage,

@@ -13,7 +13,7 @@ model add, list and remove jobs for the user it is talking to:
 ``/cron`` lists the sender's jobs, ``/cron remove ID`` removes one, and
 ``/cron all`` (admins) lists every job. In a group chat the messages of jobs
 created in other chats are not shown: they may come from a private chat.
-Failure codes: ``INVALID_ARGUMENT`` plus those of :class:`bot.scheduling.requests.JobError`,
+Failure codes: ``INVALID_ARGUMENT`` plus those of :class:`roost.JobError`,
 and ``DATABASE_ERROR``.
 """
 

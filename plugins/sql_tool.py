@@ -12,7 +12,7 @@ that runs past its time limit, or whose call was cancelled, so a runaway query
 cannot pin a worker thread.
 
 Failures raise :class:`~bot.contracts.tools.ToolError` whose ``details`` are the
-structured fields of :mod:`bot.tools.structured_errors`; the code is SQLite's
+structured fields of ``roost.structure_error``; the code is SQLite's
 extended result name (``SQLITE_CONSTRAINT_FOREIGNKEY``, ``SQLITE_ERROR``...)
 or one of ``INVALID_ARGUMENT``, ``MULTIPLE_STATEMENTS``, ``NOT_ALLOWED``,
 ``TRANSACTION_CONTROL``, ``TIMEOUT``, ``CANCELLED``. SQLite's foreign-key error

@@ -38,7 +38,6 @@ from typing import Any
 import mcp_types as types
 from mcp.shared.exceptions import MCPError
 
-# Built-in: a returned image's type is sniffed from its bytes, like every file Roost takes.
 from plugins.mcp.connection import CallLost, ServerDown
 from plugins.mcp.files import save_new
 from plugins.mcp.manager import McpManager, McpServer
