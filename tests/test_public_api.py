@@ -88,6 +88,12 @@ def test_built_in_plugins_and_the_example_import_only_roost_and_their_own_packag
     assert not offenders, f"built-in plugins may import only roost and plugins.*: {offenders}"
 
 
+def test_every_public_name_is_described_in_the_plugin_guide() -> None:
+    guide = (ROOT / "docs" / "plugins.md").read_text(encoding="utf-8")
+    missing = [name for name in roost.__all__ if f"`{name}`" not in guide]
+    assert not missing, f"add these to docs/plugins.md's table of public names: {missing}"
+
+
 def test_the_plugin_guide_imports_only_from_roost() -> None:
     guide = (ROOT / "docs" / "plugins.md").read_text(encoding="utf-8")
     assert not re.findall(r"^from bot\.", guide, flags=re.M)
