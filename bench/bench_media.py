@@ -59,14 +59,14 @@ from bot.config.settings import Settings  # noqa: E402
 from bot.contracts.llm import ChatMessage  # noqa: E402
 from bot.contracts.messages import Attachment, InboundMessage  # noqa: E402
 from bot.media.intake import receive  # noqa: E402
-from bot.testing.telegram import Call, FakeTelegram, user  # noqa: E402
-from plugins.anthropic_body import encode_messages  # noqa: E402
-from plugins.anthropic_request import to_anthropic_messages  # noqa: E402
-from plugins.provider_media import (  # noqa: E402
+from bot.media.reader import (  # noqa: E402
     ANTHROPIC_MAX_PIXELS,
     RELEASE_AFTER_SECONDS,
     MediaReader,
 )
+from bot.testing.telegram import Call, FakeTelegram, user  # noqa: E402
+from plugins.anthropic_body import encode_messages  # noqa: E402
+from plugins.anthropic_request import to_anthropic_messages  # noqa: E402
 
 TARGET_CPU_MS = 60.0
 TARGET_RSS_MB = 5.0

@@ -34,7 +34,7 @@ IMPORT_GROUPS = (
     ("aiohttp (client)", "aiohttp"),
     ("CLI", "bot.app.cli"),
     ("core (engine, dispatch, storage, aiosqlite)", "bot.app.roost, aiosqlite"),
-    ("plugins (built-in)", "plugins, plugins.channels, plugins.providers, plugins.memory"),
+    ("plugins (built-in)", "plugins, channels.builtin, plugins.providers, plugins.memory"),
     ("aiogram (types built lazily)", "channels.telegram_lazy"),
     ("Telegram channel", "channels.telegram"),
     ("Anthropic provider (direct route, no SDK)", "plugins.anthropic_provider"),

@@ -11,17 +11,21 @@ from __future__ import annotations
 import asyncio
 import time
 
-from bot.agents.router import Agent, AgentError
-
-# Built-in: the agent admin commands read and reload the agents' configuration itself.
-from bot.config.agents import DEFAULT_AGENT, AgentConfig
-from bot.config.settings import ConfigError, load_settings
-from roost import Command, CommandContext, Settings, hookimpl
+from roost import (
+    DEFAULT_AGENT,
+    AgentConfig,
+    AgentError,
+    AgentView,
+    Command,
+    CommandContext,
+    Settings,
+    hookimpl,
+)
 
 MAX_PATTERNS_LISTED = 80
 
 
-def _describe(name: str, config: AgentConfig, settings: Settings, agent: Agent | None,
+def _describe(name: str, config: AgentConfig, settings: Settings, agent: AgentView | None,
               tools: int) -> str:
     provider = config.provider or settings.provider
     model = config.model or settings.model
@@ -79,15 +83,10 @@ async def _agent(ctx: CommandContext) -> str:
 async def _reload(ctx: CommandContext, name: str) -> str:
     app = ctx.app
     settings, router = app.settings, app.agents
-    note = "no config file to re-read; resolved again from the running configuration"
-    if settings.config_file is not None:
-        try:
-            fresh = await asyncio.to_thread(load_settings, settings.config_file)
-        except ConfigError as exc:
-            return f"{settings.config_file} has errors; nothing changed:\n{exc}"
-        settings.agents = fresh.agents
-        settings.bindings = fresh.bindings
-        note = f"re-read {settings.config_file}"
+    try:
+        note = await router.reread()
+    except AgentError as exc:
+        return str(exc)
     if name not in settings.agents and name != DEFAULT_AGENT:
         router.invalidate(name)
         known = ", ".join(sorted({*settings.agents, DEFAULT_AGENT}))

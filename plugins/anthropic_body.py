@@ -1,7 +1,7 @@
 """The Messages API request body's JSON, with images' and documents' base64 spliced in.
 
 :func:`encode_json` writes JSON as the SDK sends it; :func:`encode_messages` writes the
-``messages`` array in pieces with each :class:`~plugins.provider_media.Base64Text`
+``messages`` array in pieces with each :class:`roost.Base64Text`
 copied in as it is, which the JSON encoder would otherwise scan character by character.
 """
 
@@ -12,8 +12,7 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-# Built-in: the base64 text the providers' media reader makes, which needs no JSON escape.
-from plugins.provider_media import Base64Text
+from roost import Base64Text
 
 __all__ = ["encode_json", "encode_messages"]
 
@@ -34,7 +33,7 @@ encode_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_
 
 def encode_messages(messages: list[Any]) -> list[bytes]:
     """``messages`` as compact UTF-8 JSON (as :func:`encode_json` writes them), in
-    pieces to join, with every :class:`~plugins.provider_media.Base64Text` source of a
+    pieces to join, with every :class:`roost.Base64Text` source of a
     block (an image or a document, also inside a ``tool_result``) spliced in as it is.
 
     The encoder scans a string character by character and, once any character of the

@@ -34,8 +34,6 @@ if TYPE_CHECKING:  # the SDK is imported only where no key is configured (see __
         ToolParam,
     )
 
-# Built-in: the HTTP providers share Roost's own circuit breaker and retry plumbing.
-from bot.resilience.breaker import CircuitBreaker
 from plugins.anthropic_request import (
     Prefix,
     mark_messages,
@@ -53,10 +51,6 @@ from plugins.anthropic_stream import (
     open_stream,
     tls_context,
 )
-from plugins.provider_media import (
-    ANTHROPIC_MAX_PIXELS,
-    MediaReader,
-)
 from plugins.provider_retry import (
     DEFAULT_MAX_ATTEMPTS,
     AttemptFailed,
@@ -69,8 +63,11 @@ from plugins.provider_retry import (
     with_retries,
 )
 from roost import (
+    ANTHROPIC_MAX_PIXELS,
+    CircuitBreaker,
     LLMRequest,
     LLMResponse,
+    MediaReader,
     OnRetry,
     OnText,
     ProviderError,
@@ -93,7 +90,7 @@ class AnthropicProvider:
 
     ``max_attempts`` and ``retry_base_delay`` make its
     :class:`~plugins.provider_retry.RetryPolicy`. ``breaker`` is shared by all
-    calls of this instance (a fresh :class:`~bot.resilience.breaker.CircuitBreaker`
+    calls of this instance (a fresh :class:`roost.CircuitBreaker`
     with the default policy unless given).
     """
 

@@ -1,7 +1,7 @@
 """Roost's neutral request in the Messages API's words: messages, system, tools, cache marks.
 
 Pure translation, no I/O but reading a message's files (through
-:class:`~plugins.provider_media.MediaReader`): :func:`to_anthropic_messages`
+:class:`roost.MediaReader`): :func:`to_anthropic_messages`
 merges roles and turns parts into ``image``/``document`` blocks,
 :func:`cache_breakpoints` places the (at most four) ``cache_control`` marks, and
 :func:`with_note` puts the request's volatile note after them.
@@ -26,16 +26,15 @@ if TYPE_CHECKING:  # the SDK's TypedDicts name the wire shapes; importing it cos
 
 # Built-in: the body is encoded as the provider's direct route sends it.
 from plugins.anthropic_body import encode_json
-
-# Built-in: images and PDFs are prepared by the providers' shared media reader.
-from plugins.provider_media import (
+from roost import (
     ANTHROPIC_MAX_PIXELS,
+    ChatMessage,
     DocumentData,
     ImageData,
     MediaReader,
     Note,
+    ToolSpec,
 )
-from roost import ChatMessage, ToolSpec
 
 __all__ = [
     "MAX_CACHE_BREAKPOINTS",

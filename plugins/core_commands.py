@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
-# Built-in: /status describes the resolved agent, an internal object.
-from bot.agents.router import Agent, AgentError
-
-# Built-in: /status shows the sender's spend against the budgets (internal rules).
-from bot.engine.budgets import Budgets
-from roost import Command, CommandContext, Settings, hookimpl
+from roost import AgentError, AgentView, Command, CommandContext, Settings, hookimpl
 
 
 async def _help(ctx: CommandContext) -> str:
@@ -52,7 +48,7 @@ async def _new(ctx: CommandContext) -> str:
 async def _status(ctx: CommandContext) -> str:
     app = ctx.app
     session = await app.store.get(ctx.session_key)
-    agent: Agent | None
+    agent: AgentView | None
     try:
         agent = await app.agents.get(ctx.agent)
         model = f"{agent.settings.model} via {(agent.provider or app.provider).name}"
@@ -76,9 +72,7 @@ async def _status(ctx: CommandContext) -> str:
             f"Context (tokens, last run): system {t['rom']}, kernel {t['kernel']}, "
             f"summary {t['l2']}, recent {t['l1']}, message {t['current']}; "
             f"total {t['total']} of {t['budget']}")
-    if app.services.usage is not None:
-        lines.extend(await Budgets(app.settings, app.services.usage).describe(ctx.message,
-                                                                              ctx.agent))
+    lines.extend(await app.spending(ctx.message, ctx.agent))
     if agent is not None and agent.judge is not None:
         j = agent.judge
         lines.append(f"Judges: {len(agent.judges)}, {j.strategy} >= {j.threshold:.2f}; "
@@ -87,7 +81,7 @@ async def _status(ctx: CommandContext) -> str:
         lines.extend(_tool_health(app.tool_metrics.snapshot(),
                                   app.breakers.snapshot()))
     lines.extend(f"{r.part}: {'ok' if r.ready else 'NOT READY'}, {r.detail}"
-                 for r in await app.plugins.hooks.roost_health(app=app))
+                 for r in await app.plugins.health(app))
     if app.plugins.errors:
         lines.append("Plugin errors:")
         lines.extend(f"  {name}: {error}" for name, error in sorted(app.plugins.errors.items()))
@@ -131,8 +125,8 @@ async def _unpin(ctx: CommandContext) -> str:
     return f"Unpinned: {removed}"
 
 
-def _tool_health(metrics: dict[str, dict[str, Any]],
-                 breakers: dict[str, dict[str, Any]]) -> list[str]:
+def _tool_health(metrics: Mapping[str, Mapping[str, Any]],
+                 breakers: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """Admin lines: per-tool errors, retries, timeouts and breaker state."""
     lines = []
     for name in sorted(set(metrics) | set(breakers)):

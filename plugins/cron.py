@@ -13,7 +13,7 @@ model add, list and remove jobs for the user it is talking to:
 ``/cron`` lists the sender's jobs, ``/cron remove ID`` removes one, and
 ``/cron all`` (admins) lists every job. In a group chat the messages of jobs
 created in other chats are not shown: they may come from a private chat.
-Failure codes: ``INVALID_ARGUMENT`` plus those of :class:`bot.scheduling.requests.JobError`,
+Failure codes: ``INVALID_ARGUMENT`` plus those of :class:`roost.JobError`,
 and ``DATABASE_ERROR``.
 """
 
@@ -25,13 +25,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from zoneinfo import ZoneInfo
 
-# Built-in: the cron tool drives the scheduler's job store directly.
-from bot.scheduling.requests import JobError
-from bot.scheduling.scheduler import JobView, Scheduler
 from roost import (
     ChatType,
     Command,
     CommandContext,
+    JobError,
+    JobListing,
+    SchedulerView,
     Services,
     Settings,
     Tool,
@@ -67,13 +67,13 @@ def roost_commands(settings: Settings) -> list[Command]:
 # -- listing ------------------------------------------------------------------------------
 
 
-def _when(view: JobView) -> str:
+def _when(view: JobListing) -> str:
     if view.next_fire is None:
         return "not scheduled in this process"
     return view.next_fire.astimezone(ZoneInfo(view.job.timezone)).strftime("%Y-%m-%d %H:%M %Z")
 
 
-def format_job(view: JobView, *, channel: str, chat_id: str, chat_type: str,
+def format_job(view: JobListing, *, channel: str, chat_id: str, chat_type: str,
                show_owner: bool = False) -> str:
     """One line about a job, as the tool and ``/cron`` show it.
 
@@ -100,7 +100,7 @@ def format_job(view: JobView, *, channel: str, chat_id: str, chat_type: str,
     return line
 
 
-def format_jobs(views: Sequence[JobView], *, channel: str, chat_id: str, chat_type: str,
+def format_jobs(views: Sequence[JobListing], *, channel: str, chat_id: str, chat_type: str,
                 show_owner: bool = False, empty: str = "No scheduled jobs.") -> str:
     """Several jobs, one per line, or ``empty``."""
     if not views:
@@ -112,7 +112,7 @@ def format_jobs(views: Sequence[JobView], *, channel: str, chat_id: str, chat_ty
 # -- the tool -----------------------------------------------------------------------------
 
 
-def _cron_tool(scheduler: Scheduler, settings: Settings) -> Tool:
+def _cron_tool(scheduler: SchedulerView, settings: Settings) -> Tool:
     async def cron(context: ToolContext, args: Mapping[str, Any]) -> str:
         if not isinstance(args, Mapping):
             raise ToolError("arguments must be a JSON object", code="INVALID_ARGUMENT")
@@ -177,7 +177,7 @@ def _chat_type(value: str) -> ChatType:
     return "group" if value == "group" else "direct"
 
 
-async def _add(scheduler: Scheduler, context: ToolContext, args: Mapping[str, Any]) -> str:
+async def _add(scheduler: SchedulerView, context: ToolContext, args: Mapping[str, Any]) -> str:
     view = await scheduler.add(
         owner_id=context.user_id, channel=context.channel, chat_id=context.chat_id,
         chat_type=_chat_type(context.chat_type), thread_id=context.thread_id,
@@ -191,7 +191,7 @@ async def _add(scheduler: Scheduler, context: ToolContext, args: Mapping[str, An
             f"{job.id}, or /cron remove {job.id}.")
 
 
-async def _list(scheduler: Scheduler, context: ToolContext, admin: bool) -> str:
+async def _list(scheduler: SchedulerView, context: ToolContext, admin: bool) -> str:
     views = await (scheduler.all_jobs() if admin else scheduler.jobs(
         channel=context.channel, owner_id=context.user_id))
     return format_jobs(views, channel=context.channel, chat_id=context.chat_id,
@@ -199,7 +199,7 @@ async def _list(scheduler: Scheduler, context: ToolContext, admin: bool) -> str:
                        empty="No scheduled jobs." if admin else "The user has no scheduled jobs.")
 
 
-async def _remove(scheduler: Scheduler, context: ToolContext, job_id: str, admin: bool) -> str:
+async def _remove(scheduler: SchedulerView, context: ToolContext, job_id: str, admin: bool) -> str:
     job = await scheduler.remove(job_id, channel=context.channel, owner_id=context.user_id,
                                  admin=admin)
     return f"Removed job {job.label} ({job.schedule})."

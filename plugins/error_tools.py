@@ -1,7 +1,7 @@
 """Built-in plugin: fetch a stored tool error, or read a stored large tool result.
 
 A failed tool call reaches the model as a short summary with an error ID, and
-a very long result as a preview with a result ID (see :mod:`bot.storage.errors`).
+a very long result as a preview with a result ID (its format: ``roost.RESULT_ID_RE``).
 These tools fetch the rest on demand:
 
 - ``get_error_detail {error_id}``: the full stored error as JSON; offered only
@@ -23,20 +23,17 @@ import sqlite3
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-# Built-in: the error tools read the core's error and result stores.
-from bot.storage.errors import (
+from roost import (
     ERROR_ID_EXAMPLE,
     ERROR_ID_RE,
     RESULT_ID_EXAMPLE,
     RESULT_ID_RE,
-    ErrorStore,
-    ResultStore,
-    StoredError,
-)
-from roost import (
+    ErrorsView,
     JobSpec,
+    ResultsView,
     Services,
     Settings,
+    StoredErrorView,
     Tool,
     ToolContext,
     ToolError,
@@ -69,7 +66,7 @@ def roost_tools(settings: Settings, services: Services | None) -> list[Tool]:
     return tools
 
 
-def error_detail_json(stored: StoredError) -> str:
+def error_detail_json(stored: StoredErrorView) -> str:
     """What ``get_error_detail`` returns for one error."""
     return json.dumps({
         "error_id": stored.id,
@@ -80,7 +77,7 @@ def error_detail_json(stored: StoredError) -> str:
     }, ensure_ascii=False, indent=2)
 
 
-def _error_detail_tool(errors: ErrorStore) -> Tool:
+def _error_detail_tool(errors: ErrorsView) -> Tool:
     async def get_error_detail(context: ToolContext, args: Mapping[str, Any]) -> str:
         check_keys(args, required=("error_id",))
         error_id = str_arg(args, "error_id").strip()
@@ -126,7 +123,7 @@ def _error_detail_tool(errors: ErrorStore) -> Tool:
     )
 
 
-def _tool_result_tool(results: ResultStore, max_length: int) -> Tool:
+def _tool_result_tool(results: ResultsView, max_length: int) -> Tool:
     async def get_tool_result(context: ToolContext, args: Mapping[str, Any]) -> str:
         check_keys(args, required=("result_id",), optional=("offset", "length"))
         result_id = str_arg(args, "result_id").strip()
@@ -202,11 +199,7 @@ def _tool_result_tool(results: ResultStore, max_length: int) -> Tool:
 
 
 async def _retention(app: Runtime) -> None:
-    # Built-in: retention is the store's own job; this plugin only schedules it.
-    from bot.storage.retention import prune_stores
-
-    await prune_stores(app.services, app.settings.error_retention_days,
-                       trace_days=app.settings.trace_retention_days)
+    await app.prune_stores()
 
 
 @hookimpl

@@ -55,8 +55,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-# Built-in: whether any agent may use exec is its tool policy's answer (an internal rule).
-from bot.agents.tool_policy import ToolPolicy
 from plugins.exec_canary import Canaries, Canary
 from plugins.exec_sandbox import (
     PROBE,
@@ -240,13 +238,9 @@ def build_tool(settings: Settings, sandbox: Sandbox, canary: Canary) -> Tool:
 def exec_enabled(app: Runtime) -> bool:
     """Whether the ``exec`` tool is registered and some agent's tool policy lets it run."""
     snapshot = app.snapshot
-    tool = snapshot.tools.get(NAME)
-    if tool is None:
+    if NAME not in snapshot.tools:
         return False
-    offered = {NAME: tool}
-    return any(NAME in ToolPolicy(config.tools.profile, config.tools.allow,
-                                  config.tools.deny).filter(offered, snapshot.tool_groups)
-               for config in app.settings.agents.values())
+    return app.agents.permits_anywhere(NAME, snapshot.tools, snapshot.tool_groups)
 
 
 class ExecPlugin:

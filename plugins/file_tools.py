@@ -22,9 +22,22 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from roost import Settings, Tool, ToolContext, ToolError, check_keys, hookimpl, str_arg
-from workspaces.beneath import Parts, lstat_at, make_dirs, read_fd, write_atomic
-from workspaces.root import WorkspaceRoot, user_parts
+from roost import (
+    Parts,
+    Settings,
+    Tool,
+    ToolContext,
+    ToolError,
+    WorkspaceRoot,
+    check_keys,
+    hookimpl,
+    lstat_at,
+    make_dirs,
+    read_fd,
+    str_arg,
+    user_parts,
+    write_atomic,
+)
 
 MAX_LIST_ENTRIES = 500
 """``list_files`` shows at most this many entries and notes how many it left out."""

@@ -35,13 +35,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from bot.agents.router import workspaces_root
-
-# Built-in: the heartbeat routes its run like an inbound message (agent bindings).
-from bot.config.agents import route
-from bot.engine.runloop import NO_REPLY
-from roost import ChatMessage, InboundMessage, JobSpec, Sanitizer, Settings, hookimpl
-from workspaces import read_cached, workspace_dir
+from roost import (
+    NO_REPLY,
+    ChatMessage,
+    InboundMessage,
+    JobSpec,
+    Sanitizer,
+    Settings,
+    hookimpl,
+    read_cached,
+    user_workspace,
+)
 
 if TYPE_CHECKING:
     from roost import Runtime
@@ -156,8 +160,7 @@ class Heartbeat:
             raise ValueError(f"timezone {settings.timezone!r} is not a known IANA time "
                              "zone") from exc
         # The workspace of the agent that serves the owner's direct chat.
-        agent = route(settings.bindings, self.message())
-        self.workspace = workspace_dir(workspaces_root(settings, agent), channel, user)
+        self.workspace = user_workspace(settings, self.message())
 
     def spec(self) -> JobSpec:
         """The job, for ``roost_scheduled_jobs``."""

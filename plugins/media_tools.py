@@ -23,8 +23,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-# Built-in: the file's type is judged from its bytes by the core's sniffer.
-from bot.media.sniff import sniff_mime
 from roost import (
     MediaError,
     MediaTooLarge,
@@ -36,11 +34,12 @@ from roost import (
     ToolContext,
     ToolError,
     ToolRetry,
+    WorkspaceRoot,
     check_keys,
     hookimpl,
+    sniff_mime,
     str_arg,
 )
-from workspaces.root import WorkspaceRoot
 
 __all__ = ["roost_tools"]
 

@@ -29,15 +29,6 @@ from openai.types.chat import (
     ChatCompletionMessageParam,
 )
 
-# Built-in: the HTTP providers share Roost's own circuit breaker and retry plumbing.
-from bot.resilience.breaker import CircuitBreaker
-from plugins.provider_media import (
-    OPENAI_SHORT_EDGE,
-    DocumentData,
-    ImageData,
-    MediaReader,
-    Note,
-)
 from plugins.provider_retry import (
     DEFAULT_MAX_ATTEMPTS,
     RETRYABLE_STATUSES,
@@ -51,9 +42,15 @@ from plugins.provider_retry import (
     with_retries,
 )
 from roost import (
+    OPENAI_SHORT_EDGE,
     ChatMessage,
+    CircuitBreaker,
+    DocumentData,
+    ImageData,
     LLMRequest,
     LLMResponse,
+    MediaReader,
+    Note,
     OnRetry,
     OnText,
     ProviderError,
@@ -73,7 +70,7 @@ class OpenAIProvider:
 
     ``max_attempts`` and ``retry_base_delay`` make its
     :class:`~plugins.provider_retry.RetryPolicy`. ``breaker`` is shared by all
-    calls of this instance (a fresh :class:`~bot.resilience.breaker.CircuitBreaker`
+    calls of this instance (a fresh :class:`roost.CircuitBreaker`
     with the default policy unless given).
     """
 

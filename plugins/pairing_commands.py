@@ -5,10 +5,19 @@ from __future__ import annotations
 import contextlib
 import logging
 
-# Built-in: the pairing and usage stores are internal objects.
-from bot.storage.access import AccessStore, normalize_code
-from bot.storage.usage import Scope, UsageStore, day_of, month_of
-from roost import Command, CommandContext, OutboundMessage, Settings, hookimpl
+from roost import (
+    AccessView,
+    Command,
+    CommandContext,
+    OutboundMessage,
+    Settings,
+    UsageScope,
+    UsageView,
+    day_of,
+    hookimpl,
+    month_of,
+    normalize_code,
+)
 
 log = logging.getLogger("roost.plugins.pairing_commands")
 
@@ -16,14 +25,14 @@ PAIR_USAGE = "approve CODE | list | revoke USER"
 APPROVED_NOTICE = "An admin approved you: you can talk to me now. Send your message again."
 
 
-def _access(ctx: CommandContext) -> AccessStore:
+def _access(ctx: CommandContext) -> AccessView:
     store = ctx.app.services.access
     if store is None:
         raise RuntimeError("the pairing store is not set up")
     return store
 
 
-def _usage_store(ctx: CommandContext) -> UsageStore:
+def _usage_store(ctx: CommandContext) -> UsageView:
     store = ctx.app.services.usage
     if store is None:
         raise RuntimeError("the usage store is not set up")
@@ -48,7 +57,7 @@ async def _pair(ctx: CommandContext) -> str:
     return f"Usage: /pair {PAIR_USAGE}"
 
 
-async def _approve(ctx: CommandContext, store: AccessStore, code: str) -> str:
+async def _approve(ctx: CommandContext, store: AccessView, code: str) -> str:
     admin = f"{ctx.message.channel}:{ctx.message.sender_id}"
     request = await store.approve(code, admin)
     await ctx.app.invalidate_everywhere("pairing")
@@ -64,7 +73,7 @@ async def _approve(ctx: CommandContext, store: AccessStore, code: str) -> str:
     return f"Approved {name}({request.user}). They can talk to me now."
 
 
-async def _list(store: AccessStore) -> str:
+async def _list(store: AccessView) -> str:
     now = store.clock()
     pending, paired = await store.pending(), await store.paired()
     lines = ["Pending pairing requests:" if pending else "No pending pairing requests."]
@@ -80,7 +89,7 @@ async def _list(store: AccessStore) -> str:
     return "\n".join(lines)
 
 
-async def _revoke(ctx: CommandContext, store: AccessStore, user: str) -> str:
+async def _revoke(ctx: CommandContext, store: AccessView, user: str) -> str:
     found = await store.find_paired(user, ctx.message.channel)
     if not found:
         return f"No approved user {user}. /pair list shows them."
@@ -102,7 +111,7 @@ async def _usage(ctx: CommandContext) -> str:
         limit = max(1, min(50, int(ctx.args.strip())))
     lines: list[str] = []
     for title, period in (("today", day_of(now)), ("this month", month_of(now))):
-        scopes: tuple[tuple[Scope, str], ...] = (
+        scopes: tuple[tuple[UsageScope, str], ...] = (
             ("user", "users"), ("group", "groups"), ("agent", "agents"))
         for scope, what in scopes:
             top = await store.top(scope, period, limit)

@@ -36,10 +36,16 @@ import datetime as dt
 import os
 from pathlib import Path
 
-from roost import InboundMessage, Order, PromptContext, PromptSection, hookimpl
-from workspaces import read_cached
-from workspaces.cache import clip
-from workspaces.root import WorkspaceRoot
+from roost import (
+    InboundMessage,
+    Order,
+    PromptContext,
+    PromptSection,
+    WorkspaceRoot,
+    clip,
+    hookimpl,
+    read_cached,
+)
 
 MAX_FILE_CHARS = 8_000
 """Any one workspace file shown in the prompt is cut to this many characters."""

@@ -6,10 +6,10 @@ when it fails. :func:`with_retries` repeats attempts with jittered exponential
 backoff and reports each retry via ``on_retry``, also after some text reached
 ``on_text`` (a stream cut mid-answer): the caller restarts its draft then, and
 the next attempt streams the answer again from its beginning. Every attempt
-passes a provider-wide :class:`~bot.resilience.breaker.CircuitBreaker`, which holds
+passes a provider-wide :class:`roost.CircuitBreaker`, which holds
 calls during an outage instead of letting each of them retry on its own.
 Delays and status classification are the shared ones of
-:mod:`bot.resilience.retry`, with the providers' numbers (:class:`RetryPolicy`).
+``roost.RetryPolicy``, with the providers' numbers (:class:`RetryPolicy`).
 Mapping SDK exceptions to errors stays in each provider: the SDKs differ.
 """
 
@@ -23,11 +23,17 @@ from functools import partial
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
-# Built-in: the HTTP providers share Roost's own circuit breaker and retry plumbing.
-from bot.resilience import retry
-from bot.resilience.breaker import CircuitBreaker
-from bot.resilience.retry import JitterMode, parse_retry_after
-from roost import OnRetry, OnText, ProviderError, ToolCall
+from roost import (
+    CircuitBreaker,
+    JitterMode,
+    OnRetry,
+    OnText,
+    ProviderError,
+    ToolCall,
+    parse_retry_after,
+)
+from roost import RetryPolicy as SharedRetryPolicy
+from roost import is_retryable_status as shared_retryable_status
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
@@ -66,8 +72,8 @@ calls once failures come in a row."""
 
 
 @dataclass(frozen=True, slots=True)
-class RetryPolicy(retry.RetryPolicy):
-    """The shared :class:`bot.resilience.retry.RetryPolicy` with the providers' defaults.
+class RetryPolicy(SharedRetryPolicy):
+    """The shared :class:`roost.RetryPolicy` with the providers' defaults.
 
     ``attempts`` counts the first try (below 1 means 1); retry ``n`` waits
     ``base_delay * 2**(n-1)`` seconds (at most :data:`MAX_BACKOFF`) plus up to
@@ -108,7 +114,7 @@ class EventStream(Protocol[E_co]):
 def is_retryable_status(status: int) -> bool:
     """Whether an HTTP error status may succeed on a later try (:data:`RETRYABLE_STATUSES`
     and 5xx)."""
-    return retry.is_retryable_status(status, RETRYABLE_STATUSES)
+    return shared_retryable_status(status, RETRYABLE_STATUSES)
 
 
 class _Relay:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-# Built-in: provider specs load their SDK lazily through the core's wrapper.
-from bot.contracts.providers import LazyProvider
-from roost import LLMProvider, ProviderSpec, Settings, hookimpl
+from roost import LazyProvider, LLMProvider, ProviderSpec, Settings, hookimpl
 
 DEMO_SCRIPT = Path(__file__).with_name("demo_script.yaml")
 

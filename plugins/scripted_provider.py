@@ -34,8 +34,6 @@ from typing import Any
 
 import yaml
 
-# Built-in: the scripted provider sizes tool schemas as the token estimator does.
-from bot.engine.tokens import tools_chars
 from roost import (
     ChatMessage,
     LLMRequest,
@@ -45,6 +43,7 @@ from roost import (
     ProviderError,
     ToolCall,
     Usage,
+    tools_chars,
 )
 
 

@@ -12,7 +12,7 @@ that runs past its time limit, or whose call was cancelled, so a runaway query
 cannot pin a worker thread.
 
 Failures raise :class:`~bot.contracts.tools.ToolError` whose ``details`` are the
-structured fields of :mod:`bot.tools.structured_errors`; the code is SQLite's
+structured fields of ``roost.structure_error``; the code is SQLite's
 extended result name (``SQLITE_CONSTRAINT_FOREIGNKEY``, ``SQLITE_ERROR``...)
 or one of ``INVALID_ARGUMENT``, ``MULTIPLE_STATEMENTS``, ``NOT_ALLOWED``,
 ``TRANSACTION_CONTROL``, ``TIMEOUT``, ``CANCELLED``. SQLite's foreign-key error
@@ -33,12 +33,20 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-# Built-in: the SQL tool shares the execution summary's statement parser and the
-# structured-error codes.
-from bot.engine.exec_summary import SqlStatement, parse_statement
-from bot.tools.structured_errors import FOREIGN_KEY, PERMISSION, TIMEOUT, extract
-from roost import Settings, Tool, ToolContext, ToolError, hookimpl
-from workspaces import resolve_in_workspace
+from roost import (
+    ERROR_TYPE_FOREIGN_KEY,
+    ERROR_TYPE_PERMISSION,
+    ERROR_TYPE_TIMEOUT,
+    Settings,
+    SqlStatement,
+    Tool,
+    ToolContext,
+    ToolError,
+    hookimpl,
+    parse_statement,
+    resolve_in_workspace,
+    structure_error,
+)
 
 DB_FILE = "data.sqlite3"
 """The database file, relative to the user's workspace."""
@@ -84,7 +92,7 @@ def make_sql_tool(*, max_rows: int = MAX_ROWS, query_timeout: float = QUERY_TIME
             budget = min(query_timeout, context.remaining())
             if budget <= 0:
                 raise ToolError("no time left in this run for the query", code="TIMEOUT",
-                                details=_details("no time left", "TIMEOUT", TIMEOUT))
+                                details=_details("no time left", "TIMEOUT", ERROR_TYPE_TIMEOUT))
             stop = threading.Event()
             try:
                 return await asyncio.to_thread(
@@ -152,7 +160,7 @@ def _arguments(args: Mapping[str, Any]) -> tuple[str, tuple[Param, ...]]:
         raise ToolError(
             "transaction statements are not available: every sql call commits on its own",
             code="TRANSACTION_CONTROL",
-            details=_details("transaction control", "TRANSACTION_CONTROL", PERMISSION,
+            details=_details("transaction control", "TRANSACTION_CONTROL", ERROR_TYPE_PERMISSION,
                              actions=["Run the statements one call at a time; each commits "
                                       "immediately"]),
         )
@@ -265,14 +273,14 @@ def _details(message: str, code: str, error_type: str, *, affected: Sequence[str
         given["dependencies"] = list(dependencies)
     if actions:
         given["suggested_actions"] = list(actions)
-    return extract(message, code=code, details=given).to_dict()
+    return structure_error(message, code=code, details=given).to_dict()
 
 
 def _sqlite_error(exc: BaseException, message: str | None = None) -> ToolError:
     code = getattr(exc, "sqlite_errorname", None) or "SQLITE_ERROR"
     text = message or str(exc) or type(exc).__name__
     return ToolError(text, code=code, retryable=code.startswith(_RETRYABLE),
-                     details=extract(text, code=code).to_dict())
+                     details=structure_error(text, code=code).to_dict())
 
 
 def _failure(conn: sqlite3.Connection, exc: BaseException, query: str, denied: list[str],
@@ -282,14 +290,14 @@ def _failure(conn: sqlite3.Connection, exc: BaseException, query: str, denied: l
     if denied:
         message = f"refused: {denied[0]}"
         return ToolError(message, code="NOT_ALLOWED", details=_details(
-            message, "NOT_ALLOWED", PERMISSION,
+            message, "NOT_ALLOWED", ERROR_TYPE_PERMISSION,
             actions=["Work only with tables in your own database"]))
     if code == "SQLITE_INTERRUPT" or text == "interrupted":
         if stop.is_set():
             return ToolError("the query was cancelled", code="CANCELLED")
         message = f"the statement was stopped after its {budget:g}s time limit"
         return ToolError(message, code="TIMEOUT", details=_details(
-            message, "TIMEOUT", TIMEOUT,
+            message, "TIMEOUT", ERROR_TYPE_TIMEOUT,
             actions=["Make the statement cheaper: add WHERE or LIMIT, bound recursive CTEs, "
                      "avoid cross joins, or add an index"]))
     if "one statement at a time" in text:
@@ -308,7 +316,7 @@ def _foreign_key_failure(conn: sqlite3.Connection, text: str, query: str) -> Too
     code = "SQLITE_CONSTRAINT_FOREIGNKEY"
     stmt = parse_statement(query)
     if stmt is None or not stmt.names:
-        return ToolError(text, code=code, details=extract(text, code=code).to_dict())
+        return ToolError(text, code=code, details=structure_error(text, code=code).to_dict())
     target = stmt.names[0]
     deadline = time.monotonic() + DEPENDENCY_LOOKUP_TIMEOUT
     conn.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0, _PROGRESS_OPS)
@@ -320,7 +328,7 @@ def _foreign_key_failure(conn: sqlite3.Connection, text: str, query: str) -> Too
         conn.set_progress_handler(None, 0)
     message, dependencies, actions = _explain(stmt, target, referencing, referenced, text)
     return ToolError(message, code=code, details=_details(
-        message, code, FOREIGN_KEY, affected=[target], dependencies=dependencies,
+        message, code, ERROR_TYPE_FOREIGN_KEY, affected=[target], dependencies=dependencies,
         actions=actions))
 
 

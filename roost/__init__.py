@@ -21,7 +21,11 @@ implementation and may change. Test helpers live in :mod:`roost.testing`.
 
 from __future__ import annotations
 
+from bot.agents.router import user_workspace
+from bot.config.agents import DEFAULT_AGENT, AgentConfig
 from bot.config.masking import mask_text
+from bot.config.mcp import McpServerConfig
+from bot.config.mcp import expand as expand_env
 from bot.config.settings import Settings
 from bot.contracts.channel import (
     Channel,
@@ -62,56 +66,165 @@ from bot.contracts.messages import (
 )
 from bot.contracts.migrations import Migrations
 from bot.contracts.prompt import Order, PromptContext, PromptSection
-from bot.contracts.providers import ProviderSpec
-from bot.contracts.runtime import Runtime
+from bot.contracts.providers import LazyProvider, ProviderSpec
+from bot.contracts.runtime import NO_REPLY, RunOutcome, Runtime
 from bot.contracts.sanitize import Sanitizer
 from bot.contracts.search import SearchBackend, SearchResult
 from bot.contracts.services import Services
+from bot.contracts.sessions import Session, agent_of
 from bot.contracts.tools import Tool, ToolContext, ToolError, ToolResult, ToolRetry
+from bot.contracts.views import (
+    ERROR_ID_EXAMPLE,
+    ERROR_ID_RE,
+    RESULT_ID_EXAMPLE,
+    RESULT_ID_RE,
+    AccessView,
+    AgentError,
+    AgentsView,
+    AgentView,
+    ErrorsView,
+    JobError,
+    JobListing,
+    JobRecordView,
+    OfferView,
+    PluginsView,
+    ResultsView,
+    SchedulerView,
+    SessionsView,
+    StoredErrorView,
+    UsageScope,
+    UsageView,
+)
+from bot.engine.compaction import FLUSH_ITERATIONS, FLUSH_TIMEOUT, FLUSH_TOOLS
+from bot.engine.exec_summary import SqlStatement, parse_statement
+from bot.engine.history import repair_pairing
+from bot.engine.media import text_only
+from bot.engine.requests import RunRequest
+from bot.engine.tokens import tools_chars
+from bot.media.documents import pdf_text
+from bot.media.reader import (
+    ANTHROPIC_MAX_PIXELS,
+    OPENAI_SHORT_EDGE,
+    Base64Text,
+    DocumentData,
+    ImageData,
+    MediaReader,
+    Note,
+)
+from bot.media.sniff import sniff_mime
+from bot.resilience.breaker import CircuitBreaker
+from bot.resilience.retry import JitterMode, RetryPolicy, is_retryable_status, parse_retry_after
+from bot.storage.access import normalize_code
 from bot.storage.db import transaction
+from bot.storage.usage import day_of, month_of
 from bot.tools.args import check_keys, int_arg, str_arg
+from bot.tools.structured_errors import CONNECTION as ERROR_TYPE_CONNECTION
+from bot.tools.structured_errors import ERROR_TYPES, StructuredError
+from bot.tools.structured_errors import EXISTS as ERROR_TYPE_EXISTS
+from bot.tools.structured_errors import FOREIGN_KEY as ERROR_TYPE_FOREIGN_KEY
+from bot.tools.structured_errors import NOT_FOUND as ERROR_TYPE_NOT_FOUND
+from bot.tools.structured_errors import PERMISSION as ERROR_TYPE_PERMISSION
+from bot.tools.structured_errors import SYNTAX as ERROR_TYPE_SYNTAX
+from bot.tools.structured_errors import TIMEOUT as ERROR_TYPE_TIMEOUT
+from bot.tools.structured_errors import UNKNOWN as ERROR_TYPE_UNKNOWN
+from bot.tools.structured_errors import extract as structure_error
+from workspaces import read_cached, resolve_in_workspace, workspace_dir
+from workspaces.beneath import Parts, lstat_at, make_dirs, open_dir, read_fd, write_atomic
+from workspaces.cache import clip
+from workspaces.root import WorkspaceRoot, user_parts
 
 __all__ = [
+    "ANTHROPIC_MAX_PIXELS",
+    "DEFAULT_AGENT",
+    "ERROR_ID_EXAMPLE",
+    "ERROR_ID_RE",
+    "ERROR_TYPES",
+    "ERROR_TYPE_CONNECTION",
+    "ERROR_TYPE_EXISTS",
+    "ERROR_TYPE_FOREIGN_KEY",
+    "ERROR_TYPE_NOT_FOUND",
+    "ERROR_TYPE_PERMISSION",
+    "ERROR_TYPE_SYNTAX",
+    "ERROR_TYPE_TIMEOUT",
+    "ERROR_TYPE_UNKNOWN",
+    "FLUSH_ITERATIONS",
+    "FLUSH_TIMEOUT",
+    "FLUSH_TOOLS",
+    "NO_REPLY",
+    "OPENAI_SHORT_EDGE",
+    "RESULT_ID_EXAMPLE",
+    "RESULT_ID_RE",
+    "AccessView",
+    "AgentConfig",
+    "AgentError",
+    "AgentView",
+    "AgentsView",
     "Attachment",
+    "Base64Text",
     "Channel",
     "ChannelHealth",
     "ChannelSpec",
     "ChatMessage",
     "ChatType",
+    "CircuitBreaker",
     "Command",
     "CommandContext",
     "ContentPart",
+    "DocumentData",
+    "ErrorsView",
     "GuardPattern",
     "HealthReport",
+    "ImageData",
     "InboundHandler",
     "InboundMessage",
     "InputCheck",
+    "JitterMode",
+    "JobError",
+    "JobListing",
+    "JobRecordView",
     "JobSpec",
     "Judge",
     "LLMProvider",
     "LLMRequest",
     "LLMResponse",
+    "LazyProvider",
+    "McpServerConfig",
     "MediaError",
+    "MediaReader",
     "MediaTooLarge",
     "Migrations",
+    "Note",
+    "OfferView",
     "OnRetry",
     "OnText",
     "OpenFile",
     "Order",
     "OutboundFile",
     "OutboundMessage",
+    "Parts",
+    "PluginsView",
     "PromptContext",
     "PromptSection",
     "ProviderError",
     "ProviderSpec",
     "ReplyStream",
+    "ResultsView",
+    "RetryPolicy",
     "RunEvent",
+    "RunOutcome",
+    "RunRequest",
     "Runtime",
     "Sanitizer",
+    "SchedulerView",
     "SearchBackend",
     "SearchResult",
     "Services",
+    "Session",
+    "SessionsView",
     "Settings",
+    "SqlStatement",
+    "StoredErrorView",
+    "StructuredError",
     "Tool",
     "ToolCall",
     "ToolContext",
@@ -121,12 +234,40 @@ __all__ = [
     "ToolSpec",
     "Transcriber",
     "Usage",
+    "UsageScope",
+    "UsageView",
     "Verdict",
+    "WorkspaceRoot",
+    "agent_of",
     "check_keys",
+    "clip",
+    "day_of",
+    "expand_env",
     "hookimpl",
     "int_arg",
+    "is_retryable_status",
+    "lstat_at",
+    "make_dirs",
     "marked_send",
     "mask_text",
+    "month_of",
+    "normalize_code",
+    "open_dir",
+    "parse_retry_after",
+    "parse_statement",
+    "pdf_text",
+    "read_cached",
+    "read_fd",
+    "repair_pairing",
+    "resolve_in_workspace",
+    "sniff_mime",
     "str_arg",
+    "structure_error",
+    "text_only",
+    "tools_chars",
     "transaction",
+    "user_parts",
+    "user_workspace",
+    "workspace_dir",
+    "write_atomic",
 ]

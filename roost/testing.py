@@ -6,10 +6,19 @@ Installing Roost registers a pytest plugin with the fixtures ``roost_app``,
 :func:`build_app` builds the same app::
 
     from roost.testing import build_app
+
+:class:`AppServices` is the service's own :class:`roost.Services`, for handing
+``roost_tools`` the stores it needs in a unit test; :data:`BLOCK_REFUSAL` is the
+reply to a message the input guard blocks.
 """
 
 from __future__ import annotations
 
+from bot.app.services import AppServices
+from bot.engine.guard import BLOCK_REFUSAL
 from bot.testing.app import ChatChannel, EventRecorder, build_app, scripted_provider
 
-__all__ = ["ChatChannel", "EventRecorder", "build_app", "scripted_provider"]
+__all__ = [
+    "BLOCK_REFUSAL", "AppServices", "ChatChannel", "EventRecorder", "build_app",
+    "scripted_provider",
+]

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from bot.config.settings import Settings
-from bot.contracts.services import Services
 from bot.contracts.tools import Tool, ToolContext, ToolError
 from bot.scheduling.scheduler import Scheduler
 from bot.testing.app import ChatChannel, scripted
 from plugins import cron as cron_plugin
+from roost.testing import AppServices as Services
 from tests.test_scheduler import T0, CronAppFactory, FakeClock, cron_app, tick
 
 __all__ = ["cron_app"]  # the fixture, shared with test_scheduler

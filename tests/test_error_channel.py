@@ -188,6 +188,6 @@ async def test_a_daily_job_deletes_errors_past_their_retention(make_app: AppFact
     jobs = [j for j in await app.host.collect("roost_scheduled_jobs", settings=app.settings)
             if isinstance(j, JobSpec) and j.name == "error-retention"]
     assert [j.schedule for j in jobs] == ["every 24h"]
-    await jobs[0].func(app)
+    await jobs[0].func(app.runtime)
     remaining = await app.services.errors.list()
     assert [e.raw_error["message"] for e in remaining] == ["fresh failure"]

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from bot.config.settings import Settings
-from bot.contracts.services import Services
 from bot.contracts.tools import Tool, ToolContext, ToolError
 from bot.observability.tracing import Span
 from bot.storage import errors as error_store
@@ -34,6 +33,7 @@ from bot.storage.errors import (
 from bot.storage.sessions import RunRecord, SessionStore
 from bot.testing.app import scripted
 from plugins import error_tools
+from roost.testing import AppServices as Services
 from tests.conftest import AppFactory
 
 T0 = 1_732_230_214.0

@@ -12,7 +12,7 @@ import pytest
 from bot.contracts.llm import ContentPart
 from bot.media import derived, heap
 from bot.media.derived import forget_handed, hand_over, prune_derived, take_over
-from plugins.provider_media import ImageData, MediaReader, Note
+from bot.media.reader import ImageData, MediaReader, Note
 from tests.media_samples import jpeg
 
 

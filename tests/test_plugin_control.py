@@ -22,10 +22,10 @@ from bot.contracts.prompt import PromptContext, PromptSection
 from bot.contracts.sanitize import Sanitizer
 from bot.contracts.services import Services
 from bot.contracts.tools import Tool, ToolContext
+from bot.pluginhost import commands as plugin_commands
 from bot.pluginhost.install import run_streaming
 from bot.pluginhost.manager import get_plugin_manager
 from bot.testing.app import ChatChannel, scripted, settle, without_summary
-from plugins import plugin_commands
 from tests.conftest import AppFactory
 from tests.test_cli import clean_env
 from tests.test_plugins import GOOD, make_dist
@@ -167,7 +167,7 @@ async def test_disabled_state_survives_a_restart(make_app: AppFactory) -> None:
 
 async def test_essential_plugins_cannot_be_disabled(make_app: AppFactory) -> None:
     app, _, _ = await make_app(scripted({"reply": "ok"}))
-    for name in ("plugins.core_commands", "plugins.providers", "plugins.channels"):
+    for name in ("plugins.core_commands", "plugins.providers", "channels.builtin"):
         reply = await app.set_plugin_enabled(name, False)
         assert "essential" in reply and "cannot be disabled" in reply
         assert name not in app.host.disabled
@@ -381,7 +381,7 @@ def test_cli_enable_disable_persist_and_list(site: Path, tmp_path: Path) -> None
     assert off.returncode == 0, off.stderr
     table = roost_cli("plugins", "list", cwd=tmp_path, PYTHONPATH=path).stdout
     assert any(line.startswith("hello") and "disabled" in line for line in table.splitlines())
-    refused = roost_cli("plugins", "disable", "plugins.channels", cwd=tmp_path)
+    refused = roost_cli("plugins", "disable", "channels.builtin", cwd=tmp_path)
     assert refused.returncode == 1 and "essential" in refused.stderr
     unknown = roost_cli("plugins", "enable", "nope", cwd=tmp_path)
     assert unknown.returncode == 1 and "no plugin named 'nope'" in unknown.stderr

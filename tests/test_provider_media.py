@@ -21,13 +21,13 @@ from PIL import Image
 from PIL import _imaging as pillow_core
 
 from bot.contracts.llm import ChatMessage, ContentPart, LLMRequest, ToolCall
+from bot.media.reader import MAX_PDF_PAGES, ImageData, MediaReader, Note
 from bot.testing.anthropic import FakeAnthropic
 from bot.testing.app import create_app
 from bot.testing.media import FileChat
 from bot.testing.openai import FakeOpenAI
 from plugins.anthropic_provider import AnthropicProvider
 from plugins.openai_provider import OpenAIProvider
-from plugins.provider_media import MAX_PDF_PAGES, ImageData, MediaReader, Note
 from tests.media_helpers import jpeg as gps_jpeg
 from tests.media_samples import jpeg, pdf, png
 from tests.provider_helpers import ANTHROPIC_KEY, OPENAI_KEY, anthropic_for, openai_for
@@ -347,9 +347,9 @@ async def test_buffers_go_back_only_once_photos_stop_coming(
 async def test_the_request_body_carries_base64_byte_for_byte_as_json_would_encode_it(
     tmp_path: Path,
 ) -> None:
+    from bot.media.reader import Base64Text
     from plugins.anthropic_body import encode_json, encode_messages
     from plugins.anthropic_request import to_anthropic_messages
-    from plugins.provider_media import Base64Text
 
     photo = stored(tmp_path, "photo.jpg", jpeg(64, 48))
     scan = stored(tmp_path, "scan.pdf", pdf("Total 42.50 EUR"), kind="document",
@@ -378,7 +378,7 @@ async def test_the_request_body_carries_base64_byte_for_byte_as_json_would_encod
 async def test_a_photo_is_prepared_once_and_its_copy_is_found_after_a_restart(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from plugins import provider_media
+    from bot.media import reader as provider_media
 
     part = replace(stored(tmp_path, "big.jpg", jpeg(3000, 2000)), width=3000, height=2000)
     first = MediaReader(documents=True, max_pixels=provider_media.ANTHROPIC_MAX_PIXELS)
@@ -448,7 +448,7 @@ async def test_a_file_linked_from_outside_the_workspace_is_never_sent(
 async def test_a_photo_within_the_limits_is_sent_as_it_is_without_its_gps(
     tmp_path: Path
 ) -> None:
-    from plugins.provider_media import ANTHROPIC_MAX_PIXELS
+    from bot.media.reader import ANTHROPIC_MAX_PIXELS
 
     original = gps_jpeg(1280, 960, gps=True)  # 2% over the ~1.2 MP the API looks at
     part = replace(stored(tmp_path, "p.jpg", original), width=1280, height=960)

@@ -22,6 +22,9 @@ PUBLIC = {
     "Settings", "check_keys", "str_arg", "int_arg",
     "ContentPart", "OutboundFile", "MediaError", "MediaTooLarge", "Transcriber",
     "Migrations", "transaction",
+    "RunOutcome", "Session", "agent_of", "SessionsView", "ErrorsView", "StoredErrorView",
+    "ResultsView", "SchedulerView", "JobListing", "JobRecordView", "AccessView", "UsageView",
+    "AgentsView", "AgentView", "PluginsView", "OfferView",
 }
 """Names plugin authors rely on: removing one is a breaking change, so this test fails."""
 
@@ -41,7 +44,8 @@ def test_public_classes_and_functions_are_documented() -> None:
 
 
 def test_the_testing_entry_point_exports_the_app_builder() -> None:
-    assert {"build_app", "ChatChannel", "scripted_provider"} <= set(roost.testing.__all__)
+    expected = {"build_app", "ChatChannel", "scripted_provider", "AppServices"}
+    assert expected <= set(roost.testing.__all__)
 
 
 def _public_names_from_bot(path: Path) -> list[str]:
@@ -63,6 +67,31 @@ def test_built_in_plugins_and_the_example_import_public_names_from_roost() -> No
     offenders = {str(p.relative_to(ROOT)): names for p in files
                  if (names := _public_names_from_bot(p))}
     assert not offenders, f"import these from roost instead: {offenders}"
+
+
+def _core_imports(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        modules = ([node.module] if isinstance(node, ast.ImportFrom) and node.module
+                   and node.level == 0 else
+                   [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+        found += [m for m in modules if m.split(".")[0] in ("bot", "channels", "workspaces")]
+    return found
+
+
+def test_built_in_plugins_and_the_example_import_only_roost_and_their_own_package() -> None:
+    example = ROOT / "examples" / "roost-plugin-example"
+    files = [*sorted((ROOT / "plugins").rglob("*.py")),
+             *sorted((example / "roost_plugin_example").rglob("*.py")),
+             *sorted((example / "tests").rglob("*.py"))]
+    offenders = {str(p.relative_to(ROOT)): names for p in files if (names := _core_imports(p))}
+    assert not offenders, f"built-in plugins may import only roost and plugins.*: {offenders}"
+
+
+def test_every_public_name_is_described_in_the_plugin_guide() -> None:
+    guide = (ROOT / "docs" / "plugins.md").read_text(encoding="utf-8")
+    missing = [name for name in roost.__all__ if f"`{name}`" not in guide]
+    assert not missing, f"add these to docs/plugins.md's table of public names: {missing}"
 
 
 def test_the_plugin_guide_imports_only_from_roost() -> None:

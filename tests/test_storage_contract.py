@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from bot.app.services import AppServices as Services
 from bot.contracts.llm import ChatMessage, ToolCall, Usage
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.contracts.migrations import Migrations
-from bot.contracts.services import Services
 from bot.contracts.tools import ToolResult
 from bot.observability.tracing import Span
 from bot.pluginhost.state import load_disabled, save_state

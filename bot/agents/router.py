@@ -24,13 +24,14 @@ from bot.agents.judge import CorrectionResult, LLMJudge
 from bot.agents.patterns import PatternLibrary
 from bot.agents.tool_policy import ToolPolicy
 from bot.config.agents import DEFAULT_AGENT, AgentConfig, AgentType, JudgeConfig, route
-from bot.config.settings import Settings
+from bot.config.settings import ConfigError, Settings, load_settings
 from bot.contracts.judge import Judge, Verdict
 from bot.contracts.llm import LLMProvider
 from bot.contracts.messages import InboundMessage
 from bot.contracts.tools import Tool
+from bot.contracts.views import AgentError as AgentError
 from bot.pluginhost.manager import PluginHost
-from workspaces import safe_component
+from workspaces import safe_component, workspace_dir
 
 log = logging.getLogger("roost.agents.router")
 
@@ -55,8 +56,10 @@ def workspaces_root(settings: Settings, agent: str) -> Path:
     return settings.workspaces_dir / AGENT_WORKSPACES / safe_component(agent)
 
 
-class AgentError(Exception):
-    """An agent cannot be resolved as configured; the message says what to fix."""
+def user_workspace(settings: Settings, message: InboundMessage) -> Path:
+    """The workspace of ``message``'s sender, under the agent its chat is bound to."""
+    root = workspaces_root(settings, route(settings.bindings, message))
+    return workspace_dir(root, message.channel, message.sender_id)
 
 
 @dataclass(slots=True)
@@ -342,6 +345,22 @@ class AgentRouter:
                 self._cache[name] = _Cached(agent, self.clock() + self.ttl)
             return agent
 
+    async def reread(self) -> str:
+        """Re-read the agents and bindings from the config file the service started
+        from; what was done, in a phrase. Raises :class:`AgentError` (nothing changed)
+        when the file has errors."""
+        settings = self.settings
+        if settings.config_file is None:
+            return "no config file to re-read; resolved again from the running configuration"
+        try:
+            fresh = await asyncio.to_thread(load_settings, settings.config_file)
+        except ConfigError as exc:
+            raise AgentError(f"{settings.config_file} has errors; nothing changed:\n{exc}") \
+                from None
+        settings.agents = fresh.agents
+        settings.bindings = fresh.bindings
+        return f"re-read {settings.config_file}"
+
     def peek(self, name: str) -> Agent | None:
         """Agent ``name`` if it is cached and fresh; never resolves."""
         cached = self._cache.get(name)
@@ -355,6 +374,14 @@ class AgentRouter:
             self._generation[each] = self._generation.get(each, 0) + 1
             dropped |= self._cache.pop(each, None) is not None
         return dropped
+
+    def permits_anywhere(self, name: str, tools: Mapping[str, Tool],
+                         groups: Mapping[str, str]) -> bool:
+        """Whether some configured agent's tool policy lets tool ``name`` (one of
+        ``tools``, grouped by ``groups``) run."""
+        offered = {name: tools[name]} if name in tools else {}
+        return any(name in ToolPolicy(c.tools.profile, c.tools.allow, c.tools.deny)
+                   .filter(offered, groups) for c in self.settings.agents.values())
 
     def stats_for(self, name: str) -> JudgeStats:
         """The judge statistics of agent ``name`` (kept across re-resolutions)."""

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
+from bot.app.services import AppServices as Services
 from bot.contracts.llm import ToolCall
-from bot.contracts.services import Services
 from bot.engine.runloop import FailureHandler, LargeResultHandler
 from bot.storage.errors import format_failure, format_large_result
 from bot.tools.outcomes import RawError

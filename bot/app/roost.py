@@ -21,12 +21,12 @@ from bot.app.offers import (
     unique_by_name,
 )
 from bot.app.runtime import AppRuntime
+from bot.app.services import AppServices as Services
 from bot.config.settings import Settings, SetupError, load_settings
 from bot.contracts.channel import Channel, ChannelSpec
 from bot.contracts.commands import Command
 from bot.contracts.llm import LLMProvider
 from bot.contracts.messages import OutboundMessage
-from bot.contracts.services import Services
 from bot.dispatch.dispatcher import Dispatcher, Leftovers
 from bot.dispatch.replicas import ReplicaWork
 from bot.engine.guard import InputGuard

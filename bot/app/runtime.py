@@ -8,16 +8,18 @@ from collections.abc import Awaitable, Collection, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from bot.agents.router import AgentRouter
+from bot.app.services import AppServices
 from bot.config.settings import Settings
 from bot.contracts.commands import Command
 from bot.contracts.llm import LLMProvider
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.contracts.metering import METER
-from bot.contracts.services import Services
+from bot.engine.budgets import Budgets
 from bot.engine.runloop import RunRequest, RunResult
 from bot.engine.snapshot import PluginSnapshot
 from bot.pluginhost.manager import PluginHost
 from bot.scheduling.scheduler import Scheduler
+from bot.storage.retention import prune_stores
 from bot.storage.sessions import SessionStore
 from bot.tools.breakers import Breakers
 from bot.tools.metrics import ToolMetricsRegistry
@@ -43,7 +45,7 @@ class AppRuntime:
         return self._app.settings
 
     @property
-    def services(self) -> Services:
+    def services(self) -> AppServices:
         return self._app.services
 
     @property
@@ -121,6 +123,17 @@ class AppRuntime:
             return await self._app.engine.run(request)
         finally:
             METER.reset(token)
+
+    async def spending(self, message: InboundMessage, agent: str) -> list[str]:
+        usage = self._app.services.usage
+        if usage is None:
+            return []
+        return await Budgets(self._app.settings, usage).describe(message, agent)
+
+    async def prune_stores(self) -> None:
+        settings = self._app.settings
+        await prune_stores(self._app.services, settings.error_retention_days,
+                           trace_days=settings.trace_retention_days)
 
     def key_for(self, message: InboundMessage) -> str:
         return self._app.dispatcher.key_for(message)

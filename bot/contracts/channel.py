@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from bot.contracts.media import MediaError
 from bot.contracts.messages import Attachment, InboundMessage, OutboundMessage
+from bot.contracts.settings import SettingsModel
 
 if TYPE_CHECKING:
-    from bot.config.settings import Settings
     from bot.contracts.commands import Command
 
 T = TypeVar("T")
@@ -302,5 +302,5 @@ class ChannelSpec:
     """
 
     name: str
-    configured: Callable[[Settings], bool]
-    create: Callable[[Settings], Channel]
+    configured: Callable[[SettingsModel], bool]
+    create: Callable[[SettingsModel], Channel]

@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING
 
 import pluggy
 
+from bot.contracts.settings import SettingsModel
+
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from bot.config.settings import Settings
     from bot.contracts.channel import ChannelSpec
     from bot.contracts.commands import Command
     from bot.contracts.events import RunEvent
@@ -41,7 +42,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 
 @hookspec
-def roost_tools(settings: Settings, services: Services) -> list[Tool] | Tool | None:
+def roost_tools(settings: SettingsModel, services: Services) -> list[Tool] | Tool | None:
     """Offer tools the model can call.
 
     * **Called:** once at startup, and again whenever a plugin is enabled or disabled, or a
@@ -85,7 +86,7 @@ def roost_tools(settings: Settings, services: Services) -> list[Tool] | Tool | N
 
 
 @hookspec
-def roost_output_sanitizers(settings: Settings) -> list[Sanitizer] | Sanitizer | None:
+def roost_output_sanitizers(settings: SettingsModel) -> list[Sanitizer] | Sanitizer | None:
     r"""Offer transforms applied to every final reply before it is delivered.
 
     * **Called:** once at startup (and when plugins are enabled or disabled).
@@ -110,7 +111,7 @@ def roost_output_sanitizers(settings: Settings) -> list[Sanitizer] | Sanitizer |
 
 
 @hookspec
-def roost_guard_patterns(settings: Settings) -> list[GuardPattern] | GuardPattern | None:
+def roost_guard_patterns(settings: SettingsModel) -> list[GuardPattern] | GuardPattern | None:
     r"""Offer regular expressions that flag prompt-injection attempts.
 
     * **Called:** once at startup (and when plugins are enabled or disabled); the patterns are
@@ -134,7 +135,7 @@ def roost_guard_patterns(settings: Settings) -> list[GuardPattern] | GuardPatter
 
 @hookspec
 def roost_check_input(
-    message: InboundMessage, text: str, settings: Settings
+    message: InboundMessage, text: str, settings: SettingsModel
 ) -> InputCheck | None:
     """Inspect (and optionally rewrite or refuse) a user message before a run.
 
@@ -159,7 +160,7 @@ def roost_check_input(
 
 
 @hookspec
-def roost_commands(settings: Settings) -> list[Command] | Command | None:
+def roost_commands(settings: SettingsModel) -> list[Command] | Command | None:
     """Offer slash commands (``/name args``) that work on every channel.
 
     * **Called:** once at startup (and when plugins are enabled or disabled).
@@ -184,7 +185,7 @@ def roost_commands(settings: Settings) -> list[Command] | Command | None:
 
 
 @hookspec
-def roost_channels(settings: Settings) -> list[ChannelSpec] | ChannelSpec | None:
+def roost_channels(settings: SettingsModel) -> list[ChannelSpec] | ChannelSpec | None:
     """Offer channel adapters (a chat platform, a console, a webhook...).
 
     * **Called:** once at startup (a change needs a restart).
@@ -224,7 +225,7 @@ def roost_channels(settings: Settings) -> list[ChannelSpec] | ChannelSpec | None
 
 
 @hookspec
-def roost_providers(settings: Settings) -> list[ProviderSpec] | ProviderSpec | None:
+def roost_providers(settings: SettingsModel) -> list[ProviderSpec] | ProviderSpec | None:
     """Offer LLM providers, chosen by name with the ``provider`` setting.
 
     * **Called:** once at startup, to find the provider named by the `provider` setting (a change
@@ -289,7 +290,7 @@ def roost_prompt_sections(prompt: PromptContext) -> list[PromptSection] | Prompt
 
 
 @hookspec
-def roost_judges(settings: Settings) -> list[Judge] | Judge | None:
+def roost_judges(settings: SettingsModel) -> list[Judge] | Judge | None:
     """Offer judges that agents can use to score their replies (self-correction).
 
     * **Called:** at startup, and again when plugins are enabled or disabled.
@@ -324,7 +325,7 @@ def roost_judges(settings: Settings) -> list[Judge] | Judge | None:
 
 
 @hookspec
-def roost_scheduled_jobs(settings: Settings) -> list[JobSpec] | JobSpec | None:
+def roost_scheduled_jobs(settings: SettingsModel) -> list[JobSpec] | JobSpec | None:
     """Offer jobs the scheduler runs on a schedule.
 
     * **Called:** at startup after `roost_startup`, and again when plugins are enabled or disabled.
@@ -409,7 +410,7 @@ def roost_plugin_config_model() -> type[BaseModel] | None:
 
 
 @hookspec
-def roost_transcriber(settings: Settings) -> Transcriber | None:
+def roost_transcriber(settings: SettingsModel) -> Transcriber | None:
     """Offer speech to text for voice notes and audio files.
 
     * **Called:** when a message brings an audio file (a voice note, or any file whose bytes are
@@ -442,7 +443,7 @@ def roost_transcriber(settings: Settings) -> Transcriber | None:
 
 
 @hookspec
-def roost_search_backends(settings: Settings) -> list[SearchBackend] | SearchBackend | None:
+def roost_search_backends(settings: SettingsModel) -> list[SearchBackend] | SearchBackend | None:
     """Offer web search engines for the ``web_search`` tool.
 
     * **Called:** when tools are collected (at startup and when plugins are enabled or disabled),

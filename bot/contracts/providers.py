@@ -5,12 +5,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bot.contracts.llm import LLMProvider, LLMRequest, LLMResponse, OnRetry, OnText
-
-if TYPE_CHECKING:
-    from bot.config.settings import Settings
+from bot.contracts.settings import SettingsModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,8 +21,8 @@ class ProviderSpec:
     """
 
     name: str
-    create: Callable[[Settings], LLMProvider]
-    missing: Callable[[Settings], str | None]
+    create: Callable[[SettingsModel], LLMProvider]
+    missing: Callable[[SettingsModel], str | None]
 
 
 class LazyProvider:

@@ -8,33 +8,52 @@ supported surface, and the service's internals can change behind them.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Collection, Mapping
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    # Type hints only: they name the concrete classes a runtime hands out.
-    from bot.agents.router import AgentRouter
-    from bot.config.settings import Settings
-    from bot.contracts.commands import Command
-    from bot.contracts.llm import LLMProvider
-    from bot.contracts.messages import InboundMessage, OutboundMessage
-    from bot.contracts.services import Services
-    from bot.engine.runloop import RunRequest, RunResult
-    from bot.engine.snapshot import PluginSnapshot
-    from bot.pluginhost.manager import PluginHost
-    from bot.scheduling.scheduler import Scheduler
-    from bot.storage.sessions import SessionStore
-    from bot.tools.breakers import Breakers
-    from bot.tools.metrics import ToolMetricsRegistry
+from bot.contracts.commands import Command
+from bot.contracts.llm import LLMProvider, Usage
+from bot.contracts.messages import InboundMessage, OutboundMessage
+from bot.contracts.services import Services
+from bot.contracts.settings import SettingsModel
+from bot.contracts.views import (
+    AgentsView,
+    OfferView,
+    PluginsView,
+    SchedulerView,
+    SessionsView,
+    SnapshotSource,
+)
+
+NO_REPLY = "NO_REPLY"
+"""A reply that is exactly this token is not delivered (a scheduled turn with nothing to say)."""
+
+
+class RunOutcome(Protocol):
+    """How a turn ended: ``reply`` is what was delivered or is to be (``None``: silent)."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def reply(self) -> str | None: ...
+    @property
+    def usage(self) -> Usage: ...
+    @property
+    def error(self) -> str: ...
+    @property
+    def silent(self) -> bool:
+        """True when nothing is to be delivered."""
+        ...
 
 
 class Runtime(Protocol):
     """The running Roost service as plugins, commands and jobs see it."""
 
     @property
-    def settings(self) -> Settings:
+    def settings(self) -> SettingsModel:
         """The service's settings (read-only by convention)."""
         ...
 
@@ -44,12 +63,12 @@ class Runtime(Protocol):
         ...
 
     @property
-    def store(self) -> SessionStore:
+    def store(self) -> SessionsView:
         """The session store: ``get(key)``, ``reset``, ``set_facts``, ``append_run``."""
         ...
 
     @property
-    def scheduler(self) -> Scheduler | None:
+    def scheduler(self) -> SchedulerView | None:
         """Scheduled jobs (``None`` when the scheduler is not running)."""
         ...
 
@@ -59,17 +78,17 @@ class Runtime(Protocol):
         ...
 
     @property
-    def agents(self) -> AgentRouter:
+    def agents(self) -> AgentsView:
         """The configured agents: ``get(name)``, ``peek``, ``invalidate``, ``stats_for``."""
         ...
 
     @property
-    def plugins(self) -> PluginHost:
+    def plugins(self) -> PluginsView:
         """Loaded plugins: their info, errors, disabled set and per-plugin hook calls."""
         ...
 
     @property
-    def snapshot(self) -> PluginSnapshot:
+    def snapshot(self) -> OfferView:
         """What the enabled plugins offer now (tools, sanitizers, guard, judges)."""
         ...
 
@@ -89,12 +108,12 @@ class Runtime(Protocol):
         ...
 
     @property
-    def tool_metrics(self) -> ToolMetricsRegistry:
+    def tool_metrics(self) -> SnapshotSource:
         """Per-tool call counts, failures and latency."""
         ...
 
     @property
-    def breakers(self) -> Breakers:
+    def breakers(self) -> SnapshotSource:
         """The tools' circuit breakers."""
         ...
 
@@ -120,16 +139,29 @@ class Runtime(Protocol):
         ...
 
     def run_scheduled(self, message: InboundMessage, *, deliver_failed: bool = True,
-                      **options: Any) -> asyncio.Future[RunResult]:
+                      **options: Any) -> Awaitable[RunOutcome]:
         """Queue a turn no person sent (cron, heartbeat) in ``message``'s chat.
 
         It waits its turn behind the chat's messages and its reply is delivered
-        there; ``options`` go to ``RunRequest``.
+        there; ``options`` go to ``roost.RunRequest``.
         """
         ...
 
-    async def run_turn(self, request: RunRequest) -> RunResult:
-        """Run one turn directly, outside any chat's queue, delivering nothing."""
+    async def run_turn(self, request: Any) -> RunOutcome:
+        """Run one turn directly, outside any chat's queue, delivering nothing.
+
+        ``request`` is a ``roost.RunRequest``.
+        """
+        ...
+
+    async def spending(self, message: InboundMessage, agent: str) -> list[str]:
+        """Lines for ``/status``: the sender's tokens today and this month against the
+        budgets in force for ``agent`` (none when usage is not counted)."""
+        ...
+
+    async def prune_stores(self) -> None:
+        """Delete answered inbox entries, stored errors and results older than
+        ``error_retention_days`` and run traces older than ``trace_retention_days``."""
         ...
 
     def key_for(self, message: InboundMessage) -> str:

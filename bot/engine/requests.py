@@ -10,6 +10,7 @@ from bot.contracts.events import RunEvent
 from bot.contracts.llm import ChatMessage, ToolCall, Usage
 from bot.contracts.messages import InboundMessage
 from bot.contracts.prompt import PromptMode
+from bot.contracts.runtime import NO_REPLY as NO_REPLY
 from bot.engine.snapshot import PluginSnapshot
 from bot.observability.ids import hex_id
 from bot.storage.db import Statements
@@ -17,7 +18,6 @@ from bot.storage.inbox import RunJournal
 from bot.storage.sessions import Session
 from bot.tools.outcomes import RawError
 
-NO_REPLY = "NO_REPLY"
 Listener = Callable[[RunEvent], Awaitable[None]]
 FailureHandler = Callable[[ToolCall, RawError, str], Awaitable[str]]
 """``(call, raw_error, session_key) -> text for the model``."""

@@ -24,6 +24,8 @@ from typing import Any
 import pluggy
 
 from bot.contracts import hookspecs
+from bot.contracts.health import HealthReport
+from bot.contracts.runtime import Runtime
 from bot.pluginhost.hooks import Hooks
 
 log = logging.getLogger("roost.pluginhost.manager")
@@ -37,12 +39,12 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "plugins.prompt_sections",
     "plugins.guard_patterns",
     "plugins.providers",
-    "plugins.channels",
+    "channels.builtin",
     "plugins.sanitizers",
     "plugins.memory",
     "plugins.heartbeat",
     "plugins.cron",
-    "plugins.plugin_commands",
+    "bot.pluginhost.commands",
     "plugins.agent_commands",
     "plugins.media_tools",
     "plugins.transcribe",
@@ -53,8 +55,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
 """Modules of the built-in plugins, registered like external ones."""
 
 ESSENTIAL_PLUGINS: frozenset[str] = frozenset(
-    {"plugins.core_commands", "plugins.providers", "plugins.channels",
-     "plugins.plugin_commands"})
+    {"plugins.core_commands", "plugins.providers", "channels.builtin",
+     "bot.pluginhost.commands"})
 """Built-ins that cannot be disabled: without them Roost cannot run or be re-enabled."""
 
 RESTART_HOOKS: frozenset[str] = frozenset({"roost_channels", "roost_providers"})
@@ -194,6 +196,14 @@ class PluginHost:
             if self.trace:
                 log.info("hook %s: %d implementation(s) in %s [%s]", hook, len(impls),
                          _ms(start), ", ".join(timings))
+
+    def is_loaded(self, name: str) -> bool:
+        """True when a plugin named ``name`` is registered."""
+        return self.pm.get_plugin(name) is not None
+
+    async def health(self, app: Runtime) -> list[HealthReport]:
+        """Every enabled plugin's health reports (``roost_health``)."""
+        return list(await self.hooks.roost_health(app=app))
 
     def hooks_of(self, name: str) -> list[str]:
         """Names of the hooks plugin ``name`` implements (empty if it is not registered)."""

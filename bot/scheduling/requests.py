@@ -12,23 +12,11 @@ from datetime import datetime
 from zoneinfo import ZoneInfo
 
 from bot.config.settings import Settings
+from bot.contracts.views import JobError as JobError
 from bot.scheduling.cron import Schedule, ScheduleError, format_duration, parse, zone
 
 MAX_MESSAGE_CHARS = 4_000
 MAX_NAME_CHARS = 80
-
-
-class JobError(Exception):
-    """A job request refused; the message is fit to show the user.
-
-    ``code``: ``INVALID_ARGUMENT``, ``INVALID_SCHEDULE``, ``INVALID_TIMEZONE``,
-    ``TIME_PASSED``, ``INTERVAL_TOO_SHORT``, ``LIMIT_REACHED``, ``NOT_FOUND``,
-    ``NOT_ALLOWED``.
-    """
-
-    def __init__(self, message: str, code: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass(frozen=True, slots=True)

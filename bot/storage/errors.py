@@ -25,7 +25,6 @@ import asyncio
 import builtins
 import json
 import logging
-import re
 import secrets
 import sqlite3
 import time
@@ -36,6 +35,10 @@ from typing import Any, TypeVar
 
 import aiosqlite
 
+from bot.contracts.views import ERROR_ID_EXAMPLE as ERROR_ID_EXAMPLE
+from bot.contracts.views import ERROR_ID_RE as ERROR_ID_RE
+from bot.contracts.views import RESULT_ID_EXAMPLE as RESULT_ID_EXAMPLE
+from bot.contracts.views import RESULT_ID_RE as RESULT_ID_RE
 from bot.storage import db as dbmod
 
 log = logging.getLogger("roost.storage.errors")
@@ -49,10 +52,6 @@ CODED_SUMMARY_CHARS = 80
 FALLBACK_CHARS = 500
 """Without a store, the model gets the raw error truncated to this many characters."""
 
-ERROR_ID_RE = re.compile(r"err_\d{8}_\d{6}_[0-9a-f]{6}")
-RESULT_ID_RE = re.compile(r"res_\d{8}_\d{6}_[0-9a-f]{6}")
-ERROR_ID_EXAMPLE = "err_20241121_230334_abc123"
-RESULT_ID_EXAMPLE = "res_20241121_230334_abc123"
 
 _MAX_ID_ATTEMPTS = 5
 _SECONDS_PER_DAY = 86_400.0

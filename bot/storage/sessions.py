@@ -22,14 +22,18 @@ import json
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiosqlite
 
 from bot.contracts.llm import ChatMessage, Usage
-from bot.contracts.messages import InboundMessage
+from bot.contracts.sessions import STALE as STALE
+from bot.contracts.sessions import Session as Session
+from bot.contracts.sessions import SessionActivity as SessionActivity
+from bot.contracts.sessions import agent_of as agent_of
+from bot.contracts.sessions import session_key as session_key
 from bot.observability.tracing import Span, attributes_of, span_row
 from bot.storage import db as dbmod
 from bot.storage.message_rows import message_row, row_message
@@ -81,8 +85,6 @@ _SELECT_MESSAGES = (
     " FROM sessions s LEFT JOIN messages m ON m.session_id = s.id AND m.compacted = 0"
     " WHERE s.id = ? ORDER BY m.id"
 )
-STALE = -1
-"""The ``version`` of a cached session that missed a write: the next get reloads it."""
 _LOAD_TRIES = 5
 """Loads of one session that may find it written between their two reads."""
 _INSERT_SPAN = (
@@ -96,76 +98,11 @@ _INSERT_RUN = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class SessionActivity:
-    """When an active session was last used (:meth:`SessionStore.idle_sessions`)."""
-
-    id: int
-    key: str
-    updated_at: float
-
-
 _ID_BATCH = 500
 """Session ids per ``IN (...)`` query: well under SQLite's bound-parameter limit."""
 
 _PRUNE_BATCH = 500
 """Runs deleted per transaction by :meth:`SessionStore.prune_runs`."""
-
-
-@dataclass(slots=True, eq=False)
-class Session:
-    """One conversation: a key, its history and its running totals."""
-
-    id: int
-    key: str
-    messages: list[ChatMessage]
-    created_at: float
-    updated_at: float
-    model: str = ""
-    provider: str = ""
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_read_tokens: int = 0
-    """Of ``input_tokens``, those read from the provider's prompt cache."""
-    cache_write_tokens: int = 0
-    """Of ``input_tokens``, those written to the prompt cache."""
-    summary: str = ""
-    """The latest compaction summary of the history before ``messages``."""
-    compactions: int = 0
-    flushed_compaction: int = -1
-    """The compaction cycle whose memory flush already ran."""
-    facts: list[str] = field(default_factory=list)
-    """Facts pinned to this conversation (``/pin``); part of the Kernel segment."""
-    context_tokens: dict[str, int] = field(default_factory=dict, repr=False)
-    """Token counts of each context segment in the latest run (for ``/status``)."""
-    pins: int = field(default=0, repr=False)
-    """Runs currently using this session; a pinned session is never evicted."""
-    version: int = 0
-    """The database's ``sessions.version`` this copy is; :data:`STALE` once it missed a
-    write (:meth:`SessionStore.get` then reloads it)."""
-
-    def advance(self, committed: int | None) -> None:
-        """Record that a write of this copy's own committed as version ``committed``:
-        current again only if no other write came in between."""
-        self.version = committed if committed is not None \
-            and committed == self.version + 1 else STALE
-
-
-def session_key(message: InboundMessage, agent: str = "default") -> str:
-    """The conversation a message belongs to.
-
-    Direct chats are per user per channel; a group shares one history, and a
-    thread or forum topic inside a group is a conversation of its own.
-    """
-    if message.chat_type == "group":
-        thread = f":{message.thread_id}" if message.thread_id else ""
-        return f"{agent}:{message.channel}:group:{message.chat_id}{thread}"
-    return f"{agent}:{message.channel}:direct:{message.sender_id}"
-
-
-def agent_of(key: str) -> str:
-    """The agent a session key belongs to (its first part)."""
-    return key.split(":", 1)[0]
 
 
 class SessionStore:

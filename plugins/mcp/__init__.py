@@ -1,6 +1,6 @@
 """Built-in plugin: the tools of MCP servers (``[mcp.servers.<name>]``) as Roost tools.
 
-The servers are configured in ``roost.toml`` (:mod:`bot.config.mcp`); this
+The servers are configured in ``roost.toml`` (``roost.McpServerConfig``); this
 plugin connects to them with the official ``mcp`` SDK
 (:mod:`plugins.mcp.connection`, over :mod:`plugins.mcp.transport`), keeps their tool lists
 (:mod:`plugins.mcp.manager`, which also says when each server starts) and

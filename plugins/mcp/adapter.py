@@ -38,13 +38,11 @@ from typing import Any
 import mcp_types as types
 from mcp.shared.exceptions import MCPError
 
-# Built-in: a returned image's type is sniffed from its bytes, like every file Roost takes.
-from bot.media.sniff import sniff_mime
 from plugins.mcp.connection import CallLost, ServerDown
 from plugins.mcp.files import save_new
 from plugins.mcp.manager import McpManager, McpServer
 from plugins.mcp.naming import tool_names
-from roost import ContentPart, Tool, ToolContext, ToolError, ToolResult, ToolRetry
+from roost import ContentPart, Tool, ToolContext, ToolError, ToolResult, ToolRetry, sniff_mime
 
 __all__ = ["GROUP_PREFIX", "build_tools", "render"]
 

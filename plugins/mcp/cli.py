@@ -16,11 +16,9 @@ from typing import Any
 
 import mcp_types as types
 
-# Built-in: the server tables are part of Roost's settings (bot/config/mcp.py).
-from bot.config.mcp import McpServerConfig
 from plugins.mcp.connection import Connection, ServerDown
 from plugins.mcp.naming import tool_names
-from roost import Settings, mask_text
+from roost import McpServerConfig, Settings, mask_text
 
 __all__ = ["list_servers", "test_server"]
 

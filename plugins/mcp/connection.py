@@ -37,11 +37,8 @@ from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-# Built-in: the server tables are part of Roost's settings (bot/config/mcp.py);
-# retries use the shared policy type.
-from bot.config.mcp import McpServerConfig
-from bot.resilience.retry import RetryPolicy
 from plugins.mcp.transport import describe_failure, open_transport, watched, with_stderr
+from roost import McpServerConfig, RetryPolicy
 
 __all__ = ["RESTART", "STABLE_AFTER", "CallLost", "Connection", "ServerDown", "State"]
 

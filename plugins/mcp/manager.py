@@ -40,11 +40,9 @@ from typing import Any
 
 import mcp_types as types
 
-# Built-in: the server tables are part of Roost's settings (bot/config/mcp.py).
-from bot.config.mcp import McpServerConfig
 from plugins.mcp import PLUGIN
 from plugins.mcp.connection import RESTART, Connection, ServerDown
-from roost import Runtime, Settings, ToolContext
+from roost import McpServerConfig, Runtime, Settings, ToolContext
 
 __all__ = ["MAX_USER_PROCESSES", "McpManager", "McpServer", "ToolCache"]
 

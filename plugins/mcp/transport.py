@@ -24,8 +24,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
-# Built-in: the server tables are part of Roost's settings (bot/config/mcp.py).
-from bot.config.mcp import McpServerConfig, expand
+from roost import McpServerConfig, expand_env
 
 # The SDK's HTTP client logs every request at INFO (one line per tool call); Roost
 # quiets its other HTTP clients the same way, unless a level was set on purpose.
@@ -45,11 +44,11 @@ def open_transport(config: McpServerConfig, environ: Mapping[str, str], cwd: Pat
     try:
         if config.kind == "stdio":
             assert config.command is not None and errlog is not None
-            env = {k: expand(v, environ) for k, v in config.env.items()}
+            env = {k: expand_env(v, environ) for k, v in config.env.items()}
             params = StdioServerParameters(command=config.command, args=list(config.args),
                                            env=env, cwd=cwd)
             return stdio_client(params, errlog=errlog)
-        headers = {k: expand(v, environ) for k, v in config.headers.items()}
+        headers = {k: expand_env(v, environ) for k, v in config.headers.items()}
     except KeyError as exc:
         raise RuntimeError(f"environment variable {exc.args[0]} is not set") from None
     assert config.url is not None

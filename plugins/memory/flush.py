@@ -17,18 +17,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-# Built-in: the flush is a background turn of the run engine, with compaction's
-# limits and its history repair (and its photos as text: a flush needs the words only);
-# RunRequest is how a turn is described, and agent_of reads the agent out of a session
-# key as the core writes them.
-from bot.engine.compaction import FLUSH_ITERATIONS, FLUSH_TIMEOUT, FLUSH_TOOLS
-from bot.engine.history import repair_pairing
-from bot.engine.media import text_only
-from bot.engine.runloop import RunRequest
-from bot.storage.sessions import agent_of
 from plugins.memory.notes import today_utc
 from plugins.memory.state import NEVER, FlushStates
-from roost import ChatMessage, InboundMessage, JobSpec, Settings
+
+# The flush is a background turn with compaction's limits and its history repair (and
+# its photos as text: a flush needs the words only).
+from roost import (
+    FLUSH_ITERATIONS,
+    FLUSH_TIMEOUT,
+    FLUSH_TOOLS,
+    ChatMessage,
+    InboundMessage,
+    JobSpec,
+    RunRequest,
+    Settings,
+    agent_of,
+    repair_pairing,
+    text_only,
+)
 
 if TYPE_CHECKING:
     from roost import Runtime

@@ -36,9 +36,7 @@ from pathlib import Path, PurePosixPath
 
 import aiosqlite
 
-from roost import ToolError, transaction
-from workspaces.beneath import lstat_at, open_dir, read_fd
-from workspaces.root import WorkspaceRoot
+from roost import ToolError, WorkspaceRoot, lstat_at, open_dir, read_fd, transaction
 
 MEMORY_FILE = "MEMORY.md"
 MEMORY_DIR = "memory"

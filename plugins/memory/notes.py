@@ -9,8 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 
-from roost import Order, PromptContext, PromptSection
-from workspaces import read_cached
+from roost import Order, PromptContext, PromptSection, read_cached
 
 MAX_DAILY_NOTE_CHARS = 3_000
 """Each of today's and yesterday's notes is cut to this many characters in the prompt."""

@@ -55,6 +55,7 @@ from roost import (
     ToolRetry,
     check_keys,
     int_arg,
+    pdf_text,
     str_arg,
 )
 
@@ -483,9 +484,6 @@ def _tidy(text: str) -> str:
 
 
 def _pdf(download: Download) -> str:
-    # Built-in: PDFs go through the core's document path (bot.media), as files people send do.
-    from bot.media.documents import pdf_text
-
     try:
         text = pdf_text(download.body, max_chars=_PDF_TEXT_LIMIT)
     except (MediaError, RecursionError):  # RecursionError: objects nested without end

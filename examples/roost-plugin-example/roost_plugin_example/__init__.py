@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -33,6 +33,7 @@ from roost import (
     JobSpec,
     PromptContext,
     PromptSection,
+    Runtime,
     Sanitizer,
     Services,
     Settings,
@@ -43,9 +44,6 @@ from roost import (
     hookimpl,
     str_arg,
 )
-
-if TYPE_CHECKING:
-    from bot.app.roost import Roost
 
 PLUGIN_NAME = "roost-plugin-example"
 """The entry-point name: how Roost names this plugin and where its configuration lives."""
@@ -168,7 +166,7 @@ def roost_prompt_sections(prompt: PromptContext) -> PromptSection | None:
 
 # -- a scheduled job ---------------------------------------------------------------------
 
-async def log_stats(app: Roost) -> None:
+async def log_stats(app: Runtime) -> None:
     """Log how many tools and commands are loaded (a stand-in for real periodic work)."""
     log.info("roost-plugin-example: %d tools, %d commands",
              len(app.snapshot.tools), len({id(c) for c in app.commands.values()}))

@@ -15,7 +15,7 @@ import pytest
 import roost_plugin_example as example
 from pydantic import ValidationError
 
-from bot.engine.guard import BLOCK_REFUSAL
+from roost.testing import BLOCK_REFUSAL
 
 PLUGIN = (example.PLUGIN_NAME, example)
 """Registered under its entry-point name, so ``plugins={...}`` configures it."""

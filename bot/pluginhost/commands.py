@@ -21,7 +21,10 @@ import time
 import weakref
 from typing import TYPE_CHECKING
 
-# Built-in: plugin administration works on the plugin host itself.
+from bot.config.settings import Settings
+from bot.contracts.commands import Command, CommandContext
+from bot.contracts.hookspecs import hookimpl
+from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.pluginhost.install import (
     describe_change,
     pip_command,
@@ -29,13 +32,12 @@ from bot.pluginhost.install import (
     run_streaming,
     valid_name,
 )
-from bot.pluginhost.manager import ESSENTIAL_PLUGINS, normalize_dist
-from roost import Command, CommandContext, InboundMessage, OutboundMessage, Settings, hookimpl
+from bot.pluginhost.manager import ESSENTIAL_PLUGINS, PluginHost, normalize_dist
 
 if TYPE_CHECKING:
-    from roost import Runtime
+    from bot.contracts.runtime import Runtime
 
-log = logging.getLogger("roost.plugins.plugin_commands")
+log = logging.getLogger("roost.pluginhost.commands")
 
 PROGRESS_INTERVAL = 5.0
 """Seconds between progress messages of one install."""
@@ -88,7 +90,9 @@ async def _plugin(ctx: CommandContext) -> str:
 
 async def _info(app: Runtime, name: str) -> str:
     host = app.plugins
-    if host.pm.get_plugin(name) is None:
+    if not isinstance(host, PluginHost):  # the runtime's plugins are the host itself
+        raise TypeError(f"/plugin info needs the plugin host, not {type(host).__name__}")
+    if not host.is_loaded(name):
         return f"No plugin named {name!r} is loaded."
     info = host.info.get(name)
     origin = ("built-in" if info is None or info.builtin

@@ -1,4 +1,5 @@
-"""Built-in channels. Each adapter module is imported only when its channel starts.
+"""Built-in channels, offered as the ``channels.builtin`` plugin; each adapter module is
+imported only when its channel starts.
 
 That keeps an unconfigured platform's SDK out of memory and out of start time.
 """

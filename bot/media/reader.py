@@ -1,4 +1,4 @@
-"""The files of a conversation, made ready for a model API (shared by the HTTP providers).
+"""The files of a conversation, made ready for a model API (``roost.MediaReader``).
 
 A :class:`~bot.contracts.llm.ContentPart` names a file in the user's workspace;
 :class:`MediaReader` turns it into what a provider puts on the wire:
@@ -39,8 +39,9 @@ from pathlib import Path
 from stat import S_ISREG
 from typing import TYPE_CHECKING
 
-# Built-in: the providers resize images with the core's own media code, and keep the
-# prepared copies with the core's workspace cache.
+from bot.contracts.llm import ContentPart
+from bot.contracts.media import MediaError
+from bot.contracts.tools import ToolError
 from bot.media.derived import (
     derived_name,
     forget_derived,
@@ -51,9 +52,6 @@ from bot.media.derived import (
 )
 from bot.media.heap import heap, on_media_thread
 from bot.media.images import model_ready, prepare_for_model
-from roost import ContentPart, MediaError, ToolError
-
-# Built-in: the one confinement rule every file tool uses (not a plugin API yet).
 from workspaces.beneath import read_fd
 from workspaces.root import WorkspaceRoot
 
@@ -74,7 +72,7 @@ __all__ = [
     "Prepared",
 ]
 
-log = logging.getLogger("roost.plugins.provider_media")
+log = logging.getLogger("roost.media.reader")
 
 MAX_IMAGE_EDGE = 1568
 """Anthropic's recommended long edge: larger images are scaled down by the API anyway."""
