@@ -31,13 +31,13 @@ from bot.contracts.tools import Tool
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from bot.config.settings import Settings
     from bot.contracts.events import RunEvent
     from bot.contracts.judge import Judge
     from bot.contracts.messages import InboundMessage
     from bot.contracts.prompt import PromptContext
     from bot.contracts.runtime import Runtime
     from bot.contracts.services import Services
+    from bot.contracts.settings import SettingsModel
     from bot.pluginhost.manager import PluginHost
 
 log = logging.getLogger("roost.pluginhost.hooks")
@@ -135,23 +135,23 @@ class Hooks:
     async def _call(self, spec: Spec, **kwargs: Any) -> None:
         await self._host.collect_named(_name(spec), kwargs, only=self._plugin)
 
-    async def roost_tools(self, *, settings: Settings, services: Services) -> Offers[Tool]:
+    async def roost_tools(self, *, settings: SettingsModel, services: Services) -> Offers[Tool]:
         """Tools plugins offer (see :func:`bot.contracts.hookspecs.roost_tools`)."""
         return await self._offers(hookspecs.roost_tools, _instance(Tool), "Tool",
                                   settings=settings, services=services)
 
-    async def roost_output_sanitizers(self, *, settings: Settings) -> Offers[Sanitizer]:
+    async def roost_output_sanitizers(self, *, settings: SettingsModel) -> Offers[Sanitizer]:
         """Sanitizers for final replies."""
         return await self._offers(hookspecs.roost_output_sanitizers, _instance(Sanitizer),
                                   "Sanitizer", settings=settings)
 
-    async def roost_guard_patterns(self, *, settings: Settings) -> Offers[GuardPattern]:
+    async def roost_guard_patterns(self, *, settings: SettingsModel) -> Offers[GuardPattern]:
         """Prompt-injection patterns."""
         return await self._offers(hookspecs.roost_guard_patterns, _instance(GuardPattern),
                                   "GuardPattern", settings=settings)
 
     async def roost_check_input(self, *, message: InboundMessage, text: str,
-                                settings: Settings) -> InputChecks:
+                                settings: SettingsModel) -> InputChecks:
         """Run the input checks in order, each seeing the text as the ones before rewrote it;
         the first refusal stops there. Results that are not an ``InputCheck`` are ignored."""
         args: dict[str, Any] = {"message": message, "text": text, "settings": settings}
@@ -173,17 +173,17 @@ class Hooks:
         await self._host.pipe(_name(hookspecs.roost_check_input), args, step, only=self._plugin)
         return InputChecks(args["text"], tuple(notes), refusal[0] if refusal else None)
 
-    async def roost_commands(self, *, settings: Settings) -> Offers[Command]:
+    async def roost_commands(self, *, settings: SettingsModel) -> Offers[Command]:
         """Slash commands."""
         return await self._offers(hookspecs.roost_commands, _instance(Command), "Command",
                                   settings=settings)
 
-    async def roost_channels(self, *, settings: Settings) -> Offers[ChannelSpec]:
+    async def roost_channels(self, *, settings: SettingsModel) -> Offers[ChannelSpec]:
         """Channel adapters."""
         return await self._offers(hookspecs.roost_channels, _instance(ChannelSpec),
                                   "ChannelSpec", settings=settings)
 
-    async def roost_providers(self, *, settings: Settings) -> Offers[ProviderSpec]:
+    async def roost_providers(self, *, settings: SettingsModel) -> Offers[ProviderSpec]:
         """LLM providers."""
         return await self._offers(hookspecs.roost_providers, _instance(ProviderSpec),
                                   "ProviderSpec", settings=settings)
@@ -193,11 +193,11 @@ class Hooks:
         return await self._offers(hookspecs.roost_prompt_sections, _instance(PromptSection),
                                   "PromptSection", prompt=prompt)
 
-    async def roost_judges(self, *, settings: Settings) -> Offers[Judge]:
+    async def roost_judges(self, *, settings: SettingsModel) -> Offers[Judge]:
         """Judges (objects with a ``name`` and ``score()``)."""
         return await self._offers(hookspecs.roost_judges, _judge, "Judge", settings=settings)
 
-    async def roost_scheduled_jobs(self, *, settings: Settings) -> Offers[JobSpec]:
+    async def roost_scheduled_jobs(self, *, settings: SettingsModel) -> Offers[JobSpec]:
         """Scheduled jobs."""
         return await self._offers(hookspecs.roost_scheduled_jobs, _instance(JobSpec), "JobSpec",
                                   settings=settings)
@@ -211,12 +211,12 @@ class Hooks:
         return await self._offers(hookspecs.roost_plugin_config_model, _config_model,
                                   "pydantic model class")
 
-    async def roost_transcriber(self, *, settings: Settings) -> Offers[Transcriber]:
+    async def roost_transcriber(self, *, settings: SettingsModel) -> Offers[Transcriber]:
         """Transcribers, first offered first."""
         return await self._offers(hookspecs.roost_transcriber, _transcriber, "Transcriber",
                                   settings=settings)
 
-    async def roost_search_backends(self, *, settings: Settings) -> Offers[SearchBackend]:
+    async def roost_search_backends(self, *, settings: SettingsModel) -> Offers[SearchBackend]:
         """Web search backends."""
         return await self._offers(hookspecs.roost_search_backends, _search_backend,
                                   "SearchBackend", settings=settings)
