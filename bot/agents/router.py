@@ -154,14 +154,14 @@ class _ConfiguredJudge:
 class AgentResolver:
     """Builds :class:`Agent` objects from ``settings.agents``.
 
-    ``default_provider`` is the service's provider (the engine's, read at
-    resolve time); ``judges`` returns the judges plugins offer, by name.
+    ``default_provider`` is the service's provider (the engine's); ``judges``
+    returns the judges plugins offer, by name.
     Providers the resolver creates are kept per (provider, script) and reused
     by later resolutions; :meth:`aclose` closes them.
     """
 
     def __init__(self, settings: Settings, host: PluginHost,
-                 default_provider: Callable[[], LLMProvider],
+                 default_provider: LLMProvider,
                  judges: Callable[[], Mapping[str, Judge]]) -> None:
         self.settings = settings
         self.host = host
@@ -278,7 +278,7 @@ class AgentResolver:
                                                                  settings.model})
                     own, _ = await self._provider(f"{agent} (judge {name})", entry.provider,
                                                   judge_settings)
-                judges.append(LLMJudge(own or self.default_provider(),
+                judges.append(LLMJudge(own or self.default_provider,
                                        entry.model or settings.model, criteria, name=name,
                                        weight=1.0 if entry.weight is None else entry.weight))
                 continue

@@ -1,4 +1,9 @@
-"""The running service: settings, plugins, store, provider, engine and channels wired together."""
+"""The running service and its composition root.
+
+:meth:`Roost.create` builds the whole object graph once, each part given its
+collaborators as constructor arguments: settings, plugins, store, provider,
+plugin state, metrics, the run sink, agents, engine, dispatcher, channels.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 from types import MappingProxyType
 from typing import Any
@@ -33,10 +38,10 @@ from bot.contracts.search import SearchBackend
 from bot.contracts.services import Services
 from bot.contracts.tools import Tool
 from bot.dispatch.dispatcher import Dispatcher, Leftovers
-from bot.dispatch.replicas import ReplicaWork
 from bot.engine.guard import InputGuard
+from bot.engine.requests import RunSink
 from bot.engine.run_engine import RunEngine
-from bot.engine.snapshot import PluginSnapshot
+from bot.engine.snapshot import CurrentPlugins, PluginSnapshot
 from bot.observability.metrics import RoostMetrics
 from bot.observability.otel import OTelExporter
 from bot.pluginhost.manager import ESSENTIAL_PLUGINS, RESTART_HOOKS, PluginHost, get_plugin_manager
@@ -60,39 +65,54 @@ log = logging.getLogger("roost")
 
 
 
+class ChannelSender:
+    """Sends a message through its running channel at once (``ToolContext.send``)."""
+
+    def __init__(self, channels: Mapping[str, Channel]) -> None:
+        self.channels = channels
+
+    async def __call__(self, message: OutboundMessage) -> str | None:
+        """Raises :class:`LookupError` when the channel is not running, and whatever the
+        channel's ``send`` raises."""
+        channel = self.channels.get(message.channel)
+        if channel is None:
+            raise LookupError(f"the {message.channel} channel is not running")
+        return await channel.send(message)
+
+
 class Roost:
     """One Roost service. Build it with :meth:`create`, end it with :meth:`close`."""
 
     def __init__(self, settings: Settings, host: PluginHost, store: SessionStore,
                  engine: RunEngine, commands: dict[str, Command],
-                 channel_specs: dict[str, ChannelSpec], services: Services | None = None,
-                 *, router: AgentRouter) -> None:
+                 channel_specs: dict[str, ChannelSpec], services: Services, *,
+                 router: AgentRouter, plugins: CurrentPlugins, metrics: RoostMetrics,
+                 channels: dict[str, Channel], sender: ChannelSender, replica: str,
+                 leader: Leader, claims: Claims | None) -> None:
+        """Parts :meth:`create` built; ``services`` has its inbox, access and usage stores."""
+        assert services.inbox is not None
         self.settings = settings
         self.host = host
         self.store = store
-        self.services = services or Services(store)
+        self.services = services
         self.engine = engine
         self.commands = commands
         self.channel_specs = channel_specs
-        self.channels: dict[str, Channel] = {}
+        self.channels = channels
+        self.sender = sender
         self._background: set[asyncio.Future[None]] = set()
-        self.inbox = self.services.inbox or Inbox(store.db, store.lock, store.writer)
+        self.inbox: Inbox = services.inbox
         """Inbound messages, run journals and replies awaiting delivery."""
-        self.services.inbox = self.inbox
-        # Pairing codes and spent tokens: one store each, shared by the dispatcher,
-        # commands (/pair, /usage, /status) and tests (which replace their clocks).
-        self.services.access = self.services.access or AccessStore(
-            store.db, store.lock, store.writer, ttl=settings.pairing_code_ttl)
-        self.services.usage = self.services.usage or UsageStore(store.db, store.lock,
-                                                                store.writer)
-        self.metrics = RoostMetrics(known_tools=lambda: engine.plugins.tools)
+        self.plugins = plugins
+        """The current plugin state, shared by the engine, the agents and the metrics."""
+        self.metrics = metrics
         """This app's Prometheus metrics, in a registry of its own (``/metrics``)."""
         self.http: HealthServer | None = None
         """The health and metrics server, once :meth:`serve_http` started it."""
-        self.replica = fit_replica_id(replica_id())
+        self.replica = replica
         """This process's name among replicas (``hostname-pid-random``, the host name
         shortened to fit PostgreSQL's names; leases, /stop)."""
-        self.leader = Leader(None)
+        self.leader = leader
         """Whether this process leads (always on SQLite; elected on PostgreSQL)."""
         self.control: Control | None = None
         """Commands to and from other replicas (PostgreSQL): /stop, cache invalidation."""
@@ -105,7 +125,8 @@ class Roost:
         self.dispatcher = Dispatcher(
             settings, inbox=self.inbox, store=store, engine=engine, router=self.router,
             channels=self.channels, commands=lambda: self.commands, runtime=self.runtime,
-            access=self.services.access, usage=self.services.usage)
+            access=services.access, usage=services.usage, claims=claims,
+            on_delivery=metrics.delivery)
 
     @property
     def provider(self) -> LLMProvider:
@@ -134,53 +155,65 @@ class Roost:
                 await retire_columns(store.db, store.lock)
             if provider is None:
                 provider = (await resolve_provider(settings, host)).create(settings)
+            plugins = CurrentPlugins(PluginSnapshot.of(
+                InputGuard([], settings.guard_mode, settings.guard_modes)))
+            # Metrics count each run's spans, then pass them on (OpenTelemetry).
+            metrics = RoostMetrics(known_tools=plugins.tool_names,
+                                   then=OTelExporter.from_environment())
             try:
                 scheduler = Scheduler(JobStore(store.db, store.lock), settings,
-                                      clock=scheduler_clock)
+                                      clock=scheduler_clock, on_fire=metrics.fire)
             except ValueError as exc:  # a bad timezone setting
                 raise SetupError(str(exc)) from None
-            services = Services(store, errors=ErrorStore(store.db, store.lock),
-                                results=ResultStore(store.db, store.lock), scheduler=scheduler,
-                                inbox=Inbox(store.db, store.lock, store.writer))
+            url = settings.database if isinstance(settings.database, str) else None
+            postgres = url is not None and is_postgres_url(url)
+            replica = fit_replica_id(replica_id())
+            services = Services(
+                store, errors=ErrorStore(store.db, store.lock),
+                results=ResultStore(store.db, store.lock), scheduler=scheduler,
+                # With replicas, the replies this one commits are its to send.
+                inbox=Inbox(store.db, store.lock, store.writer,
+                            owner=replica if postgres else None),
+                # Pairing codes and spent tokens: one store each, shared by the
+                # dispatcher, commands (/pair, /usage, /status) and tests.
+                access=AccessStore(store.db, store.lock, store.writer,
+                                   ttl=settings.pairing_code_ttl),
+                usage=UsageStore(store.db, store.lock, store.writer),
+                plugin_configs=host.config)
             await prune_stores(services, settings.error_retention_days,
                                trace_days=settings.trace_retention_days)
             host.validate_configs(settings.plugins)
-            services.plugin_configs = host.config
             channel_specs = await collect_unique(host, "roost_channels", settings, ChannelSpec)
             # Routing happens before a run exists (the dispatcher), so the router is built
-            # here and handed to both; it reads the engine's provider and judges when it
-            # resolves an agent, by then the engine exists.
-            router = AgentRouter(AgentResolver(settings, host, lambda: engine.provider,
-                                               lambda: dict(engine.plugins.judges)))
-            engine = RunEngine(settings, host, store, provider, {}, [], agents=router)
-            engine.exporter = OTelExporter.from_environment()
-            engine.on_tool_failure, engine.on_large_result = error_channel(services)
-            app = cls(settings, host, store, engine, {}, channel_specs, services, router=router)
+            # here and handed to both.
+            router = AgentRouter(AgentResolver(settings, host, provider, plugins.judges))
+            channels: dict[str, Channel] = {}  # the running ones, filled by add_channel
+            sender = ChannelSender(channels)
+            on_tool_failure, on_large_result = error_channel(services)
+            sink = RunSink(on_tool_failure, on_large_result, deliver=sender, export=metrics)
+            engine = RunEngine(settings, host, store, provider, {}, [], agents=router,
+                               plugins=plugins, channels=channels, sink=sink)
+            # Replicas may share this database: one of them long-polls (see add_channel),
+            # and each session's messages run on the replica holding its lease.
+            leader = Leader(url if postgres else None,
+                            check_every=check_period(settings.lease_seconds))
+            claims = Claims(store.db, store.lock, replica,
+                            lease_seconds=settings.lease_seconds) if postgres else None
+            app = cls(settings, host, store, engine, {}, channel_specs, services,
+                      router=router, plugins=plugins, metrics=metrics, channels=channels,
+                      sender=sender, replica=replica, leader=leader, claims=claims)
         except BaseException:
             await store.close()
             raise
         try:
-            if isinstance(settings.database, str) and is_postgres_url(settings.database):
-                # Replicas may share this database: one of them long-polls (see add_channel).
-                app.leader = Leader(settings.database,
-                                    check_every=check_period(settings.lease_seconds))
+            if app.dispatcher.replicas is not None:
                 app.leader.start()
                 app.control = await open_control(store.db, app.replica, app._stop_here,
                                                  app._reload_changed)
-                # Each session's messages run on the replica holding its lease (started by
-                # recover(), once the channels can deliver).
-                app.inbox.owner = app.replica  # the replies it commits are its to send
-                app.dispatcher.replicas = ReplicaWork(
-                    app.inbox, Claims(store.db, store.lock, app.replica,
-                                      lease_seconds=settings.lease_seconds),
-                    admit=app.dispatcher.admit, busy=app.dispatcher.busy,
-                    resend=lambda replies: app.dispatcher.recover((replies, [])))
                 # Alive from now on: replies committed before recover() are not taken for a
-                # dead replica's.
+                # dead replica's; leases are claimed by recover(), once channels deliver.
                 await app.dispatcher.replicas.claims.renew(())
-            engine.channels = app.channels  # runs download the files of messages through them
-            engine.deliver = app.send_now
-            instrument(app)  # metrics from spans, deliveries, scheduler fires; gauges
+            instrument(app)  # the gauges: breaker states, queue depth, active runs
             # Read before any channel receives: what arrives from now on is this process's.
             # With replicas, unfinished entries are claimed (their sessions' leases) and
             # dead replicas' replies taken over (one taker each), not read here.
@@ -210,7 +243,7 @@ class Roost:
         are asked for per run, so they follow without this. ``jobs`` also
         re-syncs the scheduler's system jobs.
         """
-        host, settings, engine = self.host, self.settings, self.engine
+        host, settings = self.host, self.settings
         groups: dict[str, str] = {}
         # web_search (plugins/web) picks its engine among these, so they come first.
         self.services.search_backends = tuple(
@@ -225,9 +258,9 @@ class Roost:
             [p for p in await host.collect("roost_guard_patterns", settings=settings)
              if isinstance(p, GuardPattern)],
             settings.guard_mode, settings.guard_modes)
-        # One assignment: a run sees the old state or the new one, never a mix.
-        engine.plugins = PluginSnapshot.of(guard, tools, groups, sanitizers,
-                                           await collect_judges(host, settings))
+        # One swap: a run sees the old state or the new one, never a mix.
+        self.plugins.replace(PluginSnapshot.of(guard, tools, groups, sanitizers,
+                                               await collect_judges(host, settings)))
         # Agents hold judges and filtered tool lists: resolve them again.
         self.router.invalidate()
         commands: dict[str, Command] = {}
@@ -257,9 +290,9 @@ class Roost:
         tools = await collect_unique(self.host, "roost_tools", self.settings, Tool, groups,
                               services=self.services)
         apply_tool_groups(tools, groups)
-        self.engine.plugins = dataclasses.replace(
-            self.engine.plugins, tools=MappingProxyType(tools),
-            tool_groups=MappingProxyType(groups))
+        self.plugins.replace(dataclasses.replace(
+            self.plugins.now, tools=MappingProxyType(tools),
+            tool_groups=MappingProxyType(groups)))
         self.router.invalidate()
 
     async def set_plugin_enabled(self, name: str, enabled: bool) -> str:
@@ -352,10 +385,7 @@ class Roost:
         :class:`LookupError` when that channel is not running, and whatever the
         channel's ``send`` raises.
         """
-        channel = self.channels.get(message.channel)
-        if channel is None:
-            raise LookupError(f"the {message.channel} channel is not running")
-        return await channel.send(message)
+        return await self.sender(message)
 
     async def add_channel(self, channel: Channel) -> None:
         """Start an already built channel (tests and embedders use this)."""
@@ -429,9 +459,8 @@ class Roost:
             await _quietly(channel.stop(), f"stopping channel {channel.name}")
         await self.engine.compactor.wait()
         await self.host.call("roost_shutdown", app=self.runtime)
-        for exporter in (self.engine.exporter, self.metrics.then):
-            if isinstance(exporter, OTelExporter):
-                exporter.shutdown()
+        if isinstance(self.metrics.then, OTelExporter):
+            self.metrics.then.shutdown()
         await _quietly(self.engine.provider.aclose(), "closing the provider")
         await _quietly(self.router.aclose(), "closing the agents' providers")
         for pending in (self.services.errors, self.services.results):

@@ -16,7 +16,8 @@ from bot.contracts.channel import Channel, ReplyStream
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.dispatch.redelivery import Redeliveries, send_marked
 from bot.dispatch.stream import draft_id
-from bot.engine.runloop import RunResult
+from bot.engine.requests import RunCommit, RunResult
+from bot.storage.db import Statements
 from bot.storage.inbox import Inbox
 
 log = logging.getLogger("roost.dispatch.delivery")
@@ -25,27 +26,25 @@ Fence = Callable[[Any], Awaitable[None]]
 """A check in the commit that this replica still holds the session's lease."""
 
 
-def run_commit(inbox: Inbox, message: InboundMessage, entries: tuple[int, ...], *,
-               draft: Callable[[], str | None], fence: Fence | None) -> Any:
-    """What a run writes in its own commit: its entries done and the reply into the outbox.
+def inbox_statements(inbox: Inbox, message: InboundMessage, entries: tuple[int, ...],
+                     commit: RunCommit, *, draft: str | None, fence: Fence | None) -> Statements:
+    """What a run's commit writes besides its history: its entries done, the reply queued.
 
-    ``draft()`` is the id of the draft shown while streaming, read at commit time;
-    ``fence`` (with replicas) runs last, after the inbox rows (see ``Claims.fence``).
+    ``draft`` is the id of the draft shown while streaming; ``fence`` (with
+    replicas) runs last, after the inbox rows (see ``Claims.fence``). The
+    statements return the reply's outbox id.
     """
+    out = None if commit.reply is None else OutboundMessage.reply_to_message(
+        message, commit.reply, "error" if commit.failed else "reply")
+    finish = inbox.finish(entries, out, draft)
+    if fence is None:
+        return finish
 
-    def on_commit(reply: str | None, failed: bool) -> Any:
-        out = None if reply is None else OutboundMessage.reply_to_message(
-            message, reply, "error" if failed else "reply")
-        finish = inbox.finish(entries, out, draft())
-        if fence is None:
-            return finish
-
-        async def fenced(db: Any) -> Any:
-            outbox_id = await finish(db)
-            await fence(db)
-            return outbox_id
-        return fenced
-    return on_commit
+    async def fenced(db: Any) -> Any:
+        outbox_id = await finish(db)
+        await fence(db)
+        return outbox_id
+    return fenced
 
 
 async def deliver_result(channel: Channel | None, message: InboundMessage, result: RunResult,

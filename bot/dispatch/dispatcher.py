@@ -31,7 +31,7 @@ from bot.contracts.metering import METER, BudgetRefused
 from bot.contracts.runtime import Runtime
 from bot.dispatch.access import PairingGate
 from bot.dispatch.commands import run_command
-from bot.dispatch.delivery import deliver_result, run_commit
+from bot.dispatch.delivery import deliver_result, inbox_statements
 from bot.dispatch.intake import ChatPolicy
 from bot.dispatch.lanes import Lane, Lanes, Pending, Running
 from bot.dispatch.redelivery import Redeliveries
@@ -41,12 +41,14 @@ from bot.dispatch.stream import DraftWatch, StreamBridge, draft_id
 from bot.dispatch.watch import RunWatch
 from bot.engine.budgets import Budgets, Payer
 from bot.engine.guard import join_messages
+from bot.engine.requests import RunOptions, RunRequest, RunResult
 from bot.engine.run_engine import RunEngine
-from bot.engine.runloop import RunRequest, RunResult
 from bot.storage.access import AccessStore
+from bot.storage.claims import Claims
 from bot.storage.inbox import Inbox, InboxEntry, OutboxEntry, RunJournal, grouped
 from bot.storage.sessions import SessionStore, agent_of, session_key
 from bot.storage.usage import UsageStore
+from bot.tools.outcomes import describe_error
 
 log = logging.getLogger("roost.dispatch.dispatcher")
 
@@ -64,11 +66,16 @@ class Dispatcher:
     def __init__(self, settings: Settings, *, inbox: Inbox, store: SessionStore,
                  engine: RunEngine, router: AgentRouter, channels: Mapping[str, Channel],
                  commands: Callable[[], Mapping[str, Command]], runtime: Runtime,
-                 access: AccessStore | None = None, usage: UsageStore | None = None) -> None:
+                 access: AccessStore | None = None, usage: UsageStore | None = None,
+                 claims: Claims | None = None,
+                 on_delivery: Callable[[str, str], None] | None = None) -> None:
         """``channels`` is the live mapping of running channels; ``commands()``
         the current commands (they change when plugins do); ``runtime`` is what
         command handlers receive. ``access`` (pairing) and ``usage`` (budgets)
-        default to stores on the inbox's connection."""
+        default to stores on the inbox's connection. ``claims`` (PostgreSQL,
+        several replicas) makes sessions run on the replica holding their lease.
+        ``on_delivery(channel, outcome)`` is told of each reply handed to a channel
+        (``ok``, ``failed`` (kept and retried) or ``given_up``)."""
         self.settings = settings
         self.inbox = inbox
         self.store = store
@@ -85,9 +92,8 @@ class Dispatcher:
         """Token budgets and the request rate, checked before each run and reserved around
         each model call (bot.engine.budgets)."""
         self.registry = RunRegistry()
-        # Through a lambda: on_delivery is set after construction (the metrics).
-        self.redeliveries = Redeliveries(
-            inbox, channels, lambda channel, outcome: self.on_delivery(channel, outcome))
+        self.on_delivery: Callable[[str, str], None] = on_delivery or _uncounted
+        self.redeliveries = Redeliveries(inbox, channels, self.on_delivery)
         self.policy = ChatPolicy(settings)
         """Who is answered: the DM and group policies (bot.dispatch.intake)."""
         self.lanes = Lanes(settings, self.registry,
@@ -99,12 +105,10 @@ class Dispatcher:
         self._closed = False
         # Commands of one chat run in the order they were sent ("/pin a", "/pin b").
         self._command_locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
-        self.replicas: ReplicaWork | None = None
-        """On PostgreSQL (several replicas): who runs which session (bot.dispatch.replicas);
-        set by the app. ``None`` on SQLite: this process runs what it receives."""
-        self.on_delivery: Callable[[str, str], None] = _uncounted
-        """Told of each reply handed to a channel: (channel, ``ok``, ``failed`` (kept
-        and retried) or ``given_up``); the app counts them in its metrics."""
+        self.replicas: ReplicaWork | None = None if claims is None else ReplicaWork(
+            inbox, claims, admit=self.admit, busy=self.busy, resend=self._resend)
+        """On PostgreSQL (several replicas): who runs which session (bot.dispatch.replicas).
+        ``None`` on SQLite: this process runs what it receives."""
 
     # -- entry point -------------------------------------------------------
 
@@ -165,18 +169,19 @@ class Dispatcher:
 
     # -- queries and controls used by commands -------------------------------
 
-    def run_scheduled(self, message: InboundMessage, *, deliver_failed: bool = True,
-                      **options: Any) -> asyncio.Future[RunResult]:
+    def run_scheduled(self, message: InboundMessage, options: RunOptions | None = None, *,
+                      deliver_failed: bool = True) -> asyncio.Future[RunResult]:
         """Queue a run that no person sent (cron, heartbeat) in ``message``'s chat.
 
         It waits its turn in the chat's lane like any message, is never merged
         with one, and its reply is delivered to that chat (``NO_REPLY`` sends
         nothing; a failure's apology only when ``deliver_failed``, so a caller
-        that retries can report once). ``options`` go to
-        :class:`bot.engine.runloop.RunRequest`; the future resolves with the run's result.
+        that retries can report once). ``options`` say how it runs; the future
+        resolves with the run's result.
         """
         done: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
-        pending = Pending(message, time.monotonic(), options, done, deliver_failed)
+        pending = Pending(message, time.monotonic(), options or RunOptions(), False, done,
+                          deliver_failed)
         self.lanes.add(self.lanes.lane(self.key_for(message), message), pending)
         return done
 
@@ -260,6 +265,10 @@ class Dispatcher:
             started = group[-1].state == "running"
             self._resume(group, await self.inbox.journal(group[-1].id) if started else None)
 
+    async def _resend(self, replies: list[OutboxEntry]) -> None:
+        """Send replies taken over from dead replicas."""
+        await self.recover((replies, []))
+
     def busy(self, key: str) -> bool:
         """Whether session ``key`` has a run, a queued message or a command here."""
         return key in self.lanes.by_key or key in self._command_locks
@@ -311,7 +320,7 @@ class Dispatcher:
                 with contextlib.suppress(Exception):
                     await channel.withdraw(message.chat_id, pending.stale_draft)
             agent = agent_of(lane.key)
-            refusal = await self.budgets.check(message, agent, request=pending.options is None)
+            refusal = await self.budgets.check(message, agent, request=pending.from_person)
             if refusal is not None:
                 self._refused(message, pending, run_id, lane.key, refusal)
                 return
@@ -326,28 +335,29 @@ class Dispatcher:
                              lambda text: self._notify(message, text))
             typing = channel.typing(message) if channel else contextlib.nullcontext()
             async with typing:
-                asked = message
-                if pending.options is None:  # files sent to the group unaddressed come along
+                asked, options = message, pending.options
+                if pending.from_person:  # files sent to the group unaddressed come along
                     asked = self.policy.with_earlier_files(lane.key, message)
-                options = pending.options or {
-                    "extra_context": self.policy.take_context(lane.key)}
-                options = {"agent": agent_of(lane.key), "plugins": plugins, **options}
+                    options = dataclasses.replace(
+                        options, extra_context=self.policy.take_context(lane.key))
+                journal = None
                 if pending.entries:
-                    options["journal"] = pending.journal or RunJournal(self.inbox,
-                                                                       pending.entries[-1])
-                    options["on_commit"] = run_commit(
-                        self.inbox, message, pending.entries, draft=lambda: draft_id(bridge.stream),
-                        fence=None if self.replicas is None
-                        else self.replicas.fence(lane.key, run_id))
+                    journal = pending.journal or RunJournal(self.inbox, pending.entries[-1])
+                request = RunRequest.with_options(asked, session, options, run_id=run_id,
+                                                  agent=agent, plugins=plugins, journal=journal)
                 try:
-                    result = await self.engine.run(
-                        RunRequest(asked, session, run_id=run_id, **options), watch)
+                    result = await self.engine.execute(request, watch)
                 except BudgetRefused as exc:
                     # Its first model call did not fit: like a refusal before the run.
                     if bridge.stream is not None:
                         await bridge.stream.finish(None)
                     self._refused(message, pending, run_id, lane.key, exc.reply)
                     return
+                if result.commit is not None:
+                    entry.output = True  # answered: a follow-up starts a run of its own
+                    result = await self._commit(lane.key, message, pending.entries, result,
+                                                draft_id(bridge.stream))
+                await self.engine.finished(request, result, watch)
             if self.replicas is not None and run_id in self.replicas.lost_runs:
                 # Another replica holds the session now and answers these entries.
                 self.replicas.lost_runs.discard(run_id)
@@ -392,16 +402,49 @@ class Dispatcher:
                 self.replicas.idle(lane.key)
             self._changed.set()
 
+    async def _commit(self, key: str, message: InboundMessage, entries: tuple[int, ...],
+                      result: RunResult, draft: str | None) -> RunResult:
+        """Write the run's history, its inbox entries done and its reply queued, in one
+        transaction. A commit that fails makes the run a failed one (its apology is
+        written instead); one refused for a lost lease is not written at all."""
+        try:
+            outbox_id = await self._write(key, message, entries, result, draft)
+            return dataclasses.replace(result, outbox_id=outbox_id)
+        except Exception as exc:
+            if self.replicas is not None and result.run_id in self.replicas.lost_runs:
+                return result.as_failed("the session's lease was lost")
+            if result.status == "failed":
+                log.exception("could not persist failed run %s", result.run_id)
+                return result
+            log.exception("could not persist run %s", result.run_id)
+            failed = result.as_failed(describe_error(exc))
+        try:
+            outbox_id = await self._write(key, message, entries, failed, draft)
+        except Exception:
+            log.exception("could not persist failed run %s", result.run_id)
+            return failed
+        return dataclasses.replace(failed, outbox_id=outbox_id)
+
+    async def _write(self, key: str, message: InboundMessage, entries: tuple[int, ...],
+                     result: RunResult, draft: str | None) -> int | None:
+        commit = result.commit
+        if commit is None:
+            return None
+        also = None if not entries else inbox_statements(
+            self.inbox, message, entries, commit, draft=draft,
+            fence=None if self.replicas is None else self.replicas.fence(key, result.run_id))
+        outbox_id: int | None = await commit.write(self.store, also)
+        return outbox_id
+
     def _refused(self, message: InboundMessage, pending: Pending, run_id: str, key: str,
                  refusal: str) -> None:
         """A run refused by a budget before the model answered: nothing of it is stored."""
         self.inbox.close(pending.entries)
         result = RunResult(run_id, "refused", refusal, Usage())
-        if pending.options is None:
+        if pending.from_person:
             self._notify(message, refusal)
         else:
-            log.info("scheduled %s run in %s skipped: %s",
-                     pending.options.get("kind", "scheduled"), key, refusal)
+            log.info("scheduled %s run in %s skipped: %s", pending.options.kind, key, refusal)
         if pending.done is not None and not pending.done.done():
             pending.done.set_result(result)
 

@@ -16,13 +16,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from bot.config.settings import Settings
 from bot.contracts.messages import InboundMessage
 from bot.dispatch.registry import ActiveRun, RunRegistry
 from bot.engine.guard import join_messages
-from bot.engine.requests import RunResult
+from bot.engine.requests import RunOptions, RunResult
 from bot.observability.ids import hex_id
 from bot.storage.inbox import RunJournal
 
@@ -33,8 +32,10 @@ class Pending:
 
     message: InboundMessage
     received: float
-    options: dict[str, Any] | None = None
-    """RunRequest options of a scheduled run (mode, kind, extra_context...)."""
+    options: RunOptions = field(default_factory=RunOptions)
+    """How the run runs (a scheduled run's mode, kind, extra context...)."""
+    from_person: bool = True
+    """Sent by a person (``False``: a scheduled turn, never merged, no request window)."""
     done: asyncio.Future[RunResult] | None = None
     deliver_failed: bool = True
     entries: tuple[int, ...] = ()
@@ -158,7 +159,7 @@ class Lanes:
         for running in reversed(lane.running if not lane.queue else ()):
             prev = running.pending
             if (prev.message.sender_id == message.sender_id and not running.output
-                    and prev.options is None and prev.journal is None
+                    and prev.from_person and prev.journal is None
                     and now - prev.received <= window and running.run is not None):
                 lane.running.remove(running)
                 self.registry.abort(running.run.run_id, lane.key, "merged")
@@ -167,7 +168,7 @@ class Lanes:
                 return True
         if lane.queue and len(lane.running) >= lane.limit:
             last = lane.queue[-1]
-            if (last.message.sender_id == message.sender_id and last.options is None
+            if (last.message.sender_id == message.sender_id and last.from_person
                     and now - last.received <= window):
                 limit = self.settings.max_message_chars
                 lane.queue[-1] = joined(last, message, entry_id, now, limit)

@@ -2,7 +2,7 @@
 
 Phases: setup → input checks → build messages → LLM iterations with tool
 execution → finalization (sanitize, NO_REPLY, judges) → the ending
-(:mod:`bot.engine.finish`: one atomic flush, the last event). Cancellation
+(:mod:`bot.engine.finish`: the commit its caller writes, the last event). Cancellation
 (``/stop``, merges, shutdown) is plain asyncio cancellation: it reaches the
 provider's HTTP stream and running tools, and nothing of a cancelled run is written.
 """
@@ -42,8 +42,11 @@ from bot.engine.requests import (
     FailureHandler,
     LargeResultHandler,
     Listener,
+    RunCommit,
+    RunOptions,
     RunRequest,
     RunResult,
+    RunSink,
     RunStatus,
 )
 from bot.engine.turns import for_model, seeded_files, verbose_input, workspace_for
@@ -59,8 +62,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("roost.engine.runloop")
 
 __all__ = [
-    "NO_REPLY", "FailureHandler", "LargeResultHandler", "Listener", "Run", "RunRequest",
-    "RunResult", "RunStatus",
+    "NO_REPLY", "FailureHandler", "LargeResultHandler", "Listener", "Run", "RunCommit",
+    "RunOptions", "RunRequest", "RunResult", "RunSink", "RunStatus",
 ]
 
 LOOP_REPEATS = 3
@@ -82,7 +85,8 @@ class Run:
         self.buffer: list[ChatMessage] = []
         self.iterations = 0
         self.started = time.monotonic()
-        self.committed = False
+        self.sink = req.sink or engine.sink
+        """Where this run reports: error channel, large results, sends, spans."""
         self.trace = RunTrace(req.run_id, req.session.key, verbose=self.settings.trace_verbose)
         self.trace.root.attributes["kind"] = req.kind
         # Set from the agent when the run starts (_use_agent).
@@ -249,7 +253,7 @@ class Run:
             user_id=msg.sender_id, channel=msg.channel, chat_id=msg.chat_id,
             session_key=req.session.key, run_id=req.run_id, workspace=workspace,
             deadline=self.started + (req.timeout or self.settings.run_timeout),
-            chat_type=msg.chat_type, thread_id=msg.thread_id, send=engine.deliver,
+            chat_type=msg.chat_type, thread_id=msg.thread_id, send=self.sink.deliver,
         )
         final, convo = await self._generate(convo, system, specs, limit, tool_context)
 
@@ -429,7 +433,7 @@ class Run:
         outcomes = await self.executor.run_batch(
             calls, context, trace=self.trace, on_call=self._on_tool_call,
             on_result=self._on_tool_result,
-            on_failure=self._on_failure if self.engine.on_tool_failure else None)
+            on_failure=self._on_failure if self.sink.on_tool_failure else None)
         notice = turn_timeout_notice(outcomes)
         if notice:
             await self.emit("activity", phase="turn_timeout", notice=notice)
@@ -450,9 +454,9 @@ class Run:
     async def _shorten(self, call: ToolCall, result: ToolResult) -> ToolResult:
         """A large successful result: stored for slices when a result store exists."""
         limit = self.settings.large_result_chars
-        if self.engine.on_large_result is not None:
+        if self.sink.on_large_result is not None:
             try:
-                return ToolResult(await self.engine.on_large_result(
+                return ToolResult(await self.sink.on_large_result(
                     self.req.session.key, call.name, result.content), parts=result.parts)
             except Exception:
                 log.exception("storing a large %s result failed; cutting it", call.name)
@@ -461,8 +465,8 @@ class Run:
                           parts=result.parts)
 
     async def _on_failure(self, call: ToolCall, raw: RawError) -> str:
-        assert self.engine.on_tool_failure is not None
-        return await self.engine.on_tool_failure(call, raw, self.req.session.key)
+        assert self.sink.on_tool_failure is not None
+        return await self.sink.on_tool_failure(call, raw, self.req.session.key)
 
     async def _on_tool_call(self, call: ToolCall) -> None:
         await self.emit("tool.call", name=call.name, id=call.id, arguments=dict(call.arguments))

@@ -101,14 +101,15 @@ class _GaugeCollector(Collector):
 class RoostMetrics:
     """The metric objects of one app, in a registry of their own.
 
-    It is also a span exporter (:meth:`export`): give it the exporter that was
-    there before as ``then`` and it passes each run's spans on after counting.
+    It is also a span exporter (:meth:`export`): it passes each run's spans on
+    to ``then`` after counting them.
     """
 
-    def __init__(self, *, known_tools: Callable[[], Iterable[str]] | None = None) -> None:
+    def __init__(self, *, known_tools: Callable[[], Iterable[str]] | None = None,
+                 then: SpanExporter | None = None) -> None:
         """``known_tools`` lists the tools offered now (others count as ``unknown``)."""
         self.registry = CollectorRegistry()
-        self.then: SpanExporter | None = None
+        self.then = then
         """The span exporter each run's spans go to after being counted (OpenTelemetry)."""
         self.known_tools = known_tools
         r = self.registry
