@@ -70,6 +70,10 @@ class JudgeStats:
     attempts: int = 0
     errors: int = 0
 
+    def failed(self) -> None:
+        """Count one reply whose judging failed (it went out unjudged)."""
+        self.errors += 1
+
     def record(self, result: CorrectionResult) -> None:
         """Count one judged reply."""
         self.judged += 1

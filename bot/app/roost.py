@@ -206,19 +206,8 @@ class Roost:
             await store.close()
             raise
         try:
-            if app.dispatcher.replicas is not None:
-                app.leader.start()
-                app.control = await open_control(store.db, app.replica, app._stop_here,
-                                                 app._reload_changed)
-                # Alive from now on: replies committed before recover() are not taken for a
-                # dead replica's; leases are claimed by recover(), once channels deliver.
-                await app.dispatcher.replicas.claims.renew(())
+            await app._begin()
             instrument(app)  # the gauges: breaker states, queue depth, active runs
-            # Read before any channel receives: what arrives from now on is this process's.
-            # With replicas, unfinished entries are claimed (their sessions' leases) and
-            # dead replicas' replies taken over (one taker each), not read here.
-            if app.dispatcher.replicas is None:
-                app._leftovers = (await app.inbox.undelivered(), await app.inbox.unfinished())
             await app.refresh_plugins(jobs=False)
             await host.call("roost_startup", app=app.runtime)
             jobs = await collect_unique(host, "roost_scheduled_jobs", settings, JobSpec)
@@ -230,6 +219,22 @@ class Roost:
             await app.close()
             raise
         return app
+
+    async def _begin(self) -> None:
+        """Join the other replicas, or read what a previous process left."""
+        replicas = self.dispatcher.replicas
+        if replicas is not None:
+            self.leader.start()
+            self.control = await open_control(self.store.db, self.replica, self._stop_here,
+                                              self._reload_changed)
+            # Alive from now on: replies committed before recover() are not taken for a
+            # dead replica's; leases are claimed by recover(), once channels deliver.
+            await replicas.claims.renew(())
+            return
+        # Read before any channel receives: what arrives from now on is this process's.
+        # With replicas, unfinished entries are claimed (their sessions' leases) and
+        # dead replicas' replies taken over (one taker each), not read here.
+        self._leftovers = (await self.inbox.undelivered(), await self.inbox.unfinished())
 
     def plugin_config(self, name: str) -> Any:
         """Plugin ``name``'s validated configuration object, or ``None``."""

@@ -354,7 +354,7 @@ class Dispatcher:
                     self._refused(message, pending, run_id, lane.key, exc.reply)
                     return
                 if result.commit is not None:
-                    entry.output = True  # answered: a follow-up starts a run of its own
+                    entry.shown()  # answered: a follow-up starts a run of its own
                     result = await self._commit(lane.key, message, pending.entries, result,
                                                 draft_id(bridge.stream))
                 await self.engine.finished(request, result, watch)

@@ -57,6 +57,15 @@ class Running:
     pending: Pending
     run: ActiveRun | None = None
     output: bool = False
+    """The run showed something or is being committed: a follow-up is not merged into it."""
+
+    def attach(self, run: ActiveRun) -> None:
+        """The registry entry of the run started for this entry."""
+        self.run = run
+
+    def shown(self) -> None:
+        """The run showed output (or its commit began): it is no longer merged into."""
+        self.output = True
 
 
 @dataclass(slots=True)
@@ -181,8 +190,9 @@ class Lanes:
         lane.running.append(entry)
         run_id = hex_id()
         task = self._start_run(lane, entry, run_id)
-        entry.run = ActiveRun(run_id, lane.key, task, time.monotonic())
-        self.registry.register(entry.run)
+        run = ActiveRun(run_id, lane.key, task, time.monotonic())
+        entry.attach(run)
+        self.registry.register(run)
 
     def finished(self, lane: Lane, entry: Running) -> None:
         """``entry``'s run ended: the next queued message starts; an idle lane goes."""

@@ -54,14 +54,14 @@ async def refuse(run: Run, refusal: str, kept: ChatMessage | None = None) -> Run
     # The refused text is not kept: it would reach the model as history
     # with the sender's next message. ``kept`` is a harmless turn to keep instead
     # (the lines of files Roost itself refused).
-    run.buffer = [
+    exchange = (
         kept or ChatMessage("user", WITHHELD, sender_id=msg.sender_id,
                             sender_name=msg.display_name),
         ChatMessage("assistant", refusal),
-    ]
+    )
     commit = None
     if req.persist:
-        commit = RunCommit(req.session, req.run_id, tuple(run.buffer), None, "", "",
+        commit = RunCommit(req.session, req.run_id, exchange, None, "", "",
                            _record(run, "refused"), _spans(run, "refused"), refusal)
     _log(run, "refused")
     return RunResult(req.run_id, "refused", refusal, run.usage, 0, commit=commit,

@@ -73,6 +73,10 @@ class _GaugeCollector(Collector):
     def __init__(self) -> None:
         self.source: GaugeSource | None = None
 
+    def read_from(self, source: GaugeSource) -> None:
+        """Build the gauges from ``source`` from now on."""
+        self.source = source
+
     def describe(self) -> Iterable[Metric]:
         # Declared so registering does not call collect() (the source is set later).
         return [GaugeMetricFamily("roost_breaker_state", ""),
@@ -143,7 +147,7 @@ class RoostMetrics:
 
     def set_gauges(self, source: GaugeSource) -> None:
         """Read breaker states, queue depth and active runs from ``source`` when scraped."""
-        self._gauges.source = source
+        self._gauges.read_from(source)
 
     def render(self) -> bytes:
         """The registry in Prometheus text format."""
