@@ -37,11 +37,16 @@ from bot.contracts.sanitize import Sanitizer
 from bot.contracts.search import SearchBackend
 from bot.contracts.services import Services
 from bot.contracts.tools import Tool
+from bot.dispatch.access import PairingPolicy
 from bot.dispatch.dispatcher import Dispatcher, Leftovers
+from bot.dispatch.intake import ChatPolicy
+from bot.engine.budgets import Budgets
+from bot.engine.gates import GateChain, all_gates
 from bot.engine.guard import InputGuard
 from bot.engine.requests import RunSink
 from bot.engine.run_engine import RunEngine
 from bot.engine.snapshot import CurrentPlugins, PluginSnapshot
+from bot.engine.tokens import Estimators
 from bot.observability.metrics import RoostMetrics
 from bot.observability.otel import OTelExporter
 from bot.pluginhost.manager import ESSENTIAL_PLUGINS, RESTART_HOOKS, PluginHost, get_plugin_manager
@@ -88,7 +93,8 @@ class Roost:
                  channel_specs: dict[str, ChannelSpec], services: Services, *,
                  router: AgentRouter, plugins: CurrentPlugins, metrics: RoostMetrics,
                  channels: dict[str, Channel], sender: ChannelSender, replica: str,
-                 leader: Leader, claims: Claims | None) -> None:
+                 leader: Leader, claims: Claims | None, gates: GateChain, policy: ChatPolicy,
+                 pairing: PairingPolicy, budgets: Budgets) -> None:
         """Parts :meth:`create` built; ``services`` has its inbox, access and usage stores."""
         assert services.inbox is not None
         self.settings = settings
@@ -125,7 +131,7 @@ class Roost:
         self.dispatcher = Dispatcher(
             settings, inbox=self.inbox, store=store, engine=engine, router=self.router,
             channels=self.channels, commands=lambda: self.commands, runtime=self.runtime,
-            access=services.access, usage=services.usage, claims=claims,
+            gates=gates, policy=policy, pairing=pairing, budgets=budgets, claims=claims,
             on_delivery=metrics.delivery)
 
     @property
@@ -168,18 +174,17 @@ class Roost:
             url = settings.database if isinstance(settings.database, str) else None
             postgres = url is not None and is_postgres_url(url)
             replica = fit_replica_id(replica_id())
+            # With replicas, the replies this one commits are its to send.
+            inbox = Inbox(store.db, store.lock, store.writer, owner=replica if postgres else None)
+            # Pairing codes and spent tokens: one store each, shared by the
+            # dispatcher, commands (/pair, /usage, /status) and tests.
+            access = AccessStore(store.db, store.lock, store.writer,
+                                 ttl=settings.pairing_code_ttl)
+            usage = UsageStore(store.db, store.lock, store.writer)
             services = Services(
                 store, errors=ErrorStore(store.db, store.lock),
-                results=ResultStore(store.db, store.lock), scheduler=scheduler,
-                # With replicas, the replies this one commits are its to send.
-                inbox=Inbox(store.db, store.lock, store.writer,
-                            owner=replica if postgres else None),
-                # Pairing codes and spent tokens: one store each, shared by the
-                # dispatcher, commands (/pair, /usage, /status) and tests.
-                access=AccessStore(store.db, store.lock, store.writer,
-                                   ttl=settings.pairing_code_ttl),
-                usage=UsageStore(store.db, store.lock, store.writer),
-                plugin_configs=host.config)
+                results=ResultStore(store.db, store.lock), scheduler=scheduler, inbox=inbox,
+                access=access, usage=usage, plugin_configs=host.config)
             await prune_stores(services, settings.error_retention_days,
                                trace_days=settings.trace_retention_days)
             host.validate_configs(settings.plugins)
@@ -191,8 +196,15 @@ class Roost:
             sender = ChannelSender(channels)
             on_tool_failure, on_large_result = error_channel(services)
             sink = RunSink(on_tool_failure, on_large_result, deliver=sender, export=metrics)
+            # Who is answered and how: one chain, its first stages run by the dispatcher,
+            # the rest by each run.
+            estimators = Estimators()
+            policy, pairing = ChatPolicy(settings), PairingPolicy(settings, access)
+            budgets = Budgets(settings, usage, estimators.for_provider)
+            gates = GateChain(all_gates(policy, pairing, inbox, budgets, host))
             engine = RunEngine(settings, host, store, provider, {}, [], agents=router,
-                               plugins=plugins, channels=channels, sink=sink)
+                               plugins=plugins, channels=channels, sink=sink, gates=gates,
+                               estimators=estimators)
             # Replicas may share this database: one of them long-polls (see add_channel),
             # and each session's messages run on the replica holding its lease.
             leader = Leader(url if postgres else None,
@@ -201,7 +213,8 @@ class Roost:
                             lease_seconds=settings.lease_seconds) if postgres else None
             app = cls(settings, host, store, engine, {}, channel_specs, services,
                       router=router, plugins=plugins, metrics=metrics, channels=channels,
-                      sender=sender, replica=replica, leader=leader, claims=claims)
+                      sender=sender, replica=replica, leader=leader, claims=claims,
+                      gates=gates, policy=policy, pairing=pairing, budgets=budgets)
         except BaseException:
             await store.close()
             raise

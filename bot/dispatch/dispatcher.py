@@ -7,7 +7,8 @@ history and queues the reply in the outbox, and the reply is marked delivered
 once the platform took it. :meth:`Dispatcher.recover` runs what a dead process
 left unfinished.
 
-Who is answered is :mod:`bot.dispatch.intake`'s call; each session's runs and
+Who is answered, and how, is the gate chain's call (:mod:`bot.engine.gates`: its
+intake and start stages run here, the rest in each run); each session's runs and
 queue, and merging follow-ups, are :mod:`bot.dispatch.lanes`'.
 """
 
@@ -29,7 +30,7 @@ from bot.contracts.llm import Usage
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.contracts.metering import METER, BudgetRefused
 from bot.contracts.runtime import Runtime
-from bot.dispatch.access import PairingGate
+from bot.dispatch.access import PairingPolicy
 from bot.dispatch.commands import run_command
 from bot.dispatch.delivery import deliver_result, inbox_statements
 from bot.dispatch.intake import ChatPolicy
@@ -40,14 +41,13 @@ from bot.dispatch.replicas import ReplicaWork, close_quietly
 from bot.dispatch.stream import DraftWatch, StreamBridge, draft_id
 from bot.dispatch.watch import RunWatch
 from bot.engine.budgets import Budgets, Payer
+from bot.engine.gates import Asking, GateChain, Stage
 from bot.engine.guard import join_messages
 from bot.engine.requests import RunOptions, RunRequest, RunResult
 from bot.engine.run_engine import RunEngine
-from bot.storage.access import AccessStore
 from bot.storage.claims import Claims
 from bot.storage.inbox import Inbox, InboxEntry, OutboxEntry, RunJournal, grouped
 from bot.storage.sessions import SessionStore, agent_of, session_key
-from bot.storage.usage import UsageStore
 from bot.tools.outcomes import describe_error
 
 log = logging.getLogger("roost.dispatch.dispatcher")
@@ -66,13 +66,14 @@ class Dispatcher:
     def __init__(self, settings: Settings, *, inbox: Inbox, store: SessionStore,
                  engine: RunEngine, router: AgentRouter, channels: Mapping[str, Channel],
                  commands: Callable[[], Mapping[str, Command]], runtime: Runtime,
-                 access: AccessStore | None = None, usage: UsageStore | None = None,
+                 gates: GateChain, policy: ChatPolicy, pairing: PairingPolicy, budgets: Budgets,
                  claims: Claims | None = None,
                  on_delivery: Callable[[str, str], None] | None = None) -> None:
         """``channels`` is the live mapping of running channels; ``commands()``
         the current commands (they change when plugins do); ``runtime`` is what
-        command handlers receive. ``access`` (pairing) and ``usage`` (budgets)
-        default to stores on the inbox's connection. ``claims`` (PostgreSQL,
+        command handlers receive. ``gates`` decide who is answered and how (its
+        intake and start stages run here; ``policy``, ``pairing`` and ``budgets``
+        are the ones its gates use). ``claims`` (PostgreSQL,
         several replicas) makes sessions run on the replica holding their lease.
         ``on_delivery(channel, outcome)`` is told of each reply handed to a channel
         (``ok``, ``failed`` (kept and retried) or ``given_up``)."""
@@ -84,18 +85,18 @@ class Dispatcher:
         self.channels = channels
         self.commands = commands
         self.runtime = runtime
-        self.pairing = PairingGate(settings, access or AccessStore(
-            inbox.db, inbox.lock, inbox.writer, ttl=settings.pairing_code_ttl))
+        self.gates = gates
+        """Who is answered and how (bot.engine.gates)."""
+        self.pairing = pairing
         """Who may DM the bot under the pairing policy (bot.dispatch.access)."""
-        self.budgets = Budgets(settings, usage or UsageStore(inbox.db, inbox.lock, inbox.writer),
-                               engine.estimator_for)
-        """Token budgets and the request rate, checked before each run and reserved around
-        each model call (bot.engine.budgets)."""
+        self.budgets = budgets
+        """Token budgets and the request rate, checked before each run (a gate) and
+        reserved around each model call (bot.engine.budgets)."""
         self.registry = RunRegistry()
         self.on_delivery: Callable[[str, str], None] = on_delivery or _uncounted
         self.redeliveries = Redeliveries(inbox, channels, self.on_delivery)
-        self.policy = ChatPolicy(settings)
-        """Who is answered: the DM and group policies (bot.dispatch.intake)."""
+        self.policy = policy
+        """The DM and group policies and a group's unaddressed context (bot.dispatch.intake)."""
         self.lanes = Lanes(settings, self.registry,
                            lambda lane, entry, run_id: self._spawn(self._run(lane, entry, run_id)),
                            self._dropped)
@@ -125,10 +126,11 @@ class Dispatcher:
             return
         parsed = parse_command(message.text)
         key = self.key_for(message)
-        if not self.policy.allows(message, parsed is not None, key):
-            return
-        if not await self.pairing.admits(message):
-            await self._refuse_unpaired(message, key, parsed is not None)
+        decision = await self.gates.check(Stage.INTAKE, Asking(
+            message, message.text, key, self.settings, command=parsed is not None))
+        if decision.action != "pass":
+            if decision.reply is not None:
+                self._notify(message, decision.reply)
             return
         if self.replicas is not None and parsed is None:
             # Recorded pending; it runs on whichever replica holds the session.
@@ -154,18 +156,6 @@ class Dispatcher:
             self._spawn(self._command(message, *parsed, entry=entry.id))
             return
         self.lanes.enqueue(self.lanes.lane(key, message), message, entry.id, counted=now)
-
-    async def _refuse_unpaired(self, message: InboundMessage, key: str,
-                               is_command: bool) -> None:
-        """An unpaired user's DM: recorded and closed at once (never run, not even after a
-        restart), and its sender told the pairing code when one is due."""
-        entry = await self.inbox.add(message, key, "command" if is_command else "message")
-        if entry is None:
-            return  # a redelivery of a message refused before
-        self.inbox.close((entry.id,))
-        reply = await self.pairing.refuse(message)
-        if reply is not None:
-            self._notify(message, reply)
 
     # -- queries and controls used by commands -------------------------------
 
@@ -320,9 +310,11 @@ class Dispatcher:
                 with contextlib.suppress(Exception):
                     await channel.withdraw(message.chat_id, pending.stale_draft)
             agent = agent_of(lane.key)
-            refusal = await self.budgets.check(message, agent, request=pending.from_person)
-            if refusal is not None:
-                self._refused(message, pending, run_id, lane.key, refusal)
+            decision = await self.gates.check(Stage.START, Asking(
+                message, message.text, lane.key, self.settings,
+                from_person=pending.from_person, agent=agent))
+            if decision.action != "pass":
+                self._refused(message, pending, run_id, lane.key, decision.reply or "")
                 return
             await self.engine.held()  # tools still being listed at start, say
             # Every model call of the run, and of what serves it, reserves against its budgets.

@@ -24,6 +24,7 @@ from bot.engine.compaction import (
     FLUSH_TOOLS,
     Compactor,
 )
+from bot.engine.gates import GateChain, run_gates
 from bot.engine.guard import InputGuard
 from bot.engine.history import PruneSettings
 from bot.engine.requests import (
@@ -34,7 +35,7 @@ from bot.engine.requests import (
 )
 from bot.engine.runloop import Run
 from bot.engine.snapshot import CurrentPlugins, PluginSnapshot
-from bot.engine.tokens import TokenEstimator
+from bot.engine.tokens import Estimators, TokenEstimator
 from bot.pluginhost.manager import PluginHost
 from bot.storage.sessions import Session, SessionStore
 from bot.tools.breakers import Breakers
@@ -77,11 +78,15 @@ class RunEngine:
         plugins: CurrentPlugins | None = None,
         channels: Mapping[str, Channel] | None = None,
         sink: RunSink | None = None,
+        gates: GateChain | None = None,
+        estimators: Estimators | None = None,
     ) -> None:
         """``plugins`` is the shared plugin state (else one made of ``tools``,
         ``sanitizers`` and ``guard``); ``channels`` the running channels by name (the
         app's live mapping: runs download the files of messages through them); ``sink``
-        where runs report unless their request names another."""
+        where runs report unless their request names another; ``gates`` the chain whose
+        run stages each run passes (by default the run gates alone); ``estimators`` the
+        token estimators, one per provider (shared with the budgets)."""
         self.settings = settings
         self.host = host
         self.store = store
@@ -90,8 +95,10 @@ class RunEngine:
             guard or InputGuard([], settings.guard_mode, settings.guard_modes), tools,
             sanitizers=list(sanitizers)))
         """What the enabled plugins offer; replaced whole when plugins change."""
-        self.estimator = TokenEstimator(provider.name)
-        self._estimators = {provider.name: self.estimator}
+        self.estimators = estimators or Estimators()
+        self.estimator = self.estimators.for_provider(provider.name)
+        self.gates = gates or GateChain(run_gates(host))
+        """Who is answered and how (bot.engine.gates); runs pass its run stages."""
         self.compactor = Compactor(settings, store, lambda: self.provider, self.estimator_for,
                                    self._memory_flush)
         self.prune = PruneSettings(soft_ratio=settings.prune_soft_ratio,
@@ -132,10 +139,7 @@ class RunEngine:
 
     def estimator_for(self, provider: str) -> TokenEstimator:
         """The token estimator calibrated for ``provider`` (one per provider)."""
-        estimator = self._estimators.get(provider)
-        if estimator is None:
-            estimator = self._estimators[provider] = TokenEstimator(provider)
-        return estimator
+        return self.estimators.for_provider(provider)
 
     async def _memory_flush(self, message: InboundMessage, session: Session, agent: str,
                             history: Sequence[ChatMessage]) -> str:

@@ -10,6 +10,7 @@ provider's HTTP stream and running tools, and nothing of a cancelled run is writ
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -19,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 from bot.agents.patterns import PatternLibrary, render
 from bot.agents.router import Agent
 from bot.contracts.events import EventType, RunEvent
-from bot.contracts.guard import InputCheck
 from bot.contracts.llm import ChatMessage, LLMRequest, LLMResponse, ToolCall, Usage
 from bot.contracts.metering import BudgetRefused
 from bot.contracts.prompt import Order, PromptContext, PromptSection, assemble
@@ -32,7 +32,8 @@ from bot.engine.compaction import (
 )
 from bot.engine.context import build_context, kernel_text
 from bot.engine.exec_summary import ExecutionSummary
-from bot.engine.guard import BLOCK_REFUSAL, truncate
+from bot.engine.gates import Asking, Stage
+from bot.engine.guard import BLOCK_REFUSAL
 from bot.engine.history import limit_turns, prune, repair_pairing, summary_messages
 from bot.engine.judging import judge_reply
 from bot.engine.llm_call import call_model
@@ -168,13 +169,13 @@ class Run:
             await asyncio.to_thread(ensure_workspace, workspace, agent.bootstrap_dir,
                                     seeded_files(agent))
 
-        # Input validation: guard, length, then plugin checks.
-        verdict = self.plugins.guard.check(msg.text, channel=msg.channel, user=msg.sender_id,
-                                     session=req.session.key)
-        if verdict.blocked:
-            return await finish.refuse(self, BLOCK_REFUSAL)
-        text, truncation_note = truncate(msg.text, self.settings.max_message_chars)
-        notes = [truncation_note] if truncation_note else []
+        # The chain's gates of a run (bot.engine.gates): guard and length on the text...
+        asking = Asking(msg, msg.text, req.session.key, self.settings,
+                        from_person=req.kind == "chat", agent=agent.name, plugins=self.plugins)
+        decision = await engine.gates.check(Stage.INPUT, asking)
+        if decision.action != "pass":
+            return await finish.refuse(self, decision.reply or BLOCK_REFUSAL)
+        text, notes = decision.text, list(decision.notes)
         # Files are fetched, stored in the workspace and described to the model, a line
         # each (bot.engine.media); a message of files alone is a turn of its own.
         media = await take_in(msg, workspace, engine.channels, engine.host, self.settings) \
@@ -189,25 +190,13 @@ class Run:
                 # At most once per message: a run repeated after a crash skips what it sent.
                 if req.journal is None or await req.journal.notice(notice):
                     await self.emit("activity", phase="media", notice=notice)
-        refusals: list[str] = []
-
-        def step(check: Any, args: dict[str, Any]) -> bool:
-            if not isinstance(check, InputCheck):
-                return False
-            if check.refusal is not None:
-                refusals.append(check.refusal)
-                return True
-            if check.text is not None:
-                args["text"] = check.text  # the next check sees the rewrite
-            if check.note:
-                notes.append(check.note)
-            return False
-
-        checked: dict[str, Any] = {"message": msg, "text": text, "settings": self.settings}
-        await engine.host.pipe("roost_check_input", checked, step)
-        if refusals:
-            return await finish.refuse(self, refusals[0])
-        text = checked["text"]
+        # ...then plugins' checks, on the text with its files described.
+        decision = await engine.gates.check(Stage.CONTENT,
+                                            dataclasses.replace(asking, text=text))
+        if decision.action != "pass":
+            return await finish.refuse(self, decision.reply or BLOCK_REFUSAL)
+        text = decision.text
+        notes += decision.notes
         user = ChatMessage("user", text, sender_id=msg.sender_id, sender_name=msg.display_name,
                            parts=tuple(media.parts) if media is not None else ())
         self.buffer.append(user)
