@@ -11,7 +11,11 @@ list only shrinks.
 from __future__ import annotations
 
 import ast
+import inspect
 from pathlib import Path
+
+from bot.testing.app import scripted
+from tests.conftest import AppFactory
 
 ROOT = Path(__file__).resolve().parent.parent
 SCANNED = ("bot", "channels", "plugins")
@@ -162,3 +166,14 @@ def test_the_composition_root_builds_the_engine_and_dispatcher_whole() -> None:
     source = (ROOT / "bot/app/roost.py").read_text(encoding="utf-8")
     changes = {(obj, attr) for _, obj, attr in foreign_assignments(source)}
     assert changes == set(ROOT_CHANGES)
+
+
+async def test_the_engine_holds_no_call_backs_only_its_sink(make_app: AppFactory) -> None:
+    app, _, _ = await make_app(scripted({"reply": "ok"}))
+    engine = app.engine
+    call_backs = [name for name, value in vars(engine).items()
+                  if inspect.isfunction(value) or inspect.ismethod(value)]
+    assert call_backs == []
+    sink = engine.sink
+    assert sink.export is app.metrics and sink.deliver is app.sender
+    assert sink.on_tool_failure is not None and sink.on_large_result is not None

@@ -190,7 +190,12 @@ class RunEngine:
             if self.host.implementations("roost_run_event"):
                 await self.host.call("roost_run_event", event=result.ending)
         if req.persist and result.status == "completed":
-            self.compactor.schedule(req.session, req.message, await self.agents.get(req.agent))
+            try:
+                agent = await self.agents.get(req.agent)  # cached: the run just used it
+            except Exception:
+                log.exception("no compaction after run %s: agent %s", req.run_id, req.agent)
+                return
+            self.compactor.schedule(req.session, req.message, agent)
 
     async def run(self, req: RunRequest, listener: Listener | None = None) -> RunResult:
         """Execute ``req``, write its commit on its own, announce it; the whole run.
