@@ -11,7 +11,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from types import MappingProxyType
 from typing import Any
@@ -26,6 +26,7 @@ from bot.app.offers import (
     resolve_provider,
 )
 from bot.app.runtime import AppRuntime
+from bot.app.sender import ChannelSender
 from bot.config.settings import Settings, SetupError, load_settings
 from bot.contracts.channel import Channel, ChannelSpec
 from bot.contracts.commands import Command
@@ -66,23 +67,6 @@ from bot.storage.sessions import SessionStore
 from bot.storage.usage import UsageStore
 
 log = logging.getLogger("roost")
-
-
-
-
-class ChannelSender:
-    """Sends a message through its running channel at once (``ToolContext.send``)."""
-
-    def __init__(self, channels: Mapping[str, Channel]) -> None:
-        self.channels = channels
-
-    async def __call__(self, message: OutboundMessage) -> str | None:
-        """Raises :class:`LookupError` when the channel is not running, and whatever the
-        channel's ``send`` raises."""
-        channel = self.channels.get(message.channel)
-        if channel is None:
-            raise LookupError(f"the {message.channel} channel is not running")
-        return await channel.send(message)
 
 
 class Roost:
@@ -397,12 +381,7 @@ class Roost:
         return channel
 
     async def send_now(self, message: OutboundMessage) -> str | None:
-        """Deliver ``message`` through its channel at once, outside any run's reply.
-
-        Tools reach their chat this way (``ToolContext.send``). Raises
-        :class:`LookupError` when that channel is not running, and whatever the
-        channel's ``send`` raises.
-        """
+        """Deliver ``message`` through its channel at once (:class:`ChannelSender`)."""
         return await self.sender(message)
 
     async def add_channel(self, channel: Channel) -> None:

@@ -32,7 +32,7 @@ from bot.contracts.metering import METER, BudgetRefused
 from bot.contracts.runtime import Runtime
 from bot.dispatch.access import PairingPolicy
 from bot.dispatch.commands import run_command
-from bot.dispatch.delivery import deliver_result, inbox_statements
+from bot.dispatch.delivery import commit_run, deliver_result
 from bot.dispatch.intake import ChatPolicy
 from bot.dispatch.lanes import Lane, Lanes, Pending, Running
 from bot.dispatch.redelivery import Redeliveries
@@ -48,7 +48,6 @@ from bot.engine.run_engine import RunEngine
 from bot.storage.claims import Claims
 from bot.storage.inbox import Inbox, InboxEntry, OutboxEntry, RunJournal, grouped
 from bot.storage.sessions import SessionStore, agent_of, session_key
-from bot.tools.outcomes import describe_error
 
 log = logging.getLogger("roost.dispatch.dispatcher")
 
@@ -347,8 +346,9 @@ class Dispatcher:
                     return
                 if result.commit is not None:
                     entry.shown()  # answered: a follow-up starts a run of its own
-                    result = await self._commit(lane.key, message, pending.entries, result,
-                                                draft_id(bridge.stream))
+                    result = await commit_run(
+                        self.store, self.inbox, self.replicas, message, pending.entries,
+                        result, draft_id(bridge.stream))
                 await self.engine.finished(request, result, watch)
             if self.replicas is not None and run_id in self.replicas.lost_runs:
                 # Another replica holds the session now and answers these entries.
@@ -393,40 +393,6 @@ class Dispatcher:
             if self.replicas is not None and not self.busy(lane.key):
                 self.replicas.idle(lane.key)
             self._changed.set()
-
-    async def _commit(self, key: str, message: InboundMessage, entries: tuple[int, ...],
-                      result: RunResult, draft: str | None) -> RunResult:
-        """Write the run's history, its inbox entries done and its reply queued, in one
-        transaction. A commit that fails makes the run a failed one (its apology is
-        written instead); one refused for a lost lease is not written at all."""
-        try:
-            outbox_id = await self._write(key, message, entries, result, draft)
-            return dataclasses.replace(result, outbox_id=outbox_id)
-        except Exception as exc:
-            if self.replicas is not None and result.run_id in self.replicas.lost_runs:
-                return result.as_failed("the session's lease was lost")
-            if result.status == "failed":
-                log.exception("could not persist failed run %s", result.run_id)
-                return result
-            log.exception("could not persist run %s", result.run_id)
-            failed = result.as_failed(describe_error(exc))
-        try:
-            outbox_id = await self._write(key, message, entries, failed, draft)
-        except Exception:
-            log.exception("could not persist failed run %s", result.run_id)
-            return failed
-        return dataclasses.replace(failed, outbox_id=outbox_id)
-
-    async def _write(self, key: str, message: InboundMessage, entries: tuple[int, ...],
-                     result: RunResult, draft: str | None) -> int | None:
-        commit = result.commit
-        if commit is None:
-            return None
-        also = None if not entries else inbox_statements(
-            self.inbox, message, entries, commit, draft=draft,
-            fence=None if self.replicas is None else self.replicas.fence(key, result.run_id))
-        outbox_id: int | None = await commit.write(self.store, also)
-        return outbox_id
 
     def _refused(self, message: InboundMessage, pending: Pending, run_id: str, key: str,
                  refusal: str) -> None:
