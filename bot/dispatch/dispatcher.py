@@ -20,7 +20,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from bot.agents.router import AgentRouter
 from bot.config.settings import Settings
@@ -50,6 +50,8 @@ from bot.storage.inbox import Inbox, InboxEntry, OutboxEntry, RunJournal, groupe
 from bot.storage.sessions import SessionStore, agent_of, session_key
 
 log = logging.getLogger("roost.dispatch.dispatcher")
+
+T = TypeVar("T")
 
 Leftovers = tuple[list[OutboxEntry], list[InboxEntry]]
 """What a previous process left: replies not confirmed delivered, unfinished messages."""
@@ -100,7 +102,7 @@ class Dispatcher:
                            lambda lane, entry, run_id: self._spawn(self._run(lane, entry, run_id)),
                            self._dropped)
         """Each session's runs and queue (bot.dispatch.lanes)."""
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._changed = asyncio.Event()
         self._closed = False
         # Commands of one chat run in the order they were sent ("/pin a", "/pin b").
@@ -346,10 +348,10 @@ class Dispatcher:
                     return
                 if result.commit is not None:
                     entry.shown()  # answered: a follow-up starts a run of its own
-                    result = await commit_run(
-                        self.store, self.inbox, self.replicas, message, pending.entries,
-                        result, draft_id(bridge.stream))
-                await self.engine.finished(request, result, watch)
+                # Tracked (drain, close) and shielded: a /stop arriving now does not
+                # leave the commit written but its run unannounced.
+                result = await asyncio.shield(self._spawn(self._close_run(
+                    request, result, message, pending.entries, draft_id(bridge.stream), watch)))
             if self.replicas is not None and run_id in self.replicas.lost_runs:
                 # Another replica holds the session now and answers these entries.
                 self.replicas.lost_runs.discard(run_id)
@@ -393,6 +395,17 @@ class Dispatcher:
             if self.replicas is not None and not self.busy(lane.key):
                 self.replicas.idle(lane.key)
             self._changed.set()
+
+    async def _close_run(self, request: RunRequest, result: RunResult,
+                         message: InboundMessage, entries: tuple[int, ...], draft: str | None,
+                         watch: RunWatch) -> RunResult:
+        """Commit the run (history, inbox, outbox) and announce its end. The caller shields
+        it from the run's own cancellation."""
+        if result.commit is not None:
+            result = await commit_run(self.store, self.inbox, self.replicas, message, entries,
+                                      result, draft)
+        await self.engine.finished(request, result, watch)
+        return result
 
     def _refused(self, message: InboundMessage, pending: Pending, run_id: str, key: str,
                  refusal: str) -> None:
@@ -454,13 +467,13 @@ class Dispatcher:
             return
         self.on_delivery(out.channel, "ok")
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+    def _spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._done)
         return task
 
-    def _done(self, task: asyncio.Task[None]) -> None:
+    def _done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("task failed", exc_info=task.exception())
