@@ -116,7 +116,7 @@ async def test_router_resolves_lazily_caches_for_the_ttl_and_re_resolves_after_i
     settings = Settings(data_dir=tmp_path, agents={"support": {"model": "m"}})
     provider = scripted({"reply": "x"})
     router = AgentRouter(AgentResolver(settings, get_plugin_manager(load_entry_points=False),
-                                       lambda: provider, dict), ttl=60, clock=lambda: now[0])
+                                       provider, dict), ttl=60, clock=lambda: now[0])
     assert router.resolutions == 0 and router.peek("support") is None  # lazy
     first = await router.get("support")
     assert router.resolutions == 1 and first.settings.model == "m"
@@ -133,7 +133,7 @@ async def test_invalidate_makes_the_next_get_resolve_again_with_the_new_config(
     settings = Settings(data_dir=tmp_path, agents={"support": {"model": "old"}})
     provider = scripted({"reply": "x"})
     router = AgentRouter(AgentResolver(settings, get_plugin_manager(load_entry_points=False),
-                                       lambda: provider, dict), ttl=3600)
+                                       provider, dict), ttl=3600)
     assert (await router.get("support")).settings.model == "old"
     settings.agents = Settings(agents={"support": {"model": "new"}}).agents
     assert (await router.get("support")).settings.model == "old"  # still cached
@@ -155,7 +155,7 @@ async def test_resolver_fallbacks_unknown_provider_window_and_iterations(
     })
     host = get_plugin_manager(load_entry_points=False)
     provider = scripted({"reply": "x"})
-    router = AgentRouter(AgentResolver(settings, host, lambda: provider, dict))
+    router = AgentRouter(AgentResolver(settings, host, provider, dict))
     with caplog.at_level(logging.WARNING, logger="roost.agents.router"):
         odd = await router.get("odd")
     # The first registered provider is the built-in anthropic one: the service's own.

@@ -6,6 +6,7 @@ import asyncio
 
 from bot.contracts.commands import Command, CommandContext, parse_command
 from bot.contracts.hookspecs import hookimpl
+from bot.engine.requests import RunOptions
 from bot.testing.app import scripted, settle
 from tests.conftest import AppFactory
 from tests.test_runs import GateTools
@@ -257,7 +258,7 @@ async def test_scheduled_runs_wait_their_turn_and_report_their_result(
     await channel.say("chat")
     await asyncio.wait_for(gate.started.wait(), 5)
     job = InboundMessage("test", "u1", "direct", "u1", "drink water")
-    done = app.dispatcher.run_scheduled(job, mode="minimal", kind="cron")  # queued at once
+    done = app.dispatcher.run_scheduled(job, RunOptions(mode="minimal", kind="cron"))  # queued
     assert not done.done() and app.dispatcher.queue_length("default:test:direct:u1") == 1
     gate.release.set()
     result = await asyncio.wait_for(done, 5)

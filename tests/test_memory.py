@@ -16,6 +16,7 @@ from bot.app.roost import Roost
 from bot.contracts.events import RunEvent
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.tools import ToolContext, ToolError
+from bot.engine.requests import RunOptions
 from bot.storage import schema
 from bot.storage.plugin_tables import schema_version
 from bot.testing.app import scripted, settle, without_summary
@@ -207,7 +208,7 @@ async def test_todays_and_yesterdays_notes_are_in_the_full_prompt_cut_to_size(
     assert len(section) < MAX_DAILY_NOTE_CHARS + 500
     assert "Current time:" in provider.requests[-1].note  # volatile: after the conversation
 
-    done = app.dispatcher.run_scheduled(channel_message("x"), mode="minimal")
+    done = app.dispatcher.run_scheduled(channel_message("x"), RunOptions(mode="minimal"))
     await done
     assert "## Recent notes" not in provider.requests[-1].system
 

@@ -362,7 +362,7 @@ async def test_the_engine_exports_each_finished_run_through_opentelemetry(
     provider = scripted({"steps": [
         {"tool_calls": [{"name": "list_files", "arguments": {}}]}, {"reply": "done"}]})
     app, channel, _ = await make_app(provider)
-    app.engine.exporter = exporter
+    app.metrics.then = exporter  # spans reach OpenTelemetry after the metrics
     await channel.say("look around")
     await settle(app)
     names = sorted(span.name for span in memory.get_finished_spans())

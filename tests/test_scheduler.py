@@ -19,7 +19,7 @@ from bot.contracts.hookspecs import hookimpl
 from bot.contracts.jobs import JobSpec
 from bot.contracts.llm import LLMProvider
 from bot.contracts.messages import InboundMessage
-from bot.engine.runloop import RunResult
+from bot.engine.runloop import RunOptions, RunResult
 from bot.pluginhost.manager import get_plugin_manager
 from bot.scheduling.cron import ScheduleError, format_duration, parse, parse_duration, zone
 from bot.scheduling.requests import JobError
@@ -382,7 +382,8 @@ async def test_a_run_whose_future_raises_counts_as_a_failure(
                                                 clock=clock)
     calls: list[InboundMessage] = []
 
-    def broken(message: InboundMessage, **options: Any) -> asyncio.Future[RunResult]:
+    def broken(message: InboundMessage, options: RunOptions | None = None,
+               **kwargs: Any) -> asyncio.Future[RunResult]:
         calls.append(message)
         future: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
         future.set_exception(RuntimeError("dropped: the chat's queue was full"))

@@ -72,6 +72,10 @@ class JudgeStats:
     attempts: int = 0
     errors: int = 0
 
+    def failed(self) -> None:
+        """Count one reply whose judging failed (it went out unjudged)."""
+        self.errors += 1
+
     def record(self, result: CorrectionResult) -> None:
         """Count one judged reply."""
         self.judged += 1
@@ -156,14 +160,14 @@ class _ConfiguredJudge:
 class AgentResolver:
     """Builds :class:`Agent` objects from ``settings.agents``.
 
-    ``default_provider`` is the service's provider (the engine's, read at
-    resolve time); ``judges`` returns the judges plugins offer, by name.
+    ``default_provider`` is the service's provider (the engine's); ``judges``
+    returns the judges plugins offer, by name.
     Providers the resolver creates are kept per (provider, script) and reused
     by later resolutions; :meth:`aclose` closes them.
     """
 
     def __init__(self, settings: Settings, host: PluginHost,
-                 default_provider: Callable[[], LLMProvider],
+                 default_provider: LLMProvider,
                  judges: Callable[[], Mapping[str, Judge]]) -> None:
         self.settings = settings
         self.host = host
@@ -279,7 +283,7 @@ class AgentResolver:
                                                                  settings.model})
                     own, _ = await self._provider(f"{agent} (judge {name})", entry.provider,
                                                   judge_settings)
-                judges.append(LLMJudge(own or self.default_provider(),
+                judges.append(LLMJudge(own or self.default_provider,
                                        entry.model or settings.model, criteria, name=name,
                                        weight=1.0 if entry.weight is None else entry.weight))
                 continue

@@ -202,19 +202,12 @@ class HealthServer:
 
 
 def instrument(app: Roost) -> None:
-    """Feed ``app.metrics``: each run's spans, deliveries, scheduler fires, the gauges.
+    """Let ``app.metrics`` read the gauges from ``app`` when scraped.
 
-    The spans reach the metrics first and whatever exporter was set before
-    (OpenTelemetry) after them.
+    Spans, deliveries and scheduler fires reach the metrics through the
+    constructors :meth:`bot.app.roost.Roost.create` passes them to.
     """
-    metrics, engine = app.metrics, app.engine
-    if engine.exporter is not metrics:
-        metrics.then = engine.exporter
-        engine.exporter = metrics
-    app.dispatcher.on_delivery = metrics.delivery
-    if app.services.scheduler is not None:
-        app.services.scheduler.on_fire = metrics.fire
-    metrics.set_gauges(lambda: gauges(app))
+    app.metrics.set_gauges(lambda: gauges(app))
 
 
 def gauges(app: Roost) -> Gauges:

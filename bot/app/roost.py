@@ -1,4 +1,9 @@
-"""The running service: settings, plugins, store, provider, engine and channels wired together."""
+"""The running service and its composition root.
+
+:meth:`Roost.create` builds the whole object graph once, each part given its
+collaborators as constructor arguments: settings, plugins, store, provider,
+plugin state, metrics, the run sink, agents, engine, dispatcher, channels.
+"""
 
 from __future__ import annotations
 
@@ -21,17 +26,23 @@ from bot.app.offers import (
     unique_by_name,
 )
 from bot.app.runtime import AppRuntime
+from bot.app.sender import ChannelSender
 from bot.app.services import AppServices as Services
 from bot.config.settings import Settings, SetupError, load_settings
 from bot.contracts.channel import Channel, ChannelSpec
 from bot.contracts.commands import Command
 from bot.contracts.llm import LLMProvider
 from bot.contracts.messages import OutboundMessage
+from bot.dispatch.access import PairingPolicy
 from bot.dispatch.dispatcher import Dispatcher, Leftovers
-from bot.dispatch.replicas import ReplicaWork
+from bot.dispatch.intake import ChatPolicy
+from bot.engine.budgets import Budgets
+from bot.engine.gates import GateChain, all_gates
 from bot.engine.guard import InputGuard
+from bot.engine.requests import RunSink
 from bot.engine.run_engine import RunEngine
-from bot.engine.snapshot import PluginSnapshot
+from bot.engine.snapshot import CurrentPlugins, PluginSnapshot
+from bot.engine.tokens import Estimators
 from bot.observability.metrics import RoostMetrics
 from bot.observability.otel import OTelExporter
 from bot.pluginhost.manager import ESSENTIAL_PLUGINS, RESTART_HOOKS, PluginHost, get_plugin_manager
@@ -39,6 +50,7 @@ from bot.pluginhost.migrations import migrate_plugins
 from bot.pluginhost.state import load_disabled, save_state
 from bot.scheduling.scheduler import Scheduler
 from bot.storage.access import AccessStore
+from bot.storage.chatter import GroupChatter
 from bot.storage.claims import Claims, fit_replica_id
 from bot.storage.control import Control, open_control
 from bot.storage.db import is_postgres_url, retire_columns
@@ -53,41 +65,40 @@ from bot.storage.usage import UsageStore
 log = logging.getLogger("roost")
 
 
-
-
 class Roost:
     """One Roost service. Build it with :meth:`create`, end it with :meth:`close`."""
 
     def __init__(self, settings: Settings, host: PluginHost, store: SessionStore,
                  engine: RunEngine, commands: dict[str, Command],
-                 channel_specs: dict[str, ChannelSpec], services: Services | None = None,
-                 *, router: AgentRouter) -> None:
+                 channel_specs: dict[str, ChannelSpec], services: Services, *,
+                 router: AgentRouter, plugins: CurrentPlugins, metrics: RoostMetrics,
+                 channels: dict[str, Channel], sender: ChannelSender, replica: str,
+                 leader: Leader, claims: Claims | None, gates: GateChain, policy: ChatPolicy,
+                 pairing: PairingPolicy, budgets: Budgets) -> None:
+        """Parts :meth:`create` built; ``services`` has its inbox, access and usage stores."""
+        assert services.inbox is not None
         self.settings = settings
         self.host = host
         self.store = store
-        self.services = services or Services(store)
+        self.services = services
         self.engine = engine
         self.commands = commands
         self.channel_specs = channel_specs
-        self.channels: dict[str, Channel] = {}
+        self.channels = channels
+        self.sender = sender
         self._background: set[asyncio.Future[None]] = set()
-        self.inbox = self.services.inbox or Inbox(store.db, store.lock, store.writer)
+        self.inbox: Inbox = services.inbox
         """Inbound messages, run journals and replies awaiting delivery."""
-        self.services.inbox = self.inbox
-        # Pairing codes and spent tokens: one store each, shared by the dispatcher,
-        # commands (/pair, /usage, /status) and tests (which replace their clocks).
-        self.services.access = self.services.access or AccessStore(
-            store.db, store.lock, store.writer, ttl=settings.pairing_code_ttl)
-        self.services.usage = self.services.usage or UsageStore(store.db, store.lock,
-                                                                store.writer)
-        self.metrics = RoostMetrics(known_tools=lambda: engine.plugins.tools)
+        self.plugins = plugins
+        """The current plugin state, shared by the engine, the agents and the metrics."""
+        self.metrics = metrics
         """This app's Prometheus metrics, in a registry of its own (``/metrics``)."""
         self.http: HealthServer | None = None
         """The health and metrics server, once :meth:`serve_http` started it."""
-        self.replica = fit_replica_id(replica_id())
+        self.replica = replica
         """This process's name among replicas (``hostname-pid-random``, the host name
         shortened to fit PostgreSQL's names; leases, /stop)."""
-        self.leader = Leader(None)
+        self.leader = leader
         """Whether this process leads (always on SQLite; elected on PostgreSQL)."""
         self.control: Control | None = None
         """Commands to and from other replicas (PostgreSQL): /stop, cache invalidation."""
@@ -100,7 +111,8 @@ class Roost:
         self.dispatcher = Dispatcher(
             settings, inbox=self.inbox, store=store, engine=engine, router=self.router,
             channels=self.channels, commands=lambda: self.commands, runtime=self.runtime,
-            access=self.services.access, usage=self.services.usage)
+            gates=gates, policy=policy, pairing=pairing, budgets=budgets, claims=claims,
+            on_delivery=metrics.delivery)
 
     @property
     def provider(self) -> LLMProvider:
@@ -129,58 +141,67 @@ class Roost:
                 await retire_columns(store.db, store.lock)
             if provider is None:
                 provider = (await resolve_provider(settings, host)).create(settings)
+            plugins = CurrentPlugins(PluginSnapshot.of(
+                InputGuard([], settings.guard_mode, settings.guard_modes)))
+            # Metrics count each run's spans, then pass them on (OpenTelemetry).
+            metrics = RoostMetrics(known_tools=plugins.tool_names,
+                                   then=OTelExporter.from_environment())
             try:
                 scheduler = Scheduler(JobStore(store.db, store.lock), settings,
-                                      clock=scheduler_clock)
+                                      clock=scheduler_clock, on_fire=metrics.fire)
             except ValueError as exc:  # a bad timezone setting
                 raise SetupError(str(exc)) from None
-            services = Services(store, errors=ErrorStore(store.db, store.lock),
-                                results=ResultStore(store.db, store.lock), scheduler=scheduler,
-                                inbox=Inbox(store.db, store.lock, store.writer))
+            url = settings.database if isinstance(settings.database, str) else None
+            postgres = url is not None and is_postgres_url(url)
+            replica = fit_replica_id(replica_id())
+            # With replicas, the replies this one commits are its to send.
+            inbox = Inbox(store.db, store.lock, store.writer, owner=replica if postgres else None)
+            # Pairing codes and spent tokens: one store each, shared by the
+            # dispatcher, commands (/pair, /usage, /status) and tests.
+            access = AccessStore(store.db, store.lock, store.writer,
+                                 ttl=settings.pairing_code_ttl)
+            usage = UsageStore(store.db, store.lock, store.writer)
+            services = Services(
+                store, errors=ErrorStore(store.db, store.lock),
+                results=ResultStore(store.db, store.lock), scheduler=scheduler, inbox=inbox,
+                access=access, usage=usage, plugin_configs=host.config)
             await prune_stores(services, settings.error_retention_days,
                                trace_days=settings.trace_retention_days)
             await host.validate_configs(settings.plugins)
-            services.plugin_configs = host.config
             channel_specs = unique_by_name(await host.hooks.roost_channels(settings=settings))
             # Routing happens before a run exists (the dispatcher), so the router is built
-            # here and handed to both; it reads the engine's provider and judges when it
-            # resolves an agent, by then the engine exists.
-            router = AgentRouter(AgentResolver(settings, host, lambda: engine.provider,
-                                               lambda: dict(engine.plugins.judges)))
-            engine = RunEngine(settings, host, store, provider, {}, [], agents=router)
-            engine.exporter = OTelExporter.from_environment()
-            engine.on_tool_failure, engine.on_large_result = error_channel(services)
-            app = cls(settings, host, store, engine, {}, channel_specs, services, router=router)
+            # here and handed to both.
+            router = AgentRouter(AgentResolver(settings, host, provider, plugins.judges))
+            channels: dict[str, Channel] = {}  # the running ones, filled by add_channel
+            sender = ChannelSender(channels)
+            on_tool_failure, on_large_result = error_channel(services)
+            sink = RunSink(on_tool_failure, on_large_result, deliver=sender, export=metrics)
+            # Who is answered and how: one chain, its first stages run by the dispatcher,
+            # the rest by each run.
+            estimators = Estimators()
+            policy = ChatPolicy(settings, GroupChatter(inbox.writer))
+            pairing = PairingPolicy(settings, access)
+            budgets = Budgets(settings, usage, estimators.for_provider)
+            gates = GateChain(all_gates(policy, pairing, inbox, budgets, host))
+            engine = RunEngine(settings, host, store, provider, {}, [], agents=router,
+                               plugins=plugins, channels=channels, sink=sink, gates=gates,
+                               estimators=estimators)
+            # Replicas may share this database: one of them long-polls (see add_channel),
+            # and each session's messages run on the replica holding its lease.
+            leader = Leader(url if postgres else None,
+                            check_every=check_period(settings.lease_seconds))
+            claims = Claims(store.db, store.lock, replica,
+                            lease_seconds=settings.lease_seconds) if postgres else None
+            app = cls(settings, host, store, engine, {}, channel_specs, services,
+                      router=router, plugins=plugins, metrics=metrics, channels=channels,
+                      sender=sender, replica=replica, leader=leader, claims=claims,
+                      gates=gates, policy=policy, pairing=pairing, budgets=budgets)
         except BaseException:
             await store.close()
             raise
         try:
-            if isinstance(settings.database, str) and is_postgres_url(settings.database):
-                # Replicas may share this database: one of them long-polls (see add_channel).
-                app.leader = Leader(settings.database,
-                                    check_every=check_period(settings.lease_seconds))
-                app.leader.start()
-                app.control = await open_control(store.db, app.replica, app._stop_here,
-                                                 app._reload_changed)
-                # Each session's messages run on the replica holding its lease (started by
-                # recover(), once the channels can deliver).
-                app.inbox.owner = app.replica  # the replies it commits are its to send
-                app.dispatcher.replicas = ReplicaWork(
-                    app.inbox, Claims(store.db, store.lock, app.replica,
-                                      lease_seconds=settings.lease_seconds),
-                    admit=app.dispatcher.admit, busy=app.dispatcher.busy,
-                    resend=lambda replies: app.dispatcher.recover((replies, [])))
-                # Alive from now on: replies committed before recover() are not taken for a
-                # dead replica's.
-                await app.dispatcher.replicas.claims.renew(())
-            engine.channels = app.channels  # runs download the files of messages through them
-            engine.deliver = app.send_now
-            instrument(app)  # metrics from spans, deliveries, scheduler fires; gauges
-            # Read before any channel receives: what arrives from now on is this process's.
-            # With replicas, unfinished entries are claimed (their sessions' leases) and
-            # dead replicas' replies taken over (one taker each), not read here.
-            if app.dispatcher.replicas is None:
-                app._leftovers = (await app.inbox.undelivered(), await app.inbox.unfinished())
+            await app._begin()
+            instrument(app)  # the gauges: breaker states, queue depth, active runs
             await app.refresh_plugins(jobs=False)
             await host.hooks.roost_startup(app=app.runtime)
             jobs = unique_by_name(await host.hooks.roost_scheduled_jobs(settings=settings))
@@ -192,6 +213,22 @@ class Roost:
             await app.close()
             raise
         return app
+
+    async def _begin(self) -> None:
+        """Join the other replicas, or read what a previous process left."""
+        replicas = self.dispatcher.replicas
+        if replicas is not None:
+            self.leader.start()
+            self.control = await open_control(self.store.db, self.replica, self._stop_here,
+                                              self._reload_changed)
+            # Alive from now on: replies committed before recover() are not taken for a
+            # dead replica's; leases are claimed by recover(), once channels deliver.
+            await replicas.claims.renew(())
+            return
+        # Read before any channel receives: what arrives from now on is this process's.
+        # With replicas, unfinished entries are claimed (their sessions' leases) and
+        # dead replicas' replies taken over (one taker each), not read here.
+        self._leftovers = (await self.inbox.undelivered(), await self.inbox.unfinished())
 
     def plugin_config(self, name: str) -> Any:
         """Plugin ``name``'s validated configuration object, or ``None``."""
@@ -205,7 +242,7 @@ class Roost:
         are asked for per run, so they follow without this. ``jobs`` also
         re-syncs the scheduler's system jobs.
         """
-        host, settings, engine = self.host, self.settings, self.engine
+        host, settings = self.host, self.settings
         groups: dict[str, str] = {}
         # web_search (plugins/web) picks its engine among these, so they come first.
         self.services.search_backends = tuple(
@@ -217,9 +254,9 @@ class Roost:
         guard = InputGuard(
             list(await host.hooks.roost_guard_patterns(settings=settings)),
             settings.guard_mode, settings.guard_modes)
-        # One assignment: a run sees the old state or the new one, never a mix.
-        engine.plugins = PluginSnapshot.of(guard, tools, groups, sanitizers,
-                                           await collect_judges(host, settings))
+        # One swap: a run sees the old state or the new one, never a mix.
+        self.plugins.replace(PluginSnapshot.of(guard, tools, groups, sanitizers,
+                                               await collect_judges(host, settings)))
         # Agents hold judges and filtered tool lists: resolve them again.
         self.router.invalidate()
         commands: dict[str, Command] = {}
@@ -249,9 +286,9 @@ class Roost:
         tools = unique_by_name(await self.host.hooks.roost_tools(
             settings=self.settings, services=self.services), groups)
         apply_tool_groups(tools, groups)
-        self.engine.plugins = dataclasses.replace(
-            self.engine.plugins, tools=MappingProxyType(tools),
-            tool_groups=MappingProxyType(groups))
+        self.plugins.replace(dataclasses.replace(
+            self.plugins.now, tools=MappingProxyType(tools),
+            tool_groups=MappingProxyType(groups)))
         self.router.invalidate()
 
     async def set_plugin_enabled(self, name: str, enabled: bool) -> str:
@@ -338,16 +375,8 @@ class Roost:
         return channel
 
     async def send_now(self, message: OutboundMessage) -> str | None:
-        """Deliver ``message`` through its channel at once, outside any run's reply.
-
-        Tools reach their chat this way (``ToolContext.send``). Raises
-        :class:`LookupError` when that channel is not running, and whatever the
-        channel's ``send`` raises.
-        """
-        channel = self.channels.get(message.channel)
-        if channel is None:
-            raise LookupError(f"the {message.channel} channel is not running")
-        return await channel.send(message)
+        """Deliver ``message`` through its channel at once (:class:`ChannelSender`)."""
+        return await self.sender(message)
 
     async def add_channel(self, channel: Channel) -> None:
         """Start an already built channel (tests and embedders use this)."""
@@ -421,9 +450,8 @@ class Roost:
             await _quietly(channel.stop(), f"stopping channel {channel.name}")
         await self.engine.compactor.wait()
         await self.host.hooks.roost_shutdown(app=self.runtime)
-        for exporter in (self.engine.exporter, self.metrics.then):
-            if isinstance(exporter, OTelExporter):
-                exporter.shutdown()
+        if isinstance(self.metrics.then, OTelExporter):
+            self.metrics.then.shutdown()
         await _quietly(self.engine.provider.aclose(), "closing the provider")
         await _quietly(self.router.aclose(), "closing the agents' providers")
         for pending in (self.services.errors, self.services.results):

@@ -15,7 +15,7 @@ from bot.contracts.llm import LLMProvider
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.contracts.metering import METER
 from bot.engine.budgets import Budgets
-from bot.engine.runloop import RunRequest, RunResult
+from bot.engine.requests import RunOptions, RunRequest, RunResult
 from bot.engine.snapshot import PluginSnapshot
 from bot.pluginhost.manager import PluginHost
 from bot.scheduling.scheduler import Scheduler
@@ -109,8 +109,9 @@ class AppRuntime:
 
     def run_scheduled(self, message: InboundMessage, *, deliver_failed: bool = True,
                       **options: Any) -> asyncio.Future[RunResult]:
-        return self._app.dispatcher.run_scheduled(message, deliver_failed=deliver_failed,
-                                                  **options)
+        # Typed here, at the plugin boundary: an unknown option is a TypeError.
+        return self._app.dispatcher.run_scheduled(message, RunOptions(**options),
+                                                  deliver_failed=deliver_failed)
 
     async def run_turn(self, request: RunRequest) -> RunResult:
         if METER.get() is not None:  # a turn inside a run: its owner pays

@@ -1,11 +1,12 @@
-"""The pairing gate: who may DM the bot under ``dm_policy = "pairing"``.
+"""The pairing policy: who may DM the bot under ``dm_policy = "pairing"``.
 
 Admins and ``dm_allowlist`` users always pass; so does anyone an admin
 approved (``/pair approve CODE``, ``roost pairing approve CODE``). Anyone
 else's direct message is refused before it is queued — the model never sees
 it, and it is not answered later — and its sender is told the code an admin
 needs, at most once per ten minutes while the code is valid
-(:mod:`bot.storage.access`). Groups follow the group policy, not this gate.
+(:mod:`bot.storage.access`). Groups follow the group policy, not this one;
+:class:`bot.engine.gates.PairingGate` applies it in the gate chain.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def pairing_text(code: str, ttl: float) -> str:
             "read or answered.")
 
 
-class PairingGate:
+class PairingPolicy:
     """Decides whether a direct message may reach the bot, and answers the ones that may not."""
 
     def __init__(self, settings: Settings, store: AccessStore) -> None:

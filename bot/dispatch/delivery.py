@@ -1,4 +1,4 @@
-"""The end of a run: what its commit writes, then the reply handed to the platform.
+"""The end of a run: its one commit, then the reply handed to the platform.
 
 A reply is written to the outbox in the run's own commit (with the inbox entries
 it answers), so a process that dies after the commit sends it after a restart;
@@ -15,9 +15,13 @@ from typing import Any
 from bot.contracts.channel import Channel, ReplyStream, SendingMark, sending_mark
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.dispatch.redelivery import Redeliveries, send_marked
+from bot.dispatch.replicas import ReplicaWork
 from bot.dispatch.stream import draft_id
-from bot.engine.runloop import RunResult
+from bot.engine.requests import RunCommit, RunResult
+from bot.storage.db import Statements
 from bot.storage.inbox import Inbox
+from bot.storage.sessions import SessionStore
+from bot.tools.outcomes import describe_error
 
 log = logging.getLogger("roost.dispatch.delivery")
 
@@ -25,27 +29,25 @@ Fence = Callable[[Any], Awaitable[None]]
 """A check in the commit that this replica still holds the session's lease."""
 
 
-def run_commit(inbox: Inbox, message: InboundMessage, entries: tuple[int, ...], *,
-               draft: Callable[[], str | None], fence: Fence | None) -> Any:
-    """What a run writes in its own commit: its entries done and the reply into the outbox.
+def inbox_statements(inbox: Inbox, message: InboundMessage, entries: tuple[int, ...],
+                     commit: RunCommit, *, draft: str | None, fence: Fence | None) -> Statements:
+    """What a run's commit writes besides its history: its entries done, the reply queued.
 
-    ``draft()`` is the id of the draft shown while streaming, read at commit time;
-    ``fence`` (with replicas) runs last, after the inbox rows (see ``Claims.fence``).
+    ``draft`` is the id of the draft shown while streaming; ``fence`` (with
+    replicas) runs last, after the inbox rows (see ``Claims.fence``). The
+    statements return the reply's outbox id.
     """
+    out = None if commit.reply is None else OutboundMessage.reply_to_message(
+        message, commit.reply, "error" if commit.failed else "reply")
+    finish = inbox.finish(entries, out, draft)
+    if fence is None:
+        return finish
 
-    def on_commit(reply: str | None, failed: bool) -> Any:
-        out = None if reply is None else OutboundMessage.reply_to_message(
-            message, reply, "error" if failed else "reply")
-        finish = inbox.finish(entries, out, draft())
-        if fence is None:
-            return finish
-
-        async def fenced(db: Any) -> Any:
-            outbox_id = await finish(db)
-            await fence(db)
-            return outbox_id
-        return fenced
-    return on_commit
+    async def fenced(db: Any) -> Any:
+        outbox_id = await finish(db)
+        await fence(db)
+        return outbox_id
+    return fenced
 
 
 def _noting(inbox: Inbox, outbox_id: int) -> SendingMark:
@@ -111,3 +113,44 @@ async def deliver_result(channel: Channel | None, message: InboundMessage, resul
         count(message.channel, "ok")
     if result.outbox_id is not None:
         inbox.delivered(result.outbox_id, platform_id)
+
+
+async def commit_run(store: SessionStore, inbox: Inbox, replicas: ReplicaWork | None,
+                     message: InboundMessage, entries: tuple[int, ...], result: RunResult,
+                     draft: str | None) -> RunResult:
+    """Write a run's history, its inbox entries done and its reply queued, in one
+    transaction; returns the result with the reply's outbox id.
+
+    A commit that fails makes the run a failed one (its apology is written
+    instead); one refused for a lost lease (``replicas``) is not written at all.
+    """
+    try:
+        outbox_id = await _write(store, inbox, replicas, message, entries, result, draft)
+        return dataclasses.replace(result, outbox_id=outbox_id)
+    except Exception as exc:
+        if replicas is not None and result.run_id in replicas.lost_runs:
+            return result.as_failed("the session's lease was lost")
+        if result.status == "failed":
+            log.exception("could not persist failed run %s", result.run_id)
+            return result
+        log.exception("could not persist run %s", result.run_id)
+        failed = result.as_failed(describe_error(exc))
+    try:
+        outbox_id = await _write(store, inbox, replicas, message, entries, failed, draft)
+    except Exception:
+        log.exception("could not persist failed run %s", result.run_id)
+        return failed
+    return dataclasses.replace(failed, outbox_id=outbox_id)
+
+
+async def _write(store: SessionStore, inbox: Inbox, replicas: ReplicaWork | None,
+                 message: InboundMessage, entries: tuple[int, ...], result: RunResult,
+                 draft: str | None) -> int | None:
+    commit = result.commit
+    if commit is None:
+        return None
+    also = None if not entries else inbox_statements(
+        inbox, message, entries, commit, draft=draft,
+        fence=None if replicas is None else replicas.fence(commit.session.key, result.run_id))
+    outbox_id: int | None = await commit.write(store, also)
+    return outbox_id

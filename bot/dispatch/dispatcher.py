@@ -7,7 +7,8 @@ history and queues the reply in the outbox, and the reply is marked delivered
 once the platform took it. :meth:`Dispatcher.recover` runs what a dead process
 left unfinished.
 
-Who is answered is :mod:`bot.dispatch.intake`'s call; each session's runs and
+Who is answered, and how, is the gate chain's call (:mod:`bot.engine.gates`: its
+intake and start stages run here, the rest in each run); each session's runs and
 queue, and merging follow-ups, are :mod:`bot.dispatch.lanes`'.
 """
 
@@ -19,7 +20,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from bot.agents.router import AgentRouter
 from bot.config.settings import Settings
@@ -29,9 +30,9 @@ from bot.contracts.llm import Usage
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.contracts.metering import METER, BudgetRefused
 from bot.contracts.runtime import Runtime
-from bot.dispatch.access import PairingGate
+from bot.dispatch.access import PairingPolicy
 from bot.dispatch.commands import run_command
-from bot.dispatch.delivery import deliver_result, run_commit
+from bot.dispatch.delivery import commit_run, deliver_result
 from bot.dispatch.intake import ChatPolicy
 from bot.dispatch.lanes import Lane, Lanes, Pending, Running
 from bot.dispatch.redelivery import Redeliveries
@@ -40,17 +41,18 @@ from bot.dispatch.replicas import ReplicaWork, close_quietly
 from bot.dispatch.stream import DraftWatch, StreamBridge, draft_id
 from bot.dispatch.watch import RunWatch
 from bot.engine.budgets import Budgets, Payer
+from bot.engine.gates import Asking, GateChain, Stage
 from bot.engine.guard import join_messages
+from bot.engine.requests import RunOptions, RunRequest, RunResult
 from bot.engine.run_engine import RunEngine
-from bot.engine.runloop import RunRequest, RunResult
 from bot.engine.tokens import TokenEstimator
-from bot.storage.access import AccessStore
-from bot.storage.chatter import GroupChatter
+from bot.storage.claims import Claims
 from bot.storage.inbox import Inbox, InboxEntry, OutboxEntry, RunJournal, grouped
 from bot.storage.sessions import SessionStore, agent_of, session_key
-from bot.storage.usage import UsageStore
 
 log = logging.getLogger("roost.dispatch.dispatcher")
+
+T = TypeVar("T")
 
 Leftovers = tuple[list[OutboxEntry], list[InboxEntry]]
 """What a previous process left: replies not confirmed delivered, unfinished messages."""
@@ -66,11 +68,17 @@ class Dispatcher:
     def __init__(self, settings: Settings, *, inbox: Inbox, store: SessionStore,
                  engine: RunEngine, router: AgentRouter, channels: Mapping[str, Channel],
                  commands: Callable[[], Mapping[str, Command]], runtime: Runtime,
-                 access: AccessStore | None = None, usage: UsageStore | None = None) -> None:
+                 gates: GateChain, policy: ChatPolicy, pairing: PairingPolicy, budgets: Budgets,
+                 claims: Claims | None = None,
+                 on_delivery: Callable[[str, str], None] | None = None) -> None:
         """``channels`` is the live mapping of running channels; ``commands()``
         the current commands (they change when plugins do); ``runtime`` is what
-        command handlers receive. ``access`` (pairing) and ``usage`` (budgets)
-        default to stores on the inbox's connection."""
+        command handlers receive. ``gates`` decide who is answered and how (its
+        intake and start stages run here; ``policy``, ``pairing`` and ``budgets``
+        are the ones its gates use). ``claims`` (PostgreSQL,
+        several replicas) makes sessions run on the replica holding their lease.
+        ``on_delivery(channel, outcome)`` is told of each reply handed to a channel
+        (``ok``, ``failed`` (kept and retried) or ``given_up``)."""
         self.settings = settings
         self.inbox = inbox
         self.store = store
@@ -79,34 +87,31 @@ class Dispatcher:
         self.channels = channels
         self.commands = commands
         self.runtime = runtime
-        self.pairing = PairingGate(settings, access or AccessStore(
-            inbox.db, inbox.lock, inbox.writer, ttl=settings.pairing_code_ttl))
+        self.gates = gates
+        """Who is answered and how (bot.engine.gates)."""
+        self.pairing = pairing
         """Who may DM the bot under the pairing policy (bot.dispatch.access)."""
-        self.budgets = Budgets(settings, usage or UsageStore(inbox.db, inbox.lock, inbox.writer),
-                               engine.estimator_for)
-        """Token budgets and the request rate, checked before each run and reserved around
-        each model call (bot.engine.budgets)."""
+        self.budgets = budgets
+        """Token budgets and the request rate, checked before each run (a gate) and
+        reserved around each model call (bot.engine.budgets)."""
         self.registry = RunRegistry()
-        # Through a lambda: on_delivery is set after construction (the metrics).
-        self.redeliveries = Redeliveries(
-            inbox, channels, lambda channel, outcome: self.on_delivery(channel, outcome))
-        self.policy = ChatPolicy(settings, GroupChatter(inbox.writer))
-        """Who is answered: the DM and group policies (bot.dispatch.intake)."""
+        self.on_delivery: Callable[[str, str], None] = on_delivery or _uncounted
+        self.redeliveries = Redeliveries(inbox, channels, self.on_delivery)
+        self.policy = policy
+        """The DM and group policies and a group's unaddressed context (bot.dispatch.intake)."""
         self.lanes = Lanes(settings, self.registry,
                            lambda lane, entry, run_id: self._spawn(self._run(lane, entry, run_id)),
                            self._dropped)
         """Each session's runs and queue (bot.dispatch.lanes)."""
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._changed = asyncio.Event()
         self._closed = False
         # Commands of one chat run in the order they were sent ("/pin a", "/pin b").
         self._command_locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
-        self.replicas: ReplicaWork | None = None
-        """On PostgreSQL (several replicas): who runs which session (bot.dispatch.replicas);
-        set by the app. ``None`` on SQLite: this process runs what it receives."""
-        self.on_delivery: Callable[[str, str], None] = _uncounted
-        """Told of each reply handed to a channel: (channel, ``ok``, ``failed`` (kept
-        and retried) or ``given_up``); the app counts them in its metrics."""
+        self.replicas: ReplicaWork | None = None if claims is None else ReplicaWork(
+            inbox, claims, admit=self.admit, busy=self.busy, resend=self._resend)
+        """On PostgreSQL (several replicas): who runs which session (bot.dispatch.replicas).
+        ``None`` on SQLite: this process runs what it receives."""
 
     # -- entry point -------------------------------------------------------
 
@@ -123,10 +128,11 @@ class Dispatcher:
             return
         parsed = parse_command(message.text)
         key = self.key_for(message)
-        if not await self.policy.allows(message, parsed is not None, key):
-            return
-        if not await self.pairing.admits(message):
-            await self._refuse_unpaired(message, key, parsed is not None)
+        decision = await self.gates.check(Stage.INTAKE, Asking(
+            message, message.text, key, self.settings, command=parsed is not None))
+        if decision.action != "pass":
+            if decision.reply is not None:
+                self._notify(message, decision.reply)
             return
         if self.replicas is not None and parsed is None:
             # Recorded pending; it runs on whichever replica holds the session.
@@ -153,32 +159,21 @@ class Dispatcher:
             return
         self.lanes.enqueue(self.lanes.lane(key, message), message, entry.id, counted=now)
 
-    async def _refuse_unpaired(self, message: InboundMessage, key: str,
-                               is_command: bool) -> None:
-        """An unpaired user's DM: recorded and closed at once (never run, not even after a
-        restart), and its sender told the pairing code when one is due."""
-        entry = await self.inbox.add(message, key, "command" if is_command else "message")
-        if entry is None:
-            return  # a redelivery of a message refused before
-        self.inbox.close((entry.id,))
-        reply = await self.pairing.refuse(message)
-        if reply is not None:
-            self._notify(message, reply)
-
     # -- queries and controls used by commands -------------------------------
 
-    def run_scheduled(self, message: InboundMessage, *, deliver_failed: bool = True,
-                      **options: Any) -> asyncio.Future[RunResult]:
+    def run_scheduled(self, message: InboundMessage, options: RunOptions | None = None, *,
+                      deliver_failed: bool = True) -> asyncio.Future[RunResult]:
         """Queue a run that no person sent (cron, heartbeat) in ``message``'s chat.
 
         It waits its turn in the chat's lane like any message, is never merged
         with one, and its reply is delivered to that chat (``NO_REPLY`` sends
         nothing; a failure's apology only when ``deliver_failed``, so a caller
-        that retries can report once). ``options`` go to
-        :class:`bot.engine.runloop.RunRequest`; the future resolves with the run's result.
+        that retries can report once). ``options`` say how it runs; the future
+        resolves with the run's result.
         """
         done: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
-        pending = Pending(message, time.monotonic(), options, done, deliver_failed)
+        pending = Pending(message, time.monotonic(), options or RunOptions(), False, done,
+                          deliver_failed)
         self.lanes.add(self.lanes.lane(self.key_for(message), message), pending)
         return done
 
@@ -264,6 +259,10 @@ class Dispatcher:
             started = group[-1].state == "running"
             self._resume(group, await self.inbox.journal(group[-1].id) if started else None)
 
+    async def _resend(self, replies: list[OutboxEntry]) -> None:
+        """Send replies taken over from dead replicas."""
+        await self.recover((replies, []))
+
     def busy(self, key: str) -> bool:
         """Whether session ``key`` has a run, a queued message or a command here."""
         return key in self.lanes.by_key or key in self._command_locks
@@ -315,9 +314,11 @@ class Dispatcher:
                 with contextlib.suppress(Exception):
                     await channel.withdraw(message.chat_id, pending.stale_draft)
             agent = agent_of(lane.key)
-            refusal = await self.budgets.check(message, agent, request=pending.options is None)
-            if refusal is not None:
-                self._refused(message, pending, run_id, lane.key, refusal)
+            decision = await self.gates.check(Stage.START, Asking(
+                message, message.text, lane.key, self.settings,
+                from_person=pending.from_person, agent=agent))
+            if decision.action != "pass":
+                self._refused(message, pending, run_id, lane.key, decision.reply or "")
                 return
             await self.engine.held()  # tools still being listed at start, say
             # Every model call of the run, and of what serves it, reserves against its budgets.
@@ -330,30 +331,32 @@ class Dispatcher:
                              lambda text: self._notify(message, text))
             typing = channel.typing(message) if channel else contextlib.nullcontext()
             async with typing:
-                asked, chatter = message, ""
-                if pending.options is None and message.chat_type != "direct":
+                asked, options = message, pending.options
+                if pending.from_person and message.chat_type != "direct":
                     # The group's chatter since the last run, and the files sent in it.
                     kept = await self.policy.take(lane.key)
                     asked = self.policy.with_earlier_files(kept, message)
-                    chatter = self.policy.context(kept, self._estimator(agent_of(lane.key)))
-                options = pending.options or {"extra_context": chatter}
-                options = {"agent": agent_of(lane.key), "plugins": plugins, **options}
+                    options = dataclasses.replace(options, extra_context=self.policy.context(
+                        kept, self._estimator(agent_of(lane.key))))
+                journal = None
                 if pending.entries:
-                    options["journal"] = pending.journal or RunJournal(self.inbox,
-                                                                       pending.entries[-1])
-                    options["on_commit"] = run_commit(
-                        self.inbox, message, pending.entries, draft=lambda: draft_id(bridge.stream),
-                        fence=None if self.replicas is None
-                        else self.replicas.fence(lane.key, run_id))
+                    journal = pending.journal or RunJournal(self.inbox, pending.entries[-1])
+                request = RunRequest.with_options(asked, session, options, run_id=run_id,
+                                                  agent=agent, plugins=plugins, journal=journal)
                 try:
-                    result = await self.engine.run(
-                        RunRequest(asked, session, run_id=run_id, **options), watch)
+                    result = await self.engine.execute(request, watch)
                 except BudgetRefused as exc:
                     # Its first model call did not fit: like a refusal before the run.
                     if bridge.stream is not None:
                         await bridge.stream.finish(None)
                     self._refused(message, pending, run_id, lane.key, exc.reply)
                     return
+                if result.commit is not None:
+                    entry.shown()  # answered: a follow-up starts a run of its own
+                # Tracked (drain, close) and shielded: a /stop arriving now does not
+                # leave the commit written but its run unannounced.
+                result = await asyncio.shield(self._spawn(self._close_run(
+                    request, result, message, pending.entries, draft_id(bridge.stream), watch)))
             if self.replicas is not None and run_id in self.replicas.lost_runs:
                 # Another replica holds the session now and answers these entries.
                 self.replicas.lost_runs.discard(run_id)
@@ -398,16 +401,26 @@ class Dispatcher:
                 self.replicas.idle(lane.key)
             self._changed.set()
 
+    async def _close_run(self, request: RunRequest, result: RunResult,
+                         message: InboundMessage, entries: tuple[int, ...], draft: str | None,
+                         watch: RunWatch) -> RunResult:
+        """Commit the run (history, inbox, outbox) and announce its end. The caller shields
+        it from the run's own cancellation."""
+        if result.commit is not None:
+            result = await commit_run(self.store, self.inbox, self.replicas, message, entries,
+                                      result, draft)
+        await self.engine.finished(request, result, watch)
+        return result
+
     def _refused(self, message: InboundMessage, pending: Pending, run_id: str, key: str,
                  refusal: str) -> None:
         """A run refused by a budget before the model answered: nothing of it is stored."""
         self.inbox.close(pending.entries)
         result = RunResult(run_id, "refused", refusal, Usage())
-        if pending.options is None:
+        if pending.from_person:
             self._notify(message, refusal)
         else:
-            log.info("scheduled %s run in %s skipped: %s",
-                     pending.options.get("kind", "scheduled"), key, refusal)
+            log.info("scheduled %s run in %s skipped: %s", pending.options.kind, key, refusal)
         if pending.done is not None and not pending.done.done():
             pending.done.set_result(result)
 
@@ -466,13 +479,13 @@ class Dispatcher:
             return
         self.on_delivery(out.channel, "ok")
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+    def _spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._done)
         return task
 
-    def _done(self, task: asyncio.Task[None]) -> None:
+    def _done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("task failed", exc_info=task.exception())

@@ -16,13 +16,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from bot.config.settings import Settings
 from bot.contracts.messages import InboundMessage
 from bot.dispatch.registry import ActiveRun, RunRegistry
 from bot.engine.guard import join_messages
-from bot.engine.requests import RunResult
+from bot.engine.requests import RunOptions, RunResult
 from bot.observability.ids import hex_id
 from bot.storage.inbox import RunJournal
 
@@ -33,8 +32,10 @@ class Pending:
 
     message: InboundMessage
     received: float
-    options: dict[str, Any] | None = None
-    """RunRequest options of a scheduled run (mode, kind, extra_context...)."""
+    options: RunOptions = field(default_factory=RunOptions)
+    """How the run runs (a scheduled run's mode, kind, extra context...)."""
+    from_person: bool = True
+    """Sent by a person (``False``: a scheduled turn, never merged, no request window)."""
     done: asyncio.Future[RunResult] | None = None
     deliver_failed: bool = True
     entries: tuple[int, ...] = ()
@@ -56,6 +57,15 @@ class Running:
     pending: Pending
     run: ActiveRun | None = None
     output: bool = False
+    """The run showed something or is being committed: a follow-up is not merged into it."""
+
+    def attach(self, run: ActiveRun) -> None:
+        """The registry entry of the run started for this entry."""
+        self.run = run
+
+    def shown(self) -> None:
+        """The run showed output (or its commit began): it is no longer merged into."""
+        self.output = True
 
 
 @dataclass(slots=True)
@@ -158,7 +168,7 @@ class Lanes:
         for running in reversed(lane.running if not lane.queue else ()):
             prev = running.pending
             if (prev.message.sender_id == message.sender_id and not running.output
-                    and prev.options is None and prev.journal is None
+                    and prev.from_person and prev.journal is None
                     and now - prev.received <= window and running.run is not None):
                 lane.running.remove(running)
                 self.registry.abort(running.run.run_id, lane.key, "merged")
@@ -167,7 +177,7 @@ class Lanes:
                 return True
         if lane.queue and len(lane.running) >= lane.limit:
             last = lane.queue[-1]
-            if (last.message.sender_id == message.sender_id and last.options is None
+            if (last.message.sender_id == message.sender_id and last.from_person
                     and now - last.received <= window):
                 limit = self.settings.max_message_chars
                 lane.queue[-1] = joined(last, message, entry_id, now, limit)
@@ -180,8 +190,9 @@ class Lanes:
         lane.running.append(entry)
         run_id = hex_id()
         task = self._start_run(lane, entry, run_id)
-        entry.run = ActiveRun(run_id, lane.key, task, time.monotonic())
-        self.registry.register(entry.run)
+        run = ActiveRun(run_id, lane.key, task, time.monotonic())
+        entry.attach(run)
+        self.registry.register(run)
 
     def finished(self, lane: Lane, entry: Running) -> None:
         """``entry``'s run ended: the next queued message starts; an idle lane goes."""

@@ -16,6 +16,11 @@ class ActiveRun:
     started_at: float
     cancel_reason: str = ""
 
+    def cancel(self, reason: str) -> None:
+        """Cancel its task, remembering ``reason`` ("stop", "merged", "shutdown")."""
+        self.cancel_reason = reason
+        self.task.cancel(reason)
+
 
 @dataclass
 class RunRegistry:
@@ -43,8 +48,7 @@ class RunRegistry:
         if (run is None or run.session_key != session_key or run.task.done()
                 or run.cancel_reason):
             return False
-        run.cancel_reason = reason
-        run.task.cancel(reason)
+        run.cancel(reason)
         return True
 
     def abort_session(self, session_key: str, reason: str = "stop") -> int:

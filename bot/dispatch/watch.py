@@ -31,11 +31,11 @@ class RunWatch:
 
     async def __call__(self, event: RunEvent) -> None:
         if event.type == "chunk":
-            self.entry.output = True
+            self.entry.shown()
             await self.bridge.add(event.payload["content"])
             self.draft.check(self.bridge.stream)
         elif event.type == "tool.call":
-            self.entry.output = True
+            self.entry.shown()
             await self.bridge.end_block()
         elif event.type == "run.retrying":
             if event.payload.get("attempt") == 0:
@@ -47,6 +47,6 @@ class RunWatch:
                 await self.bridge.restart()
         elif event.type == "activity":
             if event.payload.get("phase") == "committing":
-                self.entry.output = True  # answered: a follow-up starts a run of its own
+                self.entry.shown()  # answered: a follow-up starts a run of its own
             elif event.payload.get("notice"):
                 self.notify(event.payload["notice"])

@@ -281,6 +281,12 @@ class Payer:
         self.kept: list[str] | None = []
         """Warnings kept until :meth:`release` (after the run's reply); ``None``: at once."""
 
+    def first_spend(self, spent: Usage) -> bool:
+        """Whether ``spent`` is the run's first counted spending (it counts as a run)."""
+        first = not self.counted and bool(spent.input_tokens or spent.output_tokens)
+        self.counted = self.counted or first
+        return first
+
     def tell(self, text: str) -> None:
         """Tell the chat ``text`` — once the run's reply went out."""
         if self.kept is not None:
@@ -336,8 +342,7 @@ class _Hold:
         spent = usage or Usage()
         if not self.limits and not spent.input_tokens and not spent.output_tokens:
             return
-        first = not payer.counted and bool(spent.input_tokens or spent.output_tokens)
-        payer.counted = payer.counted or first
+        first = payer.first_spend(spent)
         if not self.limits:
             # Nothing reserved, nothing to warn about: counted with the next commit.
             budgets.usage.record(

@@ -1,9 +1,9 @@
 """How a run ends: completed, refused, failed or cancelled.
 
-Each ending writes once. A persisted run stores its history, usage, trace and the
-caller's bookkeeping (:attr:`RunRequest.on_commit`) in one transaction; a run that
-stores nothing, or was cancelled, records only its trace. Then come the run's log
-line and its last event.
+A persisted run writes nothing itself: its result carries the :class:`RunCommit`
+(history, usage, trace, reply) its caller writes with its own bookkeeping, and
+the last event, announced after that write. A run that stores nothing, or was
+cancelled, records only its trace. Each ending logs one line.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from bot.contracts.events import EventType, RunEvent
 from bot.contracts.llm import ChatMessage
 from bot.engine.guard import WITHHELD
-from bot.engine.requests import RunResult
+from bot.engine.requests import RunCommit, RunResult
 from bot.observability.tracing import Span, preview
-from bot.storage.db import Statements
 from bot.storage.sessions import RunRecord
 
 if TYPE_CHECKING:
@@ -33,22 +33,19 @@ async def complete(run: Run, final: str, cleaned: str, silent: bool) -> RunResul
     run.buffer.append(ChatMessage("assistant", final))
     run.trace.root.attributes["output_preview"] = preview(cleaned)
     reply = None if silent else cleaned
-    outbox_id = None
+    commit = None
     if req.persist:
         # From here the run is answered: a follow-up must not merge into it.
         await run.emit("activity", phase="committing")
-        run.committed = True
-        outbox_id = await run.engine.store.append_run(
-            req.session, req.run_id, run.buffer, run.usage, run.settings.model,
-            run.provider.name, _record(run, "completed"), _spans(run, "completed"),
-            also=_also(run, reply),
-        )
+        commit = RunCommit(req.session, req.run_id, tuple(run.buffer), run.usage,
+                           run.settings.model, run.provider.name, _record(run, "completed"),
+                           _spans(run, "completed"), reply)
     else:
         await store_trace(run, "completed")
     _log(run, "completed")
-    await run.emit("run.completed", content=cleaned, silent=silent, usage=_usage(run))
-    return RunResult(req.run_id, "completed", reply, run.usage, run.iterations,
-                     outbox_id=outbox_id)
+    return RunResult(req.run_id, "completed", reply, run.usage, run.iterations, commit=commit,
+                     ending=_event(run, "run.completed", content=cleaned, silent=silent,
+                                   usage=_usage(run)))
 
 
 async def refuse(run: Run, refusal: str, kept: ChatMessage | None = None) -> RunResult:
@@ -57,20 +54,20 @@ async def refuse(run: Run, refusal: str, kept: ChatMessage | None = None) -> Run
     # The refused text is not kept: it would reach the model as history
     # with the sender's next message. ``kept`` is a harmless turn to keep instead
     # (the lines of files Roost itself refused).
-    run.buffer = [
+    exchange = (
         kept or ChatMessage("user", WITHHELD, sender_id=msg.sender_id,
                             sender_name=msg.display_name),
         ChatMessage("assistant", refusal),
-    ]
-    outbox_id = None
+    )
+    commit = None
     if req.persist:
-        outbox_id = await run.engine.store.append_run(
-            req.session, req.run_id, run.buffer, record=_record(run, "refused"),
-            spans=_spans(run, "refused"), also=_also(run, refusal))
+        commit = RunCommit(req.session, req.run_id, exchange, None, "", "",
+                           _record(run, "refused"), _spans(run, "refused"), refusal)
     _log(run, "refused")
-    await run.emit("run.completed", content=refusal, silent=False, refused=True,
-                   usage={"input_tokens": 0, "output_tokens": 0})
-    return RunResult(req.run_id, "refused", refusal, run.usage, 0, outbox_id=outbox_id)
+    return RunResult(req.run_id, "refused", refusal, run.usage, 0, commit=commit,
+                     ending=_event(run, "run.completed", content=refusal, silent=False,
+                                   refused=True,
+                                   usage={"input_tokens": 0, "output_tokens": 0}))
 
 
 async def fail(run: Run, error: str) -> RunResult:
@@ -80,29 +77,21 @@ async def fail(run: Run, error: str) -> RunResult:
     # half-finished tool exchange.
     user = [m for m in run.buffer if m.role == "user"]
     apology = f"Sorry, I couldn't answer that: {error}"
-    outbox_id = None
-    try:
-        if req.persist:
-            outbox_id = await run.engine.store.append_run(
-                req.session, req.run_id, user, run.usage,
-                record=_record(run, "failed", error), spans=_spans(run, "failed", error),
-                also=_also(run, apology, failed=True))
-        else:
-            await store_trace(run, "failed", error)
-    except Exception:
-        log.exception("could not persist failed run %s", req.run_id)
+    commit = None
+    if req.persist:
+        commit = RunCommit(req.session, req.run_id, tuple(user), run.usage, "", "",
+                           _record(run, "failed", error), _spans(run, "failed", error),
+                           apology, failed=True)
+    else:
+        await store_trace(run, "failed", error)
     _log(run, "failed", error)
-    await run.emit("run.failed", error=error)
     return RunResult(req.run_id, "failed", apology, run.usage, run.iterations, error,
-                     outbox_id=outbox_id)
+                     commit=commit, ending=_event(run, "run.failed", error=error))
 
 
 async def cancelled(run: Run, reason: str) -> None:
     """The run was cancelled (``reason``: "stop", "merged", "shutdown"); nothing is written."""
-    # A run cancelled while its flush is being written is committed all
-    # the same (the store finishes the write); its trace stays as written.
-    if not run.committed:
-        await store_trace(run, "cancelled", reason)
+    await store_trace(run, "cancelled", reason)
     _log(run, "cancelled", reason)
     # The tokens spent so far count against the budgets (bot.engine.budgets).
     await run.emit("run.cancelled", reason=reason, usage=_usage(run))
@@ -123,9 +112,8 @@ def _usage(run: Run) -> dict[str, int]:
             "cache_read_tokens": u.cache_read_tokens, "cache_write_tokens": u.cache_write_tokens}
 
 
-def _also(run: Run, reply: str | None, failed: bool = False) -> Statements | None:
-    on_commit = run.req.on_commit
-    return on_commit(reply, failed) if on_commit is not None else None
+def _event(run: Run, type_: EventType, **payload: object) -> RunEvent:
+    return RunEvent(type_, run.req.run_id, run.req.session.key, dict(payload))
 
 
 def _record(run: Run, status: str, error: str = "") -> RunRecord:
@@ -138,8 +126,8 @@ def _record(run: Run, status: str, error: str = "") -> RunRecord:
 
 def _spans(run: Run, status: str, error: str = "") -> list[Span]:
     spans = run.trace.finish(status, error)
-    if run.engine.exporter is not None:
-        run.engine.exporter.export(spans)
+    if run.sink.export is not None:
+        run.sink.export.export(spans)
     return spans
 
 

@@ -89,7 +89,7 @@ async def judge_reply(
     except BudgetRefused:
         raise  # no budget left to judge or correct: the run ends with the refusal
     except Exception as exc:
-        stats.errors += 1
+        stats.failed()
         trace.root.attributes["judge_error"] = describe_error(exc)
         log.warning("run %s: a judge failed (%s); the reply goes out unjudged",
                     run_id[:8], describe_error(exc))

@@ -13,34 +13,35 @@ from typing import Any, Protocol
 
 from bot.agents.router import Agent, JudgeStats
 from bot.config.settings import Settings
+from bot.contracts import hookspecs
 from bot.contracts.channel import Channel
 from bot.contracts.llm import ChatMessage, LLMProvider
 from bot.contracts.messages import InboundMessage
 from bot.contracts.sanitize import Sanitizer
-from bot.contracts.tools import SendFunc, Tool
+from bot.contracts.tools import Tool
 from bot.engine.compaction import (
     FLUSH_ITERATIONS,
     FLUSH_TIMEOUT,
     FLUSH_TOOLS,
     Compactor,
 )
+from bot.engine.gates import GateChain, run_gates
 from bot.engine.guard import InputGuard
 from bot.engine.history import PruneSettings
 from bot.engine.requests import (
-    FailureHandler,
-    LargeResultHandler,
     Listener,
     RunRequest,
     RunResult,
+    RunSink,
 )
 from bot.engine.runloop import Run
-from bot.engine.snapshot import PluginSnapshot
-from bot.engine.tokens import TokenEstimator
-from bot.observability.tracing import SpanExporter
+from bot.engine.snapshot import CurrentPlugins, PluginSnapshot
+from bot.engine.tokens import Estimators, TokenEstimator
 from bot.pluginhost.manager import PluginHost
 from bot.storage.sessions import Session, SessionStore
 from bot.tools.breakers import Breakers
 from bot.tools.metrics import ToolMetricsRegistry
+from bot.tools.outcomes import describe_error
 
 log = logging.getLogger("roost.engine.run_engine")
 
@@ -75,39 +76,52 @@ class RunEngine:
         guard: InputGuard | None = None,
         *,
         agents: Agents,
+        plugins: CurrentPlugins | None = None,
+        channels: Mapping[str, Channel] | None = None,
+        sink: RunSink | None = None,
+        gates: GateChain | None = None,
+        estimators: Estimators | None = None,
     ) -> None:
+        """``plugins`` is the shared plugin state (else one made of ``tools``,
+        ``sanitizers`` and ``guard``); ``channels`` the running channels by name (the
+        app's live mapping: runs download the files of messages through them); ``sink``
+        where runs report unless their request names another; ``gates`` the chain whose
+        run stages each run passes (by default the run gates alone); ``estimators`` the
+        token estimators, one per provider (shared with the budgets)."""
         self.settings = settings
         self.host = host
         self.store = store
         self.provider = provider
-        self.plugins = PluginSnapshot.of(
+        self.current = plugins or CurrentPlugins(PluginSnapshot.of(
             guard or InputGuard([], settings.guard_mode, settings.guard_modes), tools,
-            sanitizers=list(sanitizers))
+            sanitizers=list(sanitizers)))
         """What the enabled plugins offer; replaced whole when plugins change."""
-        self.estimator = TokenEstimator(provider.name)
-        self._estimators = {provider.name: self.estimator}
+        self.estimators = estimators or Estimators()
+        self.estimator = self.estimators.for_provider(provider.name)
+        self.gates = gates or GateChain(run_gates(host))
+        """Who is answered and how (bot.engine.gates); runs pass its run stages."""
         self.compactor = Compactor(settings, store, lambda: self.provider, self.estimator_for,
                                    self._memory_flush)
         self.prune = PruneSettings(soft_ratio=settings.prune_soft_ratio,
                                    hard_ratio=settings.prune_hard_ratio)
-        self.exporter: SpanExporter | None = None
         self.breakers = Breakers()
         self.tool_metrics = ToolMetricsRegistry()
-        self.on_tool_failure: FailureHandler | None = None
-        """Turns a tool failure into what the model reads (the error channel)."""
-        self.on_large_result: LargeResultHandler | None = None
-        """Stores a large result and returns the preview the model reads."""
-        self.deliver: SendFunc | None = None
-        """Sends a message through its channel at once (the app sets it); tools get it
-        as ``ToolContext.send`` to reach their chat (``send_file``)."""
+        self.sink = sink or RunSink()
+        """Where runs report (error channel, large results, sends, spans) unless their
+        request names another sink."""
         self.active_runs = 0
-        self.channels: Mapping[str, Channel] = {}
-        """The running channels by name (the app's own dict): runs download files with them."""
+        self.channels: Mapping[str, Channel] = {} if channels is None else channels
+        """The running channels by name: runs download the files of messages with them."""
         self.workspaces_root = settings.workspaces_dir
         """The default agent's workspaces (others: :func:`bot.agents.router.workspaces_root`)."""
         self.agents = agents
         """Resolves each run's agent; judge statistics."""
         self._holds: set[asyncio.Future[Any]] = set()
+
+    @property
+    def plugins(self) -> PluginSnapshot:
+        """The current plugin state (what a run starting now takes)."""
+        return self.current.now
 
     @property
     def tools(self) -> Mapping[str, Tool]:
@@ -126,10 +140,7 @@ class RunEngine:
 
     def estimator_for(self, provider: str) -> TokenEstimator:
         """The token estimator calibrated for ``provider`` (one per provider)."""
-        estimator = self._estimators.get(provider)
-        if estimator is None:
-            estimator = self._estimators[provider] = TokenEstimator(provider)
-        return estimator
+        return self.estimators.for_provider(provider)
 
     async def _memory_flush(self, message: InboundMessage, session: Session, agent: str,
                             history: Sequence[ChatMessage]) -> str:
@@ -154,20 +165,62 @@ class RunEngine:
         if self._holds:
             await asyncio.wait(set(self._holds))  # a cancelled caller leaves them running
 
-    async def run(self, req: RunRequest, listener: Listener | None = None) -> RunResult:
-        """Execute ``req`` to completion; raises ``CancelledError`` if cancelled.
+    async def execute(self, req: RunRequest, listener: Listener | None = None) -> RunResult:
+        """Execute ``req`` and return its outcome; its commit is the caller's to write.
 
-        Waits first for the work passed to :meth:`hold_runs` that is not done yet.
+        Raises ``CancelledError`` if cancelled. Waits first for the work passed to
+        :meth:`hold_runs` that is not done yet. Once the commit is written, call
+        :meth:`finished`.
         """
         await self.held()
         run = Run(self, req, listener)
         self.active_runs += 1
         req.session.pins += 1
         try:
-            result = await run.execute()
+            return await run.execute()
         finally:
             req.session.pins -= 1
             self.active_runs -= 1
-        if req.persist and result.status == "completed" and run.agent is not None:
-            self.compactor.schedule(req.session, req.message, run.agent)
+
+    async def finished(self, req: RunRequest, result: RunResult,
+                       listener: Listener | None = None) -> None:
+        """After the commit: announce the run's last event and compact its session if due."""
+        if result.ending is not None:
+            if listener is not None:
+                await listener(result.ending)
+            if self.host.hooks.implemented(hookspecs.roost_run_event):
+                await self.host.hooks.roost_run_event(event=result.ending)
+        if req.persist and result.status == "completed":
+            try:
+                agent = await self.agents.get(req.agent)  # cached: the run just used it
+            except Exception:
+                log.exception("no compaction after run %s: agent %s", req.run_id, req.agent)
+                return
+            self.compactor.schedule(req.session, req.message, agent)
+
+    async def run(self, req: RunRequest, listener: Listener | None = None) -> RunResult:
+        """Execute ``req``, write its commit on its own, announce it; the whole run.
+
+        For runs no inbox entry waits on (tools' sub-runs, the memory flush, tests).
+        """
+        result = await self.execute(req, listener)
+        if result.commit is not None:
+            try:
+                await result.commit.write(self.store)
+            except Exception as exc:
+                if result.status == "failed":
+                    log.exception("could not persist failed run %s", req.run_id)
+                else:
+                    log.exception("could not persist run %s", req.run_id)
+                    result = result.as_failed(describe_error(exc))
+                    await self._write_failed(result)
+        await self.finished(req, result, listener)
         return result
+
+    async def _write_failed(self, result: RunResult) -> None:
+        if result.commit is None:
+            return
+        try:
+            await result.commit.write(self.store)
+        except Exception:
+            log.exception("could not persist failed run %s", result.run_id)

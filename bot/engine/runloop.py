@@ -2,7 +2,7 @@
 
 Phases: setup → input checks → build messages → LLM iterations with tool
 execution → finalization (sanitize, NO_REPLY, judges) → the ending
-(:mod:`bot.engine.finish`: one atomic flush, the last event). Cancellation
+(:mod:`bot.engine.finish`: the commit its caller writes, the last event). Cancellation
 (``/stop``, merges, shutdown) is plain asyncio cancellation: it reaches the
 provider's HTTP stream and running tools, and nothing of a cancelled run is written.
 """
@@ -10,6 +10,7 @@ provider's HTTP stream and running tools, and nothing of a cancelled run is writ
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -32,7 +33,8 @@ from bot.engine.compaction import (
 )
 from bot.engine.context import build_context, kernel_text
 from bot.engine.exec_summary import ExecutionSummary
-from bot.engine.guard import BLOCK_REFUSAL, truncate
+from bot.engine.gates import Asking, Stage
+from bot.engine.guard import BLOCK_REFUSAL
 from bot.engine.history import limit_turns, prune, repair_pairing, summary_messages
 from bot.engine.judging import judge_reply
 from bot.engine.llm_call import call_model
@@ -42,8 +44,11 @@ from bot.engine.requests import (
     FailureHandler,
     LargeResultHandler,
     Listener,
+    RunCommit,
+    RunOptions,
     RunRequest,
     RunResult,
+    RunSink,
     RunStatus,
 )
 from bot.engine.turns import for_model, seeded_files, verbose_input, workspace_for
@@ -59,8 +64,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("roost.engine.runloop")
 
 __all__ = [
-    "NO_REPLY", "FailureHandler", "LargeResultHandler", "Listener", "Run", "RunRequest",
-    "RunResult", "RunStatus",
+    "NO_REPLY", "FailureHandler", "LargeResultHandler", "Listener", "Run", "RunCommit",
+    "RunOptions", "RunRequest", "RunResult", "RunSink", "RunStatus",
 ]
 
 LOOP_REPEATS = 3
@@ -82,7 +87,8 @@ class Run:
         self.buffer: list[ChatMessage] = []
         self.iterations = 0
         self.started = time.monotonic()
-        self.committed = False
+        self.sink = req.sink or engine.sink
+        """Where this run reports: error channel, large results, sends, spans."""
         self.trace = RunTrace(req.run_id, req.session.key, verbose=self.settings.trace_verbose)
         self.trace.root.attributes["kind"] = req.kind
         # Set from the agent when the run starts (_use_agent).
@@ -164,13 +170,13 @@ class Run:
             await asyncio.to_thread(ensure_workspace, workspace, agent.bootstrap_dir,
                                     seeded_files(agent))
 
-        # Input validation: guard, length, then plugin checks.
-        verdict = self.plugins.guard.check(msg.text, channel=msg.channel, user=msg.sender_id,
-                                     session=req.session.key)
-        if verdict.blocked:
-            return await finish.refuse(self, BLOCK_REFUSAL)
-        text, truncation_note = truncate(msg.text, self.settings.max_message_chars)
-        notes = [truncation_note] if truncation_note else []
+        # The chain's gates of a run (bot.engine.gates): guard and length on the text...
+        asking = Asking(msg, msg.text, req.session.key, self.settings,
+                        from_person=req.kind == "chat", agent=agent.name, plugins=self.plugins)
+        decision = await engine.gates.check(Stage.INPUT, asking)
+        if decision.action != "pass":
+            return await finish.refuse(self, decision.reply or BLOCK_REFUSAL)
+        text, notes = decision.text, list(decision.notes)
         # Files are fetched, stored in the workspace and described to the model, a line
         # each (bot.engine.media); a message of files alone is a turn of its own.
         media = await take_in(msg, workspace, engine.channels, engine.host, self.settings) \
@@ -185,12 +191,13 @@ class Run:
                 # At most once per message: a run repeated after a crash skips what it sent.
                 if req.journal is None or await req.journal.notice(notice):
                     await self.emit("activity", phase="media", notice=notice)
-        checked = await engine.host.hooks.roost_check_input(message=msg, text=text,
-                                                             settings=self.settings)
-        if checked.refusal is not None:
-            return await finish.refuse(self, checked.refusal)
-        text = checked.text
-        notes.extend(checked.notes)
+        # ...then plugins' checks, on the text with its files described.
+        decision = await engine.gates.check(Stage.CONTENT,
+                                            dataclasses.replace(asking, text=text))
+        if decision.action != "pass":
+            return await finish.refuse(self, decision.reply or BLOCK_REFUSAL)
+        text = decision.text
+        notes += decision.notes
         user = ChatMessage("user", text, sender_id=msg.sender_id, sender_name=msg.display_name,
                            parts=tuple(media.parts) if media is not None else ())
         self.buffer.append(user)
@@ -236,7 +243,7 @@ class Run:
             user_id=msg.sender_id, channel=msg.channel, chat_id=msg.chat_id,
             session_key=req.session.key, run_id=req.run_id, workspace=workspace,
             deadline=self.started + (req.timeout or self.settings.run_timeout),
-            chat_type=msg.chat_type, thread_id=msg.thread_id, send=engine.deliver,
+            chat_type=msg.chat_type, thread_id=msg.thread_id, send=self.sink.deliver,
         )
         final, convo = await self._generate(convo, system, specs, limit, tool_context)
 
@@ -416,7 +423,7 @@ class Run:
         outcomes = await self.executor.run_batch(
             calls, context, trace=self.trace, on_call=self._on_tool_call,
             on_result=self._on_tool_result,
-            on_failure=self._on_failure if self.engine.on_tool_failure else None)
+            on_failure=self._on_failure if self.sink.on_tool_failure else None)
         notice = turn_timeout_notice(outcomes)
         if notice:
             await self.emit("activity", phase="turn_timeout", notice=notice)
@@ -437,9 +444,9 @@ class Run:
     async def _shorten(self, call: ToolCall, result: ToolResult) -> ToolResult:
         """A large successful result: stored for slices when a result store exists."""
         limit = self.settings.large_result_chars
-        if self.engine.on_large_result is not None:
+        if self.sink.on_large_result is not None:
             try:
-                return ToolResult(await self.engine.on_large_result(
+                return ToolResult(await self.sink.on_large_result(
                     self.req.session.key, call.name, result.content), parts=result.parts)
             except Exception:
                 log.exception("storing a large %s result failed; cutting it", call.name)
@@ -448,8 +455,8 @@ class Run:
                           parts=result.parts)
 
     async def _on_failure(self, call: ToolCall, raw: RawError) -> str:
-        assert self.engine.on_tool_failure is not None
-        return await self.engine.on_tool_failure(call, raw, self.req.session.key)
+        assert self.sink.on_tool_failure is not None
+        return await self.sink.on_tool_failure(call, raw, self.req.session.key)
 
     async def _on_tool_call(self, call: ToolCall) -> None:
         await self.emit("tool.call", name=call.name, id=call.id, arguments=dict(call.arguments))

@@ -1,8 +1,8 @@
 """What the enabled plugins offer, as one frozen object swapped whole.
 
 When a plugin is enabled or disabled, :meth:`bot.app.roost.Roost.refresh_plugins`
-builds a new :class:`PluginSnapshot` and replaces the engine's in one
-assignment. A run captures the snapshot when it starts and uses it to the end
+builds a new :class:`PluginSnapshot` and swaps it into :class:`CurrentPlugins`
+in one step. A run captures the snapshot when it starts and uses it to the end
 (tools, sanitizers while streaming and at the finish, the guard, judges), so
 it never mixes two plugin states.
 """
@@ -42,3 +42,31 @@ class PluginSnapshot:
                    MappingProxyType(dict(tool_groups or {})),
                    tuple(sorted(sanitizers, key=lambda s: s.order)),
                    MappingProxyType(dict(judges or {})))
+
+
+class CurrentPlugins:
+    """The current :class:`PluginSnapshot`, replaced whole when plugins change.
+
+    Built before the engine and shared with whoever reads the plugin state
+    (the engine, the agents' judges, the metrics' tool names).
+    """
+
+    def __init__(self, snapshot: PluginSnapshot) -> None:
+        self._snapshot = snapshot
+
+    @property
+    def now(self) -> PluginSnapshot:
+        """The snapshot a run starting now takes."""
+        return self._snapshot
+
+    def replace(self, snapshot: PluginSnapshot) -> None:
+        """Swap in ``snapshot``: a run sees the old state or the new one, never a mix."""
+        self._snapshot = snapshot
+
+    def judges(self) -> Mapping[str, Judge]:
+        """The judges plugins offer now, by name."""
+        return self._snapshot.judges
+
+    def tool_names(self) -> list[str]:
+        """The names of the tools offered now."""
+        return list(self._snapshot.tools)

@@ -172,3 +172,18 @@ def tools_chars(tools: tuple[ToolSpec, ...]) -> int:
         if len(TOOLS_CHARS_CACHE) < 256:
             TOOLS_CHARS_CACHE[key] = chars
     return chars
+
+
+class Estimators:
+    """One :class:`TokenEstimator` per provider, calibrated as runs go; shared by the
+    engine and the budgets."""
+
+    def __init__(self) -> None:
+        self._by_provider: dict[str, TokenEstimator] = {}
+
+    def for_provider(self, provider: str) -> TokenEstimator:
+        """The estimator calibrated for ``provider`` (made on first use)."""
+        estimator = self._by_provider.get(provider)
+        if estimator is None:
+            estimator = self._by_provider[provider] = TokenEstimator(provider)
+        return estimator

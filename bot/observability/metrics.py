@@ -73,6 +73,10 @@ class _GaugeCollector(Collector):
     def __init__(self) -> None:
         self.source: GaugeSource | None = None
 
+    def read_from(self, source: GaugeSource) -> None:
+        """Build the gauges from ``source`` from now on."""
+        self.source = source
+
     def describe(self) -> Iterable[Metric]:
         # Declared so registering does not call collect() (the source is set later).
         return [GaugeMetricFamily("roost_breaker_state", ""),
@@ -101,14 +105,15 @@ class _GaugeCollector(Collector):
 class RoostMetrics:
     """The metric objects of one app, in a registry of their own.
 
-    It is also a span exporter (:meth:`export`): give it the exporter that was
-    there before as ``then`` and it passes each run's spans on after counting.
+    It is also a span exporter (:meth:`export`): it passes each run's spans on
+    to ``then`` after counting them.
     """
 
-    def __init__(self, *, known_tools: Callable[[], Iterable[str]] | None = None) -> None:
+    def __init__(self, *, known_tools: Callable[[], Iterable[str]] | None = None,
+                 then: SpanExporter | None = None) -> None:
         """``known_tools`` lists the tools offered now (others count as ``unknown``)."""
         self.registry = CollectorRegistry()
-        self.then: SpanExporter | None = None
+        self.then = then
         """The span exporter each run's spans go to after being counted (OpenTelemetry)."""
         self.known_tools = known_tools
         r = self.registry
@@ -142,7 +147,7 @@ class RoostMetrics:
 
     def set_gauges(self, source: GaugeSource) -> None:
         """Read breaker states, queue depth and active runs from ``source`` when scraped."""
-        self._gauges.source = source
+        self._gauges.read_from(source)
 
     def render(self) -> bytes:
         """The registry in Prometheus text format."""

@@ -105,7 +105,9 @@ class Scheduler:
 
     def __init__(self, store: JobStore, settings: Settings, *, clock: Clock | None = None,
                  sleep: Sleep = asyncio.sleep,
-                 retry: RetryPolicy = CRON_RETRY) -> None:
+                 retry: RetryPolicy = CRON_RETRY,
+                 on_fire: Callable[[str], None] | None = None) -> None:
+        """``on_fire(kind)`` is told of each scheduled run started (the metrics)."""
         self.store = store
         self.settings = settings
         self.clock: Clock = clock or utc_now
@@ -123,7 +125,7 @@ class Scheduler:
         self._jobs: dict[str, Entry] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
-        self.on_fire: Callable[[str], None] | None = None
+        self.on_fire = on_fire
         """Told the kind (``cron``, ``system``) of each run the scheduler starts (metrics)."""
 
     @property

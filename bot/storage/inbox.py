@@ -160,12 +160,12 @@ class Inbox:
     """The inbox, journal and outbox tables, written through the store's :class:`Writer`."""
 
     def __init__(self, db: aiosqlite.Connection, lock: Any, writer: Writer,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, *, owner: str | None = None) -> None:
         self.db = db
         self.lock = lock
         self.writer = writer
         self.clock = clock
-        self.owner: str | None = None
+        self.owner = owner
         """With replicas: this replica's id, written with each reply it commits (the
         reply is its to send); ``None`` for a single process."""
 

@@ -134,13 +134,14 @@ class PgConnection:
 
     def __init__(self, pool: asyncpg.Pool, conn: asyncpg.Connection | None = None, *,
                  catalog: dict[str, Table] | None = None,
-                 coerced: set[str] | None = None) -> None:
+                 coerced: set[str] | None = None,
+                 translated: dict[str, tuple[str, bool]] | None = None, url: str = "") -> None:
         self.pool = pool
         self._conn = conn
         self._catalog: dict[str, Table] = {} if catalog is None else catalog
         self._coerced: set[str] = set() if coerced is None else coerced
-        self._translated: dict[str, tuple[str, bool]] = {}
-        self.url = ""
+        self._translated: dict[str, tuple[str, bool]] = {} if translated is None else translated
+        self.url = url
         """The database's URL (for a connection of its own: LISTEN)."""
 
     @classmethod
@@ -149,16 +150,12 @@ class PgConnection:
         async def connect() -> asyncpg.Pool:
             return await asyncpg.create_pool(url, min_size=1, max_size=max(1, pool_size),
                                              command_timeout=60)
-        opened = cls(await with_reconnect(connect, "connecting to PostgreSQL"))
-        opened.url = url
-        return opened
+        return cls(await with_reconnect(connect, "connecting to PostgreSQL"), url=url)
 
     def bound(self, conn: asyncpg.Connection) -> PgConnection:
         """This API on one connection (a transaction's), sharing the catalog cache."""
-        bound = PgConnection(self.pool, conn, catalog=self._catalog, coerced=self._coerced)
-        bound._translated = self._translated
-        bound.url = self.url
-        return bound
+        return PgConnection(self.pool, conn, catalog=self._catalog, coerced=self._coerced,
+                            translated=self._translated, url=self.url)
 
     @property
     def in_transaction(self) -> bool:

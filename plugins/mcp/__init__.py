@@ -96,7 +96,7 @@ async def _follow_enabled(manager: McpManager, app: Runtime) -> None:
     while True:
         await asyncio.sleep(WATCH_INTERVAL)
         if PLUGIN in app.plugins.disabled and not manager.suspended:
-            manager.suspended = True
+            manager.suspend()
             log.info("MCP plugin disabled: ending its servers")
             await manager.stop()
         elif not manager.suspended:

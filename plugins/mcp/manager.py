@@ -306,6 +306,10 @@ class McpManager:
         self._refreshing = False
         self._dirty = False
 
+    def suspend(self) -> None:
+        """Mark the servers as ended because the plugin was disabled (:meth:`start` resumes)."""
+        self.suspended = True
+
     def start(self, runtime: Runtime | None) -> None:
         """Start what each server's mode asks for, in the background; never waits."""
         if runtime is not None:

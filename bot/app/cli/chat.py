@@ -36,12 +36,12 @@ from bot.app.cli.serve import _first, _open_app, _stop_signal
 def chat(ctx: click.Context, message: str | None, demo: bool, no_stream: bool,
          quiet: bool, timeout: float) -> None:
     """Chat with Roost in this terminal (the console channel)."""
-    overrides: dict[str, Any] = {"provider": "scripted"} if demo else {}
-    settings = _settings(ctx, **overrides)
+    overrides: dict[str, Any] = {}
     if demo:
         from plugins.providers import DEMO_SCRIPT
 
-        settings.script = DEMO_SCRIPT
+        overrides = {"provider": "scripted", "script": DEMO_SCRIPT}
+    settings = _settings(ctx, **overrides)
     _chat_logging(settings, one_shot=message is not None)
     _run_async(_chat(settings, message, stream=not no_stream, quiet=quiet,
                      give_up_after=timeout))
