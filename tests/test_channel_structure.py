@@ -19,7 +19,7 @@ import pytest
 
 import channels
 
-COMPOSED = ("discord", "slack")
+COMPOSED = ("discord", "slack", "telegram")
 """The channel packages held to these rules."""
 
 ROOT = Path(channels.__file__).parent
