@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bot.testing.telegram.state import State
-from bot.testing.telegram.wire import FAULT_KINDS, Call, _ApiError, _Failure, _RandomFaults
+from bot.testing.telegram.wire import FAULT_KINDS, ApiError, Call, Failure, RandomFaults
 
 
 class Faults(State):
@@ -53,7 +53,7 @@ class Faults(State):
             if description.startswith("Internal"):
                 description = "Bad Request: group chat was upgraded to a supergroup chat"
         self._failures.setdefault(method.lower(), []).append(
-            _Failure(status, description, retry_after, times, kind, seconds, parameters))
+            Failure(status, description, retry_after, times, kind, seconds, parameters))
 
     def inject_faults(self, rate: float, *, kinds: Sequence[str] = FAULT_KINDS,
                       methods: Sequence[str] | None = None, retry_after: int = 1,
@@ -70,11 +70,11 @@ class Faults(State):
         unknown = set(kinds) - set(FAULT_KINDS)
         if unknown:
             raise ValueError(f"unknown fault kinds: {sorted(unknown)}")
-        self._random = None if rate <= 0 else _RandomFaults(
+        self._random = None if rate <= 0 else RandomFaults(
             rate, tuple(kinds), None if methods is None else frozenset(m.lower() for m in methods),
             retry_after, stall, random.Random(seed))
 
-    def _random_fault(self, method: str) -> _Failure | None:
+    def _random_fault(self, method: str) -> Failure | None:
         faults = self._random
         if faults is None or (faults.methods is not None and method not in faults.methods):
             return None
@@ -82,13 +82,13 @@ class Faults(State):
             return None
         kind = faults.rng.choice(faults.kinds)
         if kind == "500":
-            return _Failure(500, "Internal Server Error", None, 1)
+            return Failure(500, "Internal Server Error", None, 1)
         if kind == "html":
-            return _Failure(502, "Bad Gateway", None, 1, "html")
+            return Failure(502, "Bad Gateway", None, 1, "html")
         if kind == "429":
-            return _Failure(429, f"Too Many Requests: retry after {faults.retry_after}",
+            return Failure(429, f"Too Many Requests: retry after {faults.retry_after}",
                             faults.retry_after, 1)
-        return _Failure(0, "", None, 1, kind, faults.stall)
+        return Failure(0, "", None, 1, kind, faults.stall)
 
     @property
     def faults(self) -> dict[str, int]:
@@ -114,10 +114,10 @@ class Faults(State):
                 self.violations.append(call)
                 # As Telegram does: calling into the flood wait extends it.
                 self._windows[key] = (now + retry_after, retry_after)
-                raise _ApiError(429, f"Too Many Requests: retry after {retry_after}",
+                raise ApiError(429, f"Too Many Requests: retry after {retry_after}",
                                 max(1, math.ceil(retry_after)))
 
-    def _take_failure(self, method: str) -> _Failure | None:
+    def _take_failure(self, method: str) -> Failure | None:
         queue = self._failures.get(method)
         if not queue:
             return self._random_fault(method)

@@ -25,13 +25,13 @@ from PIL import Image, UnidentifiedImageError
 from bot.testing.telegram.messages import MAX_CAPTION, Messages
 from bot.testing.telegram.updates import Updates
 from bot.testing.telegram.wire import (
-    _HTML_PAGES,
+    HTML_PAGES,
+    ApiError,
+    DownloadFault,
     StoredFile,
     Upload,
-    _ApiError,
-    _DownloadFault,
-    _require,
-    _utf16_len,
+    require,
+    utf16_len,
 )
 
 DOWNLOAD_FAULTS = ("status", "html", "reset", "cut")
@@ -125,9 +125,9 @@ class Files(Updates, Messages):
         """
         if kind not in DOWNLOAD_FAULTS:
             raise ValueError(f"unknown download fault {kind!r}; one of {DOWNLOAD_FAULTS}")
-        self._download_faults.append(_DownloadFault(kind, status, times))
+        self._download_faults.append(DownloadFault(kind, status, times))
 
-    def _download_fault(self) -> _DownloadFault | None:
+    def _download_fault(self) -> DownloadFault | None:
         if not self._download_faults:
             return None
         fault = self._download_faults[0]
@@ -139,12 +139,12 @@ class Files(Updates, Messages):
     # -- serving ---------------------------------------------------------------------
 
     def _get_file(self, p: dict[str, Any]) -> dict[str, Any]:
-        _require(p, "file_id")
+        require(p, "file_id")
         stored = self.files.get(str(p["file_id"]))
         if stored is None:
-            raise _ApiError(400, "Bad Request: invalid file_id")
+            raise ApiError(400, "Bad Request: invalid file_id")
         if len(stored.data) > self.download_limit:
-            raise _ApiError(400, "Bad Request: file is too big")
+            raise ApiError(400, "Bad Request: file is too big")
         return {"file_id": stored.file_id, "file_unique_id": stored.file_unique_id,
                 "file_size": len(stored.data), "file_path": stored.file_path}
 
@@ -165,7 +165,7 @@ class Files(Updates, Messages):
                                else "Bad Request")
         if fault is not None and fault.kind == "html":
             return web.Response(status=fault.status, content_type="text/html",
-                                text=_HTML_PAGES.get(fault.status, _HTML_PAGES[502]))
+                                text=HTML_PAGES.get(fault.status, HTML_PAGES[502]))
         stored = next((f for f in self.files.values() if f.file_path == path), None)
         if stored is None:
             return _json_error(404, "Not Found")
@@ -188,11 +188,11 @@ class Files(Updates, Messages):
     def _send_media(self, method: str, p: dict[str, Any]) -> dict[str, Any]:
         """``sendPhoto`` / ``sendDocument`` with the file as a multipart part (or a held
         ``file_id``), checked as the Bot API checks it."""
-        _require(p, "chat_id")
+        require(p, "chat_id")
         field = "photo" if method == "sendphoto" else "document"
         name, content_type, data = self._uploaded(p, field)
         if len(data) > self.upload_limit:
-            raise _ApiError(413, "Request Entity Too Large")
+            raise ApiError(413, "Request Entity Too Large")
         caption = self._caption(p)
         if field == "photo":
             width, height = self._check_photo(data)
@@ -223,29 +223,29 @@ class Files(Updates, Messages):
         if isinstance(value, str) and value:
             stored = self.files.get(value)
             if stored is None:
-                raise _ApiError(400, "Bad Request: wrong file identifier/HTTP URL specified")
+                raise ApiError(400, "Bad Request: wrong file identifier/HTTP URL specified")
             return stored.name, stored.mime_type, stored.data
-        raise _ApiError(400, f"Bad Request: there is no {field} in the request")
+        raise ApiError(400, f"Bad Request: there is no {field} in the request")
 
     def _caption(self, p: dict[str, Any]) -> str | None:
         if p.get("caption") in (None, ""):
             return None
         caption = self._visible(p.get("caption"), p.get("parse_mode"))
-        if _utf16_len(caption) > MAX_CAPTION:
-            raise _ApiError(400, "Bad Request: message caption is too long")
+        if utf16_len(caption) > MAX_CAPTION:
+            raise ApiError(400, "Bad Request: message caption is too long")
         return caption
 
     def _check_photo(self, data: bytes) -> tuple[int, int]:
         if len(data) > self.photo_limit:
-            raise _ApiError(400, "Bad Request: PHOTO_SAVE_FILE_INVALID")
+            raise ApiError(400, "Bad Request: PHOTO_SAVE_FILE_INVALID")
         try:
             with Image.open(io.BytesIO(data)) as img:
                 width, height = img.size
         except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
-            raise _ApiError(400, "Bad Request: IMAGE_PROCESS_FAILED") from None
+            raise ApiError(400, "Bad Request: IMAGE_PROCESS_FAILED") from None
         small, large = sorted((width, height))
         if width + height > 10_000 or large > 20 * small:
-            raise _ApiError(400, "Bad Request: PHOTO_INVALID_DIMENSIONS")
+            raise ApiError(400, "Bad Request: PHOTO_INVALID_DIMENSIONS")
         return width, height
 
 

@@ -8,14 +8,14 @@ from typing import Any
 from bot.testing.telegram.html import HtmlError, parse_html
 from bot.testing.telegram.state import State
 from bot.testing.telegram.wire import (
-    _COMMAND_NAME,
+    COMMAND_NAME,
     MAX_TEXT,
-    _ApiError,
-    _now,
-    _public,
-    _require,
-    _scope_key,
-    _utf16_len,
+    ApiError,
+    public,
+    require,
+    scope_key,
+    unix_now,
+    utf16_len,
 )
 
 NOT_MODIFIED = ("Bad Request: message is not modified: specified new message content and "
@@ -33,9 +33,9 @@ class Messages(State):
     def _text(self, p: dict[str, Any]) -> str:
         text = self._visible(p.get("text"), p.get("parse_mode"))
         if not text.strip():
-            raise _ApiError(400, "Bad Request: message text is empty")
-        if _utf16_len(text) > MAX_TEXT:
-            raise _ApiError(400, "Bad Request: message is too long")
+            raise ApiError(400, "Bad Request: message text is empty")
+        if utf16_len(text) > MAX_TEXT:
+            raise ApiError(400, "Bad Request: message is too long")
         return text
 
     @staticmethod
@@ -47,12 +47,12 @@ class Messages(State):
             try:
                 text = parse_html(text)
             except HtmlError as exc:
-                raise _ApiError(400, f"Bad Request: can't parse entities: {exc}") from None
+                raise ApiError(400, f"Bad Request: can't parse entities: {exc}") from None
         # MarkdownV2 is not modelled: such text is taken as written.
         return text
 
     def _send_message(self, p: dict[str, Any]) -> dict[str, Any]:
-        _require(p, "chat_id", "text")
+        require(p, "chat_id", "text")
         text = self._text(p)
         return self._post(p, {"text": text}, source=p.get("text"))
 
@@ -64,8 +64,8 @@ class Messages(State):
         chat = self._chat(chat_id)
         thread = p.get("message_thread_id")
         if thread is not None and not chat.get("is_forum") and chat.get("type") == "private":
-            raise _ApiError(400, "Bad Request: message thread not found")
-        message: dict[str, Any] = {"message_id": self._next_id(chat_id), "date": _now(),
+            raise ApiError(400, "Bad Request: message thread not found")
+        message: dict[str, Any] = {"message_id": self._next_id(chat_id), "date": unix_now(),
                                    "chat": chat, "from": self.bot_user, **content}
         if thread is not None:
             message["message_thread_id"] = thread
@@ -74,7 +74,7 @@ class Messages(State):
         reply_id = reply.get("message_id") if isinstance(reply, dict) else \
             p.get("reply_to_message_id")
         if reply_id is not None:
-            message["reply_to_message"] = {"message_id": reply_id, "date": _now(),
+            message["reply_to_message"] = {"message_id": reply_id, "date": unix_now(),
                                            "chat": chat}
         self.messages[(chat_id, message["message_id"])] = {
             **message, "_source": source, "_parse_mode": p.get("parse_mode")}
@@ -86,67 +86,67 @@ class Messages(State):
         used yet, or deleted) is "not found"."""
         key = (p["chat_id"], int(p["message_id"]))
         if key in self._foreign:
-            raise _ApiError(400, "Bad Request: message can't be edited")
+            raise ApiError(400, "Bad Request: message can't be edited")
         message = self.messages.get(key)
         if message is None:
-            raise _ApiError(400, "Bad Request: message to edit not found")
+            raise ApiError(400, "Bad Request: message to edit not found")
         return key, message
 
     def _edit_message(self, p: dict[str, Any]) -> dict[str, Any]:
-        _require(p, "chat_id", "message_id", "text")
+        require(p, "chat_id", "message_id", "text")
         key, message = self._editable(p)
         if "text" not in message:
-            raise _ApiError(400, "Bad Request: there is no text in the message to edit")
+            raise ApiError(400, "Bad Request: there is no text in the message to edit")
         text = self._text(p)
         # Telegram compares the resulting text and entities; the source text
         # and parse mode stand in for the entities here.
         if p.get("text") == message.get("_source") \
                 and p.get("parse_mode") == message.get("_parse_mode"):
-            raise _ApiError(400, NOT_MODIFIED)
-        message = {**message, "text": text, "edit_date": _now(), "_source": p.get("text"),
+            raise ApiError(400, NOT_MODIFIED)
+        message = {**message, "text": text, "edit_date": unix_now(), "_source": p.get("text"),
                    "_parse_mode": p.get("parse_mode")}
         self.messages[key] = message
-        return _public(message)
+        return public(message)
 
     def _edit_caption(self, p: dict[str, Any]) -> dict[str, Any]:
         """``editMessageCaption``: a photo's or document's caption (none: removed)."""
-        _require(p, "chat_id", "message_id")
+        require(p, "chat_id", "message_id")
         key, message = self._editable(p)
         if "text" in message:
-            raise _ApiError(400, "Bad Request: there is no caption in the message to edit")
+            raise ApiError(400, "Bad Request: there is no caption in the message to edit")
         source = p.get("caption") or None
         caption = None if source is None else self._visible(source, p.get("parse_mode"))
-        if _utf16_len(caption or "") > MAX_CAPTION:
-            raise _ApiError(400, "Bad Request: message caption is too long")
+        if utf16_len(caption or "") > MAX_CAPTION:
+            raise ApiError(400, "Bad Request: message caption is too long")
         if source == (message.get("_source") or None) and (
                 source is None or p.get("parse_mode") == message.get("_parse_mode")):
-            raise _ApiError(400, NOT_MODIFIED)
+            raise ApiError(400, NOT_MODIFIED)
         message = {k: v for k, v in message.items() if k != "caption"}
         if caption is not None:
             message["caption"] = caption
-        message = {**message, "edit_date": _now(), "_source": source,
+        message = {**message, "edit_date": unix_now(), "_source": source,
                    "_parse_mode": p.get("parse_mode")}
         self.messages[key] = message
-        return _public(message)
+        return public(message)
 
     def _delete_message(self, p: dict[str, Any]) -> bool:
-        _require(p, "chat_id", "message_id")
+        require(p, "chat_id", "message_id")
         key = (p["chat_id"], int(p["message_id"]))
         if self.messages.pop(key, None) is None:
-            raise _ApiError(400, "Bad Request: message to delete not found")
+            raise ApiError(400, "Bad Request: message to delete not found")
         self.deleted.append(key)
         return True
 
     def _set_commands(self, p: dict[str, Any]) -> bool:
         commands = p.get("commands")
         if not isinstance(commands, list) or len(commands) > 100:
-            raise _ApiError(400, "Bad Request: commands must be a list of at most 100")
+            raise ApiError(400, "Bad Request: commands must be a list of at most 100")
         for command in commands:
             name = command.get("command", "") if isinstance(command, dict) else ""
             desc = command.get("description", "") if isinstance(command, dict) else ""
-            if not _COMMAND_NAME.match(str(name)):
-                raise _ApiError(400, "Bad Request: BOT_COMMAND_INVALID")
+            if not COMMAND_NAME.match(str(name)):
+                raise ApiError(400, "Bad Request: BOT_COMMAND_INVALID")
             if not 1 <= len(str(desc)) <= 256:
-                raise _ApiError(400, "Bad Request: BOT_COMMAND_DESCRIPTION_INVALID")
-        self.commands[_scope_key(p.get("scope"))] = commands
+                raise ApiError(400, "Bad Request: BOT_COMMAND_DESCRIPTION_INVALID")
+        self.commands[scope_key(p.get("scope"))] = commands
         return True

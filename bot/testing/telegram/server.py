@@ -12,18 +12,18 @@ from aiohttp import web
 from bot.testing.telegram.faults import Faults
 from bot.testing.telegram.files import Files
 from bot.testing.telegram.wire import (
-    _HTML_PAGES,
+    HTML_PAGES,
     MB,
+    ApiError,
     Call,
-    _ApiError,
-    _decode,
-    _decode_value,
-    _drop,
-    _dumps,
-    _Failure,
-    _require,
-    _scope_key,
-    _scope_of,
+    Failure,
+    decode_form,
+    decode_value,
+    drop_connection,
+    dump_json,
+    require,
+    scope_key,
+    scope_of,
 )
 
 
@@ -79,37 +79,37 @@ class FakeTelegram(Faults, Files):
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
         method = request.match_info["method"]
-        params = _decode(await request.post()) if request.can_read_body else {}
-        params.update({k: _decode_value(k, v) for k, v in request.query.items()})
+        params = decode_form(await request.post()) if request.can_read_body else {}
+        params.update({k: decode_value(k, v) for k, v in request.query.items()})
         call = Call(method, params, started, status=0)
         if self.on_call is not None:
             self.on_call(call)
         await self._record_call(call, arrived=True)
-        scope = _scope_of(method, params)
-        failure: _Failure | None = None
+        scope = scope_of(method, params)
+        failure: Failure | None = None
         try:
             if request.match_info["token"] != self.token:
-                raise _ApiError(401, "Unauthorized")
+                raise ApiError(401, "Unauthorized")
             self._check_window(call, scope)
             failure = self._take_failure(method.lower())
             if failure is not None:
                 call.fault = failure.kind
                 if failure.kind == "status":
-                    raise _ApiError(failure.status, failure.description, failure.retry_after,
+                    raise ApiError(failure.status, failure.description, failure.retry_after,
                                     failure.parameters)
                 if failure.kind == "html":
                     call.status, call.error = failure.status, "HTML error page"
                     await self._record_call(call)
                     return web.Response(status=failure.status, content_type="text/html",
-                                        text=_HTML_PAGES.get(failure.status,
-                                                             _HTML_PAGES[502]))
+                                        text=HTML_PAGES.get(failure.status,
+                                                             HTML_PAGES[502]))
                 if failure.kind == "reset_before":
                     await self._record_call(call)
-                    _drop(request)
+                    drop_connection(request)
                 if failure.kind == "stall":
                     await asyncio.sleep(failure.seconds)
             call.result = await self._dispatch(method.lower(), params)
-        except _ApiError as exc:
+        except ApiError as exc:
             call.status, call.error = exc.status, exc.description
             body: dict[str, Any] = {"ok": False, "error_code": exc.status,
                                     "description": exc.description}
@@ -125,10 +125,10 @@ class FakeTelegram(Faults, Files):
         call.status = 200
         await self._record_call(call)
         if failure is not None and failure.kind == "reset_after":
-            _drop(request)
+            drop_connection(request)
         if failure is not None and failure.kind == "hold_after":
             await asyncio.sleep(failure.seconds)
-        return web.Response(text='{"ok": true, "result": ' + _dumps(call.result) + "}",
+        return web.Response(text='{"ok": true, "result": ' + dump_json(call.result) + "}",
                             content_type="application/json")
 
     async def _dispatch(self, method: str, p: dict[str, Any]) -> Any:
@@ -149,14 +149,14 @@ class FakeTelegram(Faults, Files):
         if method == "getfile":
             return self._get_file(p)
         if method == "sendchataction":
-            _require(p, "chat_id", "action")
+            require(p, "chat_id", "action")
             return True
         if method == "setmycommands":
             return self._set_commands(p)
         if method == "getmycommands":
-            return self.commands.get(_scope_key(p.get("scope")), [])
+            return self.commands.get(scope_key(p.get("scope")), [])
         if method == "deletemycommands":
-            self.commands.pop(_scope_key(p.get("scope")), None)
+            self.commands.pop(scope_key(p.get("scope")), None)
             return True
         if method == "setwebhook":
             return self._set_webhook(p)
@@ -171,4 +171,4 @@ class FakeTelegram(Faults, Files):
                     "pending_update_count": len(self._updates)}
         if method in ("close", "logout"):
             return True
-        raise _ApiError(404, "Not Found")
+        raise ApiError(404, "Not Found")

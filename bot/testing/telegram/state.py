@@ -13,13 +13,13 @@ from aiohttp import web
 from bot.testing.telegram.wire import (
     MB,
     Call,
+    DownloadFault,
+    Failure,
+    Pending,
+    RandomFaults,
     StoredFile,
     Upload,
-    _DownloadFault,
-    _Failure,
-    _Pending,
-    _RandomFaults,
-    _Webhook,
+    Webhook,
     user,
 )
 
@@ -45,12 +45,12 @@ class State:
         self.deleted: list[tuple[int | str, int]] = []
         self.commands: dict[str, list[dict[str, Any]]] = {}
         """``setMyCommands`` lists by scope (``"default"``, ``"chat:<id>"``, ...)."""
-        self.webhook: _Webhook | None = None
+        self.webhook: Webhook | None = None
         self.on_call: Callable[[Call], None] | None = None
         """Called synchronously for each call as it arrives (benchmarks timestamp here)."""
         self._record = True
-        self._updates: list[_Pending] = []
-        self._redeliver: list[_Pending] = []
+        self._updates: list[Pending] = []
+        self._redeliver: list[Pending] = []
         self._confirmed = 0  # every update_id below this was confirmed by an offset
         self._update_ids = itertools.count(1)
         self._message_ids: dict[int | str, itertools.count[int]] = {}
@@ -59,8 +59,8 @@ class State:
         self._foreign: set[tuple[int | str, int]] = set()
         """Messages people posted (pushed ones): the bot cannot edit them."""
         self._chats: dict[int | str, dict[str, Any]] = {}
-        self._failures: dict[str, list[_Failure]] = {}
-        self._random: _RandomFaults | None = None
+        self._failures: dict[str, list[Failure]] = {}
+        self._random: RandomFaults | None = None
         self._windows: dict[str, tuple[float, int]] = {}
         self.violations: list[Call] = []
         """Calls that arrived while a 429 window of their scope (their chat, or the
@@ -87,7 +87,7 @@ class State:
         """Bytes of the largest file ``getFile`` describes; over it: "file is too big"."""
         self.photo_limit = 10 * MB
         self._file_numbers = itertools.count(1)
-        self._download_faults: list[_DownloadFault] = []
+        self._download_faults: list[DownloadFault] = []
 
     @property
     def base_url(self) -> str:

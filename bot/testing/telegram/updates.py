@@ -14,16 +14,16 @@ import aiohttp
 
 from bot.testing.telegram.state import State
 from bot.testing.telegram.wire import (
-    _UPDATE_KINDS,
     ALICE,
+    UPDATE_KINDS,
+    ApiError,
+    Pending,
     RawJson,
-    _ApiError,
-    _dumps,
-    _now,
-    _Pending,
-    _public,
-    _utf16_len,
-    _Webhook,
+    Webhook,
+    dump_json,
+    public,
+    unix_now,
+    utf16_len,
 )
 
 
@@ -39,8 +39,8 @@ class Updates(State):
             data["update_id"] = next(self._update_ids)
         else:
             self._skip_ids_to(data["update_id"])
-        kind = next((k for k in _UPDATE_KINDS if k in data), None)
-        self._enqueue(_Pending(data["update_id"], data, kind))
+        kind = next((k for k in UPDATE_KINDS if k in data), None)
+        self._enqueue(Pending(data["update_id"], data, kind))
         return data
 
     def push_raw(self, payload: Any) -> int:
@@ -55,7 +55,7 @@ class Updates(State):
             self._skip_ids_to(update_id)
         else:
             update_id = next(self._update_ids)
-        self._enqueue(_Pending(update_id, payload, None))
+        self._enqueue(Pending(update_id, payload, None))
         return update_id
 
     def _skip_ids_to(self, update_id: int) -> None:
@@ -70,7 +70,7 @@ class Updates(State):
         should match the one in ``text``, as on the real server).
         """
         self._skip_ids_to(update_id)
-        self._enqueue(_Pending(update_id, RawJson(text), None))
+        self._enqueue(Pending(update_id, RawJson(text), None))
         return update_id
 
     def redeliver(self, update: Mapping[str, Any]) -> None:
@@ -79,7 +79,7 @@ class Updates(State):
         That is what the real server does when the bot restarts before its
         offset reached the server, or when a webhook answer was lost.
         """
-        self._redeliver.append(_Pending(int(update["update_id"]), dict(update), "message"))
+        self._redeliver.append(Pending(int(update["update_id"]), dict(update), "message"))
         self._notify_updates()
 
     def private_message(self, text: str | None, *, sender: Mapping[str, Any] = ALICE,
@@ -115,7 +115,7 @@ class Updates(State):
             if reply_to is None:
                 # In a topic, a message that replies to nothing replies to the
                 # topic's creation service message.
-                reply_to = {"message_id": thread_id, "date": _now(), "chat": chat,
+                reply_to = {"message_id": thread_id, "date": unix_now(), "chat": chat,
                             "from": ALICE, "message_thread_id": thread_id,
                             "forum_topic_created": {"name": f"Topic {thread_id}",
                                                     "icon_color": 7322096}}
@@ -126,7 +126,7 @@ class Updates(State):
     def mention(self, text: str, **kwargs: Any) -> dict[str, Any]:
         """Push a group message starting with ``@botusername`` (with its entity)."""
         handle = f"@{self.username}"
-        entity = {"type": "mention", "offset": 0, "length": _utf16_len(handle)}
+        entity = {"type": "mention", "offset": 0, "length": utf16_len(handle)}
         return self.group_message(f"{handle} {text}", entities=[entity], **kwargs)
 
     def reply_to_bot(self, text: str, message_id: int | None = None,
@@ -139,8 +139,8 @@ class Updates(State):
                 raise AssertionError(f"the bot sent nothing to {chat_id} to reply to")
             message_id = max(mine)
         kept = self.messages.get((chat_id, message_id))
-        original = _public(kept) if kept is not None else {
-            "message_id": message_id, "date": _now(), "chat": self._chat(chat_id),
+        original = public(kept) if kept is not None else {
+            "message_id": message_id, "date": unix_now(), "chat": self._chat(chat_id),
             "from": self.bot_user, "text": "earlier"}
         return self.group_message(text, reply_to=original, **kwargs)
 
@@ -158,7 +158,7 @@ class Updates(State):
         """Push ``/command[@bot] args`` with its ``bot_command`` entity."""
         head = command if command.startswith("/") else f"/{command}"
         text = f"{head} {args}".strip()
-        entities = [{"type": "bot_command", "offset": 0, "length": _utf16_len(head)}]
+        entities = [{"type": "bot_command", "offset": 0, "length": utf16_len(head)}]
         if group:
             return self.group_message(text, entities=entities, **kwargs)
         return self.private_message(text, entities=entities, **kwargs)
@@ -167,7 +167,7 @@ class Updates(State):
                       text: str | None, entities: Sequence[Mapping[str, Any]] | None,
                       **extra: Any) -> dict[str, Any]:
         self._chats[chat["id"]] = chat
-        message: dict[str, Any] = {"message_id": self._next_id(chat["id"]), "date": _now(),
+        message: dict[str, Any] = {"message_id": self._next_id(chat["id"]), "date": unix_now(),
                                    "chat": chat, "from": dict(sender)}
         # A media message has no text (its words are the caption).
         if text is not None:
@@ -179,7 +179,7 @@ class Updates(State):
         self._foreign.add((chat["id"], message["message_id"]))
         return self.push_update({"message": message})
 
-    def _enqueue(self, pending: _Pending) -> None:
+    def _enqueue(self, pending: Pending) -> None:
         self._updates.append(pending)
         self._notify_updates()
 
@@ -193,7 +193,7 @@ class Updates(State):
 
     async def _get_updates(self, p: dict[str, Any]) -> list[Any]:
         if self.webhook is not None:
-            raise _ApiError(409, "Conflict: can't use getUpdates method while webhook is "
+            raise ApiError(409, "Conflict: can't use getUpdates method while webhook is "
                                  "active; use deleteWebhook to delete the webhook first")
         # As the real server reads it: a 32-bit integer (longer numbers wrap), and
         # a negative offset forgets every queued update but the last -offset.
@@ -217,7 +217,7 @@ class Updates(State):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), deadline - time.monotonic())
             if generation != self._poll_generation:
-                raise _ApiError(409, "Conflict: terminated by other getUpdates request; make "
+                raise ApiError(409, "Conflict: terminated by other getUpdates request; make "
                                      "sure that only one bot instance is running")
 
     def _confirm(self, offset: int) -> None:
@@ -249,9 +249,9 @@ class Updates(State):
             self._updates.clear()
         secret = p.get("secret_token")
         if secret is not None and not re.fullmatch(r"[A-Za-z0-9_-]{1,256}", str(secret)):
-            raise _ApiError(400, "Bad Request: secret token contains unallowed characters")
+            raise ApiError(400, "Bad Request: secret token contains unallowed characters")
         allowed = p.get("allowed_updates")
-        self.webhook = _Webhook(url, None if secret is None else str(secret),
+        self.webhook = Webhook(url, None if secret is None else str(secret),
                                 allowed if isinstance(allowed, list) else None)
         self._ensure_webhook_worker()
         return True
@@ -277,7 +277,7 @@ class Updates(State):
                 headers["X-Telegram-Bot-Api-Secret-Token"] = hook.secret
             status = 0
             try:
-                async with self._client.post(hook.url, data=_dumps(item.payload),
+                async with self._client.post(hook.url, data=dump_json(item.payload),
                                              headers=headers) as resp:
                     status = resp.status
             except (aiohttp.ClientError, OSError):
