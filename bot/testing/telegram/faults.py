@@ -12,8 +12,14 @@ from bot.testing.telegram.state import State
 from bot.testing.telegram.wire import FAULT_KINDS, ApiError, Call, Failure, RandomFaults
 
 
-class Faults(State):
+class Faults:
     """``fail``, ``inject_faults`` and the flood-wait windows a 429 opens."""
+
+    def __init__(self, state: State) -> None:
+        self.state = state
+        self._failures: dict[str, list[Failure]] = {}
+        self._random: RandomFaults | None = None
+        self._windows: dict[str, tuple[float, int]] = {}
 
     def fail(self, method: str, status: int = 500, *, description: str | None = None,
              retry_after: int | None = None, times: int = 1, kind: str = "status",
@@ -94,30 +100,30 @@ class Faults(State):
     def faults(self) -> dict[str, int]:
         """How many calls got each injected fault (``"window"``: calls inside a 429 window)."""
         counts: dict[str, int] = {}
-        for call in self.calls:
+        for call in self.state.calls:
             if call.fault:
                 counts[call.fault] = counts.get(call.fault, 0) + 1
         return counts
 
-    def _open_window(self, scope: str, retry_after: int) -> None:
+    def open_window(self, scope: str, retry_after: int) -> None:
         until = time.monotonic() + retry_after
         if until > self._windows.get(scope, (0.0, 0))[0]:
             self._windows[scope] = (until, retry_after)
 
-    def _check_window(self, call: Call, scope: str) -> None:
+    def check_window(self, call: Call, scope: str) -> None:
         """A call inside an open 429 window is refused again, and the wait starts over."""
         now = time.monotonic()
         for key in {scope, "bot"}:
             until, retry_after = self._windows.get(key, (0.0, 0))
             if now < until:
                 call.fault = "window"
-                self.violations.append(call)
+                self.state.violations.append(call)
                 # As Telegram does: calling into the flood wait extends it.
                 self._windows[key] = (now + retry_after, retry_after)
                 raise ApiError(429, f"Too Many Requests: retry after {retry_after}",
                                 max(1, math.ceil(retry_after)))
 
-    def _take_failure(self, method: str) -> Failure | None:
+    def take_failure(self, method: str) -> Failure | None:
         queue = self._failures.get(method)
         if not queue:
             return self._random_fault(method)
