@@ -124,14 +124,14 @@ class Tracker:
 
     def _wrap_record(self) -> None:
         # Refusals are only known once the fake answered: see each finished call.
-        original = self.telegram._record_call
+        original = self.telegram.record_call
 
         async def record(call: Call, *, arrived: bool = False) -> None:
             if not arrived and call.status not in (0, 200):
                 self.refused[f"{call.method}: {call.error}"] += 1
             await original(call, arrived=arrived)
 
-        self.telegram._record_call = record  # type: ignore[method-assign]
+        self.telegram.record_call = record  # type: ignore[method-assign]
 
     def push(self, chat: int) -> int:
         """Push one message from ``chat``'s user; returns its tag."""

@@ -25,6 +25,7 @@ import channels
 COMPOSED: dict[str, tuple[str, ...]] = {
     "channels.discord": ("DiscordChannel",),
     "channels.slack": ("SlackChannel",),
+    "channels.telegram": ("TelegramChannel",),
     "bot.testing.discord": ("FakeDiscord",),
     "bot.testing.slack": ("FakeSlack",),
 }

@@ -30,7 +30,7 @@ from bot.testing.telegram import FakeTelegram
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
 from channels.delivery import DeliveryPolicy, RateLimited, Transient
 from channels.ratelimit import TELEGRAM_LIMITS, Limits
-from channels.telegram import ChatMigrated, _translated
+from channels.telegram import ChatMigrated, translated
 from tests.test_telegram_intake import Inbox, StartTg
 from tests.test_telegram_intake import start_tg as _start_tg  # noqa: F401  (the fixture)
 
@@ -79,7 +79,7 @@ async def test_each_aiogram_error_maps_to_retry_wait_follow_or_permanent(
     assert tg.bot is not None
     fake_telegram.fail("sendMessage", **fault)
     with pytest.raises(mapped) as raised:
-        await _translated(tg.bot(SendMessage(chat_id=42, text="x"), request_timeout=1))
+        await translated(tg.bot(SendMessage(chat_id=42, text="x"), request_timeout=1))
     if cause is None:
         # Permanent: aiogram's own exception, which nothing retries.
         assert not isinstance(raised.value, (Transient, RateLimited))

@@ -27,12 +27,15 @@ answers 503 from then on) while replies can still be sent until ``stop``.
 Sending honours Telegram's limits (``channels.ratelimit``): after a 429 nothing
 goes to that chat until ``retry_after`` has passed, a proactive budget keeps
 the documented rates, and streaming drafts and typing indicators give way to
-final replies. Every aiogram error is mapped in :func:`_translated`.
+final replies. Every aiogram error is mapped in :func:`translated`.
 
-The package, by job: :mod:`.channel` (lifecycle, the core-facing methods),
-:mod:`.base` (state, the one way of calling the Bot API), :mod:`.intake`
-(long polling, webhook), :mod:`.translate` and :mod:`.describe` (a message as
-the core sees it), :mod:`.sending` (replies, edits, drafts), :mod:`.parsing`
+The package, by job: :mod:`.channel` (lifecycle, the core-facing methods,
+delegated to the parts it builds), :mod:`.api` (the one way of calling the Bot
+API), :mod:`.chats` (what is known of each chat), :mod:`.intake`,
+:mod:`.polling` and :mod:`.webhook` (updates in), :mod:`.translate` and
+:mod:`.describe` (a message as the core sees it), :mod:`.sending` (replies,
+edits, drafts), :mod:`.outcomes` (sends whose outcome is unknown),
+:mod:`.uploads` and :mod:`.media` (files out and in), :mod:`.parsing`
 (tolerant update parsing), :mod:`.errors` (aiogram errors mapped).
 """
 
@@ -44,7 +47,7 @@ from __future__ import annotations
 from channels.telegram_lazy import LAZY  # isort: split
 
 from channels.telegram.channel import TelegramChannel
-from channels.telegram.errors import ChatMigrated, _translated
+from channels.telegram.errors import ChatMigrated, translated
 from channels.telegram.parsing import MAX_UPDATE_ID, parse_update, result_elements
 
 __all__ = [
@@ -52,7 +55,7 @@ __all__ = [
     "MAX_UPDATE_ID",
     "ChatMigrated",
     "TelegramChannel",
-    "_translated",
     "parse_update",
     "result_elements",
+    "translated",
 ]

@@ -1,55 +1,138 @@
-"""The Telegram channel itself: lifecycle and the core-facing methods."""
+"""The :class:`TelegramChannel`: the channel contract, delegated to the parts it builds.
+
+Its parts: :class:`Chats` (what is known of each chat), :class:`BotApi` (every Bot
+API call, through the rate limiter), :class:`ReplyGate` (replies in flight),
+:class:`Outcomes` (message-creating calls, unknown outcomes probed),
+:class:`Sender` (replies, edits, deletions, typing), :class:`Uploader` (replies
+with files), :class:`Downloader` (files people sent), :class:`Translator` (a
+message as the core sees it), :class:`Updates` (updates into the core) fed by
+:class:`LongPolling` or :class:`Webhook`, and a :class:`DraftStream` per
+streamed reply.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import re
 import threading
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
 from aiogram import Bot
 from aiogram.client.telegram import TelegramAPIServer
 from aiogram.exceptions import TelegramUnauthorizedError
 from aiogram.methods import DeleteWebhook, GetMe, SetMyCommands
-from aiogram.types import BotCommand, BotCommandScopeChat
+from aiogram.types import BotCommand, BotCommandScopeChat, Message, User
 from aiogram.utils.token import TokenValidationError, validate_token
 
 from bot.config.settings import SetupError
-from bot.contracts.channel import InboundHandler, ReplyStream
-from bot.contracts.messages import InboundMessage, OutboundMessage
-from channels.telegram.base import COMMAND_NAME, STOP_GRACE, _chat_id, _int_or_none, _Target
-from channels.telegram.intake import Intake
-from channels.telegram.media import Downloads
-from channels.telegram.outcomes import as_reply
-from channels.telegram.parsing import _keep_response_models, _Session, build_validators
-from channels.telegram.sending import _DraftStream
-from channels.telegram.uploads import Uploads
+from bot.contracts.channel import Channel, ChannelHealth, InboundHandler, ReplyStream
+from bot.contracts.messages import Attachment, InboundMessage, OutboundMessage
+from channels.delivery import DeliveryPolicy
+from channels.ratelimit import TELEGRAM_LIMITS, Limits, RateLimiter
+from channels.telegram.api import BotApi, ReplyGate
+from channels.telegram.chats import Chats
+from channels.telegram.intake import Updates
+from channels.telegram.media import Downloader
+from channels.telegram.outcomes import Outcomes, as_reply
+from channels.telegram.parsing import TolerantSession, build_validators, keep_response_models
+from channels.telegram.polling import LongPolling
+from channels.telegram.sending import DraftStream, Sender
+from channels.telegram.target import Target, chat_id_of, int_or_none
+from channels.telegram.translate import CHANNEL_NAME, Translator, Unhandled
+from channels.telegram.uploads import Uploader
+from channels.telegram.webhook import Webhook
 from channels.telegram_lazy import LAZY
 
 if TYPE_CHECKING:
+    from bot.config.settings import Settings
     from bot.contracts.commands import Command
 
 log = logging.getLogger("roost.channels.telegram")
 
+COMMAND_NAME = re.compile(r"^[a-z0-9_]{1,32}$")
+"""What Telegram accepts as a command name in ``setMyCommands``."""
+STOP_GRACE = 10.0
+"""Seconds ``stop()`` waits for replies still being sent."""
 
-class TelegramChannel(Intake, Uploads, Downloads):
-    """Roost on Telegram (``TELEGRAM_BOT_TOKEN``).
 
-    Keyword arguments exist for tests and benchmarks: ``polling_timeout`` is
-    the long-poll wait in seconds, ``edit_interval`` the minimum time between
-    streaming edits, ``draft_after`` and ``draft_chars`` when a streamed reply's
-    first draft is shown (see :class:`~channels.telegram.sending._DraftStream`),
-    ``typing_interval`` how often the typing status is
-    refreshed, ``policy`` the retry policy for replies, ``limits`` the
-    proactive rate limits, ``request_timeout`` how long one Bot API call may
-    take (the long poll gets its own wait on top), ``poll_backoff`` the first
-    pause after a failed ``getUpdates`` (doubling up to 30 s).
-    """
+class TelegramChannel(Channel):
+    """Roost on Telegram (``TELEGRAM_BOT_TOKEN``); see the package docstring."""
 
-    name = "telegram"
+    name = CHANNEL_NAME
+    marks_sending = True  # after the rate limiter's waits: see BotApi.call
+
+    def __init__(self, settings: Settings, *, polling_timeout: int = 30,
+                 edit_interval: float = 1.0, typing_interval: float = 4.0,
+                 policy: DeliveryPolicy | None = None, limits: Limits = TELEGRAM_LIMITS,
+                 request_timeout: float = 60.0, poll_backoff: float = 0.5,
+                 draft_after: float = 1.0, draft_chars: int = 400) -> None:
+        """Read the token from ``settings`` and build the parts; nothing connects yet.
+
+        Keyword arguments exist for tests and benchmarks: ``polling_timeout`` is
+        the long-poll wait in seconds, ``edit_interval`` the minimum time between
+        streaming edits, ``draft_after`` and ``draft_chars`` when a streamed reply's
+        first draft is shown (see :class:`~channels.telegram.sending.DraftStream`),
+        ``typing_interval`` how often the typing status is refreshed, ``policy`` the
+        retry policy for replies, ``limits`` the proactive rate limits,
+        ``request_timeout`` how long one Bot API call may take (the long poll gets
+        its own wait on top), ``poll_backoff`` the first pause after a failed
+        ``getUpdates`` (doubling up to 30 s).
+        """
+        if settings.telegram_bot_token is None:
+            raise ValueError("the Telegram channel needs TELEGRAM_BOT_TOKEN")
+        self.settings = settings
+        self.edit_interval = edit_interval
+        self.draft_after = draft_after
+        self.draft_chars = draft_chars
+        self.request_timeout = request_timeout
+        policy = policy or DeliveryPolicy()
+        self.limiter = RateLimiter(limits if settings.telegram_rate_limits else Limits(),
+                                   shared_by=self._live_replicas)
+        self.chats = Chats()
+        self.api = BotApi(self.chats, self.limiter, policy=policy)
+        self.gate = ReplyGate(self.api)
+        self.outcomes = Outcomes(self.api, self.chats, policy=policy)
+        self.sender = Sender(self.api, self.outcomes, self.chats, self.gate, policy=policy,
+                             typing_interval=typing_interval)
+        self.uploader = Uploader(self.sender, self.outcomes, request_timeout=request_timeout)
+        self.downloader = Downloader(settings, self.api, self.gate, policy=policy,
+                                     request_timeout=request_timeout)
+        unhandled = Unhandled()
+        self.translator = Translator(settings, unhandled)
+        self.updates = Updates(self.api, self.chats, self.translator, unhandled)
+        self.long_polling = LongPolling(settings, self.limiter, self.updates,
+                                        polling_timeout=polling_timeout,
+                                        request_timeout=request_timeout,
+                                        poll_backoff=poll_backoff)
+        self.webhook = Webhook(settings, self.api, self.updates)
+        self._closing = False
+
+    def _live_replicas(self) -> int:
+        # Telegram's ~30 messages/s is the bot's, whichever replica sends: each paces at
+        # its share. Per-chat limits stay per replica (a chat's session has one holder).
+        return 1 if self.replicas is None else self.replicas.live
+
+    @property
+    def bot(self) -> Bot | None:
+        """The aiogram ``Bot`` (``None`` before :meth:`start`)."""
+        return self.api.bot
+
+    @property
+    def me(self) -> User | None:
+        """The bot's own account (``None`` before :meth:`start`)."""
+        return self.translator.me
+
+    @property
+    def polling(self) -> asyncio.Task[None] | None:
+        """The polling loop's task (``None`` in webhook mode or before ``start``)."""
+        return self.long_polling.task
+
+    def health(self) -> ChannelHealth:
+        """Ready once receiving; not from a failed ``getUpdates`` until one succeeds."""
+        return self.updates.health
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -63,13 +146,14 @@ class TelegramChannel(Intake, Uploads, Downloads):
             # A setting to change, not an outage: nothing to retry (exit code 2).
             raise SetupError("TELEGRAM_BOT_TOKEN is malformed: a bot token looks like "
                              "123456789:AAE... (as @BotFather gives it)") from None
-        self._handler = handler
-        _keep_response_models()
+        self.updates.start(handler)
+        keep_response_models()
         base = self.settings.telegram_api_base
         api = TelegramAPIServer.from_base(base) if base else None
-        session = _Session(api=api, timeout=self.request_timeout) if api else \
-            _Session(timeout=self.request_timeout)
-        self.bot = bot = Bot(token, session=session)
+        session = TolerantSession(api=api, timeout=self.request_timeout) if api else \
+            TolerantSession(timeout=self.request_timeout)
+        bot = Bot(token, session=session)
+        self.api.open(bot)
         try:
             await self._connect(bot)
         except BaseException:
@@ -81,7 +165,7 @@ class TelegramChannel(Intake, Uploads, Downloads):
                          daemon=True).start()
         assert self.me is not None
         log.info("telegram: receiving as @%s by %s%s", self.me.username,
-                 "webhook" if self._webhook or self._shared else "long polling",
+                 "webhook" if self.webhook.receiving else "long polling",
                  "" if LAZY else " (aiogram types built eagerly)")
 
     async def _connect(self, bot: Bot) -> None:
@@ -89,10 +173,10 @@ class TelegramChannel(Intake, Uploads, Downloads):
         # deployment; pending updates are kept): it is removed alongside getMe, so
         # the first poll waits for one round trip to Telegram, not two.
         unhook = None if self.settings.telegram_webhook_url else asyncio.ensure_future(
-            self._deliver(DeleteWebhook(drop_pending_updates=False), "deleteWebhook",
-                          scope="deleteWebhook"))  # not behind getMe (the bot's scope)
+            self.api.deliver(DeleteWebhook(drop_pending_updates=False), "deleteWebhook",
+                             scope="deleteWebhook"))  # not behind getMe (the bot's scope)
         try:
-            self.me = await self._deliver(GetMe(), "getMe")
+            me = await self.api.deliver(GetMe(), "getMe")
         except BaseException as exc:
             if unhook is not None:
                 unhook.cancel()
@@ -101,13 +185,14 @@ class TelegramChannel(Intake, Uploads, Downloads):
                 raise SetupError(f"Telegram refused the bot token ({exc.message}): check "
                                  "TELEGRAM_BOT_TOKEN") from exc
             raise
-        if not self.me.username:
+        self.translator.identify(me)
+        if not me.username:
             log.warning("telegram: the bot has no username: @mentions cannot be recognised")
         if unhook is None:
-            await self._start_webhook(self.settings.telegram_webhook_url or "")
+            await self.webhook.start(self.settings.telegram_webhook_url or "", self.http_routes)
             return
         await unhook
-        self._polling = asyncio.create_task(self._poll(bot))
+        self.long_polling.start(bot, self.leadership)
 
     async def stop_intake(self) -> None:
         """Stop receiving at once; replies can still be sent until :meth:`stop`.
@@ -117,18 +202,8 @@ class TelegramChannel(Intake, Uploads, Downloads):
         the inbox or will be delivered again. The webhook endpoint answers 503
         from now on: Telegram keeps such updates and delivers them again later.
         """
-        if self._intake_stopped:
-            return
-        self._intake_stopped = True
-        self._stopping.set()
-        if self._fetching is not None:
-            self._fetching.cancel()
-        if self._polling is not None:
-            try:
-                await asyncio.wait_for(asyncio.shield(self._polling), STOP_GRACE)
-            except (TimeoutError, asyncio.CancelledError):
-                self._polling.cancel()
-            await asyncio.gather(self._polling, return_exceptions=True)
+        if self.updates.stop():
+            await self.long_polling.stop()
 
     async def stop(self) -> None:
         """Stop receiving (if not yet), let replies being sent finish, close the session."""
@@ -136,22 +211,29 @@ class TelegramChannel(Intake, Uploads, Downloads):
             return
         self._closing = True
         await self.stop_intake()
-        self._stopped = True
-        if self._webhook is not None:
-            await self._webhook.close()
-        if self._shared is not None and self.settings.telegram_webhook_url:
-            shared, self._shared = self._shared, None
-            shared.remove_post(urlsplit(self.settings.telegram_webhook_url).path or "/")
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(STOP_GRACE):
-                await self._idle.wait()
-        if self.bot is not None:
-            await self.bot.session.close()
+        self.gate.shut_down()
+        await self.webhook.close()
+        await self.gate.drained(STOP_GRACE)
+        if self.api.bot is not None:
+            await self.api.bot.session.close()
 
-    @property
-    def polling(self) -> asyncio.Task[None] | None:
-        """The polling loop's task (``None`` in webhook mode or before ``start``)."""
-        return self._polling
+    # -- inbound --------------------------------------------------------------------
+
+    def translate(self, message: Message, *, event_id: str = "") -> InboundMessage | None:
+        """The core's view of ``message``, or ``None`` if it is not for Roost
+        (see :meth:`Translator.translate`)."""
+        return self.translator.translate(message, event_id=event_id)
+
+    async def feed_raw(self, raw: object) -> None:
+        """Handle one update as received (tests); malformed ones are skipped.
+
+        Raises if the core's handler raised, as the webhook then answers 500.
+        """
+        await self.updates.feed_raw(raw)
+
+    async def download(self, attachment: Attachment, limit: int) -> bytes:
+        """The bytes of ``attachment``, at most ``limit`` (see :class:`Downloader`)."""
+        return await self.downloader.download(attachment, limit)
 
     # -- outbound -------------------------------------------------------------------
 
@@ -166,39 +248,40 @@ class TelegramChannel(Intake, Uploads, Downloads):
         :mod:`channels.telegram.outcomes`). Returns the id of the last message sent;
         raises if the reply was not delivered (the core keeps it and tries again).
         """
-        target = _Target.of(message.chat_id, message.thread_id, message.reply_to)
+        target = Target.of(message.chat_id, message.thread_id, message.reply_to)
         # A redelivery looks for each message above what an earlier attempt noted
         # before posting it (channels.telegram.outcomes).
-        floor = _int_or_none(message.attempt_note) if message.redelivery else None
-        async with self._sending_reply() as live:
+        floor = int_or_none(message.attempt_note) if message.redelivery else None
+        async with self.gate.entered() as live:
             if not live:
                 raise RuntimeError("the Telegram channel is stopped")
             if message.files:
-                return await as_reply(floor, lambda: self._deliver_with_files(target, message))
-            return await as_reply(floor, lambda: self._deliver_reply(
+                return await as_reply(floor, lambda: self.uploader.deliver_with_files(
+                    target, message))
+            return await as_reply(floor, lambda: self.sender.deliver_reply(
                 target, message.replace, message.text))
 
     async def withdraw(self, chat_id: str, message_id: str) -> None:
         """Delete a message Roost sent (a stale draft); one already gone is fine."""
-        async with self._sending_reply() as live:
+        async with self.gate.entered() as live:
             if not live:
                 raise RuntimeError("the Telegram channel is stopped")
-            await self._delete(_chat_id(chat_id), int(message_id))
+            await self.sender.delete(chat_id_of(chat_id), int(message_id))
 
     def open_stream(self, message: InboundMessage) -> ReplyStream | None:
         """A draft edited at most once per ``edit_interval``, unless streaming is off."""
         if not self.settings.streams(self.name):
             return None
-        target = _Target.of(message.chat_id, message.thread_id,
-                            message.message_id if message.chat_type == "group" else None)
-        return _DraftStream(self, target, self.edit_interval, draft_after=self.draft_after,
-                            draft_chars=self.draft_chars)
+        target = Target.of(message.chat_id, message.thread_id,
+                           message.message_id if message.chat_type == "group" else None)
+        return DraftStream(self.sender, target, self.edit_interval,
+                           draft_after=self.draft_after, draft_chars=self.draft_chars)
 
     @contextlib.asynccontextmanager
     async def typing(self, message: InboundMessage) -> AsyncIterator[None]:
         """Keep "typing…" showing (Telegram clears it after 5 s) while the block runs."""
-        task = asyncio.create_task(self._keep_typing(
-            _chat_id(message.chat_id), _int_or_none(message.thread_id)))
+        task = asyncio.create_task(self.sender.keep_typing(
+            chat_id_of(message.chat_id), int_or_none(message.thread_id)))
         try:
             yield
         finally:
@@ -207,7 +290,7 @@ class TelegramChannel(Intake, Uploads, Downloads):
 
     async def register_commands(self, commands: Sequence[Command]) -> None:
         """``setMyCommands``: everyone sees the public commands, admins' chats all of them."""
-        self._commands = {name for c in commands for name in (c.name, *c.aliases)}
+        self.translator.know_commands(name for c in commands for name in (c.name, *c.aliases))
         public: list[BotCommand] = []
         admin: list[BotCommand] = []
         for command in commands:
@@ -218,7 +301,7 @@ class TelegramChannel(Intake, Uploads, Downloads):
             entry = BotCommand(command=command.name,
                                description=(command.description or command.name)[:256])
             (admin if command.admin_only else public).append(entry)
-        await self._deliver(SetMyCommands(commands=public[:100]), "setMyCommands")
+        await self.api.deliver(SetMyCommands(commands=public[:100]), "setMyCommands")
         if not admin:
             return
         for admin_entry in self.settings.admins:
@@ -228,8 +311,8 @@ class TelegramChannel(Intake, Uploads, Downloads):
             # An admin's private chat has the admin's user id.
             scope = BotCommandScopeChat(chat_id=int(user_id))
             try:
-                await self._deliver(SetMyCommands(commands=(public + admin)[:100], scope=scope),
-                                    "setMyCommands (admin)")
+                await self.api.deliver(SetMyCommands(commands=(public + admin)[:100],
+                                                     scope=scope), "setMyCommands (admin)")
             except Exception as exc:
                 # Usually "chat not found": the admin has not started the bot yet.
                 log.warning("telegram: admin commands for %s not registered: %s", user_id, exc)

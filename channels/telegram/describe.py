@@ -10,7 +10,7 @@ from bot.contracts.messages import Attachment, clean_text
 from channels.telegram.media import file_attachments
 
 
-def _utf16(text: str) -> bytes:
+def utf16(text: str) -> bytes:
     """``text`` in UTF-16-LE, the unit of Telegram's entity offsets.
 
     Lone surrogates (valid in JSON: ``"\\ud83d"``) are kept as the code units
@@ -20,9 +20,9 @@ def _utf16(text: str) -> bytes:
     return text.encode("utf-16-le", "surrogatepass")
 
 
-def _without(text: str, spans: list[tuple[int, int]]) -> str:
+def without(text: str, spans: list[tuple[int, int]]) -> str:
     """``text`` minus the entity spans (UTF-16 offsets), tidied where a span was cut."""
-    data = _utf16(text)
+    data = utf16(text)
     pieces: list[bytes] = []
     at = 0
     # One pass, not one copy of the text per span: a hostile message may carry
@@ -40,7 +40,7 @@ def _without(text: str, spans: list[tuple[int, int]]) -> str:
     return re.sub(r"[ \t]{2,}", " ", result).strip()
 
 
-def _chat_name(chat: Chat) -> str:
+def chat_name(chat: Chat) -> str:
     """What a chat speaking as a sender is called: its title, else its name."""
     names = " ".join(n for n in (chat.first_name, chat.last_name) if n)
     return chat.title or names or (f"@{chat.username}" if chat.username else "")
@@ -51,14 +51,14 @@ DESCRIPTION = 300
 a venue's address...): enough for the model, and a hostile megabyte stays out."""
 
 
-def _short(value: object) -> str:
+def short(value: object) -> str:
     """``value`` as text for a description: clean, on one line, at most DESCRIPTION long."""
     text = clean_text(str(value)).replace("\x00", "")
     text = " ".join(text.split())
     return text if len(text) <= DESCRIPTION else f"{text[:DESCRIPTION - 1]}…"
 
 
-def _attachments(message: Message, cap: int) -> tuple[Attachment, ...]:
+def attachments(message: Message, cap: int) -> tuple[Attachment, ...]:
     """What came with ``message`` besides its text, for the core.
 
     Files (photos, documents, voice...) become attachments the core can
@@ -72,7 +72,7 @@ def _attachments(message: Message, cap: int) -> tuple[Attachment, ...]:
         # A venue carries its location too: one attachment.
         venue = message.venue
         found.append(Attachment("venue", name=", ".join(x for x in (
-            _short(venue.title), _short(venue.address),
+            short(venue.title), short(venue.address),
             _coordinates(venue.location.latitude, venue.location.longitude)) if x)))
     elif message.location is not None:
         where = message.location
@@ -83,18 +83,18 @@ def _attachments(message: Message, cap: int) -> tuple[Attachment, ...]:
         contact = message.contact
         name = " ".join(x for x in (contact.first_name, contact.last_name) if x)
         found.append(Attachment("contact", name=", ".join(
-            _short(x) for x in (name, contact.phone_number) if x)))
+            short(x) for x in (name, contact.phone_number) if x)))
     if message.poll is not None:
         poll = message.poll
-        options = " / ".join(_short(o.text) for o in poll.options[:12])
+        options = " / ".join(short(o.text) for o in poll.options[:12])
         found.append(Attachment("quiz" if poll.type == "quiz" else "poll",
-                                name=f"{_short(poll.question)}: {options}"))
+                                name=f"{short(poll.question)}: {options}"))
     if message.dice is not None:
-        found.append(Attachment("dice", name=f"{_short(message.dice.emoji)} "
+        found.append(Attachment("dice", name=f"{short(message.dice.emoji)} "
                                              f"showing {message.dice.value}"))
     for kind, value, detail in (
             ("game", message.game, lambda g: g.title),
-            ("story", message.story, lambda s: _chat_name(s.chat)),
+            ("story", message.story, lambda s: chat_name(s.chat)),
             ("invoice", message.invoice, lambda i: f"{i.title}, {i.total_amount} {i.currency}"),
             ("checklist", message.checklist, lambda c: c.title),
             ("giveaway", message.giveaway, lambda g: f"{g.winner_count} winners"),
@@ -102,7 +102,7 @@ def _attachments(message: Message, cap: int) -> tuple[Attachment, ...]:
             ("live photo", message.live_photo, lambda _: ""),
     ):
         if value is not None:
-            found.append(Attachment(kind, name=_short(detail(value))))
+            found.append(Attachment(kind, name=short(detail(value))))
     return tuple(found)
 
 

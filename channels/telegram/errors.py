@@ -40,7 +40,7 @@ class ChatMigrated(Exception):
         self.chat_id = chat_id
 
 
-async def _translated(call: Awaitable[T]) -> T:
+async def translated(call: Awaitable[T]) -> T:
     """Await a Bot API call, mapping every aiogram error to what the caller does next.
 
     - ``TelegramRetryAfter`` (429) → :class:`RateLimited`: wait, then retry (the
@@ -70,7 +70,7 @@ async def _translated(call: Awaitable[T]) -> T:
     except TelegramServerError as exc:  # RestartingTelegram included
         raise Transient(f"server error: {exc.message}") from exc
     except ClientDecodeError as exc:
-        raise Transient(f"undecodable answer ({_describe(exc)})") from exc
+        raise Transient(f"undecodable answer ({describe_error(exc)})") from exc
     except TelegramNetworkError as exc:
         raise Transient(f"network: {exc.message}") from exc
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
@@ -78,7 +78,7 @@ async def _translated(call: Awaitable[T]) -> T:
         raise Transient(f"network: {type(exc).__name__}: {exc}") from exc
 
 
-def _describe(exc: BaseException) -> str:
+def describe_error(exc: BaseException) -> str:
     """One short line for a log: aiogram's ClientDecodeError would print a whole HTML page."""
     if isinstance(exc, ClientDecodeError):
         return f"{exc.message}: {type(exc.original).__name__}"
@@ -88,22 +88,24 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:300]
 
 
-def _backoff(base: float, failures: int) -> float:
+def backoff(base: float, failures: int) -> float:
     """Exponential pause with ±25 % jitter, capped, after ``failures`` failures in a row."""
     policy = RetryPolicy(base_delay=base, max_delay=POLL_BACKOFF_CAP, jitter=0.25)
     return min(POLL_BACKOFF_CAP, policy.delay(failures))
 
 
-def _entity_error(exc: TelegramBadRequest) -> bool:
+def entity_error(exc: TelegramBadRequest) -> bool:
+    """Whether Telegram could not parse the HTML (the text can still go as plain text)."""
     return "can't parse entities" in exc.message.lower()
 
 
-def _not_modified(exc: TelegramBadRequest) -> bool:
+def not_modified(exc: TelegramBadRequest) -> bool:
+    """Whether an edit was refused because the message already shows exactly that."""
     return "message is not modified" in exc.message.lower()
 
 
-def _where(exc: BaseException) -> str:
+def where(exc: BaseException) -> str:
     """The exception and the innermost line it came from, on one line."""
     frame = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
     place = f" at {Path(frame[0].filename).name}:{frame[0].lineno}" if frame else ""
-    return f"{_describe(exc)}{place}"
+    return f"{describe_error(exc)}{place}"

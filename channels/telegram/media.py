@@ -2,7 +2,7 @@
 
 A message's photo, document, voice note, audio, video, video note or sticker
 becomes an attachment whose ``url`` is Telegram's ``file_id``; nothing is
-fetched until the core asks :meth:`Downloads.download` for the bytes, which
+fetched until the core asks :meth:`Downloader.download` for the bytes, which
 goes through ``getFile`` and the file URL under the configured API base
 (``<base>/file/bot<token>/<file_path>``), reading at most ``limit`` bytes.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiogram.client.session.aiohttp import AiohttpSession
@@ -22,10 +22,13 @@ from aiogram.types import Message, PhotoSize
 from bot.contracts.media import MediaError, MediaTooLarge
 from bot.contracts.messages import Attachment, clean_text
 from bot.media.sniff import extension_for
-from channels.delivery import RateLimited, Transient, deliver
+from channels.delivery import DeliveryPolicy, RateLimited, Transient, deliver
 from channels.fetching import read_capped
-from channels.telegram.base import ChannelBase
-from channels.telegram.errors import _describe
+from channels.telegram.api import BotApi, ReplyGate
+from channels.telegram.errors import describe_error
+
+if TYPE_CHECKING:
+    from bot.config.settings import Settings
 
 log = logging.getLogger("roost.channels.telegram")
 
@@ -124,8 +127,16 @@ def _count(value: object) -> int:
         else 0
 
 
-class Downloads(ChannelBase):
-    """``download``: ``getFile``, then the file, streamed and cut at the limit."""
+class Downloader:
+    """Files people sent, fetched: ``getFile``, then the file, streamed and cut at the limit."""
+
+    def __init__(self, settings: Settings, api: BotApi, gate: ReplyGate, *,
+                 policy: DeliveryPolicy, request_timeout: float) -> None:
+        self.settings = settings
+        self.api = api
+        self.gate = gate
+        self.policy = policy
+        self.request_timeout = request_timeout
 
     async def download(self, attachment: Attachment, limit: int) -> bytes:
         """The bytes of ``attachment`` (its ``url`` is a ``file_id``), at most ``limit``.
@@ -142,16 +153,16 @@ class Downloads(ChannelBase):
             raise MediaTooLarge(attachment.size, limit)
         if attachment.size > GET_FILE_LIMIT:
             raise _too_big_for_bots(attachment.size)
-        async with self._sending_reply() as live:
+        async with self.gate.entered() as live:
             if not live:
                 raise MediaError("the Telegram channel is stopped")
             return await self._download(attachment, limit)
 
     async def _download(self, attachment: Attachment, limit: int) -> bytes:
         try:
-            bot = self._bot()
+            bot = self.api.required()
             try:
-                found = await self._deliver(GetFile(file_id=attachment.url), "getFile")
+                found = await self.api.deliver(GetFile(file_id=attachment.url), "getFile")
             except TelegramBadRequest as exc:
                 if "file is too big" in exc.message.lower():
                     raise _too_big_for_bots(attachment.size) from None
@@ -199,7 +210,7 @@ class Downloads(ChannelBase):
         if isinstance(exc, Transient | RateLimited):
             text = f"Telegram did not deliver the file ({exc or type(exc).__name__})"
         else:
-            text = f"the file could not be fetched from Telegram ({_describe(exc)})"
+            text = f"the file could not be fetched from Telegram ({describe_error(exc)})"
         token = self.settings.telegram_bot_token
         if token is not None:
             text = text.replace(token.get_secret_value(), "<token>")

@@ -45,14 +45,13 @@ from aiogram.methods import (
     SendDocument,
     SendMessage,
     SendPhoto,
-    TelegramMethod,
 )
-from aiogram.methods.base import TelegramType
 from aiogram.types import Chat, Message
 
 from bot.contracts.channel import found_nothing_shown, found_shown
 from channels.delivery import DeliveryPolicy, RateLimited, Transient, deliver
-from channels.telegram.base import ChannelBase, ChatIds, certainly_refused
+from channels.telegram.api import BotApi, certainly_refused
+from channels.telegram.chats import ChatIds, Chats
 
 log = logging.getLogger("roost.channels.telegram")
 
@@ -86,22 +85,23 @@ class _Unresolved(Exception):
     """A probe could not finish (its own calls kept failing)."""
 
 
-class Outcomes(ChannelBase):
+class Outcomes:
     """Message-creating calls made one at a time per chat, unknown outcomes probed."""
 
-    async def _deliver(self, method: TelegramMethod[TelegramType], what: str, *,
-                       policy: DeliveryPolicy | None = None,
-                       request_timeout: int | None = None,
-                       scope: str | None = None) -> TelegramType:
-        if not isinstance(method, Creating):
-            return await super()._deliver(method, what, policy=policy,
-                                          request_timeout=request_timeout, scope=scope)
-        sent = await self._create(method, what, policy=policy or self.policy,
-                                  request_timeout=request_timeout)
-        assert sent is not None  # urgent calls never give way
-        return sent  # type: ignore[return-value]
+    def __init__(self, api: BotApi, chats: Chats, *, policy: DeliveryPolicy) -> None:
+        self.api = api
+        self.chats = chats
+        self.policy = policy
 
-    async def _create(self, method: Creating, what: str, *, policy: DeliveryPolicy,
+    async def post(self, method: Creating, what: str, *,
+                   request_timeout: int | None = None) -> Message:
+        """Post a message urgently (retried per the channel's policy)."""
+        sent = await self.create(method, what, policy=self.policy,
+                                 request_timeout=request_timeout)
+        assert sent is not None  # urgent calls never give way
+        return sent
+
+    async def create(self, method: Creating, what: str, *, policy: DeliveryPolicy,
                       request_timeout: int | None = None, urgent: bool = True
                       ) -> Message | None:
         """Post a message (``urgent``: retried per ``policy``), finding out after each
@@ -111,7 +111,7 @@ class Outcomes(ChannelBase):
         floor. Not ``urgent``: tried once, ``None`` when it gave way or failed (a
         failure with an unknown outcome is probed first).
         """
-        ids = self._chat_ids(method.chat_id)
+        ids = self.chats.ids(method.chat_id)
         reply = _REPLY.get()
         if reply is not None and reply.held is ids:
             return await self._create_held(ids, method, what, policy=policy,
@@ -133,7 +133,7 @@ class Outcomes(ChannelBase):
     async def _create_held(self, ids: ChatIds, method: Creating, what: str, *,
                            policy: DeliveryPolicy, request_timeout: int | None,
                            urgent: bool) -> Message | None:
-        """:meth:`_create` holding the chat's lock."""
+        """:meth:`create` holding the chat's lock."""
         floor = ids.top
         resume = _REPLY.get()
         if resume is not None and resume.floor is not None:
@@ -152,13 +152,13 @@ class Outcomes(ChannelBase):
                 if found is not None:
                     return self._found(method, found)
             try:
-                sent = await self._api(method, urgent=urgent,
+                sent = await self.api.call(method, urgent=urgent,
                                        request_timeout=request_timeout)
             except Exception as exc:
                 unknown = not certainly_refused(exc)
                 raise
             if sent is not None:
-                self._saw(sent.chat.id, sent.message_id)
+                self.chats.saw(sent.chat.id, sent.message_id)
             return sent
 
         if urgent:
@@ -184,7 +184,7 @@ class Outcomes(ChannelBase):
     async def _look_for(self, method: Creating, floor: int | None) -> int | None:
         """The id of the message ``method`` posted above ``floor``, ``None`` if it was
         not posted (or cannot be looked for: no floor, or the chat is unresolved)."""
-        ids = self._chat_ids(method.chat_id)
+        ids = self.chats.ids(method.chat_id)
         if floor is None or ids.unresolved:
             _unsure()
             log.info("telegram: whether a %s to %s was posted cannot be found out (%s); "
@@ -230,7 +230,7 @@ class Outcomes(ChannelBase):
                                       caption=method.caption, parse_mode=method.parse_mode)
 
         async def call() -> object:
-            return await self._api(edit, marked=False)
+            return await self.api.call(edit, marked=False)
 
         try:
             await deliver(call, what=f"telegram {edit.__api_method__} (probe)",
@@ -252,8 +252,8 @@ class Outcomes(ChannelBase):
 
     def _found(self, method: Creating, message_id: int) -> Message:
         """The message a probe found, as the send would have returned it (id and chat)."""
-        chat = self._migrated.get(method.chat_id, method.chat_id)
-        self._saw(chat, message_id)
+        chat = self.chats.current(method.chat_id)
+        self.chats.saw(chat, message_id)
         found_shown()
         return Message(message_id=message_id, date=datetime.datetime.now(datetime.UTC),
                        chat=Chat(id=chat if isinstance(chat, int) else 0,

@@ -37,7 +37,7 @@ log = logging.getLogger("roost.channels.telegram")
 
 SEEN_UPDATES = 4096
 """Recent update ids remembered to drop redeliveries early (the inbox dedupes for real)."""
-_UPDATE_ID = re.compile(r'"update_id"\s*:\s*(\d+)')
+UPDATE_ID = re.compile(r'"update_id"\s*:\s*(\d+)')
 
 
 class _Reported:
@@ -118,7 +118,7 @@ def _undecodable(text: str, reported: _Reported, exc: Exception) -> Update | Non
     """
     why = "nested too deeply" if isinstance(exc, RecursionError) else \
         str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
-    found = _UPDATE_ID.search(text)
+    found = UPDATE_ID.search(text)
     if found is None:
         log.warning("telegram: an undecodable update without an update_id was skipped (%s)",
                     why)
@@ -210,7 +210,7 @@ def result_elements(text: str) -> list[str] | None:
     return None
 
 
-class _Session(AiohttpSession):
+class TolerantSession(AiohttpSession):
     """aiogram's session, except that one bad update no longer poisons a getUpdates batch.
 
     aiogram validates the whole ``getUpdates`` answer at once: a single
@@ -301,7 +301,7 @@ class _Session(AiohttpSession):
         return None
 
 
-def _update_kind(update: Update) -> str:
+def update_kind(update: Update) -> str:
     """The name of what ``update`` carries (``callback_query``, ``my_chat_member``...)."""
     for name in type(update).model_fields:
         if name != "update_id" and getattr(update, name, None) is not None:
@@ -314,7 +314,7 @@ def _update_kind(update: Update) -> str:
 _RESPONSE_MODELS: list[Any] = []
 
 
-def _keep_response_models() -> None:
+def keep_response_models() -> None:
     """Build the ``Response[...]`` model of each method Roost calls once, and keep it.
 
     aiogram parametrizes ``Response[method.__returning__]`` on every call, and
@@ -345,12 +345,12 @@ def build_validators() -> None:
     left to the first update, ``Update``, ``Message`` and the responses of the
     methods a reply calls take ~0.6 s of CPU inside that update's answer. The
     channel runs this in a thread once polling has begun; a response parsed
-    meanwhile waits for it (``_Session.check_response``) instead of building
+    meanwhile waits for it (``TolerantSession.check_response``) instead of building
     the same schemas a second time.
     """
     began = time.perf_counter()
     with _BUILDING:
-        _keep_response_models()
+        keep_response_models()
         for model in (Update, SendMessage, EditMessageText, DeleteMessage, SendChatAction,
                       *_RESPONSE_MODELS):
             model.model_rebuild()

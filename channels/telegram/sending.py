@@ -12,18 +12,33 @@ from aiogram.methods import DeleteMessage, EditMessageText, SendChatAction, Send
 from aiogram.types import Message, ReplyParameters
 
 from channels.delivery import DeliveryPolicy
-from channels.telegram.base import _DRAFT_POLICY, _Target, _unthreaded
-from channels.telegram.errors import _describe, _entity_error, _not_modified
+from channels.telegram.api import BotApi, ReplyGate
+from channels.telegram.chats import Chats
+from channels.telegram.errors import describe_error, entity_error, not_modified
 from channels.telegram.outcomes import Outcomes, as_reply
+from channels.telegram.target import Target
 from channels.telegram_format import fit, split_for_telegram, to_html
 
 log = logging.getLogger("roost.channels.telegram")
 
+DRAFT_POLICY = DeliveryPolicy(attempts=1)
+"""Drafts are not retried: the next edit or the final reply supersedes them."""
 
-class Sending(Outcomes):
-    """Replies out: pieces sent, drafts edited into the final reply, stale drafts deleted."""
 
-    async def _send_piece(self, target: _Target, source: str, *, urgent: bool = True,
+class Sender:
+    """Replies out: pieces sent, drafts edited into the final reply, stale drafts deleted,
+    the typing status kept up."""
+
+    def __init__(self, api: BotApi, outcomes: Outcomes, chats: Chats, gate: ReplyGate, *,
+                 policy: DeliveryPolicy, typing_interval: float) -> None:
+        self.api = api
+        self.outcomes = outcomes
+        self.chats = chats
+        self.gate = gate
+        self.policy = policy
+        self.typing_interval = typing_interval
+
+    async def send_piece(self, target: Target, source: str, *, urgent: bool = True,
                           policy: DeliveryPolicy | None = None) -> Message | None:
         """Send one piece as HTML; if Telegram cannot parse it, as the plain text.
 
@@ -37,20 +52,20 @@ class Sending(Outcomes):
             method = SendMessage(chat_id=target.chat_id, text=text, parse_mode=mode,
                                  message_thread_id=target.thread_id, reply_parameters=reply)
             try:
-                sent = await self._create(method, "sendMessage",
+                sent = await self.outcomes.create(method, "sendMessage",
                                           policy=policy or self.policy, urgent=urgent)
             except TelegramBadRequest as exc:
-                if mode is None or not _entity_error(exc):
+                if mode is None or not entity_error(exc):
                     raise
                 log.warning("telegram: HTML refused (%s); sending the piece as plain text",
                             exc.message)
                 continue
             if sent is not None:
-                self._remember_shown(sent.chat.id, sent.message_id, text, mode)
+                self.chats.remember_shown(sent.chat.id, sent.message_id, text, mode)
             return sent
         raise AssertionError("unreachable")
 
-    async def _edit(self, target: _Target, message_id: int, source: str, *,
+    async def edit(self, target: Target, message_id: int, source: str, *,
                     urgent: bool = True) -> bool:
         """Show ``source`` in message ``message_id``; ``False`` if a draft edit gave way.
 
@@ -59,29 +74,29 @@ class Sending(Outcomes):
         anyway (a retry after the first attempt took effect), means success.
         """
         for text, mode in ((to_html(source), "HTML"), (source, None)):
-            if self._shows(target.chat_id, message_id, text, mode):
+            if self.chats.shows(target.chat_id, message_id, text, mode):
                 return True
             method = EditMessageText(chat_id=target.chat_id, message_id=message_id, text=text,
                                      parse_mode=mode)
             try:
                 if urgent:
-                    await self._deliver(method, "editMessageText")
-                elif await self._api(method, urgent=False) is None:
+                    await self.api.deliver(method, "editMessageText")
+                elif await self.api.call(method, urgent=False) is None:
                     return False
             except TelegramBadRequest as exc:
-                if _not_modified(exc):
-                    self._remember_shown(target.chat_id, message_id, text, mode)
+                if not_modified(exc):
+                    self.chats.remember_shown(target.chat_id, message_id, text, mode)
                     return True
-                if mode is None or not _entity_error(exc):
+                if mode is None or not entity_error(exc):
                     raise
                 continue
-            self._remember_shown(target.chat_id, message_id, text, mode)
+            self.chats.remember_shown(target.chat_id, message_id, text, mode)
             return True
         raise AssertionError("unreachable")
 
-    async def _delete(self, chat_id: int | str, message_id: int) -> None:
+    async def delete(self, chat_id: int | str, message_id: int) -> None:
         try:
-            await self._deliver(DeleteMessage(chat_id=chat_id, message_id=message_id),
+            await self.api.deliver(DeleteMessage(chat_id=chat_id, message_id=message_id),
                                 "deleteMessage")
         except TelegramBadRequest as exc:
             # Gone already (deleted by someone, or our own earlier attempt took
@@ -89,9 +104,9 @@ class Sending(Outcomes):
             if "message to delete not found" not in exc.message.lower():
                 raise
             log.info("telegram: message %d in %s was already gone", message_id, chat_id)
-        self._shown.pop((self._migrated.get(chat_id, chat_id), message_id), None)
+        self.chats.forget_shown(chat_id, message_id)
 
-    async def _deliver_reply(self, target: _Target, draft_id: str | None,
+    async def deliver_reply(self, target: Target, draft_id: str | None,
                              text: str | None) -> str | None:
         """The final reply: the draft (if any) becomes its first piece, the rest follow.
 
@@ -105,37 +120,37 @@ class Sending(Outcomes):
         stale = False
         if draft is not None:
             if not pieces:
-                await self._delete(target.chat_id, draft)
+                await self.delete(target.chat_id, draft)
                 return None
             try:
-                await self._edit(target, draft, pieces[0])
+                await self.edit(target, draft, pieces[0])
                 pieces, last = pieces[1:], str(draft)
             except Exception as exc:
                 log.warning("telegram: could not put the reply into draft %d (%s); sending "
-                            "it anew", draft, _describe(exc))
+                            "it anew", draft, describe_error(exc))
                 stale = True
         for index, piece in enumerate(pieces):
             first = index == 0 and last is None
-            sent = await self._send_piece(target if first else _unthreaded(target), piece)
+            sent = await self.send_piece(target if first else target.unthreaded(), piece)
             assert sent is not None
             last = str(sent.message_id)
         if stale and draft is not None:
             try:
-                await self._delete(target.chat_id, draft)
+                await self.delete(target.chat_id, draft)
             except Exception as exc:
                 # The reply is out; only the stale draft stays. The core journals
                 # its id and withdraws it later.
-                log.warning("telegram: stale draft %d not deleted (%s)", draft, _describe(exc))
+                log.warning("telegram: stale draft %d not deleted (%s)", draft, describe_error(exc))
         return last
 
-    async def _keep_typing(self, chat_id: int | str, thread_id: int | None) -> None:
+    async def keep_typing(self, chat_id: int | str, thread_id: int | None) -> None:
         """Refresh "typing…"; it gives way to every other call to the chat."""
-        while not self._stopped:
+        while not self.gate.shut:
             try:
-                await self._api(SendChatAction(chat_id=chat_id, action="typing",
+                await self.api.call(SendChatAction(chat_id=chat_id, action="typing",
                                                message_thread_id=thread_id), urgent=False)
             except Exception as exc:
-                log.debug("telegram: typing status not sent: %s", _describe(exc))
+                log.debug("telegram: typing status not sent: %s", describe_error(exc))
             await asyncio.sleep(self.typing_interval)
 
 
@@ -143,7 +158,7 @@ _now = time.monotonic
 """The clock the first draft's wait reads (tests replace it)."""
 
 
-class _DraftStream:
+class DraftStream:
     """A reply streamed into one Telegram message, edited at most once per ``interval``.
 
     The first draft waits until the text is ``draft_chars`` long or a push comes
@@ -156,12 +171,13 @@ class _DraftStream:
     last message (``None`` if nothing is shown).
     """
 
-    __slots__ = ("_began", "_editing", "_flusher", "_last", "_pending", "channel",
-                 "draft_after", "draft_chars", "interval", "message_id", "target")
+    __slots__ = ("_began", "_editing", "_flusher", "_last", "_pending", "draft_after",
+                 "draft_chars", "gate", "interval", "message_id", "sender", "target")
 
-    def __init__(self, channel: Sending, target: _Target, interval: float, *,
+    def __init__(self, sender: Sender, target: Target, interval: float, *,
                  draft_after: float = 1.0, draft_chars: int = 400) -> None:
-        self.channel = channel
+        self.sender = sender
+        self.gate = sender.gate
         self.target = target
         self.interval = interval
         self.draft_after = draft_after
@@ -192,14 +208,14 @@ class _DraftStream:
             self._flusher = asyncio.create_task(self._flush_later())
 
     async def _first(self, draft: str) -> Message | None:
-        async with self.channel._sending_reply() as live:
+        async with self.gate.entered() as live:
             if not live:
                 return None
             try:
-                return await self.channel._send_piece(self.target, draft, urgent=False,
-                                                      policy=_DRAFT_POLICY)
+                return await self.sender.send_piece(self.target, draft, urgent=False,
+                                                      policy=DRAFT_POLICY)
             except Exception as exc:
-                log.warning("telegram: streaming draft not shown (%s)", _describe(exc))
+                log.warning("telegram: streaming draft not shown (%s)", describe_error(exc))
                 return None
 
     async def _flush_later(self) -> None:
@@ -209,13 +225,13 @@ class _DraftStream:
             return
         self._editing = True
         try:
-            async with self.channel._sending_reply() as live:
+            async with self.gate.entered() as live:
                 if live:
-                    await self.channel._edit(self.target, int(self.message_id), fit(draft),
+                    await self.sender.edit(self.target, int(self.message_id), fit(draft),
                                              urgent=False)
         except Exception as exc:
             log.warning("telegram: a streaming edit failed (%s); the final reply will "
-                        "still be sent", _describe(exc))
+                        "still be sent", describe_error(exc))
         finally:
             self._editing = False
             self._last = time.monotonic()
@@ -231,10 +247,10 @@ class _DraftStream:
             else:
                 flusher.cancel()
                 await asyncio.gather(flusher, return_exceptions=True)
-        async with self.channel._sending_reply() as live:
+        async with self.gate.entered() as live:
             if not live:
                 raise RuntimeError("the Telegram channel is stopped")
             # Once delivered, the id is that of the reply's last message (the core
             # records it); if this raises, it stays the draft's, to be replaced.
-            self.message_id = await as_reply(None, lambda: self.channel._deliver_reply(
+            self.message_id = await as_reply(None, lambda: self.sender.deliver_reply(
                 self.target, self.message_id, final_text))

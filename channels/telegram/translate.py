@@ -4,19 +4,67 @@ the bot was addressed, the text without the bot's @mention, what came with it.""
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from aiogram.types import Message, MessageOriginChannel
+from aiogram.types import Message, MessageOriginChannel, User
 
 from bot.contracts.messages import ChatType, InboundMessage
-from channels.telegram.base import _COMMAND, SERVICE_USER, ChannelBase
-from channels.telegram.describe import _attachments, _chat_name, _short, _utf16, _without
+from channels.telegram.describe import attachments as described
+from channels.telegram.describe import chat_name, short, utf16, without
 from channels.telegram.media import MB
+
+if TYPE_CHECKING:
+    from bot.config.settings import Settings
 
 log = logging.getLogger("roost.channels.telegram")
 
+CHANNEL_NAME = "telegram"
+SERVICE_USER = 777000
+"""The account "Telegram": the ``from`` of automatic forwards and service notices."""
+UNHANDLED_KINDS = 256
+"""Kinds of unhandled updates remembered, so each is logged once (bounded: the names
+of unknown kinds come from the server)."""
+_COMMAND = re.compile(r"^/([A-Za-z0-9_]{1,64})(?:@([A-Za-z0-9_]{1,64}))?(?=\s|$)")
 
-class Translating(ChannelBase):
-    """Turns messages into :class:`InboundMessage` (or ``None`` when not for Roost)."""
+
+class Unhandled:
+    """Notes updates Roost does not handle: at debug, the first of each kind only."""
+
+    def __init__(self) -> None:
+        self._kinds: set[str] = set()
+
+    def note(self, kind: str, event_id: str | int) -> None:
+        """Such updates are confirmed like any other; a stream of them (reactions,
+        members joining) would otherwise fill the debug log."""
+        kind = kind[:64]
+        if kind in self._kinds:
+            return
+        if len(self._kinds) < UNHANDLED_KINDS:
+            self._kinds.add(kind)
+        log.debug("telegram: update %s (%s) is of a kind Roost does not handle; ignored, as "
+                  "are later ones of this kind (not logged)", event_id, kind)
+
+
+class Translator:
+    """Turns messages into :class:`InboundMessage` (or ``None`` when not for Roost), once
+    it knows the bot's own account (:meth:`identify`)."""
+
+    def __init__(self, settings: Settings, unhandled: Unhandled) -> None:
+        self.settings = settings
+        self.unhandled = unhandled
+        self.me: User | None = None
+        """The bot's own account (``getMe``); ``None`` before the channel started."""
+        self._commands: frozenset[str] = frozenset()
+
+    def identify(self, me: User) -> None:
+        """The bot is ``me``: its @mentions, replies to it and commands addressed to it."""
+        self.me = me
+
+    def know_commands(self, names: Iterable[str]) -> None:
+        """The core's command names (``/start`` becomes ``/help`` unless one is it)."""
+        self._commands = frozenset(names)
 
     def translate(self, message: Message, *, event_id: str = "") -> InboundMessage | None:
         """The core's view of ``message``, or ``None`` if it is not for Roost.
@@ -45,14 +93,14 @@ class Translating(ChannelBase):
         if speaker is None:
             return None
         sender_id, sender_name = speaker
-        attachments = _attachments(message, int(self.settings.media_max_file_mb * MB))
+        attachments = described(message, int(self.settings.media_max_file_mb * MB))
         if message.text is not None:
             text, entities = message.text, message.entities or []
         else:
             text, entities = message.caption or "", message.caption_entities or []
         if not text and not attachments:
             kind = message.content_type
-            self._ignore(f"{getattr(kind, 'value', kind)} message", event_id)
+            self.unhandled.note(f"{getattr(kind, 'value', kind)} message", event_id)
             return None
         me = self.me
         handle = f"@{me.username}".lower() if me.username else None
@@ -64,7 +112,7 @@ class Translating(ChannelBase):
                     and entity.length == len(handle) and entity.offset >= 0:
                 # Offsets count UTF-16 units; the handle is ASCII, one unit a character.
                 if units is None:
-                    units = _utf16(text)
+                    units = utf16(text)
                 start = entity.offset * 2
                 found = units[start:start + entity.length * 2]
                 if found.decode("utf-16-le", "surrogatepass").lower() == handle:
@@ -74,7 +122,7 @@ class Translating(ChannelBase):
                     and entity.user.id == me.id:
                 mentioned = True
         if drop:
-            text = _without(text, drop)
+            text = without(text, drop)
         command = _COMMAND.match(text.lstrip())
         if command is not None:
             target = command.group(2)
@@ -100,7 +148,7 @@ class Translating(ChannelBase):
             mentioned = True
         thread = message.message_thread_id if message.is_topic_message else None
         return InboundMessage(
-            channel=self.name,
+            channel=CHANNEL_NAME,
             chat_id=str(message.chat.id),
             chat_type=chat_type,
             sender_id=sender_id,
@@ -131,12 +179,12 @@ class Translating(ChannelBase):
                 log.debug("telegram: update %s is an automatic forward without its channel; "
                           "ignored", event_id)
                 return None
-            return str(origin.id), _short(_chat_name(origin))
+            return str(origin.id), short(chat_name(origin))
         if message.sender_chat is not None:
-            return str(message.sender_chat.id), _short(_chat_name(message.sender_chat))
+            return str(message.sender_chat.id), short(chat_name(message.sender_chat))
         sender = message.from_user
         if sender is None or sender.is_bot or sender.id == SERVICE_USER:
             return None
         # Short: the name goes into every prompt line of the sender's, and Telegram's
         # own limits (64 characters a name, 128 a title) do not bind a forged update.
-        return str(sender.id), _short(sender.full_name)
+        return str(sender.id), short(sender.full_name)

@@ -27,10 +27,11 @@ from bot.contracts.files import OpenFile
 from bot.contracts.media import MediaError, MediaTooLarge
 from bot.contracts.messages import OutboundFile, OutboundMessage
 from bot.media.images import inspect_image
-from channels.telegram.base import _Target, _unthreaded
-from channels.telegram.errors import _describe, _entity_error
+from channels.telegram.errors import describe_error, entity_error
 from channels.telegram.media import MB
-from channels.telegram.sending import Sending
+from channels.telegram.outcomes import Outcomes
+from channels.telegram.sending import Sender
+from channels.telegram.target import Target
 from channels.telegram_format import split_for_telegram, to_html
 
 if TYPE_CHECKING:
@@ -128,10 +129,16 @@ def _photo_refused(exc: TelegramBadRequest) -> bool:
                                          "FILE IS TOO BIG"))
 
 
-class Uploads(Sending):
-    """Replies that carry files."""
+class Uploader:
+    """Replies that carry files: each checked before anything is sent, then the text and
+    the files posted."""
 
-    async def _deliver_with_files(self, target: _Target, message: OutboundMessage) -> str | None:
+    def __init__(self, sender: Sender, outcomes: Outcomes, *, request_timeout: float) -> None:
+        self.sender = sender
+        self.outcomes = outcomes
+        self.request_timeout = request_timeout
+
+    async def deliver_with_files(self, target: Target, message: OutboundMessage) -> str | None:
         """Text first, then the files (or the text as the caption of a single file).
 
         Returns the id of the last message sent.
@@ -145,7 +152,7 @@ class Uploads(Sending):
             for upload in uploads:
                 upload.opened.close()
 
-    async def _deliver_uploads(self, target: _Target, message: OutboundMessage,
+    async def _deliver_uploads(self, target: Target, message: OutboundMessage,
                                uploads: list[_Upload]) -> str | None:
         captions = [f.caption for f in message.files]
         text: str | None = message.text if message.text.strip() else None
@@ -154,13 +161,13 @@ class Uploads(Sending):
             captions[0], text = text, None
         last: str | None = None
         if text is not None or message.replace is not None:
-            last = await self._deliver_reply(target, message.replace, text)
+            last = await self.sender.deliver_reply(target, message.replace, text)
         for upload, caption in zip(uploads, captions, strict=True):
-            last = await self._send_file(target if last is None else _unthreaded(target),
+            last = await self._send_file(target if last is None else target.unthreaded(),
                                          upload, caption)
         return last
 
-    async def _send_file(self, target: _Target, upload: _Upload, caption: str) -> str:
+    async def _send_file(self, target: Target, upload: _Upload, caption: str) -> str:
         """One file with its caption; a caption too long for one goes after it as text."""
         fitting = split_for_telegram(caption, MAX_CAPTION) if caption.strip() else []
         head = fitting[0] if len(fitting) == 1 else None
@@ -168,12 +175,12 @@ class Uploads(Sending):
         last = str(sent.message_id)
         if len(fitting) > 1:
             for piece in split_for_telegram(caption):
-                text_sent = await self._send_piece(_unthreaded(target), piece)
+                text_sent = await self.sender.send_piece(target.unthreaded(), piece)
                 assert text_sent is not None
                 last = str(text_sent.message_id)
         return last
 
-    async def _post_file(self, target: _Target, upload: _Upload, caption: str | None) -> Message:
+    async def _post_file(self, target: Target, upload: _Upload, caption: str | None) -> Message:
         """``sendPhoto`` or ``sendDocument``; HTML captions fall back to plain text, a
         picture Telegram refuses as a photo goes as a document."""
         reply = ReplyParameters(message_id=target.reply_to, allow_sending_without_reply=True) \
@@ -194,20 +201,20 @@ class Uploads(Sending):
                                           message_thread_id=target.thread_id,
                                           reply_parameters=reply)
                 try:
-                    return await self._deliver(method, method.__api_method__,
-                                               request_timeout=timeout)
+                    return await self.outcomes.post(method, method.__api_method__,
+                                                  request_timeout=timeout)
                 except TelegramEntityTooLarge:
                     raise MediaTooLarge(upload.size, UPLOAD_LIMIT,
                                         f"Telegram refused {upload.name} as too large "
                                         f"({upload.size / MB:.1f} MB)") from None
                 except TelegramBadRequest as exc:
-                    if mode is not None and _entity_error(exc):
+                    if mode is not None and entity_error(exc):
                         log.warning("telegram: HTML caption refused (%s); sending it as plain "
                                     "text", exc.message)
                         continue
                     if as_photo and _photo_refused(exc):
                         log.info("telegram: %s refused as a photo (%s); sending it as a "
-                                 "document", upload.name, _describe(exc))
+                                 "document", upload.name, describe_error(exc))
                         as_photo = False
                         break
                     raise

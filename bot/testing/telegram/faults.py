@@ -9,11 +9,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from bot.testing.telegram.state import State
-from bot.testing.telegram.wire import FAULT_KINDS, Call, _ApiError, _Failure, _RandomFaults
+from bot.testing.telegram.wire import FAULT_KINDS, ApiError, Call, Failure, RandomFaults
 
 
-class Faults(State):
+class Faults:
     """``fail``, ``inject_faults`` and the flood-wait windows a 429 opens."""
+
+    def __init__(self, state: State) -> None:
+        self.state = state
+        self._failures: dict[str, list[Failure]] = {}
+        self._random: RandomFaults | None = None
+        self._windows: dict[str, tuple[float, int]] = {}
 
     def fail(self, method: str, status: int = 500, *, description: str | None = None,
              retry_after: int | None = None, times: int = 1, kind: str = "status",
@@ -53,7 +59,7 @@ class Faults(State):
             if description.startswith("Internal"):
                 description = "Bad Request: group chat was upgraded to a supergroup chat"
         self._failures.setdefault(method.lower(), []).append(
-            _Failure(status, description, retry_after, times, kind, seconds, parameters))
+            Failure(status, description, retry_after, times, kind, seconds, parameters))
 
     def inject_faults(self, rate: float, *, kinds: Sequence[str] = FAULT_KINDS,
                       methods: Sequence[str] | None = None, retry_after: int = 1,
@@ -70,11 +76,11 @@ class Faults(State):
         unknown = set(kinds) - set(FAULT_KINDS)
         if unknown:
             raise ValueError(f"unknown fault kinds: {sorted(unknown)}")
-        self._random = None if rate <= 0 else _RandomFaults(
+        self._random = None if rate <= 0 else RandomFaults(
             rate, tuple(kinds), None if methods is None else frozenset(m.lower() for m in methods),
             retry_after, stall, random.Random(seed))
 
-    def _random_fault(self, method: str) -> _Failure | None:
+    def _random_fault(self, method: str) -> Failure | None:
         faults = self._random
         if faults is None or (faults.methods is not None and method not in faults.methods):
             return None
@@ -82,42 +88,42 @@ class Faults(State):
             return None
         kind = faults.rng.choice(faults.kinds)
         if kind == "500":
-            return _Failure(500, "Internal Server Error", None, 1)
+            return Failure(500, "Internal Server Error", None, 1)
         if kind == "html":
-            return _Failure(502, "Bad Gateway", None, 1, "html")
+            return Failure(502, "Bad Gateway", None, 1, "html")
         if kind == "429":
-            return _Failure(429, f"Too Many Requests: retry after {faults.retry_after}",
+            return Failure(429, f"Too Many Requests: retry after {faults.retry_after}",
                             faults.retry_after, 1)
-        return _Failure(0, "", None, 1, kind, faults.stall)
+        return Failure(0, "", None, 1, kind, faults.stall)
 
     @property
     def faults(self) -> dict[str, int]:
         """How many calls got each injected fault (``"window"``: calls inside a 429 window)."""
         counts: dict[str, int] = {}
-        for call in self.calls:
+        for call in self.state.calls:
             if call.fault:
                 counts[call.fault] = counts.get(call.fault, 0) + 1
         return counts
 
-    def _open_window(self, scope: str, retry_after: int) -> None:
+    def open_window(self, scope: str, retry_after: int) -> None:
         until = time.monotonic() + retry_after
         if until > self._windows.get(scope, (0.0, 0))[0]:
             self._windows[scope] = (until, retry_after)
 
-    def _check_window(self, call: Call, scope: str) -> None:
+    def check_window(self, call: Call, scope: str) -> None:
         """A call inside an open 429 window is refused again, and the wait starts over."""
         now = time.monotonic()
         for key in {scope, "bot"}:
             until, retry_after = self._windows.get(key, (0.0, 0))
             if now < until:
                 call.fault = "window"
-                self.violations.append(call)
+                self.state.violations.append(call)
                 # As Telegram does: calling into the flood wait extends it.
                 self._windows[key] = (now + retry_after, retry_after)
-                raise _ApiError(429, f"Too Many Requests: retry after {retry_after}",
+                raise ApiError(429, f"Too Many Requests: retry after {retry_after}",
                                 max(1, math.ceil(retry_after)))
 
-    def _take_failure(self, method: str) -> _Failure | None:
+    def take_failure(self, method: str) -> Failure | None:
         queue = self._failures.get(method)
         if not queue:
             return self._random_fault(method)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import itertools
 import json
 import secrets
 from collections.abc import Mapping
@@ -23,23 +24,32 @@ from aiohttp import web
 from PIL import Image, UnidentifiedImageError
 
 from bot.testing.telegram.messages import MAX_CAPTION, Messages
+from bot.testing.telegram.state import State
 from bot.testing.telegram.updates import Updates
 from bot.testing.telegram.wire import (
-    _HTML_PAGES,
+    HTML_PAGES,
+    ApiError,
+    DownloadFault,
     StoredFile,
     Upload,
-    _ApiError,
-    _DownloadFault,
-    _require,
-    _utf16_len,
+    require,
+    utf16_len,
 )
 
 DOWNLOAD_FAULTS = ("status", "html", "reset", "cut")
 """How :meth:`Files.fail_download` can make a download fail."""
 
 
-class Files(Updates, Messages):
+class Files:
     """Files held, served, uploaded and pushed."""
+
+    def __init__(self, state: State, queue: Updates, outbox: Messages) -> None:
+        self.state = state
+        self.queue = queue
+        self.outbox = outbox
+        self._file_numbers = itertools.count(1)
+        self._download_faults: list[DownloadFault] = []
+
 
     # -- holding files -----------------------------------------------------------
 
@@ -50,7 +60,7 @@ class Files(Updates, Messages):
         extension = name.rpartition(".")[2] if "." in name else "bin"
         stored = StoredFile(f"FILE{number}-{secrets.token_hex(8)}", f"U{number}",
                             f"{folder}/file_{number}.{extension}", data, name, mime_type)
-        self.files[stored.file_id] = stored
+        self.state.files[stored.file_id] = stored
         return stored
 
     def photo_sizes(self, data: bytes, *, thumbnail: bool = True) -> list[dict[str, Any]]:
@@ -84,8 +94,8 @@ class Files(Updates, Messages):
         if caption is not None:
             extra["caption"] = caption
         if group:
-            return self.group_message(None, **extra)
-        return self.private_message(None, **extra)
+            return self.queue.group_message(None, **extra)
+        return self.queue.private_message(None, **extra)
 
     def photo(self, data: bytes, caption: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """Push a photo (the image ``data``, with a thumbnail size) with an optional caption."""
@@ -125,9 +135,9 @@ class Files(Updates, Messages):
         """
         if kind not in DOWNLOAD_FAULTS:
             raise ValueError(f"unknown download fault {kind!r}; one of {DOWNLOAD_FAULTS}")
-        self._download_faults.append(_DownloadFault(kind, status, times))
+        self._download_faults.append(DownloadFault(kind, status, times))
 
-    def _download_fault(self) -> _DownloadFault | None:
+    def _download_fault(self) -> DownloadFault | None:
         if not self._download_faults:
             return None
         fault = self._download_faults[0]
@@ -138,22 +148,22 @@ class Files(Updates, Messages):
 
     # -- serving ---------------------------------------------------------------------
 
-    def _get_file(self, p: dict[str, Any]) -> dict[str, Any]:
-        _require(p, "file_id")
-        stored = self.files.get(str(p["file_id"]))
+    def get_file(self, p: dict[str, Any]) -> dict[str, Any]:
+        require(p, "file_id")
+        stored = self.state.files.get(str(p["file_id"]))
         if stored is None:
-            raise _ApiError(400, "Bad Request: invalid file_id")
-        if len(stored.data) > self.download_limit:
-            raise _ApiError(400, "Bad Request: file is too big")
+            raise ApiError(400, "Bad Request: invalid file_id")
+        if len(stored.data) > self.state.download_limit:
+            raise ApiError(400, "Bad Request: file is too big")
         return {"file_id": stored.file_id, "file_unique_id": stored.file_unique_id,
                 "file_size": len(stored.data), "file_path": stored.file_path}
 
-    async def _serve_file(self, request: web.Request) -> web.StreamResponse:
+    async def serve_file(self, request: web.Request) -> web.StreamResponse:
         """``GET /file/bot<token>/<file_path>``: the bytes, as Telegram's file server."""
-        if request.match_info["token"] != self.token:
+        if request.match_info["token"] != self.state.token:
             return _json_error(401, "Unauthorized")
         path = request.match_info["path"]
-        self.downloads.append(path)
+        self.state.downloads.append(path)
         await self._notify_calls()
         fault = self._download_fault()
         if fault is not None and fault.kind == "reset":
@@ -165,8 +175,8 @@ class Files(Updates, Messages):
                                else "Bad Request")
         if fault is not None and fault.kind == "html":
             return web.Response(status=fault.status, content_type="text/html",
-                                text=_HTML_PAGES.get(fault.status, _HTML_PAGES[502]))
-        stored = next((f for f in self.files.values() if f.file_path == path), None)
+                                text=HTML_PAGES.get(fault.status, HTML_PAGES[502]))
+        stored = next((f for f in self.state.files.values() if f.file_path == path), None)
         if stored is None:
             return _json_error(404, "Not Found")
         if fault is not None and fault.kind == "cut":
@@ -180,19 +190,19 @@ class Files(Updates, Messages):
         return web.Response(body=stored.data, content_type="application/octet-stream")
 
     async def _notify_calls(self) -> None:
-        async with self._call_cond:
-            self._call_cond.notify_all()
+        async with self.state.call_cond:
+            self.state.call_cond.notify_all()
 
     # -- uploads -------------------------------------------------------------------------
 
-    def _send_media(self, method: str, p: dict[str, Any]) -> dict[str, Any]:
+    def send_media(self, method: str, p: dict[str, Any]) -> dict[str, Any]:
         """``sendPhoto`` / ``sendDocument`` with the file as a multipart part (or a held
         ``file_id``), checked as the Bot API checks it."""
-        _require(p, "chat_id")
+        require(p, "chat_id")
         field = "photo" if method == "sendphoto" else "document"
         name, content_type, data = self._uploaded(p, field)
-        if len(data) > self.upload_limit:
-            raise _ApiError(413, "Request Entity Too Large")
+        if len(data) > self.state.upload_limit:
+            raise ApiError(413, "Request Entity Too Large")
         caption = self._caption(p)
         if field == "photo":
             width, height = self._check_photo(data)
@@ -208,8 +218,8 @@ class Files(Updates, Messages):
                                     "file_size": len(data)}}
         if caption is not None:
             content["caption"] = caption
-        message = self._post(p, content, source=p.get("caption"))
-        self.uploads.append(Upload(field, p["chat_id"], name, content_type, data, caption,
+        message = self.outbox.post(p, content, source=p.get("caption"))
+        self.state.uploads.append(Upload(field, p["chat_id"], name, content_type, data, caption,
                                    message["message_id"]))
         return message
 
@@ -221,31 +231,31 @@ class Files(Updates, Messages):
             value.file.seek(0)
             return value.filename, value.content_type, value.file.read()
         if isinstance(value, str) and value:
-            stored = self.files.get(value)
+            stored = self.state.files.get(value)
             if stored is None:
-                raise _ApiError(400, "Bad Request: wrong file identifier/HTTP URL specified")
+                raise ApiError(400, "Bad Request: wrong file identifier/HTTP URL specified")
             return stored.name, stored.mime_type, stored.data
-        raise _ApiError(400, f"Bad Request: there is no {field} in the request")
+        raise ApiError(400, f"Bad Request: there is no {field} in the request")
 
     def _caption(self, p: dict[str, Any]) -> str | None:
         if p.get("caption") in (None, ""):
             return None
-        caption = self._visible(p.get("caption"), p.get("parse_mode"))
-        if _utf16_len(caption) > MAX_CAPTION:
-            raise _ApiError(400, "Bad Request: message caption is too long")
+        caption = Messages.visible_text(p.get("caption"), p.get("parse_mode"))
+        if utf16_len(caption) > MAX_CAPTION:
+            raise ApiError(400, "Bad Request: message caption is too long")
         return caption
 
     def _check_photo(self, data: bytes) -> tuple[int, int]:
-        if len(data) > self.photo_limit:
-            raise _ApiError(400, "Bad Request: PHOTO_SAVE_FILE_INVALID")
+        if len(data) > self.state.photo_limit:
+            raise ApiError(400, "Bad Request: PHOTO_SAVE_FILE_INVALID")
         try:
             with Image.open(io.BytesIO(data)) as img:
                 width, height = img.size
         except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
-            raise _ApiError(400, "Bad Request: IMAGE_PROCESS_FAILED") from None
+            raise ApiError(400, "Bad Request: IMAGE_PROCESS_FAILED") from None
         small, large = sorted((width, height))
         if width + height > 10_000 or large > 20 * small:
-            raise _ApiError(400, "Bad Request: PHOTO_INVALID_DIMENSIONS")
+            raise ApiError(400, "Bad Request: PHOTO_INVALID_DIMENSIONS")
         return width, height
 
 

@@ -8,14 +8,14 @@ from typing import Any
 from bot.testing.telegram.html import HtmlError, parse_html
 from bot.testing.telegram.state import State
 from bot.testing.telegram.wire import (
-    _COMMAND_NAME,
+    COMMAND_NAME,
     MAX_TEXT,
-    _ApiError,
-    _now,
-    _public,
-    _require,
-    _scope_key,
-    _utf16_len,
+    ApiError,
+    public,
+    require,
+    scope_key,
+    unix_now,
+    utf16_len,
 )
 
 NOT_MODIFIED = ("Bad Request: message is not modified: specified new message content and "
@@ -26,20 +26,23 @@ MAX_CAPTION = 1024
 """Telegram's limit on a caption, in UTF-16 code units after entity parsing."""
 
 
-class Messages(State):
+class Messages:
     """``sendMessage``, ``editMessageText``, ``editMessageCaption``, ``deleteMessage`` and
     ``setMyCommands``."""
 
+    def __init__(self, state: State) -> None:
+        self.state = state
+
     def _text(self, p: dict[str, Any]) -> str:
-        text = self._visible(p.get("text"), p.get("parse_mode"))
+        text = self.visible_text(p.get("text"), p.get("parse_mode"))
         if not text.strip():
-            raise _ApiError(400, "Bad Request: message text is empty")
-        if _utf16_len(text) > MAX_TEXT:
-            raise _ApiError(400, "Bad Request: message is too long")
+            raise ApiError(400, "Bad Request: message text is empty")
+        if utf16_len(text) > MAX_TEXT:
+            raise ApiError(400, "Bad Request: message is too long")
         return text
 
     @staticmethod
-    def _visible(value: Any, parse_mode: Any) -> str:
+    def visible_text(value: Any, parse_mode: Any) -> str:
         """What a text or caption shows, parsed in its ``parse_mode`` as Telegram does."""
         text = value if isinstance(value, str) else "" if value is None else json.dumps(value)
         mode = str(parse_mode or "")
@@ -47,26 +50,26 @@ class Messages(State):
             try:
                 text = parse_html(text)
             except HtmlError as exc:
-                raise _ApiError(400, f"Bad Request: can't parse entities: {exc}") from None
+                raise ApiError(400, f"Bad Request: can't parse entities: {exc}") from None
         # MarkdownV2 is not modelled: such text is taken as written.
         return text
 
-    def _send_message(self, p: dict[str, Any]) -> dict[str, Any]:
-        _require(p, "chat_id", "text")
+    def send_message(self, p: dict[str, Any]) -> dict[str, Any]:
+        require(p, "chat_id", "text")
         text = self._text(p)
-        return self._post(p, {"text": text}, source=p.get("text"))
+        return self.post(p, {"text": text}, source=p.get("text"))
 
-    def _post(self, p: dict[str, Any], content: dict[str, Any], *,
+    def post(self, p: dict[str, Any], content: dict[str, Any], *,
               source: Any = None) -> dict[str, Any]:
         """A new message from the bot in ``p["chat_id"]`` with ``content`` (text, or
         media and caption), in the topic and replying as ``p`` asks; kept as shown."""
         chat_id = p["chat_id"]
-        chat = self._chat(chat_id)
+        chat = self.state.chat(chat_id)
         thread = p.get("message_thread_id")
         if thread is not None and not chat.get("is_forum") and chat.get("type") == "private":
-            raise _ApiError(400, "Bad Request: message thread not found")
-        message: dict[str, Any] = {"message_id": self._next_id(chat_id), "date": _now(),
-                                   "chat": chat, "from": self.bot_user, **content}
+            raise ApiError(400, "Bad Request: message thread not found")
+        message: dict[str, Any] = {"message_id": self.state.next_id(chat_id), "date": unix_now(),
+                                   "chat": chat, "from": self.state.bot_user, **content}
         if thread is not None:
             message["message_thread_id"] = thread
             message["is_topic_message"] = True
@@ -74,9 +77,9 @@ class Messages(State):
         reply_id = reply.get("message_id") if isinstance(reply, dict) else \
             p.get("reply_to_message_id")
         if reply_id is not None:
-            message["reply_to_message"] = {"message_id": reply_id, "date": _now(),
+            message["reply_to_message"] = {"message_id": reply_id, "date": unix_now(),
                                            "chat": chat}
-        self.messages[(chat_id, message["message_id"])] = {
+        self.state.messages[(chat_id, message["message_id"])] = {
             **message, "_source": source, "_parse_mode": p.get("parse_mode")}
         return message
 
@@ -85,68 +88,68 @@ class Messages(State):
         message someone else posted "can't be edited"; an id that holds nothing (never
         used yet, or deleted) is "not found"."""
         key = (p["chat_id"], int(p["message_id"]))
-        if key in self._foreign:
-            raise _ApiError(400, "Bad Request: message can't be edited")
-        message = self.messages.get(key)
+        if key in self.state.foreign:
+            raise ApiError(400, "Bad Request: message can't be edited")
+        message = self.state.messages.get(key)
         if message is None:
-            raise _ApiError(400, "Bad Request: message to edit not found")
+            raise ApiError(400, "Bad Request: message to edit not found")
         return key, message
 
-    def _edit_message(self, p: dict[str, Any]) -> dict[str, Any]:
-        _require(p, "chat_id", "message_id", "text")
+    def edit_message(self, p: dict[str, Any]) -> dict[str, Any]:
+        require(p, "chat_id", "message_id", "text")
         key, message = self._editable(p)
         if "text" not in message:
-            raise _ApiError(400, "Bad Request: there is no text in the message to edit")
+            raise ApiError(400, "Bad Request: there is no text in the message to edit")
         text = self._text(p)
         # Telegram compares the resulting text and entities; the source text
         # and parse mode stand in for the entities here.
         if p.get("text") == message.get("_source") \
                 and p.get("parse_mode") == message.get("_parse_mode"):
-            raise _ApiError(400, NOT_MODIFIED)
-        message = {**message, "text": text, "edit_date": _now(), "_source": p.get("text"),
+            raise ApiError(400, NOT_MODIFIED)
+        message = {**message, "text": text, "edit_date": unix_now(), "_source": p.get("text"),
                    "_parse_mode": p.get("parse_mode")}
-        self.messages[key] = message
-        return _public(message)
+        self.state.messages[key] = message
+        return public(message)
 
-    def _edit_caption(self, p: dict[str, Any]) -> dict[str, Any]:
+    def edit_caption(self, p: dict[str, Any]) -> dict[str, Any]:
         """``editMessageCaption``: a photo's or document's caption (none: removed)."""
-        _require(p, "chat_id", "message_id")
+        require(p, "chat_id", "message_id")
         key, message = self._editable(p)
         if "text" in message:
-            raise _ApiError(400, "Bad Request: there is no caption in the message to edit")
+            raise ApiError(400, "Bad Request: there is no caption in the message to edit")
         source = p.get("caption") or None
-        caption = None if source is None else self._visible(source, p.get("parse_mode"))
-        if _utf16_len(caption or "") > MAX_CAPTION:
-            raise _ApiError(400, "Bad Request: message caption is too long")
+        caption = None if source is None else self.visible_text(source, p.get("parse_mode"))
+        if utf16_len(caption or "") > MAX_CAPTION:
+            raise ApiError(400, "Bad Request: message caption is too long")
         if source == (message.get("_source") or None) and (
                 source is None or p.get("parse_mode") == message.get("_parse_mode")):
-            raise _ApiError(400, NOT_MODIFIED)
+            raise ApiError(400, NOT_MODIFIED)
         message = {k: v for k, v in message.items() if k != "caption"}
         if caption is not None:
             message["caption"] = caption
-        message = {**message, "edit_date": _now(), "_source": source,
+        message = {**message, "edit_date": unix_now(), "_source": source,
                    "_parse_mode": p.get("parse_mode")}
-        self.messages[key] = message
-        return _public(message)
+        self.state.messages[key] = message
+        return public(message)
 
-    def _delete_message(self, p: dict[str, Any]) -> bool:
-        _require(p, "chat_id", "message_id")
+    def delete_message(self, p: dict[str, Any]) -> bool:
+        require(p, "chat_id", "message_id")
         key = (p["chat_id"], int(p["message_id"]))
-        if self.messages.pop(key, None) is None:
-            raise _ApiError(400, "Bad Request: message to delete not found")
-        self.deleted.append(key)
+        if self.state.messages.pop(key, None) is None:
+            raise ApiError(400, "Bad Request: message to delete not found")
+        self.state.deleted.append(key)
         return True
 
-    def _set_commands(self, p: dict[str, Any]) -> bool:
+    def set_commands(self, p: dict[str, Any]) -> bool:
         commands = p.get("commands")
         if not isinstance(commands, list) or len(commands) > 100:
-            raise _ApiError(400, "Bad Request: commands must be a list of at most 100")
+            raise ApiError(400, "Bad Request: commands must be a list of at most 100")
         for command in commands:
             name = command.get("command", "") if isinstance(command, dict) else ""
             desc = command.get("description", "") if isinstance(command, dict) else ""
-            if not _COMMAND_NAME.match(str(name)):
-                raise _ApiError(400, "Bad Request: BOT_COMMAND_INVALID")
+            if not COMMAND_NAME.match(str(name)):
+                raise ApiError(400, "Bad Request: BOT_COMMAND_INVALID")
             if not 1 <= len(str(desc)) <= 256:
-                raise _ApiError(400, "Bad Request: BOT_COMMAND_DESCRIPTION_INVALID")
-        self.commands[_scope_key(p.get("scope"))] = commands
+                raise ApiError(400, "Bad Request: BOT_COMMAND_DESCRIPTION_INVALID")
+        self.state.commands[scope_key(p.get("scope"))] = commands
         return True

@@ -7,7 +7,6 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from bot.testing.telegram.wire import (
@@ -15,11 +14,7 @@ from bot.testing.telegram.wire import (
     Call,
     StoredFile,
     Upload,
-    _DownloadFault,
-    _Failure,
-    _Pending,
-    _RandomFaults,
-    _Webhook,
+    Webhook,
     user,
 )
 
@@ -45,36 +40,25 @@ class State:
         self.deleted: list[tuple[int | str, int]] = []
         self.commands: dict[str, list[dict[str, Any]]] = {}
         """``setMyCommands`` lists by scope (``"default"``, ``"chat:<id>"``, ...)."""
-        self.webhook: _Webhook | None = None
+        self.webhook: Webhook | None = None
         self.on_call: Callable[[Call], None] | None = None
         """Called synchronously for each call as it arrives (benchmarks timestamp here)."""
         self._record = True
-        self._updates: list[_Pending] = []
-        self._redeliver: list[_Pending] = []
-        self._confirmed = 0  # every update_id below this was confirmed by an offset
-        self._update_ids = itertools.count(1)
         self._message_ids: dict[int | str, itertools.count[int]] = {}
         """Each chat's own sequence of message ids, shared by everyone who posts there
         (the bot and the people), as on Telegram."""
-        self._foreign: set[tuple[int | str, int]] = set()
+        self.foreign: set[tuple[int | str, int]] = set()
         """Messages people posted (pushed ones): the bot cannot edit them."""
-        self._chats: dict[int | str, dict[str, Any]] = {}
-        self._failures: dict[str, list[_Failure]] = {}
-        self._random: _RandomFaults | None = None
-        self._windows: dict[str, tuple[float, int]] = {}
+        self.chats: dict[int | str, dict[str, Any]] = {}
         self.violations: list[Call] = []
         """Calls that arrived while a 429 window of their scope (their chat, or the
         whole bot) was open: a well-behaved client makes none."""
         self.webhook_max_attempts = 3
         """Webhook deliveries of one update before the fake gives up on it."""
-        self._wake = asyncio.Event()
-        self._poll_generation = 0
-        self._call_cond = asyncio.Condition()
+        self.call_cond = asyncio.Condition()
         self._runner: web.AppRunner | None = None
-        self._closing = False
+        self.closing = False
         self._port = 0
-        self._client: aiohttp.ClientSession | None = None
-        self._webhook_task: asyncio.Task[None] | None = None
         self.files: dict[str, StoredFile] = {}
         """Files the fake holds, by ``file_id`` (pushed ones and the bot's uploads)."""
         self.uploads: list[Upload] = []
@@ -86,8 +70,6 @@ class State:
         self.download_limit = 20 * MB
         """Bytes of the largest file ``getFile`` describes; over it: "file is too big"."""
         self.photo_limit = 10 * MB
-        self._file_numbers = itertools.count(1)
-        self._download_faults: list[_DownloadFault] = []
 
     @property
     def base_url(self) -> str:
@@ -138,8 +120,8 @@ class State:
                        for c in self.calls_of("getUpdates"))
 
         try:
-            async with asyncio.timeout(limit), self._call_cond:
-                await self._call_cond.wait_for(confirmed)
+            async with asyncio.timeout(limit), self.call_cond:
+                await self.call_cond.wait_for(confirmed)
         except TimeoutError:
             raise AssertionError(f"update {update_id} was not confirmed within {limit}s") \
                 from None
@@ -147,8 +129,8 @@ class State:
     async def wait_until(self, check: Callable[[], bool], *, limit: float = 5.0) -> None:
         """Wait until ``check()`` holds; it is tried again as each call arrives or ends."""
         try:
-            async with asyncio.timeout(limit), self._call_cond:
-                await self._call_cond.wait_for(check)
+            async with asyncio.timeout(limit), self.call_cond:
+                await self.call_cond.wait_for(check)
         except TimeoutError:
             raise AssertionError(f"the condition did not hold within {limit}s") from None
 
@@ -159,32 +141,32 @@ class State:
             return self.sent(method) if ok else self.calls_of(method)
 
         try:
-            async with asyncio.timeout(limit), self._call_cond:
-                await self._call_cond.wait_for(lambda: len(matching()) >= count)
+            async with asyncio.timeout(limit), self.call_cond:
+                await self.call_cond.wait_for(lambda: len(matching()) >= count)
         except TimeoutError:
             raise AssertionError(
                 f"expected {count} {method} call(s) within {limit}s, got "
                 f"{len(matching())}; calls: {[c.method for c in self.calls]}") from None
         return matching()
 
-    async def _record_call(self, call: Call, *, arrived: bool = False) -> None:
+    async def record_call(self, call: Call, *, arrived: bool = False) -> None:
         """Keep ``call`` (on arrival) and wake waiters (on arrival and on completion)."""
         if not self._record:
             return
         if arrived:
             self.calls.append(call)
-        async with self._call_cond:
-            self._call_cond.notify_all()
+        async with self.call_cond:
+            self.call_cond.notify_all()
 
-    def _next_id(self, chat_id: int | str) -> int:
+    def next_id(self, chat_id: int | str) -> int:
         """The next message id in ``chat_id`` (each chat counts from 1000)."""
         counter = self._message_ids.get(chat_id)
         if counter is None:
             counter = self._message_ids[chat_id] = itertools.count(1000)
         return next(counter)
 
-    def _chat(self, chat_id: int | str) -> dict[str, Any]:
-        known = self._chats.get(chat_id)
+    def chat(self, chat_id: int | str) -> dict[str, Any]:
+        known = self.chats.get(chat_id)
         if known is not None:
             return known
         if isinstance(chat_id, int) and chat_id > 0:

@@ -14,21 +14,33 @@ import aiohttp
 
 from bot.testing.telegram.state import State
 from bot.testing.telegram.wire import (
-    _UPDATE_KINDS,
     ALICE,
+    UPDATE_KINDS,
+    ApiError,
+    Pending,
     RawJson,
-    _ApiError,
-    _dumps,
-    _now,
-    _Pending,
-    _public,
-    _utf16_len,
-    _Webhook,
+    Webhook,
+    dump_json,
+    public,
+    unix_now,
+    utf16_len,
 )
 
 
-class Updates(State):
+class Updates:
     """Pushing updates (messages of every shape), long polling and webhook delivery."""
+
+    def __init__(self, state: State) -> None:
+        self.state = state
+        self._updates: list[Pending] = []
+        self._redeliver: list[Pending] = []
+        self._confirmed = 0  # every update_id below this was confirmed by an offset
+        self._update_ids = itertools.count(1)
+        self._wake = asyncio.Event()
+        self._poll_generation = 0
+        self._client: aiohttp.ClientSession | None = None
+        self._webhook_task: asyncio.Task[None] | None = None
+
 
     # -- pushing updates -----------------------------------------------------
 
@@ -39,8 +51,8 @@ class Updates(State):
             data["update_id"] = next(self._update_ids)
         else:
             self._skip_ids_to(data["update_id"])
-        kind = next((k for k in _UPDATE_KINDS if k in data), None)
-        self._enqueue(_Pending(data["update_id"], data, kind))
+        kind = next((k for k in UPDATE_KINDS if k in data), None)
+        self._enqueue(Pending(data["update_id"], data, kind))
         return data
 
     def push_raw(self, payload: Any) -> int:
@@ -55,7 +67,7 @@ class Updates(State):
             self._skip_ids_to(update_id)
         else:
             update_id = next(self._update_ids)
-        self._enqueue(_Pending(update_id, payload, None))
+        self._enqueue(Pending(update_id, payload, None))
         return update_id
 
     def _skip_ids_to(self, update_id: int) -> None:
@@ -70,7 +82,7 @@ class Updates(State):
         should match the one in ``text``, as on the real server).
         """
         self._skip_ids_to(update_id)
-        self._enqueue(_Pending(update_id, RawJson(text), None))
+        self._enqueue(Pending(update_id, RawJson(text), None))
         return update_id
 
     def redeliver(self, update: Mapping[str, Any]) -> None:
@@ -79,7 +91,7 @@ class Updates(State):
         That is what the real server does when the bot restarts before its
         offset reached the server, or when a webhook answer was lost.
         """
-        self._redeliver.append(_Pending(int(update["update_id"]), dict(update), "message"))
+        self._redeliver.append(Pending(int(update["update_id"]), dict(update), "message"))
         self._notify_updates()
 
     def private_message(self, text: str | None, *, sender: Mapping[str, Any] = ALICE,
@@ -115,7 +127,7 @@ class Updates(State):
             if reply_to is None:
                 # In a topic, a message that replies to nothing replies to the
                 # topic's creation service message.
-                reply_to = {"message_id": thread_id, "date": _now(), "chat": chat,
+                reply_to = {"message_id": thread_id, "date": unix_now(), "chat": chat,
                             "from": ALICE, "message_thread_id": thread_id,
                             "forum_topic_created": {"name": f"Topic {thread_id}",
                                                     "icon_color": 7322096}}
@@ -125,8 +137,8 @@ class Updates(State):
 
     def mention(self, text: str, **kwargs: Any) -> dict[str, Any]:
         """Push a group message starting with ``@botusername`` (with its entity)."""
-        handle = f"@{self.username}"
-        entity = {"type": "mention", "offset": 0, "length": _utf16_len(handle)}
+        handle = f"@{self.state.username}"
+        entity = {"type": "mention", "offset": 0, "length": utf16_len(handle)}
         return self.group_message(f"{handle} {text}", entities=[entity], **kwargs)
 
     def reply_to_bot(self, text: str, message_id: int | None = None,
@@ -134,21 +146,21 @@ class Updates(State):
         """Push a group message replying to one the bot sent (the latest by default)."""
         chat_id = kwargs.get("chat_id", -1001234567890)
         if message_id is None:
-            mine = [mid for (cid, mid) in self.messages if cid == chat_id]
+            mine = [mid for (cid, mid) in self.state.messages if cid == chat_id]
             if not mine:
                 raise AssertionError(f"the bot sent nothing to {chat_id} to reply to")
             message_id = max(mine)
-        kept = self.messages.get((chat_id, message_id))
-        original = _public(kept) if kept is not None else {
-            "message_id": message_id, "date": _now(), "chat": self._chat(chat_id),
-            "from": self.bot_user, "text": "earlier"}
+        kept = self.state.messages.get((chat_id, message_id))
+        original = public(kept) if kept is not None else {
+            "message_id": message_id, "date": unix_now(), "chat": self.state.chat(chat_id),
+            "from": self.state.bot_user, "text": "earlier"}
         return self.group_message(text, reply_to=original, **kwargs)
 
     def topic_message(self, text: str, thread_id: int, *, mention: bool = True,
                       **kwargs: Any) -> dict[str, Any]:
         """Push a message in forum topic ``thread_id``, mentioning the bot by default."""
         if mention:
-            handle = f"@{self.username}"
+            handle = f"@{self.state.username}"
             kwargs["entities"] = [{"type": "mention", "offset": 0, "length": len(handle)}]
             text = f"{handle} {text}"
         return self.group_message(text, thread_id=thread_id, **kwargs)
@@ -158,7 +170,7 @@ class Updates(State):
         """Push ``/command[@bot] args`` with its ``bot_command`` entity."""
         head = command if command.startswith("/") else f"/{command}"
         text = f"{head} {args}".strip()
-        entities = [{"type": "bot_command", "offset": 0, "length": _utf16_len(head)}]
+        entities = [{"type": "bot_command", "offset": 0, "length": utf16_len(head)}]
         if group:
             return self.group_message(text, entities=entities, **kwargs)
         return self.private_message(text, entities=entities, **kwargs)
@@ -166,8 +178,8 @@ class Updates(State):
     def _push_message(self, chat: dict[str, Any], sender: Mapping[str, Any],
                       text: str | None, entities: Sequence[Mapping[str, Any]] | None,
                       **extra: Any) -> dict[str, Any]:
-        self._chats[chat["id"]] = chat
-        message: dict[str, Any] = {"message_id": self._next_id(chat["id"]), "date": _now(),
+        self.state.chats[chat["id"]] = chat
+        message: dict[str, Any] = {"message_id": self.state.next_id(chat["id"]), "date": unix_now(),
                                    "chat": chat, "from": dict(sender)}
         # A media message has no text (its words are the caption).
         if text is not None:
@@ -176,24 +188,24 @@ class Updates(State):
             message["entities" if text is not None else "caption_entities"] = \
                 [dict(e) for e in entities]
         message.update(extra)
-        self._foreign.add((chat["id"], message["message_id"]))
+        self.state.foreign.add((chat["id"], message["message_id"]))
         return self.push_update({"message": message})
 
-    def _enqueue(self, pending: _Pending) -> None:
+    def _enqueue(self, pending: Pending) -> None:
         self._updates.append(pending)
         self._notify_updates()
 
     def _notify_updates(self) -> None:
         self._wake.set()
         self._wake = asyncio.Event()
-        if self.webhook is not None:
+        if self.state.webhook is not None:
             self._ensure_webhook_worker()
 
     # -- updates -------------------------------------------------------------------
 
-    async def _get_updates(self, p: dict[str, Any]) -> list[Any]:
-        if self.webhook is not None:
-            raise _ApiError(409, "Conflict: can't use getUpdates method while webhook is "
+    async def get_updates(self, p: dict[str, Any]) -> list[Any]:
+        if self.state.webhook is not None:
+            raise ApiError(409, "Conflict: can't use getUpdates method while webhook is "
                                  "active; use deleteWebhook to delete the webhook first")
         # As the real server reads it: a 32-bit integer (longer numbers wrap), and
         # a negative offset forgets every queued update but the last -offset.
@@ -211,13 +223,13 @@ class Updates(State):
             if offset > 0:
                 self._confirm(offset)
             ready = self._ready_updates(limit, allowed)
-            if ready or time.monotonic() >= deadline or self._closing:
+            if ready or time.monotonic() >= deadline or self.state.closing:
                 return ready
             wake = self._wake
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), deadline - time.monotonic())
             if generation != self._poll_generation:
-                raise _ApiError(409, "Conflict: terminated by other getUpdates request; make "
+                raise ApiError(409, "Conflict: terminated by other getUpdates request; make "
                                      "sure that only one bot instance is running")
 
     def _confirm(self, offset: int) -> None:
@@ -240,18 +252,18 @@ class Updates(State):
 
     # -- webhook ---------------------------------------------------------------------
 
-    def _set_webhook(self, p: dict[str, Any]) -> bool:
+    def set_webhook(self, p: dict[str, Any]) -> bool:
         url = str(p.get("url") or "")
         if not url:
-            self.webhook = None
+            self.state.webhook = None
             return True
         if p.get("drop_pending_updates"):
             self._updates.clear()
         secret = p.get("secret_token")
         if secret is not None and not re.fullmatch(r"[A-Za-z0-9_-]{1,256}", str(secret)):
-            raise _ApiError(400, "Bad Request: secret token contains unallowed characters")
+            raise ApiError(400, "Bad Request: secret token contains unallowed characters")
         allowed = p.get("allowed_updates")
-        self.webhook = _Webhook(url, None if secret is None else str(secret),
+        self.state.webhook = Webhook(url, None if secret is None else str(secret),
                                 allowed if isinstance(allowed, list) else None)
         self._ensure_webhook_worker()
         return True
@@ -264,8 +276,8 @@ class Updates(State):
         """POST pending updates to the webhook one at a time, as the server does."""
         if self._client is None:
             self._client = aiohttp.ClientSession()
-        while self.webhook is not None:
-            hook = self.webhook
+        while self.state.webhook is not None:
+            hook = self.state.webhook
             pending = self._redeliver + self._updates
             if not pending:
                 wake = self._wake
@@ -277,23 +289,41 @@ class Updates(State):
                 headers["X-Telegram-Bot-Api-Secret-Token"] = hook.secret
             status = 0
             try:
-                async with self._client.post(hook.url, data=_dumps(item.payload),
+                async with self._client.post(hook.url, data=dump_json(item.payload),
                                              headers=headers) as resp:
                     status = resp.status
             except (aiohttp.ClientError, OSError):
                 status = 0
             hook.attempts.append((item.update_id, status))
-            async with self._call_cond:  # wake wait_until() on delivery attempts too
-                self._call_cond.notify_all()
+            async with self.state.call_cond:  # wake wait_until() on delivery attempts too
+                self.state.call_cond.notify_all()
             if 200 <= status < 300 or len([a for a in hook.attempts
                                            if a[0] == item.update_id]) \
-                    >= self.webhook_max_attempts:
+                    >= self.state.webhook_max_attempts:
                 if item in self._redeliver:
                     self._redeliver.remove(item)
                 elif item in self._updates:
                     self._updates.remove(item)
             else:
                 await asyncio.sleep(0.05)
+
+    @property
+    def queued(self) -> int:
+        """Updates queued and not yet confirmed (redeliveries not counted)."""
+        return len(self._updates)
+
+    def drop_pending(self) -> None:
+        """Forget the queued updates (``drop_pending_updates``)."""
+        self._updates.clear()
+
+    async def close(self) -> None:
+        """Wake a long poll, stop webhook delivery and close its HTTP client."""
+        self._wake.set()
+        if self._webhook_task is not None:
+            self._webhook_task.cancel()
+            await asyncio.gather(self._webhook_task, return_exceptions=True)
+        if self._client is not None:
+            await self._client.close()
 
     @property
     def pending_updates(self) -> int:
@@ -303,4 +333,4 @@ class Updates(State):
     @property
     def webhook_attempts(self) -> list[tuple[int, int]]:
         """``(update_id, HTTP status)`` of each webhook delivery (0: no connection)."""
-        return list(self.webhook.attempts) if self.webhook else []
+        return list(self.state.webhook.attempts) if self.state.webhook else []

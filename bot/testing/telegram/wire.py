@@ -61,7 +61,9 @@ FAULT_KINDS = ("500", "html", "429", "reset_before", "reset_after", "stall")
 
 
 @dataclass(slots=True)
-class _Failure:
+class Failure:
+    """A scripted failure of one method (see :meth:`FakeTelegram.fail`)."""
+
     status: int
     description: str
     retry_after: int | None
@@ -72,7 +74,9 @@ class _Failure:
 
 
 @dataclass(slots=True)
-class _RandomFaults:
+class RandomFaults:
+    """Faults drawn at random (see :meth:`FakeTelegram.inject_faults`)."""
+
     rate: float
     kinds: tuple[str, ...]
     methods: frozenset[str] | None
@@ -88,31 +92,37 @@ class RawJson:
     text: str
 
 
-def _dumps(value: Any) -> str:
+def dump_json(value: Any) -> str:
     """``value`` as JSON, with :class:`RawJson` pieces spliced in verbatim."""
     if isinstance(value, RawJson):
         return value.text
     if isinstance(value, list):
-        return "[" + ",".join(_dumps(v) for v in value) + "]"
+        return "[" + ",".join(dump_json(v) for v in value) + "]"
     return json.dumps(value)
 
 
 @dataclass(slots=True)
-class _Pending:
+class Pending:
+    """An update waiting to be fetched or delivered."""
+
     update_id: int
     payload: Any
     kind: str | None
 
 
 @dataclass(slots=True)
-class _Webhook:
+class Webhook:
+    """The webhook the bot set, and each delivery attempt ``(update_id, status)``."""
+
     url: str
     secret: str | None
     allowed: list[str] | None
     attempts: list[tuple[int, int]] = field(default_factory=list)
 
 
-class _ApiError(Exception):
+class ApiError(Exception):
+    """An error answer of the Bot API: its status, description and parameters."""
+
     def __init__(self, status: int, description: str, retry_after: int | None = None,
                  parameters: Mapping[str, Any] | None = None) -> None:
         super().__init__(description)
@@ -122,7 +132,7 @@ class _ApiError(Exception):
         self.parameters = dict(parameters or {})
 
 
-_HTML_PAGES = {
+HTML_PAGES = {
     502: "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center>"
          "<h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx/1.18.0</center>\r\n"
          "</body>\r\n</html>\r\n",
@@ -139,12 +149,12 @@ _TEXT_PARAMS = frozenset({
     "business_connection_id", "message_effect_id",
 })
 
-_UPDATE_KINDS = (
+UPDATE_KINDS = (
     "message", "edited_message", "channel_post", "edited_channel_post", "callback_query",
     "inline_query", "my_chat_member", "chat_member", "message_reaction", "poll",
 )
 
-_COMMAND_NAME = re.compile(r"^[a-z0-9_]{1,32}$")
+COMMAND_NAME = re.compile(r"^[a-z0-9_]{1,32}$")
 
 
 @dataclass(slots=True)
@@ -173,7 +183,9 @@ class Upload:
 
 
 @dataclass(slots=True)
-class _DownloadFault:
+class DownloadFault:
+    """A scripted failure of file downloads (see :meth:`FakeTelegram.fail_download`)."""
+
     kind: str
     status: int
     times: int
@@ -183,7 +195,7 @@ class _DownloadFault:
 # -- helpers ------------------------------------------------------------------------------
 
 
-def _scope_of(method: str, params: Mapping[str, Any]) -> str:
+def scope_of(method: str, params: Mapping[str, Any]) -> str:
     """What a 429 on this call holds: its chat, ``getUpdates`` alone, or the whole bot."""
     if params.get("chat_id") not in (None, ""):
         return f"chat:{params['chat_id']}"
@@ -192,7 +204,7 @@ def _scope_of(method: str, params: Mapping[str, Any]) -> str:
     return "bot"
 
 
-def _drop(request: web.Request) -> None:
+def drop_connection(request: web.Request) -> None:
     """Close the connection without an answer (the client sees a disconnect)."""
     if request.transport is not None:
         request.transport.abort()
@@ -200,26 +212,30 @@ def _drop(request: web.Request) -> None:
     raise asyncio.CancelledError
 
 
-def _public(message: Mapping[str, Any]) -> dict[str, Any]:
+def public(message: Mapping[str, Any]) -> dict[str, Any]:
     """A stored message without the fake's own bookkeeping keys."""
     return {k: v for k, v in message.items() if not k.startswith("_")}
 
 
-def _utf16_len(text: str) -> int:
+def utf16_len(text: str) -> int:
+    """Length in UTF-16 code units, as Telegram counts text."""
     return len(text.encode("utf-16-le")) // 2
 
 
-def _now() -> int:
+def unix_now() -> int:
+    """The time as a message's ``date``."""
     return int(time.time())
 
 
-def _require(p: Mapping[str, Any], *names: str) -> None:
+def require(p: Mapping[str, Any], *names: str) -> None:
+    """Raise the Bot API's 400 when one of ``names`` is missing or empty."""
     for name in names:
         if p.get(name) in (None, ""):
-            raise _ApiError(400, f"Bad Request: {name} is empty")
+            raise ApiError(400, f"Bad Request: {name} is empty")
 
 
-def _scope_key(scope: Any) -> str:
+def scope_key(scope: Any) -> str:
+    """The key a ``BotCommandScope`` is stored under (``"default"``, ``"chat:<id>"``...)."""
     if not isinstance(scope, dict) or scope.get("type", "default") == "default":
         return "default"
     if "chat_id" in scope:
@@ -227,7 +243,8 @@ def _scope_key(scope: Any) -> str:
     return str(scope["type"])
 
 
-def _decode_value(key: str, value: str) -> Any:
+def decode_value(key: str, value: str) -> Any:
+    """A form or query value: JSON-decoded, except the parameters that are plain text."""
     if key in _TEXT_PARAMS:
         return value
     try:
@@ -236,5 +253,6 @@ def _decode_value(key: str, value: str) -> Any:
         return value
 
 
-def _decode(form: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: _decode_value(k, v) if isinstance(v, str) else v for k, v in form.items()}
+def decode_form(form: Mapping[str, Any]) -> dict[str, Any]:
+    """A request's form fields decoded (files kept as they are)."""
+    return {k: decode_value(k, v) if isinstance(v, str) else v for k, v in form.items()}
