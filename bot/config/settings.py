@@ -32,6 +32,7 @@ from bot.config.budgets import BudgetConfig
 from bot.config.masking import SECRET_MASK, find_mask, mask_tree, mask_urls
 from bot.config.mcp import McpConfig
 from bot.config.mcp import masked as _masked_mcp
+from bot.config.moved import MovedEnv, relocate
 from bot.config.sources import KnownNames, TomlSource, toml_data
 
 GuardMode = Literal["off", "log", "warn", "block"]
@@ -389,35 +390,6 @@ class Settings(BaseSettings):
                 raise ValueError(f"{entry!r} is not a CIDR such as 10.0.0.0/8") from None
         return value
 
-    # Sandboxed exec (plugins/exec_tool.py): offered only to agents whose policy allows "exec".
-    exec_bwrap: str = "bwrap"
-    """The bubblewrap binary (a name on PATH or a path); exec refuses to run without it."""
-    exec_timeout: float = Field(30.0, gt=0)
-    """Wall-clock seconds a command may run when the model asks for no ``timeout``."""
-    exec_max_timeout: float = Field(300.0, gt=0)
-    """The longest ``timeout`` the model may ask for."""
-    exec_cpu_seconds: int = Field(60, ge=1)
-    """CPU seconds of each process in the sandbox (RLIMIT_CPU)."""
-    exec_memory_mb: int = Field(1024, ge=64)
-    """Address space of each process in the sandbox (RLIMIT_AS)."""
-    exec_max_processes: int = Field(64, ge=4)
-    """Processes and threads the sandbox may add (RLIMIT_NPROC): fork bombs stop here."""
-    exec_max_file_mb: int = Field(100, ge=1)
-    """The largest file a sandboxed command may write (RLIMIT_FSIZE)."""
-    exec_max_output_bytes: int = Field(200_000, ge=1_000)
-    """Output read from a command; past it the command is stopped."""
-    exec_network_agents: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    """Agents whose commands may reach the network (comma-separated in the env); none by default."""
-    exec_uid: int = Field(65534, ge=1)
-    """When Roost runs as root, commands run as this uid and gid (root ignores process limits)."""
-
-    @field_validator("exec_network_agents", mode="before")
-    @classmethod
-    def _split_exec_agents(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value
-
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """``[plugins.<name>]``: each plugin's own settings, validated by its config model."""
     plugins_chat_install: bool = False
@@ -437,6 +409,12 @@ class Settings(BaseSettings):
     """Seconds a resolved agent is reused before its configuration is resolved again."""
     config_file: Path | None = None
     """The roost.toml this was read from (set by ``load_settings``; ``/agent reload``)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_names(cls, data: Any) -> Any:
+        # Old top-level names of plugin settings (keywords, `.env`): into their tables.
+        return relocate(data, replace=True) if isinstance(data, dict) else data
 
     @model_validator(mode="after")
     def _bindings_name_agents(self) -> Settings:
@@ -468,7 +446,8 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, KnownNames(settings_cls, dotenv_settings),
+        return (init_settings, env_settings, MovedEnv(settings_cls),
+                KnownNames(settings_cls, dotenv_settings),
                 TomlSource(settings_cls))
 
     @property

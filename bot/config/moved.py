@@ -1,0 +1,100 @@
+"""Settings that moved from the top level into a built-in plugin's ``[plugins.<name>]`` table.
+
+Each old name keeps working wherever it is given — a top-level key in ``roost.toml``,
+its ``ROOST_*`` variable (environment or ``.env``), a keyword of ``Settings`` — and
+is put into the plugin's table at load time, with one deprecation line naming the
+new place. ``BRAVE_API_KEY`` and ``TAVILY_API_KEY``, the services' own variables,
+stay ordinary overrides (no warning).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
+
+log = logging.getLogger("roost.config")
+
+_EXEC = "plugins.exec_tool"
+
+MOVED: dict[str, tuple[str, str]] = {
+    **{f"exec_{key}": (_EXEC, key) for key in (
+        "bwrap", "timeout", "max_timeout", "cpu_seconds", "memory_mb", "max_processes",
+        "max_file_mb", "max_output_bytes", "network_agents", "uid")},
+}
+"""Old top-level name → (plugin, key in its ``[plugins.<plugin>]`` table)."""
+
+SERVICE_ENV: dict[str, tuple[str, str]] = {}
+"""Variables a service's SDK and users set themselves → (plugin, key); no warning."""
+
+
+def new_place(old: str) -> str:
+    """Where ``old`` lives now, as a ``roost.toml`` reader finds it."""
+    plugin, key = MOVED[old]
+    return f'[plugins."{plugin}"] {key}'
+
+
+def _deprecated(old: str, given_as: str) -> None:
+    log.warning("%s is now %s (the old name still works)", given_as, new_place(old))
+
+
+def _put(tables: dict[str, Any], plugin: str, key: str, value: Any, *, replace: bool) -> None:
+    table = tables.setdefault(plugin, {})
+    if not isinstance(table, dict):
+        return  # not a table: the plugins field reports it
+    if replace or key not in table:
+        table[key] = value
+
+
+def relocate(data: Mapping[str, Any], *, replace: bool) -> dict[str, Any]:
+    """``data`` with every moved top-level name (or its ``roost_`` form) put into its table.
+
+    ``replace``: the old name wins over a key already in the table (it came from a
+    source of higher precedence); else the table's key wins.
+    """
+    out = dict(data)
+    moved = [(k, k.lower().removeprefix("roost_")) for k in data
+             if k.lower().removeprefix("roost_") in MOVED]
+    if not moved:
+        return out
+    tables = {k: dict(v) if isinstance(v, dict) else v
+              for k, v in (out.get("plugins") or {}).items()} if isinstance(
+        out.get("plugins"), dict) else {}
+    for given, old in moved:
+        plugin, key = MOVED[old]
+        _deprecated(old, given.upper() if given.lower().startswith("roost_") else given)
+        _put(tables, plugin, key, out.pop(given), replace=replace)
+    if isinstance(out.get("plugins", {}), dict):
+        out["plugins"] = tables
+    return out
+
+
+class MovedEnv(PydanticBaseSettingsSource):
+    """The environment's variables of moved settings, as ``plugins`` table entries."""
+
+    def __init__(self, settings_cls: type[BaseSettings],
+                 environ: Mapping[str, str] | None = None) -> None:
+        super().__init__(settings_cls)
+        self.environ = os.environ if environ is None else environ
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        tables: dict[str, Any] = {}
+        for name, value in self.environ.items():
+            upper = name.upper()
+            if value == "":
+                continue  # an env file's blank line: unset
+            if upper in SERVICE_ENV:
+                plugin, key = SERVICE_ENV[upper]
+                _put(tables, plugin, key, value, replace=False)
+            elif upper.startswith("ROOST_") and upper[6:].lower() in MOVED:
+                old = upper[6:].lower()
+                plugin, key = MOVED[old]
+                _deprecated(old, upper)
+                _put(tables, plugin, key, value, replace=True)
+        return {"plugins": tables} if tables else {}

@@ -1,0 +1,104 @@
+"""Built-in plugins' settings live in their `[plugins.<name>]` tables; old names still work."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from bot.config.settings import Settings, load_settings
+from plugins.exec_config import ExecConfig, exec_config
+from tests.test_cli import roost
+
+EXEC = "plugins.exec_tool"
+
+
+@pytest.fixture(autouse=True)
+def clean(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    for key in list(os.environ):
+        if key.startswith("ROOST_") or key in ("BRAVE_API_KEY", "TAVILY_API_KEY"):
+            monkeypatch.delenv(key)
+
+
+def deprecations(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "roost.config" and "is now" in r.getMessage()]
+
+
+def test_the_new_place_works_without_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "roost.toml").write_text(
+        f'[plugins."{EXEC}"]\ntimeout = 12\nnetwork_agents = ["dev"]\n')
+    config = exec_config(load_settings())
+    assert (config.timeout, config.network_agents) == (12, ["dev"])
+    assert deprecations(caplog) == []
+
+
+def test_no_table_gives_the_defaults() -> None:
+    assert exec_config(load_settings()) == ExecConfig()
+    assert exec_config(load_settings()).timeout == 30.0
+
+
+def test_an_old_top_level_key_lands_in_the_table_with_one_line(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "roost.toml").write_text(
+        f'exec_timeout = 12\nexec_network_agents = ["dev"]\n[plugins."{EXEC}"]\nmemory_mb = 128\n')
+    config = exec_config(load_settings())
+    assert (config.timeout, config.network_agents, config.memory_mb) == (12, ["dev"], 128)
+    assert sorted(deprecations(caplog)) == [
+        f'exec_network_agents is now [plugins."{EXEC}"] network_agents (the old name still works)',
+        f'exec_timeout is now [plugins."{EXEC}"] timeout (the old name still works)']
+
+
+def test_an_old_env_name_works_with_one_line_and_beats_the_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "roost.toml").write_text(f'[plugins."{EXEC}"]\ntimeout = 12\nuid = 7\n')
+    monkeypatch.setenv("ROOST_EXEC_TIMEOUT", "45")
+    monkeypatch.setenv("ROOST_EXEC_NETWORK_AGENTS", "dev, ops")
+    config = exec_config(load_settings())
+    assert (config.timeout, config.uid, config.network_agents) == (45, 7, ["dev", "ops"])
+    lines = deprecations(caplog)
+    assert len(lines) == 2
+    assert f'ROOST_EXEC_TIMEOUT is now [plugins."{EXEC}"] timeout (the old name still works)' \
+        in lines
+
+
+def test_an_old_name_in_dotenv_and_as_a_keyword_still_works(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / ".env").write_text("ROOST_EXEC_MEMORY_MB=256\n")
+    assert exec_config(load_settings()).memory_mb == 256
+    assert deprecations(caplog) == [
+        f'ROOST_EXEC_MEMORY_MB is now [plugins."{EXEC}"] memory_mb (the old name still works)']
+    (tmp_path / ".env").unlink()
+    caplog.clear()
+    assert exec_config(Settings(exec_bwrap="/opt/bwrap")).bwrap == "/opt/bwrap"
+    assert deprecations(caplog) == [
+        f'exec_bwrap is now [plugins."{EXEC}"] bwrap (the old name still works)']
+
+
+def test_an_invalid_value_fails_at_start_with_one_line_naming_the_key(tmp_path: Path) -> None:
+    (tmp_path / "roost.toml").write_text(f'[plugins."{EXEC}"]\ntimeout = 0\n')
+    result = roost("chat", "--demo", "-m", "hi", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f'roost: invalid config: [plugins."{EXEC}"] timeout: Input should be greater than 0']
+    # Given under the old name, the same line (after the one deprecation line).
+    (tmp_path / "roost.toml").write_text("exec_timeout = -1\n")
+    result = roost("chat", "--demo", "-m", "hi", cwd=tmp_path)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 2 and "exec_timeout is now" in lines[0]
+    assert lines[1] == (f'roost: invalid config: [plugins."{EXEC}"] timeout: '
+                        "Input should be greater than 0")
+
+
+def test_config_show_shows_each_plugin_table_with_its_defaults(tmp_path: Path) -> None:
+    (tmp_path / "roost.toml").write_text("exec_max_timeout = 90\n")
+    result = roost("config", "show", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    shown = next(line for line in result.stdout.splitlines() if line.startswith("plugins = "))
+    assert f'"{EXEC}": {{"bwrap": "bwrap", "timeout": 30.0, "max_timeout": 90.0' in shown
+    assert "exec_max_timeout" not in result.stdout
