@@ -9,6 +9,7 @@ import pytest
 
 from bot.config.settings import Settings, load_settings
 from plugins.exec_config import ExecConfig, exec_config
+from plugins.web.config import web_config
 from tests.test_cli import roost
 
 EXEC = "plugins.exec_tool"
@@ -102,3 +103,34 @@ def test_config_show_shows_each_plugin_table_with_its_defaults(tmp_path: Path) -
     shown = next(line for line in result.stdout.splitlines() if line.startswith("plugins = "))
     assert f'"{EXEC}": {{"bwrap": "bwrap", "timeout": 30.0, "max_timeout": 90.0' in shown
     assert "exec_max_timeout" not in result.stdout
+
+
+def test_the_services_own_key_variables_work_silently_and_stay_masked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("BRAVE_API_KEY", "BSA-env-secret")
+    (tmp_path / ".env").write_text("TAVILY_API_KEY=tvly-dotenv-secret\n")
+    (tmp_path / "roost.toml").write_text('web_fetch_timeout = 5\n')
+    settings = load_settings()
+    config = web_config(settings)
+    assert config.brave_api_key is not None and config.tavily_api_key is not None
+    assert config.brave_api_key.get_secret_value() == "BSA-env-secret"
+    assert config.tavily_api_key.get_secret_value() == "tvly-dotenv-secret"
+    assert config.fetch_timeout == 5
+    assert deprecations(caplog) == [
+        'web_fetch_timeout is now [plugins."plugins.web"] fetch_timeout (the old name still works)']
+    shown = str(settings.masked())
+    assert "BSA-env-secret" not in shown and "tvly-dotenv-secret" not in shown
+    assert "BSA-env-secret" not in repr(config)
+
+
+def test_config_show_masks_a_moved_key_and_shows_where_it_went(tmp_path: Path) -> None:
+    (tmp_path / "roost.toml").write_text('[plugins."plugins.web"]\nsearch_backend = "brave"\n')
+    result = roost("config", "show", cwd=tmp_path, ROOST_BRAVE_API_KEY="BSA-roost-secret")
+    assert result.returncode == 0, result.stderr
+    assert "BSA-roost-secret" not in result.stdout + result.stderr
+    shown = next(line for line in result.stdout.splitlines() if line.startswith("plugins = "))
+    assert '"brave_api_key": "********"' in shown and '"search_backend": "brave"' in shown
+    assert shown.endswith("# masked: not the real value")
+    assert ('ROOST_BRAVE_API_KEY is now [plugins."plugins.web"] brave_api_key '
+            "(the old name still works)") in result.stderr

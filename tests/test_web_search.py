@@ -132,7 +132,7 @@ async def test_a_backend_named_but_not_configured_means_no_web_search(
                            web_search_backend="brave")
     assert await chat.ask("hello") == ["hi"]
     assert "web_search" not in tool_names(chat)
-    assert "web_search_backend is 'brave'" in caplog.text and "searxng" in caplog.text
+    assert "search_backend is 'brave'" in caplog.text and "searxng" in caplog.text
 
 
 class Catalogue:
@@ -288,8 +288,10 @@ async def test_snippets_are_one_plain_line_of_at_most_300_characters(
 
 
 def test_search_keys_are_masked_in_the_shown_configuration() -> None:
-    shown = Settings(brave_api_key=BRAVE_KEY, tavily_api_key=TAVILY_KEY).masked()
-    assert shown["brave_api_key"] == shown["tavily_api_key"] == "********"
+    shown = Settings(plugins={"plugins.web": {"brave_api_key": BRAVE_KEY,
+                                              "tavily_api_key": TAVILY_KEY}}).masked()
+    table = shown["plugins"]["plugins.web"]
+    assert table["brave_api_key"] == table["tavily_api_key"] == "********"
     assert BRAVE_KEY not in str(shown) and TAVILY_KEY not in str(shown)
 
 

@@ -19,15 +19,26 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 log = logging.getLogger("roost.config")
 
 _EXEC = "plugins.exec_tool"
+_WEB = "plugins.web"
 
 MOVED: dict[str, tuple[str, str]] = {
     **{f"exec_{key}": (_EXEC, key) for key in (
         "bwrap", "timeout", "max_timeout", "cpu_seconds", "memory_mb", "max_processes",
         "max_file_mb", "max_output_bytes", "network_agents", "uid")},
+    **{f"web_{key}": (_WEB, key) for key in (
+        "allow_private", "fetch_max_bytes", "fetch_timeout", "max_redirects", "search_backend")},
+    **{key: (_WEB, key) for key in (
+        "searxng_url", "brave_api_key", "brave_api_base", "tavily_api_key", "tavily_api_base")},
 }
 """Old top-level name → (plugin, key in its ``[plugins.<plugin>]`` table)."""
 
-SERVICE_ENV: dict[str, tuple[str, str]] = {}
+SERVICE_ENV: dict[str, tuple[str, str]] = {
+    "BRAVE_API_KEY": (_WEB, "brave_api_key"),
+    "TAVILY_API_KEY": (_WEB, "tavily_api_key"),
+}
+
+CREDENTIALS: tuple[str, ...] = ("brave_api_key", "tavily_api_key")
+"""Moved names that hold secrets: ``.env.example`` lists their variables."""
 """Variables a service's SDK and users set themselves → (plugin, key); no warning."""
 
 

@@ -7,7 +7,6 @@ defaults. A bad value fails at start with a message naming the key.
 
 from __future__ import annotations
 
-import ipaddress
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -345,50 +344,6 @@ class Settings(BaseSettings):
     """``channel:user_id`` whose direct chat and workspace the heartbeat uses."""
     heartbeat_chat: str | None = None
     """The owner's direct chat id on that channel, when it differs from the user id."""
-
-    # Web tools (plugins/web): web_fetch, and web_search when a backend is configured.
-    web_allow_private: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    """CIDRs web_fetch may reach although they are loopback, private, link-local or
-    otherwise not public (self-hosted sites), e.g. ``["10.0.0.0/8"]`` (comma-separated
-    in the env); empty: public addresses only."""
-    web_fetch_max_bytes: int = Field(5_000_000, ge=1)
-    """A response body larger than this is refused (the download stops there)."""
-    web_fetch_timeout: float = Field(20.0, gt=0)
-    """Seconds for one fetch, redirects and download included (also each search request)."""
-    web_max_redirects: int = Field(5, ge=0)
-    """Redirects web_fetch follows, each checked like the first URL."""
-    web_search_backend: str | None = None
-    """The search backend web_search uses (``searxng``, ``brave``, ``tavily`` or a
-    plugin's); unset: the first configured one. None configured: no web_search."""
-    searxng_url: str | None = None
-    """A SearXNG instance with the JSON format enabled, e.g. ``http://searx.lan:8080``."""
-    brave_api_key: SecretStr | None = Field(
-        None, validation_alias=_env("BRAVE_API_KEY", "brave_api_key"))
-    """``BRAVE_API_KEY``: the Brave Search API as web_search's backend."""
-    brave_api_base: str = "https://api.search.brave.com"
-    """The Brave Search API's address."""
-    tavily_api_key: SecretStr | None = Field(
-        None, validation_alias=_env("TAVILY_API_KEY", "tavily_api_key"))
-    """``TAVILY_API_KEY``: Tavily as web_search's backend."""
-    tavily_api_base: str = "https://api.tavily.com"
-    """The Tavily API's address."""
-
-    @field_validator("web_allow_private", mode="before")
-    @classmethod
-    def _split_networks(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value
-
-    @field_validator("web_allow_private")
-    @classmethod
-    def _check_networks(cls, value: list[str]) -> list[str]:
-        for entry in value:
-            try:
-                ipaddress.ip_network(entry, strict=False)
-            except ValueError:
-                raise ValueError(f"{entry!r} is not a CIDR such as 10.0.0.0/8") from None
-        return value
 
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """``[plugins.<name>]``: each plugin's own settings, validated by its config model."""

@@ -453,7 +453,7 @@ def roost_search_backends(settings: SettingsModel) -> list[SearchBackend] | Sear
       (their URL or key set). A backend has a `name` and `async search(query, count)` returning at
       most `count` `SearchResult(title, url, snippet)`, best first; it raises `ToolError` for
       failures the model should read (`retryable=True` for timeouts, rate limits and 5xx) and never
-      puts its key in a message. `web_search` uses the backend named by the `web_search_backend`
+      puts its key in a message. `web_search` uses the backend named by the `search_backend`
       setting, else the first offered (the built-ins `searxng`, `brave` and `tavily` come from
       `plugins/web`); with none offered, `web_search` is not offered at all.
 

@@ -3,7 +3,7 @@
 A backend turns a query into a few results. Roost ships SearXNG, Brave Search and
 Tavily (``plugins/web``); a plugin adds another by returning a
 :class:`SearchBackend` from ``roost_search_backends`` when it is configured. The
-``web_search_backend`` setting names the one to use (else the first offered).
+``search_backend`` of ``[plugins."plugins.web"]`` names the one to use (else the first offered).
 """
 
 from __future__ import annotations
