@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from bot.config.moved import MOVED, SERVICE_ENV
 from bot.config.settings import Settings, load_settings
 from plugins.exec_config import ExecConfig, exec_config
 from plugins.web.config import web_config
@@ -109,7 +110,8 @@ def test_the_services_own_key_variables_work_silently_and_stay_masked(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setenv("BRAVE_API_KEY", "BSA-env-secret")
-    (tmp_path / ".env").write_text("TAVILY_API_KEY=tvly-dotenv-secret\n")
+    (tmp_path / ".env").write_text("TAVILY_API_KEY=tvly-dotenv-secret\n"
+                                   "ROOST_TRANSCRIBE_API_KEY=sk-dotenv-secret\n")
     (tmp_path / "roost.toml").write_text('web_fetch_timeout = 5\n')
     settings = load_settings()
     config = web_config(settings)
@@ -117,10 +119,12 @@ def test_the_services_own_key_variables_work_silently_and_stay_masked(
     assert config.brave_api_key.get_secret_value() == "BSA-env-secret"
     assert config.tavily_api_key.get_secret_value() == "tvly-dotenv-secret"
     assert config.fetch_timeout == 5
+    assert settings.plugins["plugins.transcribe"] == {"api_key": "sk-dotenv-secret"}
     assert deprecations(caplog) == [
         'web_fetch_timeout is now [plugins."plugins.web"] fetch_timeout (the old name still works)']
     shown = str(settings.masked())
     assert "BSA-env-secret" not in shown and "tvly-dotenv-secret" not in shown
+    assert "sk-dotenv-secret" not in shown
     assert "BSA-env-secret" not in repr(config)
 
 
@@ -134,3 +138,36 @@ def test_config_show_masks_a_moved_key_and_shows_where_it_went(tmp_path: Path) -
     assert shown.endswith("# masked: not the real value")
     assert ('ROOST_BRAVE_API_KEY is now [plugins."plugins.web"] brave_api_key '
             "(the old name still works)") in result.stderr
+
+
+def test_every_moved_name_points_at_a_field_of_its_plugins_model() -> None:
+    import asyncio
+
+    from bot.pluginhost.manager import get_plugin_manager
+
+    host = get_plugin_manager(load_entry_points=False)
+    asyncio.run(host.validate_configs({}))  # every table absent: each model's defaults
+    for old, (plugin, key) in [*MOVED.items(), *SERVICE_ENV.items()]:
+        assert key in type(host.config[plugin]).model_fields, old
+        assert old not in Settings.model_fields, old  # gone from the core
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_each_old_name_lands_in_its_table_from_the_file_and_from_the_env(
+        old: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    plugin, key = MOVED[old]
+    (tmp_path / "roost.toml").write_text(f'{old} = "from-file"\n')
+    assert load_settings().plugins[plugin][key] == "from-file"
+    assert deprecations(caplog) == [
+        f'{old} is now [plugins."{plugin}"] {key} (the old name still works)']
+    caplog.clear()
+    monkeypatch.setenv(f"ROOST_{old.upper()}", "from-env")
+    assert load_settings().plugins[plugin][key] == "from-env"
+    lines = deprecations(caplog)
+    if old == "transcribe_api_key":  # a secret's variable: an ordinary override
+        assert lines == [f'{old} is now [plugins."{plugin}"] {key} (the old name still works)']
+    else:
+        assert sorted(lines) == sorted([
+            f'{old} is now [plugins."{plugin}"] {key} (the old name still works)',
+            f'ROOST_{old.upper()} is now [plugins."{plugin}"] {key} (the old name still works)'])

@@ -82,7 +82,7 @@ _HINTS = {
     "slack_bot_token": "Slack: the bot token plus SLACK_SIGNING_SECRET (Events API over HTTP)\n"
                        "# or SLACK_APP_TOKEN (Socket Mode).",
     "brave_api_key": "Web search backends (optional).",
-    "transcribe_api_key": "Voice notes: the key of transcribe_base_url's server (optional).",
+    "transcribe_api_key": "Voice notes: the key of the transcription server (optional).",
 }
 
 

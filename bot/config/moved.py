@@ -20,6 +20,9 @@ log = logging.getLogger("roost.config")
 
 _EXEC = "plugins.exec_tool"
 _WEB = "plugins.web"
+_HEARTBEAT = "plugins.heartbeat"
+_MEMORY = "plugins.memory"
+_TRANSCRIBE = "plugins.transcribe"
 
 MOVED: dict[str, tuple[str, str]] = {
     **{f"exec_{key}": (_EXEC, key) for key in (
@@ -29,15 +32,23 @@ MOVED: dict[str, tuple[str, str]] = {
         "allow_private", "fetch_max_bytes", "fetch_timeout", "max_redirects", "search_backend")},
     **{key: (_WEB, key) for key in (
         "searxng_url", "brave_api_key", "brave_api_base", "tavily_api_key", "tavily_api_base")},
+    "heartbeat": (_HEARTBEAT, "enabled"),
+    **{f"heartbeat_{key}": (_HEARTBEAT, key) for key in (
+        "interval_minutes", "active_hours", "owner", "chat")},
+    **{f"memory_{key}": (_MEMORY, key) for key in (
+        "flush_every_hours", "flush_idle_minutes", "flush_min_messages")},
+    **{f"transcribe_{key}": (_TRANSCRIBE, key) for key in ("base_url", "model", "api_key")},
 }
 """Old top-level name → (plugin, key in its ``[plugins.<plugin>]`` table)."""
 
 SERVICE_ENV: dict[str, tuple[str, str]] = {
     "BRAVE_API_KEY": (_WEB, "brave_api_key"),
     "TAVILY_API_KEY": (_WEB, "tavily_api_key"),
+    # A secret belongs in the environment, and this is its only variable.
+    "ROOST_TRANSCRIBE_API_KEY": (_TRANSCRIBE, "api_key"),
 }
 
-CREDENTIALS: tuple[str, ...] = ("brave_api_key", "tavily_api_key")
+CREDENTIALS: tuple[str, ...] = ("brave_api_key", "tavily_api_key", "transcribe_api_key")
 """Moved names that hold secrets: ``.env.example`` lists their variables."""
 """Variables a service's SDK and users set themselves → (plugin, key); no warning."""
 

@@ -153,12 +153,6 @@ class Settings(BaseSettings):
     vision: bool = True
     """Whether the model takes images and PDFs; ``false`` sends a text note instead
     (per agent: ``[agents.<name>] vision``)."""
-    transcribe_base_url: str | None = None
-    """An OpenAI-compatible ``/v1/audio/transcriptions`` server for voice notes."""
-    transcribe_model: str = "whisper-1"
-    """The model name sent to the transcription server."""
-    transcribe_api_key: SecretStr | None = None
-    """The transcription server's API key."""
     max_history_messages: int = Field(200, ge=2)
     """Messages of history read for one run."""
 
@@ -328,22 +322,6 @@ class Settings(BaseSettings):
     """Scheduled jobs one user may have."""
     cron_min_interval_seconds: int = Field(60, ge=1)
     """The shortest interval a recurring job may have."""
-    memory_flush_every_hours: float = Field(6.0, gt=0)
-    """How often idle sessions get a scheduled memory flush."""
-    memory_flush_idle_minutes: float = Field(30.0, gt=0)
-    """A session idle this long is due for the scheduled flush."""
-    memory_flush_min_messages: int = Field(10, ge=1)
-    """Unsaved messages a session needs for the scheduled flush."""
-    heartbeat: bool = False
-    """Run a short turn with the owner's ``HEARTBEAT.md`` every interval."""
-    heartbeat_interval_minutes: int = Field(30, ge=5)
-    """Minutes between heartbeats."""
-    heartbeat_active_hours: str = "08:00-22:00"
-    """Local hours (``timezone``) in which the heartbeat runs."""
-    heartbeat_owner: str | None = None
-    """``channel:user_id`` whose direct chat and workspace the heartbeat uses."""
-    heartbeat_chat: str | None = None
-    """The owner's direct chat id on that channel, when it differs from the user id."""
 
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """``[plugins.<name>]``: each plugin's own settings, validated by its config model."""

@@ -54,6 +54,7 @@ class KnownNames(PydanticBaseSettingsSource):
         # An empty value (``NAME=`` as .env.example has it) means unset, not "".
         data = self.inner()
         kept = {k: v for k, v in data.items() if v not in ("", None)
+                and k.upper() not in SERVICE_ENV
                 and (k.lower() in known or k.lower().startswith("roost_"))}
         # The services' own variables of moved settings (BRAVE_API_KEY): their tables.
         service = {k.upper(): v for k, v in data.items()

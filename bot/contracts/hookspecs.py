@@ -422,7 +422,7 @@ def roost_transcriber(settings: SettingsModel) -> Transcriber | None:
       the sender's `inbox/`. Raise `MediaError("one line for the user")` when transcribing
       fails: the user is told, and the rest of the message is still answered. Without any
       transcriber, the user is told that voice is not set up. The built-in one
-      (`transcribe_base_url`, or local faster-whisper from `.[voice]`) is an example.
+      (a `base_url` in its table, or local faster-whisper from `.[voice]`) is an example.
 
     ```python
     from roost import MediaError, hookimpl

@@ -28,7 +28,7 @@ class SearchResult:
 class SearchBackend(Protocol):
     """A search engine ``web_search`` can ask.
 
-    ``name`` is what ``web_search_backend`` selects it by. ``search`` returns at
+    ``name`` is what ``search_backend`` selects it by. ``search`` returns at
     most ``count`` results, best first, and raises :class:`bot.contracts.tools.ToolError`
     for failures the model should read (``retryable=True`` for those worth
     another try: timeouts, rate limits, 5xx). Never put the API key in an error.
