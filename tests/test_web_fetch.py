@@ -457,7 +457,7 @@ async def test_a_run_fetches_a_page_and_the_model_reads_it(roost_app: Any,
     chat = await roost_app(
         [{"steps": [{"tool_calls": [{"name": "web_fetch", "arguments": {"url": url}}]},
                     {"reply": "They sleep on perches."}]}],
-        web_allow_private=LOCAL)
+        plugins={"plugins.web": {"allow_private": LOCAL}})
     assert await chat.ask("where do chickens sleep? read " + url) == ["They sleep on perches."]
     assert "web_fetch" in [t.name for t in chat.requests[0].tools]
     answer = without_summary(chat.requests[1].messages[-1].content)
@@ -474,7 +474,7 @@ async def test_a_transient_failure_is_retried_by_the_executor_and_the_page_read(
     chat = await roost_app(
         [{"steps": [{"tool_calls": [{"name": "web_fetch", "arguments": {"url": url}}]},
                     {"reply": "read it"}]}],
-        web_allow_private=LOCAL)
+        plugins={"plugins.web": {"allow_private": LOCAL}})
     assert await chat.ask("news?") == ["read it"]
     answer = chat.requests[1].messages[-1]
     assert not answer.is_error and "Title: News" in answer.content
@@ -487,7 +487,7 @@ async def test_a_permanent_failure_is_not_retried(roost_app: Any, site: FakeSite
     chat = await roost_app(
         [{"steps": [{"tool_calls": [{"name": "web_fetch", "arguments": {"url": url}}]},
                     {"reply": "not there"}]}],
-        web_allow_private=LOCAL)
+        plugins={"plugins.web": {"allow_private": LOCAL}})
     assert await chat.ask("read it") == ["not there"]
     answer = chat.requests[1].messages[-1]
     assert answer.is_error and "Code HTTP_404: HTTP 404 Not Found from" in answer.content
