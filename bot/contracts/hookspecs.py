@@ -385,7 +385,9 @@ def roost_plugin_config_model() -> type[BaseModel] | None:
       available as `services.plugin_config("<name>")` (in `roost_tools`) and
       `app.plugin_config("<name>")` (e.g. `ctx.app` in a command). Invalid configuration disables
       just this plugin, with a log line and an entry in `roost plugins list` naming the bad keys;
-      the service still starts. Use `extra="forbid"` so typos are errors.
+      the service still starts (a built-in plugin's bad table stops the start instead, like a
+      bad core setting). `roost config show` prints the validated table, defaults included.
+      Use `extra="forbid"` so typos are errors.
 
     ```python
     from roost import hookimpl
