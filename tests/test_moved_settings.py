@@ -171,3 +171,16 @@ def test_each_old_name_lands_in_its_table_from_the_file_and_from_the_env(
         assert sorted(lines) == sorted([
             f'{old} is now [plugins."{plugin}"] {key} (the old name still works)',
             f'ROOST_{old.upper()} is now [plugins."{plugin}"] {key} (the old name still works)'])
+
+
+def test_a_deprecation_line_follows_the_log_format(tmp_path: Path) -> None:
+    import json
+
+    result = roost("config", "show", cwd=tmp_path, ROOST_LOG_FORMAT="json",
+                   ROOST_EXEC_TIMEOUT="5")
+    assert result.returncode == 0, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    record = json.loads(line)
+    assert record["level"] == "WARNING" and record["logger"] == "roost.config"
+    assert record["message"] == (f'ROOST_EXEC_TIMEOUT is now [plugins."{EXEC}"] timeout '
+                                 "(the old name still works)")
