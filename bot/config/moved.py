@@ -3,8 +3,9 @@
 Each old name keeps working wherever it is given — a top-level key in ``roost.toml``,
 its ``ROOST_*`` variable (environment or ``.env``), a keyword of ``Settings`` — and
 is put into the plugin's table at load time, with one deprecation line naming the
-new place. ``BRAVE_API_KEY`` and ``TAVILY_API_KEY``, the services' own variables,
-stay ordinary overrides (no warning).
+new place; an old variable beats the file, as any variable does. The variables of
+secrets (``BRAVE_API_KEY``, ``TAVILY_API_KEY``, ``ROOST_TRANSCRIBE_API_KEY``) stay
+ordinary overrides without a warning: a secret belongs in the environment.
 """
 
 from __future__ import annotations
@@ -47,10 +48,10 @@ SERVICE_ENV: dict[str, tuple[str, str]] = {
     # A secret belongs in the environment, and this is its only variable.
     "ROOST_TRANSCRIBE_API_KEY": (_TRANSCRIBE, "api_key"),
 }
+"""Variables of moved secrets that stay ordinary overrides → (plugin, key); no warning."""
 
 CREDENTIALS: tuple[str, ...] = ("brave_api_key", "tavily_api_key", "transcribe_api_key")
 """Moved names that hold secrets: ``.env.example`` lists their variables."""
-"""Variables a service's SDK and users set themselves → (plugin, key); no warning."""
 
 
 def new_place(old: str) -> str:
@@ -82,15 +83,15 @@ def relocate(data: Mapping[str, Any], *, replace: bool) -> dict[str, Any]:
              if k.lower().removeprefix("roost_") in MOVED]
     if not moved:
         return out
-    tables = {k: dict(v) if isinstance(v, dict) else v
-              for k, v in (out.get("plugins") or {}).items()} if isinstance(
-        out.get("plugins"), dict) else {}
+    given_tables = out.get("plugins", {})
+    if not isinstance(given_tables, dict):
+        return out  # the plugins field reports it
+    tables = {k: dict(v) if isinstance(v, dict) else v for k, v in given_tables.items()}
     for given, old in moved:
         plugin, key = MOVED[old]
         _deprecated(old, given.upper() if given.lower().startswith("roost_") else given)
         _put(tables, plugin, key, out.pop(given), replace=replace)
-    if isinstance(out.get("plugins", {}), dict):
-        out["plugins"] = tables
+    out["plugins"] = tables
     return out
 
 

@@ -54,7 +54,10 @@ def _env(name: str, field_name: str) -> Any:
 
 
 class Settings(BaseSettings):
-    """Every setting Roost reads. Field ``x`` is ``x`` in roost.toml, ``ROOST_X`` in the env."""
+    """Every setting the core reads. Field ``x`` is ``x`` in roost.toml, ``ROOST_X`` in the env.
+
+    Built-in plugins' settings are in their ``[plugins.<name>]`` tables
+    (:mod:`bot.config.moved` maps their old top-level names there)."""
 
     model_config = SettingsConfigDict(
         env_prefix="ROOST_", extra="forbid", case_sensitive=False, populate_by_name=True,
