@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from plugins.exec_config import exec_config
 from roost import Settings
 
 log = logging.getLogger("roost.plugins.exec_tool")
@@ -58,10 +59,10 @@ class Limits:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Limits:
-        """The ``exec_*`` limits of ``settings``."""
-        return cls(settings.exec_cpu_seconds, settings.exec_memory_mb,
-                   settings.exec_max_processes, settings.exec_max_file_mb,
-                   settings.exec_max_output_bytes)
+        """The limits of ``settings``' exec table."""
+        c = exec_config(settings)
+        return cls(c.cpu_seconds, c.memory_mb, c.max_processes, c.max_file_mb,
+                   c.max_output_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,9 +108,9 @@ class Sandbox:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Sandbox:
-        """The sandbox ``settings`` describe (as exec_uid when Roost runs as root)."""
-        return cls(settings.exec_bwrap, Limits.from_settings(settings),
-                   settings.exec_uid if os.geteuid() == 0 else None)
+        """The sandbox ``settings`` describe (as the table's ``uid`` when Roost runs as root)."""
+        c = exec_config(settings)
+        return cls(c.bwrap, Limits.from_settings(settings), c.uid if os.geteuid() == 0 else None)
 
     def userns_disabled(self) -> bool:
         """Whether commands run with nested user namespaces disabled (bwrap 0.8.0 and later)."""

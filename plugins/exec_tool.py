@@ -11,7 +11,7 @@ agent gets it only with ``tools = { allow = ["exec"] }``. Each call runs
   and ``/etc/group`` of the sandbox's user alone; nothing else of the host (no
   ``/etc/shadow``, ``/home``, ``/root``, data directory or other workspaces);
 * new user, PID, IPC, UTS, cgroup and network namespaces (``--unshare-all``); the
-  network is shared only for agents listed in ``exec_network_agents``; nested user
+  network is shared only for agents listed in ``network_agents``; nested user
   namespaces disabled (``--disable-userns``) where bubblewrap supports it;
 * no capabilities, ``--new-session`` (no terminal injection), ``--die-with-parent``;
 * an environment of ``PATH``, ``HOME`` and ``LANG`` only: nothing of Roost's
@@ -19,14 +19,14 @@ agent gets it only with ``tools = { allow = ["exec"] }``. Each call runs
 * limits set by ``prlimit`` before bwrap starts and inherited by every process
   in the sandbox: CPU seconds, address space, file size, open files, and
   processes (``RLIMIT_NPROC``: what the sandbox's user already runs plus
-  ``exec_max_processes``, so a fork bomb stops there);
+  ``max_processes``, so a fork bomb stops there);
 * a wall-clock limit and an output cap enforced here: past either the whole
   sandbox is killed (SIGKILL to bwrap, whose ``--die-with-parent`` and PID
   namespace take every process with it). Cancelling the run (``/stop``) does the
   same.
 
 The kernel does not apply ``RLIMIT_NPROC`` to root, so when Roost runs as root
-the sandbox runs as ``exec_uid`` (default 65534) and the workspace is handed to
+the sandbox runs as ``uid`` (default 65534) and the workspace is handed to
 that uid (``chown``, by descriptor, never through a link) before each command;
 Roost, as root, keeps full access.
 
@@ -39,7 +39,7 @@ command no file in the workspace keeps a setuid or setgid bit
 (:mod:`plugins.exec_strip`).
 
 The result is the exit status, then the output (stdout and stderr interleaved),
-at most ``exec_max_output_bytes``; the engine stores a long result and gives the
+at most ``max_output_bytes``; the engine stores a long result and gives the
 model a preview and a reference (``get_tool_result``). A command is never
 retried: it may have changed files before it failed.
 """
@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from plugins.exec_canary import Canaries, Canary
+from plugins.exec_config import ExecConfig, exec_config
 from plugins.exec_sandbox import (
     PROBE,
     SANDBOX_WORKSPACE,
@@ -155,8 +156,10 @@ def build_tool(settings: Settings, sandbox: Sandbox, canary: Canary) -> Tool:
     """The ``exec`` tool running commands in ``sandbox`` while ``canary`` passes."""
     limits = sandbox.limits
     run_as = sandbox.run_as
-    network_agents = frozenset(settings.exec_network_agents)
-    default_timeout = min(settings.exec_timeout, settings.exec_max_timeout)
+    config = exec_config(settings)
+    network_agents = frozenset(config.network_agents)
+    max_timeout = config.max_timeout
+    default_timeout = min(config.timeout, max_timeout)
 
     async def run_command(context: ToolContext, args: Mapping[str, Any]) -> str:
         check_keys(args, required=("command",), optional=("timeout",))
@@ -166,7 +169,7 @@ def build_tool(settings: Settings, sandbox: Sandbox, canary: Canary) -> Tool:
         if len(command) > MAX_COMMAND_CHARS or "\x00" in command:
             raise ToolError(f"'command' must be text of at most {MAX_COMMAND_CHARS} characters",
                             code="INVALID_ARGUMENT")
-        asked = _timeout_arg(args, default_timeout, settings.exec_max_timeout)
+        asked = _timeout_arg(args, default_timeout, max_timeout)
         network = _agent_of(context.session_key) in network_agents
         try:
             await PROBE.check(sandbox)
@@ -208,7 +211,7 @@ def build_tool(settings: Settings, sandbox: Sandbox, canary: Canary) -> Tool:
             "read-only. Each call is a fresh sandbox: no state, background process or "
             "environment carries over. No network unless enabled for this agent. "
             f"Limits: {default_timeout:g}s wall clock by default (timeout up to "
-            f"{settings.exec_max_timeout:g}s), {limits.cpu_seconds}s CPU, {limits.memory_mb} "
+            f"{max_timeout:g}s), {limits.cpu_seconds}s CPU, {limits.memory_mb} "
             f"MB memory per process, {limits.processes} processes, {limits.output_bytes} "
             "bytes of output."),
         input_schema={
@@ -220,13 +223,13 @@ def build_tool(settings: Settings, sandbox: Sandbox, canary: Canary) -> Tool:
                 "timeout": {"type": "number",
                             "description": f"Wall-clock seconds before the command is killed "
                                            f"(default {default_timeout:g}, at most "
-                                           f"{settings.exec_max_timeout:g})."},
+                                           f"{max_timeout:g})."},
             },
             "required": ["command"],
             "additionalProperties": False,
         },
         execute=run_command,
-        timeout=settings.exec_max_timeout + _KILL_GRACE,
+        timeout=max_timeout + _KILL_GRACE,
         # Never retried: a command may have changed files before it failed.
         retry=ToolRetry(max_attempts=1),
         permanent_codes=frozenset({"SANDBOX_UNAVAILABLE", "SANDBOX_UNSAFE",
@@ -296,6 +299,12 @@ class ExecPlugin:
 CANARIES = Canaries(PROBE)
 """One canary per sandbox configuration per process, shared by every app in it."""
 PLUGIN = ExecPlugin(CANARIES)
+
+
+@hookimpl
+def roost_plugin_config_model() -> type[ExecConfig]:
+    """The ``[plugins."plugins.exec_tool"]`` table."""
+    return ExecConfig
 
 
 @hookimpl

@@ -1,9 +1,9 @@
 """Built-in plugin: the heartbeat, a periodic check-in driven by HEARTBEAT.md.
 
-Off unless ``heartbeat = true``. Every ``heartbeat_interval_minutes`` within
-``heartbeat_active_hours`` (in ``timezone``), the owner (``heartbeat_owner``,
-``channel:user_id``) gets one minimal-prompt run in their direct chat
-(``heartbeat_chat`` when its id differs from the user id), with their
+Off unless ``enabled = true`` in ``[plugins."plugins.heartbeat"]``
+(:class:`HeartbeatConfig`). Every ``interval_minutes`` within ``active_hours`` (in
+``timezone``), the owner (``owner``, ``channel:user_id``) gets one minimal-prompt run
+in their direct chat (``chat`` when its id differs from the user id), with their
 workspace's HEARTBEAT.md as the run's extra context. A beat is skipped while
 the owner has a run in flight or queued, and when HEARTBEAT.md is missing or
 has nothing but headings, empty list items and comments, so an unconfigured
@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from roost import (
     NO_REPLY,
     ChatMessage,
@@ -51,6 +53,30 @@ if TYPE_CHECKING:
     from roost import Runtime
 
 log = logging.getLogger("roost.plugins.heartbeat")
+
+PLUGIN_NAME = "plugins.heartbeat"
+
+
+class HeartbeatConfig(BaseModel):
+    """``[plugins."plugins.heartbeat"]``: the periodic check-in (``heartbeat*`` before)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False
+    """Run a short turn with the owner's ``HEARTBEAT.md`` every interval."""
+    interval_minutes: int = Field(30, ge=5)
+    """Minutes between heartbeats."""
+    active_hours: str = "08:00-22:00"
+    """Local hours (``timezone``) in which the heartbeat runs."""
+    owner: str | None = None
+    """``channel:user_id`` whose direct chat and workspace the heartbeat uses."""
+    chat: str | None = None
+    """The owner's direct chat id on that channel, when it differs from the user id."""
+
+
+def heartbeat_config(settings: Settings) -> HeartbeatConfig:
+    """The heartbeat table of ``settings`` (defaults where absent); raises on a bad value."""
+    return HeartbeatConfig.model_validate(settings.plugins.get(PLUGIN_NAME) or {})
 
 HEARTBEAT_FILE = "HEARTBEAT.md"
 HEARTBEAT_TOKEN = "HEARTBEAT_OK"
@@ -116,11 +142,11 @@ class ActiveHours:
         """Parse ``"HH:MM-HH:MM"`` (``24:00`` allowed as the end); raises ``ValueError``."""
         match = re.fullmatch(r"\s*(\d{1,2}):(\d{2})\s*-\s*(\d{1,2}):(\d{2})\s*", text)
         if not match:
-            raise ValueError(f"heartbeat_active_hours {text!r} is not 'HH:MM-HH:MM'")
+            raise ValueError(f"active_hours {text!r} is not 'HH:MM-HH:MM'")
         h1, m1, h2, m2 = (int(g) for g in match.groups())
         start, end = h1 * 60 + m1, h2 * 60 + m2
         if h1 > 23 or m1 > 59 or m2 > 59 or end > 24 * 60:
-            raise ValueError(f"heartbeat_active_hours {text!r} has an impossible time")
+            raise ValueError(f"active_hours {text!r} has an impossible time")
         return cls(start, end)
 
     def __contains__(self, when: dt.time) -> bool:
@@ -145,15 +171,19 @@ class Heartbeat:
     def __init__(self, settings: Settings,
                  clock: Callable[[], dt.datetime] = _now) -> None:
         self.settings = settings
+        self.config = config = heartbeat_config(settings)
         self.clock = clock
-        owner = settings.heartbeat_owner or ""
+        owner = config.owner or ""
         channel, _, user = owner.partition(":")
         if not channel or not user:
-            raise ValueError(f"heartbeat_owner {owner!r} must be 'channel:user_id' "
-                             "(set heartbeat_owner, or heartbeat = false)")
+            raise ValueError(f'[plugins."{PLUGIN_NAME}"] owner {owner!r} must be '
+                             "'channel:user_id' (set it, or enabled = false)")
         self.channel, self.user = channel, user
-        self.chat = settings.heartbeat_chat or user
-        self.hours = ActiveHours.parse(settings.heartbeat_active_hours)
+        self.chat = config.chat or user
+        try:
+            self.hours = ActiveHours.parse(config.active_hours)
+        except ValueError as exc:
+            raise ValueError(f'[plugins."{PLUGIN_NAME}"] {exc}') from None
         try:
             self.zone = ZoneInfo(settings.timezone)
         except (ZoneInfoNotFoundError, ValueError) as exc:
@@ -164,7 +194,7 @@ class Heartbeat:
 
     def spec(self) -> JobSpec:
         """The job, for ``roost_scheduled_jobs``."""
-        return JobSpec("heartbeat", f"every {self.settings.heartbeat_interval_minutes}m",
+        return JobSpec("heartbeat", f"every {self.config.interval_minutes}m",
                        self.run)
 
     def message(self) -> InboundMessage:
@@ -225,16 +255,22 @@ class Heartbeat:
 
 
 @hookimpl
+def roost_plugin_config_model() -> type[HeartbeatConfig]:
+    """The ``[plugins."plugins.heartbeat"]`` table."""
+    return HeartbeatConfig
+
+
+@hookimpl
 def roost_scheduled_jobs(settings: Settings) -> JobSpec | None:
-    """The heartbeat job, when ``heartbeat`` is on."""
-    if not settings.heartbeat:
+    """The heartbeat job, when it is enabled."""
+    if not heartbeat_config(settings).enabled:
         return None
     return Heartbeat(settings).spec()
 
 
 @hookimpl
 def roost_output_sanitizers(settings: Settings) -> Sanitizer | None:
-    """Silence ``HEARTBEAT_OK`` acknowledgements, when ``heartbeat`` is on."""
-    if not settings.heartbeat:
+    """Silence ``HEARTBEAT_OK`` acknowledgements, when the heartbeat is enabled."""
+    if not heartbeat_config(settings).enabled:
         return None
     return Sanitizer("suppress_heartbeat_ack", suppress_heartbeat_ack, SANITIZER_ORDER)

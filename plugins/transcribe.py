@@ -4,9 +4,9 @@ Two transcribers, the first configured one wins:
 
 - :class:`OpenAITranscriber`: any OpenAI-compatible ``POST /v1/audio/transcriptions``
   endpoint (OpenAI itself, faster-whisper-server / speaches, whisper.cpp's server,
-  vLLM, LocalAI), through the ``openai`` SDK. Set ``transcribe_base_url``
-  (``ROOST_TRANSCRIBE_BASE_URL``, e.g. ``http://127.0.0.1:8000/v1``), and
-  ``transcribe_model`` / ``transcribe_api_key`` as the server wants.
+  vLLM, LocalAI), through the ``openai`` SDK. Set ``base_url`` in the plugin's
+  table (e.g. ``http://127.0.0.1:8000/v1``), and ``model`` / ``api_key``
+  (``ROOST_TRANSCRIBE_API_KEY``) as the server wants.
 - :class:`LocalWhisperTranscriber`: faster-whisper in this process, from the
   optional extra (``pip install 'roost[voice]'``), when the plugin's table names
   a model::
@@ -32,7 +32,7 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
 
 from roost import MediaError, Settings, Transcriber, hookimpl
 
@@ -63,9 +63,16 @@ _KNOWN = frozenset(_EXTENSIONS.values()) | {".mpeg", ".mpga", ".oga"}
 
 
 class TranscribeConfig(BaseModel):
-    """The plugin's ``[plugins."plugins.transcribe"]`` table (local faster-whisper)."""
+    """``[plugins."plugins.transcribe"]``: voice notes to text, by HTTP or local faster-whisper."""
 
     model_config = ConfigDict(extra="forbid")
+
+    base_url: str | None = None
+    """An OpenAI-compatible ``/v1/audio/transcriptions`` server for voice notes."""
+    model: str = "whisper-1"
+    """The model name sent to the transcription server."""
+    api_key: SecretStr | None = None
+    """``ROOST_TRANSCRIBE_API_KEY``: the transcription server's API key."""
 
     local_model: str = ""
     """A faster-whisper model size (``tiny``, ``small``, ``large-v3``...) or the path of
@@ -94,13 +101,14 @@ class OpenAITranscriber:
 
     def __init__(self, settings: Settings, *, timeout: float = 120.0,
                  max_retries: int = 2) -> None:
-        if not settings.transcribe_base_url:
-            raise ValueError("transcribe_base_url is not set")
+        config = TranscribeConfig.model_validate(settings.plugins.get(PLUGIN_NAME) or {})
+        if not config.base_url:
+            raise ValueError(f'[plugins."{PLUGIN_NAME}"] base_url is not set')
         # The SDK takes a second to import: not on the start path of every `roost run`.
         import openai
-        key = settings.transcribe_api_key
-        self.base_url = settings.transcribe_base_url.rstrip("/")
-        self.model = settings.transcribe_model
+        key = config.api_key
+        self.base_url = config.base_url.rstrip("/")
+        self.model = config.model
         self._client = openai.AsyncOpenAI(
             base_url=self.base_url,
             # Local servers need no key, but the SDK refuses to start without one.
@@ -225,13 +233,12 @@ def roost_transcriber(settings: Settings) -> Transcriber | None:
     """The configured transcriber: the HTTP endpoint first, else local faster-whisper."""
     global _kept
     config = _config(settings)
-    key = settings.transcribe_api_key
+    key = config.api_key if config is not None else None
     try:
         loop: object = id(asyncio.get_running_loop())
     except RuntimeError:
         loop = None
-    wanted = (settings.transcribe_base_url, settings.transcribe_model,
-              key.get_secret_value() if key is not None else None, config, loop)
+    wanted = (key.get_secret_value() if key is not None else None, config, loop)
     if _kept is not None and _kept[0] == wanted:
         return _kept[1]
     made = _make(settings, config)
@@ -240,9 +247,11 @@ def roost_transcriber(settings: Settings) -> Transcriber | None:
 
 
 def _make(settings: Settings, config: TranscribeConfig | None) -> Transcriber | None:
-    if settings.transcribe_base_url:
+    if config is None:
+        return None
+    if config.base_url:
         return OpenAITranscriber(settings)
-    if config is None or not config.local_model:
+    if not config.local_model:
         return None
     try:
         return LocalWhisperTranscriber(config)

@@ -76,8 +76,18 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|").replace("``", "`")
 
 
-def model_table(model: type[BaseModel], table: str, prefix: str | None) -> str:
-    """One Markdown table of ``model``'s fields."""
+def model_table(model: type[BaseModel], table: str, prefix: str | None,
+                plugin: str = "") -> str:
+    """One Markdown table of ``model``'s fields (a plugin's: with the old names that map there)."""
+    from bot.config.moved import MOVED, SERVICE_ENV
+
+    was: dict[str, list[str]] = {}
+    for old, (owner, key) in MOVED.items():
+        if owner == plugin:
+            was.setdefault(key, []).extend([old, f"ROOST_{old.upper()}"])
+    for env, (owner, key) in SERVICE_ENV.items():
+        if owner == plugin:
+            was.setdefault(key, []).append(env)
     docs = field_docstrings(model)
     rows = [f"### `{table}`" if table else "### Top level", ""]
     intro = inspect.getdoc(model)
@@ -90,7 +100,10 @@ def model_table(model: type[BaseModel], table: str, prefix: str | None) -> str:
         if name in INTERNAL:
             continue
         env = f" | {_env_names(name, info, prefix)}" if prefix is not None else ""
-        rows.append(f"| `{name}`{env} | {_default(info)} | {_cell(docs.get(name, ''))} |")
+        meaning = _cell(docs.get(name, ""))
+        if name in was:
+            meaning += " Also: " + ", ".join(f"`{n}`" for n in was[name]) + "."
+        rows.append(f"| `{name}`{env} | {_default(info)} | {meaning} |")
     return "\n".join(rows) + "\n"
 
 
@@ -122,7 +135,7 @@ def reference() -> str:
                          ("[mcp.servers.<name>]", McpServerConfig)]:
         parts.append(model_table(model, table, None))
     for name, model in plugin_models():
-        parts.append(model_table(model, f'[plugins."{name}"]', None))
+        parts.append(model_table(model, f'[plugins."{name}"]', None, name))
     return "\n".join(parts)
 
 

@@ -46,7 +46,7 @@ SECRET = "sk-roost-test-0123456789abcdef"
 @pytest.fixture
 def root() -> Iterator[Path]:
     """A directory every user can traverse: when the tests run as root the sandbox runs as
-    ``exec_uid``, which must reach the workspace (pytest's own tmp_path is 0700)."""
+    the exec table's ``uid``, which must reach the workspace (pytest's own tmp_path is 0700)."""
     path = Path(tempfile.mkdtemp(prefix="roost-exec-test-"))
     path.chmod(0o711)
     try:
@@ -63,8 +63,8 @@ def workspace(root: Path) -> Path:
     return path
 
 
-def make_tool(root: Path, **settings: Any) -> Tool:
-    return roost_tools(Settings(data_dir=root / "data", **settings))
+def make_tool(root: Path, **table: Any) -> Tool:
+    return roost_tools(Settings(data_dir=root / "data", plugins={"plugins.exec_tool": table}))
 
 
 def context(workspace: Path, agent: str = "default", seconds: float = 60.0) -> ToolContext:
@@ -197,9 +197,9 @@ async def test_the_network_is_unreachable_unless_the_agent_may_use_it(
         assert output.startswith("refused:")
         assert not connected.is_set()
 
-        # The same command for an agent listed in exec_network_agents gets through,
+        # The same command for an agent listed in the exec table's network_agents gets through,
         # so the refusal above is the sandbox's doing.
-        tool = make_tool(root, exec_network_agents="research")
+        tool = make_tool(root, network_agents="research")
         result = await run(tool, workspace, CONNECT.format(port=port),
                            ctx={"agent": "research"})
         assert status_and_output(result) == (status_and_output(result)[0], "connected\n")
@@ -211,7 +211,7 @@ async def test_the_network_is_unreachable_unless_the_agent_may_use_it(
 async def test_a_fork_bomb_stops_at_the_process_limit(root: Path, workspace: Path) -> None:
     # A uid of its own: RLIMIT_NPROC counts every process of a uid, so a bomb run as the
     # uid other tests' sandboxes use would make their starts fail (EAGAIN) meanwhile.
-    tool = make_tool(root, exec_max_processes=16, exec_uid=65533)
+    tool = make_tool(root, max_processes=16, uid=65533)
     counting = ("python3 -c \"import os,time\nn=0\nwhile n < 5000:\n"
                 " try: pid = os.fork()\n"
                 " except OSError as e: print('fork failed after', n, e.strerror); break\n"
@@ -248,7 +248,7 @@ async def test_an_infinite_loop_is_killed_at_the_timeout(root: Path, workspace: 
 
 
 async def test_cpu_memory_and_file_size_are_limited(root: Path, workspace: Path) -> None:
-    tool = make_tool(root, exec_cpu_seconds=1, exec_memory_mb=256, exec_max_file_mb=1)
+    tool = make_tool(root, cpu_seconds=1, memory_mb=256, max_file_mb=1)
     status, _ = status_and_output(await run(tool, workspace, "while :; do :; done", timeout=60))
     assert status.startswith("[exit code 152: the CPU time limit (1s) was reached"), status
 
@@ -263,7 +263,7 @@ async def test_cpu_memory_and_file_size_are_limited(root: Path, workspace: Path)
 
 
 async def test_a_100_mb_output_is_cut_at_the_cap(root: Path, workspace: Path) -> None:
-    result = await run(make_tool(root, exec_max_output_bytes=50_000), workspace,
+    result = await run(make_tool(root, max_output_bytes=50_000), workspace,
                        "head -c 100000000 /dev/zero | tr '\\0' a; echo never")
     status, output = status_and_output(result)
     assert status.startswith("[killed: output passed 50000 bytes")
@@ -284,7 +284,7 @@ async def test_the_parent_environment_is_not_visible(
 
 
 async def test_no_bwrap_means_no_exec(root: Path, workspace: Path) -> None:
-    tool = make_tool(root, exec_bwrap=str(root / "no-such-bwrap"))
+    tool = make_tool(root, bwrap=str(root / "no-such-bwrap"))
     with pytest.raises(ToolError) as caught:
         await run(tool, workspace, "touch ran.txt")
     assert caught.value.code == "SANDBOX_UNAVAILABLE"
@@ -307,7 +307,7 @@ async def test_a_bwrap_that_cannot_create_namespaces_means_no_exec(
     fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to creating new namespace' >&2\n"
                     "exit 1\n")
     fake.chmod(0o755)
-    tool = make_tool(root, exec_bwrap=str(fake))
+    tool = make_tool(root, bwrap=str(fake))
     for _ in range(2):  # the probe's verdict is kept, and kept refusing
         with pytest.raises(ToolError) as caught:
             await run(tool, workspace, "touch ran.txt")
@@ -318,7 +318,7 @@ async def test_a_bwrap_that_cannot_create_namespaces_means_no_exec(
 
 async def test_cancelling_the_call_kills_the_sandbox(root: Path, workspace: Path) -> None:
     marker = f"stopme{os.getpid()}"
-    tool = make_tool(root, exec_network_agents="default")
+    tool = make_tool(root, network_agents="default")
     async with listener() as (port, started):
         task = asyncio.create_task(run(tool, workspace, f"{SIGNAL.format(port=port)}; "
                                        f"sleep 60; echo {marker}", timeout=60))
@@ -386,7 +386,7 @@ async def test_stop_kills_the_sandbox_of_a_running_command(root: Path) -> None:
             "command": f"{SIGNAL.format(port=port)}; sleep 60; echo {marker}", "timeout": 120}}
         chat = await build_app([{"steps": [{"tool_calls": [call]}, {"reply": "never sent"}]}],
                                data_dir=root / "data", dm_policy="open",
-                               exec_network_agents=["default"],
+                               plugins={"plugins.exec_tool": {"network_agents": ["default"]}},
                                agents={"default": {"tools": {"allow": ["exec"]}}})
         try:
             await chat.say("run it")
@@ -566,8 +566,8 @@ def test_a_workspace_too_large_to_walk_is_cut_with_one_log_line(
 
 def sandbox_of(root: Path, *loosen: str) -> Sandbox:
     # The smallest limits there are: the canary must pass within them.
-    settings = Settings(data_dir=root / "data", exec_max_output_bytes=1_000,
-                        exec_max_processes=4, exec_memory_mb=64, exec_cpu_seconds=1)
+    settings = Settings(data_dir=root / "data", plugins={"plugins.exec_tool": {
+        "max_output_bytes": 1_000, "max_processes": 4, "memory_mb": 64, "cpu_seconds": 1}})
     return dataclasses.replace(Sandbox.from_settings(settings), loosen=loosen)
 
 
@@ -594,7 +594,8 @@ async def test_a_bubblewrap_without_disable_userns_is_used_and_said_to_be_weaker
     old.write_text("#!/bin/sh\nif [ \"$1\" = --help ]; then echo 'usage: bwrap [OPTIONS...]'; "
                    f"exit 0; fi\nexec {shutil.which('bwrap')} \"$@\"\n")
     old.chmod(0o755)
-    sandbox = Sandbox.from_settings(Settings(data_dir=root / "data", exec_bwrap=str(old)))
+    sandbox = Sandbox.from_settings(Settings(data_dir=root / "data",
+                                                plugins={"plugins.exec_tool": {"bwrap": str(old)}}))
     assert not sandbox.userns_disabled()
     canary = Canary(sandbox, Probe())
     verdict = await canary.check()

@@ -75,7 +75,9 @@ def test_env_example_has_one_empty_line_per_credential(tmp_path: Path) -> None:
              if line and not line.startswith("#")]
     secrets = [name for name, field in Settings.model_fields.items()
                if SecretStr in (field.annotation, *getattr(field.annotation, "__args__", ()))]
-    assert sorted(lines) == sorted(f"{env_name(n)}=" for n in secrets)
+    # The web and transcribe plugins' keys.
+    plugins = ["BRAVE_API_KEY=", "TAVILY_API_KEY=", "ROOST_TRANSCRIBE_API_KEY="]
+    assert sorted(lines) == sorted([f"{env_name(n)}=" for n in secrets] + plugins)
     assert "TELEGRAM_BOT_TOKEN=" in lines and "ANTHROPIC_API_KEY=" in lines
 
 
@@ -197,7 +199,7 @@ def test_config_show_masks_credentials_in_urls_and_marks_masked_lines(tmp_path: 
     assert "hunter22" not in out and "abc123" not in out and "sk-ant-secret-1" not in out
     assert ('openai_base_url = "http://bob:********@127.0.0.1:11434/v1"'
             "  # masked: not the real value") in out
-    assert 'searxng_url = "https://search.example/?token=********&q=x"' in out
+    assert '"searxng_url": "https://search.example/?token=********&q=x"' in out
     assert 'anthropic_api_key = "********"  # masked: not the real value' in out
     assert 'model = "claude' in out and "# masked" not in out.split("model =")[1].split("\n")[0]
 

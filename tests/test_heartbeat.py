@@ -26,7 +26,14 @@ from tests.test_runs import GateTools
 from workspaces import workspace_dir
 
 KEY = "default:test:direct:u1"
-ON: dict[str, Any] = {"heartbeat": True, "heartbeat_owner": "test:u1", "timezone": "Europe/Berlin"}
+HEARTBEAT = "plugins.heartbeat"
+ON: dict[str, Any] = {"plugins": {HEARTBEAT: {"enabled": True, "owner": "test:u1"}},
+                      "timezone": "Europe/Berlin"}
+
+
+def on(**table: Any) -> dict[str, Any]:
+    """:data:`ON` with more keys in the heartbeat's table."""
+    return {**ON, "plugins": {HEARTBEAT: {**ON["plugins"][HEARTBEAT], **table}}}
 # 10:00 UTC is 11:00 (winter) or 12:00 (summer) in Berlin: inside 08:00-22:00.
 NOON = dt.datetime(2026, 1, 15, 10, 0, tzinfo=dt.UTC)
 CHECKLIST = "# Heartbeat\n- Is the OVEN-TIMER done? Tell me if so.\n"
@@ -100,7 +107,7 @@ async def test_a_real_message_is_delivered_and_kept_in_the_conversation(
 ) -> None:
     provider = scripted(heartbeat_turn("The OVEN-TIMER is done."),
                         {"match": "^thanks", "reply": "You're welcome."})
-    app, channel, _ = await make_app(provider, heartbeat_chat="dm-7", **ON)
+    app, channel, _ = await make_app(provider, **on(chat="dm-7"))
     checklist(app)
     assert await Heartbeat(app.settings, lambda: NOON).beat(app.runtime) == "delivered"
     assert channel.replies == ["The OVEN-TIMER is done."]
@@ -125,7 +132,7 @@ def test_active_hours() -> None:
     assert dt.time(23, 0) in night and dt.time(5, 59) in night and dt.time(12, 0) not in night
     assert dt.time(3, 0) in ActiveHours.parse("00:00-24:00")
     for bad in ("8-22", "08:00-25:00", "24:00-08:00", "08:61-09:00"):
-        with pytest.raises(ValueError, match="heartbeat_active_hours"):
+        with pytest.raises(ValueError, match="active_hours"):
             ActiveHours.parse(bad)
 
 
@@ -189,15 +196,17 @@ async def test_jobs_and_the_sanitizer_are_offered_as_configured(tmp_path: Path) 
     assert not [s for s in await host.collect("roost_output_sanitizers", settings=off)
                 if s.name == "suppress_heartbeat_ack"]
 
-    on = Settings(data_dir=tmp_path, heartbeat_interval_minutes=45,
-                  memory_flush_every_hours=1.5, **ON)
-    jobs = await host.collect("roost_scheduled_jobs", settings=on)
+    table = on(interval_minutes=45)
+    table["plugins"]["plugins.memory"] = {"flush_every_hours": 1.5}
+    on_ = Settings(data_dir=tmp_path, **table)
+    jobs = await host.collect("roost_scheduled_jobs", settings=on_)
     assert sorted((j.name, j.schedule) for j in jobs if j.name != "error-retention") == [
         ("heartbeat", "every 45m"), ("memory_flush", "every 90m")]
-    assert [s for s in await host.collect("roost_output_sanitizers", settings=on)
+    assert [s for s in await host.collect("roost_output_sanitizers", settings=on_)
             if s.name == "suppress_heartbeat_ack"]
 
-    bad = Settings(data_dir=tmp_path, heartbeat=True, heartbeat_owner="nobody")
+    bad = Settings(data_dir=tmp_path,
+                   plugins={HEARTBEAT: {"enabled": True, "owner": "nobody"}})
     assert sorted(j.name for j in await host.collect("roost_scheduled_jobs", settings=bad)) == [
         "error-retention", "memory_flush"]
-    assert "heartbeat_owner" in host.errors["plugins.heartbeat"]
+    assert '[plugins."plugins.heartbeat"] owner' in host.errors["plugins.heartbeat"]

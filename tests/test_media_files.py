@@ -35,6 +35,7 @@ from bot.media.images import (
 from bot.media.sniff import sniff_mime
 from bot.storage.inbox import decode_message, decode_outbound, encode_message, encode_outbound
 from bot.storage.sessions import SessionStore
+from plugins.transcribe import TranscribeConfig
 from tests.media_helpers import jpeg, ogg_opus, png, png_bomb
 from workspaces import safe_file_name, store_file
 
@@ -327,11 +328,11 @@ def test_media_settings_have_their_defaults_and_the_transcriber_key_is_masked(
     settings = Settings(_env_file=None)
     assert (settings.media_max_file_mb, settings.media_max_files,
             settings.media_max_total_mb, settings.vision) == (20, 10, 50, True)
-    assert settings.transcribe_base_url == "http://127.0.0.1:9000/v1"
-    assert settings.transcribe_api_key is not None
-    assert settings.transcribe_api_key.get_secret_value() == "sk-secret-123"
-    masked = settings.masked()
-    assert masked["transcribe_api_key"] == "********" and "sk-secret" not in str(masked)
+    config = TranscribeConfig.model_validate(settings.plugins["plugins.transcribe"])
+    assert config.base_url == "http://127.0.0.1:9000/v1"
+    assert config.api_key is not None and config.api_key.get_secret_value() == "sk-secret-123"
+    masked = settings.masked()["plugins"]["plugins.transcribe"]
+    assert masked["api_key"] == "********" and "sk-secret" not in str(masked)
 
 
 def test_the_summarizer_is_told_which_files_a_message_had() -> None:

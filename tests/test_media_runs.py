@@ -178,7 +178,7 @@ async def test_a_voice_note_without_a_transcriber_gets_one_clear_line_and_no_mod
                             "voice-5.ogg. Please type your message instead."]
     assert chat.requests == []
     assert _workspace(chat).joinpath("inbox", _today(), "voice-5.ogg").is_file()
-    assert "transcribe_base_url" in caplog.text
+    assert 'base_url in [plugins."plugins.transcribe"]' in caplog.text
 
 
 class _Ears:

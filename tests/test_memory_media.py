@@ -27,7 +27,7 @@ async def test_the_scheduled_flush_sends_the_note_of_a_photo_not_the_photo(
         fake.reply_text("NO_REPLY")
         app, recorder = await create_app(
             None, data_dir=tmp_path, provider="anthropic", anthropic_api_key=ANTHROPIC_KEY,
-            anthropic_base_url=fake.base_url, memory_flush_min_messages=2)
+            anthropic_base_url=fake.base_url, plugins={"plugins.memory": {"flush_min_messages": 2}})
         chat = FileChat()
         try:
             await chat.attach(app, recorder)

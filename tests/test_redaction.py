@@ -83,7 +83,7 @@ def test_a_log_line_masks_a_url_exactly_as_config_show_does(
         captured: io.StringIO, url: str) -> None:
     redact.install([])
     logging.getLogger("some.lib").warning("calling %s failed", url)
-    shown = Settings(searxng_url=url).masked()["searxng_url"]
+    shown = Settings(openai_base_url=url).masked()["openai_base_url"]
     assert captured.getvalue() == f"some.lib calling {shown} failed\n"
     assert "hunter" not in shown
     assert "q=kept" in shown or "q=kept" not in url  # only secrets are masked

@@ -507,8 +507,9 @@ async def test_through_roost_a_voice_note_is_transcribed(
     async with FakeTranscriber(api_key="sk-voice") as whisper:
         whisper.transcript("remind me to call the dentist")
         app, provider, _ = await roost(make_tg, fake_telegram, {"reply": "Noted."},
-                                       transcribe_base_url=whisper.base_url,
-                                       transcribe_api_key="sk-voice")
+                                       plugins={"plugins.transcribe": {
+                                           "base_url": whisper.base_url,
+                                           "api_key": "sk-voice"}})
         data = ogg_opus(12)
         update = fake_telegram.voice(data, duration=12)
         await fake_telegram.wait_for("sendMessage")

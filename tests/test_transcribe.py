@@ -28,8 +28,8 @@ async def fake() -> AsyncIterator[FakeTranscriber]:
 
 
 def settings_for(fake: FakeTranscriber, **extra: Any) -> Settings:
-    return Settings(transcribe_base_url=fake.base_url, transcribe_api_key="sk-voice",
-                    transcribe_model="whisper-large-v3", **extra)
+    return Settings(plugins={"plugins.transcribe": {
+        "base_url": fake.base_url, "api_key": "sk-voice", "model": "whisper-large-v3"}}, **extra)
 
 
 async def test_a_voice_note_is_uploaded_as_multipart_and_its_text_comes_back(
@@ -77,8 +77,8 @@ async def test_a_refusal_becomes_a_one_line_media_error(fake: FakeTranscriber) -
 
 
 async def test_a_wrong_key_is_reported_without_the_key(fake: FakeTranscriber) -> None:
-    transcriber = OpenAITranscriber(Settings(transcribe_base_url=fake.base_url,
-                                             transcribe_api_key="sk-wrong-secret"))
+    transcriber = OpenAITranscriber(Settings(plugins={"plugins.transcribe": {
+        "base_url": fake.base_url, "api_key": "sk-wrong-secret"}}))
 
     with pytest.raises(MediaError) as caught:
         await transcriber.transcribe(b"OggS", "audio/ogg", "v.ogg")
@@ -91,7 +91,8 @@ async def test_a_wrong_key_is_reported_without_the_key(fake: FakeTranscriber) ->
 async def test_an_unreachable_server_is_named_in_the_error() -> None:
     async with FakeTranscriber() as gone:
         url = gone.base_url
-    transcriber = OpenAITranscriber(Settings(transcribe_base_url=url), max_retries=0)
+    transcriber = OpenAITranscriber(
+        Settings(plugins={"plugins.transcribe": {"base_url": url}}), max_retries=0)
 
     with pytest.raises(MediaError) as caught:
         await transcriber.transcribe(b"OggS", "audio/ogg", "v.ogg")
@@ -200,8 +201,8 @@ async def test_a_voice_note_reaches_the_model_as_its_transcript(
 ) -> None:
     fake.transcript("remind me to call the dentist")
     chat = await FileChat.join(await roost_app(
-        [{"reply": "Noted."}], transcribe_base_url=fake.base_url,
-        transcribe_api_key="sk-voice"))
+        [{"reply": "Noted."}],
+        plugins={"plugins.transcribe": {"base_url": fake.base_url, "api_key": "sk-voice"}}))
     voice = chat.add_file("voice-1.ogg", ogg_opus(12), "voice", mime_type="audio/ogg",
                           duration=12.0)
 
@@ -221,8 +222,8 @@ async def test_a_failed_transcription_tells_the_user_and_the_run_goes_on(
 ) -> None:
     fake.fail(400, "Audio file might be corrupted or unsupported")
     chat = await FileChat.join(await roost_app(
-        [{"reply": "I could not hear that."}], transcribe_base_url=fake.base_url,
-        transcribe_api_key="sk-voice"))
+        [{"reply": "I could not hear that."}],
+        plugins={"plugins.transcribe": {"base_url": fake.base_url, "api_key": "sk-voice"}}))
     voice = chat.add_file("voice-2.ogg", ogg_opus(2), "voice", mime_type="audio/ogg")
 
     await chat.say_with("listen", voice)

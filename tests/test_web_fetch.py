@@ -19,6 +19,7 @@ import pytest_asyncio
 from bot.config.settings import Settings
 from bot.testing.app import without_summary
 from bot.testing.web import FakeSite, TestCA
+from plugins.web.config import web_config
 from plugins.web.fetch import WebFetcher, default_max_chars, render, web_fetch_tool
 from plugins.web.ssrf import AddressPolicy, system_resolver
 from roost import ToolError
@@ -299,7 +300,7 @@ async def test_non_public_addresses_are_refused_without_a_request(
         site: FakeSite, host: str, reason: str) -> None:
     error = await fetch_error(fetcher(allow=[]), f"http://{host}:{site.port}/")
     assert error.code == "BLOCKED_ADDRESS" and not error.retryable
-    assert reason in str(error) and "web_allow_private" in str(error)
+    assert reason in str(error) and "allow_private in [plugins" in str(error)
     assert site.requests == []
 
 
@@ -423,12 +424,14 @@ async def test_the_system_resolver_lists_each_address_once() -> None:
     assert len(addresses) == len(set(addresses))
 
 
-def test_web_allow_private_takes_cidrs_from_toml_or_a_comma_list() -> None:
-    assert Settings(web_allow_private="127.0.0.1/32, 10.0.0.0/8").web_allow_private == \
-        ["127.0.0.1/32", "10.0.0.0/8"]
-    assert Settings().web_allow_private == []
+def test_allow_private_takes_cidrs_from_toml_or_a_comma_list() -> None:
+    table = {"plugins": {"plugins.web": {"allow_private": "127.0.0.1/32, 10.0.0.0/8"}}}
+    assert web_config(Settings(**table)).allow_private == ["127.0.0.1/32", "10.0.0.0/8"]
+    # The old top-level name lands in the same place.
+    assert web_config(Settings(web_allow_private="10.0.0.0/8")).allow_private == ["10.0.0.0/8"]
+    assert web_config(Settings()).allow_private == []
     with pytest.raises(ValueError, match="not a CIDR"):
-        Settings(web_allow_private=["intranet"])
+        web_config(Settings(plugins={"plugins.web": {"allow_private": ["intranet"]}}))
 
 
 # ----------------------------------------------------------------------- the tool
@@ -454,7 +457,7 @@ async def test_a_run_fetches_a_page_and_the_model_reads_it(roost_app: Any,
     chat = await roost_app(
         [{"steps": [{"tool_calls": [{"name": "web_fetch", "arguments": {"url": url}}]},
                     {"reply": "They sleep on perches."}]}],
-        web_allow_private=LOCAL)
+        plugins={"plugins.web": {"allow_private": LOCAL}})
     assert await chat.ask("where do chickens sleep? read " + url) == ["They sleep on perches."]
     assert "web_fetch" in [t.name for t in chat.requests[0].tools]
     answer = without_summary(chat.requests[1].messages[-1].content)
@@ -471,7 +474,7 @@ async def test_a_transient_failure_is_retried_by_the_executor_and_the_page_read(
     chat = await roost_app(
         [{"steps": [{"tool_calls": [{"name": "web_fetch", "arguments": {"url": url}}]},
                     {"reply": "read it"}]}],
-        web_allow_private=LOCAL)
+        plugins={"plugins.web": {"allow_private": LOCAL}})
     assert await chat.ask("news?") == ["read it"]
     answer = chat.requests[1].messages[-1]
     assert not answer.is_error and "Title: News" in answer.content
@@ -484,7 +487,7 @@ async def test_a_permanent_failure_is_not_retried(roost_app: Any, site: FakeSite
     chat = await roost_app(
         [{"steps": [{"tool_calls": [{"name": "web_fetch", "arguments": {"url": url}}]},
                     {"reply": "not there"}]}],
-        web_allow_private=LOCAL)
+        plugins={"plugins.web": {"allow_private": LOCAL}})
     assert await chat.ask("read it") == ["not there"]
     answer = chat.requests[1].messages[-1]
     assert answer.is_error and "Code HTTP_404: HTTP 404 Not Found from" in answer.content

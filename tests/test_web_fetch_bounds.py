@@ -100,7 +100,7 @@ async def test_deeply_nested_html_is_one_clean_error_not_retried(roost_app: Any,
     chat = await roost_app(
         [{"steps": [{"tool_calls": [{"name": "web_fetch", "arguments": {"url": url}}]},
                     {"reply": "unreadable"}]}],
-        web_allow_private=LOCAL)
+        plugins={"plugins.web": {"allow_private": LOCAL}})
     assert await chat.ask("read it") == ["unreadable"]
     answer = chat.requests[1].messages[-1]
     assert answer.is_error and "UNREADABLE" in answer.content
@@ -177,7 +177,7 @@ async def test_one_users_failures_never_pause_web_fetch_for_another(
         fetch = [{"steps": [{"tool_calls": [{"name": "web_fetch", "arguments": {"url": u}}]},
                             {"reply": "ok"}]} for u in (url, url, url, elsewhere, url)]
         # Without a key per user and host, bob's call below is refused with CIRCUIT_OPEN.
-        chat = await roost_app(fetch, web_allow_private=LOCAL)
+        chat = await roost_app(fetch, plugins={"plugins.web": {"allow_private": LOCAL}})
         await chat.ask("read", sender="alice")  # 3 attempts, 503 each
         await chat.ask("read", sender="alice")  # 2 more: alice's breaker for the site opens
         assert len(site.requests) == 5

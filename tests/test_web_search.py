@@ -26,6 +26,11 @@ HITS = [Hit("Chicken perches", "https://poultry.example/perches", "How high a pe
         Hit("Coop design", "https://coops.example/design", "Ventilation and perches.")]
 
 
+def web(**table: Any) -> dict[str, Any]:
+    """Settings keywords with ``table`` as the web plugin's ``[plugins."plugins.web"]``."""
+    return {"plugins": {"plugins.web": table}}
+
+
 @pytest_asyncio.fixture
 async def searxng() -> AsyncIterator[FakeSearxng]:
     async with FakeSearxng() as fake:
@@ -68,7 +73,8 @@ async def error_of(backend: SearchBackend, query: str = "perches", count: int = 
 async def test_searxng_results_come_back_as_a_numbered_list(roost_app: Any,
                                                             searxng: FakeSearxng) -> None:
     searxng.results(HITS)
-    chat = await roost_app(search_call("chicken perch height"), searxng_url=searxng.base_url)
+    chat = await roost_app(search_call("chicken perch height"),
+                           **web(searxng_url=searxng.base_url))
     assert await chat.ask("how high should a perch be?") == ["found"]
     assert "web_search" in tool_names(chat)
     result = without_summary(chat.requests[1].messages[-1].content)
@@ -84,8 +90,8 @@ async def test_searxng_results_come_back_as_a_numbered_list(roost_app: Any,
 async def test_brave_is_asked_with_its_key_and_its_markup_is_removed(
         roost_app: Any, brave: FakeBrave) -> None:
     brave.results(HITS)
-    chat = await roost_app(search_call("perches", count=2), brave_api_key=BRAVE_KEY,
-                           brave_api_base=brave.base_url)
+    chat = await roost_app(search_call("perches", count=2),
+                           **web(brave_api_key=BRAVE_KEY, brave_api_base=brave.base_url))
     assert await chat.ask("search") == ["found"]
     result = without_summary(chat.requests[1].messages[-1].content)
     assert result.startswith("Results for 'perches' (brave):\n1. Chicken perches\n")
@@ -98,8 +104,8 @@ async def test_brave_is_asked_with_its_key_and_its_markup_is_removed(
 async def test_tavily_is_asked_with_a_bearer_key_and_max_results(roost_app: Any,
                                                                  tavily: FakeTavily) -> None:
     tavily.results(HITS)
-    chat = await roost_app(search_call("coops", count=1), tavily_api_key=TAVILY_KEY,
-                           tavily_api_base=tavily.base_url)
+    chat = await roost_app(search_call("coops", count=1),
+                           **web(tavily_api_key=TAVILY_KEY, tavily_api_base=tavily.base_url))
     assert await chat.ask("search") == ["found"]
     result = without_summary(chat.requests[1].messages[-1].content)
     assert result == ("Results for 'coops' (tavily):\n1. Chicken perches\n"
@@ -118,9 +124,9 @@ async def test_without_a_backend_web_search_is_not_offered(roost_app: Any) -> No
 
 async def test_web_search_backend_picks_one_of_several(roost_app: Any, searxng: FakeSearxng,
                                                       tavily: FakeTavily) -> None:
-    chat = await roost_app(search_call("eggs"), searxng_url=searxng.base_url,
-                           tavily_api_key=TAVILY_KEY, tavily_api_base=tavily.base_url,
-                           web_search_backend="tavily")
+    chat = await roost_app(search_call("eggs"), **web(
+        searxng_url=searxng.base_url, tavily_api_key=TAVILY_KEY,
+        tavily_api_base=tavily.base_url, search_backend="tavily"))
     assert await chat.ask("search") == ["found"]
     assert "(tavily)" in chat.requests[1].messages[-1].content
     assert searxng.requests == [] and len(tavily.requests) == 1
@@ -128,11 +134,11 @@ async def test_web_search_backend_picks_one_of_several(roost_app: Any, searxng: 
 
 async def test_a_backend_named_but_not_configured_means_no_web_search(
         roost_app: Any, searxng: FakeSearxng, caplog: pytest.LogCaptureFixture) -> None:
-    chat = await roost_app([{"reply": "hi"}], searxng_url=searxng.base_url,
-                           web_search_backend="brave")
+    chat = await roost_app([{"reply": "hi"}], **web(searxng_url=searxng.base_url,
+                                                          search_backend="brave"))
     assert await chat.ask("hello") == ["hi"]
     assert "web_search" not in tool_names(chat)
-    assert "web_search_backend is 'brave'" in caplog.text and "searxng" in caplog.text
+    assert "search_backend is 'brave'" in caplog.text and "searxng" in caplog.text
 
 
 class Catalogue:
@@ -170,8 +176,8 @@ async def test_a_plugin_backend_serves_web_search_through_the_hook(roost_app: An
 
 async def test_a_backend_failure_reaches_the_model_as_an_error(roost_app: Any,
                                                               brave: FakeBrave) -> None:
-    chat = await roost_app(search_call("perches"), brave_api_key="BSA-wrong-key",
-                           brave_api_base=brave.base_url)
+    chat = await roost_app(search_call("perches"), **web(
+        brave_api_key="BSA-wrong-key", brave_api_base=brave.base_url))
     assert await chat.ask("search") == ["found"]
     result = chat.requests[1].messages[-1]
     assert result.is_error
@@ -185,10 +191,10 @@ async def test_a_backend_failure_reaches_the_model_as_an_error(roost_app: Any,
 
 async def test_the_built_in_backends_are_offered_only_when_configured() -> None:
     assert builtin_backends(Settings()) == []
-    names = [b.name for b in builtin_backends(Settings(
-        searxng_url="http://searx.lan", brave_api_key="b", tavily_api_key="t"))]
+    names = [b.name for b in builtin_backends(Settings(**web(
+        searxng_url="http://searx.lan", brave_api_key="b", tavily_api_key="t")))]
     assert names == ["searxng", "brave", "tavily"]
-    assert builtin_backends(Settings(brave_api_key="")) == []
+    assert builtin_backends(Settings(**web(brave_api_key=""))) == []
 
 
 async def test_searxng_without_the_json_format_says_how_to_enable_it() -> None:
@@ -288,14 +294,16 @@ async def test_snippets_are_one_plain_line_of_at_most_300_characters(
 
 
 def test_search_keys_are_masked_in_the_shown_configuration() -> None:
-    shown = Settings(brave_api_key=BRAVE_KEY, tavily_api_key=TAVILY_KEY).masked()
-    assert shown["brave_api_key"] == shown["tavily_api_key"] == "********"
+    shown = Settings(plugins={"plugins.web": {"brave_api_key": BRAVE_KEY,
+                                              "tavily_api_key": TAVILY_KEY}}).masked()
+    table = shown["plugins"]["plugins.web"]
+    assert table["brave_api_key"] == table["tavily_api_key"] == "********"
     assert BRAVE_KEY not in str(shown) and TAVILY_KEY not in str(shown)
 
 
 async def test_group_web_gives_both_tools_to_an_agent_whose_profile_has_neither(
         roost_app: Any, searxng: FakeSearxng) -> None:
-    chat = await roost_app([{"reply": "hi"}], searxng_url=searxng.base_url,
+    chat = await roost_app([{"reply": "hi"}], **web(searxng_url=searxng.base_url),
                            agents={"default": {"tools": {"profile": "minimal",
                                                          "allow": ["group:web"]}}})
     assert await chat.ask("hello") == ["hi"]

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pydantic import AliasChoices, SecretStr
 
+from bot.config.moved import CREDENTIALS, MOVED, SERVICE_ENV
 from bot.config.settings import Settings
 
 CONFIG_NAME = "roost.toml"
@@ -59,6 +60,13 @@ data_dir = "data"
 # agent = "support"
 # chat_id = "-100123456"
 
+# A built-in plugin's settings are in its own table (`roost config show` lists them
+# all with their defaults), e.g. the web tools' and the sandboxed exec's:
+# [plugins."plugins.web"]
+# searxng_url = "http://searx.lan:8080"    # web_search (or BRAVE_API_KEY in .env)
+# [plugins."plugins.exec_tool"]
+# timeout = 30
+
 # Tools of an MCP server:
 # [mcp.servers.github]
 # command = "npx"
@@ -74,12 +82,17 @@ _HINTS = {
     "slack_bot_token": "Slack: the bot token plus SLACK_SIGNING_SECRET (Events API over HTTP)\n"
                        "# or SLACK_APP_TOKEN (Socket Mode).",
     "brave_api_key": "Web search backends (optional).",
-    "transcribe_api_key": "Voice notes: the key of transcribe_base_url's server (optional).",
+    "transcribe_api_key": "Voice notes: the key of the transcription server (optional).",
 }
 
 
 def env_name(name: str) -> str:
-    """The environment variable of setting ``name``: the SDK's own name when it has one."""
+    """The environment variable of setting ``name``: the SDK's own name when it has one.
+
+    A plugin credential's (:data:`~bot.config.moved.CREDENTIALS`): its variable that
+    works without a deprecation line."""
+    if name in MOVED:
+        return next(env for env, place in SERVICE_ENV.items() if place == MOVED[name])
     field = Settings.model_fields[name]
     if isinstance(field.validation_alias, AliasChoices):
         return str(field.validation_alias.choices[0])
@@ -87,9 +100,9 @@ def env_name(name: str) -> str:
 
 
 def credential_names() -> list[str]:
-    """The settings that hold secrets, in their declaration order."""
+    """The settings that hold secrets, in their declaration order, then plugins' credentials."""
     return [name for name, field in Settings.model_fields.items()
-            if SecretStr in _types(field.annotation)]
+            if SecretStr in _types(field.annotation)] + list(CREDENTIALS)
 
 
 def _types(annotation: object) -> tuple[object, ...]:

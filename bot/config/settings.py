@@ -7,7 +7,6 @@ defaults. A bad value fails at start with a message naming the key.
 
 from __future__ import annotations
 
-import ipaddress
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -32,6 +31,7 @@ from bot.config.budgets import BudgetConfig
 from bot.config.masking import SECRET_MASK, find_mask, mask_tree, mask_urls
 from bot.config.mcp import McpConfig
 from bot.config.mcp import masked as _masked_mcp
+from bot.config.moved import MovedEnv, relocate
 from bot.config.sources import KnownNames, TomlSource, toml_data
 
 GuardMode = Literal["off", "log", "warn", "block"]
@@ -54,7 +54,10 @@ def _env(name: str, field_name: str) -> Any:
 
 
 class Settings(BaseSettings):
-    """Every setting Roost reads. Field ``x`` is ``x`` in roost.toml, ``ROOST_X`` in the env."""
+    """Every setting the core reads. Field ``x`` is ``x`` in roost.toml, ``ROOST_X`` in the env.
+
+    Built-in plugins' settings are in their ``[plugins.<name>]`` tables
+    (:mod:`bot.config.moved` maps their old top-level names there)."""
 
     model_config = SettingsConfigDict(
         env_prefix="ROOST_", extra="forbid", case_sensitive=False, populate_by_name=True,
@@ -153,12 +156,6 @@ class Settings(BaseSettings):
     vision: bool = True
     """Whether the model takes images and PDFs; ``false`` sends a text note instead
     (per agent: ``[agents.<name>] vision``)."""
-    transcribe_base_url: str | None = None
-    """An OpenAI-compatible ``/v1/audio/transcriptions`` server for voice notes."""
-    transcribe_model: str = "whisper-1"
-    """The model name sent to the transcription server."""
-    transcribe_api_key: SecretStr | None = None
-    """The transcription server's API key."""
     max_history_messages: int = Field(200, ge=2)
     """Messages of history read for one run."""
 
@@ -328,95 +325,6 @@ class Settings(BaseSettings):
     """Scheduled jobs one user may have."""
     cron_min_interval_seconds: int = Field(60, ge=1)
     """The shortest interval a recurring job may have."""
-    memory_flush_every_hours: float = Field(6.0, gt=0)
-    """How often idle sessions get a scheduled memory flush."""
-    memory_flush_idle_minutes: float = Field(30.0, gt=0)
-    """A session idle this long is due for the scheduled flush."""
-    memory_flush_min_messages: int = Field(10, ge=1)
-    """Unsaved messages a session needs for the scheduled flush."""
-    heartbeat: bool = False
-    """Run a short turn with the owner's ``HEARTBEAT.md`` every interval."""
-    heartbeat_interval_minutes: int = Field(30, ge=5)
-    """Minutes between heartbeats."""
-    heartbeat_active_hours: str = "08:00-22:00"
-    """Local hours (``timezone``) in which the heartbeat runs."""
-    heartbeat_owner: str | None = None
-    """``channel:user_id`` whose direct chat and workspace the heartbeat uses."""
-    heartbeat_chat: str | None = None
-    """The owner's direct chat id on that channel, when it differs from the user id."""
-
-    # Web tools (plugins/web): web_fetch, and web_search when a backend is configured.
-    web_allow_private: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    """CIDRs web_fetch may reach although they are loopback, private, link-local or
-    otherwise not public (self-hosted sites), e.g. ``["10.0.0.0/8"]`` (comma-separated
-    in the env); empty: public addresses only."""
-    web_fetch_max_bytes: int = Field(5_000_000, ge=1)
-    """A response body larger than this is refused (the download stops there)."""
-    web_fetch_timeout: float = Field(20.0, gt=0)
-    """Seconds for one fetch, redirects and download included (also each search request)."""
-    web_max_redirects: int = Field(5, ge=0)
-    """Redirects web_fetch follows, each checked like the first URL."""
-    web_search_backend: str | None = None
-    """The search backend web_search uses (``searxng``, ``brave``, ``tavily`` or a
-    plugin's); unset: the first configured one. None configured: no web_search."""
-    searxng_url: str | None = None
-    """A SearXNG instance with the JSON format enabled, e.g. ``http://searx.lan:8080``."""
-    brave_api_key: SecretStr | None = Field(
-        None, validation_alias=_env("BRAVE_API_KEY", "brave_api_key"))
-    """``BRAVE_API_KEY``: the Brave Search API as web_search's backend."""
-    brave_api_base: str = "https://api.search.brave.com"
-    """The Brave Search API's address."""
-    tavily_api_key: SecretStr | None = Field(
-        None, validation_alias=_env("TAVILY_API_KEY", "tavily_api_key"))
-    """``TAVILY_API_KEY``: Tavily as web_search's backend."""
-    tavily_api_base: str = "https://api.tavily.com"
-    """The Tavily API's address."""
-
-    @field_validator("web_allow_private", mode="before")
-    @classmethod
-    def _split_networks(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value
-
-    @field_validator("web_allow_private")
-    @classmethod
-    def _check_networks(cls, value: list[str]) -> list[str]:
-        for entry in value:
-            try:
-                ipaddress.ip_network(entry, strict=False)
-            except ValueError:
-                raise ValueError(f"{entry!r} is not a CIDR such as 10.0.0.0/8") from None
-        return value
-
-    # Sandboxed exec (plugins/exec_tool.py): offered only to agents whose policy allows "exec".
-    exec_bwrap: str = "bwrap"
-    """The bubblewrap binary (a name on PATH or a path); exec refuses to run without it."""
-    exec_timeout: float = Field(30.0, gt=0)
-    """Wall-clock seconds a command may run when the model asks for no ``timeout``."""
-    exec_max_timeout: float = Field(300.0, gt=0)
-    """The longest ``timeout`` the model may ask for."""
-    exec_cpu_seconds: int = Field(60, ge=1)
-    """CPU seconds of each process in the sandbox (RLIMIT_CPU)."""
-    exec_memory_mb: int = Field(1024, ge=64)
-    """Address space of each process in the sandbox (RLIMIT_AS)."""
-    exec_max_processes: int = Field(64, ge=4)
-    """Processes and threads the sandbox may add (RLIMIT_NPROC): fork bombs stop here."""
-    exec_max_file_mb: int = Field(100, ge=1)
-    """The largest file a sandboxed command may write (RLIMIT_FSIZE)."""
-    exec_max_output_bytes: int = Field(200_000, ge=1_000)
-    """Output read from a command; past it the command is stopped."""
-    exec_network_agents: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    """Agents whose commands may reach the network (comma-separated in the env); none by default."""
-    exec_uid: int = Field(65534, ge=1)
-    """When Roost runs as root, commands run as this uid and gid (root ignores process limits)."""
-
-    @field_validator("exec_network_agents", mode="before")
-    @classmethod
-    def _split_exec_agents(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value
 
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """``[plugins.<name>]``: each plugin's own settings, validated by its config model."""
@@ -437,6 +345,12 @@ class Settings(BaseSettings):
     """Seconds a resolved agent is reused before its configuration is resolved again."""
     config_file: Path | None = None
     """The roost.toml this was read from (set by ``load_settings``; ``/agent reload``)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_names(cls, data: Any) -> Any:
+        # Old top-level names of plugin settings (keywords, `.env`): into their tables.
+        return relocate(data, replace=True) if isinstance(data, dict) else data
 
     @model_validator(mode="after")
     def _bindings_name_agents(self) -> Settings:
@@ -468,7 +382,8 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, KnownNames(settings_cls, dotenv_settings),
+        return (init_settings, env_settings, MovedEnv(settings_cls),
+                KnownNames(settings_cls, dotenv_settings),
                 TomlSource(settings_cls))
 
     @property

@@ -13,6 +13,8 @@ from typing import Any
 from pydantic import AliasChoices
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
+from bot.config.moved import SERVICE_ENV, relocate
+
 toml_data: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "roost_toml_data", default=None
 )
@@ -26,7 +28,7 @@ class TomlSource(PydanticBaseSettingsSource):
         return None, field_name, False
 
     def __call__(self) -> dict[str, Any]:
-        return dict(toml_data.get() or {})
+        return relocate(toml_data.get() or {}, replace=False)
 
 
 class KnownNames(PydanticBaseSettingsSource):
@@ -50,5 +52,16 @@ class KnownNames(PydanticBaseSettingsSource):
             if isinstance(field.validation_alias, AliasChoices):
                 known.update(str(c).lower() for c in field.validation_alias.choices)
         # An empty value (``NAME=`` as .env.example has it) means unset, not "".
-        return {k: v for k, v in self.inner().items() if v not in ("", None)
+        data = self.inner()
+        kept = {k: v for k, v in data.items() if v not in ("", None)
+                and k.upper() not in SERVICE_ENV
                 and (k.lower() in known or k.lower().startswith("roost_"))}
+        # The services' own variables of moved settings (BRAVE_API_KEY): their tables.
+        service = {k.upper(): v for k, v in data.items()
+                   if k.upper() in SERVICE_ENV and v not in ("", None)}
+        if service:
+            tables = kept.setdefault("plugins", {})
+            for name, value in service.items():
+                plugin, key = SERVICE_ENV[name]
+                tables.setdefault(plugin, {}).setdefault(key, value)
+        return kept

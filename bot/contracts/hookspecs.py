@@ -385,7 +385,9 @@ def roost_plugin_config_model() -> type[BaseModel] | None:
       available as `services.plugin_config("<name>")` (in `roost_tools`) and
       `app.plugin_config("<name>")` (e.g. `ctx.app` in a command). Invalid configuration disables
       just this plugin, with a log line and an entry in `roost plugins list` naming the bad keys;
-      the service still starts. Use `extra="forbid"` so typos are errors.
+      the service still starts (a built-in plugin's bad table stops the start instead, like a
+      bad core setting). `roost config show` prints the validated table, defaults included.
+      Use `extra="forbid"` so typos are errors.
 
     ```python
     from roost import hookimpl
@@ -422,7 +424,7 @@ def roost_transcriber(settings: SettingsModel) -> Transcriber | None:
       the sender's `inbox/`. Raise `MediaError("one line for the user")` when transcribing
       fails: the user is told, and the rest of the message is still answered. Without any
       transcriber, the user is told that voice is not set up. The built-in one
-      (`transcribe_base_url`, or local faster-whisper from `.[voice]`) is an example.
+      (a `base_url` in its table, or local faster-whisper from `.[voice]`) is an example.
 
     ```python
     from roost import MediaError, hookimpl
@@ -453,7 +455,7 @@ def roost_search_backends(settings: SettingsModel) -> list[SearchBackend] | Sear
       (their URL or key set). A backend has a `name` and `async search(query, count)` returning at
       most `count` `SearchResult(title, url, snippet)`, best first; it raises `ToolError` for
       failures the model should read (`retryable=True` for timeouts, rate limits and 5xx) and never
-      puts its key in a message. `web_search` uses the backend named by the `web_search_backend`
+      puts its key in a message. `web_search` uses the backend named by the `search_backend`
       setting, else the first offered (the built-ins `searxng`, `brave` and `tavily` come from
       `plugins/web`); with none offered, `web_search` is not offered at all.
 

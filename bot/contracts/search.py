@@ -3,7 +3,7 @@
 A backend turns a query into a few results. Roost ships SearXNG, Brave Search and
 Tavily (``plugins/web``); a plugin adds another by returning a
 :class:`SearchBackend` from ``roost_search_backends`` when it is configured. The
-``web_search_backend`` setting names the one to use (else the first offered).
+``search_backend`` of ``[plugins."plugins.web"]`` names the one to use (else the first offered).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class SearchResult:
 class SearchBackend(Protocol):
     """A search engine ``web_search`` can ask.
 
-    ``name`` is what ``web_search_backend`` selects it by. ``search`` returns at
+    ``name`` is what ``search_backend`` selects it by. ``search`` returns at
     most ``count`` results, best first, and raises :class:`bot.contracts.tools.ToolError`
     for failures the model should read (``retryable=True`` for those worth
     another try: timeouts, rate limits, 5xx). Never put the API key in an error.

@@ -50,7 +50,7 @@ MB = 1024 * 1024
 NO_TRANSCRIBER_NOTICE = ("Voice messages are not set up here, so I cannot listen to {name}. "
                          "Please type your message instead.")
 NO_TRANSCRIBER_HINT = ("a voice note arrived but no transcriber is configured: set "
-                       "transcribe_base_url (ROOST_TRANSCRIBE_BASE_URL) to an OpenAI-compatible "
+                       "base_url in [plugins.\"plugins.transcribe\"] to an OpenAI-compatible "
                        "/v1/audio/transcriptions server, or install a plugin that offers "
                        "roost_transcriber")
 

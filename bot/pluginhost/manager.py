@@ -23,6 +23,7 @@ from typing import Any
 
 import pluggy
 
+from bot.config.settings import SetupError
 from bot.contracts import hookspecs
 from bot.contracts.health import HealthReport
 from bot.contracts.runtime import Runtime
@@ -216,7 +217,8 @@ class PluginHost:
         """Validate each plugin's ``[plugins.<name>]`` table against its config model.
 
         A plugin whose configuration does not validate is disabled (not
-        persisted), named in ``errors`` and ``bad_config``; the others run.
+        persisted), named in ``errors`` and ``bad_config``; the others run. A built-in
+        plugin's bad table raises :class:`SetupError` naming the key instead.
         """
         from pydantic import BaseModel, ValidationError
 
@@ -236,6 +238,11 @@ class PluginHost:
                     problems = "; ".join(
                         f"{'.'.join(str(p) for p in e['loc']) or '(table)'}: {e['msg']}"
                         for e in exc.errors())
+                    info = self.info.get(name)
+                    if info is not None and info.builtin:
+                        # Roost's own settings: a bad value stops the start, as a core one does.
+                        raise SetupError(f'invalid config: [plugins."{name}"] {problems}'
+                                         ) from None
                     self._bad_config(name, f"invalid configuration in [plugins.{name}]: "
                                            f"{problems}")
                 except Exception as exc:

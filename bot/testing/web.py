@@ -1,8 +1,9 @@
 """Local fakes for the web tools: a website, and the SearXNG, Brave and Tavily search APIs.
 
 Each is an aiohttp server on a free port of 127.0.0.1 speaking the real thing's
-HTTP, so the web tools run unchanged against it (with ``web_allow_private =
-["127.0.0.1/32"]`` for the site, and the API bases pointed at the fakes)::
+HTTP, so the web tools run unchanged against it (with ``allow_private =
+["127.0.0.1/32"]`` in the web plugin's table for the site, and the API bases pointed
+at the fakes)::
 
     async with FakeSite() as site:
         site.page("/", "<html><head><title>Hi</title></head><body>...</body></html>")
@@ -11,7 +12,7 @@ HTTP, so the web tools run unchanged against it (with ``web_allow_private =
 
     async with FakeBrave(api_key="k") as brave:
         brave.results([Hit("Roost", "https://roost.example/", "an agent")])
-        # settings: brave_api_key="k", brave_api_base=brave.base_url
+        # [plugins."plugins.web"] brave_api_key = "k", brave_api_base = brave.base_url
 
 :class:`FakeSite` records every request it serves (``requests``: path, Host
 header...). ``page``, ``redirect``, ``fail``, ``fail_first`` (the next requests

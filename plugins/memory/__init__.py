@@ -8,10 +8,11 @@ daily notes and ``MEMORY.md``. This plugin adds
 * ``memory_get {path, from_line?, lines?}``: a slice of one memory file
   (:mod:`.tools`);
 * a full-mode prompt section with today's and yesterday's daily notes (:mod:`.notes`);
-* the ``memory_flush`` job (:mod:`.flush`): every ``memory_flush_every_hours``
-  it gives each conversation that has been idle for ``memory_flush_idle_minutes``
-  and has at least ``memory_flush_min_messages`` messages it has not flushed
-  yet one minimal, tool-limited run to store durable memories.
+* the ``memory_flush`` job (:mod:`.flush`): every ``flush_every_hours``
+  it gives each conversation that has been idle for ``flush_idle_minutes``
+  and has at least ``flush_min_messages`` messages it has not flushed
+  yet one minimal, tool-limited run to store durable memories (the keys of
+  its ``[plugins."plugins.memory"]`` table, :mod:`.config`).
 
 Its tables (the search index, the flush's state) are its own, migrated under
 the schema name ``memory`` (:mod:`.state`).
@@ -19,6 +20,7 @@ the schema name ``memory`` (:mod:`.state`).
 
 from __future__ import annotations
 
+from plugins.memory.config import MemoryConfig
 from plugins.memory.flush import MemoryFlushJob, flush_message, scheduled_flush_prompt
 from plugins.memory.notes import MAX_DAILY_NOTE_CHARS, daily_notes, today_utc
 from plugins.memory.state import MIGRATIONS
@@ -39,12 +41,19 @@ __all__ = [
     "MemoryFlushJob",
     "flush_message",
     "roost_migrations",
+    "roost_plugin_config_model",
     "roost_prompt_sections",
     "roost_scheduled_jobs",
     "roost_tools",
     "scheduled_flush_prompt",
     "today_utc",
 ]
+
+
+@hookimpl
+def roost_plugin_config_model() -> type[MemoryConfig]:
+    """The ``[plugins."plugins.memory"]`` table."""
+    return MemoryConfig
 
 
 @hookimpl

@@ -1,7 +1,7 @@
 """The scheduled memory flush: quiet conversations get one run to store durable memories.
 
-Every ``memory_flush_every_hours`` each conversation that has been idle for
-``memory_flush_idle_minutes`` and has at least ``memory_flush_min_messages``
+Every ``flush_every_hours`` each conversation that has been idle for
+``flush_idle_minutes`` and has at least ``flush_min_messages``
 messages it has not flushed yet gets one minimal, tool-limited run. Which
 sessions are quiet and how long they are comes from the session store; what
 was flushed is this plugin's own table (:mod:`plugins.memory.state`).
@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from plugins.memory.config import memory_config
 from plugins.memory.notes import today_utc
 from plugins.memory.state import NEVER, FlushStates
 
@@ -70,10 +71,10 @@ class FlushCandidate:
 class MemoryFlushJob:
     """The scheduled memory flush: which sessions qualify, the flush run, the record.
 
-    A session qualifies when it has been idle for ``memory_flush_idle_minutes``,
-    has at least ``memory_flush_min_messages`` messages since its last
+    A session qualifies when it has been idle for ``flush_idle_minutes``,
+    has at least ``flush_min_messages`` messages since its last
     successful scheduled flush, and was not tried yet in the current window
-    (``memory_flush_every_hours``, counted from the Unix epoch, so a restart
+    (``flush_every_hours``, counted from the Unix epoch, so a restart
     or a late fire inside the same window does not flush it twice). It is
     skipped, and not recorded, while it has a run in flight or queued, or while
     it is being compacted. ``clock`` returns Unix time (tests move it).
@@ -81,8 +82,9 @@ class MemoryFlushJob:
 
     def __init__(self, settings: Settings, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
+        self.config = memory_config(settings)
         self.clock = clock
-        self.window = settings.memory_flush_every_hours * 3600
+        self.window = self.config.flush_every_hours * 3600
 
     def spec(self) -> JobSpec:
         """The job, for ``roost_scheduled_jobs``."""
@@ -111,8 +113,8 @@ class MemoryFlushJob:
 
     async def candidates(self, app: Runtime, now: float, window: int) -> list[FlushCandidate]:
         """Sessions idle long enough, with enough unflushed messages, not tried this window."""
-        s = self.settings
-        idle = await app.store.idle_sessions(before=now - s.memory_flush_idle_minutes * 60)
+        c = self.config
+        idle = await app.store.idle_sessions(before=now - c.flush_idle_minutes * 60)
         states = await self._states(app).get([a.id for a in idle])
         # Activity since the last flush comes first: it skips counting the messages
         # of every session that has been quiet since, which is most of them.
@@ -123,7 +125,7 @@ class MemoryFlushJob:
         return [FlushCandidate(a.id, a.key, a.updated_at, total, state.flushed_count)
                 for a, state in fresh
                 if (total := counts.get(a.id, 0)) - state.flushed_count
-                >= s.memory_flush_min_messages]
+                >= c.flush_min_messages]
 
     async def flush(self, app: Runtime, candidate: FlushCandidate, window: int) -> bool:
         """Run the flush for one session and record it; returns whether it succeeded.

@@ -41,7 +41,7 @@ CREATE VIRTUAL TABLE IF NOT EXISTS memory_fts USING fts5(
     text, tokenize = 'porter unicode61 remove_diacritics 2'
 );
 -- Per session: the message count and the activity time its last successful
--- scheduled flush covered, and the window (memory_flush_every_hours, counted
+-- scheduled flush covered, and the window (flush_every_hours, counted
 -- from the epoch) it was last tried in. No foreign key: sessions are Roost's.
 CREATE TABLE memory_flush_state (
     session_id INTEGER PRIMARY KEY,

@@ -2,8 +2,8 @@
 
 The download (:class:`WebFetcher`): every hop checked by :mod:`plugins.web.ssrf`
 and sent to the checked address; redirects followed by hand, at most
-``web_max_redirects``; the body streamed and abandoned past
-``web_fetch_max_bytes``; the whole fetch within ``web_fetch_timeout``; no
+``max_redirects``; the body streamed and abandoned past
+``fetch_max_bytes``; the whole fetch within ``fetch_timeout``; no
 proxies from the environment (they would resolve names themselves).
 
 The conversion (:func:`convert`), by content type: HTML to Markdown (the page
@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from plugins.web._http import USER_AGENT, default_tls, status_error, transport_error, web_error
+from plugins.web.config import web_config
 from plugins.web.markup import TooDeep, reduce_html
 from plugins.web.ssrf import AddressPolicy, Guard, Resolver, Target, check_url, system_resolver
 from roost import (
@@ -145,10 +146,11 @@ class WebFetcher:
     @classmethod
     def from_settings(cls, settings: Settings, *, resolver: Resolver | None = None,
                       verify: ssl.SSLContext | bool = True) -> WebFetcher:
-        """A fetcher with the ``web_*`` settings' limits and allowlist."""
-        return cls(allow_private=settings.web_allow_private,
-                   max_bytes=settings.web_fetch_max_bytes, timeout=settings.web_fetch_timeout,
-                   max_redirects=settings.web_max_redirects, resolver=resolver, verify=verify)
+        """A fetcher with the web table's limits and allowlist."""
+        config = web_config(settings)
+        return cls(allow_private=config.allow_private, max_bytes=config.fetch_max_bytes,
+                   timeout=config.fetch_timeout, max_redirects=config.max_redirects,
+                   resolver=resolver, verify=verify)
 
     async def fetch(self, url: str) -> Page:
         """Download ``url`` and convert it (on the conversion thread, one at a time)."""
@@ -312,10 +314,10 @@ def _follow(current: httpx.URL, location: str) -> httpx.URL:
 
 def _too_large(url: httpx.URL, declared: int | None, cap: int) -> ToolError:
     if declared is not None:
-        what = f"{declared} bytes, over the {cap}-byte limit (web_fetch_max_bytes); " \
+        what = f"{declared} bytes, over the {cap}-byte limit (fetch_max_bytes); " \
                "nothing was downloaded"
     else:
-        what = f"over the {cap}-byte limit (web_fetch_max_bytes); the download was stopped"
+        what = f"over the {cap}-byte limit (fetch_max_bytes); the download was stopped"
     return web_error(f"too large: {what}. URL: {url}", "TOO_LARGE", url=url, limit=cap,
                      action="Look for a smaller page or a text version")
 

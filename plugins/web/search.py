@@ -29,7 +29,7 @@ MAX_QUERY = 400
 
 
 def choose_backend(wanted: str | None, offered: Iterable[SearchBackend]) -> SearchBackend | None:
-    """The backend named ``wanted`` (``web_search_backend``), else the first offered."""
+    """The backend named ``wanted`` (the web table's ``search_backend``), else the first offered."""
     backends = list(offered)
     if wanted is None:
         return backends[0] if backends else None
@@ -37,7 +37,7 @@ def choose_backend(wanted: str | None, offered: Iterable[SearchBackend]) -> Sear
         if backend.name == wanted:
             return backend
     names = ", ".join(b.name for b in backends) or "none"
-    log.warning("web_search_backend is %r, but no such backend is configured (configured: "
+    log.warning("search_backend is %r, but no such backend is configured (configured: "
                 "%s); web_search is not offered", wanted, names)
     return None
 

@@ -8,7 +8,7 @@ is never trusted. Every hop (the first request and each redirect) is checked:
   address it resolves to must be public: loopback, private, link-local, shared
   (CGNAT), multicast, reserved, unspecified and cloud metadata addresses are
   refused, also when hidden in an IPv6 form (IPv4-mapped, 6to4, Teredo, NAT64);
-* ``web_allow_private`` CIDRs let chosen addresses through (self-hosted sites).
+* ``allow_private`` CIDRs let chosen addresses through (self-hosted sites).
 
 The request then goes to the checked address itself (:class:`Target`), with the
 host name kept in ``Host`` and in TLS (SNI and certificate checks), so a second
@@ -169,8 +169,8 @@ class Guard:
                     else f"{host} resolves to {address},"
                 raise web_error(
                     f"{shown} {reason}: refused. web_fetch reaches only public addresses "
-                    "(an admin can allow a private range with the web_allow_private "
-                    f"setting). URL: {str(parsed)[:200]}", "BLOCKED_ADDRESS",
+                    "(an admin can allow a private range with allow_private in "
+                    f"[plugins.\"plugins.web\"]). URL: {str(parsed)[:200]}", "BLOCKED_ADDRESS",
                     error_type="permission_denied", url=parsed, address=str(address),
                     action="Use a public URL; do not retry this one")
         return Target(parsed, tuple(addresses))

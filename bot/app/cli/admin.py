@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from bot.config.settings import Settings
+from bot.config.settings import Settings, SetupError
 
 if TYPE_CHECKING:
     from bot.storage.errors import ErrorStore
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 from bot.app.cli.base import (
     EXIT_SETUP,
+    _fail,
     _run_async,
     _settings,
     _setup_logging,
@@ -40,7 +41,9 @@ def config_show(ctx: click.Context) -> None:
     from bot.config.masking import SECRET_MASK
 
     settings = _settings(ctx)
-    for key, value in settings.masked().items():
+    shown = settings.masked()
+    shown["plugins"] = _plugin_tables(settings)
+    for key, value in shown.items():
         if value is None:
             echo(f"# {key} = (unset)")
             continue
@@ -49,6 +52,29 @@ def config_show(ctx: click.Context) -> None:
             # Roost refuses the mask as a value, so a pasted-back line fails loudly.
             line += "  # masked: not the real value"
         echo(line)
+
+
+def _plugin_tables(settings: Settings) -> dict[str, Any]:
+    """Every plugin's table as it takes effect (defaults included), secrets masked."""
+    from pydantic import SecretStr
+
+    from bot.config.masking import SECRET_MASK, mask_tree, mask_urls
+    from bot.pluginhost.manager import get_plugin_manager
+
+    host = get_plugin_manager()
+    try:
+        asyncio.run(host.validate_configs(settings.plugins))
+    except SetupError as exc:  # a built-in plugin's bad [plugins.<name>] value
+        _fail(str(exc))
+        sys.exit(EXIT_SETUP)
+    tables = {name: mask_tree(table) for name, table in settings.plugins.items()}
+    for name, config in host.config.items():
+        table = config.model_dump(mode="json")
+        for key, value in config:
+            if isinstance(value, SecretStr):
+                table[key] = SECRET_MASK if value.get_secret_value() else None
+        tables[name] = mask_tree(table)
+    return {name: mask_urls(table) for name, table in sorted(tables.items())}
 
 
 @cli.group()

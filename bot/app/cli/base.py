@@ -55,19 +55,46 @@ def _fail(message: str) -> None:
         echo(f"roost: {message}", err=True)
 
 
+class _Held(logging.Handler):
+    """Keeps the records of loading the settings until their log format is known."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
 def _settings(ctx: click.Context, **overrides: Any) -> Settings:
+    held = _Held()
+    config_log = logging.getLogger("roost.config")  # deprecated setting names
+    config_log.addHandler(held)
+    config_log.propagate = False
     try:
         settings = load_settings(ctx.obj.get("config"), **overrides)
     except ConfigError as exc:
+        _say(held.records, "text")
         echo(f"roost: {exc}", err=True)
         sys.exit(EXIT_SETUP)
+    finally:
+        config_log.removeHandler(held)
+        config_log.propagate = True
     # Before anything can log: no configured secret reaches any log line.
     redact.install(redact.secrets_of(settings))
+    _say(held.records, settings.log_format)
     if settings.plugins_dir is not None:
         from bot.app.plugins_dir import use_plugins_dir
 
         use_plugins_dir(settings.plugins_dir)
     return settings
+
+
+def _say(records: list[logging.LogRecord], fmt: str) -> None:
+    """Write ``records`` to stderr as the configured log format would."""
+    formatter = logformat.JsonFormatter() if fmt == "json" else logformat.TextFormatter()
+    for record in records:
+        echo(formatter.format(record), err=True)
 
 
 def _run(coro: Coroutine[Any, Any, T], what: str = "") -> T:

@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from bot.config.settings import Settings
+from bot.config.settings import Settings, SetupError
 
 if TYPE_CHECKING:
     pass
 
 
-from bot.app.cli.base import _run, _settings, cli, database_of, echo
+from bot.app.cli.base import EXIT_SETUP, _fail, _run, _settings, cli, database_of, echo
 
 
 @cli.group()
@@ -45,7 +45,11 @@ def _plugin_rows(settings: Settings, *, include_builtin: bool) -> list[dict[str,
 
     host = get_plugin_manager()
     host.disabled |= _persisted_disabled(settings) - ESSENTIAL_PLUGINS
-    asyncio.run(host.validate_configs(settings.plugins))
+    try:
+        asyncio.run(host.validate_configs(settings.plugins))
+    except SetupError as exc:  # a built-in plugin's bad [plugins.<name>] value
+        _fail(str(exc))
+        sys.exit(EXIT_SETUP)
     rows: list[dict[str, Any]] = []
     for name, _plugin in host.pm.list_name_plugin():
         info = host.info.get(name)

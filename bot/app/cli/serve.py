@@ -87,6 +87,9 @@ async def _open_app(settings: Settings) -> Roost | None:
         return None
     try:
         return await Roost.create(settings, host=host)
+    except SetupError as exc:  # e.g. a built-in plugin's bad [plugins.<name>] value
+        _fail(str(exc))
+        return None
     except (OSError, sqlite3.Error) as exc:
         # A data directory that cannot be created or a database that cannot be opened.
         log.debug("opening the app failed", exc_info=True)
