@@ -1,4 +1,5 @@
-"""The plugin contract stands alone: ``bot.contracts`` names nothing else of ``bot``.
+"""The layers stand apart: ``bot.contracts`` names nothing else of ``bot``, and no module of
+``bot`` or ``channels`` imports another's private names.
 
 import-linter checks it too; this reads every import statement, those under
 ``TYPE_CHECKING`` and inside functions included.
@@ -30,3 +31,17 @@ def test_the_plugin_contract_imports_nothing_else_of_bot() -> None:
         if (module == "bot" or module.startswith("bot.")) and not module.startswith("bot.contracts")
     }
     assert not offenders, sorted(offenders)
+
+
+def test_no_private_name_is_imported_across_modules_of_bot_or_channels() -> None:
+    root = CONTRACTS.parent.parent
+    offenders = sorted(
+        f"{path.relative_to(root)}: {node.module}.{alias.name}"
+        for tree in ("bot", "channels")
+        for path in (root / tree).rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ImportFrom) and node.module
+        and node.module.split(".")[0] in ("bot", "channels")
+        for alias in node.names
+        if alias.name.startswith("_") and not alias.name.startswith("__"))
+    assert not offenders, "make these public in their module: " + ", ".join(offenders)

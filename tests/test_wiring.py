@@ -55,6 +55,7 @@ RECORDS: dict[tuple[str, str], str] = {
 }
 LIBRARY_API: dict[tuple[str, str], str] = {
     # Third-party and standard-library objects configured the way their API asks.
+    ("bot/app/cli/base.py", "config_log"): "logging: held until the log format is known",
     ("bot/media/heap.py", "libc.malloc"): "ctypes: restype/argtypes",
     ("bot/media/heap.py", "libc.free"): "ctypes: argtypes",
     ("bot/media/heap.py", "libc.mallopt"): "ctypes: argtypes",

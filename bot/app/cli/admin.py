@@ -19,13 +19,13 @@ if TYPE_CHECKING:
 
 from bot.app.cli.base import (
     EXIT_SETUP,
-    _fail,
-    _run_async,
-    _settings,
-    _setup_logging,
     cli,
+    cli_settings,
     database_of,
     echo,
+    fail,
+    run_and_exit,
+    setup_logging,
 )
 
 
@@ -40,7 +40,7 @@ def config_show(ctx: click.Context) -> None:
     """Print the effective configuration with secrets masked."""
     from bot.config.masking import SECRET_MASK
 
-    settings = _settings(ctx)
+    settings = cli_settings(ctx)
     shown = settings.masked()
     shown["plugins"] = _plugin_tables(settings)
     for key, value in shown.items():
@@ -65,7 +65,7 @@ def _plugin_tables(settings: Settings) -> dict[str, Any]:
     try:
         asyncio.run(host.validate_configs(settings.plugins))
     except SetupError as exc:  # a built-in plugin's bad [plugins.<name>] value
-        _fail(str(exc))
+        fail(str(exc))
         sys.exit(EXIT_SETUP)
     tables = {name: mask_tree(table) for name, table in settings.plugins.items()}
     for name, config in host.config.items():
@@ -86,8 +86,8 @@ def _mcp_report(ctx: click.Context, name: str | None) -> None:
     # The plugin owns the client; imported here so other commands never load the SDK.
     from plugins.mcp.cli import list_servers, test_server
 
-    settings = _settings(ctx)
-    _setup_logging("ERROR")
+    settings = cli_settings(ctx)
+    setup_logging("ERROR")
     work = list_servers(settings) if name is None else test_server(settings, name)
     code, text = asyncio.run(work)
     echo(text)
@@ -142,7 +142,7 @@ def errors_list(ctx: click.Context, session: str | None, tool: str | None, since
     """List stored tool errors, newest first."""
     import time
 
-    settings = _settings(ctx)
+    settings = cli_settings(ctx)
     start = parse_since(since, time.time()) if since else None
 
     async def show(store: ErrorStore) -> int:
@@ -154,7 +154,7 @@ def errors_list(ctx: click.Context, session: str | None, tool: str | None, since
             echo("no errors match")
         return 0
 
-    _run_async(_with_errors(settings, show), f"cannot read {database_of(settings)}")
+    run_and_exit(_with_errors(settings, show), f"cannot read {database_of(settings)}")
 
 
 @errors.command("show")
@@ -162,7 +162,7 @@ def errors_list(ctx: click.Context, session: str | None, tool: str | None, since
 @click.pass_context
 def errors_show(ctx: click.Context, error_id: str) -> None:
     """Show one stored error in full."""
-    settings = _settings(ctx)
+    settings = cli_settings(ctx)
 
     async def show(store: ErrorStore) -> int:
         found = await store.get(error_id)
@@ -175,7 +175,7 @@ def errors_show(ctx: click.Context, error_id: str) -> None:
                               indent=2, ensure_ascii=False))
         return 0
 
-    _run_async(_with_errors(settings, show), f"cannot read {database_of(settings)}")
+    run_and_exit(_with_errors(settings, show), f"cannot read {database_of(settings)}")
 
 
 async def _with_errors(settings: Settings,
@@ -219,7 +219,7 @@ async def _with_access(settings: Settings, action: Callable[[Any], Awaitable[int
 @click.pass_context
 def pairing_approve(ctx: click.Context, code: str) -> None:
     """Approve the user who was given CODE; they can DM the bot at once."""
-    settings = _settings(ctx)
+    settings = cli_settings(ctx)
 
     async def approve(store: Any) -> int:
         request = await store.approve(code, "cli")
@@ -231,7 +231,7 @@ def pairing_approve(ctx: click.Context, code: str) -> None:
         echo(f"approved {request.user}{name}")
         return 0
 
-    _run_async(_with_access(settings, approve), f"cannot use {database_of(settings)}")
+    run_and_exit(_with_access(settings, approve), f"cannot use {database_of(settings)}")
 
 
 @pairing.command("list")
@@ -240,7 +240,7 @@ def pairing_list(ctx: click.Context) -> None:
     """List pending pairing codes and approved users."""
     import time
 
-    settings = _settings(ctx)
+    settings = cli_settings(ctx)
 
     async def show(store: Any) -> int:
         now = time.time()
@@ -254,7 +254,7 @@ def pairing_list(ctx: click.Context) -> None:
             echo(f"  {u.user}  {u.display_name or '-'}  by {u.approved_by}")
         return 0
 
-    _run_async(_with_access(settings, show), f"cannot read {database_of(settings)}")
+    run_and_exit(_with_access(settings, show), f"cannot read {database_of(settings)}")
 
 
 @cli.command()
@@ -267,7 +267,7 @@ def status(ctx: click.Context, timeout: float) -> None:
     """
     import http.client
 
-    settings = _settings(ctx)
+    settings = cli_settings(ctx)
     if not settings.http_port:
         echo("roost: ROOST_HTTP_PORT is not set, so Roost serves no /readyz to ask",
                    err=True)

@@ -25,12 +25,12 @@ T = TypeVar("T")
 
 EXIT_SETUP = 2
 
-_output = {"format": "text"}
+output_options = {"format": "text"}
 """How one-line errors are written: ``text`` (``roost: ...``) or ``json`` (a log record)."""
 
 
-def _setup_logging(level: str, *, quiet: bool = False, fmt: str = "text") -> None:
-    _output["format"] = fmt
+def setup_logging(level: str, *, quiet: bool = False, fmt: str = "text") -> None:
+    output_options["format"] = fmt
     logformat.configure("WARNING" if quiet else level, fmt=fmt)
     # Library chatter (HTTP requests) would drown Roost's own lines.
     for noisy in ("httpx", "httpcore", "anthropic", "openai", "aiosqlite"):
@@ -47,9 +47,9 @@ def echo(text: str, *, err: bool = False, nl: bool = True) -> None:
     click.echo(redact.redact(text), err=err, nl=nl)
 
 
-def _fail(message: str) -> None:
+def fail(message: str) -> None:
     """Say why Roost cannot go on: one line on stderr (one JSON record under json logs)."""
-    if _output["format"] == "json":
+    if output_options["format"] == "json":
         log.error("%s", message)
     else:
         echo(f"roost: {message}", err=True)
@@ -66,7 +66,7 @@ class _Held(logging.Handler):
         self.records.append(record)
 
 
-def _settings(ctx: click.Context, **overrides: Any) -> Settings:
+def cli_settings(ctx: click.Context, **overrides: Any) -> Settings:
     held = _Held()
     config_log = logging.getLogger("roost.config")  # deprecated setting names
     config_log.addHandler(held)
@@ -97,7 +97,7 @@ def _say(records: list[logging.LogRecord], fmt: str) -> None:
         echo(formatter.format(record), err=True)
 
 
-def _run(coro: Coroutine[Any, Any, T], what: str = "") -> T:
+def run_command(coro: Coroutine[Any, Any, T], what: str = "") -> T:
     """``asyncio.run(coro)``; a failure is one line saying ``what`` failed and exit code 1.
 
     ``ROOST_LOG_LEVEL=DEBUG`` prints the traceback too (masked, like every output).
@@ -110,12 +110,12 @@ def _run(coro: Coroutine[Any, Any, T], what: str = "") -> T:
         if os.environ.get("ROOST_LOG_LEVEL", "").upper() == "DEBUG":
             echo("".join(traceback.format_exception(exc)).rstrip("\n"), err=True)
         detail = " ".join(str(exc).split()) or type(exc).__name__
-        _fail(f"{what}: {detail}" if what else detail)
+        fail(f"{what}: {detail}" if what else detail)
         sys.exit(1)
 
 
-def _run_async(coro: Coroutine[Any, Any, int], what: str = "") -> None:
-    sys.exit(_run(coro, what))
+def run_and_exit(coro: Coroutine[Any, Any, int], what: str = "") -> None:
+    sys.exit(run_command(coro, what))
 
 
 def database_of(settings: Settings) -> str:

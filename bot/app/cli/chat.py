@@ -19,8 +19,17 @@ if TYPE_CHECKING:
     from bot.storage.errors import ErrorStore
 
 
-from bot.app.cli.base import EXIT_SETUP, _fail, _output, _run_async, _settings, cli, echo, log
-from bot.app.cli.serve import _first, _open_app, _stop_signal
+from bot.app.cli.base import (
+    EXIT_SETUP,
+    cli,
+    cli_settings,
+    echo,
+    fail,
+    log,
+    output_options,
+    run_and_exit,
+)
+from bot.app.cli.serve import first_done, open_app, stop_signal
 
 
 @cli.command()
@@ -41,9 +50,9 @@ def chat(ctx: click.Context, message: str | None, demo: bool, no_stream: bool,
         from plugins.providers import DEMO_SCRIPT
 
         overrides = {"provider": "scripted", "script": DEMO_SCRIPT}
-    settings = _settings(ctx, **overrides)
+    settings = cli_settings(ctx, **overrides)
     _chat_logging(settings, one_shot=message is not None)
-    _run_async(_chat(settings, message, stream=not no_stream, quiet=quiet,
+    run_and_exit(_chat(settings, message, stream=not no_stream, quiet=quiet,
                      give_up_after=timeout))
 
 
@@ -54,11 +63,11 @@ def _chat_logging(settings: Settings, *, one_shot: bool = False) -> None:
     (``one_shot``) the circuit breaker's warnings stay in chat.log too, as the line
     giving up names the reason.
     """
-    _output["format"] = "text"
+    output_options["format"] = "text"
     try:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        _fail(f"cannot open the data directory {settings.data_dir}: {exc}")
+        fail(f"cannot open the data directory {settings.data_dir}: {exc}")
         sys.exit(EXIT_SETUP)
     root = logging.getLogger()
     if root.handlers:
@@ -156,7 +165,7 @@ async def _chat(settings: Settings, message: str | None, *, stream: bool,
                 quiet: bool = False, give_up_after: float = 30.0) -> int:
     from channels.console import ConsoleChannel
 
-    app = await _open_app(settings)
+    app = await open_app(settings)
     if app is None:
         return EXIT_SETUP
     kind = ConsoleChannel if message is None else _one_shot_console()
@@ -180,11 +189,11 @@ async def _chat(settings: Settings, message: str | None, *, stream: bool,
         if message is not None:
             await console.say(message)
             return await _answered(app, observer, give_up_after)
-        stop = _stop_signal(app.settings)
-        await _first(console.eof.wait(), stop.wait())
+        stop = stop_signal(app.settings)
+        await first_done(console.eof.wait(), stop.wait())
         if not stop.is_set():
             # End of input: let answers to what was typed finish first.
-            await _first(app.dispatcher.drain(), stop.wait())
+            await first_done(app.dispatcher.drain(), stop.wait())
         return 0
     finally:
         logging.getLogger("roost.engine.runloop").removeHandler(catcher)
@@ -214,7 +223,7 @@ async def _answered(app: Any, observer: _ChatObserver, limit: float) -> int:
     """
     try:
         async with asyncio.timeout(limit):
-            await _first(app.dispatcher.drain(), observer.held.wait())
+            await first_done(app.dispatcher.drain(), observer.held.wait())
     except TimeoutError:
         reason = f"no answer within {limit:g} s"
     else:
@@ -225,5 +234,5 @@ async def _answered(app: Any, observer: _ChatObserver, limit: float) -> int:
     app.dispatcher.registry.abort_all("gave up")
     await app.dispatcher.drain()
     detail = f" ({observer.last_error})" if observer.last_error else ""
-    _fail(f"{reason}{detail}; gave up (details in {app.settings.data_dir / 'chat.log'})")
+    fail(f"{reason}{detail}; gave up (details in {app.settings.data_dir / 'chat.log'})")
     return 1

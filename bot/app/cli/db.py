@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from bot.app.cli.base import _run_async, _settings, _setup_logging, cli, echo
+from bot.app.cli.base import cli, cli_settings, echo, run_and_exit, setup_logging
 
 if TYPE_CHECKING:
     from bot.storage.sessions import SessionStore
@@ -53,8 +53,8 @@ def db_migrate(ctx: click.Context, url: str | None) -> None:
     service is down, or to check a new database. Replicas starting together
     on PostgreSQL migrate once (an advisory lock orders them).
     """
-    settings = _settings(ctx)
-    _setup_logging("WARNING")
+    settings = cli_settings(ctx)
+    setup_logging("WARNING")
 
     async def run() -> int:
         from bot.storage.db import schema_version
@@ -67,7 +67,7 @@ def db_migrate(ctx: click.Context, url: str | None) -> None:
         echo(f"database at schema version {version}")
         return 0
 
-    _run_async(run(), f"cannot migrate the database {url or settings.database}")
+    run_and_exit(run(), f"cannot migrate the database {url or settings.database}")
 
 
 @db.command("copy")
@@ -86,8 +86,8 @@ def db_copy(ctx: click.Context, source: str, target: str, force: bool) -> None:
     """
     from bot.storage.copy import CopyError, copy_database
 
-    settings = _settings(ctx)
-    _setup_logging("WARNING")
+    settings = cli_settings(ctx)
+    setup_logging("WARNING")
     if source == target:
         raise click.UsageError("--from and --to name the same database")
 
@@ -110,4 +110,4 @@ def db_copy(ctx: click.Context, source: str, target: str, force: bool) -> None:
         echo(f"copied {total} rows in {len(copied)} tables; row counts match")
         return 0
 
-    _run_async(run(), "cannot copy the database")
+    run_and_exit(run(), "cannot copy the database")

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     pass
 
 
-from bot.app.cli.base import EXIT_SETUP, _fail, _run, _settings, cli, database_of, echo
+from bot.app.cli.base import EXIT_SETUP, cli, cli_settings, database_of, echo, fail, run_command
 
 
 @cli.group()
@@ -37,7 +37,7 @@ def _persisted_disabled(settings: Settings) -> set[str]:
         finally:
             await store.close()
 
-    return _run(load(), f"cannot read {database_of(settings)}")
+    return run_command(load(), f"cannot read {database_of(settings)}")
 
 
 def _plugin_rows(settings: Settings, *, include_builtin: bool) -> list[dict[str, Any]]:
@@ -48,7 +48,7 @@ def _plugin_rows(settings: Settings, *, include_builtin: bool) -> list[dict[str,
     try:
         asyncio.run(host.validate_configs(settings.plugins))
     except SetupError as exc:  # a built-in plugin's bad [plugins.<name>] value
-        _fail(str(exc))
+        fail(str(exc))
         sys.exit(EXIT_SETUP)
     rows: list[dict[str, Any]] = []
     for name, _plugin in host.pm.list_name_plugin():
@@ -77,7 +77,7 @@ def _plugin_rows(settings: Settings, *, include_builtin: bool) -> list[dict[str,
 @click.pass_context
 def plugins_list(ctx: click.Context, as_json: bool, show_all: bool) -> None:
     """List external plugins (--all: built-ins too) with their hooks, state and errors."""
-    rows = _plugin_rows(_settings(ctx), include_builtin=show_all)
+    rows = _plugin_rows(cli_settings(ctx), include_builtin=show_all)
     if as_json:
         echo(json.dumps(rows, indent=2))
         return
@@ -96,7 +96,7 @@ def _pip(ctx: click.Context, action: str, names: tuple[str, ...]) -> None:
 
     from bot.pluginhost.install import describe_change, pip_command, plugin_entry_points
 
-    settings = _settings(ctx)  # puts plugins_dir on sys.path
+    settings = cli_settings(ctx)  # puts plugins_dir on sys.path
     before = plugin_entry_points()
     command = pip_command(action, list(names))
     if settings.plugins_dir is not None:
@@ -137,7 +137,7 @@ def _set_enabled(ctx: click.Context, name: str, enabled: bool) -> None:
     from bot.pluginhost.state import save_state
     from bot.storage.sessions import SessionStore
 
-    settings = _settings(ctx)
+    settings = cli_settings(ctx)
     host = get_plugin_manager()
     if host.pm.get_plugin(name) is None:
         echo(f"roost: no plugin named {name!r} is loaded "
@@ -154,7 +154,7 @@ def _set_enabled(ctx: click.Context, name: str, enabled: bool) -> None:
         finally:
             await store.close()
 
-    _run(save(), f"cannot use {database_of(settings)}")
+    run_command(save(), f"cannot use {database_of(settings)}")
     echo(f"{name} {'enabled' if enabled else 'disabled'}; a running Roost applies it "
                "at its next start (or use /plugin in chat to apply it at once)")
 

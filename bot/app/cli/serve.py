@@ -23,13 +23,13 @@ if TYPE_CHECKING:
 
 from bot.app.cli.base import (
     EXIT_SETUP,
-    _fail,
-    _run_async,
-    _settings,
-    _setup_logging,
     cli,
+    cli_settings,
     database_of,
+    fail,
     log,
+    run_and_exit,
+    setup_logging,
 )
 
 
@@ -37,8 +37,8 @@ from bot.app.cli.base import (
 @click.pass_context
 def run(ctx: click.Context) -> None:
     """Start every channel whose credentials are set; Ctrl-C or SIGTERM stops cleanly."""
-    settings = _settings(ctx)
-    _setup_logging(settings.log_level, fmt=settings.log_format)
+    settings = cli_settings(ctx)
+    setup_logging(settings.log_level, fmt=settings.log_format)
     _raise_open_files()
     # Start-up imports the SDKs and builds thousands of long-lived objects (pydantic
     # models, plugin tables): the cyclic collector would scan them over and over for
@@ -47,7 +47,7 @@ def run(ctx: click.Context) -> None:
     gc.disable()
     try:
         if not ctx.obj.get("fast_exit"):
-            _run_async(_serve(settings))
+            run_and_exit(_serve(settings))
         code = asyncio.run(_serve(settings))
     finally:
         gc.enable()
@@ -72,7 +72,7 @@ def _raise_open_files() -> None:
         log.info("open files: up to %d", after)
 
 
-async def _open_app(settings: Settings) -> Roost | None:
+async def open_app(settings: Settings) -> Roost | None:
     """The app, or ``None`` after saying exactly what to set for the provider."""
     from bot.app.offers import resolve_provider
     from bot.app.roost import Roost
@@ -83,28 +83,28 @@ async def _open_app(settings: Settings) -> Roost | None:
     try:
         await resolve_provider(settings, host)
     except SetupError as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return None
     try:
         return await Roost.create(settings, host=host)
     except SetupError as exc:  # e.g. a built-in plugin's bad [plugins.<name>] value
-        _fail(str(exc))
+        fail(str(exc))
         return None
     except (OSError, sqlite3.Error) as exc:
         # A data directory that cannot be created or a database that cannot be opened.
         log.debug("opening the app failed", exc_info=True)
         where = (f"cannot open {database_of(settings)}" if settings.database_url
                  else f"cannot open the data directory {settings.data_dir}")
-        _fail(f"{where}: {exc}")
+        fail(f"{where}: {exc}")
         return None
     except Exception as exc:
         log.debug("opening the app failed", exc_info=True)
         detail = " ".join(str(exc).split()) or type(exc).__name__
-        _fail(f"cannot start: {detail} (ROOST_LOG_LEVEL=DEBUG shows the traceback)")
+        fail(f"cannot start: {detail} (ROOST_LOG_LEVEL=DEBUG shows the traceback)")
         return None
 
 
-def _stop_signal(settings: Settings) -> asyncio.Event:
+def stop_signal(settings: Settings) -> asyncio.Event:
     """An event set by Ctrl-C or SIGTERM; SIGUSR2 writes a memory snapshot meanwhile."""
     from bot.observability.memory import dump_snapshot
 
@@ -116,7 +116,7 @@ def _stop_signal(settings: Settings) -> asyncio.Event:
     return stop
 
 
-async def _first(*awaitables: Awaitable[Any]) -> None:
+async def first_done(*awaitables: Awaitable[Any]) -> None:
     """Wait until one of ``awaitables`` is done; cancel the rest."""
     tasks = [asyncio.ensure_future(a) for a in awaitables]
     try:
@@ -175,33 +175,33 @@ async def _loaded(warming: Awaitable[Any], name: str) -> None:
 
 
 async def _serve(settings: Settings) -> int:
-    app = await _open_app(settings)
+    app = await open_app(settings)
     if app is None:
         return EXIT_SETUP
     try:
         names = app.configured_channels()
         if not names:
-            _fail("no channel is configured: set a channel's credentials "
+            fail("no channel is configured: set a channel's credentials "
                   f"(channels available: {', '.join(app.channel_specs)}; "
                   "ROOST_CONSOLE=1 enables the console)")
             return EXIT_SETUP
         from bot.config.settings import SetupError
 
-        stop = _stop_signal(settings)
+        stop = stop_signal(settings)
         try:
             # Before the channels: /healthz answers while they connect.
             await app.serve_http(names)
         except SetupError as exc:
-            _fail(str(exc))
+            fail(str(exc))
             return EXIT_SETUP
         except OSError as exc:
-            _fail(f"the HTTP server cannot listen on {settings.http_host}:{settings.http_port}: "
+            fail(f"the HTTP server cannot listen on {settings.http_host}:{settings.http_port}: "
                   f"{exc.strerror or exc}")
             return EXIT_SETUP
         for name in names:
             problem = await _start_channel(app, name)
             if problem:
-                _fail(problem[1])
+                fail(problem[1])
                 return problem[0]
         await app.recover()
         gc.freeze()
@@ -213,7 +213,7 @@ async def _serve(settings: Settings) -> int:
             # Load the provider's SDK now, in a thread, not with the first message.
             app.background(_loaded(warm_up(), app.provider.name), "loading the LLM provider")
         eof = getattr(app.channels.get("console"), "eof", None)
-        await _first(stop.wait(), *([eof.wait()] if isinstance(eof, asyncio.Event) else []))
+        await first_done(stop.wait(), *([eof.wait()] if isinstance(eof, asyncio.Event) else []))
         log.info("roost shutting down")
     finally:
         await app.close()
