@@ -40,10 +40,8 @@ def roost_file(filename: str, root: Path) -> str | None:
     return str(relative)
 
 
-async def measure() -> set[str]:
-    import bot
-
-    root = Path(bot.__file__).resolve().parent.parent
+async def measure(root: Path) -> set[str]:
+    """Roost's files (relative to ``root``) that run for the traced message."""
     seen: set[str] = set()
 
     def profile(frame: FrameType, event: str, arg: Any) -> None:
@@ -79,7 +77,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--list", action="store_true", help="print the files too")
     args = parser.parse_args()
-    files = asyncio.run(measure())
+    import bot
+
+    files = asyncio.run(measure(Path(bot.__file__).resolve().parent.parent))
     packages = {f.split("/")[0] + ("/" + f.split("/")[1] if f.startswith("bot/") else "")
                 for f in files}
     print(f"{len(files)} files in {len(packages)} packages run for one plain text reply")
