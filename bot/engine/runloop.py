@@ -125,7 +125,7 @@ class Run:
         except asyncio.CancelledError as exc:
             # The message given to task.cancel(): "stop", "merged" or "shutdown".
             reason = str(exc.args[0]) if exc.args and exc.args[0] else "cancelled"
-            await finish.cancelled(self, reason)
+            await finish.cancel(self, reason)
             raise
         except TimeoutError:
             result = await finish.fail(self, f"the run took longer than {timeout:g}s")
@@ -134,7 +134,7 @@ class Run:
                 raise  # before the model answered anything: the caller refuses the run
             # A later call of the run: it ends with the refusal, its tool turns dropped
             # (the user's message is kept: it was not what was refused).
-            result = await finish.refuse(self, exc.reply, kept=next(
+            result = await finish.refuse(self, exc.reply, user_turn=next(
                 (m for m in self.buffer if m.role == "user"), None))
         except Exception as exc:
             log.exception("run %s failed", self.req.run_id)
@@ -185,7 +185,7 @@ class Run:
             text = with_lines(text, media)
             if not media.usable and not msg.text.strip():
                 # Nothing the model could work with: Roost's own notice is the answer.
-                return await finish.refuse(self, "\n".join(media.notices), kept=ChatMessage(
+                return await finish.refuse(self, "\n".join(media.notices), user_turn=ChatMessage(
                     "user", text, sender_id=msg.sender_id, sender_name=msg.display_name))
             for notice in media.notices:
                 # At most once per message: a run repeated after a crash skips what it sent.
