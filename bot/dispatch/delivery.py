@@ -149,8 +149,8 @@ async def _write(store: SessionStore, inbox: Inbox, replicas: ReplicaWork | None
     commit = result.commit
     if commit is None:
         return None
-    also = None if not entries else inbox_statements(
+    inbox_writes = None if not entries else inbox_statements(
         inbox, message, entries, commit, draft=draft,
         fence=None if replicas is None else replicas.fence(commit.session.key, result.run_id))
-    outbox_id: int | None = await commit.write(store, also)
+    outbox_id: int | None = await commit.write(store, inbox_writes)
     return outbox_id
