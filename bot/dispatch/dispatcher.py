@@ -214,7 +214,7 @@ class Dispatcher:
         self._closed = True
         self.lanes.close()
         self.redeliveries.cancel()
-        await close_quietly(self.replicas)  # claims no more; its leases lapse or are fenced
+        await close_quietly(self.replicas)  # claims no more; its leases lapse
         if grace > 0 and self._tasks:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(grace):
