@@ -38,7 +38,7 @@ from bot.engine.guard import BLOCK_REFUSAL
 from bot.engine.history import limit_turns, prune, repair_pairing, summary_messages
 from bot.engine.judging import judge_reply
 from bot.engine.llm_call import call_model
-from bot.engine.media import drop_images, take_in, vision_for, with_lines
+from bot.engine.media import drop_images, receive_files, vision_for, with_lines
 from bot.engine.requests import (
     NO_REPLY,
     FailureHandler,
@@ -179,7 +179,7 @@ class Run:
         text, notes = decision.text, list(decision.notes)
         # Files are fetched, stored in the workspace and described to the model, a line
         # each (bot.engine.media); a message of files alone is a turn of its own.
-        media = await take_in(msg, workspace, engine.channels, engine.host, self.settings) \
+        media = await receive_files(msg, workspace, engine.channels, engine.host, self.settings) \
             if msg.attachments else None
         if media is not None:
             text = with_lines(text, media)
