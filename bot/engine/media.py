@@ -41,9 +41,11 @@ async def transcriber_of(host: PluginHost, settings: Settings) -> Transcriber | 
     return offered[0] if offered else None
 
 
-async def receive_files(message: InboundMessage, workspace: Path, channels: Mapping[str, Channel],
-                  host: PluginHost, settings: Settings) -> Received:
-    """The intake of ``message``'s attachments into ``workspace`` (the sender's)."""
+async def receive_files(message: InboundMessage, workspace: Path,
+                        channels: Mapping[str, Channel], host: PluginHost,
+                        settings: Settings) -> Received:
+    """Fetch ``message``'s attachments through its channel and store them in ``workspace``
+    (the sender's): what was stored, and the notices for what was not."""
     channel = channels.get(message.channel)
 
     async def find() -> Transcriber | None:
