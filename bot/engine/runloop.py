@@ -202,7 +202,7 @@ class Run:
                            parts=tuple(media.parts) if media is not None else ())
         self.buffer.append(user)
 
-        # Build messages: ROM (system prompt), Kernel, L2 (summary), L1 (history).
+        # Build messages: ROM (system prompt), Kernel (USER.md, pins), L2 (summary), L1 (recent).
         prompt = PromptContext(
             message=msg, session_key=req.session.key, workspace=workspace,
             tool_names=sorted(self.tools), model=self.settings.model,

@@ -65,7 +65,7 @@ class TokenEstimator:
             return len(text)
         long = len(text) >= _MEMO_MIN_CHARS
         if long:
-            # The system prompt and the ROM come back every run (and several
+            # The system prompt (ROM) and the Kernel come back every run (and several
             # times in one): one dash in them sent kilobytes through two regexes.
             counts = _script_counts.get(text)
             if counts is None:
