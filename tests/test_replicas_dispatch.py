@@ -138,7 +138,7 @@ async def _idle(pair: Pair) -> None:
     for app in pair.apps:
         await asyncio.wait_for(app.dispatcher.drain(), 60)
         assert app.dispatcher.replicas is not None
-        await asyncio.wait_for(app.dispatcher.replicas.settled(), 60)
+        await asyncio.wait_for(app.dispatcher.replicas.releases_done(), 60)
     assert await pair.apps[0].inbox.unfinished() == []
 
 

@@ -155,7 +155,7 @@ class ReplicaWork:
             await self._listener.close()
             self._listener = None
 
-    async def settled(self) -> None:
+    async def releases_done(self) -> None:
         """Wait for the releases under way (tests, shutdown)."""
         while self._releases:
             await asyncio.gather(*self._releases, return_exceptions=True)
