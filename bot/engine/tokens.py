@@ -59,7 +59,7 @@ class TokenEstimator:
         BPE vocabularies split other scripts far finer than English: about a
         token per CJK character and one per 1-2 letters of Cyrillic, Arabic,
         Hebrew or Devanagari. At the English ratio those would be
-        underestimated by 60-77% and overflow the window (bench_context.py).
+        underestimated and overflow the window (bench/bench_context.py measures it).
         """
         if text.isascii():  # the common case, and O(1) to check
             return len(text)
