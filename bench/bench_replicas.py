@@ -257,7 +257,7 @@ async def trips(cluster: PostgresCluster, root: Path, apps: int) -> Tally:
             for each in made:
                 await each.dispatcher.drain()
                 assert each.dispatcher.replicas is not None
-                await each.dispatcher.replicas.settled()
+                await each.dispatcher.replicas.releases_done()
 
         for i in range(20):  # every session exists before counting
             await run(i, f"w{i}")

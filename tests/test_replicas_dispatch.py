@@ -2,7 +2,7 @@
 lease is (bot/dispatch/replicas.py): each message answered once, in order, with the
 earlier turns in history, whichever app received it (and when both did); an app that
 dies holding the lease is taken over once the lease expires, and its late commit is
-refused by the fence."""
+refused by its lease check."""
 
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ async def _idle(pair: Pair) -> None:
     for app in pair.apps:
         await asyncio.wait_for(app.dispatcher.drain(), 60)
         assert app.dispatcher.replicas is not None
-        await asyncio.wait_for(app.dispatcher.replicas.settled(), 60)
+        await asyncio.wait_for(app.dispatcher.replicas.releases_done(), 60)
     assert await pair.apps[0].inbox.unfinished() == []
 
 
@@ -188,7 +188,7 @@ async def test_a_dead_replicas_session_is_taken_over_after_its_lease(make_pair: 
     await pair.answered(4)
     assert pair.seen == [f"re:m{n} after {n}" for n in range(4)]
     assert await _leases(a) in ({}, {KEY: a.replica})
-    # b's run ends late: the fence refuses its commit and it sends nothing.
+    # b's run ends late: its lease check refuses its commit and it sends nothing.
     pair.providers[1].release.set()
     await asyncio.wait_for(b.dispatcher.drain(), 60)
     await asyncio.wait_for(a.dispatcher.drain(), 60)

@@ -85,7 +85,7 @@ class Apps:
         replicas = self.apps[app].dispatcher.replicas
         assert replicas is not None
         await asyncio.wait_for(self.apps[app].dispatcher.drain(), 60)  # its run ended,
-        await asyncio.wait_for(replicas.settled(), 60)  # and the lease went with it
+        await asyncio.wait_for(replicas.releases_done(), 60)  # and the lease went with it
         assert _key(chat) not in replicas.held
 
 

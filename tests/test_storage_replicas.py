@@ -76,7 +76,7 @@ async def replicas(pg_url: str, clock: list[float]) -> AsyncIterator[list[Replic
 
 
 async def _work(replica: Replica, hang_after: int | None = None) -> None:
-    """Claim, run (commit with the fence) and release, until cancelled."""
+    """Claim, run (commit with the lease check) and release, until cancelled."""
     while True:
         await replica.wake.wait()
         replica.wake.clear()
@@ -90,7 +90,7 @@ async def _work(replica: Replica, hang_after: int | None = None) -> None:
                         try:
                             await replica.store.writer.write(_both(
                                 replica.inbox.finish([entry_id], None),
-                                replica.claims.fence(session.session_key)))
+                                replica.claims.lease_check(session.session_key)))
                         except LeaseLost:
                             pending = []
                             break
@@ -183,9 +183,11 @@ async def test_a_stalled_replica_cannot_commit_after_its_lease_was_taken(
     clock[0] += LEASE + 1
     assert [c.entry_ids for c in await a.claims.claim()] == [(entry.id,)]
     with pytest.raises(LeaseLost):
-        await b.store.writer.write(_both(b.inbox.finish([entry.id], None), b.claims.fence("k")))
+        await b.store.writer.write(_both(b.inbox.finish([entry.id], None),
+                                         b.claims.lease_check("k")))
     assert [e.id for e in await a.inbox.unfinished()] == [entry.id]  # nothing recorded
-    await a.store.writer.write(_both(a.inbox.finish([entry.id], None), a.claims.fence("k")))
+    await a.store.writer.write(_both(a.inbox.finish([entry.id], None),
+                                     a.claims.lease_check("k")))
     assert await a.claims.release("k") == ()
     assert await a.claims.holders() == {}
 

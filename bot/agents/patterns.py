@@ -25,7 +25,7 @@ old state or the new one, never a mix. Broken files are logged, kept in
 or every file broken) the previous index stays in service.
 
 ``render`` produces the system-prompt section the run loop adds to the ROM
-segment of an agent with a pattern library.
+segment (the system prompt) of an agent with a pattern library.
 """
 
 from __future__ import annotations

@@ -25,29 +25,30 @@ from bot.tools.outcomes import describe_error
 
 log = logging.getLogger("roost.dispatch.delivery")
 
-Fence = Callable[[Any], Awaitable[None]]
+LeaseCheck = Callable[[Any], Awaitable[None]]
 """A check in the commit that this replica still holds the session's lease."""
 
 
 def inbox_statements(inbox: Inbox, message: InboundMessage, entries: tuple[int, ...],
-                     commit: RunCommit, *, draft: str | None, fence: Fence | None) -> Statements:
+                     commit: RunCommit, *, draft: str | None,
+                     lease_check: LeaseCheck | None) -> Statements:
     """What a run's commit writes besides its history: its entries done, the reply queued.
 
-    ``draft`` is the id of the draft shown while streaming; ``fence`` (with
-    replicas) runs last, after the inbox rows (see ``Claims.fence``). The
+    ``draft`` is the id of the draft shown while streaming; ``lease_check`` (with
+    replicas) runs last, after the inbox rows (see ``Claims.lease_check``). The
     statements return the reply's outbox id.
     """
     out = None if commit.reply is None else OutboundMessage.reply_to_message(
         message, commit.reply, "error" if commit.failed else "reply")
     finish = inbox.finish(entries, out, draft)
-    if fence is None:
+    if lease_check is None:
         return finish
 
-    async def fenced(db: Any) -> Any:
+    async def lease_checked(db: Any) -> Any:
         outbox_id = await finish(db)
-        await fence(db)
+        await lease_check(db)
         return outbox_id
-    return fenced
+    return lease_checked
 
 
 def _noting(inbox: Inbox, outbox_id: int) -> SendingMark:
@@ -149,8 +150,9 @@ async def _write(store: SessionStore, inbox: Inbox, replicas: ReplicaWork | None
     commit = result.commit
     if commit is None:
         return None
-    also = None if not entries else inbox_statements(
+    inbox_writes = None if not entries else inbox_statements(
         inbox, message, entries, commit, draft=draft,
-        fence=None if replicas is None else replicas.fence(commit.session.key, result.run_id))
-    outbox_id: int | None = await commit.write(store, also)
+        lease_check=None if replicas is None
+        else replicas.lease_check(commit.session.key, result.run_id))
+    outbox_id: int | None = await commit.write(store, inbox_writes)
     return outbox_id

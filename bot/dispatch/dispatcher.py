@@ -214,7 +214,7 @@ class Dispatcher:
         self._closed = True
         self.lanes.close()
         self.redeliveries.cancel()
-        await close_quietly(self.replicas)  # claims no more; its leases lapse or are fenced
+        await close_quietly(self.replicas)  # claims no more; its leases lapse
         if grace > 0 and self._tasks:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(grace):
@@ -318,7 +318,7 @@ class Dispatcher:
                 message, message.text, lane.key, self.settings,
                 from_person=pending.from_person, agent=agent))
             if decision.action != "pass":
-                self._refused(message, pending, run_id, lane.key, decision.reply or "")
+                self._refuse(message, pending, run_id, lane.key, decision.reply or "")
                 return
             await self.engine.held()  # tools still being listed at start, say
             # Every model call of the run, and of what serves it, reserves against its budgets.
@@ -349,7 +349,7 @@ class Dispatcher:
                     # Its first model call did not fit: like a refusal before the run.
                     if bridge.stream is not None:
                         await bridge.stream.finish(None)
-                    self._refused(message, pending, run_id, lane.key, exc.reply)
+                    self._refuse(message, pending, run_id, lane.key, exc.reply)
                     return
                 if result.commit is not None:
                     entry.shown()  # answered: a follow-up starts a run of its own
@@ -412,8 +412,8 @@ class Dispatcher:
         await self.engine.finished(request, result, watch)
         return result
 
-    def _refused(self, message: InboundMessage, pending: Pending, run_id: str, key: str,
-                 refusal: str) -> None:
+    def _refuse(self, message: InboundMessage, pending: Pending, run_id: str, key: str,
+                refusal: str) -> None:
         """A run refused by a budget before the model answered: nothing of it is stored."""
         self.inbox.close(pending.entries)
         result = RunResult(run_id, "refused", refusal, Usage())

@@ -29,7 +29,7 @@ it receives and this module is not used. With several replicas:
   replies left at once instead of after the lease.
 * Claims are bounded (``limit`` entries, ``PER_SESSION`` per session): a session
   with more open entries gets the rest when its lease would be released.
-* A run's commit is fenced (:meth:`bot.storage.claims.Claims.fence`): a replica
+* A run's commit checks the lease (:meth:`bot.storage.claims.Claims.lease_check`): a replica
   that lost the lease cannot record or deliver an answer the new holder also
   produces.
 * Commands (``/stop``, ...) stay with the replica that received them (it may reach
@@ -74,7 +74,7 @@ class ReplicaWork:
         self.held: set[str] = set()
         """Sessions whose lease this replica holds."""
         self.lost_runs: set[str] = set()
-        """Runs whose commit was refused by the fence (the dispatcher skips their reply)."""
+        """Runs whose commit failed its lease check (the dispatcher skips their reply)."""
         self._seen: dict[str, set[int]] = {}
         # Entries admitted while the session's lease is held: a claim that still
         # reads them open (its snapshot predates their commit) must not run them twice.
@@ -155,7 +155,7 @@ class ReplicaWork:
             await self._listener.close()
             self._listener = None
 
-    async def settled(self) -> None:
+    async def releases_done(self) -> None:
         """Wait for the releases under way (tests, shutdown)."""
         while self._releases:
             await asyncio.gather(*self._releases, return_exceptions=True)
@@ -243,9 +243,9 @@ class ReplicaWork:
 
     # -- holding and letting go ---------------------------------------------------
 
-    def fence(self, key: str, run_id: str) -> Statements:
+    def lease_check(self, key: str, run_id: str) -> Statements:
         """Statements for run ``run_id``'s commit: refused unless ``key`` is still ours."""
-        check = self.claims.fence(key)
+        check = self.claims.lease_check(key)
 
         async def body(db: aiosqlite.Connection) -> None:
             try:

@@ -71,7 +71,7 @@ class StreamBridge:
         self.text += fragment
         # Show only what the final reply will show: sanitized, and nothing from
         # a thinking or tool block whose closing tag has not arrived yet.
-        visible = run_pipeline(_settled(self.text), self.sanitizers)
+        visible = run_pipeline(_complete_part(self.text), self.sanitizers)
         if not visible or NO_REPLY.startswith(visible) or visible == self.visible:
             return
         self.shown = True
@@ -84,7 +84,7 @@ _HIDDEN_BLOCK = re.compile(
     re.IGNORECASE)
 
 
-def _settled(text: str) -> str:
+def _complete_part(text: str) -> str:
     """``text`` up to any hidden block still open, or a tag still being written."""
     for match in _HIDDEN_BLOCK.finditer(text):
         close = re.compile(rf"</{match.group(1)}\s*>", re.IGNORECASE)

@@ -278,8 +278,8 @@ class Payer:
         self.notify = notify
         self.counted = False
         """Whether a call of this run was counted yet (the run counts once in ``runs``)."""
-        self.kept: list[str] | None = []
-        """Warnings kept until :meth:`release` (after the run's reply); ``None``: at once."""
+        self.held_warnings: list[str] | None = []
+        """Warnings held until :meth:`release` (after the run's reply); ``None``: at once."""
 
     def first_spend(self, spent: Usage) -> bool:
         """Whether ``spent`` is the run's first counted spending (it counts as a run)."""
@@ -289,15 +289,15 @@ class Payer:
 
     def tell(self, text: str) -> None:
         """Tell the chat ``text`` — once the run's reply went out."""
-        if self.kept is not None:
-            self.kept.append(text)
+        if self.held_warnings is not None:
+            self.held_warnings.append(text)
         elif self.notify is not None:
             self.notify(text)
 
     def release(self) -> None:
-        """Send the warnings kept so far; later ones go at once (background work)."""
-        kept, self.kept = self.kept or [], None
-        for text in kept:
+        """Send the warnings held so far; later ones go at once (background work)."""
+        held, self.held_warnings = self.held_warnings or [], None
+        for text in held:
             self.tell(text)
 
     def estimate(self, request: LLMRequest, provider: str) -> Usage:

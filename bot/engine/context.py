@@ -1,4 +1,4 @@
-"""Segmented context: ROM, Kernel, L2 and L1 fitted into ``window - reserve`` tokens.
+"""A request's prompt in four segments (ROM, Kernel, L2, L1) fitted into ``window - reserve``.
 
 * ROM: the system prompt, fixed for the run.
 * Kernel: who the user is and what this session pinned (USER.md, pins).
@@ -26,12 +26,19 @@ class Context:
     """What one LLM request is built from, with each segment's token count."""
 
     rom: str
+    """ROM: the system prompt."""
     kernel: str
+    """Kernel: USER.md and the session's pinned facts."""
     l2: list[ChatMessage]
+    """L2: the compaction summary of older history (empty when there is none)."""
     l1: list[ChatMessage]
+    """L1: the recent turns that fit."""
     current: ChatMessage
+    """The message being answered."""
     budget: int
+    """Tokens the segments may use: the window less the reserve for the answer."""
     tokens: dict[str, int] = field(default_factory=dict)
+    """Estimated tokens of each segment, by name."""
 
     @property
     def system(self) -> str:

@@ -1,4 +1,5 @@
-"""How a run ends: completed, refused, failed or cancelled.
+"""How a run ends: :func:`complete`, :func:`refuse`, :func:`fail` or :func:`cancel`
+(recorded as completed, refused, failed or cancelled).
 
 A persisted run writes nothing itself: its result carries the :class:`RunCommit`
 (history, usage, trace, reply) its caller writes with its own bookkeeping, and
@@ -48,14 +49,17 @@ async def complete(run: Run, final: str, cleaned: str, silent: bool) -> RunResul
                                    usage=_usage(run)))
 
 
-async def refuse(run: Run, refusal: str, kept: ChatMessage | None = None) -> RunResult:
-    """The run answers ``refusal`` without asking the model (guard, input checks, media)."""
+async def refuse(run: Run, refusal: str, user_turn: ChatMessage | None = None) -> RunResult:
+    """The run answers ``refusal`` without asking the model (guard, input checks, media).
+
+    The history records ``user_turn`` (default: a withheld placeholder) and the refusal.
+    """
     req, msg = run.req, run.req.message
-    # The refused text is not kept: it would reach the model as history
-    # with the sender's next message. ``kept`` is a harmless turn to keep instead
-    # (the lines of files Roost itself refused).
+    # The refused text is not stored: it would reach the model as history
+    # with the sender's next message. ``user_turn`` is a harmless turn to store
+    # instead (the lines of files Roost itself refused).
     exchange = (
-        kept or ChatMessage("user", WITHHELD, sender_id=msg.sender_id,
+        user_turn or ChatMessage("user", WITHHELD, sender_id=msg.sender_id,
                             sender_name=msg.display_name),
         ChatMessage("assistant", refusal),
     )
@@ -89,7 +93,7 @@ async def fail(run: Run, error: str) -> RunResult:
                      commit=commit, ending=_event(run, "run.failed", error=error))
 
 
-async def cancelled(run: Run, reason: str) -> None:
+async def cancel(run: Run, reason: str) -> None:
     """The run was cancelled (``reason``: "stop", "merged", "shutdown"); nothing is written."""
     await store_trace(run, "cancelled", reason)
     _log(run, "cancelled", reason)

@@ -1,6 +1,6 @@
 """Media in a run: the intake before the model is asked, images in the history, vision.
 
-:func:`take_in` runs the intake (:mod:`bot.media.intake`) for a run's message
+:func:`receive_files` runs the intake (:mod:`bot.media.intake`) for a run's message
 through the message's channel, with the transcriber a plugin offers;
 :func:`drop_images` keeps a long photo conversation inside the window by
 replacing old images (oldest first) with a one-line note; :func:`vision_for`
@@ -41,9 +41,11 @@ async def transcriber_of(host: PluginHost, settings: Settings) -> Transcriber | 
     return offered[0] if offered else None
 
 
-async def take_in(message: InboundMessage, workspace: Path, channels: Mapping[str, Channel],
-                  host: PluginHost, settings: Settings) -> Received:
-    """The intake of ``message``'s attachments into ``workspace`` (the sender's)."""
+async def receive_files(message: InboundMessage, workspace: Path,
+                        channels: Mapping[str, Channel], host: PluginHost,
+                        settings: Settings) -> Received:
+    """Fetch ``message``'s attachments through its channel and store them in ``workspace``
+    (the sender's): what was stored, and the notices for what was not."""
     channel = channels.get(message.channel)
 
     async def find() -> Transcriber | None:

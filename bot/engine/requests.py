@@ -125,11 +125,13 @@ class RunCommit:
     reply: str | None
     failed: bool = False
 
-    async def write(self, store: SessionStore, also: Statements | None = None) -> Any:
-        """Write it with ``also`` in the same transaction; returns what ``also`` returned."""
+    async def write(self, store: SessionStore,
+                    same_transaction: Statements | None = None) -> Any:
+        """Write it, and ``same_transaction`` with it; returns what those statements return."""
         return await store.append_run(self.session, self.run_id, list(self.messages),
                                       self.usage, self.model, self.provider, self.record,
-                                      list(self.spans), also=also)
+                                      list(self.spans),
+                                      same_transaction=same_transaction)
 
 
 @dataclass(slots=True)

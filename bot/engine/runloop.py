@@ -38,7 +38,7 @@ from bot.engine.guard import BLOCK_REFUSAL
 from bot.engine.history import limit_turns, prune, repair_pairing, summary_messages
 from bot.engine.judging import judge_reply
 from bot.engine.llm_call import call_model
-from bot.engine.media import drop_images, take_in, vision_for, with_lines
+from bot.engine.media import drop_images, receive_files, vision_for, with_lines
 from bot.engine.requests import (
     NO_REPLY,
     FailureHandler,
@@ -125,7 +125,7 @@ class Run:
         except asyncio.CancelledError as exc:
             # The message given to task.cancel(): "stop", "merged" or "shutdown".
             reason = str(exc.args[0]) if exc.args and exc.args[0] else "cancelled"
-            await finish.cancelled(self, reason)
+            await finish.cancel(self, reason)
             raise
         except TimeoutError:
             result = await finish.fail(self, f"the run took longer than {timeout:g}s")
@@ -134,7 +134,7 @@ class Run:
                 raise  # before the model answered anything: the caller refuses the run
             # A later call of the run: it ends with the refusal, its tool turns dropped
             # (the user's message is kept: it was not what was refused).
-            result = await finish.refuse(self, exc.reply, kept=next(
+            result = await finish.refuse(self, exc.reply, user_turn=next(
                 (m for m in self.buffer if m.role == "user"), None))
         except Exception as exc:
             log.exception("run %s failed", self.req.run_id)
@@ -179,13 +179,13 @@ class Run:
         text, notes = decision.text, list(decision.notes)
         # Files are fetched, stored in the workspace and described to the model, a line
         # each (bot.engine.media); a message of files alone is a turn of its own.
-        media = await take_in(msg, workspace, engine.channels, engine.host, self.settings) \
+        media = await receive_files(msg, workspace, engine.channels, engine.host, self.settings) \
             if msg.attachments else None
         if media is not None:
             text = with_lines(text, media)
             if not media.usable and not msg.text.strip():
                 # Nothing the model could work with: Roost's own notice is the answer.
-                return await finish.refuse(self, "\n".join(media.notices), kept=ChatMessage(
+                return await finish.refuse(self, "\n".join(media.notices), user_turn=ChatMessage(
                     "user", text, sender_id=msg.sender_id, sender_name=msg.display_name))
             for notice in media.notices:
                 # At most once per message: a run repeated after a crash skips what it sent.
@@ -202,7 +202,7 @@ class Run:
                            parts=tuple(media.parts) if media is not None else ())
         self.buffer.append(user)
 
-        # Build messages: ROM (system prompt), Kernel, L2 (summary), L1 (history).
+        # Build messages: ROM (system prompt), Kernel (USER.md, pins), L2 (summary), L1 (recent).
         prompt = PromptContext(
             message=msg, session_key=req.session.key, workspace=workspace,
             tool_names=sorted(self.tools), model=self.settings.model,

@@ -59,13 +59,13 @@ class TokenEstimator:
         BPE vocabularies split other scripts far finer than English: about a
         token per CJK character and one per 1-2 letters of Cyrillic, Arabic,
         Hebrew or Devanagari. At the English ratio those would be
-        underestimated by 60-77% and overflow the window (bench_context.py).
+        underestimated and overflow the window (bench/bench_context.py measures it).
         """
         if text.isascii():  # the common case, and O(1) to check
             return len(text)
         long = len(text) >= _MEMO_MIN_CHARS
         if long:
-            # The system prompt and the ROM come back every run (and several
+            # The system prompt (ROM) and the Kernel come back every run (and several
             # times in one): one dash in them sent kilobytes through two regexes.
             counts = _script_counts.get(text)
             if counts is None:

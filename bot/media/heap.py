@@ -1,23 +1,19 @@
 """Where the buffers of photo preparation live, and when they go back to the system.
 
-Decoding and scaling a 12-megapixel photo takes ~25 MB of short-lived buffers.
 glibc keeps freed memory in the arena of the thread that allocated it, and
-``malloc_trim`` hands back the free pages inside every arena but the *top* of
-the per-thread ones: a worker thread's arena kept up to ~24 MB resident (its
-trim threshold, raised by glibc after the first large buffer), and which of the
-event loop's worker threads decoded which photo decided how much stayed (RSS
-after 100 photos +2 to +22 MB from one run to the next). So:
+``malloc_trim`` does not hand back the *top* of the per-thread arenas, so what
+stays resident after photos must not depend on which thread decoded them
+(bench/README.md, the photo notes, has the figures). So:
 
 - every photo is prepared on one thread (:func:`on_media_thread`): its
   buffers come from one arena, whichever thread asked;
 - the thresholds are fixed at the first photo (:data:`MMAP_THRESHOLD`,
   :data:`KEEP_TOP`) instead of moving with what was freed last;
 - while photos come in, Pillow keeps :data:`BUFFER_BLOCKS` freed image buffers
-  for the next photo and nothing is trimmed (memory handed back costs a page
-  fault per 4 KB when used again: ~7,000 faults, 15-25 ms per photo on this
-  VM); once no photo was prepared for a while, :func:`release_memory` runs on
-  the media thread: Pillow's blocks are freed, the media thread's arena top is
-  trimmed, then ``malloc_trim`` returns the rest.
+  for the next photo and nothing is trimmed (memory handed back costs page
+  faults when used again); once no photo was prepared for a while,
+  :func:`release_memory` runs on the media thread: Pillow's blocks are freed,
+  the media thread's arena top is trimmed, then ``malloc_trim`` returns the rest.
 
 Off glibc the thread and Pillow's cache still apply; the allocator calls do not.
 """
@@ -43,7 +39,7 @@ BUFFER_BLOCKS = 4
 draft decode, the resize pass, the result)."""
 MMAP_THRESHOLD = 16 * 1024 * 1024
 """Allocations from this size on get their own mapping (returned when freed). Fixed, so
-glibc no longer raises it after a large free; Pillow's buffers (16 MB blocks at most)
+glibc does not raise it after a large free; Pillow's buffers (16 MB blocks at most)
 stay below it and are reused from the arena while photos come in."""
 KEEP_TOP = 32 * 1024 * 1024
 """Free memory an arena's top may hold before a free hands it back (twice the mmap
@@ -116,8 +112,7 @@ def release_memory() -> None:
 
     Runs on the media thread (so the arena trimmed first is the one photos
     use): Pillow's kept blocks are freed, that arena's top is trimmed, then
-    ``malloc_trim`` (1-3 ms of CPU when there is memory to return) gives back
-    the free pages of every arena and the main arena's top.
+    ``malloc_trim`` gives back the free pages of every arena and the main arena's top.
     """
     from PIL import _imaging as pillow_core
 
@@ -137,8 +132,7 @@ class Heap:
     model call with a newly prepared file, :meth:`release` schedules
     :func:`release_memory` ``delay`` seconds later (on the media thread: a
     photo prepared meanwhile waits for it, or it for the photo). One thread,
-    started by the first release, keeps the time: a timer thread per photo
-    cost ~0.2 ms of CPU to start and stop.
+    started by the first release, keeps the time (not a timer thread per photo).
     """
 
     def __init__(self) -> None:

@@ -234,12 +234,12 @@ async def receive(
                     if limit == caps.max_file else _over_total(shown, caps.max_total))
             continue
         except MediaError as exc:
-            _failed(out, shown, f"I could not fetch {shown}: {exc}")
+            _fail(out, shown, f"I could not fetch {shown}: {exc}")
             continue
         except Exception as exc:  # a channel bug must not cost the message its text
             log.warning("downloading %s from %s failed: %s", shown, message.channel,
                         type(exc).__name__, exc_info=exc)
-            _failed(out, shown, f"I could not fetch {shown}: the download failed")
+            _fail(out, shown, f"I could not fetch {shown}: the download failed")
             continue
         used += len(data)
         mime = sniff_mime(data, attachment.mime_type, attachment.name)
@@ -253,7 +253,7 @@ async def receive(
             continue
         except (MediaError, ToolError, OSError) as exc:
             log.warning("storing %s in %s failed: %s", shown, workspace, exc)
-            _failed(out, shown, f"I could not store {shown}: "
+            _fail(out, shown, f"I could not store {shown}: "
                     f"{exc if isinstance(exc, MediaError) else 'the workspace is not writable'}")
             continue
         path, width, height, pages = info
@@ -366,6 +366,6 @@ def _refuse(out: Received, name: str, notice: str) -> None:
                      "the user was told]")
 
 
-def _failed(out: Received, name: str, notice: str) -> None:
+def _fail(out: Received, name: str, notice: str) -> None:
     out.notices.append(notice)
     out.lines.append(f"[{name}: could not be received; the user was told]")

@@ -85,8 +85,8 @@ it would have seen of the original)."""
 PASS_SLACK = 1.1
 """An image that needs no scaling for the hard limits (long edge 1568 px, 5 MB) and has
 at most this many times the pixels the API looks at (1280×960, Telegram's usual photo,
-is 2.4% over 1.2 MP) is sent as it is: re-encoding it would cost ~10 ms of CPU and a
-generation of JPEG loss to save the API a resize it does for free."""
+is 2.4% over 1.2 MP) is sent as it is: re-encoding it would cost CPU and a generation
+of JPEG loss to save the API a resize it does for free."""
 OPENAI_SHORT_EDGE = 768
 """OpenAI's high detail scales an image so its short side is at most 768 px."""
 MAX_IMAGE_BASE64 = 5 * 1024 * 1024
@@ -99,7 +99,7 @@ PDF_TEXT_LIMIT = 60_000
 """Characters of extracted PDF text given to a model; the rest is cut with a note."""
 CACHE_BYTES = 8 * 1024 * 1024
 """Prepared payloads kept between model calls (base64 and text characters). Images past
-it are read back from their prepared copy on disk (~1 ms), never prepared again."""
+it are read back from their prepared copy on disk, never prepared again."""
 RELEASE_AFTER_SECONDS = 2.0
 """How long after the last model call with a newly prepared file the decode buffers
 are handed back to the system (see :class:`bot.media.heap.Heap`)."""

@@ -13,7 +13,7 @@ so two receivers of one update record it once). Who runs what:
   whichever replica received them.
 * **Hold.** The holder renews its leases (:meth:`Claims.renew`) well within
   ``lease_seconds`` and releases a session once its entries are done.
-* **Fence.** A run's commit includes :meth:`Claims.fence`: it fails (and the
+* **Lease check.** A run's commit includes :meth:`Claims.lease_check`: it fails (and the
   whole commit rolls back) if the lease is no longer this replica's, so a
   replica that stalled past its lease cannot record an answer the new holder
   is also producing.
@@ -297,7 +297,7 @@ class Claims:
         replies: list[TakenReply] = await transaction(self.db, self.lock, body)
         return replies
 
-    def fence(self, key: str) -> Statements:
+    def lease_check(self, key: str) -> Statements:
         """Statements for a run's commit: raise :class:`LeaseLost` (rolling the commit
         back) unless this replica still holds ``key``; the lease is extended.
 

@@ -288,7 +288,7 @@ def _finished(task: asyncio.Task[Any]) -> None:
         task.exception()  # retrieved: the caller that wanted it may be gone
 
 
-async def settle() -> None:
+async def wait_detached_writes() -> None:
     """Wait for transactions whose callers were cancelled (before closing a connection)."""
     while _IN_FLIGHT:
         await asyncio.gather(*list(_IN_FLIGHT), return_exceptions=True)
@@ -339,7 +339,7 @@ class Writer:
         """Wait for every queued write."""
         while self._task is not None and not self._task.done():
             await asyncio.shield(self._task)
-        await settle()
+        await wait_detached_writes()
 
     def _push(self, op: _Op) -> None:
         self._queue.append(op)

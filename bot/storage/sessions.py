@@ -202,11 +202,11 @@ class SessionStore:
         provider: str = "",
         record: RunRecord | None = None,
         spans: Sequence[Span] = (),
-        also: dbmod.Statements | None = None,
+        same_transaction: dbmod.Statements | None = None,
     ) -> Any:
         """Write everything one run produced, and its trace, atomically.
 
-        ``also`` runs in the same transaction (the dispatcher marks the run's
+        ``same_transaction`` runs in the same transaction (the dispatcher marks the run's
         inbox entries done and queues its reply in the outbox there); its
         result is returned. Flushes that arrive while a write is in progress
         are batched into the next transaction (group commit): each run is
@@ -218,19 +218,19 @@ class SessionStore:
 
         async def body(db: aiosqlite.Connection) -> Any:
             await flush.write(db)
-            return await also(db) if also is not None else None
+            return await same_transaction(db) if same_transaction is not None else None
 
         return await self.writer.write(body, after=flush.apply, what=f"run {run_id[:8]}")
 
     async def record_run(self, record: RunRecord, spans: Sequence[Span] = (),
-                         also: dbmod.Statements | None = None) -> Any:
+                         same_transaction: dbmod.Statements | None = None) -> Any:
         """Write a run's trace on its own (runs that flush no history)."""
         rows = [span_row(s) for s in spans]
 
         async def body(db: aiosqlite.Connection) -> Any:
             await db.execute(_INSERT_RUN, _record_row(record))
             await db.executemany(_INSERT_SPAN, rows)
-            return await also(db) if also is not None else None
+            return await same_transaction(db) if same_transaction is not None else None
 
         return await self.writer.write(body, what=f"trace of run {record.run_id[:8]}")
 
