@@ -40,7 +40,7 @@ from collections import deque
 from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
-from weakref import WeakKeyDictionary
+from weakref import WeakKeyDictionary, ref
 
 import aiohttp
 import certifi
@@ -126,15 +126,15 @@ class Route:
     SDK client (its URL, headers and timeouts).
     """
 
-    __slots__ = ("client", "headers", "loop", "proxy", "session", "timeout", "url")
+    __slots__ = ("_client", "headers", "loop", "proxy", "session", "timeout", "url")
 
     def __init__(self, url: str, headers: dict[str, str], *, connect: float | None,
                  read: float | None, client: anthropic.AsyncAnthropic | None = None) -> None:
         self.url = url
         self.headers = headers
         self.timeout = aiohttp.ClientTimeout(total=None, connect=connect, sock_read=read)
-        self.client = client
-        """The SDK client whose exception types failures take (``None``: this module's)."""
+        # Weak: the route is the value of ``_routes``, weakly keyed by this client.
+        self._client = None if client is None else ref(client)
         self.session: aiohttp.ClientSession | None = None
         self.proxy = _env_proxy(url)
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -168,6 +168,11 @@ class Route:
         headers.update((k, v) for k, v in client.default_headers.items() if isinstance(v, str))
         return cls(str(client._prepare_url(_MESSAGES_PATH)), headers, connect=connect,
                    read=read, client=client)
+
+    @property
+    def client(self) -> anthropic.AsyncAnthropic | None:
+        """The SDK client whose exception types failures take (``None``: this module's)."""
+        return None if self._client is None else self._client()
 
     def session_for(self, loop: asyncio.AbstractEventLoop) -> aiohttp.ClientSession:
         session = self.session

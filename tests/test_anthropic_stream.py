@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -41,6 +43,12 @@ async def _events(client: anthropic.AsyncAnthropic, **overrides: Any) -> list[An
     params.update(overrides)
     async with await open_stream(client, **params) as stream:
         return [event async for event in stream]
+
+
+async def _close(client: anthropic.AsyncAnthropic) -> None:
+    """Close what :func:`open_stream` opened for ``client``, then the client (as ``aclose``)."""
+    await close_streams(client)
+    await client.close()
 
 
 def test_parser_joins_events_split_across_chunks_with_any_line_ending() -> None:
@@ -86,7 +94,7 @@ async def test_stream_sends_the_sdk_request_and_yields_the_events_as_dicts(
     assert sent.body["stream"] is True and sent.body["max_tokens"] == 50
     assert sent.body["system"] == [{"type": "text", "text": "sys"}]
     assert sent.body["tools"] == tools
-    await client.close()
+    await _close(client)
 
 
 async def test_empty_system_and_tools_are_left_out(fake: FakeAnthropic) -> None:
@@ -94,7 +102,7 @@ async def test_empty_system_and_tools_are_left_out(fake: FakeAnthropic) -> None:
     client = _client(fake)
     await _events(client)
     assert "system" not in fake.last_request.body and "tools" not in fake.last_request.body
-    await client.close()
+    await _close(client)
 
 
 async def test_a_client_subclass_goes_through_the_sdk(fake: FakeAnthropic) -> None:
@@ -109,7 +117,7 @@ async def test_a_client_subclass_goes_through_the_sdk(fake: FakeAnthropic) -> No
         assert not isinstance(stream, EventStream)
         types = [event.type async for event in stream]
     assert types[0] == "message_start" and types[-1] == "message_stop"
-    await client.close()
+    await _close(client)
 
 
 async def test_error_status_raises_the_sdk_status_error_with_the_body(
@@ -120,7 +128,7 @@ async def test_error_status_raises_the_sdk_status_error_with_the_body(
         await _events(client)
     assert caught.value.status_code == 401
     assert isinstance(caught.value.body, dict)
-    await client.close()
+    await _close(client)
 
 
 async def test_unreachable_server_raises_the_sdk_connection_error() -> None:
@@ -130,7 +138,7 @@ async def test_unreachable_server_raises_the_sdk_connection_error() -> None:
     with pytest.raises(anthropic.APIConnectionError) as caught:
         await _events(client)
     assert caught.value.__cause__ is not None
-    await client.close()
+    await _close(client)
 
 
 async def test_calls_share_a_connection_and_close_streams_closes_it(fake: FakeAnthropic) -> None:
@@ -150,6 +158,22 @@ async def test_calls_share_a_connection_and_close_streams_closes_it(fake: FakeAn
     await close_streams(client)
     assert connector.closed and route.session is None
     await client.close()
+
+
+async def test_a_closed_client_is_not_kept_alive_by_its_route(fake: FakeAnthropic) -> None:
+    # The route (the value of a dict weakly keyed by the client) must not hold the
+    # client: else neither is ever freed, nor the session of a client not closed.
+    fake.reply_text("ok")
+    client = _client(fake)
+    await _events(client)
+    route = _routes[client]
+    assert route is not None and route.client is client
+    await _close(client)
+    gone = weakref.ref(client)
+    del client
+    gc.collect()
+    assert gone() is None
+    assert route not in _routes.values()
 
 
 async def test_a_proxy_named_in_the_environment_carries_the_call(
