@@ -78,6 +78,7 @@ from roost import (
     check_keys,
     hookimpl,
     str_arg,
+    workspace_lock,
 )
 
 log = logging.getLogger("roost.plugins.exec_tool")
@@ -184,14 +185,17 @@ def build_tool(settings: Settings, sandbox: Sandbox, canary: Canary) -> Tool:
             wall = max(0.1, min(asked, context.remaining() - 1.0))
             workspace = context.workspace.resolve()
             workspace.mkdir(parents=True, exist_ok=True)
-            if run_as is not None:
-                await asyncio.to_thread(hand_over, workspace, run_as)
-            try:
-                outcome = await sandbox.run(workspace, ["/bin/sh", "-c", command],
-                                            network=network, wall=wall)
-            finally:
-                # Also after /stop or a timeout: the bits would stay on the host's disk.
-                stripped = await asyncio.shield(asyncio.to_thread(_strip, workspace))
+            # Held for the run and the clean-up: no tool that lets a library open workspace
+            # paths (sql) works there while the sandbox can create links in it.
+            async with workspace_lock(workspace):
+                if run_as is not None:
+                    await asyncio.to_thread(hand_over, workspace, run_as)
+                try:
+                    outcome = await sandbox.run(workspace, ["/bin/sh", "-c", command],
+                                                network=network, wall=wall)
+                finally:
+                    # Also after /stop or a timeout: the bits would stay on the host's disk.
+                    stripped = await asyncio.shield(asyncio.to_thread(_strip, workspace))
         except SandboxUnavailable as exc:
             raise ToolError(f"exec is unavailable: {exc}. Commands never run outside the "
                             "sandbox.", code="SANDBOX_UNAVAILABLE") from None

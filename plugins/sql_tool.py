@@ -3,10 +3,23 @@
 The database is ``data.sqlite3`` in the user's workspace (fixed; the model
 never names a file). Every call opens its own connection in a worker thread
 with foreign keys enforced, runs one statement in autocommit mode, and closes
-it; calls on one database are serialised by an asyncio lock.
+it; calls are serialised with ``exec`` calls on the same workspace by
+``roost.workspace_lock``.
+
+Race-free file access: SQLite opens its files by path, following links, so
+while the lock is held (no ``exec`` sandbox can then create links in the
+workspace) the tool checks through a workspace descriptor that ``data.sqlite3``
+and ``data.sqlite3-journal``/``-wal``/``-shm`` are regular files or absent,
+opens the database itself without following links, and refuses unless the file
+SQLite opened is that same inode. Every connection keeps its rollback journal
+in memory (``journal_mode=MEMORY``, ``temp_store=MEMORY``; the model cannot
+change ``journal_mode`` or ``locking_mode``), so SQLite creates no file next to
+the database. The cost: a process killed in the middle of a write statement can
+leave that user's database inconsistent or corrupt.
 
 Confinement: an authorizer refuses ``ATTACH`` (a file other than the temporary
-one ``VACUUM`` uses), ``DETACH``, ``load_extension()`` and directory pragmas,
+one ``VACUUM`` uses), ``DETACH``, ``load_extension()``, directory pragmas and
+``journal_mode``/``locking_mode``,
 so no statement reaches another file. A progress handler stops a statement
 that runs past its time limit, or whose call was cancelled, so a runaway query
 cannot pin a worker thread.
@@ -15,8 +28,9 @@ Failures raise :class:`~bot.contracts.tools.ToolError` whose ``details`` are the
 structured fields of ``roost.structure_error``; the code is SQLite's
 extended result name (``SQLITE_CONSTRAINT_FOREIGNKEY``, ``SQLITE_ERROR``...)
 or one of ``INVALID_ARGUMENT``, ``MULTIPLE_STATEMENTS``, ``NOT_ALLOWED``,
-``TRANSACTION_CONTROL``, ``TIMEOUT``, ``CANCELLED``. SQLite's foreign-key error
-names no table, so the tool looks the dependencies up itself.
+``TRANSACTION_CONTROL``, ``TIMEOUT``, ``CANCELLED``, ``UNSAFE_FILE`` (a database
+or journal name in the workspace that is a link or not a regular file). SQLite's
+foreign-key error names no table, so the tool looks the dependencies up itself.
 """
 
 from __future__ import annotations
@@ -24,11 +38,12 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import re
 import sqlite3
+import stat
 import threading
 import time
-import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,9 +58,12 @@ from roost import (
     ToolContext,
     ToolError,
     hookimpl,
+    lstat_at,
+    open_beneath,
+    open_root,
     parse_statement,
-    resolve_in_workspace,
     structure_error,
+    workspace_lock,
 )
 
 DB_FILE = "data.sqlite3"
@@ -67,11 +85,12 @@ _PROGRESS_OPS = 1_000
 _TRANSACTION = re.compile(r"(?:BEGIN|COMMIT|END|ROLLBACK|SAVEPOINT|RELEASE)\b", re.IGNORECASE)
 _COMMENTS = re.compile(r"--[^\n]*|/\*.*?\*/", re.DOTALL)
 _DENIED_FUNCTIONS = frozenset({"load_extension", "fts3_tokenizer"})
-_DENIED_PRAGMAS = frozenset({"temp_store_directory", "data_store_directory"})
+_DENIED_PRAGMAS = frozenset({"temp_store_directory", "data_store_directory", "journal_mode",
+                             "locking_mode"})
+_SIDE_FILES = tuple(DB_FILE + suffix for suffix in ("-journal", "-wal", "-shm"))
+"""The files SQLite opens by path next to the database (absent with an in-memory journal)."""
+_SETUP = ("PRAGMA journal_mode = MEMORY", "PRAGMA temp_store = MEMORY", "PRAGMA foreign_keys = ON")
 _RETRYABLE = ("SQLITE_BUSY", "SQLITE_LOCKED")
-
-# One lock per database file; weak values drop idle locks.
-_db_locks: weakref.WeakValueDictionary[Path, asyncio.Lock] = weakref.WeakValueDictionary()
 
 Param = str | int | float | None
 
@@ -87,18 +106,22 @@ def make_sql_tool(*, max_rows: int = MAX_ROWS, query_timeout: float = QUERY_TIME
 
     async def sql(context: ToolContext, args: Mapping[str, Any]) -> str:
         query, params = _arguments(args)
-        database = resolve_in_workspace(context.workspace, DB_FILE)
-        async with _lock_for(database):
+        async with workspace_lock(context.workspace):
             budget = min(query_timeout, context.remaining())
             if budget <= 0:
                 raise ToolError("no time left in this run for the query", code="TIMEOUT",
                                 details=_details("no time left", "TIMEOUT", ERROR_TYPE_TIMEOUT))
             stop = threading.Event()
+            work = asyncio.ensure_future(asyncio.to_thread(
+                _run, Path(context.workspace), query, params, budget, max_rows, stop))
             try:
-                return await asyncio.to_thread(
-                    _run, database, query, params, budget, max_rows, stop)
+                return await asyncio.shield(work)
             except asyncio.CancelledError:
                 stop.set()  # the worker's progress handler interrupts the statement
+                # Keep the workspace locked until SQLite has let go of its files.
+                await asyncio.wait([work])
+                if not work.cancelled():
+                    work.exception()  # retrieved: the call is cancelled whatever it raised
                 raise
 
     return Tool(
@@ -167,30 +190,108 @@ def _arguments(args: Mapping[str, Any]) -> tuple[str, tuple[Param, ...]]:
     return query, tuple(params)
 
 
-def _lock_for(database: Path) -> asyncio.Lock:
-    lock = _db_locks.get(database)
-    if lock is None:
-        lock = _db_locks[database] = asyncio.Lock()
-    return lock
-
-
 # --- the worker thread ---------------------------------------------------------------
 
 
-def _run(database: Path, query: str, params: Sequence[Param], budget: float, max_rows: int,
+def _unsafe(name: str, what: str) -> ToolError:
+    message = (f"refused: {name} in your workspace is {what}, not a regular file; the sql "
+               f"tool never opens it. Remove or rename {name} and retry")
+    return ToolError(message, code="UNSAFE_FILE", details=_details(
+        message, "UNSAFE_FILE", ERROR_TYPE_PERMISSION, affected=[name],
+        actions=[f"Remove or rename {name} in your workspace"]))
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    return "a special file"
+
+
+def _open_checked(workspace: Path) -> tuple[int, os.stat_result]:
+    """The database opened below ``workspace`` without following links (created when
+    absent), after checking that it and its side files are regular files or absent."""
+    root = open_root(workspace)
+    try:
+        for name in (DB_FILE, *_SIDE_FILES):
+            try:
+                status = lstat_at(root, name)
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISREG(status.st_mode):
+                raise _unsafe(name, _kind(status.st_mode))
+            if status.st_nlink > 1:
+                raise _unsafe(name, "a hard link to another file")
+        try:
+            fd = open_beneath(root, (DB_FILE,), os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o644)
+        except OSError as exc:
+            raise _unsafe(DB_FILE, "a symbolic link or special file") from exc
+    finally:
+        os.close(root)
+    status = os.fstat(fd)
+    if not stat.S_ISREG(status.st_mode):
+        os.close(fd)
+        raise _unsafe(DB_FILE, _kind(status.st_mode))
+    return fd, status
+
+
+def _open_fds() -> set[int]:
+    """This process's open descriptors (without the one used to list them)."""
+    listing = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return {int(name) for name in os.listdir(listing)} - {listing}
+    finally:
+        os.close(listing)
+
+
+def _opened_same_file(before: set[int], checked: os.stat_result) -> bool:
+    """Whether a descriptor opened since ``before`` is the ``checked`` file."""
+    for fd in _open_fds() - before:
+        try:
+            status = os.fstat(fd)
+        except OSError:  # closed meanwhile (another thread's)
+            continue
+        if (status.st_dev, status.st_ino) == (checked.st_dev, checked.st_ino):
+            return True
+    return False
+
+
+def _connect(workspace: Path, timeout: float) -> sqlite3.Connection:
+    """A connection to the workspace's database, proved to be the file checked race-free."""
+    try:
+        fd, checked = _open_checked(workspace)
+    except OSError as exc:
+        raise ToolError(f"cannot open the database: {exc.strerror or exc}",
+                        code="SQLITE_CANTOPEN") from None
+    try:
+        before = _open_fds()
+        try:
+            conn = sqlite3.connect(os.path.join(os.path.realpath(workspace), DB_FILE),
+                                   timeout=timeout, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise _sqlite_error(exc, f"cannot open the database: {exc}") from None
+        if not _opened_same_file(before, checked):
+            conn.close()
+            raise _unsafe(DB_FILE, "replaced while it was opened (a link or another file)")
+    finally:
+        # Before SQLite takes a lock: closing another descriptor of the file drops its locks.
+        os.close(fd)
+    try:
+        for pragma in _SETUP:
+            conn.execute(pragma)
+    except sqlite3.Error as exc:
+        conn.close()
+        raise _sqlite_error(exc, f"cannot use the database: {exc}") from None
+    return conn
+
+
+def _run(workspace: Path, query: str, params: Sequence[Param], budget: float, max_rows: int,
          stop: threading.Event) -> str:
     deadline = time.monotonic() + budget
     denied: list[str] = []
+    conn = _connect(workspace, min(BUSY_TIMEOUT, budget))
     try:
-        conn = sqlite3.connect(database, timeout=min(BUSY_TIMEOUT, budget),
-                               isolation_level=None)
-    except sqlite3.Error as exc:
-        raise _sqlite_error(exc, f"cannot open the database: {exc}") from None
-    try:
-        try:
-            conn.execute("PRAGMA foreign_keys = ON")
-        except sqlite3.Error as exc:
-            raise _sqlite_error(exc, f"cannot use the database: {exc}") from None
         conn.set_authorizer(lambda *a: _authorize(denied, *a))
         conn.set_progress_handler(
             lambda: 1 if stop.is_set() or time.monotonic() > deadline else 0, _PROGRESS_OPS)

@@ -128,8 +128,17 @@ from bot.tools.structured_errors import SYNTAX as ERROR_TYPE_SYNTAX
 from bot.tools.structured_errors import TIMEOUT as ERROR_TYPE_TIMEOUT
 from bot.tools.structured_errors import UNKNOWN as ERROR_TYPE_UNKNOWN
 from bot.tools.structured_errors import extract as structure_error
-from workspaces import read_cached, resolve_in_workspace, workspace_dir
-from workspaces.beneath import Parts, lstat_at, make_dirs, open_dir, read_fd, write_atomic
+from workspaces import read_cached, resolve_in_workspace, workspace_dir, workspace_lock
+from workspaces.beneath import (
+    Parts,
+    lstat_at,
+    make_dirs,
+    open_beneath,
+    open_dir,
+    open_root,
+    read_fd,
+    write_atomic,
+)
 from workspaces.cache import clip
 from workspaces.root import WorkspaceRoot, user_parts
 
@@ -252,7 +261,9 @@ __all__ = [
     "mask_text",
     "month_of",
     "normalize_code",
+    "open_beneath",
     "open_dir",
+    "open_root",
     "parse_retry_after",
     "parse_statement",
     "pdf_text",
@@ -269,5 +280,6 @@ __all__ = [
     "user_parts",
     "user_workspace",
     "workspace_dir",
+    "workspace_lock",
     "write_atomic",
 ]

@@ -359,7 +359,7 @@ async def test_a_symlinked_database_outside_the_workspace_is_refused(
     outside = tmp_path / "outside.sqlite3"
     (ws / sql_tool.DB_FILE).symlink_to(outside)
     err = await fails(tool, ctx, "CREATE TABLE t (id INT)")
-    assert err.code == "PATH_ESCAPE"
+    assert err.code == "UNSAFE_FILE"
     assert not outside.exists()
 
 

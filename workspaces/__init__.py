@@ -6,10 +6,12 @@ Every user gets a private directory ``<workspaces_dir>/<channel>/<user_id>``
 :class:`WorkspaceRoot` (:mod:`workspaces.root`): each path is opened once below
 the workspace with no link followed at open (:mod:`workspaces.beneath`), and
 the caller works on the descriptor. :func:`resolve_in_workspace` only checks a
-path (for code that must hand a path to a library that opens it itself).
+path (for code that must hand a path to a library that opens it itself);
+such code holds :func:`workspace_lock`, which ``exec`` holds too.
 """
 
 from workspaces.cache import read_cached
+from workspaces.exclusive import workspace_lock
 from workspaces.files import MAX_FILE_NAME, safe_file_name, store_file
 from workspaces.paths import (
     MAX_COMPONENT_LENGTH,
@@ -46,4 +48,5 @@ __all__ = [
     "template_text",
     "user_parts",
     "workspace_dir",
+    "workspace_lock",
 ]
