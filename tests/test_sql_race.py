@@ -122,7 +122,7 @@ async def test_a_database_swapped_for_a_link_to_another_database_is_never_read(
                                                    str(outside), str(stop))
     outcomes: dict[str, int] = {}
     try:
-        for _ in range(300):
+        for _ in range(1000):
             try:
                 text = await sql(tool, ws, "SELECT x FROM secret")
                 key = "READ " + text
