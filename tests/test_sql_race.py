@@ -20,6 +20,7 @@ from bot.config.settings import Settings
 from bot.contracts.tools import Tool, ToolContext, ToolError
 from plugins import sql_tool
 from plugins.exec_tool import roost_tools
+from roost import workspace_lock
 
 DB = sql_tool.DB_FILE
 HOST_BYTES = b"\x00" * 4096 + b"a host file the sql tool must never write\n"
@@ -180,3 +181,54 @@ async def test_exec_and_sql_on_different_workspaces_run_together(root: Path) -> 
     assert not held.done()
     (busy / "go").touch()
     assert str(await held).startswith("[exit code 0;")
+
+
+def descriptors_of(path: Path) -> int:
+    """How many of this process's descriptors are open on ``path``'s file."""
+    wanted = os.stat(path)
+    count = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            status = os.stat(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        count += (status.st_dev, status.st_ino) == (wanted.st_dev, wanted.st_ino)
+    return count
+
+
+_BLOCKER = """
+import os, sqlite3, sys, time
+db, ready, stop = sys.argv[1:4]
+conn = sqlite3.connect(db, isolation_level=None)
+conn.execute("BEGIN EXCLUSIVE")
+open(ready, "w").close()
+while not os.path.exists(stop):
+    time.sleep(0.01)
+conn.close()
+"""
+
+
+async def test_a_cancelled_call_keeps_the_workspace_until_sqlite_has_let_go(
+        root: Path) -> None:
+    tool = sql_tool.make_sql_tool(query_timeout=3.0)
+    ws = workspace(root)
+    await sql(tool, ws, "CREATE TABLE t (x TEXT)")
+    stop = root / "stop"
+    blocker = await asyncio.create_subprocess_exec(  # another process holds the database
+        sys.executable, "-c", _BLOCKER, str(ws / DB), str(root / "ready"), str(stop))
+    try:
+        await wait_for_file(root / "ready", asyncio.ensure_future(blocker.wait()))
+        call = asyncio.ensure_future(sql(tool, ws, "INSERT INTO t VALUES ('x')"))
+        for _ in range(3000):  # the call waits in SQLite's busy handler
+            if descriptors_of(ws / DB):
+                break
+            await asyncio.sleep(0.001)
+        assert descriptors_of(ws / DB), "the call never opened the database"
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert descriptors_of(ws / DB) == 0  # SQLite has let go of the workspace
+        assert not workspace_lock(ws).locked()
+    finally:
+        stop.touch()
+        await asyncio.wait_for(blocker.wait(), 30)
