@@ -1,7 +1,8 @@
 """No ``roost`` command prints a secret.
 
 Every subcommand, enumerated from the click group (a new command is covered without
-touching this file), runs as a real process against settings full of credentials: in
+touching this file), runs as a process of its own (a fork of one that imported the command
+line) against settings full of credentials: in
 URLs (``user:password@``), in secret query parameters, in MCP tables, in the
 environment. Neither stdout nor stderr may hold any of them, on SQLite and with a
 PostgreSQL URL that cannot be reached (whose error names the URL).
@@ -9,11 +10,11 @@ PostgreSQL URL that cannot be reached (whose error names the URL).
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import click
@@ -21,8 +22,6 @@ import pytest
 
 from bot.app.cli import cli
 from bot.app.init import credential_names, env_name
-
-ROOST = [sys.executable, "-m", "bot"]
 
 
 def closed_port() -> int:
@@ -117,17 +116,73 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run(args: tuple[str, ...], root: Path, database: str) -> tuple[str, str]:
-    cwd = root / "-".join(a.replace("/", "_")[:20] for a in args)
-    cwd.mkdir()
-    (cwd / "roost.toml").write_text(CONFIG)
-    env = clean_env(**ENV, ROOST_DATABASE_URL=database)
+DRIVER = r"""
+import json, os, sys, time
+from bot.app.cli import main  # imported once; each command runs in a fork of this process
+
+def start(job):
+    pid = os.fork()
+    if pid:
+        return pid
+    os.chdir(job["cwd"])
+    read, write = os.pipe()
+    os.close(write)  # stdin: an empty pipe, as subprocess.run(input="") gives
+    os.dup2(read, 0)
+    for fd, name in ((1, "out"), (2, "err")):
+        os.dup2(os.open(job[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
+    sys.argv = ["roost", *job["args"]]
+    code = 0
     try:
-        done = subprocess.run([*ROOST, *args], cwd=cwd, env=env, input="",
-                              capture_output=True, text=True, timeout=90)
-    except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"roost {' '.join(args)} did not end within 90 s") from exc
-    return done.stdout, done.stderr
+        main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+jobs = json.loads(sys.stdin.read())
+running, late = {}, []
+pending = list(jobs)
+while pending or running:
+    while pending and len(running) < 4:
+        job = pending.pop(0)
+        running[start(job)] = (job, time.monotonic() + 90)
+    pid, _ = os.waitpid(-1, os.WNOHANG)
+    if pid:
+        running.pop(pid, None)
+        continue
+    for pid, (job, deadline) in list(running.items()):
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            late.append(job["args"])
+    time.sleep(0.01)
+print(json.dumps(late))
+"""
+"""Runs every invocation in a fork of one process that imported the command line once
+(each fork is a fresh ``roost`` process in all but the import), four at a time."""
+
+
+def run_all(invocations: list[tuple[str, ...]], root: Path,
+            database: str) -> list[tuple[str, str]]:
+    jobs = []
+    for args in invocations:
+        cwd = root / "-".join(a.replace("/", "_")[:20] for a in args)
+        cwd.mkdir()
+        (cwd / "roost.toml").write_text(CONFIG)
+        jobs.append({"args": list(args), "cwd": str(cwd), "out": str(cwd / "stdout"),
+                     "err": str(cwd / "stderr")})
+    env = clean_env(**ENV, ROOST_DATABASE_URL=database)
+    done = subprocess.run([sys.executable, "-c", DRIVER], cwd=root, env=env,
+                          input=json.dumps(jobs), capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    late = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not late, f"these did not end within 90 s: {late}"
+    return [(Path(job["out"]).read_text(), Path(job["err"]).read_text()) for job in jobs]
 
 
 def test_every_command_is_enumerated() -> None:
@@ -141,8 +196,7 @@ def test_every_command_is_enumerated() -> None:
 @pytest.mark.parametrize("database", ["", DATABASE_URL], ids=["sqlite", "postgresql-url"])
 def test_no_command_prints_a_secret(tmp_path: Path, database: str) -> None:
     invocations = every_command() + EXTRA
-    with ThreadPoolExecutor(4) as pool:
-        outputs = list(pool.map(lambda a: run(a, tmp_path, database), invocations))
+    outputs = run_all(invocations, tmp_path, database)
     leaks = []
     for args, (out, err) in zip(invocations, outputs, strict=True):
         for secret in [*SECRETS.values(), *URL_SECRETS.values()]:
