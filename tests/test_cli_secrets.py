@@ -11,7 +11,6 @@ PostgreSQL URL that cannot be reached (whose error names the URL).
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import click
 import pytest
 
 from bot.app.cli import cli
-from bot.app.init import credential_names, env_name
+from tests.test_first_contact import clean_env
 
 
 def closed_port() -> int:
@@ -104,16 +103,6 @@ def every_command(group: click.Group = cli, path: tuple[str, ...] = ()) -> list[
                 args.append(value)
         found.append((*path, name, *args))
     return found
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    names = {env_name(n) for n in credential_names()} | {
-        "ANTHROPIC_BASE_URL", "OPENAI_BASE_URL", "TELEGRAM_API_BASE"}
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("ROOST_", "OTEL_")) and k not in names}
-    env.update(PYTHONUNBUFFERED="1", ROOST_DISABLE_PLUGIN_AUTOLOAD="1")
-    env.update(extra)
-    return env
 
 
 DRIVER = r"""
