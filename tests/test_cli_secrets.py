@@ -40,7 +40,7 @@ SECRETS = {
 URL_SECRETS = {name: f"{name}-S3CRET-{n:02}" for n, name in enumerate((
     "oaiPW", "oaiQK", "oaiAT", "searxTOK", "whisperPW", "whisperKEY", "whisperSECRET",
     "whisperPASSWORD", "mcpPW", "mcpKEY", "mcpSIG", "stdioPW", "stdioTOK", "stdioENV",
-    "pluginKEY", "dbPW", "dbSSL", "copyPW", "copyTOK", "otelPW"))}
+    "pluginKEY", "dbPW", "dbSSL", "copyPW", "copyTOK", "otelPW", "pipPW", "pipTOK"))}
 U = URL_SECRETS
 OPENAI_URL = (f"http://oai:{U['oaiPW']}@127.0.0.1:{PORT}/v1?api_key={U['oaiQK']}"
               f"&access_token={U['oaiAT']}")
@@ -71,7 +71,10 @@ api_key = "{U['pluginKEY']}"
 """
 ENV = {**SECRETS, "OPENAI_BASE_URL": OPENAI_URL, "ROOST_HTTP_PORT": str(PORT),
        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://otel:{U['otelPW']}@127.0.0.1:{PORT}",
-       "PIP_NO_INDEX": "1", "ROOST_LOG_LEVEL": "DEBUG"}
+       # pip prints the index URL it looks in; it redacts the password, not the query.
+       "PIP_INDEX_URL": f"http://pip:{U['pipPW']}@127.0.0.1:{PORT}/simple?token={U['pipTOK']}",
+       "PIP_RETRIES": "0", "PIP_TIMEOUT": "2", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+       "ROOST_LOG_LEVEL": "DEBUG"}
 
 ARGUMENTS = {"name": "web", "error_id": "E0000000", "code": "ABCD1234",
              "names": "roost-plugin-that-does-not-exist", "source": COPY_URL,

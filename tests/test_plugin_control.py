@@ -419,3 +419,19 @@ def test_cli_install_and_uninstall_run_pip_in_roosts_environment(
     monkeypatch.setattr(plugin_install, "plugin_entry_points", dict)
     failed = CliRunner().invoke(cli, ["plugins", action, "roost-new"], obj={})
     assert failed.exit_code == 1 and f"pip {action} failed" in failed.output
+
+
+async def test_pips_lines_reach_the_chat_with_credentials_masked() -> None:
+    """``/plugin install`` streams pip's lines into the chat: pip redacts an index URL's
+    password but not a token in its query, so every line goes through the masking."""
+    shown: list[str] = []
+
+    async def show(line: str) -> None:
+        shown.append(line)
+
+    url = "https://pip:PW-S3CRET@index.example/simple?token=TOK-S3CRET"
+    code, lines = await run_streaming(
+        [sys.executable, "-c", f"print('Looking in indexes: {url}')"], show)
+    assert code == 0 and lines == shown
+    assert shown == ["Looking in indexes: https://pip:********@index.example/simple"
+                     "?token=********"]

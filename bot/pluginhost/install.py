@@ -8,6 +8,7 @@ import re
 import sys
 from collections.abc import Awaitable, Callable
 
+from bot.config.masking import mask_text
 from bot.pluginhost.manager import ENTRY_POINT_GROUP
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?"
@@ -49,7 +50,8 @@ async def run_streaming(command: list[str], on_line: Callable[[str], Awaitable[N
                         ) -> tuple[int, list[str]]:
     """Run ``command`` without blocking the event loop; each output line goes to ``on_line``.
 
-    Returns the exit code and the output lines. Cancelling kills the process.
+    Returns the exit code and the output lines, credentials masked. Cancelling kills the
+    process.
     """
     proc = await asyncio.create_subprocess_exec(
         *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
@@ -58,7 +60,8 @@ async def run_streaming(command: list[str], on_line: Callable[[str], Awaitable[N
     lines: list[str] = []
     try:
         async for raw in proc.stdout:
-            line = raw.decode(errors="replace").rstrip()
+            # pip prints its index URLs (a token in their query is not redacted by pip).
+            line = mask_text(raw.decode(errors="replace").rstrip())
             if line:
                 lines.append(line)
                 await on_line(line)

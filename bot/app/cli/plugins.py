@@ -108,7 +108,15 @@ def _pip(ctx: click.Context, action: str, names: tuple[str, ...]) -> None:
             # pip uninstalls only inside its own environment.
             outside = [n for n in names if not plugins_dir.uninstall(settings.plugins_dir, n)]
             command = pip_command(action, outside) if outside else []
-    code = subprocess.call(command) if command else 0
+    code = 0
+    if command:
+        # pip's lines go through echo, masked: it prints its index URLs, query and all.
+        with subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, errors="replace") as pip:
+            assert pip.stdout is not None
+            for line in pip.stdout:
+                echo(line.rstrip("\n"))
+            code = pip.wait()
     if code != 0:
         echo(f"roost: pip {action} failed (exit code {code})", err=True)
         sys.exit(code)
