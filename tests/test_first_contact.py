@@ -329,7 +329,8 @@ def test_plugins_install_targets_plugins_dir_and_uninstall_removes_from_it(
 
     plugins = tmp_path / "plugins"
     commands: list[list[str]] = []
-    monkeypatch.setattr("subprocess.call", lambda command: commands.append(command) or 0)
+    monkeypatch.setattr("bot.app.cli.plugins.run_pip",
+                        lambda command: commands.append(command) or 0)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))  # the directory is added to it
     monkeypatch.setenv("ROOST_PLUGINS_DIR", str(plugins))

@@ -393,7 +393,6 @@ def test_cli_enable_disable_persist_and_list(site: Path, tmp_path: Path) -> None
 @pytest.mark.parametrize("action", ["install", "uninstall"])
 def test_cli_install_and_uninstall_run_pip_in_roosts_environment(
         monkeypatch: pytest.MonkeyPatch, action: str) -> None:
-    import subprocess as sp
 
     from click.testing import CliRunner
 
@@ -406,7 +405,7 @@ def test_cli_install_and_uninstall_run_pip_in_roosts_environment(
         calls.append(cmd)
         return 0
 
-    monkeypatch.setattr(sp, "call", call)
+    monkeypatch.setattr("bot.app.cli.plugins.run_pip", call)
     states = iter([{"old": "roost-old"}, {"new": "roost-new"}])
     monkeypatch.setattr(plugin_install, "plugin_entry_points", lambda: next(states))
     result = CliRunner().invoke(cli, ["plugins", action, "roost-new", "roost-x"], obj={})
@@ -415,7 +414,7 @@ def test_cli_install_and_uninstall_run_pip_in_roosts_environment(
     assert calls == [[sys.executable, "-m", "pip", action, *extra, "roost-new", "roost-x"]]
     assert "new plugins: new (roost-new); removed plugins: old (roost-old)" in result.output
 
-    monkeypatch.setattr(sp, "call", lambda cmd: 1)
+    monkeypatch.setattr("bot.app.cli.plugins.run_pip", lambda cmd: 1)
     monkeypatch.setattr(plugin_install, "plugin_entry_points", dict)
     failed = CliRunner().invoke(cli, ["plugins", action, "roost-new"], obj={})
     assert failed.exit_code == 1 and f"pip {action} failed" in failed.output

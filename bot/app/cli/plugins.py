@@ -92,8 +92,6 @@ def plugins_list(ctx: click.Context, as_json: bool, show_all: bool) -> None:
 
 
 def _pip(ctx: click.Context, action: str, names: tuple[str, ...]) -> None:
-    import subprocess
-
     from bot.pluginhost.install import describe_change, pip_command, plugin_entry_points
 
     settings = cli_settings(ctx)  # puts plugins_dir on sys.path
@@ -108,20 +106,25 @@ def _pip(ctx: click.Context, action: str, names: tuple[str, ...]) -> None:
             # pip uninstalls only inside its own environment.
             outside = [n for n in names if not plugins_dir.uninstall(settings.plugins_dir, n)]
             command = pip_command(action, outside) if outside else []
-    code = 0
-    if command:
-        # pip's lines go through echo, masked: it prints its index URLs, query and all.
-        with subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, errors="replace") as pip:
-            assert pip.stdout is not None
-            for line in pip.stdout:
-                echo(line.rstrip("\n"))
-            code = pip.wait()
+    code = run_pip(command) if command else 0
     if code != 0:
         echo(f"roost: pip {action} failed (exit code {code})", err=True)
         sys.exit(code)
     echo(describe_change(before, plugin_entry_points()))
     echo("Restart Roost to apply the change.")
+
+
+def run_pip(command: list[str]) -> int:
+    """Run pip, each of its lines echoed masked (it prints its index URLs, a token in their
+    query included); its exit code."""
+    import subprocess
+
+    with subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, errors="replace") as pip:
+        assert pip.stdout is not None
+        for line in pip.stdout:
+            echo(line.rstrip("\n"))
+        return pip.wait()
 
 
 @plugins.command("install")
