@@ -232,7 +232,11 @@ async def test_a_fork_bomb_stops_at_the_process_limit(root: Path, workspace: Pat
     result = await run(tool, workspace, f"{marker}() {{ {marker} | {marker} & }}; {marker}; "
                        "exec sleep 30", timeout=2)
     status, output = status_and_output(result)
-    assert status.startswith("[killed: still running after 2s"), (status, output[:500])
+    # Either the shell reached `exec sleep` and was killed at the timeout, or the bomb had
+    # spent the limit before the shell's own next fork, which ends dash with status 2:
+    # both are the limit holding. What must never happen is a bomb left running.
+    assert (status.startswith("[killed: still running after 2s")
+            or status.startswith("[exit code 2")), (status, output[:500])
     assert "Cannot fork" in output, output[:2000]
     assert processes_with(marker) == []
 
