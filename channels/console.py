@@ -255,8 +255,8 @@ async def _stdin_lines() -> AsyncIterator[str]:
     """Yield stdin lines without blocking the loop (pipes, ttys and plain files)."""
     loop = asyncio.get_running_loop()
     mode = os.fstat(sys.stdin.fileno()).st_mode
-    if stat.S_ISREG(mode):
-        # epoll cannot watch regular files; they never block anyway.
+    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or sys.stdin.isatty()):
+        # epoll cannot watch regular files or devices such as /dev/null; they never block.
         while line := await asyncio.to_thread(sys.stdin.readline):
             yield line
         return

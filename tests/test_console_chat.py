@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import re
 import subprocess
 import sys
@@ -63,6 +64,15 @@ def test_piped_lines_are_separate_turns_answered_in_order(tmp_path: Path) -> Non
     out = result.stdout
     assert out.index("Noted in MEMORY.md") < out.index("Hello! I'm Roost") \
         < out.index("(demo) You said: how are you")
+
+
+def test_stdin_from_dev_null_ends_the_chat_cleanly(tmp_path: Path) -> None:
+    # /dev/null is a character device epoll refuses to watch: it is read like a file.
+    with open(os.devnull) as null:
+        result = subprocess.run([*ROOST, "chat", "--demo"], cwd=tmp_path, env=clean_env(),
+                                stdin=null, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "error" not in result.stderr.lower(), result.stderr
 
 
 def test_a_demo_reminder_fires_in_the_open_chat(tmp_path: Path) -> None:
