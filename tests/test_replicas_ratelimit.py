@@ -18,7 +18,7 @@ from bot.dispatch.replicas import ReplicaWork
 from bot.testing.app import closing_apps, create_app, scripted
 from bot.testing.telegram import FakeTelegram
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
-from channels.ratelimit import TELEGRAM_LIMITS, Limits, Rate, RateLimiter, share_of
+from channels.delivery import TELEGRAM_LIMITS, Limits, Rate, RateLimiter, share_of
 from channels.telegram import TelegramChannel
 from tests.test_channel_helpers import Clock
 

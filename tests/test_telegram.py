@@ -24,8 +24,7 @@ from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.testing.app import EventRecorder, closing_apps, create_app, scripted, settle
 from bot.testing.telegram import BOB, Call, FakeTelegram, parse_html, user
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
-from channels.delivery import DeliveryPolicy
-from channels.ratelimit import Limits
+from channels.delivery import DeliveryPolicy, Limits
 from channels.telegram import TelegramChannel
 from channels.telegram_format import MAX_TEXT, split_for_telegram, to_html, utf16_len
 from plugins.scripted_provider import ScriptedProvider

@@ -28,8 +28,7 @@ from aiogram.methods import SendMessage
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.testing.telegram import FakeTelegram
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
-from channels.delivery import DeliveryPolicy, RateLimited, Transient
-from channels.ratelimit import TELEGRAM_LIMITS, Limits
+from channels.delivery import TELEGRAM_LIMITS, DeliveryPolicy, Limits, RateLimited, Transient
 from channels.telegram import ChatMigrated, translated
 from tests.test_telegram_intake import Inbox, StartTg
 from tests.test_telegram_intake import start_tg as _start_tg  # noqa: F401  (the fixture)

@@ -24,8 +24,7 @@ from bot.config.settings import Settings, SetupError
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.testing.telegram import Call, FakeTelegram, RawJson
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
-from channels.delivery import DeliveryPolicy
-from channels.ratelimit import Limits
+from channels.delivery import DeliveryPolicy, Limits
 from channels.telegram import TelegramChannel
 
 FAST = DeliveryPolicy(attempts=3, base_delay=0.01, max_delay=0.05)

@@ -24,7 +24,7 @@ given is skipped without moving the offset (the server would read it as
 "forget the queue"). ``stop_intake`` stops receiving at once (the webhook
 answers 503 from then on) while replies can still be sent until ``stop``.
 
-Sending honours Telegram's limits (``channels.ratelimit``): after a 429 nothing
+Sending honours Telegram's limits (``channels.delivery``): after a 429 nothing
 goes to that chat until ``retry_after`` has passed, a proactive budget keeps
 the documented rates, and streaming drafts and typing indicators give way to
 final replies. Every aiogram error is mapped in :func:`translated`.

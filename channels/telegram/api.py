@@ -27,8 +27,7 @@ from aiogram.methods import (
 from aiogram.methods.base import TelegramType
 
 from bot.contracts.channel import marked_send
-from channels.delivery import DeliveryPolicy, RateLimited, deliver
-from channels.ratelimit import BOT, RateLimiter
+from channels.delivery import BOT, DeliveryPolicy, RateLimited, RateLimiter, deliver
 from channels.telegram.chats import Chats
 from channels.telegram.errors import ChatMigrated, translated
 

@@ -30,8 +30,7 @@ from aiogram.utils.token import TokenValidationError, validate_token
 from bot.config.settings import SetupError
 from bot.contracts.channel import Channel, ChannelHealth, InboundHandler, ReplyStream
 from bot.contracts.messages import Attachment, InboundMessage, OutboundMessage
-from channels.delivery import DeliveryPolicy
-from channels.ratelimit import TELEGRAM_LIMITS, Limits, RateLimiter
+from channels.delivery import TELEGRAM_LIMITS, DeliveryPolicy, Limits, RateLimiter
 from channels.telegram.api import BotApi, ReplyGate
 from channels.telegram.chats import Chats
 from channels.telegram.intake import Updates

@@ -12,8 +12,7 @@ from aiogram.methods import GetUpdates
 from aiogram.types import Update
 
 from bot.contracts.channel import READY, ChannelHealth, Leadership
-from channels.delivery import RateLimited, Transient
-from channels.ratelimit import RateLimiter
+from channels.delivery import RateLimited, RateLimiter, Transient
 from channels.telegram.errors import backoff, describe_error, translated
 from channels.telegram.intake import ALLOWED_UPDATES, CONNECTING, Updates
 from channels.telegram.parsing import TolerantSession
