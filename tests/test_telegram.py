@@ -24,9 +24,10 @@ from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.testing.app import EventRecorder, closing_apps, create_app, scripted, settle
 from bot.testing.telegram import BOB, Call, FakeTelegram, parse_html, user
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
+from channels.chunking import split_message
 from channels.delivery import DeliveryPolicy, Limits
 from channels.telegram import TelegramChannel
-from channels.telegram_format import MAX_TEXT, split_for_telegram, to_html, utf16_len
+from channels.telegram.sender import MAX_TEXT, split_for_telegram, to_html, utf16_len
 from plugins.scripted_provider import ScriptedProvider
 
 GROUP = -1001234567890
@@ -619,6 +620,17 @@ def test_split_counts_utf16_units() -> None:
     pieces = split_for_telegram(text)
     assert all(utf16_len(p) <= MAX_TEXT for p in pieces)
     assert "".join(pieces).replace(" ", "") == "😀" * 3000
+
+
+@pytest.mark.parametrize("text", [
+    "hi", "\n\nhi there\n\n", "\n \n", "", "😀" * (MAX_TEXT // 2), "😀" * (MAX_TEXT // 2 + 1),
+    "a" * MAX_TEXT, "\n" + "a" * MAX_TEXT + "\n", "a" * (MAX_TEXT + 1), "```py\nx = 1\n```"])
+def test_a_reply_that_fits_is_the_piece_the_cutter_would_give(text: str) -> None:
+    # Text within the limit is not cut at all; it must come out as cutting would give it.
+    cut = [p for piece in split_message(text, MAX_TEXT)
+           for p in ([piece] if utf16_len(piece) <= MAX_TEXT else split_for_telegram(piece))]
+    assert split_for_telegram(text) == cut
+    assert all(utf16_len(p) <= MAX_TEXT for p in cut)
 
 
 @pytest.mark.slow

@@ -309,7 +309,7 @@ async def test_the_first_draft_is_shown_by_a_push_after_the_wait(
         start_tg: StartTg, fake_telegram: FakeTelegram,
         monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [100.0]
-    monkeypatch.setattr("channels.telegram.sending._now", lambda: clock[0])
+    monkeypatch.setattr("channels.telegram.drafts._now", lambda: clock[0])
     tg = await start_tg(Inbox(), draft_after=1.0)
     stream = tg.open_stream(inbound())
     assert stream is not None

@@ -390,7 +390,7 @@ async def test_a_number_too_long_to_convert_skips_its_update_only(
 def test_the_validators_a_reply_needs_are_built_ahead_in_one_call() -> None:
     # A fresh interpreter: other tests have long built these models in this one.
     script = (
-        "from channels.telegram.parsing import _RESPONSE_MODELS, build_validators\n"
+        "from channels.telegram.warmup import _RESPONSE_MODELS, build_validators\n"
         "from aiogram.types import Update\n"
         "assert not Update.__pydantic_complete__\n"
         "build_validators()\n"

@@ -44,7 +44,7 @@ RECORDS: dict[tuple[str, str], str] = {
     ("bot/tools/structured_errors.py", "found"): "a structured error being parsed",
     ("bot/resilience/listener.py", "conn"): "a connection's phase and since when",
     ("channels/delivery.py", "state"): "a chat's send-window record",
-    ("channels/telegram/chats.py", "ids"): "a chat's known message ids (the probe's floor)",
+    ("channels/telegram/client.py", "ids"): "a chat's known message ids (the probe's floor)",
     ("channels/telegram/outcomes.py", "ids"): "a chat's known message ids (the probe's floor)",
     ("channels/telegram/outcomes.py", "reply"): "a reply's unresolved-send record",
     ("channels/telegram/outcomes.py", "resume"): "a redelivery's probe floor",

@@ -50,8 +50,7 @@ from aiogram.types import Chat, Message
 
 from bot.contracts.channel import found_nothing_shown, found_shown
 from channels.delivery import DeliveryPolicy, RateLimited, Transient, deliver
-from channels.telegram.api import BotApi, certainly_refused
-from channels.telegram.chats import ChatIds, Chats
+from channels.telegram.client import BotApi, ChatIds, Chats, certainly_refused
 
 log = logging.getLogger("roost.channels.telegram")
 
