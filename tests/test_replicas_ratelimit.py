@@ -1,5 +1,5 @@
 """Telegram's bot-wide budget (~30 messages/s) shared by the replicas sending for one bot:
-each paces at its share (channels/ratelimit.py, ``RateLimiter.shared_by``), re-counted
+each paces at its share (channels/delivery.py, ``RateLimiter.shared_by``), re-counted
 with every heartbeat (bot/storage/claims.py), so two live replicas send at 15/s each and
 one left alone at 30/s again. Per-chat limits stay each replica's own."""
 

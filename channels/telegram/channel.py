@@ -252,11 +252,10 @@ class TelegramChannel(Channel):
         async with self.gate.entered() as live:
             if not live:
                 raise RuntimeError("the Telegram channel is stopped")
-            if message.files:
-                return await as_reply(floor, lambda: self.uploader.deliver_with_files(
-                    target, message))
-            return await as_reply(floor, lambda: self.sender.deliver_reply(
-                target, message.replace, message.text))
+            async with as_reply(floor):
+                if message.files:
+                    return await self.uploader.deliver_with_files(target, message)
+                return await self.sender.deliver_reply(target, message.replace, message.text)
 
     async def withdraw(self, chat_id: str, message_id: str) -> None:
         """Delete a message Roost sent (a stale draft); one already gone is fine."""

@@ -116,5 +116,6 @@ class DraftStream:
                 raise RuntimeError("the Telegram channel is stopped")
             # Once delivered, the id is that of the reply's last message (the core
             # records it); if this raises, it stays the draft's, to be replaced.
-            self.message_id = await as_reply(None, lambda: self.sender.deliver_reply(
-                self.target, self.message_id, final_text))
+            async with as_reply(None):
+                self.message_id = await self.sender.deliver_reply(
+                    self.target, self.message_id, final_text)
