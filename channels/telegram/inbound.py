@@ -11,6 +11,7 @@ looked at for attachments at all.
 from __future__ import annotations
 
 import logging
+import operator
 import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -40,6 +41,8 @@ DESCRIBED = ("venue", "location", "contact", "poll", "dice", "game", "story", "i
 CARRIERS = FILE_FIELDS + DESCRIBED
 """Every field of a message that can make an attachment: a message with none of them set
 has none."""
+CARRIED = operator.attrgetter(*CARRIERS)
+"""A message's :data:`CARRIERS`, read at once."""
 
 
 class Unhandled:
@@ -107,7 +110,7 @@ class Translator:
             return None
         sender_id, sender_name = speaker
         attachments = attachments_of(message, int(self.settings.media_max_file_mb * MB)) \
-            if any(getattr(message, name) is not None for name in CARRIERS) else ()
+            if CARRIED(message).count(None) < len(CARRIERS) else ()
         if message.text is not None:
             text, entities = message.text, message.entities or []
         else:
