@@ -52,9 +52,6 @@ log = logging.getLogger("roost.channels.telegram")
 
 T = TypeVar("T")
 
-SHOWN = 4096
-"""Messages whose shown text is remembered (least recently sent or edited forgotten)."""
-
 
 class ChatMigrated(Exception):
     """A group became a supergroup; calls must go to ``chat_id`` from now on."""
@@ -126,6 +123,8 @@ KNOWN_IDS = 32
 """Message ids remembered per chat (a probe for a lost send's message skips them)."""
 CHATS = 4096
 """Chats whose message ids are remembered (least recently used ones forgotten)."""
+SHOWN = 4096
+"""Messages whose shown text is remembered (least recently sent or edited forgotten)."""
 
 
 @dataclass(slots=True)
