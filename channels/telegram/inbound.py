@@ -33,8 +33,6 @@ UNHANDLED_KINDS = 256
 """Kinds of unhandled updates remembered, so each is logged once (bounded: the names
 of unknown kinds come from the server)."""
 _COMMAND = re.compile(r"^/([A-Za-z0-9_]{1,64})(?:@([A-Za-z0-9_]{1,64}))?(?=\s|$)")
-
-
 DESCRIBED = ("venue", "location", "contact", "poll", "dice", "game", "story", "invoice",
              "checklist", "giveaway", "paid_media", "live_photo")
 """The fields of a message :func:`attachments_of` describes besides its files."""
