@@ -22,7 +22,6 @@ from typing import Any
 
 from bot.testing.app import create_app, scripted, settle
 from bot.testing.telegram import FakeTelegram
-from channels.ratelimit import Limits
 from channels.telegram import TelegramChannel
 
 PACKAGES = ("bot", "channels", "plugins", "workspaces", "roost")
@@ -55,9 +54,10 @@ async def measure(root: Path) -> set[str]:
             app, _ = await create_app(scripted({"reply": "Hi, {message}!"}, loop=True),
                                       data_dir=Path(data), stream_replies=False,
                                       telegram_bot_token=fake.token,
-                                      telegram_api_base=fake.base_url)
+                                      telegram_api_base=fake.base_url,
+                                      telegram_rate_limits=False)
             try:
-                channel = TelegramChannel(app.settings, polling_timeout=1, limits=Limits())
+                channel = TelegramChannel(app.settings, polling_timeout=1)
                 await app.add_channel(channel)
                 for text, traced in (("warm up", False), ("hello", True)):
                     if traced:

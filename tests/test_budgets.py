@@ -21,8 +21,7 @@ from bot.storage.usage import UsageStore, day_of, month_of
 from bot.testing.app import EventRecorder, closing_apps, create_app, scripted, settle
 from bot.testing.telegram import ALICE, BOB, FakeTelegram, user
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
-from channels.delivery import DeliveryPolicy
-from channels.ratelimit import Limits
+from channels.delivery import DeliveryPolicy, Limits
 from channels.telegram import TelegramChannel
 from plugins.scripted_provider import ScriptedProvider
 

@@ -9,8 +9,17 @@ from collections.abc import Iterator
 import pytest
 
 from channels.chunking import split_message
-from channels.delivery import DeliveryPolicy, EditStream, RateLimited, Transient, deliver
-from channels.ratelimit import BOT, TELEGRAM_LIMITS, Limits, RateLimiter
+from channels.delivery import (
+    BOT,
+    TELEGRAM_LIMITS,
+    DeliveryPolicy,
+    EditStream,
+    Limits,
+    RateLimited,
+    RateLimiter,
+    Transient,
+    deliver,
+)
 
 
 def test_short_text_is_one_piece() -> None:

@@ -25,9 +25,8 @@ from bot.testing.discord import DM_CHANNEL_ID, USER_ID, FakeDiscord
 from bot.testing.discord import fake_discord as _fake_discord  # noqa: F401  (the fixture)
 from bot.testing.telegram import BOB, FakeTelegram, user
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
-from channels.delivery import DeliveryPolicy
+from channels.delivery import DeliveryPolicy, Limits
 from channels.discord import DiscordChannel
-from channels.ratelimit import Limits
 from channels.telegram import TelegramChannel
 from plugins.scripted_provider import ScriptedProvider
 

@@ -1,5 +1,5 @@
 """Telegram's bot-wide budget (~30 messages/s) shared by the replicas sending for one bot:
-each paces at its share (channels/ratelimit.py, ``RateLimiter.shared_by``), re-counted
+each paces at its share (channels/delivery.py, ``RateLimiter.shared_by``), re-counted
 with every heartbeat (bot/storage/claims.py), so two live replicas send at 15/s each and
 one left alone at 30/s again. Per-chat limits stay each replica's own."""
 
@@ -18,7 +18,7 @@ from bot.dispatch.replicas import ReplicaWork
 from bot.testing.app import closing_apps, create_app, scripted
 from bot.testing.telegram import FakeTelegram
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
-from channels.ratelimit import TELEGRAM_LIMITS, Limits, Rate, RateLimiter, share_of
+from channels.delivery import TELEGRAM_LIMITS, Limits, Rate, RateLimiter, share_of
 from channels.telegram import TelegramChannel
 from tests.test_channel_helpers import Clock
 

@@ -9,11 +9,13 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import aiohttp
 import pytest
 
+import channels
 from bot.app.roost import Roost
 from bot.config.settings import Settings
 from bot.contracts.channel import sending_mark
@@ -24,10 +26,10 @@ from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.testing.app import EventRecorder, closing_apps, create_app, scripted, settle
 from bot.testing.telegram import BOB, Call, FakeTelegram, parse_html, user
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
-from channels.delivery import DeliveryPolicy
-from channels.ratelimit import Limits
+from channels.chunking import split_message
+from channels.delivery import DeliveryPolicy, Limits
 from channels.telegram import TelegramChannel
-from channels.telegram_format import MAX_TEXT, split_for_telegram, to_html, utf16_len
+from channels.telegram.sender import MAX_TEXT, split_for_telegram, to_html, utf16_len
 from plugins.scripted_provider import ScriptedProvider
 
 GROUP = -1001234567890
@@ -87,6 +89,40 @@ async def test_direct_message_gets_an_html_reply(make_tg: TgFactory,
     await answered(fake_telegram, app, update)
     assert fake_telegram.sent("sendChatAction")[0].params["action"] == "typing"
     assert (await app.store.get("default:telegram:direct:42")).messages[0].content == "hello"
+
+
+PLAIN_PATH = {"channels/delivery.py", "channels/telegram/channel.py",
+              "channels/telegram/client.py", "channels/telegram/inbound.py",
+              "channels/telegram/outcomes.py", "channels/telegram/receiving.py",
+              "channels/telegram/sender.py"}
+"""The channel modules a plain direct message and its one-message reply run."""
+REPO = Path(channels.__file__).resolve().parent.parent
+
+
+async def test_a_plain_direct_message_runs_only_the_channel_modules_it_needs(
+        make_tg: TgFactory, fake_telegram: FakeTelegram) -> None:
+    # What a plain text and a short reply do not need (attachments, files, the cutter,
+    # drafts, malformed updates) is skipped by a cheap check, not called to do nothing.
+    app, _, _ = await make_tg(scripted({"reply": "Hi, {message}!"}, loop=True))
+    await answered(fake_telegram, app, fake_telegram.private_message("warm up"))
+    root = REPO
+    ran: set[str] = set()
+
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        if event == "call" and frame.f_code.co_filename.startswith(f"{root}/channels/"):
+            ran.add(str(Path(frame.f_code.co_filename).relative_to(root)))
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)  # this thread: the event loop's (not the validators' builder)
+    try:
+        update = fake_telegram.private_message("hello")
+        await fake_telegram.wait_for("sendMessage", 2)
+        await answered(fake_telegram, app, update)
+    finally:
+        sys.setprofile(previous)
+    assert fake_telegram.visible(42)[-1] == "Hi, hello!"
+    assert ran <= PLAIN_PATH, sorted(ran - PLAIN_PATH)
+    assert {"channels/telegram/inbound.py", "channels/telegram/sender.py"} <= ran
 
 
 async def test_html_is_escaped(make_tg: TgFactory, fake_telegram: FakeTelegram) -> None:
@@ -620,6 +656,17 @@ def test_split_counts_utf16_units() -> None:
     pieces = split_for_telegram(text)
     assert all(utf16_len(p) <= MAX_TEXT for p in pieces)
     assert "".join(pieces).replace(" ", "") == "😀" * 3000
+
+
+@pytest.mark.parametrize("text", [
+    "hi", "\n\nhi there\n\n", "\n \n", "", "😀" * (MAX_TEXT // 2), "😀" * (MAX_TEXT // 2 + 1),
+    "a" * MAX_TEXT, "\n" + "a" * MAX_TEXT + "\n", "a" * (MAX_TEXT + 1), "```py\nx = 1\n```"])
+def test_a_reply_that_fits_is_the_piece_the_cutter_would_give(text: str) -> None:
+    # Text within the limit is not cut at all; it must come out as cutting would give it.
+    cut = [p for piece in split_message(text, MAX_TEXT)
+           for p in ([piece] if utf16_len(piece) <= MAX_TEXT else split_for_telegram(piece))]
+    assert split_for_telegram(text) == cut
+    assert all(utf16_len(p) <= MAX_TEXT for p in cut)
 
 
 @pytest.mark.slow

@@ -28,8 +28,7 @@ from aiogram.methods import SendMessage
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.testing.telegram import FakeTelegram
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
-from channels.delivery import DeliveryPolicy, RateLimited, Transient
-from channels.ratelimit import TELEGRAM_LIMITS, Limits
+from channels.delivery import TELEGRAM_LIMITS, DeliveryPolicy, Limits, RateLimited, Transient
 from channels.telegram import ChatMigrated, translated
 from tests.test_telegram_intake import Inbox, StartTg
 from tests.test_telegram_intake import start_tg as _start_tg  # noqa: F401  (the fixture)
@@ -310,7 +309,7 @@ async def test_the_first_draft_is_shown_by_a_push_after_the_wait(
         start_tg: StartTg, fake_telegram: FakeTelegram,
         monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [100.0]
-    monkeypatch.setattr("channels.telegram.sending._now", lambda: clock[0])
+    monkeypatch.setattr("channels.telegram.drafts._now", lambda: clock[0])
     tg = await start_tg(Inbox(), draft_after=1.0)
     stream = tg.open_stream(inbound())
     assert stream is not None

@@ -15,7 +15,7 @@ import itertools
 import random
 from collections.abc import Callable
 
-from channels.ratelimit import TELEGRAM_LIMITS, RateLimiter
+from channels.delivery import TELEGRAM_LIMITS, RateLimiter
 
 CHATS = 1000
 ROUNDS = 3

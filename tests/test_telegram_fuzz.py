@@ -27,7 +27,7 @@ from bot.testing.app import scripted
 from bot.testing.fuzz import DEEP, HUGE, MEGABYTE, Mutation, Mutator, as_json
 from bot.testing.telegram import ALICE, FakeTelegram, user
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
-from channels.ratelimit import Limits
+from channels.delivery import Limits
 from channels.telegram import MAX_UPDATE_ID, TelegramChannel
 from tests.test_telegram import TgFactory
 from tests.test_telegram import make_tg as _make_tg  # noqa: F401  (the fixture)

@@ -6,6 +6,8 @@ Everything goes through the real aiogram against the fake Bot API, by long polli
 
 from __future__ import annotations
 
+import ast
+import inspect
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -153,6 +155,24 @@ async def test_each_message_kind_arrives_as_an_attachment_files_with_their_file_
     [message] = inbox.messages
     assert message.attachments == (expected,)
     assert message.text == "" and message.sender_id == "42"
+
+
+def test_every_field_the_attachment_code_reads_is_a_carrier() -> None:
+    # A message with no carrier set skips the attachment code: a field read there but
+    # missing from CARRIERS would make such messages arrive without their attachment.
+    from aiogram.types import Message
+
+    from channels.telegram import inbound, media
+
+    read: set[str] = set()
+    for function in (inbound.attachments_of, media.file_attachments):
+        for node in ast.walk(ast.parse(inspect.getsource(function))):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.value.id == "message":
+                read.add(node.attr)
+    assert read - {"message_id"} <= set(inbound.CARRIERS)
+    assert set(inbound.CARRIERS) <= set(Message.model_fields)
+    assert {"photo", "document", "voice", "sticker", "venue", "poll", "live_photo"} <= read
 
 
 async def test_a_caption_is_the_text_and_the_media_its_attachment(

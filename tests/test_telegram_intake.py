@@ -24,8 +24,7 @@ from bot.config.settings import Settings, SetupError
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.testing.telegram import Call, FakeTelegram, RawJson
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
-from channels.delivery import DeliveryPolicy
-from channels.ratelimit import Limits
+from channels.delivery import DeliveryPolicy, Limits
 from channels.telegram import TelegramChannel
 
 FAST = DeliveryPolicy(attempts=3, base_delay=0.01, max_delay=0.05)
@@ -391,7 +390,7 @@ async def test_a_number_too_long_to_convert_skips_its_update_only(
 def test_the_validators_a_reply_needs_are_built_ahead_in_one_call() -> None:
     # A fresh interpreter: other tests have long built these models in this one.
     script = (
-        "from channels.telegram.parsing import _RESPONSE_MODELS, build_validators\n"
+        "from channels.telegram.warmup import _RESPONSE_MODELS, build_validators\n"
         "from aiogram.types import Update\n"
         "assert not Update.__pydantic_complete__\n"
         "build_validators()\n"

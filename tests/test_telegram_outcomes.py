@@ -24,7 +24,7 @@ from bot.testing.telegram import BOB, Call, FakeTelegram
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
 from channels.delivery import Transient
 from channels.telegram import TelegramChannel
-from channels.telegram_format import MAX_TEXT
+from channels.telegram.sender import MAX_TEXT
 from tests.media_samples import png
 from tests.test_telegram_intake import FAST, Inbox, StartTg
 from tests.test_telegram_intake import start_tg as _start_tg  # noqa: F401  (the fixture)

@@ -24,19 +24,20 @@ given is skipped without moving the offset (the server would read it as
 "forget the queue"). ``stop_intake`` stops receiving at once (the webhook
 answers 503 from then on) while replies can still be sent until ``stop``.
 
-Sending honours Telegram's limits (``channels.ratelimit``): after a 429 nothing
+Sending honours Telegram's limits (``channels.delivery``): after a 429 nothing
 goes to that chat until ``retry_after`` has passed, a proactive budget keeps
 the documented rates, and streaming drafts and typing indicators give way to
 final replies. Every aiogram error is mapped in :func:`translated`.
 
 The package, by job: :mod:`.channel` (lifecycle, the core-facing methods,
-delegated to the parts it builds), :mod:`.api` (the one way of calling the Bot
-API), :mod:`.chats` (what is known of each chat), :mod:`.intake`,
-:mod:`.polling` and :mod:`.webhook` (updates in), :mod:`.translate` and
-:mod:`.describe` (a message as the core sees it), :mod:`.sending` (replies,
-edits, drafts), :mod:`.outcomes` (sends whose outcome is unknown),
-:mod:`.uploads` and :mod:`.media` (files out and in), :mod:`.parsing`
-(tolerant update parsing), :mod:`.errors` (aiogram errors mapped).
+delegated to the parts it builds), :mod:`.client` (the one way of calling the Bot
+API, its errors mapped, what is known of each chat), :mod:`.receiving` (updates
+in: the tolerant session, long polling, each update handed to the core once) and
+:mod:`.webhook`, :mod:`.inbound` (a message as the core sees it), :mod:`.sender`
+(replies rendered, cut and sent), :mod:`.drafts` (streamed replies),
+:mod:`.outcomes` (sends whose outcome is unknown), :mod:`.uploads` and
+:mod:`.media` (files out and in), :mod:`.malformed` (updates Telegram cannot have
+sent as they are), :mod:`.warmup` (aiogram's validators built ahead of use).
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ from __future__ import annotations
 from channels.telegram_lazy import LAZY  # isort: split
 
 from channels.telegram.channel import TelegramChannel
-from channels.telegram.errors import ChatMigrated, translated
-from channels.telegram.parsing import MAX_UPDATE_ID, parse_update, result_elements
+from channels.telegram.client import ChatMigrated, translated
+from channels.telegram.malformed import MAX_UPDATE_ID, result_elements
+from channels.telegram.receiving import parse_update
 
 __all__ = [
     "LAZY",

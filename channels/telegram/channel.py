@@ -30,19 +30,16 @@ from aiogram.utils.token import TokenValidationError, validate_token
 from bot.config.settings import SetupError
 from bot.contracts.channel import Channel, ChannelHealth, InboundHandler, ReplyStream
 from bot.contracts.messages import Attachment, InboundMessage, OutboundMessage
-from channels.delivery import DeliveryPolicy
-from channels.ratelimit import TELEGRAM_LIMITS, Limits, RateLimiter
-from channels.telegram.api import BotApi, ReplyGate
-from channels.telegram.chats import Chats
-from channels.telegram.intake import Updates
+from channels.delivery import TELEGRAM_LIMITS, DeliveryPolicy, Limits, RateLimiter
+from channels.telegram.client import BotApi, Chats, ReplyGate
+from channels.telegram.drafts import DraftStream
+from channels.telegram.inbound import CHANNEL_NAME, Translator, Unhandled
 from channels.telegram.media import Downloader
 from channels.telegram.outcomes import Outcomes, as_reply
-from channels.telegram.parsing import TolerantSession, build_validators, keep_response_models
-from channels.telegram.polling import LongPolling
-from channels.telegram.sending import DraftStream, Sender
-from channels.telegram.target import Target, chat_id_of, int_or_none
-from channels.telegram.translate import CHANNEL_NAME, Translator, Unhandled
+from channels.telegram.receiving import LongPolling, TolerantSession, Updates
+from channels.telegram.sender import Sender, Target, chat_id_of, int_or_none
 from channels.telegram.uploads import Uploader
+from channels.telegram.warmup import build_validators, keep_response_models
 from channels.telegram.webhook import Webhook
 from channels.telegram_lazy import LAZY
 
@@ -74,7 +71,7 @@ class TelegramChannel(Channel):
         Keyword arguments exist for tests and benchmarks: ``polling_timeout`` is
         the long-poll wait in seconds, ``edit_interval`` the minimum time between
         streaming edits, ``draft_after`` and ``draft_chars`` when a streamed reply's
-        first draft is shown (see :class:`~channels.telegram.sending.DraftStream`),
+        first draft is shown (see :class:`~channels.telegram.drafts.DraftStream`),
         ``typing_interval`` how often the typing status is refreshed, ``policy`` the
         retry policy for replies, ``limits`` the proactive rate limits,
         ``request_timeout`` how long one Bot API call may take (the long poll gets
@@ -255,11 +252,10 @@ class TelegramChannel(Channel):
         async with self.gate.entered() as live:
             if not live:
                 raise RuntimeError("the Telegram channel is stopped")
-            if message.files:
-                return await as_reply(floor, lambda: self.uploader.deliver_with_files(
-                    target, message))
-            return await as_reply(floor, lambda: self.sender.deliver_reply(
-                target, message.replace, message.text))
+            async with as_reply(floor):
+                if message.files:
+                    return await self.uploader.deliver_with_files(target, message)
+                return await self.sender.deliver_reply(target, message.replace, message.text)
 
     async def withdraw(self, chat_id: str, message_id: str) -> None:
         """Delete a message Roost sent (a stale draft); one already gone is fine."""

@@ -24,8 +24,7 @@ from bot.contracts.messages import Attachment, clean_text
 from bot.media.sniff import extension_for
 from channels.delivery import DeliveryPolicy, RateLimited, Transient, deliver
 from channels.fetching import read_capped
-from channels.telegram.api import BotApi, ReplyGate
-from channels.telegram.errors import describe_error
+from channels.telegram.client import BotApi, ReplyGate, describe_error
 
 if TYPE_CHECKING:
     from bot.config.settings import Settings
@@ -35,6 +34,9 @@ log = logging.getLogger("roost.channels.telegram")
 MB = 1024 * 1024
 GET_FILE_LIMIT = 20 * MB
 """The largest file the Bot API lets a bot download (``getFile`` refuses bigger ones)."""
+FILE_FIELDS = ("photo", "animation", "document", "audio", "voice", "video", "video_note",
+               "sticker")
+"""The fields of a message :func:`file_attachments` reads a file from."""
 NAME_LIMIT = 255
 """Characters kept of a file name Telegram declares (a forged update may send a megabyte)."""
 

@@ -31,12 +31,12 @@ edit such a message of Roost's into the reply (logged as a warning).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import datetime
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TypeVar
 
 from aiogram.exceptions import TelegramBadRequest
 from aiogram.methods import (
@@ -50,12 +50,9 @@ from aiogram.types import Chat, Message
 
 from bot.contracts.channel import found_nothing_shown, found_shown
 from channels.delivery import DeliveryPolicy, RateLimited, Transient, deliver
-from channels.telegram.api import BotApi, certainly_refused
-from channels.telegram.chats import ChatIds, Chats
+from channels.telegram.client import BotApi, ChatIds, Chats, certainly_refused
 
 log = logging.getLogger("roost.channels.telegram")
-
-T = TypeVar("T")
 
 PROBE_WINDOW = 20
 """Candidate ids probed after one unknown outcome, at most."""
@@ -267,14 +264,15 @@ def _unsure() -> None:
         reply.unsure = True
 
 
-async def as_reply(floor: int | None, body: Callable[[], Awaitable[T]]) -> T:
-    """``await body()`` as one reply: with a redelivery's ``floor``, each message it posts
-    is looked for above it first. If ``body`` fails and every call of it was refused or
+@contextlib.asynccontextmanager
+async def as_reply(floor: int | None) -> AsyncIterator[None]:
+    """The block is one reply: with a redelivery's ``floor``, each message it posts is
+    looked for above it first. If the block fails and every call of it was refused or
     found not to have arrived, the core's mark and note are taken back."""
     reply = _Reply(floor)
     token = _REPLY.set(reply)
     try:
-        return await body()
+        yield
     except Exception:
         if not reply.unsure:
             await found_nothing_shown()

@@ -27,12 +27,10 @@ from bot.contracts.files import OpenFile
 from bot.contracts.media import MediaError, MediaTooLarge
 from bot.contracts.messages import OutboundFile, OutboundMessage
 from bot.media.images import inspect_image
-from channels.telegram.errors import describe_error, entity_error
+from channels.telegram.client import describe_error, entity_error
 from channels.telegram.media import MB
 from channels.telegram.outcomes import Outcomes
-from channels.telegram.sending import Sender
-from channels.telegram.target import Target
-from channels.telegram_format import split_for_telegram, to_html
+from channels.telegram.sender import Sender, Target, split_for_telegram, to_html
 
 if TYPE_CHECKING:
     from aiogram import Bot

@@ -16,10 +16,9 @@ from aiogram.methods import SetWebhook
 from bot.contracts.channel import READY, WebRoutes
 from bot.resilience.listener import Limits as ListenerLimits
 from bot.resilience.listener import Listener
-from channels.telegram.api import BotApi
-from channels.telegram.errors import describe_error
-from channels.telegram.intake import ALLOWED_UPDATES, Updates
-from channels.telegram.parsing import UPDATE_ID, parse_update
+from channels.telegram.client import BotApi, describe_error
+from channels.telegram.malformed import UPDATE_ID
+from channels.telegram.receiving import ALLOWED_UPDATES, Updates, parse_update
 
 if TYPE_CHECKING:
     from aiohttp import web
