@@ -8,6 +8,7 @@ and on a real PostgreSQL server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -244,3 +245,21 @@ async def test_logs_page_filters_by_level_and_logger_and_masks_secrets(
     assert "SECRETVALUE" not in all_lines
     assert "engine error" in errors
     assert "storage error" not in errors and "engine warn" not in errors
+
+
+async def test_an_open_live_view_does_not_hold_up_the_shutdown(tmp_path: Path) -> None:
+    app, _ = await create_app(scripted({"reply": "hi"}, loop=True), data_dir=tmp_path)
+    server = await serve_ui(app)
+    async with aiohttp.ClientSession() as session:
+        streams = [await session.get(f"{server.url}{path}",
+                                     headers={"Accept": "text/event-stream"})
+                   for path in ("/ui/overview/events", "/ui/logs/events")]
+        assert [s.status for s in streams] == [200, 200]
+        await next_event(streams[0], "facts")
+        async with asyncio.timeout(30):  # a hang guard: close() must return
+            await app.close()
+            for stream in streams:
+                with contextlib.suppress(aiohttp.ClientError):
+                    while await stream.content.readline():
+                        pass
+                stream.release()
