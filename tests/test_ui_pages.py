@@ -151,7 +151,9 @@ async def test_audit_lists_every_ui_action_newest_first_paged_by_keyset(app: Roo
         assert older is not None
         status, second = await client.get(f"/ui/audit?before={older[1]}")
         rows = re.findall(r"<td>ada</td>\s*<td>([^<]*)</td>\s*<td>([^<]*)</td>", second)
-        assert [target for _, target in rows] == [f"user{n:02}" for n in range(5, -1, -1)]
+        assert rows == [*(("add account", f"user{n:02}") for n in range(5, -1, -1)),
+                        ("log in", "")]
+        assert "from 127.0.0.1" in second
         assert "before=" not in second.split('aria-label="Audit pages"')[1]
 
 
