@@ -17,6 +17,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from yarl import URL
 
 from bot.app.http import HealthServer
 from bot.app.roost import Roost
@@ -265,3 +266,31 @@ async def test_an_open_live_view_does_not_hold_up_the_shutdown(tmp_path: Path) -
                     while await stream.content.readline():
                         pass
                 stream.release()
+
+
+async def test_a_login_on_one_replica_is_valid_on_another_and_logout_ends_it_on_both(
+        tmp_path: Path, pg_url: str) -> None:
+    apps = []
+    try:
+        for n in range(2):
+            app, _ = await create_app(scripted({"reply": "hi"}, loop=True),
+                                      data_dir=tmp_path / f"r{n}", database_url=pg_url)
+            apps.append(app)
+        await add_account(apps[0], "ada", "admin pass")
+        first, second = [await serve_ui(app) for app in apps]
+        async with UiClient(first.url) as client:
+            status, page = await client.log_in("ada", "admin pass")
+            assert status == 200
+            token = client.session.cookie_jar.filter_cookies(
+                URL(first.url + "/ui/"))["roost_ui"].value
+            async with UiClient(second.url) as other:
+                status, there = await other.get("/ui/", headers={"Cookie": f"roost_ui={token}"})
+                assert status == 200 and "ada (admin)" in there
+                status, _ = await client.post("/ui/logout", {}, csrf=csrf_of(page))
+                assert status == 303
+                response = await other.response("GET", "/ui/",
+                                                headers={"Cookie": f"roost_ui={token}"})
+                assert (response.status, response.headers["Location"]) == (303, "/ui/login")
+    finally:
+        for app in apps:
+            await app.close()
