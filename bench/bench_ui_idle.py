@@ -11,7 +11,7 @@ would). With ``--ui``, a last run per tree also asks ``/ui/`` once and samples R
 after settling: what the UI costs once opened. One warm-up run per tree is not counted
 (it writes the bytecode caches).
 
-    .venv/bin/python bench/bench_ui.py --tree before=/tmp/main --tree after=. --runs 7 --ui
+    .venv/bin/python bench/bench_ui_idle.py --tree before=/tmp/main --tree after=. --runs 7 --ui
 """
 
 from __future__ import annotations
