@@ -338,3 +338,18 @@ async def test_a_page_module_that_fails_to_import_is_left_out_and_the_others_ser
         status, page = await client.get("/ui/")
     assert status == 200 and "Overview" in page
     assert any("zz_broken cannot be loaded" in r.getMessage() for r in caplog.records)
+
+
+def test_trusted_proxies_come_from_the_env_comma_separated_and_a_bad_one_names_itself(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bot.config.settings import ConfigError, load_settings
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ROOST_UI_TRUSTED_PROXIES", "10.0.0.5, 10.1.0.0/16,::1")
+    assert load_settings().ui_trusted_proxies == ["10.0.0.5", "10.1.0.0/16", "::1"]
+    monkeypatch.setenv("ROOST_UI_TRUSTED_PROXIES", "10.0.0.5,proxy.example")
+    with pytest.raises(ConfigError) as refused:
+        load_settings()
+    assert str(refused.value) == ("invalid config: ui_trusted_proxies: Value error, "
+                                  "'proxy.example' is not an IP address or network "
+                                  "(in roost.toml or ROOST_UI_TRUSTED_PROXIES)")
