@@ -353,3 +353,26 @@ def test_trusted_proxies_come_from_the_env_comma_separated_and_a_bad_one_names_i
     assert str(refused.value) == ("invalid config: ui_trusted_proxies: Value error, "
                                   "'proxy.example' is not an IP address or network "
                                   "(in roost.toml or ROOST_UI_TRUSTED_PROXIES)")
+
+
+async def test_behind_a_trusted_proxy_failed_logins_count_per_forwarded_client(
+        tmp_path: Path) -> None:
+    app, _ = await create_app(scripted({"reply": "hi"}, loop=True), data_dir=tmp_path,
+                              ui_trusted_proxies=["127.0.0.1"])
+    try:
+        await add_account(app, "ada", "correct horse")
+        server = await serve_ui(app)
+        attacker = {"X-Forwarded-For": "198.51.100.7, 203.0.113.1"}
+        async with UiClient(server.url, **attacker) as client:
+            for n in range(ADDRESS_LIMIT):
+                status, _ = await client.log_in(f"guess{n}", "wrong")
+                assert status == 401
+            status, page = await client.log_in("ada", "correct horse")
+            assert status == 429 and "too many failed logins" in page
+        # Another client behind the same proxy is not locked out (the proxy's own
+        # address would have been, had X-Forwarded-For not been believed).
+        async with UiClient(server.url, **{"X-Forwarded-For": "203.0.113.2"}) as client:
+            status, page = await client.log_in("ada", "correct horse")
+            assert status == 200 and "ada (admin)" in page
+    finally:
+        await app.close()
