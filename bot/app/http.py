@@ -1,4 +1,4 @@
-"""Roost's one HTTP server: ``/healthz``, ``/readyz`` and ``/metrics``.
+"""Roost's one HTTP server: ``/healthz``, ``/readyz``, ``/metrics`` and the Control UI.
 
 Off unless ``http_port`` (``ROOST_HTTP_PORT``) is set; bound to ``http_host``
 (``ROOST_HTTP_HOST``, 127.0.0.1 by default: put it on 0.0.0.0 only where the
@@ -15,6 +15,8 @@ the channels, so ``/healthz`` answers while they connect.
   (…)``, ``store: …``.
 * ``/metrics``: the app's Prometheus registry in text format
   (:mod:`bot.observability.metrics`).
+* ``/ui``: the Control UI (:mod:`bot.ui`), loaded on its first request
+  (:mod:`bot.app.ui_mount`).
 
 Webhooks can share it: a channel whose own listener's port setting
 (``slack_port``, ``telegram_webhook_port``) equals ``http_port`` mounts its
@@ -36,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from bot.config.settings import SetupError
 from bot.contracts.channel import WebHandler
+from bot.observability.logring import LogRing
 from bot.observability.metrics import CONTENT_TYPE, Gauges
 from bot.observability.redact import redact
 from bot.resilience.breaker import CircuitBreaker
@@ -70,12 +73,29 @@ class HealthServer:
         """The port asked for; once started, the one bound (``0`` picks a free one)."""
         self.expected = list(expected)
         self.store_timeout = store_timeout
-        self.closing = False
-        """Set when shutdown begins: ``/readyz`` answers 503 from then on."""
+        self._closing = asyncio.Event()
         self.limits = limits if limits is not None else Limits.from_settings(app.settings)
         """Timeouts, connection caps and body sizes (:mod:`bot.resilience.listener`)."""
+        self.logs = LogRing()
+        """This process's last log records, for the Control UI's live tail (kept while serving)."""
         self._listener: Listener | None = None
         self._posts: dict[str, WebHandler] = {}
+
+    @property
+    def closing(self) -> bool:
+        """Set when shutdown begins: ``/readyz`` answers 503 and live views end from then on."""
+        return self._closing.is_set()
+
+    @closing.setter
+    def closing(self, value: bool) -> None:
+        if value:
+            self._closing.set()
+        else:
+            self._closing.clear()
+
+    async def wait_closing(self) -> None:
+        """Return once shutdown has begun (what ends the UI's Server-Sent Events streams)."""
+        await self._closing.wait()
 
     @property
     def url(self) -> str:
@@ -93,6 +113,10 @@ class HealthServer:
         router.add_get("/healthz", self._healthz)
         router.add_get("/readyz", self._readyz)
         router.add_get("/metrics", self._metrics)
+        # The Control UI (/ui): built on its first request (bot.app.ui_mount).
+        from bot.app.ui_mount import UiMount, check_accounts
+
+        router.register_resource(UiMount(self.app))
         # aiohttp's router is frozen once serving; channels mount webhooks later.
         router.add_post("/{path:.*}", self._post)
         try:
@@ -103,8 +127,10 @@ class HealthServer:
                              "or 0 to turn it off") from None
         self._listener = listener
         self.port = listener.port
-        log.info("health and metrics on http://%s:%d (/healthz, /readyz, /metrics)",
+        self.logs.attach()
+        log.info("health and metrics on http://%s:%d (/healthz, /readyz, /metrics, /ui)",
                  self.host, self.port)
+        await check_accounts(self.app)
 
     def add_post(self, path: str, handler: WebHandler) -> None:
         """Answer ``POST path`` with ``handler`` (a channel's webhook)."""
@@ -121,6 +147,7 @@ class HealthServer:
         """Stop serving (requests in flight are cut)."""
         self.closing = True
         listener, self._listener = self._listener, None
+        self.logs.detach()
         if listener is not None:
             await listener.close()
 
