@@ -33,9 +33,8 @@ from bot.contracts.channel import Channel, ChannelSpec
 from bot.contracts.commands import Command
 from bot.contracts.llm import LLMProvider
 from bot.contracts.messages import OutboundMessage
-from bot.dispatch.access import PairingPolicy
 from bot.dispatch.dispatcher import Dispatcher, Leftovers
-from bot.dispatch.intake import ChatPolicy
+from bot.dispatch.intake import ChatPolicy, PairingPolicy
 from bot.engine.budgets import Budgets
 from bot.engine.gates import GateChain, all_gates
 from bot.engine.guard import InputGuard

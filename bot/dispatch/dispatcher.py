@@ -30,16 +30,19 @@ from bot.contracts.llm import Usage
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.contracts.metering import METER, BudgetRefused
 from bot.contracts.runtime import Runtime
-from bot.dispatch.access import PairingPolicy
 from bot.dispatch.commands import run_command
-from bot.dispatch.delivery import commit_run, deliver_result
-from bot.dispatch.intake import ChatPolicy
-from bot.dispatch.lanes import Lane, Lanes, Pending, Running
-from bot.dispatch.redelivery import Redeliveries
-from bot.dispatch.registry import RunRegistry
+from bot.dispatch.delivery import (
+    DraftWatch,
+    Redeliveries,
+    RunWatch,
+    StreamBridge,
+    commit_run,
+    deliver_result,
+    draft_id,
+)
+from bot.dispatch.intake import ChatPolicy, PairingPolicy
+from bot.dispatch.lanes import Lane, Lanes, Pending, Running, RunRegistry
 from bot.dispatch.replicas import ReplicaWork, close_quietly
-from bot.dispatch.stream import DraftWatch, StreamBridge, draft_id
-from bot.dispatch.watch import RunWatch
 from bot.engine.budgets import Budgets, Payer
 from bot.engine.gates import Asking, GateChain, Stage
 from bot.engine.guard import join_messages
@@ -90,7 +93,7 @@ class Dispatcher:
         self.gates = gates
         """Who is answered and how (bot.engine.gates)."""
         self.pairing = pairing
-        """Who may DM the bot under the pairing policy (bot.dispatch.access)."""
+        """Who may DM the bot under the pairing policy (bot.dispatch.intake)."""
         self.budgets = budgets
         """Token budgets and the request rate, checked before each run (a gate) and
         reserved around each model call (bot.engine.budgets)."""

@@ -150,7 +150,7 @@ class Policy(Protocol):
 
 
 class Pairing(Protocol):
-    """Who may DM the bot (:class:`bot.dispatch.access.PairingPolicy`)."""
+    """Who may DM the bot (:class:`bot.dispatch.intake.PairingPolicy`)."""
 
     async def admits(self, message: InboundMessage) -> bool:
         """Whether ``message``'s sender may reach the bot."""
