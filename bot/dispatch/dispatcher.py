@@ -1,15 +1,13 @@
-"""From inbound messages to runs: commands, per-session lanes, queues and merging.
+"""From inbound messages to runs and their commits: commands, lanes, recovery.
 
 Every accepted message is committed to the inbox (:mod:`bot.storage.inbox`) before
-:meth:`Dispatcher.submit` returns, which is when the channel acknowledges it to
-its platform; the run that answers it marks it done in the same commit as its
-history and queues the reply in the outbox, and the reply is marked delivered
-once the platform took it. :meth:`Dispatcher.recover` runs what a dead process
-left unfinished.
+:meth:`Dispatcher.submit` returns (then the channel acknowledges it); the run that
+answers it marks it done in the same commit as its history and queues the reply in
+the outbox, marked delivered once the platform took it. :meth:`Dispatcher.recover`
+runs what a dead process left unfinished.
 
-Who is answered, and how, is the gate chain's call (:mod:`bot.engine.gates`: its
-intake and start stages run here, the rest in each run); each session's runs and
-queue, and merging follow-ups, are :mod:`bot.dispatch.lanes`'.
+Who is answered is the gate chain's call (:mod:`bot.engine.gates`: intake and start
+stages here, the rest in each run); sessions' queues are :mod:`bot.dispatch.lanes`'.
 """
 
 from __future__ import annotations
@@ -41,14 +39,13 @@ from bot.dispatch.delivery import (
     draft_id,
 )
 from bot.dispatch.intake import ChatPolicy, PairingPolicy
-from bot.dispatch.lanes import Lane, Lanes, Pending, Running, RunRegistry
+from bot.dispatch.lanes import Lane, Lanes, Pending, Running, RunRegistry, join_messages
 from bot.dispatch.replicas import ReplicaWork, close_quietly
 from bot.engine.budgets import Budgets, Payer
+from bot.engine.context import TokenEstimator
 from bot.engine.gates import Asking, GateChain, Stage
-from bot.engine.guard import join_messages
 from bot.engine.requests import RunOptions, RunRequest, RunResult
 from bot.engine.run_engine import RunEngine
-from bot.engine.tokens import TokenEstimator
 from bot.storage.claims import Claims
 from bot.storage.inbox import Inbox, InboxEntry, OutboxEntry, RunJournal, grouped
 from bot.storage.sessions import SessionStore, agent_of, session_key

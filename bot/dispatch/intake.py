@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from bot.config.settings import Settings
 from bot.contracts.messages import InboundMessage
-from bot.engine.tokens import TokenEstimator
+from bot.engine.context import TokenEstimator
 from bot.storage.access import AccessStore
 from bot.storage.chatter import GroupChatter
 

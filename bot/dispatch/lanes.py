@@ -15,12 +15,11 @@ import asyncio
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from bot.config.settings import Settings
 from bot.contracts.messages import InboundMessage
-from bot.engine.guard import join_messages
 from bot.engine.requests import RunOptions, RunResult
 from bot.observability.ids import hex_id
 from bot.storage.inbox import RunJournal
@@ -268,3 +267,32 @@ class Lanes:
                 if pending.done is not None and not pending.done.done():
                     pending.done.cancel()
             lane.queue.clear()
+
+
+def join_messages(texts: Sequence[str], limit: int) -> str:
+    """Several messages merged into one run's text, every one of them kept.
+
+    When together they exceed ``limit`` characters, the longest are shortened
+    (each marked, so the model can say so) and the short ones stay whole:
+    a quick follow-up behind a huge paste is never cut away.
+    """
+    joined = "\n".join(texts)
+    if len(joined) <= limit:
+        return joined
+    marker = "\n[... shortened: this message was {n:,} characters long]"
+    budget = limit - (len(texts) - 1) - len(marker) * len(texts) - 8 * len(texts)
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    share: dict[int, int] = {}
+    left, remaining = budget, len(texts)
+    for i in order:
+        fair = max(0, left // remaining)
+        share[i] = min(len(texts[i]), fair)
+        left -= share[i]
+        remaining -= 1
+    parts = []
+    for i, text in enumerate(texts):
+        if share[i] >= len(text):
+            parts.append(text)
+        else:
+            parts.append(text[:share[i]] + marker.format(n=len(text)))
+    return "\n".join(parts)

@@ -25,18 +25,17 @@ from bot.engine.compaction import (
     FLUSH_TOOLS,
     Compactor,
 )
-from bot.engine.gates import GateChain, run_gates
-from bot.engine.guard import InputGuard
-from bot.engine.history import PruneSettings
+from bot.engine.context import Estimators, PruneSettings, TokenEstimator, compaction_due
+from bot.engine.gates import GateChain, InputGuard, run_gates
 from bot.engine.requests import (
+    CurrentPlugins,
     Listener,
+    PluginSnapshot,
     RunRequest,
     RunResult,
     RunSink,
 )
 from bot.engine.runloop import Run
-from bot.engine.snapshot import CurrentPlugins, PluginSnapshot
-from bot.engine.tokens import Estimators, TokenEstimator
 from bot.pluginhost.manager import PluginHost
 from bot.storage.sessions import Session, SessionStore
 from bot.tools.breakers import Breakers
@@ -196,7 +195,11 @@ class RunEngine:
             except Exception:
                 log.exception("no compaction after run %s: agent %s", req.run_id, req.agent)
                 return
-            self.compactor.schedule(req.session, req.message, agent)
+            # The compactor is asked only once the history is due.
+            if agent.settings.compaction and compaction_due(
+                    req.session.messages, agent.settings,
+                    self.estimator_for((agent.provider or self.provider).name)):
+                self.compactor.schedule(req.session, req.message, agent)
 
     async def run(self, req: RunRequest, listener: Listener | None = None) -> RunResult:
         """Execute ``req``, write its commit on its own, announce it; the whole run.
