@@ -341,10 +341,11 @@ class Dispatcher:
                 journal = None
                 if pending.entries:
                     journal = pending.journal or RunJournal(self.inbox, pending.entries[-1])
-                request = RunRequest.with_options(asked, session, options, run_id=run_id,
-                                                  agent=agent, plugins=plugins, journal=journal)
+                request = RunRequest.with_options(
+                    asked, session, options, run_id=run_id, agent=agent, plugins=plugins,
+                    journal=journal, sink=dataclasses.replace(self.engine.sink, events=watch))
                 try:
-                    result = await self.engine.execute(request, watch)
+                    result = await self.engine.execute(request)
                 except BudgetRefused as exc:
                     # Its first model call did not fit: like a refusal before the run.
                     if bridge.stream is not None:
@@ -356,7 +357,7 @@ class Dispatcher:
                 # Tracked (drain, close) and shielded: a /stop arriving now does not
                 # leave the commit written but its run unannounced.
                 result = await asyncio.shield(self._spawn(self._close_run(
-                    request, result, message, pending.entries, draft_id(bridge.stream), watch)))
+                    request, result, message, pending.entries, draft_id(bridge.stream))))
             if self.replicas is not None and run_id in self.replicas.lost_runs:
                 # Another replica holds the session now and answers these entries.
                 self.replicas.lost_runs.discard(run_id)
@@ -402,14 +403,14 @@ class Dispatcher:
             self._changed.set()
 
     async def _close_run(self, request: RunRequest, result: RunResult,
-                         message: InboundMessage, entries: tuple[int, ...], draft: str | None,
-                         watch: RunWatch) -> RunResult:
+                         message: InboundMessage, entries: tuple[int, ...],
+                         draft: str | None) -> RunResult:
         """Commit the run (history, inbox, outbox) and announce its end. The caller shields
         it from the run's own cancellation."""
         if result.commit is not None:
             result = await commit_run(self.store, self.inbox, self.replicas, message, entries,
                                       result, draft)
-        await self.engine.finished(request, result, watch)
+        await self.engine.finished(request, result)
         return result
 
     def _refuse(self, message: InboundMessage, pending: Pending, run_id: str, key: str,

@@ -111,13 +111,15 @@ class RunSink:
     ``on_tool_failure`` turns a tool failure into what the model reads (the error
     channel), ``on_large_result`` stores a large result and returns the preview
     the model reads, ``deliver`` sends a message through its channel at once
-    (``ToolContext.send``), ``export`` receives each run's finished spans.
+    (``ToolContext.send``), ``export`` receives each run's finished spans, ``events``
+    hears the run's events as they happen (streamed text, tool calls, its ending).
     """
 
     on_tool_failure: FailureHandler | None = None
     on_large_result: LargeResultHandler | None = None
     deliver: SendFunc | None = None
     export: SpanExporter | None = None
+    events: Listener | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,10 +171,10 @@ class RunRequest:
     @classmethod
     def with_options(cls, message: InboundMessage, session: Session, options: RunOptions, *,
                      run_id: str, agent: str, plugins: PluginSnapshot | None,
-                     journal: RunJournal | None) -> RunRequest:
+                     journal: RunJournal | None, sink: RunSink | None = None) -> RunRequest:
         """A request running with ``options`` (what the dispatcher starts)."""
         return cls(message, session, run_id=run_id, agent=agent, plugins=plugins,
-                   journal=journal, mode=options.mode, kind=options.kind,
+                   journal=journal, sink=sink, mode=options.mode, kind=options.kind,
                    extra_context=options.extra_context, max_iterations=options.max_iterations,
                    tools=options.tools, persist=options.persist, timeout=options.timeout)
 

@@ -29,7 +29,6 @@ from bot.engine.context import Estimators, PruneSettings, TokenEstimator, compac
 from bot.engine.gates import GateChain, InputGuard, run_gates
 from bot.engine.requests import (
     CurrentPlugins,
-    Listener,
     PluginSnapshot,
     RunRequest,
     RunResult,
@@ -164,7 +163,7 @@ class RunEngine:
         if self._holds:
             await asyncio.wait(set(self._holds))  # a cancelled caller leaves them running
 
-    async def execute(self, req: RunRequest, listener: Listener | None = None) -> RunResult:
+    async def execute(self, req: RunRequest) -> RunResult:
         """Execute ``req`` and return its outcome; its commit is the caller's to write.
 
         Raises ``CancelledError`` if cancelled. Waits first for the work passed to
@@ -172,7 +171,7 @@ class RunEngine:
         :meth:`finished`.
         """
         await self.held()
-        run = Run(self, req, listener)
+        run = Run(self, req)
         self.active_runs += 1
         req.session.pins += 1
         try:
@@ -181,10 +180,10 @@ class RunEngine:
             req.session.pins -= 1
             self.active_runs -= 1
 
-    async def finished(self, req: RunRequest, result: RunResult,
-                       listener: Listener | None = None) -> None:
+    async def finished(self, req: RunRequest, result: RunResult) -> None:
         """After the commit: announce the run's last event and compact its session if due."""
         if result.ending is not None:
+            listener = (req.sink or self.sink).events
             if listener is not None:
                 await listener(result.ending)
             if self.host.hooks.implemented(hookspecs.roost_run_event):
@@ -201,12 +200,12 @@ class RunEngine:
                     self.estimator_for((agent.provider or self.provider).name)):
                 self.compactor.schedule(req.session, req.message, agent)
 
-    async def run(self, req: RunRequest, listener: Listener | None = None) -> RunResult:
+    async def run(self, req: RunRequest) -> RunResult:
         """Execute ``req``, write its commit on its own, announce it; the whole run.
 
         For runs no inbox entry waits on (tools' sub-runs, the memory flush, tests).
         """
-        result = await self.execute(req, listener)
+        result = await self.execute(req)
         if result.commit is not None:
             try:
                 await result.commit.write(self.store)
@@ -217,7 +216,7 @@ class RunEngine:
                     log.exception("could not persist run %s", req.run_id)
                     result = result.as_failed(describe_error(exc))
                     await self._write_failed(result)
-        await self.finished(req, result, listener)
+        await self.finished(req, result)
         return result
 
     async def _write_failed(self, result: RunResult) -> None:

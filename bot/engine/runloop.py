@@ -35,7 +35,7 @@ from bot.engine.context import build_context, current_turn, recent_history, syst
 from bot.engine.gates import BLOCK_REFUSAL, WITHHELD, Asking, Stage
 from bot.engine.judging import judge_reply
 from bot.engine.media import receive_files, with_lines
-from bot.engine.requests import NO_REPLY, Emit, Listener, RunCommit, RunRequest, RunResult
+from bot.engine.requests import NO_REPLY, Emit, RunCommit, RunRequest, RunResult
 from bot.engine.tool_turns import ToolTurns
 from bot.observability.tracing import VERBOSE_INPUT_CHARS, RunTrace, Span, preview
 from bot.storage.sessions import RunRecord
@@ -54,20 +54,20 @@ log = logging.getLogger("roost.engine.runloop")
 class Run:
     """The state of one run; lives only as long as the run."""
 
-    def __init__(self, engine: RunEngine, req: RunRequest, listener: Listener | None) -> None:
+    def __init__(self, engine: RunEngine, req: RunRequest) -> None:
         self.engine = engine
         self.settings = engine.settings
         self.req = req
         self.plugins = req.plugins or engine.plugins
         """The plugin state this run started with; it keeps it to the end."""
-        self.listener = listener
+        self.sink = req.sink or engine.sink
+        """Where this run reports: error channel, large results, sends, spans, events."""
+        self.listener = self.sink.events
         self.observers = engine.host.hooks.implemented(hookspecs.roost_run_event)
         self.usage = Usage()
         self.buffer: list[ChatMessage] = []
         self.iterations = 0
         self.started = time.monotonic()
-        self.sink = req.sink or engine.sink
-        """Where this run reports: error channel, large results, sends, spans."""
         self.trace = RunTrace(req.run_id, req.session.key, verbose=self.settings.trace_verbose)
         self.trace.root.attributes["kind"] = req.kind
         # Set from the agent when the run starts (_use_agent).
