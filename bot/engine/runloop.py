@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from bot.agents.router import Agent
 from bot.contracts import hookspecs
 from bot.contracts.events import EventType, RunEvent
-from bot.contracts.llm import ChatMessage, LLMRequest, LLMResponse, Usage
+from bot.contracts.llm import ChatMessage, ContentPart, LLMRequest, LLMResponse, Usage
 from bot.contracts.metering import BudgetRefused, metered_complete
 from bot.contracts.prompt import PromptContext
 from bot.contracts.sanitize import run_pipeline
@@ -154,7 +154,7 @@ class Run:
         if decision.action != "pass":
             return await self.refuse(decision.reply or BLOCK_REFUSAL)
         text, notes = decision.text, list(decision.notes)
-        parts: tuple[Any, ...] = ()
+        parts: tuple[ContentPart, ...] = ()
         if msg.attachments:
             # Files are fetched, stored in the workspace and described to the model, a
             # line each (bot.engine.media); a message of files alone is a turn of its own.
