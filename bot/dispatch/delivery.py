@@ -78,6 +78,11 @@ class StreamBridge:
         self.visible = ""
         self.shown = False
 
+    @property
+    def draft_id(self) -> str | None:
+        """The platform id of the current draft, if the channel showed one."""
+        return draft_id(self.stream)
+
     async def end_block(self) -> None:
         if self.stream is None or self.channel is None:
             return
@@ -130,13 +135,14 @@ HELD_NOTICE = ("The AI service is not answering right now. Your message is safe:
 
 
 class RunWatch:
-    """The listener of one lane entry's run; ``notify(text)`` sends a notice to its chat."""
+    """The listener of one lane entry's run; ``notify(text)`` sends a notice to its chat.
+    The draft's id is journaled on the entry's inbox entries in ``inbox``."""
 
-    def __init__(self, entry: Running, bridge: StreamBridge, draft: DraftWatch,
+    def __init__(self, entry: Running, bridge: StreamBridge, inbox: Inbox,
                  notify: Callable[[str], None]) -> None:
         self.entry = entry
         self.bridge = bridge
-        self.draft = draft
+        self.draft = DraftWatch(inbox, entry.pending.entries)
         self.notify = notify
         self.held = False
 

@@ -15,13 +15,12 @@ import asyncio
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bot.config.settings import Settings
 from bot.contracts.messages import InboundMessage
 from bot.engine.requests import RunOptions, RunResult
-from bot.observability.ids import hex_id
 from bot.storage.inbox import RunJournal
 
 
@@ -144,23 +143,26 @@ def joined(first: Pending, second: InboundMessage, entry: int, now: float,
                     stale_draft=first.stale_draft, texts=texts)
 
 
-StartRun = Callable[[Lane, Running, str], "asyncio.Task[None]"]
-"""``(lane, entry, run_id) -> task``: starts the run that answers ``entry``."""
+@dataclass(slots=True)
+class Moves:
+    """What a change to a lane asks of its owner: ``start`` the runs of these entries
+    (each announced with :meth:`Lanes.started` once its task exists), and tell the
+    senders of ``dropped`` messages (the full queue dropped them)."""
+
+    start: list[Running] = field(default_factory=list)
+    dropped: list[Pending] = field(default_factory=list)
 
 
 class Lanes:
     """Every session's lane: who runs now, who waits, and merging follow-ups.
 
-    ``start`` runs an entry (the dispatcher's task); ``drop(pending)`` is told of a
-    message the full queue dropped. The run's task calls :meth:`finished` when done.
+    Each change returns its :class:`Moves`; the owner starts the runs it names and
+    calls :meth:`finished` when one is done.
     """
 
-    def __init__(self, settings: Settings, registry: RunRegistry, start: StartRun,
-                 drop: Callable[[Pending], None]) -> None:
+    def __init__(self, settings: Settings, registry: RunRegistry) -> None:
         self.settings = settings
         self.registry = registry
-        self._start_run = start
-        self._drop = drop
         self.by_key: dict[str, Lane] = {}
         self.closed = False
         """Set on shutdown: queued messages no longer start."""
@@ -191,32 +193,35 @@ class Lanes:
         lane.queue.clear()
         return dropped
 
-    def add(self, lane: Lane, pending: Pending) -> None:
+    def add(self, lane: Lane, pending: Pending) -> Moves:
         """Start ``pending`` if the lane has room, else queue it (never merged)."""
         if len(lane.running) < lane.limit:
-            self.start(lane, pending)
-        else:
-            lane.queue.append(pending)
+            return Moves([self.start(lane, pending)])
+        lane.queue.append(pending)
+        return Moves()
 
     def enqueue(self, lane: Lane, message: InboundMessage, entry: int, *,
-                counted: bool = False) -> None:
+                counted: bool = False) -> Moves:
         """A person's message: merged into their previous one, started, or queued."""
         now = time.monotonic()
         window = self.settings.merge_window_ms / 1000
-        if window and self._merge(lane, message, entry, now, window):
-            return
+        merged = self._merge(lane, message, entry, now, window) if window else None
+        if merged is not None:
+            return merged
         if len(lane.running) < lane.limit:
-            self.start(lane, Pending(message, now, entries=(entry,), counted=counted))
-            return
+            return Moves([self.start(lane, Pending(message, now, entries=(entry,),
+                                                   counted=counted))])
+        moves = Moves()
         if len(lane.queue) >= self.settings.queue_cap:
             dropped = lane.queue.popleft()
             if dropped.done is not None and not dropped.done.done():
                 dropped.done.set_exception(RuntimeError("dropped: the chat's queue was full"))
-            self._drop(dropped)
+            moves.dropped.append(dropped)
         lane.queue.append(Pending(message, now, entries=(entry,), counted=counted))
+        return moves
 
     def _merge(self, lane: Lane, message: InboundMessage, entry_id: int, now: float,
-               window: float) -> bool:
+               window: float) -> Moves | None:
         # Into the running run only when nothing waits behind it: a message
         # queued in between must not be answered after the one merged past it.
         for running in reversed(lane.running if not lane.queue else ()):
@@ -227,37 +232,41 @@ class Lanes:
                 lane.running.remove(running)
                 self.registry.abort(running.run.run_id, lane.key, "merged")
                 limit = self.settings.max_message_chars
-                self.start(lane, joined(prev, message, entry_id, now, limit))
-                return True
+                return Moves([self.start(lane, joined(prev, message, entry_id, now, limit))])
         if lane.queue and len(lane.running) >= lane.limit:
             last = lane.queue[-1]
             if (last.message.sender_id == message.sender_id and last.from_person
                     and now - last.received <= window):
                 limit = self.settings.max_message_chars
                 lane.queue[-1] = joined(last, message, entry_id, now, limit)
-                return True
-        return False
+                return Moves()
+        return None
 
-    def start(self, lane: Lane, pending: Pending) -> None:
-        """Run ``pending`` now, registered for ``/stop``."""
+    def start(self, lane: Lane, pending: Pending) -> Running:
+        """``pending`` runs now: its entry among the lane's running ones."""
         entry = Running(pending)
         lane.running.append(entry)
-        run_id = hex_id()
-        task = self._start_run(lane, entry, run_id)
+        return entry
+
+    def started(self, lane: Lane, entry: Running, run_id: str,
+                task: asyncio.Task[None]) -> None:
+        """``entry``'s run ``run_id`` is in flight as ``task``, registered for ``/stop``."""
         run = ActiveRun(run_id, lane.key, task, time.monotonic())
         entry.attach(run)
         self.registry.register(run)
 
-    def finished(self, lane: Lane, entry: Running) -> None:
-        """``entry``'s run ended: the next queued message starts; an idle lane goes."""
+    def finished(self, lane: Lane, entry: Running) -> Moves:
+        """``entry``'s run ended: the next queued messages start; an idle lane goes."""
         if entry.run is not None:
             self.registry.unregister(entry.run.run_id)
         if entry in lane.running:
             lane.running.remove(entry)
+        moves = Moves()
         while lane.queue and len(lane.running) < lane.limit and not self.closed:
-            self.start(lane, lane.queue.popleft())
+            moves.start.append(self.start(lane, lane.queue.popleft()))
         if not lane.running and not lane.queue and self.by_key.get(lane.key) is lane:
             del self.by_key[lane.key]
+        return moves
 
     def close(self) -> None:
         """Shutdown: queued messages do not start (their scheduled callers are cancelled)."""
