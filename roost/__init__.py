@@ -96,11 +96,10 @@ from bot.contracts.views import (
     UsageView,
 )
 from bot.engine.compaction import FLUSH_ITERATIONS, FLUSH_TIMEOUT, FLUSH_TOOLS
+from bot.engine.context import repair_pairing, tools_chars
 from bot.engine.exec_summary import SqlStatement, parse_statement
-from bot.engine.history import repair_pairing
 from bot.engine.media import text_only
 from bot.engine.requests import RunRequest
-from bot.engine.tokens import tools_chars
 from bot.media.documents import pdf_text
 from bot.media.reader import (
     ANTHROPIC_MAX_PIXELS,

@@ -19,7 +19,7 @@ from bot.contracts.hookspecs import hookimpl
 from bot.contracts.jobs import JobSpec
 from bot.contracts.llm import LLMProvider
 from bot.contracts.messages import InboundMessage
-from bot.engine.runloop import RunOptions, RunResult
+from bot.engine.requests import RunOptions, RunResult
 from bot.pluginhost.manager import get_plugin_manager
 from bot.scheduling.cron import ScheduleError, format_duration, parse, parse_duration, zone
 from bot.scheduling.requests import JobError

@@ -30,7 +30,7 @@ RECORDS: dict[tuple[str, str], str] = {
     ("bot/engine/compaction.py", "session"): "Session.pins: the cached session's pin count",
     ("bot/engine/run_engine.py", "req.session"): "Session.pins: the cached session's pin count",
     ("bot/engine/runloop.py", "req.session"): "Session.context_tokens: a gauge on the record",
-    ("bot/engine/tokens.py", "message"): "ChatMessage.weight: the message's memoized size",
+    ("bot/engine/context.py", "message"): "ChatMessage.weight: the message's memoized size",
     ("bot/media/intake.py", "out"): "the intake result being built",
     ("bot/scheduling/due.py", "entry"): "a loaded job's next fire time",
     ("bot/scheduling/scheduler.py", "entry"): "a loaded job's row, spec and next fire time",

@@ -33,16 +33,13 @@ from bot.contracts.channel import Channel, ChannelSpec
 from bot.contracts.commands import Command
 from bot.contracts.llm import LLMProvider
 from bot.contracts.messages import OutboundMessage
-from bot.dispatch.access import PairingPolicy
 from bot.dispatch.dispatcher import Dispatcher, Leftovers
-from bot.dispatch.intake import ChatPolicy
+from bot.dispatch.intake import ChatPolicy, PairingPolicy
 from bot.engine.budgets import Budgets
-from bot.engine.gates import GateChain, all_gates
-from bot.engine.guard import InputGuard
-from bot.engine.requests import RunSink
+from bot.engine.context import Estimators
+from bot.engine.gates import GateChain, InputGuard, all_gates
+from bot.engine.requests import CurrentPlugins, PluginSnapshot, RunSink
 from bot.engine.run_engine import RunEngine
-from bot.engine.snapshot import CurrentPlugins, PluginSnapshot
-from bot.engine.tokens import Estimators
 from bot.observability.metrics import RoostMetrics
 from bot.observability.otel import OTelExporter
 from bot.pluginhost.manager import ESSENTIAL_PLUGINS, RESTART_HOOKS, PluginHost, get_plugin_manager

@@ -15,8 +15,7 @@ from bot.contracts.llm import LLMProvider
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.contracts.metering import METER
 from bot.engine.budgets import Budgets
-from bot.engine.requests import RunOptions, RunRequest, RunResult
-from bot.engine.snapshot import PluginSnapshot
+from bot.engine.requests import PluginSnapshot, RunOptions, RunRequest, RunResult
 from bot.pluginhost.manager import PluginHost
 from bot.scheduling.scheduler import Scheduler
 from bot.storage.retention import prune_stores

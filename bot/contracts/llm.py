@@ -74,7 +74,7 @@ class ChatMessage:
     parts: tuple[ContentPart, ...] = ()
     """Files that belong to this (user) message, besides ``content`` (the text)."""
     weight: float = field(default=-1.0, init=False, repr=False, compare=False)
-    """Cached size in English-equivalent characters (see bot.engine.tokens). ``init=False``
+    """Cached size in English-equivalent characters (see bot.engine.context). ``init=False``
     so ``dataclasses.replace`` starts a changed copy without a stale value."""
 
 

@@ -30,7 +30,7 @@ from bot.config.settings import Settings
 from bot.contracts.llm import LLMRequest, Usage
 from bot.contracts.messages import InboundMessage
 from bot.contracts.metering import BudgetRefused, Hold
-from bot.engine.tokens import TokenEstimator
+from bot.engine.context import TokenEstimator
 from bot.storage.usage import Limit, Scope, Standing, UsageStore, day_of, month_of
 
 log = logging.getLogger("roost.engine.budgets")
