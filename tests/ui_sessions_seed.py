@@ -59,6 +59,10 @@ def session_key(i: int) -> str:
     return f"{agent}:{channel}:direct:u{i % 1000}_{i}"
 
 
+_INSERT_SESSION = ("INSERT INTO sessions (id, key, created_at, updated_at, model, provider,"
+                   " input_tokens, output_tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+
+
 async def _batches(db: aiosqlite.Connection, lock: asyncio.Lock, sql: str,
                    rows: Sequence[tuple[Any, ...]], size: int = 5000) -> None:
     for start in range(0, len(rows), size):
@@ -78,13 +82,19 @@ async def seed(db: aiosqlite.Connection, lock: asyncio.Lock, *, sessions: int = 
     (two spans each; the first ``messages // 2`` runs answered the messages) and
     ``errors`` tool errors, into a migrated, empty database."""
     rnd = random.Random(seed)
+    session_ids: list[int] = []
     per = max(1, messages // sessions)
+    rare = "zanzibarquux"
     session_rows = []
     message_rows: list[tuple[Any, ...]] = []
     run_rows: list[tuple[Any, ...]] = []
     span_rows: list[tuple[Any, ...]] = []
     run_ids: list[str] = []
     msg_id = 0
+    insert_message = (
+        "INSERT INTO messages (id, session_id, run_id, role, content, sender_id, sender_name,"
+        " tool_calls, tool_call_id, tool_name, is_error, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
     for i in range(sessions):
         created = T0 + i * 60.0
         count = per if i < sessions - 1 else messages - per * (sessions - 1)
@@ -102,6 +112,8 @@ async def seed(db: aiosqlite.Connection, lock: asyncio.Lock, *, sessions: int = 
                 run_id = f"run{len(run_ids):07d}"
                 run_ids.append(run_id)
             text = " ".join(rnd.choice(WORDS) for _ in range(rnd.randint(5, 30)))
+            if i == sessions - 1 and j == 0:
+                text += f" {rare}"
             calls = None
             if role == "assistant":
                 calls = json.dumps([{"id": f"c{msg_id}", "name": "shell",
@@ -111,11 +123,11 @@ async def seed(db: aiosqlite.Connection, lock: asyncio.Lock, *, sessions: int = 
                 user if role == "user" else None, calls,
                 f"c{msg_id - 1}" if role == "tool" else None,
                 "shell" if role == "tool" else None, 0, at))
-    rare = "zanzibarquux"
-    newest_user = next(r for r in reversed(message_rows) if r[3] == "user"
-                       and r[1] == sessions)
-    message_rows[message_rows.index(newest_user)] = (
-        *newest_user[:4], f"{newest_user[4]} {rare}", *newest_user[5:])
+        if len(message_rows) >= 50_000 or i == sessions - 1:
+            await _batches(db, lock, _INSERT_SESSION, session_rows)
+            await _batches(db, lock, insert_message, message_rows)
+            session_ids.extend(r[0] for r in session_rows)
+            session_rows, message_rows = [], []
     while len(run_ids) < runs:
         run_ids.append(f"run{len(run_ids):07d}")
     run_ids = run_ids[:runs]
@@ -144,12 +156,6 @@ async def seed(db: aiosqlite.Connection, lock: asyncio.Lock, *, sessions: int = 
         error_rows.append((error_id, at, session_key(i), TOOLS[n % len(TOOLS)],
                            json.dumps(raw, ensure_ascii=False), raw["message"][:100]))
 
-    await _batches(db, lock, "INSERT INTO sessions (id, key, created_at, updated_at, model,"
-                   " provider, input_tokens, output_tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                   session_rows)
-    await _batches(db, lock, "INSERT INTO messages (id, session_id, run_id, role, content,"
-                   " sender_id, sender_name, tool_calls, tool_call_id, tool_name, is_error,"
-                   " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", message_rows)
     await _batches(db, lock, "INSERT INTO runs (id, session_key, status, started_at, ended_at,"
                    " iterations, input_tokens, output_tokens, model, error, cache_read_tokens,"
                    " cache_write_tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", run_rows)
@@ -162,5 +168,5 @@ async def seed(db: aiosqlite.Connection, lock: asyncio.Lock, *, sessions: int = 
         for table in ("sessions", "messages"):
             await db.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'),"
                              f" (SELECT MAX(id) FROM {table}))")
-    return Seeded(sessions, len(message_rows), len(run_rows), len(error_rows),
-                  [r[0] for r in session_rows], run_ids, error_ids, rare)
+    return Seeded(sessions, msg_id, len(run_rows), len(error_rows), session_ids,
+                  run_ids, error_ids, rare)
