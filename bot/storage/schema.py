@@ -382,7 +382,35 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE outbox ADD COLUMN attempt_note TEXT;
     """,
-    # 24 (uisessions; renumbered at merge): the Control UI's reads. A full-text index
+    # 23: the Control UI (bot.storage.ui_accounts): its accounts (scrypt password
+    # hashes), their login sessions (only a hash of each session token is kept) and
+    # the audit log of every action taken in it, paged newest first by id.
+    """
+    CREATE TABLE ui_users (
+        name TEXT PRIMARY KEY,
+        role TEXT NOT NULL CHECK (role IN ('viewer', 'operator', 'admin')),
+        password_hash TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    CREATE TABLE ui_sessions (
+        token_hash TEXT PRIMARY KEY,
+        user_name TEXT NOT NULL REFERENCES ui_users(name) ON DELETE CASCADE,
+        csrf TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        expires_at REAL NOT NULL
+    );
+    CREATE INDEX ui_sessions_user ON ui_sessions(user_name);
+    CREATE TABLE ui_audit (
+        id INTEGER PRIMARY KEY,
+        at REAL NOT NULL,
+        user_name TEXT NOT NULL,
+        action TEXT NOT NULL,
+        target TEXT NOT NULL DEFAULT '',
+        detail TEXT NOT NULL DEFAULT ''
+    );
+    """,
+    # 24: the Control UI's session pages (bot.ui.queries). A full-text index
     # of every message's content (FTS5, external content: the text stays in
     # messages; triggers keep it in step), the sessions each sender wrote in, and
     # the inbox entries of a run (its delivery in the trace view).
@@ -439,10 +467,10 @@ POSTGRES_STEPS: dict[int, str] = {
     ALTER TABLE spans ADD CONSTRAINT spans_kind_check
         CHECK (kind IN ('agent', 'llm', 'tool', 'patterns', 'judge'));
     """,
-    # 23 (24 once uicore's step is merged before it): the message search is a GIN
+    # 24: the message search is a GIN
     # index over the content's English tsvector (stemmed like FTS5's porter
     # tokenizer), queried by the same expression.
-    23: """
+    24: """
     CREATE INDEX messages_fts ON messages USING GIN (to_tsvector('english', content));
     CREATE INDEX messages_sender ON messages(sender_id, session_id)
         WHERE sender_id IS NOT NULL;
