@@ -24,11 +24,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bot.storage.sessions import SessionStore  # noqa: E402
-from bot.ui.queries import errors as eq  # noqa: E402
-from bot.ui.queries import runs as rq  # noqa: E402
-from bot.ui.queries import sessions as sq  # noqa: E402
-from tests.ui_sessions_seed import seed  # noqa: E402
+from bot.storage.sessions import SessionStore
+from bot.ui.queries import errors as eq
+from bot.ui.queries import runs as rq
+from bot.ui.queries import sessions as sq
+from tests.ui_sessions_seed import seed
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -38,8 +38,6 @@ def percentile(values: list[float], p: float) -> float:
 
 
 async def seeded(path: Path, sessions: int, messages: int, runs: int, errors: int) -> None:
-    if path.exists():
-        return
     store = await SessionStore.open(path)
     try:
         t0 = time.perf_counter()
@@ -110,7 +108,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--queries", action="store_true", help="time the query layer only")
     args = parser.parse_args()
-    asyncio.run(seeded(args.db, args.sessions, args.messages, args.runs, args.errors))
+    if not args.db.exists():
+        asyncio.run(seeded(args.db, args.sessions, args.messages, args.runs, args.errors))
     asyncio.run(queries(args.db, args.rounds))
 
 
