@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from bot.config.settings import SetupError
 from bot.contracts.channel import WebHandler
+from bot.observability.logring import LogRing
 from bot.observability.metrics import CONTENT_TYPE, Gauges
 from bot.observability.redact import redact
 from bot.resilience.breaker import CircuitBreaker
@@ -72,12 +73,29 @@ class HealthServer:
         """The port asked for; once started, the one bound (``0`` picks a free one)."""
         self.expected = list(expected)
         self.store_timeout = store_timeout
-        self.closing = False
-        """Set when shutdown begins: ``/readyz`` answers 503 from then on."""
+        self._closing = asyncio.Event()
         self.limits = limits if limits is not None else Limits.from_settings(app.settings)
         """Timeouts, connection caps and body sizes (:mod:`bot.resilience.listener`)."""
+        self.logs = LogRing()
+        """This process's last log records, for the Control UI's live tail (kept while serving)."""
         self._listener: Listener | None = None
         self._posts: dict[str, WebHandler] = {}
+
+    @property
+    def closing(self) -> bool:
+        """Set when shutdown begins: ``/readyz`` answers 503 and live views end from then on."""
+        return self._closing.is_set()
+
+    @closing.setter
+    def closing(self, value: bool) -> None:
+        if value:
+            self._closing.set()
+        else:
+            self._closing.clear()
+
+    async def wait_closing(self) -> None:
+        """Return once shutdown has begun (what ends the UI's Server-Sent Events streams)."""
+        await self._closing.wait()
 
     @property
     def url(self) -> str:
@@ -109,6 +127,7 @@ class HealthServer:
                              "or 0 to turn it off") from None
         self._listener = listener
         self.port = listener.port
+        self.logs.attach()
         log.info("health and metrics on http://%s:%d (/healthz, /readyz, /metrics, /ui)",
                  self.host, self.port)
         await check_accounts(self.app)
@@ -128,6 +147,7 @@ class HealthServer:
         """Stop serving (requests in flight are cut)."""
         self.closing = True
         listener, self._listener = self._listener, None
+        self.logs.detach()
         if listener is not None:
             await listener.close()
 
