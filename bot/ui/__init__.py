@@ -1,0 +1,1 @@
+"""The Control UI (issue 29)."""
