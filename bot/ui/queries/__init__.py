@@ -1,1 +1,1 @@
-"""Read models of the Control UI's pages: typed rows from the store, on SQLite and PostgreSQL."""
+"""Read models of the Control UI's pages: SQL that runs on SQLite and PostgreSQL."""
