@@ -58,7 +58,8 @@ async def access_page(app: Roost, *, before: str | None = None,
     """The access page; ``before``: the cursor of the paired users' next page."""
     store = access_store(app)
     cursor = pair_cursor(before)
-    where, params = "", ()  # type: tuple[str, tuple[object, ...]]
+    where: str = ""
+    params: tuple[object, ...] = ()
     if cursor is not None:
         channel, _, user_id = cursor[1].partition(":")
         where = " WHERE (approved_at, channel, user_id) < (?, ?, ?)"
