@@ -287,6 +287,13 @@ async def test_run_now_pause_resume_and_delete(cron_app: Any) -> None:
         app, now=clock.now.timestamp())).rows)
     with pytest.raises(JobError):
         await jobs.run_now(app, job_id)
+    # A job of a channel this process does not run is not run here (its reply could not
+    # go out), as the schedule leaves it due for the process that runs it.
+    elsewhere = await scheduler.add(owner_id="u1", channel="slack", chat_id="C1",
+                                    chat_type="direct", thread_id=None, schedule="every 1h",
+                                    message="hi")
+    with pytest.raises(JobError, match="not running"):
+        await jobs.run_now(app, elsewhere.job.id)
 
 
 # -- plugins --------------------------------------------------------------------------------
