@@ -321,3 +321,20 @@ def test_the_ui_is_imported_on_the_first_ui_request_not_at_start(tmp_path: Path)
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["after start: []", "after /ui: True True"]
+
+
+async def test_a_page_module_that_fails_to_import_is_left_out_and_the_others_serve(
+        app: Roost, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    from bot.ui import pages
+
+    extra = tmp_path / "pages"
+    extra.mkdir()
+    (extra / "zz_broken.py").write_text("raise RuntimeError('a bug in a page')\n",
+                                        encoding="utf-8")
+    monkeypatch.setattr(pages, "__path__", [*pages.__path__, str(extra)])
+    server = await serve_ui(app)
+    async with UiClient(server.url) as client:
+        status, page = await client.get("/ui/")
+    assert status == 200 and "Overview" in page
+    assert any("zz_broken cannot be loaded" in r.getMessage() for r in caplog.records)

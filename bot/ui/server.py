@@ -155,7 +155,13 @@ class UiServer:
         router.add_post("/ui/login", self._login)
         router.add_post("/ui/logout", self._guard(UiRoute("POST", "/ui/logout", self._logout)))
         for info in sorted(pkgutil.iter_modules(pages.__path__), key=lambda m: m.name):
-            module = importlib.import_module(f"{pages.__name__}.{info.name}")
+            try:
+                module = importlib.import_module(f"{pages.__name__}.{info.name}")
+            except Exception:
+                # One broken page must not take the others down with it.
+                log.exception("the UI page module %s cannot be loaded; its pages are off",
+                              info.name)
+                continue
             for route in getattr(module, "ROUTES", []):
                 router.add_route(route.method, route.path, self._guard(route))
                 if route.method == "GET":
@@ -311,6 +317,8 @@ class UiServer:
         except LoginFailed as failed:
             log.warning("UI login refused from %s: %s", self.auth.client(request), failed.line)
             return await self._login_form(request, error=failed.line, status=failed.status)
+        await self.accounts.audit(self.clock(), name.strip(), "log in", "",
+                                  f"from {self.auth.client(request)}")
         response = web.Response(status=303, headers={"Location": "/ui/"})
         secure_headers(response)
         self.auth.set_cookie(request, response, SESSION_COOKIE, token, SESSION_TTL)
@@ -319,6 +327,7 @@ class UiServer:
 
     async def _logout(self, req: UiRequest) -> web.StreamResponse:
         await self.auth.log_out(req.web)
+        await req.audit("log out", "")
         response = web.Response(status=303, headers={"Location": "/ui/login"})
         response.del_cookie(SESSION_COOKIE, path="/ui")
         return response
