@@ -29,6 +29,7 @@ from bot.config.mcp import expand as expand_env
 from bot.config.settings import Settings
 from bot.contracts.channel import (
     Channel,
+    ChannelContext,
     ChannelHealth,
     ChannelSpec,
     InboundHandler,
@@ -171,6 +172,7 @@ __all__ = [
     "Attachment",
     "Base64Text",
     "Channel",
+    "ChannelContext",
     "ChannelHealth",
     "ChannelSpec",
     "ChatMessage",

@@ -70,8 +70,7 @@ class HealthServer:
         """The port asked for; once started, the one bound (``0`` picks a free one)."""
         self.expected = list(expected)
         self.store_timeout = store_timeout
-        self.closing = False
-        """Set when shutdown begins: ``/readyz`` answers 503 from then on."""
+        self._closing = False
         self.limits = limits if limits is not None else Limits.from_settings(app.settings)
         """Timeouts, connection caps and body sizes (:mod:`bot.resilience.listener`)."""
         self._listener: Listener | None = None
@@ -117,9 +116,18 @@ class HealthServer:
         """Stop answering ``POST path``."""
         self._posts.pop(path, None)
 
+    @property
+    def closing(self) -> bool:
+        """Whether shutdown began: ``/readyz`` answers 503 from then on."""
+        return self._closing
+
+    def begin_shutdown(self) -> None:
+        """Answer ``/readyz`` with 503 from now on; ``/healthz`` answers to the end."""
+        self._closing = True
+
     async def close(self) -> None:
         """Stop serving (requests in flight are cut)."""
-        self.closing = True
+        self._closing = True
         listener, self._listener = self._listener, None
         if listener is not None:
             await listener.close()
