@@ -140,8 +140,7 @@ from workspaces.beneath import (
     read_fd,
     write_atomic,
 )
-from workspaces.cache import clip
-from workspaces.root import WorkspaceRoot, user_parts
+from workspaces.root import WorkspaceRoot, clip, user_parts
 
 __all__ = [
     "ANTHROPIC_MAX_PIXELS",

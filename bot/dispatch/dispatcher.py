@@ -25,10 +25,9 @@ from typing import Any, TypeVar
 from bot.agents.router import AgentRouter
 from bot.config.settings import Settings
 from bot.contracts.channel import Channel
-from bot.contracts.commands import Command, parse_command
-from bot.contracts.llm import Usage
-from bot.contracts.messages import InboundMessage, OutboundMessage
-from bot.contracts.metering import METER, BudgetRefused
+from bot.contracts.commands import Command
+from bot.contracts.llm import METER, BudgetRefused, Usage
+from bot.contracts.messages import InboundMessage, OutboundMessage, parse_command
 from bot.contracts.runtime import Runtime
 from bot.dispatch.access import PairingPolicy
 from bot.dispatch.commands import run_command

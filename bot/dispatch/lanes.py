@@ -22,7 +22,7 @@ from bot.contracts.messages import InboundMessage
 from bot.dispatch.registry import ActiveRun, RunRegistry
 from bot.engine.guard import join_messages
 from bot.engine.requests import RunOptions, RunResult
-from bot.observability.ids import hex_id
+from bot.observability.tracing import hex_id
 from bot.storage.inbox import RunJournal
 
 

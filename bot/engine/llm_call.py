@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from bot.contracts.events import EventType
-from bot.contracts.llm import LLMProvider, LLMRequest, LLMResponse
-from bot.contracts.metering import metered_complete
+from bot.contracts.llm import LLMProvider, LLMRequest, LLMResponse, metered_complete
 from bot.observability.tracing import Span, preview
 from bot.tools.outcomes import describe_error
 
@@ -34,7 +33,7 @@ async def call_model(provider: LLMProvider, request: LLMRequest, span: Span, emi
     """Ask ``provider``; fragments become ``chunk`` events and retries ``run.retrying``.
 
     ``span`` (started by the caller) is ended here with the usage or the error. The call
-    is reserved and settled on the run's meter (:mod:`bot.contracts.metering`).
+    is reserved and settled on the run's meter (:mod:`bot.contracts.llm`).
     """
     on_text = None
     pump: asyncio.Task[None] | None = None

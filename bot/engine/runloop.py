@@ -21,8 +21,7 @@ from bot.agents.patterns import PatternLibrary, render
 from bot.agents.router import Agent
 from bot.contracts import hookspecs
 from bot.contracts.events import EventType, RunEvent
-from bot.contracts.llm import ChatMessage, LLMRequest, LLMResponse, ToolCall, Usage
-from bot.contracts.metering import BudgetRefused
+from bot.contracts.llm import BudgetRefused, ChatMessage, LLMRequest, LLMResponse, ToolCall, Usage
 from bot.contracts.prompt import Order, PromptContext, PromptSection, assemble
 from bot.contracts.sanitize import run_pipeline
 from bot.contracts.tools import Tool, ToolContext, ToolResult

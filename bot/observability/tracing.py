@@ -3,17 +3,36 @@
 Spans are collected in memory while the run works and stored with the run's
 flush (or on their own for failed and cancelled runs), so tracing costs no
 extra database round trip on the hot path.
+
+Run and span ids (:func:`hex_id`) come from a generator of this module, seeded
+from the kernel once, and again in a forked child so the two processes do not
+hand out the same ids. They are unique, not secret: tokens and pairing codes use
+:mod:`secrets`.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from bot.observability.ids import hex_id
+_rng = random.Random(os.urandom(32))
+
+
+def _reseed() -> None:
+    _rng.seed(os.urandom(32))
+
+
+os.register_at_fork(after_in_child=_reseed)
+
+
+def hex_id(chars: int = 32) -> str:
+    """``chars`` random lowercase hex digits (32: as ``uuid.uuid4().hex``, 128 bits)."""
+    return f"{_rng.getrandbits(chars * 4):0{chars}x}"
 
 SpanKind = Literal["agent", "llm", "tool", "patterns", "judge"]
 
