@@ -42,7 +42,7 @@ import aiosqlite
 import psutil  # type: ignore[import-untyped]
 
 from bot.app.roost import Roost
-from bot.contracts.channel import ALONE, Channel, ChannelContext, InboundHandler
+from bot.contracts.channel import Channel, InboundHandler
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.storage.sessions import session_key
 
@@ -130,8 +130,7 @@ class BenchChannel(Channel):
         self.unexpected: list[OutboundMessage] = []
         self._ids = itertools.count(1)
 
-    async def start(self, handler: InboundHandler, context: ChannelContext = ALONE) -> None:
-        self.context = context
+    async def start(self, handler: InboundHandler) -> None:
         self.handler = handler
 
     async def send(self, message: OutboundMessage) -> None:

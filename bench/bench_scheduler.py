@@ -38,7 +38,7 @@ from typing import Any
 
 from bot.app.roost import Roost
 from bot.config.settings import Settings
-from bot.contracts.channel import ALONE, Channel, ChannelContext, InboundHandler
+from bot.contracts.channel import Channel, InboundHandler
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.jobs import JobSpec
 from bot.contracts.messages import OutboundMessage
@@ -80,9 +80,8 @@ class CountingChannel(Channel):
         self.expected = 0
         self.done = asyncio.Event()
 
-    async def start(self, handler: InboundHandler, context: ChannelContext = ALONE) -> None:
+    async def start(self, handler: InboundHandler) -> None:
         """Nothing to connect."""
-        self.context = context
 
     async def send(self, message: OutboundMessage) -> None:
         self.count += 1

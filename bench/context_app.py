@@ -15,7 +15,7 @@ from typing import Any
 from bench._common import roost_app
 from bench.context_content import CHARS_PER_TOKEN, TOOL_NAME, tool_output
 from bot.app.roost import Roost
-from bot.contracts.channel import ALONE, Channel, ChannelContext, InboundHandler
+from bot.contracts.channel import Channel, InboundHandler
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.llm import ChatMessage, LLMRequest, LLMResponse, OnRetry, OnText, ToolSpec, Usage
 from bot.contracts.messages import ChatType, InboundMessage, OutboundMessage
@@ -72,8 +72,7 @@ class BenchChannel(Channel):
         self.sent: list[OutboundMessage] = []
         self._ids = itertools.count(1)
 
-    async def start(self, handler: InboundHandler, context: ChannelContext = ALONE) -> None:
-        self.context = context
+    async def start(self, handler: InboundHandler) -> None:
         self.handler = handler
 
     async def send(self, message: OutboundMessage) -> None:

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from bot.contracts.channel import ALONE, Channel, ChannelContext, InboundHandler, ReplyStream
+from bot.contracts.channel import Channel, InboundHandler, ReplyStream
 from bot.contracts.messages import InboundMessage, OutboundMessage
 
 CHAT_ID = "console"
@@ -67,9 +67,8 @@ class ConsoleChannel(Channel):
         """Where replies go; ``sys.stdout`` as it is now (prompt_toolkit replaces it)."""
         return self._out or sys.stdout
 
-    async def start(self, handler: InboundHandler, context: ChannelContext = ALONE) -> None:
+    async def start(self, handler: InboundHandler) -> None:
         """Begin reading stdin in the background when ``read_stdin`` is set."""
-        self.context = context
         self._handler = handler
         if self.read_stdin:
             if self._session is None and self._tty and sys.stdin.isatty():

@@ -378,7 +378,7 @@ class Roost:
     async def add_channel(self, channel: Channel) -> None:
         """Start an already built channel (tests and embedders use this)."""
         self.channels[channel.name] = channel
-        await channel.start(self.dispatcher.submit, ChannelContext(
+        await channel.begin(self.dispatcher.submit, ChannelContext(
             http_routes=self.http,  # its webhook may share the server's port
             # Long polling and Socket Mode on one replica; bot-wide send limits shared.
             leadership=self.leader if is_postgres_url(self.settings.database) else None,

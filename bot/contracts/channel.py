@@ -233,8 +233,7 @@ class Channel:
 
     name: str = ""
     context: ChannelContext = ALONE
-    """What the service shares with this channel; an adapter keeps the one
-    :meth:`start` receives."""
+    """What the service shares with this channel (given to :meth:`begin`)."""
     marks_sending: ClassVar[bool] = False
     """``True`` when :meth:`send` awaits its platform calls through :func:`marked_send`;
     otherwise the core marks a reply as under way just before calling :meth:`send`."""
@@ -254,11 +253,14 @@ class Channel:
         """The live replicas of :attr:`context`, if any."""
         return self.context.replicas
 
-    async def start(self, handler: InboundHandler, context: ChannelContext = ALONE) -> None:
-        """Connect to the platform and begin delivering inbound messages.
+    async def begin(self, handler: InboundHandler, context: ChannelContext = ALONE) -> None:
+        """Keep ``context`` as :attr:`context`, then :meth:`start`: how the service starts
+        a channel, so an adapter reads what is shared with it from within ``start``."""
+        self.context = context
+        await self.start(handler)
 
-        ``context`` is what the service shares with the channel (kept as :attr:`context`).
-        """
+    async def start(self, handler: InboundHandler) -> None:
+        """Connect to the platform and begin delivering inbound messages."""
         raise NotImplementedError
 
     async def stop_intake(self) -> None:

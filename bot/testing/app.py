@@ -30,7 +30,7 @@ from typing import Any
 
 from bot.app.roost import Roost
 from bot.config.settings import Settings
-from bot.contracts.channel import ALONE, Channel, ChannelContext, InboundHandler
+from bot.contracts.channel import Channel, InboundHandler
 from bot.contracts.events import RunEvent
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.llm import LLMProvider, LLMRequest
@@ -156,8 +156,7 @@ class ChatChannel(Channel):
             self.provider = app.provider
         await app.add_channel(self)
 
-    async def start(self, handler: InboundHandler, context: ChannelContext = ALONE) -> None:
-        self.context = context
+    async def start(self, handler: InboundHandler) -> None:
         self._handler = handler
 
     async def stop(self) -> None:

@@ -14,14 +14,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from bot.config.settings import Settings
-from bot.contracts.channel import (
-    ALONE,
-    Channel,
-    ChannelContext,
-    ChannelHealth,
-    InboundHandler,
-    ReplyStream,
-)
+from bot.contracts.channel import Channel, ChannelHealth, InboundHandler, ReplyStream
 from bot.contracts.messages import Attachment, InboundMessage, OutboundMessage
 from channels.chunking import split_message
 from channels.delivery import DeliveryPolicy
@@ -109,13 +102,12 @@ class DiscordChannel(Channel):
 
     # -- lifecycle -----------------------------------------------------------
 
-    async def start(self, handler: InboundHandler, context: ChannelContext = ALONE) -> None:
+    async def start(self, handler: InboundHandler) -> None:
         """Log in, connect to the gateway and return once ``on_ready`` fired.
 
         Sharded (``discord_shard_count`` above 1, or replicas on PostgreSQL): once
         the shards this process took are ready (:mod:`channels.discord.shards`).
         """
-        self.context = context
         self.intake.start(handler)
         try:
             await self.sessions.start(self.leadership)

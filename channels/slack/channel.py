@@ -13,15 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
 from bot.config.settings import SetupError
-from bot.contracts.channel import (
-    ALONE,
-    READY,
-    Channel,
-    ChannelContext,
-    ChannelHealth,
-    InboundHandler,
-    ReplyStream,
-)
+from bot.contracts.channel import READY, Channel, ChannelHealth, InboundHandler, ReplyStream
 from bot.contracts.files import OpenFile
 from bot.contracts.messages import Attachment, InboundMessage, OutboundMessage
 from channels.delivery import DeliveryPolicy
@@ -103,9 +95,8 @@ class SlackChannel(Channel):
 
     # -- lifecycle ---------------------------------------------------------------
 
-    async def start(self, handler: InboundHandler, context: ChannelContext = ALONE) -> None:
+    async def start(self, handler: InboundHandler) -> None:
         """Check the bot token, then listen (HTTP) or connect (Socket Mode)."""
-        self.context = context
         s = self.settings
         if s.slack_bot_token is None:
             raise ValueError("SLACK_BOT_TOKEN is not set")

@@ -28,14 +28,7 @@ from aiogram.types import BotCommand, BotCommandScopeChat, Message, User
 from aiogram.utils.token import TokenValidationError, validate_token
 
 from bot.config.settings import SetupError
-from bot.contracts.channel import (
-    ALONE,
-    Channel,
-    ChannelContext,
-    ChannelHealth,
-    InboundHandler,
-    ReplyStream,
-)
+from bot.contracts.channel import Channel, ChannelHealth, InboundHandler, ReplyStream
 from bot.contracts.messages import Attachment, InboundMessage, OutboundMessage
 from channels.delivery import DeliveryPolicy
 from channels.ratelimit import TELEGRAM_LIMITS, Limits, RateLimiter
@@ -143,9 +136,8 @@ class TelegramChannel(Channel):
 
     # -- lifecycle -------------------------------------------------------------
 
-    async def start(self, handler: InboundHandler, context: ChannelContext = ALONE) -> None:
+    async def start(self, handler: InboundHandler) -> None:
         """Check the token (``getMe``), then receive by long polling or webhook."""
-        self.context = context
         assert self.settings.telegram_bot_token is not None
         token = self.settings.telegram_bot_token.get_secret_value()
         try:
