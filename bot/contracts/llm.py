@@ -9,8 +9,10 @@ call's worst case on the run's :data:`METER` before it and settles it after.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +57,24 @@ class ContentPart:
     def file(self) -> Path:
         """The file on disk: ``root / path``."""
         return Path(self.root) / self.path
+
+
+_PART_FIELDS = frozenset(f.name for f in dataclasses.fields(ContentPart))
+
+
+def encode_parts(parts: Sequence[ContentPart]) -> str | None:
+    """A message's parts as JSON references (path, type, size...), ``None`` for none."""
+    if not parts:
+        return None
+    return json.dumps([dataclasses.asdict(p) for p in parts], ensure_ascii=False)
+
+
+def decode_parts(text: str | None) -> tuple[ContentPart, ...]:
+    """The inverse of :func:`encode_parts`; fields a newer Roost added are ignored."""
+    if not text:
+        return ()
+    return tuple(ContentPart(**{k: v for k, v in item.items() if k in _PART_FIELDS})
+                 for item in json.loads(text))
 
 
 @dataclass(slots=True)
