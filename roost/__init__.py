@@ -53,9 +53,11 @@ from bot.contracts.llm import (
     OnRetry,
     OnText,
     ProviderError,
+    Session,
     ToolCall,
     ToolSpec,
     Usage,
+    agent_of,
 )
 from bot.contracts.media import MediaError, MediaTooLarge, Transcriber
 from bot.contracts.messages import (
@@ -72,7 +74,6 @@ from bot.contracts.runtime import NO_REPLY, RunOutcome, Runtime
 from bot.contracts.sanitize import Sanitizer
 from bot.contracts.search import SearchBackend, SearchResult
 from bot.contracts.services import Services
-from bot.contracts.sessions import Session, agent_of
 from bot.contracts.tools import Tool, ToolContext, ToolError, ToolResult, ToolRetry
 from bot.contracts.views import (
     ERROR_ID_EXAMPLE,

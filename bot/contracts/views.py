@@ -17,9 +17,8 @@ import aiosqlite
 
 from bot.contracts.health import HealthReport
 from bot.contracts.judge import Judge
-from bot.contracts.llm import ChatMessage, LLMProvider, Usage
+from bot.contracts.llm import ChatMessage, LLMProvider, Session, SessionActivity, Usage
 from bot.contracts.messages import ChatType
-from bot.contracts.sessions import Session, SessionActivity
 from bot.contracts.settings import SettingsModel
 from bot.contracts.tools import Tool
 

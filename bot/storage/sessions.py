@@ -29,12 +29,12 @@ from typing import Any
 
 import aiosqlite
 
+from bot.contracts.llm import STALE as STALE
 from bot.contracts.llm import ChatMessage, ToolCall, Usage, decode_parts, encode_parts
-from bot.contracts.sessions import STALE as STALE
-from bot.contracts.sessions import Session as Session
-from bot.contracts.sessions import SessionActivity as SessionActivity
-from bot.contracts.sessions import agent_of as agent_of
-from bot.contracts.sessions import session_key as session_key
+from bot.contracts.llm import Session as Session
+from bot.contracts.llm import SessionActivity as SessionActivity
+from bot.contracts.llm import agent_of as agent_of
+from bot.contracts.llm import session_key as session_key
 from bot.observability.tracing import RunRecord as RunRecord
 from bot.observability.tracing import Span, attributes_of, run_row, span_row
 from bot.storage import db as dbmod
