@@ -129,12 +129,15 @@ class Roost:
         ``scheduler_clock`` replaces real time for the scheduler, which then
         fires only when told to (``services.scheduler.run_due``; tests, benches).
         """
-        host = host or get_plugin_manager()
         store = await SessionStore.open(settings.database, settings.session_cache_size,
                                         settings.database_pool_size)
         try:
             # Plugins an admin disabled stay disabled; essential ones cannot be.
-            host.apply_saved(await load_disabled(store.db, store.lock))
+            saved = await load_disabled(store.db, store.lock)
+            if host is None:
+                host = get_plugin_manager(disabled=saved)
+            else:  # built by the caller (tests, embedders)
+                host.apply_saved(saved)
             # Plugins' own tables before anything uses them; columns Roost retired go
             # only once every plugin that may copy them out has migrated.
             if await migrate_plugins(host, store.db, store.lock):
