@@ -205,7 +205,7 @@ class LiveReplicas(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class ChannelContext:
-    """What the running service shares with a channel it starts (:meth:`Channel.start`).
+    """What the running service shares with a channel it starts (:meth:`Channel.begin`).
 
     ``http_routes``: Roost's HTTP server when one runs; a webhook whose port setting
     names its port is mounted there rather than on a server of its own.
