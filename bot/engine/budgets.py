@@ -5,7 +5,7 @@ message, a cron job or the heartbeat — scheduled runs count against their
 owner, the message's sender) and refuses the run with the returned text when
 a limit is already reached or the sender exceeds the request rate (kept in the
 database, so a restart or another replica sees it). It then runs the run under
-:meth:`Budgets.meter` (:data:`bot.contracts.metering.METER`): each model call of
+:meth:`Budgets.meter` (:data:`bot.contracts.llm.METER`): each model call of
 the run — and of the compaction, memory flush and judges serving it — first
 reserves its worst case (the estimated input plus ``max_tokens``, priced by
 ``[budgets.prices]`` for the cost budgets) against every limit that applies, in
@@ -27,9 +27,8 @@ from datetime import UTC, datetime, timedelta
 
 from bot.config.budgets import BudgetConfig
 from bot.config.settings import Settings
-from bot.contracts.llm import LLMRequest, Usage
+from bot.contracts.llm import BudgetRefused, Hold, LLMRequest, Usage
 from bot.contracts.messages import InboundMessage
-from bot.contracts.metering import BudgetRefused, Hold
 from bot.engine.context import TokenEstimator
 from bot.storage.usage import Limit, Scope, Standing, UsageStore, day_of, month_of
 
@@ -274,7 +273,7 @@ def _resets(daily: bool, now: float) -> str:
 
 
 class Payer:
-    """The meter of one run (:class:`bot.contracts.metering.Meter`): reserves each model
+    """The meter of one run (:class:`bot.contracts.llm.Meter`): reserves each model
     call against the limits of the run's sender, group and agent, and settles it."""
 
     def __init__(self, budgets: Budgets, message: InboundMessage, agent: str,

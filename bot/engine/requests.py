@@ -28,8 +28,7 @@ from bot.contracts.runtime import NO_REPLY as NO_REPLY
 from bot.contracts.sanitize import Sanitizer
 from bot.contracts.tools import SendFunc, Tool
 from bot.engine.gates import InputGuard
-from bot.observability.ids import hex_id
-from bot.observability.tracing import Span, SpanExporter
+from bot.observability.tracing import Span, SpanExporter, hex_id
 from bot.storage.db import Statements
 from bot.storage.inbox import RunJournal
 from bot.storage.sessions import RunRecord, Session, SessionStore

@@ -57,7 +57,13 @@ from bot.scheduling.alarm import Alarm
 from bot.scheduling.cron import ScheduleError, parse, zone
 from bot.scheduling.cron_runs import CRON_RETRY, run_cron_job
 from bot.scheduling.due import Entry, Fire, due
-from bot.scheduling.requests import JobError, check_request, new_id
+from bot.scheduling.requests import (
+    MAX_JOBS_PER_USER,
+    MIN_INTERVAL_SECONDS,
+    JobError,
+    check_request,
+    new_id,
+)
 from bot.storage.jobs import Job, JobRun, JobStore
 
 if TYPE_CHECKING:
@@ -414,18 +420,19 @@ class Scheduler:
 
     async def add(self, *, owner_id: str, channel: str, chat_id: str, chat_type: ChatType,
                   thread_id: str | None, schedule: str, message: str, name: str = "",
-                  timezone: str | None = None) -> JobView:
+                  timezone: str | None = None, max_jobs: int = MAX_JOBS_PER_USER,
+                  min_interval: int = MIN_INTERVAL_SECONDS) -> JobView:
         """Create a cron job for ``owner_id`` that runs ``message`` in this chat.
 
         Raises :class:`JobError` with a message for the user when the request
-        is invalid or over a limit (``cron_max_jobs_per_user``,
-        ``cron_min_interval_seconds``).
+        is invalid or over a limit (``max_jobs`` per owner, a recurring job's
+        ``min_interval`` in seconds).
         """
         now = self._now()
         request = check_request(message, name, schedule, timezone, default_tz=self.tz,
-                                now=now, settings=self.settings)
+                                now=now, min_interval=min_interval)
         parsed = request.schedule
-        limit = self.settings.cron_max_jobs_per_user
+        limit = max_jobs
         for _ in range(5):
             job = Job(new_id(), "cron", request.name, parsed.text, request.tz.key,
                       request.message, owner_id, channel, chat_id, chat_type, thread_id,

@@ -192,7 +192,8 @@ class Inbox:
                 row)
             if cur.rowcount != 1:
                 return None
-            await notify(db, session_key)  # other replicas wake when this commits
+            if dialect_of(db) == "postgresql":  # other replicas wake when this commits
+                await notify(db, session_key)
             return cur.lastrowid
 
         entry_id = await self.writer.write(body, what="recording an inbound message")

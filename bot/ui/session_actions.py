@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bot.contracts.sessions import agent_of
+from bot.contracts.llm import agent_of
 
 if TYPE_CHECKING:
     from bot.app.roost import Roost

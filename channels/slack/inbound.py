@@ -20,8 +20,7 @@ from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_bolt.response import BoltResponse
 
 from bot.contracts.channel import InboundHandler
-from bot.contracts.commands import parse_command
-from bot.contracts.messages import ChatType, InboundMessage
+from bot.contracts.messages import ChatType, InboundMessage, parse_command
 from channels.inflight import InFlight
 from channels.logline import short as _short
 from channels.slack.api import SlackApi

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from bot.config.settings import Settings
-from bot.contracts.sessions import agent_of
+from bot.contracts.llm import agent_of
 from bot.scheduling.requests import JobError
 from bot.scheduling.scheduler import Scheduler
 from bot.storage.jobs import Job

@@ -15,9 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from bot.contracts.llm import ContentPart
-from bot.contracts.sessions import agent_of
-from bot.storage.message_rows import decode_parts
+from bot.contracts.llm import ContentPart, agent_of, decode_parts
 from bot.storage.sessions import SessionStore
 from bot.ui.queries.reads import (
     dialect,
