@@ -1,4 +1,4 @@
-"""Roost's one HTTP server: ``/healthz``, ``/readyz`` and ``/metrics``.
+"""Roost's one HTTP server: ``/healthz``, ``/readyz``, ``/metrics`` and the Control UI.
 
 Off unless ``http_port`` (``ROOST_HTTP_PORT``) is set; bound to ``http_host``
 (``ROOST_HTTP_HOST``, 127.0.0.1 by default: put it on 0.0.0.0 only where the
@@ -15,6 +15,8 @@ the channels, so ``/healthz`` answers while they connect.
   (…)``, ``store: …``.
 * ``/metrics``: the app's Prometheus registry in text format
   (:mod:`bot.observability.metrics`).
+* ``/ui``: the Control UI (:mod:`bot.ui`), loaded on its first request
+  (:mod:`bot.app.ui_mount`).
 
 Webhooks can share it: a channel whose own listener's port setting
 (``slack_port``, ``telegram_webhook_port``) equals ``http_port`` mounts its
@@ -93,6 +95,10 @@ class HealthServer:
         router.add_get("/healthz", self._healthz)
         router.add_get("/readyz", self._readyz)
         router.add_get("/metrics", self._metrics)
+        # The Control UI (/ui): built on its first request (bot.app.ui_mount).
+        from bot.app.ui_mount import UiMount, check_accounts
+
+        router.register_resource(UiMount(self.app))
         # aiohttp's router is frozen once serving; channels mount webhooks later.
         router.add_post("/{path:.*}", self._post)
         try:
@@ -103,8 +109,9 @@ class HealthServer:
                              "or 0 to turn it off") from None
         self._listener = listener
         self.port = listener.port
-        log.info("health and metrics on http://%s:%d (/healthz, /readyz, /metrics)",
+        log.info("health and metrics on http://%s:%d (/healthz, /readyz, /metrics, /ui)",
                  self.host, self.port)
+        await check_accounts(self.app)
 
     def add_post(self, path: str, handler: WebHandler) -> None:
         """Answer ``POST path`` with ``handler`` (a channel's webhook)."""

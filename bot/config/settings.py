@@ -7,6 +7,7 @@ defaults. A bad value fails at start with a message naming the key.
 
 from __future__ import annotations
 
+import ipaddress
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -214,6 +215,9 @@ class Settings(BaseSettings):
     """Connections at once from one address per listener; 0: no cap (behind a proxy)."""
     http_max_body: int = Field(1 << 20, ge=1)
     """Largest request body a webhook route takes (GET routes take none); larger: 413."""
+    ui_trusted_proxies: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Control UI (``/ui``): addresses or networks of the reverse proxies whose
+    ``X-Forwarded-Proto`` and ``X-Forwarded-For`` are believed (comma-separated in the env)."""
 
     @field_validator("http_port", mode="before")
     @classmethod
@@ -357,11 +361,22 @@ class Settings(BaseSettings):
         check_bindings(self.agents, self.bindings)
         return self
 
-    @field_validator("admins", "dm_allowlist", "plugins_install_allowlist", mode="before")
+    @field_validator("admins", "dm_allowlist", "plugins_install_allowlist",
+                     "ui_trusted_proxies", mode="before")
     @classmethod
     def _split_admins(cls, value: Any) -> Any:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("ui_trusted_proxies")
+    @classmethod
+    def _check_proxies(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(f"{entry!r} is not an IP address or network") from None
         return value
 
     @field_validator("admins", "dm_allowlist")

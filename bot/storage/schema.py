@@ -382,6 +382,34 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE outbox ADD COLUMN attempt_note TEXT;
     """,
+    # 23: the Control UI (bot.storage.ui_accounts): its accounts (scrypt password
+    # hashes), their login sessions (only a hash of each session token is kept) and
+    # the audit log of every action taken in it, paged newest first by id.
+    """
+    CREATE TABLE ui_users (
+        name TEXT PRIMARY KEY,
+        role TEXT NOT NULL CHECK (role IN ('viewer', 'operator', 'admin')),
+        password_hash TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    CREATE TABLE ui_sessions (
+        token_hash TEXT PRIMARY KEY,
+        user_name TEXT NOT NULL REFERENCES ui_users(name) ON DELETE CASCADE,
+        csrf TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        expires_at REAL NOT NULL
+    );
+    CREATE INDEX ui_sessions_user ON ui_sessions(user_name);
+    CREATE TABLE ui_audit (
+        id INTEGER PRIMARY KEY,
+        at REAL NOT NULL,
+        user_name TEXT NOT NULL,
+        action TEXT NOT NULL,
+        target TEXT NOT NULL DEFAULT '',
+        detail TEXT NOT NULL DEFAULT ''
+    );
+    """,
 ]
 """Schema steps in order; ``PRAGMA user_version`` records how many have run.
 

@@ -2,11 +2,12 @@
 
 :mod:`.base` holds the group and its helpers; :mod:`.serve` ``run``; :mod:`.chat`
 ``chat``; :mod:`.plugins` ``plugins``; :mod:`.admin` ``config``, ``mcp``,
-``errors``, ``pairing``, ``status`` and ``init``; :mod:`.db` ``db`` (migrate, copy).
+``errors``, ``pairing``, ``status`` and ``init``; :mod:`.db` ``db`` (migrate, copy);
+:mod:`.ui` ``ui`` (the Control UI's accounts).
 """
 
-from bot.app.cli import admin, chat, db, plugins, serve
+from bot.app.cli import admin, chat, db, plugins, serve, ui
 from bot.app.cli.base import cli, main
 
 # Imported for their commands, which register on ``cli``.
-__all__ = ["admin", "chat", "cli", "db", "main", "plugins", "serve"]
+__all__ = ["admin", "chat", "cli", "db", "main", "plugins", "serve", "ui"]

@@ -1,0 +1,100 @@
+"""Helpers for tests of the Control UI over HTTP: an app served on port 0 and a browser-like client.
+
+``UiClient`` keeps cookies like a browser (the session cookie is path ``/ui``),
+reads the CSRF token a page carries and posts forms with it::
+
+    server = await serve_ui(app)
+    client = UiClient(server.url)
+    await client.log_in("ada", "secret")
+    status, page = await client.get("/ui/")
+"""
+
+from __future__ import annotations
+
+import re
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+
+from bot.app.http import HealthServer
+from bot.app.roost import Roost
+
+__all__ = ["UiClient", "add_account", "csrf_of", "serve_ui"]
+
+_CSRF = re.compile(r'name="csrf"\s+value="([^"]+)"|name="csrf-token"\s+content="([^"]+)"')
+
+
+def csrf_of(page: str) -> str:
+    """The CSRF token a rendered page carries (its forms' field, or the meta tag)."""
+    match = _CSRF.search(page)
+    if match is None:
+        raise AssertionError(f"no CSRF token in the page: {page[:300]!r}")
+    return match.group(1) or match.group(2)
+
+
+async def serve_ui(app: Roost, host: str = "127.0.0.1") -> HealthServer:
+    """Start ``app``'s HTTP server on a free port of ``host`` (``app.close()`` stops it)."""
+    server = HealthServer(app, host, 0, expected=[])
+    await server.start()
+    app.http = server
+    return server
+
+
+async def add_account(app: Roost, name: str, password: str, role: str = "admin") -> None:
+    """Create a UI account in ``app``'s database, as ``roost ui user add`` does."""
+    import time
+
+    from bot.storage.ui_accounts import UiAccountStore
+    from bot.ui.accounts import hash_password
+
+    store = UiAccountStore(app.store.db, app.store.lock, app.store.writer)
+    if not await store.add_account(name, role, hash_password(password), time.time()):
+        raise AssertionError(f"the account {name} exists already")
+
+
+class UiClient:
+    """A cookie-keeping HTTP client of one UI, like one browser."""
+
+    def __init__(self, base_url: str, **headers: str) -> None:
+        self.base_url = base_url
+        self.session = aiohttp.ClientSession(
+            cookie_jar=aiohttp.CookieJar(unsafe=True), headers=headers)
+
+    async def __aenter__(self) -> UiClient:
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.session.close()
+
+    async def get(self, path: str, **kwargs: Any) -> tuple[int, str]:
+        """(status, body) of a GET, redirects followed."""
+        async with self.session.get(self.base_url + path, **kwargs) as response:
+            return response.status, await response.text()
+
+    async def response(self, method: str, path: str, **kwargs: Any) -> aiohttp.ClientResponse:
+        """The whole response (headers too); its body read."""
+        kwargs.setdefault("allow_redirects", False)
+        async with self.session.request(method, self.base_url + path, **kwargs) as response:
+            await response.read()
+            return response
+
+    async def post(self, path: str, data: dict[str, str], *, csrf: str | None = None,
+                   **kwargs: Any) -> tuple[int, str]:
+        """(status, body) of a form POST; ``csrf`` is added as the form field when given."""
+        form = dict(data)
+        if csrf is not None:
+            form["csrf"] = csrf
+        kwargs.setdefault("allow_redirects", False)
+        async with self.session.post(self.base_url + path, data=form, **kwargs) as response:
+            return response.status, await response.text()
+
+    async def log_in(self, name: str, password: str) -> tuple[int, str]:
+        """Open the login form and post it; (status, body) of the answer, redirect followed."""
+        status, page = await self.get("/ui/login")
+        if status != 200:
+            return status, page
+        async with self.session.post(self.base_url + "/ui/login", data={
+                "csrf": csrf_of(page), "name": name, "password": password}) as response:
+            return response.status, await response.text()

@@ -1,0 +1,174 @@
+"""The page API of the Control UI: what a module in :mod:`bot.ui.pages` works with.
+
+A page module defines ``ROUTES: list[UiRoute]`` and ``NAV: NavEntry | None``.
+Before a handler runs, the framework (:mod:`bot.ui.server`) has checked the login,
+the route's role and, on every POST, the CSRF token; the handler gets a
+:class:`UiRequest` and answers with :meth:`UiRequest.render`,
+:meth:`UiRequest.redirect` or :func:`sse`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol
+
+from aiohttp import web
+
+if TYPE_CHECKING:
+    from bot.app.roost import Roost
+
+__all__ = ["ROLE_RANK", "NavEntry", "Role", "Site", "UiRequest", "UiRoute", "UiUser",
+           "secure_headers", "sse"]
+
+Role = Literal["viewer", "operator", "admin"]
+"""Who may do what: admin > operator > viewer."""
+
+ROLE_RANK: Mapping[str, int] = {"viewer": 0, "operator": 1, "admin": 2}
+
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; font-src 'self'; form-action 'self'; base-uri 'none'; "
+    "frame-ancestors 'none'"
+)
+"""No inline script or style, nothing from another origin, never framed."""
+
+SSE_KEEPALIVE = 15.0
+"""Seconds of silence after which an SSE stream sends a comment (finds a client gone)."""
+
+
+def secure_headers(response: web.StreamResponse, *, cache: bool = False) -> None:
+    """Put the UI's security headers on ``response`` (before it is prepared).
+
+    ``cache``: a static file, cached for a day; every other answer is ``no-store``.
+    """
+    headers = response.headers
+    headers["Content-Security-Policy"] = CONTENT_SECURITY_POLICY
+    headers["X-Frame-Options"] = "DENY"
+    headers["X-Content-Type-Options"] = "nosniff"
+    headers["Referrer-Policy"] = "no-referrer"
+    headers["Cross-Origin-Opener-Policy"] = "same-origin"
+    headers["Cache-Control"] = "public, max-age=86400" if cache else "no-store"
+
+
+@dataclass(frozen=True, slots=True)
+class UiUser:
+    """Who is using the UI: an account's name and role (``local``, admin, without accounts)."""
+
+    name: str
+    role: Role
+
+
+@dataclass(frozen=True)
+class UiRoute:
+    """One page or action: method, aiohttp path, handler and the least role allowed."""
+
+    method: str
+    path: str
+    handler: Callable[[UiRequest], Awaitable[web.StreamResponse]]
+    role: Role = "viewer"
+
+
+@dataclass(frozen=True)
+class NavEntry:
+    """A page's entry in the navigation, sorted by ``order``."""
+
+    label: str
+    path: str
+    order: int
+
+
+class Site(Protocol):
+    """What a :class:`UiRequest` needs of the UI it belongs to (:class:`bot.ui.server.UiServer`)."""
+
+    def render(self, req: UiRequest, template: str, context: dict[str, object]) -> str:
+        """The HTML of ``template`` with ``context`` and the layout's own values."""
+
+    async def audit(self, user: UiUser, action: str, target: str, detail: str) -> None:
+        """Write one audit log row."""
+
+
+class UiRequest:
+    """One request to a page, its user already checked."""
+
+    def __init__(self, request: web.Request, app: Roost, user: UiUser, csrf: str,
+                 site: Site) -> None:
+        self.web = request
+        """The aiohttp request (``match_info``, ``query``, ``post()``)."""
+        self.app = app
+        """The running app: settings, store, dispatcher, ..."""
+        self.user = user
+        self.csrf = csrf
+        """This login's CSRF token, for forms (field ``csrf``)."""
+        self.site = site
+
+    def can(self, role: Role) -> bool:
+        """Whether the user holds ``role`` or a higher one."""
+        return ROLE_RANK[self.user.role] >= ROLE_RANK[role]
+
+    def render(self, template: str, /, **context: object) -> web.Response:
+        """``template`` as an HTML page; the layout adds user, csrf, nav and banner."""
+        return web.Response(text=self.site.render(self, template, context),
+                            content_type="text/html", charset="utf-8")
+
+    def fragment(self, template: str, /, **context: object) -> str:
+        """``template`` (a partial, ``_name.html``) rendered to a string: an SSE event's HTML."""
+        return self.site.render(self, template, context)
+
+    async def form(self) -> dict[str, str]:
+        """The POSTed form fields (files left out); the CSRF token was checked already."""
+        data = await self.web.post()
+        return {key: value for key, value in data.items() if isinstance(value, str)}
+
+    async def audit(self, action: str, target: str, detail: str = "") -> None:
+        """Record in the audit log that this user did ``action`` to ``target``."""
+        await self.site.audit(self.user, action, target, detail)
+
+    def redirect(self, path: str) -> web.Response:
+        """``303 See Other`` to ``path`` (a local path: POST, redirect, GET)."""
+        if not path.startswith("/") or path.startswith("//") or "\\" in path:
+            path = "/ui/"
+        return web.Response(status=303, headers={"Location": path})
+
+
+async def sse(req: UiRequest, events: AsyncIterator[tuple[str, str]]) -> web.StreamResponse:
+    """Stream ``events`` as Server-Sent Events: each (name, HTML fragment) is one event.
+
+    Ends when the client goes (or ``events`` ends); a comment goes out after
+    :data:`SSE_KEEPALIVE` seconds of silence so a client gone is noticed.
+    """
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "X-Accel-Buffering": "no"})
+    secure_headers(response)
+    await response.prepare(req.web)
+    pending: asyncio.Future[tuple[str, str]] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(events))
+            done, _ = await asyncio.wait({pending}, timeout=SSE_KEEPALIVE)
+            if not done:
+                await response.write(b": keepalive\n\n")
+                continue
+            try:
+                name, fragment = pending.result()
+            except StopAsyncIteration:
+                pending = None
+                break
+            pending = None
+            lines = "".join(f"data: {line}\n" for line in fragment.splitlines() or [""])
+            await response.write(f"event: {name}\n{lines}\n".encode())
+    except ConnectionError:
+        pass  # the client went
+    finally:
+        if pending is not None:
+            pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await pending
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            with contextlib.suppress(Exception):
+                await aclose()
+    return response

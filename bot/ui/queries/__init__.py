@@ -1,0 +1,1 @@
+"""Read models of the Control UI's pages: SQL that runs on SQLite and PostgreSQL."""
