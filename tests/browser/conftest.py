@@ -15,6 +15,7 @@ pytest.mark.asyncio(loop_scope="session")]``: the browser lives on the session's
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import signal
 import sys
@@ -22,7 +23,15 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
-from playwright.async_api import Browser, ConsoleMessage, Dialog, Error, Page, async_playwright
+from playwright.async_api import (
+    Browser,
+    ConsoleMessage,
+    Dialog,
+    Error,
+    Page,
+    Response,
+    async_playwright,
+)
 
 from bot.testing.telegram import FakeTelegram
 from tests.browser.harness import (
@@ -71,17 +80,19 @@ async def browser() -> AsyncIterator[Browser]:
 async def roost_ui(request: pytest.FixtureRequest,
                    tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RoostUi]:
     """``roost run`` for this module: fake Telegram, scripted model, UI on a free port, one
-    account per role. Alice (Telegram user 42) is on the DM allowlist; anyone else pairs."""
+    account per role. Telegram users 42-49 are on the DM allowlist; anyone else pairs."""
     cwd = tmp_path_factory.mktemp("roost-ui")
     (cwd / "script.yaml").write_text(getattr(request.module, "SCRIPT", DEFAULT_SCRIPT))
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    log = ARTIFACTS / f"{request.module.__name__.rsplit('.', 1)[-1]}.roost.log"
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # each worker starts its own
+    log = ARTIFACTS / f"{request.module.__name__.rsplit('.', 1)[-1]}{worker}.roost.log"
     port = free_port()
     async with FakeTelegram() as telegram:
         env = clean_env(
             ROOST_PROVIDER="scripted", ROOST_SCRIPT=str(cwd / "script.yaml"),
             ROOST_STREAM_REPLIES="false", ROOST_MERGE_WINDOW_MS="0",
-            ROOST_DM_POLICY="pairing", ROOST_DM_ALLOWLIST="telegram:42",
+            ROOST_DM_POLICY="pairing",
+            ROOST_DM_ALLOWLIST=",".join(f"telegram:{n}" for n in range(42, 50)),
             ROOST_HTTP_PORT=str(port), ROOST_LOG_LEVEL="INFO",
             TELEGRAM_BOT_TOKEN=telegram.token, TELEGRAM_API_BASE=telegram.base_url)
         accounts = {role: await asyncio.to_thread(add_account, cwd, env, f"{role}-user", role)
@@ -113,15 +124,22 @@ def page_errors() -> PageErrors:
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def page(browser: Browser, page_errors: PageErrors) -> AsyncIterator[Page]:
-    """A fresh browser context and page; a console error, an uncaught error or a dialog
-    other than the UI's confirmations (accepted) fails the test (``page_errors`` holds
-    them)."""
+    """A fresh browser context and page; a console error, an uncaught error, a resource
+    of a page that failed to load or a dialog other than the UI's confirmations
+    (accepted) fails the test (``page_errors`` holds them)."""
     context = await browser.new_context(viewport={"width": 1280, "height": 900})
     tab = await context.new_page()
 
     def on_console(message: ConsoleMessage) -> None:
-        if message.type == "error":
+        # A failed load is logged here too; it is judged by on_response instead (a page
+        # answered 401 or 403 on purpose is no error).
+        if message.type == "error" and not message.text.startswith("Failed to load resource"):
             page_errors.console.append(f"{message.text} at {message.location}")
+
+    def on_response(response: Response) -> None:
+        # What a page loads (scripts, styles, images, htmx requests, streams) must load.
+        if response.status >= 400 and response.request.resource_type != "document":
+            page_errors.loads.append(f"{response.status} {response.url}")
 
     def on_error(error: Error) -> None:
         page_errors.uncaught.append(str(error))
@@ -137,15 +155,10 @@ async def page(browser: Browser, page_errors: PageErrors) -> AsyncIterator[Page]
 
     tab.on("console", on_console)
     tab.on("pageerror", on_error)
+    tab.on("response", on_response)
     tab.on("dialog", on_dialog)
     try:
         yield tab
     finally:
         await context.close()
     assert not page_errors.all(), page_errors.all()
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Say where the screenshots and logs are, when this run left any."""
-    if ARTIFACTS.is_dir() and any(ARTIFACTS.glob("*.png")):
-        terminalreporter.write_line(f"Control UI screenshots and roost logs: {ARTIFACTS}")

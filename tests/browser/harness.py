@@ -115,17 +115,18 @@ def add_account(cwd: Path, env: dict[str, str], name: str, role: str) -> Account
 
 @dataclass(slots=True)
 class PageErrors:
-    """What went wrong in a page's JavaScript: console errors (a refusal by the
-    Content-Security-Policy is one), uncaught exceptions, and dialogs it opened; the
-    UI's own confirmations are kept apart (they are no error)."""
+    """What went wrong in a page: console errors (a refusal by the
+    Content-Security-Policy is one), uncaught exceptions, resources that failed to load,
+    and dialogs it opened; the UI's own confirmations are kept apart (they are no error)."""
 
     console: list[str] = field(default_factory=list)
     uncaught: list[str] = field(default_factory=list)
+    loads: list[str] = field(default_factory=list)
     dialogs: list[str] = field(default_factory=list)
     confirms: list[str] = field(default_factory=list)
 
     def all(self) -> list[str]:
-        return [*self.console, *self.uncaught, *self.dialogs]
+        return [*self.console, *self.uncaught, *self.loads, *self.dialogs]
 
 
 async def screenshot(page: Page, name: str) -> Path:
