@@ -40,7 +40,7 @@ def inbox_statements(inbox: Inbox, message: InboundMessage, entries: tuple[int, 
     """
     out = None if commit.reply is None else OutboundMessage.reply_to_message(
         message, commit.reply, "error" if commit.failed else "reply")
-    finish = inbox.finish(entries, out, draft)
+    finish = inbox.finish(entries, out, draft, commit.run_id)
     if lease_check is None:
         return finish
 

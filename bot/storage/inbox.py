@@ -235,8 +235,9 @@ class Inbox:
             what="returning interrupted runs to the inbox")
 
     def finish(self, ids: Sequence[int], reply: OutboundMessage | None,
-               draft_id: str | None = None) -> Statements:
-        """Statements for a run's commit: its entries done, its reply into the outbox.
+               draft_id: str | None = None, run_id: str | None = None) -> Statements:
+        """Statements for a run's commit: its entries done (answered by ``run_id``), its
+        reply into the outbox.
 
         The statements return the outbox id (``None`` without a reply).
         """
@@ -246,7 +247,7 @@ class Inbox:
         owner = self.owner
 
         async def body(db: aiosqlite.Connection) -> int | None:
-            await _close(db, now, "done", params)
+            await _close(db, now, "done", params, run_id)
             if encoded is None or reply is None:
                 return None
             cur = await db.execute(
@@ -416,9 +417,11 @@ def _later(a: str, b: str) -> bool:
 
 
 async def _close(db: aiosqlite.Connection, now: float, state: str,
-                 params: list[tuple[int]]) -> None:
-    await db.executemany("UPDATE inbox SET state = ?, finished_at = ? WHERE id = ?",
-                         [(state, now, i) for (i,) in params])
+                 params: list[tuple[int]], run_id: str | None = None) -> None:
+    # The run that answered: a message that ran at once was recorded without one.
+    await db.executemany(
+        "UPDATE inbox SET state = ?, finished_at = ?, run_id = COALESCE(?, run_id) WHERE id = ?",
+        [(state, now, run_id, i) for (i,) in params])
     # A finished run's exchange is in its history now.
     await db.executemany("DELETE FROM journal WHERE inbox_id = ?", params)
 

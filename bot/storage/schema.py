@@ -410,6 +410,32 @@ MIGRATIONS: list[str] = [
         detail TEXT NOT NULL DEFAULT ''
     );
     """,
+    # 24: the Control UI's session pages (bot.ui.queries). A full-text index
+    # of every message's content (FTS5, external content: the text stays in
+    # messages; triggers keep it in step), the sessions each sender wrote in, and
+    # the inbox entries of a run (its delivery in the trace view).
+    """
+    CREATE VIRTUAL TABLE messages_fts USING fts5(
+        content, content = 'messages', content_rowid = 'id',
+        tokenize = 'porter unicode61 remove_diacritics 2'
+    );
+    INSERT INTO messages_fts (messages_fts) VALUES ('rebuild');
+    CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
+        INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content);
+    END;
+    CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
+        INSERT INTO messages_fts (messages_fts, rowid, content)
+            VALUES ('delete', old.id, old.content);
+    END;
+    CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN
+        INSERT INTO messages_fts (messages_fts, rowid, content)
+            VALUES ('delete', old.id, old.content);
+        INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content);
+    END;
+    CREATE INDEX messages_sender ON messages(sender_id, session_id)
+        WHERE sender_id IS NOT NULL;
+    CREATE INDEX inbox_run ON inbox(run_id) WHERE run_id IS NOT NULL;
+    """,
 ]
 """Schema steps in order; ``PRAGMA user_version`` records how many have run.
 
@@ -440,6 +466,15 @@ POSTGRES_STEPS: dict[int, str] = {
     ALTER TABLE spans DROP CONSTRAINT spans_kind_check;
     ALTER TABLE spans ADD CONSTRAINT spans_kind_check
         CHECK (kind IN ('agent', 'llm', 'tool', 'patterns', 'judge'));
+    """,
+    # 24: the message search is a GIN
+    # index over the content's English tsvector (stemmed like FTS5's porter
+    # tokenizer), queried by the same expression.
+    24: """
+    CREATE INDEX messages_fts ON messages USING GIN (to_tsvector('english', content));
+    CREATE INDEX messages_sender ON messages(sender_id, session_id)
+        WHERE sender_id IS NOT NULL;
+    CREATE INDEX inbox_run ON inbox(run_id) WHERE run_id IS NOT NULL;
     """,
 }
 """PostgreSQL text of the steps whose SQLite text does not translate (the others run
