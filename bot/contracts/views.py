@@ -461,7 +461,7 @@ class SpentView(Protocol):
     def tokens(self) -> int: ...
 
 
-UsageScope = Literal["user", "group", "agent"]
+UsageScope = Literal["user", "group", "agent", "model", "job"]
 """Whose tokens a usage counter holds."""
 
 

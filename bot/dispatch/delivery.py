@@ -12,6 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from bot.config.masking import mask_text
 from bot.contracts.channel import Channel, ReplyStream, SendingMark, sending_mark
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.dispatch.redelivery import Redeliveries, send_marked
@@ -107,7 +108,7 @@ async def deliver_result(channel: Channel | None, message: InboundMessage, resul
             return
         log.warning("delivering run %s to %s:%s failed (%s); it stays in the outbox",
                     result.run_id, message.channel, message.chat_id, exc)
-        inbox.not_delivered(result.outbox_id, final=False)
+        inbox.not_delivered(result.outbox_id, final=False, error=mask_text(str(exc)))
         redeliveries.schedule(result.outbox_id, reply, draft, 1)
         return
     if reply is not None:  # not a silent or withdrawn reply

@@ -322,7 +322,8 @@ class Dispatcher:
                 return
             await self.engine.held()  # tools still being listed at start, say
             # Every model call of the run, and of what serves it, reserves against its budgets.
-            payer = self.budgets.meter(message, agent, lambda text: self._notify(message, text))
+            payer = self.budgets.meter(message, agent, lambda text: self._notify(message, text),
+                                       job=pending.options.usage_job)
             METER.set(payer)
             plugins = self.engine.plugins  # the run and its stream use one plugin state
             session = await self.store.get(lane.key)

@@ -7,6 +7,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 
+from bot.config.masking import mask_text
 from bot.contracts.channel import Channel, sending_mark
 from bot.contracts.messages import OutboundMessage
 from bot.resilience.retry import RetryPolicy
@@ -53,15 +54,24 @@ class Redeliveries:
         self.channels = channels
         self.count = count
         self.tasks: set[asyncio.Task[None]] = set()
+        self._waiting: dict[int, asyncio.Task[None]] = {}
 
     def schedule(self, outbox_id: int, reply: OutboundMessage, draft: str | None,
                  attempts: int, delay: float | None = None) -> None:
-        """Send the reply again after ``delay`` (the policy's, by default), backing off."""
+        """Send the reply again after ``delay`` (the policy's, by default), backing off.
+
+        An attempt of the same reply still waiting is replaced (a retry asked now)."""
         if delay is None:
             delay = REDELIVERY.delay(attempts)
+        waiting = self._waiting.pop(outbox_id, None)
+        if waiting is not None:
+            waiting.cancel()
         task = asyncio.ensure_future(self._again(outbox_id, reply, draft, attempts, delay))
+        self._waiting[outbox_id] = task
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(lambda t: self._waiting.get(outbox_id) is t
+                               and self._waiting.pop(outbox_id) is not None)
 
     def cancel(self) -> None:
         """Stop waiting: what is not delivered stays in the outbox for the next start."""
@@ -71,6 +81,10 @@ class Redeliveries:
     async def _again(self, outbox_id: int, reply: OutboundMessage, draft: str | None,
                      attempts: int, delay: float) -> None:
         await asyncio.sleep(delay)
+        if not await self.inbox.still_to_send(outbox_id):
+            # Delivered, dropped or retried elsewhere (the Control UI) meanwhile.
+            log.info("reply %d is no longer this process's to send", outbox_id)
+            return
         channel = self.channels.get(reply.channel)
         if channel is None:
             log.error("reply %d: no channel %r; kept in the outbox", outbox_id, reply.channel)
@@ -82,7 +96,7 @@ class Redeliveries:
         except Exception as exc:
             final = attempts >= REDELIVERY.retries
             self.count(reply.channel, "given_up" if final else "failed")
-            self.inbox.not_delivered(outbox_id, final=final)
+            self.inbox.not_delivered(outbox_id, final=final, error=mask_text(str(exc)))
             if final:
                 log.error("reply %d to %s:%s could not be delivered; given up (%s)",
                           outbox_id, reply.channel, reply.chat_id, exc)

@@ -51,12 +51,18 @@ def next_month(moment: float) -> str:
     return f"{first.day} {first:%B}"
 
 
-def subjects(message: InboundMessage, agent: str) -> list[tuple[Scope, str]]:
-    """Whose counters a run of ``message`` under ``agent`` adds to."""
+def subjects(message: InboundMessage, agent: str, model: str = "",
+             job: str = "") -> list[tuple[Scope, str]]:
+    """Whose counters a run of ``message`` under ``agent`` adds to (a call of ``model``,
+    in scheduled ``job`` when it is one: counted for the usage page, never limited)."""
     found: list[tuple[Scope, str]] = [("user", f"{message.channel}:{message.sender_id}"),
                                       ("agent", agent)]
     if message.chat_type == "group":
         found.append(("group", f"{message.channel}:{message.chat_id}"))
+    if model:
+        found.append(("model", model))
+    if job:
+        found.append(("job", job))
     return found
 
 
@@ -143,10 +149,11 @@ class Budgets:
         return None
 
     def meter(self, message: InboundMessage, agent: str,
-              notify: Callable[[str], None] | None = None) -> Payer:
+              notify: Callable[[str], None] | None = None, *, job: str = "") -> Payer:
         """The meter of a run serving ``message`` under ``agent`` (see the module);
-        ``notify`` tells the chat of an 80 % warning."""
-        return Payer(self, message, agent, notify)
+        ``notify`` tells the chat of an 80 % warning; ``job`` names the scheduled job
+        the run is a fire of (``cron:<id>``, ``heartbeat``), if any."""
+        return Payer(self, message, agent, notify, job)
 
     def applying(self, message: InboundMessage, agent: str) -> list[Limit]:
         """The limits ``message``'s runs must fit now (none for an exempt admin)."""
@@ -271,11 +278,13 @@ class Payer:
     call against the limits of the run's sender, group and agent, and settles it."""
 
     def __init__(self, budgets: Budgets, message: InboundMessage, agent: str,
-                 notify: Callable[[str], None] | None) -> None:
+                 notify: Callable[[str], None] | None, job: str = "") -> None:
         self.budgets = budgets
         self.message = message
         self.agent = agent
         self.notify = notify
+        self.job = job
+        """The scheduled job this run is a fire of (``cron:<id>``, ``heartbeat``), or ''."""
         self.counted = False
         """Whether a call of this run was counted yet (the run counts once in ``runs``)."""
         self.held_warnings: list[str] | None = []
@@ -346,14 +355,16 @@ class _Hold:
         if not self.limits:
             # Nothing reserved, nothing to warn about: counted with the next commit.
             budgets.usage.record(
-                subjects(payer.message, payer.agent), spent.input_tokens, spent.output_tokens,
+                subjects(payer.message, payer.agent, model, payer.job), spent.input_tokens,
+                spent.output_tokens,
                 budgets.cost(payer.agent, model, spent),
                 cache_read_tokens=spent.cache_read_tokens,
                 cache_write_tokens=spent.cache_write_tokens, runs=1 if first else 0)
             return
         try:
             warned = await budgets.usage.settle(
-                self.id, subjects(payer.message, payer.agent), spent.input_tokens,
+                self.id, subjects(payer.message, payer.agent, model, payer.job),
+                spent.input_tokens,
                 spent.output_tokens, budgets.cost(payer.agent, model, spent),
                 cache_read_tokens=spent.cache_read_tokens,
                 cache_write_tokens=spent.cache_write_tokens, limits=self.limits,

@@ -60,6 +60,14 @@ class RunOptions:
     tools: Sequence[str] | None = None
     persist: bool = True
     timeout: float | None = None
+    job: str = ""
+    """The scheduled job this run is a fire of (``cron:<job id>``); '' names it by ``kind``."""
+
+    @property
+    def usage_job(self) -> str:
+        """Whose ``job`` usage counter the run adds to: the job, else a kind other than
+        ``chat`` (``heartbeat``), else none."""
+        return self.job or ("" if self.kind == "chat" else self.kind)
 
 
 @dataclass(slots=True)
