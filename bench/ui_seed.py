@@ -5,10 +5,11 @@ every migration step, so indexes, triggers and full-text tables of later steps a
 then bulk-inserts rows straight into SQLite in one transaction: sessions in three
 channels and three agents, their messages (user turns, tool calls with their results,
 answers), runs with a trace of spans each, tool errors with the IDs the tool results
-quote, usage counters per day and month, the inbox and outbox rows of each run, pairing
-requests, paired users and cron jobs. Timestamps spread over the :data:`DAYS` days
-before the seeding. Text is drawn from a fixed vocabulary plus a rare word per message,
-so a full-text search has both common and selective terms.
+quote, usage counters per day and month (by user, group, agent and model), the inbox and
+outbox rows of each run, pairing requests, paired users, cron jobs and their fires.
+Timestamps spread over the :data:`DAYS` days before the seeding. Text is drawn from a
+fixed vocabulary plus a rare word per run, so a full-text search has both common and
+selective terms.
 
 The file is cached under ``~/.cache/roost-bench`` by the sizes, the schema and the day
 (a cached store keeps "today" and "the last hour" meaningful); each run works on a copy.
@@ -267,7 +268,7 @@ def _seed_usage(db: sqlite3.Connection, run_rows: list[tuple[object, ...]]) -> N
     for row in run_rows:
         day = datetime.fromtimestamp(float(row[3]), UTC)  # type: ignore[arg-type]
         key, user, agent = str(row[1]), str(row[15]), str(row[16])
-        subjects = [("agent", agent), ("user", f"{row[14]}:{user}")]
+        subjects = [("agent", agent), ("user", f"{row[14]}:{user}"), ("model", str(row[8]))]
         if ":group:" in key:
             subjects.append(("group", f"{row[14]}:{key.rsplit(':', 1)[1]}"))
         for scope, subject in subjects:
@@ -286,8 +287,8 @@ def _seed_usage(db: sqlite3.Connection, run_rows: list[tuple[object, ...]]) -> N
 
 def _seed_delivery(db: sqlite3.Connection, run_rows: list[tuple[object, ...]],
                    rng: random.Random, now: float) -> None:
-    """Each run's inbox entry and reply (a few replies failed or pending), pairing requests
-    and paired users, cron jobs."""
+    """Each run's inbox entry and reply (a few replies failed), pairing requests and paired
+    users, cron jobs with a fire a day each."""
     inbox, outbox = [], []
     for n, row in enumerate(run_rows, start=1):
         channel, user, started = str(row[14]), str(row[15]), float(row[3])  # type: ignore[arg-type]
@@ -298,14 +299,15 @@ def _seed_delivery(db: sqlite3.Connection, run_rows: list[tuple[object, ...]],
         state = "failed" if n % 2000 == 0 else "delivered"
         outbox.append((n, n, channel, chat, json.dumps({"channel": channel, "chat_id": chat,
                                                         "text": "the answer"}),
-                       state, 1 if state == "delivered" else 5, started + 4.2, started + 4.3))
+                       state, 1 if state == "delivered" else 5, started + 4.2, started + 4.3,
+                       None if state == "delivered" else "Telegram 400: chat not found"))
     db.executemany(
         "INSERT INTO inbox (id, channel, event_id, session_key, chat_id, kind, message, state,"
         " attempts, run_id, received_at, finished_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
         " ?, ?)", inbox)
     db.executemany(
         "INSERT INTO outbox (id, inbox_id, channel, chat_id, message, state, attempts,"
-        " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", outbox)
+        " created_at, updated_at, last_error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", outbox)
     db.executemany(
         "INSERT INTO pairing_requests (code, channel, user_id, chat_id, display_name, state,"
         " created_at, expires_at, notified_at) VALUES (?, 'telegram', ?, ?, ?, ?, ?, ?, ?)",
@@ -321,6 +323,13 @@ def _seed_delivery(db: sqlite3.Connection, run_rows: list[tuple[object, ...]],
         " chat_id, created_at) VALUES (?, 'cron', ?, ?, 'UTC', ?, ?, 'telegram', ?, ?)",
         ((f"job{i:04d}", f"job {i}", f"{i % 60} {i % 24} * * *", "summarise my day",
           f"{100_000 + i}", f"{100_000 + i}", now - 86400 * 7) for i in range(200)))
+    db.executemany(
+        "INSERT INTO job_runs (job_id, fired_at, ended_at, run_id, status, error)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        ((f"job{i:04d}", now - 86400 * d, now - 86400 * d + 5, f"{rng.getrandbits(128):032x}",
+          "failed" if (i + d) % 25 == 0 else "completed",
+          "the model is overloaded" if (i + d) % 25 == 0 else "")
+         for d in range(DAYS, 0, -1) for i in range(200)))
 
 
 async def _migrate(path: Path) -> None:
