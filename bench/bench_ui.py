@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import html
+import os
 import re
 import secrets
 import socket
@@ -185,7 +186,8 @@ async def live_delay(http: aiohttp.ClientSession, base: str, telegram: FakeTeleg
     return delays
 
 
-async def measure(seeded: Seeded, work: Path, repeat: int, live_rounds: int) -> int:
+async def measure(seeded: Seeded, work: Path, repeat: int, live_rounds: int,
+                  only: list[str]) -> int:
     port = free_port()
     async with FakeTelegram() as telegram:
         env = telegram_env(work / "data", telegram, None)
@@ -197,7 +199,7 @@ async def measure(seeded: Seeded, work: Path, repeat: int, live_rounds: int) -> 
         with roost_process(env, work) as roost:
             progress("roost run starting on the seeded store")
             ready = await asyncio.to_thread(roost.wait_line, "roost ready", 300)
-            progress(f"ready after {ready:.1f}s")
+            progress(f"ready after {ready:.1f}s; pid {roost.proc.pid} (for py-spy)")
             # unsafe: keep the cookies of an IP address (127.0.0.1).
             async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
                 await log_in(http, base, name, password)
@@ -212,6 +214,8 @@ async def measure(seeded: Seeded, work: Path, repeat: int, live_rounds: int) -> 
                           f"/ui/sessions/{seeded.small_session_id}",
                           f"/ui/runs/{quote(seeded.run_id)}",
                           f"/ui/errors/{quote(seeded.error_id)}"]
+                if only:
+                    paths = [p for p in paths if any(o in p for o in only)]
                 timings = []
                 for path in paths:
                     progress(f"GET {path}")
@@ -249,7 +253,8 @@ def report(seeded: Seeded, timings: list[Timing], delays: list[tuple[float, floa
           f"Telegram -> on the stream p50 {percentile(pushed, 50) * 1000:.0f} ms, max "
           f"{max(pushed) * 1000:.0f} ms  [{verdict(live_ok)} <= 1 s]")
     print(f"seeding {seeded.seconds:.1f}s ({'cached' if not seeded.seconds else 'fresh'}), "
-          f"roost ready after {ready:.1f}s, RSS after the run {rss:.0f} MiB")
+          f"roost ready after {ready:.1f}s, RSS after the run {rss:.0f} MiB, load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     return misses
 
 
@@ -261,6 +266,8 @@ def main() -> None:
     parser.add_argument("--errors", type=int, default=full.errors)
     parser.add_argument("--repeat", type=int, default=40)
     parser.add_argument("--live", type=int, default=10, help="DMs timed on the live view")
+    parser.add_argument("--only", action="append", default=[],
+                        help="time only the pages whose path contains this (repeatable)")
     args = parser.parse_args()
     sizes = Sizes(args.sessions, args.runs, args.errors)
     with tempfile.TemporaryDirectory(prefix="roost-bench-ui-") as tmp:
@@ -268,7 +275,7 @@ def main() -> None:
         progress(f"seeding {sizes.sessions:,} sessions, {sizes.messages:,} messages, "
                  f"{sizes.runs:,} runs, {sizes.errors:,} errors (cached per day and schema)")
         seeded = seeded_store(work / "data" / "roost.db", sizes)
-        misses = asyncio.run(measure(seeded, work, args.repeat, args.live))
+        misses = asyncio.run(measure(seeded, work, args.repeat, args.live, args.only))
     raise SystemExit(1 if misses else 0)
 
 

@@ -21,6 +21,7 @@ import asyncio
 import hashlib
 import json
 import random
+import re
 import shutil
 import sqlite3
 import time
@@ -85,7 +86,7 @@ class Seeded:
 
 def _schema_key(sizes: Sizes) -> str:
     text = json.dumps([MIGRATIONS, sizes.sessions, sizes.runs, sizes.errors,
-                       datetime.now(UTC).date().isoformat(), 4])
+                       datetime.now(UTC).date().isoformat(), 5])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -135,6 +136,16 @@ def _seed(path: Path, sizes: Sizes) -> dict[str, object]:
         " 'usage', 'sessions')").fetchall()
     for name, _ in indexes:
         db.execute(f'DROP INDEX "{name}"')
+    # So are the full-text indexes kept in step by triggers: rebuilt once, after the rows.
+    triggers = db.execute(
+        "SELECT name, sql FROM sqlite_master WHERE type = 'trigger'"
+        " AND tbl_name = 'messages'").fetchall()
+    for name, _ in triggers:
+        db.execute(f'DROP TRIGGER "{name}"')
+    external_fts = [name for name, sql in db.execute(
+        "SELECT name, sql FROM sqlite_master WHERE type = 'table'"
+        " AND sql LIKE 'CREATE VIRTUAL TABLE%fts5%'").fetchall()
+        if re.search(r"content\s*=\s*'messages'", sql)]
     sessions: list[tuple[int, str, str, str, str]] = []  # id, key, channel, user, agent
     for i in range(1, sizes.sessions + 1):
         channel, agent = _pick(rng, CHANNELS), _pick(rng, AGENTS)
@@ -248,8 +259,10 @@ def _seed(path: Path, sizes: Sizes) -> dict[str, object]:
          for n, row in enumerate(run_rows) if row[12]))
     _seed_usage(db, run_rows)
     _seed_delivery(db, run_rows, rng, now)
-    for _, sql in indexes:
+    for _, sql in indexes + triggers:
         db.execute(sql)
+    for name in external_fts:
+        db.execute(f'INSERT INTO "{name}" ("{name}") VALUES (\'rebuild\')')
     db.execute("COMMIT")
     db.execute("PRAGMA journal_mode = WAL")
     db.execute("ANALYZE")
