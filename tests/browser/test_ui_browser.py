@@ -184,7 +184,8 @@ async def test_approving_a_pairing_code_in_access_lets_the_next_dm_through(
     await expect(request).to_be_visible()
     await screenshot(page, "access-pending")
     await request.get_by_role("button", name=re.compile("approve", re.IGNORECASE)).click()
-    await expect(page.locator("main")).to_contain_text(re.compile("Stranger|77"))
+    await expect(page.locator("tr", has_text=code)).to_have_count(0)
+    await expect(page.locator("tr", has_text="Stranger")).to_have_count(1)  # paired now
     await screenshot(page, "access-approved")
 
     await answered(roost_ui, STRANGER, "now may I?", "echo: now may I?")
