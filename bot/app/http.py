@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from bot.config.settings import SetupError
 from bot.contracts.channel import WebHandler
+from bot.observability.logring import LogRing
 from bot.observability.metrics import CONTENT_TYPE, Gauges
 from bot.observability.redact import redact
 from bot.resilience.breaker import CircuitBreaker
@@ -76,6 +77,8 @@ class HealthServer:
         """Set when shutdown begins: ``/readyz`` answers 503 from then on."""
         self.limits = limits if limits is not None else Limits.from_settings(app.settings)
         """Timeouts, connection caps and body sizes (:mod:`bot.resilience.listener`)."""
+        self.logs = LogRing()
+        """This process's last log records, for the Control UI's live tail (kept while serving)."""
         self._listener: Listener | None = None
         self._posts: dict[str, WebHandler] = {}
 
@@ -109,6 +112,7 @@ class HealthServer:
                              "or 0 to turn it off") from None
         self._listener = listener
         self.port = listener.port
+        self.logs.attach()
         log.info("health and metrics on http://%s:%d (/healthz, /readyz, /metrics, /ui)",
                  self.host, self.port)
         await check_accounts(self.app)
@@ -128,6 +132,7 @@ class HealthServer:
         """Stop serving (requests in flight are cut)."""
         self.closing = True
         listener, self._listener = self._listener, None
+        self.logs.detach()
         if listener is not None:
             await listener.close()
 

@@ -38,43 +38,18 @@ def config() -> None:
 @click.pass_context
 def config_show(ctx: click.Context) -> None:
     """Print the effective configuration with secrets masked."""
-    from bot.config.masking import SECRET_MASK
-
-    settings = cli_settings(ctx)
-    shown = settings.masked()
-    shown["plugins"] = _plugin_tables(settings)
-    for key, value in shown.items():
-        if value is None:
-            echo(f"# {key} = (unset)")
-            continue
-        line = f"{key} = {json.dumps(value)}"
-        if SECRET_MASK in line:
-            # Roost refuses the mask as a value, so a pasted-back line fails loudly.
-            line += "  # masked: not the real value"
-        echo(line)
-
-
-def _plugin_tables(settings: Settings) -> dict[str, Any]:
-    """Every plugin's table as it takes effect (defaults included), secrets masked."""
-    from pydantic import SecretStr
-
-    from bot.config.masking import SECRET_MASK, mask_tree, mask_urls
+    from bot.app.config_view import config_lines
     from bot.pluginhost.manager import get_plugin_manager
 
+    settings = cli_settings(ctx)
     host = get_plugin_manager()
     try:
         asyncio.run(host.validate_configs(settings.plugins))
     except SetupError as exc:  # a built-in plugin's bad [plugins.<name>] value
         fail(str(exc))
         sys.exit(EXIT_SETUP)
-    tables = {name: mask_tree(table) for name, table in settings.plugins.items()}
-    for name, config in host.config.items():
-        table = config.model_dump(mode="json")
-        for key, value in config:
-            if isinstance(value, SecretStr):
-                table[key] = SECRET_MASK if value.get_secret_value() else None
-        tables[name] = mask_tree(table)
-    return {name: mask_urls(table) for name, table in sorted(tables.items())}
+    for _key, line in config_lines(settings, host):
+        echo(line)
 
 
 @cli.group()
