@@ -9,7 +9,7 @@ HTTP as the server saw it (request received to response written, from the
 p50 and p95 of ``--rounds`` requests per page::
 
     .venv/bin/python bench/bench_ui_sessions.py --db /tmp/ui-bench.db
-    .venv/bin/python bench/bench_ui_sessions.py --queries   # the query layer alone
+    .venv/bin/python bench/bench_ui_sessions.py --queries   # the query layer first
 """
 
 from __future__ import annotations
@@ -98,6 +98,68 @@ async def queries(path: Path, rounds: int) -> None:
         await store.close()
 
 
+async def pages(path: Path, rounds: int) -> None:
+    import aiohttp
+
+    from bot.contracts.llm import ChatMessage
+    from bot.testing.app import create_app, scripted
+    from bot.testing.ui import serve_ui
+
+    data = path.parent / (path.stem + "-data")
+    app, _ = await create_app(scripted({"reply": "hi"}, loop=True), data_dir=data,
+                              database_url=f"sqlite:///{path}")
+    try:
+        server = await serve_ui(app)  # no account, loopback: the local admin
+        store = app.store
+        first = await sq.list_sessions(store)
+        newest = first.rows[0]
+        run_id = (await sq.runs_of(store, newest.key))[0].id
+        err = (await eq.list_errors(store)).rows[0].id
+        paths = {
+            "/ui/sessions": "/ui/sessions",
+            "/ui/sessions page 2": f"/ui/sessions?before={first.before}",
+            "/ui/sessions agent+channel": "/ui/sessions?agent=support&channel=slack",
+            "/ui/sessions user": "/ui/sessions?user=u17_17",
+            "/ui/sessions?q= common": "/ui/sessions?q=invoice",
+            "/ui/sessions?q= rare": "/ui/sessions?q=zanzibarquux",
+            "/ui/sessions/<id>": f"/ui/sessions/{newest.id}",
+            "/ui/runs/<id>": f"/ui/runs/{run_id}",
+            "/ui/errors": "/ui/errors",
+            "/ui/errors kind": "/ui/errors?kind=timeout",
+            "/ui/errors user": "/ui/errors?user=u17_17",
+            "/ui/errors/<id>": f"/ui/errors/{err}",
+        }
+        async with aiohttp.ClientSession() as client:
+            for name, target in paths.items():
+                async with client.get(server.url + target) as response:
+                    assert response.status == 200, (target, response.status)
+                    await response.read()
+
+                async def get(target: str = target) -> None:
+                    async with client.get(server.url + target) as response:
+                        await response.read()
+
+                await timed(name, rounds, get)
+            # Live: a run's messages stored, until the transcript's stream shows them.
+            session = await store.get(newest.key)
+            latencies = []
+            for n in range(5):
+                after = await sq.newest_message_id(store, newest.id)
+                async with client.get(
+                        f"{server.url}/ui/sessions/{newest.id}/events?after={after}") as stream:
+                    await asyncio.sleep(0.3 + n * 0.1)
+                    t0 = time.perf_counter()
+                    await store.append_run(session, f"live{n}", [
+                        ChatMessage("user", f"live {n}", sender_id="u")])
+                    async for line in stream.content:
+                        if line.startswith(b"event: messages"):
+                            latencies.append((time.perf_counter() - t0) * 1000)
+                            break
+            print(f"live message shown after (ms): {', '.join(f'{x:.0f}' for x in latencies)}")
+    finally:
+        await app.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--db", type=Path, default=Path("/tmp/roost-ui-sessions-bench.db"))
@@ -106,11 +168,13 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=100_000)
     parser.add_argument("--errors", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=100)
-    parser.add_argument("--queries", action="store_true", help="time the query layer only")
+    parser.add_argument("--queries", action="store_true", help="time the query layer too")
     args = parser.parse_args()
     if not args.db.exists():
         asyncio.run(seeded(args.db, args.sessions, args.messages, args.runs, args.errors))
-    asyncio.run(queries(args.db, args.rounds))
+    if args.queries:
+        asyncio.run(queries(args.db, args.rounds))
+    asyncio.run(pages(args.db, args.rounds))
 
 
 if __name__ == "__main__":

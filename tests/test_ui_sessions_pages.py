@@ -21,7 +21,7 @@ from bot.app.roost import Roost
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.llm import ChatMessage, ContentPart
 from bot.contracts.tools import Tool, ToolContext, ToolError
-from bot.testing.app import ChatChannel, EventRecorder, scripted, settle
+from bot.testing.app import ChatChannel, EventRecorder, create_app, scripted, settle
 from bot.testing.ui import UiClient, add_account, csrf_of, serve_ui
 from tests.conftest import AppFactory
 from tests.test_cli import clean_env
@@ -373,3 +373,34 @@ async def test_unknown_ids_answer_404(ui: Any) -> None:
         assert (await client.get("/ui/sessions/abc"))[0] == 404
         assert (await client.get("/ui/sessions/1/events?after=x"))[0] == 400
 
+
+
+async def test_stop_from_the_ui_of_one_replica_stops_the_run_on_the_other(
+        pg_url: str, tmp_path: Path) -> None:
+    made: list[tuple[Roost, ChatChannel, EventRecorder]] = []
+    try:
+        for name in ("a", "b"):
+            app, log = await create_app(scripted({"reply": "too late", "delay": 30}),
+                                        data_dir=tmp_path / name, database_url=pg_url)
+            channel = ChatChannel("test", sender="u1")
+            await channel.attach(app, log)
+            made.append((app, channel, log))
+        (a, chat_a, log_a), (b, _, _) = made
+        await add_account(b, "ada", "operator-pw", "operator")
+        server = await serve_ui(b)
+        await chat_a.say("think hard")
+        await log_a.wait_for("activity")
+        assert a.dispatcher.running_count(KEY) == 1 and b.dispatcher.running_count(KEY) == 0
+        sid = await sid_of(b)
+        async with await client_as(server.url, "ada", "operator-pw") as client:
+            _, page = await client.get(f"/ui/sessions/{sid}")
+            assert "1 running" in page  # read from the shared inbox
+            status, body = await client.post(f"/ui/sessions/{sid}/stop", {},
+                                             csrf=csrf_of(page), allow_redirects=True)
+        assert status == 200 and "Stopped." in body
+        await log_a.wait_for("run.cancelled")
+        await chat_a.settle()
+        assert chat_a.replies == []
+    finally:
+        for app, _, _ in made:
+            await app.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,8 +32,8 @@ AGENTS = ("default", "support")
 CHANNELS = ("telegram", "discord", "slack")
 KINDS = ("timeout", "connection_error", "permission_denied", "resource_not_found", "unknown")
 TOOLS = ("shell", "web_fetch", "read_file", "sql", "memory_search")
-T0 = 1_790_000_000.0
-"""The first session's creation time (2026-09)."""
+SPAN = 7 * 86_400.0
+"""How far back the first seeded session was created (inside every retention period)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +83,7 @@ async def seed(db: aiosqlite.Connection, lock: asyncio.Lock, *, sessions: int = 
     (two spans each; the first ``messages // 2`` runs answered the messages) and
     ``errors`` tool errors, into a migrated, empty database."""
     rnd = random.Random(seed)
+    t0 = time.time() - SPAN
     session_ids: list[int] = []
     per = max(1, messages // sessions)
     rare = "zanzibarquux"
@@ -95,8 +97,9 @@ async def seed(db: aiosqlite.Connection, lock: asyncio.Lock, *, sessions: int = 
         "INSERT INTO messages (id, session_id, run_id, role, content, sender_id, sender_name,"
         " tool_calls, tool_call_id, tool_name, is_error, created_at)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+    step = SPAN / 2 / max(1, sessions)
     for i in range(sessions):
-        created = T0 + i * 60.0
+        created = t0 + i * step
         count = per if i < sessions - 1 else messages - per * (sessions - 1)
         key = session_key(i)
         updated = created + count * 2.0
@@ -133,7 +136,7 @@ async def seed(db: aiosqlite.Connection, lock: asyncio.Lock, *, sessions: int = 
     run_ids = run_ids[:runs]
     for n, run_id in enumerate(run_ids):
         i = min(sessions - 1, n * sessions // max(1, runs))
-        started = T0 + i * 60.0 + (n % 50) * 2.0
+        started = t0 + i * step + (n % 50) * 2.0
         status = "failed" if n % 97 == 0 else "completed"
         run_rows.append((run_id, session_key(i), status, started, started + 1.5, 2, 1000, 200,
                          "model-a", "boom" if status == "failed" else "", 600, 100))
@@ -147,7 +150,7 @@ async def seed(db: aiosqlite.Connection, lock: asyncio.Lock, *, sessions: int = 
     error_ids = []
     for n in range(errors):
         i = n * sessions // max(1, errors)
-        at = T0 + i * 60.0 + n * 0.001
+        at = t0 + i * step + n * 0.001
         error_id = f"err_seed_{n:06d}"
         error_ids.append(error_id)
         kind = KINDS[n % len(KINDS)]
