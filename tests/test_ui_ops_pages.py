@@ -26,6 +26,7 @@ from bot.storage.ui_accounts import UiAccountStore
 from bot.testing.app import ChatChannel, create_app, scripted, settle
 from bot.testing.postgres import PostgresCluster
 from bot.testing.ui import UiClient, add_account, csrf_of, serve_ui
+from bot.ui.queries import access as access_queries
 from tests.test_scheduler import FakeClock
 
 TOOLBOX = str(Path(__file__).parent / "mcp_servers" / "toolbox.py")
@@ -355,6 +356,19 @@ async def test_the_pages_read_postgresql(start: Start, postgres_cluster: Postgre
     assert "&lt;script&gt;" in await ui.page("viewer", "/ui/usage?days=30")
     access = await ui.page("viewer", "/ui/access")
     assert "test:dave" in access
+    # Keyset pages on PostgreSQL: paired users newest first, jobs oldest first.
+    store = ui.app.services.access
+    assert store is not None
+    for n in range(3):
+        await store.refuse("test", f"p{n}", f"p{n}")
+        (request,) = [r for r in await store.pending() if r.user_id == f"p{n}"]
+        await store.approve(request.code, "cli")
+    seen, cursor = [], None
+    for _ in range(3):
+        page = await access_queries.access_page(ui.app, before=cursor, limit=1)
+        seen += [u.user_id for u in page.paired]
+        cursor = page.next_cursor
+    assert seen == ["p2", "p1", "p0"] and cursor is None
     assert "502 Bad Gateway" in await ui.page("viewer", "/ui/outbox")
     status, _ = await ui.act("operator", "/ui/jobs/run", {"id": job_id})
     assert status == 303

@@ -200,8 +200,8 @@ async def test_retry_now_sends_an_undelivered_reply_once(make_app: AppFactory,
         return (await outbox.outbox_page(app)).rows == []
 
     await eventually(delivered)
-    # The attempt that was waiting (5 s) was replaced: never a second copy.
-    assert not app.dispatcher.redeliveries._waiting
+    # The attempt that was waiting (5 s) was replaced, not left to send a second copy.
+    assert not app.dispatcher.redeliveries.tasks
     assert chat.replies == ["reply to first"]
 
 
@@ -225,9 +225,11 @@ async def test_a_given_up_reply_is_retried_and_a_dropped_one_never_goes(
     chat.down = False
     assert await outbox.retry(app, one.id) is not None
     await chat.wait_for_message()
-    # The dropped reply's waiting attempt finds it gone.
-    for task in list(app.dispatcher.redeliveries.tasks):
-        task.cancel()
+    assert chat.replies == ["reply to one"]
+    # The dropped reply's attempt that was waiting wakes (now) and finds it gone.
+    app.dispatcher.redeliveries.schedule(two.id, OutboundMessage("test", "u1", two.text),
+                                         None, 1, delay=0.0)
+    await asyncio.gather(*app.dispatcher.redeliveries.tasks, return_exceptions=True)
     assert chat.replies == ["reply to one"]
     assert await outbox.retry(app, two.id) is None
 

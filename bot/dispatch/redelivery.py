@@ -70,8 +70,11 @@ class Redeliveries:
         self._waiting[outbox_id] = task
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
-        task.add_done_callback(lambda t: self._waiting.get(outbox_id) is t
-                               and self._waiting.pop(outbox_id) is not None)
+        task.add_done_callback(lambda done: self._finished(outbox_id, done))
+
+    def _finished(self, outbox_id: int, task: asyncio.Task[None]) -> None:
+        if self._waiting.get(outbox_id) is task:
+            del self._waiting[outbox_id]
 
     def cancel(self) -> None:
         """Stop waiting: what is not delivered stays in the outbox for the next start."""

@@ -115,7 +115,8 @@ class JobStore:
 
     async def page(self, after: tuple[float, str] | None, limit: int) -> list[Job]:
         """Up to ``limit`` jobs created after ``after`` (created_at, id), oldest first."""
-        where, params = "", ()  # type: tuple[str, tuple[Any, ...]]
+        where: str = ""
+        params: tuple[Any, ...] = ()
         if after is not None:
             where = " WHERE created_at > ? OR (created_at = ? AND id > ?)"
             params = (after[0], after[0], after[1])

@@ -14,8 +14,8 @@ from bot.storage.pg_dialect import postgres_ddl
 # and per scheduled job (scope 'model', 'job'), so the counters' CHECK is rebuilt with
 # their rows; a reply not delivered keeps its last error; a job may be paused (its fire
 # times are not claimed meanwhile) and each fire of a job is recorded with its run; open
-# replies and pending pairing codes are listed by index. Its step number is its place in
-# MIGRATIONS (POSTGRES_STEPS finds it there).
+# replies, pending pairing codes, paired users and jobs are listed by index. Its step
+# number is its place in MIGRATIONS (POSTGRES_STEPS finds it there).
 _UI_OPS_SHARED = """
     ALTER TABLE outbox ADD COLUMN last_error TEXT;
     CREATE INDEX outbox_open ON outbox(id) WHERE state IN ('pending', 'failed');
@@ -33,6 +33,7 @@ _UI_OPS_SHARED = """
     CREATE INDEX job_runs_job ON job_runs(job_id, id);
     CREATE INDEX job_runs_ended ON job_runs(ended_at);
     CREATE INDEX jobs_created ON jobs(created_at, id);
+    CREATE INDEX paired_users_approved ON paired_users(approved_at, channel, user_id);
     CREATE INDEX pairing_requests_pending ON pairing_requests(created_at)
         WHERE state = 'pending';
 """

@@ -9,11 +9,14 @@ import time
 from aiohttp import web
 
 from bot.ui.kit import NavEntry, UiRequest, UiRoute
-from bot.ui.opsweb import bars, number
+from bot.ui.opsweb import number, svg_bars
 from bot.ui.queries.usage import MAX_DAYS, SCOPES, usage_report
 
 RANGES = (1, 7, 30, 90, 365)
 """The day ranges offered (any 1..366 is accepted in ``?days=``)."""
+TABLE_DAYS = 31
+"""Ranges up to this many days also list their days in a table (longer: the chart's
+bars carry each day's figure in their title)."""
 SCOPE_TITLES = {"user": "Users", "group": "Groups", "agent": "Agents", "model": "Models",
                 "job": "Scheduled jobs"}
 
@@ -26,9 +29,10 @@ async def usage(req: UiRequest) -> web.StreamResponse:
     return req.render(
         "usage.html", report=report, days=days, ranges=RANGES,
         scopes=[(scope, SCOPE_TITLES[scope]) for scope in SCOPES],
-        token_bars=bars([(f"{d.key}: {d.tokens:,} tokens", float(d.tokens))
-                         for d in report.days]),
-        cost_bars=bars([(f"{d.key}: {d.cost:.4f}", d.cost) for d in report.days]))
+        token_bars=svg_bars([(f"{d.key}: {d.tokens:,} tokens", float(d.tokens))
+                             for d in report.days]),
+        cost_bars=svg_bars([(f"{d.key}: {d.cost:.4f}", d.cost) for d in report.days]),
+        day_table=days <= TABLE_DAYS)
 
 
 ROUTES = [UiRoute("GET", "/ui/usage", usage)]

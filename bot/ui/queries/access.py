@@ -58,14 +58,17 @@ async def access_page(app: Roost, *, before: str | None = None,
     """The access page; ``before``: the cursor of the paired users' next page."""
     store = access_store(app)
     cursor = pair_cursor(before)
-    where, params = "", ()  # type: tuple[str, tuple[object, ...]]
+    where: str = ""
+    params: tuple[object, ...] = ()
     if cursor is not None:
-        where = " WHERE approved_at < ? OR (approved_at = ? AND channel || ':' || user_id < ?)"
-        params = (cursor[0], cursor[0], cursor[1])
+        channel, _, user_id = cursor[1].partition(":")
+        where = " WHERE (approved_at, channel, user_id) < (?, ?, ?)"
+        params = (cursor[0], channel, user_id)
+    # Newest first by the paired_users_approved index.
     found = await rows(
         app.store,
         "SELECT channel, user_id, display_name, approved_by, approved_at FROM paired_users"
-        f"{where} ORDER BY approved_at DESC, channel || ':' || user_id DESC LIMIT ?",
+        f"{where} ORDER BY approved_at DESC, channel DESC, user_id DESC LIMIT ?",
         (*params, limit + 1))
     paired = [PairedUser(str(r[0]), str(r[1]), str(r[2]), str(r[3]), float(r[4]))
               for r in found[:limit]]

@@ -21,7 +21,7 @@ from bot.scheduling.requests import JobError
 from bot.scheduling.scheduler import Scheduler
 from bot.storage.jobs import Job
 from bot.storage.usage import day_of
-from bot.ui.queries.opsdb import PAGE_SIZE, make_pair_cursor, pair_cursor, rows
+from bot.ui.queries.opsdb import make_pair_cursor, pair_cursor, rows
 from bot.ui.queries.usage import Totals
 
 if TYPE_CHECKING:
@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 RUNS_SHOWN = 5
 """Last fires shown per job."""
+JOBS_PER_PAGE = 25
+"""Jobs per page (each with its last fires)."""
 
 
 class SchedulerUnavailable(RuntimeError):
@@ -89,7 +91,7 @@ def scheduler_of(app: Roost) -> Scheduler:
 
 
 async def jobs_page(app: Roost, *, after: str | None = None, now: float,
-                    limit: int = PAGE_SIZE) -> JobsPage:
+                    limit: int = JOBS_PER_PAGE) -> JobsPage:
     """Jobs created after cursor ``after``, oldest first, with their last fires."""
     scheduler = scheduler_of(app)
     found = await scheduler.store.page(pair_cursor(after), limit + 1)

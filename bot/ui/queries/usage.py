@@ -26,6 +26,9 @@ MAX_DAYS = 366
 """The longest range the page shows."""
 TOP = 10
 """Subjects listed per scope."""
+TOP_DAYS = 31
+"""The most recent days the top-subject tables sum (a longer range still charts every
+day): a busy month of per-user day counters is what a page can read within its time."""
 GAUGES_SHOWN = 50
 """Counters near or over a limit listed per limit."""
 
@@ -102,6 +105,8 @@ class UsageReport:
     last_day: str
     days: list[Totals]
     total: Totals
+    top_first_day: str
+    """The first day the ``top`` tables sum (at most :data:`TOP_DAYS` days)."""
     top: dict[str, list[Totals]]
     limits: list[LimitRow]
     today: str
@@ -141,6 +146,7 @@ async def usage_report(store: SessionStore, settings: Settings, *, days: int = 3
                    sum(d.cache_read_tokens for d in series),
                    sum(d.cache_write_tokens for d in series), sum(d.cost for d in series),
                    sum(d.runs for d in series))
+    top_first = every[-min(len(every), TOP_DAYS)]
     tops: dict[str, list[Totals]] = {}
     for scope in SCOPES:
         tops[scope] = [_totals(r) for r in await rows(
@@ -149,8 +155,8 @@ async def usage_report(store: SessionStore, settings: Settings, *, days: int = 3
             " AND period <= ? AND length(period) = 10 GROUP BY subject"
             " HAVING SUM(input_tokens + output_tokens) > 0 OR SUM(cost) > 0"
             " ORDER BY SUM(input_tokens + output_tokens) DESC, subject LIMIT ?",
-            (scope, first, last, top))]
-    return UsageReport(first, last, series, total, tops,
+            (scope, top_first, last, top))]
+    return UsageReport(first, last, series, total, top_first, tops,
                        await budget_limits(store, settings, now), day_of(now), month_of(now))
 
 
