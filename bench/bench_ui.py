@@ -14,7 +14,8 @@ often each page is fetched.
    long and a typical transcript, a run's trace and an error's detail are fetched
    ``--repeat`` times each, one after another: p50/p95 of the server's own time (its
    ``Server-Timing`` header when it sends one) and of the time to the last byte on
-   loopback. Target: p95 <= 100 ms per page.
+   loopback, and the CPU ``roost run`` spent per request (``/proc/<pid>/stat``: what the
+   page costs whatever else the machine runs). Target: p95 <= 100 ms per page.
 4. Live view: the ``/ui/sessions`` page's SSE stream is opened, then a DM is pushed to the
    fake Telegram; the delay from the moment Roost stored the message (its ``created_at``)
    and from the push, until the stream carries it. Target: <= 1 s.
@@ -60,6 +61,8 @@ class Timing:
     ttlb: list[float]
     status: int
     size: int
+    cpu: float = 0.0
+    """CPU seconds ``roost run`` spent per timed request (user + system)."""
 
 
 def free_port() -> int:
@@ -219,7 +222,11 @@ async def measure(seeded: Seeded, work: Path, repeat: int, live_rounds: int,
                 timings = []
                 for path in paths:
                     progress(f"GET {path}")
-                    timings.append(await time_page(http, base, path, repeat))
+                    cpu = roost.cpu_seconds()
+                    timing = await time_page(http, base, path, repeat)
+                    # Over the warm-ups too (the first request of a page fills caches).
+                    timing.cpu = (roost.cpu_seconds() - cpu) / (repeat + 2)
+                    timings.append(timing)
                 progress("live view")
                 delays = await live_delay(http, base, telegram, work / "data" / "roost.db",
                                           live_rounds)
@@ -240,9 +247,9 @@ def report(seeded: Seeded, timings: list[Timing], delays: list[tuple[float, floa
                   if t.server else "-")
         last_byte = f"{percentile(t.ttlb, 50) * 1000:.1f} / {percentile(t.ttlb, 95) * 1000:.1f}"
         rows.append((t.path[:60], str(t.status), f"{t.size:,}", server, last_byte,
-                     verdict(ok)))
+                     f"{t.cpu * 1000:.1f}", verdict(ok)))
     print_table(("page", "status", "bytes", "server p50 / p95 ms", "last byte p50 / p95 ms",
-                 "<= 100 ms"), rows)
+                 "CPU ms/request", "<= 100 ms"), rows)
     print()
     stored = [d[0] for d in delays] or [float("inf")]
     pushed = [d[1] for d in delays] or [float("inf")]

@@ -138,7 +138,8 @@ async def test_a_viewer_sees_no_action_and_a_forged_post_is_refused(
         for path in pages:
             await viewer.goto(roost_ui.url(path))
             assert await actions(viewer) == [], path
-            await screenshot(viewer, f"viewer-{path.strip('/').replace('/', '-')}")
+            kind = "session" if path.startswith("/ui/sessions/") else path.rsplit("/", 1)[-1]
+            await screenshot(viewer, f"viewer-{kind}")
         token = await viewer.get_attribute("meta[name=csrf-token]", "content")
         assert token
         for target in sorted({t for ts in targets.values() for t in ts}):
