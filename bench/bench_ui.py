@@ -29,9 +29,7 @@ import html
 import os
 import re
 import secrets
-import socket
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,7 +40,16 @@ from urllib.parse import quote, urlencode
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench._common import percentile, print_table, progress, roost_process, telegram_env, verdict
+from bench._common import (
+    add_ui_admin,
+    free_port,
+    percentile,
+    print_table,
+    progress,
+    roost_process,
+    telegram_env,
+    verdict,
+)
 from bench.ui_seed import Seeded, Sizes, seeded_store
 from bot.testing.telegram import ALICE, FakeTelegram
 
@@ -65,30 +72,12 @@ class Timing:
     """CPU seconds ``roost run`` spent per timed request (user + system)."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def server_time(header: str | None) -> float | None:
     """The longest ``dur`` in a ``Server-Timing`` header, in seconds."""
     if not header:
         return None
     durations = [float(d) for d in re.findall(r"dur=([\d.]+)", header)]
     return max(durations) / 1000 if durations else None
-
-
-def add_admin(cwd: Path, env: dict[str, str]) -> tuple[str, str]:
-    """``roost ui user add bench --role admin --password-stdin``; the name and password."""
-    password = secrets.token_urlsafe(12)
-    result = subprocess.run(
-        [sys.executable, "-m", "bot", "ui", "user", "add", "bench", "--role", "admin",
-         "--password-stdin"], cwd=cwd, env=env, input=password + "\n",
-        capture_output=True, text=True, timeout=120)
-    if result.returncode != 0:
-        raise SystemExit(f"roost ui user add failed: {result.stderr.strip()}")
-    return "bench", password
 
 
 def form_fields(page: str, name: str, password: str) -> dict[str, str]:
@@ -197,7 +186,8 @@ async def measure(seeded: Seeded, work: Path, repeat: int, live_rounds: int,
         (work / "script.yaml").write_text(SCRIPT)
         env.update(ROOST_HTTP_PORT=str(port), ROOST_SCRIPT=str(work / "script.yaml"),
                    ROOST_LOG_LEVEL="INFO")
-        name, password = await asyncio.to_thread(add_admin, work, env)
+        name = "bench"
+        password = await asyncio.to_thread(add_ui_admin, work, env, name)
         base = f"http://127.0.0.1:{port}"
         with roost_process(env, work) as roost:
             progress("roost run starting on the seeded store")
