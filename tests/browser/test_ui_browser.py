@@ -203,14 +203,15 @@ async def test_stopping_a_running_run_from_the_ui_stops_it_in_the_chat(
     await roost_ui.login(page, "operator")
     session = await session_path(roost_ui, page, FRANK)
 
-    async def running() -> bool:
+    async def shown(count: str) -> bool:
         await page.goto(roost_ui.url(session))
-        return "1 running" in await page.locator("main").inner_text()
+        return f"{count} running" in await page.locator("main").inner_text()
 
-    await until(running, "the slow run shown as running")
+    await until(lambda: shown("1"), "the slow run shown as running")
     await screenshot(page, "session-running")
     await page.get_by_role("button", name=re.compile("^stop", re.IGNORECASE)).click()
-    await expect(page.locator("main")).to_contain_text("0 running")
+    await expect(page.get_by_role("status")).to_contain_text("Stopped")
+    await until(lambda: shown("0"), "the run gone from the session")
     # Stopped: the next message is answered at once, not after the slow run's minute, and
     # the slow run's answer never comes.
     await answered(roost_ui, FRANK, "are you there?", "echo: are you there?")
