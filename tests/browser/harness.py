@@ -31,6 +31,8 @@ ARTIFACTS = Path(os.environ.get("ROOST_UI_ARTIFACTS", ROOT / "artifacts" / "ui")
 CHROMIUM_ARGS = (
     # CI runs as root, where Chromium's own sandbox cannot start.
     "--no-sandbox",
+    # A container's /dev/shm may be a few MiB: shared memory goes to /tmp instead.
+    "--disable-dev-shm-usage",
     # No traffic of Chromium's own: nothing but the page under test may leave the browser.
     "--disable-background-networking",
     "--disable-component-update",
