@@ -8,6 +8,7 @@ and on a real PostgreSQL server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from yarl import URL
 
 from bot.app.http import HealthServer
 from bot.app.roost import Roost
@@ -150,7 +152,9 @@ async def test_audit_lists_every_ui_action_newest_first_paged_by_keyset(app: Roo
         assert older is not None
         status, second = await client.get(f"/ui/audit?before={older[1]}")
         rows = re.findall(r"<td>ada</td>\s*<td>([^<]*)</td>\s*<td>([^<]*)</td>", second)
-        assert [target for _, target in rows] == [f"user{n:02}" for n in range(5, -1, -1)]
+        assert rows == [*(("add account", f"user{n:02}") for n in range(5, -1, -1)),
+                        ("log in", "")]
+        assert "from 127.0.0.1" in second
         assert "before=" not in second.split('aria-label="Audit pages"')[1]
 
 
@@ -244,3 +248,49 @@ async def test_logs_page_filters_by_level_and_logger_and_masks_secrets(
     assert "SECRETVALUE" not in all_lines
     assert "engine error" in errors
     assert "storage error" not in errors and "engine warn" not in errors
+
+
+async def test_an_open_live_view_does_not_hold_up_the_shutdown(tmp_path: Path) -> None:
+    app, _ = await create_app(scripted({"reply": "hi"}, loop=True), data_dir=tmp_path)
+    server = await serve_ui(app)
+    async with aiohttp.ClientSession() as session:
+        streams = [await session.get(f"{server.url}{path}",
+                                     headers={"Accept": "text/event-stream"})
+                   for path in ("/ui/overview/events", "/ui/logs/events")]
+        assert [s.status for s in streams] == [200, 200]
+        await next_event(streams[0], "facts")
+        async with asyncio.timeout(30):  # a hang guard: close() must return
+            await app.close()
+            for stream in streams:
+                with contextlib.suppress(aiohttp.ClientError):
+                    while await stream.content.readline():
+                        pass
+                stream.release()
+
+
+async def test_a_login_on_one_replica_is_valid_on_another_and_logout_ends_it_on_both(
+        tmp_path: Path, pg_url: str) -> None:
+    apps = []
+    try:
+        for n in range(2):
+            app, _ = await create_app(scripted({"reply": "hi"}, loop=True),
+                                      data_dir=tmp_path / f"r{n}", database_url=pg_url)
+            apps.append(app)
+        await add_account(apps[0], "ada", "admin pass")
+        first, second = [await serve_ui(app) for app in apps]
+        async with UiClient(first.url) as client:
+            status, page = await client.log_in("ada", "admin pass")
+            assert status == 200
+            token = client.session.cookie_jar.filter_cookies(
+                URL(first.url + "/ui/"))["roost_ui"].value
+            async with UiClient(second.url) as other:
+                status, there = await other.get("/ui/", headers={"Cookie": f"roost_ui={token}"})
+                assert status == 200 and "ada (admin)" in there
+                status, _ = await client.post("/ui/logout", {}, csrf=csrf_of(page))
+                assert status == 303
+                response = await other.response("GET", "/ui/",
+                                                headers={"Cookie": f"roost_ui={token}"})
+                assert (response.status, response.headers["Location"]) == (303, "/ui/login")
+    finally:
+        for app in apps:
+            await app.close()

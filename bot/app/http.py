@@ -73,14 +73,29 @@ class HealthServer:
         """The port asked for; once started, the one bound (``0`` picks a free one)."""
         self.expected = list(expected)
         self.store_timeout = store_timeout
-        self.closing = False
-        """Set when shutdown begins: ``/readyz`` answers 503 from then on."""
+        self._closing = asyncio.Event()
         self.limits = limits if limits is not None else Limits.from_settings(app.settings)
         """Timeouts, connection caps and body sizes (:mod:`bot.resilience.listener`)."""
         self.logs = LogRing()
         """This process's last log records, for the Control UI's live tail (kept while serving)."""
         self._listener: Listener | None = None
         self._posts: dict[str, WebHandler] = {}
+
+    @property
+    def closing(self) -> bool:
+        """Set when shutdown begins: ``/readyz`` answers 503 and live views end from then on."""
+        return self._closing.is_set()
+
+    @closing.setter
+    def closing(self, value: bool) -> None:
+        if value:
+            self._closing.set()
+        else:
+            self._closing.clear()
+
+    async def wait_closing(self) -> None:
+        """Return once shutdown has begun (what ends the UI's Server-Sent Events streams)."""
+        await self._closing.wait()
 
     @property
     def url(self) -> str:

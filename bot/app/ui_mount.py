@@ -19,8 +19,6 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from yarl import URL
 
-from bot.storage.ui_accounts import UiAccountStore
-
 if TYPE_CHECKING:
     from aiohttp.web_urldispatcher import AbstractRoute, _InfoDict, _Resolve
 
@@ -54,6 +52,8 @@ async def check_accounts(app: Roost) -> None:
     host = app.settings.http_host
     if is_loopback_host(host):
         return
+    from bot.storage.ui_accounts import UiAccountStore
+
     store = UiAccountStore(app.store.db, app.store.lock, app.store.writer)
     try:
         if await store.has_accounts():

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from aiohttp import web
 
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ROLE_RANK", "NavEntry", "Role", "Site", "UiRequest", "UiRoute", "UiUser",
            "secure_headers", "sse"]
+
+log = logging.getLogger("roost.app.ui")
 
 Role = Literal["viewer", "operator", "admin"]
 """Who may do what: admin > operator > viewer."""
@@ -136,37 +139,47 @@ class UiRequest:
 async def sse(req: UiRequest, events: AsyncIterator[tuple[str, str]]) -> web.StreamResponse:
     """Stream ``events`` as Server-Sent Events: each (name, HTML fragment) is one event.
 
-    Ends when the client goes (or ``events`` ends); a comment goes out after
+    Ends when the client goes, ``events`` ends or fails (logged; the browser
+    reconnects), or the server begins to shut down. A comment goes out after
     :data:`SSE_KEEPALIVE` seconds of silence so a client gone is noticed.
     """
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "X-Accel-Buffering": "no"})
     secure_headers(response)
     await response.prepare(req.web)
-    pending: asyncio.Future[tuple[str, str]] | None = None
+    server = req.app.http
+    closing: asyncio.Future[Any] = asyncio.ensure_future(
+        server.wait_closing() if server is not None else asyncio.Event().wait())
+    pending: asyncio.Future[Any] | None = None
     try:
-        while True:
+        while not closing.done():
             if pending is None:
                 pending = asyncio.ensure_future(anext(events))
-            done, _ = await asyncio.wait({pending}, timeout=SSE_KEEPALIVE)
-            if not done:
-                await response.write(b": keepalive\n\n")
+            done, _ = await asyncio.wait({pending, closing}, timeout=SSE_KEEPALIVE,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if pending not in done:
+                if not closing.done():
+                    await response.write(b": keepalive\n\n")
                 continue
             try:
                 name, fragment = pending.result()
             except StopAsyncIteration:
-                pending = None
                 break
-            pending = None
+            except Exception:
+                log.exception("the live view %s failed", req.web.path)
+                break
+            finally:
+                pending = None
             lines = "".join(f"data: {line}\n" for line in fragment.splitlines() or [""])
             await response.write(f"event: {name}\n{lines}\n".encode())
     except ConnectionError:
         pass  # the client went
     finally:
-        if pending is not None:
-            pending.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await pending
+        for future in (pending, closing):
+            if future is not None and not future.done():
+                future.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await future
         aclose = getattr(events, "aclose", None)
         if aclose is not None:
             with contextlib.suppress(Exception):

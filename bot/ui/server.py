@@ -311,6 +311,8 @@ class UiServer:
         except LoginFailed as failed:
             log.warning("UI login refused from %s: %s", self.auth.client(request), failed.line)
             return await self._login_form(request, error=failed.line, status=failed.status)
+        await self.accounts.audit(self.clock(), name.strip(), "log in", "",
+                                  f"from {self.auth.client(request)}")
         response = web.Response(status=303, headers={"Location": "/ui/"})
         secure_headers(response)
         self.auth.set_cookie(request, response, SESSION_COOKIE, token, SESSION_TTL)
@@ -319,6 +321,7 @@ class UiServer:
 
     async def _logout(self, req: UiRequest) -> web.StreamResponse:
         await self.auth.log_out(req.web)
+        await req.audit("log out", "")
         response = web.Response(status=303, headers={"Location": "/ui/login"})
         response.del_cookie(SESSION_COOKIE, path="/ui")
         return response
