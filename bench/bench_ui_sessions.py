@@ -59,7 +59,7 @@ async def timed(name: str, rounds: int, op: Callable[[], Awaitable[object]]) -> 
           f"{percentile(times, 95):7.2f} ms", flush=True)
 
 
-async def queries(path: Path, rounds: int) -> None:
+async def queries(path: Path | str, rounds: int) -> None:
     store = await SessionStore.open(path)
     try:
         first = await sq.list_sessions(store)
@@ -160,6 +160,27 @@ async def pages(path: Path, rounds: int) -> None:
         await app.close()
 
 
+async def postgres(args: argparse.Namespace) -> None:
+    """Seed a throw-away PostgreSQL server (``bot.testing.postgres``) and time the queries."""
+    from bot.testing.postgres import PostgresCluster
+
+    cluster = PostgresCluster().start()
+    try:
+        url = await cluster.create_database()
+        store = await SessionStore.open(url)
+        try:
+            t0 = time.perf_counter()
+            await seed(store.db, store.lock, sessions=args.sessions, messages=args.messages,
+                       runs=args.runs, errors=args.errors)
+            await store.db.execute("ANALYZE")
+            print(f"seeded PostgreSQL in {time.perf_counter() - t0:.0f} s", flush=True)
+        finally:
+            await store.close()
+        await queries(url, args.rounds)
+    finally:
+        cluster.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--db", type=Path, default=Path("/tmp/roost-ui-sessions-bench.db"))
@@ -169,7 +190,12 @@ def main() -> None:
     parser.add_argument("--errors", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--queries", action="store_true", help="time the query layer too")
+    parser.add_argument("--postgres", action="store_true",
+                        help="time the query layer on a seeded PostgreSQL instead")
     args = parser.parse_args()
+    if args.postgres:
+        asyncio.run(postgres(args))
+        return
     if not args.db.exists():
         asyncio.run(seeded(args.db, args.sessions, args.messages, args.runs, args.errors))
     if args.queries:

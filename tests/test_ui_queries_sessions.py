@@ -264,3 +264,29 @@ async def test_a_copied_database_searches_its_messages_once(tmp_path: Path,
     finally:
         for store in (source, *copies):
             await store.close()
+
+
+async def _all_hits(store: SessionStore, f: sq.SessionFilter) -> list[int]:
+    ids: list[int] = []
+    before = None
+    while True:
+        page = await sq.search(store, f, before, limit=40)
+        ids.extend(h.message_id for h in page.hits)
+        if page.before is None:
+            return ids
+        before = page.before
+
+
+async def test_a_search_past_the_newest_window_finds_the_same_hits(
+        seeded: tuple[SessionStore, Seeded], monkeypatch: pytest.MonkeyPatch) -> None:
+    store, info = seeded
+    wide = await _all_hits(store, sq.SessionFilter(text="invoice"))
+    rare = await _all_hits(store, sq.SessionFilter(text=info.rare_word, agent="support"))
+    assert len(wide) > 100 and len(rare) == 1
+    # PostgreSQL searches the newest messages by walking them, the rest by the index.
+    monkeypatch.setattr(sq, "NEWEST_WINDOW", 10)
+    assert await _all_hits(store, sq.SessionFilter(text="invoice")) == wide
+    assert await _all_hits(store, sq.SessionFilter(text=info.rare_word, agent="support")) \
+        == rare
+    narrowed = await _all_hits(store, sq.SessionFilter(text="invoice", user="u2_2"))
+    assert narrowed and set(narrowed) < set(wide)

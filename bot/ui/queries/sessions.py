@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from bot.contracts.llm import ContentPart
 from bot.contracts.sessions import agent_of
@@ -192,33 +192,80 @@ async def search(store: SessionStore, f: SessionFilter, before: str | None = Non
     if not f.text.split():
         return HitPage([], None)
     clauses, params = _filters(store, f)
-    if before:
-        clauses.append("m.id < ?")
-        params.append(parse_id_cursor(before))
+    before_id = parse_id_cursor(before) if before else None
     extra = "".join(f" AND {c}" for c in clauses)
     if dialect(store) == "postgresql":
-        sql = (
-            "SELECT m.id, m.session_id, s.key, m.role, m.created_at,"
-            " ts_headline('english', substr(m.content, 1, 20000), q.query,"
-            "  'StartSel=\x02,StopSel=\x03,MaxWords=24,MinWords=8,MaxFragments=1')"
-            " FROM messages m JOIN sessions s ON s.id = m.session_id,"
-            " plainto_tsquery('english', ?) AS q(query)"
-            " WHERE to_tsvector('english', content) @@ q.query" + extra
-            + " ORDER BY m.id DESC LIMIT ?")
-        args = [f.text, *params, limit + 1]
+        rows = await _search_postgres(store, f.text, extra, params, before_id, limit + 1)
     else:
+        older = "" if before_id is None else " AND messages_fts.rowid < ?"
         sql = (
             "SELECT m.id, m.session_id, s.key, m.role, m.created_at,"
             " snippet(messages_fts, 0, char(2), char(3), '…', 24)"
             " FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid"
             " JOIN sessions s ON s.id = m.session_id"
-            " WHERE messages_fts MATCH ?" + extra.replace("m.id <", "messages_fts.rowid <")
-            + " ORDER BY messages_fts.rowid DESC LIMIT ?")
-        args = [fts_query(f.text), *params, limit + 1]
-    rows = await fetch(store, sql, args)
+            f" WHERE messages_fts MATCH ?{older}{extra}"
+            " ORDER BY messages_fts.rowid DESC LIMIT ?")
+        rows = await fetch(store, sql, [fts_query(f.text),
+                                        *([] if before_id is None else [before_id]),
+                                        *params, limit + 1])
     hits = [Hit(int(r[0]), int(r[1]), str(r[2]), str(r[3]), float(r[4]), _snippet(str(r[5])))
             for r in rows[:limit]]
     return HitPage(hits, str(hits[-1].message_id) if len(rows) > limit and hits else None)
+
+
+NEWEST_WINDOW = 2000
+"""On PostgreSQL, the newest messages searched by scanning them (a common word's hits)
+before the rest is searched through the index (a rare word's)."""
+
+_PG_HIT = (
+    "SELECT m.id, m.session_id, s.key, m.role, m.created_at,"
+    " ts_headline('english', substr(m.content, 1, 20000), q.query,"
+    "  'StartSel=\x02,StopSel=\x03,MaxWords=24,MinWords=8,MaxFragments=1')"
+)
+
+
+async def _search_postgres(store: SessionStore, text: str, extra: str, params: list[Any],
+                           before_id: int | None, want: int) -> list[Any]:
+    """The newest ``want`` hits on PostgreSQL, in two bounded steps.
+
+    The planner cannot tell a common word from a rare one well enough to choose
+    between walking the messages newest first (fast for a common word, a scan of
+    every message for a rare one) and the GIN index (fast for a rare word, every
+    hit fetched and sorted for a common one). So the newest :data:`NEWEST_WINDOW`
+    messages are searched by walking them, and only if they hold fewer than
+    ``want`` hits are the older ones searched through the index alone (a word that
+    rare has few hits to fetch).
+    """
+    from bot.storage.postgres import PgConnection
+    from bot.storage.postgres import transaction as pg_transaction
+
+    older = "" if before_id is None else " WHERE id < ?"
+    bound = [] if before_id is None else [before_id]
+    window = (f"(SELECT id, session_id, role, content, created_at FROM messages{older}"
+              " ORDER BY id DESC LIMIT ?)")
+    rows = await fetch(store, (
+        f"{_PG_HIT} FROM {window} m JOIN sessions s ON s.id = m.session_id,"
+        " plainto_tsquery('english', ?) AS q(query)"
+        f" WHERE to_tsvector('english', m.content) @@ q.query{extra}"
+        " ORDER BY m.id DESC LIMIT ?"), [*bound, NEWEST_WINDOW, text, *params, want])
+    if len(rows) >= want:
+        return rows
+    edge = await fetch(store, f"SELECT MIN(id), COUNT(*) FROM {window} w",
+                       [*bound, NEWEST_WINDOW])
+    if not edge or edge[0][0] is None or int(edge[0][1]) < NEWEST_WINDOW:
+        return rows  # the window held every message there is
+
+    async def indexed(db: PgConnection) -> list[Any]:
+        # Only bitmap scans: the GIN index finds the hits, whatever the estimate.
+        await db.execute("SET LOCAL enable_indexscan = off")
+        await db.execute("SET LOCAL enable_seqscan = off")
+        return list(await db.execute_fetchall((
+            f"{_PG_HIT} FROM messages m JOIN sessions s ON s.id = m.session_id,"
+            " plainto_tsquery('english', ?) AS q(query)"
+            f" WHERE to_tsvector('english', m.content) @@ q.query AND m.id < ?{extra}"
+            " ORDER BY m.id DESC LIMIT ?"), (text, int(edge[0][0]), *params, want - len(rows))))
+
+    return rows + await pg_transaction(cast(PgConnection, store.db), indexed)
 
 
 async def newest_activity(store: SessionStore) -> tuple[float, int] | None:
