@@ -77,7 +77,9 @@ async def start_fixture(tmp_path: Path) -> AsyncIterator[Start]:
     apps: list[Roost] = []
     clients: list[UiClient] = []
 
-    async def start(**settings: Any) -> Ui:
+    async def start(*, accounts: bool = True, **settings: Any) -> Ui:
+        """An app on ``settings``; ``accounts=False``: its database has them already
+        (a second replica on one PostgreSQL)."""
         clock = FakeClock()
         settings.setdefault("memory_flush", False)
         settings.setdefault("admins", ["test:u1"])  # u1 may DM under the pairing policy
@@ -92,7 +94,8 @@ async def start_fixture(tmp_path: Path) -> AsyncIterator[Start]:
         server = await serve_ui(app)
         logged: dict[str, UiClient] = {}
         for role in ("admin", "operator", "viewer"):
-            await add_account(app, role, PASSWORD, role)
+            if accounts:
+                await add_account(app, role, PASSWORD, role)
             client = UiClient(server.url)
             clients.append(client)
             status, _ = await client.log_in(role, PASSWORD)
@@ -386,3 +389,37 @@ async def test_the_pages_read_postgresql(start: Start, postgres_cluster: Postgre
     assert status == 303
     sent = await ui.chat.wait_for_message(lambda m: "echo" in m.text)
     assert sent.text == f"answer: echo {IMG}"
+
+
+async def test_a_retry_from_another_replica_is_sent_once(
+        start: Start, postgres_cluster: PostgresCluster) -> None:
+    url = await postgres_cluster.create_database()
+    a = await start(database_url=url)
+    b = await start(database_url=url, accounts=False)
+    for ui in (a, b):
+        ui.chat.down = True
+    await a.chat.say("once only")
+    for ui in (a, b):
+        await settle(ui.app)
+    await committed(a.app)
+    await committed(b.app)
+
+    async def refused() -> bool:
+        return bool(await a.app.inbox.undelivered())
+
+    await until(refused)
+    (reply,) = await a.app.inbox.undelivered()
+    # The replica that committed it stops taking work (its attempt in 5 s still waits).
+    assert a.app.dispatcher.replicas is not None
+    await a.app.dispatcher.replicas.halt()
+    for ui in (a, b):
+        ui.chat.down = False
+    # Retried from the other replica's UI: that one is woken, takes it over and sends it.
+    status, _ = await b.act("operator", "/ui/outbox/retry", {"id": str(reply.id)})
+    assert status == 303
+    await b.chat.wait_for_message(limit=15)
+    # The attempt the committing replica had waiting wakes and finds the reply no longer
+    # its own: it does not send a second copy.
+    await asyncio.gather(*a.app.dispatcher.redeliveries.tasks, return_exceptions=True)
+    assert [m.text for m in a.chat.sent + b.chat.sent] == ["answer: once only"]
+    assert not await b.app.inbox.undelivered()

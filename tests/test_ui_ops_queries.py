@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bot.contracts.messages import OutboundMessage
+from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.pluginhost.state import load_disabled
 from bot.scheduling.requests import JobError
 from bot.storage.usage import day_of
@@ -72,6 +72,20 @@ async def test_usage_report_counts_days_subjects_models_and_cron_jobs(
     assert len(models) == 1 and models[0].tokens == report.total.tokens
     assert [t.key for t in report.top["job"]] == [f"cron:{view.job.id}"]
     assert report.limits == []  # no [budgets] limit set
+
+
+async def test_a_heartbeat_run_is_counted_as_the_heartbeat_job(make_app: AppFactory) -> None:
+    app, _, _ = await make_app(scripted({"reply": "HEARTBEAT_OK"}, loop=True))
+    result = await app.runtime.run_scheduled(
+        InboundMessage("test", "u1", "direct", "u1", "check in"), mode="minimal",
+        kind="heartbeat", persist=False)
+    assert result.status == "completed"
+    assert app.services.usage is not None
+    await app.services.usage.flush()
+    report = await usage.usage_report(app.store, app.settings, days=1,
+                                      now=app.services.usage.clock())
+    assert [t.key for t in report.top["job"]] == ["heartbeat"]
+    assert report.top["job"][0].runs == 1
 
 
 async def test_budget_gauges_list_who_is_near_or_over_a_limit(make_app: AppFactory) -> None:
@@ -287,6 +301,13 @@ async def test_run_now_pause_resume_and_delete(cron_app: Any) -> None:
         app, now=clock.now.timestamp())).rows)
     with pytest.raises(JobError):
         await jobs.run_now(app, job_id)
+    # A job of a channel this process does not run is not run here (its reply could not
+    # go out), as the schedule leaves it due for the process that runs it.
+    elsewhere = await scheduler.add(owner_id="u1", channel="slack", chat_id="C1",
+                                    chat_type="direct", thread_id=None, schedule="every 1h",
+                                    message="hi")
+    with pytest.raises(JobError, match="not running"):
+        await jobs.run_now(app, elsewhere.job.id)
 
 
 # -- plugins --------------------------------------------------------------------------------

@@ -376,6 +376,9 @@ class Scheduler:
         entry = self._jobs.get(job_id)
         if entry is None and job.kind == "system":
             raise JobError(f"{job_id} is not registered in this process", "NOT_ALLOWED")
+        if job.kind == "cron" and job.channel not in self.runtime.channels:
+            raise JobError(f"its channel {job.channel!r} is not running in this process",
+                           "NOT_ALLOWED")
         if entry is None:
             entry = self._load(job)  # added by another replica since this one started
             if entry is None:

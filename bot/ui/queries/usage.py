@@ -9,6 +9,7 @@ counters' primary key (scope, period, subject).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal, get_args
@@ -217,7 +218,10 @@ async def _near(store: SessionStore, scope: Scope, period: str,
                 cap: float, agent: str) -> list[Gauge]:
     measure = "input_tokens + output_tokens" if kind == "tokens" else "cost"
     only = " AND subject = ?" if agent else ""
-    params: tuple[object, ...] = (scope, period, WARN_AT * cap)
+    # Token counters are whole numbers: the first that reaches 80 % (PostgreSQL types
+    # the parameter as the column's integer).
+    floor: float = math.ceil(WARN_AT * cap) if kind == "tokens" else WARN_AT * cap
+    params: tuple[object, ...] = (scope, period, floor)
     if agent:
         params += (agent,)
     found = await rows(
