@@ -246,3 +246,34 @@ async def test_log_in_and_every_page_renders_without_a_script_error(
     # A refusal by the Content-Security-Policy is a console error: the page fixture fails
     # the test on any.
     assert not page_errors.all()
+
+
+async def test_every_page_fits_a_phone_follows_dark_mode_and_labels_its_controls(
+    roost_ui: RoostUi, browser: Any,
+) -> None:
+    context = await browser.new_context(viewport={"width": 390, "height": 844},
+                                        color_scheme="dark", is_mobile=True, has_touch=True)
+    try:
+        phone = await context.new_page()
+        await roost_ui.login(phone, "admin")
+        await phone.keyboard.press("Tab")  # the first stop skips to the content
+        assert await phone.evaluate("document.activeElement.getAttribute('href')") == "#main"
+        for path in await nav_paths(phone):
+            await phone.goto(roost_ui.url(path))
+            name = path.strip("/").removeprefix("ui").strip("/") or "overview"
+            await screenshot(phone, f"phone-dark-{name}")
+            overflow = await phone.evaluate(
+                "document.documentElement.scrollWidth - document.documentElement.clientWidth")
+            assert overflow <= 1, (path, overflow)
+            background = await phone.evaluate(
+                "getComputedStyle(document.body).backgroundColor")
+            channels = [int(c) for c in re.findall(r"\d+", background)[:3]]
+            assert sum(channels) < 3 * 100, (path, background)  # dark, as the system asks
+            unlabelled = await phone.eval_on_selector_all(
+                "main input:not([type=hidden]), main select, main textarea, main button",
+                """els => els.filter(e => !(e.labels && e.labels.length)
+                        && !e.getAttribute('aria-label') && !e.textContent.trim())
+                      .map(e => e.outerHTML)""")
+            assert unlabelled == [], (path, unlabelled)
+    finally:
+        await context.close()
