@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from playwright.async_api import Page, expect
@@ -275,5 +277,23 @@ async def test_every_page_fits_a_phone_follows_dark_mode_and_labels_its_controls
                         && !e.getAttribute('aria-label') && !e.textContent.trim())
                       .map(e => e.outerHTML)""")
             assert unlabelled == [], (path, unlabelled)
+    finally:
+        await context.close()
+
+
+async def test_times_are_shown_in_the_viewers_timezone(roost_ui: RoostUi, browser: Any) -> None:
+    await answered(roost_ui, CAROL, "what time is it there?", "echo: what time")
+    zone = "Pacific/Kiritimati"  # UTC+14: never the same wall-clock time as UTC
+    context = await browser.new_context(timezone_id=zone, locale="en-GB")
+    try:
+        tab = await context.new_page()
+        await roost_ui.login(tab, "viewer")
+        await tab.goto(roost_ui.url(await session_path(roost_ui, tab, CAROL)))
+        shown = tab.locator("main time[datetime]").first
+        await expect(shown).to_have_attribute("data-local", "1")
+        stamp = str(await shown.get_attribute("datetime"))
+        local = datetime.fromisoformat(stamp.replace("Z", "+00:00")).astimezone(ZoneInfo(zone))
+        text = await shown.inner_text()
+        assert f"{local:%d/%m/%Y}, {local:%H:%M}" in text and "UTC" not in text, (stamp, text)
     finally:
         await context.close()
