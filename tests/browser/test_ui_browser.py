@@ -28,6 +28,7 @@ DAVE = user(45, "Dave", "dave")
 ERIN = user(46, "Erin", "erin")
 MALLORY = user(47, "Mallory", "mallory")
 FRANK = user(48, "Frank", "frank")
+GRACE = user(49, "Grace", "grace")
 STRANGER = user(77, "Stranger", "stranger")
 """Not on the allowlist: must pair."""
 
@@ -81,6 +82,26 @@ async def test_a_dm_appears_in_sessions_live_and_its_transcript_opens(
     await expect(page.get_by_text("is the garden watered yet?").first).to_be_visible()
     await expect(page.get_by_text("echo: is the garden watered yet?").first).to_be_visible()
     await screenshot(page, "session-transcript")
+
+
+async def test_the_overview_counts_a_new_run_live(roost_ui: RoostUi, page: Page) -> None:
+    await roost_ui.login(page, "viewer")
+    await page.goto(roost_ui.url("/ui/"))
+    await page.evaluate("window.notReloaded = true")
+    card = page.locator("section", has=page.locator("#ov-runs"))
+    runs = card.locator(".big").first
+
+    async def count() -> int:
+        return int((await runs.inner_text()).replace(",", ""))
+
+    before = await count()
+
+    async def counted() -> bool:
+        return await count() > before
+
+    await answered(roost_ui, GRACE, "count me in", "echo: count me in")
+    await until(counted, "the overview counting the new run")
+    assert await page.evaluate("window.notReloaded === true"), "the page was reloaded"
 
 
 async def test_an_error_id_shown_in_the_chat_opens_its_detail(
