@@ -29,6 +29,7 @@ ERIN = user(46, "Erin", "erin")
 MALLORY = user(47, "Mallory", "mallory")
 FRANK = user(48, "Frank", "frank")
 GRACE = user(49, "Grace", "grace")
+HEIDI = user(42, "Heidi", "heidi")
 STRANGER = user(77, "Stranger", "stranger")
 """Not on the allowlist: must pair."""
 
@@ -101,6 +102,18 @@ async def test_the_overview_counts_a_new_run_live(roost_ui: RoostUi, page: Page)
 
     await answered(roost_ui, GRACE, "count me in", "echo: count me in")
     await until(counted, "the overview counting the new run")
+    assert await page.evaluate("window.notReloaded === true"), "the page was reloaded"
+
+
+async def test_the_log_tail_shows_a_new_run_live(roost_ui: RoostUi, page: Page) -> None:
+    await roost_ui.login(page, "admin")
+    await page.goto(roost_ui.url("/ui/logs"))
+    await page.evaluate("window.notReloaded = true")
+    lines = page.locator("#log-lines")
+    await expect(lines).not_to_contain_text("direct:42")
+    await answered(roost_ui, HEIDI, "anything in the log?", "echo: anything")
+    await expect(lines).to_contain_text("completed session=default:telegram:direct:42",
+                                        timeout=10_000)
     assert await page.evaluate("window.notReloaded === true"), "the page was reloaded"
 
 
