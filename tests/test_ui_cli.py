@@ -4,6 +4,8 @@ an account added there logs in to a running UI."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import subprocess
 from pathlib import Path
 
@@ -97,3 +99,34 @@ async def test_an_account_added_by_the_cli_logs_in_and_passwd_ends_its_logins(
             assert status == 200 and "ada (operator)" in page
     finally:
         await app.close()
+
+
+def test_user_add_asks_for_the_password_twice_at_a_terminal_without_echoing_it(
+        tmp_path: Path) -> None:
+    database_url = f"sqlite:///{tmp_path / 'roost.db'}"
+    for typed, code in (("one secret\none secret\n", 0), ("one secret\nanother\n", 2)):
+        master, slave = os.openpty()
+        try:
+            proc = subprocess.Popen([*ROOST, "ui", "user", "add", "ada", "--role", "viewer"],
+                                    cwd=tmp_path, env=clean_env(ROOST_DATABASE_URL=database_url),
+                                    stdin=slave, stdout=slave, stderr=slave,
+                                    start_new_session=True)
+            os.close(slave)
+            shown = b""
+            for prompt, line in zip((b"Password: ", b"Again: "), typed.splitlines(),
+                                    strict=True):
+                while prompt not in shown:
+                    shown += os.read(master, 1024)
+                shown = shown.split(prompt, 1)[1]
+                os.write(master, line.encode() + b"\n")
+            assert proc.wait(timeout=60) == code
+            with contextlib.suppress(OSError):  # EIO once the child closed the terminal
+                while chunk := os.read(master, 1024):
+                    shown += chunk
+        finally:
+            os.close(master)
+        assert b"secret" not in shown and b"another" not in shown  # never echoed
+        if code:
+            assert b"roost: the two passwords differ" in shown
+    stored = asyncio.run(rows(database_url, "SELECT name, password_hash FROM ui_users"))
+    assert len(stored) == 1 and verify_password("one secret", str(stored[0][1]))

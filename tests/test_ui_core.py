@@ -321,3 +321,58 @@ def test_the_ui_is_imported_on_the_first_ui_request_not_at_start(tmp_path: Path)
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["after start: []", "after /ui: True True"]
+
+
+async def test_a_page_module_that_fails_to_import_is_left_out_and_the_others_serve(
+        app: Roost, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    from bot.ui import pages
+
+    extra = tmp_path / "pages"
+    extra.mkdir()
+    (extra / "zz_broken.py").write_text("raise RuntimeError('a bug in a page')\n",
+                                        encoding="utf-8")
+    monkeypatch.setattr(pages, "__path__", [*pages.__path__, str(extra)])
+    server = await serve_ui(app)
+    async with UiClient(server.url) as client:
+        status, page = await client.get("/ui/")
+    assert status == 200 and "Overview" in page
+    assert any("zz_broken cannot be loaded" in r.getMessage() for r in caplog.records)
+
+
+def test_trusted_proxies_come_from_the_env_comma_separated_and_a_bad_one_names_itself(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bot.config.settings import ConfigError, load_settings
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ROOST_UI_TRUSTED_PROXIES", "10.0.0.5, 10.1.0.0/16,::1")
+    assert load_settings().ui_trusted_proxies == ["10.0.0.5", "10.1.0.0/16", "::1"]
+    monkeypatch.setenv("ROOST_UI_TRUSTED_PROXIES", "10.0.0.5,proxy.example")
+    with pytest.raises(ConfigError) as refused:
+        load_settings()
+    assert str(refused.value) == ("invalid config: ui_trusted_proxies: Value error, "
+                                  "'proxy.example' is not an IP address or network "
+                                  "(in roost.toml or ROOST_UI_TRUSTED_PROXIES)")
+
+
+async def test_behind_a_trusted_proxy_failed_logins_count_per_forwarded_client(
+        tmp_path: Path) -> None:
+    app, _ = await create_app(scripted({"reply": "hi"}, loop=True), data_dir=tmp_path,
+                              ui_trusted_proxies=["127.0.0.1"])
+    try:
+        await add_account(app, "ada", "correct horse")
+        server = await serve_ui(app)
+        attacker = {"X-Forwarded-For": "198.51.100.7, 203.0.113.1"}
+        async with UiClient(server.url, **attacker) as client:
+            for n in range(ADDRESS_LIMIT):
+                status, _ = await client.log_in(f"guess{n}", "wrong")
+                assert status == 401
+            status, page = await client.log_in("ada", "correct horse")
+            assert status == 429 and "too many failed logins" in page
+        # Another client behind the same proxy is not locked out (the proxy's own
+        # address would have been, had X-Forwarded-For not been believed).
+        async with UiClient(server.url, **{"X-Forwarded-For": "203.0.113.2"}) as client:
+            status, page = await client.log_in("ada", "correct horse")
+            assert status == 200 and "ada (admin)" in page
+    finally:
+        await app.close()

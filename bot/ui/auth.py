@@ -40,8 +40,6 @@ class Visitor:
 
     user: UiUser
     csrf: str
-    local: bool = False
-    """The no-account loopback user (the banner shows)."""
 
 
 class Refused(Exception):
@@ -134,7 +132,7 @@ class Auth:
             if not is_loopback_host(host_name(request.host)):
                 raise Refused(421, "the Control UI without accounts answers only to "
                                    "127.0.0.1, ::1 or localhost")
-            return Visitor(UiUser("local", "admin"), self.local_csrf, local=True)
+            return Visitor(UiUser("local", "admin"), self.local_csrf)
         token = request.cookies.get(SESSION_COOKIE, "")
         if not token:
             return None

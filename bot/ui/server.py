@@ -155,7 +155,13 @@ class UiServer:
         router.add_post("/ui/login", self._login)
         router.add_post("/ui/logout", self._guard(UiRoute("POST", "/ui/logout", self._logout)))
         for info in sorted(pkgutil.iter_modules(pages.__path__), key=lambda m: m.name):
-            module = importlib.import_module(f"{pages.__name__}.{info.name}")
+            try:
+                module = importlib.import_module(f"{pages.__name__}.{info.name}")
+            except Exception:
+                # One broken page must not take the others down with it.
+                log.exception("the UI page module %s cannot be loaded; its pages are off",
+                              info.name)
+                continue
             for route in getattr(module, "ROUTES", []):
                 router.add_route(route.method, route.path, self._guard(route))
                 if route.method == "GET":
