@@ -279,7 +279,8 @@ async def test_stop_stops_a_running_run(ui: Any) -> None:
     assert status == 200 and "Nothing is running." in again
     assert channel.replies[-1] != "too late"
     audit = await app.store.db.execute_fetchall(
-        "SELECT user_name, action, target, detail FROM ui_audit ORDER BY id")
+        "SELECT user_name, action, target, detail FROM ui_audit WHERE action = 'stop'"
+        " ORDER BY id")
     assert [tuple(r) for r in audit] == [("ada", "stop", f"session {sid}", f"{KEY}: stopped"),
                                          ("ada", "stop", f"session {sid}", f"{KEY}: idle")]
 

@@ -4,8 +4,8 @@ message search, one session's transcript and its runs.
 Every function takes the :class:`~bot.storage.sessions.SessionStore` and returns
 frozen dataclasses. Each page costs a bounded number of indexed reads whatever
 the store holds: no ``COUNT(*)`` and no ``OFFSET``. The text search uses the
-message index of schema step 24: FTS5 on SQLite (``messages_fts``), a GIN index
-over ``to_tsvector('english', content)`` on PostgreSQL.
+message index of schema step 24: FTS5 on SQLite (``messages_fts``), a stored
+``tsv`` column (``to_tsvector('english', content)``) with a GIN index on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -214,14 +214,16 @@ async def search(store: SessionStore, f: SessionFilter, before: str | None = Non
 
 
 NEWEST_WINDOW = 2000
-"""On PostgreSQL, the newest messages searched by scanning them (a common word's hits)
+"""On PostgreSQL, the newest messages searched by walking them (a common word's hits)
 before the rest is searched through the index (a rare word's)."""
 
-_PG_HIT = (
-    "SELECT m.id, m.session_id, s.key, m.role, m.created_at,"
-    " ts_headline('english', substr(m.content, 1, 20000), q.query,"
+_PG_HEADLINE = (
+    "SELECT h.id, h.session_id, h.key, h.role, h.created_at,"
+    " ts_headline('english', substr(h.content, 1, 20000), plainto_tsquery('english', ?),"
     "  'StartSel=\x02,StopSel=\x03,MaxWords=24,MinWords=8,MaxFragments=1')"
+    " FROM ({hits}) h ORDER BY h.id DESC"
 )
+"""The snippets of the hits only (computed for the page, not for every match)."""
 
 
 async def _search_postgres(store: SessionStore, text: str, extra: str, params: list[Any],
@@ -229,41 +231,44 @@ async def _search_postgres(store: SessionStore, text: str, extra: str, params: l
     """The newest ``want`` hits on PostgreSQL, in two bounded steps.
 
     The planner cannot tell a common word from a rare one well enough to choose
-    between walking the messages newest first (fast for a common word, a scan of
-    every message for a rare one) and the GIN index (fast for a rare word, every
-    hit fetched and sorted for a common one). So the newest :data:`NEWEST_WINDOW`
-    messages are searched by walking them, and only if they hold fewer than
-    ``want`` hits are the older ones searched through the index alone (a word that
-    rare has few hits to fetch).
+    between walking the messages newest first (fast for a common word, a walk
+    through every message for a rare one) and the GIN index (fast for a rare word,
+    every hit fetched and sorted for a common one). So the newest
+    :data:`NEWEST_WINDOW` messages are searched by walking them (their stored
+    ``tsv``), and only if they hold fewer than ``want`` hits are the older ones
+    searched through the index alone (a word that rare has few hits to fetch).
     """
     from bot.storage.postgres import PgConnection
     from bot.storage.postgres import transaction as pg_transaction
 
     older = "" if before_id is None else " WHERE id < ?"
     bound = [] if before_id is None else [before_id]
-    window = (f"(SELECT id, session_id, role, content, created_at FROM messages{older}"
+    window = (f"(SELECT id, session_id, role, content, created_at, tsv FROM messages{older}"
               " ORDER BY id DESC LIMIT ?)")
-    rows = await fetch(store, (
-        f"{_PG_HIT} FROM {window} m JOIN sessions s ON s.id = m.session_id,"
-        " plainto_tsquery('english', ?) AS q(query)"
-        f" WHERE to_tsvector('english', m.content) @@ q.query{extra}"
-        " ORDER BY m.id DESC LIMIT ?"), [*bound, NEWEST_WINDOW, text, *params, want])
+    walked = (f"SELECT m.id, m.session_id, s.key, m.role, m.created_at, m.content"
+              f" FROM {window} m JOIN sessions s ON s.id = m.session_id"
+              f" WHERE m.tsv @@ plainto_tsquery('english', ?){extra}"
+              " ORDER BY m.id DESC LIMIT ?")
+    rows = await fetch(store, _PG_HEADLINE.format(hits=walked),
+                       [text, *bound, NEWEST_WINDOW, text, *params, want])
     if len(rows) >= want:
         return rows
     edge = await fetch(store, f"SELECT MIN(id), COUNT(*) FROM {window} w",
                        [*bound, NEWEST_WINDOW])
     if not edge or edge[0][0] is None or int(edge[0][1]) < NEWEST_WINDOW:
         return rows  # the window held every message there is
+    indexed_hits = ("SELECT m.id, m.session_id, s.key, m.role, m.created_at, m.content"
+                    " FROM messages m JOIN sessions s ON s.id = m.session_id"
+                    f" WHERE m.tsv @@ plainto_tsquery('english', ?) AND m.id + 0 < ?{extra}"
+                    " ORDER BY m.id DESC LIMIT ?")
 
     async def indexed(db: PgConnection) -> list[Any]:
-        # Only bitmap scans: the GIN index finds the hits, whatever the estimate.
+        # Only bitmap scans: the GIN index finds the hits, whatever the estimate
+        # (``m.id + 0``: not a bitmap of every older id from the primary key).
         await db.execute("SET LOCAL enable_indexscan = off")
         await db.execute("SET LOCAL enable_seqscan = off")
-        return list(await db.execute_fetchall((
-            f"{_PG_HIT} FROM messages m JOIN sessions s ON s.id = m.session_id,"
-            " plainto_tsquery('english', ?) AS q(query)"
-            f" WHERE to_tsvector('english', m.content) @@ q.query AND m.id < ?{extra}"
-            " ORDER BY m.id DESC LIMIT ?"), (text, int(edge[0][0]), *params, want - len(rows))))
+        return list(await db.execute_fetchall(_PG_HEADLINE.format(hits=indexed_hits), (
+            text, text, int(edge[0][0]), *params, want - len(rows))))
 
     return rows + await pg_transaction(cast(PgConnection, store.db), indexed)
 
