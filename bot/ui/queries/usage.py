@@ -9,10 +9,11 @@ counters' primary key (scope, period, subject).
 
 from __future__ import annotations
 
+import asyncio
 import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from bot.config.budgets import BudgetConfig
 from bot.config.settings import Settings
@@ -148,21 +149,21 @@ async def usage_report(store: SessionStore, settings: Settings, *, days: int = 3
                    sum(d.cache_write_tokens for d in series), sum(d.cost for d in series),
                    sum(d.runs for d in series))
     top_first = every[-min(len(every), TOP_DAYS)]
-    tops: dict[str, list[Totals]] = {}
-    for scope in SCOPES:
-        tops[scope] = [_totals(r) for r in await rows(
-            store,
-            f"SELECT subject, {_SUMS} FROM usage WHERE scope = ? AND period >= ?"
-            " AND period <= ? AND length(period) = 10 GROUP BY subject"
-            " HAVING SUM(input_tokens + output_tokens) > 0 OR SUM(cost) > 0"
-            " ORDER BY SUM(input_tokens + output_tokens) DESC, subject LIMIT ?",
-            (scope, top_first, last, top))]
+    # One query per scope; on PostgreSQL each takes a pooled connection, so they overlap.
+    found = await asyncio.gather(*(rows(
+        store,
+        f"SELECT subject, {_SUMS} FROM usage WHERE scope = ? AND period >= ?"
+        " AND period <= ? AND length(period) = 10 GROUP BY subject"
+        " HAVING SUM(input_tokens + output_tokens) > 0 OR SUM(cost) > 0"
+        " ORDER BY SUM(input_tokens + output_tokens) DESC, subject LIMIT ?",
+        (scope, top_first, last, top)) for scope in SCOPES))
+    tops: dict[str, list[Totals]] = {
+        scope: [_totals(r) for r in got] for scope, got in zip(SCOPES, found, strict=True)}
     return UsageReport(first, last, series, total, top_first, tops,
                        await budget_limits(store, settings, now), day_of(now), month_of(now))
 
 
-def _totals(r: object) -> Totals:
-    row = list(r)  # type: ignore[call-overload]
+def _totals(row: Any) -> Totals:
     return Totals(str(row[0]), int(row[1] or 0), int(row[2] or 0), int(row[3] or 0),
                   int(row[4] or 0), float(row[5] or 0), int(row[6] or 0))
 
