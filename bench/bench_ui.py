@@ -1,6 +1,6 @@
 """Control UI benchmark: every page's server time on a big store, and the live view's delay.
 
-Run with ``.venv/bin/python bench/bench_ui.py`` (seeding 1-3 minutes the first time
+Run with ``.venv/bin/python bench/bench_ui.py`` (seeding about 30 s the first time
 of a day, cached after; then about a minute of measuring). ``--sessions``, ``--runs``
 and ``--errors`` shrink the store (messages are ten per run); ``--repeat`` sets how
 often each page is fetched.
