@@ -290,3 +290,27 @@ async def test_a_search_past_the_newest_window_finds_the_same_hits(
         == rare
     narrowed = await _all_hits(store, sq.SessionFilter(text="invoice", user="u2_2"))
     assert narrowed and set(narrowed) < set(wide)
+
+
+async def test_migrating_postgres_indexes_the_messages_already_stored(pg_url: str) -> None:
+    from bot.storage.postgres import PgConnection
+
+    db = await PgConnection.open(pg_url, 2)
+    try:
+        for number in range(1, len(MIGRATIONS)):
+            await db.executescript(dbmod.postgres_step(number))
+        await db.execute("CREATE TABLE roost_schema (version BIGINT NOT NULL)")
+        await db.execute("INSERT INTO roost_schema (version) VALUES (?)", (len(MIGRATIONS) - 1,))
+        await db.execute("INSERT INTO sessions (id, key, created_at, updated_at)"
+                         " VALUES (1, 'default:console:direct:old', 1, 1)")
+        await db.execute("INSERT INTO messages (session_id, run_id, role, content, created_at)"
+                         " VALUES (1, 'r', 'user', 'an archaeological remark', 1)")
+    finally:
+        await db.close()
+    store = await SessionStore.open(pg_url)
+    try:
+        assert await dbmod.schema_version(store.db) == len(MIGRATIONS)
+        hits = (await sq.search(store, sq.SessionFilter(text="archaeology"))).hits
+        assert [h.session_id for h in hits] == [1]
+    finally:
+        await store.close()

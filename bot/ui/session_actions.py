@@ -42,9 +42,7 @@ async def compact_now(app: Roost, key: str) -> str:
     with runtime.hold_compaction(key):
         session = await app.store.get(key)
         agent = await app.router.get(agent_of(key))
-        session.pins += 1  # never evicted from the cache while it is summarized
-        try:
-            done = await app.engine.compactor.compact(session, agent)
-        finally:
-            session.pins -= 1
+        # The store checks the summarized messages against the stored session, so a
+        # copy evicted from the cache meanwhile, or a turn stored meanwhile, is safe.
+        done = await app.engine.compactor.compact(session, agent)
     return "compacted" if done else "not-compacted"
