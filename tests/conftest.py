@@ -159,7 +159,7 @@ _STARTED = time.time()
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Say where the browser tests (tests/browser) left this run's screenshots and logs."""
-    from tests.browser.harness import ARTIFACTS
+    from tests.browser import ARTIFACTS
 
     if ARTIFACTS.is_dir() and any(p.stat().st_mtime >= _STARTED for p in ARTIFACTS.iterdir()):
         terminalreporter.write_line(f"Control UI screenshots and roost logs: {ARTIFACTS}")

@@ -34,8 +34,8 @@ from playwright.async_api import (
 )
 
 from bot.testing.telegram import FakeTelegram
+from tests.browser import ARTIFACTS
 from tests.browser.harness import (
-    ARTIFACTS,
     CHROMIUM_ARGS,
     ROLES,
     PageErrors,

@@ -7,7 +7,6 @@ The fixtures (``browser``, ``roost_ui``, ``page``) are in this package's ``conft
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import secrets
 import socket
@@ -22,11 +21,7 @@ import aiohttp
 from playwright.async_api import Page
 
 from bot.testing.telegram import FakeTelegram
-
-ROOT = Path(__file__).resolve().parents[2]
-ARTIFACTS = Path(os.environ.get("ROOST_UI_ARTIFACTS", ROOT / "artifacts" / "ui"))
-"""Where the browser tests leave screenshots and each module's ``roost run`` log
-(git-ignored; ``ROOST_UI_ARTIFACTS`` moves it)."""
+from tests.browser import ARTIFACTS
 
 CHROMIUM_ARGS = (
     # CI runs as root, where Chromium's own sandbox cannot start.
