@@ -13,7 +13,9 @@ import math
 import os
 import queue
 import re
+import secrets
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -319,3 +321,25 @@ def roost_process(env: dict[str, str], cwd: Path, *,
         if proc.stdin is not None:
             proc.stdin.close()
         reader.join(timeout=2)
+
+
+# -- the Control UI -------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def add_ui_admin(cwd: Path, env: dict[str, str], name: str = "bench") -> str:
+    """``roost ui user add NAME --role admin --password-stdin`` in ``cwd``; the password."""
+    password = secrets.token_urlsafe(12)
+    result = subprocess.run(
+        [sys.executable, "-m", "bot", "ui", "user", "add", name, "--role", "admin",
+         "--password-stdin"], cwd=cwd, env=env, input=password + "\n",
+        capture_output=True, text=True, timeout=300)
+    if result.returncode != 0:
+        raise SystemExit(f"roost ui user add failed: {result.stderr.strip()}")
+    return password

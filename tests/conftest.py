@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -151,3 +152,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             else 2
 
     items.sort(key=rank)
+
+
+_STARTED = time.time()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say where the browser tests (tests/browser) left this run's screenshots and logs."""
+    from tests.browser import ARTIFACTS
+
+    if ARTIFACTS.is_dir() and any(p.stat().st_mtime >= _STARTED for p in ARTIFACTS.iterdir()):
+        terminalreporter.write_line(f"Control UI screenshots and roost logs: {ARTIFACTS}")
