@@ -282,7 +282,7 @@ class TelegramChannel(Channel):
         await self.interactions.answer(press, note, alert)
 
     async def edit(self, chat_id: str, message_id: str, text: str,
-                   buttons: ButtonRows = ()) -> bool:
+                   buttons: ButtonRows = (), *, thread_id: str | None = None) -> bool:
         """``editMessageText`` with ``buttons`` as the keyboard (none: removed); ``False``
         if the message is gone."""
         async with self.gate.entered() as live:
@@ -297,7 +297,8 @@ class TelegramChannel(Channel):
                 log.info("telegram: message %s in %s to edit is gone", message_id, chat_id)
                 return False
 
-    async def react(self, chat_id: str, message_id: str, emoji: str | None) -> bool:
+    async def react(self, chat_id: str, message_id: str, emoji: str | None, *,
+                    thread_id: str | None = None) -> bool:
         """``setMessageReaction`` (Telegram's list only), dropped rather than waiting."""
         return await self.interactions.react(chat_id_of(chat_id), int(message_id), emoji)
 
