@@ -246,3 +246,16 @@ async def test_buttons_stay_under_the_text_of_a_reply_with_a_file(
                                                                   KEYBOARD)
     [document] = fake_telegram.sent("sendDocument")
     assert "caption" not in document.params
+
+
+async def test_an_edit_that_drops_the_mention_arrives_unaddressed(
+        start_tg: StartTg, fake_telegram: FakeTelegram) -> None:
+    inbox = RecordingInbox()
+    await start_tg(inbox)
+    update = fake_telegram.mention("what is 6 * 7?")
+    [original] = await inbox.wait_for(1)
+    assert original.mentioned
+    fake_telegram.edit_by_user(update, "never mind")
+    [edit] = await inbox.wait_event(MessageEdit)
+    assert (edit.message.message_id, edit.message.mentioned, edit.message.chat_type) == \
+        (original.message_id, False, "group")
