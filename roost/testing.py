@@ -15,7 +15,7 @@ reply to a message the input guard blocks.
 from __future__ import annotations
 
 from bot.app.services import AppServices
-from bot.engine.guard import BLOCK_REFUSAL
+from bot.engine.gates import BLOCK_REFUSAL
 from bot.testing.app import ChatChannel, EventRecorder, build_app, scripted_provider
 
 __all__ = [

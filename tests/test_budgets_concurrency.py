@@ -28,7 +28,7 @@ from bot.contracts.hookspecs import hookimpl
 from bot.contracts.llm import ChatMessage, LLMRequest, LLMResponse, OnRetry, OnText, Usage
 from bot.contracts.messages import InboundMessage
 from bot.engine.compaction import SUMMARY_SYSTEM
-from bot.engine.runloop import RunRequest
+from bot.engine.requests import RunRequest
 from bot.storage.sessions import SessionStore
 from bot.storage.usage import Limit, UsageStore, day_of
 from bot.testing.app import ChatChannel, closing_apps, create_app, settle

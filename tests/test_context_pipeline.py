@@ -8,7 +8,7 @@ from typing import Any
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.llm import ChatMessage, ToolCall
 from bot.contracts.tools import Tool, ToolContext
-from bot.engine.history import CLEARED_RESULT, MISSING_RESULT
+from bot.engine.context import CLEARED_RESULT, MISSING_RESULT
 from bot.testing.app import scripted, settle
 from tests.conftest import AppFactory
 

@@ -306,7 +306,7 @@ async def test_a_reply_the_platform_refused_is_sent_after_restart(make_app: AppF
 
 async def test_a_reply_refused_once_is_retried_in_the_same_process(
         make_app: AppFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("bot.dispatch.redelivery.REDELIVERY", RetryPolicy.fixed(0.01, 0.01))
+    monkeypatch.setattr("bot.dispatch.delivery.REDELIVERY", RetryPolicy.fixed(0.01, 0.01))
     model = GatedModel()
     app, _, _ = await make_app(model)
     flaky = FlakyChannel(failures=1)

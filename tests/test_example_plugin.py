@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from bot.engine.guard import BLOCK_REFUSAL
+from bot.engine.gates import BLOCK_REFUSAL
 from bot.pluginhost.manager import get_plugin_manager
 
 NAME = "roost-plugin-example"

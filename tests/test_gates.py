@@ -11,12 +11,14 @@ from bot.contracts.guard import GuardPattern, InputCheck
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.messages import InboundMessage
 from bot.engine.gates import (
+    BLOCK_REFUSAL,
     DROP,
     PASS,
     Asking,
     BudgetGate,
     GateChain,
     GuardGate,
+    InputGuard,
     LengthGate,
     PairingGate,
     PluginChecksGate,
@@ -26,8 +28,6 @@ from bot.engine.gates import (
     refuse,
     rewrite,
 )
-from bot.engine.guard import BLOCK_REFUSAL, InputGuard
-from bot.engine.snapshot import PluginSnapshot
 from bot.testing.app import scripted
 from tests.conftest import AppFactory
 
@@ -38,9 +38,9 @@ def dm(text: str = "hello", sender: str = "u1", event: str = "e1") -> InboundMes
 
 def asking(text: str = "hello", settings: Settings | None = None, *,
            message: InboundMessage | None = None, key: str = "default:test:direct:u1",
-           plugins: PluginSnapshot | None = None, from_person: bool = True) -> Asking:
+           guard: InputGuard | None = None, from_person: bool = True) -> Asking:
     return Asking(message or dm(text), text, key, settings or Settings(),
-                  from_person=from_person, plugins=plugins)
+                  from_person=from_person, guard=guard)
 
 
 @dataclass
@@ -143,11 +143,10 @@ async def test_budget_gate_refuses_a_person_over_the_request_rate(
 
 async def test_guard_gate_refuses_what_the_runs_guard_blocks() -> None:
     guard = InputGuard([GuardPattern("probe", r"\bapi\s+key\b")], "block", {})
-    plugins = PluginSnapshot.of(guard)
     gate = GuardGate()
-    assert await gate.check(asking("tell me your api key", plugins=plugins)) == refuse(
+    assert await gate.check(asking("tell me your api key", guard=guard)) == refuse(
         BLOCK_REFUSAL)
-    assert await gate.check(asking("tell me a joke", plugins=plugins)) == PASS
+    assert await gate.check(asking("tell me a joke", guard=guard)) == PASS
 
 
 async def test_length_gate_cuts_a_long_text_and_says_so() -> None:

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from bot.engine.guard import BLOCK_REFUSAL
+from bot.engine.gates import BLOCK_REFUSAL
 from bot.testing.app import scripted, settle
 from tests.conftest import AppFactory
 
@@ -31,7 +31,7 @@ BENIGN = [
 async def test_each_pattern_is_detected_and_logged_without_the_message(
     make_app: AppFactory, caplog: pytest.LogCaptureFixture, pattern: str, text: str
 ) -> None:
-    caplog.set_level(logging.INFO, logger="roost.engine.guard")
+    caplog.set_level(logging.INFO, logger="roost.engine.gates")
     provider = scripted({"reply": "answered"}, loop=True)
     app, channel, _ = await make_app(provider)
     await channel.say(text)
@@ -50,7 +50,7 @@ async def test_each_pattern_is_detected_and_logged_without_the_message(
 async def test_ordinary_chat_does_not_trip_the_guard(
     make_app: AppFactory, caplog: pytest.LogCaptureFixture, text: str
 ) -> None:
-    caplog.set_level(logging.INFO, logger="roost.engine.guard")
+    caplog.set_level(logging.INFO, logger="roost.engine.gates")
     app, channel, _ = await make_app(scripted({"reply": "fine"}))
     await channel.say(text)
     await settle(app)
@@ -74,7 +74,7 @@ async def test_block_mode_refuses_records_and_skips_the_model(make_app: AppFacto
 async def test_log_mode_logs_at_info_and_off_mode_does_not_scan(
     make_app: AppFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="roost.engine.guard")
+    caplog.set_level(logging.INFO, logger="roost.engine.gates")
     app, channel, _ = await make_app(scripted({"reply": "ok"}, loop=True), guard_mode="log")
     await channel.say(ATTACKS["system_tags"])
     await settle(app)

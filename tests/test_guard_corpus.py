@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 
-from bot.engine.guard import InputGuard, normalize_for_scan
+from bot.engine.gates import InputGuard, normalize_for_scan
 from plugins.guard_patterns import PATTERNS
 
 SEEDS = {

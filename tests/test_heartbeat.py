@@ -11,7 +11,7 @@ import pytest
 
 from bot.app.roost import Roost
 from bot.config.settings import Settings
-from bot.engine.runloop import NO_REPLY
+from bot.engine.requests import NO_REPLY
 from bot.pluginhost.manager import get_plugin_manager
 from bot.testing.app import scripted, settle
 from plugins.heartbeat import (

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from bot.app.roost import Roost
 from bot.contracts.messages import Attachment, InboundMessage
-from bot.engine.guard import WITHHELD
+from bot.engine.gates import WITHHELD
 from bot.testing.anthropic import FakeAnthropic
 from tests.conftest import AppFactory
 from tests.provider_helpers import anthropic_for

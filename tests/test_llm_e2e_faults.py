@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Mapping
 
 from bot.contracts.events import RunEvent
-from bot.dispatch.watch import HELD_NOTICE
+from bot.dispatch.delivery import HELD_NOTICE
 from bot.resilience.breaker import BreakerPolicy, CircuitBreaker
 from bot.testing.anthropic import FakeAnthropic
 from bot.testing.app import EventRecorder, settle

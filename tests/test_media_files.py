@@ -21,8 +21,8 @@ from bot.contracts.messages import (
     OutboundMessage,
 )
 from bot.contracts.tools import ToolError
+from bot.engine.context import DOCUMENT_PAGE_TOKENS, TokenEstimator
 from bot.engine.media import MAX_CONTEXT_IMAGES, drop_images
-from bot.engine.tokens import DOCUMENT_PAGE_TOKENS, TokenEstimator
 from bot.media.images import (
     ImageTooLarge,
     image_tokens,

@@ -176,7 +176,7 @@ class Flaky(ChatChannel):
 @pytest.fixture(name="quick_redelivery")
 def quick_redelivery_fixture(monkeypatch: pytest.MonkeyPatch) -> None:
     # Two redeliveries, 10 ms apart, instead of 5 s, 30 s, ...
-    monkeypatch.setattr("bot.dispatch.redelivery.REDELIVERY", RetryPolicy.fixed(0.01, 0.01))
+    monkeypatch.setattr("bot.dispatch.delivery.REDELIVERY", RetryPolicy.fixed(0.01, 0.01))
 
 
 @pytest.mark.usefixtures("quick_redelivery")

@@ -15,8 +15,8 @@ from bot.contracts.hookspecs import hookimpl
 from bot.contracts.messages import InboundMessage
 from bot.contracts.prompt import PromptContext
 from bot.contracts.tools import Tool, ToolContext
-from bot.engine.guard import WITHHELD
-from bot.engine.runloop import RunRequest
+from bot.engine.gates import WITHHELD
+from bot.engine.requests import RunRequest
 from bot.testing.app import scripted, settle, without_summary
 from tests.conftest import AppFactory
 

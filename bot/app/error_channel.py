@@ -6,7 +6,7 @@ import logging
 
 from bot.app.services import AppServices as Services
 from bot.contracts.llm import ToolCall
-from bot.engine.runloop import FailureHandler, LargeResultHandler
+from bot.engine.requests import FailureHandler, LargeResultHandler
 from bot.storage.errors import format_failure, format_large_result
 from bot.tools.outcomes import RawError
 from bot.tools.structured_errors import extract, structured_hint

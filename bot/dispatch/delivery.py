@@ -1,29 +1,176 @@
-"""The end of a run: its one commit, then the reply handed to the platform.
+"""A run's reply on its way to the chat: streamed, committed, handed to the platform.
 
-A reply is written to the outbox in the run's own commit (with the inbox entries
-it answers), so a process that dies after the commit sends it after a restart;
-one the platform did not take stays in the outbox for :mod:`.redelivery`.
+While the run works, :class:`RunWatch` turns its events into what the chat sees:
+streamed text goes into the reply's draft (:class:`StreamBridge`, holding back a
+possible NO_REPLY), a provider held by its circuit breaker is announced once, the
+run's own notices are sent; the dispatcher learns when the run showed output (a
+follow-up no longer merges into it).
+
+When it ends, the reply is written to the outbox in the run's own commit
+(:func:`commit_run`, with the inbox entries it answers), so a process that dies
+after the commit sends it after a restart; :func:`deliver_result` hands it to the
+platform, and one the platform did not take is sent again later
+(:class:`Redeliveries`), replacing its draft, then given up.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from bot.config.masking import mask_text
 from bot.contracts.channel import Channel, ReplyStream, SendingMark, sending_mark
+from bot.contracts.events import RunEvent
 from bot.contracts.messages import InboundMessage, OutboundMessage
-from bot.dispatch.redelivery import Redeliveries, send_marked
+from bot.contracts.sanitize import Sanitizer, run_pipeline
+from bot.dispatch.lanes import Running
 from bot.dispatch.replicas import ReplicaWork
-from bot.dispatch.stream import draft_id
-from bot.engine.requests import RunCommit, RunResult
+from bot.engine.requests import NO_REPLY, RunCommit, RunResult
+from bot.resilience.retry import RetryPolicy
 from bot.storage.db import Statements
 from bot.storage.inbox import Inbox
 from bot.storage.sessions import SessionStore
 from bot.tools.outcomes import describe_error
 
 log = logging.getLogger("roost.dispatch.delivery")
+
+
+# -- while the run works: its draft and notices ---------------------------------------
+
+def draft_id(stream: ReplyStream | None) -> str | None:
+    """The platform id of a stream's draft (streams of older channel plugins have none)."""
+    value = getattr(stream, "message_id", None)
+    return str(value) if value else None
+
+
+class DraftWatch:
+    """Journals the id of a run's draft once the channel showed one."""
+
+    def __init__(self, inbox: Inbox, entries: tuple[int, ...]) -> None:
+        self.inbox = inbox
+        self.entries = entries
+        self.seen: str | None = None
+
+    def check(self, stream: ReplyStream | None) -> None:
+        draft = draft_id(stream)
+        if draft and draft != self.seen and self.entries:
+            self.seen = draft
+            self.inbox.set_draft(self.entries, draft)
+
+
+class StreamBridge:
+    """Forwards streamed text to a channel, holding back a possible NO_REPLY.
+
+    Text the model writes before calling tools becomes its own message, so the
+    final answer starts a fresh one instead of being glued onto it.
+    """
+
+    def __init__(self, channel: Channel | None, message: InboundMessage,
+                 sanitizers: Sequence[Sanitizer]) -> None:
+        self.channel = channel
+        self.message = message
+        self.sanitizers = sanitizers
+        self.stream = channel.open_stream(message) if channel is not None else None
+        self.text = ""
+        self.visible = ""
+        self.shown = False
+
+    @property
+    def draft_id(self) -> str | None:
+        """The platform id of the current draft, if the channel showed one."""
+        return draft_id(self.stream)
+
+    async def end_block(self) -> None:
+        if self.stream is None or self.channel is None:
+            return
+        if self.shown:
+            block = run_pipeline(self.text, self.sanitizers)
+            await self.stream.finish(block if block and block != NO_REPLY else None)
+            self.stream = self.channel.open_stream(self.message)
+        self.text = ""
+        self.visible = ""
+        self.shown = False
+
+    async def restart(self) -> None:
+        """The model's answer is being generated again: the draft starts over."""
+        self.text = ""
+
+    async def add(self, fragment: str) -> None:
+        if self.stream is None:
+            return
+        self.text += fragment
+        # Show only what the final reply will show: sanitized, and nothing from
+        # a thinking or tool block whose closing tag has not arrived yet.
+        visible = run_pipeline(_complete_part(self.text), self.sanitizers)
+        if not visible or NO_REPLY.startswith(visible) or visible == self.visible:
+            return
+        self.shown = True
+        self.visible = visible
+        await self.stream.push(visible)
+
+
+_HIDDEN_BLOCK = re.compile(
+    r"<(think|thinking|thought|antthinking|tool_call|function_calls?|tool_use|invoke)\b",
+    re.IGNORECASE)
+
+
+def _complete_part(text: str) -> str:
+    """``text`` up to any hidden block still open, or a tag still being written."""
+    for match in _HIDDEN_BLOCK.finditer(text):
+        close = re.compile(rf"</{match.group(1)}\s*>", re.IGNORECASE)
+        if not close.search(text, match.end()):
+            text = text[:match.start()]
+            break
+    lt = text.rfind("<")
+    if lt != -1 and ">" not in text[lt:]:
+        text = text[:lt]
+    return text
+
+
+HELD_NOTICE = ("The AI service is not answering right now. Your message is safe: I will "
+               "answer as soon as it is back.")
+
+
+class RunWatch:
+    """The listener of one lane entry's run; ``notify(text)`` sends a notice to its chat.
+    The draft's id is journaled on the entry's inbox entries in ``inbox``."""
+
+    def __init__(self, entry: Running, bridge: StreamBridge, inbox: Inbox,
+                 notify: Callable[[str], None]) -> None:
+        self.entry = entry
+        self.bridge = bridge
+        self.draft = DraftWatch(inbox, entry.pending.entries)
+        self.notify = notify
+        self.held = False
+
+    async def __call__(self, event: RunEvent) -> None:
+        if event.type == "chunk":
+            self.entry.shown()
+            await self.bridge.add(event.payload["content"])
+            self.draft.check(self.bridge.stream)
+        elif event.type == "tool.call":
+            self.entry.shown()
+            await self.bridge.end_block()
+        elif event.type == "run.retrying":
+            if event.payload.get("attempt") == 0:
+                # Held by the provider's circuit breaker: say so once.
+                if not self.held:
+                    self.held = True
+                    self.notify(HELD_NOTICE)
+            else:
+                await self.bridge.restart()
+        elif event.type == "activity":
+            if event.payload.get("phase") == "committing":
+                self.entry.shown()  # answered: a follow-up starts a run of its own
+            elif event.payload.get("notice"):
+                self.notify(event.payload["notice"])
+
+
+# -- when it ends: the commit, the reply handed over, and again ---------------------
 
 LeaseCheck = Callable[[Any], Awaitable[None]]
 """A check in the commit that this replica still holds the session's lease."""
@@ -40,7 +187,7 @@ def inbox_statements(inbox: Inbox, message: InboundMessage, entries: tuple[int, 
     """
     out = None if commit.reply is None else OutboundMessage.reply_to_message(
         message, commit.reply, "error" if commit.failed else "reply")
-    finish = inbox.finish(entries, out, draft)
+    finish = inbox.finish(entries, out, draft, commit.run_id)
     if lease_check is None:
         return finish
 
@@ -107,7 +254,7 @@ async def deliver_result(channel: Channel | None, message: InboundMessage, resul
             return
         log.warning("delivering run %s to %s:%s failed (%s); it stays in the outbox",
                     result.run_id, message.channel, message.chat_id, exc)
-        inbox.not_delivered(result.outbox_id, final=False)
+        inbox.not_delivered(result.outbox_id, final=False, error=mask_text(str(exc)))
         redeliveries.schedule(result.outbox_id, reply, draft, 1)
         return
     if reply is not None:  # not a silent or withdrawn reply
@@ -156,3 +303,101 @@ async def _write(store: SessionStore, inbox: Inbox, replicas: ReplicaWork | None
         else replicas.lease_check(commit.session.key, result.run_id))
     outbox_id: int | None = await commit.write(store, inbox_writes)
     return outbox_id
+
+
+REDELIVERY = RetryPolicy.fixed(5.0, 30.0, 120.0, 600.0)
+"""A reply the platform did not take is sent again after 5 s, 30 s, 2 min and 10 min
+(and after a restart), then given up."""
+
+
+async def send_marked(channel: Channel, reply: OutboundMessage, inbox: Inbox,
+                      outbox_id: int) -> str | None:
+    """``channel.send(reply)`` with the outbox's ``sending`` mark set as late as the
+    adapter allows: by the adapter right before its platform call (after its rate-limit
+    waits) where it can, else here just before the send."""
+    if not channel.marks_sending:
+        await inbox.sending(outbox_id)
+        return await channel.send(reply)
+
+    noted = False
+
+    async def mark(on: bool, note: str | None = None) -> None:
+        nonlocal noted
+        await inbox.sending(outbox_id, on, note, forget=not on and noted)
+        noted = on and (noted or note is not None)
+
+    with sending_mark(mark):
+        return await channel.send(reply)
+
+
+class Redeliveries:
+    """Committed replies waiting for another attempt.
+
+    Each attempt carries the reply's stable ``delivery_id`` (``roost-<outbox id>``)
+    and ``redelivery=True``, so adapters that can check whether an earlier attempt
+    landed do. ``count(channel, outcome)`` sees every attempt's outcome.
+    """
+
+    def __init__(self, inbox: Inbox, channels: Mapping[str, Channel],
+                 count: Callable[[str, str], None]) -> None:
+        self.inbox = inbox
+        self.channels = channels
+        self.count = count
+        self.tasks: set[asyncio.Task[None]] = set()
+        self._waiting: dict[int, asyncio.Task[None]] = {}
+
+    def schedule(self, outbox_id: int, reply: OutboundMessage, draft: str | None,
+                 attempts: int, delay: float | None = None) -> None:
+        """Send the reply again after ``delay`` (the policy's, by default), backing off.
+
+        An attempt of the same reply still waiting is replaced (a retry asked now)."""
+        if delay is None:
+            delay = REDELIVERY.delay(attempts)
+        waiting = self._waiting.pop(outbox_id, None)
+        if waiting is not None:
+            waiting.cancel()
+        task = asyncio.ensure_future(self._again(outbox_id, reply, draft, attempts, delay))
+        self._waiting[outbox_id] = task
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(lambda done: self._forget(outbox_id, done))
+
+    def _forget(self, outbox_id: int, task: asyncio.Task[None]) -> None:
+        """Drop a finished attempt from the waiting ones (unless a newer one replaced it)."""
+        if self._waiting.get(outbox_id) is task:
+            del self._waiting[outbox_id]
+
+    def cancel(self) -> None:
+        """Stop waiting: what is not delivered stays in the outbox for the next start."""
+        for task in list(self.tasks):
+            task.cancel()
+
+    async def _again(self, outbox_id: int, reply: OutboundMessage, draft: str | None,
+                     attempts: int, delay: float) -> None:
+        await asyncio.sleep(delay)
+        if not await self.inbox.still_to_send(outbox_id):
+            # Delivered, dropped or retried elsewhere (the Control UI) meanwhile.
+            log.info("reply %d is no longer this process's to send", outbox_id)
+            return
+        channel = self.channels.get(reply.channel)
+        if channel is None:
+            log.error("reply %d: no channel %r; kept in the outbox", outbox_id, reply.channel)
+            return
+        try:
+            platform_id = await send_marked(channel, dataclasses.replace(
+                reply, replace=draft, delivery_id=f"roost-{outbox_id}", redelivery=True),
+                self.inbox, outbox_id)
+        except Exception as exc:
+            final = attempts >= REDELIVERY.retries
+            self.count(reply.channel, "given_up" if final else "failed")
+            self.inbox.not_delivered(outbox_id, final=final, error=mask_text(str(exc)))
+            if final:
+                log.error("reply %d to %s:%s could not be delivered; given up (%s)",
+                          outbox_id, reply.channel, reply.chat_id, exc)
+            else:
+                log.warning("reply %d to %s:%s not delivered (%s); trying again",
+                            outbox_id, reply.channel, reply.chat_id, exc)
+                self.schedule(outbox_id, reply, draft, attempts + 1)
+            return
+        self.count(reply.channel, "ok")
+        self.inbox.delivered(outbox_id, platform_id)

@@ -1,15 +1,13 @@
-"""From inbound messages to runs: commands, per-session lanes, queues and merging.
+"""From inbound messages to runs and their commits: commands, lanes, recovery.
 
 Every accepted message is committed to the inbox (:mod:`bot.storage.inbox`) before
-:meth:`Dispatcher.submit` returns, which is when the channel acknowledges it to
-its platform; the run that answers it marks it done in the same commit as its
-history and queues the reply in the outbox, and the reply is marked delivered
-once the platform took it. :meth:`Dispatcher.recover` runs what a dead process
-left unfinished.
+:meth:`Dispatcher.submit` returns (then the channel acknowledges it); the run that
+answers it marks it done in the same commit as its history and queues the reply in
+the outbox, marked delivered once the platform took it. :meth:`Dispatcher.recover`
+runs what a dead process left unfinished.
 
-Who is answered, and how, is the gate chain's call (:mod:`bot.engine.gates`: its
-intake and start stages run here, the rest in each run); each session's runs and
-queue, and merging follow-ups, are :mod:`bot.dispatch.lanes`'.
+Who is answered is the gate chain's call (:mod:`bot.engine.gates`: intake and start
+stages here, the rest in each run); sessions' queues are :mod:`bot.dispatch.lanes`'.
 """
 
 from __future__ import annotations
@@ -25,27 +23,21 @@ from typing import Any, TypeVar
 from bot.agents.router import AgentRouter
 from bot.config.settings import Settings
 from bot.contracts.channel import Channel
-from bot.contracts.commands import Command, parse_command
-from bot.contracts.llm import Usage
-from bot.contracts.messages import InboundMessage, OutboundMessage
-from bot.contracts.metering import METER, BudgetRefused
+from bot.contracts.commands import Command
+from bot.contracts.llm import METER, BudgetRefused, Usage
+from bot.contracts.messages import InboundMessage, OutboundMessage, parse_command
 from bot.contracts.runtime import Runtime
-from bot.dispatch.access import PairingPolicy
 from bot.dispatch.commands import run_command
-from bot.dispatch.delivery import commit_run, deliver_result
-from bot.dispatch.intake import ChatPolicy
-from bot.dispatch.lanes import Lane, Lanes, Pending, Running
-from bot.dispatch.redelivery import Redeliveries
-from bot.dispatch.registry import RunRegistry
+from bot.dispatch.delivery import Redeliveries, RunWatch, StreamBridge, commit_run, deliver_result
+from bot.dispatch.intake import ChatPolicy, PairingPolicy
+from bot.dispatch.lanes import Lane, Lanes, Moves, Pending, Running, RunRegistry, join_messages
 from bot.dispatch.replicas import ReplicaWork, close_quietly
-from bot.dispatch.stream import DraftWatch, StreamBridge, draft_id
-from bot.dispatch.watch import RunWatch
 from bot.engine.budgets import Budgets, Payer
+from bot.engine.context import TokenEstimator
 from bot.engine.gates import Asking, GateChain, Stage
-from bot.engine.guard import join_messages
 from bot.engine.requests import RunOptions, RunRequest, RunResult
 from bot.engine.run_engine import RunEngine
-from bot.engine.tokens import TokenEstimator
+from bot.observability.tracing import hex_id
 from bot.storage.claims import Claims
 from bot.storage.inbox import Inbox, InboxEntry, OutboxEntry, RunJournal, grouped
 from bot.storage.sessions import SessionStore, agent_of, session_key
@@ -71,11 +63,11 @@ class Dispatcher:
                  gates: GateChain, policy: ChatPolicy, pairing: PairingPolicy, budgets: Budgets,
                  claims: Claims | None = None,
                  on_delivery: Callable[[str, str], None] | None = None) -> None:
-        """``channels`` is the live mapping of running channels; ``commands()``
-        the current commands (they change when plugins do); ``runtime`` is what
-        command handlers receive. ``gates`` decide who is answered and how (its
-        intake and start stages run here; ``policy``, ``pairing`` and ``budgets``
-        are the ones its gates use). ``claims`` (PostgreSQL,
+        """``channels`` is the live mapping of running channels; ``commands()`` the
+        current commands (they change when plugins do); ``runtime`` is what command
+        handlers receive. ``gates`` decide who is answered and how (intake and start
+        stages run here; its gates use ``policy``, ``pairing`` (bot.dispatch.intake) and
+        ``budgets``, also reserved around each model call). ``claims`` (PostgreSQL,
         several replicas) makes sessions run on the replica holding their lease.
         ``on_delivery(channel, outcome)`` is told of each reply handed to a channel
         (``ok``, ``failed`` (kept and retried) or ``given_up``)."""
@@ -88,21 +80,13 @@ class Dispatcher:
         self.commands = commands
         self.runtime = runtime
         self.gates = gates
-        """Who is answered and how (bot.engine.gates)."""
         self.pairing = pairing
-        """Who may DM the bot under the pairing policy (bot.dispatch.access)."""
         self.budgets = budgets
-        """Token budgets and the request rate, checked before each run (a gate) and
-        reserved around each model call (bot.engine.budgets)."""
         self.registry = RunRegistry()
         self.on_delivery: Callable[[str, str], None] = on_delivery or _uncounted
         self.redeliveries = Redeliveries(inbox, channels, self.on_delivery)
         self.policy = policy
-        """The DM and group policies and a group's unaddressed context (bot.dispatch.intake)."""
-        self.lanes = Lanes(settings, self.registry,
-                           lambda lane, entry, run_id: self._spawn(self._run(lane, entry, run_id)),
-                           self._dropped)
-        """Each session's runs and queue (bot.dispatch.lanes)."""
+        self.lanes = Lanes(settings, self.registry)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._changed = asyncio.Event()
         self._closed = False
@@ -157,7 +141,8 @@ class Dispatcher:
         if parsed is not None:
             self._spawn(self._command(message, *parsed, entry=entry.id))
             return
-        self.lanes.enqueue(self.lanes.lane(key, message), message, entry.id, counted=now)
+        lane = self.lanes.lane(key, message)
+        self._move(lane, self.lanes.enqueue(lane, message, entry.id, counted=now))
 
     # -- queries and controls used by commands -------------------------------
 
@@ -174,7 +159,8 @@ class Dispatcher:
         done: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
         pending = Pending(message, time.monotonic(), options or RunOptions(), False, done,
                           deliver_failed)
-        self.lanes.add(self.lanes.lane(self.key_for(message), message), pending)
+        lane = self.lanes.lane(self.key_for(message), message)
+        self._move(lane, self.lanes.add(lane, pending))
         return done
 
     def key_for(self, message: InboundMessage) -> str:
@@ -296,7 +282,8 @@ class Dispatcher:
             attachments=tuple(a for e in group for a in e.message.attachments))
         pending = Pending(message, time.monotonic(), entries=ids, journal=journal,
                            stale_draft=head.draft_id, texts=texts)
-        self.lanes.add(self.lanes.lane(head.session_key, message), pending)
+        lane = self.lanes.lane(head.session_key, message)
+        self._move(lane, self.lanes.add(lane, pending))
 
     # -- one run ---------------------------------------------------------------
 
@@ -322,12 +309,13 @@ class Dispatcher:
                 return
             await self.engine.held()  # tools still being listed at start, say
             # Every model call of the run, and of what serves it, reserves against its budgets.
-            payer = self.budgets.meter(message, agent, lambda text: self._notify(message, text))
+            payer = self.budgets.meter(message, agent, lambda text: self._notify(message, text),
+                                       job=pending.options.usage_job)
             METER.set(payer)
             plugins = self.engine.plugins  # the run and its stream use one plugin state
             session = await self.store.get(lane.key)
             bridge = StreamBridge(channel, message, plugins.sanitizers)
-            watch = RunWatch(entry, bridge, DraftWatch(self.inbox, pending.entries),
+            watch = RunWatch(entry, bridge, self.inbox,
                              lambda text: self._notify(message, text))
             typing = channel.typing(message) if channel else contextlib.nullcontext()
             async with typing:
@@ -341,10 +329,11 @@ class Dispatcher:
                 journal = None
                 if pending.entries:
                     journal = pending.journal or RunJournal(self.inbox, pending.entries[-1])
-                request = RunRequest.with_options(asked, session, options, run_id=run_id,
-                                                  agent=agent, plugins=plugins, journal=journal)
+                request = RunRequest.with_options(
+                    asked, session, options, run_id=run_id, agent=agent, plugins=plugins,
+                    journal=journal, sink=dataclasses.replace(self.engine.sink, events=watch))
                 try:
-                    result = await self.engine.execute(request, watch)
+                    result = await self.engine.execute(request)
                 except BudgetRefused as exc:
                     # Its first model call did not fit: like a refusal before the run.
                     if bridge.stream is not None:
@@ -356,7 +345,7 @@ class Dispatcher:
                 # Tracked (drain, close) and shielded: a /stop arriving now does not
                 # leave the commit written but its run unannounced.
                 result = await asyncio.shield(self._spawn(self._close_run(
-                    request, result, message, pending.entries, draft_id(bridge.stream), watch)))
+                    request, result, message, pending.entries, bridge.draft_id)))
             if self.replicas is not None and run_id in self.replicas.lost_runs:
                 # Another replica holds the session now and answers these entries.
                 self.replicas.lost_runs.discard(run_id)
@@ -396,20 +385,20 @@ class Dispatcher:
         finally:
             if payer is not None:
                 payer.release()  # 80 % warnings: after the reply
-            self.lanes.finished(lane, entry)
+            self._move(lane, self.lanes.finished(lane, entry))
             if self.replicas is not None and not self.busy(lane.key):
                 self.replicas.idle(lane.key)
             self._changed.set()
 
     async def _close_run(self, request: RunRequest, result: RunResult,
-                         message: InboundMessage, entries: tuple[int, ...], draft: str | None,
-                         watch: RunWatch) -> RunResult:
+                         message: InboundMessage, entries: tuple[int, ...],
+                         draft: str | None) -> RunResult:
         """Commit the run (history, inbox, outbox) and announce its end. The caller shields
         it from the run's own cancellation."""
         if result.commit is not None:
             result = await commit_run(self.store, self.inbox, self.replicas, message, entries,
                                       result, draft)
-        await self.engine.finished(request, result, watch)
+        await self.engine.finished(request, result)
         return result
 
     def _refuse(self, message: InboundMessage, pending: Pending, run_id: str, key: str,
@@ -457,11 +446,16 @@ class Dispatcher:
 
     # -- helpers ---------------------------------------------------------------
 
-    def _dropped(self, pending: Pending) -> None:
-        """A message the full queue dropped: closed, and its sender told."""
-        self.inbox.close(pending.entries)
-        self._notify(pending.message, "Too many messages were waiting, so I dropped this "
-                     "one. Send it again if you still need an answer.")
+    def _move(self, lane: Lane, moves: Moves) -> None:
+        """Do what a lane change asks: close and tell the dropped, start the runs."""
+        for pending in moves.dropped:
+            self.inbox.close(pending.entries)
+            self._notify(pending.message, "Too many messages were waiting, so I dropped "
+                         "this one. Send it again if you still need an answer.")
+        for entry in moves.start:
+            run_id = hex_id()
+            task = self._spawn(self._run(lane, entry, run_id))
+            self.lanes.started(lane, entry, run_id, task)
 
     def _notify(self, message: InboundMessage, text: str) -> None:
         self._spawn(self._send(OutboundMessage.reply_to_message(message, text, "notice")))

@@ -1,20 +1,30 @@
-"""Who gets an answer: the DM and group policies, and group chatter kept as context.
+"""Who gets an answer: the DM and group policies, DM pairing, group chatter kept as context.
 
 A group message the bot was not addressed in is not answered; the last
 ``group_context_messages`` of them are kept in the database (so the next run finds
 them whichever replica received them) and given to the session's next run, the
 newest whole messages that fit in ``group_context_tokens``.
+
+Under ``dm_policy = "pairing"``, admins and ``dm_allowlist`` users always pass; so
+does anyone an admin approved (``/pair approve CODE``, ``roost pairing approve
+CODE``). Anyone else's direct message is refused before it is queued (the model
+never sees it, and it is not answered later) and its sender is told the code an
+admin needs, at most once per ten minutes while the code is valid
+(:mod:`bot.storage.access`). The gate chain applies both policies
+(:class:`bot.engine.gates.PolicyGate`, :class:`bot.engine.gates.PairingGate`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Sequence
 
 from bot.config.settings import Settings
 from bot.contracts.messages import InboundMessage
-from bot.engine.tokens import TokenEstimator
+from bot.engine.context import TokenEstimator
+from bot.storage.access import AccessStore
 from bot.storage.chatter import GroupChatter
 
 log = logging.getLogger("roost.dispatch.intake")
@@ -35,7 +45,7 @@ class ChatPolicy:
         admin = s.is_admin(message.channel, message.sender_id)
         if message.chat_type == "direct":
             dm = s.dm_policy_for(message.channel)
-            # "pairing" passes here: the pairing gate (bot.dispatch.access) decides next.
+            # "pairing" passes here: the pairing gate (PairingPolicy) decides next.
             if admin or dm in ("open", "pairing") or (
                     dm == "allowlist"
                     and f"{message.channel}:{message.sender_id}" in s.dm_allowlist):
@@ -127,3 +137,52 @@ def _with_files(message: InboundMessage) -> str:
     files = ", ".join(f"{a.kind} {a.name}".strip() for a in message.attachments)
     note = f"(sent {files}: given to you with the message you are answering)"
     return f"{text} {note}" if text else note
+
+
+LOCAL_CHANNELS = frozenset({"console"})
+"""Channels whose only user is whoever runs Roost in a terminal (``roost chat``): they
+need no pairing."""
+
+
+def pairing_text(code: str, ttl: float) -> str:
+    """What an unknown user is told: the command an admin sends to let them in."""
+    minutes = max(1, math.ceil(ttl / 60))
+    return ("Hi! I only talk to people an admin of this bot has approved. To be approved, "
+            "send this to an admin; they approve you with:\n"
+            f"/pair approve {code}\n"
+            f"The code is valid for {minutes} minutes. Your messages until then are not "
+            "read or answered.")
+
+
+class PairingPolicy:
+    """Decides whether a direct message may reach the bot, and answers the ones that may not."""
+
+    def __init__(self, settings: Settings, store: AccessStore) -> None:
+        self.settings = settings
+        self.store = store
+
+    def applies(self, message: InboundMessage) -> bool:
+        """Whether ``message`` must come from a paired user: a DM under the pairing policy
+        from someone who is neither an admin nor allowlisted."""
+        s = self.settings
+        return (message.chat_type == "direct"
+                and message.channel not in LOCAL_CHANNELS
+                and s.dm_policy_for(message.channel) == "pairing"
+                and not s.is_admin(message.channel, message.sender_id)
+                and f"{message.channel}:{message.sender_id}" not in s.dm_allowlist)
+
+    async def admits(self, message: InboundMessage) -> bool:
+        """Whether ``message`` may go on: the gate does not apply, or its sender is paired."""
+        return not self.applies(message) or await self.store.is_paired(message.channel,
+                                                                       message.sender_id)
+
+    async def refuse(self, message: InboundMessage) -> str | None:
+        """Record a refused message; the reply to send (``None``: stay silent this time)."""
+        refusal = await self.store.refuse(message.channel, message.sender_id, message.chat_id,
+                                          message.display_name)
+        # The code itself is never logged: whoever reads the log could approve it.
+        log.info("DM from %s:%s refused: not paired (%s)", message.channel, message.sender_id,
+                 "code sent" if refusal.notify else "code sent recently; silent")
+        if not refusal.notify:
+            return None
+        return pairing_text(refusal.code, refusal.expires_at - self.store.clock())

@@ -5,7 +5,8 @@ Each session has a lane: up to one run at a time in a direct chat and
 ``queue_cap`` (the oldest is dropped). A message from the same sender that
 arrives within ``merge_window_ms`` of the previous one, while that message's run
 has shown nothing yet, cancels the run and restarts it with both texts, so a
-lone message is never delayed to wait for a possible follow-up.
+lone message is never delayed to wait for a possible follow-up. The runs in flight are
+:class:`RunRegistry`'s (``/stop`` aborts them).
 """
 
 from __future__ import annotations
@@ -14,16 +15,68 @@ import asyncio
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bot.config.settings import Settings
 from bot.contracts.messages import InboundMessage
-from bot.dispatch.registry import ActiveRun, RunRegistry
-from bot.engine.guard import join_messages
 from bot.engine.requests import RunOptions, RunResult
-from bot.observability.ids import hex_id
 from bot.storage.inbox import RunJournal
+
+
+@dataclass(slots=True)
+class ActiveRun:
+    """A run in flight. ``cancel_reason`` says why it was cancelled, if it was."""
+
+    run_id: str
+    session_key: str
+    task: asyncio.Task[None]
+    started_at: float
+    cancel_reason: str = ""
+
+    def cancel(self, reason: str) -> None:
+        """Cancel its task, remembering ``reason`` ("stop", "merged", "shutdown")."""
+        self.cancel_reason = reason
+        self.task.cancel(reason)
+
+
+@dataclass
+class RunRegistry:
+    """Every in-flight run by id, in start order per session."""
+
+    runs: dict[str, ActiveRun] = field(default_factory=dict)
+
+    def register(self, run: ActiveRun) -> None:
+        """Track ``run`` until :meth:`unregister`."""
+        self.runs[run.run_id] = run
+
+    def unregister(self, run_id: str) -> None:
+        """Forget a finished run."""
+        self.runs.pop(run_id, None)
+
+    def for_session(self, session_key: str) -> list[ActiveRun]:
+        """In-flight runs of one session, oldest first, leaving out cancelled ones."""
+        return sorted((r for r in self.runs.values()
+                       if r.session_key == session_key and not r.cancel_reason),
+                      key=lambda r: r.started_at)
+
+    def abort(self, run_id: str, session_key: str, reason: str = "stop") -> bool:
+        """Cancel one run, only if it belongs to ``session_key``."""
+        run = self.runs.get(run_id)
+        if (run is None or run.session_key != session_key or run.task.done()
+                or run.cancel_reason):
+            return False
+        run.cancel(reason)
+        return True
+
+    def abort_session(self, session_key: str, reason: str = "stop") -> int:
+        """Cancel every run of a session; returns how many were cancelled."""
+        return sum(self.abort(r.run_id, session_key, reason)
+                   for r in self.for_session(session_key))
+
+    def abort_all(self, reason: str = "shutdown") -> int:
+        """Cancel every run (shutdown)."""
+        return sum(self.abort(r.run_id, r.session_key, reason) for r in list(self.runs.values()))
 
 
 @dataclass(slots=True)
@@ -90,23 +143,26 @@ def joined(first: Pending, second: InboundMessage, entry: int, now: float,
                     stale_draft=first.stale_draft, texts=texts)
 
 
-StartRun = Callable[[Lane, Running, str], "asyncio.Task[None]"]
-"""``(lane, entry, run_id) -> task``: starts the run that answers ``entry``."""
+@dataclass(slots=True)
+class Moves:
+    """What a change to a lane asks of its owner: ``start`` the runs of these entries
+    (each announced with :meth:`Lanes.started` once its task exists), and tell the
+    senders of ``dropped`` messages (the full queue dropped them)."""
+
+    start: list[Running] = field(default_factory=list)
+    dropped: list[Pending] = field(default_factory=list)
 
 
 class Lanes:
     """Every session's lane: who runs now, who waits, and merging follow-ups.
 
-    ``start`` runs an entry (the dispatcher's task); ``drop(pending)`` is told of a
-    message the full queue dropped. The run's task calls :meth:`finished` when done.
+    Each change returns its :class:`Moves`; the owner starts the runs it names and
+    calls :meth:`finished` when one is done.
     """
 
-    def __init__(self, settings: Settings, registry: RunRegistry, start: StartRun,
-                 drop: Callable[[Pending], None]) -> None:
+    def __init__(self, settings: Settings, registry: RunRegistry) -> None:
         self.settings = settings
         self.registry = registry
-        self._start_run = start
-        self._drop = drop
         self.by_key: dict[str, Lane] = {}
         self.closed = False
         """Set on shutdown: queued messages no longer start."""
@@ -137,32 +193,35 @@ class Lanes:
         lane.queue.clear()
         return dropped
 
-    def add(self, lane: Lane, pending: Pending) -> None:
+    def add(self, lane: Lane, pending: Pending) -> Moves:
         """Start ``pending`` if the lane has room, else queue it (never merged)."""
         if len(lane.running) < lane.limit:
-            self.start(lane, pending)
-        else:
-            lane.queue.append(pending)
+            return Moves([self.start(lane, pending)])
+        lane.queue.append(pending)
+        return Moves()
 
     def enqueue(self, lane: Lane, message: InboundMessage, entry: int, *,
-                counted: bool = False) -> None:
+                counted: bool = False) -> Moves:
         """A person's message: merged into their previous one, started, or queued."""
         now = time.monotonic()
         window = self.settings.merge_window_ms / 1000
-        if window and self._merge(lane, message, entry, now, window):
-            return
+        merged = self._merge(lane, message, entry, now, window) if window else None
+        if merged is not None:
+            return merged
         if len(lane.running) < lane.limit:
-            self.start(lane, Pending(message, now, entries=(entry,), counted=counted))
-            return
+            return Moves([self.start(lane, Pending(message, now, entries=(entry,),
+                                                   counted=counted))])
+        moves = Moves()
         if len(lane.queue) >= self.settings.queue_cap:
             dropped = lane.queue.popleft()
             if dropped.done is not None and not dropped.done.done():
                 dropped.done.set_exception(RuntimeError("dropped: the chat's queue was full"))
-            self._drop(dropped)
+            moves.dropped.append(dropped)
         lane.queue.append(Pending(message, now, entries=(entry,), counted=counted))
+        return moves
 
     def _merge(self, lane: Lane, message: InboundMessage, entry_id: int, now: float,
-               window: float) -> bool:
+               window: float) -> Moves | None:
         # Into the running run only when nothing waits behind it: a message
         # queued in between must not be answered after the one merged past it.
         for running in reversed(lane.running if not lane.queue else ()):
@@ -173,37 +232,41 @@ class Lanes:
                 lane.running.remove(running)
                 self.registry.abort(running.run.run_id, lane.key, "merged")
                 limit = self.settings.max_message_chars
-                self.start(lane, joined(prev, message, entry_id, now, limit))
-                return True
+                return Moves([self.start(lane, joined(prev, message, entry_id, now, limit))])
         if lane.queue and len(lane.running) >= lane.limit:
             last = lane.queue[-1]
             if (last.message.sender_id == message.sender_id and last.from_person
                     and now - last.received <= window):
                 limit = self.settings.max_message_chars
                 lane.queue[-1] = joined(last, message, entry_id, now, limit)
-                return True
-        return False
+                return Moves()
+        return None
 
-    def start(self, lane: Lane, pending: Pending) -> None:
-        """Run ``pending`` now, registered for ``/stop``."""
+    def start(self, lane: Lane, pending: Pending) -> Running:
+        """``pending`` runs now: its entry among the lane's running ones."""
         entry = Running(pending)
         lane.running.append(entry)
-        run_id = hex_id()
-        task = self._start_run(lane, entry, run_id)
+        return entry
+
+    def started(self, lane: Lane, entry: Running, run_id: str,
+                task: asyncio.Task[None]) -> None:
+        """``entry``'s run ``run_id`` is in flight as ``task``, registered for ``/stop``."""
         run = ActiveRun(run_id, lane.key, task, time.monotonic())
         entry.attach(run)
         self.registry.register(run)
 
-    def finished(self, lane: Lane, entry: Running) -> None:
-        """``entry``'s run ended: the next queued message starts; an idle lane goes."""
+    def finished(self, lane: Lane, entry: Running) -> Moves:
+        """``entry``'s run ended: the next queued messages start; an idle lane goes."""
         if entry.run is not None:
             self.registry.unregister(entry.run.run_id)
         if entry in lane.running:
             lane.running.remove(entry)
+        moves = Moves()
         while lane.queue and len(lane.running) < lane.limit and not self.closed:
-            self.start(lane, lane.queue.popleft())
+            moves.start.append(self.start(lane, lane.queue.popleft()))
         if not lane.running and not lane.queue and self.by_key.get(lane.key) is lane:
             del self.by_key[lane.key]
+        return moves
 
     def close(self) -> None:
         """Shutdown: queued messages do not start (their scheduled callers are cancelled)."""
@@ -213,3 +276,32 @@ class Lanes:
                 if pending.done is not None and not pending.done.done():
                     pending.done.cancel()
             lane.queue.clear()
+
+
+def join_messages(texts: Sequence[str], limit: int) -> str:
+    """Several messages merged into one run's text, every one of them kept.
+
+    When together they exceed ``limit`` characters, the longest are shortened
+    (each marked, so the model can say so) and the short ones stay whole:
+    a quick follow-up behind a huge paste is never cut away.
+    """
+    joined = "\n".join(texts)
+    if len(joined) <= limit:
+        return joined
+    marker = "\n[... shortened: this message was {n:,} characters long]"
+    budget = limit - (len(texts) - 1) - len(marker) * len(texts) - 8 * len(texts)
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    share: dict[int, int] = {}
+    left, remaining = budget, len(texts)
+    for i in order:
+        fair = max(0, left // remaining)
+        share[i] = min(len(texts[i]), fair)
+        left -= share[i]
+        remaining -= 1
+    parts = []
+    for i, text in enumerate(texts):
+        if share[i] >= len(text):
+            parts.append(text)
+        else:
+            parts.append(text[:share[i]] + marker.format(n=len(text)))
+    return "\n".join(parts)

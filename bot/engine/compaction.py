@@ -18,13 +18,18 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from bot.config.settings import Settings
-from bot.contracts.llm import ChatMessage, LLMProvider, LLMRequest
+from bot.contracts.llm import BudgetRefused, ChatMessage, LLMProvider, LLMRequest, metered_complete
 from bot.contracts.messages import InboundMessage
-from bot.contracts.metering import BudgetRefused, metered_complete
-from bot.engine.history import repair_pairing
+from bot.engine.context import (
+    TokenEstimator,
+    compaction_due,
+    repair_pairing,
+    summary_messages,
+)
 from bot.engine.media import text_only
-from bot.engine.tokens import TokenEstimator
+from bot.observability.tracing import RunTrace
 from bot.storage.sessions import Session, SessionStore, agent_of
+from bot.tools.outcomes import describe_error
 
 if TYPE_CHECKING:
     from bot.agents.router import Agent
@@ -106,6 +111,37 @@ def split_point(messages: Sequence[ChatMessage], keep: int) -> int:
     return cut
 
 
+def midloop_due(settings: Settings, convo: Sequence[ChatMessage], prompt_tokens: int) -> bool:
+    """Whether a run's conversation of ``prompt_tokens`` fills enough of the window to be
+    compacted mid-run (each run does it at most once)."""
+    return (settings.compaction and len(convo) >= 4
+            and prompt_tokens >= settings.compact_ratio * settings.context_window)
+
+
+async def compact_midloop(convo: list[ChatMessage], current: ChatMessage | None,
+                          provider: LLMProvider, model: str, trace: RunTrace,
+                          session_key: str) -> list[ChatMessage]:
+    """A run's conversation with its oldest ~70% summarized (``convo`` itself when the
+    summary fails). ``current``, the message being answered, stays verbatim."""
+    cut = split_point(convo, max(2, round(len(convo) * 0.3)))
+    if cut <= 0:
+        return convo
+    span = trace.start("llm", "compaction", model=model, messages=cut)
+    try:
+        summary = await summarize(provider, model, convo[:cut])
+    except Exception as exc:
+        span.end(error=True, error_message=describe_error(exc))
+        log.warning("mid-run compaction of %s failed; continuing uncompacted", session_key,
+                    exc_info=exc)
+        return convo
+    span.end()
+    log.info("mid-run compaction of %s: %d messages summarized", session_key, cut)
+    created = current.created_at if current is not None else None
+    task = next((m for m in convo if m.role == "user" and m.created_at == created), None)
+    return [*summary_messages(summary), *([task] if task in convo[:cut] else []),
+            *convo[cut:]]
+
+
 FlushRun = Callable[[InboundMessage, Session, str, Sequence[ChatMessage]], Awaitable[str]]
 """``flush(message, session, agent, history)``: run the memory-flush turn and say how it went."""
 
@@ -141,11 +177,8 @@ class Compactor:
         failed = self.failed_at.get(session.key)
         if failed is not None and len(session.messages) < failed + RETRY_AFTER_MESSAGES:
             return False
-        if len(session.messages) > settings.compact_min_messages:
-            return True
         provider, _ = self._provider(agent)
-        tokens = self.estimator_for(provider.name).messages(session.messages)
-        return tokens >= settings.compact_ratio * settings.context_window
+        return compaction_due(session.messages, settings, self.estimator_for(provider.name))
 
     def _provider(self, agent: Agent | None) -> tuple[LLMProvider, str]:
         """The provider and model that summarize for ``agent``."""

@@ -1,10 +1,9 @@
-"""Media in a run: the intake before the model is asked, images in the history, vision.
+"""Media in a run: the intake before the model is asked, images in the history.
 
 :func:`receive_files` runs the intake (:mod:`bot.media.intake`) for a run's message
 through the message's channel, with the transcriber a plugin offers;
 :func:`drop_images` keeps a long photo conversation inside the window by
-replacing old images (oldest first) with a one-line note; :func:`vision_for`
-says whether the run's model takes images.
+replacing old images (oldest first) with a one-line note.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from bot.config.settings import Settings
 from bot.contracts.channel import Channel
@@ -23,9 +21,6 @@ from bot.contracts.media import Transcriber
 from bot.contracts.messages import InboundMessage
 from bot.media.intake import Received, receive
 from bot.pluginhost.manager import PluginHost
-
-if TYPE_CHECKING:
-    from bot.agents.router import Agent
 
 log = logging.getLogger("roost.engine.media")
 
@@ -68,12 +63,6 @@ def with_lines(text: str, received: Received) -> str:
     if not lines:
         return text
     return f"{text}\n\n{lines}" if text.strip() else lines
-
-
-def vision_for(agent: Agent | None, settings: Settings) -> bool:
-    """Whether the run's model takes images: the agent's ``vision``, else the setting."""
-    configured = agent.config.vision if agent is not None else None
-    return settings.vision if configured is None else configured
 
 
 def removed_note(part: ContentPart, why: str = "removed from context") -> str:

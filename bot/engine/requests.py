@@ -1,36 +1,106 @@
-"""What a run is asked to do, what it reports to, and how it ended.
+"""What a run is asked to do, with which plugin state, what it reports to, and how it ended.
 
-:class:`RunRequest` (with :class:`RunOptions` and a :class:`RunSink`) goes in;
-:class:`RunResult` comes out, carrying the :class:`RunCommit` its caller writes.
+:class:`RunRequest` (with :class:`RunOptions`, a :class:`RunSink` and the
+:class:`PluginSnapshot` it runs with) goes in; :class:`RunResult` comes out, carrying
+the :class:`RunCommit` its caller writes.
+
+When a plugin is enabled or disabled, :meth:`bot.app.roost.Roost.refresh_plugins`
+builds a new :class:`PluginSnapshot` and swaps it into :class:`CurrentPlugins` in one
+step. A run captures the snapshot when it starts and uses it to the end (tools,
+sanitizers while streaming and at the finish, the guard, judges), so it never mixes
+two plugin states.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from types import MappingProxyType
+from typing import Any, Literal, Protocol
 
-from bot.contracts.events import RunEvent
+from bot.contracts.events import EventType, RunEvent
+from bot.contracts.judge import Judge
 from bot.contracts.llm import ChatMessage, ToolCall, Usage
 from bot.contracts.messages import InboundMessage
 from bot.contracts.prompt import PromptMode
 from bot.contracts.runtime import NO_REPLY as NO_REPLY
-from bot.contracts.tools import SendFunc
-from bot.engine.snapshot import PluginSnapshot
-from bot.observability.ids import hex_id
-from bot.observability.tracing import Span, SpanExporter
+from bot.contracts.sanitize import Sanitizer
+from bot.contracts.tools import SendFunc, Tool
+from bot.engine.gates import InputGuard
+from bot.observability.tracing import Span, SpanExporter, hex_id
 from bot.storage.db import Statements
 from bot.storage.inbox import RunJournal
 from bot.storage.sessions import RunRecord, Session, SessionStore
 from bot.tools.outcomes import RawError
 
 Listener = Callable[[RunEvent], Awaitable[None]]
+
+
+class Emit(Protocol):
+    """A run's event emitter: ``await emit("chunk", content=...)``."""
+
+    def __call__(self, type_: EventType, **payload: Any) -> Awaitable[None]: ...
+
+
 FailureHandler = Callable[[ToolCall, RawError, str], Awaitable[str]]
 """``(call, raw_error, session_key) -> text for the model``."""
 LargeResultHandler = Callable[[str, str, str], Awaitable[str]]
 """``(session_key, tool_name, content) -> preview with a reference``."""
 RunStatus = Literal["completed", "failed", "cancelled", "refused"]
+
+
+@dataclass(frozen=True, slots=True)
+class PluginSnapshot:
+    """The tools, sanitizers, guard and judges of one plugin state."""
+
+    guard: InputGuard
+    tools: Mapping[str, Tool] = field(default_factory=lambda: MappingProxyType({}))
+    tool_groups: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    """Tool name -> the plugin that offers it (``group:<plugin>`` in tool policies)."""
+    sanitizers: tuple[Sanitizer, ...] = ()
+    """In the order they run."""
+    judges: Mapping[str, Judge] = field(default_factory=lambda: MappingProxyType({}))
+    """Judges plugins offer (``roost_judges``), by name."""
+
+    @classmethod
+    def of(cls, guard: InputGuard, tools: Mapping[str, Tool] | None = None,
+           tool_groups: Mapping[str, str] | None = None,
+           sanitizers: tuple[Sanitizer, ...] | list[Sanitizer] = (),
+           judges: Mapping[str, Judge] | None = None) -> PluginSnapshot:
+        """A snapshot of copies: later changes to the arguments do not leak in."""
+        return cls(guard, MappingProxyType(dict(tools or {})),
+                   MappingProxyType(dict(tool_groups or {})),
+                   tuple(sorted(sanitizers, key=lambda s: s.order)),
+                   MappingProxyType(dict(judges or {})))
+
+
+class CurrentPlugins:
+    """The current :class:`PluginSnapshot`, replaced whole when plugins change.
+
+    Built before the engine and shared with whoever reads the plugin state
+    (the engine, the agents' judges, the metrics' tool names).
+    """
+
+    def __init__(self, snapshot: PluginSnapshot) -> None:
+        self._snapshot = snapshot
+
+    @property
+    def now(self) -> PluginSnapshot:
+        """The snapshot a run starting now takes."""
+        return self._snapshot
+
+    def replace(self, snapshot: PluginSnapshot) -> None:
+        """Swap in ``snapshot``: a run sees the old state or the new one, never a mix."""
+        self._snapshot = snapshot
+
+    def judges(self) -> Mapping[str, Judge]:
+        """The judges plugins offer now, by name."""
+        return self._snapshot.judges
+
+    def tool_names(self) -> list[str]:
+        """The names of the tools offered now."""
+        return list(self._snapshot.tools)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,13 +110,15 @@ class RunSink:
     ``on_tool_failure`` turns a tool failure into what the model reads (the error
     channel), ``on_large_result`` stores a large result and returns the preview
     the model reads, ``deliver`` sends a message through its channel at once
-    (``ToolContext.send``), ``export`` receives each run's finished spans.
+    (``ToolContext.send``), ``export`` receives each run's finished spans, ``events``
+    hears the run's events as they happen (streamed text, tool calls, its ending).
     """
 
     on_tool_failure: FailureHandler | None = None
     on_large_result: LargeResultHandler | None = None
     deliver: SendFunc | None = None
     export: SpanExporter | None = None
+    events: Listener | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +132,14 @@ class RunOptions:
     tools: Sequence[str] | None = None
     persist: bool = True
     timeout: float | None = None
+    job: str = ""
+    """The scheduled job this run is a fire of (``cron:<job id>``); '' names it by ``kind``."""
+
+    @property
+    def usage_job(self) -> str:
+        """Whose ``job`` usage counter the run adds to: the job, else a kind other than
+        ``chat`` (``heartbeat``), else none."""
+        return self.job or ("" if self.kind == "chat" else self.kind)
 
 
 @dataclass(slots=True)
@@ -98,10 +178,10 @@ class RunRequest:
     @classmethod
     def with_options(cls, message: InboundMessage, session: Session, options: RunOptions, *,
                      run_id: str, agent: str, plugins: PluginSnapshot | None,
-                     journal: RunJournal | None) -> RunRequest:
+                     journal: RunJournal | None, sink: RunSink | None = None) -> RunRequest:
         """A request running with ``options`` (what the dispatcher starts)."""
         return cls(message, session, run_id=run_id, agent=agent, plugins=plugins,
-                   journal=journal, mode=options.mode, kind=options.kind,
+                   journal=journal, sink=sink, mode=options.mode, kind=options.kind,
                    extra_context=options.extra_context, max_iterations=options.max_iterations,
                    tools=options.tools, persist=options.persist, timeout=options.timeout)
 

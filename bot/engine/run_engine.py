@@ -25,18 +25,16 @@ from bot.engine.compaction import (
     FLUSH_TOOLS,
     Compactor,
 )
-from bot.engine.gates import GateChain, run_gates
-from bot.engine.guard import InputGuard
-from bot.engine.history import PruneSettings
+from bot.engine.context import Estimators, PruneSettings, TokenEstimator, compaction_due
+from bot.engine.gates import GateChain, InputGuard, run_gates
 from bot.engine.requests import (
-    Listener,
+    CurrentPlugins,
+    PluginSnapshot,
     RunRequest,
     RunResult,
     RunSink,
 )
 from bot.engine.runloop import Run
-from bot.engine.snapshot import CurrentPlugins, PluginSnapshot
-from bot.engine.tokens import Estimators, TokenEstimator
 from bot.pluginhost.manager import PluginHost
 from bot.storage.sessions import Session, SessionStore
 from bot.tools.breakers import Breakers
@@ -165,7 +163,7 @@ class RunEngine:
         if self._holds:
             await asyncio.wait(set(self._holds))  # a cancelled caller leaves them running
 
-    async def execute(self, req: RunRequest, listener: Listener | None = None) -> RunResult:
+    async def execute(self, req: RunRequest) -> RunResult:
         """Execute ``req`` and return its outcome; its commit is the caller's to write.
 
         Raises ``CancelledError`` if cancelled. Waits first for the work passed to
@@ -173,7 +171,7 @@ class RunEngine:
         :meth:`finished`.
         """
         await self.held()
-        run = Run(self, req, listener)
+        run = Run(self, req)
         self.active_runs += 1
         req.session.pins += 1
         try:
@@ -182,10 +180,10 @@ class RunEngine:
             req.session.pins -= 1
             self.active_runs -= 1
 
-    async def finished(self, req: RunRequest, result: RunResult,
-                       listener: Listener | None = None) -> None:
+    async def finished(self, req: RunRequest, result: RunResult) -> None:
         """After the commit: announce the run's last event and compact its session if due."""
         if result.ending is not None:
+            listener = (req.sink or self.sink).events
             if listener is not None:
                 await listener(result.ending)
             if self.host.hooks.implemented(hookspecs.roost_run_event):
@@ -196,14 +194,18 @@ class RunEngine:
             except Exception:
                 log.exception("no compaction after run %s: agent %s", req.run_id, req.agent)
                 return
-            self.compactor.schedule(req.session, req.message, agent)
+            # The compactor is asked only once the history is due.
+            if agent.settings.compaction and compaction_due(
+                    req.session.messages, agent.settings,
+                    self.estimator_for((agent.provider or self.provider).name)):
+                self.compactor.schedule(req.session, req.message, agent)
 
-    async def run(self, req: RunRequest, listener: Listener | None = None) -> RunResult:
+    async def run(self, req: RunRequest) -> RunResult:
         """Execute ``req``, write its commit on its own, announce it; the whole run.
 
         For runs no inbox entry waits on (tools' sub-runs, the memory flush, tests).
         """
-        result = await self.execute(req, listener)
+        result = await self.execute(req)
         if result.commit is not None:
             try:
                 await result.commit.write(self.store)
@@ -214,7 +216,7 @@ class RunEngine:
                     log.exception("could not persist run %s", req.run_id)
                     result = result.as_failed(describe_error(exc))
                     await self._write_failed(result)
-        await self.finished(req, result, listener)
+        await self.finished(req, result)
         return result
 
     async def _write_failed(self, result: RunResult) -> None:

@@ -1,94 +1,80 @@
-"""The run loop: one inbound message becomes a think → act → observe run.
+"""The run: one inbound message becomes a think → act → observe run, and how it ends.
 
-Phases: setup → input checks → build messages → LLM iterations with tool
-execution → finalization (sanitize, NO_REPLY, judges) → the ending
-(:mod:`bot.engine.finish`: the commit its caller writes, the last event). Cancellation
-(``/stop``, merges, shutdown) is plain asyncio cancellation: it reaches the
-provider's HTTP stream and running tools, and nothing of a cancelled run is written.
+Phases: setup → input checks (the gate chain's run stages) → the context
+(:mod:`bot.engine.context`) → model calls and tool turns (:mod:`bot.engine.tool_turns`)
+→ sanitize, NO_REPLY, judges → the ending: completed, refused, failed or cancelled. A
+persisted run writes nothing itself: its result carries the :class:`RunCommit` its
+caller writes and the last event, announced after that write; other runs store only
+their trace. Cancellation (``/stop``, merges, shutdown) is asyncio cancellation; nothing
+of a cancelled run is written but its trace.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bot.agents.patterns import PatternLibrary, render
 from bot.agents.router import Agent
 from bot.contracts import hookspecs
 from bot.contracts.events import EventType, RunEvent
-from bot.contracts.llm import ChatMessage, LLMRequest, LLMResponse, ToolCall, Usage
-from bot.contracts.metering import BudgetRefused
-from bot.contracts.prompt import Order, PromptContext, PromptSection, assemble
+from bot.contracts.llm import (
+    BudgetRefused,
+    ChatMessage,
+    ContentPart,
+    LLMRequest,
+    LLMResponse,
+    Usage,
+    metered_complete,
+)
+from bot.contracts.prompt import PromptContext
 from bot.contracts.sanitize import run_pipeline
-from bot.contracts.tools import Tool, ToolContext, ToolResult
-from bot.engine import finish
-from bot.engine.compaction import (
-    split_point,
-    summarize,
-)
-from bot.engine.context import build_context, kernel_text
-from bot.engine.exec_summary import ExecutionSummary
-from bot.engine.gates import Asking, Stage
-from bot.engine.guard import BLOCK_REFUSAL
-from bot.engine.history import limit_turns, prune, repair_pairing, summary_messages
+from bot.contracts.tools import Tool, ToolContext
+from bot.engine.compaction import compact_midloop, midloop_due
+from bot.engine.context import build_context, current_turn, recent_history, system_prompt
+from bot.engine.gates import BLOCK_REFUSAL, WITHHELD, Asking, Stage
 from bot.engine.judging import judge_reply
-from bot.engine.llm_call import call_model
-from bot.engine.media import drop_images, receive_files, vision_for, with_lines
-from bot.engine.requests import (
-    NO_REPLY,
-    FailureHandler,
-    LargeResultHandler,
-    Listener,
-    RunCommit,
-    RunOptions,
-    RunRequest,
-    RunResult,
-    RunSink,
-    RunStatus,
-)
-from bot.engine.turns import for_model, seeded_files, verbose_input, workspace_for
-from bot.observability.tracing import RunTrace
+from bot.engine.media import receive_files, with_lines
+from bot.engine.requests import NO_REPLY, Emit, RunCommit, RunRequest, RunResult
+from bot.engine.tool_turns import ToolTurns
+from bot.observability.tracing import VERBOSE_INPUT_CHARS, RunTrace, Span, preview
+from bot.storage.sessions import RunRecord
 from bot.tools.executor import ToolExecutor
-from bot.tools.outcomes import RawError, ToolOutcome, describe_error, turn_timeout_notice
-from bot.tools.structured_errors import extract
-from workspaces import ensure_workspace, is_seeded, read_cached
+from bot.tools.outcomes import describe_error
+from workspaces import TEMPLATE_NAMES, ensure_workspace, is_seeded, workspace_dir
 
 if TYPE_CHECKING:
     from bot.engine.run_engine import RunEngine
 
+# Operators' level settings, the console's filter and the benches select the per-run
+# lines by this name.
 log = logging.getLogger("roost.engine.runloop")
-
-__all__ = [
-    "NO_REPLY", "FailureHandler", "LargeResultHandler", "Listener", "Run", "RunCommit",
-    "RunOptions", "RunRequest", "RunResult", "RunSink", "RunStatus",
-]
-
-LOOP_REPEATS = 3
-"""Identical tool calls in one run before the model is warned it is looping."""
 
 
 class Run:
     """The state of one run; lives only as long as the run."""
 
-    def __init__(self, engine: RunEngine, req: RunRequest, listener: Listener | None) -> None:
+    def __init__(self, engine: RunEngine, req: RunRequest) -> None:
         self.engine = engine
         self.settings = engine.settings
         self.req = req
         self.plugins = req.plugins or engine.plugins
         """The plugin state this run started with; it keeps it to the end."""
-        self.listener = listener
+        self.sink = req.sink or engine.sink
+        """Where this run reports: error channel, large results, sends, spans, events."""
+        self.listener = self.sink.events
         self.observers = engine.host.hooks.implemented(hookspecs.roost_run_event)
         self.usage = Usage()
         self.buffer: list[ChatMessage] = []
         self.iterations = 0
         self.started = time.monotonic()
-        self.sink = req.sink or engine.sink
-        """Where this run reports: error channel, large results, sends, spans."""
         self.trace = RunTrace(req.run_id, req.session.key, verbose=self.settings.trace_verbose)
         self.trace.root.attributes["kind"] = req.kind
         # Set from the agent when the run starts (_use_agent).
@@ -96,15 +82,12 @@ class Run:
         self.provider = engine.provider
         self.estimator = engine.estimator
         self.tools: dict[str, Tool] = {}
-        self.executor: ToolExecutor
+        self.tool_turns: ToolTurns | None = None
+        """Made at the model's first tool call."""
         self.stream = True
-        self.repeats: dict[tuple[str, str], int] = {}
-        self.exec_summary = ExecutionSummary()  # one per run = one per user turn
         self.compacted_midloop = False
         self.volatile = ""
         """The prompt's volatile sections, sent in each request's note (never cached)."""
-        self.warning = ""
-        """A loop warning for the next request's note only."""
 
     async def emit(self, type_: EventType, **payload: Any) -> None:
         if not self.observers and self.listener is None:
@@ -125,20 +108,20 @@ class Run:
         except asyncio.CancelledError as exc:
             # The message given to task.cancel(): "stop", "merged" or "shutdown".
             reason = str(exc.args[0]) if exc.args and exc.args[0] else "cancelled"
-            await finish.cancel(self, reason)
+            await self.cancel(reason)
             raise
         except TimeoutError:
-            result = await finish.fail(self, f"the run took longer than {timeout:g}s")
+            result = await self.fail(f"the run took longer than {timeout:g}s")
         except BudgetRefused as exc:
             if not self.usage.input_tokens and not self.usage.output_tokens:
                 raise  # before the model answered anything: the caller refuses the run
             # A later call of the run: it ends with the refusal, its tool turns dropped
             # (the user's message is kept: it was not what was refused).
-            result = await finish.refuse(self, exc.reply, user_turn=next(
+            result = await self.refuse(exc.reply, user_turn=next(
                 (m for m in self.buffer if m.role == "user"), None))
         except Exception as exc:
             log.exception("run %s failed", self.req.run_id)
-            result = await finish.fail(self, describe_error(exc))
+            result = await self.fail(describe_error(exc))
         return result
 
     async def _use_agent(self) -> Agent:
@@ -154,8 +137,6 @@ class Run:
         if req.tools is not None:
             tools = {name: tools[name] for name in req.tools if name in tools}
         self.tools = tools
-        self.executor = ToolExecutor(tools, self.settings, breakers=engine.breakers,
-                                     metrics=engine.tool_metrics)
         # A judged reply is delivered only once it passed, so drafts are not streamed.
         self.stream = not (agent.judges and req.kind == "chat")
         self.trace.root.attributes["agent"] = agent.name
@@ -167,25 +148,29 @@ class Run:
         # Setup: the workspace is always the sender's, even in a group.
         workspace = workspace_for(agent.workspaces_root, msg.channel, msg.sender_id)
         if not is_seeded(workspace):
+            # A predefined agent's persona is its own: each user's workspace gets USER.md.
             await asyncio.to_thread(ensure_workspace, workspace, agent.bootstrap_dir,
-                                    seeded_files(agent))
+                                    ("USER.md",) if agent.type == "predefined"
+                                    else TEMPLATE_NAMES)
 
         # The chain's gates of a run (bot.engine.gates): guard and length on the text...
         asking = Asking(msg, msg.text, req.session.key, self.settings,
-                        from_person=req.kind == "chat", agent=agent.name, plugins=self.plugins)
+                        from_person=req.kind == "chat", agent=agent.name,
+                        guard=self.plugins.guard)
         decision = await engine.gates.check(Stage.INPUT, asking)
         if decision.action != "pass":
-            return await finish.refuse(self, decision.reply or BLOCK_REFUSAL)
+            return await self.refuse(decision.reply or BLOCK_REFUSAL)
         text, notes = decision.text, list(decision.notes)
-        # Files are fetched, stored in the workspace and described to the model, a line
-        # each (bot.engine.media); a message of files alone is a turn of its own.
-        media = await receive_files(msg, workspace, engine.channels, engine.host, self.settings) \
-            if msg.attachments else None
-        if media is not None:
-            text = with_lines(text, media)
+        parts: tuple[ContentPart, ...] = ()
+        if msg.attachments:
+            # Files are fetched, stored in the workspace and described to the model, a
+            # line each (bot.engine.media); a message of files alone is a turn of its own.
+            media = await receive_files(msg, workspace, engine.channels, engine.host,
+                                        self.settings)
+            text, parts = with_lines(text, media), tuple(media.parts)
             if not media.usable and not msg.text.strip():
                 # Nothing the model could work with: Roost's own notice is the answer.
-                return await finish.refuse(self, "\n".join(media.notices), user_turn=ChatMessage(
+                return await self.refuse("\n".join(media.notices), user_turn=ChatMessage(
                     "user", text, sender_id=msg.sender_id, sender_name=msg.display_name))
             for notice in media.notices:
                 # At most once per message: a run repeated after a crash skips what it sent.
@@ -195,42 +180,35 @@ class Run:
         decision = await engine.gates.check(Stage.CONTENT,
                                             dataclasses.replace(asking, text=text))
         if decision.action != "pass":
-            return await finish.refuse(self, decision.reply or BLOCK_REFUSAL)
+            return await self.refuse(decision.reply or BLOCK_REFUSAL)
         text = decision.text
         notes += decision.notes
         user = ChatMessage("user", text, sender_id=msg.sender_id, sender_name=msg.display_name,
-                           parts=tuple(media.parts) if media is not None else ())
+                           parts=parts)
         self.buffer.append(user)
 
         # Build messages: ROM (system prompt), Kernel (USER.md, pins), L2 (summary), L1 (recent).
-        prompt = PromptContext(
+        prompt = await system_prompt(engine.host, PromptContext(
             message=msg, session_key=req.session.key, workspace=workspace,
             tool_names=sorted(self.tools), model=self.settings.model,
             provider=self.provider.name, agent=agent.name, mode=req.mode,
             extra_context=req.extra_context,
             agent_dir=agent.bootstrap_dir if agent.type == "predefined" else None,
-        )
-        sections = await engine.host.hooks.roost_prompt_sections(prompt=prompt)
-        if agent.patterns is not None and req.mode == "full":
-            sections.append(await self._patterns(agent.patterns, text))
-        # Volatile sections (the time...) go in each request's note, after the cached
-        # prefix: the system prompt stays byte-identical from turn to turn.
-        stable = [s for s in sections if not s.volatile]
-        self.volatile = assemble(s for s in sections if s.volatile)
-        rom = assemble(stable)
-        kernel = "" if req.mode == "minimal" else kernel_text(
-            read_cached(workspace / "USER.md", 8_000, within=workspace), req.session.facts)
-        # The Kernel goes before the recency reminders; it is counted as its own segment.
-        system = assemble([*stable, PromptSection("kernel", kernel, Order.KERNEL)])
+        ), text=text, patterns=agent.patterns if req.mode == "full" else None,
+            trace=self.trace, facts=req.session.facts)
+        self.volatile = prompt.volatile
+        system = prompt.text
         group = msg.chat_type == "group"
-        current = for_model(user, group)
-        if notes:
-            current = ChatMessage("user", current.content + "\n\n" + "\n".join(notes),
-                                  created_at=user.created_at, parts=current.parts)
+        window = self.settings.context_window
         context = build_context(
-            rom=rom, kernel=kernel, summary="" if req.history is not None else req.session.summary,
-            history=self._history(group), current=current, estimator=self.estimator,
-            window=self.settings.context_window, reserve=self.settings.output_reserve,
+            rom=prompt.rom, kernel=prompt.kernel,
+            summary="" if req.history is not None else req.session.summary,
+            history=recent_history(
+                req.history if req.history is not None else req.session.messages,
+                turns=self.settings.history_turns, group=group, estimator=self.estimator,
+                window=window, prune_settings=engine.prune),
+            current=current_turn(user, group, notes), estimator=self.estimator,
+            window=window, reserve=self.settings.output_reserve,
         )
         if req.persist:
             req.session.context_tokens = context.tokens
@@ -257,7 +235,7 @@ class Run:
                 trace=self.trace, sanitizers=self.plugins.sanitizers,
                 stats=engine.agents.stats_for(agent.name), run_id=req.run_id)
             silent = cleaned == NO_REPLY or not cleaned
-        return await finish.complete(self, final, cleaned, silent)
+        return await self.complete(final, cleaned, silent)
 
     async def _generate(self, convo: list[ChatMessage], system: str,
                         specs: tuple[Any, ...], limit: int,
@@ -283,9 +261,8 @@ class Run:
                 request = LLMRequest(
                     model=self.settings.model, system=system, messages=tuple(convo),
                     tools=specs, max_tokens=self.settings.max_tokens,
-                    vision=vision_for(self.agent, self.settings), note=self._note(convo),
+                    vision=self._vision(), note=self._note(convo),
                 )
-                self.warning = ""
                 response = await self._call_llm(request)
                 self.usage.add(response.usage)
                 if not response.tool_calls:
@@ -299,174 +276,231 @@ class Run:
             if assistant.content.strip() and replayed is None:
                 await self.emit("block.reply", content=assistant.content)
             await self.emit("activity", phase="tools", iteration=self.iterations)
-            calls = assistant.tool_calls
-            results = await self._run_tools(
-                calls, tool_context,
-                journal.replayed(calls) if replayed is not None and journal else None)
-            if journal is not None and replayed is None:
-                # Queued results join this commit: the model is asked again only
-                # once a crash could no longer make it look as if they never ran.
-                await journal.sync()
-            for call, result in zip(calls, results, strict=True):
-                answer = ChatMessage("tool", result.content, tool_call_id=call.id,
-                                     tool_name=call.name, is_error=result.is_error,
-                                     parts=result.parts)
-                convo.append(answer)
-                self.buffer.append(answer)
-            # Read with the results next, in the note: the history stays as it was sent.
-            self.warning = self._loop_warning(calls)
-            if request is not None:
-                convo = await self._maybe_compact_midloop(
-                    convo, response.usage.input_tokens or self.estimator.request(request))
+            answers = await self._tool_turns().answer(assistant.tool_calls, tool_context,
+                                                      replayed=replayed is not None)
+            convo += answers
+            self.buffer += answers
+            if request is not None and not self.compacted_midloop and midloop_due(
+                    self.settings, convo,
+                    response.usage.input_tokens or self.estimator.request(request)):
+                # Once per run, the oldest ~70% summarized when the prompt fills the window.
+                self.compacted_midloop = True
+                convo = await compact_midloop(
+                    convo, self.buffer[0] if self.buffer else None, self.provider,
+                    self.settings.model, self.trace, self.req.session.key)
         return (f"I stopped after {limit} steps without finishing. "
                 "Tell me how to continue, or ask for something smaller."), convo
+
+    def _tool_turns(self) -> ToolTurns:
+        """The run's tool side, made at its first tool call."""
+        if self.tool_turns is None:
+            engine = self.engine
+            self.tool_turns = ToolTurns(
+                ToolExecutor(self.tools, self.settings, breakers=engine.breakers,
+                             metrics=engine.tool_metrics),
+                self.settings, sink=self.sink, trace=self.trace, emit=self.emit,
+                metrics=engine.tool_metrics, session_key=self.req.session.key,
+                journal=self.req.journal,
+                observed=bool(self.observers) or self.listener is not None)
+        return self.tool_turns
+
+    def _vision(self) -> bool:
+        """Whether the run's model takes images: the agent's ``vision``, else the setting."""
+        configured = self.agent.config.vision if self.agent is not None else None
+        return self.settings.vision if configured is None else configured
 
     def _note(self, convo: Sequence[ChatMessage]) -> str:
         """This request's note: volatile sections, then (after tool results) the
         execution summary and any loop warning."""
         parts = [self.volatile]
-        if convo and convo[-1].role == "tool":
-            parts += [self.exec_summary.render(), self.warning]
+        if convo and convo[-1].role == "tool" and self.tool_turns is not None:
+            parts.append(self.tool_turns.note())
         return "\n\n".join(p for p in parts if p)
 
-    async def _patterns(self, library: PatternLibrary, text: str) -> PromptSection:
-        """The agent's top patterns for ``text`` (a volatile section: in the note)."""
-        if library.reload_due():
-            # Parsing YAML and rebuilding the index is file I/O: off the event loop.
-            await asyncio.to_thread(library.reload_if_changed)
-        span = self.trace.start("patterns", "patterns", library=str(library.directory))
-        matches = library.match(text)
-        span.end(matched={m.name: round(m.score, 4) for m in matches})
-        # They follow the message: volatile, read after the conversation.
-        return PromptSection("patterns", render(matches), Order.PATTERNS, volatile=True)
-
-    def _history(self, group: bool) -> list[ChatMessage]:
-        """Stored history through the pipeline: limit turns → prune → repair pairing."""
-        source = self.req.history if self.req.history is not None else self.req.session.messages
-        limited = limit_turns(source, self.settings.history_turns)
-        window = self.settings.context_window
-        estimator = self.estimator
-        # Old images go first, replaced by a line naming the file, before any text is cut.
-        limited = drop_images(limited, lambda ms: estimator.messages(ms) / window,
-                              self.engine.prune.soft_ratio)
-        pruned = prune(limited, lambda ms: estimator.messages(ms) / window, self.engine.prune)
-        return [for_model(m, group) for m in repair_pairing(pruned)]
-
-    def _loop_warning(self, calls: Sequence[ToolCall]) -> str:
-        """A no-progress warning once a call repeats with identical arguments 3 times."""
-        repeated = []
-        for call in calls:
-            key = (call.name, json.dumps(call.arguments, sort_keys=True, default=str))
-            self.repeats[key] = self.repeats.get(key, 0) + 1
-            if self.repeats[key] == LOOP_REPEATS:
-                repeated.append(call.name)
-        if not repeated:
-            return ""
-        return (f"[No progress: you called {', '.join(repeated)} with identical arguments "
-                f"{LOOP_REPEATS} times in this run and the result will not change. Try "
-                "something different, or answer with what you have.]")
-
-    async def _maybe_compact_midloop(self, convo: list[ChatMessage],
-                                     prompt_tokens: int) -> list[ChatMessage]:
-        """Once per run, summarize the oldest ~70% when the prompt fills the window."""
-        threshold = self.settings.compact_ratio * self.settings.context_window
-        if (not self.settings.compaction or self.compacted_midloop
-                or prompt_tokens < threshold or len(convo) < 4):
-            return convo
-        self.compacted_midloop = True
-        cut = split_point(convo, max(2, round(len(convo) * 0.3)))
-        if cut <= 0:
-            return convo
-        span = self.trace.start("llm", "compaction", model=self.settings.model,
-                                messages=cut)
-        try:
-            summary = await summarize(self.provider, self.settings.model, convo[:cut])
-        except Exception as exc:
-            span.end(error=True, error_message=describe_error(exc))
-            log.warning("mid-run compaction of %s failed; continuing uncompacted",
-                        self.req.session.key, exc_info=exc)
-            return convo
-        span.end()
-        log.info("mid-run compaction of %s: %d messages summarized", self.req.session.key, cut)
-        # The request being worked on stays verbatim even when it was summarized.
-        task = [current] if (current := self._current(convo)) in convo[:cut] else []
-        return [*summary_messages(summary), *task, *convo[cut:]]
-
-    def _current(self, convo: list[ChatMessage]) -> ChatMessage | None:
-        created = self.buffer[0].created_at if self.buffer else None
-        return next((m for m in convo if m.role == "user" and m.created_at == created), None)
-
     async def _call_llm(self, request: LLMRequest) -> LLMResponse:
-        streaming = self.stream and (self.listener is not None or bool(self.observers))
+        """Ask the provider; fragments become ``chunk`` events and retries
+        ``run.retrying``. The call is reserved and settled on the run's meter
+        (:mod:`bot.contracts.llm`)."""
         span = self.trace.start("llm", "llm", provider=self.provider.name,
                                 model=request.model, iteration=self.iterations)
         if self.trace.verbose:
             span.attributes["input"] = verbose_input(request)
-        response = await call_model(self.provider, request, span, self.emit, streaming=streaming)
+        on_text = None
+        pump: asyncio.Task[None] | None = None
+        queue: asyncio.Queue[str | Retrying | None] = asyncio.Queue()
+        if self.stream and (self.listener is not None or bool(self.observers)):
+            # Providers call on_text synchronously from their stream loop; a pump
+            # task forwards fragments so slow observers never stall the stream.
+            on_text = queue.put_nowait
+            pump = asyncio.create_task(_pump(queue, self.emit))
+
+        async def on_retry(attempt: int, max_attempts: int, error: str) -> None:
+            retrying = Retrying(attempt, max_attempts, error)
+            if pump is not None:
+                # Through the same queue as the text: the draft restarts after the
+                # failed attempt's last fragment, never before it.
+                queue.put_nowait(retrying)
+            else:
+                await retrying.emit(self.emit)
+
+        try:
+            response = await metered_complete(self.provider, request, on_text=on_text,
+                                              on_retry=on_retry)
+        except BaseException as exc:
+            span.end(error=True, error_message=describe_error(exc))
+            raise
+        finally:
+            if pump is not None:
+                queue.put_nowait(None)
+                await pump
+        usage = response.usage
+        span.end(input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+                 cache_read_tokens=usage.cache_read_tokens,
+                 cache_write_tokens=usage.cache_write_tokens,
+                 output_preview=preview(response.text), tool_calls=len(response.tool_calls))
         if self.iterations == 1:
             # One sample per run is plenty for a moving average, and it is O(request).
-            self.estimator.calibrate(request, response.usage.input_tokens)
+            self.estimator.calibrate(request, usage.input_tokens)
         return response
 
-    async def _run_tools(
-        self, calls: Sequence[ToolCall], context: ToolContext,
-        replayed: Mapping[str, ToolResult] | None = None,
-    ) -> list[ToolResult]:
-        if replayed is not None:
-            results = []
-            for call in calls:
-                result = replayed[call.id]
-                self.exec_summary.record(call.name, call.arguments, not result.is_error,
-                                         result.content, None)
-                results.append(result)
-            return results
-        outcomes = await self.executor.run_batch(
-            calls, context, trace=self.trace, on_call=self._on_tool_call,
-            on_result=self._on_tool_result,
-            on_failure=self._on_failure if self.sink.on_tool_failure else None)
-        notice = turn_timeout_notice(outcomes)
-        if notice:
-            await self.emit("activity", phase="turn_timeout", notice=notice)
-        results = []
-        for outcome in outcomes:
-            result = outcome.result
-            raw = outcome.error
-            # From the raw error: the text the model sees may be the error channel's.
-            self.exec_summary.record(
-                outcome.call.name, outcome.call.arguments, not outcome.is_error,
-                raw.message if raw else result.content,
-                extract(raw.message, code=raw.code, details=raw.details) if raw else None)
-            if not result.is_error and len(result.content) > self.settings.large_result_chars:
-                result = await self._shorten(outcome.call, result)
-            results.append(result)
-        return results
+    # -- how the run ends ------------------------------------------------------------
 
-    async def _shorten(self, call: ToolCall, result: ToolResult) -> ToolResult:
-        """A large successful result: stored for slices when a result store exists."""
-        limit = self.settings.large_result_chars
-        if self.sink.on_large_result is not None:
-            try:
-                return ToolResult(await self.sink.on_large_result(
-                    self.req.session.key, call.name, result.content), parts=result.parts)
-            except Exception:
-                log.exception("storing a large %s result failed; cutting it", call.name)
-        cut = len(result.content) - limit
-        return ToolResult(f"{result.content[:limit]}\n[... {cut} more characters cut]",
-                          parts=result.parts)
+    async def complete(self, final: str, cleaned: str, silent: bool) -> RunResult:
+        """The answered run: ``final`` joins the history, ``cleaned`` is delivered unless
+        silent."""
+        req = self.req
+        self.buffer.append(ChatMessage("assistant", final))
+        self.trace.root.attributes["output_preview"] = preview(cleaned)
+        reply = None if silent else cleaned
+        commit = None
+        if req.persist:
+            # From here the run is answered: a follow-up must not merge into it.
+            await self.emit("activity", phase="committing")
+            commit = RunCommit(req.session, req.run_id, tuple(self.buffer), self.usage,
+                               self.settings.model, self.provider.name,
+                               self._record("completed"), self._spans("completed"), reply)
+        else:
+            await self.store_trace("completed")
+        self._log("completed")
+        return RunResult(req.run_id, "completed", reply, self.usage, self.iterations,
+                         commit=commit, ending=self._event(
+                             "run.completed", content=cleaned, silent=silent,
+                             usage=self._usage()))
 
-    async def _on_failure(self, call: ToolCall, raw: RawError) -> str:
-        assert self.sink.on_tool_failure is not None
-        return await self.sink.on_tool_failure(call, raw, self.req.session.key)
+    async def refuse(self, refusal: str, user_turn: ChatMessage | None = None) -> RunResult:
+        """The run answers ``refusal`` without asking the model (gates, media, budgets).
 
-    async def _on_tool_call(self, call: ToolCall) -> None:
-        await self.emit("tool.call", name=call.name, id=call.id, arguments=dict(call.arguments))
+        The history records ``user_turn`` (default: a withheld placeholder) and the refusal.
+        """
+        req, msg = self.req, self.req.message
+        # The refused text is not stored (the model would read it as history with the
+        # sender's next message); ``user_turn`` is a harmless stand-in (refused files' lines).
+        exchange = (
+            user_turn or ChatMessage("user", WITHHELD, sender_id=msg.sender_id,
+                                     sender_name=msg.display_name),
+            ChatMessage("assistant", refusal),
+        )
+        commit = None
+        if req.persist:
+            commit = RunCommit(req.session, req.run_id, exchange, None, "", "",
+                               self._record("refused"), self._spans("refused"), refusal)
+        self._log("refused")
+        return RunResult(req.run_id, "refused", refusal, self.usage, 0, commit=commit,
+                         ending=self._event("run.completed", content=refusal, silent=False,
+                                            refused=True,
+                                            usage={"input_tokens": 0, "output_tokens": 0}))
 
-    async def _on_tool_result(self, outcome: ToolOutcome) -> None:
-        if self.req.journal is not None:
-            self.req.journal.result(outcome.call.id, outcome.result)
-        if not self.observers and self.listener is None:
-            return
-        name = outcome.call.name
-        await self.emit("tool.result", name=name, id=outcome.call.id,
-                        is_error=outcome.is_error, result=outcome.content[:500],
-                        metrics=self.engine.tool_metrics.get(name).snapshot())
+    async def fail(self, error: str) -> RunResult:
+        """The run failed with ``error``: the user gets an apology naming it."""
+        req = self.req
+        # What the user said is kept ("try again" has context), not the tool exchange.
+        user = [m for m in self.buffer if m.role == "user"]
+        apology = f"Sorry, I couldn't answer that: {error}"
+        commit = None
+        if req.persist:
+            commit = RunCommit(req.session, req.run_id, tuple(user), self.usage, "", "",
+                               self._record("failed", error), self._spans("failed", error),
+                               apology, failed=True)
+        else:
+            await self.store_trace("failed", error)
+        self._log("failed", error)
+        return RunResult(req.run_id, "failed", apology, self.usage, self.iterations, error,
+                         commit=commit, ending=self._event("run.failed", error=error))
+
+    async def cancel(self, reason: str) -> None:
+        """The run was cancelled (``reason``: "stop", "merged", "shutdown"); nothing is
+        written but its trace."""
+        await self.store_trace("cancelled", reason)
+        self._log("cancelled", reason)
+        # The tokens spent so far count against the budgets (bot.engine.budgets).
+        await self.emit("run.cancelled", reason=reason, usage=self._usage())
+
+    async def store_trace(self, status: str, error: str = "") -> None:
+        """Store the trace on its own; never raises (it runs on failure paths)."""
+        try:
+            await self.engine.store.record_run(self._record(status, error),
+                                               self._spans(status, error))
+        except Exception:
+            log.exception("could not record the trace of run %s", self.req.run_id)
+
+    def _usage(self) -> dict[str, int]:
+        return dataclasses.asdict(self.usage)
+
+    def _event(self, type_: EventType, **payload: object) -> RunEvent:
+        return RunEvent(type_, self.req.run_id, self.req.session.key, dict(payload))
+
+    def _record(self, status: str, error: str = "") -> RunRecord:
+        u = self.usage
+        return RunRecord(
+            self.req.run_id, self.req.session.key, status, self.trace.root.started_at,
+            time.time(), self.iterations, u.input_tokens, u.output_tokens,
+            self.settings.model, error, u.cache_read_tokens, u.cache_write_tokens,
+        )
+
+    def _spans(self, status: str, error: str = "") -> list[Span]:
+        spans = self.trace.finish(status, error)
+        if self.sink.export is not None:
+            self.sink.export.export(spans)
+        return spans
+
+    def _log(self, status: str, error: str = "") -> None:
+        log.info("run %s %s session=%s iterations=%d tokens=%d/%d %.0fms%s",
+                 self.req.run_id[:8], status, self.req.session.key, self.iterations,
+                 self.usage.input_tokens, self.usage.output_tokens,
+                 (time.monotonic() - self.started) * 1000, f" error={error}" if error else "")
+
+
+@functools.lru_cache(maxsize=4096)
+def workspace_for(root: Path, channel: str, user_id: str) -> Path:
+    """The sender's workspace under ``root`` (sanitizing and hashing ids is pure; cached)."""
+    return workspace_dir(root, channel, user_id)
+
+
+def verbose_input(request: LLMRequest) -> str:
+    """What a verbose trace keeps of a request's input."""
+    data = {"system": request.system,
+            "messages": [{"role": m.role, "content": m.content} for m in request.messages],
+            "note": request.note}
+    return json.dumps(data, ensure_ascii=False)[:VERBOSE_INPUT_CHARS]
+
+
+@dataclass(frozen=True, slots=True)
+class Retrying:
+    """A provider's ``on_retry`` call, queued behind the text it voids."""
+
+    attempt: int
+    max_attempts: int
+    error: str
+
+    async def emit(self, emit: Emit) -> None:
+        """Announce it as the run's ``run.retrying`` event."""
+        await emit("run.retrying", attempt=self.attempt, maxAttempts=self.max_attempts,
+                   error=self.error)
+
+
+async def _pump(queue: asyncio.Queue[str | Retrying | None], emit: Emit) -> None:
+    while (item := await queue.get()) is not None:
+        if isinstance(item, Retrying):
+            await item.emit(emit)
+        else:
+            await emit("chunk", content=item)

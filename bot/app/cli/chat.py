@@ -203,7 +203,7 @@ async def _chat(settings: Settings, message: str | None, *, stream: bool,
 def _one_shot_console() -> Any:
     """The console of ``-m``, which never promises an answer later: it gives up instead."""
     from bot.contracts.messages import OutboundMessage
-    from bot.dispatch.watch import HELD_NOTICE
+    from bot.dispatch.delivery import HELD_NOTICE
     from channels.console import ConsoleChannel
 
     class OneShotConsole(ConsoleChannel):
