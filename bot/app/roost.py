@@ -19,6 +19,7 @@ from typing import Any
 from bot.agents.router import AgentResolver, AgentRouter
 from bot.app.error_channel import error_channel
 from bot.app.http import HealthServer, instrument
+from bot.app.intake import events_to
 from bot.app.offers import (
     apply_tool_groups,
     collect_judges,
@@ -378,7 +379,7 @@ class Roost:
     async def add_channel(self, channel: Channel) -> None:
         """Start an already built channel (tests and embedders use this)."""
         self.channels[channel.name] = channel
-        await channel.begin(self.dispatcher.submit, ChannelContext(
+        await channel.begin(events_to(self.dispatcher.submit), ChannelContext(
             http_routes=self.http,  # its webhook may share the server's port
             # Long polling and Socket Mode on one replica; bot-wide send limits shared.
             leadership=self.leader if is_postgres_url(self.settings.database) else None,
