@@ -14,11 +14,13 @@ from bot.storage.pg_dialect import postgres_ddl
 # and per scheduled job (scope 'model', 'job'), so the counters' CHECK is rebuilt with
 # their rows; a reply not delivered keeps its last error; a job may be paused (its fire
 # times are not claimed meanwhile) and each fire of a job is recorded with its run; open
-# replies, pending pairing codes, paired users and jobs are listed by index. Its step
+# replies, pending pairing codes, paired users and jobs are listed by index, and a
+# run's replies found by their inbox entry (the run page). Its step
 # number is its place in MIGRATIONS (POSTGRES_STEPS finds it there).
 _UI_OPS_SHARED = """
     ALTER TABLE outbox ADD COLUMN last_error TEXT;
     CREATE INDEX outbox_open ON outbox(id) WHERE state IN ('pending', 'failed');
+    CREATE INDEX outbox_inbox ON outbox(inbox_id);
     ALTER TABLE jobs ADD COLUMN paused_at REAL;
     CREATE TABLE job_runs (
         id INTEGER PRIMARY KEY,

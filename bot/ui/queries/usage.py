@@ -28,9 +28,6 @@ MAX_DAYS = 366
 """The longest range the page shows."""
 TOP = 10
 """Subjects listed per scope."""
-TOP_DAYS = 31
-"""The most recent days the top-subject tables sum (a longer range still charts every
-day): a busy month of per-user day counters is what a page can read within its time."""
 GAUGES_SHOWN = 50
 """Counters near or over a limit listed per limit."""
 
@@ -108,7 +105,7 @@ class UsageReport:
     days: list[Totals]
     total: Totals
     top_first_day: str
-    """The first day the ``top`` tables sum (at most :data:`TOP_DAYS` days)."""
+    """The first day the ``top`` tables sum: they hold this month's counters (UTC)."""
     top: dict[str, list[Totals]]
     limits: list[LimitRow]
     today: str
@@ -148,15 +145,18 @@ async def usage_report(store: SessionStore, settings: Settings, *, days: int = 3
                    sum(d.cache_read_tokens for d in series),
                    sum(d.cache_write_tokens for d in series), sum(d.cost for d in series),
                    sum(d.runs for d in series))
-    top_first = every[-min(len(every), TOP_DAYS)]
+    # The tables read this month's counters: one row per subject, where summing the day
+    # counters of a month would read a row per subject and day.
+    month = month_of(now)
+    top_first = max(first, f"{month}-01")
     # One query per scope; on PostgreSQL each takes a pooled connection, so they overlap.
     found = await asyncio.gather(*(rows(
         store,
-        f"SELECT subject, {_SUMS} FROM usage WHERE scope = ? AND period >= ?"
-        " AND period <= ? AND length(period) = 10 GROUP BY subject"
+        f"SELECT subject, {_SUMS} FROM usage WHERE scope = ? AND period = ?"
+        " GROUP BY subject"
         " HAVING SUM(input_tokens + output_tokens) > 0 OR SUM(cost) > 0"
         " ORDER BY SUM(input_tokens + output_tokens) DESC, subject LIMIT ?",
-        (scope, top_first, last, top)) for scope in SCOPES))
+        (scope, month, top)) for scope in SCOPES))
     tops: dict[str, list[Totals]] = {
         scope: [_totals(r) for r in got] for scope, got in zip(SCOPES, found, strict=True)}
     return UsageReport(first, last, series, total, top_first, tops,
