@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from bot.agents.judge import CorrectionResult, LLMJudge
@@ -26,7 +27,7 @@ from bot.agents.tool_policy import ToolPolicy
 from bot.config.agents import DEFAULT_AGENT, AgentConfig, AgentType, Binding, JudgeConfig
 from bot.config.settings import ConfigError, Settings, load_settings
 from bot.contracts.judge import Judge, Verdict
-from bot.contracts.llm import LLMProvider
+from bot.contracts.llm import LLMProvider, ToolSpec
 from bot.contracts.messages import InboundMessage
 from bot.contracts.tools import Tool
 from bot.contracts.views import AgentError as AgentError
@@ -113,7 +114,8 @@ class Agent:
     patterns: PatternLibrary | None = None
     judges: tuple[Judge, ...] = ()
     resolved_at: float = 0.0
-    _tools: tuple[int, dict[str, Tool]] | None = field(default=None, repr=False)
+    _tools: tuple[Mapping[str, Tool], dict[str, Tool], Mapping[str, ToolSpec]] | None = field(
+        default=None, repr=False)
 
     @property
     def type(self) -> AgentType:
@@ -135,12 +137,22 @@ class Agent:
 
         Cached until the registered tools change (a plugin enabled or disabled).
         """
+        return self._offered(registered, groups)[0]
+
+    def specs(self, registered: Mapping[str, Tool],
+              groups: Mapping[str, str]) -> Mapping[str, ToolSpec]:
+        """What the model is shown of each of :meth:`tools`, by name (cached alike)."""
+        return self._offered(registered, groups)[1]
+
+    def _offered(self, registered: Mapping[str, Tool], groups: Mapping[str, str]
+                 ) -> tuple[dict[str, Tool], Mapping[str, ToolSpec]]:
         cached = self._tools
-        if cached is not None and cached[0] == id(registered):
-            return cached[1]
+        if cached is not None and cached[0] is registered:
+            return cached[1], cached[2]
         allowed = self.policy.filter(registered, groups)
-        self._tools = (id(registered), allowed)
-        return allowed
+        specs = MappingProxyType({name: tool.spec() for name, tool in allowed.items()})
+        self._tools = (registered, allowed, specs)
+        return allowed, specs
 
 
 class _ConfiguredJudge:

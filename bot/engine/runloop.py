@@ -17,7 +17,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +31,7 @@ from bot.contracts.llm import (
     ContentPart,
     LLMRequest,
     LLMResponse,
+    ToolSpec,
     Usage,
     metered_complete,
 )
@@ -82,6 +83,8 @@ class Run:
         self.provider = engine.provider
         self.estimator = engine.estimator
         self.tools: dict[str, Tool] = {}
+        self.specs: Mapping[str, ToolSpec] = {}
+        """What the model is shown of each tool the agent offers, by name."""
         self.tool_turns: ToolTurns | None = None
         """Made at the model's first tool call."""
         self.stream = True
@@ -134,6 +137,7 @@ class Run:
         # The policy decides what is offered *and* what may run: a hidden tool
         # the model names anyway is an unknown tool to the executor.
         tools = agent.tools(self.plugins.tools, self.plugins.tool_groups)
+        self.specs = agent.specs(self.plugins.tools, self.plugins.tool_groups)
         if req.tools is not None:
             tools = {name: tools[name] for name in req.tools if name in tools}
         self.tools = tools
@@ -213,7 +217,7 @@ class Run:
         if req.persist:
             req.session.context_tokens = context.tokens
         convo = context.messages
-        specs = tuple(t.spec() for t in self.tools.values())
+        specs = tuple(self.specs[name] for name in self.tools)
 
         # LLM iterations.
         limit = req.max_iterations or self.settings.max_iterations
