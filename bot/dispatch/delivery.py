@@ -25,8 +25,8 @@ from typing import Any
 from bot.config.masking import mask_text
 from bot.contracts.channel import Channel, ReplyStream, SendingMark, sending_mark
 from bot.contracts.events import RunEvent
+from bot.contracts.llm import Sanitizer, run_pipeline
 from bot.contracts.messages import InboundMessage, OutboundMessage
-from bot.contracts.sanitize import Sanitizer, run_pipeline
 from bot.dispatch.lanes import Running
 from bot.dispatch.replicas import ReplicaWork
 from bot.engine.requests import NO_REPLY, RunCommit, RunResult

@@ -34,9 +34,9 @@ from bot.contracts.llm import (
     ToolSpec,
     Usage,
     metered_complete,
+    run_pipeline,
 )
 from bot.contracts.prompt import PromptContext
-from bot.contracts.sanitize import run_pipeline
 from bot.contracts.tools import Tool, ToolContext
 from bot.engine.compaction import compact_midloop, midloop_due
 from bot.engine.context import build_context, current_turn, recent_history, system_prompt

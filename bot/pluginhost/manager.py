@@ -34,12 +34,12 @@ from bot.contracts.commands import Command
 from bot.contracts.guard import GuardPattern, InputCheck
 from bot.contracts.health import HealthReport
 from bot.contracts.jobs import JobSpec
+from bot.contracts.llm import Sanitizer
 from bot.contracts.media import Transcriber
 from bot.contracts.migrations import Migrations
 from bot.contracts.prompt import PromptSection
 from bot.contracts.providers import ProviderSpec
 from bot.contracts.runtime import Runtime
-from bot.contracts.sanitize import Sanitizer
 from bot.contracts.search import SearchBackend
 from bot.contracts.tools import Tool
 
