@@ -81,6 +81,8 @@ class TelegramChannel(Channel):
         if settings.telegram_bot_token is None:
             raise ValueError("the Telegram channel needs TELEGRAM_BOT_TOKEN")
         self.settings = settings
+        self.streams = settings.streams(self.name)
+        """Whether replies are streamed by editing a draft (the settings, read once)."""
         self.edit_interval = edit_interval
         self.draft_after = draft_after
         self.draft_chars = draft_chars
@@ -266,7 +268,7 @@ class TelegramChannel(Channel):
 
     def open_stream(self, message: InboundMessage) -> ReplyStream | None:
         """A draft edited at most once per ``edit_interval``, unless streaming is off."""
-        if not self.settings.streams(self.name):
+        if not self.streams:
             return None
         target = Target.of(message.chat_id, message.thread_id,
                            message.message_id if message.chat_type == "group" else None)
