@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bot.agents.router import Agent
@@ -49,7 +47,6 @@ from bot.observability.tracing import VERBOSE_INPUT_CHARS, RunTrace, Span, previ
 from bot.storage.sessions import RunRecord
 from bot.tools.executor import ToolExecutor
 from bot.tools.outcomes import describe_error
-from workspaces import TEMPLATE_NAMES, ensure_workspace, is_seeded, workspace_dir
 
 if TYPE_CHECKING:
     from bot.engine.run_engine import RunEngine
@@ -150,12 +147,7 @@ class Run:
         req, msg, engine = self.req, self.req.message, self.engine
         agent = await self._use_agent()
         # Setup: the workspace is always the sender's, even in a group.
-        workspace = workspace_for(agent.workspaces_root, msg.channel, msg.sender_id)
-        if not is_seeded(workspace):
-            # A predefined agent's persona is its own: each user's workspace gets USER.md.
-            await asyncio.to_thread(ensure_workspace, workspace, agent.bootstrap_dir,
-                                    ("USER.md",) if agent.type == "predefined"
-                                    else TEMPLATE_NAMES)
+        workspace = await agent.workspace(msg.channel, msg.sender_id)
 
         # The chain's gates of a run (bot.engine.gates): guard and length on the text...
         asking = Asking(msg, msg.text, req.session.key, self.settings,
@@ -472,12 +464,6 @@ class Run:
                  self.req.run_id[:8], status, self.req.session.key, self.iterations,
                  self.usage.input_tokens, self.usage.output_tokens,
                  (time.monotonic() - self.started) * 1000, f" error={error}" if error else "")
-
-
-@functools.lru_cache(maxsize=4096)
-def workspace_for(root: Path, channel: str, user_id: str) -> Path:
-    """The sender's workspace under ``root`` (sanitizing and hashing ids is pure; cached)."""
-    return workspace_dir(root, channel, user_id)
 
 
 def verbose_input(request: LLMRequest) -> str:
