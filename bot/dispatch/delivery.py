@@ -20,7 +20,7 @@ import dataclasses
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from bot.config.masking import mask_text
 from bot.contracts.channel import Channel, ReplyStream, SendingMark, sending_mark
@@ -45,6 +45,22 @@ def draft_id(stream: ReplyStream | None) -> str | None:
     """The platform id of a stream's draft (streams of older channel plugins have none)."""
     value = getattr(stream, "message_id", None)
     return str(value) if value else None
+
+
+class DeliveryCount(Protocol):
+    """Counts each attempt to hand a reply to its channel (the app's metrics)."""
+
+    def delivery(self, channel: str, outcome: str) -> None:
+        """One attempt on ``channel``: ``ok``, ``failed`` (kept and retried) or ``given_up``."""
+        ...
+
+
+class Uncounted:
+    """A :class:`DeliveryCount` that counts nothing."""
+
+    def delivery(self, channel: str, outcome: str) -> None:
+        """Count nothing."""
+
 
 
 class DraftWatch:
@@ -216,13 +232,9 @@ def _noting(inbox: Inbox, outbox_id: int) -> SendingMark:
 
 async def deliver_result(channel: Channel | None, message: InboundMessage, result: RunResult,
                          stream: ReplyStream | None, *, inbox: Inbox,
-                         redeliveries: Redeliveries,
-                         count: Callable[[str, str], None]) -> None:
-    """Show a committed run's reply: finish its draft or send it, and record the outcome.
-
-    ``count(channel, outcome)`` sees ``ok``, ``failed`` (kept for redelivery) or
-    ``given_up``.
-    """
+                         redeliveries: Redeliveries, counts: DeliveryCount) -> None:
+    """Show a committed run's reply: finish its draft or send it, and record the outcome
+    (``counts`` sees ``ok``, ``failed`` (kept for redelivery) or ``given_up``)."""
     if channel is None:
         log.error("no channel %r to deliver run %s", message.channel, result.run_id)
         return
@@ -247,7 +259,8 @@ async def deliver_result(channel: Channel | None, message: InboundMessage, resul
             return
     except Exception as exc:
         if reply is not None:
-            count(message.channel, "failed" if result.outbox_id is not None else "given_up")
+            counts.delivery(message.channel,
+                            "failed" if result.outbox_id is not None else "given_up")
         if result.outbox_id is None or reply is None:
             log.warning("delivering run %s to %s:%s failed: %s", result.run_id,
                         message.channel, message.chat_id, exc)
@@ -258,7 +271,7 @@ async def deliver_result(channel: Channel | None, message: InboundMessage, resul
         redeliveries.schedule(result.outbox_id, reply, draft, 1)
         return
     if reply is not None:  # not a silent or withdrawn reply
-        count(message.channel, "ok")
+        counts.delivery(message.channel, "ok")
     if result.outbox_id is not None:
         inbox.delivered(result.outbox_id, platform_id)
 
@@ -335,14 +348,14 @@ class Redeliveries:
 
     Each attempt carries the reply's stable ``delivery_id`` (``roost-<outbox id>``)
     and ``redelivery=True``, so adapters that can check whether an earlier attempt
-    landed do. ``count(channel, outcome)`` sees every attempt's outcome.
+    landed do. ``counts`` sees every attempt's outcome.
     """
 
     def __init__(self, inbox: Inbox, channels: Mapping[str, Channel],
-                 count: Callable[[str, str], None]) -> None:
+                 counts: DeliveryCount) -> None:
         self.inbox = inbox
         self.channels = channels
-        self.count = count
+        self.counts = counts
         self.tasks: set[asyncio.Task[None]] = set()
         self._waiting: dict[int, asyncio.Task[None]] = {}
 
@@ -389,7 +402,7 @@ class Redeliveries:
                 self.inbox, outbox_id)
         except Exception as exc:
             final = attempts >= REDELIVERY.retries
-            self.count(reply.channel, "given_up" if final else "failed")
+            self.counts.delivery(reply.channel, "given_up" if final else "failed")
             self.inbox.not_delivered(outbox_id, final=final, error=mask_text(str(exc)))
             if final:
                 log.error("reply %d to %s:%s could not be delivered; given up (%s)",
@@ -399,5 +412,5 @@ class Redeliveries:
                             outbox_id, reply.channel, reply.chat_id, exc)
                 self.schedule(outbox_id, reply, draft, attempts + 1)
             return
-        self.count(reply.channel, "ok")
+        self.counts.delivery(reply.channel, "ok")
         self.inbox.delivered(outbox_id, platform_id)
