@@ -88,8 +88,11 @@ class TelegramChannel(Channel):
         self.draft_chars = draft_chars
         self.request_timeout = request_timeout
         policy = policy or DeliveryPolicy()
+        # Telegram's ~30 messages/s is the bot's, whichever replica sends: each paces at
+        # its share of the live replicas (self.replicas, from begin()). Per-chat limits
+        # stay per replica (a chat's session has one holder).
         self.limiter = RateLimiter(limits if settings.telegram_rate_limits else Limits(),
-                                   shared_by=self._live_replicas)
+                                   shared_by=self)
         self.chats = Chats()
         self.api = BotApi(self.chats, self.limiter, policy=policy)
         self.gate = ReplyGate(self.api)
@@ -108,11 +111,6 @@ class TelegramChannel(Channel):
                                         poll_backoff=poll_backoff)
         self.webhook = Webhook(settings, self.api, self.updates)
         self._closing = False
-
-    def _live_replicas(self) -> int:
-        # Telegram's ~30 messages/s is the bot's, whichever replica sends: each paces at
-        # its share. Per-chat limits stay per replica (a chat's session has one holder).
-        return 1 if self.replicas is None else self.replicas.live
 
     @property
     def bot(self) -> Bot | None:
