@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from bot.config.masking import mask_text
-from bot.contracts.channel import Channel, ReplyStream, SendingMark, sending_mark
+from bot.contracts.channel import Channel, ReplyStream, sending_mark
 from bot.contracts.events import RunEvent
 from bot.contracts.llm import Sanitizer, run_pipeline
 from bot.contracts.messages import InboundMessage, OutboundMessage
@@ -214,20 +214,38 @@ def inbox_statements(inbox: Inbox, message: InboundMessage, entries: tuple[int, 
     return lease_checked
 
 
-def _noting(inbox: Inbox, outbox_id: int) -> SendingMark:
-    """A streamed reply's mark: only the adapter's note is kept (a replica taking over
-    sends a streamed reply again, as before)."""
-    noted = False
+class StreamNote:
+    """A streamed reply's :class:`SendingMark`: only the adapter's note is kept (a replica
+    taking over sends a streamed reply again, as before)."""
 
-    async def mark(on: bool, note: str | None = None) -> None:
-        nonlocal noted
+    def __init__(self, inbox: Inbox, outbox_id: int) -> None:
+        self.inbox = inbox
+        self.outbox_id = outbox_id
+        self.noted = False
+
+    async def record(self, on: bool, note: str | None = None) -> None:
+        """Keep ``note`` with the reply; take it back when nothing was shown after all."""
         if on and note is not None:
-            await inbox.note_attempt(outbox_id, note)
-            noted = True
-        elif not on and noted:
-            await inbox.note_attempt(outbox_id, None)
-            noted = False
-    return mark
+            await self.inbox.note_attempt(self.outbox_id, note)
+            self.noted = True
+        elif not on and self.noted:
+            await self.inbox.note_attempt(self.outbox_id, None)
+            self.noted = False
+
+
+class OutboxMark:
+    """A sent reply's :class:`SendingMark`: the outbox records that it may have been
+    shown (and the adapter's note), or takes that back."""
+
+    def __init__(self, inbox: Inbox, outbox_id: int) -> None:
+        self.inbox = inbox
+        self.outbox_id = outbox_id
+        self.noted = False
+
+    async def record(self, on: bool, note: str | None = None) -> None:
+        """Mark the reply as possibly shown (``on``) or certainly not, with ``note``."""
+        await self.inbox.sending(self.outbox_id, on, note, forget=not on and self.noted)
+        self.noted = on and (self.noted or note is not None)
 
 
 async def deliver_result(channel: Channel | None, message: InboundMessage, result: RunResult,
@@ -246,7 +264,7 @@ async def deliver_result(channel: Channel | None, message: InboundMessage, resul
             if result.outbox_id is None:
                 await stream.finish(result.reply)
             else:
-                with sending_mark(_noting(inbox, result.outbox_id)):
+                with sending_mark(StreamNote(inbox, result.outbox_id)):
                     await stream.finish(result.reply)
             platform_id = draft_id(stream)
         elif reply is not None:
@@ -332,14 +350,7 @@ async def send_marked(channel: Channel, reply: OutboundMessage, inbox: Inbox,
         await inbox.sending(outbox_id)
         return await channel.send(reply)
 
-    noted = False
-
-    async def mark(on: bool, note: str | None = None) -> None:
-        nonlocal noted
-        await inbox.sending(outbox_id, on, note, forget=not on and noted)
-        noted = on and (noted or note is not None)
-
-    with sending_mark(mark):
+    with sending_mark(OutboxMark(inbox, outbox_id)):
         return await channel.send(reply)
 
 
