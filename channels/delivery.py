@@ -49,8 +49,9 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
+from bot.contracts.channel import LiveReplicas
 from bot.resilience.retry import RetryPolicy
 
 log = logging.getLogger("roost.channels.delivery")
@@ -191,6 +192,16 @@ class _Scope:
     urgent_waiting: int = 0
 
 
+class Shared(Protocol):
+    """What shares a bot's platform-wide budget: a channel, whose ``replicas`` are the
+    live replicas of its deployment (``None``: it runs alone)."""
+
+    @property
+    def replicas(self) -> LiveReplicas | None:
+        """The live replicas, if any."""
+        ...
+
+
 class RateLimiter:
     """Holds calls back per scope; see the module's docstring.
 
@@ -200,13 +211,13 @@ class RateLimiter:
     def __init__(self, limits: Limits = Limits(), *,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 shared_by: Callable[[], int] | None = None) -> None:
+                 shared_by: Shared | None = None) -> None:
         self.limits = limits
         self.clock = clock
         self.sleep = sleep
         self.shared_by = shared_by
-        """How many processes share the bot-wide (``overall``) budget now (``None``: this
-        one alone); called at every counted call, so it must be cheap and never block."""
+        """What shares the bot-wide (``overall``) budget (the channel: its live replicas);
+        ``None``: this process alone. Read at every counted call."""
         self._share: tuple[Rate | None, int, Rate | None] = (limits.overall, 1, limits.overall)
         # The share last computed, of what and for how many: replaced whole (one
         # assignment), so a reader never sees a count with another count's rate.
@@ -224,12 +235,16 @@ class RateLimiter:
     @property
     def overall(self) -> Rate | None:
         """This process's part of ``limits.overall`` now (:func:`share_of` among
-        ``shared_by()`` processes, at least 1); ``None`` when there is no overall limit."""
+        the live replicas of ``shared_by``, at least 1); ``None`` when there is no overall
+        limit."""
         whole = self.limits.overall
-        sharers = 1 if self.shared_by is None else max(1, self.shared_by())
+        if whole is None:
+            return None
+        replicas = None if self.shared_by is None else self.shared_by.replicas
+        sharers = 1 if replicas is None else max(1, replicas.live)
         of, known, rate = self._share
         if known != sharers or of != whole:
-            rate = None if whole is None else share_of(whole, sharers)
+            rate = share_of(whole, sharers)
             self._share = (whole, sharers, rate)
         return rate
 

@@ -25,8 +25,10 @@ order  name                           what it removes
 =====  =============================  ============================================
 
 The gaps are for plugins: a sanitizer with order 350 runs after thinking is
-gone but while ``<final>`` tags are still there. After the last sanitizer the
-pipeline trims the text (:func:`bot.contracts.sanitize.run_pipeline`); an empty result
+gone but while ``<final>`` tags are still there. Each step declares the characters
+its artifacts contain (``<``, ``[`` or a line break: ``Sanitizer.needs``), so a
+reply without any of them is not scanned at all. After the last sanitizer the
+pipeline trims the text (:func:`bot.contracts.llm.run_pipeline`); an empty result
 makes the reply silent.
 
 Shared rules:
@@ -297,11 +299,14 @@ def strip_leading_blank_lines(text: str) -> str:
 def roost_output_sanitizers(settings: Settings) -> list[Sanitizer]:
     """The built-in cleaning steps, orders 100 to 700 (see the module docstring)."""
     return [
-        Sanitizer("strip_garbled_tool_xml", strip_garbled_tool_xml, 100),
-        Sanitizer("strip_text_tool_calls", strip_text_tool_calls, 200),
-        Sanitizer("strip_thinking_tags", strip_thinking_tags, 300),
-        Sanitizer("unwrap_final_tags", unwrap_final_tags, 400),
-        Sanitizer("strip_echoed_system_messages", strip_echoed_system_messages, 500),
-        Sanitizer("collapse_duplicate_paragraphs", collapse_duplicate_paragraphs, 600),
-        Sanitizer("strip_leading_blank_lines", strip_leading_blank_lines, 700),
+        Sanitizer("strip_garbled_tool_xml", strip_garbled_tool_xml, 100, needs="<"),
+        Sanitizer("strip_text_tool_calls", strip_text_tool_calls, 200, needs="["),
+        Sanitizer("strip_thinking_tags", strip_thinking_tags, 300, needs="<"),
+        Sanitizer("unwrap_final_tags", unwrap_final_tags, 400, needs="<"),
+        Sanitizer("strip_echoed_system_messages", strip_echoed_system_messages, 500, needs="["),
+        Sanitizer("collapse_duplicate_paragraphs", collapse_duplicate_paragraphs, 600,
+                  needs="\n"),
+        # Text without a line break has no blank line above its first one; a text of
+        # blanks alone is emptied by the pipeline's final trim all the same.
+        Sanitizer("strip_leading_blank_lines", strip_leading_blank_lines, 700, needs="\n"),
     ]

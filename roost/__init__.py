@@ -53,6 +53,7 @@ from bot.contracts.llm import (
     OnRetry,
     OnText,
     ProviderError,
+    Sanitizer,
     Session,
     ToolCall,
     ToolSpec,
@@ -71,7 +72,6 @@ from bot.contracts.migrations import Migrations
 from bot.contracts.prompt import Order, PromptContext, PromptSection
 from bot.contracts.providers import LazyProvider, ProviderSpec
 from bot.contracts.runtime import NO_REPLY, RunOutcome, Runtime
-from bot.contracts.sanitize import Sanitizer
 from bot.contracts.search import SearchBackend, SearchResult
 from bot.contracts.services import Services
 from bot.contracts.tools import Tool, ToolContext, ToolError, ToolResult, ToolRetry

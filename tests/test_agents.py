@@ -274,6 +274,22 @@ async def test_policy_hides_tools_from_the_model_and_refuses_them_when_called_an
     assert channel.replies == ["done"]
 
 
+async def test_what_the_model_is_shown_of_the_tools_is_built_once_per_plugin_state(
+        make_app: AppFactory) -> None:
+    app, _, _ = await make_app(scripted({"reply": "ok"}), agents={"default": {"tools": {
+        "profile": "minimal", "allow": ["group:file_tools"], "deny": ["write_file"]}}})
+    agent = await app.router.get("default")
+    state = app.engine.plugins
+    specs = agent.specs(state.tools, state.tool_groups)
+    allowed = agent.tools(state.tools, state.tool_groups)
+    assert dict(specs) == {name: tool.spec() for name, tool in allowed.items()}
+    assert "write_file" not in specs
+    assert agent.specs(state.tools, state.tool_groups) is specs  # kept, not rebuilt
+    # A new plugin state (a plugin enabled or disabled) is a new offer, even if equal.
+    copy = dict(state.tools)
+    assert agent.specs(copy, state.tool_groups) is not specs
+
+
 # -- admin commands -----------------------------------------------------------------
 
 

@@ -456,7 +456,7 @@ async def test_a_run_cancelled_by_a_merge_during_the_session_load_does_not_take_
 
 
 async def test_a_run_keeps_the_plugin_state_it_started_with(make_app: AppFactory) -> None:
-    from bot.contracts.sanitize import Sanitizer
+    from bot.contracts.llm import Sanitizer
 
     class Masker:
         @hookimpl

@@ -117,6 +117,20 @@ async def test_policy_gate_drops_unaddressed_group_chatter_and_passes_a_mention(
     assert await gate.check(asking(message=mention, key="default:test:group:g1")) == PASS
 
 
+@pytest.mark.parametrize(("policies", "every_dm", "pairing"), [
+    ({"dm_policy": "open"}, True, False),
+    ({"dm_policy": "pairing"}, True, True),
+    ({"dm_policy": "open", "dm_policies": {"test": "allowlist"}}, False, False),
+    ({"dm_policy": "allowlist", "dm_policies": {"test": "pairing"}}, False, True),
+])
+async def test_the_policies_know_once_whether_a_dm_needs_a_look(
+        make_app: AppFactory, policies: dict[str, object], every_dm: bool,
+        pairing: bool) -> None:
+    app, _, _ = await make_app(scripted({"reply": "ok"}), **policies)
+    assert app.dispatcher.policy.answers_every_dm is every_dm
+    assert app.dispatcher.pairing.anywhere is pairing
+
+
 async def test_pairing_gate_refuses_with_the_code_once_and_drops_a_redelivery(
         make_app: AppFactory) -> None:
     app, _, _ = await make_app(scripted({"reply": "ok"}), dm_policy="pairing",

@@ -16,8 +16,7 @@ from bot.contracts import hookspecs
 from bot.contracts.guard import InputCheck
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.prompt import PromptSection
-from bot.pluginhost.hooks import Hooks, InputChecks, Offers
-from bot.pluginhost.manager import get_plugin_manager
+from bot.pluginhost.manager import Hooks, InputChecks, Offers, get_plugin_manager
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted(name for name, value in vars(hookspecs).items()

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from bot.engine.runloop import workspace_for
+from bot.agents.router import workspace_for
 from bot.testing.app import ChatChannel, app_factory
 from plugins.mcp.files import save_new
 from tests.test_mcp import SERVERS, eventually, manager, offered, stdio

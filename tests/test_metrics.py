@@ -278,8 +278,15 @@ def run_spans(status: str, *tools: tuple[str, dict[str, Any]]) -> list[Span]:
     return trace.finish(status)
 
 
+class Offered:
+    """The tools offered: one, ``search``."""
+
+    def tool_names(self) -> list[str]:
+        return ["search"]
+
+
 def test_tool_outcomes_and_made_up_tool_names_are_counted_in_few_series() -> None:
-    metrics = RoostMetrics(known_tools=lambda: ["search"])
+    metrics = RoostMetrics(tools=Offered())
     metrics.export(run_spans(
         "completed",
         ("search", {"is_error": False}),

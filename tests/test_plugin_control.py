@@ -18,8 +18,8 @@ from bot.contracts.commands import Command, CommandContext
 from bot.contracts.guard import GuardPattern
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.jobs import JobSpec
+from bot.contracts.llm import Sanitizer
 from bot.contracts.prompt import PromptContext, PromptSection
-from bot.contracts.sanitize import Sanitizer
 from bot.contracts.services import Services
 from bot.contracts.tools import Tool, ToolContext
 from bot.pluginhost import commands as plugin_commands

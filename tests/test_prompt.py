@@ -14,8 +14,9 @@ import pytest
 from bot.app.roost import Roost
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.messages import ChatType, InboundMessage
-from bot.contracts.prompt import Order, PromptContext, PromptMode, PromptSection, assemble
+from bot.contracts.prompt import Order, PromptContext, PromptMode, PromptSection
 from bot.contracts.tools import Tool, ToolContext
+from bot.engine.context import assemble
 from bot.engine.requests import RunRequest
 from bot.testing.app import scripted
 from plugins.prompt_sections import MAX_FILE_CHARS, MAX_PROJECT_CONTEXT_CHARS

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +26,29 @@ from tests.test_channel_helpers import Clock
 # -- the limiter, on a clock that only its own waits move --------------------------------
 
 
+@dataclass
+class Replicas:
+    """``counts[0]`` live replicas (a list, so a test can change the count)."""
+
+    counts: list[int]
+
+    @property
+    def live(self) -> int:
+        return self.counts[0]
+
+
+@dataclass
+class Shared:
+    """What shares the budget: ``replicas`` as a channel has them."""
+
+    replicas: Replicas | None
+
+
 def overall_only(sharers: list[int]) -> tuple[RateLimiter, Clock]:
     """A limiter with only Telegram's overall budget, shared by ``sharers[0]`` processes."""
     clock = Clock()
     return RateLimiter(Limits(overall=TELEGRAM_LIMITS.overall), clock=clock,
-                       sleep=clock.sleep, shared_by=lambda: sharers[0]), clock
+                       sleep=clock.sleep, shared_by=Shared(Replicas(sharers))), clock
 
 
 async def calls(limiter: RateLimiter, count: int, *, urgent: bool = True) -> int:
@@ -81,7 +100,8 @@ async def test_without_sharers_or_with_a_count_of_none_the_budget_is_whole() -> 
     alone = RateLimiter(TELEGRAM_LIMITS)
     assert alone.overall == TELEGRAM_LIMITS.overall
     assert overall_only([0])[0].overall == Rate(30, 1.0)  # never below one process
-    assert RateLimiter(Limits(), shared_by=lambda: 3).overall is None
+    assert RateLimiter(Limits(), shared_by=Shared(Replicas([3]))).overall is None
+    assert RateLimiter(TELEGRAM_LIMITS, shared_by=Shared(None)).overall == Rate(30, 1.0)
 
 
 # -- replicas: two apps on one PostgreSQL database, each with its Telegram channel ----------

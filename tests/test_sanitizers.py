@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 from collections.abc import Callable
@@ -10,7 +11,7 @@ import pytest
 
 from bot.config.settings import Settings
 from bot.contracts.hookspecs import hookimpl
-from bot.contracts.sanitize import Sanitizer, run_pipeline
+from bot.contracts.llm import Sanitizer, run_pipeline
 from bot.testing.app import scripted, settle
 from plugins.sanitizers import (
     collapse_duplicate_paragraphs,
@@ -329,6 +330,37 @@ def test_random_inputs_never_raise_and_only_delete() -> None:
         text = "".join(chr(rng.randrange(0, 0x3000)) for _ in range(rng.randrange(0, 200)))
         for step in STEPS:
             assert is_subsequence(step(text), text), (step.__name__, text)
+
+
+def test_pipeline_passes_a_sanitizer_only_text_holding_what_it_needs() -> None:
+    seen: list[str] = []
+
+    def record(text: str) -> str:
+        seen.append(text)
+        return text.replace("<b>", "")
+
+    tags = Sanitizer("tags", record, needs="<>")
+    assert run_pipeline("plain hello", [tags]) == "plain hello"
+    assert seen == []
+    assert run_pipeline("a <b>bold", [tags]) == "a bold"
+    assert seen == ["a <b>bold"]
+
+
+def test_builtins_skipped_for_lack_of_what_they_need_change_nothing() -> None:
+    # Every built-in says what its artifacts contain, so a plain reply is not scanned...
+    assert all(s.needs for s in BUILTINS)
+    # ...and skipping it changes no result: each step leaves text without its needs as it
+    # is (up to what the final trim removes), and the pipeline equals calling every step.
+    always = [dataclasses.replace(s, needs="") for s in BUILTINS]
+    rng = random.Random(20261127)
+    for _ in range(3000):
+        text = "".join(rng.choice(TOKENS) for _ in range(rng.randrange(0, 40)))
+        assert run_pipeline(text, BUILTINS) == run_pipeline(text, always), text
+        for s in BUILTINS:
+            lacking = "".join(c for c in text if c not in s.needs)
+            assert s.func(lacking).strip() == lacking.strip(), (s.name, lacking)
+            if lacking.strip():
+                assert s.func(lacking) == lacking, (s.name, lacking)
 
 
 ADVERSARIAL = [

@@ -433,10 +433,11 @@ async def test_a_reply_is_marked_sending_at_its_call_and_unmarked_when_refused(
     fake_telegram.fail("sendMessage", 429, retry_after=1)
     marks: list[tuple[bool, float]] = []
 
-    async def mark(on: bool, note: str | None = None) -> None:
-        marks.append((on, time.perf_counter()))
+    class Mark:
+        async def record(self, on: bool, note: str | None = None) -> None:
+            marks.append((on, time.perf_counter()))
 
-    with sending_mark(mark):
+    with sending_mark(Mark()):
         await tg.send(OutboundMessage(channel="telegram", chat_id="42", text="patient"))
     limited, delivered = fake_telegram.calls_of("sendMessage")
     assert [on for on, _ in marks] == [True, False, True]
@@ -452,8 +453,9 @@ async def test_a_reply_whose_first_piece_was_shown_stays_marked_when_a_later_one
     _, tg, _ = await make_tg(scripted({"reply": "unused"}))
     marks: list[bool] = []
 
-    async def mark(on: bool, note: str | None = None) -> None:
-        marks.append(on)
+    class Mark:
+        async def record(self, on: bool, note: str | None = None) -> None:
+            marks.append(on)
 
     pieces = 0
 
@@ -465,7 +467,7 @@ async def test_a_reply_whose_first_piece_was_shown_stays_marked_when_a_later_one
                 fake_telegram.fail("sendMessage", 403)
 
     fake_telegram.on_call = refuse_the_second
-    with sending_mark(mark), pytest.raises(Exception, match="blocked"):
+    with sending_mark(Mark()), pytest.raises(Exception, match="blocked"):
         await tg.send(OutboundMessage(channel="telegram", chat_id="42",
                                       text="x" * (MAX_TEXT + 10)))
     assert [c.status for c in fake_telegram.calls_of("sendMessage")] == [200, 403]

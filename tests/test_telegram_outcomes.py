@@ -216,11 +216,12 @@ async def test_a_reply_found_not_to_have_arrived_at_all_takes_its_mark_and_note_
     tg, hello = await talking(start_tg, fake_telegram)
     marks: list[tuple[bool, str | None]] = []
 
-    async def mark(on: bool, note: str | None = None) -> None:
-        marks.append((on, note))
+    class Mark:
+        async def record(self, on: bool, note: str | None = None) -> None:
+            marks.append((on, note))
 
     fake_telegram.fail("sendMessage", kind="reset_before", times=FAST.attempts)
-    with sending_mark(mark), pytest.raises(Transient):
+    with sending_mark(Mark()), pytest.raises(Transient):
         await tg.send(reply("never arrived"))
     assert marks == [(True, str(hello)), (False, None)]
     assert fake_telegram.visible(42) == []
@@ -231,8 +232,9 @@ async def test_a_piece_found_after_all_keeps_the_mark_when_a_later_piece_is_refu
     tg, _ = await talking(start_tg, fake_telegram)
     marks: list[bool] = []
 
-    async def mark(on: bool, note: str | None = None) -> None:
-        marks.append(on)
+    class Mark:
+        async def record(self, on: bool, note: str | None = None) -> None:
+            marks.append(on)
 
     pieces = 0
 
@@ -245,7 +247,7 @@ async def test_a_piece_found_after_all_keeps_the_mark_when_a_later_piece_is_refu
 
     fake_telegram.fail("sendMessage", kind="reset_after")
     fake_telegram.on_call = refuse_the_second
-    with sending_mark(mark), pytest.raises(Exception, match="blocked"):
+    with sending_mark(Mark()), pytest.raises(Exception, match="blocked"):
         await tg.send(reply("a" * MAX_TEXT + " " + "b" * 10))
     assert len(fake_telegram.visible(42)) == 1  # the first piece is on screen
     assert marks == [True]  # so the reply stays marked: at most once holds

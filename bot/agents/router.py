@@ -13,11 +13,13 @@ first registered one (with a warning), a context window ``<= 0`` becomes
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from bot.agents.judge import CorrectionResult, LLMJudge
@@ -26,12 +28,12 @@ from bot.agents.tool_policy import ToolPolicy
 from bot.config.agents import DEFAULT_AGENT, AgentConfig, AgentType, Binding, JudgeConfig
 from bot.config.settings import ConfigError, Settings, load_settings
 from bot.contracts.judge import Judge, Verdict
-from bot.contracts.llm import LLMProvider
+from bot.contracts.llm import LLMProvider, ToolSpec
 from bot.contracts.messages import InboundMessage
 from bot.contracts.tools import Tool
 from bot.contracts.views import AgentError as AgentError
 from bot.pluginhost.manager import PluginHost
-from workspaces import safe_component, workspace_dir
+from workspaces import TEMPLATE_NAMES, ensure_workspace, safe_component, workspace_dir
 
 log = logging.getLogger("roost.agents.router")
 
@@ -60,6 +62,12 @@ def user_workspace(settings: Settings, message: InboundMessage) -> Path:
     """The workspace of ``message``'s sender, under the agent its chat is bound to."""
     root = workspaces_root(settings, route(settings.bindings, message))
     return workspace_dir(root, message.channel, message.sender_id)
+
+
+@functools.lru_cache(maxsize=4096)
+def workspace_for(root: Path, channel: str, user_id: str) -> Path:
+    """The sender's workspace under ``root`` (sanitizing and hashing ids is pure; cached)."""
+    return workspace_dir(root, channel, user_id)
 
 
 @dataclass(slots=True)
@@ -113,7 +121,9 @@ class Agent:
     patterns: PatternLibrary | None = None
     judges: tuple[Judge, ...] = ()
     resolved_at: float = 0.0
-    _tools: tuple[int, dict[str, Tool]] | None = field(default=None, repr=False)
+    _tools: tuple[Mapping[str, Tool], dict[str, Tool], Mapping[str, ToolSpec]] | None = field(
+        default=None, repr=False)
+    _seeded: set[Path] = field(default_factory=set, repr=False)
 
     @property
     def type(self) -> AgentType:
@@ -130,17 +140,39 @@ class Agent:
         """Self-correction settings, when the agent has judges."""
         return self.config.judge if self.judges else None
 
+    async def workspace(self, channel: str, user_id: str) -> Path:
+        """The workspace of ``user_id`` on ``channel`` under this agent, seeded with the
+        agent's templates the first time the agent serves that user (a predefined agent's
+        persona is its own: the user's workspace gets only USER.md)."""
+        path = workspace_for(self.workspaces_root, channel, user_id)
+        if path not in self._seeded:
+            await asyncio.to_thread(ensure_workspace, path, self.bootstrap_dir,
+                                    ("USER.md",) if self.type == "predefined"
+                                    else TEMPLATE_NAMES)
+            self._seeded.add(path)
+        return path
+
     def tools(self, registered: Mapping[str, Tool], groups: Mapping[str, str]) -> dict[str, Tool]:
         """The registered tools this agent's policy lets a run offer and execute.
 
         Cached until the registered tools change (a plugin enabled or disabled).
         """
+        return self._offered(registered, groups)[0]
+
+    def specs(self, registered: Mapping[str, Tool],
+              groups: Mapping[str, str]) -> Mapping[str, ToolSpec]:
+        """What the model is shown of each of :meth:`tools`, by name (cached alike)."""
+        return self._offered(registered, groups)[1]
+
+    def _offered(self, registered: Mapping[str, Tool], groups: Mapping[str, str]
+                 ) -> tuple[dict[str, Tool], Mapping[str, ToolSpec]]:
         cached = self._tools
-        if cached is not None and cached[0] == id(registered):
-            return cached[1]
+        if cached is not None and cached[0] is registered:
+            return cached[1], cached[2]
         allowed = self.policy.filter(registered, groups)
-        self._tools = (id(registered), allowed)
-        return allowed
+        specs = MappingProxyType({name: tool.spec() for name, tool in allowed.items()})
+        self._tools = (registered, allowed, specs)
+        return allowed, specs
 
 
 class _ConfiguredJudge:

@@ -13,8 +13,7 @@ from bot.config.settings import Settings, SetupError
 from bot.contracts.judge import Judge
 from bot.contracts.providers import ProviderSpec
 from bot.contracts.tools import Tool
-from bot.pluginhost.hooks import Offers
-from bot.pluginhost.manager import PluginHost
+from bot.pluginhost.manager import Offers, PluginHost
 
 log = logging.getLogger("roost.app.offers")
 

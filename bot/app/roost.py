@@ -110,7 +110,7 @@ class Roost:
             settings, inbox=self.inbox, store=store, engine=engine, router=self.router,
             channels=self.channels, commands=lambda: self.commands, runtime=self.runtime,
             gates=gates, policy=policy, pairing=pairing, budgets=budgets, claims=claims,
-            on_delivery=metrics.delivery)
+            deliveries=metrics)
 
     @property
     def provider(self) -> LLMProvider:
@@ -145,7 +145,7 @@ class Roost:
             plugins = CurrentPlugins(PluginSnapshot.of(
                 InputGuard([], settings.guard_mode, settings.guard_modes)))
             # Metrics count each run's spans, then pass them on (OpenTelemetry).
-            metrics = RoostMetrics(known_tools=plugins.tool_names,
+            metrics = RoostMetrics(tools=plugins,
                                    then=OTelExporter.from_environment())
             try:
                 scheduler = Scheduler(JobStore(store.db, store.lock), settings,

@@ -60,7 +60,7 @@ class ReplyStream(Protocol):
 class SendingMark(Protocol):
     """The core's record that a reply may have reached its platform (see :func:`sending_mark`)."""
 
-    def __call__(self, on: bool, note: str | None = None) -> Awaitable[None]:
+    def record(self, on: bool, note: str | None = None) -> Awaitable[None]:
         """``on``: the reply may be shown from now on (``False``: it certainly is not).
         ``note``: what the adapter needs to find out later whether it was (kept with the
         reply, given back on its redelivery as ``OutboundMessage.attempt_note``)."""
@@ -80,8 +80,9 @@ _SENDING: contextvars.ContextVar[_SendingMark | None] = contextvars.ContextVar(
 
 @contextlib.contextmanager
 def sending_mark(mark: SendingMark) -> Iterator[None]:
-    """Within the block, :func:`marked_send` calls ``mark(True, note)`` before the first
-    platform call that may show the reply, and ``mark(False)`` if that call was refused.
+    """Within the block, :func:`marked_send` records ``mark.record(True, note)`` before the
+    first platform call that may show the reply, and ``mark.record(False)`` if that call
+    was refused.
 
     The core wraps :meth:`Channel.send` in it for adapters that set
     :attr:`Channel.marks_sending`; with replicas, ``mark`` records in the outbox that
@@ -113,14 +114,14 @@ async def marked_send(call: Callable[[], Awaitable[T]], *,
     if state is None:
         return await call()
     if not state.on:
-        await state.mark(True, None if note is None else note())
+        await state.mark.record(True, None if note is None else note())
         state.on = True
     try:
         result = await call()
     except BaseException as exc:
         if state.on and not state.shown and refused(exc):
             state.on = False
-            await state.mark(False)
+            await state.mark.record(False)
         raise
     state.shown = True
     return result
@@ -141,7 +142,7 @@ async def found_nothing_shown() -> None:
     state = _SENDING.get()
     if state is not None and state.on and not state.shown:
         state.on = False
-        await state.mark(False)
+        await state.mark.record(False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,13 +24,13 @@ if TYPE_CHECKING:
     from bot.contracts.health import HealthReport
     from bot.contracts.jobs import JobSpec
     from bot.contracts.judge import Judge
+    from bot.contracts.llm import Sanitizer
     from bot.contracts.media import Transcriber
     from bot.contracts.messages import InboundMessage
     from bot.contracts.migrations import Migrations
     from bot.contracts.prompt import PromptContext, PromptSection
     from bot.contracts.providers import ProviderSpec
     from bot.contracts.runtime import Runtime
-    from bot.contracts.sanitize import Sanitizer
     from bot.contracts.search import SearchBackend
     from bot.contracts.services import Services
     from bot.contracts.tools import Tool
@@ -91,11 +91,12 @@ def roost_output_sanitizers(settings: SettingsModel) -> list[Sanitizer] | Saniti
 
     * **Called:** once at startup (and when plugins are enabled or disabled).
     * **Arguments:** `settings`.
-    * **Returns:** `Sanitizer(name, func, order)` objects. `func(text) -> text` is applied to every
-      final reply (and to streamed drafts) by ascending `order`; the built-ins use 100..700, so 650
-      runs after thinking tags and tool-call debris are gone. The result is trimmed afterwards, and
-      sanitizing happens before the `NO_REPLY` check, so returning `""` makes a reply silent.
-      Sanitizers must never raise and should run in linear time.
+    * **Returns:** `Sanitizer(name, func, order, needs="")` objects. `func(text) -> text` is
+      applied to every final reply (and to streamed drafts) by ascending `order`; the built-ins
+      use 100..700, so 650 runs after thinking tags and tool-call debris are gone. With `needs`
+      (e.g. `"<"`), `func` gets only text containing one of those characters. The result is
+      trimmed afterwards, and sanitizing happens before the `NO_REPLY` check, so returning `""`
+      makes a reply silent. Sanitizers must never raise and should run in linear time.
 
     ```python
     import re

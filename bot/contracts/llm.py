@@ -1,5 +1,5 @@
-"""Provider-neutral conversation types (a message, a session), the provider protocol, and
-who pays for a call.
+"""Provider-neutral conversation types (a message, a session), the provider protocol,
+who pays for a call, and how the model's final text is cleaned (:class:`Sanitizer`).
 
 Every LLM provider (Anthropic, OpenAI-compatible, scripted, or a plugin's)
 translates these types to its own wire format and back. Every model call made
@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 import json
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -365,3 +365,29 @@ async def charge_transcription(transcriber: object, transcript: str) -> None:
         return
     model = str(getattr(transcriber, "model", "") or getattr(transcriber, "name", ""))
     await meter.charge(Usage(0, len(transcript) // TRANSCRIPT_CHARS_PER_TOKEN + 1), model)
+
+
+# -- cleaning the model's final text ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Sanitizer:
+    """A text transform applied to every final reply, lowest ``order`` first.
+
+    ``needs``: characters without which ``func`` has nothing to remove; the pipeline
+    passes it only text that contains one of them (empty: every text).
+    """
+
+    name: str
+    func: Callable[[str], str]
+    order: int = 500
+    needs: str = ""
+
+
+def run_pipeline(text: str, sanitizers: Iterable[Sanitizer]) -> str:
+    """Apply ``sanitizers`` in order (each to text holding one of its ``needs``) and trim
+    the result."""
+    for s in sorted(sanitizers, key=lambda s: s.order):
+        if not s.needs or any(c in text for c in s.needs):
+            text = s.func(text)
+    return text.strip()

@@ -1,8 +1,9 @@
-"""System-prompt sections: the plugin contract and the assembler."""
+"""System-prompt sections: the plugin contract (the engine assembles them:
+:func:`bot.engine.context.assemble`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
@@ -97,9 +98,3 @@ class PromptSection:
     text: str
     order: int = Order.PLUGIN_DEFAULT
     volatile: bool = False
-
-
-def assemble(sections: Iterable[PromptSection]) -> str:
-    """Join non-empty sections by order (stable for equal orders)."""
-    ordered = sorted((s for s in sections if s.text.strip()), key=lambda s: s.order)
-    return "\n\n".join(s.text.strip() for s in ordered)

@@ -20,13 +20,13 @@ import dataclasses
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from bot.config.masking import mask_text
-from bot.contracts.channel import Channel, ReplyStream, SendingMark, sending_mark
+from bot.contracts.channel import Channel, ReplyStream, sending_mark
 from bot.contracts.events import RunEvent
+from bot.contracts.llm import Sanitizer, run_pipeline
 from bot.contracts.messages import InboundMessage, OutboundMessage
-from bot.contracts.sanitize import Sanitizer, run_pipeline
 from bot.dispatch.lanes import Running
 from bot.dispatch.replicas import ReplicaWork
 from bot.engine.requests import NO_REPLY, RunCommit, RunResult
@@ -45,6 +45,22 @@ def draft_id(stream: ReplyStream | None) -> str | None:
     """The platform id of a stream's draft (streams of older channel plugins have none)."""
     value = getattr(stream, "message_id", None)
     return str(value) if value else None
+
+
+class DeliveryCount(Protocol):
+    """Counts each attempt to hand a reply to its channel (the app's metrics)."""
+
+    def delivery(self, channel: str, outcome: str) -> None:
+        """One attempt on ``channel``: ``ok``, ``failed`` (kept and retried) or ``given_up``."""
+        ...
+
+
+class Uncounted:
+    """A :class:`DeliveryCount` that counts nothing."""
+
+    def delivery(self, channel: str, outcome: str) -> None:
+        """Count nothing."""
+
 
 
 class DraftWatch:
@@ -198,31 +214,45 @@ def inbox_statements(inbox: Inbox, message: InboundMessage, entries: tuple[int, 
     return lease_checked
 
 
-def _noting(inbox: Inbox, outbox_id: int) -> SendingMark:
-    """A streamed reply's mark: only the adapter's note is kept (a replica taking over
-    sends a streamed reply again, as before)."""
-    noted = False
+class StreamNote:
+    """A streamed reply's :class:`SendingMark`: only the adapter's note is kept (a replica
+    taking over sends a streamed reply again, as before)."""
 
-    async def mark(on: bool, note: str | None = None) -> None:
-        nonlocal noted
+    def __init__(self, inbox: Inbox, outbox_id: int) -> None:
+        self.inbox = inbox
+        self.outbox_id = outbox_id
+        self.noted = False
+
+    async def record(self, on: bool, note: str | None = None) -> None:
+        """Keep ``note`` with the reply; take it back when nothing was shown after all."""
         if on and note is not None:
-            await inbox.note_attempt(outbox_id, note)
-            noted = True
-        elif not on and noted:
-            await inbox.note_attempt(outbox_id, None)
-            noted = False
-    return mark
+            await self.inbox.note_attempt(self.outbox_id, note)
+            self.noted = True
+        elif not on and self.noted:
+            await self.inbox.note_attempt(self.outbox_id, None)
+            self.noted = False
+
+
+class OutboxMark:
+    """A sent reply's :class:`SendingMark`: the outbox records that it may have been
+    shown (and the adapter's note), or takes that back."""
+
+    def __init__(self, inbox: Inbox, outbox_id: int) -> None:
+        self.inbox = inbox
+        self.outbox_id = outbox_id
+        self.noted = False
+
+    async def record(self, on: bool, note: str | None = None) -> None:
+        """Mark the reply as possibly shown (``on``) or certainly not, with ``note``."""
+        await self.inbox.sending(self.outbox_id, on, note, forget=not on and self.noted)
+        self.noted = on and (self.noted or note is not None)
 
 
 async def deliver_result(channel: Channel | None, message: InboundMessage, result: RunResult,
                          stream: ReplyStream | None, *, inbox: Inbox,
-                         redeliveries: Redeliveries,
-                         count: Callable[[str, str], None]) -> None:
-    """Show a committed run's reply: finish its draft or send it, and record the outcome.
-
-    ``count(channel, outcome)`` sees ``ok``, ``failed`` (kept for redelivery) or
-    ``given_up``.
-    """
+                         redeliveries: Redeliveries, counts: DeliveryCount) -> None:
+    """Show a committed run's reply: finish its draft or send it, and record the outcome
+    (``counts`` sees ``ok``, ``failed`` (kept for redelivery) or ``given_up``)."""
     if channel is None:
         log.error("no channel %r to deliver run %s", message.channel, result.run_id)
         return
@@ -234,7 +264,7 @@ async def deliver_result(channel: Channel | None, message: InboundMessage, resul
             if result.outbox_id is None:
                 await stream.finish(result.reply)
             else:
-                with sending_mark(_noting(inbox, result.outbox_id)):
+                with sending_mark(StreamNote(inbox, result.outbox_id)):
                     await stream.finish(result.reply)
             platform_id = draft_id(stream)
         elif reply is not None:
@@ -247,7 +277,8 @@ async def deliver_result(channel: Channel | None, message: InboundMessage, resul
             return
     except Exception as exc:
         if reply is not None:
-            count(message.channel, "failed" if result.outbox_id is not None else "given_up")
+            counts.delivery(message.channel,
+                            "failed" if result.outbox_id is not None else "given_up")
         if result.outbox_id is None or reply is None:
             log.warning("delivering run %s to %s:%s failed: %s", result.run_id,
                         message.channel, message.chat_id, exc)
@@ -258,7 +289,7 @@ async def deliver_result(channel: Channel | None, message: InboundMessage, resul
         redeliveries.schedule(result.outbox_id, reply, draft, 1)
         return
     if reply is not None:  # not a silent or withdrawn reply
-        count(message.channel, "ok")
+        counts.delivery(message.channel, "ok")
     if result.outbox_id is not None:
         inbox.delivered(result.outbox_id, platform_id)
 
@@ -319,14 +350,7 @@ async def send_marked(channel: Channel, reply: OutboundMessage, inbox: Inbox,
         await inbox.sending(outbox_id)
         return await channel.send(reply)
 
-    noted = False
-
-    async def mark(on: bool, note: str | None = None) -> None:
-        nonlocal noted
-        await inbox.sending(outbox_id, on, note, forget=not on and noted)
-        noted = on and (noted or note is not None)
-
-    with sending_mark(mark):
+    with sending_mark(OutboxMark(inbox, outbox_id)):
         return await channel.send(reply)
 
 
@@ -335,14 +359,14 @@ class Redeliveries:
 
     Each attempt carries the reply's stable ``delivery_id`` (``roost-<outbox id>``)
     and ``redelivery=True``, so adapters that can check whether an earlier attempt
-    landed do. ``count(channel, outcome)`` sees every attempt's outcome.
+    landed do. ``counts`` sees every attempt's outcome.
     """
 
     def __init__(self, inbox: Inbox, channels: Mapping[str, Channel],
-                 count: Callable[[str, str], None]) -> None:
+                 counts: DeliveryCount) -> None:
         self.inbox = inbox
         self.channels = channels
-        self.count = count
+        self.counts = counts
         self.tasks: set[asyncio.Task[None]] = set()
         self._waiting: dict[int, asyncio.Task[None]] = {}
 
@@ -389,7 +413,7 @@ class Redeliveries:
                 self.inbox, outbox_id)
         except Exception as exc:
             final = attempts >= REDELIVERY.retries
-            self.count(reply.channel, "given_up" if final else "failed")
+            self.counts.delivery(reply.channel, "given_up" if final else "failed")
             self.inbox.not_delivered(outbox_id, final=final, error=mask_text(str(exc)))
             if final:
                 log.error("reply %d to %s:%s could not be delivered; given up (%s)",
@@ -399,5 +423,5 @@ class Redeliveries:
                             outbox_id, reply.channel, reply.chat_id, exc)
                 self.schedule(outbox_id, reply, draft, attempts + 1)
             return
-        self.count(reply.channel, "ok")
+        self.counts.delivery(reply.channel, "ok")
         self.inbox.delivered(outbox_id, platform_id)

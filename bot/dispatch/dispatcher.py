@@ -28,7 +28,15 @@ from bot.contracts.llm import METER, BudgetRefused, Usage
 from bot.contracts.messages import InboundMessage, OutboundMessage, parse_command
 from bot.contracts.runtime import Runtime
 from bot.dispatch.commands import run_command
-from bot.dispatch.delivery import Redeliveries, RunWatch, StreamBridge, commit_run, deliver_result
+from bot.dispatch.delivery import (
+    DeliveryCount,
+    Redeliveries,
+    RunWatch,
+    StreamBridge,
+    Uncounted,
+    commit_run,
+    deliver_result,
+)
 from bot.dispatch.intake import ChatPolicy, PairingPolicy
 from bot.dispatch.lanes import Lane, Lanes, Moves, Pending, Running, RunRegistry, join_messages
 from bot.dispatch.replicas import ReplicaWork, close_quietly
@@ -62,15 +70,15 @@ class Dispatcher:
                  commands: Callable[[], Mapping[str, Command]], runtime: Runtime,
                  gates: GateChain, policy: ChatPolicy, pairing: PairingPolicy, budgets: Budgets,
                  claims: Claims | None = None,
-                 on_delivery: Callable[[str, str], None] | None = None) -> None:
+                 deliveries: DeliveryCount | None = None) -> None:
         """``channels`` is the live mapping of running channels; ``commands()`` the
         current commands (they change when plugins do); ``runtime`` is what command
         handlers receive. ``gates`` decide who is answered and how (intake and start
         stages run here; its gates use ``policy``, ``pairing`` (bot.dispatch.intake) and
         ``budgets``, also reserved around each model call). ``claims`` (PostgreSQL,
         several replicas) makes sessions run on the replica holding their lease.
-        ``on_delivery(channel, outcome)`` is told of each reply handed to a channel
-        (``ok``, ``failed`` (kept and retried) or ``given_up``)."""
+        ``deliveries`` counts each reply handed to a channel (``ok``, ``failed`` (kept and
+        retried) or ``given_up``)."""
         self.settings = settings
         self.inbox = inbox
         self.store = store
@@ -83,8 +91,8 @@ class Dispatcher:
         self.pairing = pairing
         self.budgets = budgets
         self.registry = RunRegistry()
-        self.on_delivery: Callable[[str, str], None] = on_delivery or _uncounted
-        self.redeliveries = Redeliveries(inbox, channels, self.on_delivery)
+        self.deliveries: DeliveryCount = deliveries or Uncounted()
+        self.redeliveries = Redeliveries(inbox, channels, self.deliveries)
         self.policy = policy
         self.lanes = Lanes(settings, self.registry)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -360,7 +368,7 @@ class Dispatcher:
             else:
                 await deliver_result(channel, message, result, bridge.stream,
                                      inbox=self.inbox, redeliveries=self.redeliveries,
-                                     count=self.on_delivery)
+                                     counts=self.deliveries)
             if pending.done is not None and not pending.done.done():
                 pending.done.set_result(result)
         except asyncio.CancelledError:
@@ -468,10 +476,10 @@ class Dispatcher:
         try:
             await channel.send(out)
         except Exception:
-            self.on_delivery(out.channel, "given_up")
+            self.deliveries.delivery(out.channel, "given_up")
             log.exception("sending to %s:%s failed", out.channel, out.chat_id)
             return
-        self.on_delivery(out.channel, "ok")
+        self.deliveries.delivery(out.channel, "ok")
 
     def _spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         task = asyncio.create_task(coro)
@@ -484,10 +492,6 @@ class Dispatcher:
         if not task.cancelled() and task.exception() is not None:
             log.error("task failed", exc_info=task.exception())
         self._changed.set()
-
-
-def _uncounted(channel: str, outcome: str) -> None:
-    """The default :attr:`Dispatcher.on_delivery`: nothing counts deliveries."""
 
 
 async def _quietly(work: Coroutine[Any, Any, None]) -> None:

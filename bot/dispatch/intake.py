@@ -36,6 +36,10 @@ class ChatPolicy:
     def __init__(self, settings: Settings, chatter: GroupChatter) -> None:
         self.settings = settings
         self.chatter = chatter
+        self.answers_every_dm = all(policy in ("open", "pairing")
+                                    for policy in dm_policies(settings))
+        """Every channel's DM policy lets anyone's DM through here (the pairing gate
+        decides after): a DM needs no look at :meth:`allows`."""
 
     async def allows(self, message: InboundMessage, is_command: bool, key: str) -> bool:
         """Whether ``message`` (of session ``key``) is answered; the DM pairing gate decides
@@ -144,6 +148,11 @@ LOCAL_CHANNELS = frozenset({"console"})
 need no pairing."""
 
 
+def dm_policies(settings: Settings) -> set[str]:
+    """The DM policies in force on some channel (the default and every override)."""
+    return {settings.dm_policy, *settings.dm_policies.values()}
+
+
 def pairing_text(code: str, ttl: float) -> str:
     """What an unknown user is told: the command an admin sends to let them in."""
     minutes = max(1, math.ceil(ttl / 60))
@@ -160,6 +169,9 @@ class PairingPolicy:
     def __init__(self, settings: Settings, store: AccessStore) -> None:
         self.settings = settings
         self.store = store
+        self.anywhere = "pairing" in dm_policies(settings)
+        """Whether some channel's DMs are under the pairing policy; when not, every
+        message is admitted without a look at :meth:`admits`."""
 
     def applies(self, message: InboundMessage) -> bool:
         """Whether ``message`` must come from a paired user: a DM under the pairing policy

@@ -76,10 +76,24 @@ class Budgets:
         self.usage = usage
         self.estimator_for = estimator_for
         self._unpriced: set[str] = set()
+        self._limits: dict[str, tuple[BudgetConfig, bool]] = {}
 
     def limits(self, agent: str) -> BudgetConfig:
         """The limits in force for ``agent``'s runs."""
-        return self.settings.budgets_for(agent)
+        return self._agent(agent)[0]
+
+    def limiting(self, agent: str) -> BudgetConfig | None:
+        """:meth:`limits` when one of them is set, else ``None`` (nothing to check)."""
+        limits, limited = self._agent(agent)
+        return limits if limited else None
+
+    def _agent(self, agent: str) -> tuple[BudgetConfig, bool]:
+        # The settings do not change under a running service: merged once per agent.
+        found = self._limits.get(agent)
+        if found is None:
+            limits = self.settings.budgets_for(agent)
+            found = self._limits[agent] = (limits, limits.limited)
+        return found
 
     def exempt(self, message: InboundMessage, limits: BudgetConfig) -> bool:
         """Whether ``message``'s sender is not limited (an admin, by default)."""
@@ -93,8 +107,8 @@ class Budgets:
         ``request``: the run answers a person's message and counts against the
         request rate (scheduled runs count only against the token budgets).
         """
-        limits = self.limits(agent)
-        if not limits.limited or self.exempt(message, limits):
+        limits = self.limiting(agent)
+        if limits is None or self.exempt(message, limits):
             return None
         now = self.usage.clock()
         user = f"{message.channel}:{message.sender_id}"
@@ -156,8 +170,8 @@ class Budgets:
 
     def applying(self, message: InboundMessage, agent: str) -> list[Limit]:
         """The limits ``message``'s runs must fit now (none for an exempt admin)."""
-        limits = self.limits(agent)
-        if not limits.limited or self.exempt(message, limits):
+        limits = self.limiting(agent)
+        if limits is None or self.exempt(message, limits):
             return []
         now = self.usage.clock()
         day, month = day_of(now), month_of(now)

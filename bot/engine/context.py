@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from bot.agents.patterns import PatternLibrary, render
 from bot.config.settings import Settings
 from bot.contracts.llm import ChatMessage, ContentPart, LLMRequest, ToolSpec
-from bot.contracts.prompt import Order, PromptContext, PromptSection, assemble
+from bot.contracts.prompt import Order, PromptContext, PromptSection
 from bot.engine.media import drop_images
 from bot.media.images import image_tokens
 from bot.observability.tracing import RunTrace
@@ -145,6 +145,12 @@ class SystemPrompt:
     kernel: str
     text: str
     volatile: str
+
+
+def assemble(sections: Iterable[PromptSection]) -> str:
+    """Join non-empty sections by order (stable for equal orders)."""
+    ordered = sorted((s for s in sections if s.text.strip()), key=lambda s: s.order)
+    return "\n\n".join(s.text.strip() for s in ordered)
 
 
 async def system_prompt(host: PluginHost, prompt: PromptContext, *, text: str,

@@ -282,6 +282,9 @@ def truncate(text: str, limit: int) -> tuple[str, str | None]:
 class Policy(Protocol):
     """The DM and group policies (:class:`bot.dispatch.intake.ChatPolicy`)."""
 
+    answers_every_dm: bool
+    """Every channel's DM policy lets anyone's DM through (checked once, at construction)."""
+
     async def allows(self, message: InboundMessage, is_command: bool, key: str) -> bool:
         """Whether ``message`` is answered under the chat's policy (a group's unaddressed
         message is kept for its next run)."""
@@ -290,6 +293,9 @@ class Policy(Protocol):
 
 class Pairing(Protocol):
     """Who may DM the bot (:class:`bot.dispatch.intake.PairingPolicy`)."""
+
+    anywhere: bool
+    """Whether some channel's DMs are under the pairing policy at all."""
 
     async def admits(self, message: InboundMessage) -> bool:
         """Whether ``message``'s sender may reach the bot."""
@@ -310,6 +316,8 @@ class PolicyGate:
         self.policy = policy
 
     async def check(self, asking: Asking) -> Verdict:
+        if asking.message.chat_type == "direct" and self.policy.answers_every_dm:
+            return PASS
         allowed = await self.policy.allows(asking.message, asking.command, asking.key)
         return PASS if allowed else DROP
 
@@ -327,7 +335,7 @@ class PairingGate:
 
     async def check(self, asking: Asking) -> Verdict:
         message = asking.message
-        if await self.pairing.admits(message):
+        if not self.pairing.anywhere or await self.pairing.admits(message):
             return PASS
         entry = await self.inbox.add(message, asking.key,
                                      "command" if asking.command else "message")

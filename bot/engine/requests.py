@@ -21,11 +21,10 @@ from typing import Any, Literal, Protocol
 
 from bot.contracts.events import EventType, RunEvent
 from bot.contracts.judge import Judge
-from bot.contracts.llm import ChatMessage, ToolCall, Usage
+from bot.contracts.llm import ChatMessage, Sanitizer, ToolCall, Usage
 from bot.contracts.messages import InboundMessage
 from bot.contracts.prompt import PromptMode
 from bot.contracts.runtime import NO_REPLY as NO_REPLY
-from bot.contracts.sanitize import Sanitizer
 from bot.contracts.tools import SendFunc, Tool
 from bot.engine.gates import InputGuard
 from bot.observability.tracing import Span, SpanExporter, hex_id

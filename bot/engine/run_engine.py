@@ -15,9 +15,8 @@ from bot.agents.router import Agent, JudgeStats
 from bot.config.settings import Settings
 from bot.contracts import hookspecs
 from bot.contracts.channel import Channel
-from bot.contracts.llm import ChatMessage, LLMProvider
+from bot.contracts.llm import ChatMessage, LLMProvider, Sanitizer
 from bot.contracts.messages import InboundMessage
-from bot.contracts.sanitize import Sanitizer
 from bot.contracts.tools import Tool
 from bot.engine.compaction import (
     FLUSH_ITERATIONS,

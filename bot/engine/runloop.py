@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bot.agents.router import Agent
@@ -31,11 +29,12 @@ from bot.contracts.llm import (
     ContentPart,
     LLMRequest,
     LLMResponse,
+    ToolSpec,
     Usage,
     metered_complete,
+    run_pipeline,
 )
 from bot.contracts.prompt import PromptContext
-from bot.contracts.sanitize import run_pipeline
 from bot.contracts.tools import Tool, ToolContext
 from bot.engine.compaction import compact_midloop, midloop_due
 from bot.engine.context import build_context, current_turn, recent_history, system_prompt
@@ -48,7 +47,6 @@ from bot.observability.tracing import VERBOSE_INPUT_CHARS, RunTrace, Span, previ
 from bot.storage.sessions import RunRecord
 from bot.tools.executor import ToolExecutor
 from bot.tools.outcomes import describe_error
-from workspaces import TEMPLATE_NAMES, ensure_workspace, is_seeded, workspace_dir
 
 if TYPE_CHECKING:
     from bot.engine.run_engine import RunEngine
@@ -82,6 +80,8 @@ class Run:
         self.provider = engine.provider
         self.estimator = engine.estimator
         self.tools: dict[str, Tool] = {}
+        self.specs: Mapping[str, ToolSpec] = {}
+        """What the model is shown of each tool the agent offers, by name."""
         self.tool_turns: ToolTurns | None = None
         """Made at the model's first tool call."""
         self.stream = True
@@ -134,6 +134,7 @@ class Run:
         # The policy decides what is offered *and* what may run: a hidden tool
         # the model names anyway is an unknown tool to the executor.
         tools = agent.tools(self.plugins.tools, self.plugins.tool_groups)
+        self.specs = agent.specs(self.plugins.tools, self.plugins.tool_groups)
         if req.tools is not None:
             tools = {name: tools[name] for name in req.tools if name in tools}
         self.tools = tools
@@ -146,12 +147,7 @@ class Run:
         req, msg, engine = self.req, self.req.message, self.engine
         agent = await self._use_agent()
         # Setup: the workspace is always the sender's, even in a group.
-        workspace = workspace_for(agent.workspaces_root, msg.channel, msg.sender_id)
-        if not is_seeded(workspace):
-            # A predefined agent's persona is its own: each user's workspace gets USER.md.
-            await asyncio.to_thread(ensure_workspace, workspace, agent.bootstrap_dir,
-                                    ("USER.md",) if agent.type == "predefined"
-                                    else TEMPLATE_NAMES)
+        workspace = await agent.workspace(msg.channel, msg.sender_id)
 
         # The chain's gates of a run (bot.engine.gates): guard and length on the text...
         asking = Asking(msg, msg.text, req.session.key, self.settings,
@@ -213,7 +209,7 @@ class Run:
         if req.persist:
             req.session.context_tokens = context.tokens
         convo = context.messages
-        specs = tuple(t.spec() for t in self.tools.values())
+        specs = tuple(self.specs[name] for name in self.tools)
 
         # LLM iterations.
         limit = req.max_iterations or self.settings.max_iterations
@@ -468,12 +464,6 @@ class Run:
                  self.req.run_id[:8], status, self.req.session.key, self.iterations,
                  self.usage.input_tokens, self.usage.output_tokens,
                  (time.monotonic() - self.started) * 1000, f" error={error}" if error else "")
-
-
-@functools.lru_cache(maxsize=4096)
-def workspace_for(root: Path, channel: str, user_id: str) -> Path:
-    """The sender's workspace under ``root`` (sanitizing and hashing ids is pure; cached)."""
-    return workspace_dir(root, channel, user_id)
 
 
 def verbose_input(request: LLMRequest) -> str:

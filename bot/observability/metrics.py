@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -102,6 +102,14 @@ class _GaugeCollector(Collector):
         yield GaugeMetricFamily("roost_active_runs", "Runs in progress.", gauges.active_runs)
 
 
+class OfferedTools(Protocol):
+    """The tools offered now (:class:`bot.engine.requests.CurrentPlugins` is one)."""
+
+    def tool_names(self) -> list[str]:
+        """Their names."""
+        ...
+
+
 class RoostMetrics:
     """The metric objects of one app, in a registry of their own.
 
@@ -109,13 +117,13 @@ class RoostMetrics:
     to ``then`` after counting them.
     """
 
-    def __init__(self, *, known_tools: Callable[[], Iterable[str]] | None = None,
+    def __init__(self, *, tools: OfferedTools | None = None,
                  then: SpanExporter | None = None) -> None:
-        """``known_tools`` lists the tools offered now (others count as ``unknown``)."""
+        """``tools`` names the tools offered now (others count as ``unknown``)."""
         self.registry = CollectorRegistry()
         self.then = then
         """The span exporter each run's spans go to after being counted (OpenTelemetry)."""
-        self.known_tools = known_tools
+        self.tools = tools
         r = self.registry
         self.runs = Counter("roost_runs", "Finished runs, by agent and status "
                             "(completed, failed, cancelled, refused).",
@@ -185,7 +193,7 @@ class RoostMetrics:
     def _count(self, spans: Sequence[Span]) -> None:
         root = next((s for s in spans if s.kind == "agent"), None)
         agent = str(root.attributes.get("agent") or "unknown") if root else "unknown"
-        known = set(self.known_tools()) if self.known_tools is not None else None
+        known = set(self.tools.tool_names()) if self.tools is not None else None
         for span in spans:
             a = span.attributes
             if span.kind == "agent":

@@ -97,13 +97,18 @@ class TelegramChannel(Channel):
         if settings.telegram_bot_token is None:
             raise ValueError("the Telegram channel needs TELEGRAM_BOT_TOKEN")
         self.settings = settings
+        self.streams = settings.streams(self.name)
+        """Whether replies are streamed by editing a draft (the settings, read once)."""
         self.edit_interval = edit_interval
         self.draft_after = draft_after
         self.draft_chars = draft_chars
         self.request_timeout = request_timeout
         policy = policy or DeliveryPolicy()
+        # Telegram's ~30 messages/s is the bot's, whichever replica sends: each paces at
+        # its share of the live replicas (self.replicas, from begin()). Per-chat limits
+        # stay per replica (a chat's session has one holder).
         self.limiter = RateLimiter(limits if settings.telegram_rate_limits else Limits(),
-                                   shared_by=self._live_replicas)
+                                   shared_by=self)
         self.chats = Chats()
         self.api = BotApi(self.chats, self.limiter, policy=policy)
         self.gate = ReplyGate(self.api)
@@ -123,11 +128,6 @@ class TelegramChannel(Channel):
         self.webhook = Webhook(settings, self.api, self.updates)
         self.interactions = Interactions(self.api)
         self._closing = False
-
-    def _live_replicas(self) -> int:
-        # Telegram's ~30 messages/s is the bot's, whichever replica sends: each paces at
-        # its share. Per-chat limits stay per replica (a chat's session has one holder).
-        return 1 if self.replicas is None else self.replicas.live
 
     @property
     def bot(self) -> Bot | None:
@@ -311,7 +311,7 @@ class TelegramChannel(Channel):
 
     def open_stream(self, message: InboundMessage) -> ReplyStream | None:
         """A draft edited at most once per ``edit_interval``, unless streaming is off."""
-        if not self.settings.streams(self.name):
+        if not self.streams:
             return None
         target = Target.of(message.chat_id, message.thread_id,
                            message.message_id if message.chat_type == "group" else None)
