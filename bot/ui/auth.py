@@ -151,13 +151,16 @@ class Auth:
         wait = max(self.by_address.wait(address), self.by_account.wait(account))
         if wait > 0:
             raise LoginFailed(f"too many failed logins: try again in {int(wait) + 1} s", 429)
+        # Counted as failed before the (slow) check, so attempts sent at once cannot all
+        # pass the limit while the first ones are still being checked.
+        self.by_address.failed(address)
+        self.by_account.failed(account)
         found = await self.store.account(name.strip())
         ok = await asyncio.to_thread(verify_password, password,
                                      found.password_hash if found else None)
         if found is None or not ok:
-            self.by_address.failed(address)
-            self.by_account.failed(account)
             raise LoginFailed("wrong name or password")
+        self.by_address.forgive(address)
         self.by_account.clear(account)
         token, now = new_token(), self.clock()
         await self.store.add_login(token_hash(token), found.name, new_token(), now,

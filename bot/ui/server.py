@@ -139,6 +139,8 @@ class UiServer:
         self.clock = clock
         self.env = environment()
         self.nav: list[NavEntry] = []
+        self.routes: list[UiRoute] = []
+        """Every guarded route served (the pages' and the logout), with its least role."""
         self._roles: dict[str, str] = {}
         self.router = web.UrlDispatcher()
         self._fallback = web.UrlDispatcher()
@@ -153,7 +155,7 @@ class UiServer:
         router.add_get("/ui/static/{name}", self._file)
         router.add_get("/ui/login", self._login_form)
         router.add_post("/ui/login", self._login)
-        router.add_post("/ui/logout", self._guard(UiRoute("POST", "/ui/logout", self._logout)))
+        self._add(UiRoute("POST", "/ui/logout", self._logout))
         for info in sorted(pkgutil.iter_modules(pages.__path__), key=lambda m: m.name):
             try:
                 module = importlib.import_module(f"{pages.__name__}.{info.name}")
@@ -163,14 +165,18 @@ class UiServer:
                               info.name)
                 continue
             for route in getattr(module, "ROUTES", []):
-                router.add_route(route.method, route.path, self._guard(route))
-                if route.method == "GET":
-                    self._roles[route.path] = route.role
+                self._add(route)
             entry = getattr(module, "NAV", None)
             if entry is not None:
                 self.nav.append(entry)
         self.nav.sort(key=lambda e: (e.order, e.label))
         self._fallback.add_route("*", "/{tail:.*}", self._not_found)
+
+    def _add(self, route: UiRoute) -> None:
+        self.router.add_route(route.method, route.path, self._guard(route))
+        self.routes.append(route)
+        if route.method == "GET":
+            self._roles[route.path] = route.role
 
     async def resolve(self, request: web.Request) -> UrlMappingMatchInfo:
         """The match (handler and path variables) of a ``/ui`` request; unknown paths: 404."""

@@ -1,0 +1,205 @@
+"""The Control UI as an attacker sees it, route by route, over HTTP against a real app.
+
+The routes are read from the UI server itself (every page module it discovered plus
+its own), so a route added later is checked here without editing this file: no login
+gets a redirect or 401, a viewer's POST gets 403 and changes nothing, a POST without
+or with a wrong CSRF token gets 403 and changes nothing, every answer carries the
+security headers, and no bad query parameter or unknown id answers 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+import pytest
+
+from bot.app.roost import Roost
+from bot.testing.app import ChatChannel, scripted, settle
+from bot.testing.ui import UiClient, add_account, csrf_of, serve_ui
+from bot.ui.auth import ACCOUNT_LIMIT
+from bot.ui.server import UiServer
+from tests.conftest import AppFactory
+from tests.test_ui_core import assert_secure_headers
+
+PASSWORDS = {"viewer": "viewer-pass", "operator": "operator-pass", "admin": "admin-pass"}
+FORM = {"name": "ada", "id": "1", "code": "ABCDEF", "user": "test:u1", "role": "viewer",
+        "password": "another-pass"}
+"""Fields every action reads: were a guard missing, the handler would act on them."""
+ISSUE_ROLES = {"/ui/sessions": "operator", "/ui/outbox": "operator", "/ui/jobs": "operator",
+               "/ui/access": "operator", "/ui/plugins": "admin", "/ui/users": "admin",
+               "/ui/budgets": "admin"}
+"""The least role of a POST under each page, as issue 29 says."""
+UNGUARDED = {("POST", "/ui/login"), ("GET", "/ui/login")}
+"""The login form posts before anyone is known (its own double-submit token: test_ui_core)."""
+
+
+@pytest.fixture(name="ui")
+async def ui_fixture(make_app: AppFactory) -> tuple[Roost, ChatChannel, str]:
+    app, channel, _ = await make_app(scripted({"reply": "hello"}, loop=True))
+    for role, password in PASSWORDS.items():
+        await add_account(app, role, password, role)
+    await add_account(app, "ada", "ada-password", "viewer")
+    await channel.say("hi")
+    await settle(app)
+    server = await serve_ui(app)
+    return app, channel, server.url
+
+
+VARIABLE = re.compile(r"\{\w+(?::(?:[^{}]|\{[^{}]*\})*)?\}")
+"""A path variable of an aiohttp route, with its regex (which may hold ``{m,n}``)."""
+
+
+def filled(path: str) -> str:
+    """``path`` with each variable set to ``1`` (a value every variable of the UI admits)."""
+    return VARIABLE.sub("1", path)
+
+
+def secure(headers: Any, what: object) -> None:
+    """The security headers are on the answer to ``what``."""
+    try:
+        assert_secure_headers(headers)
+    except AssertionError:
+        raise AssertionError(f"no security headers on the answer to {what}") from None
+
+
+def routes(app: Roost) -> list[tuple[str, str]]:
+    """(method, path with every variable filled) of each route the UI serves."""
+    found = []
+    for route in UiServer(app).router.routes():
+        if route.method == "HEAD":
+            continue  # the GET's own handler
+        info = route.resource.get_info() if route.resource is not None else {}
+        found.append((route.method, filled(str(info.get("formatter") or info.get("path")))))
+    return sorted(set(found))
+
+
+async def snapshot(app: Roost) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table (the full-text indexes follow theirs)."""
+    async with app.store.db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE '%fts%' "
+            "AND name != 'sqlite_sequence'") as cur:
+        tables = [r[0] for r in await cur.fetchall()]
+    rows = {}
+    for table in tables:
+        async with app.store.db.execute(f'SELECT * FROM "{table}"') as cur:
+            rows[table] = sorted(map(tuple, await cur.fetchall()), key=repr)
+    return rows
+
+
+async def answer(client: UiClient, method: str, path: str, **kwargs: Any
+                 ) -> tuple[int, str, Any]:
+    """(status, body, headers); a live stream is closed after its headers."""
+    kwargs.setdefault("allow_redirects", False)
+    async with client.session.request(method, client.base_url + path, **kwargs) as response:
+        if response.headers.get("Content-Type", "").startswith("text/event-stream"):
+            return response.status, "", response.headers
+        return response.status, await response.text(), response.headers
+
+
+async def logged_in(url: str, role: str) -> tuple[UiClient, str]:
+    client = UiClient(url)
+    status, page = await client.log_in(role, PASSWORDS[role])
+    assert status == 200
+    return client, csrf_of(page)
+
+
+async def test_every_route_needs_a_login_the_role_and_the_csrf_token(ui: Any) -> None:
+    app, _, url = ui
+    table = routes(app)
+    posts = [(m, p) for m, p in table if m == "POST" and (m, p) not in UNGUARDED]
+    gets = [(m, p) for m, p in table if m == "GET"]
+    assert len(posts) >= 15 and len(gets) >= 15, table
+    roles = {(r.method, filled(r.path)): r.role for r in UiServer(app).routes}
+    for method, path in posts:
+        if path == "/ui/logout":
+            continue
+        page = "/".join(path.split("/")[:3])
+        assert roles[(method, path)] == ISSUE_ROLES.get(page, "operator") or (
+            page not in ISSUE_ROLES and roles[(method, path)] == "admin"), (path, roles)
+    clients = [await logged_in(url, role) for role in PASSWORDS]
+    before = await snapshot(app)
+    async with UiClient(url) as anonymous:
+        for method, path in table:
+            if (method, path) in UNGUARDED or path.startswith("/ui/static/") or path == "/ui":
+                continue
+            status, _, headers = await answer(anonymous, method, path,
+                                              data=FORM if method == "POST" else None)
+            secure(headers, (method, path))
+            if method == "GET":
+                assert (status, headers.get("Location")) == (303, "/ui/login"), path
+                status, _, _ = await answer(anonymous, method, path,
+                                            headers={"Accept": "text/event-stream"})
+            assert status == 401, (method, path)
+
+    try:
+        rank = list(PASSWORDS)
+        for (client, _), role in zip(clients, PASSWORDS, strict=True):
+            for method, path in posts:
+                allowed = rank.index(role) >= rank.index(roles[(method, path)])
+                why = "CSRF" if allowed else "needs the"
+                for forged in ({"data": FORM}, {"data": dict(FORM, csrf="x" * 43)},
+                               {"data": FORM, "headers": {"X-CSRF-Token": "y" * 43}}):
+                    status, body, headers = await answer(client, method, path, **forged)
+                    assert (status, why in body) == (403, True), (role, method, path, body)
+                    secure(headers, (method, path))
+        viewer, csrf = clients[0]
+        for method, path in posts:
+            if path == "/ui/logout":
+                continue
+            status, body, headers = await answer(viewer, method, path,
+                                                 data=dict(FORM, csrf=csrf))
+            assert (status, "needs the" in body) == (403, True), (method, path)
+            secure(headers, (method, path))
+        after = await snapshot(app)
+        assert {t: rows for t, rows in after.items() if rows != before.get(t)} == {
+            t: rows for t, rows in before.items() if rows != after.get(t)}
+        for method, path in gets:
+            role = roles.get((method, path), "viewer")
+            status, _, headers = await answer(viewer, method, path)
+            secure(headers, (method, path))
+            assert status == (403 if role != "viewer" else status), path
+            assert status != 401 and status < 500, (path, status)
+    finally:
+        for client, _ in clients:
+            await client.session.close()
+
+
+
+BAD_QUERY = ("?before=zz%27%3B--&after=-1&days=abc&q=%22%28*&level=%3Cb%3E&logger=%00"
+             "&done=%3Cscript%3E&tool=%25&kind=x&user=%5C&session=x&channel=%00&agent=%FF")
+
+
+async def test_no_bad_query_or_unknown_id_answers_500(ui: Any) -> None:
+    app, _, url = ui
+    client, _ = await logged_in(url, "admin")
+    async with client:
+        for method, path in routes(app):
+            if method != "GET" or path.startswith("/ui/static/"):
+                continue
+            for variant in (path + BAD_QUERY, path.replace("/1", "/999999999") + BAD_QUERY):
+                status, body, headers = await answer(client, method, variant)
+                secure(headers, variant)
+                assert status < 500, (variant, status, body)
+                assert "Traceback" not in body
+
+
+async def test_concurrent_wrong_logins_cannot_outrun_the_throttle(ui: Any) -> None:
+    _, _, url = ui
+    clients = [UiClient(url) for _ in range(4 * ACCOUNT_LIMIT)]
+    try:
+        forms = [await client.get("/ui/login") for client in clients]
+        answers = await asyncio.gather(*(
+            client.post("/ui/login", {"name": "admin", "password": "wrong"},
+                        csrf=csrf_of(form)) for client, (_, form) in zip(clients, forms,
+                                                                          strict=True)))
+    finally:
+        for client in clients:
+            await client.session.close()
+    statuses = sorted(status for status, _ in answers)
+    assert statuses == [401] * ACCOUNT_LIMIT + [429] * (3 * ACCOUNT_LIMIT)
+    # A right password after the failures is refused as well, until the window passes.
+    async with UiClient(url) as client:
+        status, _ = await client.log_in("admin", PASSWORDS["admin"])
+    assert status == 429
