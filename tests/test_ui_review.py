@@ -18,7 +18,8 @@ import pytest
 from bot.app.roost import Roost
 from bot.testing.app import ChatChannel, scripted, settle
 from bot.testing.ui import UiClient, add_account, csrf_of, serve_ui
-from bot.ui.auth import ACCOUNT_LIMIT
+from bot.ui.auth import ACCOUNT_LIMIT, ADDRESS_LIMIT
+from bot.ui.kit import ui_path
 from bot.ui.server import UiServer
 from tests.conftest import AppFactory
 from tests.test_ui_core import assert_secure_headers
@@ -203,3 +204,40 @@ async def test_concurrent_wrong_logins_cannot_outrun_the_throttle(ui: Any) -> No
     async with UiClient(url) as client:
         status, _ = await client.log_in("admin", PASSWORDS["admin"])
     assert status == 429
+
+
+async def test_answers_made_outside_the_pages_carry_the_security_headers_too(ui: Any) -> None:
+    app, _, url = ui
+    client, _ = await logged_in(url, "operator")
+    async with client:
+        too_big = "x" * (app.settings.http_max_body + 1)
+        for method, path, kwargs in (
+                ("POST", "/ui/jobs/run", {"data": too_big}),  # the listener's 413
+                ("GET", "/ui/", {"data": "a body on a GET"}),
+                ("POST", "/ui/login", {"data": too_big})):
+            status, _, headers = await answer(client, method, path, **kwargs)
+            assert status == 413
+            secure(headers, (method, path))
+        status, _, headers = await answer(client, "GET", "/healthz")
+        assert status == 200 and "Content-Security-Policy" not in headers
+
+
+def test_a_redirect_never_leaves_the_ui() -> None:
+    for outside in ("//evil.example/ui/", "/\t/evil.example", "https://evil.example/ui/",
+                    "/healthz", "/uix", "/ui/../metrics", "/ui\\\\evil.example", "ui/",
+                    "/ui/\r\nSet-Cookie: a=b", "/ui/x y", ""):
+        assert ui_path(outside) == "/ui/", outside
+    for inside in ("/ui", "/ui/", "/ui/sessions/12?done=stopped", "/ui/access", "/ui?x=1"):
+        assert ui_path(inside) == inside
+
+
+async def test_a_forwarded_for_header_from_an_untrusted_peer_does_not_reset_the_throttle(
+        ui: Any) -> None:
+    _, _, url = ui  # no ui_trusted_proxies: 127.0.0.1 is the client, whatever it claims
+    for n in range(ADDRESS_LIMIT):
+        async with UiClient(url, **{"X-Forwarded-For": f"198.51.100.{n}"}) as client:
+            status, _ = await client.log_in(f"guess{n}", "wrong")
+            assert status == 401
+    async with UiClient(url, **{"X-Forwarded-For": "203.0.113.9"}) as client:
+        status, page = await client.log_in("admin", PASSWORDS["admin"])
+    assert status == 429 and "too many failed logins" in page

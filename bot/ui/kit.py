@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from bot.app.roost import Roost
 
 __all__ = ["ROLE_RANK", "NavEntry", "Role", "Site", "UiRequest", "UiRoute", "UiUser",
-           "secure_headers", "sse"]
+           "secure_headers", "sse", "ui_path"]
 
 log = logging.getLogger("roost.app.ui")
 
@@ -54,6 +55,18 @@ def secure_headers(response: web.StreamResponse, *, cache: bool = False) -> None
     headers["Referrer-Policy"] = "no-referrer"
     headers["Cross-Origin-Opener-Policy"] = "same-origin"
     headers["Cache-Control"] = "public, max-age=86400" if cache else "no-store"
+
+
+_UI_PATH = re.compile(r"/ui(?:[/?][\x21-\x7e]*)?")
+
+
+def ui_path(path: str) -> str:
+    """``path`` if it is a page of this UI (``/ui``, ``/ui/...``, printable, no ``..`` or
+    backslash), else ``/ui/``: a redirect never leaves the UI, whatever built it."""
+    where = path.partition("?")[0]
+    if not _UI_PATH.fullmatch(path) or "\\" in path or ".." in where.split("/"):
+        return "/ui/"
+    return path
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,10 +143,8 @@ class UiRequest:
         await self.site.audit(self.user, action, target, detail)
 
     def redirect(self, path: str) -> web.Response:
-        """``303 See Other`` to ``path`` (a local path: POST, redirect, GET)."""
-        if not path.startswith("/") or path.startswith("//") or "\\" in path:
-            path = "/ui/"
-        return web.Response(status=303, headers={"Location": path})
+        """``303 See Other`` to ``path`` (POST, redirect, GET); see :func:`ui_path`."""
+        return web.Response(status=303, headers={"Location": ui_path(path)})
 
 
 async def sse(req: UiRequest, events: AsyncIterator[tuple[str, str]]) -> web.StreamResponse:
