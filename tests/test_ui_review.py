@@ -241,3 +241,22 @@ async def test_a_forwarded_for_header_from_an_untrusted_peer_does_not_reset_the_
     async with UiClient(url, **{"X-Forwarded-For": "203.0.113.9"}) as client:
         status, page = await client.log_in("admin", PASSWORDS["admin"])
     assert status == 429 and "too many failed logins" in page
+
+
+async def test_every_page_names_its_icon_so_the_browser_asks_no_other_path(ui: Any) -> None:
+    # Without one the browser asks /favicon.ico, which the HTTP server answers 405.
+    app, _, url = ui
+    client, _ = await logged_in(url, "admin")
+    async with client:
+        pages = 0
+        for method, path in routes(app):
+            if method != "GET" or path.startswith("/ui/static/"):
+                continue
+            _, body, headers = await answer(client, method, path)
+            if not headers.get("Content-Type", "").startswith("text/html"):
+                continue
+            pages += 1
+            assert '<link rel="icon" href="/ui/static/icon.svg"' in body, path
+        response = await client.response("GET", "/ui/static/icon.svg")
+    assert pages >= 12
+    assert (response.status, response.content_type) == (200, "image/svg+xml")
