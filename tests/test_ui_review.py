@@ -260,3 +260,27 @@ async def test_every_page_names_its_icon_so_the_browser_asks_no_other_path(ui: A
         response = await client.response("GET", "/ui/static/icon.svg")
     assert pages >= 12
     assert (response.status, response.content_type) == (200, "image/svg+xml")
+
+
+async def test_a_bad_cursor_an_unknown_id_or_a_missing_role_is_a_page_with_the_nav(
+        ui: Any) -> None:
+    _, _, url = ui
+    client, _ = await logged_in(url, "viewer")
+    async with client:
+        for path, status, line, back in (
+                ("/ui/sessions?before=zz", 400, "not a page cursor", "/ui/sessions"),
+                ("/ui/sessions/999999", 404, "no session 999999", "/ui/sessions"),
+                ("/ui/runs/nosuch", 404, "no trace of run nosuch", "/ui/sessions"),
+                ("/ui/errors/err_nosuch", 404, "no error err_nosuch", "/ui/errors"),
+                ("/ui/errors?before=zz", 400, "not a page cursor", "/ui/errors"),
+                ("/ui/access?before=zz", 400, "not a page cursor", "/ui/access"),
+                ("/ui/outbox?before=zz", 400, "not a page cursor", "/ui/outbox"),
+                ("/ui/jobs?after=zz", 400, "not a page cursor", "/ui/jobs"),
+                ("/ui/users", 403, "this needs the admin role; viewer is viewer", "/ui/")):
+            got, body, headers = await answer(client, "GET", path)
+            assert (got, headers["Content-Type"]) == (status, "text/html; charset=utf-8"), path
+            assert '<nav class="pages"' in body and 'class="skip"' in body, path
+            alert = re.search(r'<p class="error" role="alert">([^<]*)</p>', body)
+            assert alert is not None and line in alert.group(1), (path, body[-400:])
+            assert f'<a href="{back}">Back</a>' in body
+            assert "Traceback" not in body

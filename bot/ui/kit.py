@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from bot.app.roost import Roost
 
 __all__ = ["ROLE_RANK", "NavEntry", "Role", "Site", "UiRequest", "UiRoute", "UiUser",
-           "secure_headers", "sse", "ui_path"]
+           "plain", "secure_headers", "sse", "ui_path"]
 
 log = logging.getLogger("roost.app.ui")
 
@@ -56,6 +56,18 @@ def secure_headers(response: web.StreamResponse, *, cache: bool = False) -> None
     headers["Cross-Origin-Opener-Policy"] = "same-origin"
     headers["Cache-Control"] = "public, max-age=86400" if cache else "no-store"
 
+
+def plain(status: int, line: str) -> web.Response:
+    """A one-line text answer with the security headers (no page: a refusal before the
+    user is known, a live stream's or an image's error)."""
+    response = web.Response(status=status, text=f"{line}\n")
+    secure_headers(response)
+    return response
+
+
+ERROR_TITLES: Mapping[int, str] = {400: "Bad request", 403: "Not allowed", 404: "Not found",
+                                   409: "Conflict", 503: "Unavailable"}
+"""The heading of :meth:`UiRequest.fail`'s page by status."""
 
 _UI_PATH = re.compile(r"/ui(?:[/?][\x21-\x7e]*)?")
 
@@ -128,6 +140,17 @@ class UiRequest:
         """``template`` as an HTML page; the layout adds user, csrf, nav and banner."""
         return web.Response(text=self.site.render(self, template, context),
                             content_type="text/html", charset="utf-8")
+
+    def fail(self, status: int, line: str, *, back: str | None = None) -> web.Response:
+        """An error page in the layout (nav and all): ``line`` says what is wrong (a bad
+        cursor, an unknown id) and a link leads ``back``: by default to the page family's
+        list (``/ui/sessions`` from ``/ui/sessions/12``), or the overview after a 403."""
+        if back is None:
+            back = "/ui/" if status == 403 else "/".join(self.web.path.split("/")[:3])
+        response = self.render("error.html", title=ERROR_TITLES.get(status, "Error"),
+                               line=line, back=ui_path(back))
+        response.set_status(status)
+        return response
 
     def fragment(self, template: str, /, **context: object) -> str:
         """``template`` (a partial, ``_name.html``) rendered to a string: an SSE event's HTML."""

@@ -38,7 +38,7 @@ from bot.ui.auth import (
     Refused,
     Visitor,
 )
-from bot.ui.kit import ROLE_RANK, NavEntry, UiRequest, UiRoute, UiUser, secure_headers
+from bot.ui.kit import ROLE_RANK, NavEntry, UiRequest, UiRoute, UiUser, plain, secure_headers
 
 if TYPE_CHECKING:
     from aiohttp.web_urldispatcher import UrlMappingMatchInfo
@@ -114,12 +114,6 @@ def environment() -> jinja2.Environment:
 
 
 # -- answers without a page ------------------------------------------------------------
-
-def plain(status: int, line: str) -> web.Response:
-    """A one-line text answer with the security headers."""
-    response = web.Response(status=status, text=f"{line}\n")
-    secure_headers(response)
-    return response
 
 
 def wants_fragment(request: web.Request) -> bool:
@@ -232,12 +226,15 @@ class UiServer:
                 response = web.Response(status=303, headers={"Location": "/ui/login"})
                 secure_headers(response)
                 return response
+            ui_request = UiRequest(request, self.app, visitor.user, visitor.csrf, self)
             if ROLE_RANK[visitor.user.role] < ROLE_RANK[route.role]:
-                return plain(403, f"this needs the {route.role} role; "
-                                  f"{visitor.user.name} is {visitor.user.role}")
+                line = (f"this needs the {route.role} role; "
+                        f"{visitor.user.name} is {visitor.user.role}")
+                if request.method == "GET" and not wants_fragment(request):
+                    return ui_request.fail(403, line)
+                return plain(403, line)
             if request.method == "POST" and not await self._csrf_ok(request, visitor.csrf):
                 return plain(403, "missing or wrong CSRF token: reload the page")
-            ui_request = UiRequest(request, self.app, visitor.user, visitor.csrf, self)
             return await self._run(route, ui_request, visitor)
 
         return handle
