@@ -9,7 +9,7 @@ from aiohttp import web
 from bot.ui.kit import NavEntry, UiRequest, UiRoute
 from bot.ui.opsweb import field
 from bot.ui.queries import access as queries
-from bot.ui.queries.opsdb import BadCursor
+from bot.ui.queries.reads import BadCursor
 
 
 async def access(req: UiRequest, *, error: str = "", status: int = 200) -> web.StreamResponse:

@@ -12,7 +12,7 @@ from bot.storage.jobs import Job
 from bot.ui.kit import NavEntry, UiRequest, UiRoute
 from bot.ui.opsweb import field
 from bot.ui.queries import jobs as queries
-from bot.ui.queries.opsdb import BadCursor
+from bot.ui.queries.reads import BadCursor
 
 
 async def jobs(req: UiRequest, *, error: str = "", status: int = 200) -> web.StreamResponse:

@@ -8,7 +8,7 @@ from aiohttp import web
 from bot.ui.kit import NavEntry, UiRequest, UiRoute
 from bot.ui.opsweb import field, number
 from bot.ui.queries import outbox as queries
-from bot.ui.queries.opsdb import BadCursor
+from bot.ui.queries.reads import BadCursor
 
 
 async def outbox(req: UiRequest, *, error: str = "", status: int = 200) -> web.StreamResponse:
