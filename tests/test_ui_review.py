@@ -276,7 +276,8 @@ async def test_a_bad_cursor_an_unknown_id_or_a_missing_role_is_a_page_with_the_n
                 ("/ui/access?before=zz", 400, "not a page cursor", "/ui/access"),
                 ("/ui/outbox?before=zz", 400, "not a page cursor", "/ui/outbox"),
                 ("/ui/jobs?after=zz", 400, "not a page cursor", "/ui/jobs"),
-                ("/ui/users", 403, "this needs the admin role; viewer is viewer", "/ui/")):
+                ("/ui/users", 403, "this needs the admin role; viewer is viewer", "/ui/"),
+                ("/ui/no/such/page", 404, "no such page", "/ui/")):
             got, body, headers = await answer(client, "GET", path)
             assert (got, headers["Content-Type"]) == (status, "text/html; charset=utf-8"), path
             assert '<nav class="pages"' in body and 'class="skip"' in body, path
@@ -284,3 +285,11 @@ async def test_a_bad_cursor_an_unknown_id_or_a_missing_role_is_a_page_with_the_n
             assert alert is not None and line in alert.group(1), (path, body[-400:])
             assert f'<a href="{back}">Back</a>' in body
             assert "Traceback" not in body
+
+
+async def test_an_unknown_path_tells_nothing_to_a_visitor_not_logged_in(ui: Any) -> None:
+    _, _, url = ui
+    async with UiClient(url) as anonymous:
+        status, body, headers = await answer(anonymous, "GET", "/ui/no/such/page")
+    assert (status, body) == (404, "no such page\n")
+    secure(headers, "/ui/no/such/page")

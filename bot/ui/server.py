@@ -190,7 +190,16 @@ class UiServer:
         fallback.add_route("*", "/{tail:.*}", refuse)
         return await fallback.resolve(request)
 
-    async def _not_found(self, _request: web.Request) -> web.StreamResponse:
+    async def _not_found(self, request: web.Request) -> web.StreamResponse:
+        """404: a page in the layout for a known user's GET, else one line."""
+        if request.method == "GET" and not wants_fragment(request):
+            try:
+                visitor = await self.auth.visitor(request)
+            except Refused as refused:
+                return plain(refused.status, refused.line)
+            if visitor is not None:
+                req = UiRequest(request, self.app, visitor.user, visitor.csrf, self)
+                return req.fail(404, "no such page", back="/ui/")
         return plain(404, "no such page")
 
     async def _to_root(self, _request: web.Request) -> web.StreamResponse:
