@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 
 from bot.app.roost import Roost
+from bot.storage.ui_accounts import UiAccountStore
 from bot.testing.app import ChatChannel, scripted, settle
 from bot.testing.ui import UiClient, add_account, csrf_of, serve_ui
+from bot.ui import kit
 from bot.ui.auth import ACCOUNT_LIMIT, ADDRESS_LIMIT
 from bot.ui.kit import ui_path
 from bot.ui.server import UiServer
@@ -293,3 +295,22 @@ async def test_an_unknown_path_tells_nothing_to_a_visitor_not_logged_in(ui: Any)
         status, body, headers = await answer(anonymous, "GET", "/ui/no/such/page")
     assert (status, body) == (404, "no such page\n")
     secure(headers, "/ui/no/such/page")
+
+
+async def test_a_live_view_ends_when_its_login_ends(ui: Any, monkeypatch: pytest.MonkeyPatch
+                                                    ) -> None:
+    app, _, url = ui
+    monkeypatch.setattr(kit, "SSE_RECHECK", 0.2)
+    watcher, _ = await logged_in(url, "viewer")
+    async with watcher:
+        for path in ("/ui/logs/events", "/ui/overview/events", "/ui/sessions/events"):
+            async with watcher.session.get(url + path) as stream:
+                assert stream.status == 200
+                # Another replica, the CLI or an admin removes the account meanwhile.
+                await UiAccountStore(app.store.db, app.store.lock, app.store.writer
+                                     ).remove_account("viewer")
+                # Without the fix the stream never ends: this would hang until the guard.
+                await asyncio.wait_for(stream.read(), 30)
+            await add_account(app, "viewer", PASSWORDS["viewer"], "viewer")
+            status, _ = await watcher.log_in("viewer", PASSWORDS["viewer"])
+            assert status == 200

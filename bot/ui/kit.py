@@ -41,6 +41,9 @@ CONTENT_SECURITY_POLICY = (
 
 SSE_KEEPALIVE = 15.0
 """Seconds of silence after which an SSE stream sends a comment (finds a client gone)."""
+SSE_RECHECK = 5.0
+"""Seconds between two checks that an SSE stream's login still stands (logout, an
+account removed or its role changed, on any replica, end the stream)."""
 
 
 def secure_headers(response: web.StreamResponse, *, cache: bool = False) -> None:
@@ -117,6 +120,9 @@ class Site(Protocol):
     async def audit(self, user: UiUser, action: str, target: str, detail: str) -> None:
         """Write one audit log row."""
 
+    async def still_allowed(self, req: UiRequest) -> bool:
+        """Whether ``req``'s login still stands, for the same user with the same role."""
+
 
 class UiRequest:
     """One request to a page, its user already checked."""
@@ -174,8 +180,9 @@ async def sse(req: UiRequest, events: AsyncIterator[tuple[str, str]]) -> web.Str
     """Stream ``events`` as Server-Sent Events: each (name, HTML fragment) is one event.
 
     Ends when the client goes, ``events`` ends or fails (logged; the browser
-    reconnects), or the server begins to shut down. A comment goes out after
-    :data:`SSE_KEEPALIVE` seconds of silence so a client gone is noticed.
+    reconnects), the server begins to shut down, or the login ends (checked every
+    :data:`SSE_RECHECK` seconds). A comment goes out after :data:`SSE_KEEPALIVE`
+    seconds of silence so a client gone is noticed.
     """
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "X-Accel-Buffering": "no"})
@@ -185,15 +192,23 @@ async def sse(req: UiRequest, events: AsyncIterator[tuple[str, str]]) -> web.Str
     closing: asyncio.Future[Any] = asyncio.ensure_future(
         server.wait_closing() if server is not None else asyncio.Event().wait())
     pending: asyncio.Future[Any] | None = None
+    clock = asyncio.get_running_loop().time
+    checked = wrote = clock()
     try:
         while not closing.done():
             if pending is None:
                 pending = asyncio.ensure_future(anext(events))
-            done, _ = await asyncio.wait({pending, closing}, timeout=SSE_KEEPALIVE,
+            done, _ = await asyncio.wait({pending, closing},
+                                         timeout=min(SSE_KEEPALIVE, SSE_RECHECK),
                                          return_when=asyncio.FIRST_COMPLETED)
+            if clock() - checked >= SSE_RECHECK:
+                checked = clock()
+                if not await req.site.still_allowed(req):
+                    break
             if pending not in done:
-                if not closing.done():
+                if not closing.done() and clock() - wrote >= SSE_KEEPALIVE:
                     await response.write(b": keepalive\n\n")
+                    wrote = clock()
                 continue
             try:
                 name, fragment = pending.result()
@@ -206,6 +221,7 @@ async def sse(req: UiRequest, events: AsyncIterator[tuple[str, str]]) -> web.Str
                 pending = None
             lines = "".join(f"data: {line}\n" for line in fragment.splitlines() or [""])
             await response.write(f"event: {name}\n{lines}\n".encode())
+            wrote = clock()
     except ConnectionError:
         pass  # the client went
     finally:

@@ -296,6 +296,14 @@ class UiServer:
         secure_headers(response)
         return response
 
+    async def still_allowed(self, req: UiRequest) -> bool:
+        """Whether ``req``'s login still stands, for the same user with the same role."""
+        try:
+            visitor = await self.auth.visitor(req.web)
+        except Refused:
+            return False
+        return visitor is not None and visitor.user == req.user
+
     async def audit(self, user: UiUser, action: str, target: str, detail: str) -> None:
         """Write one audit log row for ``user``."""
         await self.accounts.audit(self.clock(), user.name, action, target, detail)
