@@ -26,6 +26,8 @@ from bot.ui.server import UiServer
 from tests.conftest import AppFactory
 from tests.test_ui_core import assert_secure_headers
 
+XSS = "<img src=x onerror=alert(1)><script>alert(2)</script>"
+"""Chat-originated text (a message, a reply, an account name) every page must escape."""
 PASSWORDS = {"viewer": "viewer-pass", "operator": "operator-pass", "admin": "admin-pass"}
 FORM = {"name": "ada", "id": "1", "code": "ABCDEF", "user": "test:u1", "role": "viewer",
         "password": "another-pass"}
@@ -40,11 +42,12 @@ UNGUARDED = {("POST", "/ui/login"), ("GET", "/ui/login")}
 
 @pytest.fixture(name="ui")
 async def ui_fixture(make_app: AppFactory) -> tuple[Roost, ChatChannel, str]:
-    app, channel, _ = await make_app(scripted({"reply": "hello"}, loop=True))
+    app, channel, _ = await make_app(scripted({"reply": f"hello {XSS}"}, loop=True))
     for role, password in PASSWORDS.items():
         await add_account(app, role, password, role)
     await add_account(app, "ada", "ada-password", "viewer")
-    await channel.say("hi")
+    await add_account(app, XSS, "xss-password", "viewer")
+    await channel.say(f"hi {XSS}")
     await settle(app)
     server = await serve_ui(app)
     return app, channel, server.url
@@ -314,3 +317,24 @@ async def test_a_live_view_ends_when_its_login_ends(ui: Any, monkeypatch: pytest
             await add_account(app, "viewer", PASSWORDS["viewer"], "viewer")
             status, _ = await watcher.log_in("viewer", PASSWORDS["viewer"])
             assert status == 200
+
+
+async def test_no_page_lets_chat_originated_markup_through(ui: Any) -> None:
+    app, _, url = ui
+    client, _ = await logged_in(url, "admin")
+    async with client:
+        async with client.session.get(url + "/ui/sessions") as response:
+            first = re.search(r'href="/ui/sessions/(\d+)"', await response.text())
+        assert first is not None
+        sid = first.group(1)
+        seen = 0
+        for method, path in routes(app):
+            if method != "GET" or path.startswith("/ui/static/"):
+                continue
+            for variant in (path.replace("/1", f"/{sid}"), f"{path}?q=hi&user=test"):
+                _, body, headers = await answer(client, method, variant)
+                if not headers.get("Content-Type", "").startswith("text/html"):
+                    continue
+                assert "<img src=x" not in body and "<script>alert" not in body, variant
+                seen += body.count("&lt;img src=x onerror=alert(1)&gt;")
+    assert seen >= 4  # the list, its search, the transcript, the users page
