@@ -338,3 +338,23 @@ async def test_no_page_lets_chat_originated_markup_through(ui: Any) -> None:
                 assert "<img src=x" not in body and "<script>alert" not in body, variant
                 seen += body.count("&lt;img src=x onerror=alert(1)&gt;")
     assert seen >= 4  # the list, its search, the transcript, the users page
+
+
+GARBAGE_FORMS = ({}, {"id": "-1", "code": "", "name": "", "user": ""},
+                 {"id": "9" * 30, "code": "x" * 5000, "name": "\x00\n<b>", "user": ":::",
+                  "role": "root", "password": "short"},
+                 {"id": "nosuch", "code": "NOSUCH", "name": "nosuch", "user": "test:nobody"})
+
+
+async def test_no_garbage_form_makes_an_action_answer_500(ui: Any) -> None:
+    app, _, url = ui
+    client, csrf = await logged_in(url, "admin")
+    async with client:
+        for method, path in routes(app):
+            if method != "POST" or (method, path) in UNGUARDED or path == "/ui/logout":
+                continue
+            for form in GARBAGE_FORMS:
+                status, body, headers = await answer(client, method, path,
+                                                     data=dict(form, csrf=csrf))
+                secure(headers, (method, path))
+                assert status < 500 and "Traceback" not in body, (path, form, status, body)
