@@ -358,3 +358,20 @@ async def test_no_garbage_form_makes_an_action_answer_500(ui: Any) -> None:
                                                      data=dict(form, csrf=csrf))
                 secure(headers, (method, path))
                 assert status < 500 and "Traceback" not in body, (path, form, status, body)
+
+
+async def test_the_last_admin_cannot_be_removed_from_the_ui(ui: Any) -> None:
+    app, _, url = ui
+    client, csrf = await logged_in(url, "admin")
+    async with client:
+        status, body, _ = await answer(client, "POST", "/ui/users/remove",
+                                       data={"name": "admin", "csrf": csrf})
+        assert status == 409 and "admin is the last admin" in body
+        # With a second admin, either may go.
+        await add_account(app, "root", "root-password", "admin")
+        status, _, _ = await answer(client, "POST", "/ui/users/remove",
+                                    data={"name": "root", "csrf": csrf})
+        assert status == 303
+    async with app.store.db.execute(
+            "SELECT name FROM ui_users WHERE role = 'admin'") as cur:
+        assert [r[0] for r in await cur.fetchall()] == ["admin"]

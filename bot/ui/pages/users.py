@@ -47,9 +47,17 @@ async def add(req: UiRequest) -> web.StreamResponse:
 
 
 async def remove(req: UiRequest) -> web.StreamResponse:
-    """Remove an account; its logins end at once."""
+    """Remove an account; its logins end at once. The last admin stays."""
     name = (await req.form()).get("name", "")
-    if not await _store(req).remove_account(name):
+    store = _store(req)
+    admins = [a.name for a in await store.accounts() if a.role == "admin"]
+    if admins == [name]:
+        # Without an admin nobody could manage users here; without any account a
+        # loopback UI would serve everyone on this machine without a login.
+        return await users(req, error=f"{name} is the last admin: add another admin first "
+                                      "(or use `roost ui user remove` on the host)",
+                           status=409)
+    if not await store.remove_account(name):
         return await users(req, error=f"no account is called {name}", status=404)
     await req.audit("remove account", name)
     return req.redirect("/ui/users")
