@@ -375,3 +375,16 @@ async def test_the_last_admin_cannot_be_removed_from_the_ui(ui: Any) -> None:
     async with app.store.db.execute(
             "SELECT name FROM ui_users WHERE role = 'admin'") as cur:
         assert [r[0] for r in await cur.fetchall()] == ["admin"]
+
+
+async def test_a_login_name_no_account_can_have_counts_per_address_only(ui: Any) -> None:
+    # Kept per account, each such name (up to the 1 MB body) would stay in memory as a
+    # key of the per-account limit, 10,000 of them; no account can be called so.
+    _, _, url = ui
+    huge = "x" * 100_000
+    async with UiClient(url) as client:
+        for _ in range(ADDRESS_LIMIT):
+            status, page = await client.log_in(huge, "wrong")
+            assert status == 401 and "wrong name or password" in page
+        status, page = await client.log_in("admin", PASSWORDS["admin"])
+    assert status == 429  # the address's limit holds all the same

@@ -7,11 +7,9 @@ import time
 
 from aiohttp import web
 
-from bot.storage.ui_accounts import ROLES, UiAccountStore
+from bot.storage.ui_accounts import NAME_RULE, ROLES, UiAccountStore, valid_name
 from bot.ui.accounts import hash_password
 from bot.ui.kit import NavEntry, UiRequest, UiRoute
-
-MAX_NAME = 64
 
 
 def _store(req: UiRequest) -> UiAccountStore:
@@ -32,9 +30,8 @@ async def add(req: UiRequest) -> web.StreamResponse:
     form = await req.form()
     name, role, password = (form.get("name", "").strip(), form.get("role", ""),
                             form.get("password", ""))
-    if not name or len(name) > MAX_NAME or not name.isprintable() or name == "local":
-        return await users(req, error=f"a name is 1 to {MAX_NAME} printable characters, "
-                                      "not 'local'", status=400)
+    if not valid_name(name):
+        return await users(req, error=f"a name is {NAME_RULE}", status=400)
     if role not in ROLES:
         return await users(req, error=f"the role is one of {', '.join(ROLES)}", status=400)
     if len(password) < 8:
