@@ -18,7 +18,7 @@ from bot.scheduling.requests import JobError
 from bot.storage.usage import day_of
 from bot.testing.app import ChatChannel, scripted
 from bot.ui.queries import access, jobs, outbox, plugins, usage
-from bot.ui.queries.opsdb import BadCursor
+from bot.ui.queries.reads import BadCursor
 from tests.conftest import AppFactory
 from tests.test_scheduler import FakeClock, cron_app, tick
 

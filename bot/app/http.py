@@ -102,9 +102,10 @@ class HealthServer:
         router.add_get("/readyz", self._readyz)
         router.add_get("/metrics", self._metrics)
         # The Control UI (/ui): built on its first request (bot.app.ui_mount).
-        from bot.app.ui_mount import UiMount, check_accounts
+        from bot.app.ui_mount import UiMount, check_accounts, secure_ui_answers
 
         router.register_resource(UiMount(self.app))
+        listener.app.on_response_prepare.append(secure_ui_answers)
         # aiohttp's router is frozen once serving; channels mount webhooks later.
         router.add_post("/{path:.*}", self._post)
         try:

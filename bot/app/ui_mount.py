@@ -3,7 +3,8 @@
 :class:`UiMount` is a router resource of :class:`bot.app.http.HealthServer` for
 ``/ui`` and everything below it. It imports :mod:`bot.ui.server` (Jinja2, the
 templates, the page modules) on the first such request, never at start, so an
-unused UI costs nothing but this module.
+unused UI costs nothing but this module. :func:`secure_ui_answers` puts the UI's
+security headers on every answer under ``/ui``, the HTTP server's own errors too.
 
 On a bind that is not loopback the UI needs an account: :func:`check_accounts`
 logs the one line saying so at start when none exists (``/ui`` answers it, 503).
@@ -62,6 +63,17 @@ async def check_accounts(app: Roost) -> None:
         log.warning("cannot tell whether a UI account exists (%s)", type(exc).__name__)
         return
     log.warning("%s", refusal(host))
+
+
+async def secure_ui_answers(request: web.Request, response: web.StreamResponse) -> None:
+    """Give every ``/ui`` answer the UI's security headers, also those made outside the UI
+    (the listener's 413 and 408, aiohttp's own errors); ``on_response_prepare`` signal."""
+    if "Content-Security-Policy" in response.headers or not (
+            request.path == PREFIX or request.path.startswith(f"{PREFIX}/")):
+        return
+    from bot.ui.kit import secure_headers
+
+    secure_headers(response)
 
 
 class UiMount(web.AbstractResource):

@@ -17,6 +17,15 @@ from bot.storage.db import Writer
 
 ROLES = ("viewer", "operator", "admin")
 """The roles, least first: each one may do what the ones before it may."""
+MAX_NAME = 64
+"""Characters an account name may have."""
+NAME_RULE = f"1 to {MAX_NAME} printable characters, not 'local'"
+"""What :func:`valid_name` admits, for the line that refuses a name."""
+
+
+def valid_name(name: str) -> bool:
+    """Whether ``name`` (already stripped) can name an account (see :data:`NAME_RULE`)."""
+    return 0 < len(name) <= MAX_NAME and name.isprintable() and name != "local"
 
 
 @dataclass(frozen=True, slots=True)

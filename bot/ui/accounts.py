@@ -110,6 +110,14 @@ class Throttle:
         while len(self._failures) > self.keys:
             del self._failures[next(iter(self._failures))]
 
+    def forgive(self, key: str) -> None:
+        """Take back one counted failure of ``key`` (the attempt succeeded)."""
+        stamps = self._failures.get(key)
+        if stamps:
+            stamps.pop()
+            if not stamps:
+                del self._failures[key]
+
     def clear(self, key: str) -> None:
         """Forget ``key``'s failures (it logged in)."""
         self._failures.pop(key, None)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from bot.app.ui_mount import is_loopback_host, refusal
-from bot.storage.ui_accounts import UiAccountStore
+from bot.storage.ui_accounts import UiAccountStore, valid_name
 from bot.ui.accounts import Throttle, new_token, token_hash, verify_password
 from bot.ui.kit import Role, UiUser
 
@@ -151,13 +151,21 @@ class Auth:
         wait = max(self.by_address.wait(address), self.by_account.wait(account))
         if wait > 0:
             raise LoginFailed(f"too many failed logins: try again in {int(wait) + 1} s", 429)
+        if not valid_name(name.strip()):
+            # No account has such a name: counted per address only, so a name of a
+            # megabyte is never kept as a key of the per-account limit.
+            self.by_address.failed(address)
+            raise LoginFailed("wrong name or password")
+        # Counted as failed before the (slow) check, so attempts sent at once cannot all
+        # pass the limit while the first ones are still being checked.
+        self.by_address.failed(address)
+        self.by_account.failed(account)
         found = await self.store.account(name.strip())
         ok = await asyncio.to_thread(verify_password, password,
                                      found.password_hash if found else None)
         if found is None or not ok:
-            self.by_address.failed(address)
-            self.by_account.failed(account)
             raise LoginFailed("wrong name or password")
+        self.by_address.forgive(address)
         self.by_account.clear(account)
         token, now = new_token(), self.clock()
         await self.store.add_login(token_hash(token), found.name, new_token(), now,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from bot.app.roost import Roost
 
 __all__ = ["ROLE_RANK", "NavEntry", "Role", "Site", "UiRequest", "UiRoute", "UiUser",
-           "secure_headers", "sse"]
+           "plain", "secure_headers", "sse", "ui_path"]
 
 log = logging.getLogger("roost.app.ui")
 
@@ -40,6 +41,9 @@ CONTENT_SECURITY_POLICY = (
 
 SSE_KEEPALIVE = 15.0
 """Seconds of silence after which an SSE stream sends a comment (finds a client gone)."""
+SSE_RECHECK = 5.0
+"""Seconds between two checks that an SSE stream's login still stands (logout, an
+account removed or its role changed, on any replica, end the stream)."""
 
 
 def secure_headers(response: web.StreamResponse, *, cache: bool = False) -> None:
@@ -54,6 +58,30 @@ def secure_headers(response: web.StreamResponse, *, cache: bool = False) -> None
     headers["Referrer-Policy"] = "no-referrer"
     headers["Cross-Origin-Opener-Policy"] = "same-origin"
     headers["Cache-Control"] = "public, max-age=86400" if cache else "no-store"
+
+
+def plain(status: int, line: str) -> web.Response:
+    """A one-line text answer with the security headers (no page: a refusal before the
+    user is known, a live stream's or an image's error)."""
+    response = web.Response(status=status, text=f"{line}\n")
+    secure_headers(response)
+    return response
+
+
+ERROR_TITLES: Mapping[int, str] = {400: "Bad request", 403: "Not allowed", 404: "Not found",
+                                   409: "Conflict", 503: "Unavailable"}
+"""The heading of :meth:`UiRequest.fail`'s page by status."""
+
+_UI_PATH = re.compile(r"/ui(?:[/?][\x21-\x7e]*)?")
+
+
+def ui_path(path: str) -> str:
+    """``path`` if it is a page of this UI (``/ui``, ``/ui/...``, printable, no ``..`` or
+    backslash), else ``/ui/``: a redirect never leaves the UI, whatever built it."""
+    where = path.partition("?")[0]
+    if not _UI_PATH.fullmatch(path) or "\\" in path or ".." in where.split("/"):
+        return "/ui/"
+    return path
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +120,9 @@ class Site(Protocol):
     async def audit(self, user: UiUser, action: str, target: str, detail: str) -> None:
         """Write one audit log row."""
 
+    async def still_allowed(self, req: UiRequest) -> bool:
+        """Whether ``req``'s login still stands, for the same user with the same role."""
+
 
 class UiRequest:
     """One request to a page, its user already checked."""
@@ -116,6 +147,17 @@ class UiRequest:
         return web.Response(text=self.site.render(self, template, context),
                             content_type="text/html", charset="utf-8")
 
+    def fail(self, status: int, line: str, *, back: str | None = None) -> web.Response:
+        """An error page in the layout (nav and all): ``line`` says what is wrong (a bad
+        cursor, an unknown id) and a link leads ``back``: by default to the page family's
+        list (``/ui/sessions`` from ``/ui/sessions/12``), or the overview after a 403."""
+        if back is None:
+            back = "/ui/" if status == 403 else "/".join(self.web.path.split("/")[:3])
+        response = self.render("error.html", title=ERROR_TITLES.get(status, "Error"),
+                               line=line, back=ui_path(back))
+        response.set_status(status)
+        return response
+
     def fragment(self, template: str, /, **context: object) -> str:
         """``template`` (a partial, ``_name.html``) rendered to a string: an SSE event's HTML."""
         return self.site.render(self, template, context)
@@ -130,18 +172,17 @@ class UiRequest:
         await self.site.audit(self.user, action, target, detail)
 
     def redirect(self, path: str) -> web.Response:
-        """``303 See Other`` to ``path`` (a local path: POST, redirect, GET)."""
-        if not path.startswith("/") or path.startswith("//") or "\\" in path:
-            path = "/ui/"
-        return web.Response(status=303, headers={"Location": path})
+        """``303 See Other`` to ``path`` (POST, redirect, GET); see :func:`ui_path`."""
+        return web.Response(status=303, headers={"Location": ui_path(path)})
 
 
 async def sse(req: UiRequest, events: AsyncIterator[tuple[str, str]]) -> web.StreamResponse:
     """Stream ``events`` as Server-Sent Events: each (name, HTML fragment) is one event.
 
     Ends when the client goes, ``events`` ends or fails (logged; the browser
-    reconnects), or the server begins to shut down. A comment goes out after
-    :data:`SSE_KEEPALIVE` seconds of silence so a client gone is noticed.
+    reconnects), the server begins to shut down, or the login ends (checked every
+    :data:`SSE_RECHECK` seconds). A comment goes out after :data:`SSE_KEEPALIVE`
+    seconds of silence so a client gone is noticed.
     """
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "X-Accel-Buffering": "no"})
@@ -151,15 +192,23 @@ async def sse(req: UiRequest, events: AsyncIterator[tuple[str, str]]) -> web.Str
     closing: asyncio.Future[Any] = asyncio.ensure_future(
         server.wait_closing() if server is not None else asyncio.Event().wait())
     pending: asyncio.Future[Any] | None = None
+    clock = asyncio.get_running_loop().time
+    checked = wrote = clock()
     try:
         while not closing.done():
             if pending is None:
                 pending = asyncio.ensure_future(anext(events))
-            done, _ = await asyncio.wait({pending, closing}, timeout=SSE_KEEPALIVE,
+            done, _ = await asyncio.wait({pending, closing},
+                                         timeout=min(SSE_KEEPALIVE, SSE_RECHECK),
                                          return_when=asyncio.FIRST_COMPLETED)
+            if clock() - checked >= SSE_RECHECK:
+                checked = clock()
+                if not await req.site.still_allowed(req):
+                    break
             if pending not in done:
-                if not closing.done():
+                if not closing.done() and clock() - wrote >= SSE_KEEPALIVE:
                     await response.write(b": keepalive\n\n")
+                    wrote = clock()
                 continue
             try:
                 name, fragment = pending.result()
@@ -172,6 +221,7 @@ async def sse(req: UiRequest, events: AsyncIterator[tuple[str, str]]) -> web.Str
                 pending = None
             lines = "".join(f"data: {line}\n" for line in fragment.splitlines() or [""])
             await response.write(f"event: {name}\n{lines}\n".encode())
+            wrote = clock()
     except ConnectionError:
         pass  # the client went
     finally:

@@ -1,5 +1,5 @@
 """What the operations pages (usage, access, outbox, jobs, plugins) share: reading a
-form's fields, one-line answers, and the geometry of the usage charts.
+form's fields and the geometry of the usage charts.
 
 Charts are inline SVG drawn from attributes only (the UI's Content-Security-Policy
 allows no inline style), so they need neither script nor a chart library.
@@ -10,22 +10,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from aiohttp import web
 from markupsafe import Markup, escape
-
-from bot.ui.kit import secure_headers
 
 CHART_WIDTH = 720
 CHART_HEIGHT = 120
 MAX_FIELD = 300
 """Characters a form field naming a row may have (a code, an id, a user, a plugin)."""
 
-
-def plain(status: int, line: str) -> web.Response:
-    """A one-line text answer (a bad cursor, a malformed form) with the security headers."""
-    response = web.Response(status=status, text=f"{line}\n")
-    secure_headers(response)
-    return response
 
 
 def field(form: dict[str, str], name: str) -> str | None:

@@ -38,7 +38,7 @@ from bot.ui.auth import (
     Refused,
     Visitor,
 )
-from bot.ui.kit import ROLE_RANK, NavEntry, UiRequest, UiRoute, UiUser, secure_headers
+from bot.ui.kit import ROLE_RANK, NavEntry, UiRequest, UiRoute, UiUser, plain, secure_headers
 
 if TYPE_CHECKING:
     from aiohttp.web_urldispatcher import UrlMappingMatchInfo
@@ -115,12 +115,6 @@ def environment() -> jinja2.Environment:
 
 # -- answers without a page ------------------------------------------------------------
 
-def plain(status: int, line: str) -> web.Response:
-    """A one-line text answer with the security headers."""
-    response = web.Response(status=status, text=f"{line}\n")
-    secure_headers(response)
-    return response
-
 
 def wants_fragment(request: web.Request) -> bool:
     """htmx and SSE requests get status codes, not redirects to the login form."""
@@ -139,6 +133,8 @@ class UiServer:
         self.clock = clock
         self.env = environment()
         self.nav: list[NavEntry] = []
+        self.routes: list[UiRoute] = []
+        """Every guarded route served (the pages' and the logout), with its least role."""
         self._roles: dict[str, str] = {}
         self.router = web.UrlDispatcher()
         self._fallback = web.UrlDispatcher()
@@ -153,7 +149,7 @@ class UiServer:
         router.add_get("/ui/static/{name}", self._file)
         router.add_get("/ui/login", self._login_form)
         router.add_post("/ui/login", self._login)
-        router.add_post("/ui/logout", self._guard(UiRoute("POST", "/ui/logout", self._logout)))
+        self._add(UiRoute("POST", "/ui/logout", self._logout))
         for info in sorted(pkgutil.iter_modules(pages.__path__), key=lambda m: m.name):
             try:
                 module = importlib.import_module(f"{pages.__name__}.{info.name}")
@@ -163,14 +159,18 @@ class UiServer:
                               info.name)
                 continue
             for route in getattr(module, "ROUTES", []):
-                router.add_route(route.method, route.path, self._guard(route))
-                if route.method == "GET":
-                    self._roles[route.path] = route.role
+                self._add(route)
             entry = getattr(module, "NAV", None)
             if entry is not None:
                 self.nav.append(entry)
         self.nav.sort(key=lambda e: (e.order, e.label))
         self._fallback.add_route("*", "/{tail:.*}", self._not_found)
+
+    def _add(self, route: UiRoute) -> None:
+        self.router.add_route(route.method, route.path, self._guard(route))
+        self.routes.append(route)
+        if route.method == "GET":
+            self._roles[route.path] = route.role
 
     async def resolve(self, request: web.Request) -> UrlMappingMatchInfo:
         """The match (handler and path variables) of a ``/ui`` request; unknown paths: 404."""
@@ -190,7 +190,16 @@ class UiServer:
         fallback.add_route("*", "/{tail:.*}", refuse)
         return await fallback.resolve(request)
 
-    async def _not_found(self, _request: web.Request) -> web.StreamResponse:
+    async def _not_found(self, request: web.Request) -> web.StreamResponse:
+        """404: a page in the layout for a known user's GET, else one line."""
+        if request.method == "GET" and not wants_fragment(request):
+            try:
+                visitor = await self.auth.visitor(request)
+            except Refused as refused:
+                return plain(refused.status, refused.line)
+            if visitor is not None:
+                req = UiRequest(request, self.app, visitor.user, visitor.csrf, self)
+                return req.fail(404, "no such page", back="/ui/")
         return plain(404, "no such page")
 
     async def _to_root(self, _request: web.Request) -> web.StreamResponse:
@@ -226,12 +235,15 @@ class UiServer:
                 response = web.Response(status=303, headers={"Location": "/ui/login"})
                 secure_headers(response)
                 return response
+            ui_request = UiRequest(request, self.app, visitor.user, visitor.csrf, self)
             if ROLE_RANK[visitor.user.role] < ROLE_RANK[route.role]:
-                return plain(403, f"this needs the {route.role} role; "
-                                  f"{visitor.user.name} is {visitor.user.role}")
+                line = (f"this needs the {route.role} role; "
+                        f"{visitor.user.name} is {visitor.user.role}")
+                if request.method == "GET" and not wants_fragment(request):
+                    return ui_request.fail(403, line)
+                return plain(403, line)
             if request.method == "POST" and not await self._csrf_ok(request, visitor.csrf):
                 return plain(403, "missing or wrong CSRF token: reload the page")
-            ui_request = UiRequest(request, self.app, visitor.user, visitor.csrf, self)
             return await self._run(route, ui_request, visitor)
 
         return handle
@@ -283,6 +295,14 @@ class UiServer:
                                 content_type="text/html", charset="utf-8")
         secure_headers(response)
         return response
+
+    async def still_allowed(self, req: UiRequest) -> bool:
+        """Whether ``req``'s login still stands, for the same user with the same role."""
+        try:
+            visitor = await self.auth.visitor(req.web)
+        except Refused:
+            return False
+        return visitor is not None and visitor.user == req.user
 
     async def audit(self, user: UiUser, action: str, target: str, detail: str) -> None:
         """Write one audit log row for ``user``."""

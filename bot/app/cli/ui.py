@@ -24,8 +24,6 @@ from bot.config.settings import Settings
 if TYPE_CHECKING:
     from bot.storage.ui_accounts import UiAccountStore
 
-ROLE_CHOICES = ("viewer", "operator", "admin")
-MAX_NAME = 64
 
 
 @cli.group()
@@ -72,10 +70,11 @@ def _read_password(from_stdin: bool) -> str:
 
 
 def _check_name(name: str) -> str:
+    from bot.storage.ui_accounts import NAME_RULE, valid_name
+
     name = name.strip()
-    if not name or len(name) > MAX_NAME or not name.isprintable() or name == "local":
-        _refuse(f"{name!r} cannot name an account (1 to {MAX_NAME} printable characters, "
-                "not 'local')")
+    if not valid_name(name):
+        _refuse(f"{name!r} cannot name an account ({NAME_RULE})")
     return name
 
 
@@ -91,10 +90,11 @@ password_stdin = click.option("--password-stdin", "from_stdin", is_flag=True,
 @click.pass_context
 def user_add(ctx: click.Context, name: str, role: str, from_stdin: bool) -> None:
     """Add the account NAME with ROLE; the password is asked for (or read from stdin)."""
+    from bot.storage.ui_accounts import ROLES
     from bot.ui.accounts import hash_password
 
     settings = cli_settings(ctx)
-    if role not in ROLE_CHOICES:
+    if role not in ROLES:
         _refuse(f"unknown role {role!r}: viewer, operator or admin")
     name = _check_name(name)
     hashed = hash_password(_read_password(from_stdin))

@@ -7,9 +7,9 @@ from __future__ import annotations
 from aiohttp import web
 
 from bot.ui.kit import NavEntry, UiRequest, UiRoute
-from bot.ui.opsweb import field, plain
+from bot.ui.opsweb import field
 from bot.ui.queries import access as queries
-from bot.ui.queries.opsdb import BadCursor
+from bot.ui.queries.reads import BadCursor
 
 
 async def access(req: UiRequest, *, error: str = "", status: int = 200) -> web.StreamResponse:
@@ -17,9 +17,9 @@ async def access(req: UiRequest, *, error: str = "", status: int = 200) -> web.S
     try:
         page = await queries.access_page(req.app, before=req.web.query.get("before"))
     except BadCursor as exc:
-        return plain(400, str(exc))
+        return req.fail(400, str(exc))
     except queries.AccessUnavailable as exc:
-        return plain(503, str(exc))
+        return req.fail(503, str(exc))
     response = req.render("access.html", page=page, error=error,
                           paged="before" in req.web.query)
     response.set_status(status)

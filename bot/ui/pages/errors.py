@@ -19,7 +19,7 @@ async def errors(req: UiRequest) -> web.StreamResponse:
     try:
         page = await eq.list_errors(req.app.store, f, q.get("before") or None)
     except BadCursor as exc:
-        return web.Response(status=400, text=f"{exc}\n")
+        return req.fail(400, str(exc))
     more = {"tool": f.tool, "kind": f.kind, "user": f.user, "session": f.session}
     return req.render("errors.html", filter=f, page=page, tools=await eq.tool_names(
         req.app.store), kinds=eq.KINDS, query={k: v for k, v in more.items() if v})
@@ -30,7 +30,7 @@ async def error(req: UiRequest) -> web.StreamResponse:
     error_id = req.web.match_info["error_id"]
     found = await eq.error_detail(req.app.store, error_id)
     if found is None:
-        return web.Response(status=404, text=f"no error {error_id}\n")
+        return req.fail(404, f"no error {error_id}")
     return req.render("errors_detail.html", e=found)
 
 

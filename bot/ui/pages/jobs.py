@@ -10,9 +10,9 @@ from aiohttp import web
 
 from bot.storage.jobs import Job
 from bot.ui.kit import NavEntry, UiRequest, UiRoute
-from bot.ui.opsweb import field, plain
+from bot.ui.opsweb import field
 from bot.ui.queries import jobs as queries
-from bot.ui.queries.opsdb import BadCursor
+from bot.ui.queries.reads import BadCursor
 
 
 async def jobs(req: UiRequest, *, error: str = "", status: int = 200) -> web.StreamResponse:
@@ -21,9 +21,9 @@ async def jobs(req: UiRequest, *, error: str = "", status: int = 200) -> web.Str
         page = await queries.jobs_page(req.app, after=req.web.query.get("after"),
                                        now=time.time())
     except BadCursor as exc:
-        return plain(400, str(exc))
+        return req.fail(400, str(exc))
     except queries.SchedulerUnavailable as exc:
-        return plain(503, str(exc))
+        return req.fail(503, str(exc))
     response = req.render("jobs.html", page=page, error=error, paged="after" in req.web.query)
     response.set_status(status)
     return response
@@ -40,7 +40,7 @@ def _action(what: str, act: Callable[[UiRequest, str], Awaitable[Job]]
         except queries.JobError as exc:
             return await jobs(req, error=f"cannot {what} {job_id}: {exc}", status=409)
         except queries.SchedulerUnavailable as exc:
-            return plain(503, str(exc))
+            return req.fail(503, str(exc))
         await req.audit(f"{what} job", job.id, job.name)
         return req.redirect("/ui/jobs")
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from aiohttp import web
 
 from bot.ui.kit import NavEntry, UiRequest, UiRoute
-from bot.ui.opsweb import field, number, plain
+from bot.ui.opsweb import field, number
 from bot.ui.queries import outbox as queries
-from bot.ui.queries.opsdb import BadCursor
+from bot.ui.queries.reads import BadCursor
 
 
 async def outbox(req: UiRequest, *, error: str = "", status: int = 200) -> web.StreamResponse:
@@ -16,7 +16,7 @@ async def outbox(req: UiRequest, *, error: str = "", status: int = 200) -> web.S
     try:
         page = await queries.outbox_page(req.app, before=req.web.query.get("before"))
     except BadCursor as exc:
-        return plain(400, str(exc))
+        return req.fail(400, str(exc))
     response = req.render("outbox.html", page=page, error=error,
                           paged="before" in req.web.query)
     response.set_status(status)

@@ -15,8 +15,8 @@ async def run(req: UiRequest) -> web.StreamResponse:
     run_id = req.web.match_info["run_id"]
     trace = await run_trace(req.app.store, run_id)
     if trace is None:
-        return web.Response(status=404, text=f"no trace of run {run_id}: it is still running, "
-                                             "or its trace was pruned\n")
+        return req.fail(404, f"no trace of run {run_id}: it is still running, "
+                             "or its trace was pruned", back="/ui/sessions")
     return req.render("runs.html", trace=trace)
 
 

@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 from aiohttp import web
 
 from bot.contracts.views import ERROR_ID_RE
-from bot.ui.kit import NavEntry, UiRequest, UiRoute, sse
+from bot.ui.kit import NavEntry, UiRequest, UiRoute, plain, sse
 from bot.ui.queries import sessions as sq
 from bot.ui.queries.reads import BadCursor
 from bot.ui.session_actions import compact_now, reset_session, stop_run
@@ -31,11 +31,6 @@ DONE = {
     "archived": "This conversation is archived: nothing runs in it.",
 }
 """The notices an action leaves (by code in ``?done=``: no text ever comes from a URL)."""
-
-
-def plain(status: int, line: str) -> web.Response:
-    """A one-line text answer (bad input, nothing there)."""
-    return web.Response(status=status, text=f"{line}\n")
 
 
 def session_filter(req: UiRequest) -> sq.SessionFilter:
@@ -77,7 +72,7 @@ async def sessions(req: UiRequest) -> web.StreamResponse:
                 req.app.store, f, before), page=None, query_of=query_of)
         page = await sq.list_sessions(req.app.store, f, before)
     except BadCursor as exc:
-        return plain(400, str(exc))
+        return req.fail(400, str(exc))
     return req.render("sessions.html", filter=f, page=page, hits=None, query_of=query_of,
                       live=before is None)
 
@@ -116,11 +111,11 @@ async def detail(req: UiRequest) -> web.StreamResponse:
     store = req.app.store
     found = await sq.session_detail(store, session_id(req))
     if found is None:
-        return plain(404, f"no session {session_id(req)}")
+        return req.fail(404, f"no session {session_id(req)}")
     try:
         page = await sq.transcript(store, found.row.id, req.web.query.get("before") or None)
     except BadCursor as exc:
-        return plain(400, str(exc))
+        return req.fail(400, str(exc))
     runs = await sq.runs_of(store, found.row.key, [m.run_id for m in page.messages])
     live = not req.web.query.get("before")
     newest = page.messages[-1].id if page.messages else 0
@@ -171,7 +166,7 @@ async def file(req: UiRequest) -> web.StreamResponse:
 async def _act(req: UiRequest, action: str) -> web.StreamResponse:
     found = await sq.session_detail(req.app.store, session_id(req))
     if found is None:
-        return plain(404, f"no session {session_id(req)}")
+        return req.fail(404, f"no session {session_id(req)}")
     target, key = f"session {found.row.id}", found.row.key
     if found.row.archived_at is not None:
         await req.audit(action, target, "refused: archived")

@@ -7,11 +7,9 @@ import time
 
 from aiohttp import web
 
-from bot.storage.ui_accounts import ROLES, UiAccountStore
+from bot.storage.ui_accounts import NAME_RULE, ROLES, UiAccountStore, valid_name
 from bot.ui.accounts import hash_password
 from bot.ui.kit import NavEntry, UiRequest, UiRoute
-
-MAX_NAME = 64
 
 
 def _store(req: UiRequest) -> UiAccountStore:
@@ -32,9 +30,8 @@ async def add(req: UiRequest) -> web.StreamResponse:
     form = await req.form()
     name, role, password = (form.get("name", "").strip(), form.get("role", ""),
                             form.get("password", ""))
-    if not name or len(name) > MAX_NAME or not name.isprintable() or name == "local":
-        return await users(req, error=f"a name is 1 to {MAX_NAME} printable characters, "
-                                      "not 'local'", status=400)
+    if not valid_name(name):
+        return await users(req, error=f"a name is {NAME_RULE}", status=400)
     if role not in ROLES:
         return await users(req, error=f"the role is one of {', '.join(ROLES)}", status=400)
     if len(password) < 8:
@@ -47,9 +44,17 @@ async def add(req: UiRequest) -> web.StreamResponse:
 
 
 async def remove(req: UiRequest) -> web.StreamResponse:
-    """Remove an account; its logins end at once."""
+    """Remove an account; its logins end at once. The last admin stays."""
     name = (await req.form()).get("name", "")
-    if not await _store(req).remove_account(name):
+    store = _store(req)
+    admins = [a.name for a in await store.accounts() if a.role == "admin"]
+    if admins == [name]:
+        # Without an admin nobody could manage users here; without any account a
+        # loopback UI would serve everyone on this machine without a login.
+        return await users(req, error=f"{name} is the last admin: add another admin first "
+                                      "(or use `roost ui user remove` on the host)",
+                           status=409)
+    if not await store.remove_account(name):
         return await users(req, error=f"no account is called {name}", status=404)
     await req.audit("remove account", name)
     return req.redirect("/ui/users")

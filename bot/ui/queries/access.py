@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from bot.contracts.messages import OutboundMessage
 from bot.storage.access import AccessStore, PairedUser, PairingRequest
-from bot.ui.queries.opsdb import PAGE_SIZE, make_pair_cursor, pair_cursor, rows
+from bot.ui.queries.reads import PAGE_SIZE, fetch, parse_time_cursor, time_cursor
 
 if TYPE_CHECKING:
     from bot.app.roost import Roost
@@ -57,7 +57,7 @@ async def access_page(app: Roost, *, before: str | None = None,
                       limit: int = PAGE_SIZE) -> AccessPage:
     """The access page; ``before``: the cursor of the paired users' next page."""
     store = access_store(app)
-    cursor = pair_cursor(before)
+    cursor = parse_time_cursor(before) if before else None
     where: str = ""
     params: tuple[object, ...] = ()
     if cursor is not None:
@@ -65,7 +65,7 @@ async def access_page(app: Roost, *, before: str | None = None,
         where = " WHERE (approved_at, channel, user_id) < (?, ?, ?)"
         params = (cursor[0], channel, user_id)
     # Newest first by the paired_users_approved index.
-    found = await rows(
+    found = await fetch(
         app.store,
         "SELECT channel, user_id, display_name, approved_by, approved_at FROM paired_users"
         f"{where} ORDER BY approved_at DESC, channel DESC, user_id DESC LIMIT ?",
@@ -76,7 +76,7 @@ async def access_page(app: Roost, *, before: str | None = None,
     settings = app.settings
     return AccessPage(
         await store.pending(), paired,
-        make_pair_cursor(paired[-1].approved_at, paired[-1].user) if more else None,
+        time_cursor(paired[-1].approved_at, paired[-1].user) if more else None,
         list(settings.dm_allowlist), list(settings.admins), settings.dm_policy,
         dict(settings.dm_policies))
 

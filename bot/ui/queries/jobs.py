@@ -21,7 +21,7 @@ from bot.scheduling.requests import JobError
 from bot.scheduling.scheduler import Scheduler
 from bot.storage.jobs import Job
 from bot.storage.usage import day_of
-from bot.ui.queries.opsdb import make_pair_cursor, pair_cursor, rows
+from bot.ui.queries.reads import fetch, parse_time_cursor, time_cursor
 from bot.ui.queries.usage import Totals
 
 if TYPE_CHECKING:
@@ -94,21 +94,22 @@ async def jobs_page(app: Roost, *, after: str | None = None, now: float,
                     limit: int = JOBS_PER_PAGE) -> JobsPage:
     """Jobs created after cursor ``after``, oldest first, with their last fires."""
     scheduler = scheduler_of(app)
-    found = await scheduler.store.page(pair_cursor(after), limit + 1)
+    cursor = parse_time_cursor(after) if after else None
+    found = await scheduler.store.page(cursor, limit + 1)
     jobs = found[:limit]
     fires = await _fires(app, [j.id for j in jobs])
     today = await _today(app, [usage_subject(j) for j in jobs], day_of(now))
     page = [JobRow(j, scheduler.view(j).next_fire, fires.get(j.id, []),
                    today.get(usage_subject(j), Totals(usage_subject(j)))) for j in jobs]
     more = len(found) > limit
-    return JobsPage(page, make_pair_cursor(jobs[-1].created_at, jobs[-1].id) if more else None)
+    return JobsPage(page, time_cursor(jobs[-1].created_at, jobs[-1].id) if more else None)
 
 
 async def _fires(app: Roost, job_ids: list[str]) -> dict[str, list[FireRow]]:
     if not job_ids:
         return {}
     marks = ", ".join("?" * len(job_ids))
-    found = await rows(
+    found = await fetch(
         app.store,
         "SELECT f.job_id, f.fired_at, f.ended_at, f.run_id, f.status, f.error, f.manual,"
         " r.model, r.input_tokens, r.output_tokens, r.cache_read_tokens,"
@@ -141,7 +142,7 @@ async def _today(app: Roost, subjects: list[str], day: str) -> dict[str, Totals]
     if not subjects:
         return {}
     marks = ", ".join("?" * len(subjects))
-    found = await rows(
+    found = await fetch(
         app.store,
         "SELECT subject, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,"
         f" cost, runs FROM usage WHERE scope = 'job' AND period = ? AND subject IN ({marks})",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from bot.storage.inbox import OutboxEntry, decode_outbound
-from bot.ui.queries.opsdb import PAGE_SIZE, id_cursor, rows
+from bot.ui.queries.reads import PAGE_SIZE, fetch, parse_id_cursor
 
 if TYPE_CHECKING:
     from bot.app.roost import Roost
@@ -54,10 +54,10 @@ class OutboxPage:
 async def outbox_page(app: Roost, *, before: str | None = None,
                       limit: int = PAGE_SIZE) -> OutboxPage:
     """Open replies older than cursor ``before`` (an outbox id), newest first."""
-    below = id_cursor(before)
+    below = parse_id_cursor(before) if before else None
     where = " AND id < ?" if below is not None else ""
     params: tuple[object, ...] = (below,) if below is not None else ()
-    found = await rows(
+    found = await fetch(
         app.store,
         "SELECT id, channel, chat_id, message, state, attempts, last_error, created_at,"
         " updated_at, owner, sending FROM outbox WHERE state IN ('pending', 'failed')"
@@ -65,7 +65,7 @@ async def outbox_page(app: Roost, *, before: str | None = None,
     page = [OutboxRow(int(r[0]), str(r[1]), str(r[2]), _text(str(r[3])), str(r[4]),
                       int(r[5]), str(r[6] or ""), float(r[7]), float(r[8]), str(r[9] or ""),
                       bool(r[10])) for r in found[:limit]]
-    counts = {str(r[0]): (int(r[1]), r[2]) for r in await rows(
+    counts = {str(r[0]): (int(r[1]), r[2]) for r in await fetch(
         app.store,
         "SELECT state, count(*), min(created_at) FROM outbox"
         " WHERE state IN ('pending', 'failed') GROUP BY state")}

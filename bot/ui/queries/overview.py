@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from bot.app.http import gauges
 from bot.storage.usage import day_of
+from bot.ui.queries.reads import fetch
 
 if TYPE_CHECKING:
     from bot.app.roost import Roost
@@ -74,10 +75,8 @@ class Overview:
 
 
 async def _one(app: Roost, sql: str, params: tuple[Any, ...] = ()) -> tuple[Any, ...]:
-    store = app.store
-    async with store.lock, store.db.execute(sql, params) as cur:
-        row = await cur.fetchone()
-    return tuple(row) if row is not None else ()
+    found = await fetch(app.store, sql, params)
+    return tuple(found[0]) if found else ()
 
 
 async def read_overview(app: Roost, now: float | None = None) -> Overview:
@@ -91,9 +90,10 @@ async def read_overview(app: Roost, now: float | None = None) -> Overview:
     for name in names:
         line = next((p for p in problems if p.startswith(f"{name}: ")), None)
         parts.append(Part(name, line is None, "" if line is None else line[len(name) + 2:]))
+    live_replicas = await fetch(app.store, "SELECT id, started_at FROM replicas"
+                                           " WHERE expires_at > ? ORDER BY started_at", (now,))
     replicas = [Replica(str(r[0]), float(r[1]), str(r[0]) == app.replica)
-                for r in await _all(app, "SELECT id, started_at FROM replicas"
-                                         " WHERE expires_at > ? ORDER BY started_at", (now,))]
+                for r in live_replicas]
     inbox = await _one(app, "SELECT COUNT(*), MIN(received_at) FROM inbox"
                             " WHERE state IN ('pending', 'running')")
     outbox = await _one(app, "SELECT COUNT(*), MIN(created_at) FROM outbox"
@@ -115,9 +115,3 @@ async def read_overview(app: Roost, now: float | None = None) -> Overview:
         errors_last_hour=int(errors[0]), input_tokens=int(spent[0]),
         output_tokens=int(spent[1]), cost=float(spent[2]))
 
-
-async def _all(app: Roost, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    store = app.store
-    async with store.lock, store.db.execute(sql, params) as cur:
-        rows = await cur.fetchall()
-    return [tuple(r) for r in rows]

@@ -1,10 +1,10 @@
-"""Reading the shared database for the Control UI's session, run and error pages.
+"""Reading the shared database for every page of the Control UI.
 
 On SQLite every coroutine shares one connection, so a read holds the store's
 lock (it must not land inside another coroutine's transaction); on PostgreSQL a
 read outside a transaction takes a pooled connection of its own and waits for
 nothing. Keyset cursors (``?before=``) are parsed here: a malformed one is a
-:class:`BadCursor`, which a page answers with one line (400).
+:class:`BadCursor`, which a page answers with its error page (400).
 """
 
 from __future__ import annotations
@@ -16,9 +16,14 @@ from typing import Any
 from bot.storage.db import Dialect, dialect_of
 from bot.storage.sessions import SessionStore
 
+PAGE_SIZE = 50
+"""Rows of a list page."""
+MAX_CURSOR_KEY = 300
+"""Characters the key of a (time, key) cursor may have."""
+
 
 class BadCursor(ValueError):
-    """A ``before`` cursor that is not one a page handed out."""
+    """A ``before``/``after`` cursor that is not one a page handed out."""
 
 
 def dialect(store: SessionStore) -> Dialect:
@@ -50,7 +55,7 @@ def parse_time_cursor(cursor: str) -> tuple[float, str]:
         value = float(stamp)
     except ValueError:
         raise BadCursor(f"not a page cursor: {cursor[:40]!r}") from None
-    if not sep or not key or value != value:  # NaN never names a row
+    if not sep or not key or value != value or len(key) > MAX_CURSOR_KEY:  # NaN: no row
         raise BadCursor(f"not a page cursor: {cursor[:40]!r}")
     return value, key
 

@@ -20,7 +20,7 @@ from bot.config.settings import Settings
 from bot.engine.budgets import WARN_AT
 from bot.storage.sessions import SessionStore
 from bot.storage.usage import Scope, day_of, month_of
-from bot.ui.queries.opsdb import rows
+from bot.ui.queries.reads import fetch
 
 SCOPES: tuple[Scope, ...] = get_args(Scope)
 """Every counter scope, in the page's order."""
@@ -135,7 +135,7 @@ async def usage_report(store: SessionStore, settings: Settings, *, days: int = 3
     """Usage over the ``days`` ending today (UTC) and the budgets' standing now."""
     first, last, every = day_range(days, now)
     # Every run's spend is counted for its agent: the agents' counters sum to the total.
-    per_day = {str(r[0]): _totals(r) for r in await rows(
+    per_day = {str(r[0]): _totals(r) for r in await fetch(
         store,
         f"SELECT period, {_SUMS} FROM usage WHERE scope = 'agent' AND period >= ?"
         " AND period <= ? AND length(period) = 10 GROUP BY period", (first, last))}
@@ -150,7 +150,7 @@ async def usage_report(store: SessionStore, settings: Settings, *, days: int = 3
     month = month_of(now)
     top_first = max(first, f"{month}-01")
     # One query per scope; on PostgreSQL each takes a pooled connection, so they overlap.
-    found = await asyncio.gather(*(rows(
+    found = await asyncio.gather(*(fetch(
         store,
         f"SELECT subject, {_SUMS} FROM usage WHERE scope = ? AND period = ?"
         " GROUP BY subject"
@@ -225,7 +225,7 @@ async def _near(store: SessionStore, scope: Scope, period: str,
     params: tuple[object, ...] = (scope, period, floor)
     if agent:
         params += (agent,)
-    found = await rows(
+    found = await fetch(
         store,
         f"SELECT subject, {measure} FROM usage WHERE scope = ? AND period = ?"
         f" AND {measure} >= ?{only} ORDER BY {measure} DESC, subject LIMIT ?",
