@@ -19,6 +19,7 @@ from typing import Any
 from bot.agents.router import AgentResolver, AgentRouter
 from bot.app.error_channel import error_channel
 from bot.app.http import HealthServer, instrument
+from bot.app.intake import events_to
 from bot.app.offers import (
     apply_tool_groups,
     collect_judges,
@@ -384,7 +385,7 @@ class Roost:
             channel.replicas = self.dispatcher.replicas  # bot-wide send limits are shared
         if self.http is not None and channel.http_routes is None:
             channel.http_routes = self.http  # its webhook may share the server's port
-        await channel.start(self.dispatcher.submit)
+        await channel.start(events_to(self.dispatcher.submit))
         unique = {id(c): c for c in self.commands.values()}
         try:
             await channel.register_commands(list(unique.values()))

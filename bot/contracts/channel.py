@@ -9,7 +9,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from bot.contracts.media import MediaError
-from bot.contracts.messages import Attachment, InboundMessage, OutboundMessage
+from bot.contracts.messages import (
+    Attachment,
+    ButtonPress,
+    ButtonRows,
+    InboundEvent,
+    InboundMessage,
+    OutboundMessage,
+)
 from bot.contracts.settings import SettingsModel
 
 if TYPE_CHECKING:
@@ -17,8 +24,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-InboundHandler = Callable[[InboundMessage], Awaitable[None]]
-"""The core's entry point: adapters await it for every normalized message.
+InboundHandler = Callable[[InboundEvent], Awaitable[None]]
+"""The core's entry point: adapters await it for every normalized message, and for
+every press, edit, deletion and reaction (:data:`~bot.contracts.messages.InboundEvent`).
 
 When it returns, the message is durably recorded in the inbox (or was
 deliberately dropped: a policy refused it, it was a redelivery). Only then may
@@ -203,6 +211,26 @@ class LiveReplicas(Protocol):
         included (at least 1); read again every ``lease_seconds / 3``."""
 
 
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a channel can do beyond sending text, so the core asks only what is possible."""
+
+    buttons: bool = False
+    """Sends :attr:`OutboundMessage.buttons` natively and hands presses in."""
+    edit: bool = False
+    """:meth:`Channel.edit` changes a message the bot sent."""
+    react: bool = False
+    """:meth:`Channel.react` puts the bot's reaction on a message."""
+    reaction_emoji: frozenset[str] | None = None
+    """The only emoji :meth:`Channel.react` accepts (Telegram's fixed list); ``None``: any."""
+    edits_in: bool = False
+    """Hands people's edits in as :class:`~bot.contracts.messages.MessageEdit`."""
+    deletions_in: bool = False
+    """Hands deletions in as :class:`~bot.contracts.messages.MessageDeletion`."""
+    reactions_in: bool = False
+    """Hands people's reactions in as :class:`~bot.contracts.messages.ReactionEvent`."""
+
+
 class Channel:
     """Base for channel adapters. Adapters only translate; they hold no logic.
 
@@ -223,6 +251,8 @@ class Channel:
     marks_sending: ClassVar[bool] = False
     """``True`` when :meth:`send` awaits its platform calls through :func:`marked_send`;
     otherwise the core marks a reply as under way just before calling :meth:`send`."""
+    capabilities: ClassVar[Capabilities] = Capabilities()
+    """What the channel can do besides sending (none by default)."""
 
     async def start(self, handler: InboundHandler) -> None:
         """Connect to the platform and begin delivering inbound messages."""
@@ -268,6 +298,37 @@ class Channel:
 
     async def withdraw(self, chat_id: str, message_id: str) -> None:
         """Delete a message the bot sent (a draft left over from a crashed run)."""
+
+    async def answer_press(self, press: ButtonPress, note: str | None = None, *,
+                           alert: bool = False) -> None:
+        """Answer ``press`` (stop the client's spinner), showing ``note`` to the presser
+        alone if given (``alert``: as a dialog where the platform has one).
+
+        Telegram: ``answerCallbackQuery``; Discord: an ephemeral follow-up; Slack: an
+        ephemeral message through ``response_url``. A press too old to answer is
+        logged, not raised. The default does nothing.
+        """
+
+    async def edit(self, chat_id: str, message_id: str, text: str,
+                   buttons: ButtonRows = ()) -> bool:
+        """Replace the text (and buttons; none: removed) of a message the bot sent.
+
+        Returns ``False`` if the message is gone or the channel cannot edit
+        (:attr:`Capabilities.edit`); an identical edit counts as done. Raises when the
+        platform failed for good.
+        """
+        return False
+
+    async def react(self, chat_id: str, message_id: str, emoji: str | None) -> bool:
+        """Set the bot's own reaction on a message to ``emoji``, replacing the one it set
+        before (``None``: remove it).
+
+        Reactions never delay a reply: they are paced at the lowest priority and
+        dropped when the chat is rate limited. Returns whether the reaction was
+        set; ``False`` also for an emoji the platform refuses, a message that is
+        gone, or a channel without reactions. Never raises for those.
+        """
+        return False
 
     async def catch_up(self, cursors: Mapping[str, str]) -> None:
         """Deliver messages missed while Roost was down, for platforms that cannot redeliver.

@@ -6,6 +6,7 @@ Channel adapters turn platform events into :class:`InboundMessage` and turn
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -147,6 +148,40 @@ class OutboundFile:
         return self.source.borrowed() if self.source is not None else OpenFile.open(self.path)
 
 
+ButtonStyle = Literal["primary", "secondary", "success", "danger"]
+"""How a button looks where the platform has styles (Discord, Slack); others ignore it."""
+MAX_BUTTON_DATA = 64
+"""Bytes (UTF-8) a button's ``data`` may have: Telegram's ``callback_data`` limit, the
+smallest of the platforms'."""
+MAX_BUTTON_LABEL = 75
+"""Characters a button's label may have (Slack's limit; Discord allows 80)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Button:
+    """A native button under a message; pressing it sends ``data`` back as a
+    :class:`ButtonPress`. ``data`` is 1–64 bytes and ``label`` 1–75 characters,
+    else :class:`ValueError` (a longer ``data`` would be refused by Telegram)."""
+
+    label: str
+    data: str
+    style: ButtonStyle = "secondary"
+
+    def __post_init__(self) -> None:
+        _clean_fields(self, ("label", "data"))
+        if not 1 <= len(self.data.encode("utf-8")) <= MAX_BUTTON_DATA:
+            raise ValueError(f"a button's data must be 1 to {MAX_BUTTON_DATA} bytes, "
+                             f"not {len(self.data.encode('utf-8'))}")
+        if not self.label.strip() or len(self.label) > MAX_BUTTON_LABEL:
+            raise ValueError(f"a button's label must be 1 to {MAX_BUTTON_LABEL} characters")
+        if self.style not in ("primary", "secondary", "success", "danger"):
+            raise ValueError(f"unknown button style {self.style!r}")
+
+
+ButtonRows = tuple[tuple[Button, ...], ...]
+"""Buttons in rows, top to bottom (each row left to right)."""
+
+
 @dataclass(frozen=True, slots=True)
 class OutboundMessage:
     """A reply the core asks a channel to deliver."""
@@ -177,6 +212,9 @@ class OutboundMessage:
     """Files to upload with the reply (after or with its text). A file over the
     platform's limit makes :meth:`bot.contracts.channel.Channel.send` raise
     :class:`bot.contracts.media.MediaTooLarge`."""
+    buttons: ButtonRows = ()
+    """Native buttons under the reply's last text piece (rows of :class:`Button`);
+    a channel without buttons (:attr:`Capabilities.buttons` false) ignores them."""
 
     @classmethod
     def reply_to_message(
@@ -196,3 +234,93 @@ class OutboundMessage:
             thread_id=msg.thread_id,
             kind=kind,
         )
+
+
+def now() -> float:
+    """The time an event is received (seconds since the epoch)."""
+    return time.time()
+
+
+@dataclass(frozen=True, slots=True)
+class ButtonPress:
+    """Someone pressed a :class:`Button` under a message the bot sent.
+
+    ``press_id`` (Telegram's callback query id, Discord's interaction id, Slack's
+    ``trigger_id``) and ``token`` (Discord's interaction token, Slack's
+    ``response_url``) are what :meth:`bot.contracts.channel.Channel.answer_press`
+    needs; a press must be answered soon (Telegram: ~15 s; Discord and Slack
+    acknowledge it on receipt, so the answer is a follow-up).
+    """
+
+    channel: str
+    chat_id: str
+    message_id: str
+    """The platform id of the message the button is under."""
+    data: str
+    user_id: str
+    press_id: str
+    token: str = field(default="", repr=False)
+    user_name: str = ""
+    chat_type: ChatType = "direct"
+    thread_id: str | None = None
+    group_id: str | None = None
+    received_at: float = field(default_factory=now)
+    raw: Any = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _clean_fields(self, ("channel", "chat_id", "message_id", "data", "user_id", "press_id",
+                             "user_name", "thread_id", "group_id"))
+
+
+@dataclass(frozen=True, slots=True)
+class MessageEdit:
+    """Someone edited a message they had sent: ``message`` is its new version with its
+    original ``message_id`` (so the core finds what it recorded) and a fresh
+    ``event_id`` (the edit's own delivery)."""
+
+    message: InboundMessage
+    edited_at: float = field(default_factory=now)
+    """When the platform says it was edited (seconds since the epoch)."""
+
+    @property
+    def channel(self) -> str:
+        """The channel the message came from."""
+        return self.message.channel
+
+
+@dataclass(frozen=True, slots=True)
+class MessageDeletion:
+    """Messages deleted in a chat (Discord and Slack report it; Telegram does not)."""
+
+    channel: str
+    chat_id: str
+    message_ids: tuple[str, ...]
+    thread_id: str | None = None
+    event_id: str = ""
+    received_at: float = field(default_factory=now)
+
+
+@dataclass(frozen=True, slots=True)
+class ReactionEvent:
+    """Someone added (``added``) or removed a reaction on a message in a chat.
+
+    ``emoji`` is the Unicode emoji, or ``name:id`` for a Discord custom emoji and
+    ``:name:`` for a Slack one."""
+
+    channel: str
+    chat_id: str
+    message_id: str
+    user_id: str
+    emoji: str
+    added: bool
+    user_name: str = ""
+    event_id: str = ""
+    received_at: float = field(default_factory=now)
+
+    def __post_init__(self) -> None:
+        _clean_fields(self, ("channel", "chat_id", "message_id", "user_id", "emoji",
+                             "user_name", "event_id"))
+
+
+InboundEvent = InboundMessage | ButtonPress | MessageEdit | MessageDeletion | ReactionEvent
+"""Everything a channel hands the core: a message, or an interaction with one."""

@@ -34,7 +34,7 @@ from bot.contracts.channel import Channel, InboundHandler
 from bot.contracts.events import RunEvent
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.llm import LLMProvider, LLMRequest
-from bot.contracts.messages import InboundMessage, OutboundMessage
+from bot.contracts.messages import InboundEvent, InboundMessage, OutboundMessage
 from bot.pluginhost.manager import PluginHost, get_plugin_manager
 from plugins.scripted_provider import ScriptedProvider, _turn
 
@@ -222,6 +222,12 @@ class ChatChannel(Channel):
             sender_name=name, text=text, message_id=str(self._ids), mentioned=mentioned,
             thread_id=thread,
         ))
+
+    async def hand_in(self, event: InboundEvent) -> None:
+        """Hand ``event`` to Roost as a channel would (a press, an edit, a reaction...)."""
+        if self._handler is None:
+            raise RuntimeError("the chat channel is not started; build it with roost_app")
+        await self._handler(event)
 
     async def ask(self, text: str, **kwargs: Any) -> list[str]:
         """:meth:`say`, :meth:`settle`, and return the replies that arrived meanwhile."""

@@ -10,10 +10,13 @@ them at a gate (to check that an acknowledgement waits for the handler).
 from __future__ import annotations
 
 import asyncio
+from typing import TypeVar
 
-from bot.contracts.messages import InboundMessage
+from bot.contracts.messages import InboundEvent, InboundMessage
 
 __all__ = ["RecordingInbox"]
+
+E = TypeVar("E")
 
 
 class RecordingInbox:
@@ -34,8 +37,19 @@ class RecordingInbox:
         self.arrived = asyncio.Event()
         """Set when a hand-over is accepted."""
         self.changed = asyncio.Condition()
+        self.events: list[InboundEvent] = []
+        """Every accepted hand-over that is not a message (presses, edits, deletions,
+        reactions), in order."""
 
-    async def __call__(self, message: InboundMessage) -> None:
+    async def __call__(self, event: InboundEvent) -> None:
+        if not isinstance(event, InboundMessage):
+            if self.gate is not None:
+                await self.gate.wait()
+            self.events.append(event)
+            async with self.changed:
+                self.changed.notify_all()
+            return
+        message = event
         self.calls.append(message)
         self.entered.set()
         if self.gate is not None:
@@ -66,6 +80,16 @@ class RecordingInbox:
         message = found()
         assert message is not None
         return message
+
+    async def wait_event(self, kind: type[E], count: int = 1, *,
+                         limit: float = 5.0) -> list[E]:
+        """Wait until ``count`` events of ``kind`` were accepted; returns them in order."""
+        def found() -> list[E]:
+            return [e for e in self.events if isinstance(e, kind)]
+
+        async with asyncio.timeout(limit), self.changed:
+            await self.changed.wait_for(lambda: len(found()) >= count)
+        return found()
 
     def texts(self) -> list[str]:
         """The texts of the recorded messages, in order."""
