@@ -1,0 +1,214 @@
+"""Ask before acting: tool calls needing approval pause the run until a person decides.
+
+Through the whole app with a scripted model and the test chat: the prompt shows the
+call's full arguments with three buttons; presses are handed in as a channel would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from bot.contracts.hookspecs import hookimpl
+from bot.contracts.messages import ButtonPress, OutboundMessage
+from bot.contracts.tools import Tool, ToolContext, ToolResult
+from bot.testing.app import ChatChannel, without_summary
+
+SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+
+
+class Touch:
+    """A tool with a side effect the tests can see: every run of it is recorded."""
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    async def _touch(self, context: ToolContext, args: dict[str, Any]) -> ToolResult:
+        self.ran.append(args["path"])
+        return ToolResult(f"touched {args['path']}")
+
+    @hookimpl
+    def roost_tools(self) -> list[Tool]:
+        return [Tool("touch", "touches a file", SCHEMA, self._touch)]
+
+
+def touching(path: str = "a.txt", reply: str = "done") -> dict[str, Any]:
+    """A scripted turn: the model calls ``touch`` then says ``reply``."""
+    return {"steps": [{"tool_calls": [{"name": "touch", "arguments": {"path": path}}]},
+                      {"reply": reply}]}
+
+
+APPROVE_TOUCH = {"default": {"tools": {"approve": ["touch"]}}}
+
+
+def is_prompt(m: OutboundMessage) -> bool:
+    return bool(m.buttons)
+
+
+def press(chat: ChatChannel, prompt: OutboundMessage, choice: str, user: str,
+          n: int = 1) -> ButtonPress:
+    """A press of ``prompt``'s button ``choice`` (Approve, Deny, Approve for this session)."""
+    data = next(b.data for row in prompt.buttons for b in row if b.label == choice)
+    return ButtonPress(channel=chat.name, chat_id=prompt.chat_id,
+                       message_id=str(chat.sent.index(prompt) + 1), data=data, user_id=user,
+                       press_id=f"p{n}-{user}", chat_type=prompt.chat_type)
+
+
+async def test_a_call_waits_for_approval_and_runs_once_approved(roost_app: Any) -> None:
+    touch = Touch()
+    chat = await roost_app([touching("/tmp/x")], touch, agents=APPROVE_TOUCH)
+    await chat.say("touch it")
+    prompt = await chat.wait_for_message(is_prompt)
+    assert "touch" in prompt.text and "/tmp/x" in prompt.text
+    assert [b.label for b in prompt.buttons[0]] == ["Approve", "Deny",
+                                                   "Approve for this session"]
+    assert touch.ran == []  # paused: nothing ran before the decision
+    await chat.hand_in(press(chat, prompt, "Approve", "user"))
+    await chat.settle()
+    assert touch.ran == ["/tmp/x"]
+    assert chat.replies[-1] == "done"
+    assert chat.answers[0][1] == "Approved."
+    message_id, text, buttons = chat.edits[-1]
+    assert message_id == str(chat.sent.index(prompt) + 1)
+    assert text.startswith("Approved by user") and buttons == ()
+
+
+async def test_deny_gives_the_model_a_structured_error_and_nothing_runs(
+        roost_app: Any) -> None:
+    touch = Touch()
+    chat = await roost_app([touching(reply="not approved, sorry")], touch,
+                           agents=APPROVE_TOUCH)
+    await chat.say("touch it")
+    prompt = await chat.wait_for_message(is_prompt)
+    await chat.hand_in(press(chat, prompt, "Deny", "user"))
+    await chat.settle()
+    assert touch.ran == []
+    tool_message = next(m for m in chat.requests[-1].messages if m.role == "tool")
+    error = json.loads(without_summary(tool_message.content))
+    assert error["error_code"] == "APPROVAL_DENIED" and tool_message.is_error
+    assert error["decided_by"] == "user" and error["decided_at"]
+    assert chat.edits[-1][1].startswith("Denied by user")
+
+
+async def test_in_a_group_only_the_requester_or_an_admin_decides(roost_app: Any) -> None:
+    touch = Touch()
+    chat = await roost_app([touching()], touch, agents=APPROVE_TOUCH,
+                           admins=["console:boss"])
+    await chat.say("touch it", sender="alice", group="g1")
+    prompt = await chat.wait_for_message(is_prompt)
+    await chat.hand_in(press(chat, prompt, "Approve", "mallory"))
+    assert chat.answers[-1][1] == "Not yours to approve."
+    assert touch.ran == [] and chat.edits == []
+    await chat.hand_in(press(chat, prompt, "Approve", "boss"))
+    await chat.settle()
+    assert touch.ran == ["a.txt"]
+    assert chat.edits[-1][1].startswith("Approved by boss")
+
+
+async def test_a_decision_is_final_a_second_press_is_answered_not_acted_on(
+        roost_app: Any) -> None:
+    touch = Touch()
+    chat = await roost_app([touching()], touch, agents=APPROVE_TOUCH)
+    await chat.say("touch it")
+    prompt = await chat.wait_for_message(is_prompt)
+    # Two presses at once (two replicas, two taps): one decides.
+    await asyncio.gather(chat.hand_in(press(chat, prompt, "Deny", "user", 1)),
+                         chat.hand_in(press(chat, prompt, "Approve", "user", 2)))
+    await chat.settle()
+    notes = sorted(str(note) for _, note in chat.answers)
+    assert len(notes) == 2 and sum(n.startswith("Already decided") for n in notes) == 1
+    edits = [e for e in chat.edits if e[0] == str(chat.sent.index(prompt) + 1)]
+    assert len(edits) == 1
+    assert touch.ran == ([] if edits[0][1].startswith("Denied") else ["a.txt"])
+
+
+async def test_no_answer_in_time_is_a_denial(roost_app: Any) -> None:
+    touch = Touch()
+    chat = await roost_app([touching(reply="it timed out")], touch, agents=APPROVE_TOUCH,
+                           approval_timeout=0.2)
+    await chat.say("touch it")
+    await chat.wait_for_message(is_prompt)
+    await chat.settle()
+    assert touch.ran == []
+    tool_message = next(m for m in chat.requests[-1].messages if m.role == "tool")
+    error = json.loads(without_summary(tool_message.content))
+    assert error["error_code"] == "APPROVAL_DENIED" and error["outcome"] == "timeout"
+    assert chat.edits[-1][1].startswith("Denied (no answer in time)")
+    assert chat.replies[-1] == "it timed out"
+
+
+async def test_approve_for_this_session_asks_once(roost_app: Any) -> None:
+    touch = Touch()
+    chat = await roost_app([touching("one"), touching("two")], touch, agents=APPROVE_TOUCH)
+    await chat.say("touch one")
+    prompt = await chat.wait_for_message(is_prompt)
+    await chat.hand_in(press(chat, prompt, "Approve for this session", "user"))
+    await chat.settle()
+    await chat.say("touch two")
+    await chat.settle()
+    assert touch.ran == ["one", "two"]
+    assert sum(1 for m in chat.sent if m.buttons) == 1
+
+
+async def test_stop_cancels_a_pending_approval(roost_app: Any) -> None:
+    touch = Touch()
+    chat = await roost_app([touching()], touch, agents=APPROVE_TOUCH)
+    await chat.say("touch it")
+    prompt = await chat.wait_for_message(is_prompt)
+    await chat.say("/stop")
+    await chat.settle()
+    assert touch.ran == []
+    assert chat.edits[-1][1].startswith("Cancelled (/stop)")
+    await chat.hand_in(press(chat, prompt, "Approve", "user"))
+    assert chat.answers[-1][1].startswith("Already decided: Cancelled")
+    assert touch.ran == []
+
+
+async def test_every_decision_is_listed_for_admins_with_masked_arguments(
+        roost_app: Any) -> None:
+    touch = Touch()
+    chat = await roost_app(
+        [{"steps": [{"tool_calls": [{"name": "touch", "arguments": {
+            "path": "https://bob:hunter2@example.com/x"}}]}, {"reply": "ok"}]}],
+        touch, agents=APPROVE_TOUCH, admins=["console:user"])
+    await chat.say("touch it")
+    prompt = await chat.wait_for_message(is_prompt)
+    assert "hunter2" in prompt.text  # the person sees exactly what would run
+    await chat.hand_in(press(chat, prompt, "Approve", "user"))
+    await chat.settle()
+    listing = (await chat.ask("/approvals"))[-1]
+    assert "touch" in listing and "Approved by user" in listing
+    assert "hunter2" not in listing
+
+
+async def test_long_arguments_are_attached_in_full(roost_app: Any) -> None:
+    touch = Touch()
+    long_path = "/".join(f"dir{i}" for i in range(800))
+    chat = await roost_app([touching(long_path)], touch, agents=APPROVE_TOUCH)
+    await chat.say("touch it")
+    prompt = await chat.wait_for_message(is_prompt)
+    assert len(prompt.files) == 1
+    attached = await asyncio.to_thread(Path(prompt.files[0].path).read_text, "utf-8")
+    assert long_path in attached
+    assert "more characters: in full in the attached file" in prompt.text
+    await chat.hand_in(press(chat, prompt, "Deny", "user"))
+    await chat.settle()
+
+
+def test_policy_asks_about_exec_by_default_and_destructive_mcp_tools() -> None:
+    from bot.agents.tool_policy import NEEDS_APPROVAL, ToolPolicy
+
+    async def nothing(context: ToolContext, args: dict[str, Any]) -> ToolResult:
+        return ToolResult("")
+
+    offered = {"exec": Tool("exec", "runs", SCHEMA, nothing),
+               "read_file": Tool("read_file", "reads", SCHEMA, nothing),
+               "mcp_drop": Tool("mcp_drop", "drops", SCHEMA, nothing,
+                                meta={NEEDS_APPROVAL: True})}
+    assert ToolPolicy().needing_approval(offered, {}) == {"exec", "mcp_drop"}
+    assert ToolPolicy(approve=("read_file",)).needing_approval(offered, {}) == {
+        "read_file", "mcp_drop"}
+    del offered["exec"]
+    assert ToolPolicy().needing_approval(offered, {}) == {"mcp_drop"}
