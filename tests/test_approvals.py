@@ -212,3 +212,49 @@ def test_policy_asks_about_exec_by_default_and_destructive_mcp_tools() -> None:
         "read_file", "mcp_drop"}
     del offered["exec"]
     assert ToolPolicy().needing_approval(offered, {}) == {"mcp_drop"}
+
+
+async def test_a_pending_approval_survives_a_restart_and_a_press_after_it_resumes_the_run(
+        roost_app: Any, tmp_path: Path) -> None:
+    first = Touch()
+    data = tmp_path / "shared"
+    chat = await roost_app([touching("x", "first life")], first, agents=APPROVE_TOUCH,
+                           data_dir=data)
+    await chat.say("touch it")
+    prompt = await chat.wait_for_message(is_prompt)
+    assert chat.app is not None
+    await chat.app.close()  # stops at the pause: the question stays open
+    second = Touch()
+    again = await roost_app([{"reply": "after restart"}], second, agents=APPROVE_TOUCH,
+                            data_dir=data)
+    assert again.app is not None
+    await again.app.recover()
+    # The press reaches the new process (its chat: same channel and chat id).
+    await again.hand_in(press(chat, prompt, "Approve", "user"))
+    await again.settle()
+    assert first.ran == [] and second.ran == ["x"]  # run once, after the decision
+    assert not any(m.buttons for m in again.sent)  # not asked again
+    assert again.replies[-1] == "after restart"
+    assert again.answers[-1][1] == "Approved."
+
+
+async def test_a_scheduled_run_is_denied_unless_the_tool_was_pre_approved(
+        roost_app: Any) -> None:
+    from bot.contracts.messages import InboundMessage
+    from bot.engine.requests import RunOptions
+
+    touch = Touch()
+    chat = await roost_app([touching("denied", "cron 1"), touching("allowed", "cron 2")],
+                           touch, agents=APPROVE_TOUCH)
+    assert chat.app is not None
+    where = InboundMessage(channel="console", chat_id="user", chat_type="direct",
+                           sender_id="user", text="scheduled")
+    denied = await chat.app.dispatcher.run_scheduled(where, RunOptions(kind="cron"))
+    allowed = await chat.app.dispatcher.run_scheduled(
+        where, RunOptions(kind="cron", approved=("touch",)))
+    assert denied.reply == "cron 1" and allowed.reply == "cron 2"
+    assert touch.ran == ["allowed"]
+    assert not any(m.buttons for m in chat.sent)  # nobody was asked
+    rows = await chat.app.approvals.store.recent()
+    assert sorted((r.state, r.decided_by) for r in rows) == [
+        ("approved", "pre-approved for the job"), ("denied", "nobody to ask")]
