@@ -258,3 +258,26 @@ async def test_a_scheduled_run_is_denied_unless_the_tool_was_pre_approved(
     rows = await chat.app.approvals.store.recent()
     assert sorted((r.state, r.decided_by) for r in rows) == [
         ("approved", "pre-approved for the job"), ("denied", "nobody to ask")]
+
+
+async def test_the_console_asks_y_n_a_and_y_approves(tmp_path: Path) -> None:
+    import io
+
+    from bot.testing.app import create_app, scripted
+    from channels.console import ConsoleChannel
+
+    touch = Touch()
+    app, _ = await create_app(scripted(touching("c", "console done")), touch,
+                              data_dir=tmp_path / "console", agents=APPROVE_TOUCH)
+    out = io.StringIO()
+    console = ConsoleChannel(out=out, read_stdin=False, stream=False)
+    try:
+        await app.add_channel(console)
+        await console.say("touch it")
+        await asyncio.wait_for(console.asked.wait(), 5)
+        assert "answer y (approve), n (deny) or a" in out.getvalue() and touch.ran == []
+        await console.say("y")
+        await asyncio.wait_for(app.dispatcher.drain(), 5)
+        assert touch.ran == ["c"] and "console done" in out.getvalue()
+    finally:
+        await app.close()
