@@ -310,8 +310,9 @@ class Channel:
         """
 
     async def edit(self, chat_id: str, message_id: str, text: str,
-                   buttons: ButtonRows = ()) -> bool:
-        """Replace the text (and buttons; none: removed) of a message the bot sent.
+                   buttons: ButtonRows = (), *, thread_id: str | None = None) -> bool:
+        """Replace the text (and buttons; none: removed) of a message the bot sent
+        (``thread_id``: the thread it is in, which Discord needs).
 
         Returns ``False`` if the message is gone or the channel cannot edit
         (:attr:`Capabilities.edit`); an identical edit counts as done. Raises when the
@@ -319,9 +320,10 @@ class Channel:
         """
         return False
 
-    async def react(self, chat_id: str, message_id: str, emoji: str | None) -> bool:
+    async def react(self, chat_id: str, message_id: str, emoji: str | None, *,
+                    thread_id: str | None = None) -> bool:
         """Set the bot's own reaction on a message to ``emoji``, replacing the one it set
-        before (``None``: remove it).
+        before (``None``: remove it); ``thread_id`` as for :meth:`edit`.
 
         Reactions never delay a reply: they are paced at the lowest priority and
         dropped when the chat is rate limited. Returns whether the reaction was

@@ -13,11 +13,26 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+import discord
+
 from bot.config.settings import Settings
-from bot.contracts.channel import Channel, ChannelHealth, InboundHandler, ReplyStream
-from bot.contracts.messages import Attachment, InboundMessage, OutboundMessage
+from bot.contracts.channel import (
+    Capabilities,
+    Channel,
+    ChannelHealth,
+    InboundHandler,
+    ReplyStream,
+)
+from bot.contracts.messages import (
+    Attachment,
+    ButtonPress,
+    ButtonRows,
+    InboundMessage,
+    OutboundMessage,
+)
 from channels.chunking import split_message
 from channels.delivery import DeliveryPolicy
+from channels.discord.changes import REACT_WAIT, Changes, view_of
 from channels.discord.common import (
     CATCHUP_LIMIT,
     CHANNEL_NAME,
@@ -39,8 +54,6 @@ from channels.inflight import InFlight
 from channels.uploading import opened_files
 
 if TYPE_CHECKING:
-    import discord
-
     from bot.contracts.commands import Command
 
 STOP_GRACE = 10.0
@@ -51,13 +64,15 @@ class DiscordChannel(Channel):
     """Discord through discord.py's gateway client; see the package docstring."""
 
     name = CHANNEL_NAME
+    capabilities = Capabilities(buttons=True, edit=True, react=True, edits_in=True,
+                                deletions_in=True, reactions_in=True)
 
     def __init__(self, settings: Settings, *, guild_ready_timeout: float = 1.0,
                  ready_timeout: float = 60.0, delivery: DeliveryPolicy | None = None,
                  edit_interval: float = 1.0,
                  interaction_timeout: float = INTERACTION_TIMEOUT,
                  catchup_limit: int | None = None, call_timeout: float | None = None,
-                 max_ratelimit_timeout: float = 30.0) -> None:
+                 max_ratelimit_timeout: float = 30.0, react_wait: float = REACT_WAIT) -> None:
         """Read the token and endpoints from ``settings`` and build the parts; nothing
         connects yet.
 
@@ -72,6 +87,7 @@ class DiscordChannel(Channel):
         without it a stalled call is bounded by aiohttp's 5-minute default).
         discord.py waits out 429s up to ``max_ratelimit_timeout`` seconds by
         itself, longer ones reach :func:`deliver` as :class:`RateLimited`.
+        ``react_wait`` bounds a reaction call (one that would wait longer is dropped).
         """
         if settings.discord_bot_token is None:
             raise ValueError("DISCORD_BOT_TOKEN is not set")
@@ -88,10 +104,12 @@ class DiscordChannel(Channel):
         self.inbound = Inbound(self.intake, self.rest, self.inflight, catchup_limit=limit)
         self.interactions = Interactions(self.intake, self.rest, self.inflight,
                                          timeout=interaction_timeout)
+        self.changes = Changes(self.intake, self.rest, translate=self.inbound.translate,
+                               react_wait=react_wait)
         self.sessions = Sessions(
             settings, token=settings.discord_bot_token.get_secret_value(),
             intake=self.intake, rest=self.rest, inbound=self.inbound,
-            interactions=self.interactions, inflight=self.inflight,
+            interactions=self.interactions, changes=self.changes, inflight=self.inflight,
             endpoints=Endpoints(settings), guild_ready_timeout=guild_ready_timeout,
             ready_timeout=ready_timeout, max_ratelimit_timeout=max_ratelimit_timeout)
 
@@ -186,15 +204,41 @@ class DiscordChannel(Channel):
                     await self.media.upload_files(target, message.files, opened, None,
                                                   message.delivery_id)
                 return None
-            last = await self.rest.deliver_reply(target, reference, pieces,
-                                                 draft=message.replace or None,
-                                                 delivery_id=message.delivery_id)
+            last = await self.rest.deliver_reply(
+                target, reference, pieces, draft=message.replace or None,
+                delivery_id=message.delivery_id,
+                view=view_of(message.buttons) if message.buttons else None)
             if message.files:
                 uploaded = await self.media.upload_files(
                     target, message.files, opened, reference if last is None else None,
                     message.delivery_id)
                 last = uploaded or last
             return last
+
+    async def answer_press(self, press: ButtonPress, note: str | None = None, *,
+                           alert: bool = False) -> None:
+        """The press was acknowledged on arrival; ``note`` goes to the presser alone
+        (an ephemeral follow-up; Discord has no alerts)."""
+        await self.changes.answer(press, note)
+
+    async def edit(self, chat_id: str, message_id: str, text: str,
+                   buttons: ButtonRows = (), *, thread_id: str | None = None) -> bool:
+        """Edit one of the bot's messages, its buttons replaced (none: removed); ``False``
+        if it is gone."""
+        with self.inflight.busy():
+            try:
+                await self.rest.edit(int(thread_id or chat_id), int(message_id),
+                                     defuse_mentions(text)[:MESSAGE_LIMIT],
+                                     view_of(buttons) if buttons else None, buttons=True)
+            except discord.NotFound:
+                return False
+            return True
+
+    async def react(self, chat_id: str, message_id: str, emoji: str | None, *,
+                    thread_id: str | None = None) -> bool:
+        """Put ``emoji`` in place of the bot's earlier reaction (``None``: remove it)."""
+        with self.inflight.busy():
+            return await self.changes.react(int(thread_id or chat_id), int(message_id), emoji)
 
     async def withdraw(self, chat_id: str, message_id: str) -> None:
         """Delete one of the bot's messages (``chat_id`` may be a thread); gone is fine."""

@@ -33,7 +33,17 @@ class GatewayEvents(Protocol):
         """A message was posted where the bot can read it."""
 
     async def interaction(self, interaction: discord.Interaction[discord.Client]) -> None:
-        """Someone used one of the bot's application commands."""
+        """Someone used one of the bot's application commands or pressed a button."""
+
+    async def edited(self, payload: discord.RawMessageUpdateEvent) -> None:
+        """A message was updated (edited, or an embed unfurled)."""
+
+    async def deleted(self, channel_id: int, message_ids: list[int],
+                      guild_id: int | None) -> None:
+        """Messages were deleted."""
+
+    async def reaction(self, payload: discord.RawReactionActionEvent) -> None:
+        """A reaction was added or removed."""
 
 
 class GatewayClient(discord.Client):
@@ -79,6 +89,23 @@ class GatewayClient(discord.Client):
 
     async def on_interaction(self, interaction: discord.Interaction[discord.Client]) -> None:
         await self.events.interaction(interaction)
+
+    async def on_raw_message_edit(self, payload: discord.RawMessageUpdateEvent) -> None:
+        await self.events.edited(payload)
+
+    async def on_raw_message_delete(self, payload: discord.RawMessageDeleteEvent) -> None:
+        await self.events.deleted(payload.channel_id, [payload.message_id], payload.guild_id)
+
+    async def on_raw_bulk_message_delete(self,
+                                         payload: discord.RawBulkMessageDeleteEvent) -> None:
+        await self.events.deleted(payload.channel_id, sorted(payload.message_ids),
+                                  payload.guild_id)
+
+    async def on_raw_reaction_add(self, payload: discord.RawReactionActionEvent) -> None:
+        await self.events.reaction(payload)
+
+    async def on_raw_reaction_remove(self, payload: discord.RawReactionActionEvent) -> None:
+        await self.events.reaction(payload)
 
     async def on_error(self, event_method: str, /, *args: Any, **kwargs: Any) -> None:
         # discord.py calls on_error from inside its except block: the exception is current.

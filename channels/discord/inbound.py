@@ -88,7 +88,7 @@ class Inbound:
             skipped = (author.bot or mine or message.webhook_id is not None
                        or message.type not in ADDRESSED_TYPES)  # joins, pins, threads...
             inbound = None if skipped or message.id in self._seen \
-                else self._translate(message, client.user)
+                else self.translate(message, client.user)
         except Exception as exc:
             log.warning("discord: skipped a malformed message %s (%s)",
                         _short(getattr(message, "id", "?"), 40), problem(exc))
@@ -218,7 +218,7 @@ class Inbound:
 
         self._catching_up = self.inflight.spawn(run())
 
-    def _translate(self, message: discord.Message, me: discord.ClientUser) -> InboundMessage:
+    def translate(self, message: discord.Message, me: discord.ClientUser) -> InboundMessage:
         """The core's message for ``message``; raises :class:`Malformed` (or worse) if
         the payload was malformed."""
         snowflake(message.id)

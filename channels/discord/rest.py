@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import secrets
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import discord
 
@@ -78,7 +78,8 @@ class Rest:
     async def deliver_reply(self, target: int, reference: discord.MessageReference | None,
                              pieces: list[str], *, draft: str | None,
                              shown: str | None = None,
-                             delivery_id: str | None = None) -> str | None:
+                             delivery_id: str | None = None,
+                             view: discord.ui.View | None = None) -> str | None:
         """Put ``pieces`` in place of ``draft`` (or post them); the last message's id.
 
         No pieces: the draft is deleted. If editing the draft into the first
@@ -88,7 +89,8 @@ class Rest:
         same across attempts and restarts) each piece's nonce derives from it,
         so Discord returns a piece an earlier attempt posted, in this process
         or one that stopped before the core recorded it, instead of posting
-        it twice (Discord remembers nonces for a few minutes).
+        it twice (Discord remembers nonces for a few minutes). ``view`` (buttons)
+        goes under the last piece.
         """
         if not pieces:
             if draft:
@@ -97,18 +99,19 @@ class Rest:
         nonces: list[str | None] = [piece_nonce(delivery_id, i) if delivery_id else None
                                     for i in range(len(pieces))]
         first: str | None = None
+        lone = view if len(pieces) == 1 else None
         if draft:
-            if pieces[0] == shown:
+            if pieces[0] == shown and lone is None:
                 first = draft
             else:
                 try:
-                    await self.edit(target, int(draft), pieces[0])
+                    await self.edit(target, int(draft), pieces[0], lone)
                     first = draft
                 except Exception as exc:
                     log.warning("discord: could not edit draft %s into the reply (%s); "
                                 "posting it anew", draft, exc)
         if first is None:
-            first = str((await self.post(target, pieces[0], reference, nonces[0])).id)
+            first = str((await self.post(target, pieces[0], reference, nonces[0], lone)).id)
             if draft:
                 try:
                     await self.delete(target, int(draft))
@@ -117,13 +120,16 @@ class Rest:
                     log.exception("discord: could not delete the replaced draft %s in %s",
                                   draft, target)
         last = first
-        for piece, nonce in zip(pieces[1:], nonces[1:], strict=True):
-            last = str((await self.post(target, piece, None, nonce)).id)
+        for index, (piece, nonce) in enumerate(zip(pieces[1:], nonces[1:], strict=True)):
+            under = view if index == len(pieces) - 2 else None
+            last = str((await self.post(target, piece, None, nonce, under)).id)
         return last
 
     async def post(self, target: int, text: str, reference: discord.MessageReference | None,
-                    key: str | None = None) -> discord.Message:
-        """Post one message into ``target`` (nonce ``key``, else a random one); the message."""
+                    key: str | None = None,
+                    view: discord.ui.View | None = None) -> discord.Message:
+        """Post one message into ``target`` (nonce ``key``, else a random one; ``view``: its
+        buttons); the message."""
         channel = self._ready().get_partial_messageable(target)
         # Every try of one post carries the same nonce (``key``, else a random
         # one), and discord.py asks Discord to enforce it: a try that took
@@ -132,21 +138,28 @@ class Rest:
         nonce: str | int = key if key else secrets.randbelow(1 << 62)
 
         async def call() -> discord.Message:
+            extra: dict[str, Any] = {} if view is None else {"view": view}
             if reference is None:
-                return await channel.send(text, allowed_mentions=NO_PINGS, nonce=nonce)
+                return await channel.send(text, allowed_mentions=NO_PINGS, nonce=nonce,
+                                          **extra)
             return await channel.send(text, allowed_mentions=NO_PINGS, reference=reference,
-                                      nonce=nonce)
+                                      nonce=nonce, **extra)
 
         sent = await self.deliver(call, what=f"sending to discord:{target}")
         self.own.add(sent.id)
         return sent
 
-    async def edit(self, target: int, message_id: int, text: str) -> None:
-        """Replace the text of one of the bot's messages."""
+    async def edit(self, target: int, message_id: int, text: str,
+                   view: discord.ui.View | None = None, *, buttons: bool = False) -> None:
+        """Replace the text of one of the bot's messages; with ``view`` (or ``buttons``)
+        its buttons too (``view=None``: removed)."""
         partial = self._ready().get_partial_messageable(target).get_partial_message(message_id)
 
         async def call() -> None:
-            await partial.edit(content=text, allowed_mentions=NO_PINGS)
+            if view is None and not buttons:
+                await partial.edit(content=text, allowed_mentions=NO_PINGS)
+            else:
+                await partial.edit(content=text, allowed_mentions=NO_PINGS, view=view)
 
         await self.deliver(call, what=f"editing discord:{target}/{message_id}")
 

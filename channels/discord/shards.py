@@ -35,6 +35,7 @@ import discord
 from bot.config.settings import Settings, SetupError
 from bot.contracts.channel import READY, ChannelHealth, Leadership
 from bot.resilience.retry import RetryPolicy
+from channels.discord.changes import Changes, skip_partial_updates
 from channels.discord.common import NO_PINGS, Intake, log
 from channels.discord.endpoints import Endpoints
 from channels.discord.gateway import GatewayClient, guard_frames, guard_parsers
@@ -91,7 +92,8 @@ class Sessions:
     the shard leases, reported as the channel's health, closed at stop."""
 
     def __init__(self, settings: Settings, *, token: str, intake: Intake, rest: Rest,
-                 inbound: Inbound, interactions: Interactions, inflight: InFlight,
+                 inbound: Inbound, interactions: Interactions, changes: Changes,
+                 inflight: InFlight,
                  endpoints: Endpoints, guild_ready_timeout: float, ready_timeout: float,
                  max_ratelimit_timeout: float) -> None:
         """``guild_ready_timeout`` is how long discord.py waits for further guilds
@@ -103,6 +105,7 @@ class Sessions:
         self.rest = rest
         self.inbound = inbound
         self.interactions = interactions
+        self.changes = changes
         self.inflight = inflight
         self.endpoints = endpoints
         self.guild_ready_timeout = guild_ready_timeout
@@ -218,8 +221,24 @@ class Sessions:
         await self.inbound.message(message)
 
     async def interaction(self, interaction: discord.Interaction[discord.Client]) -> None:
-        """A command used: to :class:`Interactions`."""
+        """A button pressed: to :class:`Changes`; a command used: to :class:`Interactions`."""
+        if interaction.type is discord.InteractionType.component:
+            await self.changes.press(interaction)
+            return
         await self.interactions.interaction(interaction)
+
+    async def edited(self, payload: discord.RawMessageUpdateEvent) -> None:
+        """A message updated: to :class:`Changes`."""
+        await self.changes.edited(payload)
+
+    async def deleted(self, channel_id: int, message_ids: list[int],
+                      guild_id: int | None) -> None:
+        """Messages deleted: to :class:`Changes`."""
+        await self.changes.deleted(channel_id, message_ids, guild_id)
+
+    async def reaction(self, payload: discord.RawReactionActionEvent) -> None:
+        """A reaction added or removed: to :class:`Changes`."""
+        await self.changes.reaction(payload)
 
     # -- sessions -----------------------------------------------------------------
 
@@ -233,6 +252,7 @@ class Sessions:
                                allowed_mentions=NO_PINGS,
                                max_ratelimit_timeout=self.max_ratelimit_timeout, **shard)
         guard_parsers(client)
+        skip_partial_updates(client)
         guard_frames(client)
         return client
 

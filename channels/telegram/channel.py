@@ -22,18 +22,31 @@ from typing import TYPE_CHECKING
 
 from aiogram import Bot
 from aiogram.client.telegram import TelegramAPIServer
-from aiogram.exceptions import TelegramUnauthorizedError
+from aiogram.exceptions import TelegramBadRequest, TelegramUnauthorizedError
 from aiogram.methods import DeleteWebhook, GetMe, SetMyCommands
 from aiogram.types import BotCommand, BotCommandScopeChat, Message, User
 from aiogram.utils.token import TokenValidationError, validate_token
 
 from bot.config.settings import SetupError
-from bot.contracts.channel import Channel, ChannelHealth, InboundHandler, ReplyStream
-from bot.contracts.messages import Attachment, InboundMessage, OutboundMessage
+from bot.contracts.channel import (
+    Capabilities,
+    Channel,
+    ChannelHealth,
+    InboundHandler,
+    ReplyStream,
+)
+from bot.contracts.messages import (
+    Attachment,
+    ButtonPress,
+    ButtonRows,
+    InboundMessage,
+    OutboundMessage,
+)
 from channels.delivery import TELEGRAM_LIMITS, DeliveryPolicy, Limits, RateLimiter
 from channels.telegram.client import BotApi, Chats, ReplyGate
 from channels.telegram.drafts import DraftStream
 from channels.telegram.inbound import CHANNEL_NAME, Translator, Unhandled
+from channels.telegram.interactions import REACTION_EMOJI, Interactions, markup_of
 from channels.telegram.media import Downloader
 from channels.telegram.outcomes import Outcomes, as_reply
 from channels.telegram.receiving import LongPolling, TolerantSession, Updates
@@ -60,6 +73,9 @@ class TelegramChannel(Channel):
 
     name = CHANNEL_NAME
     marks_sending = True  # after the rate limiter's waits: see BotApi.call
+    capabilities = Capabilities(buttons=True, edit=True, react=True,
+                                reaction_emoji=REACTION_EMOJI, edits_in=True,
+                                reactions_in=True)
 
     def __init__(self, settings: Settings, *, polling_timeout: int = 30,
                  edit_interval: float = 1.0, typing_interval: float = 4.0,
@@ -105,6 +121,7 @@ class TelegramChannel(Channel):
                                         request_timeout=request_timeout,
                                         poll_backoff=poll_backoff)
         self.webhook = Webhook(settings, self.api, self.updates)
+        self.interactions = Interactions(self.api)
         self._closing = False
 
     def _live_replicas(self) -> int:
@@ -255,7 +272,35 @@ class TelegramChannel(Channel):
             async with as_reply(floor):
                 if message.files:
                     return await self.uploader.deliver_with_files(target, message)
-                return await self.sender.deliver_reply(target, message.replace, message.text)
+                return await self.sender.deliver_reply(
+                    target, message.replace, message.text,
+                    markup_of(message.buttons) if message.buttons else None)
+
+    async def answer_press(self, press: ButtonPress, note: str | None = None, *,
+                           alert: bool = False) -> None:
+        """``answerCallbackQuery`` with ``note`` as a toast (``alert``: a dialog)."""
+        await self.interactions.answer(press, note, alert)
+
+    async def edit(self, chat_id: str, message_id: str, text: str,
+                   buttons: ButtonRows = (), *, thread_id: str | None = None) -> bool:
+        """``editMessageText`` with ``buttons`` as the keyboard (none: removed); ``False``
+        if the message is gone."""
+        async with self.gate.entered() as live:
+            if not live:
+                raise RuntimeError("the Telegram channel is stopped")
+            try:
+                return await self.sender.edit(Target.of(chat_id, None, None), int(message_id),
+                                              text, markup=markup_of(buttons))
+            except TelegramBadRequest as exc:
+                if "message to edit not found" not in exc.message:
+                    raise
+                log.info("telegram: message %s in %s to edit is gone", message_id, chat_id)
+                return False
+
+    async def react(self, chat_id: str, message_id: str, emoji: str | None, *,
+                    thread_id: str | None = None) -> bool:
+        """``setMessageReaction`` (Telegram's list only), dropped rather than waiting."""
+        return await self.interactions.react(chat_id_of(chat_id), int(message_id), emoji)
 
     async def withdraw(self, chat_id: str, message_id: str) -> None:
         """Delete a message Roost sent (a stale draft); one already gone is fine."""

@@ -32,11 +32,12 @@ from aiohttp.payload import BytesPayload
 from pydantic import ValidationError
 
 from bot.contracts.channel import READY, ChannelHealth, InboundHandler, Leadership
-from bot.contracts.messages import InboundMessage
+from bot.contracts.messages import InboundEvent
 from bot.resilience.retry import RetryPolicy
 from channels.delivery import RateLimited, RateLimiter, Transient
 from channels.telegram.client import BotApi, Chats, describe_error, translated
 from channels.telegram.inbound import Translator, Unhandled
+from channels.telegram.interactions import ALLOWED_EVENTS, edit_of, press_of, reactions_of
 from channels.telegram.malformed import (
     MAX_UPDATE_ID,
     Reported,
@@ -54,8 +55,8 @@ log = logging.getLogger("roost.channels.telegram")
 
 SEEN_UPDATES = 4096
 """Recent update ids remembered to drop redeliveries early (the inbox dedupes for real)."""
-ALLOWED_UPDATES = ["message"]
-"""The only update type Roost acts on; Telegram then sends no others."""
+ALLOWED_UPDATES = ALLOWED_EVENTS
+"""The update kinds Roost acts on; Telegram then sends no others."""
 CONNECTING = ChannelHealth(False, "connecting")
 """The health of a channel that has not received yet (before ``getMe`` or the first poll)."""
 STANDBY = ChannelHealth(True, "standby: another replica long-polls")
@@ -268,24 +269,36 @@ class Updates:
         if update.update_id in self._seen:
             log.info("telegram: update %d was delivered again; ignored", update.update_id)
             return
-        inbound: InboundMessage | None = None
-        if update.message is not None:
-            try:
+        events: list[InboundEvent] = []
+        event_id = str(update.update_id)
+        try:
+            if update.message is not None:
                 # Its id takes a place in the chat's sequence (see .outcomes).
                 self.chats.saw(update.message.chat.id, update.message.message_id)
-                inbound = self.translator.translate(update.message,
-                                                    event_id=str(update.update_id))
-            except Exception as exc:
-                # A translation bug would fail the same way on every redelivery
-                # and wedge the updates behind it: this one is skipped instead,
-                # with one line saying where (a traceback per bad update would
-                # let anyone who can message the bot flood the log).
-                log.warning("telegram: update %d could not be translated (%s); skipped",
-                            update.update_id, where(exc))
-        else:
-            self.unhandled.note(update_kind(update), update.update_id)
-        if inbound is not None and self._handler is not None:
-            await self._handler(inbound)
+                inbound = self.translator.translate(update.message, event_id=event_id)
+                events = [] if inbound is None else [inbound]
+            elif update.edited_message is not None:
+                edit = edit_of(self.translator, update.edited_message, event_id)
+                events = [] if edit is None else [edit]
+            elif update.callback_query is not None:
+                press = press_of(update.callback_query)
+                if press is None:  # a game's button, a press on an inline-mode message
+                    self.unhandled.note("callback_query", update.update_id)
+                events = [] if press is None else [press]
+            elif update.message_reaction is not None:
+                events = list(reactions_of(update.message_reaction, event_id))
+            else:
+                self.unhandled.note(update_kind(update), update.update_id)
+        except Exception as exc:
+            # A translation bug would fail the same way on every redelivery
+            # and wedge the updates behind it: this one is skipped instead,
+            # with one line saying where (a traceback per bad update would
+            # let anyone who can message the bot flood the log).
+            log.warning("telegram: update %d could not be translated (%s); skipped",
+                        update.update_id, where(exc))
+        if self._handler is not None:
+            for event in events:
+                await self._handler(event)
         # Remembered only now: a redelivery after a failed handler must go through.
         self._seen[update.update_id] = None
         if len(self._seen) > SEEN_UPDATES:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from aiogram.exceptions import TelegramBadRequest
 from aiogram.methods import DeleteMessage, EditMessageText, SendChatAction, SendMessage
-from aiogram.types import Message, ReplyParameters
+from aiogram.types import InlineKeyboardMarkup, Message, ReplyParameters
 
 from channels.chunking import split_message
 from channels.delivery import DeliveryPolicy
@@ -221,7 +221,8 @@ class Sender:
         self.typing_interval = typing_interval
 
     async def send_piece(self, target: Target, source: str, *, urgent: bool = True,
-                          policy: DeliveryPolicy | None = None) -> Message | None:
+                          policy: DeliveryPolicy | None = None,
+                          markup: InlineKeyboardMarkup | None = None) -> Message | None:
         """Send one piece as HTML; if Telegram cannot parse it, as the plain text.
 
         A final reply is retried after a reset, a timeout or a 5xx once it is found
@@ -232,7 +233,8 @@ class Sender:
             if target.reply_to is not None else None
         for text, mode in ((to_html(source), "HTML"), (source, None)):
             method = SendMessage(chat_id=target.chat_id, text=text, parse_mode=mode,
-                                 message_thread_id=target.thread_id, reply_parameters=reply)
+                                 message_thread_id=target.thread_id, reply_parameters=reply,
+                                 reply_markup=markup)
             try:
                 sent = await self.outcomes.create(method, "sendMessage",
                                           policy=policy or self.policy, urgent=urgent)
@@ -248,18 +250,20 @@ class Sender:
         raise AssertionError("unreachable")
 
     async def edit(self, target: Target, message_id: int, source: str, *,
-                    urgent: bool = True) -> bool:
+                    urgent: bool = True, markup: InlineKeyboardMarkup | None = None) -> bool:
         """Show ``source`` in message ``message_id``; ``False`` if a draft edit gave way.
 
         An edit to what the message already shows is not made (Telegram would
         refuse it as "message is not modified"); that answer, should it come
         anyway (a retry after the first attempt took effect), means success.
+        With ``markup`` the message's buttons become those (an empty keyboard:
+        none), and the edit is made even if the text is unchanged.
         """
         for text, mode in ((to_html(source), "HTML"), (source, None)):
-            if self.chats.shows(target.chat_id, message_id, text, mode):
+            if markup is None and self.chats.shows(target.chat_id, message_id, text, mode):
                 return True
             method = EditMessageText(chat_id=target.chat_id, message_id=message_id, text=text,
-                                     parse_mode=mode)
+                                     parse_mode=mode, reply_markup=markup)
             try:
                 if urgent:
                     await self.api.deliver(method, "editMessageText")
@@ -289,12 +293,14 @@ class Sender:
         self.chats.forget_shown(chat_id, message_id)
 
     async def deliver_reply(self, target: Target, draft_id: str | None,
-                             text: str | None) -> str | None:
+                             text: str | None,
+                             markup: InlineKeyboardMarkup | None = None) -> str | None:
         """The final reply: the draft (if any) becomes its first piece, the rest follow.
 
         A draft whose final edit fails for good is not left showing a partial
         reply: the reply is sent anew and the draft deleted. ``text=None``
-        removes the draft. Returns the id of the last message sent.
+        removes the draft. ``markup`` goes under the last piece. Returns the id
+        of the last message sent.
         """
         pieces = split_for_telegram(text) if text is not None else []
         draft = int(draft_id) if draft_id and draft_id.lstrip("-").isdigit() else None
@@ -305,7 +311,8 @@ class Sender:
                 await self.delete(target.chat_id, draft)
                 return None
             try:
-                await self.edit(target, draft, pieces[0])
+                await self.edit(target, draft, pieces[0],
+                                markup=markup if len(pieces) == 1 else None)
                 pieces, last = pieces[1:], str(draft)
             except Exception as exc:
                 log.warning("telegram: could not put the reply into draft %d (%s); sending "
@@ -313,7 +320,8 @@ class Sender:
                 stale = True
         for index, piece in enumerate(pieces):
             first = index == 0 and last is None
-            sent = await self.send_piece(target if first else target.unthreaded(), piece)
+            sent = await self.send_piece(target if first else target.unthreaded(), piece,
+                                         markup=markup if index == len(pieces) - 1 else None)
             assert sent is not None
             last = str(sent.message_id)
         if stale and draft is not None:

@@ -27,6 +27,9 @@ from bot.testing.discord.wire import (
     user_payload,
 )
 
+EDITED = "2024-01-01T00:05:00.000000+00:00"
+"""When the users' edits are made."""
+
 
 class Events:
     """MESSAGE_CREATE and INTERACTION_CREATE from users, recorded in ``state`` and
@@ -168,6 +171,62 @@ class Events:
             data["user"] = user
             data["context"] = 1
         return data
+
+    async def press(self, message: FakeMessage, custom_id: str, *, user_id: int = USER_ID,
+                    guild: bool = True) -> Interaction:
+        """An INTERACTION_CREATE of type 3: a user pressed the button ``custom_id`` under
+        the bot's ``message``; the interaction (its callback is due within
+        ``ack_within`` seconds of now)."""
+        data = self.interaction_payload("", user_id=user_id, channel_id=message.channel_id,
+                                        guild=guild)
+        interaction = self._state.interactions[int(data["id"])]
+        interaction.message_id = message.id
+        data["type"] = 3
+        data["data"] = {"custom_id": custom_id, "component_type": 2}
+        data["message"] = bot_message_payload(message)
+        if guild:
+            data["message"]["guild_id"] = data["guild_id"]
+        await self._gateway.dispatch("INTERACTION_CREATE", data)
+        return interaction
+
+    async def edit_message(self, message_id: int, content: str, *, partial: bool = False,
+                           mention_bot: bool = False) -> None:
+        """A MESSAGE_UPDATE: the user edited their message ``message_id`` to ``content``
+        (``mention_bot``: prefixed with the bot's mention). ``partial``: only the
+        fields that changed, with no edit time (as for an embed unfurled)."""
+        original = self._state.user_messages[message_id]
+        data = {**original, "content": content,
+                "edited_timestamp": EDITED}
+        if mention_bot:
+            data["content"] = f"<@{BOT_ID}> {content}"
+            data["mentions"] = [user_payload(BOT_ID, "testbot", bot=True)]
+        self._state.user_messages[message_id] = data
+        if partial:
+            data = {k: original[k] for k in ("id", "channel_id", "guild_id") if k in original}
+            data["embeds"] = []
+        await self._gateway.dispatch("MESSAGE_UPDATE", data)
+
+    async def delete_message(self, message_id: int) -> None:
+        """A MESSAGE_DELETE of the user's message ``message_id``."""
+        original = self._state.user_messages.pop(message_id)
+        data = {k: original[k] for k in ("id", "channel_id", "guild_id") if k in original}
+        await self._gateway.dispatch("MESSAGE_DELETE", data)
+
+    async def user_reaction(self, channel_id: int, message_id: int, emoji: str, *,
+                            added: bool = True, user_id: int = USER_ID,
+                            guild: bool = True) -> None:
+        """A MESSAGE_REACTION_ADD (or ``_REMOVE``) of a user's ``emoji`` on a message."""
+        data: dict[str, Any] = {"user_id": str(user_id), "channel_id": str(channel_id),
+                                "message_id": str(message_id), "burst": False, "type": 0,
+                                "emoji": {"id": None, "name": emoji}}
+        if guild:
+            data["guild_id"] = str(self._state.guild_of(channel_id) or GUILD_ID)
+            if added:
+                data["member"] = {"user": user_payload(user_id, "alice"), "roles": [],
+                                  "joined_at": TIMESTAMP, "deaf": False, "mute": False,
+                                  "flags": 0}
+        await self._gateway.dispatch("MESSAGE_REACTION_ADD" if added
+                                     else "MESSAGE_REACTION_REMOVE", data)
 
     def interaction_deferred(self, interaction_id: int) -> bool:
         """Whether the interaction was answered with a deferred (type 5) response."""

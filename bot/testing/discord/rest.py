@@ -147,6 +147,8 @@ class Rest:
             if nonce is not None:
                 self._state.nonces[str(nonce)] = msg.id
             return json_response(bot_message_payload(msg))
+        if m := re.fullmatch(r"/channels/(\d+)/messages/(\d+)/reactions/([^/]+)/@me", path):
+            return self._reaction(method, int(m[2]), m[3])
         if m := re.fullmatch(r"/channels/(\d+)/messages/(\d+)", path):
             return self._change(method, int(m[2]), body)
         if m := re.fullmatch(r"/applications/(\d+)/commands", path):
@@ -166,8 +168,15 @@ class Rest:
             if method != "POST":
                 return not_found()
             interaction = self._by_token(m[2])
-            if interaction is None:
-                return not_found()
+            if interaction is None or not interaction.acknowledged:
+                return json_response({"message": "Unknown Webhook", "code": 10015},
+                                     status=404)
+            if int((body or {}).get("flags") or 0) & 64:
+                # Ephemeral: shown to the presser alone, kept with the interaction.
+                interaction.followups.append(dict(body))
+                return json_response({**bot_message_payload(FakeMessage(
+                    next(self._state.ids), interaction.channel_id,
+                    str(body.get("content") or ""))), "flags": 64})
             msg = self._create(interaction.channel_id, body, interaction_id=interaction.id)
             if query.get("wait") in ("true", "1", "True"):
                 return json_response(bot_message_payload(msg))
@@ -229,7 +238,8 @@ class Rest:
                           content=str(data.get("content") or ""),
                           reference=data.get("message_reference"),
                           allowed_mentions=data.get("allowed_mentions"),
-                          interaction_id=interaction_id)
+                          interaction_id=interaction_id,
+                          components=list(data.get("components") or []))
         for filename, content_type, blob in files:
             attachment = self._cdn.attachment(blob, filename, content_type, channel_id=channel_id)
             msg.files.append(UploadedFile(filename, content_type, blob, attachment["url"]))
@@ -261,22 +271,55 @@ class Rest:
             msg.deleted = True
             return no_content()
         if method == "PATCH":
-            msg.content = str((body or {}).get("content") or "")
+            data = body or {}
+            if "content" in data:
+                msg.content = str(data.get("content") or "")
+            if "components" in data:
+                msg.components = list(data.get("components") or [])
             msg.edits.append(msg.content)
             return json_response(bot_message_payload(msg))
         return not_found()
 
+    def _reaction(self, method: str, message_id: int, emoji: str) -> web.Response:
+        """``PUT``/``DELETE .../reactions/{emoji}/@me``: the bot's own reaction."""
+        msg = self._state.messages.get(message_id)
+        if (msg is None or msg.deleted) and message_id not in self._state.user_messages:
+            return json_response({"message": "Unknown Message", "code": 10008}, status=404)
+        if not valid_emoji(emoji):
+            return json_response({"message": "Unknown Emoji", "code": 10014}, status=400)
+        mine = self._state.reactions.setdefault(message_id, [])
+        if method == "PUT":
+            if emoji not in mine:
+                mine.append(emoji)
+        elif method == "DELETE":
+            if emoji in mine:
+                mine.remove(emoji)
+        else:
+            return not_found()
+        return no_content()
+
     def _callback(self, interaction_id: int, token: str, query: Mapping[str, str],
                   body: Any) -> web.Response:
         interaction = self._state.interactions.get(interaction_id)
-        if interaction is None or interaction.token != token:
+        if interaction is None or interaction.token != token or \
+                (not interaction.acknowledged
+                 and time.monotonic() - interaction.created > self._state.ack_within):
             return json_response({"message": "Unknown interaction", "code": 10062}, status=404)
+        if interaction.acknowledged:
+            return json_response({"message": "Interaction has already been acknowledged.",
+                                  "code": 40060}, status=400)
         kind = int(body.get("type", 0))
+        if kind not in (1, 4, 5, 6, 7, 8, 9, 10, 12):
+            return json_response({"message": "Invalid Form Body", "code": 50035},
+                                 status=400)
+        interaction.acknowledged = kind
         if kind == 5:
             interaction.deferred = True
         elif kind == 4:
             data = body.get("data") or {}
             self._create(interaction.channel_id, data, interaction_id=interaction.id)
+        elif kind == 7 and interaction.message_id is not None:
+            self._change("PATCH", interaction.message_id, body.get("data") or {})
         if query.get("with_response") in ("1", "true", "True"):
             return json_response({"interaction": {"id": str(interaction_id), "type": 2,
                                                   "response_message_loading": kind == 5,
@@ -308,3 +351,9 @@ class Rest:
 
     def _by_token(self, token: str) -> Interaction | None:
         return next((i for i in self._state.interactions.values() if i.token == token), None)
+
+
+def valid_emoji(emoji: str) -> bool:
+    """Whether Discord knows ``emoji``: a Unicode emoji, or ``name:id`` of a custom one
+    (the fake knows none)."""
+    return bool(emoji) and len(emoji) <= 16 and not any(c.isascii() for c in emoji)

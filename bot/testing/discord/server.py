@@ -14,7 +14,13 @@ from bot.testing.discord.faults import Faults
 from bot.testing.discord.gateway import Gateway
 from bot.testing.discord.rest import Rest
 from bot.testing.discord.state import State
-from bot.testing.discord.wire import API_PREFIX, UPLOAD_LIMIT, FakeMessage, RestCall
+from bot.testing.discord.wire import (
+    API_PREFIX,
+    UPLOAD_LIMIT,
+    FakeMessage,
+    Interaction,
+    RestCall,
+)
 from bot.testing.parts import StateField
 
 
@@ -35,6 +41,9 @@ class FakeDiscord:
     guilds = StateField[dict[int, int]]()
     shards_required = StateField[int]()
     user_messages = StateField[dict[int, dict[str, Any]]]()
+    interactions = StateField[dict[int, Interaction]]()
+    reactions = StateField[dict[int, list[str]]]()
+    ack_within = StateField[float]()
     injected = StateField[list[tuple[str, str, str]]]()
     upload_limit = StateField[int]()
     cdn_requests = StateField[list[tuple[str, Mapping[str, str], int]]]()
@@ -80,6 +89,10 @@ class FakeDiscord:
         self.interaction = events.interaction
         self.interaction_payload = events.interaction_payload
         self.interaction_deferred = events.interaction_deferred
+        self.press = events.press
+        self.edit_message = events.edit_message
+        self.delete_message = events.delete_message
+        self.user_reaction = events.user_reaction
 
     @property
     def api_base(self) -> str:

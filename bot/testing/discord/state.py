@@ -59,6 +59,10 @@ class State:
         self.session_shards: dict[str, tuple[int, int]] = {}
         self.failures: list[Failure] = []
         self.interactions: dict[int, Interaction] = {}
+        self.reactions: dict[int, list[str]] = {}
+        """The bot's own reactions on each message (its or a user's), by message id."""
+        self.ack_within = 3.0
+        """Seconds an interaction may wait for its first callback (Discord's 3 s)."""
         self.ids = itertools.count(900_000)
         self.serving = 0
         self.changed = asyncio.Condition()

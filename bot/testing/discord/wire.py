@@ -96,6 +96,9 @@ class FakeMessage:
     interaction_id: int | None = None
     files: list[UploadedFile] = field(default_factory=list)
     """The files uploaded with it, in order."""
+    components: list[Any] = field(default_factory=list)
+    """Its message components (action rows of buttons), as last set."""
+
 
 
 @dataclass(slots=True)
@@ -126,6 +129,14 @@ class Interaction:
     token: str
     channel_id: int
     deferred: bool = False
+    created: float = field(default_factory=time.monotonic)
+    """When it was dispatched: its first callback must come within ``ack_within``."""
+    acknowledged: int = 0
+    """The type of the callback that answered it (0: none yet)."""
+    message_id: int | None = None
+    """The message whose component was used (component interactions)."""
+    followups: list[dict[str, Any]] = field(default_factory=list)
+    """Follow-up messages sent with its token (``flags`` 64: ephemeral)."""
 
 
 class Socket:
@@ -290,6 +301,7 @@ def bot_message_payload(msg: FakeMessage) -> dict[str, Any]:
         for f in msg.files]
     if msg.edits:
         data["edited_timestamp"] = TIMESTAMP
+    data["components"] = list(msg.components)
     return data
 
 

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from bot.testing.telegram.html import HtmlError, parse_html
+from bot.testing.telegram.interactions import check_markup, keyboard
 from bot.testing.telegram.state import State
 from bot.testing.telegram.wire import (
     COMMAND_NAME,
@@ -57,7 +58,11 @@ class Messages:
     def send_message(self, p: dict[str, Any]) -> dict[str, Any]:
         require(p, "chat_id", "text")
         text = self._text(p)
-        return self.post(p, {"text": text}, source=p.get("text"))
+        check_markup(p.get("reply_markup"))
+        content: dict[str, Any] = {"text": text}
+        if keyboard(p.get("reply_markup")) is not None:
+            content["reply_markup"] = keyboard(p.get("reply_markup"))
+        return self.post(p, content, source=p.get("text"))
 
     def post(self, p: dict[str, Any], content: dict[str, Any], *,
               source: Any = None) -> dict[str, Any]:
@@ -101,11 +106,17 @@ class Messages:
         if "text" not in message:
             raise ApiError(400, "Bad Request: there is no text in the message to edit")
         text = self._text(p)
-        # Telegram compares the resulting text and entities; the source text
-        # and parse mode stand in for the entities here.
+        check_markup(p.get("reply_markup"))
+        markup = keyboard(p.get("reply_markup"))
+        # Telegram compares the resulting text and entities, and the keyboard; the
+        # source text and parse mode stand in for the entities here.
         if p.get("text") == message.get("_source") \
-                and p.get("parse_mode") == message.get("_parse_mode"):
+                and p.get("parse_mode") == message.get("_parse_mode") \
+                and markup == message.get("reply_markup"):
             raise ApiError(400, NOT_MODIFIED)
+        message = {k: v for k, v in message.items() if k != "reply_markup"}
+        if markup is not None:
+            message["reply_markup"] = markup
         message = {**message, "text": text, "edit_date": unix_now(), "_source": p.get("text"),
                    "_parse_mode": p.get("parse_mode")}
         self.state.messages[key] = message

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from bot.testing.telegram.faults import Faults
 from bot.testing.telegram.files import Files
+from bot.testing.telegram.interactions import Interactions
 from bot.testing.telegram.messages import Messages
 from bot.testing.telegram.state import State
 from bot.testing.telegram.updates import Updates
@@ -47,6 +48,7 @@ class FakeTelegram(State):
         self.outbox = Messages(self)
         self.queue = Updates(self)
         self.store = Files(self, self.queue, self.outbox)
+        self.interactions = Interactions(self, self.queue)
         # What tests call, from the parts.
         self.fail = self.injector.fail
         self.inject_faults = self.injector.inject_faults
@@ -67,6 +69,9 @@ class FakeTelegram(State):
         self.document = self.store.document
         self.voice = self.store.voice
         self.fail_download = self.store.fail_download
+        self.press = self.interactions.press
+        self.edit_by_user = self.interactions.edit_by_user
+        self.user_reaction = self.interactions.user_reaction
 
     @property
     def faults(self) -> dict[str, int]:
@@ -192,6 +197,10 @@ class FakeTelegram(State):
             return self.store.send_media(method, p)
         if method == "getfile":
             return self.store.get_file(p)
+        if method == "answercallbackquery":
+            return self.interactions.answer_callback_query(p)
+        if method == "setmessagereaction":
+            return self.interactions.set_message_reaction(p)
         if method == "sendchataction":
             require(p, "chat_id", "action")
             return True

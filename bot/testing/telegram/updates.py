@@ -26,6 +26,16 @@ from bot.testing.telegram.wire import (
     utf16_len,
 )
 
+ONLY_WHEN_LISTED = frozenset({"chat_member", "message_reaction", "message_reaction_count"})
+"""Kinds Telegram sends only to a bot that named them in ``allowed_updates``."""
+
+
+def wanted(kind: str, allowed: Any) -> bool:
+    """Whether an update of ``kind`` is served under ``allowed_updates`` = ``allowed``."""
+    if isinstance(allowed, list) and allowed:
+        return kind in allowed
+    return kind not in ONLY_WHEN_LISTED
+
 
 class Updates:
     """Pushing updates (messages of every shape), long polling and webhook delivery."""
@@ -244,8 +254,7 @@ class Updates:
         for pending in self._updates:
             if len(out) >= limit:
                 break
-            if isinstance(allowed, list) and allowed and pending.kind is not None \
-                    and pending.kind not in allowed:
+            if pending.kind is not None and not wanted(pending.kind, allowed):
                 continue
             out.append(pending.payload)
         return out

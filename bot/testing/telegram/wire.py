@@ -146,7 +146,7 @@ HTML_PAGES = {
 _TEXT_PARAMS = frozenset({
     "text", "caption", "parse_mode", "action", "url", "secret_token", "ip_address",
     "language_code", "emoji", "name", "description", "short_description",
-    "business_connection_id", "message_effect_id",
+    "business_connection_id", "message_effect_id", "callback_query_id",
 })
 
 UPDATE_KINDS = (
