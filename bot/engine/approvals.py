@@ -188,7 +188,7 @@ class Approvals:
         text = (f"{OUTCOMES.get(row.state, row.state)} by {row.decided_by} at {when}: "
                 f"{row.tool}\n\n{self._shown(render_arguments(json.loads(row.arguments)))}")
         try:
-            await channel.edit(row.chat_id, target, text, ())
+            await channel.edit(row.chat_id, target, text, (), thread_id=row.thread_id)
         except Exception:
             log.warning("editing the approval prompt %s failed", row.id, exc_info=True)
 
@@ -309,7 +309,8 @@ class RunGate:
         store = self.approvals.store
         msg = self.message
         asked = Asked(self.inbox_id, call.id, self.run_id, self.session_key, msg.channel,
-                      msg.chat_id, msg.chat_type, msg.sender_id, call.name, call.arguments)
+                      msg.chat_id, msg.chat_type, msg.thread_id, msg.sender_id, call.name,
+                      call.arguments)
         if await store.session_approved(self.session_key, call.name):
             return None, ""
         if not self.can_ask:

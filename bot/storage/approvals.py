@@ -28,7 +28,7 @@ APPROVING: frozenset[str] = frozenset({"approved", "session"})
 """States that let the call run."""
 
 _COLUMNS = ("id, inbox_id, call_id, run_id, session_key, channel, chat_id, chat_type,"
-            " requester, tool, arguments, state, prompt_id, decided_by, decided_at, started,"
+            " thread_id, requester, tool, arguments, state, prompt_id, decided_by, decided_at, started,"
             " created_at, expires_at")
 
 
@@ -44,6 +44,7 @@ class Call:
     channel: str
     chat_id: str
     chat_type: str
+    thread_id: str | None
     requester: str
     """Who sent the message the run answers."""
     tool: str
@@ -86,10 +87,11 @@ def _approval(row: Any) -> Approval:
     return Approval(
         inbox_id=None if row[1] is None else int(row[1]), call_id=str(row[2]),
         run_id=str(row[3]), session_key=str(row[4]), channel=str(row[5]),
-        chat_id=str(row[6]), chat_type=str(row[7]), requester=str(row[8]), tool=str(row[9]),
-        id=str(row[0]), arguments=str(row[10]), state=row[11], prompt_id=row[12],
-        decided_by=row[13], decided_at=None if row[14] is None else float(row[14]),
-        started=bool(row[15]), created_at=float(row[16]), expires_at=float(row[17]))
+        chat_id=str(row[6]), chat_type=str(row[7]), thread_id=row[8], requester=str(row[9]),
+        tool=str(row[10]), id=str(row[0]), arguments=str(row[11]), state=row[12],
+        prompt_id=row[13], decided_by=row[14],
+        decided_at=None if row[15] is None else float(row[15]), started=bool(row[16]),
+        created_at=float(row[17]), expires_at=float(row[18]))
 
 
 class ApprovalStore:
@@ -109,8 +111,8 @@ class ApprovalStore:
         now = self.clock()
         row = (uuid.uuid4().hex[:20], asked.inbox_id, asked.call_id, asked.run_id,
                asked.session_key, asked.channel, asked.chat_id, asked.chat_type,
-               asked.requester, asked.tool, masked_arguments(asked.arguments), now,
-               now + limit)
+               asked.thread_id, asked.requester, asked.tool,
+               masked_arguments(asked.arguments), now, now + limit)
 
         async def body(db: aiosqlite.Connection) -> Any:
             if asked.inbox_id is not None:
@@ -121,8 +123,8 @@ class ApprovalStore:
                     return next(iter(found))
             await db.execute(
                 "INSERT INTO approvals (id, inbox_id, call_id, run_id, session_key, channel,"
-                " chat_id, chat_type, requester, tool, arguments, created_at, expires_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+                " chat_id, chat_type, thread_id, requester, tool, arguments, created_at,"
+                " expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
             made = await db.execute_fetchall(
                 f"SELECT {_COLUMNS} FROM approvals WHERE id = ?", (row[0],))
             return next(iter(made))
@@ -134,14 +136,15 @@ class ApprovalStore:
         now = self.clock()
         ident = uuid.uuid4().hex[:20]
         row = (ident, asked.inbox_id, asked.call_id, asked.run_id, asked.session_key,
-               asked.channel, asked.chat_id, asked.chat_type, asked.requester, asked.tool,
-               masked_arguments(asked.arguments), state, by, now, now, now)
+               asked.channel, asked.chat_id, asked.chat_type, asked.thread_id,
+               asked.requester, asked.tool, masked_arguments(asked.arguments), state, by,
+               now, now, now)
         await self.writer.write(
             lambda db: db.execute(
                 "INSERT INTO approvals (id, inbox_id, call_id, run_id, session_key, channel,"
-                " chat_id, chat_type, requester, tool, arguments, state, decided_by,"
-                " decided_at, created_at, expires_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row),
+                " chat_id, chat_type, thread_id, requester, tool, arguments, state,"
+                " decided_by, decided_at, created_at, expires_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row),
             what="recording an approval decision")
         found = await self.get(ident)
         assert found is not None

@@ -424,6 +424,7 @@ MIGRATIONS: list[str] = [
         channel TEXT NOT NULL,
         chat_id TEXT NOT NULL,
         chat_type TEXT NOT NULL,
+        thread_id TEXT,
         requester TEXT NOT NULL,
         tool TEXT NOT NULL,
         arguments TEXT NOT NULL,

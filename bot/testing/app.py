@@ -178,7 +178,7 @@ class ChatChannel(Channel):
         return str(len(self.sent)) if message.buttons else None
 
     async def edit(self, chat_id: str, message_id: str, text: str,
-                   buttons: ButtonRows = ()) -> bool:
+                   buttons: ButtonRows = (), *, thread_id: str | None = None) -> bool:
         """Record the edit in ``edits`` as ``(message_id, text, buttons)``."""
         self.edits.append((message_id, text, buttons))
         self.arrived.set()
