@@ -28,8 +28,8 @@ APPROVING: frozenset[str] = frozenset({"approved", "session"})
 """States that let the call run."""
 
 _COLUMNS = ("id, inbox_id, call_id, run_id, session_key, channel, chat_id, chat_type,"
-            " thread_id, requester, tool, arguments, state, prompt_id, decided_by, decided_at, started,"
-            " created_at, expires_at")
+            " thread_id, requester, tool, arguments, state, prompt_id, decided_by, decided_at,"
+            " started, created_at, expires_at")
 
 
 @dataclass(frozen=True, slots=True)
