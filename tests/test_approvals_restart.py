@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -27,17 +28,21 @@ AFTER = "turns:\n  - reply: 'written after the restart'\n"
 CONFIG = '[agents.default]\ntools = { approve = ["write_file"] }\n'
 
 
-async def prompt_recorded(db: Path) -> None:
+def prompt_recorded(db: Path) -> None:
     """Wait until the pending approval's prompt is recorded (the pause is complete; a
     kill before that asks again after the restart, as the prompt may never have shown)."""
-    def recorded() -> bool:
+    deadline = time.monotonic() + 10  # a hang guard
+    while time.monotonic() < deadline:
         with sqlite3.connect(db) as conn:
             rows = conn.execute("SELECT prompt_id FROM approvals").fetchall()
-        return bool(rows) and rows[0][0] is not None
+        if rows and rows[0][0] is not None:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the approval prompt was never recorded")
 
-    async with asyncio.timeout(10):  # a hang guard
-        while not await asyncio.to_thread(recorded):
-            await asyncio.sleep(0.05)
+
+def notes(root: Path) -> list[Path]:
+    return list(root.rglob("note.txt"))
 
 
 @pytest.mark.e2e
@@ -55,10 +60,10 @@ async def test_a_press_after_kill_9_resumes_the_paused_run_without_asking_again(
         await until_logged(proc, b"roost ready")
         fake_telegram.private_message("write the note")
         mid, data = await prompt_of(fake_telegram)
-        await prompt_recorded(tmp_path / "data" / "roost.db")
+        await asyncio.to_thread(prompt_recorded, tmp_path / "data" / "roost.db")
         proc.kill()  # SIGKILL at the pause
         await proc.wait()
-        assert not list(tmp_path.rglob("note.txt"))
+        assert not await asyncio.to_thread(notes, tmp_path)
         # The model of the second life would answer anything else: a second tool call
         # or a second prompt would show.
         await asyncio.to_thread(script.write_text, AFTER)
@@ -76,7 +81,7 @@ async def test_a_press_after_kill_9_resumes_the_paused_run_without_asking_again(
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-    [note] = list(tmp_path.rglob("note.txt"))
+    [note] = await asyncio.to_thread(notes, tmp_path)
     assert await asyncio.to_thread(note.read_text) == "approved once"
     prompts = [c for c in fake_telegram.sent("sendMessage") if "reply_markup" in c.params]
     assert len(prompts) == 1  # not asked again
