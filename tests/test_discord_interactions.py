@@ -21,7 +21,7 @@ from bot.contracts.messages import (
     OutboundMessage,
     ReactionEvent,
 )
-from bot.testing.discord import BOT_ID, CHANNEL_ID, USER_ID, FakeDiscord
+from bot.testing.discord import BOT_ID, CHANNEL_ID, DM_CHANNEL_ID, USER_ID, FakeDiscord
 from bot.testing.discord import fake_discord as _fake_discord  # noqa: F401  (the fixture)
 from bot.testing.inbox import RecordingInbox
 from channels.delivery import DeliveryPolicy
@@ -204,3 +204,19 @@ async def test_the_outcome_edit_replaces_text_and_removes_the_buttons(
     assert await channel.edit(str(CHANNEL_ID), str(mid), "Approved by alice", ROWS[:1])
     assert shape(fake_discord.messages[mid].components) == COMPONENTS[:1]
     assert not await channel.edit(str(CHANNEL_ID), "123456789", "gone")
+
+
+async def test_a_prompt_with_buttons_does_not_take_a_pending_commands_answer(
+        start: Start, fake_discord: FakeDiscord) -> None:
+    channel, inbox = await start()
+    interaction = await fake_discord.interaction("ask", guild=False, channel_id=DM_CHANNEL_ID)
+    [command] = await inbox.wait_for(1)
+    await channel.send(OutboundMessage(channel="discord", chat_id=command.chat_id,
+                                       text="Run `ls`?", buttons=ROWS))
+    [prompt_message] = fake_discord.posted(DM_CHANNEL_ID)
+    assert shape(prompt_message.components) == COMPONENTS
+    assert prompt_message.interaction_id is None
+    await channel.send(OutboundMessage(channel="discord", chat_id=command.chat_id,
+                                       text="done"))
+    [answer] = [m for m in fake_discord.posted(DM_CHANNEL_ID) if m.interaction_id]
+    assert answer.interaction_id == interaction and answer.content == "done"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 import pytest
 from aiogram.exceptions import TelegramBadRequest
@@ -19,6 +20,7 @@ from bot.contracts.messages import (
     ButtonPress,
     InboundMessage,
     MessageEdit,
+    OutboundFile,
     OutboundMessage,
     ReactionEvent,
 )
@@ -227,3 +229,33 @@ async def test_a_press_in_a_group_names_the_presser(
     [press] = await inbox.wait_event(ButtonPress)
     assert (press.chat_id, press.chat_type, press.user_id) == (str(group), "group",
                                                                str(BOB["id"]))
+
+
+async def test_buttons_stay_under_the_text_of_a_reply_with_a_file(
+        start_tg: StartTg, fake_telegram: FakeTelegram, tmp_path: Path) -> None:
+    channel = await start_tg(RecordingInbox())
+    path = tmp_path / "command.txt"
+    path.write_bytes(b"ls -la /tmp\n")
+    command = OutboundFile(path=str(path), name="command.txt", mime_type="text/plain",
+                           size=path.stat().st_size)
+    await channel.send(OutboundMessage(channel="telegram", chat_id=str(ALICE["id"]),
+                                       text="Run this command?", buttons=ROWS,
+                                       files=(command,)))
+    [text] = fake_telegram.sent()
+    assert (text.params["text"], text.params["reply_markup"]) == ("Run this command?",
+                                                                  KEYBOARD)
+    [document] = fake_telegram.sent("sendDocument")
+    assert "caption" not in document.params
+
+
+async def test_an_edit_that_drops_the_mention_arrives_unaddressed(
+        start_tg: StartTg, fake_telegram: FakeTelegram) -> None:
+    inbox = RecordingInbox()
+    await start_tg(inbox)
+    update = fake_telegram.mention("what is 6 * 7?")
+    [original] = await inbox.wait_for(1)
+    assert original.mentioned
+    fake_telegram.edit_by_user(update, "never mind")
+    [edit] = await inbox.wait_event(MessageEdit)
+    assert (edit.message.message_id, edit.message.mentioned, edit.message.chat_type) == \
+        (original.message_id, False, "group")

@@ -197,7 +197,10 @@ class DiscordChannel(Channel):
             pieces = split_message(defuse_mentions(message.text), MESSAGE_LIMIT)
             target = reply_target(message)
             reference = reply_reference(message, target)
-            pending = None if message.replace else self.interactions.claim(message)
+            # A message with buttons (a prompt) is its own message: the command's
+            # answer stays for the reply.
+            pending = None if message.replace or message.buttons \
+                else self.interactions.claim(message)
             if pending is not None and await self.interactions.answer(pending, pieces):
                 if message.files:
                     # An interaction's answer is text; its files follow in the channel.

@@ -12,13 +12,29 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
+from slack_sdk.errors import SlackApiError
+
 from bot.config.settings import SetupError
-from bot.contracts.channel import READY, Channel, ChannelHealth, InboundHandler, ReplyStream
+from bot.contracts.channel import (
+    READY,
+    Capabilities,
+    Channel,
+    ChannelHealth,
+    InboundHandler,
+    ReplyStream,
+)
 from bot.contracts.files import OpenFile
-from bot.contracts.messages import Attachment, InboundMessage, OutboundMessage
+from bot.contracts.messages import (
+    Attachment,
+    ButtonPress,
+    ButtonRows,
+    InboundMessage,
+    OutboundMessage,
+)
 from channels.delivery import DeliveryPolicy
 from channels.inflight import InFlight
 from channels.slack.api import SlackApi
+from channels.slack.changes import NAMES, Reactions, blocks_of
 from channels.slack.common import (
     CHANNEL_NAME,
     EVENTS_PATH,
@@ -27,6 +43,7 @@ from channels.slack.common import (
     SLASH_REPLY,
     STOP_GRACE,
     RecentKeys,
+    error_code,
     log,
     manifest,
 )
@@ -47,6 +64,9 @@ class SlackChannel(Channel):
     """Slack through slack-bolt; see the package docstring for the mapping."""
 
     name = CHANNEL_NAME
+    capabilities = Capabilities(buttons=True, edit=True, react=True,
+                                reaction_emoji=frozenset(NAMES), edits_in=True,
+                                deletions_in=True, reactions_in=True)
 
     def __init__(self, settings: Settings, *, host: str = "0.0.0.0",
                  policy: DeliveryPolicy | None = None, edit_interval: float = 1.0,
@@ -69,6 +89,7 @@ class SlackChannel(Channel):
                                edit_interval=edit_interval)
         self.events = EventsEndpoint(settings, self.inbound, host=host)
         self.socket = SocketMode(self.api, self.inbound, self.inflight)
+        self.reactions = Reactions(self.api)
         self._manifest_logged = False
 
     @property
@@ -179,10 +200,39 @@ class SlackChannel(Channel):
         last = await self.replies.deliver_reply(message.chat_id, thread_ts, pieces,
                                                 draft=message.replace or None,
                                                 delivery_id=message.delivery_id,
-                                                look_first=message.redelivery)
+                                                look_first=message.redelivery,
+                                                buttons=message.buttons)
         if message.files:
             await self.media.upload_files(message.chat_id, thread_ts, message.files, opened)
         return last
+
+    async def answer_press(self, press: ButtonPress, note: str | None = None, *,
+                           alert: bool = False) -> None:
+        """The press was acknowledged on arrival; ``note`` goes to the presser alone
+        (an ephemeral message through its ``response_url``; Slack has no alerts)."""
+        await self.reactions.answer(press, note)
+
+    async def edit(self, chat_id: str, message_id: str, text: str,
+                   buttons: ButtonRows = (), *, thread_id: str | None = None) -> bool:
+        """``chat.update`` with ``buttons`` in place of the old ones (none: removed);
+        ``False`` if the message is gone."""
+        pieces = split_for_slack(text, MESSAGE_LIMIT) if text.strip() else []
+        shown = pieces[0] if pieces else "…"
+        try:
+            await self.api.call("chat.update", self.api.web.chat_update, self.replies.policy,
+                                channel=chat_id, ts=message_id, text=shown,
+                                blocks=blocks_of(shown, buttons))
+        except SlackApiError as exc:
+            if error_code(exc) not in ("message_not_found", "cant_update_message"):
+                raise
+            log.info("Slack: message %s to edit is gone (%s)", message_id, error_code(exc))
+            return False
+        return True
+
+    async def react(self, chat_id: str, message_id: str, emoji: str | None, *,
+                    thread_id: str | None = None) -> bool:
+        """``reactions.add``/``.remove`` (tried once: a rate-limited one is dropped)."""
+        return await self.reactions.react(chat_id, message_id, emoji)
 
     async def withdraw(self, chat_id: str, message_id: str) -> None:
         """Delete one of the bot's messages; one already gone counts as deleted."""

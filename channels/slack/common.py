@@ -148,8 +148,9 @@ def api_base(value: str | None) -> str:
 def body_problem(body: Any) -> str | None:
     """Why a request body is not handed to bolt, or ``None`` if it is one Roost takes.
 
-    Roost takes events, the URL check, SSL checks and slash commands. Anything
-    else (block actions, views, shortcuts, ``app_rate_limited``, junk) is
+    Roost takes events, the URL check, SSL checks, slash commands and button
+    presses (``block_actions``, ids where bolt reads them). Anything
+    else (views, shortcuts, ``app_rate_limited``, junk) is
     answered 200 and dropped here: bolt would answer a 404 (which Slack
     retries), and for some malformed shapes its middleware, and even its
     error handler, raise while reading ids out of the body.
@@ -167,6 +168,16 @@ def body_problem(body: Any) -> str | None:
     if kind == "url_verification" or body.get("ssl_check") == "1":
         return None
     if kind is None and isinstance(body.get("command"), str):
+        return None
+    if kind == "block_actions":
+        actions, user, team = body.get("actions"), body.get("user"), body.get("team")
+        if not isinstance(actions, list) or not actions \
+                or not all(isinstance(a, dict) and isinstance(a.get("action_id"), str)
+                           for a in actions) \
+                or not isinstance(user, dict) or not isinstance(user.get("id"), str) \
+                or (team is not None and not (isinstance(team, dict)
+                                              and isinstance(team.get("id"), str))):
+            return "a block_actions request without its actions, user or team"
         return None
     return f"a {_short(kind or 'typeless', 60)} request, which Roost does not handle"
 
@@ -289,9 +300,13 @@ features:
 oauth_config:
   scopes:
     bot: [app_mentions:read, channels:history, groups:history, im:history, mpim:history,
-          chat:write, commands, files:read, files:write]
+          chat:write, commands, files:read, files:write, reactions:read, reactions:write]
 settings:
   event_subscriptions:
     request_url: https://YOUR-HOST{EVENTS_PATH}   # HTTP mode only
-    bot_events: [app_mention, message.channels, message.groups, message.im, message.mpim]
+    bot_events: [app_mention, message.channels, message.groups, message.im, message.mpim,
+                 reaction_added, reaction_removed]
+  interactivity:
+    is_enabled: true
+    request_url: https://YOUR-HOST{EVENTS_PATH}   # HTTP mode only: buttons, same endpoint
   socket_mode_enabled: false   # true with SLACK_APP_TOKEN (connections:write)"""

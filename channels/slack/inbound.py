@@ -21,10 +21,17 @@ from slack_bolt.response import BoltResponse
 
 from bot.contracts.channel import InboundHandler
 from bot.contracts.commands import parse_command
-from bot.contracts.messages import ChatType, InboundMessage
+from bot.contracts.messages import (
+    ChatType,
+    InboundMessage,
+    MessageDeletion,
+    MessageEdit,
+    ReactionEvent,
+)
 from channels.inflight import InFlight
 from channels.logline import short as _short
 from channels.slack.api import SlackApi
+from channels.slack.changes import change_of, press_of
 from channels.slack.common import (
     CHANNEL_NAME,
     REMEMBERED,
@@ -53,6 +60,9 @@ from channels.slack.common import (
 )
 from channels.slack.media import attachments_of
 from channels.slack_format import from_slack, unescape
+
+Delivered = InboundMessage | MessageEdit | MessageDeletion | ReactionEvent
+"""What an event delivery hands the core (presses come as interactivity payloads)."""
 
 
 class Inbound:
@@ -115,6 +125,15 @@ class Inbound:
             except Exception as exc:
                 raise NotRecorded(str(exc)) from exc
 
+        async def on_action(ack: AsyncAck, body: dict[str, Any]) -> None:
+            # Acknowledged within Slack's 3 s: bolt answers once this returns, and the
+            # core only records the press first.
+            try:
+                await self._on_action(body)
+            except Exception as exc:
+                raise NotRecorded(str(exc)) from exc
+            await ack()
+
         async def on_command(ack: AsyncAck, body: dict[str, Any]) -> None:
             # The core only records the command before returning, well inside
             # Slack's 3 s; the reply follows via response_url. If recording
@@ -129,6 +148,7 @@ class Inbound:
         # would get a 404 and be redelivered) and routed in one place.
         app.event(re.compile(".*"))(on_event)
         app.command(re.compile(".*"))(on_command)
+        app.action(re.compile(".*"))(on_action)
         return app
 
     def _bolt_error(self, error: Exception, request: AsyncBoltRequest) -> BoltResponse | None:
@@ -153,7 +173,25 @@ class Inbound:
                         _short(error))
         return BoltResponse(status=200, body="")
 
+    async def _on_action(self, body: dict[str, Any]) -> None:
+        try:
+            press = press_of(body)
+        except Exception as exc:
+            log.warning("Slack: malformed button press skipped: %s", problem_text(exc))
+            return
+        if self._handler is None:
+            raise RuntimeError("the Slack channel is not started")
+        await self._handler(press)
+
     async def _on_event(self, body: dict[str, Any], retry: str | None) -> None:
+        try:
+            change = change_of(body, self.api.bot_user_id, self._translate)
+        except Exception as exc:
+            log.warning("Slack: malformed event skipped: %s", problem_text(exc))
+            return
+        if change is not None:
+            await self._hand_over(change, retry)
+            return
         try:
             message = self._translate(body)
         except Exception as exc:
@@ -164,7 +202,7 @@ class Inbound:
         if message is not None:
             await self._hand_over(message, retry)
 
-    async def _hand_over(self, message: InboundMessage, retry: str | None = None) -> None:
+    async def _hand_over(self, message: Delivered, retry: str | None = None) -> None:
         """Give ``message`` to the core unless the core already recorded its key.
 
         The ``message`` and ``app_mention`` events of one post share a key, so
@@ -175,7 +213,8 @@ class Inbound:
         """
         if self._handler is None:
             raise RuntimeError("the Slack channel is not started")
-        key = message.event_id
+        key = message.message.event_id if isinstance(message, MessageEdit) \
+            else message.event_id
         async with self._handling.hold(key):
             if key in self._handled:
                 log.info("Slack: %s delivered again (retry %s): already recorded, skipped",

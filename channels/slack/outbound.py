@@ -9,14 +9,16 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from typing import Any
 
 from slack_sdk.errors import SlackApiError
 
 from bot.contracts.channel import ReplyStream
-from bot.contracts.messages import InboundMessage, OutboundMessage
+from bot.contracts.messages import ButtonRows, InboundMessage, OutboundMessage
 from channels.delivery import DeliveryPolicy, EditStream, RateLimited, Transient, deliver
 from channels.inflight import InFlight
 from channels.slack.api import SlackApi
+from channels.slack.changes import blocks_of
 from channels.slack.common import (
     EDIT_POLICY,
     LOOKUP_LIMIT,
@@ -110,7 +112,8 @@ class Replies:
     async def deliver_reply(self, channel: str, thread_ts: str | None, pieces: list[str],
                              *, draft: str | None, shown: str | None = None,
                              delivery_id: str | None = None,
-                             look_first: bool = True) -> str | None:
+                             look_first: bool = True,
+                             buttons: ButtonRows = ()) -> str | None:
         """Put ``pieces`` in place of ``draft`` (or post them); the last message's ts.
 
         No pieces means a silent reply: the draft is deleted. The draft is
@@ -126,6 +129,7 @@ class Replies:
         failed, here or in a process that stopped before recording it, and
         that attempt may have posted some or all of the pieces. ``look_first``
         False (a first delivery: nothing can have been posted yet) skips that read.
+        ``buttons`` go under the last piece (Block Kit ``actions`` blocks).
         """
         nonces: list[str | None] = [None] * len(pieces)
         posted: dict[str, str] = {}
@@ -139,25 +143,30 @@ class Replies:
                 await self.delete(channel, draft)
             return None
         first: str | None = None
+        last_blocks = blocks_of(pieces[-1], buttons) if buttons else None
+        lone = last_blocks if len(pieces) == 1 else None
         if draft:
-            if pieces[0] == shown:
+            if pieces[0] == shown and lone is None:
                 first = draft
             else:
                 try:
                     await self.api.call("chat.update", self.api.web.chat_update, self.policy,
-                                     channel=channel, ts=draft, text=pieces[0])
+                                     channel=channel, ts=draft, text=pieces[0],
+                                     **({} if lone is None else {"blocks": lone}))
                     first = draft
                 except Exception as exc:
                     log.warning("Slack: could not edit draft %s into the reply (%s); "
                                 "posting it anew", draft, exc)
         if first is None:
             first = posted.get(nonces[0] or "") or await self._post(
-                channel, pieces[0], thread_ts, nonces[0])
+                channel, pieces[0], thread_ts, nonces[0], lone)
             if draft:
                 await self._drop_draft(channel, draft)
         last = first
-        for piece, nonce in zip(pieces[1:], nonces[1:], strict=True):
-            last = posted.get(nonce or "") or await self._post(channel, piece, thread_ts, nonce)
+        for index, (piece, nonce) in enumerate(zip(pieces[1:], nonces[1:], strict=True)):
+            under = last_blocks if index == len(pieces) - 2 else None
+            last = posted.get(nonce or "") or await self._post(channel, piece, thread_ts, nonce,
+                                                               under)
         return last
 
     def _kept(self, channel: str, ts: str) -> bool:
@@ -191,7 +200,7 @@ class Replies:
                 raise
 
     async def _post(self, channel: str, text: str, thread_ts: str | None,
-                    nonce: str | None = None) -> str:
+                    nonce: str | None = None, blocks: list[dict[str, Any]] | None = None) -> str:
         """Post one message exactly once; its ts.
 
         ``chat.postMessage`` has no idempotency key, and a call that failed
@@ -220,7 +229,8 @@ class Replies:
                     return found[0]
             try:
                 response = await self.api.web.chat_postMessage(
-                    channel=channel, text=text, thread_ts=thread_ts, metadata=metadata)
+                    channel=channel, text=text, thread_ts=thread_ts, metadata=metadata,
+                    blocks=blocks)
             except Exception as exc:
                 mapped = delivery_error(exc)
                 unsure = unsure or isinstance(mapped, Transient)

@@ -28,6 +28,7 @@ from bot.contracts.media import MediaError, MediaTooLarge
 from bot.contracts.messages import OutboundFile, OutboundMessage
 from bot.media.images import inspect_image
 from channels.telegram.client import describe_error, entity_error
+from channels.telegram.interactions import markup_of
 from channels.telegram.media import MB
 from channels.telegram.outcomes import Outcomes
 from channels.telegram.sender import Sender, Target, split_for_telegram, to_html
@@ -155,11 +156,15 @@ class Uploader:
         captions = [f.caption for f in message.files]
         text: str | None = message.text if message.text.strip() else None
         if text is not None and len(uploads) == 1 and not captions[0].strip() \
-                and message.replace is None and len(split_for_telegram(text, MAX_CAPTION)) == 1:
+                and message.replace is None and not message.buttons \
+                and len(split_for_telegram(text, MAX_CAPTION)) == 1:
             captions[0], text = text, None
         last: str | None = None
         if text is not None or message.replace is not None:
-            last = await self.sender.deliver_reply(target, message.replace, text)
+            # The buttons stay under the text, which stays a message of its own.
+            last = await self.sender.deliver_reply(
+                target, message.replace, text,
+                markup_of(message.buttons) if message.buttons and text is not None else None)
         for upload, caption in zip(uploads, captions, strict=True):
             last = await self._send_file(target if last is None else target.unthreaded(),
                                          upload, caption)

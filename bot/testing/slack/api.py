@@ -13,6 +13,7 @@ from aiohttp import web
 
 from bot.testing.slack.faults import Faults
 from bot.testing.slack.files import Files
+from bot.testing.slack.interactive import Interactive, blocks_error, parsed_blocks
 from bot.testing.slack.state import State
 from bot.testing.slack.wire import (
     BAD_GATEWAY_PAGE,
@@ -31,7 +32,8 @@ class Api:
     ``faults`` picks the calls that fail; ``files`` answers the file methods.
     """
 
-    def __init__(self, state: State, faults: Faults, files: Files) -> None:
+    def __init__(self, state: State, faults: Faults, files: Files,
+                 interactive: Interactive) -> None:
         self._state = state
         self._faults = faults
         self._methods: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
@@ -46,6 +48,8 @@ class Api:
             "files.info": files.info,
             "files.getUploadURLExternal": files.get_upload_url,
             "files.completeUploadExternal": files.complete_upload,
+            "reactions.add": interactive.reactions_add,
+            "reactions.remove": interactive.reactions_remove,
         }
         """The Web API methods the fake answers, and what answers each."""
 
@@ -140,6 +144,9 @@ class Api:
             return {"ok": False, "error": "no_text"}
         if len(text) > MAX_TEXT:
             return {"ok": False, "error": "msg_too_long"}
+        blocks = params.get("blocks")
+        if blocks is not None and (error := blocks_error(blocks)) is not None:
+            return {"ok": False, "error": error}
         ts = self._state.next_ts()
         thread_ts = params.get("thread_ts")
         metadata = params.get("metadata")
@@ -147,7 +154,8 @@ class Api:
             with contextlib.suppress(ValueError):
                 metadata = json.loads(metadata)
         posted = Posted(channel, ts, text, str(thread_ts) if thread_ts else None,
-                        metadata=metadata if isinstance(metadata, dict) else None)
+                        metadata=metadata if isinstance(metadata, dict) else None,
+                        blocks=parsed_blocks(blocks))
         self._state.messages[ts] = posted
         return {"ok": True, "channel": channel, "ts": ts,
                 "message": self._message_object(posted, with_metadata=False)}
@@ -209,8 +217,13 @@ class Api:
             return {"ok": False, "error": "no_text"}
         if len(text) > MAX_TEXT:
             return {"ok": False, "error": "msg_too_long"}
+        blocks = params.get("blocks")
+        if blocks is not None and (error := blocks_error(blocks)) is not None:
+            return {"ok": False, "error": error}
         found.edits.append(found.text)
         found.text = text
+        if blocks is not None:
+            found.blocks = parsed_blocks(blocks)
         return {"ok": True, "channel": found.channel, "ts": found.ts, "text": text}
 
     def _delete(self, params: dict[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import aiohttp
 from aiohttp import web
 
 from bot.testing.slack.faults import Faults
+from bot.testing.slack.interactive import action_body
 from bot.testing.slack.state import State
 from bot.testing.slack.wire import ALICE, APP_ID, Delivery, SlashResult, channel_type_of, sign
 
@@ -45,6 +46,7 @@ class Events:
         if thread_ts is not None:
             event["thread_ts"] = thread_ts
         event.update(extra)
+        self._state.user_messages.add((channel, ts))
         return event
 
     def direct_message(self, text: str, *, user: str = ALICE, **extra: Any) -> dict[str, Any]:
@@ -258,6 +260,17 @@ class Events:
                 continue
             break
         return sent
+
+    async def post_action(self, payload: Mapping[str, Any]) -> Delivery:
+        """POST an interactivity payload (``block_actions``) to :attr:`events_url`,
+        form-encoded and signed as Slack does; the app must answer within 3 s."""
+        return await self.post_body(action_body(payload),
+                                    content_type="application/x-www-form-urlencoded")
+
+    async def socket_action(self, payload: Mapping[str, Any]) -> str:
+        """Push an interactivity payload as an ``interactive`` envelope; its id."""
+        return await self.socket_send({"type": "interactive", "payload": dict(payload),
+                                       "accepts_response_payload": False})
 
     async def socket_slash_command(self, text: str = "", *, command: str = "/roost",
                                    user: str = ALICE, user_name: str = "alice",

@@ -14,6 +14,7 @@ from bot.testing.slack.api import Api
 from bot.testing.slack.events import Events
 from bot.testing.slack.faults import Faults
 from bot.testing.slack.files import Files
+from bot.testing.slack.interactive import Interactive
 from bot.testing.slack.state import State
 from bot.testing.slack.wire import (
     APP_TOKEN,
@@ -59,6 +60,7 @@ class FakeSlack:
     file_requests = StateField[list[tuple[str, dict[str, str], int]]]()
     injected = StateField[list[tuple[str, str]]]()
     sockets = StateField[list[web.WebSocketResponse]]()
+    reactions = StateField[dict[tuple[str, str], list[str]]]()
 
     def __init__(self, *, bot_token: str = BOT_TOKEN, app_token: str = APP_TOKEN,
                  signing_secret: str = SIGNING_SECRET) -> None:
@@ -67,7 +69,8 @@ class FakeSlack:
         faults = Faults(self.state)
         self._events = Events(self.state, faults)
         self._files = Files(self.state, faults)
-        self._api = Api(self.state, faults, self._files)
+        self._interactive = Interactive(self.state)
+        self._api = Api(self.state, faults, self._files, self._interactive)
         self._runner: web.AppRunner | None = None
         self.settings = self.state.settings
         self.next_ts = self.state.next_ts
@@ -100,6 +103,12 @@ class FakeSlack:
         self.socket_send = self._events.socket_send
         self.wait_for_socket = self._events.wait_for_socket
         self.file = self._files.file
+        self.message_changed = self._interactive.message_changed
+        self.message_deleted = self._interactive.message_deleted
+        self.reaction = self._interactive.reaction
+        self.block_actions = self._interactive.block_actions
+        self.post_action = self._events.post_action
+        self.socket_action = self._events.socket_action
 
     @property
     def url(self) -> str:

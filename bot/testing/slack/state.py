@@ -54,8 +54,13 @@ class State:
         """Socket Mode acks by envelope id (the whole frame the app sent)."""
         self.socket_connections = 0
         """How many Socket Mode connections were opened so far."""
-        self.scopes: set[str] = {"files:read", "files:write"}
-        """The bot token's file scopes; remove one to see Slack refuse."""
+        self.scopes: set[str] = {"files:read", "files:write", "reactions:read",
+                                 "reactions:write"}
+        """The bot token's file and reaction scopes; remove one to see Slack refuse."""
+        self.user_messages: set[tuple[str, str]] = set()
+        """``(channel, ts)`` of the people's messages built by the fake (reactable)."""
+        self.reactions: dict[tuple[str, str], list[str]] = {}
+        """The app's own reactions (emoji names) on each message, by ``(channel, ts)``."""
         self.denial = "redirect"
         """How ``url_private`` refuses a request: ``"redirect"`` (302 to the login
         page, as Slack does) or ``"403"``."""

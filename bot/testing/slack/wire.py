@@ -82,6 +82,8 @@ class Posted:
     """Every text it had before the current one, oldest first."""
     deleted: bool = False
     metadata: dict[str, Any] | None = None
+    blocks: list[Any] = field(default_factory=list)
+    """Its Block Kit blocks, as last set (buttons in ``actions`` blocks)."""
 
 
 @dataclass(slots=True)

@@ -107,10 +107,14 @@ class Interactions:
             "id": query_id, "from": dict(sender), "message": public(kept),
             "chat_instance": f"-{abs(hash(chat)) % 10**18}", "data": data}})
 
-    def edit_by_user(self, update: Mapping[str, Any], text: str) -> dict[str, Any]:
-        """Push an ``edited_message``: the message of a pushed ``update`` with new text."""
-        original = dict(update["message"])
+    def edit_by_user(self, update: Mapping[str, Any], text: str, *,
+                     entities: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Push an ``edited_message``: the message of a pushed ``update`` with new text
+        (and its ``entities``: none unless given, as Telegram parses the new text)."""
+        original = {k: v for k, v in update["message"].items() if k != "entities"}
         edited = {**original, "text": text, "edit_date": unix_now()}
+        if entities:
+            edited["entities"] = entities
         return self.updates.push_update({"edited_message": edited})
 
     def user_reaction(self, chat_id: int | str, message_id: int, emoji: str | None, *,
