@@ -48,7 +48,7 @@ async def run_cron_job(runtime: Runtime, job: Job, fire: Fire, tz: ZoneInfo,
         try:
             result = await runtime.run_scheduled(
                 message, mode="minimal", kind="cron", extra_context=context,
-                deliver_failed=False)
+                deliver_failed=False, approved=job.approved_tools)
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if current is not None and current.cancelling():

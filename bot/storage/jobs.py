@@ -41,6 +41,9 @@ class Job:
     thread_id: str | None = None
     created_at: float = 0.0
     last_fire: float | None = None
+    approved_tools: tuple[str, ...] = ()
+    """Tools needing approval an admin pre-approved for the job's runs (nobody is
+    there to ask when it fires)."""
 
     @property
     def label(self) -> str:
@@ -49,19 +52,22 @@ class Job:
 
 
 _COLUMNS = ("id, kind, name, schedule, timezone, message, owner_id, channel, chat_id, chat_type,"
-            " thread_id, created_at, last_fire")
+            " thread_id, created_at, last_fire, approved_tools")
+
+_PLACEHOLDERS = ", ".join("?" * (_COLUMNS.count(",") + 1))
 
 
 def _row(job: Job) -> tuple[Any, ...]:
     return (job.id, job.kind, job.name, job.schedule, job.timezone, job.message, job.owner_id,
             job.channel, job.chat_id, job.chat_type, job.thread_id, job.created_at,
-            job.last_fire)
+            job.last_fire, ",".join(job.approved_tools))
 
 
 def _job(row: Any) -> Job:
     return Job(id=row[0], kind=row[1], name=row[2], schedule=row[3], timezone=row[4],
                message=row[5], owner_id=row[6], channel=row[7], chat_id=row[8],
-               chat_type=row[9], thread_id=row[10], created_at=row[11], last_fire=row[12])
+               chat_type=row[9], thread_id=row[10], created_at=row[11], last_fire=row[12],
+               approved_tools=tuple(t for t in str(row[13] or "").split(",") if t))
 
 
 class JobStore:
@@ -116,7 +122,7 @@ class JobStore:
         last free slot cannot both get it. Raises :class:`sqlite3.IntegrityError`
         when the ID is taken.
         """
-        placeholders = ", ".join("?" * 13)
+        placeholders = _PLACEHOLDERS
         if max_per_owner is None:
             return await self._write(
                 f"INSERT INTO jobs ({_COLUMNS}) VALUES ({placeholders})", _row(job)) == 1
@@ -124,6 +130,11 @@ class JobStore:
             f"INSERT INTO jobs ({_COLUMNS}) SELECT {placeholders} WHERE (SELECT COUNT(*) FROM"
             " jobs WHERE kind = 'cron' AND channel = ? AND owner_id = ?) < ?",
             (*_row(job), job.channel, job.owner_id, max_per_owner)) == 1
+
+    async def set_approved(self, job_id: str, tools: Sequence[str]) -> bool:
+        """Replace the tools pre-approved for a job; whether the job exists."""
+        return await self._write("UPDATE jobs SET approved_tools = ? WHERE id = ?",
+                                 (",".join(tools), job_id)) == 1
 
     async def delete(self, job_id: str, *, channel: str | None = None,
                      owner_id: str | None = None) -> bool:
@@ -147,7 +158,7 @@ class JobStore:
     async def upsert(self, job: Job) -> None:
         """Insert or replace ``job`` (system jobs, re-registered at every start)."""
         await self._write(f"INSERT OR REPLACE INTO jobs ({_COLUMNS}) VALUES "
-                          f"({', '.join('?' * 13)})", _row(job))
+                          f"({_PLACEHOLDERS})", _row(job))
 
     async def claim(self, fires: Sequence[tuple[str, float]]) -> set[str]:
         """Claim fire times: the IDs whose ``last_fire`` was earlier and is now the given one.
