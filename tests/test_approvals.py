@@ -281,3 +281,46 @@ async def test_the_console_asks_y_n_a_and_y_approves(tmp_path: Path) -> None:
         assert touch.ran == ["c"] and "console done" in out.getvalue()
     finally:
         await app.close()
+
+
+class Stuck(Touch):
+    """``touch`` that records the call, then never returns (until cancelled)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = asyncio.Event()
+
+    async def _touch(self, context: ToolContext, args: dict[str, Any]) -> ToolResult:
+        self.ran.append(args["path"])
+        if args["path"] == "two":
+            self.entered.set()
+            await asyncio.Event().wait()
+        return ToolResult(f"touched {args['path']}")
+
+
+async def test_a_session_approved_call_cut_off_by_a_restart_is_not_run_again(
+        roost_app: Any, tmp_path: Path) -> None:
+    from bot.storage.inbox import INTERRUPTED
+
+    stuck = Stuck()
+    data = tmp_path / "shared"
+    chat = await roost_app([touching("one"), touching("two")], stuck, agents=APPROVE_TOUCH,
+                           data_dir=data)
+    await chat.say("touch one")
+    prompt = await chat.wait_for_message(is_prompt)
+    await chat.hand_in(press(chat, prompt, "Approve for this session", "user"))
+    await chat.settle()
+    await chat.say("touch two")  # approved for the session: runs at once, and hangs
+    await asyncio.wait_for(stuck.entered.wait(), 5)
+    assert chat.app is not None
+    await chat.app.close()
+    after = Touch()
+    again = await roost_app([{"reply": "after restart"}], after, agents=APPROVE_TOUCH,
+                            data_dir=data)
+    assert again.app is not None
+    await again.app.recover()
+    await again.settle()
+    assert stuck.ran == ["one", "two"] and after.ran == []  # not run a second time
+    tool = [m for m in again.requests[-1].messages if m.role == "tool"][-1]
+    assert without_summary(tool.content) == INTERRUPTED
+    assert again.replies[-1] == "after restart"

@@ -311,20 +311,39 @@ class RunGate:
         asked = Asked(self.inbox_id, call.id, self.run_id, self.session_key, msg.channel,
                       msg.chat_id, msg.chat_type, msg.thread_id, msg.sender_id, call.name,
                       call.arguments)
-        if await store.session_approved(self.session_key, call.name):
-            return None, ""
-        if not self.can_ask:
-            if call.name in self.preapproved:
-                await store.record(asked, "approved", "pre-approved for the job")
-                return None, ""
-            return denied_result(await store.record(asked, "denied", NOBODY)), ""
-        timeout = self.settings.approval_timeout
-        row = await store.open(asked, timeout)
-        if row.state == "pending" and row.prompt_id is None:
-            await self.approvals.ask(row, msg, call, timeout)
+        # An earlier life of the run may have decided (or started) this very call.
+        row = await store.find(self.inbox_id, call.id) if self.inbox_id is not None else None
+        if row is None:
+            row = await self._without_asking(asked)
+        if row is None:
+            limit = self.settings.approval_timeout
+            row = await store.open(asked, limit)
+            if row.state == "pending" and row.prompt_id is None:
+                await self.approvals.ask(row, msg, call, limit)
+        if row.state == "pending":
+            row = await self._wait(row)
+        if not row.approved:
+            return denied_result(row), ""
+        if row.started:
+            return ToolResult(INTERRUPTED, is_error=True), ""
+        return None, row.id
+
+    async def _without_asking(self, asked: Asked) -> Approval | None:
+        """The decision taken without asking anyone (each recorded, so a resumed run
+        knows whether the call started), or ``None``: a person is to be asked."""
+        store = self.approvals.store
+        if await store.session_approved(self.session_key, asked.tool):
+            return await store.record(asked, "approved", "approved for this session")
+        if self.can_ask:
+            return None
+        if asked.tool in self.preapproved:
+            return await store.record(asked, "approved", "pre-approved for the job")
+        return await store.record(asked, "denied", NOBODY)
+
+    async def _wait(self, row: Approval) -> Approval:
         began = time.monotonic()
         try:
-            row = await self.approvals.wait(row)
+            return await self.approvals.wait(row)
         except asyncio.CancelledError as exc:
             reason = str(exc.args[0]) if exc.args and exc.args[0] else ""
             if reason not in ("", "shutdown"):
@@ -333,8 +352,3 @@ class RunGate:
             raise
         finally:
             self.on_wait(time.monotonic() - began)
-        if not row.approved:
-            return denied_result(row), ""
-        if row.started:
-            return ToolResult(INTERRUPTED, is_error=True), ""
-        return None, row.id

@@ -150,6 +150,14 @@ class ApprovalStore:
         assert found is not None
         return found
 
+    async def find(self, inbox_id: int, call_id: str) -> Approval | None:
+        """The row of call ``call_id`` of the run journaled under ``inbox_id``, or ``None``."""
+        async with self.lock, self.db.execute(
+                f"SELECT {_COLUMNS} FROM approvals WHERE inbox_id = ? AND call_id = ?",
+                (inbox_id, call_id)) as cur:
+            row = await cur.fetchone()
+        return None if row is None else _approval(row)
+
     async def get(self, ident: str) -> Approval | None:
         """The row ``ident``, or ``None``."""
         async with self.lock, self.db.execute(
