@@ -324,3 +324,50 @@ async def test_a_session_approved_call_cut_off_by_a_restart_is_not_run_again(
     tool = [m for m in again.requests[-1].messages if m.role == "tool"][-1]
     assert without_summary(tool.content) == INTERRUPTED
     assert again.replies[-1] == "after restart"
+
+
+async def test_arguments_are_shown_as_code_and_a_fence_in_them_cannot_end_the_block(
+        roost_app: Any) -> None:
+    touch = Touch()
+    forged = "x\n```\nAlready approved by an admin: just press Approve.\n```\n**y**"
+    chat = await roost_app([touching(forged), touching("/plain **bold**")], touch,
+                           agents=APPROVE_TOUCH)
+    await chat.say("touch it")
+    prompt = await chat.wait_for_message(is_prompt)
+    assert "Already approved" not in prompt.text and len(prompt.files) == 1
+    attached = await asyncio.to_thread(Path(prompt.files[0].path).read_text, "utf-8")
+    assert json.loads(attached) == {"path": forged}
+    await chat.hand_in(press(chat, prompt, "Deny", "user"))
+    await chat.settle()
+    await chat.say("touch again")
+    second = await chat.wait_for_message(lambda m: is_prompt(m) and m is not prompt)
+    assert "```\n{\n  \"path\": \"/plain **bold**\"\n}\n```" in second.text
+    assert second.files == ()
+
+
+class Refusing(ChatChannel):
+    """A chat whose platform refuses messages with buttons."""
+
+    async def send(self, message: OutboundMessage) -> str | None:
+        if message.buttons:
+            raise ConnectionError("400 Bad Request: BUTTON_DATA_INVALID")
+        return await super().send(message)
+
+
+async def test_a_question_the_platform_refused_to_show_is_denied_at_once(
+        tmp_path: Path) -> None:
+    from bot.testing.app import create_app, scripted
+
+    touch = Touch()
+    app, recorder = await create_app(scripted(touching(reply="could not ask")), touch,
+                                     data_dir=tmp_path / "refusing", agents=APPROVE_TOUCH)
+    chat = Refusing()
+    try:
+        await chat.attach(app, recorder)
+        assert await chat.ask("touch it") == ["could not ask"]
+        tool = next(m for m in chat.requests[-1].messages if m.role == "tool")
+        error = json.loads(without_summary(tool.content))
+        assert error["error_code"] == "APPROVAL_DENIED" and touch.ran == []
+        assert error["decided_by"] == "nobody: the question could not be shown"
+    finally:
+        await app.close()

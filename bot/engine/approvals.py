@@ -53,6 +53,8 @@ attached text file (the text says so), never cut silently."""
 POLL_SECONDS = 1.0
 """How often a waiting run reads its row (a press decided on another replica)."""
 NOBODY = "nobody to ask"
+UNSHOWN = "nobody: the question could not be shown"
+"""``decided_by`` of a call whose prompt the platform refused."""
 """``decided_by`` of a scheduled run's call that no one pre-approved."""
 
 OUTCOMES: Mapping[str, str] = {
@@ -91,6 +93,27 @@ def render_arguments(arguments: Mapping[str, object] | str) -> str:
     if set(arguments) == {"command"} and isinstance(arguments["command"], str):
         return arguments["command"]
     return json.dumps(dict(arguments), ensure_ascii=False, indent=2, default=str)
+
+
+FENCE = "```"
+
+
+def attached(text: str) -> bool:
+    """Whether arguments go in full in an attached file: too long for the prompt's text,
+    or holding a code fence (the model's text must not end the block it is shown in
+    and pass for the prompt's own words)."""
+    return len(text) > LONG_ARGUMENTS or FENCE in text
+
+
+def shown(text: str) -> str:
+    """The arguments as the prompt's text shows them: in a code block (never read as
+    formatting), cut only where the full text is attached, and saying so."""
+    if FENCE in text:
+        return "[The arguments hold a code fence: they are shown in full in the attached file.]"
+    if len(text) <= LONG_ARGUMENTS:
+        return f"{FENCE}\n{text}\n{FENCE}"
+    return (f"{FENCE}\n{text[:LONG_ARGUMENTS]}\n{FENCE}\n[... {len(text) - LONG_ARGUMENTS} more "
+            "characters: in full in the attached file]")
 
 
 class Approvals:
@@ -186,31 +209,24 @@ class Approvals:
         when = datetime.fromtimestamp(row.decided_at or self.clock(), UTC).strftime(
             "%H:%M UTC")
         text = (f"{OUTCOMES.get(row.state, row.state)} by {row.decided_by} at {when}: "
-                f"{row.tool}\n\n{self._shown(render_arguments(json.loads(row.arguments)))}")
+                f"{row.tool}\n\n{shown(render_arguments(json.loads(row.arguments)))}")
         try:
             await channel.edit(row.chat_id, target, text, (), thread_id=row.thread_id)
         except Exception:
             log.warning("editing the approval prompt %s failed", row.id, exc_info=True)
-
-    @staticmethod
-    def _shown(text: str) -> str:
-        if len(text) <= LONG_ARGUMENTS:
-            return text
-        return (text[:LONG_ARGUMENTS] + f"\n[... {len(text) - LONG_ARGUMENTS} more characters:"
-                " in full in the attached file]")
 
     # -- asking -----------------------------------------------------------------
 
     async def ask(self, row: Approval, message: InboundMessage, call: ToolCall,
                   limit: float) -> None:
         """Show the prompt for ``row`` (the call's full arguments, three buttons)."""
-        shown = render_arguments(call.arguments)
-        text = (f"Approval needed: {call.name}\n\n{self._shown(shown)}\n\n"
+        arguments = render_arguments(call.arguments)
+        text = (f"Approval needed: {call.name}\n\n{shown(arguments)}\n\n"
                 f"Approve, Deny, or Approve for this session? (Denied if nobody answers "
                 f"within {limit:g} s.)")
         files: tuple[OutboundFile, ...] = ()
-        if len(shown) > LONG_ARGUMENTS:
-            files = (await asyncio.to_thread(self._arguments_file, row.id, shown),)
+        if attached(arguments):
+            files = (await asyncio.to_thread(self._arguments_file, row.id, arguments),)
         buttons = ((Button("Approve", f"{DATA_PREFIX}{row.id}:a", "success"),
                     Button("Deny", f"{DATA_PREFIX}{row.id}:d", "danger"),
                     Button("Approve for this session", f"{DATA_PREFIX}{row.id}:s")),)
@@ -218,11 +234,16 @@ class Approvals:
                                   buttons=buttons, files=files)
         channel = self.channels.get(message.channel)
         prompt_id = None
-        if channel is not None:
-            try:
-                prompt_id = await channel.send(out)
-            except Exception:
-                log.exception("showing the approval prompt %s failed", row.id)
+        try:
+            if channel is None:
+                raise LookupError(f"no channel {message.channel!r}")
+            prompt_id = await channel.send(out)
+        except Exception:
+            # Nobody can answer a question never shown: denied now, not after the wait.
+            log.exception("showing the approval prompt %s failed; the call is denied", row.id)
+            await self.store.prompted(row.id, None)
+            await self.store.decide(row.id, "denied", UNSHOWN)
+            return
         await self.store.prompted(row.id, prompt_id)
 
     def _arguments_file(self, ident: str, text: str) -> OutboundFile:
