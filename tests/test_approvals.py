@@ -152,6 +152,23 @@ async def test_approve_for_this_session_asks_once(roost_app: Any) -> None:
     assert sum(1 for m in chat.sent if m.buttons) == 1
 
 
+async def test_a_new_session_asks_again(roost_app: Any) -> None:
+    touch = Touch()
+    chat = await roost_app([touching("one"), touching("three")], touch,
+                           agents=APPROVE_TOUCH)
+    await chat.say("touch one")
+    first = await chat.wait_for_message(is_prompt)
+    await chat.hand_in(press(chat, first, "Approve for this session", "user"))
+    await chat.settle()
+    await chat.ask("/new")
+    await chat.say("touch three")
+    second = await chat.wait_for_message(lambda m: is_prompt(m) and m is not first)
+    assert touch.ran == ["one"]  # asked again: the approval was the old session's
+    await chat.hand_in(press(chat, second, "Approve", "user"))
+    await chat.settle()
+    assert touch.ran == ["one", "three"]
+
+
 async def test_stop_cancels_a_pending_approval(roost_app: Any) -> None:
     touch = Touch()
     chat = await roost_app([touching()], touch, agents=APPROVE_TOUCH)

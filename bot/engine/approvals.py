@@ -135,13 +135,14 @@ class Approvals:
         self._wake: dict[str, asyncio.Event] = {}
 
     def gate(self, message: InboundMessage, *, settings: Settings, needed: frozenset[str],
-             session_key: str, run_id: str, inbox_id: int | None, can_ask: bool,
+             session_key: str, session_id: int, run_id: str, inbox_id: int | None,
+             can_ask: bool,
              preapproved: frozenset[str], on_wait: Callable[[float], None]) -> RunGate:
         """A run's gate: ``needed`` the tools needing approval, ``can_ask`` whether a
         person is there to ask (else only ``preapproved`` tools run); ``on_wait(s)`` is
         told how long the run waited (its time limit is extended by that much)."""
-        return RunGate(self, message, settings, needed, session_key, run_id, inbox_id,
-                       can_ask, preapproved, on_wait)
+        return RunGate(self, message, settings, needed, session_key, session_id, run_id,
+                       inbox_id, can_ask, preapproved, on_wait)
 
     # -- presses ----------------------------------------------------------------
 
@@ -297,6 +298,7 @@ class RunGate:
     settings: Settings
     needed: frozenset[str]
     session_key: str
+    session_id: int
     run_id: str
     inbox_id: int | None
     can_ask: bool
@@ -329,9 +331,9 @@ class RunGate:
     async def _one(self, call: ToolCall) -> tuple[ToolResult | None, str]:
         store = self.approvals.store
         msg = self.message
-        asked = Asked(self.inbox_id, call.id, self.run_id, self.session_key, msg.channel,
-                      msg.chat_id, msg.chat_type, msg.thread_id, msg.sender_id, call.name,
-                      call.arguments)
+        asked = Asked(self.inbox_id, call.id, self.run_id, self.session_key, self.session_id,
+                      msg.channel, msg.chat_id, msg.chat_type, msg.thread_id, msg.sender_id,
+                      call.name, call.arguments)
         # An earlier life of the run may have decided (or started) this very call.
         row = await store.find(self.inbox_id, call.id) if self.inbox_id is not None else None
         if row is None:
@@ -353,7 +355,7 @@ class RunGate:
         """The decision taken without asking anyone (each recorded, so a resumed run
         knows whether the call started), or ``None``: a person is to be asked."""
         store = self.approvals.store
-        if await store.session_approved(self.session_key, asked.tool):
+        if await store.session_approved(self.session_id, asked.tool):
             return await store.record(asked, "approved", "approved for this session")
         if self.can_ask:
             return None

@@ -310,7 +310,7 @@ class Run:
             return None
         return approvals.gate(
             req.message, settings=self.settings, needed=self.approve,
-            session_key=req.session.key, run_id=req.run_id,
+            session_key=req.session.key, session_id=req.session.id, run_id=req.run_id,
             inbox_id=req.journal.head if req.journal is not None else None,
             # Scheduled runs (cron, heartbeat) have nobody to ask.
             can_ask=req.kind == "chat", preapproved=frozenset(req.approved),

@@ -27,9 +27,9 @@ ApprovalState = Literal["pending", "approved", "session", "denied", "timeout", "
 APPROVING: frozenset[str] = frozenset({"approved", "session"})
 """States that let the call run."""
 
-_COLUMNS = ("id, inbox_id, call_id, run_id, session_key, channel, chat_id, chat_type,"
-            " thread_id, requester, tool, arguments, state, prompt_id, decided_by, decided_at,"
-            " started, created_at, expires_at")
+_COLUMNS = ("id, inbox_id, call_id, run_id, session_key, session_id, channel, chat_id,"
+            " chat_type, thread_id, requester, tool, arguments, state, prompt_id, decided_by,"
+            " decided_at, started, created_at, expires_at")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +41,8 @@ class Call:
     call_id: str
     run_id: str
     session_key: str
+    session_id: int
+    """The session's row: "approve for this session" ends when ``/new`` starts another."""
     channel: str
     chat_id: str
     chat_type: str
@@ -86,12 +88,12 @@ def masked_arguments(arguments: Mapping[str, Any]) -> str:
 def _approval(row: Any) -> Approval:
     return Approval(
         inbox_id=None if row[1] is None else int(row[1]), call_id=str(row[2]),
-        run_id=str(row[3]), session_key=str(row[4]), channel=str(row[5]),
-        chat_id=str(row[6]), chat_type=str(row[7]), thread_id=row[8], requester=str(row[9]),
-        tool=str(row[10]), id=str(row[0]), arguments=str(row[11]), state=row[12],
-        prompt_id=row[13], decided_by=row[14],
-        decided_at=None if row[15] is None else float(row[15]), started=bool(row[16]),
-        created_at=float(row[17]), expires_at=float(row[18]))
+        run_id=str(row[3]), session_key=str(row[4]), session_id=int(row[5]),
+        channel=str(row[6]), chat_id=str(row[7]), chat_type=str(row[8]), thread_id=row[9],
+        requester=str(row[10]), tool=str(row[11]), id=str(row[0]), arguments=str(row[12]),
+        state=row[13], prompt_id=row[14], decided_by=row[15],
+        decided_at=None if row[16] is None else float(row[16]), started=bool(row[17]),
+        created_at=float(row[18]), expires_at=float(row[19]))
 
 
 class ApprovalStore:
@@ -110,8 +112,8 @@ class ApprovalStore:
         stands)."""
         now = self.clock()
         row = (uuid.uuid4().hex[:20], asked.inbox_id, asked.call_id, asked.run_id,
-               asked.session_key, asked.channel, asked.chat_id, asked.chat_type,
-               asked.thread_id, asked.requester, asked.tool,
+               asked.session_key, asked.session_id, asked.channel, asked.chat_id,
+               asked.chat_type, asked.thread_id, asked.requester, asked.tool,
                masked_arguments(asked.arguments), now, now + limit)
 
         async def body(db: aiosqlite.Connection) -> Any:
@@ -122,9 +124,10 @@ class ApprovalStore:
                 if found:
                     return next(iter(found))
             await db.execute(
-                "INSERT INTO approvals (id, inbox_id, call_id, run_id, session_key, channel,"
-                " chat_id, chat_type, thread_id, requester, tool, arguments, created_at,"
-                " expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+                "INSERT INTO approvals (id, inbox_id, call_id, run_id, session_key, session_id,"
+                " channel, chat_id, chat_type, thread_id, requester, tool, arguments,"
+                " created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                row)
             made = await db.execute_fetchall(
                 f"SELECT {_COLUMNS} FROM approvals WHERE id = ?", (row[0],))
             return next(iter(made))
@@ -136,15 +139,15 @@ class ApprovalStore:
         now = self.clock()
         ident = uuid.uuid4().hex[:20]
         row = (ident, asked.inbox_id, asked.call_id, asked.run_id, asked.session_key,
-               asked.channel, asked.chat_id, asked.chat_type, asked.thread_id,
+               asked.session_id, asked.channel, asked.chat_id, asked.chat_type, asked.thread_id,
                asked.requester, asked.tool, masked_arguments(asked.arguments), state, by,
                now, now, now)
         await self.writer.write(
             lambda db: db.execute(
-                "INSERT INTO approvals (id, inbox_id, call_id, run_id, session_key, channel,"
-                " chat_id, chat_type, thread_id, requester, tool, arguments, state,"
+                "INSERT INTO approvals (id, inbox_id, call_id, run_id, session_key, session_id,"
+                " channel, chat_id, chat_type, thread_id, requester, tool, arguments, state,"
                 " decided_by, decided_at, created_at, expires_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row),
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row),
             what="recording an approval decision")
         found = await self.get(ident)
         assert found is not None
@@ -192,11 +195,11 @@ class ApprovalStore:
             lambda db: db.execute("UPDATE approvals SET started = 1 WHERE id = ?", (ident,)),
             what="marking an approved call started")
 
-    async def session_approved(self, session_key: str, tool: str) -> bool:
+    async def session_approved(self, session_id: int, tool: str) -> bool:
         """Whether someone chose "approve for this session" for ``tool`` in the session."""
         async with self.lock, self.db.execute(
-                "SELECT 1 FROM approvals WHERE session_key = ? AND tool = ?"
-                " AND state = 'session' LIMIT 1", (session_key, tool)) as cur:
+                "SELECT 1 FROM approvals WHERE session_id = ? AND tool = ?"
+                " AND state = 'session' LIMIT 1", (session_id, tool)) as cur:
             return await cur.fetchone() is not None
 
     async def recent(self, limit: int = 20) -> list[Approval]:

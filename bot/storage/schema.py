@@ -421,6 +421,7 @@ MIGRATIONS: list[str] = [
         call_id TEXT NOT NULL,
         run_id TEXT NOT NULL,
         session_key TEXT NOT NULL,
+        session_id INTEGER NOT NULL,
         channel TEXT NOT NULL,
         chat_id TEXT NOT NULL,
         chat_type TEXT NOT NULL,
@@ -438,7 +439,7 @@ MIGRATIONS: list[str] = [
         expires_at REAL NOT NULL
     );
     CREATE UNIQUE INDEX approvals_call ON approvals(inbox_id, call_id);
-    CREATE INDEX approvals_session ON approvals(session_key, tool, state);
+    CREATE INDEX approvals_session ON approvals(session_id, tool, state);
     CREATE INDEX approvals_created ON approvals(created_at);
     ALTER TABLE jobs ADD COLUMN approved_tools TEXT NOT NULL DEFAULT '';
     """,
