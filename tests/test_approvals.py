@@ -388,3 +388,19 @@ async def test_a_question_the_platform_refused_to_show_is_denied_at_once(
         assert error["decided_by"] == "nobody: the question could not be shown"
     finally:
         await app.close()
+
+
+async def test_exec_asks_by_default_showing_the_command_verbatim(roost_app: Any) -> None:
+    command = "rm -rf ./build && echo 'done' | tee log.txt"
+    chat = await roost_app(
+        [{"steps": [{"tool_calls": [{"name": "exec", "arguments": {"command": command}}]},
+                    {"reply": "not run"}]}],
+        agents={"default": {"tools": {"allow": ["exec"]}}})
+    await chat.say("clean the build")
+    prompt = await chat.wait_for_message(is_prompt)
+    assert prompt.text.startswith("Approval needed: exec")
+    assert f"```\n{command}\n```" in prompt.text
+    await chat.hand_in(press(chat, prompt, "Deny", "user"))
+    await chat.settle()
+    tool_message = next(m for m in chat.requests[-1].messages if m.role == "tool")
+    assert json.loads(without_summary(tool_message.content))["error_code"] == "APPROVAL_DENIED"
