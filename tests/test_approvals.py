@@ -177,9 +177,9 @@ async def test_stop_cancels_a_pending_approval(roost_app: Any) -> None:
     await chat.say("/stop")
     await chat.settle()
     assert touch.ran == []
-    assert chat.edits[-1][1].startswith("Cancelled (/stop)")
+    assert chat.edits[-1][1].startswith("Cancelled by /stop")
     await chat.hand_in(press(chat, prompt, "Approve", "user"))
-    assert chat.answers[-1][1].startswith("Already decided: Cancelled")
+    assert chat.answers[-1][1].startswith("Already decided: Cancelled by /stop")
     assert touch.ran == []
 
 
@@ -404,3 +404,32 @@ async def test_exec_asks_by_default_showing_the_command_verbatim(roost_app: Any)
     await chat.settle()
     tool_message = next(m for m in chat.requests[-1].messages if m.role == "tool")
     assert json.loads(without_summary(tool_message.content))["error_code"] == "APPROVAL_DENIED"
+
+
+async def test_approvers_admins_leaves_the_requester_out_and_anyone_lets_everyone_in(
+        roost_app: Any) -> None:
+    admins_only = Touch()
+    chat = await roost_app([touching()], admins_only, agents=APPROVE_TOUCH,
+                           admins=["console:boss"], approvers="admins")
+    await chat.say("touch it", sender="alice", group="g1")
+    prompt = await chat.wait_for_message(is_prompt)
+    await chat.hand_in(press(chat, prompt, "Approve", "alice"))
+    assert chat.answers[-1][1] == "Not yours to approve."
+    await chat.hand_in(press(chat, prompt, "Approve", "boss"))
+    await chat.settle()
+    assert admins_only.ran == ["a.txt"]
+    anyone = Touch()
+    open_chat = await roost_app([touching(), touching("b.txt")], anyone, agents=APPROVE_TOUCH,
+                                approvers="anyone")
+    await open_chat.say("touch it", sender="alice", group="g1")
+    prompt = await open_chat.wait_for_message(is_prompt)
+    await open_chat.hand_in(press(open_chat, prompt, "Approve", "carol"))
+    await open_chat.settle()
+    assert anyone.ran == ["a.txt"]
+    # In a DM only the person decides, whatever approvers says.
+    await open_chat.say("touch it", sender="dave")
+    dm = await open_chat.wait_for_message(lambda m: is_prompt(m) and m is not prompt)
+    await open_chat.hand_in(press(open_chat, dm, "Approve", "carol"))
+    assert open_chat.answers[-1][1] == "Not yours to approve."
+    await open_chat.hand_in(press(open_chat, dm, "Deny", "dave"))
+    await open_chat.settle()

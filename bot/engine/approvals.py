@@ -52,6 +52,8 @@ LONG_ARGUMENTS = 1500
 attached text file (the text says so), never cut silently."""
 POLL_SECONDS = 1.0
 """How often a waiting run reads its row (a press decided on another replica)."""
+CANCELLERS: Mapping[str, str] = {"stop": "/stop", "merged": "a newer message"}
+"""``decided_by`` of a question withdrawn because its run was cancelled, by the reason."""
 NOBODY = "nobody to ask"
 UNSHOWN = "nobody: the question could not be shown"
 """``decided_by`` of a call whose prompt the platform refused."""
@@ -59,7 +61,7 @@ UNSHOWN = "nobody: the question could not be shown"
 
 OUTCOMES: Mapping[str, str] = {
     "approved": "Approved", "session": "Approved for this session", "denied": "Denied",
-    "timeout": "Denied (no answer in time)", "cancelled": "Cancelled (/stop)",
+    "timeout": "Denied (no answer in time)", "cancelled": "Cancelled",
 }
 
 
@@ -371,7 +373,7 @@ class RunGate:
             reason = str(exc.args[0]) if exc.args and exc.args[0] else ""
             if reason not in ("", "shutdown"):
                 # /stop (or a merge): the question is withdrawn, not left to time out.
-                await asyncio.shield(self.approvals.cancel(row, reason))
+                await asyncio.shield(self.approvals.cancel(row, CANCELLERS.get(reason, reason)))
             raise
         finally:
             self.on_wait(time.monotonic() - began)
