@@ -227,6 +227,7 @@ def test_policy_asks_about_exec_by_default_and_destructive_mcp_tools() -> None:
     assert ToolPolicy().needing_approval(offered, {}) == {"exec", "mcp_drop"}
     assert ToolPolicy(approve=("read_file",)).needing_approval(offered, {}) == {
         "read_file", "mcp_drop"}
+    assert ToolPolicy(approve=()).needing_approval(offered, {}) == {"mcp_drop"}
     del offered["exec"]
     assert ToolPolicy().needing_approval(offered, {}) == {"mcp_drop"}
 
