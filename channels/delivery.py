@@ -407,13 +407,14 @@ class EditStream:
 
     ``send(text) -> message id`` posts the first version; ``edit(id, text)``
     updates it; ``finalize(id | None, text | None)`` delivers the final reply
-    (which may need chunking or markup the drafts did not) and removes the
-    draft when the reply turns out silent.
+    (which may need chunking or markup the drafts did not), removes the draft
+    when the reply turns out silent, and returns the id of the message that
+    now carries the reply (:attr:`message_id` from then on).
     """
 
     def __init__(self, *, send: Callable[[str], Awaitable[str]],
                  edit: Callable[[str, str], Awaitable[None]],
-                 finalize: Callable[[str | None, str | None], Awaitable[None]],
+                 finalize: Callable[[str | None, str | None], Awaitable[str | None]],
                  limit: int, interval: float = 1.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._send, self._edit, self._finalize = send, edit, finalize
@@ -454,4 +455,4 @@ class EditStream:
         if self._flusher is not None:
             self._flusher.cancel()
             await asyncio.gather(self._flusher, return_exceptions=True)
-        await self._finalize(self.message_id, final_text)
+        self.message_id = await self._finalize(self.message_id, final_text)

@@ -1,10 +1,10 @@
-"""Import aiogram without building a validator for each of its ~440 types up front.
+"""Import aiogram without building a validator for each of its types up front.
 
 ``aiogram.types`` ends by calling ``model_rebuild()`` on every Bot API type
 it defines. With pydantic 2 that builds a separate core schema for each, and
-each schema inlines everything its type can contain: importing aiogram 3.31
-takes about 2.4 s and 150 MB, more than the rest of Roost together. The types
-are already declared ``defer_build=True``; only that loop forces the work.
+each schema inlines everything its type can contain (bench/README.md has the
+import's cost). The types are already declared ``defer_build=True``; only that
+loop forces the work.
 
 This module imports aiogram with the loop's rebuilds skipped, keeping the
 namespace it passed, and lets each type build itself the first time it is

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
-if TYPE_CHECKING:  # the SDK's TypedDicts name the wire shapes; importing it costs ~45 MiB
+if TYPE_CHECKING:  # the SDK's TypedDicts name the wire shapes; importing it is costly
     from anthropic.types import (
         CacheControlEphemeralParam,
         DocumentBlockParam,

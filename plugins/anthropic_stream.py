@@ -1,11 +1,10 @@
 """A streamed Messages API call without the ``anthropic`` SDK on the hot path.
 
-``client.messages.create(stream=True)`` costs about as much CPU as the rest of a
-chat turn together: each call copies and walks the request body, builds its
-headers layer by layer, goes through ``httpx``/``httpcore``'s pool and
-``anyio`` streams, and validates every streamed event into pydantic models.
-And importing the SDK at all (2.x loads every beta type) takes ~45 MiB of
-memory and over a second of CPU. :func:`open_stream` sends the request over
+``client.messages.create(stream=True)`` copies and walks the request body on
+each call, builds its headers layer by layer, goes through ``httpx``/``httpcore``'s
+pool and ``anyio`` streams, and validates every streamed event into pydantic
+models; importing the SDK at all loads every beta type (bench/README.md has the
+figures). :func:`open_stream` sends the request over
 ``aiohttp``, which the channels already use, and parses the server-sent events
 itself into :class:`Event` dicts that read like the SDK's event models
 (``event.delta.text``; a field the server left out reads ``None``).
@@ -80,8 +79,8 @@ def tls_context() -> ssl.SSLContext:
     """certifi's CA bundle, as the SDK's httpx client takes it (a slim image may have
     no system CAs); one per process.
 
-    Loading the bundle takes ~20 ms: the provider builds it when it is built
-    (in ``roost run``'s warm-up thread), not inside the first reply.
+    The provider builds it when it is built (in ``roost run``'s warm-up thread), so
+    loading the bundle is not part of the first reply.
     """
     return ssl.create_default_context(cafile=certifi.where())
 

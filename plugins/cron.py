@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from roost import (
     ChatType,
     Command,
@@ -48,13 +50,33 @@ PREVIEW_CHARS = 80
 _ACTIONS = ("add", "list", "remove")
 _KEYS = ("action", "schedule", "message", "name", "id", "timezone")
 
+PLUGIN_NAME = "plugins.cron"
+
+
+class CronConfig(BaseModel):
+    """``[plugins."plugins.cron"]``: limits on users' scheduled jobs (``cron_*`` before)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_jobs_per_user: int = Field(20, ge=1)
+    """Scheduled jobs one user may have."""
+    min_interval_seconds: int = Field(60, ge=1)
+    """The shortest interval a recurring job may have."""
+
+
+@hookimpl
+def roost_plugin_config_model() -> type[CronConfig]:
+    """The ``[plugins."plugins.cron"]`` table."""
+    return CronConfig
+
 
 @hookimpl
 def roost_tools(settings: Settings, services: Services | None) -> list[Tool]:
     """The ``cron`` tool, when the service runs a scheduler."""
     if services is None or services.scheduler is None:
         return []
-    return [_cron_tool(services.scheduler, settings)]
+    config = CronConfig.model_validate(settings.plugins.get(PLUGIN_NAME) or {})
+    return [_cron_tool(services.scheduler, settings, config)]
 
 
 @hookimpl
@@ -115,7 +137,7 @@ def format_jobs(views: Sequence[JobListing], *, channel: str, chat_id: str, chat
 # -- the tool -----------------------------------------------------------------------------
 
 
-def _cron_tool(scheduler: SchedulerView, settings: Settings) -> Tool:
+def _cron_tool(scheduler: SchedulerView, settings: Settings, config: CronConfig) -> Tool:
     async def cron(context: ToolContext, args: Mapping[str, Any]) -> str:
         if not isinstance(args, Mapping):
             raise ToolError("arguments must be a JSON object", code="INVALID_ARGUMENT")
@@ -130,7 +152,7 @@ def _cron_tool(scheduler: SchedulerView, settings: Settings) -> Tool:
         admin = settings.is_admin(context.channel, context.user_id)
         try:
             if action == "add":
-                return await _add(scheduler, context, args)
+                return await _add(scheduler, context, args, config)
             if action == "list":
                 return await _list(scheduler, context, admin)
             return await _remove(scheduler, context, _text(args, "id"), admin)
@@ -180,13 +202,15 @@ def _chat_type(value: str) -> ChatType:
     return "group" if value == "group" else "direct"
 
 
-async def _add(scheduler: SchedulerView, context: ToolContext, args: Mapping[str, Any]) -> str:
+async def _add(scheduler: SchedulerView, context: ToolContext, args: Mapping[str, Any],
+               config: CronConfig) -> str:
     view = await scheduler.add(
         owner_id=context.user_id, channel=context.channel, chat_id=context.chat_id,
         chat_type=_chat_type(context.chat_type), thread_id=context.thread_id,
         schedule=_text(args, "schedule"), message=_text(args, "message"),
         name=_text(args, "name", required=False),
-        timezone=_text(args, "timezone", required=False) or None)
+        timezone=_text(args, "timezone", required=False) or None,
+        max_jobs=config.max_jobs_per_user, min_interval=config.min_interval_seconds)
     job = view.job
     once = " It runs once and is then deleted." if job.schedule.startswith("at ") else ""
     return (f"Scheduled job {job.label}: {job.schedule} ({job.timezone}), first run "

@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from roost import (
     Parts,
     Settings,
@@ -50,10 +52,28 @@ _PATH_HELP = "Path relative to your workspace, e.g. 'notes/todo.md'."
 _file_locks: weakref.WeakValueDictionary[Path, asyncio.Lock] = weakref.WeakValueDictionary()
 
 
+PLUGIN_NAME = "plugins.file_tools"
+
+
+class FileToolsConfig(BaseModel):
+    """``[plugins."plugins.file_tools"]``: the workspace file tools (``max_file_bytes`` before)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_file_bytes: int = Field(1_000_000, ge=1)
+    """The largest file the file tools read or write."""
+
+
+@hookimpl
+def roost_plugin_config_model() -> type[FileToolsConfig]:
+    """The ``[plugins."plugins.file_tools"]`` table."""
+    return FileToolsConfig
+
+
 @hookimpl
 def roost_tools(settings: Settings) -> list[Tool]:
-    """The four workspace file tools, capped at ``settings.max_file_bytes``."""
-    cap = settings.max_file_bytes
+    """The four workspace file tools, capped at the table's ``max_file_bytes``."""
+    cap = FileToolsConfig.model_validate(settings.plugins.get(PLUGIN_NAME) or {}).max_file_bytes
 
     async def read_file(context: ToolContext, args: Mapping[str, Any]) -> str:
         check_keys(args, required=("path",))

@@ -29,6 +29,7 @@ from bot.config.mcp import expand as expand_env
 from bot.config.settings import Settings
 from bot.contracts.channel import (
     Channel,
+    ChannelContext,
     ChannelHealth,
     ChannelSpec,
     InboundHandler,
@@ -52,9 +53,11 @@ from bot.contracts.llm import (
     OnRetry,
     OnText,
     ProviderError,
+    Session,
     ToolCall,
     ToolSpec,
     Usage,
+    agent_of,
 )
 from bot.contracts.media import MediaError, MediaTooLarge, Transcriber
 from bot.contracts.messages import (
@@ -71,7 +74,6 @@ from bot.contracts.runtime import NO_REPLY, RunOutcome, Runtime
 from bot.contracts.sanitize import Sanitizer
 from bot.contracts.search import SearchBackend, SearchResult
 from bot.contracts.services import Services
-from bot.contracts.sessions import Session, agent_of
 from bot.contracts.tools import Tool, ToolContext, ToolError, ToolResult, ToolRetry
 from bot.contracts.views import (
     ERROR_ID_EXAMPLE,
@@ -138,8 +140,7 @@ from workspaces.beneath import (
     read_fd,
     write_atomic,
 )
-from workspaces.cache import clip
-from workspaces.root import WorkspaceRoot, user_parts
+from workspaces.root import WorkspaceRoot, clip, user_parts
 
 __all__ = [
     "ANTHROPIC_MAX_PIXELS",
@@ -170,6 +171,7 @@ __all__ = [
     "Attachment",
     "Base64Text",
     "Channel",
+    "ChannelContext",
     "ChannelHealth",
     "ChannelSpec",
     "ChatMessage",

@@ -79,12 +79,13 @@ def _cell(text: str) -> str:
 def model_table(model: type[BaseModel], table: str, prefix: str | None,
                 plugin: str = "") -> str:
     """One Markdown table of ``model``'s fields (a plugin's: with the old names that map there)."""
-    from bot.config.moved import MOVED, SERVICE_ENV
+    from bot.config.moved import MOVED, SERVICE_ENV, places
 
     was: dict[str, list[str]] = {}
-    for old, (owner, key) in MOVED.items():
-        if owner == plugin:
-            was.setdefault(key, []).extend([old, f"ROOST_{old.upper()}"])
+    for old in MOVED:
+        for owner, key in places(old):
+            if owner == plugin:
+                was.setdefault(key, []).extend([old, f"ROOST_{old.upper()}"])
     for env, (owner, key) in SERVICE_ENV.items():
         if owner == plugin:
             was.setdefault(key, []).append(env)

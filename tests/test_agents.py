@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from bot.agents.router import AgentError, AgentResolver, AgentRouter
+from bot.agents.router import AgentError, AgentResolver, AgentRouter, route
 from bot.app.roost import Roost
-from bot.config.agents import Binding, route
+from bot.config.agents import Binding
 from bot.config.settings import ConfigError, Settings, load_settings
 from bot.contracts.llm import LLMProvider
 from bot.contracts.messages import ChatType, InboundMessage

@@ -92,8 +92,9 @@ async def test_edit_stream_coalesces_edits_to_one_per_interval() -> None:
         edits.append(text)
         edited.set()
 
-    async def finalize(message_id: str | None, text: str | None) -> None:
+    async def finalize(message_id: str | None, text: str | None) -> str | None:
         final.append((message_id, text))
+        return "m2"  # the final reply needed a new message
 
     stream = EditStream(send=send, edit=edit, finalize=finalize, limit=100, interval=0.05)
     await stream.push("H")
@@ -105,6 +106,7 @@ async def test_edit_stream_coalesces_edits_to_one_per_interval() -> None:
     assert sent == ["H"]
     assert edits == ["Hello"]  # four pushes inside the interval became one edit
     assert final == [("m1", "Hello, world")]
+    assert stream.message_id == "m2"  # the stream names the message carrying the reply
 
 
 # -- the rate limiter, on a clock that only its own waits move ---------------------------------

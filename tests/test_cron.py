@@ -135,7 +135,7 @@ async def test_a_group_listing_hides_messages_of_jobs_from_other_chats(
 
 
 async def test_tool_refusals_are_clear(cron_app: CronAppFactory) -> None:
-    tool, _, _, _ = await setup(cron_app, cron_max_jobs_per_user=1)
+    tool, _, _, _ = await setup(cron_app, plugins={"plugins.cron": {"max_jobs_per_user": 1}})
     ctx = context()
     assert (await fails(tool, ctx)).code == "INVALID_ARGUMENT"
     assert (await fails(tool, ctx, action="pause")).code == "INVALID_ARGUMENT"

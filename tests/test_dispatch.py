@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from bot.contracts.commands import Command, CommandContext, parse_command
+from bot.contracts.commands import Command, CommandContext
 from bot.contracts.hookspecs import hookimpl
+from bot.contracts.messages import parse_command
 from bot.engine.requests import RunOptions
 from bot.testing.app import scripted, settle
 from tests.conftest import AppFactory

@@ -33,7 +33,8 @@ def _fresh_seed_cache() -> Iterator[None]:
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    return Settings(data_dir=tmp_path / "data", max_file_bytes=CAP)
+    return Settings(data_dir=tmp_path / "data",
+                    plugins={"plugins.file_tools": {"max_file_bytes": CAP}})
 
 
 @pytest.fixture

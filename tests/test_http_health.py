@@ -138,7 +138,7 @@ async def test_readyz_lists_every_failing_part_one_line_each(
 async def test_readyz_says_shutting_down_once_close_begins(
         app: Roost, scrape: Scrape) -> None:
     server = await serve(app)
-    server.closing = True
+    server.begin_shutdown()
     assert await scrape(f"{server.url}/readyz") == (503, "roost: shutting down\n")
 
 

@@ -1,11 +1,11 @@
-"""bot.observability.ids: run and span ids are random hex, unique, and differ after a fork."""
+"""Run and span ids (bot.observability.tracing.hex_id): random hex, unique, new after a fork."""
 
 from __future__ import annotations
 
 import multiprocessing
 import re
 
-from bot.observability.ids import hex_id
+from bot.observability.tracing import hex_id
 
 
 def test_ids_are_lowercase_hex_of_the_asked_length_and_do_not_repeat() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.config.moved import MOVED, SERVICE_ENV
+from bot.config.moved import MOVED, SERVICE_ENV, new_place, places
 from bot.config.settings import Settings, load_settings
 from plugins.exec_config import ExecConfig, exec_config
 from plugins.web.config import web_config
@@ -147,7 +147,8 @@ def test_every_moved_name_points_at_a_field_of_its_plugins_model() -> None:
 
     host = get_plugin_manager(load_entry_points=False)
     asyncio.run(host.validate_configs({}))  # every table absent: each model's defaults
-    for old, (plugin, key) in [*MOVED.items(), *SERVICE_ENV.items()]:
+    moved = [(old, place) for old in MOVED for place in places(old)]
+    for old, (plugin, key) in [*moved, *SERVICE_ENV.items()]:
         assert key in type(host.config[plugin]).model_fields, old
         assert old not in Settings.model_fields, old  # gone from the core
 
@@ -156,21 +157,42 @@ def test_every_moved_name_points_at_a_field_of_its_plugins_model() -> None:
 def test_each_old_name_lands_in_its_table_from_the_file_and_from_the_env(
         old: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
-    plugin, key = MOVED[old]
     (tmp_path / "roost.toml").write_text(f'{old} = "from-file"\n')
-    assert load_settings().plugins[plugin][key] == "from-file"
-    assert deprecations(caplog) == [
-        f'{old} is now [plugins."{plugin}"] {key} (the old name still works)']
+    tables = load_settings().plugins
+    assert all(tables[plugin][key] == "from-file" for plugin, key in places(old))
+    assert deprecations(caplog) == [f"{old} is now {new_place(old)} (the old name still works)"]
     caplog.clear()
     monkeypatch.setenv(f"ROOST_{old.upper()}", "from-env")
-    assert load_settings().plugins[plugin][key] == "from-env"
+    tables = load_settings().plugins
+    assert all(tables[plugin][key] == "from-env" for plugin, key in places(old))
     lines = deprecations(caplog)
     if old == "transcribe_api_key":  # a secret's variable: an ordinary override
-        assert lines == [f'{old} is now [plugins."{plugin}"] {key} (the old name still works)']
+        assert lines == [f"{old} is now {new_place(old)} (the old name still works)"]
     else:
         assert sorted(lines) == sorted([
-            f'{old} is now [plugins."{plugin}"] {key} (the old name still works)',
-            f'ROOST_{old.upper()} is now [plugins."{plugin}"] {key} (the old name still works)'])
+            f"{old} is now {new_place(old)} (the old name still works)",
+            f"ROOST_{old.upper()} is now {new_place(old)} (the old name still works)"])
+
+
+def test_cron_limits_and_the_file_cap_moved_to_their_plugins_tables(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from plugins.cron import CronConfig, roost_plugin_config_model
+    from plugins.file_tools import FileToolsConfig
+    from plugins.memory.config import memory_config
+
+    old = Settings(cron_max_jobs_per_user=3, cron_min_interval_seconds=600, max_file_bytes=77)
+    cron = roost_plugin_config_model().model_validate(old.plugins["plugins.cron"])
+    assert (cron.max_jobs_per_user, cron.min_interval_seconds) == (3, 600)
+    assert FileToolsConfig.model_validate(old.plugins["plugins.file_tools"]).max_file_bytes == 77
+    assert memory_config(old).max_file_bytes == 77  # the memory tools shared the cap
+    assert sorted(deprecations(caplog)) == [
+        'cron_max_jobs_per_user is now [plugins."plugins.cron"] max_jobs_per_user '
+        "(the old name still works)",
+        'cron_min_interval_seconds is now [plugins."plugins.cron"] min_interval_seconds '
+        "(the old name still works)",
+        'max_file_bytes is now [plugins."plugins.file_tools"] max_file_bytes and '
+        '[plugins."plugins.memory"] max_file_bytes (the old name still works)']
+    assert CronConfig() == CronConfig(max_jobs_per_user=20, min_interval_seconds=60)
 
 
 def test_a_deprecation_line_follows_the_log_format(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ import pytest
 
 from bot.app.roost import Roost, shared_secret_missing
 from bot.config.settings import Settings, SetupError
+from bot.contracts.channel import ChannelContext
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.storage.leader import Leader, check_period, replica_id
 from bot.testing.app import create_app, scripted
@@ -206,8 +207,7 @@ async def test_slack_socket_mode_connects_only_while_this_replica_leads(
 
     channel = SlackChannel(Settings(**fake_slack.settings(socket_mode=True)), host="127.0.0.1")
     lead = Lead()
-    channel.leadership = lead
-    await channel.start(handler)
+    await channel.begin(handler, ChannelContext(leadership=lead))
     try:
         # A follower can send but holds no Socket Mode connection.
         assert channel.health().ready and "standby" in channel.health().detail
@@ -281,8 +281,7 @@ async def test_telegram_long_polls_only_while_leading_and_again_after_regaining_
                       telegram_api_base=fake_telegram.base_url)
     channel = TelegramChannel(config, polling_timeout=1, poll_backoff=0.01)
     lead = Lead()
-    channel.leadership = lead
-    await channel.start(handler)
+    await channel.begin(handler, ChannelContext(leadership=lead))
     try:
         await standby.wait(1)
         assert channel.health().ready and "standby" in channel.health().detail

@@ -454,19 +454,18 @@ async def test_a_job_waits_for_its_channel_and_runs_when_it_starts(
 
 async def test_limits_are_refused_clearly(cron_app: CronAppFactory) -> None:
     clock = FakeClock()
-    _, _, _, scheduler = await cron_app(scripted({"reply": "x"}), clock=clock,
-                                        cron_max_jobs_per_user=2,
-                                        cron_min_interval_seconds=300)
-    await add(scheduler, "every 5m", "a")
-    await add(scheduler, "*/5 * * * *", "b")
+    _, _, _, scheduler = await cron_app(scripted({"reply": "x"}), clock=clock)
+    limits = {"max_jobs": 2, "min_interval": 300}  # what the cron plugin's table says
+    await add(scheduler, "every 5m", "a", **limits)
+    await add(scheduler, "*/5 * * * *", "b", **limits)
     with pytest.raises(JobError, match="you already have 2 scheduled jobs") as full:
-        await add(scheduler, "every 1h", "c")
+        await add(scheduler, "every 1h", "c", **limits)
     assert full.value.code == "LIMIT_REACHED"
-    await add(scheduler, "every 1h", "someone else's", user="u2")  # per user
+    await add(scheduler, "every 1h", "someone else's", user="u2", **limits)  # per user
     for text, gap in (("every 30s", "30s"), ("*/2 * * * *", "2m"), ("0,1 9 * * *", "1m")):
         with pytest.raises(JobError, match=f"would run every {gap}; jobs may run at most once "
                                            "every 5m") as short:
-            await add(scheduler, text, "too often", user="u3")
+            await add(scheduler, text, "too often", user="u3", **limits)
         assert short.value.code == "INTERVAL_TOO_SHORT"
     with pytest.raises(JobError, match="has already passed") as past:
         await add(scheduler, "at 2029-12-31T23:00", "too late", user="u3")

@@ -30,7 +30,7 @@ from bot.testing.app import scripted
 from bot.testing.telegram import ALICE, FakeTelegram
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
 from plugins import file_tools, media_tools, prompt_sections
-from plugins.memory import daily_notes
+from plugins.memory.notes import daily_notes
 from roost import Settings
 from tests.conftest import AppFactory
 from tests.test_telegram import TgFactory, answered

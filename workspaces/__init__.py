@@ -10,7 +10,6 @@ path (for code that must hand a path to a library that opens it itself);
 such code holds :func:`workspace_lock`, which ``exec`` holds too.
 """
 
-from workspaces.cache import read_cached
 from workspaces.exclusive import workspace_lock
 from workspaces.files import MAX_FILE_NAME, safe_file_name, store_file
 from workspaces.paths import (
@@ -19,7 +18,7 @@ from workspaces.paths import (
     safe_component,
     workspace_dir,
 )
-from workspaces.root import WorkspaceRoot, user_parts
+from workspaces.root import WorkspaceRoot, read_cached, user_parts
 from workspaces.seed import (
     FIRST_RUN_TEMPLATE,
     MEMORY_DIR,

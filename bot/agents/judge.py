@@ -34,8 +34,7 @@ from bot.contracts.judge import (
     Strategy,
     Verdict,
 )
-from bot.contracts.llm import ChatMessage, LLMProvider, LLMRequest
-from bot.contracts.metering import metered_complete
+from bot.contracts.llm import ChatMessage, LLMProvider, LLMRequest, metered_complete
 
 log = logging.getLogger("roost.agents.judge")
 

@@ -23,7 +23,7 @@ from typing import Any
 from bot.agents.judge import CorrectionResult, LLMJudge
 from bot.agents.patterns import PatternLibrary
 from bot.agents.tool_policy import ToolPolicy
-from bot.config.agents import DEFAULT_AGENT, AgentConfig, AgentType, JudgeConfig, route
+from bot.config.agents import DEFAULT_AGENT, AgentConfig, AgentType, Binding, JudgeConfig
 from bot.config.settings import ConfigError, Settings, load_settings
 from bot.contracts.judge import Judge, Verdict
 from bot.contracts.llm import LLMProvider
@@ -400,3 +400,13 @@ class AgentRouter:
         """Close the providers resolved agents created."""
         self._cache.clear()
         await self.resolver.aclose()
+
+
+def route(bindings: list[Binding], message: InboundMessage) -> str:
+    """The agent for ``message``: the most specific matching binding, else the default."""
+    best: Binding | None = None
+    for binding in bindings:
+        if binding.matches(message) and (best is None
+                                         or binding.specificity > best.specificity):
+            best = binding
+    return best.agent if best is not None else DEFAULT_AGENT

@@ -81,18 +81,6 @@ class HealthServer:
         self._listener: Listener | None = None
         self._posts: dict[str, WebHandler] = {}
 
-    @property
-    def closing(self) -> bool:
-        """Set when shutdown begins: ``/readyz`` answers 503 and live views end from then on."""
-        return self._closing.is_set()
-
-    @closing.setter
-    def closing(self, value: bool) -> None:
-        if value:
-            self._closing.set()
-        else:
-            self._closing.clear()
-
     async def wait_closing(self) -> None:
         """Return once shutdown has begun (what ends the UI's Server-Sent Events streams)."""
         await self._closing.wait()
@@ -143,9 +131,18 @@ class HealthServer:
         """Stop answering ``POST path``."""
         self._posts.pop(path, None)
 
+    @property
+    def closing(self) -> bool:
+        """Whether shutdown began: ``/readyz`` answers 503 and live views end from then on."""
+        return self._closing.is_set()
+
+    def begin_shutdown(self) -> None:
+        """Answer ``/readyz`` with 503 from now on; ``/healthz`` answers to the end."""
+        self._closing.set()
+
     async def close(self) -> None:
         """Stop serving (requests in flight are cut)."""
-        self.closing = True
+        self._closing.set()
         listener, self._listener = self._listener, None
         self.logs.detach()
         if listener is not None:

@@ -30,8 +30,8 @@ from bot.app.offers import (
 from bot.app.runtime import AppRuntime
 from bot.app.sender import ChannelSender
 from bot.app.services import AppServices as Services
-from bot.config.settings import Settings, SetupError, load_settings
-from bot.contracts.channel import Channel, ChannelSpec
+from bot.config.settings import Settings, SetupError
+from bot.contracts.channel import Channel, ChannelContext, ChannelSpec
 from bot.contracts.commands import Command
 from bot.contracts.llm import LLMProvider
 from bot.contracts.messages import OutboundMessage
@@ -132,12 +132,15 @@ class Roost:
         ``scheduler_clock`` replaces real time for the scheduler, which then
         fires only when told to (``services.scheduler.run_due``; tests, benches).
         """
-        host = host or get_plugin_manager()
         store = await SessionStore.open(settings.database, settings.session_cache_size,
                                         settings.database_pool_size)
         try:
             # Plugins an admin disabled stay disabled; essential ones cannot be.
-            host.disabled |= await load_disabled(store.db, store.lock) - ESSENTIAL_PLUGINS
+            saved = await load_disabled(store.db, store.lock)
+            if host is None:
+                host = get_plugin_manager(disabled=saved)
+            else:  # built by the caller (tests, embedders)
+                host.apply_saved(saved)
             # Plugins' own tables before anything uses them; columns Roost retired go
             # only once every plugin that may copy them out has migrated.
             if await migrate_plugins(host, store.db, store.lock):
@@ -251,8 +254,8 @@ class Roost:
         host, settings = self.host, self.settings
         groups: dict[str, str] = {}
         # web_search (plugins/web) picks its engine among these, so they come first.
-        self.services.search_backends = tuple(
-            await host.hooks.roost_search_backends(settings=settings))
+        self.services = dataclasses.replace(self.services, search_backends=tuple(
+            await host.hooks.roost_search_backends(settings=settings)))
         tools = unique_by_name(
             await host.hooks.roost_tools(settings=settings, services=self.services), groups)
         apply_tool_groups(tools, groups)
@@ -339,14 +342,11 @@ class Roost:
         """Reload what another replica changed (``Control.invalidate``)."""
         log.info("reloading %s %s: changed by another replica", what, name)
         if what == "plugins":
-            host = self.host
-            host.disabled = ((await load_disabled(self.store.db, self.store.lock)
-                              - ESSENTIAL_PLUGINS) | host.bad_config)
+            self.host.apply_saved(await load_disabled(self.store.db, self.store.lock),
+                                  replace=True)
             await self.refresh_plugins()
         elif what == "agent":
-            if self.settings.config_file is not None:
-                fresh = await asyncio.to_thread(load_settings, self.settings.config_file)
-                self.settings.agents, self.settings.bindings = fresh.agents, fresh.bindings
+            await self.router.reread()
             self.router.invalidate(name or None)
         elif what == "pairing" and self.services.access is not None:
             self.services.access.forget_cached()
@@ -388,13 +388,11 @@ class Roost:
     async def add_channel(self, channel: Channel) -> None:
         """Start an already built channel (tests and embedders use this)."""
         self.channels[channel.name] = channel
-        if channel.leadership is None and is_postgres_url(self.settings.database):
-            channel.leadership = self.leader  # long polling and Socket Mode on one replica
-        if channel.replicas is None and self.dispatcher.replicas is not None:
-            channel.replicas = self.dispatcher.replicas  # bot-wide send limits are shared
-        if self.http is not None and channel.http_routes is None:
-            channel.http_routes = self.http  # its webhook may share the server's port
-        await channel.start(events_to(self.dispatcher.submit, self.approvals.press))
+        await channel.begin(events_to(self.dispatcher.submit, self.approvals.press), ChannelContext(
+            http_routes=self.http,  # its webhook may share the server's port
+            # Long polling and Socket Mode on one replica; bot-wide send limits shared.
+            leadership=self.leader if is_postgres_url(self.settings.database) else None,
+            replicas=self.dispatcher.replicas))
         unique = {id(c): c for c in self.commands.values()}
         try:
             await channel.register_commands(list(unique.values()))
@@ -438,7 +436,7 @@ class Roost:
     async def close(self) -> None:
         """Stop the scheduler and intake, cancel runs, stop channels, close everything."""
         if self.http is not None:
-            self.http.closing = True  # /readyz: 503 from now on; /healthz answers to the end
+            self.http.begin_shutdown()  # /readyz: 503 from now on; /healthz answers to the end
         if self.services.scheduler is not None:
             await _quietly(self.services.scheduler.close(), "stopping the scheduler")
         for task in list(self._background):

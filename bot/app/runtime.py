@@ -11,9 +11,8 @@ from bot.agents.router import AgentRouter
 from bot.app.services import AppServices
 from bot.config.settings import Settings
 from bot.contracts.commands import Command
-from bot.contracts.llm import LLMProvider
+from bot.contracts.llm import METER, LLMProvider
 from bot.contracts.messages import InboundMessage, OutboundMessage
-from bot.contracts.metering import METER
 from bot.engine.budgets import Budgets
 from bot.engine.requests import PluginSnapshot, RunOptions, RunRequest, RunResult
 from bot.pluginhost.manager import PluginHost

@@ -240,13 +240,3 @@ def check_bindings(agents: dict[str, AgentConfig], bindings: list[Binding]) -> N
         if binding.agent not in known:
             raise ValueError(f"binding to unknown agent {binding.agent!r} "
                              f"(configured: {', '.join(sorted(known))})")
-
-
-def route(bindings: list[Binding], message: InboundMessage) -> str:
-    """The agent for ``message``: the most specific matching binding, else the default."""
-    best: Binding | None = None
-    for binding in bindings:
-        if binding.matches(message) and (best is None
-                                         or binding.specificity > best.specificity):
-            best = binding
-    return best.agent if best is not None else DEFAULT_AGENT

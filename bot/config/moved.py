@@ -24,6 +24,8 @@ _WEB = "plugins.web"
 _HEARTBEAT = "plugins.heartbeat"
 _MEMORY = "plugins.memory"
 _TRANSCRIBE = "plugins.transcribe"
+_CRON = "plugins.cron"
+_FILES = "plugins.file_tools"
 
 MOVED: dict[str, tuple[str, str]] = {
     **{f"exec_{key}": (_EXEC, key) for key in (
@@ -39,8 +41,15 @@ MOVED: dict[str, tuple[str, str]] = {
     **{f"memory_{key}": (_MEMORY, key) for key in (
         "flush_every_hours", "flush_idle_minutes", "flush_min_messages")},
     **{f"transcribe_{key}": (_TRANSCRIBE, key) for key in ("base_url", "model", "api_key")},
+    **{f"cron_{key}": (_CRON, key) for key in ("max_jobs_per_user", "min_interval_seconds")},
+    "max_file_bytes": (_FILES, "max_file_bytes"),
 }
 """Old top-level name → (plugin, key in its ``[plugins.<plugin>]`` table)."""
+
+ALSO: dict[str, tuple[str, str]] = {
+    "max_file_bytes": (_MEMORY, "max_file_bytes"),
+}
+"""Old names two plugins read → the second place their value goes (the first: :data:`MOVED`)."""
 
 SERVICE_ENV: dict[str, tuple[str, str]] = {
     "BRAVE_API_KEY": (_WEB, "brave_api_key"),
@@ -56,8 +65,12 @@ CREDENTIALS: tuple[str, ...] = ("brave_api_key", "tavily_api_key", "transcribe_a
 
 def new_place(old: str) -> str:
     """Where ``old`` lives now, as a ``roost.toml`` reader finds it."""
-    plugin, key = MOVED[old]
-    return f'[plugins."{plugin}"] {key}'
+    return " and ".join(f'[plugins."{plugin}"] {key}' for plugin, key in places(old))
+
+
+def places(old: str) -> list[tuple[str, str]]:
+    """Every (plugin, key) the value of ``old`` goes to."""
+    return [MOVED[old], *([ALSO[old]] if old in ALSO else [])]
 
 
 def _deprecated(old: str, given_as: str) -> None:
@@ -88,9 +101,10 @@ def relocate(data: Mapping[str, Any], *, replace: bool) -> dict[str, Any]:
         return out  # the plugins field reports it
     tables = {k: dict(v) if isinstance(v, dict) else v for k, v in given_tables.items()}
     for given, old in moved:
-        plugin, key = MOVED[old]
         _deprecated(old, given.upper() if given.lower().startswith("roost_") else given)
-        _put(tables, plugin, key, out.pop(given), replace=replace)
+        value = out.pop(given)
+        for plugin, key in places(old):
+            _put(tables, plugin, key, value, replace=replace)
     out["plugins"] = tables
     return out
 
@@ -117,7 +131,7 @@ class MovedEnv(PydanticBaseSettingsSource):
                 _put(tables, plugin, key, value, replace=False)
             elif upper.startswith("ROOST_") and upper[6:].lower() in MOVED:
                 old = upper[6:].lower()
-                plugin, key = MOVED[old]
                 _deprecated(old, upper)
-                _put(tables, plugin, key, value, replace=True)
+                for plugin, key in places(old):
+                    _put(tables, plugin, key, value, replace=True)
         return {"plugins": tables} if tables else {}

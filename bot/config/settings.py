@@ -150,8 +150,6 @@ class Settings(BaseSettings):
     with them); a larger one is refused with MediaTooLarge before anything is posted."""
     session_cache_size: int = Field(1000, ge=1)
     """Conversations whose history is kept in memory between runs."""
-    max_file_bytes: int = Field(1_000_000, ge=1)
-    """The largest file the file tools read or write."""
 
     # Media: files people send (bot/media) and voice transcription.
     media_max_file_mb: float = Field(20, gt=0)
@@ -331,10 +329,6 @@ class Settings(BaseSettings):
     """IANA time zone for schedules (a job may name its own)."""
     misfire_grace_seconds: int = Field(300, ge=0)
     """A run missed while the service was down fires once if this late at most."""
-    cron_max_jobs_per_user: int = Field(20, ge=1)
-    """Scheduled jobs one user may have."""
-    cron_min_interval_seconds: int = Field(60, ge=1)
-    """The shortest interval a recurring job may have."""
 
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """``[plugins.<name>]``: each plugin's own settings, validated by its config model."""

@@ -231,6 +231,27 @@ class Capabilities:
     """Hands people's reactions in as :class:`~bot.contracts.messages.ReactionEvent`."""
 
 
+@dataclass(frozen=True, slots=True)
+class ChannelContext:
+    """What the running service shares with a channel it starts (:meth:`Channel.begin`).
+
+    ``http_routes``: Roost's HTTP server when one runs; a webhook whose port setting
+    names its port is mounted there rather than on a server of its own.
+    ``leadership``: set when several replicas share the database; long polling and
+    Socket Mode receive only while it leads (``None``: always).
+    ``replicas``: set when several replicas share the database; bot-wide send limits
+    are divided among the live ones (``None``: this process alone).
+    """
+
+    http_routes: WebRoutes | None = None
+    leadership: Leadership | None = None
+    replicas: LiveReplicas | None = None
+
+
+ALONE = ChannelContext()
+"""The context of a channel started on its own: no shared server, no replicas."""
+
+
 class Channel:
     """Base for channel adapters. Adapters only translate; they hold no logic.
 
@@ -239,20 +260,34 @@ class Channel:
     """
 
     name: str = ""
-    http_routes: WebRoutes | None = None
-    """Roost's HTTP server when one runs (set before :meth:`start`): a webhook whose
-    port setting names its port is mounted there rather than on a server of its own."""
-    leadership: Leadership | None = None
-    """Set by the app before :meth:`start` when several replicas share the database:
-    long polling and Socket Mode receive only while it leads (``None``: always)."""
-    replicas: LiveReplicas | None = None
-    """Set by the app before :meth:`start` when several replicas share the database:
-    bot-wide send limits are divided among the live ones (``None``: this process alone)."""
+    context: ChannelContext = ALONE
+    """What the service shares with this channel (given to :meth:`begin`)."""
     marks_sending: ClassVar[bool] = False
     """``True`` when :meth:`send` awaits its platform calls through :func:`marked_send`;
     otherwise the core marks a reply as under way just before calling :meth:`send`."""
     capabilities: ClassVar[Capabilities] = Capabilities()
     """What the channel can do besides sending (none by default)."""
+
+    @property
+    def http_routes(self) -> WebRoutes | None:
+        """The shared HTTP server of :attr:`context`, if any."""
+        return self.context.http_routes
+
+    @property
+    def leadership(self) -> Leadership | None:
+        """The replicas' leadership of :attr:`context`, if any."""
+        return self.context.leadership
+
+    @property
+    def replicas(self) -> LiveReplicas | None:
+        """The live replicas of :attr:`context`, if any."""
+        return self.context.replicas
+
+    async def begin(self, handler: InboundHandler, context: ChannelContext = ALONE) -> None:
+        """Keep ``context`` as :attr:`context`, then :meth:`start`: how the service starts
+        a channel, so an adapter reads what is shared with it from within ``start``."""
+        self.context = context
+        await self.start(handler)
 
     async def start(self, handler: InboundHandler) -> None:
         """Connect to the platform and begin delivering inbound messages."""

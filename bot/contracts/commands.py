@@ -1,4 +1,4 @@
-"""Slash commands: the plugin contract and the parser."""
+"""Slash commands: the plugin contract (parsed by :func:`bot.contracts.messages.parse_command`)."""
 
 from __future__ import annotations
 
@@ -40,24 +40,3 @@ class Command:
     admin_only: bool = False
     aliases: tuple[str, ...] = field(default=())
     usage: str = ""
-
-
-def parse_command(text: str, bot_username: str = "") -> tuple[str, str] | None:
-    """Split ``/name[@bot] args`` into ``(name, args)``; ``None`` if not a command.
-
-    A ``@botname`` suffix addressed to another bot means the command is not
-    ours, which matters in groups with several bots.
-    """
-    stripped = text.strip()
-    if not stripped.startswith("/") or stripped[1:2].isspace():
-        return None
-    parts = stripped[1:].split(maxsplit=1)
-    if not parts:
-        return None
-    name, _, target = parts[0].partition("@")
-    if target and bot_username and target.lower() != bot_username.lower():
-        return None
-    name = name.lower()
-    if not name or not all(c.isalnum() or c in "_-" for c in name):
-        return None
-    return name, parts[1].strip() if len(parts) > 1 else ""

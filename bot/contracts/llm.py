@@ -1,16 +1,25 @@
-"""Provider-neutral conversation types and the provider protocol.
+"""Provider-neutral conversation types (a message, a session), the provider protocol, and
+who pays for a call.
 
 Every LLM provider (Anthropic, OpenAI-compatible, scripted, or a plugin's)
-translates these types to its own wire format and back.
+translates these types to its own wire format and back. Every model call made
+while a run is served goes through :func:`metered_complete`, which reserves the
+call's worst case on the run's :data:`METER` before it and settles it after.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import json
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
+
+from bot.contracts.messages import InboundMessage
 
 Role = Literal["user", "assistant", "tool"]
 
@@ -51,6 +60,24 @@ class ContentPart:
     def file(self) -> Path:
         """The file on disk: ``root / path``."""
         return Path(self.root) / self.path
+
+
+_PART_FIELDS = frozenset(f.name for f in dataclasses.fields(ContentPart))
+
+
+def encode_parts(parts: Sequence[ContentPart]) -> str | None:
+    """A message's parts as JSON references (path, type, size...), ``None`` for none."""
+    if not parts:
+        return None
+    return json.dumps([dataclasses.asdict(p) for p in parts], ensure_ascii=False)
+
+
+def decode_parts(text: str | None) -> tuple[ContentPart, ...]:
+    """The inverse of :func:`encode_parts`; fields a newer Roost added are ignored."""
+    if not text:
+        return ()
+    return tuple(ContentPart(**{k: v for k, v in item.items() if k in _PART_FIELDS})
+                 for item in json.loads(text))
 
 
 @dataclass(slots=True)
@@ -194,3 +221,147 @@ class LLMProvider(Protocol):
     ) -> LLMResponse: ...
 
     async def aclose(self) -> None: ...
+
+
+# -- conversations: a session, its key and when it was last used -------------------------
+
+STALE = -1
+"""The version of a cached session copy known to have missed a write."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionActivity:
+    """When an active session was last used (:meth:`SessionStore.idle_sessions`)."""
+
+    id: int
+    key: str
+    updated_at: float
+
+
+@dataclass(slots=True, eq=False)
+class Session:
+    """One conversation: a key, its history and its running totals."""
+
+    id: int
+    key: str
+    messages: list[ChatMessage]
+    created_at: float
+    updated_at: float
+    model: str = ""
+    provider: str = ""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    """Of ``input_tokens``, those read from the provider's prompt cache."""
+    cache_write_tokens: int = 0
+    """Of ``input_tokens``, those written to the prompt cache."""
+    summary: str = ""
+    """The latest compaction summary of the history before ``messages``."""
+    compactions: int = 0
+    flushed_compaction: int = -1
+    """The compaction cycle whose memory flush already ran."""
+    facts: list[str] = field(default_factory=list)
+    """Facts pinned to this conversation (``/pin``); part of the Kernel segment."""
+    context_tokens: dict[str, int] = field(default_factory=dict, repr=False)
+    """Token counts of each context segment in the latest run (for ``/status``)."""
+    pins: int = field(default=0, repr=False)
+    """Runs currently using this session; a pinned session is never evicted."""
+    version: int = 0
+    """The database's ``sessions.version`` this copy is; :data:`STALE` once it missed a
+    write (the store then reloads it)."""
+
+    def advance(self, committed: int | None) -> None:
+        """Record that a write of this copy's own committed as version ``committed``:
+        current again only if no other write came in between."""
+        self.version = committed if committed is not None \
+            and committed == self.version + 1 else STALE
+
+
+def session_key(message: InboundMessage, agent: str = "default") -> str:
+    """The conversation a message belongs to.
+
+    Direct chats are per user per channel; a group shares one history, and a
+    thread or forum topic inside a group is a conversation of its own.
+    """
+    if message.chat_type == "group":
+        thread = f":{message.thread_id}" if message.thread_id else ""
+        return f"{agent}:{message.channel}:group:{message.chat_id}{thread}"
+    return f"{agent}:{message.channel}:direct:{message.sender_id}"
+
+
+def agent_of(key: str) -> str:
+    """The agent a session key belongs to (its first part)."""
+    return key.split(":", 1)[0]
+
+
+# -- who pays for a model call ---------------------------------------------------------
+#
+# The dispatcher sets METER for a run (a person's message, a cron job, the heartbeat, a
+# background memory flush) to the budgets of whoever the run serves; every model call made
+# in that context goes through metered_complete, which reserves the call's worst case
+# before it and settles to the reported usage after. Tasks started from a run inherit its
+# meter (asyncio copies the context).
+
+
+class BudgetRefused(Exception):
+    """A model call does not fit a budget; ``reply`` is the one line for the user."""
+
+    def __init__(self, reply: str) -> None:
+        super().__init__(reply)
+        self.reply = reply
+
+
+class Hold(Protocol):
+    """One call's reservation, settled exactly once."""
+
+    async def settle(self, usage: Usage | None, model: str) -> None:
+        """Replace the reservation by ``usage`` (``None``: the call failed, nothing counted)."""
+        ...
+
+
+class Meter(Protocol):
+    """The budgets a run's model calls count against."""
+
+    async def reserve(self, request: LLMRequest, provider: str) -> Hold:
+        """Reserve ``request``'s worst case; raises :class:`BudgetRefused` when it does not fit."""
+        ...
+
+    async def charge(self, usage: Usage, model: str) -> None:
+        """Count usage spent outside a model call (a transcription) without a reservation."""
+        ...
+
+
+METER: ContextVar[Meter | None] = ContextVar("roost_meter", default=None)
+"""The meter of the run being served; ``None`` outside one (a call nobody pays for)."""
+
+
+async def metered_complete(provider: LLMProvider, request: LLMRequest, *,
+                           on_text: OnText | None = None,
+                           on_retry: OnRetry | None = None) -> LLMResponse:
+    """``provider.complete(request)``, reserved before and settled after on the current meter."""
+    meter = METER.get()
+    if meter is None:
+        return await provider.complete(request, on_text=on_text, on_retry=on_retry)
+    hold = await meter.reserve(request, provider.name)
+    try:
+        response = await provider.complete(request, on_text=on_text, on_retry=on_retry)
+    except BaseException:
+        # Released even when cancelled: the settle is shielded and finishes on its own.
+        await asyncio.shield(hold.settle(None, request.model))
+        raise
+    await asyncio.shield(hold.settle(response.usage, request.model))
+    return response
+
+
+TRANSCRIPT_CHARS_PER_TOKEN = 4
+"""A transcription counts as its transcript's tokens, at about this many characters each."""
+
+
+async def charge_transcription(transcriber: object, transcript: str) -> None:
+    """Count a transcription against the current meter: the transcript's tokens as output
+    of the transcriber's model (``model``, else its ``name``), priced by ``[budgets.prices]``."""
+    meter = METER.get()
+    if meter is None:
+        return
+    model = str(getattr(transcriber, "model", "") or getattr(transcriber, "name", ""))
+    await meter.charge(Usage(0, len(transcript) // TRANSCRIPT_CHARS_PER_TOKEN + 1), model)

@@ -2,6 +2,7 @@
 
 Channel adapters turn platform events into :class:`InboundMessage` and turn
 :class:`OutboundMessage` back into platform calls; the core sees nothing else.
+:func:`parse_command` tells a slash command in a message's text.
 """
 
 from __future__ import annotations
@@ -324,3 +325,24 @@ class ReactionEvent:
 
 InboundEvent = InboundMessage | ButtonPress | MessageEdit | MessageDeletion | ReactionEvent
 """Everything a channel hands the core: a message, or an interaction with one."""
+
+
+def parse_command(text: str, bot_username: str = "") -> tuple[str, str] | None:
+    """Split ``/name[@bot] args`` into ``(name, args)``; ``None`` if not a command.
+
+    A ``@botname`` suffix addressed to another bot means the command is not
+    ours, which matters in groups with several bots.
+    """
+    stripped = text.strip()
+    if not stripped.startswith("/") or stripped[1:2].isspace():
+        return None
+    parts = stripped[1:].split(maxsplit=1)
+    if not parts:
+        return None
+    name, _, target = parts[0].partition("@")
+    if target and bot_username and target.lower() != bot_username.lower():
+        return None
+    name = name.lower()
+    if not name or not all(c.isalnum() or c in "_-" for c in name):
+        return None
+    return name, parts[1].strip() if len(parts) > 1 else ""

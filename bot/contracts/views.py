@@ -17,9 +17,8 @@ import aiosqlite
 
 from bot.contracts.health import HealthReport
 from bot.contracts.judge import Judge
-from bot.contracts.llm import ChatMessage, LLMProvider, Usage
+from bot.contracts.llm import ChatMessage, LLMProvider, Session, SessionActivity, Usage
 from bot.contracts.messages import ChatType
-from bot.contracts.sessions import Session, SessionActivity
 from bot.contracts.settings import SettingsModel
 from bot.contracts.tools import Tool
 
@@ -202,8 +201,11 @@ class SchedulerView(Protocol):
 
     async def add(self, *, owner_id: str, channel: str, chat_id: str, chat_type: ChatType,
                   thread_id: str | None, schedule: str, message: str, name: str = "",
-                  timezone: str | None = None) -> JobListing:
-        """Create a cron job; raises :class:`JobError` with a message for the user."""
+                  timezone: str | None = None, max_jobs: int = 20,
+                  min_interval: int = 60) -> JobListing:
+        """Create a cron job; raises :class:`JobError` with a message for the user
+        (also when ``owner_id`` has ``max_jobs`` already, or the schedule recurs more
+        often than every ``min_interval`` seconds)."""
         ...
 
     async def jobs(self, *, channel: str | None = None,
@@ -470,7 +472,7 @@ class SpentView(Protocol):
     def tokens(self) -> int: ...
 
 
-UsageScope = Literal["user", "group", "agent"]
+UsageScope = Literal["user", "group", "agent", "model", "job"]
 """Whose tokens a usage counter holds."""
 
 

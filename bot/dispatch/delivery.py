@@ -22,6 +22,7 @@ import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from bot.config.masking import mask_text
 from bot.contracts.channel import Channel, ReplyStream, SendingMark, sending_mark
 from bot.contracts.events import RunEvent
 from bot.contracts.messages import InboundMessage, OutboundMessage
@@ -186,7 +187,7 @@ def inbox_statements(inbox: Inbox, message: InboundMessage, entries: tuple[int, 
     """
     out = None if commit.reply is None else OutboundMessage.reply_to_message(
         message, commit.reply, "error" if commit.failed else "reply")
-    finish = inbox.finish(entries, out, draft)
+    finish = inbox.finish(entries, out, draft, commit.run_id)
     if lease_check is None:
         return finish
 
@@ -253,7 +254,7 @@ async def deliver_result(channel: Channel | None, message: InboundMessage, resul
             return
         log.warning("delivering run %s to %s:%s failed (%s); it stays in the outbox",
                     result.run_id, message.channel, message.chat_id, exc)
-        inbox.not_delivered(result.outbox_id, final=False)
+        inbox.not_delivered(result.outbox_id, final=False, error=mask_text(str(exc)))
         redeliveries.schedule(result.outbox_id, reply, draft, 1)
         return
     if reply is not None:  # not a silent or withdrawn reply
@@ -343,15 +344,28 @@ class Redeliveries:
         self.channels = channels
         self.count = count
         self.tasks: set[asyncio.Task[None]] = set()
+        self._waiting: dict[int, asyncio.Task[None]] = {}
 
     def schedule(self, outbox_id: int, reply: OutboundMessage, draft: str | None,
                  attempts: int, delay: float | None = None) -> None:
-        """Send the reply again after ``delay`` (the policy's, by default), backing off."""
+        """Send the reply again after ``delay`` (the policy's, by default), backing off.
+
+        An attempt of the same reply still waiting is replaced (a retry asked now)."""
         if delay is None:
             delay = REDELIVERY.delay(attempts)
+        waiting = self._waiting.pop(outbox_id, None)
+        if waiting is not None:
+            waiting.cancel()
         task = asyncio.ensure_future(self._again(outbox_id, reply, draft, attempts, delay))
+        self._waiting[outbox_id] = task
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(lambda done: self._forget(outbox_id, done))
+
+    def _forget(self, outbox_id: int, task: asyncio.Task[None]) -> None:
+        """Drop a finished attempt from the waiting ones (unless a newer one replaced it)."""
+        if self._waiting.get(outbox_id) is task:
+            del self._waiting[outbox_id]
 
     def cancel(self) -> None:
         """Stop waiting: what is not delivered stays in the outbox for the next start."""
@@ -361,6 +375,10 @@ class Redeliveries:
     async def _again(self, outbox_id: int, reply: OutboundMessage, draft: str | None,
                      attempts: int, delay: float) -> None:
         await asyncio.sleep(delay)
+        if not await self.inbox.still_to_send(outbox_id):
+            # Delivered, dropped or retried elsewhere (the Control UI) meanwhile.
+            log.info("reply %d is no longer this process's to send", outbox_id)
+            return
         channel = self.channels.get(reply.channel)
         if channel is None:
             log.error("reply %d: no channel %r; kept in the outbox", outbox_id, reply.channel)
@@ -372,7 +390,7 @@ class Redeliveries:
         except Exception as exc:
             final = attempts >= REDELIVERY.retries
             self.count(reply.channel, "given_up" if final else "failed")
-            self.inbox.not_delivered(outbox_id, final=final)
+            self.inbox.not_delivered(outbox_id, final=final, error=mask_text(str(exc)))
             if final:
                 log.error("reply %d to %s:%s could not be delivered; given up (%s)",
                           outbox_id, reply.channel, reply.chat_id, exc)

@@ -23,10 +23,9 @@ from typing import Any, TypeVar
 from bot.agents.router import AgentRouter
 from bot.config.settings import Settings
 from bot.contracts.channel import Channel
-from bot.contracts.commands import Command, parse_command
-from bot.contracts.llm import Usage
-from bot.contracts.messages import InboundMessage, OutboundMessage
-from bot.contracts.metering import METER, BudgetRefused
+from bot.contracts.commands import Command
+from bot.contracts.llm import METER, BudgetRefused, Usage
+from bot.contracts.messages import InboundMessage, OutboundMessage, parse_command
 from bot.contracts.runtime import Runtime
 from bot.dispatch.commands import run_command
 from bot.dispatch.delivery import Redeliveries, RunWatch, StreamBridge, commit_run, deliver_result
@@ -38,7 +37,7 @@ from bot.engine.context import TokenEstimator
 from bot.engine.gates import Asking, GateChain, Stage
 from bot.engine.requests import RunOptions, RunRequest, RunResult
 from bot.engine.run_engine import RunEngine
-from bot.observability.ids import hex_id
+from bot.observability.tracing import hex_id
 from bot.storage.claims import Claims
 from bot.storage.inbox import Inbox, InboxEntry, OutboxEntry, RunJournal, grouped
 from bot.storage.sessions import SessionStore, agent_of, session_key
@@ -310,7 +309,8 @@ class Dispatcher:
                 return
             await self.engine.held()  # tools still being listed at start, say
             # Every model call of the run, and of what serves it, reserves against its budgets.
-            payer = self.budgets.meter(message, agent, lambda text: self._notify(message, text))
+            payer = self.budgets.meter(message, agent, lambda text: self._notify(message, text),
+                                       job=pending.options.usage_job)
             METER.set(payer)
             plugins = self.engine.plugins  # the run and its stream use one plugin state
             session = await self.store.get(lane.key)

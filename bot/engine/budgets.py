@@ -5,7 +5,7 @@ message, a cron job or the heartbeat — scheduled runs count against their
 owner, the message's sender) and refuses the run with the returned text when
 a limit is already reached or the sender exceeds the request rate (kept in the
 database, so a restart or another replica sees it). It then runs the run under
-:meth:`Budgets.meter` (:data:`bot.contracts.metering.METER`): each model call of
+:meth:`Budgets.meter` (:data:`bot.contracts.llm.METER`): each model call of
 the run — and of the compaction, memory flush and judges serving it — first
 reserves its worst case (the estimated input plus ``max_tokens``, priced by
 ``[budgets.prices]`` for the cost budgets) against every limit that applies, in
@@ -27,9 +27,8 @@ from datetime import UTC, datetime, timedelta
 
 from bot.config.budgets import BudgetConfig
 from bot.config.settings import Settings
-from bot.contracts.llm import LLMRequest, Usage
+from bot.contracts.llm import BudgetRefused, Hold, LLMRequest, Usage
 from bot.contracts.messages import InboundMessage
-from bot.contracts.metering import BudgetRefused, Hold
 from bot.engine.context import TokenEstimator
 from bot.storage.usage import Limit, Scope, Standing, UsageStore, day_of, month_of
 
@@ -51,12 +50,18 @@ def next_month(moment: float) -> str:
     return f"{first.day} {first:%B}"
 
 
-def subjects(message: InboundMessage, agent: str) -> list[tuple[Scope, str]]:
-    """Whose counters a run of ``message`` under ``agent`` adds to."""
+def subjects(message: InboundMessage, agent: str, model: str = "",
+             job: str = "") -> list[tuple[Scope, str]]:
+    """Whose counters a run of ``message`` under ``agent`` adds to (a call of ``model``,
+    in scheduled ``job`` when it is one: counted for the usage page, never limited)."""
     found: list[tuple[Scope, str]] = [("user", f"{message.channel}:{message.sender_id}"),
                                       ("agent", agent)]
     if message.chat_type == "group":
         found.append(("group", f"{message.channel}:{message.chat_id}"))
+    if model:
+        found.append(("model", model))
+    if job:
+        found.append(("job", job))
     return found
 
 
@@ -143,10 +148,11 @@ class Budgets:
         return None
 
     def meter(self, message: InboundMessage, agent: str,
-              notify: Callable[[str], None] | None = None) -> Payer:
+              notify: Callable[[str], None] | None = None, *, job: str = "") -> Payer:
         """The meter of a run serving ``message`` under ``agent`` (see the module);
-        ``notify`` tells the chat of an 80 % warning."""
-        return Payer(self, message, agent, notify)
+        ``notify`` tells the chat of an 80 % warning; ``job`` names the scheduled job
+        the run is a fire of (``cron:<id>``, ``heartbeat``), if any."""
+        return Payer(self, message, agent, notify, job)
 
     def applying(self, message: InboundMessage, agent: str) -> list[Limit]:
         """The limits ``message``'s runs must fit now (none for an exempt admin)."""
@@ -267,15 +273,17 @@ def _resets(daily: bool, now: float) -> str:
 
 
 class Payer:
-    """The meter of one run (:class:`bot.contracts.metering.Meter`): reserves each model
+    """The meter of one run (:class:`bot.contracts.llm.Meter`): reserves each model
     call against the limits of the run's sender, group and agent, and settles it."""
 
     def __init__(self, budgets: Budgets, message: InboundMessage, agent: str,
-                 notify: Callable[[str], None] | None) -> None:
+                 notify: Callable[[str], None] | None, job: str = "") -> None:
         self.budgets = budgets
         self.message = message
         self.agent = agent
         self.notify = notify
+        self.job = job
+        """The scheduled job this run is a fire of (``cron:<id>``, ``heartbeat``), or ''."""
         self.counted = False
         """Whether a call of this run was counted yet (the run counts once in ``runs``)."""
         self.held_warnings: list[str] | None = []
@@ -346,14 +354,16 @@ class _Hold:
         if not self.limits:
             # Nothing reserved, nothing to warn about: counted with the next commit.
             budgets.usage.record(
-                subjects(payer.message, payer.agent), spent.input_tokens, spent.output_tokens,
+                subjects(payer.message, payer.agent, model, payer.job), spent.input_tokens,
+                spent.output_tokens,
                 budgets.cost(payer.agent, model, spent),
                 cache_read_tokens=spent.cache_read_tokens,
                 cache_write_tokens=spent.cache_write_tokens, runs=1 if first else 0)
             return
         try:
             warned = await budgets.usage.settle(
-                self.id, subjects(payer.message, payer.agent), spent.input_tokens,
+                self.id, subjects(payer.message, payer.agent, model, payer.job),
+                spent.input_tokens,
                 spent.output_tokens, budgets.cost(payer.agent, model, spent),
                 cache_read_tokens=spent.cache_read_tokens,
                 cache_write_tokens=spent.cache_write_tokens, limits=self.limits,

@@ -18,9 +18,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from bot.config.settings import Settings
-from bot.contracts.llm import ChatMessage, LLMProvider, LLMRequest
+from bot.contracts.llm import BudgetRefused, ChatMessage, LLMProvider, LLMRequest, metered_complete
 from bot.contracts.messages import InboundMessage
-from bot.contracts.metering import BudgetRefused, metered_complete
 from bot.engine.context import (
     TokenEstimator,
     compaction_due,

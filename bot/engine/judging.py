@@ -8,8 +8,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from bot.agents.judge import self_correct
 from bot.agents.router import Agent, JudgeStats
 from bot.contracts.judge import Judge, Verdict
-from bot.contracts.llm import ChatMessage
-from bot.contracts.metering import BudgetRefused
+from bot.contracts.llm import BudgetRefused, ChatMessage
 from bot.contracts.sanitize import Sanitizer, run_pipeline
 from bot.observability.tracing import RunTrace, Span
 from bot.tools.outcomes import describe_error

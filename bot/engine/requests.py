@@ -28,8 +28,7 @@ from bot.contracts.runtime import NO_REPLY as NO_REPLY
 from bot.contracts.sanitize import Sanitizer
 from bot.contracts.tools import SendFunc, Tool
 from bot.engine.gates import InputGuard
-from bot.observability.ids import hex_id
-from bot.observability.tracing import Span, SpanExporter
+from bot.observability.tracing import Span, SpanExporter, hex_id
 from bot.storage.db import Statements
 from bot.storage.inbox import RunJournal
 from bot.storage.sessions import RunRecord, Session, SessionStore
@@ -136,6 +135,14 @@ class RunOptions:
     approved: tuple[str, ...] = ()
     """Tools an admin pre-approved for the job: with nobody to ask, only these run
     of the tools needing approval."""
+    job: str = ""
+    """The scheduled job this run is a fire of (``cron:<job id>``); '' names it by ``kind``."""
+
+    @property
+    def usage_job(self) -> str:
+        """Whose ``job`` usage counter the run adds to: the job, else a kind other than
+        ``chat`` (``heartbeat``), else none."""
+        return self.job or ("" if self.kind == "chat" else self.kind)
 
 
 @dataclass(slots=True)

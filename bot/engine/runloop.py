@@ -25,8 +25,15 @@ from typing import TYPE_CHECKING, Any
 from bot.agents.router import Agent
 from bot.contracts import hookspecs
 from bot.contracts.events import EventType, RunEvent
-from bot.contracts.llm import ChatMessage, ContentPart, LLMRequest, LLMResponse, Usage
-from bot.contracts.metering import BudgetRefused, metered_complete
+from bot.contracts.llm import (
+    BudgetRefused,
+    ChatMessage,
+    ContentPart,
+    LLMRequest,
+    LLMResponse,
+    Usage,
+    metered_complete,
+)
 from bot.contracts.prompt import PromptContext
 from bot.contracts.sanitize import run_pipeline
 from bot.contracts.tools import Tool, ToolContext
@@ -339,7 +346,7 @@ class Run:
     async def _call_llm(self, request: LLMRequest) -> LLMResponse:
         """Ask the provider; fragments become ``chunk`` events and retries
         ``run.retrying``. The call is reserved and settled on the run's meter
-        (:mod:`bot.contracts.metering`)."""
+        (:mod:`bot.contracts.llm`)."""
         span = self.trace.start("llm", "llm", provider=self.provider.name,
                                 model=request.model, iteration=self.iterations)
         if self.trace.verbose:

@@ -1,8 +1,8 @@
 """Copies of received files made for a model, kept in the workspace so each is made once.
 
-Preparing a 12-megapixel photo for a model (decode, scale, re-encode) costs
-tens of milliseconds of CPU, and a conversation sends its images again with
-every model call, after restarts too. The prepared copy is therefore stored
+Preparing a photo for a model (decode, scale, re-encode) is the costly part of
+sending it, and a conversation sends its images again with every model call,
+after restarts too. The prepared copy is therefore stored
 next to the originals, in the workspace's hidden ``.cache/media/`` directory,
 under a name made of the original's path (``inbox%2F2026-11-23%2Fphoto-1.jpg``)
 and a digest of its path, size, modification time and inode (an edit, a

@@ -24,10 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bot.config.settings import Settings
-from bot.contracts.llm import ContentPart
+from bot.contracts.llm import ContentPart, charge_transcription
 from bot.contracts.media import MediaError, MediaTooLarge, Transcriber
 from bot.contracts.messages import Attachment, InboundMessage
-from bot.contracts.metering import charge_transcription
 from bot.contracts.tools import ToolError
 from bot.media.derived import hand_over
 from bot.media.documents import pdf_page_count

@@ -2,18 +2,38 @@
 
 Spans are collected in memory while the run works and stored with the run's
 flush (or on their own for failed and cancelled runs), so tracing costs no
-extra database round trip on the hot path.
+extra database round trip on the hot path. A run's :class:`RunRecord` (how it
+ended, what it cost) and each span have a table row (:func:`run_row`, :func:`span_row`).
+
+Run and span ids (:func:`hex_id`) come from a generator of this module, seeded
+from the kernel once, and again in a forked child so the two processes do not
+hand out the same ids. They are unique, not secret: tokens and pairing codes use
+:mod:`secrets`.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from bot.observability.ids import hex_id
+_rng = random.Random(os.urandom(32))
+
+
+def _reseed() -> None:
+    _rng.seed(os.urandom(32))
+
+
+os.register_at_fork(after_in_child=_reseed)
+
+
+def hex_id(chars: int = 32) -> str:
+    """``chars`` random lowercase hex digits (32: as ``uuid.uuid4().hex``, 128 bits)."""
+    return f"{_rng.getrandbits(chars * 4):0{chars}x}"
 
 SpanKind = Literal["agent", "llm", "tool", "patterns", "judge"]
 
@@ -85,6 +105,33 @@ class RunTrace:
 def preview(text: str, limit: int = OUTPUT_PREVIEW_CHARS) -> str:
     """The first ``limit`` characters of ``text``."""
     return text if len(text) <= limit else text[:limit]
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """The trace record of one run: how it ended and what it cost."""
+
+    run_id: str
+    session_key: str
+    status: str
+    started_at: float
+    ended_at: float
+    iterations: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    model: str = ""
+    error: str = ""
+    cache_read_tokens: int = 0
+    """Of ``input_tokens``, those read from the provider's prompt cache."""
+    cache_write_tokens: int = 0
+    """Of ``input_tokens``, those written to the prompt cache."""
+
+
+def run_row(r: RunRecord) -> tuple[Any, ...]:
+    """The ``runs`` table row for ``r``."""
+    return (r.run_id, r.session_key, r.status, r.started_at, r.ended_at, r.iterations,
+            r.input_tokens, r.output_tokens, r.model, r.error, r.cache_read_tokens,
+            r.cache_write_tokens)
 
 
 def span_row(span: Span) -> tuple[Any, ...]:

@@ -15,7 +15,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Set
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -95,6 +95,18 @@ class PluginHost:
     config: dict[str, Any] = field(default_factory=dict)
     bad_config: set[str] = field(default_factory=set)
     trace: bool = False
+
+    def apply_saved(self, saved: Set[str], *, replace: bool = False) -> None:
+        """Disable the plugins an admin disabled (``saved``); essential ones stay enabled.
+
+        ``replace``: enable every other plugin again, except those whose configuration
+        did not validate (``bad_config``).
+        """
+        kept = set(saved) - ESSENTIAL_PLUGINS
+        if replace:
+            self.disabled = kept | self.bad_config
+        else:
+            self.disabled |= kept
 
     def register(self, plugin: object, name: str, info: PluginInfo | None = None) -> None:
         """Register ``plugin`` under ``name`` (tests and embedders use this too)."""
@@ -285,7 +297,8 @@ def _entry_points() -> Iterable[importlib.metadata.EntryPoint]:
 
 
 def get_plugin_manager(
-    *, load_entry_points: bool = True, env: Mapping[str, str] | None = None
+    *, load_entry_points: bool = True, env: Mapping[str, str] | None = None,
+    disabled: Set[str] = frozenset(),
 ) -> PluginHost:
     """Build the plugin host: specs, built-ins, then the ``roost`` entry points.
 
@@ -295,11 +308,13 @@ def get_plugin_manager(
     plugins of those distributions (an empty value loads none).
     ``ROOST_TRACE_PLUGINS=1`` logs every hook call. A plugin that fails to
     import or to validate is recorded in ``errors`` and left out; the others load.
+    ``disabled`` names plugins an admin disabled (essential ones stay enabled).
     """
     env = os.environ if env is None else env
     pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
-    host = PluginHost(pm, trace=env.get("ROOST_TRACE_PLUGINS", "") in ("1", "true"))
+    host = PluginHost(pm, disabled=set(disabled) - ESSENTIAL_PLUGINS,
+                      trace=env.get("ROOST_TRACE_PLUGINS", "") in ("1", "true"))
     allowed = load_filter(env)
     # Read once: each lookup parses the distribution's whole METADATA (the README
     # included), which for ~20 built-ins was most of the cost of building a host.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 from zoneinfo import ZoneInfo
 
 from bot.contracts.messages import InboundMessage, OutboundMessage
@@ -19,23 +19,33 @@ if TYPE_CHECKING:
 log = logging.getLogger("roost.scheduling.cron_runs")
 
 CRON_RETRY = RetryPolicy.fixed(30.0, 120.0, 480.0)
+
+
+class Outcome(NamedTuple):
+    """How one fire of a job ended: its (last) run, that run's status and error."""
+
+    run_id: str | None
+    status: str
+    error: str
 """A failed cron run is retried after 30 s, 2 min and 8 min: about 10 minutes in all."""
 
 
 async def run_cron_job(runtime: Runtime, job: Job, fire: Fire, tz: ZoneInfo,
                        retry: RetryPolicy, sleep: Callable[[float], Awaitable[None]], *,
-                       wanted: Callable[[], bool]) -> None:
+                       wanted: Callable[[], bool]) -> Outcome:
     """Queue the job's turn in its chat, retry a failed one per ``retry``, report a give-up.
 
     ``wanted()`` is asked after each wait: a job removed meanwhile (or a
     scheduler closing) is neither retried nor reported. A run someone stopped
-    (``/stop``) is not a failure.
+    (``/stop``) is not a failure. Returns how the fire ended: its last run's id
+    (``None`` if none ran), status and error.
     """
     message = InboundMessage(channel=job.channel, chat_id=job.chat_id,
                              chat_type=job.chat_type, sender_id=job.owner_id,
                              text=job.message, thread_id=job.thread_id, mentioned=True)
     context = cron_context(job, fire, tz)
     error = ""
+    run_id: str | None = None
     attempts = 1 + retry.retries
     for attempt in range(attempts):
         if attempt:
@@ -44,24 +54,27 @@ async def run_cron_job(runtime: Runtime, job: Job, fire: Fire, tz: ZoneInfo,
                         attempt, attempts - 1, delay)
             await sleep(delay)
             if not wanted():
-                return  # removed while waiting: nothing to retry or report
+                # Removed while waiting: nothing to retry or report.
+                return Outcome(run_id, "cancelled", error)
         try:
             result = await runtime.run_scheduled(
                 message, mode="minimal", kind="cron", extra_context=context,
-                deliver_failed=False, approved=job.approved_tools)
+                deliver_failed=False, job=f"cron:{job.id}", approved=job.approved_tools)
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
                 raise  # the scheduler is closing
             log.info("job %s: its run was stopped", job.label)
-            return
+            return Outcome(run_id, "cancelled", "stopped")
         except Exception as exc:
             error = str(exc) or type(exc).__name__
             continue
+        run_id = result.run_id
         if result.status != "failed":
-            return
+            return Outcome(run_id, result.status, result.error)
         error = result.error or "the run failed"
     await report_failure(runtime, job, fire, attempts, error)
+    return Outcome(run_id, "failed", error)
 
 
 async def report_failure(runtime: Runtime, job: Job, fire: Fire, attempts: int,

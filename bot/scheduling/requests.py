@@ -11,12 +11,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
-from bot.config.settings import Settings
 from bot.contracts.views import JobError as JobError
 from bot.scheduling.cron import Schedule, ScheduleError, format_duration, parse, zone
 
 MAX_MESSAGE_CHARS = 4_000
 MAX_NAME_CHARS = 80
+MAX_JOBS_PER_USER = 20
+"""Cron jobs one user may have unless the caller says otherwise (the cron plugin's table)."""
+MIN_INTERVAL_SECONDS = 60
+"""The shortest interval of a recurring job unless the caller says otherwise."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,11 +33,11 @@ class JobRequest:
 
 
 def check_request(message: str, name: str, schedule: str, timezone: str | None, *,
-                  default_tz: ZoneInfo, now: datetime, settings: Settings) -> JobRequest:
+                  default_tz: ZoneInfo, now: datetime, min_interval: int) -> JobRequest:
     """The request cleaned and parsed; raises :class:`JobError` when it cannot be a job.
 
-    ``timezone=None`` means ``default_tz``; jobs may not run more often than
-    ``cron_min_interval_seconds``, and a one-shot's time must be after ``now``.
+    ``timezone=None`` means ``default_tz``; jobs may not run more often than every
+    ``min_interval`` seconds, and a one-shot's time must be after ``now``.
     """
     message, name = message.strip(), " ".join(name.split())
     if not message:
@@ -57,7 +60,7 @@ def check_request(message: str, name: str, schedule: str, timezone: str | None, 
     if parsed.run_date is not None and parsed.run_date <= now:
         raise JobError(f"{parsed.run_date.isoformat()} has already passed (it is now "
                        f"{now.astimezone(tz).isoformat()} in {tz.key})", "TIME_PASSED")
-    floor = settings.cron_min_interval_seconds
+    floor = min_interval
     gap = parsed.shortest_gap(floor)
     if gap is not None:
         raise JobError(

@@ -57,8 +57,14 @@ from bot.scheduling.alarm import Alarm
 from bot.scheduling.cron import ScheduleError, parse, zone
 from bot.scheduling.cron_runs import CRON_RETRY, run_cron_job
 from bot.scheduling.due import Entry, Fire, due
-from bot.scheduling.requests import JobError, check_request, new_id
-from bot.storage.jobs import Job, JobStore
+from bot.scheduling.requests import (
+    MAX_JOBS_PER_USER,
+    MIN_INTERVAL_SECONDS,
+    JobError,
+    check_request,
+    new_id,
+)
+from bot.storage.jobs import Job, JobRun, JobStore
 
 if TYPE_CHECKING:
     from bot.contracts.runtime import Runtime
@@ -276,8 +282,8 @@ class Scheduler:
             entry.next_fire = entry.schedule.following(fire)
             if entry.job.id not in won:
                 lost.append(entry)
-                log.info("job %s: fire time %s already claimed; not run here", entry.job.label,
-                         fire.isoformat())
+                log.info("job %s: fire time %s already claimed or the job is paused; not run"
+                         " here", entry.job.label, fire.isoformat())
                 continue
             entry.job = replace(entry.job, last_fire=_ts(fire))
             if count > 1:
@@ -314,14 +320,15 @@ class Scheduler:
         if not task.cancelled() and task.exception() is not None:
             log.error("scheduled run crashed", exc_info=task.exception())
 
-    async def _execute(self, entry: Entry, fire: Fire) -> None:
+    async def _execute(self, entry: Entry, fire: Fire, *, manual: bool = False) -> None:
         if entry.spec is not None:
-            await self._run_system(entry.spec, fire)
+            await self._run_system(entry.spec, fire, manual=manual)
             return
         try:
-            await self._run_cron(entry, fire)
+            await self._run_cron(entry, fire, manual=manual)
         finally:
-            if entry.schedule.one_shot and not self._closed:
+            # A run now leaves the job as scheduled.
+            if entry.schedule.one_shot and not self._closed and not manual:
                 # Done (or given up): a one-shot never fires again. On shutdown the
                 # row stays and the next start deletes it (it has a last_fire).
                 self._jobs.pop(entry.job.id, None)
@@ -330,37 +337,103 @@ class Scheduler:
                 except (sqlite3.Error, ValueError):
                     log.exception("job %s ran but could not be deleted", entry.job.id)
 
-    async def _run_system(self, spec: JobSpec, fire: Fire) -> None:
+    async def _run_system(self, spec: JobSpec, fire: Fire, *, manual: bool = False) -> None:
         assert self.runtime is not None
+        status, error = "completed", ""
         try:
             await spec.func(self.runtime)
-        except Exception:
+        except Exception as exc:
+            status, error = "failed", str(exc) or type(exc).__name__
             log.exception("scheduled job %r (fire time %s) failed", spec.name,
                           fire.fire_time.isoformat())
+        await self._record(fire, None, status, error, manual)
 
-    async def _run_cron(self, entry: Entry, fire: Fire) -> None:
+    async def _run_cron(self, entry: Entry, fire: Fire, *, manual: bool = False) -> None:
         assert self.runtime is not None
         # Read again: its pre-approvals may have changed, on any replica.
         job = await self.store.get(entry.job.id) or entry.job
-        await run_cron_job(self.runtime, job, fire, entry.schedule.tz, self.retry, self.sleep,
-                           wanted=lambda: not self._closed and job.id in self._jobs)
+        outcome = await run_cron_job(
+            self.runtime, job, fire, entry.schedule.tz, self.retry, self.sleep,
+            wanted=lambda: not self._closed and (manual or job.id in self._jobs))
+        await self._record(fire, outcome.run_id, outcome.status, outcome.error, manual)
+
+    async def _record(self, fire: Fire, run_id: str | None, status: str, error: str,
+                      manual: bool) -> None:
+        try:
+            await self.store.record_run(JobRun(fire.job.id, _ts(fire.fire_time),
+                                               _ts(self.clock()), run_id, status, error,
+                                               manual))
+        except (sqlite3.Error, ValueError, OSError) as exc:
+            log.warning("job %s ran but its outcome could not be recorded: %s",
+                        fire.job.label, exc)
+
+    # -- what the Control UI uses ----------------------------------------------------------
+
+    async def run_now(self, job_id: str) -> Job:
+        """Start a run of the job at once, outside its schedule (which stays as it is).
+
+        Raises :class:`JobError` (``NOT_FOUND``; ``NOT_ALLOWED`` for a system job not
+        registered in this process, or before the scheduler started).
+        """
+        job = await self.store.get(job_id)
+        if job is None:
+            raise JobError(f"there is no job {job_id!r}", "NOT_FOUND")
+        if self.runtime is None or self._closed:
+            raise JobError("the scheduler is not running", "NOT_ALLOWED")
+        entry = self._jobs.get(job_id)
+        if entry is None and job.kind == "system":
+            raise JobError(f"{job_id} is not registered in this process", "NOT_ALLOWED")
+        if job.kind == "cron" and job.channel not in self.runtime.channels:
+            raise JobError(f"its channel {job.channel!r} is not running in this process",
+                           "NOT_ALLOWED")
+        if entry is None:
+            entry = self._load(job)  # added by another replica since this one started
+            if entry is None:
+                raise JobError(f"{job_id} has a schedule that cannot be used", "NOT_ALLOWED")
+        if self.on_fire is not None:
+            self.on_fire(job.kind)
+        log.info("job %s: run now", job.label)
+        self._spawn(self._execute(entry, Fire(job, self._now(), 1), manual=True))
+        return job
+
+    async def pause(self, job_id: str, paused: bool) -> Job:
+        """Pause the job (its fire times pass without a run, on every replica) or resume it.
+
+        Raises :class:`JobError` (``NOT_FOUND``).
+        """
+        when = _ts(self._now()) if paused else None
+        if not await self.store.set_paused(job_id, when):
+            raise JobError(f"there is no job {job_id!r}", "NOT_FOUND")
+        entry = self._jobs.get(job_id)
+        if entry is not None:
+            entry.job = replace(entry.job, paused_at=when)
+        job = await self.store.get(job_id)
+        if job is None:
+            raise JobError(f"there is no job {job_id!r}", "NOT_FOUND")
+        log.info("job %s %s", job.label, "paused" if paused else "resumed")
+        return job
+
+    def view(self, job: Job) -> JobView:
+        """``job`` as listed, with when it fires next in this process."""
+        return self._view(job)
 
     # -- what the cron tool and /cron use ---------------------------------------------------
 
     async def add(self, *, owner_id: str, channel: str, chat_id: str, chat_type: ChatType,
                   thread_id: str | None, schedule: str, message: str, name: str = "",
-                  timezone: str | None = None) -> JobView:
+                  timezone: str | None = None, max_jobs: int = MAX_JOBS_PER_USER,
+                  min_interval: int = MIN_INTERVAL_SECONDS) -> JobView:
         """Create a cron job for ``owner_id`` that runs ``message`` in this chat.
 
         Raises :class:`JobError` with a message for the user when the request
-        is invalid or over a limit (``cron_max_jobs_per_user``,
-        ``cron_min_interval_seconds``).
+        is invalid or over a limit (``max_jobs`` per owner, a recurring job's
+        ``min_interval`` in seconds).
         """
         now = self._now()
         request = check_request(message, name, schedule, timezone, default_tz=self.tz,
-                                now=now, settings=self.settings)
+                                now=now, min_interval=min_interval)
         parsed = request.schedule
-        limit = self.settings.cron_max_jobs_per_user
+        limit = max_jobs
         for _ in range(5):
             job = Job(new_id(), "cron", request.name, parsed.text, request.tz.key,
                       request.message, owner_id, channel, chat_id, chat_type, thread_id,

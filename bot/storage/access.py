@@ -209,6 +209,20 @@ class AccessStore:
         result: bool = await self.writer.write(body, what="revoking a paired user")
         return result
 
+    async def deny(self, code: str) -> bool:
+        """Refuse the pending request with ``code`` (it can no longer be approved; the
+        user's next DM gets a new code); whether one was pending."""
+        code = normalize_code(code)
+
+        async def body(db: aiosqlite.Connection) -> bool:
+            cur = await db.execute(
+                "UPDATE pairing_requests SET state = 'revoked', used_at = ?"
+                " WHERE code = ? AND state = 'pending'", (self.clock(), code))
+            return int(cur.rowcount) > 0
+
+        result: bool = await self.writer.write(body, what="denying a pairing code")
+        return result
+
     async def pending(self) -> list[PairingRequest]:
         """Requests whose code is still valid, oldest first."""
         async with self.lock, self.db.execute(

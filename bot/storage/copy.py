@@ -19,8 +19,9 @@ import aiosqlite
 
 from bot.storage.db import dialect_of, transaction
 
-SKIPPED = frozenset({"roost_schema", "plugin_schema"})
-"""Schema bookkeeping: each database keeps its own."""
+SKIPPED = frozenset({"roost_schema", "plugin_schema", "messages_fts"})
+"""Schema bookkeeping, which each database keeps its own, and SQLite's message search
+index, which its triggers fill from the copied messages."""
 
 FIRST = ("sessions",)
 """Tables other tables refer to (foreign keys), copied before the rest."""

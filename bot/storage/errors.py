@@ -178,6 +178,14 @@ class StoredError:
         return iso_utc(self.timestamp)
 
 
+def error_report(error: StoredError) -> str:
+    """One stored error in full, as ``roost errors show`` prints it (indented JSON)."""
+    return json.dumps({"id": error.id, "timestamp": error.iso_timestamp(),
+                       "session": error.session_id, "tool": error.tool_name,
+                       "summary": error.short_summary, "error": error.raw_error},
+                      indent=2, ensure_ascii=False)
+
+
 def iso_utc(timestamp: float) -> str:
     """Unix seconds as RFC 3339 UTC, to the second."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp))

@@ -34,7 +34,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import aiosqlite
 
@@ -49,6 +49,8 @@ EntryKind = Literal["message", "command"]
 NOTICE_ID = "roost-notice:"
 """Journal ids of notices already sent (:meth:`RunJournal.notice`); tool call ids never
 look like this."""
+MAX_ERROR_CHARS = 2000
+"""Characters of a failed delivery's error kept with the reply (``last_error``)."""
 INTERRUPTED = ("This call was interrupted when Roost restarted before it finished. It was "
                "not run again because it may already have taken effect: check its effect "
                "before repeating it.")
@@ -189,7 +191,8 @@ class Inbox:
                 row)
             if cur.rowcount != 1:
                 return None
-            await notify(db, session_key)  # other replicas wake when this commits
+            if dialect_of(db) == "postgresql":  # other replicas wake when this commits
+                await notify(db, session_key)
             return cur.lastrowid
 
         entry_id = await self.writer.write(body, what="recording an inbound message")
@@ -234,8 +237,9 @@ class Inbox:
             what="returning interrupted runs to the inbox")
 
     def finish(self, ids: Sequence[int], reply: OutboundMessage | None,
-               draft_id: str | None = None) -> Statements:
-        """Statements for a run's commit: its entries done, its reply into the outbox.
+               draft_id: str | None = None, run_id: str | None = None) -> Statements:
+        """Statements for a run's commit: its entries done (answered by ``run_id``), its
+        reply into the outbox.
 
         The statements return the outbox id (``None`` without a reply).
         """
@@ -245,7 +249,7 @@ class Inbox:
         owner = self.owner
 
         async def body(db: aiosqlite.Connection) -> int | None:
-            await _close(db, now, "done", params)
+            await _close(db, now, "done", params, run_id)
             if encoded is None or reply is None:
                 return None
             cur = await db.execute(
@@ -381,14 +385,64 @@ class Inbox:
                 " sending = 0 WHERE id = ?", (platform_id, now, outbox_id)),
             what="marking a reply delivered")
 
-    def not_delivered(self, outbox_id: int, *, final: bool) -> None:
-        """A delivery attempt failed; ``final`` gives the reply up."""
+    def not_delivered(self, outbox_id: int, *, final: bool, error: str = "") -> None:
+        """A delivery attempt failed (``error``: why, already masked); ``final`` gives the
+        reply up."""
         now, state = self.clock(), "failed" if final else "pending"
         self.writer.write_later(
             lambda db: db.execute(
                 "UPDATE outbox SET state = ?, attempts = attempts + 1, updated_at = ?,"
-                " sending = 0 WHERE id = ?", (state, now, outbox_id)),
+                " sending = 0, last_error = ? WHERE id = ?",
+                (state, now, error[:MAX_ERROR_CHARS], outbox_id)),
             what="recording a failed delivery")
+
+    async def still_to_send(self, outbox_id: int) -> bool:
+        """Whether the reply is still pending and this process's to send (with replicas:
+        this replica owns it)."""
+        sql = "SELECT 1 FROM outbox WHERE id = ? AND state = 'pending'"
+        params: tuple[int | str, ...] = (outbox_id,)
+        if self.owner is not None:
+            sql += " AND owner = ?"
+            params = (outbox_id, self.owner)
+        async with self.lock, self.db.execute(sql, params) as cur:
+            return await cur.fetchone() is not None
+
+    async def retry(self, outbox_id: int) -> OutboxEntry | None:
+        """Make a pending or given-up reply due again now; ``None`` when it was delivered,
+        dropped or is being sent.
+
+        Its owner is cleared and every replica woken: one of them takes it over and
+        sends it at once (:meth:`bot.storage.claims.Claims.take_replies`), and an
+        attempt its old owner had waiting finds it no longer its own. A single process
+        sends it itself (the caller schedules it).
+        """
+        now = self.clock()
+
+        async def body(db: aiosqlite.Connection) -> OutboxEntry | None:
+            rows = await db.execute_fetchall(
+                "UPDATE outbox SET state = 'pending', owner = NULL, sending = 0,"
+                " updated_at = ? WHERE id = ? AND state IN ('pending', 'failed')"
+                " AND sending = 0 RETURNING id, message, draft_id, attempts, attempt_note",
+                (now, outbox_id))
+            if not rows:
+                return None
+            await notify(db, "")
+            r = next(iter(rows))
+            return OutboxEntry(int(r[0]), decode_outbound(str(r[1])), r[2], int(r[3]), r[4])
+
+        return cast("OutboxEntry | None",
+                    await self.writer.write(body, what="retrying a reply"))
+
+    async def drop(self, outbox_id: int) -> bool:
+        """Delete a reply not delivered (pending or given up, not being sent); whether
+        one was."""
+        async def body(db: aiosqlite.Connection) -> bool:
+            cur = await db.execute(
+                "DELETE FROM outbox WHERE id = ? AND state IN ('pending', 'failed')"
+                " AND sending = 0", (outbox_id,))
+            return int(cur.rowcount) > 0
+
+        return cast("bool", await self.writer.write(body, what="dropping a reply"))
 
     async def prune(self, days: float) -> int:
         """Delete finished entries and delivered replies older than ``days``."""
@@ -415,9 +469,11 @@ def _later(a: str, b: str) -> bool:
 
 
 async def _close(db: aiosqlite.Connection, now: float, state: str,
-                 params: list[tuple[int]]) -> None:
-    await db.executemany("UPDATE inbox SET state = ?, finished_at = ? WHERE id = ?",
-                         [(state, now, i) for (i,) in params])
+                 params: list[tuple[int]], run_id: str | None = None) -> None:
+    # The run that answered: a message that ran at once was recorded without one.
+    await db.executemany(
+        "UPDATE inbox SET state = ?, finished_at = ?, run_id = COALESCE(?, run_id) WHERE id = ?",
+        [(state, now, run_id, i) for (i,) in params])
     # A finished run's exchange is in its history now.
     await db.executemany("DELETE FROM journal WHERE inbox_id = ?", params)
 

@@ -26,6 +26,8 @@ class Job:
     ``thread_id`` say where it was created, which is where it runs and
     replies. ``created_at`` (Unix seconds) anchors the schedule; ``last_fire``
     is the latest claimed fire time. System jobs have empty owner and chat.
+    ``paused_at`` is set while an operator paused the job: its fire times are not
+    claimed, so it does not run.
     """
 
     id: str
@@ -41,6 +43,7 @@ class Job:
     thread_id: str | None = None
     created_at: float = 0.0
     last_fire: float | None = None
+    paused_at: float | None = None
     approved_tools: tuple[str, ...] = ()
     """Tools needing approval an admin pre-approved for the job's runs (nobody is
     there to ask when it fires)."""
@@ -51,23 +54,41 @@ class Job:
         return f"{self.id} ({self.name!r})" if self.name else self.id
 
 
-_COLUMNS = ("id, kind, name, schedule, timezone, message, owner_id, channel, chat_id, chat_type,"
-            " thread_id, created_at, last_fire, approved_tools")
+@dataclass(frozen=True, slots=True)
+class JobRun:
+    """One fire of a job as recorded: when, its run (if it got one) and how it ended
+    (``completed``, ``failed``, ``cancelled``...; ``error`` says why it failed);
+    ``manual`` when an operator ran it (the Control UI's "run now")."""
 
-_PLACEHOLDERS = ", ".join("?" * (_COLUMNS.count(",") + 1))
+    job_id: str
+    fired_at: float
+    ended_at: float
+    run_id: str | None
+    status: str
+    error: str = ""
+    manual: bool = False
+
+
+_COLUMNS = ("id, kind, name, schedule, timezone, message, owner_id, channel, chat_id, chat_type,"
+            " thread_id, created_at, last_fire, paused_at, approved_tools")
+_VALUES = ", ".join("?" * (_COLUMNS.count(",") + 1))
+
+KEPT_RUNS = 50
+"""Fires of each job kept in ``job_runs`` (older ones go as new ones are recorded)."""
 
 
 def _row(job: Job) -> tuple[Any, ...]:
     return (job.id, job.kind, job.name, job.schedule, job.timezone, job.message, job.owner_id,
             job.channel, job.chat_id, job.chat_type, job.thread_id, job.created_at,
-            job.last_fire, ",".join(job.approved_tools))
+            job.last_fire, job.paused_at, ",".join(job.approved_tools))
 
 
 def _job(row: Any) -> Job:
     return Job(id=row[0], kind=row[1], name=row[2], schedule=row[3], timezone=row[4],
                message=row[5], owner_id=row[6], channel=row[7], chat_id=row[8],
                chat_type=row[9], thread_id=row[10], created_at=row[11], last_fire=row[12],
-               approved_tools=tuple(t for t in str(row[13] or "").split(",") if t))
+               paused_at=row[13],
+               approved_tools=tuple(t for t in str(row[14] or "").split(",") if t))
 
 
 class JobStore:
@@ -96,6 +117,17 @@ class JobStore:
         rows = await self._fetch(f"SELECT {_COLUMNS} FROM jobs ORDER BY created_at, id")
         return [_job(r) for r in rows]
 
+    async def page(self, after: tuple[float, str] | None, limit: int) -> list[Job]:
+        """Up to ``limit`` jobs created after ``after`` (created_at, id), oldest first."""
+        where: str = ""
+        params: tuple[Any, ...] = ()
+        if after is not None:
+            where = " WHERE created_at > ? OR (created_at = ? AND id > ?)"
+            params = (after[0], after[0], after[1])
+        rows = await self._fetch(f"SELECT {_COLUMNS} FROM jobs{where}"
+                                 " ORDER BY created_at, id LIMIT ?", (*params, limit))
+        return [_job(r) for r in rows]
+
     async def get(self, job_id: str) -> Job | None:
         """The job with this ID, or ``None``."""
         rows = await self._fetch(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,))
@@ -122,7 +154,7 @@ class JobStore:
         last free slot cannot both get it. Raises :class:`sqlite3.IntegrityError`
         when the ID is taken.
         """
-        placeholders = _PLACEHOLDERS
+        placeholders = _VALUES
         if max_per_owner is None:
             return await self._write(
                 f"INSERT INTO jobs ({_COLUMNS}) VALUES ({placeholders})", _row(job)) == 1
@@ -143,7 +175,10 @@ class JobStore:
         if channel is not None and owner_id is not None:
             sql += " AND channel = ? AND owner_id = ?"
             params += [channel, owner_id]
-        return await self._write(sql, params) == 1
+        deleted = await self._write(sql, params) == 1
+        if deleted:
+            await self._write("DELETE FROM job_runs WHERE job_id = ?", (job_id,))
+        return deleted
 
     async def delete_many(self, job_ids: Iterable[str]) -> None:
         """Delete these jobs (in one transaction)."""
@@ -152,13 +187,14 @@ class JobStore:
             return
         async def body(db: aiosqlite.Connection) -> None:
             await db.executemany("DELETE FROM jobs WHERE id = ?", ids)
+            await db.executemany("DELETE FROM job_runs WHERE job_id = ?", ids)
 
         await dbmod.transaction(self.db, self.lock, body)
 
     async def upsert(self, job: Job) -> None:
         """Insert or replace ``job`` (system jobs, re-registered at every start)."""
-        await self._write(f"INSERT OR REPLACE INTO jobs ({_COLUMNS}) VALUES "
-                          f"({_PLACEHOLDERS})", _row(job))
+        await self._write(f"INSERT OR REPLACE INTO jobs ({_COLUMNS}) VALUES ({_VALUES})",
+                          _row(job))
 
     async def claim(self, fires: Sequence[tuple[str, float]]) -> set[str]:
         """Claim fire times: the IDs whose ``last_fire`` was earlier and is now the given one.
@@ -176,10 +212,31 @@ class JobStore:
             rows = await self._fetch(
                 f"WITH due(id, fire) AS (VALUES {values}) "
                 "UPDATE jobs SET last_fire = due.fire FROM due WHERE jobs.id = due.id"
+                " AND jobs.paused_at IS NULL"
                 " AND (jobs.last_fire IS NULL OR jobs.last_fire < due.fire) RETURNING jobs.id",
                 params)
             won.update(r[0] for r in rows)
         return won
+
+    async def set_paused(self, job_id: str, paused_at: float | None) -> bool:
+        """Pause the job (``paused_at``: when) or resume it (``None``); whether it exists."""
+        return await self._write("UPDATE jobs SET paused_at = ? WHERE id = ?",
+                                 (paused_at, job_id)) == 1
+
+    async def record_run(self, fire: JobRun) -> None:
+        """Record a fire's outcome, keeping the job's newest :data:`KEPT_RUNS` fires."""
+        async def body(db: aiosqlite.Connection) -> None:
+            await db.execute(
+                "INSERT INTO job_runs (job_id, fired_at, ended_at, run_id, status, error,"
+                " manual) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (fire.job_id, fire.fired_at, fire.ended_at, fire.run_id, fire.status,
+                 fire.error, int(fire.manual)))
+            await db.execute(
+                "DELETE FROM job_runs WHERE job_id = ? AND id <= (SELECT id FROM job_runs"
+                " WHERE job_id = ? ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                (fire.job_id, fire.job_id, KEPT_RUNS))
+
+        await dbmod.transaction(self.db, self.lock, body)
 
     async def existing(self, job_ids: Iterable[str]) -> set[str]:
         """Which of ``job_ids`` still have a row."""

@@ -8,6 +8,57 @@ changes once released; later features append steps.
 
 from __future__ import annotations
 
+from bot.storage.pg_dialect import postgres_ddl
+
+# The Control UI's operations pages (bot.ui.queries). Usage is also counted per model
+# and per scheduled job (scope 'model', 'job'), so the counters' CHECK is rebuilt with
+# their rows; a reply not delivered keeps its last error; a job may be paused (its fire
+# times are not claimed meanwhile) and each fire of a job is recorded with its run; open
+# replies, pending pairing codes, paired users and jobs are listed by index. Its step
+# number is its place in MIGRATIONS (POSTGRES_STEPS finds it there).
+_UI_OPS_SHARED = """
+    ALTER TABLE outbox ADD COLUMN last_error TEXT;
+    CREATE INDEX outbox_open ON outbox(id) WHERE state IN ('pending', 'failed');
+    ALTER TABLE jobs ADD COLUMN paused_at REAL;
+    CREATE TABLE job_runs (
+        id INTEGER PRIMARY KEY,
+        job_id TEXT NOT NULL,
+        fired_at REAL NOT NULL,
+        ended_at REAL NOT NULL,
+        run_id TEXT,
+        status TEXT NOT NULL,
+        error TEXT NOT NULL DEFAULT '',
+        manual INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX job_runs_job ON job_runs(job_id, id);
+    CREATE INDEX job_runs_ended ON job_runs(ended_at);
+    CREATE INDEX jobs_created ON jobs(created_at, id);
+    CREATE INDEX paired_users_approved ON paired_users(approved_at, channel, user_id);
+    CREATE INDEX pairing_requests_pending ON pairing_requests(created_at)
+        WHERE state = 'pending';
+"""
+
+UI_OPS_STEP = """
+    CREATE TABLE usage_new (
+        scope TEXT NOT NULL CHECK (scope IN ('user', 'group', 'agent', 'model', 'job')),
+        subject TEXT NOT NULL,
+        period TEXT NOT NULL,
+        input_tokens INTEGER NOT NULL DEFAULT 0,
+        output_tokens INTEGER NOT NULL DEFAULT 0,
+        runs INTEGER NOT NULL DEFAULT 0,
+        cost REAL NOT NULL DEFAULT 0,
+        cache_read_tokens INTEGER NOT NULL DEFAULT 0,
+        cache_write_tokens INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (scope, period, subject)
+    );
+    INSERT INTO usage_new (scope, subject, period, input_tokens, output_tokens, runs, cost,
+        cache_read_tokens, cache_write_tokens)
+        SELECT scope, subject, period, input_tokens, output_tokens, runs, cost,
+        cache_read_tokens, cache_write_tokens FROM usage;
+    DROP TABLE usage;
+    ALTER TABLE usage_new RENAME TO usage;
+""" + _UI_OPS_SHARED
+
 MIGRATIONS: list[str] = [
     # 1: sessions and their messages.
     """
@@ -410,7 +461,35 @@ MIGRATIONS: list[str] = [
         detail TEXT NOT NULL DEFAULT ''
     );
     """,
-    # 24: approvals (bot.storage.approvals): each tool call that waited for a person's
+    # 24: the Control UI's session pages (bot.ui.queries). A full-text index
+    # of every message's content (FTS5, external content: the text stays in
+    # messages; triggers keep it in step), the sessions each sender wrote in, and
+    # the inbox entries of a run (its delivery in the trace view).
+    """
+    CREATE VIRTUAL TABLE messages_fts USING fts5(
+        content, content = 'messages', content_rowid = 'id',
+        tokenize = 'porter unicode61 remove_diacritics 2'
+    );
+    INSERT INTO messages_fts (messages_fts) VALUES ('rebuild');
+    CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
+        INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content);
+    END;
+    CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
+        INSERT INTO messages_fts (messages_fts, rowid, content)
+            VALUES ('delete', old.id, old.content);
+    END;
+    CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN
+        INSERT INTO messages_fts (messages_fts, rowid, content)
+            VALUES ('delete', old.id, old.content);
+        INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content);
+    END;
+    CREATE INDEX messages_sender ON messages(sender_id, session_id)
+        WHERE sender_id IS NOT NULL;
+    CREATE INDEX inbox_run ON inbox(run_id) WHERE run_id IS NOT NULL;
+    """,
+    # 25: the Control UI's operations pages (UI_OPS_STEP).
+    UI_OPS_STEP,
+    # 26: approvals (bot.storage.approvals): each tool call that waited for a person's
     # yes or no, its masked arguments and who decided what when (the one record of
     # every decision), unique per run journal and call so a resumed run finds it; and
     # the tools an admin pre-approved for a scheduled job.
@@ -474,6 +553,24 @@ POSTGRES_STEPS: dict[int, str] = {
     ALTER TABLE spans ADD CONSTRAINT spans_kind_check
         CHECK (kind IN ('agent', 'llm', 'tool', 'patterns', 'judge'));
     """,
+    # 24: the message search is a stored English tsvector of the content (stemmed
+    # like FTS5's porter tokenizer; computed once per message, so a search that walks
+    # the newest messages need not compute it) with a GIN index.
+    24: """
+    ALTER TABLE messages ADD COLUMN tsv tsvector
+        GENERATED ALWAYS AS (to_tsvector('english', content)) STORED;
+    CREATE INDEX messages_fts ON messages USING GIN (tsv);
+    CREATE INDEX messages_sender ON messages(sender_id, session_id)
+        WHERE sender_id IS NOT NULL;
+    CREATE INDEX inbox_run ON inbox(run_id) WHERE run_id IS NOT NULL;
+    """,
 }
 """PostgreSQL text of the steps whose SQLite text does not translate (the others run
 through :func:`bot.storage.pg_dialect.postgres_ddl`)."""
+
+# The usage counters' CHECK is altered in place.
+POSTGRES_STEPS[MIGRATIONS.index(UI_OPS_STEP) + 1] = """
+    ALTER TABLE usage DROP CONSTRAINT usage_scope_check;
+    ALTER TABLE usage ADD CONSTRAINT usage_scope_check
+        CHECK (scope IN ('user', 'group', 'agent', 'model', 'job'));
+""" + postgres_ddl(_UI_OPS_SHARED)

@@ -10,7 +10,8 @@ The cache is validated, not trusted: every write to a session bumps its
 ``version`` in the same transaction, and :meth:`SessionStore.get` reads the
 session's row (one indexed read) and reloads the history when the row is
 newer than the cached copy. So a replica, or another process on the same
-database, that committed a turn meanwhile is never missed.
+database, that committed a turn meanwhile is never missed. A message's
+``messages`` row and back: :func:`message_row`, :func:`row_message`.
 """
 
 from __future__ import annotations
@@ -28,36 +29,15 @@ from typing import Any
 
 import aiosqlite
 
-from bot.contracts.llm import ChatMessage, Usage
-from bot.contracts.sessions import STALE as STALE
-from bot.contracts.sessions import Session as Session
-from bot.contracts.sessions import SessionActivity as SessionActivity
-from bot.contracts.sessions import agent_of as agent_of
-from bot.contracts.sessions import session_key as session_key
-from bot.observability.tracing import Span, attributes_of, span_row
+from bot.contracts.llm import STALE as STALE
+from bot.contracts.llm import ChatMessage, ToolCall, Usage, decode_parts, encode_parts
+from bot.contracts.llm import Session as Session
+from bot.contracts.llm import SessionActivity as SessionActivity
+from bot.contracts.llm import agent_of as agent_of
+from bot.contracts.llm import session_key as session_key
+from bot.observability.tracing import RunRecord as RunRecord
+from bot.observability.tracing import Span, attributes_of, run_row, span_row
 from bot.storage import db as dbmod
-from bot.storage.message_rows import message_row, row_message
-
-
-@dataclass(frozen=True, slots=True)
-class RunRecord:
-    """The trace record of one run: how it ended and what it cost."""
-
-    run_id: str
-    session_key: str
-    status: str
-    started_at: float
-    ended_at: float
-    iterations: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    model: str = ""
-    error: str = ""
-    cache_read_tokens: int = 0
-    """Of ``input_tokens``, those read from the provider's prompt cache."""
-    cache_write_tokens: int = 0
-    """Of ``input_tokens``, those written to the prompt cache."""
-
 
 _INSERT_MESSAGE = (
     "INSERT INTO messages (session_id, run_id, role, content, sender_id, sender_name,"
@@ -228,7 +208,7 @@ class SessionStore:
         rows = [span_row(s) for s in spans]
 
         async def body(db: aiosqlite.Connection) -> Any:
-            await db.execute(_INSERT_RUN, _record_row(record))
+            await db.execute(_INSERT_RUN, run_row(record))
             await db.executemany(_INSERT_SPAN, rows)
             return await same_transaction(db) if same_transaction is not None else None
 
@@ -448,7 +428,7 @@ class _Flush:
             self.usage.cache_read_tokens, self.usage.cache_write_tokens, self.model,
             self.model, self.provider, self.provider, self.session.id)))
         if self.record is not None:
-            await db.execute(_INSERT_RUN, _record_row(self.record))
+            await db.execute(_INSERT_RUN, run_row(self.record))
         if self.spans:
             await db.executemany(_INSERT_SPAN, [span_row(s) for s in self.spans])
 
@@ -484,7 +464,21 @@ def _version(rows: Iterable[Any]) -> int | None:
     return None
 
 
-def _record_row(r: RunRecord) -> tuple[Any, ...]:
-    return (r.run_id, r.session_key, r.status, r.started_at, r.ended_at, r.iterations,
-            r.input_tokens, r.output_tokens, r.model, r.error, r.cache_read_tokens,
-            r.cache_write_tokens)
+# -- how a chat message is stored: a ``messages`` row and back -----------------------------
+def message_row(session_id: int, run_id: str, m: ChatMessage) -> tuple[Any, ...]:
+    """The ``messages`` row of ``m``, in the order of the columns the session store inserts."""
+    calls = json.dumps([{"id": c.id, "name": c.name, "arguments": dict(c.arguments)}
+                        for c in m.tool_calls]) if m.tool_calls else None
+    return (session_id, run_id, m.role, m.content, m.sender_id, m.sender_name, calls,
+            m.tool_call_id, m.tool_name, int(m.is_error), m.created_at, encode_parts(m.parts))
+
+
+def row_message(r: Any) -> ChatMessage:
+    """The message of a ``messages`` row read back (role through parts)."""
+    calls = tuple(ToolCall(c["id"], c["name"], c["arguments"]) for c in json.loads(r[4])) \
+        if r[4] else ()
+    return ChatMessage(
+        role=r[0], content=r[1], sender_id=r[2], sender_name=r[3], tool_calls=calls,
+        tool_call_id=r[5], tool_name=r[6], is_error=bool(r[7]), created_at=r[8],
+        parts=decode_parts(r[9]),
+    )

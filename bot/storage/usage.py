@@ -4,7 +4,8 @@ Counted from the usage each provider reports for a model call (input plus output
 tokens; input counts every prompt token, those read from or written to the
 provider's prompt cache included, which are also counted apart); budgets
 (:mod:`bot.engine.budgets`) read these counters before a run calls the model.
-Subjects: a user is ``channel:user_id``, a group ``channel:chat_id``, an agent its name.
+Subjects: a user is ``channel:user_id``, a group ``channel:chat_id``, an agent its name,
+a model its name, a scheduled job ``cron:<job id>`` or ``heartbeat``.
 
 Reservations (schema step 20): before a call, :meth:`UsageStore.reserve` holds its
 worst case against each limited counter in one transaction that first locks those
@@ -25,7 +26,9 @@ import aiosqlite
 
 from bot.storage.db import Writer
 
-Scope = Literal["user", "group", "agent"]
+Scope = Literal["user", "group", "agent", "model", "job"]
+"""Whose counter: budgets limit users, groups and agents; models and scheduled jobs
+(``cron:<job id>``, ``heartbeat``) are counted for the Control UI's usage page."""
 
 
 def day_of(moment: float) -> str:

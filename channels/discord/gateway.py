@@ -66,6 +66,10 @@ class GatewayClient(discord.Client):
         self.taken_at = taken_at
         """When this replica took its shard over from another (``None``: at start)."""
 
+    def not_ready(self, detail: str) -> None:
+        """Report the session down until its next READY; ``detail`` says why."""
+        self.health = ChannelHealth(False, detail)
+
     async def on_ready(self) -> None:
         # discord.py fires this after every READY: at start, and after a
         # reconnect that could not resume (the missed messages are lost to

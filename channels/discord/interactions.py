@@ -96,9 +96,10 @@ class Interactions:
             log.warning("discord: skipped a malformed interaction %s (%s)", key, problem(exc))
             return
         else:
-            pending = PendingInteraction(interaction, thread_id or chat_id, chat_type)
-            self._pending[key] = pending
-            pending.timer = self.inflight.spawn(self._expire(key))
+            # The timer starts before the entry exists; it sleeps before it looks.
+            timer = self.inflight.spawn(self._expire(key))
+            self._pending[key] = PendingInteraction(interaction, thread_id or chat_id,
+                                                    chat_type, timer)
         user = interaction.user
         await handler(InboundMessage(
             channel=CHANNEL_NAME, chat_id=chat_id, chat_type=chat_type, sender_id=str(user.id),

@@ -282,7 +282,7 @@ class Sessions:
                     return
                 failures += 1
                 delay = _RECONNECT.delay(failures)
-                client.health = ChannelHealth(False, "gateway error; reconnecting")
+                client.not_ready("gateway error; reconnecting")
                 log.exception("discord: unexpected gateway error; reconnecting in %.1fs",
                               delay)
                 if client.ws is not None:
@@ -305,8 +305,7 @@ class Sessions:
         failure = task.exception()
         if isinstance(failure, SetupError):
             log.error("discord: %s", failure)
-            client.health = ChannelHealth(False, "refused by Discord: shard setting; "
-                                                 "see the log")
+            client.not_ready("refused by Discord: shard setting; see the log")
             return
         shard = client.shard_id
         if (shard is not None and self.clients.get(shard) is client
@@ -317,12 +316,12 @@ class Sessions:
             delay = _RECONNECT.delay(failures)
             log.error("discord: shard %d's session ended (%s: %s); opening it again in "
                       "%.1fs", shard, type(failure).__name__, failure, delay)
-            client.health = ChannelHealth(False, "session ended; reopening")
+            client.not_ready("session ended; reopening")
             self.inflight.spawn(self._reopen(shard, client, delay))
             return
         log.error("discord: the gateway connection ended", exc_info=failure)
-        client.health = ChannelHealth(False, "the gateway connection ended "
-                                             f"({type(failure).__name__}); restart Roost")
+        client.not_ready(f"the gateway connection ended ({type(failure).__name__}); "
+                         "restart Roost")
 
     async def _reopen(self, shard: int, client: GatewayClient, delay: float) -> None:
         await asyncio.sleep(delay)

@@ -62,16 +62,14 @@ class StreamedReply:
             await self.rest.edit(self.target, int(message_id), text)
         self.shown[message_id] = text
 
-    async def finalize(self, message_id: str | None, final_text: str | None) -> None:
-        """Put the final pieces in the draft's place (none: delete the draft)."""
+    async def finalize(self, message_id: str | None, final_text: str | None) -> str | None:
+        """Put the final pieces in the draft's place (none: delete the draft); the id of
+        the message that now carries the reply (the draft may have given way to a new one)."""
         if self.editing is not None:
             await asyncio.gather(self.editing, return_exceptions=True)
         with self.inflight.busy():
             pieces = split_message(defuse_mentions(final_text or ""), MESSAGE_LIMIT)
             draft = message_id or None
-            last = await self.rest.deliver_reply(
+            return await self.rest.deliver_reply(
                 self.target, self.reference, pieces, draft=draft,
                 shown=self.shown.get(draft) if draft else None)
-            # The draft may have given way to a new message: name the one
-            # that now carries the reply.
-            self.stream.message_id = last

@@ -20,13 +20,13 @@ from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_bolt.response import BoltResponse
 
 from bot.contracts.channel import InboundHandler
-from bot.contracts.commands import parse_command
 from bot.contracts.messages import (
     ChatType,
     InboundMessage,
     MessageDeletion,
     MessageEdit,
     ReactionEvent,
+    parse_command,
 )
 from channels.inflight import InFlight
 from channels.logline import short as _short

@@ -92,22 +92,21 @@ class Replies:
                 editing[:] = [asyncio.ensure_future(update(ts, to_mrkdwn(draft)))]
                 await asyncio.shield(editing[0])
 
-        async def finalize(ts: str | None, final: str | None) -> None:
+        async def finalize(ts: str | None, final: str | None) -> str | None:
             await asyncio.gather(*editing, return_exceptions=True)
             pieces = split_for_slack(final, MESSAGE_LIMIT) if final and final.strip() else []
             last = await self.deliver_reply(channel, thread_ts, pieces, draft=ts or None,
                                              shown=shown[0])
-            # The draft may have been replaced by a new message: the stream
-            # names the message that now carries the reply.
-            stream.message_id = last
             if doubtful[0] and ts and pieces and self._kept(channel, ts):
                 # A draft edit that timed out may still be applied by Slack
                 # after the final text: put the final text back once it would have.
                 self.inflight.spawn(self._reassert(channel, ts, pieces[0]))
+            # The draft may have been replaced by a new message: the stream
+            # names the message that now carries the reply.
+            return last
 
-        stream = EditStream(send=send, edit=edit, finalize=finalize, limit=MESSAGE_LIMIT,
-                            interval=self.edit_interval)
-        return stream
+        return EditStream(send=send, edit=edit, finalize=finalize, limit=MESSAGE_LIMIT,
+                          interval=self.edit_interval)
 
     async def deliver_reply(self, channel: str, thread_ts: str | None, pieces: list[str],
                              *, draft: str | None, shown: str | None = None,

@@ -34,8 +34,8 @@ def keep_response_models() -> None:
 
     aiogram parametrizes ``Response[method.__returning__]`` on every call, and
     pydantic caches parametrized models only weakly: each time the garbage
-    collector takes one, the next call builds it again (about 6 ms for a
-    ``Message``, once per reply). Holding them makes the cache hit.
+    collector takes one, the next call builds it again (once per reply for a
+    ``Message``). Holding them makes the cache hit.
     """
     if _RESPONSE_MODELS:
         return
@@ -58,7 +58,7 @@ def build_validators() -> None:
 
     aiogram's types are built on first use (:mod:`channels.telegram_lazy`):
     left to the first update, ``Update``, ``Message`` and the responses of the
-    methods a reply calls take ~0.6 s of CPU inside that update's answer. The
+    methods a reply calls would be built inside that update's answer. The
     channel runs this in a thread once polling has begun; a response parsed
     meanwhile waits for it (``TolerantSession.check_response``) instead of
     building the same schemas a second time.

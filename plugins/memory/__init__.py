@@ -22,14 +22,12 @@ from __future__ import annotations
 
 from plugins.memory.config import MemoryConfig
 from plugins.memory.flush import MemoryFlushJob, flush_message, scheduled_flush_prompt
-from plugins.memory.notes import MAX_DAILY_NOTE_CHARS, daily_notes, today_utc
+from plugins.memory.notes import MAX_DAILY_NOTE_CHARS, roost_prompt_sections, today_utc
 from plugins.memory.state import MIGRATIONS
 from plugins.memory.tools import memory_tools
 from roost import (
     JobSpec,
     Migrations,
-    PromptContext,
-    PromptSection,
     Services,
     Settings,
     Tool,
@@ -66,12 +64,6 @@ def roost_migrations() -> Migrations:
 def roost_tools(settings: Settings, services: Services) -> list[Tool]:
     """``memory_search`` and ``memory_get``, over the plugin's FTS5 index."""
     return memory_tools(settings, services)
-
-
-@hookimpl
-def roost_prompt_sections(prompt: PromptContext) -> PromptSection | None:
-    """Today's and yesterday's daily notes (full mode)."""
-    return daily_notes(prompt)
 
 
 @hookimpl

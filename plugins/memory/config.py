@@ -10,7 +10,8 @@ PLUGIN_NAME = "plugins.memory"
 
 
 class MemoryConfig(BaseModel):
-    """``[plugins."plugins.memory"]``: the scheduled memory flush (``memory_flush_*`` before).
+    """``[plugins."plugins.memory"]``: the scheduled memory flush (``memory_flush_*`` before)
+    and the largest memory file read (``max_file_bytes`` before, shared with the file tools).
 
     The flush itself is switched by the core's ``memory_flush``, which compaction reads too.
     """
@@ -23,6 +24,8 @@ class MemoryConfig(BaseModel):
     """A session idle this long is due for the scheduled flush."""
     flush_min_messages: int = Field(10, ge=1)
     """Unsaved messages a session needs for the scheduled flush."""
+    max_file_bytes: int = Field(1_000_000, ge=1)
+    """The largest memory file ``memory_get`` reads and the index takes in."""
 
 
 def memory_config(settings: Settings) -> MemoryConfig:

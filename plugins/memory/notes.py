@@ -1,4 +1,5 @@
-"""Today's and yesterday's daily notes in the full-mode prompt.
+"""Today's and yesterday's daily notes in the full-mode prompt (the memory plugin's
+``roost_prompt_sections``).
 
 Dates are UTC, like the pre-compaction flush's ``memory/<today>.md``, so the
 notes one writes are the notes the other shows.
@@ -9,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 
-from roost import Order, PromptContext, PromptSection, read_cached
+from roost import Order, PromptContext, PromptSection, hookimpl, read_cached
 
 MAX_DAILY_NOTE_CHARS = 3_000
 """Each of today's and yesterday's notes is cut to this many characters in the prompt."""
@@ -20,6 +21,12 @@ DAILY_NOTES_ORDER = Order.TIME + 10
 def today_utc() -> dt.date:
     """Today's date in UTC: the day daily notes are filed under."""
     return dt.datetime.now(dt.UTC).date()
+
+
+@hookimpl
+def roost_prompt_sections(prompt: PromptContext) -> PromptSection | None:
+    """Today's and yesterday's daily notes (full mode)."""
+    return daily_notes(prompt)
 
 
 def daily_notes(prompt: PromptContext) -> PromptSection | None:

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from plugins.memory.config import memory_config
 from plugins.memory.index import MemoryIndex, read_memory
 from roost import Services, Settings, Tool, ToolContext, ToolError, check_keys, int_arg, str_arg
 
@@ -20,8 +21,8 @@ MAX_GET_CHARS = 20_000
 def memory_tools(settings: Settings, services: Services) -> list[Tool]:
     """``memory_search`` and ``memory_get``, over the plugin's FTS5 index."""
     store = services.sessions
-    index = MemoryIndex(store.db, store.lock, settings.workspaces_dir, settings.max_file_bytes)
-    cap = settings.max_file_bytes
+    cap = memory_config(settings).max_file_bytes
+    index = MemoryIndex(store.db, store.lock, settings.workspaces_dir, cap)
 
     async def memory_search(context: ToolContext, args: Mapping[str, Any]) -> str:
         check_keys(args, required=("query",), optional=("limit",))

@@ -29,8 +29,8 @@ _RETRYABLE_STATUSES = frozenset({408, 425, 429})
 def default_tls() -> ssl.SSLContext:
     """The TLS context of every web request (certifi's CAs, as httpx uses by default).
 
-    Made once: building one loads the CA bundle, about 40 ms, which httpx would
-    otherwise spend on every client.
+    Made once: building one loads the CA bundle, which httpx would otherwise do for
+    every client.
     """
     import certifi
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -144,10 +143,9 @@ def errors_show(ctx: click.Context, error_id: str) -> None:
         if found is None:
             echo(f"roost: no error {error_id}", err=True)
             return 1
-        echo(json.dumps({"id": found.id, "timestamp": found.iso_timestamp(),
-                               "session": found.session_id, "tool": found.tool_name,
-                               "summary": found.short_summary, "error": found.raw_error},
-                              indent=2, ensure_ascii=False))
+        from bot.storage.errors import error_report
+
+        echo(error_report(found))
         return 0
 
     run_and_exit(_with_errors(settings, show), f"cannot read {database_of(settings)}")

@@ -41,10 +41,9 @@ def _persisted_disabled(settings: Settings) -> set[str]:
 
 
 def _plugin_rows(settings: Settings, *, include_builtin: bool) -> list[dict[str, Any]]:
-    from bot.pluginhost.manager import ESSENTIAL_PLUGINS, get_plugin_manager
+    from bot.pluginhost.manager import get_plugin_manager
 
-    host = get_plugin_manager()
-    host.disabled |= _persisted_disabled(settings) - ESSENTIAL_PLUGINS
+    host = get_plugin_manager(disabled=_persisted_disabled(settings))
     try:
         asyncio.run(host.validate_configs(settings.plugins))
     except SetupError as exc:  # a built-in plugin's bad [plugins.<name>] value
