@@ -9,8 +9,9 @@ from bot.testing.app import scripted, without_summary
 from tests.test_approvals import APPROVE_TOUCH, Touch
 from tests.test_cron import say
 from tests.test_scheduler import CronAppFactory, FakeClock, add, cron_app, tick
+from tests.test_ui_ops_pages import Start, seed, start_fixture
 
-__all__ = ["cron_app"]  # the fixture
+__all__ = ["cron_app", "start_fixture"]  # the fixtures
 
 
 def touching_on(message: str) -> dict[str, object]:
@@ -40,3 +41,14 @@ async def test_a_cron_run_is_denied_until_an_admin_pre_approves_the_tool(
     await tick(scheduler, clock, hours=1)
     assert touch.ran == ["nightly"]
     assert not any(m.buttons for m in channel.sent)  # nobody was ever asked
+
+
+async def test_the_control_ui_jobs_page_shows_the_pre_approved_tools(start: Start) -> None:
+    ui = await start()
+    job_id = await seed(ui)
+    scheduler = ui.app.services.scheduler
+    assert scheduler is not None
+    assert "pre-approved" not in await ui.page("viewer", "/ui/jobs")
+    await scheduler.approve(job_id, ["exec", "<b>x</b>"])
+    page = await ui.page("viewer", "/ui/jobs")
+    assert "pre-approved: exec, &lt;b&gt;x&lt;/b&gt;" in page
