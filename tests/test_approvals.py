@@ -434,3 +434,18 @@ async def test_approvers_admins_leaves_the_requester_out_and_anyone_lets_everyon
     assert open_chat.answers[-1][1] == "Not yours to approve."
     await open_chat.hand_in(press(open_chat, dm, "Deny", "dave"))
     await open_chat.settle()
+
+
+async def test_a_follow_up_during_the_question_waits_instead_of_withdrawing_it(
+        roost_app: Any) -> None:
+    touch = Touch()
+    chat = await roost_app([touching(reply="first done"), {"reply": "second done"}], touch,
+                           agents=APPROVE_TOUCH, merge_window_ms=60_000)
+    await chat.say("touch it")
+    prompt = await chat.wait_for_message(is_prompt)
+    await chat.say("and then tell me a joke")  # within the merge window
+    await chat.hand_in(press(chat, prompt, "Approve", "user"))
+    await chat.settle()
+    assert touch.ran == ["a.txt"]
+    assert chat.edits[-1][1].startswith("Approved by user")
+    assert chat.replies[-2:] == ["first done", "second done"]

@@ -103,6 +103,11 @@ class ToolTurns:
                     self.summary.record(call.name, call.arguments, not result.is_error,
                                         result.content, None)
             todo = [c for c in calls if c.id not in done]
+        if self.gate is not None and any(self.gate.needs(c.name) for c in todo):
+            # The run now shows a question: a follow-up message waits its turn instead
+            # of cancelling the run (and the question) to merge into it.
+            await self.emit("activity", phase="approval",
+                            tools=[c.name for c in todo if self.gate.needs(c.name)])
         if self.gate is not None and todo:
             before = context.deadline - time.monotonic()
             blocked, approved = await self.gate.screen(todo)
