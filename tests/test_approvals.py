@@ -449,3 +449,29 @@ async def test_a_follow_up_during_the_question_waits_instead_of_withdrawing_it(
     assert touch.ran == ["a.txt"]
     assert chat.edits[-1][1].startswith("Approved by user")
     assert chat.replies[-2:] == ["first done", "second done"]
+
+
+async def test_the_database_away_for_a_moment_leaves_the_question_open(
+        roost_app: Any) -> None:
+    touch = Touch()
+    chat = await roost_app([touching(reply="after the hiccup")], touch, agents=APPROVE_TOUCH)
+    assert chat.app is not None
+    store = chat.app.approvals.store
+    await chat.say("touch it")
+    prompt = await chat.wait_for_message(is_prompt)
+    real_get = store.get
+    failures = [ConnectionResetError("connection reset by peer")]
+    reads = asyncio.Event()
+
+    async def flaky_get(ident: str) -> Any:
+        if failures:
+            reads.set()
+            raise failures.pop()
+        return await real_get(ident)
+
+    store.get = flaky_get  # type: ignore[method-assign]
+    await asyncio.wait_for(reads.wait(), 5)
+    store.get = real_get  # type: ignore[method-assign]
+    await chat.hand_in(press(chat, prompt, "Approve", "user"))
+    await chat.settle()
+    assert touch.ran == ["a.txt"] and chat.replies[-1] == "after the hiccup"

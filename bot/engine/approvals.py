@@ -18,12 +18,15 @@ import dataclasses
 import json
 import logging
 import os
+import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
+
+import asyncpg  # type: ignore[import-untyped]
 
 from bot.config.settings import Settings
 from bot.contracts.channel import Channel
@@ -38,6 +41,7 @@ from bot.contracts.messages import (
 from bot.contracts.tools import ToolResult
 from bot.storage.approvals import Approval, ApprovalState, ApprovalStore, Asked
 from bot.storage.inbox import INTERRUPTED
+from bot.storage.postgres import CONNECTION_LOST
 from bot.tools.error_patterns import PERMISSION
 
 log = logging.getLogger("roost.engine.approvals")
@@ -264,19 +268,24 @@ class Approvals:
         wake = self._wake.setdefault(row.id, asyncio.Event())
         try:
             while True:
-                current = await self.store.get(row.id)
-                if current is None:
-                    raise RuntimeError(f"approval {row.id} vanished")
-                if current.state != "pending":
-                    return current
-                left = current.expires_at - self.clock()
-                if left <= 0:
-                    if await self.store.decide(row.id, "timeout", "nobody"):
-                        timed_out = await self.store.get(row.id)
-                        if timed_out is not None:
-                            await self.show_outcome(timed_out)
-                    continue
                 wake.clear()
+                try:
+                    current = await self.store.get(row.id)
+                    if current is None:
+                        raise RuntimeError(f"approval {row.id} vanished")
+                    if current.state != "pending":
+                        return current
+                    left = current.expires_at - self.clock()
+                    if left <= 0:
+                        if await self.store.decide(row.id, "timeout", "nobody"):
+                            timed_out = await self.store.get(row.id)
+                            if timed_out is not None:
+                                await self.show_outcome(timed_out)
+                        continue
+                except (*CONNECTION_LOST, sqlite3.Error, asyncpg.PostgresError) as exc:
+                    # The database is away for a moment: the question stays open.
+                    log.warning("reading approval %s failed (%s); trying again", row.id, exc)
+                    left = self.poll
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(min(left, self.poll)):
                         await wake.wait()
