@@ -24,10 +24,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from bot.contracts.channel import Channel, InboundHandler, ReplyStream
-from bot.contracts.messages import InboundMessage, OutboundMessage
+from bot.contracts.messages import Button, ButtonPress, InboundMessage, OutboundMessage
 
 CHAT_ID = "console"
 PROMPT = "you> "
+ANSWERS = {"y": 0, "yes": 0, "n": 1, "no": 1, "a": 2}
+"""Console answers to an approval prompt: the index of its button (Approve, Deny,
+Approve for this session)."""
 DIM, RESET = "\x1b[2m", "\x1b[0m"
 ARGUMENT_CHARS = 40
 """A tool argument shown in a tool line is cut to this many characters."""
@@ -61,6 +64,9 @@ class ConsoleChannel(Channel):
         self._line_start = True
         self._calls: dict[str, tuple[str, str]] = {}
         self._error_id: str | None = None
+        self._asking: tuple[str, list[Button]] | None = None
+        self.asked = asyncio.Event()
+        """Set while an approval prompt waits for y/n/a."""
 
     @property
     def out(self) -> TextIO:
@@ -83,15 +89,27 @@ class ConsoleChannel(Channel):
             await asyncio.gather(self._reader, return_exceptions=True)
 
     async def say(self, text: str) -> None:
-        """Submit ``text`` as the console user (``roost chat -m``)."""
+        """Submit ``text`` as the console user (``roost chat -m``); while an approval
+        prompt is open, ``y``/``n``/``a`` answer it (Approve, Deny, for this session)."""
         assert self._handler is not None, "start() the channel first"
+        choice = ANSWERS.get(text.strip().lower())
+        if self._asking is not None and choice is not None:
+            message_id, buttons = self._asking
+            self._asking = None
+            self.asked.clear()
+            await self._handler(ButtonPress(
+                channel=self.name, chat_id=CHAT_ID, message_id=message_id,
+                data=buttons[choice].data, user_id=self.user_id, user_name=self.user_name,
+                press_id=f"console-{next(self._ids)}"))
+            return
         await self._handler(InboundMessage(
             channel=self.name, chat_id=CHAT_ID, chat_type="direct", sender_id=self.user_id,
             sender_name=self.user_name, text=text, message_id=str(next(self._ids)),
         ))
 
-    async def send(self, message: OutboundMessage) -> None:
-        """Print a reply (notices and errors are marked); files are printed as their path."""
+    async def send(self, message: OutboundMessage) -> str | None:
+        """Print a reply (notices and errors are marked); files are printed as their path.
+        A message with buttons (an approval prompt) asks for y/n/a and gets an id."""
         if message.kind == "error" or self._error_id is not None:
             self._error(message.text)
         else:
@@ -102,7 +120,15 @@ class ConsoleChannel(Channel):
             caption = f" — {file.caption}" if file.caption else ""
             self._line(f"roost> [file: {file.path} ({file.mime_type}, {file.size} bytes)]"
                        f"{caption}")
+        if message.buttons:
+            ident = f"out-{next(self._ids)}"
+            self._asking = (ident, [b for row in message.buttons for b in row])
+            self._line("roost> answer y (approve), n (deny) or a (approve for this session)")
+            self.asked.set()
+            self._prompt()
+            return ident
         self._prompt()
+        return None
 
     def open_stream(self, message: InboundMessage) -> ReplyStream | None:
         """Stream replies as they are generated, unless streaming is off."""
@@ -161,7 +187,12 @@ class ConsoleChannel(Channel):
                     continue
                 await self.say(text)
                 if self.wait_idle is not None and self._session is None:
-                    await self.wait_idle()
+                    # Until idle, or until a paused run asks a question to answer.
+                    waits = {asyncio.ensure_future(self.wait_idle()),
+                             asyncio.ensure_future(self.asked.wait())}
+                    _, left = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                    for task in left:
+                        task.cancel()
         finally:
             self.eof.set()
 

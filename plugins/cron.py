@@ -82,8 +82,9 @@ def roost_tools(settings: Settings, services: Services | None) -> list[Tool]:
 @hookimpl
 def roost_commands(settings: Settings) -> list[Command]:
     """``/cron``: list and remove your scheduled jobs."""
-    return [Command("cron", "your scheduled jobs; remove one; all jobs (admins)", _cron_command,
-                    usage="[remove ID | all]")]
+    return [Command("cron", "your scheduled jobs; remove one; all jobs and pre-approvals "
+                    "(admins)", _cron_command,
+                    usage="[remove ID | all | approve ID TOOL...]")]
 
 
 # -- listing ------------------------------------------------------------------------------
@@ -115,6 +116,8 @@ def format_job(view: JobListing, *, channel: str, chat_id: str, chat_type: str,
         line += ", in another chat"
     if show_owner:
         line += f", owner {job.channel}:{job.owner_id}"
+    if job.approved_tools:
+        line += f", pre-approved: {', '.join(job.approved_tools)}"
     if here or chat_type != "group":
         text = job.message if len(job.message) <= PREVIEW_CHARS else (
             job.message[:PREVIEW_CHARS] + "...")
@@ -231,7 +234,8 @@ async def _remove(scheduler: SchedulerView, context: ToolContext, job_id: str, a
 
 # -- /cron ----------------------------------------------------------------------------------
 
-_USAGE = "Usage: /cron (your jobs), /cron remove ID, /cron all (admins)"
+_USAGE = ("Usage: /cron (your jobs), /cron remove ID, /cron all (admins), "
+          "/cron approve ID TOOL... (admins; no TOOL clears)")
 
 
 async def _cron_command(ctx: CommandContext) -> str:
@@ -262,4 +266,18 @@ async def _cron_command(ctx: CommandContext) -> str:
         except JobError as exc:
             return f"Cannot remove it: {exc}."
         return f"Removed job {job.label} ({job.schedule})."
+    if action == "approve":
+        if not ctx.is_admin:
+            return "Only admins pre-approve tools for a job."
+        if len(words) < 2:
+            return "Usage: /cron approve ID TOOL... (no TOOL clears the pre-approvals)"
+        try:
+            job = await scheduler.approve(words[1], [t.strip(",") for t in words[2:]])
+        except JobError as exc:
+            return f"Cannot pre-approve: {exc}."
+        if not job.approved_tools:
+            return f"Job {job.label}: no tool is pre-approved; its runs are denied every " \
+                   "tool that needs approval."
+        return (f"Job {job.label}: {', '.join(job.approved_tools)} pre-approved; its runs "
+                "use them without asking.")
     return _USAGE

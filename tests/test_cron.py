@@ -201,7 +201,7 @@ async def test_cron_all_is_for_admins(cron_app: CronAppFactory) -> None:
     assert "owner test:u1" in everything and "owner test:u2" in everything
     assert "in test group chat g5" in everything and "u2 job" in everything
     help_text = await say(channel, "/help")
-    assert "/cron [remove ID | all]" in help_text
+    assert "/cron [remove ID | all | approve ID TOOL...]" in help_text
 
 
 async def test_jobs_listed_after_they_fire_show_the_next_run(cron_app: CronAppFactory) -> None:

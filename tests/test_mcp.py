@@ -666,9 +666,9 @@ url = "{toolbox_http}/mcp"
     runner = CliRunner()
     listed = runner.invoke(cli, ["--config", str(config), "mcp", "list"])
     assert listed.exit_code == 1, listed.output
-    assert "toolbox (stdio, lazy): ok, 12 tools" in listed.output
+    assert "toolbox (stdio, lazy): ok, 14 tools" in listed.output
     assert "toolbox__echo_upper" in listed.output
-    assert "web (http, lazy): ok, 12 tools" in listed.output
+    assert "web (http, lazy): ok, 14 tools" in listed.output
     assert "broken (stdio, lazy): FAILED" in listed.output
     assert "missing configuration" in listed.output
     tested = runner.invoke(cli, ["--config", str(config), "mcp", "test", "web"])

@@ -241,7 +241,8 @@ class AgentResolver:
                  name, settings.provider, settings.model, settings.context_window,
                  settings.max_iterations, config.tools.profile, len(judges))
         return Agent(name, config, settings, provider, ToolPolicy(
-            config.tools.profile, config.tools.allow, config.tools.deny), root, patterns,
+            config.tools.profile, config.tools.allow, config.tools.deny,
+            config.tools.approve), root, patterns,
             judges, time.monotonic())
 
     def _settings(self, name: str, config: AgentConfig) -> Settings:
@@ -260,7 +261,8 @@ class AgentResolver:
             iterations = FALLBACK_MAX_ITERATIONS
         for key, value in (("context_window", window), ("max_iterations", iterations),
                            ("model", config.model), ("max_tokens", config.max_tokens),
-                           ("script", config.script)):
+                           ("script", config.script),
+                           ("approval_timeout", config.approval_timeout)):
             if value is not None and value != getattr(base, key):
                 updates[key] = value
         # Runs see setting changes made to the service's own object (tests,

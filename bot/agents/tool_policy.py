@@ -18,6 +18,11 @@ Resolution:
 2. add every tool named by ``allow`` (the only way to offer an opt-in tool);
 3. remove every tool named by ``deny`` — deny wins over allow and the profile.
 
+``approve`` names the offered tools whose calls wait for a person's decision
+(:mod:`bot.engine.approvals`); unset, it is ``["exec"]``. A tool marking itself
+``Tool.meta[NEEDS_APPROVAL]`` (an MCP tool its server calls destructive) needs
+approval whatever ``approve`` says.
+
 Names that match no registered tool (or groups that match no plugin) are
 ignored and logged, so a policy written for a larger install still loads.
 """
@@ -39,6 +44,10 @@ OPT_IN = "opt_in"
 """``Tool.meta`` key: a tool with ``meta={OPT_IN: True}`` is offered only where an agent's
 ``allow`` names it (or its plugin group), never by a profile: ``exec`` runs commands."""
 
+NEEDS_APPROVAL = "needs_approval"
+"""``Tool.meta`` key: a tool with ``meta={NEEDS_APPROVAL: True}`` always waits for approval."""
+DEFAULT_APPROVE = ("exec",)
+"""What ``approve`` is when unset: running commands is asked about wherever it is offered."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +57,7 @@ class ToolPolicy:
     profile: str = FULL
     allow: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
+    approve: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
@@ -69,6 +79,16 @@ class ToolPolicy:
         allowed |= _resolve(self.allow, tools, groups, "allow")
         allowed -= _resolve(self.deny, tools, groups, "deny")
         return {name: tool for name, tool in tools.items() if name in allowed}
+
+    def needing_approval(self, offered: Mapping[str, Tool],
+                         groups: Mapping[str, str]) -> frozenset[str]:
+        """Which of the ``offered`` tools (:meth:`filter`'s result) wait for approval."""
+        if self.approve is None:
+            named = {name for name in DEFAULT_APPROVE if name in offered}
+        else:
+            named = _resolve(self.approve, offered, groups, "approve")
+        return frozenset(named | {name for name, tool in offered.items()
+                                  if tool.meta.get(NEEDS_APPROVAL)})
 
 
 def _in_group(owner: str, group: str) -> bool:

@@ -17,6 +17,7 @@ from types import MappingProxyType
 from typing import Any
 
 from bot.agents.router import AgentResolver, AgentRouter
+from bot.app.approvals_command import approvals_command
 from bot.app.error_channel import error_channel
 from bot.app.http import HealthServer, instrument
 from bot.app.intake import events_to
@@ -36,6 +37,7 @@ from bot.contracts.llm import LLMProvider
 from bot.contracts.messages import OutboundMessage
 from bot.dispatch.dispatcher import Dispatcher, Leftovers
 from bot.dispatch.intake import ChatPolicy, PairingPolicy
+from bot.engine.approvals import Approvals
 from bot.engine.budgets import Budgets
 from bot.engine.context import Estimators
 from bot.engine.gates import GateChain, InputGuard, all_gates
@@ -48,6 +50,7 @@ from bot.pluginhost.migrations import migrate_plugins
 from bot.pluginhost.state import load_disabled, save_state
 from bot.scheduling.scheduler import Scheduler
 from bot.storage.access import AccessStore
+from bot.storage.approvals import ApprovalStore
 from bot.storage.chatter import GroupChatter
 from bot.storage.claims import Claims, fit_replica_id
 from bot.storage.control import Control, open_control
@@ -72,7 +75,7 @@ class Roost:
                  router: AgentRouter, plugins: CurrentPlugins, metrics: RoostMetrics,
                  channels: dict[str, Channel], sender: ChannelSender, replica: str,
                  leader: Leader, claims: Claims | None, gates: GateChain, policy: ChatPolicy,
-                 pairing: PairingPolicy, budgets: Budgets) -> None:
+                 pairing: PairingPolicy, budgets: Budgets, approvals: Approvals) -> None:
         """Parts :meth:`create` built; ``services`` has its inbox, access and usage stores."""
         assert services.inbox is not None
         self.settings = settings
@@ -104,6 +107,8 @@ class Roost:
         self.router = router
         """The agents; the dispatcher routes chats with it before a run exists, the
         engine resolves each run's agent through it."""
+        self.approvals = approvals
+        """Asks before tool calls that need approval; decides the prompts' presses."""
         self.runtime = AppRuntime(self)
         """What plugins, commands and jobs receive instead of this object."""
         self.dispatcher = Dispatcher(
@@ -184,9 +189,11 @@ class Roost:
             pairing = PairingPolicy(settings, access)
             budgets = Budgets(settings, usage, estimators.for_provider)
             gates = GateChain(all_gates(policy, pairing, inbox, budgets, host))
+            approvals = Approvals(settings, ApprovalStore(store.db, store.lock, store.writer),
+                                  channels, settings.data_dir / "approvals")
             engine = RunEngine(settings, host, store, provider, {}, [], agents=router,
                                plugins=plugins, channels=channels, sink=sink, gates=gates,
-                               estimators=estimators)
+                               estimators=estimators, approvals=approvals)
             # Replicas may share this database: one of them long-polls (see add_channel),
             # and each session's messages run on the replica holding its lease.
             leader = Leader(url if postgres else None,
@@ -196,7 +203,8 @@ class Roost:
             app = cls(settings, host, store, engine, {}, channel_specs, services,
                       router=router, plugins=plugins, metrics=metrics, channels=channels,
                       sender=sender, replica=replica, leader=leader, claims=claims,
-                      gates=gates, policy=policy, pairing=pairing, budgets=budgets)
+                      gates=gates, policy=policy, pairing=pairing, budgets=budgets,
+                      approvals=approvals)
         except BaseException:
             await store.close()
             raise
@@ -264,6 +272,7 @@ class Roost:
         for command in unique_by_name(await host.hooks.roost_commands(settings=settings)).values():
             for name in (command.name, *command.aliases):
                 commands.setdefault(name, command)
+        commands.setdefault("approvals", approvals_command(self.approvals.store))
         self.commands = commands
         if not jobs:
             return
@@ -379,7 +388,7 @@ class Roost:
     async def add_channel(self, channel: Channel) -> None:
         """Start an already built channel (tests and embedders use this)."""
         self.channels[channel.name] = channel
-        await channel.begin(events_to(self.dispatcher.submit), ChannelContext(
+        await channel.begin(events_to(self.dispatcher.submit, self.approvals.press), ChannelContext(
             http_routes=self.http,  # its webhook may share the server's port
             # Long polling and Socket Mode on one replica; bot-wide send limits shared.
             leadership=self.leader if is_postgres_url(self.settings.database) else None,

@@ -86,11 +86,13 @@ class _Strict(BaseModel):
 
 
 class ToolPolicyConfig(_Strict):
-    """``tools = {profile, allow, deny}``: see :mod:`bot.agents.tool_policy`."""
+    """``tools = {profile, allow, deny, approve}``: see :mod:`bot.agents.tool_policy`."""
 
     profile: str = "full"
     allow: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
+    approve: tuple[str, ...] | None = None
+    """Tools (and groups) whose calls wait for a person's approval; unset: ``["exec"]``."""
 
     @field_validator("profile")
     @classmethod
@@ -163,6 +165,8 @@ class AgentConfig(_Strict):
     judge: JudgeConfig | None = None
     budgets: BudgetConfig | None = None
     """``[agents.<name>.budgets]``: overrides of ``[budgets]`` for this agent's runs."""
+    approval_timeout: float | None = Field(None, gt=0)
+    """Seconds this agent's tool calls wait for approval; unset follows ``approval_timeout``."""
 
     @field_validator("context_window")
     @classmethod

@@ -68,6 +68,9 @@ class McpServerConfig(BaseModel):
     """Seconds a lazily started server (or a per-user one) may go unused before it is
     ended; the next call starts it again. 0 keeps it running. Eager servers stay."""
     enabled: bool = True
+    approve: bool = True
+    """Whether calls of this server's tools that it marks destructive (``destructiveHint``,
+    not ``readOnlyHint``) wait for a person's approval; ``false`` trusts them."""
 
     @field_validator("url")
     @classmethod

@@ -106,6 +106,12 @@ class Settings(BaseSettings):
     """Per-tool timeout (a tool's own ``timeout`` wins)."""
     turn_timeout: float = Field(300.0, gt=0)
     """All tool calls of one model answer; unfinished ones are cancelled and skipped."""
+    approval_timeout: float = Field(300.0, gt=0)
+    """Seconds a tool call needing approval waits for a decision; then it is denied
+    (per agent: ``[agents.<name>] approval_timeout``)."""
+    approvers: Literal["requester", "admins", "anyone"] = "requester"
+    """Who may approve a tool call in a group: ``requester`` (the person who asked, or an
+    admin), ``admins`` (admins only) or ``anyone`` in the chat. In a DM: the person."""
     error_retention_days: int = Field(30, ge=1)
     """Stored errors, large tool results and answered inbox entries older than this are deleted."""
     trace_retention_days: int = Field(30, ge=1)

@@ -178,6 +178,10 @@ class JobRecordView(Protocol):
     @property
     def thread_id(self) -> str | None: ...
     @property
+    def approved_tools(self) -> tuple[str, ...]:
+        """Tools needing approval an admin pre-approved for the job's runs."""
+        ...
+    @property
     def label(self) -> str:
         """The ID plus the name in quotes, when it has one."""
         ...
@@ -216,6 +220,11 @@ class SchedulerView(Protocol):
     async def remove(self, job_id: str, *, channel: str, owner_id: str,
                      admin: bool = False) -> JobRecordView:
         """Delete a cron job (the owner's own, any when ``admin``); the deleted job."""
+        ...
+
+    async def approve(self, job_id: str, tools: Sequence[str]) -> JobRecordView:
+        """Pre-approve ``tools`` for a cron job's runs (replacing the earlier ones; an
+        admin's call); raises :class:`JobError` for a missing or system job."""
         ...
 
 

@@ -180,8 +180,9 @@ class RunWatch:
             else:
                 await self.bridge.restart()
         elif event.type == "activity":
-            if event.payload.get("phase") == "committing":
-                self.entry.shown()  # answered: a follow-up starts a run of its own
+            if event.payload.get("phase") in ("committing", "approval"):
+                # Answered, or asking a person: a follow-up starts a run of its own.
+                self.entry.shown()
             elif event.payload.get("notice"):
                 self.notify(event.payload["notice"])
 

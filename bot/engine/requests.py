@@ -131,6 +131,9 @@ class RunOptions:
     tools: Sequence[str] | None = None
     persist: bool = True
     timeout: float | None = None
+    approved: tuple[str, ...] = ()
+    """Tools an admin pre-approved for the job: with nobody to ask, only these run
+    of the tools needing approval."""
     job: str = ""
     """The scheduled job this run is a fire of (``cron:<job id>``); '' names it by ``kind``."""
 
@@ -173,6 +176,8 @@ class RunRequest:
     sink: RunSink | None = None
     """Where the run reports (error channel, large results, sends, spans);
     ``None``: the engine's own sink."""
+    approved: tuple[str, ...] = ()
+    """Tools pre-approved for a run nobody can be asked in (:attr:`RunOptions.approved`)."""
 
     @classmethod
     def with_options(cls, message: InboundMessage, session: Session, options: RunOptions, *,
@@ -182,7 +187,8 @@ class RunRequest:
         return cls(message, session, run_id=run_id, agent=agent, plugins=plugins,
                    journal=journal, sink=sink, mode=options.mode, kind=options.kind,
                    extra_context=options.extra_context, max_iterations=options.max_iterations,
-                   tools=options.tools, persist=options.persist, timeout=options.timeout)
+                   tools=options.tools, persist=options.persist, timeout=options.timeout,
+                   approved=options.approved)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from bot.contracts.channel import Channel
 from bot.contracts.llm import ChatMessage, LLMProvider, Sanitizer
 from bot.contracts.messages import InboundMessage
 from bot.contracts.tools import Tool
+from bot.engine.approvals import Approvals
 from bot.engine.compaction import (
     FLUSH_ITERATIONS,
     FLUSH_TIMEOUT,
@@ -78,13 +79,15 @@ class RunEngine:
         sink: RunSink | None = None,
         gates: GateChain | None = None,
         estimators: Estimators | None = None,
+        approvals: Approvals | None = None,
     ) -> None:
         """``plugins`` is the shared plugin state (else one made of ``tools``,
         ``sanitizers`` and ``guard``); ``channels`` the running channels by name (the
         app's live mapping: runs download the files of messages through them); ``sink``
         where runs report unless their request names another; ``gates`` the chain whose
         run stages each run passes (by default the run gates alone); ``estimators`` the
-        token estimators, one per provider (shared with the budgets)."""
+        token estimators, one per provider (shared with the budgets); ``approvals`` asks
+        before the calls that need it (none: no call waits)."""
         self.settings = settings
         self.host = host
         self.store = store
@@ -114,6 +117,8 @@ class RunEngine:
         self.agents = agents
         """Resolves each run's agent; judge statistics."""
         self._holds: set[asyncio.Future[Any]] = set()
+        self.approvals = approvals
+        """Asks a person before tool calls that need approval (bot.engine.approvals)."""
 
     @property
     def plugins(self) -> PluginSnapshot:

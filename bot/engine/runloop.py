@@ -36,6 +36,7 @@ from bot.contracts.llm import (
 )
 from bot.contracts.prompt import PromptContext
 from bot.contracts.tools import Tool, ToolContext
+from bot.engine.approvals import RunGate
 from bot.engine.compaction import compact_midloop, midloop_due
 from bot.engine.context import build_context, current_turn, recent_history, system_prompt
 from bot.engine.gates import BLOCK_REFUSAL, WITHHELD, Asking, Stage
@@ -82,6 +83,9 @@ class Run:
         self.tools: dict[str, Tool] = {}
         self.specs: Mapping[str, ToolSpec] = {}
         """What the model is shown of each tool the agent offers, by name."""
+        self.approve: frozenset[str] = frozenset()
+        """The offered tools whose calls wait for a person's approval."""
+        self.timer: asyncio.Timeout | None = None
         self.tool_turns: ToolTurns | None = None
         """Made at the model's first tool call."""
         self.stream = True
@@ -103,7 +107,7 @@ class Run:
         await self.emit("run.started", message=msg.text, kind=self.req.kind)
         timeout = self.req.timeout or self.settings.run_timeout
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(timeout) as self.timer:
                 result = await self._phases()
         except asyncio.CancelledError as exc:
             # The message given to task.cancel(): "stop", "merged" or "shutdown".
@@ -138,6 +142,7 @@ class Run:
         if req.tools is not None:
             tools = {name: tools[name] for name in req.tools if name in tools}
         self.tools = tools
+        self.approve = agent.policy.needing_approval(tools, self.plugins.tool_groups)
         # A judged reply is delivered only once it passed, so drafts are not streamed.
         self.stream = not (agent.judges and req.kind == "chat")
         self.trace.root.attributes["agent"] = agent.name
@@ -297,8 +302,29 @@ class Run:
                 self.settings, sink=self.sink, trace=self.trace, emit=self.emit,
                 metrics=engine.tool_metrics, session_key=self.req.session.key,
                 journal=self.req.journal,
-                observed=bool(self.observers) or self.listener is not None)
+                observed=bool(self.observers) or self.listener is not None,
+                gate=self._gate())
         return self.tool_turns
+
+    def _gate(self) -> RunGate | None:
+        """The run's approvals, when some offered tool needs them."""
+        approvals, req = self.engine.approvals, self.req
+        if approvals is None or not self.approve:
+            return None
+        return approvals.gate(
+            req.message, settings=self.settings, needed=self.approve,
+            session_key=req.session.key, session_id=req.session.id, run_id=req.run_id,
+            inbox_id=req.journal.head if req.journal is not None else None,
+            # Scheduled runs (cron, heartbeat) have nobody to ask.
+            can_ask=req.kind == "chat", preapproved=frozenset(req.approved),
+            on_wait=self._paused)
+
+    def _paused(self, seconds: float) -> None:
+        """The run waited ``seconds`` for a person: its time limit moves by as much."""
+        timer = self.timer
+        when = timer.when() if timer is not None else None
+        if timer is not None and when is not None:
+            timer.reschedule(when + seconds)
 
     def _vision(self) -> bool:
         """Whether the run's model takes images: the agent's ``vision``, else the setting."""

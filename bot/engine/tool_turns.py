@@ -10,17 +10,20 @@ stored through the sink or cut, and a call repeated with identical arguments
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import time
 from collections.abc import Mapping, Sequence
 
 from bot.config.settings import Settings
 from bot.contracts.llm import ChatMessage, ToolCall
 from bot.contracts.tools import ToolContext, ToolResult
+from bot.engine.approvals import RunGate
 from bot.engine.exec_summary import ExecutionSummary
 from bot.engine.requests import Emit, RunSink
 from bot.observability.tracing import RunTrace
-from bot.storage.inbox import RunJournal
+from bot.storage.inbox import INTERRUPTED, RunJournal
 from bot.tools.executor import ToolExecutor
 from bot.tools.metrics import ToolMetricsRegistry
 from bot.tools.outcomes import RawError, ToolOutcome, turn_timeout_notice
@@ -37,12 +40,13 @@ class ToolTurns:
 
     ``observed``: whether anyone listens to the run's events (tool results are
     announced only then); ``journal``: where finished results are recorded for a
-    run repeated after a crash.
+    run repeated after a crash; ``gate``: the run's approvals.
     """
 
     def __init__(self, executor: ToolExecutor, settings: Settings, *, sink: RunSink,
                  trace: RunTrace, emit: Emit, metrics: ToolMetricsRegistry, session_key: str,
-                 journal: RunJournal | None, observed: bool) -> None:
+                 journal: RunJournal | None, observed: bool,
+                 gate: RunGate | None = None) -> None:
         self.executor = executor
         self.settings = settings
         self.sink = sink
@@ -52,6 +56,8 @@ class ToolTurns:
         self.session_key = session_key
         self.journal = journal
         self.observed = observed
+        self.gate = gate
+        """Asks before calls that need approval (``None``: none does)."""
         self.summary = ExecutionSummary()  # one per run = one per user turn
         self.repeats: dict[tuple[str, str], int] = {}
         self.warning = ""
@@ -64,7 +70,7 @@ class ToolTurns:
         of the message are used instead of running the calls again)."""
         journal = self.journal
         results = await self.run(
-            calls, context, journal.replayed(calls) if replayed and journal else None)
+            calls, context, journal.recorded(calls) if replayed and journal else None)
         if journal is not None and not replayed:
             # Queued results join this commit: the model is asked again only
             # once a crash could no longer make it look as if they never ran.
@@ -76,16 +82,54 @@ class ToolTurns:
     async def run(self, calls: Sequence[ToolCall], context: ToolContext,
                   replayed: Mapping[str, ToolResult] | None = None) -> list[ToolResult]:
         """The results of ``calls``, in order (``replayed``: the results an interrupted
-        earlier run of the message recorded, used instead of running them again)."""
+        earlier run of the message recorded, used instead of running them again; a call
+        it has no result for is reported interrupted, unless it was waiting for approval
+        and never started: that one is decided and run now).
+
+        Calls needing approval (:attr:`gate`) run only once approved; the others'
+        results are the denial the model reads."""
         self.warning = self._loop_warning(calls)
+        done: dict[str, ToolResult] = {}
+        todo = list(calls)
         if replayed is not None:
-            results = []
             for call in calls:
-                result = replayed[call.id]
-                self.summary.record(call.name, call.arguments, not result.is_error,
-                                    result.content, None)
-                results.append(result)
-            return results
+                if call.id in replayed:
+                    done[call.id] = replayed[call.id]
+                elif self.gate is None or not self.gate.needs(call.name):
+                    done[call.id] = ToolResult(INTERRUPTED, is_error=True)
+            for call in calls:
+                if call.id in done:
+                    result = done[call.id]
+                    self.summary.record(call.name, call.arguments, not result.is_error,
+                                        result.content, None)
+            todo = [c for c in calls if c.id not in done]
+        if self.gate is not None and any(self.gate.needs(c.name) for c in todo):
+            # The run now shows a question: a follow-up message waits its turn instead
+            # of cancelling the run (and the question) to merge into it.
+            await self.emit("activity", phase="approval",
+                            tools=[c.name for c in todo if self.gate.needs(c.name)])
+        if self.gate is not None and todo:
+            before = context.deadline - time.monotonic()
+            blocked, approved = await self.gate.screen(todo)
+            for call in todo:
+                if call.id in blocked:
+                    done[call.id] = blocked[call.id]
+                    self.summary.record(call.name, call.arguments, False,
+                                        blocked[call.id].content, None)
+                    if self.journal is not None:
+                        self.journal.result(call.id, blocked[call.id])
+            await self.gate.started(approved)
+            todo = [c for c in todo if c.id not in blocked]
+            # The tools' own deadline does not count the time spent waiting for a person.
+            context = dataclasses.replace(context, deadline=time.monotonic() + before)
+        ran = await self._execute(todo, context)
+        return [done[c.id] if c.id in done else ran[c.id] for c in calls]
+
+    async def _execute(self, calls: Sequence[ToolCall],
+                       context: ToolContext) -> dict[str, ToolResult]:
+        """Run ``calls`` through the executor; their results by call id."""
+        if not calls:
+            return {}
         outcomes = await self.executor.run_batch(
             calls, context, trace=self.trace, on_call=self._on_call,
             on_result=self._on_result,
@@ -93,7 +137,7 @@ class ToolTurns:
         notice = turn_timeout_notice(outcomes)
         if notice:
             await self.emit("activity", phase="turn_timeout", notice=notice)
-        results = []
+        results: dict[str, ToolResult] = {}
         for outcome in outcomes:
             result = outcome.result
             raw = outcome.error
@@ -104,7 +148,7 @@ class ToolTurns:
                 extract(raw.message, code=raw.code, details=raw.details) if raw else None)
             if not result.is_error and len(result.content) > self.settings.large_result_chars:
                 result = await self._shorten(outcome.call, result)
-            results.append(result)
+            results[outcome.call.id] = result
         return results
 
     def note(self) -> str:

@@ -59,7 +59,7 @@ async def run_cron_job(runtime: Runtime, job: Job, fire: Fire, tz: ZoneInfo,
         try:
             result = await runtime.run_scheduled(
                 message, mode="minimal", kind="cron", extra_context=context,
-                deliver_failed=False, job=f"cron:{job.id}")
+                deliver_failed=False, job=f"cron:{job.id}", approved=job.approved_tools)
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if current is not None and current.cancelling():

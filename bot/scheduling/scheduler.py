@@ -350,7 +350,8 @@ class Scheduler:
 
     async def _run_cron(self, entry: Entry, fire: Fire, *, manual: bool = False) -> None:
         assert self.runtime is not None
-        job = entry.job
+        # Read again: its pre-approvals may have changed, on any replica.
+        job = await self.store.get(entry.job.id) or entry.job
         outcome = await run_cron_job(
             self.runtime, job, fire, entry.schedule.tz, self.retry, self.sleep,
             wanted=lambda: not self._closed and (manual or job.id in self._jobs))
@@ -466,6 +467,23 @@ class Scheduler:
     def _view(self, job: Job) -> JobView:
         entry = self._jobs.get(job.id)
         return JobView(job, entry.next_fire if entry else None)
+
+    async def approve(self, job_id: str, tools: Sequence[str]) -> Job:
+        """Pre-approve ``tools`` for cron job ``job_id`` (an admin's call; replaces the
+        earlier ones, none clears them); the job as it is now.
+
+        Raises :class:`JobError` (``NOT_FOUND``, ``NOT_ALLOWED``).
+        """
+        job = await self.store.get(job_id.strip())
+        if job is None:
+            raise JobError(f"there is no job {job_id!r}", "NOT_FOUND")
+        if job.kind == "system":
+            raise JobError(f"{job_id} is a system job from a plugin", "NOT_ALLOWED")
+        names = tuple(dict.fromkeys(t for t in tools if t))
+        if not await self.store.set_approved(job.id, names):
+            raise JobError(f"there is no job {job_id!r}", "NOT_FOUND")
+        log.info("job %s: tools pre-approved: %s", job.label, ", ".join(names) or "none")
+        return replace(job, approved_tools=names)
 
     async def remove(self, job_id: str, *, channel: str, owner_id: str,
                      admin: bool = False) -> Job:

@@ -104,10 +104,9 @@ class RunJournal:
         """The next recorded model turn to replay instead of calling the model."""
         return self.turns.pop(0) if self.turns else None
 
-    def replayed(self, calls: Sequence[ToolCall]) -> dict[str, ToolResult]:
-        """Results for ``calls`` of a replayed turn: recorded ones, else 'interrupted'."""
-        return {c.id: self.results.get(c.id, ToolResult(INTERRUPTED, is_error=True))
-                for c in calls}
+    def recorded(self, calls: Sequence[ToolCall]) -> dict[str, ToolResult]:
+        """The recorded results of those of ``calls`` that have one."""
+        return {c.id: self.results[c.id] for c in calls if c.id in self.results}
 
     async def turn(self, message: ChatMessage) -> None:
         """Record a model turn that calls tools; returns once committed (before they run)."""

@@ -44,6 +44,9 @@ class Job:
     created_at: float = 0.0
     last_fire: float | None = None
     paused_at: float | None = None
+    approved_tools: tuple[str, ...] = ()
+    """Tools needing approval an admin pre-approved for the job's runs (nobody is
+    there to ask when it fires)."""
 
     @property
     def label(self) -> str:
@@ -67,8 +70,8 @@ class JobRun:
 
 
 _COLUMNS = ("id, kind, name, schedule, timezone, message, owner_id, channel, chat_id, chat_type,"
-            " thread_id, created_at, last_fire, paused_at")
-_VALUES = ", ".join("?" * 14)
+            " thread_id, created_at, last_fire, paused_at, approved_tools")
+_VALUES = ", ".join("?" * (_COLUMNS.count(",") + 1))
 
 KEPT_RUNS = 50
 """Fires of each job kept in ``job_runs`` (older ones go as new ones are recorded)."""
@@ -77,14 +80,15 @@ KEPT_RUNS = 50
 def _row(job: Job) -> tuple[Any, ...]:
     return (job.id, job.kind, job.name, job.schedule, job.timezone, job.message, job.owner_id,
             job.channel, job.chat_id, job.chat_type, job.thread_id, job.created_at,
-            job.last_fire, job.paused_at)
+            job.last_fire, job.paused_at, ",".join(job.approved_tools))
 
 
 def _job(row: Any) -> Job:
     return Job(id=row[0], kind=row[1], name=row[2], schedule=row[3], timezone=row[4],
                message=row[5], owner_id=row[6], channel=row[7], chat_id=row[8],
                chat_type=row[9], thread_id=row[10], created_at=row[11], last_fire=row[12],
-               paused_at=row[13])
+               paused_at=row[13],
+               approved_tools=tuple(t for t in str(row[14] or "").split(",") if t))
 
 
 class JobStore:
@@ -158,6 +162,11 @@ class JobStore:
             f"INSERT INTO jobs ({_COLUMNS}) SELECT {placeholders} WHERE (SELECT COUNT(*) FROM"
             " jobs WHERE kind = 'cron' AND channel = ? AND owner_id = ?) < ?",
             (*_row(job), job.channel, job.owner_id, max_per_owner)) == 1
+
+    async def set_approved(self, job_id: str, tools: Sequence[str]) -> bool:
+        """Replace the tools pre-approved for a job; whether the job exists."""
+        return await self._write("UPDATE jobs SET approved_tools = ? WHERE id = ?",
+                                 (",".join(tools), job_id)) == 1
 
     async def delete(self, job_id: str, *, channel: str | None = None,
                      owner_id: str | None = None) -> bool:

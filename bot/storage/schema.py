@@ -491,6 +491,39 @@ MIGRATIONS: list[str] = [
     """,
     # 25: the Control UI's operations pages (UI_OPS_STEP).
     UI_OPS_STEP,
+    # 26: approvals (bot.storage.approvals): each tool call that waited for a person's
+    # yes or no, its masked arguments and who decided what when (the one record of
+    # every decision), unique per run journal and call so a resumed run finds it; and
+    # the tools an admin pre-approved for a scheduled job.
+    """
+    CREATE TABLE approvals (
+        id TEXT PRIMARY KEY,
+        inbox_id INTEGER,
+        call_id TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        session_key TEXT NOT NULL,
+        session_id INTEGER NOT NULL,
+        channel TEXT NOT NULL,
+        chat_id TEXT NOT NULL,
+        chat_type TEXT NOT NULL,
+        thread_id TEXT,
+        requester TEXT NOT NULL,
+        tool TEXT NOT NULL,
+        arguments TEXT NOT NULL,
+        state TEXT NOT NULL DEFAULT 'pending' CHECK (state IN
+            ('pending', 'approved', 'session', 'denied', 'timeout', 'cancelled')),
+        prompt_id TEXT,
+        decided_by TEXT,
+        decided_at REAL,
+        started INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL,
+        expires_at REAL NOT NULL
+    );
+    CREATE UNIQUE INDEX approvals_call ON approvals(inbox_id, call_id);
+    CREATE INDEX approvals_session ON approvals(session_id, tool, state);
+    CREATE INDEX approvals_created ON approvals(created_at);
+    ALTER TABLE jobs ADD COLUMN approved_tools TEXT NOT NULL DEFAULT '';
+    """,
 ]
 """Schema steps in order; ``PRAGMA user_version`` records how many have run.
 

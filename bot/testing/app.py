@@ -34,7 +34,13 @@ from bot.contracts.channel import Channel, InboundHandler
 from bot.contracts.events import RunEvent
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.llm import LLMProvider, LLMRequest
-from bot.contracts.messages import InboundEvent, InboundMessage, OutboundMessage
+from bot.contracts.messages import (
+    ButtonPress,
+    ButtonRows,
+    InboundEvent,
+    InboundMessage,
+    OutboundMessage,
+)
 from bot.pluginhost.manager import PluginHost, get_plugin_manager
 from plugins.scripted_provider import ScriptedProvider, _turn
 
@@ -138,6 +144,9 @@ class ChatChannel(Channel):
         self.sender = sender
         self.stream = stream
         self.sent: list[OutboundMessage] = []
+        """Everything sent; one with buttons has its position (from 1) as its id."""
+        self.edits: list[tuple[str, str, ButtonRows]] = []
+        self.answers: list[tuple[ButtonPress, str | None]] = []
         self.streams: list[list[str | None]] = []
         self.typing_count = 0
         self.arrived = asyncio.Event()
@@ -162,8 +171,23 @@ class ChatChannel(Channel):
     async def stop(self) -> None:
         self._handler = None
 
-    async def send(self, message: OutboundMessage) -> None:
+    async def send(self, message: OutboundMessage) -> str | None:
         self.sent.append(message)
+        self.arrived.set()
+        # A message with buttons can be edited later, so it gets an id: its position.
+        return str(len(self.sent)) if message.buttons else None
+
+    async def edit(self, chat_id: str, message_id: str, text: str,
+                   buttons: ButtonRows = (), *, thread_id: str | None = None) -> bool:
+        """Record the edit in ``edits`` as ``(message_id, text, buttons)``."""
+        self.edits.append((message_id, text, buttons))
+        self.arrived.set()
+        return True
+
+    async def answer_press(self, press: ButtonPress, note: str | None = None, *,
+                           alert: bool = False) -> None:
+        """Record the answer in ``answers`` as ``(press, note)``."""
+        self.answers.append((press, note))
         self.arrived.set()
 
     async def wait_for_message(self, check: Callable[[OutboundMessage], bool] | None = None,

@@ -52,6 +52,11 @@ MAX_DESCRIPTION = 4_000
 """Characters of a server's tool description passed on (some servers write essays)."""
 
 
+NEEDS_APPROVAL = "needs_approval"
+"""The ``Tool.meta`` key the tool policy reads (``bot.agents.tool_policy.NEEDS_APPROVAL``):
+calls of the tool wait for a person's approval."""
+
+
 def build_tools(manager: McpManager) -> list[Tool]:
     """The Roost tools of every enabled server's current list."""
     tools: list[Tool] = []
@@ -108,8 +113,15 @@ def _tool(server: McpServer, roost_name: str, tool: types.Tool) -> Tool:
         timeout=config.timeout + config.connect_timeout,
         retry=NO_RETRY,
         meta={"group": f"{GROUP_PREFIX}{server.name}", "mcp_server": server.name,
-              "mcp_tool": mcp_name},
+              "mcp_tool": mcp_name, NEEDS_APPROVAL: config.approve and destructive(tool)},
     )
+
+
+def destructive(tool: types.Tool) -> bool:
+    """Whether the server marks ``tool`` destructive (``destructiveHint: true``) and not
+    read-only (``readOnlyHint``); the protocol's default for an unmarked tool is not."""
+    hints = tool.annotations
+    return hints is not None and hints.destructive_hint is True and not hints.read_only_hint
 
 
 async def render(result: types.CallToolResult, workspace: Path,

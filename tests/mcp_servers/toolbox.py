@@ -5,7 +5,8 @@ older SSE transport at ``/sse``, both from one process (the tests share it).
 Tools: ``add``, ``echo.upper`` (a name with a dot), ``where`` (the process's
 cwd), ``fail`` (an ``isError`` result), ``picture`` (a PNG), ``big`` (a long
 text), ``grow`` (adds ``hello`` and announces the changed list), ``crash``
-(exits the process mid-call), ``pid`` and ``slow``. ``TOOLBOX_MARK`` in the
+(exits the process mid-call), ``pid``, ``slow``, ``wipe`` (marked destructive) and
+``peek`` (marked destructive and read-only). ``TOOLBOX_MARK`` in the
 environment is echoed by ``mark``; ``TOOLBOX_STUBBORN=1`` makes a stdio server
 ignore the end of its stdin and SIGTERM (only SIGKILL ends it).
 """
@@ -31,7 +32,7 @@ gc.disable()
 
 from mcp.server.mcpserver import Context, MCPServer  # noqa: E402
 from mcp.server.mcpserver.exceptions import ToolError  # noqa: E402
-from mcp.types import ImageContent  # noqa: E402
+from mcp.types import ImageContent, ToolAnnotations  # noqa: E402
 
 PNG = base64.b64encode(
     b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x06\x00\x00"
@@ -112,6 +113,18 @@ async def grow(ctx: Context) -> str:
     with contextlib.suppress(Exception):
         await ctx.notify_tools_changed()
     return "grown"
+
+
+@server.tool(annotations=ToolAnnotations(destructiveHint=True))
+def wipe(path: str) -> str:
+    """Pretends to delete ``path`` (marked destructive)."""
+    return f"wiped {path}"
+
+
+@server.tool(annotations=ToolAnnotations(destructiveHint=True, readOnlyHint=True))
+def peek(path: str) -> str:
+    """Pretends to read ``path`` (marked destructive but read-only: read-only wins)."""
+    return f"peeked {path}"
 
 
 @server.tool()
