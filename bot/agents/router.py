@@ -121,7 +121,8 @@ class Agent:
     patterns: PatternLibrary | None = None
     judges: tuple[Judge, ...] = ()
     resolved_at: float = 0.0
-    _tools: tuple[Mapping[str, Tool], dict[str, Tool], Mapping[str, ToolSpec]] | None = field(
+    _tools: tuple[Mapping[str, Tool], dict[str, Tool], Mapping[str, ToolSpec],
+                  frozenset[str]] | None = field(
         default=None, repr=False)
     _seeded: set[Path] = field(default_factory=set, repr=False)
 
@@ -164,15 +165,21 @@ class Agent:
         """What the model is shown of each of :meth:`tools`, by name (cached alike)."""
         return self._offered(registered, groups)[1]
 
+    def needing_approval(self, registered: Mapping[str, Tool],
+                         groups: Mapping[str, str]) -> frozenset[str]:
+        """Which of :meth:`tools` wait for a person's approval (cached alike)."""
+        return self._offered(registered, groups)[2]
+
     def _offered(self, registered: Mapping[str, Tool], groups: Mapping[str, str]
-                 ) -> tuple[dict[str, Tool], Mapping[str, ToolSpec]]:
+                 ) -> tuple[dict[str, Tool], Mapping[str, ToolSpec], frozenset[str]]:
         cached = self._tools
         if cached is not None and cached[0] is registered:
-            return cached[1], cached[2]
+            return cached[1], cached[2], cached[3]
         allowed = self.policy.filter(registered, groups)
         specs = MappingProxyType({name: tool.spec() for name, tool in allowed.items()})
-        self._tools = (registered, allowed, specs)
-        return allowed, specs
+        approve = self.policy.needing_approval(allowed, groups)
+        self._tools = (registered, allowed, specs, approve)
+        return allowed, specs, approve
 
 
 class _ConfiguredJudge:

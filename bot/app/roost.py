@@ -20,7 +20,6 @@ from bot.agents.router import AgentResolver, AgentRouter
 from bot.app.approvals_command import approvals_command
 from bot.app.error_channel import error_channel
 from bot.app.http import HealthServer, instrument
-from bot.app.intake import events_to
 from bot.app.offers import (
     apply_tool_groups,
     collect_judges,
@@ -115,7 +114,7 @@ class Roost:
             settings, inbox=self.inbox, store=store, engine=engine, router=self.router,
             channels=self.channels, commands=lambda: self.commands, runtime=self.runtime,
             gates=gates, policy=policy, pairing=pairing, budgets=budgets, claims=claims,
-            deliveries=metrics)
+            deliveries=metrics, presses=approvals)
 
     @property
     def provider(self) -> LLMProvider:
@@ -388,7 +387,7 @@ class Roost:
     async def add_channel(self, channel: Channel) -> None:
         """Start an already built channel (tests and embedders use this)."""
         self.channels[channel.name] = channel
-        await channel.begin(events_to(self.dispatcher.submit, self.approvals.press), ChannelContext(
+        await channel.begin(self.dispatcher.receive, ChannelContext(
             http_routes=self.http,  # its webhook may share the server's port
             # Long polling and Socket Mode on one replica; bot-wide send limits shared.
             leadership=self.leader if is_postgres_url(self.settings.database) else None,

@@ -18,14 +18,20 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from bot.agents.router import AgentRouter
 from bot.config.settings import Settings
 from bot.contracts.channel import Channel
 from bot.contracts.commands import Command
 from bot.contracts.llm import METER, BudgetRefused, Usage
-from bot.contracts.messages import InboundMessage, OutboundMessage, parse_command
+from bot.contracts.messages import (
+    ButtonPress,
+    InboundEvent,
+    InboundMessage,
+    OutboundMessage,
+    parse_command,
+)
 from bot.contracts.runtime import Runtime
 from bot.dispatch.commands import run_command
 from bot.dispatch.delivery import (
@@ -51,11 +57,19 @@ from bot.storage.inbox import Inbox, InboxEntry, OutboxEntry, RunJournal, groupe
 from bot.storage.sessions import SessionStore, agent_of, session_key
 
 log = logging.getLogger("roost.dispatch.dispatcher")
+intake_log = logging.getLogger("roost.intake")
 
 T = TypeVar("T")
 
 Leftovers = tuple[list[OutboxEntry], list[InboxEntry]]
 """What a previous process left: replies not confirmed delivered, unfinished messages."""
+
+
+class PressHandler(Protocol):
+    """Who acts on the button presses channels hand in (the approvals)."""
+
+    async def press(self, press: ButtonPress) -> bool:
+        """Act on ``press``; ``False`` when it is not one of this handler's buttons."""
 
 
 class ShuttingDown(Exception):
@@ -70,7 +84,8 @@ class Dispatcher:
                  commands: Callable[[], Mapping[str, Command]], runtime: Runtime,
                  gates: GateChain, policy: ChatPolicy, pairing: PairingPolicy, budgets: Budgets,
                  claims: Claims | None = None,
-                 deliveries: DeliveryCount | None = None) -> None:
+                 deliveries: DeliveryCount | None = None,
+                 presses: PressHandler | None = None) -> None:
         """``channels`` is the live mapping of running channels; ``commands()`` the
         current commands (they change when plugins do); ``runtime`` is what command
         handlers receive. ``gates`` decide who is answered and how (intake and start
@@ -78,8 +93,10 @@ class Dispatcher:
         ``budgets``, also reserved around each model call). ``claims`` (PostgreSQL,
         several replicas) makes sessions run on the replica holding their lease.
         ``deliveries`` counts each reply handed to a channel (``ok``, ``failed`` (kept and
-        retried) or ``given_up``)."""
+        retried) or ``given_up``). ``presses`` takes the button presses channels hand in
+        (the approval prompts')."""
         self.settings = settings
+        self.presses = presses
         self.inbox = inbox
         self.store = store
         self.engine = engine
@@ -106,6 +123,23 @@ class Dispatcher:
         ``None`` on SQLite: this process runs what it receives."""
 
     # -- entry point -------------------------------------------------------
+
+    async def receive(self, event: InboundEvent) -> None:
+        """The handler channels are given: a message is :meth:`submit`-ted, a button press
+        goes to ``presses``; edits, deletions and reactions are not acted on yet (logged
+        at debug level here, the one place that decides)."""
+        if isinstance(event, InboundMessage):
+            await self.submit(event)
+            return
+        if isinstance(event, ButtonPress) and self.presses is not None:
+            try:
+                if await self.presses.press(event):
+                    return
+            except Exception:
+                # A press that cannot be handled must not make the platform redeliver it.
+                intake_log.exception("%s: handling a button press failed", event.channel)
+                return
+        intake_log.debug("%s: %s not acted on", event.channel, type(event).__name__)
 
     async def submit(self, message: InboundMessage) -> None:
         """Accept one normalized message; returns once it is durably recorded.

@@ -142,7 +142,9 @@ class Run:
         if req.tools is not None:
             tools = {name: tools[name] for name in req.tools if name in tools}
         self.tools = tools
-        self.approve = agent.policy.needing_approval(tools, self.plugins.tool_groups)
+        self.approve = agent.needing_approval(self.plugins.tools, self.plugins.tool_groups)
+        if req.tools is not None:
+            self.approve = self.approve & tools.keys()
         # A judged reply is delivered only once it passed, so drafts are not streamed.
         self.stream = not (agent.judges and req.kind == "chat")
         self.trace.root.attributes["agent"] = agent.name
