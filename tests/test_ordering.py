@@ -84,6 +84,9 @@ def test_each_worker_gets_an_even_share_of_the_long_tests_longest_first(
         times = [seconds(n) for n in part]
         assert times == sorted(times, reverse=True)
     assert {parts[0][0], parts[1][0]} == set(known)
+    # The short tests keep their file order, one contiguous run per worker.
+    shorts = [n for part in parts for n in part if n.split("::")[1].startswith("short")]
+    assert shorts == [f"test_a.py::short{i}" for i in range(400)]
 
 
 def test_without_workers_the_order_is_the_file_order_e2e_then_slow_first() -> None:
