@@ -151,8 +151,8 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--store-durations", action="store_true",
-        help="write how long each test of a second or more took (setup, call and teardown) "
-             "to tests/durations.json, which orders the next runs")
+        help="record in tests/durations.json how long each test that ran took (setup, call "
+             "and teardown; a second or more), which orders the next runs")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -188,9 +188,14 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Write tests/durations.json after a whole run with ``--store-durations``."""
+    """Update tests/durations.json with the tests this run ran (``--store-durations``)."""
     config = session.config
     if not config.getoption("store_durations") or hasattr(config, "workerinput"):
         return
-    long = {k: round(v, 1) for k, v in sorted(_durations.items()) if v >= 1.0}
-    DURATIONS.write_text(json.dumps(long, indent=0) + "\n", encoding="utf-8")
+    known = known_durations()
+    for nodeid, seconds in _durations.items():
+        known.pop(nodeid, None)
+        if seconds >= 1.0:
+            known[nodeid] = round(seconds, 1)
+    DURATIONS.write_text(json.dumps(dict(sorted(known.items())), indent=0) + "\n",
+                         encoding="utf-8")
