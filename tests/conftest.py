@@ -13,6 +13,7 @@ many workers, which tests start first, and that Python may cache bytecode.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import sys
 import time
@@ -26,6 +27,14 @@ from bot.app.roost import Roost
 from bot.contracts.llm import LLMProvider
 from bot.testing.app import ChatChannel, EventRecorder, closing_apps, create_app
 from bot.testing.postgres import PostgresCluster
+from tests.ordering import (
+    DURATIONS,
+    E2E_SECONDS,
+    OTHER_SECONDS,
+    SLOW_SECONDS,
+    deal,
+    known_durations,
+)
 
 CHANNEL = "test"
 """The name of the chat channel ``make_app`` adds."""
@@ -140,18 +149,57 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     return min(WORKERS_PER_CPU * len(os.sched_getaffinity(0)), MAX_WORKERS)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run the long tests first: ``e2e`` (separate ``roost`` processes), then ``slow``.
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--store-durations", action="store_true",
+        help="record in tests/durations.json how long each test that ran took (setup, call "
+             "and teardown; a second or more), which orders the next runs")
 
-    pytest-xdist hands tests out in collection order; a 30-second test picked up last
-    would keep one worker busy after the others ran out of work. The sort is stable,
-    so it is the same on every worker, as xdist requires, and keeps file order otherwise.
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Spread the long tests over the xdist workers, each starting with its longest.
+
+    A test's expected time is its time in tests/durations.json, else that of its marker
+    (``e2e``: separate ``roost`` processes; ``slow``); :func:`tests.ordering.deal` puts an
+    even share in each worker's first slice of the collection. Without xdist the order
+    is the file order, ``e2e`` then ``slow`` first.
     """
-    def rank(item: pytest.Item) -> int:
-        return 0 if item.get_closest_marker("e2e") else 1 if item.get_closest_marker("slow") \
-            else 2
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    if workers <= 1:
+        items.sort(key=lambda item: 0 if item.get_closest_marker("e2e")
+                   else 1 if item.get_closest_marker("slow") else 2)
+        return
+    known = known_durations()
 
-    items.sort(key=rank)
+    def seconds(item: pytest.Item) -> float:
+        if item.nodeid in known:
+            return known[item.nodeid]
+        return E2E_SECONDS if item.get_closest_marker("e2e") else \
+            SLOW_SECONDS if item.get_closest_marker("slow") else OTHER_SECONDS
+
+    items[:] = deal(items, seconds, workers)
+
+
+_durations: dict[str, float] = {}
+"""Per test id, the seconds its reports took (``--store-durations``, in the controller)."""
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Update tests/durations.json with the tests this run ran (``--store-durations``)."""
+    config = session.config
+    if not config.getoption("store_durations") or hasattr(config, "workerinput"):
+        return
+    known = known_durations()
+    for nodeid, seconds in _durations.items():
+        known.pop(nodeid, None)
+        if seconds >= 1.0:
+            known[nodeid] = round(seconds, 1)
+    DURATIONS.write_text(json.dumps(dict(sorted(known.items())), indent=0) + "\n",
+                         encoding="utf-8")
 
 
 _STARTED = time.time()
