@@ -57,3 +57,16 @@ def test_button_data_is_limited_to_what_every_platform_takes() -> None:
     with pytest.raises(ValueError, match="label"):
         Button(" ", "x")
     assert OutboundMessage(channel="c", chat_id="1", text="t").buttons == ()
+
+
+def test_a_reply_with_buttons_survives_the_outbox() -> None:
+    # A committed reply is stored as JSON and sent again from it after a failure or a restart.
+    from bot.contracts.messages import Button, OutboundMessage
+    from bot.storage.inbox import decode_outbound, encode_outbound
+
+    reply = OutboundMessage("telegram", "1", "run it?", buttons=(
+        (Button("Approve", "ap:1", "success"), Button("Deny", "dn:1", "danger")),
+        (Button("Approve for this session", "as:1"),)))
+    assert decode_outbound(encode_outbound(reply)) == reply
+    plain = OutboundMessage("telegram", "1", "hello")
+    assert decode_outbound(encode_outbound(plain)) == plain

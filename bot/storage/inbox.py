@@ -39,7 +39,13 @@ from typing import Any, Literal, cast
 import aiosqlite
 
 from bot.contracts.llm import ChatMessage, ToolCall
-from bot.contracts.messages import Attachment, InboundMessage, OutboundFile, OutboundMessage
+from bot.contracts.messages import (
+    Attachment,
+    Button,
+    InboundMessage,
+    OutboundFile,
+    OutboundMessage,
+)
 from bot.contracts.tools import ToolResult
 from bot.storage.claims import notify
 from bot.storage.db import Statements, Writer, dialect_of
@@ -515,6 +521,7 @@ def decode_outbound(text: str) -> OutboundMessage:
     data: dict[str, Any] = json.loads(text)
     data["files"] = tuple(OutboundFile(**{k: v for k, v in f.items() if k in _FILE_FIELDS})
                           for f in data.get("files", ()))
+    data["buttons"] = tuple(tuple(Button(**b) for b in row) for row in data.get("buttons", ()))
     known = {f.name for f in dataclasses.fields(OutboundMessage)}
     return OutboundMessage(**{k: v for k, v in data.items() if k in known})
 
