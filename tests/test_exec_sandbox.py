@@ -42,6 +42,10 @@ from tests.roost_processes import until_logged
 
 SECRET = "sk-roost-test-0123456789abcdef"
 
+# exec asks before it runs by default (approvals, tests/test_approvals.py); these tests run
+# the sandbox itself, so their agent lets exec run unasked.
+EXEC_AGENT = {"default": {"tools": {"allow": ["exec"], "approve": []}}}
+
 
 @pytest.fixture
 def root() -> Iterator[Path]:
@@ -360,7 +364,7 @@ async def test_exec_through_a_run_with_the_large_result_store(root: Path) -> Non
         "command": "echo built > out.txt; cat out.txt; head -c 100000000 /dev/zero | tr '\\0' b"}}
     chat = await build_app([{"steps": [{"tool_calls": [call]}, {"reply": "ran it"}]}],
                            data_dir=root / "data", dm_policy="open",
-                           agents={"default": {"tools": {"allow": ["exec"]}}})
+                           agents=EXEC_AGENT)
     try:
         assert await chat.ask("build it") == ["ran it"]
         offered = {spec.name for spec in chat.requests[0].tools}
@@ -391,7 +395,7 @@ async def test_stop_kills_the_sandbox_of_a_running_command(root: Path) -> None:
         chat = await build_app([{"steps": [{"tool_calls": [call]}, {"reply": "never sent"}]}],
                                data_dir=root / "data", dm_policy="open",
                                plugins={"plugins.exec_tool": {"network_agents": ["default"]}},
-                               agents={"default": {"tools": {"allow": ["exec"]}}})
+                               agents=EXEC_AGENT)
         try:
             await chat.say("run it")
             await asyncio.wait_for(started.wait(), 30)
@@ -702,7 +706,7 @@ async def readyz(chat: ChatChannel) -> tuple[int, str]:
         await server.close()
 
 
-EXEC_AGENT = {"default": {"tools": {"allow": ["exec"]}}}
+
 
 
 async def test_readyz_and_status_show_a_passing_canary(root: Path) -> None:
