@@ -177,7 +177,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return E2E_SECONDS if item.get_closest_marker("e2e") else \
             SLOW_SECONDS if item.get_closest_marker("slow") else OTHER_SECONDS
 
-    items[:] = deal(items, seconds, workers)
+    def shared(item: pytest.Item) -> str | None:
+        # The browser tests share one Chromium and one `roost run` per worker.
+        return "browser" if item.nodeid.startswith("tests/browser/") else None
+
+    items[:] = deal(items, seconds, workers, group=shared)
 
 
 _durations: dict[str, float] = {}

@@ -51,28 +51,49 @@ def slice_sizes(count: int, workers: int) -> list[int]:
 
 
 def deal(items: Sequence[T], seconds: Callable[[T], float], workers: int,
-         short: float = OTHER_SECONDS) -> list[T]:
+         short: float = OTHER_SECONDS,
+         group: Callable[[T], str | None] = lambda item: None) -> list[T]:
     """``items`` reordered into ``workers`` consecutive slices of pytest-xdist's sizes: the
     tests expected to take longer than ``short`` spread evenly over the slices, longest
     first in each, then the short ones in their file order, a contiguous run per slice
     (tests of one module stay mostly on one worker, as without this order).
 
     Longest first, each long test goes to the slice with the least time so far that still
-    has room. The order depends on nothing but ``items`` and ``seconds``, so every worker
-    computes the same one, as xdist requires.
+    has room. Tests of one ``group`` (not ``None``: they share a costly fixture, such as a
+    browser) go to one slice together, as one long test of their summed time. The order
+    depends on nothing but ``items``, ``seconds`` and ``group``, so every worker computes
+    the same one, as xdist requires.
     """
     if workers <= 1:
         return sorted(items, key=seconds, reverse=True)
     sizes = slice_sizes(len(items), workers)
     slices: list[list[T]] = [[] for _ in sizes]
     load = [0.0] * workers
-    longer = sorted((i for i in items if seconds(i) > short), key=seconds, reverse=True)
-    for item in longer:  # a stable sort: ties keep file order
-        open_ = [i for i in range(workers) if len(slices[i]) < sizes[i]]
+    blocks: dict[str, list[T]] = {}
+    units: list[list[T]] = []
+    for item in items:
+        name = group(item)
+        if name is None:
+            if seconds(item) > short:
+                units.append([item])
+        elif name in blocks:
+            blocks[name].append(item)
+        else:
+            blocks[name] = [item]
+            units.append(blocks[name])
+    dealt = {id(item) for unit in units for item in unit}
+
+    def total(unit: list[T]) -> float:
+        return sum(seconds(item) for item in unit)
+
+    for unit in sorted(units, key=total, reverse=True):  # a stable sort: ties keep file order
+        open_ = [i for i in range(workers) if len(slices[i]) + len(unit) <= sizes[i]] \
+            or [i for i in range(workers) if len(slices[i]) < sizes[i]]
         target = min(open_, key=lambda i: (load[i], i))
-        slices[target].append(item)
-        load[target] += seconds(item)
-    rest = iter([i for i in items if seconds(i) <= short])
+        slices[target].extend(unit)
+        load[target] += total(unit)
+    rest = iter([i for i in items if id(i) not in dealt])
     for part, size in zip(slices, sizes, strict=True):
-        part.extend(itertools.islice(rest, size - len(part)))
+        part.extend(itertools.islice(rest, max(0, size - len(part))))
+    slices[-1].extend(rest)  # what a group too big for its slice pushed out
     return [item for part in slices for item in part]

@@ -100,3 +100,18 @@ def test_deal_is_the_same_for_the_same_input() -> None:
     first = deal(items, lambda i: i[1], 3)
     assert first == deal(list(items), lambda i: i[1], 3)
     assert sorted(first) == sorted(items)
+
+
+def test_a_group_goes_to_one_slice_whole_and_nothing_is_lost() -> None:
+    items = [f"b{n}" for n in range(6)] + [f"long{n}" for n in range(4)] + \
+        [f"s{n}" for n in range(30)]
+    seconds = {**{f"b{n}": 10.0 for n in range(6)}, **{f"long{n}": 30.0 for n in range(4)}}
+    order = deal(items, lambda i: seconds.get(i, 0.1), 4,
+                 group=lambda i: "browser" if i.startswith("b") else None)
+    assert sorted(order) == sorted(items)
+    sizes = slice_sizes(len(items), 4)
+    starts = [sum(sizes[:n]) for n in range(4)]
+    slices = [order[start:start + size] for start, size in zip(starts, sizes, strict=True)]
+    holding = [n for n, part in enumerate(slices) if any(i.startswith("b") for i in part)]
+    assert len(holding) == 1
+    assert sum(i.startswith("b") for i in slices[holding[0]]) == 6
