@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -25,8 +26,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
-
-import asyncpg  # type: ignore[import-untyped]
 
 from bot.config.settings import Settings
 from bot.contracts.channel import Channel
@@ -41,7 +40,6 @@ from bot.contracts.messages import (
 from bot.contracts.tools import ToolResult
 from bot.storage.approvals import Approval, ApprovalState, ApprovalStore, Asked
 from bot.storage.inbox import INTERRUPTED
-from bot.storage.postgres import CONNECTION_LOST
 from bot.tools.error_patterns import PERMISSION
 
 log = logging.getLogger("roost.engine.approvals")
@@ -282,7 +280,7 @@ class Approvals:
                             if timed_out is not None:
                                 await self.show_outcome(timed_out)
                         continue
-                except (*CONNECTION_LOST, sqlite3.Error, asyncpg.PostgresError) as exc:
+                except _database_errors() as exc:
                     # The database is away for a moment: the question stays open.
                     log.warning("reading approval %s failed (%s); trying again", row.id, exc)
                     left = self.poll
@@ -386,3 +384,16 @@ class RunGate:
             raise
         finally:
             self.on_wait(time.monotonic() - began)
+
+
+@functools.cache
+def _database_errors() -> tuple[type[BaseException], ...]:
+    """What reading the store raises while the database is away for a moment; asyncpg's
+    errors only where the postgres extra is installed (a SQLite install has no asyncpg)."""
+    try:
+        import asyncpg  # type: ignore[import-untyped]
+
+        from bot.storage.postgres import CONNECTION_LOST
+    except ImportError:
+        return (OSError, sqlite3.Error)
+    return (*CONNECTION_LOST, sqlite3.Error, asyncpg.PostgresError)
