@@ -110,7 +110,17 @@ def every_command(group: click.Group = cli, path: tuple[str, ...] = ()) -> list[
 
 DRIVER = r"""
 import json, os, sys, time
+import importlib
 from bot.app.cli import main  # imported once; each command runs in a fork of this process
+from bot.pluginhost.manager import BUILTIN_PLUGINS
+
+# What most commands import when they run (the app, the built-in plugins, the MCP client,
+# the provider and exporter these settings name) is imported here once too: each fork
+# then pays for its command only, not for importing Roost again.
+for name in ("bot.app.roost", "bot.app.offers", *BUILTIN_PLUGINS, "plugins.mcp.manager",
+             "plugins.mcp.transport", "plugins.mcp.cli", "plugins.openai_provider",
+             "bot.observability.otel"):
+    importlib.import_module(name)
 
 def start(job):
     pid = os.fork()
