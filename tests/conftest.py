@@ -193,7 +193,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Update tests/durations.json with the tests this run ran (``--store-durations``)."""
+    """End the ``roost`` forking process (tests/cli_forks.py) if one ran; update
+    tests/durations.json with the tests this run ran (``--store-durations``)."""
+    if "tests.cli_forks" in sys.modules:
+        sys.modules["tests.cli_forks"].close()
     config = session.config
     if not config.getoption("store_durations") or hasattr(config, "workerinput"):
         return

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from bot.storage.sessions import SessionStore
+from tests.cli_forks import run_roost
 
 ROOST = [sys.executable, "-m", "bot"]
 SECRET_VARS = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "OPENAI_API_KEY", "OPENAI_BASE_URL",
@@ -25,10 +26,10 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def roost(*args: str, cwd: Path, input: str | None = None,
+def roost(*args: str, cwd: Path, input: str = "",
           **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*ROOST, *args], cwd=cwd, env=clean_env(**env), input=input,
-                          capture_output=True, text=True, timeout=60)
+    """``roost *args`` with ``input`` on stdin, as a process of its own (:mod:`tests.cli_forks`)."""
+    return run_roost(list(args), cwd=cwd, env=clean_env(**env), input=input, timeout=60)
 
 
 def test_chat_demo_answers_one_message_and_exits(tmp_path: Path) -> None:

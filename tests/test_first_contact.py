@@ -16,6 +16,7 @@ from pydantic import SecretStr
 
 from bot.app.init import credential_names, env_name
 from bot.config.settings import ConfigError, Settings, load_settings
+from tests.cli_forks import run_roost
 
 ROOST = [sys.executable, "-m", "bot"]
 
@@ -31,10 +32,9 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def roost(*args: str, cwd: Path, stdin: int | None = subprocess.DEVNULL,
-          **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*ROOST, *args], cwd=cwd, env=clean_env(**env), stdin=stdin,
-                          capture_output=True, text=True, timeout=120)
+def roost(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """``roost *args`` with an empty stdin, as a process of its own (:mod:`tests.cli_forks`)."""
+    return run_roost(list(args), cwd=cwd, env=clean_env(**env))
 
 
 def closed_port() -> int:
@@ -428,7 +428,7 @@ def test_a_malformed_telegram_token_is_a_setting_exit_2_without_retrying(
 @pytest.mark.parametrize("channels", [{}, {"ROOST_CONSOLE": "1"}], ids=["alone", "with-console"])
 def test_a_slack_bot_token_alone_names_the_missing_slack_credential(
         tmp_path: Path, channels: dict[str, str]) -> None:
-    result = roost("run", cwd=tmp_path, stdin=subprocess.PIPE, ROOST_PROVIDER="scripted",
+    result = roost("run", cwd=tmp_path, ROOST_PROVIDER="scripted",
                    ROOST_LOG_LEVEL="WARNING", SLACK_BOT_TOKEN="xoxb-only-the-bot-token",
                    **channels)
     assert result.returncode == 2, result.stderr

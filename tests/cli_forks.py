@@ -1,0 +1,155 @@
+"""``roost`` commands in tests, each in a fork of one process that imported Roost once.
+
+A command run so is a ``roost`` process of its own in all but the imports: its own
+working directory, environment, stdin, stdout, stderr and exit code, as
+``subprocess.run([sys.executable, "-m", "bot", ...])`` gives. Importing Roost was most
+of the CPU of each such process (tests/test_cli_secrets.py forks the same way). An
+environment that changes how Python itself starts (a ``PYTHON*`` variable the forking
+process does not share) gets a real new process instead.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+__all__ = ["close", "run_roost"]
+
+_DRIVER = r"""
+import importlib, json, os, sys, traceback
+from bot.app.cli import main
+from bot.pluginhost.manager import BUILTIN_PLUGINS
+
+for name in ("bot.app.roost", "bot.app.offers", *BUILTIN_PLUGINS):
+    importlib.import_module(name)
+
+
+def child(job):
+    os.chdir(job["cwd"])
+    os.environ.clear()
+    os.environ.update(job["env"])
+    for fd, path, flags in ((0, job["stdin"], os.O_RDONLY),
+                            (1, job["out"], os.O_WRONLY | os.O_TRUNC),
+                            (2, job["err"], os.O_WRONLY | os.O_TRUNC)):
+        os.dup2(os.open(path, flags), fd)
+    # A fresh reader on the command's stdin (the jobs came through this one's buffer).
+    sys.stdin = open(0, encoding=sys.stdin.encoding, errors=sys.stdin.errors,
+                     closefd=False)
+    sys.argv = ["roost", *job["args"]]
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+for line in sys.stdin:
+    job = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        child(job)
+    os.write(1, b"%d\n" % pid)
+    _, status = os.waitpid(pid, 0)
+    os.write(1, b"%d\n" % os.waitstatus_to_exitcode(status))
+"""
+
+
+class _Forker:
+    """The forking process (started on first use, ended when this process exits)."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = dict(env)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _DRIVER], env=self.env, cwd=tempfile.gettempdir(),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            text=True, bufsize=1)
+        self.lock = threading.Lock()
+        atexit.register(self.close)
+
+    def python_differs(self, env: Mapping[str, str]) -> bool:
+        """Whether ``env`` sets up Python differently from the forking process."""
+        return any(self.env.get(k) != env.get(k) for k in {*self.env, *env}
+                   if k.startswith("PYTHON"))
+
+    def _line(self, deadline: float | None) -> str:
+        assert self.proc.stdout is not None
+        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready, _, _ = select.select([self.proc.stdout], [], [], wait)
+        if not ready:
+            raise TimeoutError
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the forking process ended")
+        return line
+
+    def run(self, args: list[str], cwd: Path, env: Mapping[str, str], input: str,
+            timeout: float) -> subprocess.CompletedProcess[str]:
+        with tempfile.TemporaryDirectory() as scratch, self.lock:
+            files = {name: Path(scratch, name) for name in ("stdin", "out", "err")}
+            files["stdin"].write_text(input)
+            files["out"].touch()
+            files["err"].touch()
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps({
+                "args": args, "cwd": str(cwd), "env": dict(env),
+                **{name: str(path) for name, path in files.items()}}) + "\n")
+            self.proc.stdin.flush()
+            pid = int(self._line(None))
+            try:
+                code = int(self._line(time.monotonic() + timeout))
+            except TimeoutError:
+                os.kill(pid, signal.SIGKILL)
+                self._line(None)
+                raise subprocess.TimeoutExpired(["roost", *args], timeout) from None
+            return subprocess.CompletedProcess(
+                [sys.executable, "-m", "bot", *args], code,
+                files["out"].read_text(), files["err"].read_text())
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            self.proc.wait()
+
+
+_forker: _Forker | None = None
+_started = threading.Lock()
+
+
+def run_roost(args: list[str], *, cwd: Path, env: Mapping[str, str], input: str = "",
+              timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``roost *args`` in ``cwd`` with exactly ``env`` and ``input`` on stdin; its
+    output as text, like ``subprocess.run(..., capture_output=True, text=True)``."""
+    global _forker
+    with _started:
+        if _forker is None or _forker.proc.poll() is not None:
+            base = {k: v for k, v in env.items() if k.startswith("PYTHON")}
+            _forker = _Forker({**{k: v for k, v in os.environ.items()
+                                  if not k.startswith(("ROOST_", "PYTHON"))}, **base})
+        forker = _forker
+    if forker.python_differs(env):
+        return subprocess.run([sys.executable, "-m", "bot", *args], cwd=cwd, env=dict(env),
+                              input=input, capture_output=True, text=True, timeout=timeout)
+    return forker.run(args, cwd, env, input, timeout)
+
+
+def close() -> None:
+    """End the forking process (the suite's end; its forks' CPU is counted then)."""
+    if _forker is not None:
+        _forker.close()
