@@ -38,10 +38,8 @@ def child(job):
     os.chdir(job["cwd"])
     os.environ.clear()
     os.environ.update(job["env"])
-    for fd, path, flags in ((0, job["stdin"], os.O_RDONLY),
-                            (1, job["out"], os.O_WRONLY | os.O_TRUNC),
-                            (2, job["err"], os.O_WRONLY | os.O_TRUNC)):
-        os.dup2(os.open(path, flags), fd)
+    for fd, path in ((1, job["out"]), (2, job["err"])):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_TRUNC), fd)
     # A fresh reader on the command's stdin (the jobs came through this one's buffer).
     sys.stdin = open(0, encoding=sys.stdin.encoding, errors=sys.stdin.errors,
                      closefd=False)
@@ -61,10 +59,26 @@ def child(job):
 
 for line in sys.stdin:
     job = json.loads(line)
+    data = job["input"]
+    if data is not None:
+        read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
+        if data is None:  # stdin: /dev/null
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        else:  # stdin: a pipe that holds data, then ends
+            os.close(write)
+            os.dup2(read, 0)
+            os.close(read)
         child(job)
     os.write(1, b"%d\n" % pid)
+    if data is not None:
+        os.close(read)
+        try:
+            with open(write, "w", encoding="utf-8") as pipe:
+                pipe.write(data)
+        except OSError:  # the command ended without reading it all
+            pass
     _, status = os.waitpid(pid, 0)
     os.write(1, b"%d\n" % os.waitstatus_to_exitcode(status))
 """
@@ -98,16 +112,15 @@ class _Forker:
             raise RuntimeError("the forking process ended")
         return line
 
-    def run(self, args: list[str], cwd: Path, env: Mapping[str, str], input: str,
+    def run(self, args: list[str], cwd: Path, env: Mapping[str, str], input: str | None,
             timeout: float) -> subprocess.CompletedProcess[str]:
         with tempfile.TemporaryDirectory() as scratch, self.lock:
-            files = {name: Path(scratch, name) for name in ("stdin", "out", "err")}
-            files["stdin"].write_text(input)
-            files["out"].touch()
-            files["err"].touch()
+            files = {name: Path(scratch, name) for name in ("out", "err")}
+            for path in files.values():
+                path.touch()
             assert self.proc.stdin is not None
             self.proc.stdin.write(json.dumps({
-                "args": args, "cwd": str(cwd), "env": dict(env),
+                "args": args, "cwd": str(cwd), "env": dict(env), "input": input,
                 **{name: str(path) for name, path in files.items()}}) + "\n")
             self.proc.stdin.flush()
             pid = int(self._line(None))
@@ -132,10 +145,11 @@ _forker: _Forker | None = None
 _started = threading.Lock()
 
 
-def run_roost(args: list[str], *, cwd: Path, env: Mapping[str, str], input: str = "",
+def run_roost(args: list[str], *, cwd: Path, env: Mapping[str, str], input: str | None = None,
               timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """``roost *args`` in ``cwd`` with exactly ``env`` and ``input`` on stdin; its
-    output as text, like ``subprocess.run(..., capture_output=True, text=True)``."""
+    """``roost *args`` in ``cwd`` with exactly ``env``; its output as text, like
+    ``subprocess.run(..., capture_output=True, text=True)``. Its stdin is a pipe that
+    holds ``input`` and then ends, or ``/dev/null`` when ``input`` is ``None``."""
     global _forker
     with _started:
         if _forker is None or _forker.proc.poll() is not None:
@@ -145,7 +159,8 @@ def run_roost(args: list[str], *, cwd: Path, env: Mapping[str, str], input: str 
         forker = _forker
     if forker.python_differs(env):
         return subprocess.run([sys.executable, "-m", "bot", *args], cwd=cwd, env=dict(env),
-                              input=input, capture_output=True, text=True, timeout=timeout)
+                              input=input, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL if input is None else None)
     return forker.run(args, cwd, env, input, timeout)
 
 

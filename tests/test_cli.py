@@ -26,9 +26,9 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def roost(*args: str, cwd: Path, input: str = "",
+def roost(*args: str, cwd: Path, input: str | None = None,
           **env: str) -> subprocess.CompletedProcess[str]:
-    """``roost *args`` with ``input`` on stdin, as a process of its own (:mod:`tests.cli_forks`)."""
+    """``roost *args``, ``input`` piped to it, as a process of its own (:mod:`tests.cli_forks`)."""
     return run_roost(list(args), cwd=cwd, env=clean_env(**env), input=input, timeout=60)
 
 

@@ -19,14 +19,16 @@ from prompt_toolkit.output import DummyOutput
 
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from channels.console import ConsoleChannel, describe_arguments
+from tests.cli_forks import run_roost
 from tests.test_first_contact import ROOST, clean_env, roost
 
 ERROR_LINE = re.compile(r"^roost> ✗ .+ \[Error ID: err_\d{8}_\d{6}_[0-9a-f]{6}\]$")
 
 
 def chat(*args: str, cwd: Path, lines: str = "", **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*ROOST, "chat", *args], cwd=cwd, env=clean_env(**env), input=lines,
-                          capture_output=True, text=True, timeout=120)
+    """``roost chat *args`` with ``lines`` piped to it, as a process of its own
+    (:mod:`tests.cli_forks`)."""
+    return run_roost(["chat", *args], cwd=cwd, env=clean_env(**env), input=lines)
 
 
 def test_the_demo_shows_tool_calls_memory_and_status_with_true_replies(tmp_path: Path) -> None:

@@ -139,8 +139,8 @@ async def test_admins_read_errors_in_chat_and_operators_on_the_command_line(
     make_app: AppFactory, tmp_path: Any
 ) -> None:
     import subprocess
-    import sys
 
+    from tests.cli_forks import run_roost
     from tests.test_cli import clean_env
 
     provider = scripted({"steps": [{"tool_calls": [{"name": "billing", "arguments": {}}]},
@@ -160,8 +160,7 @@ async def test_admins_read_errors_in_chat_and_operators_on_the_command_line(
     await app.close()
 
     def roost(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "bot", *args], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=60, env=clean_env())
+        return run_roost(list(args), cwd=tmp_path, env=clean_env(), timeout=60)
 
     listed = roost("errors", "list", "--tool", "billing", "--since", "1h")
     assert listed.returncode == 0 and error.id in listed.stdout

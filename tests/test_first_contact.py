@@ -32,9 +32,11 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def roost(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    """``roost *args`` with an empty stdin, as a process of its own (:mod:`tests.cli_forks`)."""
-    return run_roost(list(args), cwd=cwd, env=clean_env(**env))
+def roost(*args: str, cwd: Path, input: str | None = None,
+          **env: str) -> subprocess.CompletedProcess[str]:
+    """``roost *args`` as a process of its own (:mod:`tests.cli_forks`); stdin ``/dev/null``,
+    or a pipe that holds ``input``."""
+    return run_roost(list(args), cwd=cwd, env=clean_env(**env), input=input)
 
 
 def closed_port() -> int:
@@ -428,7 +430,7 @@ def test_a_malformed_telegram_token_is_a_setting_exit_2_without_retrying(
 @pytest.mark.parametrize("channels", [{}, {"ROOST_CONSOLE": "1"}], ids=["alone", "with-console"])
 def test_a_slack_bot_token_alone_names_the_missing_slack_credential(
         tmp_path: Path, channels: dict[str, str]) -> None:
-    result = roost("run", cwd=tmp_path, ROOST_PROVIDER="scripted",
+    result = roost("run", cwd=tmp_path, input="", ROOST_PROVIDER="scripted",
                    ROOST_LOG_LEVEL="WARNING", SLACK_BOT_TOKEN="xoxb-only-the-bot-token",
                    **channels)
     assert result.returncode == 2, result.stderr
