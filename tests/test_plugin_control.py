@@ -26,6 +26,7 @@ from bot.pluginhost import commands as plugin_commands
 from bot.pluginhost.install import run_streaming
 from bot.pluginhost.manager import get_plugin_manager
 from bot.testing.app import ChatChannel, scripted, settle, without_summary
+from tests.cli_forks import run_roost
 from tests.conftest import AppFactory
 from tests.test_cli import clean_env
 from tests.test_plugins import GOOD, make_dist
@@ -365,8 +366,8 @@ async def test_run_streaming_passes_lines_and_exit_code() -> None:
 
 
 def roost_cli(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "bot", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=60, env=clean_env(**env))
+    """``roost *args`` as a process of its own (:mod:`tests.cli_forks`)."""
+    return run_roost(list(args), cwd=cwd, env=clean_env(**env), timeout=60)
 
 
 @pytest.mark.slow

@@ -13,14 +13,16 @@ from bot.storage.sessions import SessionStore
 from bot.testing.app import create_app, scripted
 from bot.testing.ui import UiClient, serve_ui
 from bot.ui.accounts import verify_password
+from tests.cli_forks import run_roost
 from tests.test_cli import ROOST, clean_env
 
 
 def ui_user(*args: str, cwd: Path, database_url: str,
             password: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*ROOST, "ui", "user", *args], cwd=cwd, input=password,
-                          env=clean_env(ROOST_DATABASE_URL=database_url),
-                          capture_output=True, text=True, timeout=60)
+    """``roost ui user *args``, ``password`` piped to it, as a process of its own
+    (:mod:`tests.cli_forks`)."""
+    return run_roost(["ui", "user", *args], cwd=cwd, input=password,
+                     env=clean_env(ROOST_DATABASE_URL=database_url), timeout=60)
 
 
 async def rows(database_url: str, sql: str) -> list[tuple[object, ...]]:
