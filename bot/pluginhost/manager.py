@@ -42,6 +42,7 @@ from bot.contracts.providers import ProviderSpec
 from bot.contracts.runtime import Runtime
 from bot.contracts.search import SearchBackend
 from bot.contracts.tools import Tool
+from bot.pluginhost.discovery import HookManager
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -335,7 +336,7 @@ def get_plugin_manager(
     ``disabled`` names plugins an admin disabled (essential ones stay enabled).
     """
     env = os.environ if env is None else env
-    pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+    pm = HookManager(hookspecs.PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
     host = PluginHost(pm, disabled=set(disabled) - ESSENTIAL_PLUGINS,
                       trace=env.get("ROOST_TRACE_PLUGINS", "") in ("1", "true"))
