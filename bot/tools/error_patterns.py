@@ -9,6 +9,7 @@ rule found (a category, the resources named, what they depend on, next steps);
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -67,7 +68,8 @@ _Build = Callable[[re.Match[str], str], Hit]
 
 @dataclass(frozen=True, slots=True)
 class _Rule:
-    pattern: re.Pattern[str]
+    pattern: str
+    flags: int
     build: _Build
 
 
@@ -97,7 +99,7 @@ def _fixed(error_type: str, *actions: str) -> _Build:
 
 
 def _rule(pattern: str, build: _Build, flags: int = _I) -> _Rule:
-    return _Rule(re.compile(pattern, flags), build)
+    return _Rule(pattern, flags, build)
 
 
 # Foreign keys --------------------------------------------------------------------
@@ -475,12 +477,18 @@ _RULES: tuple[_Rule, ...] = (
 )
 
 
+@functools.cache
+def _compiled() -> tuple[tuple[re.Pattern[str], _Build], ...]:
+    """The rules' patterns, compiled when a tool first fails rather than at start."""
+    return tuple((re.compile(rule.pattern, rule.flags), rule.build) for rule in _RULES)
+
+
 def match(text: str) -> Hit | None:
     """What the first rule matching ``text`` found, or ``None``."""
-    for rule in _RULES:
-        m = rule.pattern.search(text)
+    for pattern, build in _compiled():
+        m = pattern.search(text)
         if m:
-            return rule.build(m, text)
+            return build(m, text)
     return None
 
 
