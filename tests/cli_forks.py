@@ -87,10 +87,11 @@ for line in sys.stdin:
 class _Forker:
     """The forking process (started on first use, ended when this process exits)."""
 
-    def __init__(self, env: Mapping[str, str]) -> None:
+    def __init__(self, python: str, env: Mapping[str, str]) -> None:
+        self.python = python
         self.env = dict(env)
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _DRIVER], env=self.env, cwd=tempfile.gettempdir(),
+            [python, "-c", _DRIVER], env=self.env, cwd=tempfile.gettempdir(),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             text=True, bufsize=1)
         self.lock = threading.Lock()
@@ -131,7 +132,7 @@ class _Forker:
                 self._line(None)
                 raise subprocess.TimeoutExpired(["roost", *args], timeout) from None
             return subprocess.CompletedProcess(
-                [sys.executable, "-m", "bot", *args], code,
+                [self.python, "-m", "bot", *args], code,
                 files["out"].read_text(), files["err"].read_text())
 
     def close(self) -> None:
@@ -141,30 +142,36 @@ class _Forker:
             self.proc.wait()
 
 
-_forker: _Forker | None = None
+_forkers: dict[str, _Forker] = {}
+"""The forking process of each Python (the test environment's, or another's)."""
 _started = threading.Lock()
 
 
 def run_roost(args: list[str], *, cwd: Path, env: Mapping[str, str], input: str | None = None,
-              timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """``roost *args`` in ``cwd`` with exactly ``env``; its output as text, like
+              timeout: float = 120, python: str = sys.executable,
+              ) -> subprocess.CompletedProcess[str]:
+    """``python -m bot *args`` in ``cwd`` with exactly ``env``; its output as text, like
     ``subprocess.run(..., capture_output=True, text=True)``. Its stdin is a pipe that
     holds ``input`` and then ends, or ``/dev/null`` when ``input`` is ``None``."""
-    global _forker
     with _started:
-        if _forker is None or _forker.proc.poll() is not None:
+        forker = _forkers.get(python)
+        if forker is None or forker.proc.poll() is not None:
             base = {k: v for k, v in env.items() if k.startswith("PYTHON")}
-            _forker = _Forker({**{k: v for k, v in os.environ.items()
-                                  if not k.startswith(("ROOST_", "PYTHON"))}, **base})
-        forker = _forker
+            forker = _forkers[python] = _Forker(python, {
+                **{k: v for k, v in os.environ.items() if not k.startswith(("ROOST_", "PYTHON"))},
+                **base})
     if forker.python_differs(env):
-        return subprocess.run([sys.executable, "-m", "bot", *args], cwd=cwd, env=dict(env),
+        return subprocess.run([python, "-m", "bot", *args], cwd=cwd, env=dict(env),
                               input=input, capture_output=True, text=True, timeout=timeout,
                               stdin=subprocess.DEVNULL if input is None else None)
     return forker.run(args, cwd, env, input, timeout)
 
 
-def close() -> None:
-    """End the forking process (the suite's end; its forks' CPU is counted then)."""
-    if _forker is not None:
-        _forker.close()
+def close(python: str | None = None) -> None:
+    """End the forking process of ``python``, or all of them (the suite's end): their
+    forks' CPU is counted then."""
+    with _started:
+        for name in [python] if python is not None else list(_forkers):
+            forker = _forkers.pop(name, None)
+            if forker is not None:
+                forker.close()

@@ -123,6 +123,7 @@ async def test_its_job_is_offered_and_runs(
 @pytest.mark.e2e
 def test_install_list_use_disable_enable_uninstall_end_to_end(tmp_path: Any) -> None:
     """The whole life of a plugin package through `roost plugins` and the console chat."""
+    from tests.cli_forks import close, run_roost
     from tests.test_cli import clean_env
 
     package = Path(__file__).resolve().parents[1] / "examples" / "roost-plugin-example"
@@ -131,8 +132,10 @@ def test_install_list_use_disable_enable_uninstall_end_to_end(tmp_path: Any) -> 
     home.mkdir()
 
     def roost(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(python), "-m", "bot", *args], cwd=home,
-                              env=clean_env(), capture_output=True, text=True, timeout=300)
+        # Forks of one process of that environment (tests/cli_forks.py), each a fresh
+        # look at the installed plugins: the forking process never imports the example.
+        return run_roost(list(args), cwd=home, env=clean_env(), timeout=300,
+                         python=str(python))
 
     def hello() -> str:
         return roost("chat", "--demo", "-m", "/hello Ada").stdout
@@ -154,6 +157,7 @@ def test_install_list_use_disable_enable_uninstall_end_to_end(tmp_path: Any) -> 
     assert roost("plugins", "uninstall", "roost-plugin-example").returncode == 0
     assert "roost-plugin-example" not in roost("plugins", "list").stdout
     assert "I don't know /hello" in hello()
+    close(str(python))
     # The test environment itself still has the example, as every other test expects.
     importlib.metadata.distribution(NAME)
 
