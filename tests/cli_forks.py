@@ -23,23 +23,21 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["close", "run_roost"]
+__all__ = ["CHILD", "close", "run_roost"]
 
-_DRIVER = r"""
-import importlib, json, os, sys, traceback
+CHILD = r"""
+import os, sys, traceback
 from bot.app.cli import main
-from bot.pluginhost.manager import BUILTIN_PLUGINS
-
-for name in ("bot.app.roost", "bot.app.offers", *BUILTIN_PLUGINS):
-    importlib.import_module(name)
 
 
 def child(job):
+    # In a fork whose stdin is set: run `roost *job["args"]` in job["cwd"] with job["env"],
+    # its output to the files job["out"] and job["err"]; then exit with its code.
     os.chdir(job["cwd"])
     os.environ.clear()
     os.environ.update(job["env"])
     for fd, path in ((1, job["out"]), (2, job["err"])):
-        os.dup2(os.open(path, os.O_WRONLY | os.O_TRUNC), fd)
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
     # A fresh reader on the command's stdin (the jobs came through this one's buffer).
     sys.stdin = open(0, encoding=sys.stdin.encoding, errors=sys.stdin.errors,
                      closefd=False)
@@ -55,7 +53,16 @@ def child(job):
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+"""
+"""Python source of ``child(job)``, which runs one ``roost`` command in a fork of a process
+that imported the command line (tests/test_cli_secrets.py's driver uses it too)."""
 
+_DRIVER = CHILD + r"""
+import importlib, json
+from bot.pluginhost.manager import BUILTIN_PLUGINS
+
+for name in ("bot.app.roost", "bot.app.offers", *BUILTIN_PLUGINS):
+    importlib.import_module(name)
 
 for line in sys.stdin:
     job = json.loads(line)

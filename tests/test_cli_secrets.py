@@ -20,6 +20,7 @@ import click
 import pytest
 
 from bot.app.cli import cli
+from tests.cli_forks import CHILD
 from tests.test_first_contact import clean_env
 
 
@@ -108,10 +109,8 @@ def every_command(group: click.Group = cli, path: tuple[str, ...] = ()) -> list[
     return found
 
 
-DRIVER = r"""
-import json, os, sys, time
-import importlib
-from bot.app.cli import main  # imported once; each command runs in a fork of this process
+DRIVER = CHILD + r"""
+import importlib, json, time
 from bot.pluginhost.manager import BUILTIN_PLUGINS
 
 # What most commands import when they run (the app, the built-in plugins, the MCP client,
@@ -126,25 +125,10 @@ def start(job):
     pid = os.fork()
     if pid:
         return pid
-    os.chdir(job["cwd"])
     read, write = os.pipe()
     os.close(write)  # stdin: an empty pipe, as subprocess.run(input="") gives
     os.dup2(read, 0)
-    for fd, name in ((1, "out"), (2, "err")):
-        os.dup2(os.open(job[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
-    sys.argv = ["roost", *job["args"]]
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:
-        import traceback
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    child(job)
 
 jobs = json.loads(sys.stdin.read())
 running, late = {}, []
@@ -170,14 +154,14 @@ print(json.dumps(late))
 
 def run_all(invocations: list[tuple[str, ...]], root: Path,
             database: str) -> list[tuple[str, str]]:
+    env = clean_env(**ENV, ROOST_DATABASE_URL=database)
     jobs = []
     for args in invocations:
         cwd = root / "-".join(a.replace("/", "_")[:20] for a in args)
         cwd.mkdir()
         (cwd / "roost.toml").write_text(CONFIG)
         jobs.append({"args": list(args), "cwd": str(cwd), "out": str(cwd / "stdout"),
-                     "err": str(cwd / "stderr")})
-    env = clean_env(**ENV, ROOST_DATABASE_URL=database)
+                     "err": str(cwd / "stderr"), "env": env})
     done = subprocess.run([sys.executable, "-c", DRIVER], cwd=root, env=env,
                           input=json.dumps(jobs), capture_output=True, text=True,
                           timeout=300, check=False)
