@@ -10,8 +10,6 @@ import asyncio
 import re
 import secrets
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -22,6 +20,7 @@ from playwright.async_api import Page
 
 from bot.testing.telegram import FakeTelegram
 from tests.browser import ARTIFACTS
+from tests.cli_forks import run_roost
 
 CHROMIUM_ARGS = (
     # CI runs as root, where Chromium's own sandbox cannot start.
@@ -102,10 +101,8 @@ def free_port() -> int:
 def add_account(cwd: Path, env: dict[str, str], name: str, role: str) -> Account:
     """``roost ui user add NAME --role ROLE --password-stdin``, as an operator would."""
     password = secrets.token_urlsafe(12)
-    result = subprocess.run(
-        [sys.executable, "-m", "bot", "ui", "user", "add", name, "--role", role,
-         "--password-stdin"],
-        cwd=cwd, env=env, input=password + "\n", capture_output=True, text=True, timeout=60)
+    result = run_roost(["ui", "user", "add", name, "--role", role, "--password-stdin"],
+                       cwd=cwd, env=env, input=password + "\n", timeout=60)
     assert result.returncode == 0, result.stderr
     return Account(name, role, password)
 
