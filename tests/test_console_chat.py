@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import os
 import re
 import subprocess
 import sys
@@ -70,9 +69,7 @@ def test_piped_lines_are_separate_turns_answered_in_order(tmp_path: Path) -> Non
 
 def test_stdin_from_dev_null_ends_the_chat_cleanly(tmp_path: Path) -> None:
     # /dev/null is a character device epoll refuses to watch: it is read like a file.
-    with open(os.devnull) as null:
-        result = subprocess.run([*ROOST, "chat", "--demo"], cwd=tmp_path, env=clean_env(),
-                                stdin=null, capture_output=True, text=True, timeout=120)
+    result = run_roost(["chat", "--demo"], cwd=tmp_path, env=clean_env(), input=None)
     assert result.returncode == 0, result.stderr
     assert "error" not in result.stderr.lower(), result.stderr
 

@@ -313,13 +313,11 @@ def test_plugins_in_plugins_dir_are_loaded_at_start(tmp_path: Path) -> None:
     env = clean_env(ROOST_PLUGINS_DIR=str(plugins))
     env.pop("ROOST_DISABLE_PLUGIN_AUTOLOAD")
     env["ROOST_LOAD_PLUGINS"] = "roost-weather"
-    listed = subprocess.run([*ROOST, "plugins", "list"], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=60)
+    listed = run_roost(["plugins", "list"], cwd=tmp_path, env=env, timeout=60)
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.split()[:4] == ["weather", "roost-weather", "1.0", "enabled"]
-    without = subprocess.run([*ROOST, "plugins", "list"], cwd=tmp_path,
-                             env={**env, "ROOST_PLUGINS_DIR": ""},
-                             capture_output=True, text=True, timeout=60)
+    without = run_roost(["plugins", "list"], cwd=tmp_path,
+                        env={**env, "ROOST_PLUGINS_DIR": ""}, timeout=60)
     assert "weather" not in without.stdout
 
 
@@ -406,8 +404,7 @@ def test_a_roost_toml_that_is_a_directory_is_one_line_and_exit_2(
 
 
 def test_the_demo_banner_names_no_model_it_does_not_use(tmp_path: Path) -> None:
-    result = subprocess.run([*ROOST, "chat", "--demo"], cwd=tmp_path, env=clean_env(),
-                            input="", capture_output=True, text=True, timeout=120)
+    result = roost("chat", "--demo", cwd=tmp_path, input="")
     assert result.returncode == 0, result.stderr
     banner = result.stderr.splitlines()[0]
     assert banner.startswith("Roost ") and "demo script, no model" in banner

@@ -288,6 +288,8 @@ def test_roost_run_serves_health_readiness_and_metrics_and_roost_status_reads_th
     import sys
     import time
 
+    from tests.cli_forks import run_roost
+
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROOST_")}
     env.update(PYTHONUNBUFFERED="1", ROOST_PROVIDER="scripted", ROOST_CONSOLE="1",
@@ -308,13 +310,11 @@ def test_roost_run_serves_health_readiness_and_metrics_and_roost_status_reads_th
         assert _get(f"{base}/readyz") == (200, "ready\n")
         status, metrics = _get(f"{base}/metrics")
         assert status == 200 and "roost_queue_depth 0.0" in metrics
-        checked = subprocess.run([sys.executable, "-m", "bot", "status"], cwd=tmp_path,
-                                 env=env, capture_output=True, text=True, timeout=30)
+        checked = run_roost(["status"], cwd=tmp_path, env=env, timeout=30)
         assert (checked.returncode, checked.stdout) == (0, "ready\n")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
-        gone = subprocess.run([sys.executable, "-m", "bot", "status"], cwd=tmp_path,
-                              env=env, capture_output=True, text=True, timeout=30)
+        gone = run_roost(["status"], cwd=tmp_path, env=env, timeout=30)
         assert gone.returncode == 2 and "cannot reach" in gone.stderr
     finally:
         if proc.poll() is None:
