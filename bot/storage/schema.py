@@ -524,6 +524,17 @@ MIGRATIONS: list[str] = [
     CREATE INDEX approvals_created ON approvals(created_at);
     ALTER TABLE jobs ADD COLUMN approved_tools TEXT NOT NULL DEFAULT '';
     """,
+    # 27: channels' durable notes (bot.storage.channel_state): a sync token, the last
+    # mail UID, written only after the events they cover are in the inbox.
+    """
+    CREATE TABLE channel_state (
+        channel TEXT NOT NULL,
+        key TEXT NOT NULL,
+        value TEXT NOT NULL,
+        updated_at REAL NOT NULL,
+        PRIMARY KEY (channel, key)
+    );
+    """,
 ]
 """Schema steps in order; ``PRAGMA user_version`` records how many have run.
 
