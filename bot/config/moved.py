@@ -56,6 +56,9 @@ SERVICE_ENV: dict[str, tuple[str, str]] = {
     "TAVILY_API_KEY": (_WEB, "tavily_api_key"),
     # A secret belongs in the environment, and this is its only variable.
     "ROOST_TRANSCRIBE_API_KEY": (_TRANSCRIBE, "api_key"),
+    # The Matrix channel's account (plugins/matrix): its SDK's usual names.
+    **{f"MATRIX_{key.upper()}": ("plugins.matrix", key) for key in (
+        "homeserver", "user_id", "access_token", "password")},
 }
 """Variables of moved secrets that stay ordinary overrides → (plugin, key); no warning."""
 

@@ -1,0 +1,200 @@
+"""The bot's Matrix account: login, every client-server call, and what the calls' errors mean.
+
+All calls go through :meth:`MatrixApi.call`, which maps matrix-nio's answers onto the
+channel kit's: ``429``/``M_LIMIT_EXCEEDED`` becomes :class:`~roost.channels.RateLimited`
+with the server's ``retry_after_ms``; a 5xx, a page that is not JSON, a reset or a timeout
+:class:`~roost.channels.Transient`; any other error answer :class:`MatrixError` (final).
+matrix-nio's own retry loops are off, so there is one retry layer (:func:`deliver`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import nio
+
+from plugins.matrix.config import MatrixConfig
+from roost import MediaError
+from roost.channels import (
+    BOT,
+    DeliveryPolicy,
+    RateLimited,
+    RateLimiter,
+    SetupError,
+    Transient,
+    deliver,
+    fetch_capped,
+    short,
+)
+
+log = logging.getLogger("roost.channels.matrix")
+
+LOGIN_KEY = "login"
+"""The channel note holding the device a password login created (JSON)."""
+MXC = re.compile(r"mxc://([A-Za-z0-9.:\[\]-]{1,255})/([A-Za-z0-9_-]{1,255})")
+"""A content URI as servers mint them; anything else in an event is not fetched."""
+DEFAULT_UPLOAD_LIMIT = 50 * 1024 * 1024
+
+
+class MatrixError(Exception):
+    """The homeserver refused a call for good (``errcode`` says why)."""
+
+    def __init__(self, what: str, errcode: str, message: str, status: int) -> None:
+        super().__init__(f"{what}: {errcode or status} {short(message, 200)}".strip())
+        self.errcode = errcode
+        self.status = status
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether a failed call certainly showed nothing (an answer that refused it)."""
+    return isinstance(exc, RateLimited | MatrixError)
+
+
+def failure(what: str, answer: Any) -> Exception | None:
+    """What a matrix-nio answer means: ``None`` for success, else the error to raise."""
+    if not isinstance(answer, nio.ErrorResponse):
+        return None
+    transport = getattr(answer, "transport_response", None)
+    status = int(getattr(transport, "status", 0) or 0)
+    errcode = str(answer.status_code or "")
+    if status == 429 or errcode == "M_LIMIT_EXCEEDED":
+        wait = answer.retry_after_ms
+        return RateLimited(wait / 1000 if isinstance(wait, int | float) and wait > 0 else 1.0)
+    if status >= 500 or status == 0:
+        return Transient(f"HTTP {status or '?'} {short(answer.message, 120)}")
+    return MatrixError(what, errcode, str(answer.message or ""), status)
+
+
+class MatrixApi:
+    """One logged-in matrix-nio client and the rate limiter every call goes through."""
+
+    def __init__(self, config: MatrixConfig, *, policy: DeliveryPolicy,
+                 limiter: RateLimiter | None = None, timeout: float = 30.0) -> None:
+        self.config = config
+        self.policy = policy
+        self.limiter = limiter or RateLimiter()
+        self.timeout = timeout
+        self.homeserver = (config.homeserver or "").rstrip("/")
+        self.user_id = config.user_id or ""
+        self.client: Any = None
+        self.session: aiohttp.ClientSession | None = None
+        self.display_name = ""
+        self.upload_limit = DEFAULT_UPLOAD_LIMIT
+
+    @property
+    def started(self) -> bool:
+        """Whether :meth:`open` logged in."""
+        return self.client is not None and bool(self.client.access_token)
+
+    async def open(self, notes: Any) -> None:
+        """Log in (the configured token, a device kept from an earlier password login, or
+        the password once), check the token with ``whoami`` and read the bot's name."""
+        config = nio.AsyncClientConfig(max_limit_exceeded=0, max_timeouts=0,
+                                       request_timeout=self.timeout)
+        self.client = nio.AsyncClient(self.homeserver, self.user_id, config=config)
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
+        token, device = await self._credentials(notes)
+        self.client.restore_login(self.user_id, device, token)
+        who = await self.call("whoami", self.client.whoami)
+        if who.user_id != self.user_id:
+            raise SetupError(f"MATRIX_ACCESS_TOKEN belongs to {who.user_id}, not "
+                             f"MATRIX_USER_ID {self.user_id}")
+        self.client.restore_login(self.user_id, who.device_id or device, token)
+        try:
+            name = await self.call("displayname", lambda: self.client.get_displayname(
+                self.user_id))
+            self.display_name = str(name.displayname or "")
+        except MatrixError:
+            self.display_name = ""
+        try:
+            media = await self.call("media config", self._media_config)
+            limit = media.get("m.upload.size")
+            if isinstance(limit, int) and limit > 0:
+                self.upload_limit = limit
+        except (MatrixError, Transient, RateLimited):
+            log.info("Matrix: no media config; uploads limited to %d bytes", self.upload_limit)
+
+    async def _credentials(self, notes: Any) -> tuple[str, str]:
+        if self.config.access_token is not None:
+            return self.config.access_token.get_secret_value(), ""
+        kept = await notes.get(LOGIN_KEY)
+        if kept:
+            try:
+                saved = json.loads(kept)
+            except ValueError:
+                saved = {}
+            if isinstance(saved, dict) and saved.get("user_id") == self.user_id \
+                    and saved.get("homeserver") == self.homeserver \
+                    and isinstance(saved.get("access_token"), str):
+                return saved["access_token"], str(saved.get("device_id") or "")
+        assert self.config.password is not None
+        password = self.config.password.get_secret_value()
+        answer = await self.call("login", lambda: self.client.login(
+            password, device_name=self.config.device_name))
+        await notes.put(LOGIN_KEY, json.dumps({
+            "homeserver": self.homeserver, "user_id": self.user_id,
+            "device_id": answer.device_id, "access_token": answer.access_token}))
+        log.info("Matrix: logged in as %s, device %s (kept for the next start)",
+                 self.user_id, answer.device_id)
+        return str(answer.access_token), str(answer.device_id)
+
+    async def _media_config(self) -> Any:
+        response = await self.client.send(
+            "GET", "/_matrix/client/v1/media/config",
+            headers={"Authorization": f"Bearer {self.client.access_token}"})
+        if response.status == 200:
+            data = await response.json()
+            return data if isinstance(data, dict) else {}
+        raise MatrixError("media config", "", f"HTTP {response.status}", response.status)
+
+    async def call(self, what: str, call: Callable[[], Awaitable[Any]], *,
+                   policy: DeliveryPolicy | None = None, raw: bool = False) -> Any:
+        """``call()`` through the limiter (a 429 holds every call: the limit is the
+        account's) and :func:`deliver`; its answer, or the mapped error after the retries.
+        ``raw``: ``call`` raises the kit's errors itself (else its answer is mapped)."""
+        async def attempt() -> Any:
+            async with self.limiter.slot(BOT):
+                return await (call() if raw else self.once(what, call))
+        return await deliver(attempt, what=f"Matrix {what}", policy=policy or self.policy)
+
+    async def once(self, what: str, call: Callable[[], Awaitable[Any]]) -> Any:
+        """``call()`` once, its failure mapped (no waiting, no retry)."""
+        try:
+            answer = await call()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise Transient(f"{type(exc).__name__}: {short(exc, 120)}") from exc
+        error = failure(what, answer)
+        if isinstance(error, RateLimited):
+            self.limiter.block(BOT, error.retry_after)
+        if error is not None:
+            raise error
+        return answer
+
+    async def download(self, url: str, limit: int, what: str) -> bytes:
+        """The bytes of ``mxc://server/id`` through the authenticated media endpoint."""
+        match = MXC.fullmatch(url)
+        if match is None or self.session is None:
+            raise MediaError(f"{what}: not a Matrix content URI")
+        server, media_id = match.groups()
+
+        def check(response: aiohttp.ClientResponse) -> None:
+            if response.status != 200:
+                raise MediaError(f"{what}: the homeserver answered {response.status}")
+
+        return await fetch_capped(
+            self.session, f"{self.homeserver}/_matrix/client/v1/media/download/{server}/"
+            f"{media_id}", limit, check=check, what=what, policy=self.policy,
+            headers={"Authorization": f"Bearer {self.client.access_token}"},
+            allow_redirects=False)
+
+    async def close(self) -> None:
+        """Close the HTTP sessions (the device stays logged in)."""
+        if self.session is not None:
+            await self.session.close()
+        if self.client is not None:
+            await self.client.close()

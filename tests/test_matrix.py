@@ -1,0 +1,300 @@
+"""The Matrix channel against a real Synapse, with real matrix-nio clients as the people.
+
+The core runs in process with a scripted model; the homeserver is one Synapse for the
+whole session (tests/matrix_server.py), each test with users of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from bot.app.roost import Roost
+from bot.testing.app import scripted, settle
+from plugins.matrix import MatrixConfig
+from plugins.matrix.channel import MatrixChannel
+from plugins.matrix.render import EVENT_LIMIT, pieces
+from plugins.scripted_provider import ScriptedProvider
+from roost import Attachment, MediaTooLarge, OutboundFile, OutboundMessage
+from roost.channels import DeliveryPolicy, MessageEdit, ReactionEvent
+from tests.conftest import AppFactory
+from tests.matrix_server import Synapse, User, from_bot
+
+FAST = DeliveryPolicy(attempts=4, base_delay=0.05, max_delay=0.2)
+
+
+class Bot:
+    """The Roost app with the Matrix channel, its account, and the people in the test."""
+
+    def __init__(self, app: Roost, channel: MatrixChannel, account: User) -> None:
+        self.app, self.channel, self.account = app, channel, account
+        self.id = account.user_id
+
+
+@pytest.fixture
+async def people(synapse: Synapse) -> AsyncIterator[list[User]]:
+    users: list[User] = []
+    yield users
+    for user in users:
+        await user.close()
+
+
+async def person(synapse: Synapse, people: list[User], name: str | None = None) -> User:
+    user = await synapse.register(displayname=name)
+    people.append(user)
+    return user
+
+
+async def start(make_app: AppFactory, synapse: Synapse, people: list[User],
+                provider: ScriptedProvider, *, stream: bool = False,
+                password: bool = False, account: User | None = None,
+                **settings: Any) -> Bot:
+    """The app with a Matrix channel logged in as a new account named Roosty."""
+    account = account or await person(synapse, people, "Roosty")
+    table: dict[str, Any] = {"homeserver": synapse.url, "user_id": account.user_id,
+                             "sync_timeout": 2.0, "edit_interval": 0.05}
+    if password:
+        table["password"] = account.password
+    else:
+        table["access_token"] = account.token
+    settings.setdefault("dm_policy", "open")
+    app, _, _ = await make_app(provider, stream_replies=stream, merge_window_ms=0,
+                               plugins={"plugins.matrix": table}, **settings)
+    channel = MatrixChannel(app.settings, MatrixConfig.model_validate(table), policy=FAST,
+                            timeout=10)
+    await app.add_channel(channel)
+    await channel.sync.wait_batches(1)
+    return Bot(app, channel, account)
+
+
+async def dm(user: User, bot: Bot) -> str:
+    """A direct room of ``user`` and the bot, once the bot joined it."""
+    room = await user.dm(bot.id)
+    await joined(bot, room)
+    return room
+
+
+async def joined(bot: Bot, room: str) -> None:
+    async with asyncio.timeout(20):  # a hang guard
+        while room not in bot.channel.api.client.rooms:
+            await bot.channel.sync.wait_batches(bot.channel.sync.batches + 1)
+
+
+def text_of(event: dict[str, Any]) -> str:
+    return str(event["content"].get("body", ""))
+
+
+# -- conversations ------------------------------------------------------------------------
+
+
+async def test_a_dm_is_answered_with_markdown_rendered_to_html(
+    make_app: AppFactory, synapse: Synapse, people: list[User],
+) -> None:
+    provider = scripted({"reply": "Hi **there** & <b>welcome</b>"})
+    bot = await start(make_app, synapse, people, provider)
+    alice = await person(synapse, people, "Alice")
+    room = await dm(alice, bot)
+    await alice.say(room, "hello")
+
+    [reply] = await alice.wait_for(room, from_bot(bot.id))
+    content = reply["content"]
+    assert content["body"] == "Hi **there** & <b>welcome</b>"
+    assert content["format"] == "org.matrix.custom.html"
+    assert content["formatted_body"] == \
+        "<p>Hi <strong>there</strong> &amp; &lt;b&gt;welcome&lt;/b&gt;</p>"
+    assert "m.relates_to" not in content  # a DM is answered at the top level
+    assert provider.requests[-1].messages[-1].content == "hello"
+    session = await bot.app.store.get(f"default:matrix:direct:{alice.user_id}")
+    assert session.messages
+
+
+async def test_a_group_answers_only_mentions_and_replies_to_the_bot_in_place(
+    make_app: AppFactory, synapse: Synapse, people: list[User],
+) -> None:
+    provider = scripted({"reply": "answer to: {message}"}, loop=True)
+    bot = await start(make_app, synapse, people, provider)
+    alice = await person(synapse, people, "Alice")
+    bob = await person(synapse, people, "Bob")
+    room = await alice.group(bot.id, bob.user_id)
+    await bob.join(room)
+    await joined(bot, room)
+
+    await alice.say(room, "just chatting")
+    by_name = await alice.say(room, "roosty: what is 1+1?")
+    by_id = await bob.say(room, f"{bot.id} hi")
+    pill = await alice.say(room, "Roosty", **{
+        "format": "org.matrix.custom.html",
+        "formatted_body": f'<a href="https://matrix.to/#/{bot.id}">Roosty</a>: pill here',
+        "m.mentions": {"user_ids": [bot.id]}})
+    replies = await alice.wait_for(room, from_bot(bot.id), count=3)
+    assert [r["content"]["m.relates_to"]["m.in_reply_to"]["event_id"] for r in replies] \
+        == [by_name, by_id, pill]
+    assert replies[0]["content"]["body"].endswith("]: what is 1+1?")  # the mention cut
+    # A reply to the bot's message addresses it; one to a person's does not.
+    await bob.say(room, "no, I meant you", **{
+        "m.relates_to": {"m.in_reply_to": {"event_id": by_name}}})
+    follow = await alice.say(room, "and 2+2?", **{
+        "m.relates_to": {"m.in_reply_to": {"event_id": replies[0]["event_id"]}}})
+    replies = await alice.wait_for(room, from_bot(bot.id), count=4)
+    await settle(bot.app)
+    assert len(provider.requests) == 4
+    assert replies[3]["content"]["m.relates_to"]["m.in_reply_to"]["event_id"] == follow
+    assert replies[3]["content"]["body"].endswith("]: and 2+2?")
+
+
+async def test_a_thread_is_a_conversation_of_its_own_answered_in_the_thread(
+    make_app: AppFactory, synapse: Synapse, people: list[User],
+) -> None:
+    provider = scripted({"reply": "threaded"}, loop=True)
+    bot = await start(make_app, synapse, people, provider)
+    alice = await person(synapse, people, "Alice")
+    bob = await person(synapse, people, "Bob")
+    room = await alice.group(bot.id, bob.user_id)  # three: a group, not a DM
+    await joined(bot, room)
+    root = await alice.say(room, "a topic")
+    await alice.say(room, "roosty, in the thread", **{
+        "m.relates_to": {"rel_type": "m.thread", "event_id": root, "is_falling_back": True,
+                         "m.in_reply_to": {"event_id": root}}})
+    [reply] = await alice.wait_for(room, from_bot(bot.id))
+    assert reply["content"]["m.relates_to"]["rel_type"] == "m.thread"
+    assert reply["content"]["m.relates_to"]["event_id"] == root
+    assert (await bot.app.store.get(f"default:matrix:group:{room}:{root}")).messages
+    # The bot speaks in the thread now: a follow-up there needs no mention.
+    await alice.say(room, "and more", **{
+        "m.relates_to": {"rel_type": "m.thread", "event_id": root, "is_falling_back": True,
+                         "m.in_reply_to": {"event_id": reply["event_id"]}}})
+    await alice.wait_for(room, from_bot(bot.id), count=2)
+
+
+async def test_a_streamed_reply_is_one_message_edited_in_place_and_typing_is_shown(
+    make_app: AppFactory, synapse: Synapse, people: list[User],
+) -> None:
+    final = "one two three four five six seven eight"
+    provider = scripted({"reply": final, "chunk": 4, "chunk_delay": 0.05})
+    bot = await start(make_app, synapse, people, provider, stream=True)
+    alice = await person(synapse, people, "Alice")
+    room = await dm(alice, bot)
+    typing: list[list[str]] = []
+    alice.client.add_ephemeral_callback(
+        lambda r, e: typing.append(list(e.users)), __import__("nio").TypingNoticeEvent)
+    await alice.say(room, "stream please")
+    [draft] = await alice.wait_for(room, from_bot(bot.id))
+    edits = await alice.wait_for(room, lambda e: e["content"].get("m.relates_to", {}).get(
+        "rel_type") == "m.replace" and e["content"]["m.new_content"]["body"] == final)
+    assert edits[0]["content"]["m.relates_to"]["event_id"] == draft["event_id"]
+    await settle(bot.app)
+    assert len(await alice.wait_for(room, from_bot(bot.id))) == 1  # no second message
+    assert any(bot.id in users for users in typing)
+
+
+async def test_a_long_reply_is_split_into_events_under_the_size_limit(
+    make_app: AppFactory, synapse: Synapse, people: list[User],
+) -> None:
+    text = "\n\n".join(f"paragraph {n} " + "ü" * 3000 for n in range(40))
+    provider = scripted({"reply": text})
+    bot = await start(make_app, synapse, people, provider)
+    alice = await person(synapse, people, "Alice")
+    room = await dm(alice, bot)
+    await alice.say(room, "long")
+    expected = len(pieces(text))
+    assert expected >= 4
+    replies = await alice.wait_for(room, from_bot(bot.id), count=expected)
+    await settle(bot.app)
+    assert len(await alice.wait_for(room, from_bot(bot.id))) == expected
+    assert all(len(json.dumps(r, ensure_ascii=False).encode()) < EVENT_LIMIT for r in replies)
+    assert "".join("".join(r["content"]["body"] for r in replies).split()) == \
+        "".join(text.split())
+
+
+# -- events besides messages ----------------------------------------------------------------
+
+
+async def test_edits_and_reactions_arrive_as_events_and_the_bot_reacts(
+    make_app: AppFactory, synapse: Synapse, people: list[User],
+) -> None:
+    provider = scripted({"reply": "noted"}, loop=True)
+    bot = await start(make_app, synapse, people, provider)
+    seen: list[Any] = []
+    receive = bot.channel.sync.handler
+    assert receive is not None
+
+    async def spy(event: Any) -> None:
+        seen.append(event)
+        await receive(event)
+
+    bot.channel.sync.handler = spy
+    alice = await person(synapse, people, "Alice")
+    room = await dm(alice, bot)
+    said = await alice.say(room, "first version")
+    await alice.wait_for(room, from_bot(bot.id))
+    await alice.send(room, {"msgtype": "m.text", "body": "* second version",
+                            "m.new_content": {"msgtype": "m.text", "body": "second version"},
+                            "m.relates_to": {"rel_type": "m.replace", "event_id": said}})
+    reaction = await alice.send(room, {"m.relates_to": {
+        "rel_type": "m.annotation", "event_id": said, "key": "👍"}}, "m.reaction")
+    await alice.client.room_redact(room, reaction)
+    async with asyncio.timeout(20):
+        while sum(isinstance(e, ReactionEvent) for e in seen) < 2:
+            await bot.channel.sync.wait_batches(bot.channel.sync.batches + 1)
+    [edit] = [e for e in seen if isinstance(e, MessageEdit)]
+    assert edit.message.message_id == said and edit.message.text == "second version"
+    added, removed = [e for e in seen if isinstance(e, ReactionEvent)]
+    assert (added.message_id, added.emoji, added.added) == (said, "👍", True)
+    assert (removed.message_id, removed.emoji, removed.added) == (said, "👍", False)
+
+    assert await bot.channel.react(room, said, "👀")
+    [mine] = await alice.wait_for(room, lambda e: e["type"] == "m.reaction"
+                                  and e["sender"] == bot.id)
+    assert mine["content"]["m.relates_to"] == {"rel_type": "m.annotation",
+                                               "event_id": said, "key": "👀"}
+
+
+# -- media ------------------------------------------------------------------------------------
+
+
+async def test_an_image_in_is_downloaded_through_authenticated_media_and_a_file_goes_out(
+    make_app: AppFactory, synapse: Synapse, people: list[User], tmp_path: Any,
+) -> None:
+    from PIL import Image
+
+    provider = scripted({"reply": "a picture"})
+    bot = await start(make_app, synapse, people, provider)
+    alice = await person(synapse, people, "Alice")
+    room = await dm(alice, bot)
+    path = tmp_path / "dot.png"
+    Image.new("RGB", (4, 4), "red").save(path)
+    data = path.read_bytes()
+    upload, _ = await alice.client.upload(lambda *_: data, content_type="image/png",
+                                          filename="dot.png", filesize=len(data))
+    await alice.send(room, {"msgtype": "m.image", "body": "look", "filename": "dot.png",
+                            "url": upload.content_uri,
+                            "info": {"mimetype": "image/png", "size": len(data)}})
+    await alice.wait_for(room, from_bot(bot.id))
+    request = provider.requests[-1].messages[-1]
+    assert request.content.startswith("look") and request.parts[0].kind == "image"
+    assert await bot.channel.download(Attachment("photo", url=upload.content_uri), 1000) \
+        == data
+    with pytest.raises(MediaTooLarge):
+        await bot.channel.download(Attachment("photo", url=upload.content_uri), 10)
+
+    chart = tmp_path / "chart.png"
+    Image.new("RGB", (8, 8), "blue").save(chart)
+    sent = await bot.channel.send(OutboundMessage(
+        "matrix", room, "here it is", files=(OutboundFile(
+            str(chart), "chart.png", "image/png", chart.stat().st_size),)))
+    [_, text, image] = await alice.wait_for(room, from_bot(bot.id), count=3)
+    assert sent == text["event_id"] and text["content"]["body"] == "here it is"
+    assert image["content"]["msgtype"] == "m.image"
+    assert image["content"]["info"]["mimetype"] == "image/png"
+    media = await alice.client.download(image["content"]["url"])
+    assert media.body == chart.read_bytes()
+
+    big = tmp_path / "big.bin"
+    big.write_bytes(b"x" * (3 * 1024 * 1024))  # over the test server's 2 MB upload limit
+    with pytest.raises(MediaTooLarge):
+        await bot.channel.send(OutboundMessage("matrix", room, "too big", files=(OutboundFile(
+            str(big), "big.bin", "application/octet-stream", big.stat().st_size),)))
