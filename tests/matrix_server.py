@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import aiohttp.web
 import nio
 import pytest
 import yaml
@@ -34,7 +35,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 VENV = Path(os.environ.get("ROOST_SYNAPSE_VENV", ROOT / ".venv-synapse"))
 STATUS = VENV.parent / (VENV.name + ".status")
-"""Written by scripts/check when its background install of Synapse ended: ``ok`` or why not."""
+"""Written by scripts/check: ``installing`` while its background install of Synapse runs,
+then ``ok`` or why not."""
 INSTALL = ("uv venv .venv-synapse && uv pip install -p .venv-synapse/bin/python "
            "matrix-synapse && echo ok > .venv-synapse.status")
 LOOSE = {"per_second": 10_000, "burst_count": 10_000}
@@ -52,12 +54,14 @@ def _python() -> Path:
     loudly (never skips) when there is none."""
     python = VENV / "bin" / "python"
     deadline = time.monotonic() + 900  # a hang guard: the install takes about a minute
-    while not STATUS.exists() and (VENV / ".installing").exists():
+    while STATUS.exists() and STATUS.read_text().strip() in ("installing", ""):
         if time.monotonic() > deadline:
             pytest.fail("the background install of Synapse did not finish in 15 minutes")
         time.sleep(0.2)
     if STATUS.exists() and STATUS.read_text().strip() != "ok":
-        pytest.fail(f"installing Synapse failed: {STATUS.read_text().strip()[-2000:]}")
+        log = VENV.parent / (VENV.name + ".log")
+        tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+        pytest.fail(f"installing Synapse {STATUS.read_text().strip()}\n{tail}")
     if not python.exists():
         pytest.fail(f"no Synapse at {VENV}: scripts/check installs it; by hand: {INSTALL}")
     return python
@@ -265,3 +269,70 @@ def start(directory: Path) -> Synapse:
         time.sleep(0.1)
     server.started_in = time.monotonic() - began
     return server
+
+
+class Proxy:
+    """A forwarding proxy in front of Synapse that can break what a real server will not:
+    hold a request (answered never, as when a process dies mid-call) after or without
+    passing it on, or answer with a gateway's HTML error page."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.port = free_port()
+        self.hold: Callable[[aiohttp.web.Request], bool] | None = None
+        """Requests matching this are held; :attr:`held` is set when one arrives."""
+        self.forward_held = False
+        self.held = asyncio.Event()
+        self.bad_gateway = False
+        """Answer every request with an nginx-style 502 page while set."""
+        self.released = asyncio.Event()
+        self.runner: aiohttp.web.AppRunner | None = None
+        self.session: aiohttp.ClientSession | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        app = aiohttp.web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        self.runner = aiohttp.web.AppRunner(app)
+        await self.runner.setup()
+        await aiohttp.web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        self.session = aiohttp.ClientSession()
+
+    async def close(self) -> None:
+        self.released.set()
+        if self.runner is not None:
+            await self.runner.cleanup()
+        if self.session is not None:
+            await self.session.close()
+
+    async def handle(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+        if self.bad_gateway:
+            return aiohttp.web.Response(status=502, content_type="text/html",
+                                        text="<html><body><h1>502 Bad Gateway</h1></body></html>")
+        held = self.hold is not None and self.hold(request)
+        if held and not self.forward_held:
+            self.held.set()
+            await self.released.wait()  # never answered (until the proxy closes)
+            raise aiohttp.web.HTTPServiceUnavailable
+        assert self.session is not None
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items()
+                   if k.lower() in ("authorization", "content-type")}
+        async with self.session.request(request.method, self.upstream + request.path_qs,
+                                        data=body, headers=headers,
+                                        allow_redirects=False) as answer:
+            data = await answer.read()
+            if held:
+                self.held.set()
+                await self.released.wait()  # it took effect; the answer is lost
+                raise aiohttp.web.HTTPServiceUnavailable
+            return aiohttp.web.Response(status=answer.status, body=data, headers={
+                "Content-Type": answer.headers.get("Content-Type", "application/json")})
+
+
+def sends_a_message(request: aiohttp.web.Request) -> bool:
+    """``hold`` for :class:`Proxy`: the bot posting a message."""
+    return request.method == "PUT" and "/send/m.room.message/" in request.path
