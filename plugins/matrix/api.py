@@ -64,7 +64,9 @@ def failure(what: str, answer: Any) -> Exception | None:
     errcode = str(answer.status_code or "")
     if status == 429 or errcode == "M_LIMIT_EXCEEDED":
         wait = answer.retry_after_ms
-        return RateLimited(wait / 1000 if isinstance(wait, int | float) and wait > 0 else 1.0)
+        # Synapse limits an account, not a room: the wait holds every call.
+        return RateLimited(wait / 1000 if isinstance(wait, int | float) and wait > 0 else 1.0,
+                           scope=BOT)
     if status >= 500 or status == 0:
         return Transient(f"HTTP {status or '?'} {short(answer.message, 120)}")
     return MatrixError(what, errcode, str(answer.message or ""), status)
@@ -153,12 +155,14 @@ class MatrixApi:
         raise MatrixError("media config", "", f"HTTP {response.status}", response.status)
 
     async def call(self, what: str, call: Callable[[], Awaitable[Any]], *,
-                   policy: DeliveryPolicy | None = None, raw: bool = False) -> Any:
-        """``call()`` through the limiter (a 429 holds every call: the limit is the
-        account's) and :func:`deliver`; its answer, or the mapped error after the retries.
-        ``raw``: ``call`` raises the kit's errors itself (else its answer is mapped)."""
+                   scope: str = BOT, policy: DeliveryPolicy | None = None,
+                   raw: bool = False) -> Any:
+        """``call()`` through the limiter and :func:`deliver`; its answer, or the mapped
+        error after the retries. Calls in one ``scope`` (a room) go one at a time, and a
+        429 holds every call (the limit is the account's). ``raw``: ``call`` raises the
+        kit's errors itself (else its answer is mapped)."""
         async def attempt() -> Any:
-            async with self.limiter.slot(BOT):
+            async with self.limiter.slot(scope):
                 return await (call() if raw else self.once(what, call))
         return await deliver(attempt, what=f"Matrix {what}", policy=policy or self.policy)
 

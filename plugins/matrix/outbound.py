@@ -79,7 +79,7 @@ class Replies:
             return await marked_send(lambda: once("send", call), refused=refused)
 
         answer = await self.inflight.tracked(self.api.call(
-            "send", attempt, policy=policy, raw=True))
+            "send", attempt, scope=room_id, policy=policy, raw=True))
         event_id = str(answer.event_id)
         self.bot_posted.put(event_id)
         return event_id
@@ -131,7 +131,7 @@ class Replies:
         client = self.api.client
         try:
             await self.inflight.tracked(self.api.call(
-                "redact", lambda: client.room_redact(room_id, event_id)))
+                "redact", lambda: client.room_redact(room_id, event_id), scope=room_id))
         except MatrixError as exc:
             if exc.errcode not in GONE:
                 raise

@@ -125,10 +125,10 @@ class SyncSource:
         full_state = True
         while self.open:
             try:
-                answer = await self.api.call("sync", functools.partial(
+                # A long poll, outside the limiter: sends must not queue behind it.
+                answer = await self.api.once("sync", functools.partial(
                     self.api.client.sync, timeout=int(self.timeout * 1000), since=token,
-                    full_state=full_state, sync_filter=self.filter()),
-                    policy=DeliveryPolicy(attempts=1))
+                    full_state=full_state, sync_filter=self.filter()))
             except (Transient, RateLimited, MatrixError) as exc:
                 self.problem = f"sync failing ({short(exc, 80)})"
                 log.warning("Matrix: %s", self.problem)
