@@ -60,6 +60,12 @@ data_dir = "data"
 # agent = "support"
 # chat_id = "-100123456"
 
+# Matrix (MATRIX_HOMESERVER, MATRIX_USER_ID, MATRIX_ACCESS_TOKEN in .env) is a built-in
+# plugin; its other settings:
+# [plugins."plugins.matrix"]
+# sync_timeout = 30
+# edit_interval = 1.0
+
 # A built-in plugin's settings are in its own table (`roost config show` lists them
 # all with their defaults), e.g. the web tools' and the sandboxed exec's:
 # [plugins."plugins.web"]
@@ -124,7 +130,24 @@ def env_example() -> str:
         if hint:
             lines += ["", f"# {hint}"]
         lines.append(f"{env_name(name)}=")
+        if name == first[-1]:
+            lines += _plugin_channels()
     return "\n".join(lines) + "\n"
+
+
+PLUGIN_CHANNELS = {
+    "plugins.matrix": "Matrix: the homeserver's URL, the bot's Matrix ID and its access token\n"
+                      "# (or a password, used once: the device it logs in is kept).",
+}
+"""Channels built as plugins whose variables ``.env.example`` lists, with their comment."""
+
+
+def _plugin_channels() -> list[str]:
+    lines: list[str] = []
+    for plugin, hint in PLUGIN_CHANNELS.items():
+        lines += ["", f"# {hint}"]
+        lines += [f"{env}=" for env, (owner, _) in SERVICE_ENV.items() if owner == plugin]
+    return lines
 
 
 def existing(directory: Path) -> list[Path]:
