@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -395,3 +396,24 @@ async def test_a_password_login_is_done_once_and_its_device_kept(
     room = await dm(alice, bot)
     await alice.say(room, "hi")
     await alice.wait_for(room, lambda e: text_of(e) == "hello")
+
+
+def test_without_matrix_nio_the_channel_says_in_one_line_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bot.app.cli.serve import missing_sdk
+    from bot.config.settings import Settings
+    from plugins.matrix import roost_channels
+
+    for name in [n for n in sys.modules if n == "nio" or n.startswith(("nio.",
+                                                                      "plugins.matrix."))]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "nio", None)  # as if matrix-nio were not installed
+    settings = Settings(plugins={"plugins.matrix": {
+        "homeserver": "http://127.0.0.1:9", "user_id": "@b:x", "access_token": "t"}})
+    [spec] = roost_channels(settings)
+    assert spec.configured(settings)
+    with pytest.raises(ModuleNotFoundError) as missing:
+        spec.create(settings)
+    assert missing_sdk("matrix", missing.value) == \
+        "the matrix channel needs matrix-nio: pip install 'roost[matrix]'"

@@ -135,3 +135,45 @@ async def until_ready(http: aiohttp.ClientSession, ready: bool, says: str = "") 
                 if (answer.status == 200) == ready and says in text:
                     return
             await asyncio.sleep(0.1)
+
+
+@pytest.mark.e2e
+async def test_replicas_on_postgresql_sync_on_the_leader_only_and_fail_over_after_kill_9(
+    tmp_path: Path, synapse: Synapse, pg_url: str,
+) -> None:
+    bot, alice = await synapse.register(displayname="Roosty"), await synapse.register()
+    script = tmp_path / "script.yaml"
+    script.write_text("turns:\n  - reply: 're:{message}'\nloop: true\n")
+    env = clean_env(
+        ROOST_PROVIDER="scripted", ROOST_SCRIPT=str(script), ROOST_STREAM_REPLIES="false",
+        ROOST_MERGE_WINDOW_MS="0", ROOST_DM_POLICY="open", ROOST_DATABASE_URL=pg_url,
+        ROOST_LEASE_SECONDS="3", MATRIX_HOMESERVER=synapse.url, MATRIX_USER_ID=bot.user_id,
+        MATRIX_ACCESS_TOKEN=bot.token)
+    first = await start_roost(tmp_path / "a", env)
+    second: asyncio.subprocess.Process | None = None
+    try:
+        await until_logged(first, b"this replica leads: syncing")
+        second = await start_roost(tmp_path / "b", env)
+        await until_logged(second, b"another replica syncs")
+        await until_logged(second, b"roost ready")
+        room = await alice.dm(bot.user_id)
+        await alice.say(room, "hi")
+        await answered(alice, room, bot, "re:hi")
+
+        first.kill()  # kill -9: its database connection, and the leadership, go with it
+        await first.wait()
+        await until_logged(second, b"this replica leads: syncing")
+        await alice.say(room, "still there?")
+        await answered(alice, room, bot, "re:still there?")
+        assert replies(bot.user_id, await alice.events(room)) == Counter(
+            {"re:hi": 1, "re:still there?": 1})
+        second.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            assert await second.wait() == 0
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        await alice.close()
+        await bot.close()

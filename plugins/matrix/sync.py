@@ -37,6 +37,8 @@ from roost.channels import (
 
 log = logging.getLogger("roost.channels.matrix")
 
+STANDBY = ChannelHealth(True, "standby: another replica syncs")
+"""A follower's health: it sends; the leader receives."""
 NEXT_BATCH = "next_batch"
 """The channel note holding the position of the last answer fully recorded."""
 TOLD_ENCRYPTED = "told_encrypted:"
@@ -87,7 +89,7 @@ class SyncSource:
         if not self.open:
             return ChannelHealth(False, "stopped")
         if self.leadership is not None and not self.leadership.is_leader:
-            return READY  # a follower sends; the leader receives
+            return STANDBY
         if self.problem:
             return ChannelHealth(False, self.problem)
         return READY if self.synced else ChannelHealth(False, "connecting")
@@ -102,6 +104,7 @@ class SyncSource:
     async def run(self) -> None:
         while self.open:
             if self.leadership is not None and not self.leadership.is_leader:
+                log.info("Matrix: another replica syncs")
                 await self.leadership.wait_leading()
                 continue
             lost = asyncio.ensure_future(self.leadership.wait_lost()) \
@@ -120,6 +123,8 @@ class SyncSource:
     async def sync_forever(self) -> None:
         """Sync until cancelled: each answer handled, then its position recorded."""
         assert self.notes is not None
+        if self.leadership is not None:
+            log.info("Matrix: this replica leads: syncing")
         token = await self.notes.get(NEXT_BATCH)
         first = token is None
         full_state = True
