@@ -85,6 +85,17 @@ async def joined(bot: Bot, room: str) -> None:
             await bot.channel.sync.wait_batches(bot.channel.sync.batches + 1)
 
 
+async def group_of_three(synapse: Synapse, people: list[User],
+                         bot: Bot) -> tuple[User, User, str]:
+    """Alice, Bob and a room Alice made with Bob and the bot invited (three: a group, not a
+    DM), once the bot joined it."""
+    alice = await person(synapse, people, "Alice")
+    bob = await person(synapse, people, "Bob")
+    room = await alice.group(bot.id, bob.user_id)
+    await joined(bot, room)
+    return alice, bob, room
+
+
 def text_of(event: dict[str, Any]) -> str:
     return str(event["content"].get("body", ""))
 
@@ -118,11 +129,8 @@ async def test_a_group_answers_only_mentions_and_replies_to_the_bot_in_place(
 ) -> None:
     provider = scripted({"reply": "answer to: {message}"}, loop=True)
     bot = await start(make_app, synapse, people, provider)
-    alice = await person(synapse, people, "Alice")
-    bob = await person(synapse, people, "Bob")
-    room = await alice.group(bot.id, bob.user_id)
+    alice, bob, room = await group_of_three(synapse, people, bot)
     await bob.join(room)
-    await joined(bot, room)
 
     await alice.say(room, "just chatting")
     by_name = await alice.say(room, "roosty: what is 1+1?")
@@ -152,10 +160,7 @@ async def test_a_thread_is_a_conversation_of_its_own_answered_in_the_thread(
 ) -> None:
     provider = scripted({"reply": "threaded"}, loop=True)
     bot = await start(make_app, synapse, people, provider)
-    alice = await person(synapse, people, "Alice")
-    bob = await person(synapse, people, "Bob")
-    room = await alice.group(bot.id, bob.user_id)  # three: a group, not a DM
-    await joined(bot, room)
+    alice, _, room = await group_of_three(synapse, people, bot)
     root = await alice.say(room, "a topic")
     await alice.say(room, "roosty, in the thread", **{
         "m.relates_to": {"rel_type": "m.thread", "event_id": root, "is_falling_back": True,
