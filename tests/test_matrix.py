@@ -53,11 +53,11 @@ async def person(synapse: Synapse, people: list[User], name: str | None = None) 
 async def start(make_app: AppFactory, synapse: Synapse, people: list[User],
                 provider: ScriptedProvider, *, stream: bool = False,
                 password: bool = False, account: User | None = None,
-                **settings: Any) -> Bot:
+                table: dict[str, Any] | None = None, **settings: Any) -> Bot:
     """The app with a Matrix channel logged in as a new account named Roosty."""
     account = account or await person(synapse, people, "Roosty")
-    table: dict[str, Any] = {"homeserver": synapse.url, "user_id": account.user_id,
-                             "sync_timeout": 2.0, "edit_interval": 0.05}
+    table = {"homeserver": synapse.url, "user_id": account.user_id, "sync_timeout": 2.0,
+             "edit_interval": 0.05, **(table or {})}
     if password:
         table["password"] = account.password
     else:
@@ -346,11 +346,11 @@ async def test_stop_cancels_the_running_reply(
     assert [text_of(e) for e in await alice.wait_for(room, from_bot(bot.id))] == ["Stopped."]
 
 
-async def test_an_encrypted_room_is_told_once_that_the_bot_cannot_read_it(
+async def test_without_encryption_an_encrypted_room_is_told_once_that_the_bot_cannot_read_it(
     make_app: AppFactory, synapse: Synapse, people: list[User],
 ) -> None:
     provider = scripted({"reply": "unreachable"}, loop=True)
-    bot = await start(make_app, synapse, people, provider)
+    bot = await start(make_app, synapse, people, provider, table={"encryption": False})
     alice = await person(synapse, people, "Alice")
     room = await dm(alice, bot)
     await alice.send(room, {"algorithm": "m.megolm.v1.aes-sha2"}, "m.room.encryption")
@@ -422,3 +422,51 @@ def test_without_matrix_nio_the_channel_says_in_one_line_what_to_install(
         spec.create(settings)
     assert missing_sdk("matrix", missing.value) == \
         "the matrix channel needs matrix-nio: pip install 'roost[matrix]'"
+
+
+async def test_an_encrypted_dm_is_read_and_answered_encrypted(
+    make_app: AppFactory, synapse: Synapse, people: list[User], tmp_path: Any,
+) -> None:
+    import nio
+
+    provider = scripted({"reply": "a **secret** answer to {message}"})
+    bot = await start(make_app, synapse, people, provider)
+    assert bot.channel.api.encrypting
+    plain = await person(synapse, people, "Alice")
+    alice = nio.AsyncClient(synapse.url, plain.user_id, plain.device_id,
+                            store_path=str(tmp_path),
+                            config=nio.AsyncClientConfig(encryption_enabled=True))
+    alice.restore_login(plain.user_id, plain.device_id, plain.token)
+    try:
+        await alice.keys_upload()
+        created = await alice.room_create(is_direct=True, invite=[bot.id], initial_state=[{
+            "type": "m.room.encryption", "state_key": "",
+            "content": {"algorithm": "m.megolm.v1.aes-sha2"}}])
+        room = created.room_id
+        await joined(bot, room)
+        async with asyncio.timeout(20):  # a hang guard: until Alice sees the bot in the room
+            while bot.id not in (alice.rooms.get(room).users if room in alice.rooms else {}):
+                await alice.sync(timeout=1000)
+        await alice.keys_query()
+        sent = await alice.room_send(room, "m.room.message", {"msgtype": "m.text",
+                                     "body": "between us"}, ignore_unverified_devices=True)
+        assert isinstance(sent, nio.RoomSendResponse), sent
+        async with asyncio.timeout(20):
+            while True:
+                answer = await alice.sync(timeout=1000)
+                events = answer.rooms.join[room].timeline.events \
+                    if room in answer.rooms.join else []
+                found = [e for e in events if getattr(e, "sender", "") == bot.id
+                         and isinstance(e, nio.RoomMessageText)]
+                if found:
+                    break
+        [reply] = found
+        assert reply.decrypted and reply.body == "a **secret** answer to between us"
+        assert reply.formatted_body == "<p>a <strong>secret</strong> answer to between us</p>"
+        raw = await plain.events(room)
+        assert all(e["type"] != "m.room.message" for e in raw if e["sender"] == bot.id)
+        assert provider.requests[-1].messages[-1].content == "between us"
+        # The device's keys are kept under the data dir.
+        assert any((bot.app.settings.data_dir / "matrix").iterdir())
+    finally:
+        await alice.close()

@@ -36,9 +36,12 @@ or a kill -9 shows once. Files are uploaded, then sent as ``m.image``/``m.audio`
 ``retry_after_ms`` and holds every call of the account meanwhile; 5xx, pages that are not
 JSON, resets and timeouts are retried with backoff; other errors are final.
 
-**Encrypted rooms** are not read: matrix-nio's encryption needs libolm, which Roost does
-not install. In such a room the bot says once (remembered in its notes) that it cannot
-read encrypted messages, and stays out of the conversation.
+**Encrypted rooms** are read and answered encrypted when ``matrix-nio[e2e]`` is installed
+(the extra installs it) and ``encryption`` is on: the device's keys live under the data
+dir (``matrix/``), its keys are uploaded, and room keys go to every device in the room
+(none is verified). An encrypted message that cannot be decrypted (its keys never reached
+the bot; or no encryption support) is answered once per room, remembered in the channel's
+notes, with a notice saying so: never silence.
 
 **Buttons**: Matrix has none; :attr:`MatrixChannel.capabilities` says so.
 """

@@ -9,14 +9,17 @@ matrix-nio's own retry loops are off, so there is one retry layer (:func:`delive
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import nio
+import nio.crypto
 
 from plugins.matrix.config import MatrixConfig
 from roost import MediaError
@@ -76,8 +79,11 @@ class MatrixApi:
     """One logged-in matrix-nio client and the rate limiter every call goes through."""
 
     def __init__(self, config: MatrixConfig, *, policy: DeliveryPolicy,
-                 limiter: RateLimiter | None = None, timeout: float = 30.0) -> None:
+                 store: Path | None = None, limiter: RateLimiter | None = None,
+                 timeout: float = 30.0) -> None:
         self.config = config
+        self.store = store
+        """Where the device's encryption keys are kept (``None``: no encryption)."""
         self.policy = policy
         self.limiter = limiter or RateLimiter()
         self.timeout = timeout
@@ -96,17 +102,29 @@ class MatrixApi:
     async def open(self, notes: Any) -> None:
         """Log in (the configured token, a device kept from an earlier password login, or
         the password once), check the token with ``whoami`` and read the bot's name."""
+        encrypting = self.encrypting
         config = nio.AsyncClientConfig(max_limit_exceeded=0, max_timeouts=0,
-                                       request_timeout=self.timeout)
-        self.client = nio.AsyncClient(self.homeserver, self.user_id, config=config)
+                                       request_timeout=self.timeout,
+                                       encryption_enabled=encrypting, store_sync_tokens=False)
+        store = ""
+        if encrypting and self.store is not None:
+            await asyncio.to_thread(self.store.mkdir, mode=0o700, parents=True, exist_ok=True)
+            store = str(self.store)
+        self.client = nio.AsyncClient(self.homeserver, self.user_id, store_path=store,
+                                      config=config)
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
         token, device = await self._credentials(notes)
-        self.client.restore_login(self.user_id, device, token)
+        self.client.access_token = token
         who = await self.call("whoami", self.client.whoami)
         if who.user_id != self.user_id:
             raise SetupError(f"MATRIX_ACCESS_TOKEN belongs to {who.user_id}, not "
                              f"MATRIX_USER_ID {self.user_id}")
+        if encrypting and not (who.device_id or device):
+            raise SetupError("the Matrix token names no device: encryption needs one "
+                             "(log in with MATRIX_PASSWORD, or set encryption = false)")
+        # With a store, this loads (or creates) the device's keys.
         self.client.restore_login(self.user_id, who.device_id or device, token)
+        await self.upkeep()
         try:
             name = await self.call("displayname", lambda: self.client.get_displayname(
                 self.user_id))
@@ -120,6 +138,32 @@ class MatrixApi:
                 self.upload_limit = limit
         except (MatrixError, Transient, RateLimited):
             log.info("Matrix: no media config; uploads limited to %d bytes", self.upload_limit)
+
+    @property
+    def encrypting(self) -> bool:
+        """Whether end-to-end encryption is on (configured, and matrix-nio[e2e] installed)."""
+        return bool(self.config.encryption and self.store is not None
+                    and getattr(nio.crypto, "ENCRYPTION_ENABLED", False))
+
+    async def upkeep(self) -> None:
+        """The key traffic an encrypting device owes after each sync: upload its one-time
+        keys, learn the devices of the people in its rooms, claim keys to reach them, and
+        send the to-device messages that carry room keys. A failure is retried next time."""
+        client = self.client
+        if client is None or client.olm is None:
+            return
+        try:
+            if client.should_upload_keys:
+                await self.once("keys upload", client.keys_upload)
+            if client.should_query_keys:
+                await self.once("keys query", client.keys_query)
+            if client.should_claim_keys:
+                users = client.get_users_for_key_claiming()
+                await self.once("keys claim", lambda: client.keys_claim(users))
+            await client.send_to_device_messages()
+        except (MatrixError, RateLimited, Transient, nio.LocalProtocolError) as exc:
+            log.warning("Matrix: key upkeep failed (%s); tried again after the next sync",
+                        short(exc, 120))
 
     async def _credentials(self, notes: Any) -> tuple[str, str]:
         if self.config.access_token is not None:
@@ -172,6 +216,9 @@ class MatrixApi:
             answer = await call()
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise Transient(f"{type(exc).__name__}: {short(exc, 120)}") from exc
+        except nio.LocalProtocolError as exc:
+            # An encrypted room not synced yet (a reply redelivered right after a start).
+            raise Transient(f"{what}: {short(exc, 120)}") from exc
         error = failure(what, answer)
         if isinstance(error, RateLimited):
             self.limiter.block(BOT, error.retry_after)

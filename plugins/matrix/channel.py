@@ -56,7 +56,8 @@ class MatrixChannel(Channel):
         self.config = config
         policy = policy or DeliveryPolicy()
         self.inflight = InFlight()
-        self.api = MatrixApi(config, policy=policy, timeout=timeout + config.sync_timeout)
+        self.api = MatrixApi(config, policy=policy, store=settings.data_dir / "matrix",
+                             timeout=timeout + config.sync_timeout)
         posted = Recent()
         self.translator = Translator(self.api.user_id, lambda: self.api.display_name, posted,
                                      self.sender_of)

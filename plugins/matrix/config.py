@@ -37,6 +37,10 @@ class MatrixConfig(BaseModel):
     """Seconds between two edits of a streamed reply (``m.replace``)."""
     auto_join: bool = True
     """Accept invites as the DM and group policies allow (see the channel's docs)."""
+    encryption: bool = True
+    """Read and write end-to-end encrypted rooms when ``matrix-nio[e2e]`` is installed (the
+    device's keys are kept under the data dir, in ``matrix/``); without it, or ``false``,
+    the bot says once in an encrypted room that it cannot read it."""
 
     def configured(self) -> bool:
         """Whether the channel has what it needs to start."""

@@ -70,7 +70,8 @@ class Replies:
         client = self.api.client
 
         async def call() -> Any:
-            return await client.room_send(room_id, kind, content, tx_id=txn)
+            return await client.room_send(room_id, kind, content, tx_id=txn,
+                                          ignore_unverified_devices=True)
 
         async def attempt() -> Any:
             once = self.api.once

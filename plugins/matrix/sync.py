@@ -46,6 +46,8 @@ TOLD_ENCRYPTED = "told_encrypted:"
 ENCRYPTED_NOTICE = ("I can't read end-to-end encrypted messages in this room (this Roost "
                     "runs without Matrix encryption support). Please write to me in an "
                     "unencrypted room.")
+UNDECRYPTABLE_NOTICE = ("I couldn't decrypt a message in this room: its keys were not shared "
+                        "with my device. Please send it again.")
 
 
 class SyncSource:
@@ -152,6 +154,7 @@ class SyncSource:
                 continue
             token, first, full_state = str(answer.next_batch), False, False
             await self.notes.put(NEXT_BATCH, token)
+            await self.api.upkeep()
             async with self.progress:
                 self.batches += 1
                 self.progress.notify_all()
@@ -199,12 +202,14 @@ class SyncSource:
         return Room(room_id, direct, name_of)
 
     async def encrypted(self, room_id: str) -> None:
-        """Say once per room (durably) that encrypted messages cannot be read."""
+        """Say once per room (durably) that an encrypted message could not be read (no
+        encryption support, or no keys for it)."""
         assert self.notes is not None
         key = TOLD_ENCRYPTED + room_id
         if await self.notes.get(key):
             return
-        await self.tell(room_id, ENCRYPTED_NOTICE)
+        await self.tell(room_id, UNDECRYPTABLE_NOTICE if self.api.encrypting
+                        else ENCRYPTED_NOTICE)
         await self.notes.put(key, "1")
 
     async def invited(self, room_id: str, invite: Any) -> None:
