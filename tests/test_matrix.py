@@ -12,7 +12,10 @@ import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
+import nio
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bot.app.roost import Roost
 from bot.testing.app import scripted, settle
@@ -186,7 +189,7 @@ async def test_a_streamed_reply_is_one_message_edited_in_place_and_typing_is_sho
     room = await dm(alice, bot)
     typing: list[list[str]] = []
     alice.client.add_ephemeral_callback(
-        lambda r, e: typing.append(list(e.users)), __import__("nio").TypingNoticeEvent)
+        lambda r, e: typing.append(list(e.users)), nio.TypingNoticeEvent)
     await alice.say(room, "stream please")
     [draft] = await alice.wait_for(room, from_bot(bot.id))
     edits = await alice.wait_for(room, lambda e: e["content"].get("m.relates_to", {}).get(
@@ -427,8 +430,6 @@ def test_without_matrix_nio_the_channel_says_in_one_line_what_to_install(
 async def test_an_encrypted_dm_is_read_and_answered_encrypted(
     make_app: AppFactory, synapse: Synapse, people: list[User], tmp_path: Any,
 ) -> None:
-    import nio
-
     provider = scripted({"reply": "a **secret** answer to {message}"})
     bot = await start(make_app, synapse, people, provider)
     assert bot.channel.api.encrypting
@@ -470,3 +471,37 @@ async def test_an_encrypted_dm_is_read_and_answered_encrypted(
         assert any((bot.app.settings.data_dir / "matrix").iterdir())
     finally:
         await alice.close()
+
+
+# -- hostile events -------------------------------------------------------------------------------
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+                     lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.text(max_size=12), inner, max_size=4), max_leaves=12)
+_keys = st.sampled_from(["msgtype", "body", "url", "info", "filename", "m.relates_to",
+                         "m.new_content", "m.mentions", "formatted_body", "redacts", "key",
+                         "rel_type", "event_id", "m.in_reply_to", "is_falling_back", "size"])
+_content = st.recursive(st.dictionaries(_keys, _json, max_size=6),
+                        lambda inner: st.dictionaries(_keys, inner | _json, max_size=5),
+                        max_leaves=20)
+
+
+@settings(max_examples=50, deadline=None)
+@given(kind=st.sampled_from(["m.room.message", "m.sticker", "m.reaction", "m.room.redaction",
+                             "m.room.member", 7]),
+       content=_content, sender=st.sampled_from(["@eve:x", "", None, 3]),
+       redacts=_json, direct=st.booleans())
+def test_whatever_a_room_member_writes_into_an_event_never_raises(
+    kind: Any, content: Any, sender: Any, redacts: Any, direct: bool,
+) -> None:
+    from plugins.matrix.inbound import Recent, Room, Translator
+
+    async def nobody(room: str, event: str) -> str | None:
+        return None
+
+    translator = Translator("@bot:x", lambda: "Bot", Recent(), nobody)
+    event = {"type": kind, "sender": sender, "event_id": "$e", "content": content,
+             "redacts": redacts}
+    translated = asyncio.run(translator.translate(event, Room("!r:x", direct, lambda _: "")))
+    if translated is not None:
+        assert translated.channel == "matrix"
