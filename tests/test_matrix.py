@@ -505,3 +505,26 @@ def test_whatever_a_room_member_writes_into_an_event_never_raises(
     translated = asyncio.run(translator.translate(event, Room("!r:x", direct, lambda _: "")))
     if translated is not None:
         assert translated.channel == "matrix"
+
+
+async def test_events_the_core_could_not_record_are_synced_again_not_skipped(
+    make_app: AppFactory, synapse: Synapse, people: list[User],
+) -> None:
+    provider = scripted({"reply": "got {message}"}, loop=True)
+    bot = await start(make_app, synapse, people, provider)
+    alice = await person(synapse, people, "Alice")
+    room = await dm(alice, bot)
+    receive = bot.channel.sync.handler
+    assert receive is not None
+    failures: list[str] = []
+
+    async def flaky(event: Any) -> None:
+        if getattr(event, "text", "") == "fragile" and not failures:
+            failures.append(event.text)
+            raise RuntimeError("the inbox is unavailable")  # as a failed commit would
+        await receive(event)
+
+    bot.channel.sync.handler = flaky
+    await alice.say(room, "fragile")
+    [reply] = await alice.wait_for(room, from_bot(bot.id))
+    assert text_of(reply) == "got fragile" and failures == ["fragile"]
