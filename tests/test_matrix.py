@@ -486,7 +486,7 @@ _content = st.recursive(st.dictionaries(_keys, _json, max_size=6),
                         max_leaves=20)
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(kind=st.sampled_from(["m.room.message", "m.sticker", "m.reaction", "m.room.redaction",
                              "m.room.member", 7]),
        content=_content, sender=st.sampled_from(["@eve:x", "", None, 3]),
