@@ -528,3 +528,20 @@ async def test_events_the_core_could_not_record_are_synced_again_not_skipped(
     await alice.say(room, "fragile")
     [reply] = await alice.wait_for(room, from_bot(bot.id))
     assert text_of(reply) == "got fragile" and failures == ["fragile"]
+
+
+async def test_a_refused_token_stops_the_start_with_one_line_that_does_not_show_it(
+    synapse: Synapse,
+) -> None:
+    from bot.config.settings import Settings
+    from roost.channels import MemoryState, SetupError
+
+    table = {"homeserver": synapse.url, "user_id": "@nobody:localhost",
+             "access_token": "syt_not_a_real_token"}
+    channel = MatrixChannel(Settings(plugins={"plugins.matrix": table}),
+                            MatrixConfig.model_validate(table), policy=FAST)
+    with pytest.raises(SetupError) as refused:
+        await channel.api.open(MemoryState())
+    await channel.api.close()
+    assert "refused the Matrix token of @nobody:localhost (M_UNKNOWN_TOKEN)" in str(refused.value)
+    assert "syt_not" not in str(refused.value)

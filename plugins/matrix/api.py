@@ -114,16 +114,16 @@ class MatrixApi:
                                       config=config)
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
         token, device = await self._credentials(notes)
-        self.client.access_token = token
-        who = await self.call("whoami", self.client.whoami)
-        if who.user_id != self.user_id:
-            raise SetupError(f"MATRIX_ACCESS_TOKEN belongs to {who.user_id}, not "
+        owner, device = await self.call("whoami", lambda: self._whoami(token, device),
+                                         raw=True)
+        if owner != self.user_id:
+            raise SetupError(f"MATRIX_ACCESS_TOKEN belongs to {owner}, not "
                              f"MATRIX_USER_ID {self.user_id}")
-        if encrypting and not (who.device_id or device):
+        if encrypting and not device:
             raise SetupError("the Matrix token names no device: encryption needs one "
                              "(log in with MATRIX_PASSWORD, or set encryption = false)")
         # With a store, this loads (or creates) the device's keys.
-        self.client.restore_login(self.user_id, who.device_id or device, token)
+        self.client.restore_login(self.user_id, device, token)
         await self.upkeep()
         try:
             name = await self.call("displayname", lambda: self.client.get_displayname(
@@ -188,6 +188,35 @@ class MatrixApi:
         log.info("Matrix: logged in as %s, device %s (kept for the next start)",
                  self.user_id, answer.device_id)
         return str(answer.access_token), str(answer.device_id)
+
+    async def _whoami(self, token: str, device: str) -> tuple[str, str]:
+        """Whose ``token`` is and its device (``device`` if the server does not say)."""
+        assert self.session is not None
+        try:
+            async with self.session.get(
+                    f"{self.homeserver}/_matrix/client/v3/account/whoami",
+                    headers={"Authorization": f"Bearer {token}"}) as response:
+                status, body = response.status, await response.text()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise Transient(f"{type(exc).__name__}: {short(exc, 120)}") from exc
+        try:
+            data = json.loads(body)
+        except ValueError:
+            data = {}
+        data = data if isinstance(data, dict) else {}
+        if status == 429:
+            wait = data.get("retry_after_ms")
+            raise RateLimited(wait / 1000 if isinstance(wait, int) and wait > 0 else 1.0)
+        if status >= 500:
+            raise Transient(f"HTTP {status}")
+        if status in (401, 403):
+            raise SetupError(f"the homeserver refused the Matrix token of {self.user_id} "
+                             f"({short(str(data.get('errcode') or status), 40)})")
+        owner = data.get("user_id")
+        if status != 200 or not isinstance(owner, str):
+            raise MatrixError("whoami", str(data.get("errcode") or ""), body, status)
+        found = data.get("device_id")
+        return owner, found if isinstance(found, str) and found else device
 
     async def _media_config(self) -> Any:
         response = await self.client.send(

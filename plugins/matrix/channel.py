@@ -61,9 +61,8 @@ class MatrixChannel(Channel):
         posted = Recent()
         self.translator = Translator(self.api.user_id, lambda: self.api.display_name, posted,
                                      self.sender_of)
-        self.replies = Replies(self.api, self.inflight, posted,
+        self.replies = Replies(self.api, self.inflight, posted, self.translator.bot_threads,
                                edit_interval=config.edit_interval)
-        self.replies.bot_threads = self.translator.bot_threads
         self.sync = SyncSource(self.api, self.translator, settings,
                                timeout=config.sync_timeout,
                                timeline_limit=config.timeline_limit,

@@ -51,12 +51,14 @@ DRAFT_POLICY = DeliveryPolicy(attempts=1)
 class Replies:
     """Posts and edits of the bot's messages in rooms (see the module docstring)."""
 
-    def __init__(self, api: MatrixApi, inflight: InFlight, bot_posted: Recent, *,
-                 edit_interval: float) -> None:
+    def __init__(self, api: MatrixApi, inflight: InFlight, bot_posted: Recent,
+                 bot_threads: Recent, *, edit_interval: float) -> None:
+        """``bot_posted``/``bot_threads``: where the bot's posts and the threads it speaks
+        in are remembered (the translator reads them to tell replies to the bot)."""
         self.api = api
         self.inflight = inflight
         self.bot_posted = bot_posted
-        self.bot_threads: Recent | None = None
+        self.bot_threads = bot_threads
         self.edit_interval = edit_interval
         self.my_reactions = Recent()
 
@@ -112,7 +114,7 @@ class Replies:
                                     file.mime_type, handle.size, file.caption)
             await self.post(room, related(content, reply_to=reply_to, thread_id=thread),
                             f"{key}#f{number}" if key else None)
-        if thread and self.bot_threads is not None:
+        if thread:
             self.bot_threads.put(thread)
         return last
 
