@@ -200,23 +200,28 @@ async def test_a_streamed_reply_is_one_message_edited_in_place_and_typing_is_sho
     assert any(bot.id in users for users in typing)
 
 
-async def test_a_long_reply_is_split_into_events_under_the_size_limit(
+async def test_a_long_reply_replacing_a_draft_is_split_into_events_under_the_size_limit(
     make_app: AppFactory, synapse: Synapse, people: list[User],
 ) -> None:
-    text = "\n\n".join(f"paragraph {n} " + "ü" * 3000 for n in range(14))
-    provider = scripted({"reply": text})
-    bot = await start(make_app, synapse, people, provider)
+    bot = await start(make_app, synapse, people, scripted({"reply": "hi"}))
     alice = await person(synapse, people, "Alice")
     room = await dm(alice, bot)
-    await alice.say(room, "long")
+    draft = await bot.channel.replies.post(room, {"msgtype": "m.text", "body": "drafting"},
+                                           None)
+    text = "\n\n".join(f"paragraph {n} " + "ü" * 3000 for n in range(14))
     expected = len(pieces(text))
     assert expected >= 3
-    replies = await alice.wait_for(room, from_bot(bot.id), count=expected)
-    await settle(bot.app)
-    assert len(await alice.wait_for(room, from_bot(bot.id))) == expected
-    assert all(len(json.dumps(r, ensure_ascii=False).encode()) < EVENT_LIMIT for r in replies)
-    assert "".join("".join(r["content"]["body"] for r in replies).split()) == \
-        "".join(text.split())
+    last = await bot.channel.send(OutboundMessage("matrix", room, text, replace=draft,
+                                                  delivery_id="roost-long"))
+    events = await alice.wait_for(room, from_bot(bot.id), count=expected)
+    assert [e["event_id"] for e in events][0] == draft and last == events[-1]["event_id"]
+    [edit] = await alice.wait_for(room, lambda e: e["content"].get("m.relates_to", {}).get(
+        "rel_type") == "m.replace")
+    shown = [edit["content"]["m.new_content"]["body"]] + [text_of(e) for e in events[1:]]
+    assert "".join("".join(shown).split()) == "".join(text.split())
+    assert all(len(json.dumps(e, ensure_ascii=False).encode()) < EVENT_LIMIT
+               for e in [edit, *events])
+    assert not [e for e in await alice.events(room) if e["type"] == "m.room.redaction"]
 
 
 # -- events besides messages ----------------------------------------------------------------

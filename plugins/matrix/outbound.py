@@ -94,6 +94,7 @@ class Replies:
         reply_to = message.reply_to if message.chat_type == "group" or thread else None
         key = message.delivery_id
         last: str | None = None
+        kept_draft = False
         texts = pieces(message.text) if message.text.strip() else []
         for number, piece in enumerate(texts):
             content = text_content(piece)
@@ -102,12 +103,12 @@ class Replies:
                 edited = await self.replace(room, message.replace, content,
                                             f"{txn}e" if txn else None)
                 if edited:
-                    last = message.replace
+                    last, kept_draft = message.replace, True
                     continue
             last = await self.post(room, related(content, reply_to=reply_to,
                                                  thread_id=thread), txn)
-        if message.replace and last != message.replace and texts:
-            await self.withdraw(room, message.replace)
+        if message.replace and not kept_draft:
+            await self.withdraw(room, message.replace)  # not reused: no draft left frozen
         for number, (file, handle) in enumerate(zip(message.files, opened, strict=True)):
             url = await self.upload(file, handle)
             content = media_content(media_kind(file.mime_type), file.name, url,
