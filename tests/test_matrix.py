@@ -214,7 +214,7 @@ async def test_a_long_reply_replacing_a_draft_is_split_into_events_under_the_siz
     last = await bot.channel.send(OutboundMessage("matrix", room, text, replace=draft,
                                                   delivery_id="roost-long"))
     events = await alice.wait_for(room, from_bot(bot.id), count=expected)
-    assert [e["event_id"] for e in events][0] == draft and last == events[-1]["event_id"]
+    assert events[0]["event_id"] == draft and last == events[-1]["event_id"]
     [edit] = await alice.wait_for(room, lambda e: e["content"].get("m.relates_to", {}).get(
         "rel_type") == "m.replace")
     shown = [edit["content"]["m.new_content"]["body"]] + [text_of(e) for e in events[1:]]
