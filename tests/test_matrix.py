@@ -384,7 +384,7 @@ async def test_synapse_rate_limit_answers_are_waited_out_and_every_piece_arrives
     bot = await start(make_app, synapse, people, scripted({"reply": "x"}))
     alice = await person(synapse, people, "Alice")
     room = await dm(alice, bot)
-    await synapse.limit_messages(bot.id, per_second=5, burst=1)
+    await synapse.limit_messages(bot.id, per_second=20, burst=1)
     with caplog.at_level("WARNING", "roost.channels.delivery"):
         for n in range(4):
             await bot.channel.send(OutboundMessage("matrix", room, f"piece {n}",
