@@ -550,3 +550,21 @@ async def test_a_refused_token_stops_the_start_with_one_line_that_does_not_show_
     await channel.api.close()
     assert "refused the Matrix token of @nobody:localhost (M_UNKNOWN_TOKEN)" in str(refused.value)
     assert "syt_not" not in str(refused.value)
+
+
+async def test_more_missed_messages_than_one_sync_carries_are_all_answered_after_a_restart(
+    make_app: AppFactory, synapse: Synapse, people: list[User],
+) -> None:
+    provider = scripted({"reply": "re:{message}"}, loop=True)
+    bot = await start(make_app, synapse, people, provider, table={"timeline_limit": 2})
+    alice = await person(synapse, people, "Alice")
+    room = await dm(alice, bot)
+    await bot.channel.stop()  # down: nothing syncs
+    for n in range(6):
+        await alice.say(room, f"m{n}")
+    again = MatrixChannel(bot.app.settings, bot.channel.config, policy=FAST, timeout=10)
+    await bot.app.add_channel(again)  # the same database: the position kept in its notes
+    answers = await alice.wait_for(room, from_bot(bot.id), count=6)
+    await settle(bot.app)
+    assert sorted(text_of(e) for e in answers) == [f"re:m{n}" for n in range(6)]
+    assert len(await alice.wait_for(room, from_bot(bot.id))) == 6

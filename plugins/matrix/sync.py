@@ -6,6 +6,10 @@ the core's handler and it returned, so a restart syncs from the last answer full
 recorded: nothing is lost, and what is repeated the inbox drops (the event id is its
 key). If the handler raises, the same answer is asked for again after a pause.
 
+A room with more new events than one answer carries (``timeline_limit``) is read back
+through ``/messages`` to the last recorded position first, so a long downtime loses
+nothing either (up to 2,000 events per room).
+
 **The first start** records the position and handles invites but answers no history.
 **A restart** asks for the rooms' full state once (``full_state``), so who is in each
 room (a DM is a room of two) is known again.
@@ -21,6 +25,8 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+import nio
 
 from plugins.matrix.api import MatrixApi, MatrixError
 from plugins.matrix.inbound import Room, Translator
@@ -39,6 +45,8 @@ log = logging.getLogger("roost.channels.matrix")
 
 STANDBY = ChannelHealth(True, "standby: another replica syncs")
 """A follower's health: it sends; the leader receives."""
+MISSED_PAGES = 20
+"""Pages of 100 events read back into a room whose sync answer was cut short."""
 NEXT_BATCH = "next_batch"
 """The channel note holding the position of the last answer fully recorded."""
 TOLD_ENCRYPTED = "told_encrypted:"
@@ -76,8 +84,6 @@ class SyncSource:
         self.batches = 0
         """Answers fully handled (for tests and logs)."""
         self.progress = asyncio.Condition()
-        self.known: set[str] = set()
-        """Rooms seen in an earlier answer (a room's first answer is cut short by design)."""
 
     def start(self, handler: InboundHandler, notes: ChannelState,
               leadership: Leadership | None) -> None:
@@ -144,7 +150,7 @@ class SyncSource:
                 continue
             self.problem, self.synced = "", True
             try:
-                await self.handle(answer, history=not first)
+                await self.handle(answer, history=not first, since=token)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -164,20 +170,20 @@ class SyncSource:
                          "state": {"lazy_load_members": False}},
                 "presence": {"types": []}, "account_data": {"types": []}}
 
-    async def handle(self, answer: Any, *, history: bool) -> None:
+    async def handle(self, answer: Any, *, history: bool, since: str | None) -> None:
         """Hand every room's timeline to the handler (``history``: else only note the
-        position), then answer the invites."""
+        position), then answer the invites. A timeline cut short (more new events than
+        one answer carries) is completed from ``/messages`` back to ``since`` first."""
         assert self.handler is not None
         for room_id, info in answer.rooms.join.items():
-            if info.timeline.limited and history and room_id in self.known:
-                log.warning("Matrix: %s had more new events than one sync carries (%d); "
-                            "the older ones are skipped", room_id, self.timeline_limit)
             if not history:
                 continue
             room = self.room(room_id)
-            self.known.add(room_id)
-            for event in info.timeline.events:
-                source = getattr(event, "source", None)
+            events = [getattr(event, "source", None) for event in info.timeline.events]
+            if info.timeline.limited and since and info.timeline.prev_batch \
+                    and not self.joined_now(events):
+                events = await self.missed(room_id, info.timeline.prev_batch, since) + events
+            for source in events:
                 if not isinstance(source, dict):
                     continue
                 if source.get("type") == "m.room.encrypted" \
@@ -189,6 +195,30 @@ class SyncSource:
                     await self.handler(inbound)
         for room_id, invite in answer.rooms.invite.items():
             await self.invited(room_id, invite)
+
+    def joined_now(self, events: list[Any]) -> bool:
+        """Whether the bot's own join is among ``events`` (a room new to it: what came
+        before is history, not missed)."""
+        return any(isinstance(e, dict) and e.get("type") == "m.room.member"
+                   and e.get("state_key") == self.api.user_id
+                   and isinstance(e.get("content"), dict)
+                   and e["content"].get("membership") == "join" for e in events)
+
+    async def missed(self, room_id: str, start: str, since: str) -> list[Any]:
+        """The events of ``room_id`` between ``since`` and ``start`` (a sync's
+        ``prev_batch``), oldest first; at most :data:`MISSED_PAGES` pages of them."""
+        client, found = self.api.client, []
+        for _ in range(MISSED_PAGES):
+            page = await self.api.call("messages", functools.partial(
+                client.room_messages, room_id, start=start, end=since,
+                direction=nio.MessageDirection.back, limit=100), scope=room_id)
+            found += [getattr(event, "source", None) for event in page.chunk]
+            if not page.chunk or not page.end or page.end == start:
+                return found[::-1]
+            start = page.end
+        log.warning("Matrix: more than %d events missed in %s; the older ones are skipped",
+                    MISSED_PAGES * 100, room_id)
+        return found[::-1]
 
     def room(self, room_id: str) -> Room:
         known = self.api.client.rooms.get(room_id)
