@@ -168,15 +168,19 @@ class Reactions:
         self._mine: dict[tuple[str, str], str] = {}
         """The name of the reaction the bot last put on each message, to replace it."""
 
-    async def react(self, channel: str, ts: str, emoji: str | None) -> bool:
-        """Put ``emoji`` in place of the bot's earlier reaction (``None``: remove it);
-        each call tried once, ``False`` if Slack refused or rate-limited it."""
+    async def react(self, channel: str, ts: str, emoji: str | None, *,
+                    replacing: str | None = None) -> bool:
+        """Put ``emoji`` in place of the bot's earlier reaction (``None``: remove it;
+        ``replacing``: the earlier one if this process did not put it); each call tried
+        once, ``False`` if Slack refused or rate-limited it."""
         name = None if emoji is None else emoji_name(emoji)
         if emoji is not None and name is None:
             log.info("Slack: no emoji name known for %r; reaction not set", emoji)
             return False
         key = (channel, ts)
         before = self._mine.get(key)
+        if before is None and replacing is not None:
+            before = emoji_name(replacing)
         try:
             if name is not None and name != before:
                 await self._call("reactions.add", channel, ts, name, fine="already_reacted")
