@@ -1,11 +1,12 @@
 """Reactions as receipts on Telegram, through the real aiogram against the fake Bot API:
 the ack on a stored message, replaced by done or error when its run ends (Telegram's fixed
-list: ✅ and ⚠️ fall back, an emoji with no fallback removes the ack), a refused reaction
-never touching the reply, and people's 👍/👎 on replies recorded as feedback that admins
-see in ``/status``."""
+list: ✅ and ⚠️ fall back, an emoji with no fallback removes the ack), merged messages
+each getting it, a stopped run's ack removed, a refused reaction never touching the reply,
+and people's 👍/👎 on replies recorded as feedback that admins see in ``/status``."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from bot.testing.telegram.wire import ALICE
 from tests.test_approvals import Touch
 from tests.test_approvals_telegram import MakeApp
 from tests.test_approvals_telegram import make_app as _make_app  # noqa: F401  (the fixture)
+from tests.test_receipts_platforms import HOLD, Gate
 
 
 @pytest.fixture
@@ -109,3 +111,27 @@ async def test_an_end_reaction_telegram_lacks_removes_the_ack(
         "telegram takes no '🦀' reaction; the ack is removed"]
     # Nothing Telegram would refuse was sent.
     assert all(c.status == 200 for c in fake_telegram.calls_of("setMessageReaction"))
+
+
+async def test_merged_messages_each_get_the_end_reaction_and_a_stopped_run_loses_its_ack(
+        make_app: MakeApp, fake_telegram: FakeTelegram) -> None:
+    gate = Gate()
+    app = await make_app([{"match": "^(first|again)$", **HOLD}, {"reply": "both"}], gate,
+                         ack_reaction="👀", merge_window_ms=60_000)
+    first = fake_telegram.private_message("first")
+    await asyncio.wait_for(gate.entered.wait(), 5)
+    # A follow-up while the run has shown nothing: the run restarts with both messages.
+    second = fake_telegram.private_message("second")
+    await fake_telegram.wait_confirmed(second["update_id"])
+    gate.opened.set()
+    await settle(app)
+    for update in (first, second):
+        assert reactions_on(fake_telegram, update["message"]["message_id"]) == [["👀"], ["👍"]]
+    # Stopped: nothing answered it, so its ack goes.
+    gate.entered.clear()
+    gate.opened.clear()
+    third = fake_telegram.private_message("again")
+    await asyncio.wait_for(gate.entered.wait(), 5)
+    await said(fake_telegram, app, "/stop")
+    assert fake_telegram.sent_texts()[-1] == "Stopped."
+    assert reactions_on(fake_telegram, third["message"]["message_id"]) == [["👀"], []]
