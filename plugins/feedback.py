@@ -27,10 +27,7 @@ SHOWN = 3
 
 def vote_of(emoji: str) -> Vote | None:
     """The vote ``emoji`` is (skin tones ignored), or ``None``."""
-    bare = SKIN.sub("", emoji)
-    if bare.startswith(":") and not bare.endswith(":"):
-        bare += ":"  # ":+1::skin-tone-2:" lost its closing colon with the suffix
-    return VOTES.get(bare)
+    return VOTES.get(SKIN.sub("", emoji))
 
 
 @hookimpl

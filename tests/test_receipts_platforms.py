@@ -4,7 +4,8 @@ Slack: ``reactions.add``/``.remove``), people's reactions on replies handed to
 ``roost_reaction`` with the reply's run, a done reaction Discord refuses (404 Unknown
 Message: the person deleted their message) or Slack rate-limits never touching the reply,
 and on two replicas sharing PostgreSQL the run ending on the replica that did not put the
-ack still replaces it."""
+ack still replaces it, and a vote on its reply arriving at the other replica is stored with
+the run."""
 
 from __future__ import annotations
 
@@ -206,6 +207,15 @@ async def test_on_two_replicas_the_run_ends_elsewhere_and_still_replaces_the_ack
         removed = [c for c in fake_slack.calls_of("reactions.remove")
                    if c.params["timestamp"] == second["ts"]]
         assert [(c.params["name"], c.error) for c in removed] == [("eyes", "")]
+        # A 👎 on the reply, received by the replica that did not run it, is stored with the run.
+        [reply] = [ts for ts, m in fake_slack.messages.items() if m.text == "second answer"]
+        await fake_slack.post_event(fake_slack.reaction(CHANNEL, reply, "-1::skin-tone-3"))
+        receiver = apps[1 - runner]
+        async with receiver.store.lock, receiver.store.db.execute(
+                "SELECT run_id, vote, user_id FROM feedback_votes") as cur:
+            votes = await cur.fetchall()
+        assert [tuple(v) for v in votes] == [
+            ((await run_of(apps[runner], second["ts"]))[0], "down", ALICE)]
     finally:
         for app in apps:
             await app.close()
