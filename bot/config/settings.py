@@ -294,6 +294,13 @@ class Settings(BaseSettings):
     """Stream replies by editing one message at most once a second."""
     stream_channels: dict[str, bool] = Field(default_factory=dict)
     """Per-channel override of ``stream_replies``, e.g. ``{slack = false}``."""
+    ack_reaction: str = Field("", max_length=64)
+    """The bot's reaction on a person's message once Roost has stored it (``"👀"``);
+    empty: no receipts at all."""
+    done_reaction: str = Field("✅", max_length=64)
+    """Replaces ``ack_reaction`` when the run answered (empty: the ack is removed)."""
+    error_reaction: str = Field("⚠️", max_length=64)
+    """Replaces ``ack_reaction`` when the run failed or was refused (empty: removed)."""
 
     # Platform endpoints (proxies, self-hosted Bot API servers, tests).
     telegram_api_base: str | None = Field(

@@ -405,9 +405,11 @@ class Channel:
         return False
 
     async def react(self, chat_id: str, message_id: str, emoji: str | None, *,
-                    thread_id: str | None = None) -> bool:
+                    thread_id: str | None = None, replacing: str | None = None) -> bool:
         """Set the bot's own reaction on a message to ``emoji``, replacing the one it set
-        before (``None``: remove it); ``thread_id`` as for :meth:`edit`.
+        before (``None``: remove it); ``thread_id`` as for :meth:`edit`. ``replacing`` is
+        the reaction the core believes the bot set there, for an adapter that does not
+        remember it (another replica set it, or this process restarted since).
 
         Reactions never delay a reply: they are paced at the lowest priority and
         dropped when the chat is rate limited. Returns whether the reaction was

@@ -327,6 +327,16 @@ InboundEvent = InboundMessage | ButtonPress | MessageEdit | MessageDeletion | Re
 """Everything a channel hands the core: a message, or an interaction with one."""
 
 
+@dataclass(frozen=True, slots=True)
+class ReplyReaction:
+    """A person's reaction (``event``) on one of Roost's replies: the reply of run
+    ``run_id`` in conversation ``session_key``."""
+
+    event: ReactionEvent
+    run_id: str
+    session_key: str
+
+
 def parse_command(text: str, bot_username: str = "") -> tuple[str, str] | None:
     """Split ``/name[@bot] args`` into ``(name, args)``; ``None`` if not a command.
 

@@ -382,6 +382,10 @@ class PluginsView(Protocol):
         """Every plugin's health report."""
         ...
 
+    async def status_lines(self, context: Any) -> list[str]:
+        """The lines plugins add to ``/status`` for ``context`` (a ``CommandContext``)."""
+        ...
+
 
 class OfferView(Protocol):
     """What the enabled plugins offer now."""

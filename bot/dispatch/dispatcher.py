@@ -30,6 +30,7 @@ from bot.contracts.messages import (
     InboundEvent,
     InboundMessage,
     OutboundMessage,
+    ReactionEvent,
     parse_command,
 )
 from bot.contracts.runtime import Runtime
@@ -45,6 +46,7 @@ from bot.dispatch.delivery import (
 )
 from bot.dispatch.intake import ChatPolicy, PairingPolicy
 from bot.dispatch.lanes import Lane, Lanes, Moves, Pending, Running, RunRegistry, join_messages
+from bot.dispatch.receipts import Outcome, ReactionHandler, Receipts
 from bot.dispatch.replicas import ReplicaWork, close_quietly
 from bot.engine.budgets import Budgets, Payer
 from bot.engine.context import TokenEstimator
@@ -60,6 +62,10 @@ log = logging.getLogger("roost.dispatch.dispatcher")
 intake_log = logging.getLogger("roost.intake")
 
 T = TypeVar("T")
+
+RECEIPTS: dict[str, Outcome] = {"completed": "done", "failed": "error", "refused": "error",
+                                "cancelled": "dropped"}
+"""The receipt a run's status puts on the messages it answered."""
 
 Leftovers = tuple[list[OutboxEntry], list[InboxEntry]]
 """What a previous process left: replies not confirmed delivered, unfinished messages."""
@@ -85,7 +91,8 @@ class Dispatcher:
                  gates: GateChain, policy: ChatPolicy, pairing: PairingPolicy, budgets: Budgets,
                  claims: Claims | None = None,
                  deliveries: DeliveryCount | None = None,
-                 presses: PressHandler | None = None) -> None:
+                 presses: PressHandler | None = None,
+                 reactions: ReactionHandler | None = None) -> None:
         """``channels`` is the live mapping of running channels; ``commands()`` the
         current commands (they change when plugins do); ``runtime`` is what command
         handlers receive. ``gates`` decide who is answered and how (intake and start
@@ -94,7 +101,7 @@ class Dispatcher:
         several replicas) makes sessions run on the replica holding their lease.
         ``deliveries`` counts each reply handed to a channel (``ok``, ``failed`` (kept and
         retried) or ``given_up``). ``presses`` takes the button presses channels hand in
-        (the approval prompts')."""
+        (the approval prompts'); ``reactions`` hears of people's reactions on replies."""
         self.settings = settings
         self.presses = presses
         self.inbox = inbox
@@ -117,6 +124,9 @@ class Dispatcher:
         self._closed = False
         # Commands of one chat run in the order they were sent ("/pin a", "/pin b").
         self._command_locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+        self.receipts = Receipts(settings, channels, inbox, spawn=self._spawn,
+                                 reactions=reactions)
+        """The bot's reactions on people's messages, and people's on its replies."""
         self.replicas: ReplicaWork | None = None if claims is None else ReplicaWork(
             inbox, claims, admit=self.admit, busy=self.busy, resend=self._resend)
         """On PostgreSQL (several replicas): who runs which session (bot.dispatch.replicas).
@@ -126,10 +136,13 @@ class Dispatcher:
 
     async def receive(self, event: InboundEvent) -> None:
         """The handler channels are given: a message is :meth:`submit`-ted, a button press
-        goes to ``presses``; edits, deletions and reactions are not acted on yet (logged
-        at debug level here, the one place that decides)."""
+        goes to ``presses``, a reaction to :attr:`receipts`; edits and deletions are not
+        acted on yet (logged at debug level here, the one place that decides)."""
         if isinstance(event, InboundMessage):
             await self.submit(event)
+            return
+        if isinstance(event, ReactionEvent):
+            await self.receipts.reaction(event)
             return
         if isinstance(event, ButtonPress) and self.presses is not None:
             try:
@@ -167,6 +180,7 @@ class Dispatcher:
                 log.info("%s delivered %s again; it was recorded before", message.channel,
                          message.event_id)
             elif not self._closed:
+                self.receipts.stored(message)
                 await self.replicas.submitted(shared)
             return
         lane = self.lanes.by_key.get(key)
@@ -183,6 +197,7 @@ class Dispatcher:
         if parsed is not None:
             self._spawn(self._command(message, *parsed, entry=entry.id))
             return
+        self.receipts.stored(message)
         lane = self.lanes.lane(key, message)
         self._move(lane, self.lanes.enqueue(lane, message, entry.id, counted=now))
 
@@ -307,6 +322,7 @@ class Dispatcher:
             self._notify(head.message, "I could not answer this message: working on it "
                          "stopped me several times, so I gave up on it. Please send it again "
                          "in a different form.")
+            self.receipts.ended(head.message, ids, "error")
             channel = self.channels.get(head.message.channel)
             if head.draft_id and channel is not None:
                 self._spawn(_quietly(channel.withdraw(head.message.chat_id, head.draft_id)))
@@ -403,6 +419,7 @@ class Dispatcher:
                 await deliver_result(channel, message, result, bridge.stream,
                                      inbox=self.inbox, redeliveries=self.redeliveries,
                                      counts=self.deliveries)
+            self.receipts.ended(message, pending.entries, RECEIPTS[result.status])
             if pending.done is not None and not pending.done.done():
                 pending.done.set_result(result)
         except asyncio.CancelledError:
@@ -416,10 +433,12 @@ class Dispatcher:
                 self.inbox.requeue(pending.entries)
             elif reason != "merged":
                 self.inbox.close(pending.entries)
+                self.receipts.ended(message, pending.entries, "dropped")
             raise
         except Exception as exc:
             log.exception("run %s for %s crashed", run_id, lane.key)
             self.inbox.close(pending.entries)
+            self.receipts.ended(message, pending.entries, "error")
             if pending.done is not None and not pending.done.done():
                 pending.done.set_exception(exc)
             else:
@@ -447,6 +466,7 @@ class Dispatcher:
                 refusal: str) -> None:
         """A run refused by a budget before the model answered: nothing of it is stored."""
         self.inbox.close(pending.entries)
+        self.receipts.ended(message, pending.entries, "error")
         result = RunResult(run_id, "refused", refusal, Usage())
         if pending.from_person:
             self._notify(message, refusal)
@@ -492,6 +512,7 @@ class Dispatcher:
         """Do what a lane change asks: close and tell the dropped, start the runs."""
         for pending in moves.dropped:
             self.inbox.close(pending.entries)
+            self.receipts.ended(pending.message, pending.entries, "dropped")
             self._notify(pending.message, "Too many messages were waiting, so I dropped "
                          "this one. Send it again if you still need an answer.")
         for entry in moves.start:

@@ -284,6 +284,32 @@ class Inbox:
                                       r[5], r[6]))
         return entries
 
+    async def messages_of(self, ids: Sequence[int]) -> list[InboundMessage]:
+        """The messages of entries ``ids`` (those still kept), oldest first."""
+        if not ids:
+            return []
+        async with self.lock, self.db.execute(
+            f"SELECT message FROM inbox WHERE id IN ({', '.join('?' * len(ids))}) ORDER BY id",
+            tuple(ids),
+        ) as cur:
+            rows = await cur.fetchall()
+        return [decode_message(r[0]) for r in rows]
+
+    async def reply_run(self, channel: str, chat_id: str,
+                        platform_id: str) -> tuple[str, str] | None:
+        """``(run_id, session_key)`` of the run whose reply was delivered as message
+        ``platform_id`` in chat (or thread) ``chat_id``; ``None`` if no kept reply was."""
+        async with self.lock, self.db.execute(
+            "SELECT i.run_id, i.session_key, o.chat_id, o.message FROM outbox o"
+            " JOIN inbox i ON i.id = o.inbox_id WHERE o.channel = ? AND o.platform_id = ?"
+            " AND i.run_id IS NOT NULL ORDER BY o.id DESC LIMIT 8", (channel, platform_id),
+        ) as cur:
+            rows = await cur.fetchall()
+        for run_id, session_key, to_chat, message in rows:
+            if to_chat == chat_id or decode_outbound(message).thread_id == chat_id:
+                return str(run_id), str(session_key)
+        return None
+
     async def journal(self, head: int) -> RunJournal:
         """The journal of entry ``head`` as an earlier life of its run left it."""
         async with self.lock, self.db.execute(

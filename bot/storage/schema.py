@@ -535,6 +535,12 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (channel, key)
     );
     """,
+    # 28: reactions on Roost's replies (bot.dispatch.receipts) find the reply's run by
+    # the platform id its message was delivered as.
+    """
+    CREATE INDEX outbox_platform ON outbox(channel, platform_id)
+        WHERE platform_id IS NOT NULL;
+    """,
 ]
 """Schema steps in order; ``PRAGMA user_version`` records how many have run.
 
