@@ -15,11 +15,13 @@ from typing import Any
 import aiohttp
 
 from bot.app.roost import Roost
-from bot.testing.app import EventRecorder, scripted, settle
+from bot.testing.app import EventRecorder, create_app, scripted, settle
 from bot.testing.whatsapp import FakeWhatsApp
 from bot.testing.whatsapp import fake_whatsapp as _fake_whatsapp  # noqa: F401  (the fixture)
 from plugins.scripted_provider import ScriptedProvider
 from tests.conftest import AppFactory
+from tests.media_samples import png
+from tests.test_approvals import APPROVE_TOUCH, Touch, touching
 
 ALICE = "15551234567"
 BOSS = "15559990000"
@@ -32,16 +34,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def table(fake: FakeWhatsApp) -> dict[str, Any]:
+    """The plugin's settings table for a channel talking to ``fake``."""
+    return {"phone_number_id": fake.phone_number_id, "access_token": fake.token,
+            "app_secret": fake.app_secret, "verify_token": fake.verify_token,
+            "api_base": fake.base_url, "rate_limit_wait": 0.05, "pair_rate_limit_wait": 0.05}
+
+
 async def start(make_app: AppFactory, fake: FakeWhatsApp, provider: ScriptedProvider,
-                **settings: Any) -> tuple[Roost, EventRecorder]:
+                *plugins: object, **settings: Any) -> tuple[Roost, EventRecorder]:
     """An app serving HTTP with the WhatsApp channel started as ``roost run`` starts it."""
     port = free_port()
     fake.webhook_url = f"http://127.0.0.1:{port}/whatsapp/webhook"
-    table = {"phone_number_id": fake.phone_number_id, "access_token": fake.token,
-             "app_secret": fake.app_secret, "verify_token": fake.verify_token,
-             "api_base": fake.base_url, "rate_limit_wait": 0.05, "pair_rate_limit_wait": 0.05}
-    app, _, log = await make_app(provider, http_port=port, http_host="127.0.0.1",
-                                 plugins={"plugins.whatsapp": table}, **settings)
+    app, _, log = await make_app(provider, *plugins, http_port=port, http_host="127.0.0.1",
+                                 plugins={"plugins.whatsapp": table(fake)}, **settings)
     await app.serve_http()
     assert "whatsapp" in app.configured_channels()
     await app.start_channel("whatsapp")
@@ -121,3 +127,73 @@ async def test_a_reply_that_whatsapp_refuses_outside_the_window_is_given_up_at_o
     assert (state, attempts) == ("failed", 1)
     assert "24-hour window" in error
     assert fake_whatsapp.sent == []
+
+
+async def test_replicas_on_postgresql_each_take_webhooks_and_answer_each_message_once(
+        pg_url: str, tmp_path: Path, fake_whatsapp: FakeWhatsApp) -> None:
+    fake = fake_whatsapp
+    apps: list[Roost] = []
+    urls: list[str] = []
+    try:
+        for name in ("a", "b"):
+            port = free_port()
+            app, _ = await create_app(
+                scripted({"reply": "echo: {message}"}, loop=True), data_dir=tmp_path / name,
+                database_url=pg_url, http_port=port, http_host="127.0.0.1",
+                plugins={"plugins.whatsapp": table(fake)})
+            apps.append(app)
+            await app.serve_http()
+            await app.start_channel("whatsapp")
+            await app.recover()
+            urls.append(f"http://127.0.0.1:{port}/whatsapp/webhook")
+        first = fake.text(ALICE, "one")
+        for url, payload in ((urls[0], first), (urls[1], first),
+                             (urls[1], fake.text(ALICE, "two"))):
+            fake.webhook_url = url
+            assert await fake.deliver(payload) == 200
+        await fake.wait_until(lambda: len(fake.visible(ALICE)) >= 2)
+        for app in apps:
+            await settle(app, 30)
+        # The window noted by one replica is the other's too.
+        noted = [await app.channels["whatsapp"].state.get(f"inbound:{ALICE}") for app in apps]
+        assert noted[0] is not None and noted[0] == noted[1]
+    finally:
+        for app in apps:
+            await app.close()
+    assert sorted(fake.visible(ALICE)) == ["echo: one", "echo: two"]
+
+
+async def test_an_approval_is_asked_with_reply_buttons_and_decided_by_a_press(
+        make_app: AppFactory, fake_whatsapp: FakeWhatsApp) -> None:
+    fake = fake_whatsapp
+    touch = Touch()
+    app, _ = await start(make_app, fake, scripted(touching("/srv/s", "done")), touch,
+                         agents=APPROVE_TOUCH)
+    assert await fake.deliver(fake.text(ALICE, "touch it")) == 200
+    await fake.wait_until(lambda: any(s.type == "interactive" for s in fake.sent))
+    (prompt,) = [s for s in fake.sent if s.type == "interactive"]
+    buttons = {b["reply"]["title"]: b["reply"]["id"]
+               for b in prompt.payload["interactive"]["action"]["buttons"]}
+    assert list(buttons) == ["Approve", "Deny", "Approve for this se…"]
+    assert "/srv/s" in prompt.text and touch.ran == []
+    assert await fake.deliver(fake.press(ALICE, prompt.wamid, buttons["Approve"])) == 200
+    await fake.wait_until(lambda: "done" in fake.visible(ALICE))
+    await settle(app)
+    assert touch.ran == ["/srv/s"]
+    assert "Approved." in fake.visible(ALICE)
+
+
+async def test_a_photo_reaches_the_model_through_the_media_lookup(
+        make_app: AppFactory, fake_whatsapp: FakeWhatsApp) -> None:
+    fake = fake_whatsapp
+    provider = scripted({"reply": "a red square"})
+    app, _ = await start(make_app, fake, provider)
+    assert await fake.deliver(fake.media(ALICE, "image", png(64, 64), "image/png",
+                                         caption="what is it?")) == 200
+    await fake.wait_until(lambda: fake.visible(ALICE) == ["a red square"])
+    await settle(app)
+    content = str(provider.requests[-1].messages[-1].content)
+    # Downloaded, stored and measured: the size is the bytes', not a declared one.
+    assert content.startswith("what is it?") and "64×64" in content, content
+    assert [c.path for c in fake.calls if c.method == "GET"][-2:] == [
+        next(iter(fake.media_store)), "download"]
