@@ -374,3 +374,26 @@ async def test_a_file_goes_out_as_an_upload_then_a_message_by_media_id(
     assert image.type == "image" and image.payload["image"]["caption"] == "the chart"
     assert fake_whatsapp.media_store[image.payload["image"]["id"]].data == png(8, 8)
     assert document.payload["document"]["filename"] == "report.pdf"
+
+
+async def test_signed_deliveries_of_unknown_shapes_are_skipped_with_200_not_redelivered(
+        start: Start, fake_whatsapp: FakeWhatsApp) -> None:
+    _, inbox = await start()
+    good = fake_whatsapp.text(ALICE, "still here")
+    value = good["entry"][0]["changes"][0]["value"]
+    odd_message = {**value["messages"][0], "id": "wamid.ODD", "text": "not an object"}
+    odd_image = {**value["messages"][0], "id": "wamid.IMG", "type": "image",
+                 "image": {"id": 7, "file_size": "x"}}
+    shapes: list[Any] = [
+        [], {"entry": "x"}, {"entry": [{"changes": [{"value": {"messages": "x"}}]}]},
+        {"entry": [{"changes": [{"value": {"contacts": 5, "messages": [1, None]}}]}]},
+        {"entry": [{"changes": [{"value": {**value, "messages": [odd_message, odd_image]}}]}]},
+        {"entry": [{"changes": [{"value": {"statuses": [{"status": "failed",
+                                                         "errors": [5]}]}}]}]},
+    ]
+    for shape in shapes:
+        assert await fake_whatsapp.post(shape) == 200, shape
+    assert await fake_whatsapp.post(b"{not json") == 200
+    assert await fake_whatsapp.post(good) == 200
+    texts = [e.text for e in inbox.events if isinstance(e, InboundMessage)]
+    assert texts[-1] == "still here"

@@ -15,7 +15,6 @@ import hmac
 import json
 import logging
 import time
-from typing import Any
 
 from aiohttp import web
 
@@ -27,6 +26,9 @@ from roost.channels import ButtonPress, InboundEvent, WebRoutes
 log = logging.getLogger("roost.plugins.whatsapp")
 
 PATH = "/whatsapp/webhook"
+
+_SHAPE_ERRORS = (AttributeError, TypeError, ValueError, KeyError, IndexError)
+"""What reading a delivery of a shape Roost does not know raises."""
 
 
 def signature(secret: bytes, body: bytes) -> str:
@@ -91,27 +93,43 @@ class Webhook:
             log.warning("WhatsApp: a signed delivery that is not JSON was skipped")
             return web.Response(status=200)
         try:
-            for value in changes(payload):
-                for line in failed_statuses(value):
-                    log.warning("WhatsApp: %s", line)
-                await self._messages(value)
+            events = self._events(payload)
+        except _SHAPE_ERRORS as exc:
+            # Signed, so Meta's: a shape Roost does not know. Redelivering cannot help.
+            log.warning("WhatsApp: a delivery of an unknown shape was skipped (%s)",
+                        type(exc).__name__)
+            return web.Response(status=200)
+        try:
+            for event, timestamp in events:
+                await self._note(event, timestamp)
+                await self.handler(event)
         except Exception:
             log.exception("WhatsApp: a delivery was not recorded; answered 500 so "
                           "WhatsApp delivers it again")
             return web.Response(status=500, text="not recorded")
         return web.Response(status=200)
 
-    async def _messages(self, value: dict[str, Any]) -> None:
-        profiles = names(value)
-        for message in value.get("messages") or ():
-            if not isinstance(message, dict):
-                continue
-            event = event_of(message, profiles.get(str(message.get("from")), ""))
-            if event is None:
-                log.info("WhatsApp: skipped a %s message", str(message.get("type"))[:40])
-                continue
-            await self._note(event, message.get("timestamp"))
-            await self.handler(event)
+    def _events(self, payload: object) -> list[tuple[InboundEvent, object]]:
+        """The delivery's events with their timestamps, in order; failed statuses logged."""
+        events: list[tuple[InboundEvent, object]] = []
+        for value in changes(payload):
+            for line in failed_statuses(value):
+                log.warning("WhatsApp: %s", line)
+            profiles = names(value)
+            for message in value.get("messages") or ():
+                if not isinstance(message, dict):
+                    continue
+                try:
+                    event = event_of(message, profiles.get(str(message.get("from")), ""))
+                except _SHAPE_ERRORS as exc:
+                    event = None
+                    log.warning("WhatsApp: a message of an unknown shape (%s)",
+                                type(exc).__name__)
+                if event is None:
+                    log.info("WhatsApp: skipped a %s message", str(message.get("type"))[:40])
+                    continue
+                events.append((event, message.get("timestamp")))
+        return events
 
     async def _note(self, event: InboundEvent, timestamp: object) -> None:
         """The person wrote: their 24-hour window is open again from then."""
