@@ -6,9 +6,11 @@ approvals by reply buttons, a reply outside the 24-hour window given up at once.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from plugins.scripted_provider import ScriptedProvider
 from tests.conftest import AppFactory
 from tests.media_samples import png
 from tests.test_approvals import APPROVE_TOUCH, Touch, touching
+from tests.test_durability import crash
 
 ALICE = "15551234567"
 BOSS = "15559990000"
@@ -197,3 +200,25 @@ async def test_a_photo_reaches_the_model_through_the_media_lookup(
     assert content.startswith("what is it?") and "64×64" in content, content
     assert [c.path for c in fake.calls if c.method == "GET"][-2:] == [
         next(iter(fake.media_store)), "download"]
+
+
+async def test_a_reply_held_up_past_the_window_by_a_crash_is_given_up_at_its_redelivery(
+        make_app: AppFactory, fake_whatsapp: FakeWhatsApp, tmp_path: Path) -> None:
+    fake = fake_whatsapp
+    first, _ = await start(make_app, fake, scripted({"reply": "your reminder"}))
+    fake.fail("hold")  # WhatsApp takes the request and never applies it
+    assert await fake.deliver(fake.text(ALICE, "remind me")) == 200
+    await fake.wait_until(lambda: bool(fake.held))
+    await crash(first)
+    # Back a day later: Alice's window closed meanwhile.
+    again, _ = await start(make_app, fake, scripted({"reply": "unused"}))
+    await again.channels["whatsapp"].state.put(f"inbound:{ALICE}",
+                                               repr(time.time() - 25 * 3600))
+    await again.recover()
+    await settle(again)
+    await asyncio.gather(*again.dispatcher.redeliveries.tasks)
+    await again.store.writer.close()
+    async with again.store.db.execute("SELECT state, last_error FROM outbox") as cursor:
+        ((state, error),) = list(await cursor.fetchall())
+    assert state == "failed" and "24-hour window" in error
+    assert fake.sent == []
