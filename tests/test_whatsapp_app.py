@@ -21,6 +21,7 @@ from bot.testing.app import EventRecorder, create_app, scripted, settle
 from bot.testing.whatsapp import FakeWhatsApp
 from bot.testing.whatsapp import fake_whatsapp as _fake_whatsapp  # noqa: F401  (the fixture)
 from plugins.scripted_provider import ScriptedProvider
+from roost import workspace_dir
 from tests.conftest import AppFactory
 from tests.media_samples import png
 from tests.test_approvals import APPROVE_TOUCH, Touch, touching
@@ -222,3 +223,22 @@ async def test_a_reply_held_up_past_the_window_by_a_crash_is_given_up_at_its_red
         ((state, error),) = list(await cursor.fetchall())
     assert state == "failed" and "24-hour window" in error
     assert fake.sent == []
+
+
+async def test_send_file_uploads_the_workspace_file_then_sends_it_by_media_id(
+        make_app: AppFactory, fake_whatsapp: FakeWhatsApp) -> None:
+    fake = fake_whatsapp
+    app, _ = await start(make_app, fake, scripted({"steps": [
+        {"tool_calls": [{"name": "send_file",
+                         "arguments": {"path": "chart.png", "caption": "Here it is"}}]},
+        {"reply": "done"}]}))
+    workspace = workspace_dir(app.settings.workspaces_dir, "whatsapp", ALICE)
+    workspace.mkdir(parents=True, exist_ok=True)
+    data = png(400, 300)
+    (workspace / "chart.png").write_bytes(data)
+    assert await fake.deliver(fake.text(ALICE, "send me the chart")) == 200
+    await fake.wait_until(lambda: "done" in fake.visible(ALICE))
+    await settle(app)
+    (image,) = [s for s in fake.sent if s.type == "image"]
+    assert image.payload["image"]["caption"] == "Here it is"
+    assert fake.media_store[image.payload["image"]["id"]].data == data
