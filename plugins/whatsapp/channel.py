@@ -217,7 +217,11 @@ class WhatsAppChannel(Channel):
             media["filename"] = file.name
         if file.caption and kind != "audio":
             media["caption"] = file.caption[:1024]
-        return await graph.send(to, {"type": kind, kind: media}, what=f"{kind} {file.name}")
+        sent = await graph.send(to, {"type": kind, kind: media}, what=f"{kind} {file.name}")
+        if file.caption and kind == "audio":  # audio messages carry no caption
+            sent = await graph.send(to, {"type": "text", "text": {
+                "body": file.caption[:MESSAGE_LIMIT]}}, what="audio caption")
+        return sent
 
     async def _outside(self, message: OutboundMessage) -> str | None:
         """A reply outside the window: the template, or :class:`Undeliverable`."""

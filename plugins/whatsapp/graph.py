@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -134,8 +134,9 @@ class Graph:
                 raise GraphError(0, f"unreadable answer to {what}") from exc
             return answer if isinstance(answer, dict) else {}
 
-        tracked: Callable[[], Awaitable[dict[str, Any] | None]] = \
-            lambda: self.inflight.tracked(attempt())  # noqa: E731
+        async def tracked() -> dict[str, Any] | None:
+            return await self.inflight.tracked(attempt())
+
         if not urgent:
             try:
                 return await tracked()
