@@ -155,14 +155,11 @@ async def talking(start: Start, fake: FakeWhatsApp, **config: Any) -> tuple[
 async def test_the_verification_handshake_echoes_the_challenge_only_for_the_verify_token(
         start: Start, fake_whatsapp: FakeWhatsApp) -> None:
     await start()
-    assert fake_whatsapp._client is not None
-    url = fake_whatsapp.webhook_url
-    ok = {"hub.mode": "subscribe", "hub.verify_token": fake_whatsapp.verify_token,
-          "hub.challenge": "1158201444"}
-    async with fake_whatsapp._client.get(url, params=ok) as response:
-        assert (response.status, await response.text()) == (200, "1158201444")
-    async with fake_whatsapp._client.get(url, params={**ok, "hub.verify_token": "guess"}) as r:
-        assert r.status == 403 and "1158201444" not in await r.text()
+    token = fake_whatsapp.verify_token
+    assert await fake_whatsapp.verification(token) == (200, "1158201444")
+    status, body = await fake_whatsapp.verification("guess")
+    assert status == 403 and "1158201444" not in body
+    assert (await fake_whatsapp.verification(token, mode="unsubscribe"))[0] == 403
 
 
 async def test_a_delivery_without_the_apps_signature_is_refused_and_never_handled(

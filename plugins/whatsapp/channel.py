@@ -142,12 +142,12 @@ class WhatsAppChannel(Channel):
     async def stop_intake(self) -> None:
         """Answer deliveries 503 from now on: WhatsApp sends them again after the restart."""
         if self.webhook is not None:
-            self.webhook.open = False
+            self.webhook.close_intake()
 
     async def stop(self) -> None:
         """Stop serving the webhook, let sends in flight finish (up to 10 s), close."""
         if self.webhook is not None:
-            self.webhook.open = False
+            self.webhook.close_intake()
             self.webhook.unmount()
         if not await self.inflight.wait_idle(STOP_GRACE):
             log.warning("WhatsApp: %d call(s) still running at shutdown", self.inflight.count)

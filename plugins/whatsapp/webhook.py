@@ -56,6 +56,10 @@ class Webhook:
         routes.add_post(PATH, self.receive)
         self.routes = routes
 
+    def close_intake(self) -> None:
+        """Answer deliveries 503 from now on (shutdown began)."""
+        self.open = False
+
     def unmount(self) -> None:
         """Stop serving (404 from then on)."""
         if self.routes is not None:

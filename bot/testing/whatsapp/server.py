@@ -383,6 +383,14 @@ class FakeWhatsApp:
             status["errors"] = [{"code": error, "title": ERRORS[str(error)][2]}]
         return self._envelope({"statuses": [status]})
 
+    async def verification(self, token: str, challenge: str = "1158201444",
+                           mode: str = "subscribe") -> tuple[int, str]:
+        """Meta's subscription check (``GET`` with ``hub.*``); the status and body."""
+        assert self._client is not None and self.webhook_url
+        params = {"hub.mode": mode, "hub.verify_token": token, "hub.challenge": challenge}
+        async with self._client.get(self.webhook_url, params=params) as response:
+            return response.status, await response.text()
+
     def sign(self, body: bytes) -> str:
         """The ``X-Hub-Signature-256`` of ``body``."""
         return "sha256=" + hmac.new(self.app_secret.encode(), body,
