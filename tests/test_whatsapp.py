@@ -394,3 +394,19 @@ async def test_signed_deliveries_of_unknown_shapes_are_skipped_with_200_not_rede
     assert await fake_whatsapp.post(good) == 200
     texts = [e.text for e in inbox.events if isinstance(e, InboundMessage)]
     assert texts[-1] == "still here"
+
+
+async def test_a_131047_status_closes_the_window_unless_the_person_wrote_since(
+        start: Start, fake_whatsapp: FakeWhatsApp) -> None:
+    # WhatsApp often takes the message and reports 131047 later, in a failed status.
+    channel, _, _ = await talking(start, fake_whatsapp)
+    await channel.send(reply("taken"))
+    failed = fake_whatsapp.status(fake_whatsapp.sent[0].wamid, ALICE, "failed", error=131047)
+    assert await fake_whatsapp.post(failed) == 200
+    with pytest.raises(Undeliverable):
+        await channel.send(reply("next"))
+    assert len(fake_whatsapp.sent) == 1
+    assert await fake_whatsapp.post(fake_whatsapp.text(ALICE, "back")) == 200
+    assert await fake_whatsapp.post(failed) == 200  # a late copy: she wrote since
+    await channel.send(reply("welcome back"))
+    assert fake_whatsapp.visible(ALICE) == ["taken", "welcome back"]

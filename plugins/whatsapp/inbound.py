@@ -94,12 +94,19 @@ def media_attachment(kind: str, media: dict[str, Any], wamid: str) -> Attachment
                           media.get("file_size") or "0").isdigit() else 0)
 
 
-def failed_statuses(value: dict[str, Any]) -> Iterator[str]:
-    """One line for each ``failed`` status in a change (the rest of the statuses are
-    ignored: read and delivered receipts need nothing from Roost)."""
+def failed_statuses(value: dict[str, Any]) -> Iterator[tuple[str, str, int, float]]:
+    """Each ``failed`` status in a change as (its line for the log, the recipient, the
+    first error code, its time); the other statuses are ignored (read and delivered
+    receipts need nothing from Roost)."""
     for status in value.get("statuses") or ():
         if isinstance(status, dict) and status.get("status") == "failed":
             errors = status.get("errors") or [{}]
             first = errors[0] if isinstance(errors[0], dict) else {}
-            yield (f"message {status.get('id')} to {status.get('recipient_id')} failed: "
-                   f"{first.get('code', '?')} {first.get('title', '')}".rstrip())
+            recipient = str(status.get("recipient_id") or "")
+            try:
+                code, at = int(first.get("code") or 0), float(status.get("timestamp") or 0)
+            except (TypeError, ValueError):
+                code, at = 0, 0.0
+            line = (f"message {status.get('id')} to {recipient} failed: "
+                    f"{code or '?'} {first.get('title', '')}".rstrip())
+            yield line, recipient, code, at

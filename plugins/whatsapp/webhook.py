@@ -18,6 +18,7 @@ import time
 
 from aiohttp import web
 
+from plugins.whatsapp.graph import OUTSIDE_WINDOW
 from plugins.whatsapp.inbound import changes, event_of, failed_statuses, names
 from plugins.whatsapp.window import CustomerWindow
 from roost import InboundHandler, InboundMessage
@@ -97,13 +98,15 @@ class Webhook:
             log.warning("WhatsApp: a signed delivery that is not JSON was skipped")
             return web.Response(status=200)
         try:
-            events = self._events(payload)
+            events, closed = self._events(payload)
         except _SHAPE_ERRORS as exc:
             # Signed, so Meta's: a shape Roost does not know. Redelivering cannot help.
             log.warning("WhatsApp: a delivery of an unknown shape was skipped (%s)",
                         type(exc).__name__)
             return web.Response(status=200)
         try:
+            for recipient, at in closed:
+                await self.window.closed(recipient, at)
             for event, timestamp in events:
                 await self._note(event, timestamp)
                 await self.handler(event)
@@ -113,12 +116,18 @@ class Webhook:
             return web.Response(status=500, text="not recorded")
         return web.Response(status=200)
 
-    def _events(self, payload: object) -> list[tuple[InboundEvent, object]]:
-        """The delivery's events with their timestamps, in order; failed statuses logged."""
+    def _events(self, payload: object) -> tuple[list[tuple[InboundEvent, object]],
+                                                list[tuple[str, float]]]:
+        """The delivery's events with their timestamps, in order, and the people whose
+        window WhatsApp said was closed (131047 in a failed status) with its time; every
+        failed status logged."""
         events: list[tuple[InboundEvent, object]] = []
+        closed: list[tuple[str, float]] = []
         for value in changes(payload):
-            for line in failed_statuses(value):
+            for line, recipient, code, at in failed_statuses(value):
                 log.warning("WhatsApp: %s", line)
+                if code == OUTSIDE_WINDOW and recipient and at:
+                    closed.append((recipient, at))
             profiles = names(value)
             for message in value.get("messages") or ():
                 if not isinstance(message, dict):
@@ -133,7 +142,7 @@ class Webhook:
                     log.info("WhatsApp: skipped a %s message", str(message.get("type"))[:40])
                     continue
                 events.append((event, message.get("timestamp")))
-        return events
+        return events, closed
 
     async def _note(self, event: InboundEvent, timestamp: object) -> None:
         """The person wrote: their 24-hour window is open again from then."""

@@ -33,6 +33,13 @@ class CustomerWindow:
         if last is None or at > last:
             await self.state.put(f"inbound:{wa_id}", repr(at))
 
+    async def closed(self, wa_id: str, at: float) -> None:
+        """WhatsApp said at ``at`` that ``wa_id``'s window was closed (a 131047 status):
+        believed unless the person wrote after that."""
+        last = await self.last(wa_id)
+        if last is None or last < at:
+            await self.state.put(f"inbound:{wa_id}", repr(at - WINDOW))
+
     async def last(self, wa_id: str) -> float | None:
         """When ``wa_id`` last wrote, if known."""
         value = await self.state.get(f"inbound:{wa_id}")
