@@ -35,6 +35,7 @@ from roost.channels import (
     DeliveryPolicy,
     InboundEvent,
     ReactionEvent,
+    SetupError,
     Undeliverable,
 )
 from tests.media_samples import png
@@ -410,3 +411,16 @@ async def test_a_131047_status_closes_the_window_unless_the_person_wrote_since(
     assert await fake_whatsapp.post(failed) == 200  # a late copy: she wrote since
     await channel.send(reply("welcome back"))
     assert fake_whatsapp.visible(ALICE) == ["taken", "welcome back"]
+
+
+async def test_a_missing_setting_or_http_server_is_one_line_naming_it() -> None:
+    inbox = Inbox()
+    partial = WhatsAppChannel(WhatsAppConfig(phone_number_id="1", access_token="t"))
+    with pytest.raises(SetupError) as refused:
+        await partial.begin(inbox)
+    assert str(refused.value) == ("the whatsapp channel needs WHATSAPP_APP_SECRET, "
+                                  "WHATSAPP_VERIFY_TOKEN")
+    complete = WhatsAppChannel(WhatsAppConfig(phone_number_id="1", access_token="t",
+                                              app_secret="s", verify_token="v"))
+    with pytest.raises(SetupError, match="ROOST_HTTP_PORT"):
+        await complete.begin(inbox)
