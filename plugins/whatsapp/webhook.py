@@ -76,8 +76,15 @@ class Webhook:
                 hmac.compare_digest(token.encode(), self.verify_token.encode()):
             log.info("WhatsApp: webhook verified")
             return web.Response(text=query.get("hub.challenge", ""))
-        log.warning("WhatsApp: webhook verification refused (wrong verify token)")
+        self._refused("a webhook verification with a wrong verify token", request)
         return web.Response(status=403, text="verification failed")
+
+    def _refused(self, what: str, request: web.Request) -> None:
+        """Log a refused request, a line a minute at most (anyone can send these)."""
+        now = time.monotonic()
+        if now - self._last_refusal >= 60.0:
+            self._last_refusal = now
+            log.warning("WhatsApp: refused %s from %s", what, request.remote)
 
     async def receive(self, request: web.Request) -> web.Response:
         """One delivery: signature, then every message to the core, then 200."""
@@ -86,11 +93,7 @@ class Webhook:
         raw = await request.read()
         given = request.headers.get("X-Hub-Signature-256", "")
         if not hmac.compare_digest(given.encode(), signature(self.secret, raw).encode()):
-            now = time.monotonic()
-            if now - self._last_refusal >= 60.0:  # anyone can send these: a line a minute
-                self._last_refusal = now
-                log.warning("WhatsApp: refused a webhook delivery with a bad signature "
-                            "from %s", request.remote)
+            self._refused("a webhook delivery with a bad signature", request)
             return web.Response(status=401, text="invalid signature")
         try:
             payload = json.loads(raw)

@@ -35,9 +35,9 @@ class CustomerWindow:
 
     async def closed(self, wa_id: str, at: float) -> None:
         """WhatsApp said at ``at`` that ``wa_id``'s window was closed (a 131047 status):
-        believed unless the person wrote after that."""
+        believed unless the person wrote after that (in a later second)."""
         last = await self.last(wa_id)
-        if last is None or last < at:
+        if last is None or last <= at:
             await self.state.put(f"inbound:{wa_id}", repr(at - WINDOW))
 
     async def last(self, wa_id: str) -> float | None:
