@@ -67,6 +67,10 @@ data_dir = "data"
 # [plugins."plugins.exec_tool"]
 # timeout = 30
 
+# WhatsApp (its credentials go in .env; the webhook is /whatsapp/webhook on http_port):
+# [plugins."plugins.whatsapp"]
+# template_name = "roost_reply"   # sent for a reply due outside the 24-hour window
+
 # Tools of an MCP server:
 # [mcp.servers.github]
 # command = "npx"
@@ -84,6 +88,15 @@ _HINTS = {
     "brave_api_key": "Web search backends (optional).",
     "transcribe_api_key": "Voice notes: the key of the transcription server (optional).",
 }
+
+
+PLUGIN_CHANNELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("WhatsApp (Cloud API): the channel plugins.whatsapp; its webhook is /whatsapp/webhook\n"
+     "# on ROOST_HTTP_PORT.",
+     ("WHATSAPP_PHONE_NUMBER_ID", "WHATSAPP_ACCESS_TOKEN", "WHATSAPP_APP_SECRET",
+      "WHATSAPP_VERIFY_TOKEN")),
+)
+"""Channels offered by built-in plugins: a comment and the variables ``.env.example`` lists."""
 
 
 def env_name(name: str) -> str:
@@ -124,6 +137,8 @@ def env_example() -> str:
         if hint:
             lines += ["", f"# {hint}"]
         lines.append(f"{env_name(name)}=")
+    for hint, variables in PLUGIN_CHANNELS:
+        lines += ["", f"# {hint}", *(f"{variable}=" for variable in variables)]
     return "\n".join(lines) + "\n"
 
 

@@ -145,6 +145,15 @@ async def found_nothing_shown() -> None:
         await state.mark.record(False)
 
 
+class Undeliverable(Exception):
+    """Raised by :meth:`Channel.send` for a reply the platform will not take now or later
+    (WhatsApp outside its 24-hour window with no template to send instead).
+
+    The core gives the reply up at once: it stays in the outbox as failed, with this
+    exception's one-line message as the reason, and is not sent again.
+    """
+
+
 @dataclass(frozen=True, slots=True)
 class ChannelHealth:
     """Whether a channel is connected and receiving, for ``/readyz``.

@@ -77,6 +77,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "plugins.mcp",
     "plugins.exec_tool",
     "plugins.feedback",
+    "plugins.whatsapp",
 )
 """Modules of the built-in plugins, registered like external ones."""
 

@@ -135,7 +135,7 @@ def missing_sdk(channel: str, exc: ModuleNotFoundError) -> str:
     """What to install when channel ``channel`` could not import ``exc.name``."""
     module = (exc.name or "").partition(".")[0] or "a module"
     package = PLATFORM_MODULES.get(module, module)
-    if channel in ("telegram", "discord", "slack"):
+    if channel in ("telegram", "discord", "slack", "whatsapp"):
         return f"the {channel} channel needs {package}: pip install 'roost[{channel}]'"
     return f"the {channel} channel needs {package}: pip install {package}"
 
