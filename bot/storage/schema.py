@@ -524,6 +524,10 @@ MIGRATIONS: list[str] = [
     CREATE INDEX approvals_created ON approvals(created_at);
     ALTER TABLE jobs ADD COLUMN approved_tools TEXT NOT NULL DEFAULT '';
     """,
+    # 27: the Control UI's approvals page lists the questions still open, live.
+    """
+    CREATE INDEX approvals_waiting ON approvals(created_at, id) WHERE state = 'pending';
+    """,
 ]
 """Schema steps in order; ``PRAGMA user_version`` records how many have run.
 
