@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bot.app.roost import Roost
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.messages import ButtonPress, OutboundMessage
 from bot.contracts.tools import Tool, ToolContext, ToolResult
@@ -45,6 +46,11 @@ APPROVE_TOUCH = {"default": {"tools": {"approve": ["touch"]}}}
 
 def is_prompt(m: OutboundMessage) -> bool:
     return bool(m.buttons)
+
+
+async def resumed(app: Roost, limit: float = 10.0) -> None:
+    """Wait until a run of ``app`` resumed after a restart waits on its approval again."""
+    await asyncio.wait_for(app.approvals.until_waiting(), limit)
 
 
 def press(chat: ChatChannel, prompt: OutboundMessage, choice: str, user: str,

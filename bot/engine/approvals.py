@@ -156,6 +156,12 @@ class Approvals:
         self.clock = clock
         self.poll = poll
         self._wake: dict[str, asyncio.Event] = {}
+        self._waits = asyncio.Condition()
+
+    async def until_waiting(self, count: int = 1) -> None:
+        """Return once runs of this process wait on at least ``count`` approvals."""
+        async with self._waits:
+            await self._waits.wait_for(lambda: len(self._wake) >= count)
 
     def gate(self, message: InboundMessage, *, settings: Settings, needed: frozenset[str],
              session_key: str, session_id: int, run_id: str, inbox_id: int | None,
@@ -353,6 +359,8 @@ class Approvals:
     async def wait(self, row: Approval) -> Approval:
         """The row once decided; an unanswered one is denied at its ``expires_at``."""
         wake = self._wake.setdefault(row.id, asyncio.Event())
+        async with self._waits:
+            self._waits.notify_all()
         try:
             while True:
                 wake.clear()
