@@ -481,3 +481,15 @@ async def test_the_database_away_for_a_moment_leaves_the_question_open(
     await chat.hand_in(press(chat, prompt, "Approve", "user"))
     await chat.settle()
     assert touch.ran == ["a.txt"] and chat.replies[-1] == "after the hiccup"
+
+
+async def test_an_agents_own_approval_timeout_applies(roost_app: Any) -> None:
+    touch = Touch()
+    chat = await roost_app([touching(reply="too slow")], touch, agents={
+        "default": {"tools": {"approve": ["touch"]}, "approval_timeout": 0.2}})
+    assert chat.app is not None and chat.app.settings.approval_timeout == 300
+    await chat.say("touch it")
+    prompt = await chat.wait_for_message(is_prompt)
+    assert "within 0.2 s" in prompt.text
+    await chat.settle()
+    assert touch.ran == [] and chat.edits[-1][1].startswith("Denied (no answer in time)")

@@ -60,7 +60,8 @@ async def text_chat(made: list[tuple[Roost, TextChat, Touch]], tmp_path: Path,
 
 async def test_the_prompt_says_how_to_answer_and_a_text_answer_decides_once(
         chats: list[tuple[Roost, TextChat, Touch]], tmp_path: Path) -> None:
-    chat, touch = await text_chat(chats, tmp_path, [touching("/srv/t", "done")])
+    chat, touch = await text_chat(chats, tmp_path, [touching("/srv/t", "done"),
+                                                    {"reply": "what shall I approve?"}])
     await chat.say("touch it")
     prompt = await chat.wait_for_message(is_prompt)
     code = code_of(prompt)
@@ -76,6 +77,8 @@ async def test_the_prompt_says_how_to_answer_and_a_text_answer_decides_once(
     assert touch.ran == ["/srv/t"]
     # The answers were decisions, never messages the model was asked about.
     assert [m.content for m in chat.requests[-1].messages if m.role == "user"] == ["touch it"]
+    # With no question open in the chat, words that look like an answer are a message.
+    assert await chat.ask("approve c0ffee") == ["what shall I approve?"]
 
 
 async def test_in_a_group_someone_else_is_refused_and_an_unknown_id_is_said(

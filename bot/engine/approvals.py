@@ -71,10 +71,9 @@ UNSHOWN = "nobody: the question could not be shown"
 """``decided_by`` of a scheduled run's call that no one pre-approved."""
 
 CODE_LENGTH = 6
-"""Characters of an approval's id a text prompt shows (any unambiguous prefix of at
-least 4 answers it)."""
+"""Characters of an approval's id a text prompt shows (a longer prefix answers it too)."""
 TEXT_ANSWER = re.compile(
-    r"\s*/?(?P<verb>approve|deny)\s+(?P<code>[0-9a-f]{4,20})"
+    r"\s*/?(?P<verb>approve|deny)\s+(?P<code>[0-9a-f]{6,20})"
     r"(?P<session>\s+(?:for\s+(?:this\s+)?)?session)?\s*[.!]?\s*", re.IGNORECASE)
 """A text answer to a prompt on a channel without buttons."""
 UI_DECIDER = "{name} (Control UI)"
@@ -202,7 +201,8 @@ class Approvals:
     async def answer_text(self, message: InboundMessage) -> bool:
         """Act on ``message`` if it answers a prompt in text ("approve ID", "deny ID",
         "approve ID session") on a channel without buttons; ``False`` otherwise (it is
-        an ordinary message). The rules are a press's; the answer is a notice."""
+        an ordinary message, as is one naming no approval of a chat asking nothing). The
+        rules are a press's; the answer is a notice."""
         channel = self.channels.get(message.channel)
         match = TEXT_ANSWER.fullmatch(message.text)
         if channel is None or channel.capabilities.buttons or match is None:
@@ -211,6 +211,8 @@ class Approvals:
             "session" if match["session"] else "approved")
         rows = await self.store.by_code(message.channel, message.chat_id,
                                         match["code"].lower())
+        if not rows and not await self.store.asking(message.channel, message.chat_id):
+            return False  # no question here: words for the model ("approve c0ffee")
         if len(rows) != 1:
             note = ("This approval request is unknown here." if not rows else
                     "More than one approval request starts so: give more of its id.")

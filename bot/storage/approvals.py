@@ -223,6 +223,13 @@ class ApprovalStore:
             rows = await cur.fetchall()
         return [_approval(r) for r in rows]
 
+    async def asking(self, channel: str, chat_id: str) -> bool:
+        """Whether a question waits for a decision in the chat."""
+        async with self.lock, self.db.execute(
+                "SELECT 1 FROM approvals WHERE state = 'pending' AND channel = ?"
+                " AND chat_id = ? LIMIT 1", (channel, chat_id)) as cur:
+            return await cur.fetchone() is not None
+
     async def pending(self, limit: int = 100) -> list[Approval]:
         """The rows waiting for a decision, oldest first (the Control UI's live list)."""
         async with self.lock, self.db.execute(
