@@ -303,6 +303,8 @@ async def test_the_console_asks_y_n_a_and_y_approves(tmp_path: Path) -> None:
         await console.say("y")
         await asyncio.wait_for(app.dispatcher.drain(), 5)
         assert touch.ran == ["c"] and "console done" in out.getvalue()
+        # The console cannot edit the prompt: the outcome is printed after it.
+        assert "Approved by local at" in out.getvalue()
     finally:
         await app.close()
 

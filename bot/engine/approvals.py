@@ -195,7 +195,7 @@ class Approvals:
                                          f"{press.channel}:{press.user_id}")
         await self._answer(channel, press, note)
         if acted:
-            await self._decided(row.id, press.message_id, told=True)
+            await self._decided(row.id, press.message_id)
         return True
 
     async def answer_text(self, message: InboundMessage) -> bool:
@@ -288,8 +288,8 @@ class Approvals:
     async def show_outcome(self, row: Approval, message_id: str | None = None, *,
                            told: bool = False) -> None:
         """Edit the prompt to show the decision and who took it (buttons removed); where
-        the prompt cannot be edited, say it in a new notice unless the decider was
-        ``told`` already (a press's or a text answer's note)."""
+        the prompt cannot be edited (or is gone), say it in a new notice unless the chat
+        was ``told`` already (a text answer's reply)."""
         channel = self.channels.get(row.channel)
         if channel is None:
             return
