@@ -268,20 +268,22 @@ async def test_a_scheduled_run_is_denied_unless_the_tool_was_pre_approved(
     from bot.engine.requests import RunOptions
 
     touch = Touch()
-    chat = await roost_app([touching("denied", "cron 1"), touching("allowed", "cron 2")],
-                           touch, agents=APPROVE_TOUCH)
+    chat = await roost_app([touching("denied", "cron 1"), touching("allowed", "cron 2"),
+                            touching("beat", "heartbeat")], touch, agents=APPROVE_TOUCH)
     assert chat.app is not None
     where = InboundMessage(channel="console", chat_id="user", chat_type="direct",
                            sender_id="user", text="scheduled")
     denied = await chat.app.dispatcher.run_scheduled(where, RunOptions(kind="cron"))
     allowed = await chat.app.dispatcher.run_scheduled(
         where, RunOptions(kind="cron", approved=("touch",)))
-    assert denied.reply == "cron 1" and allowed.reply == "cron 2"
+    beat = await chat.app.dispatcher.run_scheduled(where, RunOptions(kind="heartbeat"))
+    assert (denied.reply, allowed.reply, beat.reply) == ("cron 1", "cron 2", "heartbeat")
     assert touch.ran == ["allowed"]
     assert not any(m.buttons for m in chat.sent)  # nobody was asked
     rows = await chat.app.approvals.store.recent()
     assert sorted((r.state, r.decided_by) for r in rows) == [
-        ("approved", "pre-approved for the job"), ("denied", "nobody to ask")]
+        ("approved", "pre-approved for the job"), ("denied", "nobody to ask"),
+        ("denied", "nobody to ask")]
 
 
 async def test_the_console_asks_y_n_a_and_y_approves(tmp_path: Path) -> None:
