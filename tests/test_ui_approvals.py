@@ -9,6 +9,7 @@ chat) serves its HealthServer on a free port and a real aiohttp client logs in.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +19,10 @@ import pytest
 
 from bot.app.roost import Roost
 from bot.contracts.messages import OutboundMessage
+from bot.storage.approvals import Asked
 from bot.testing.app import ChatChannel, create_app, scripted
 from bot.testing.ui import UiClient, clients_by_role, csrf_of, serve_ui
+from bot.ui.queries.reads import PAGE_SIZE
 from tests.test_approvals import APPROVE_TOUCH, Touch, touching
 from tests.test_approvals_replicas import prompted
 from tests.test_ui_ops_pages import audited
@@ -149,6 +152,27 @@ async def test_only_an_admin_decides_and_every_post_needs_the_csrf_token(
     assert side.touch.ran == [] and await audited(side.app) == []
     status, body = await side.clients["viewer"].get("/ui/approvals?before=nope")
     assert status == 400 and "not a page cursor" in body
+
+
+async def test_the_history_pages_back_by_its_cursor_without_gaps_or_repeats(
+        start: Start) -> None:
+    side = await start([], roles=("viewer",))
+    store = side.app.approvals.store
+    clock = [1_700_000_000.0]
+    store.clock = lambda: clock[0]
+    for n in range(PAGE_SIZE + 5):
+        clock[0] += (n + 1) % 2  # pairs share a second (one pair across the page
+        # boundary): the id breaks the tie
+        await store.record(Asked(None, f"c{n}", "run", "k", 1, "test", "u1", "direct", None,
+                                 "u1", "touch", {"path": f"/p/{n:03}"}), "denied", "boss")
+    first = await side.page("viewer")
+    older = re.search(r'href="/ui/approvals\?before=([^"]+)"', first)
+    assert older is not None
+    second = await side.page("viewer", f"/ui/approvals?before={older.group(1)}")
+    assert "?before=" not in second.split('aria-label="Decided approvals pages"')[1]
+    shown = re.findall(r"/p/(\d{3})", first) + re.findall(r"/p/(\d{3})", second)
+    assert sorted(shown) == [f"{n:03}" for n in range(PAGE_SIZE + 5)]
+    assert shown[0] == f"{PAGE_SIZE + 4:03}"  # newest first (alone in its second)
 
 
 async def test_a_question_shows_up_on_the_open_page_live(start: Start) -> None:

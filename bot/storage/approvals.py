@@ -244,7 +244,8 @@ class ApprovalStore:
         where = ""
         params: tuple[object, ...] = ()
         if before is not None:
-            where = " AND (created_at < ? OR (created_at = ? AND id < ?))"
+            # One range on the created_at index (an OR of two would sort every row).
+            where = " AND created_at <= ? AND (created_at < ? OR id < ?)"
             params = (before[0], before[0], before[1])
         async with self.lock, self.db.execute(
                 f"SELECT {_COLUMNS} FROM approvals WHERE state <> 'pending'{where}"
