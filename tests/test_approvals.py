@@ -7,7 +7,9 @@ call's full arguments with three buttons; presses are handed in as a channel wou
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -497,3 +499,32 @@ async def test_an_agents_own_approval_timeout_applies(roost_app: Any) -> None:
     assert "within 0.2 s" in prompt.text
     await chat.settle()
     assert touch.ran == [] and chat.edits[-1][1].startswith("Denied (no answer in time)")
+
+
+def expire_all(db: Path) -> None:
+    """Every question's time ran out (the process was down longer than the timeout)."""
+    with contextlib.closing(sqlite3.connect(db)) as conn, conn:
+        conn.execute("UPDATE approvals SET expires_at = 1")
+
+
+async def test_an_answer_after_the_question_expired_during_a_downtime_is_too_late(
+        roost_app: Any, tmp_path: Path) -> None:
+    data = tmp_path / "shared"
+    chat = await roost_app([touching("x")], Touch(), agents=APPROVE_TOUCH, data_dir=data)
+    await chat.say("touch it")
+    prompt = await chat.wait_for_message(is_prompt)
+    assert chat.app is not None
+    await chat.app.close()
+    # Down for longer than the approval timeout: the question expired meanwhile.
+    await asyncio.to_thread(expire_all, data / "roost.db")
+    second = Touch()
+    again = await roost_app([{"reply": "too late"}], second, agents=APPROVE_TOUCH,
+                            data_dir=data)
+    assert again.app is not None
+    await again.hand_in(press(chat, prompt, "Approve", "user"))  # before the run resumes
+    assert again.answers[-1][1] == "Already decided: Denied (no answer in time) by nobody."
+    await again.app.recover()
+    await again.settle()
+    assert second.ran == [] and again.replies[-1] == "too late"
+    tool = next(m for m in again.requests[-1].messages if m.role == "tool")
+    assert json.loads(without_summary(tool.content))["outcome"] == "timeout"

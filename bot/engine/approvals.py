@@ -246,8 +246,13 @@ class Approvals:
 
     async def _decide(self, row: Approval, state: ApprovalState, who: str,
                       by: str) -> tuple[bool, str]:
-        """Take the decision if ``row`` is still pending: whether this decided it, and
-        what the decider is told (a decision taken already is final)."""
+        """Take the decision if ``row`` is still pending and in time: whether this
+        decided it, and what the decider is told (a decision taken already is final; an
+        answer after ``expires_at``, say after a long downtime, finds it timed out)."""
+        if row.state == "pending" and self.clock() >= row.expires_at:
+            if await self.store.decide(row.id, "timeout", "nobody"):
+                await self._decided(row.id)
+            row = await self.store.get(row.id) or row
         if row.state != "pending" or not await self.store.decide(row.id, state, who):
             current = await self.store.get(row.id) or row
             return False, (f"Already decided: {OUTCOMES.get(current.state, current.state)}"
