@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -114,3 +115,24 @@ async def test_approve_for_the_session_in_text_and_no_answer_in_time_is_told(
     # The prompt cannot be edited, so the outcome is a notice of its own.
     assert chat.replies[-2].startswith("Denied (no answer in time) by nobody")
     assert chat.replies[-1] == "late"
+
+
+async def test_an_id_prefix_another_approval_of_the_chat_has_is_shown_longer(
+        chats: list[tuple[Roost, TextChat, Touch]], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import uuid
+
+    from bot.storage import approvals as approval_rows
+
+    ids = iter([uuid.UUID("abcdef00" + "0" * 24), uuid.UUID("abcdef11" + "1" * 24)])
+    # The approvals' own ids only (their module's name for uuid), nobody else's.
+    monkeypatch.setattr(approval_rows, "uuid", SimpleNamespace(uuid4=lambda: next(ids)))
+    chat, touch = await text_chat(chats, tmp_path, [touching("one"), touching("two")])
+    await chat.say("touch one")
+    assert code_of(await chat.wait_for_message(is_prompt)) == "abcdef"
+    await chat.ask("deny abcdef")
+    await chat.say("touch two")
+    second = await chat.wait_for_message(lambda m: is_prompt(m) and "two" in m.text)
+    assert code_of(second) == "abcdef11"  # "abcdef" names the first one too
+    await chat.ask("approve abcdef11")
+    assert touch.ran == ["two"]

@@ -322,7 +322,6 @@ class Approvals:
         """Show the prompt for ``row`` (the call's full arguments, three buttons)."""
         arguments = render_arguments(call.arguments)
         channel = self.channels.get(message.channel)
-        code = row.id[:CODE_LENGTH]
         if channel is None or channel.capabilities.buttons:
             how = "Approve, Deny, or Approve for this session?"
             buttons: ButtonRows = (
@@ -330,6 +329,7 @@ class Approvals:
                  Button("Deny", f"{DATA_PREFIX}{row.id}:d", "danger"),
                  Button("Approve for this session", f"{DATA_PREFIX}{row.id}:s")),)
         else:
+            code = await self._code(row)
             how = (f'Reply "approve {code}", "deny {code}" or "approve {code} session" '
                    "(approve it for the rest of this session).")
             buttons = ()
@@ -352,6 +352,15 @@ class Approvals:
             await self.store.decide(row.id, "denied", UNSHOWN)
             return
         await self.store.prompted(row.id, prompt_id)
+
+    async def _code(self, row: Approval) -> str:
+        """The shortest prefix of ``row``'s id, from :data:`CODE_LENGTH` characters on,
+        that names no other approval of its chat."""
+        for length in range(CODE_LENGTH, len(row.id), 2):
+            named = await self.store.by_code(row.channel, row.chat_id, row.id[:length])
+            if [r.id for r in named] == [row.id]:
+                return row.id[:length]
+        return row.id
 
     def _arguments_file(self, ident: str, text: str) -> OutboundFile:
         self.files_dir.mkdir(parents=True, exist_ok=True)
