@@ -61,8 +61,21 @@ async def text_chat(made: list[tuple[Roost, TextChat, Touch]], tmp_path: Path,
 
 async def test_the_prompt_says_how_to_answer_and_a_text_answer_decides_once(
         chats: list[tuple[Roost, TextChat, Touch]], tmp_path: Path) -> None:
+    await answered_in_text(chats, tmp_path)
+
+
+async def test_a_text_answer_on_postgresql(chats: list[tuple[Roost, TextChat, Touch]],
+                                           tmp_path: Path, pg_url: str) -> None:
+    await answered_in_text(chats, tmp_path, database_url=pg_url)
+
+
+async def answered_in_text(chats: list[tuple[Roost, TextChat, Touch]], tmp_path: Path,
+                           **settings: object) -> None:
+    """The prompt says how to answer; "approve ID" decides, once; the answers never reach
+    the model, and words like one in a chat asking nothing do."""
     chat, touch = await text_chat(chats, tmp_path, [touching("/srv/t", "done"),
-                                                    {"reply": "what shall I approve?"}])
+                                                    {"reply": "what shall I approve?"}],
+                                  **settings)
     await chat.say("touch it")
     prompt = await chat.wait_for_message(is_prompt)
     code = code_of(prompt)
