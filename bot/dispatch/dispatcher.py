@@ -77,6 +77,10 @@ class PressHandler(Protocol):
     async def press(self, press: ButtonPress) -> bool:
         """Act on ``press``; ``False`` when it is not one of this handler's buttons."""
 
+    async def answer_text(self, message: InboundMessage) -> bool:
+        """Act on ``message`` if it answers a prompt in text (a channel without buttons);
+        ``False`` when it is an ordinary message."""
+
 
 class ShuttingDown(Exception):
     """Raised to a channel that delivers a message while Roost stops: do not acknowledge it."""
@@ -139,7 +143,8 @@ class Dispatcher:
         goes to ``presses``, a reaction to :attr:`receipts`; edits and deletions are not
         acted on yet (logged at debug level here, the one place that decides)."""
         if isinstance(event, InboundMessage):
-            await self.submit(event)
+            if self.presses is None or not await self.presses.answer_text(event):
+                await self.submit(event)
             return
         if isinstance(event, ReactionEvent):
             await self.receipts.reaction(event)

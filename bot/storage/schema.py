@@ -541,6 +541,10 @@ MIGRATIONS: list[str] = [
     CREATE INDEX outbox_platform ON outbox(channel, platform_id)
         WHERE platform_id IS NOT NULL;
     """,
+    # 29: the Control UI's approvals page lists the questions still open, live.
+    """
+    CREATE INDEX approvals_waiting ON approvals(created_at, id) WHERE state = 'pending';
+    """,
 ]
 """Schema steps in order; ``PRAGMA user_version`` records how many have run.
 

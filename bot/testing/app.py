@@ -30,7 +30,7 @@ from typing import Any
 
 from bot.app.roost import Roost
 from bot.config.settings import Settings
-from bot.contracts.channel import Channel, InboundHandler
+from bot.contracts.channel import Capabilities, Channel, InboundHandler
 from bot.contracts.events import RunEvent
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.llm import LLMProvider, LLMRequest
@@ -137,6 +137,8 @@ class ChatChannel(Channel):
     ``arrived`` is set whenever a message was sent or a stream finished (clear it
     before waiting); ``typing_count`` counts the typing indicators shown.
     """
+
+    capabilities = Capabilities(buttons=True, edit=True)
 
     def __init__(self, name: str = "console", *, sender: str = "user",
                  stream: bool = False) -> None:
