@@ -12,10 +12,12 @@ from typing import Any
 
 import pytest
 
+from bot.testing.app import scripted, settle
 from plugins.skills import SkillsPlugin
 from plugins.skills.files import MAX_FILE_BYTES
 from plugins.skills.library import MAX_SKILL_BYTES, SkillLibrary
 from roost import InboundMessage, PromptContext, Settings, ToolContext, ToolError
+from tests.conftest import AppFactory
 
 DATA = Path(__file__).parent / "data" / "skills"
 PUBLISHED = ("internal-comms", "webapp-testing")
@@ -246,3 +248,27 @@ def test_per_agent_directories_filters_and_user_skills(tmp_path: Path, skills_di
     text = catalog(plugin, tmp_path)
     assert "- mine: The user's own." in text
     assert "Shadowing attempt" not in text  # a user's skill never replaces the operator's
+
+
+async def test_a_loaded_skill_survives_compaction_as_a_short_note(
+        make_app: AppFactory, tmp_path: Path, skills_dir: Path) -> None:
+    load = {"match": "^use the comms skill", "steps": [
+        {"tool_calls": [{"name": "load_skill", "arguments": {"name": "internal-comms"}}]},
+        {"reply": "loaded"}]}
+    summary = {"match": r"^(\[Earlier summary\]|u1: )", "reply": "u1 asked for comms help."}
+    provider = scripted(load, summary, {"reply": "ack {message}"}, loop=True)
+    app, channel, _ = await make_app(
+        provider, compact_min_messages=5, compact_keep_messages=2, memory_flush=False,
+        plugins={"plugins.skills": {"dir": str(skills_dir)}})
+    for text in ("use the comms skill", "turn two", "turn three", "turn four"):
+        await channel.say(text)
+        await settle(app)
+    await app.engine.compactor.wait()
+    session = await app.store.get("default:test:direct:u1")
+    assert session.compactions >= 1
+    await channel.say("turn five")
+    await settle(app)
+    last = provider.requests[-1]
+    assert "<available_skills>" in last.system and "internal-comms" in last.system
+    assert not any("## When to use this skill" in m.content for m in last.messages)
+    assert "Skills loaded earlier in this conversation: internal-comms." in last.note

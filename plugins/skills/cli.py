@@ -76,8 +76,7 @@ def show(settings: Settings, name: str) -> str:
 def install_skill(settings: Settings, source: str, path: str = "", ref: str = "",
                   replace: bool = False) -> str:
     """Install from a folder, an archive or a git URL; what was done."""
-    done = install(source, _dir(settings), path=path, ref=ref, replace=replace,
-                   scan=pattern_scan(PATTERNS))
+    done = install(source, _dir(settings), path=path, ref=ref, replace=replace)
     verb = "Replaced" if done.replaced else "Installed"
     return f"{verb} skill {done.name} in {_dir(settings) / done.name}"
 
@@ -105,7 +104,7 @@ def update_skills(settings: Settings, names: Sequence[str]) -> list[str]:
     targets = list(names) or sorted(lib.state.sources)
     said = []
     for name in targets:
-        done = update(_dir(settings), name, scan=pattern_scan(PATTERNS))
+        done = update(_dir(settings), name)
         said.append(f"Updated skill {done.name}")
     return said or ["No installed skill has a recorded source."]
 

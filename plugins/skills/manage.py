@@ -21,7 +21,16 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from plugins.skills.format import SKILL_FILE, Skill, SkillError, check_name, parse_skill
+from plugins.guard_patterns import PATTERNS
+from plugins.skills.catalog import pattern_scan
+from plugins.skills.format import (
+    SKILL_FILE,
+    Skill,
+    SkillError,
+    check_name,
+    parse_skill,
+    split_front_matter,
+)
 from plugins.skills.library import MAX_SKILL_BYTES, Scan
 from plugins.skills.state import SkillState, read_state, write_state
 from roost import open_root
@@ -184,25 +193,20 @@ def _skill_root(staged: Path) -> Path:
     raise SkillError("no SKILL.md at the top of the source (or of its only folder)")
 
 
-def _validate(root: Path, scan: Scan | None) -> Skill:
+def _validate(root: Path, scan: Scan) -> Skill:
     md = root / SKILL_FILE
     if md.is_symlink() or md.stat().st_size > MAX_SKILL_BYTES:
         raise SkillError(f"SKILL.md must be a file of at most {MAX_SKILL_BYTES} bytes")
     text = md.read_text(encoding="utf-8", errors="strict")
     front = parse_skill(text, _declared_name(text))
-    if scan is not None:
-        hits = list(scan(f"{front.description}\n{front.body}"))
-        if hits:
-            raise SkillError("refused: its text trips the input guard (" + ", ".join(hits)
-                             + ")")
+    if hits := list(scan(f"{front.description}\n{front.body}")):
+        raise SkillError("refused: its text trips the input guard (" + ", ".join(hits) + ")")
     return front
 
 
 def _declared_name(text: str) -> str:
     """The ``name`` a SKILL.md declares (checked by :func:`parse_skill` afterwards)."""
     import yaml
-
-    from plugins.skills.format import split_front_matter
 
     front, _ = split_front_matter(text)
     try:
@@ -216,7 +220,9 @@ def _declared_name(text: str) -> str:
 def install(source: str, directory: Path, *, path: str = "", ref: str = "",
             replace: bool = False, scan: Scan | None = None) -> Installed:
     """Install the skill at ``source`` (folder, archive or git URL; ``path`` inside it) into
-    ``directory``; an existing skill of that name is replaced only with ``replace``."""
+    ``directory``; an existing skill of that name is replaced only with ``replace``. A skill
+    whose text trips ``scan`` (the built-in guard patterns by default) is refused."""
+    scan = scan or pattern_scan(PATTERNS)
     directory.mkdir(parents=True, exist_ok=True)
     record: dict[str, str]
     with tempfile.TemporaryDirectory(prefix=".install-", dir=directory) as tmp:
