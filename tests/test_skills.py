@@ -141,7 +141,9 @@ async def test_load_skill_gives_the_body_and_files_and_read_skill_file_a_referen
         tmp_path: Path, skills_dir: Path) -> None:
     plugin = plugin_for(tmp_path, skills_dir)
     ctx = context(tmp_path)
-    text = await plugin.load_skill(ctx, {"name": "internal-comms"})
+    loaded = await plugin.load_skill(ctx, {"name": "internal-comms"})
+    text = loaded.content
+    assert loaded.only_tools is None  # no allowed-tools: the run's tools stay as they are
     assert text.startswith('<skill name="internal-comms">\n## When to use this skill')
     assert "name: internal-comms" not in text  # the body, not the front matter
     assert "- examples/3p-updates.md (3274 bytes)" in text
@@ -272,3 +274,32 @@ async def test_a_loaded_skill_survives_compaction_as_a_short_note(
     assert "<available_skills>" in last.system and "internal-comms" in last.system
     assert not any("## When to use this skill" in m.content for m in last.messages)
     assert "Skills loaded earlier in this conversation: internal-comms." in last.note
+
+
+async def test_allowed_tools_narrow_the_rest_of_the_run_and_never_widen(
+        make_app: AppFactory, tmp_path: Path, skills_dir: Path) -> None:
+    put(skills_dir, "careful", skill_md("careful", extra="allowed-tools: Read Bash(git:*)\n"))
+    write = {"tool_calls": [{"name": "write_file",
+                             "arguments": {"path": "a.txt", "content": "x"}}]}
+    follow = {"match": "^follow careful", "steps": [
+        {"tool_calls": [{"name": "load_skill", "arguments": {"name": "careful"}}]},
+        write, {"reply": "could not write"}]}
+    later = {"match": "^write it now", "steps": [write, {"reply": "written"}]}
+    provider = scripted(follow, later)
+    app, channel, _ = await make_app(provider, plugins={"plugins.skills": {
+        "dir": str(skills_dir)}})
+    await channel.say("follow careful")
+    await settle(app)
+    written = tmp_path / "data/workspaces/test/u1/a.txt"
+    assert not written.exists()
+    refused = provider.requests[2].messages[-1]
+    assert refused.is_error and "Tool 'write_file' is not allowed while following the " \
+        "loaded skill: for the rest of this turn it allows only exec, load_skill, read_file, " \
+        "read_skill_file" in refused.content
+    loaded = provider.requests[1].messages[-1].content
+    assert "you may call only: exec, load_skill, read_file, read_skill_file" in loaded
+    # exec is named but not offered to this agent: narrowing never adds a tool.
+    assert "exec" not in {t.name for t in provider.requests[2].tools}
+    await channel.say("write it now")  # a new turn: the agent's own tools again
+    await settle(app)
+    assert written.read_text() == "x" and channel.replies[-1] == "written"

@@ -15,7 +15,7 @@ import asyncio
 import errno
 import os
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from roost import (
     Tool,
     ToolContext,
     ToolError,
+    ToolResult,
     agent_of,
     check_keys,
     hookimpl,
@@ -51,6 +52,27 @@ CATALOG_ORDER = 380
 LOADED_ORDER = 870
 MAX_SESSIONS = 10_000
 """Sessions whose loaded skills are remembered (least recently used dropped)."""
+
+
+SKILL_TOOLS = frozenset({"load_skill", "read_skill_file"})
+"""Always callable while a skill narrows the tools: following it may need its files."""
+TOOL_ALIASES = {"bash": "exec", "shell": "exec", "read": "read_file", "write": "write_file",
+                "edit": "edit_file", "multiedit": "edit_file", "ls": "list_files",
+                "glob": "list_files", "grep": "list_files", "webfetch": "web_fetch",
+                "websearch": "web_search"}
+"""Tool names other agents use in ``allowed-tools`` (``Bash(git:*)``, ``Read``) -> Roost's."""
+
+
+def allowed_tools(entries: Sequence[str]) -> frozenset[str] | None:
+    """The Roost tools a skill's ``allowed-tools`` names (``None``: it names none, so the
+    run's tools stay as they are). An argument pattern (``Bash(git:*)``) cannot be enforced
+    on a tool's arguments: the whole tool is allowed, under its usual approvals."""
+    names = set()
+    for entry in entries:
+        base = entry.split("(", 1)[0].strip()
+        if base:
+            names.add(TOOL_ALIASES.get(base.lower(), base))
+    return frozenset(names | SKILL_TOOLS) if names else None
 
 
 class SkillsConfig(BaseModel):
@@ -126,16 +148,18 @@ class SkillsPlugin:
         finally:
             os.close(lib_fd)
 
-    async def load_skill(self, context: ToolContext, args: Mapping[str, Any]) -> str:
+    async def load_skill(self, context: ToolContext, args: Mapping[str, Any]) -> ToolResult:
         check_keys(args, required=("name",))
         found = self._skill(context, args)
         text, files = await asyncio.to_thread(self._read_skill, found)
         self.note_loaded(context.session_key, found.name)
         lines = [f'<skill name="{found.name}">', text, "</skill>"]
         skill = found.entry.skill
-        if skill is not None and skill.allowed_tools:
-            lines.append("Tools this skill lists as pre-approved (Roost does not widen your "
-                         "tools for it): " + " ".join(skill.allowed_tools))
+        only = allowed_tools(skill.allowed_tools) if skill is not None else None
+        if only is not None:
+            lines.append("While you follow this skill, for the rest of this turn you may call "
+                         "only: " + ", ".join(sorted(only)) + " (its allowed-tools; never "
+                         "more than you had).")
         if files:
             lines.append(f"Files of this skill (paths relative to its folder; read one with "
                          f"read_skill_file; where exec is available, the folder is "
@@ -143,7 +167,7 @@ class SkillsPlugin:
             lines += [f"- {f}" for f in files]
         else:
             lines.append("This skill has no other files.")
-        return "\n".join(lines)
+        return ToolResult("\n".join(lines), only_tools=only)
 
     def _read_skill(self, found: Available) -> tuple[str, list[str]]:
         fd = self._open(found)

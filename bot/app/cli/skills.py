@@ -62,8 +62,7 @@ def _by_name(command: str, doc: str, function: str) -> None:
         settings = cli_settings(ctx)
         _run(lambda: getattr(skills_cli, function)(settings, name))
 
-    run.__doc__ = doc
-    skills.command(command)(run)
+    skills.command(command, help=doc, short_help=doc)(run)
 
 
 _by_name("show", "Show a skill's front matter, state and source.", "show")
