@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bot.testing.app import scripted, settle
+from plugins.exec_tool import CANARIES, ExecPlugin
 from plugins.skills import SkillsPlugin
 from plugins.skills.files import MAX_FILE_BYTES
 from plugins.skills.library import MAX_SKILL_BYTES, SkillLibrary
@@ -303,3 +306,36 @@ async def test_allowed_tools_narrow_the_rest_of_the_run_and_never_widen(
     await channel.say("write it now")  # a new turn: the agent's own tools again
     await settle(app)
     assert written.read_text() == "x" and channel.replies[-1] == "written"
+
+
+@pytest.fixture(name="home")
+def home_fixture() -> Iterator[Path]:
+    """A directory every user can traverse: under root, exec's sandbox runs as another uid
+    that must reach the workspace (pytest's tmp_path is 0700)."""
+    path = Path(tempfile.mkdtemp(prefix="roost-skills-"))
+    path.chmod(0o711)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+async def test_exec_shows_each_skill_read_only_at_skills_name(home: Path) -> None:
+    skills_dir = home / "skills"
+    shutil.copytree(DATA, skills_dir)
+    plugin = plugin_for(home, skills_dir)
+    tool = ExecPlugin(CANARIES, mounts=plugin.mounts).roost_tools(Settings(data_dir=home / "d"))
+    ws = home / "ws"
+    ws.mkdir()
+    ctx = ToolContext("u1", "console", "c1", "default:console:direct:u1", "run-1", ws,
+                      time.monotonic() + 60)
+    command = ("ls /skills; head -2 /skills/internal-comms/SKILL.md; "
+               "touch /skills/internal-comms/x 2>&1; cp -r /skills/webapp-testing . && "
+               "python3 webapp-testing/scripts/with_server.py --help | head -1")
+    result = await tool.execute(ctx, {"command": command})
+    assert isinstance(result, str)
+    assert result.split("\n", 1)[1] == (
+        "internal-comms\nwebapp-testing\n---\nname: internal-comms\n"
+        "touch: cannot touch '/skills/internal-comms/x': Read-only file system\n"
+        "usage: with_server.py [-h] --server SERVERS --port PORTS [--timeout TIMEOUT]\n")
+    assert not (skills_dir / "internal-comms/x").exists()

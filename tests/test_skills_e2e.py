@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +26,7 @@ from plugins.skills.library import MAX_SKILL_BYTES
 from tests.roost_processes import start_roost, until_logged
 from tests.test_approvals_telegram import answer_of, prompt_of
 from tests.test_cli import clean_env
+from tests.test_skills import home_fixture as _home  # noqa: F401  (the fixture)
 
 DATA = Path(__file__).parent / "data" / "skills"
 SCRIPT = "python3 /skills/webapp-testing/scripts/with_server.py --help"
@@ -62,18 +61,6 @@ async def reply(fake: FakeTelegram, seen: int) -> str:
 
 def dumped(body: Any) -> str:
     return json.dumps(body, ensure_ascii=False)
-
-
-@pytest.fixture(name="home")
-def home_fixture() -> Iterator[Path]:
-    """Where ``roost run`` runs: a directory every user can traverse, since under root
-    exec's sandbox runs as another uid that must reach the workspace (tmp_path is 0700)."""
-    path = Path(tempfile.mkdtemp(prefix="roost-skills-e2e-"))
-    path.chmod(0o711)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.mark.e2e
@@ -116,6 +103,9 @@ async def test_published_skills_work_through_roost_run_and_hostile_ones_are_refu
             seen = len(fake_telegram.sent("sendMessage"))
             fake_telegram.private_message("/skills")
             listing = await reply(fake_telegram, seen)
+            seen = len(fake_telegram.sent("sendMessage"))
+            fake_telegram.private_message("/skills disable webapp-testing")
+            disabled = await reply(fake_telegram, seen)
         finally:
             proc.terminate()
             await proc.wait()
@@ -156,3 +146,6 @@ async def test_published_skills_work_through_roost_run_and_hostile_ones_are_refu
     assert "- huge: BROKEN: SKILL.md is too large" in listing
     assert "- linked: BROKEN: the folder is a link" in listing
     assert "- internal-comms: enabled" in listing and "- webapp-testing: enabled" in listing
+    assert disabled == "Skill webapp-testing disabled."
+    state = json.loads((tmp_path / "skills" / ".roost-skills.json").read_text())
+    assert state["disabled"] == ["webapp-testing"]

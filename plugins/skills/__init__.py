@@ -200,8 +200,11 @@ class SkillsPlugin:
 
     def mounts(self, context: ToolContext) -> list[tuple[int, str]]:
         """Descriptors of the run's skill folders and where the sandbox shows them; the
-        caller closes them. A folder that cannot be opened safely is left out."""
+        caller closes them. A folder that cannot be opened safely is left out, and none is
+        shown while this plugin is disabled (its tools are not offered)."""
         out: list[tuple[int, str]] = []
+        if self.runtime is not None and "load_skill" not in self.runtime.snapshot.tools:
+            return out
         for name, found in self.available(agent_of(context.session_key),
                                           context.workspace).items():
             try:
