@@ -16,7 +16,7 @@ import pytest
 
 from bot.testing.app import scripted, settle
 from plugins.exec_tool import CANARIES, ExecPlugin
-from plugins.skills import SkillsPlugin
+from plugins.skills import PLUGIN, SkillsPlugin
 from plugins.skills.files import MAX_FILE_BYTES
 from plugins.skills.library import MAX_SKILL_BYTES, SkillLibrary
 from roost import InboundMessage, PromptContext, Settings, ToolContext, ToolError
@@ -339,3 +339,21 @@ async def test_exec_shows_each_skill_read_only_at_skills_name(home: Path) -> Non
         "touch: cannot touch '/skills/internal-comms/x': Read-only file system\n"
         "usage: with_server.py [-h] --server SERVERS --port PORTS [--timeout TIMEOUT]\n")
     assert not (skills_dir / "internal-comms/x").exists()
+
+
+async def test_exec_shows_no_skill_while_the_skills_plugin_is_disabled(
+        make_app: AppFactory, tmp_path: Path, skills_dir: Path) -> None:
+    app, _, _ = await make_app(scripted(), plugins={"plugins.skills": {"dir": str(skills_dir)}})
+    ctx = context(tmp_path, session="default:test:direct:u1")
+
+    def shown() -> list[str]:
+        mounts = PLUGIN.mounts(ctx)
+        for fd, _ in mounts:
+            os.close(fd)
+        return [where for _, where in mounts]
+
+    assert shown() == ["/skills/internal-comms", "/skills/webapp-testing"]
+    await app.set_plugin_enabled("plugins.skills", False)
+    assert shown() == []
+    await app.set_plugin_enabled("plugins.skills", True)
+    assert len(shown()) == 2
