@@ -69,7 +69,7 @@ def prompt(tmp_path: Path, tools: tuple[str, ...] = ("load_skill", "read_skill_f
 
 
 def catalog(plugin: SkillsPlugin, tmp_path: Path, **kw: Any) -> str:
-    return "\n".join(s.text for s in plugin.sections(prompt(tmp_path, **kw)) if not s.volatile)
+    return "\n".join(s.text for s in plugin.build_sections(prompt(tmp_path, **kw)) if not s.volatile)
 
 
 def test_published_skills_load_unchanged_with_their_front_matter(skills_dir: Path) -> None:
@@ -155,9 +155,9 @@ async def test_load_skill_gives_the_body_and_files_and_read_skill_file_a_referen
                                              "path": "examples/3p-updates.md"})
     assert ref == (skills_dir / "internal-comms/examples/3p-updates.md").read_text()
     # Loaded once, remembered for the session: a volatile note, never the cached prefix.
-    [note] = [s for s in plugin.sections(prompt(tmp_path)) if s.volatile]
+    [note] = [s for s in plugin.build_sections(prompt(tmp_path)) if s.volatile]
     assert "internal-comms" in note.text and "load_skill again" in note.text
-    assert not [s for s in plugin.sections(prompt(tmp_path, session="default:x:y:z"))
+    assert not [s for s in plugin.build_sections(prompt(tmp_path, session="default:x:y:z"))
                 if s.volatile]
 
 

@@ -128,9 +128,10 @@ class SkillsPlugin:
         while len(self.loaded) > MAX_SESSIONS:
             self.loaded.popitem(last=False)
 
-    def _skill(self, context: ToolContext, args: Mapping[str, Any]) -> Available:
+    async def _skill(self, context: ToolContext, args: Mapping[str, Any]) -> Available:
         name = str_arg(args, "name").strip()
-        found = self.available(agent_of(context.session_key), context.workspace).get(name)
+        found = (await asyncio.to_thread(self.available, agent_of(context.session_key),
+                                         context.workspace)).get(name)
         if found is None:
             raise ToolError(f"no skill named {name[:80]!r} is available here (the list is in "
                             "the system prompt)", code="NOT_FOUND")
@@ -150,7 +151,7 @@ class SkillsPlugin:
 
     async def load_skill(self, context: ToolContext, args: Mapping[str, Any]) -> ToolResult:
         check_keys(args, required=("name",))
-        found = self._skill(context, args)
+        found = await self._skill(context, args)
         text, files = await asyncio.to_thread(self._read_skill, found)
         self.note_loaded(context.session_key, found.name)
         lines = [f'<skill name="{found.name}">', text, "</skill>"]
@@ -186,7 +187,7 @@ class SkillsPlugin:
 
     async def read_skill_file(self, context: ToolContext, args: Mapping[str, Any]) -> str:
         check_keys(args, required=("name", "path"))
-        found = self._skill(context, args)
+        found = await self._skill(context, args)
         path = args["path"]
 
         def read() -> str:
@@ -246,7 +247,15 @@ class SkillsPlugin:
                  self.read_skill_file, timeout=15.0),
         ]
 
-    def sections(self, prompt: PromptContext) -> list[PromptSection]:
+    async def sections(self, prompt: PromptContext) -> list[PromptSection]:
+        """:meth:`build_sections` off the event loop (a library due for a look lists its
+        directory)."""
+        if prompt.mode != "full" or "load_skill" not in prompt.tool_names:
+            return []
+        return await asyncio.to_thread(self.build_sections, prompt)
+
+    def build_sections(self, prompt: PromptContext) -> list[PromptSection]:
+        """The catalog (stable) and the skills loaded in the conversation (volatile)."""
         if prompt.mode != "full" or "load_skill" not in prompt.tool_names:
             return []
         skills = self.available(prompt.agent, prompt.workspace)
@@ -335,9 +344,9 @@ def roost_startup(app: Runtime) -> None:
 
 
 @hookimpl
-def roost_prompt_sections(prompt: PromptContext) -> list[PromptSection]:
+async def roost_prompt_sections(prompt: PromptContext) -> list[PromptSection]:
     """The catalog of the run's skills (stable) and which were loaded (volatile)."""
-    return PLUGIN.sections(prompt)
+    return await PLUGIN.sections(prompt)
 
 
 @hookimpl

@@ -163,8 +163,12 @@ def _extract(archive: Path, target: Path) -> None:
 def _git(*args: str, cwd: Path | None = None) -> str:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_TERMINAL_PROMPT": "0",
            "HOME": os.environ.get("HOME", "/nonexistent"), "LANG": "C.UTF-8"}
+    # Only the ordinary transports: never ext:: (runs a command) or other helpers.
+    allow = [f"protocol.{p}.allow=always" for p in ("https", "http", "ssh", "git", "file")]
+    config = [arg for pair in (("-c", "protocol.allow=never"),
+                               *(("-c", a) for a in allow)) for arg in pair]
     try:
-        done = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True,
+        done = subprocess.run(["git", *config, *args], cwd=cwd, env=env, capture_output=True,
                               text=True, timeout=GIT_TIMEOUT, check=False)
     except FileNotFoundError:
         raise SkillError("git is not installed") from None
