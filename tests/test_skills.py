@@ -69,7 +69,8 @@ def prompt(tmp_path: Path, tools: tuple[str, ...] = ("load_skill", "read_skill_f
 
 
 def catalog(plugin: SkillsPlugin, tmp_path: Path, **kw: Any) -> str:
-    return "\n".join(s.text for s in plugin.build_sections(prompt(tmp_path, **kw)) if not s.volatile)
+    sections = plugin.build_sections(prompt(tmp_path, **kw))
+    return "\n".join(s.text for s in sections if not s.volatile)
 
 
 def test_published_skills_load_unchanged_with_their_front_matter(skills_dir: Path) -> None:
