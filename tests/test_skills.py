@@ -155,11 +155,10 @@ async def test_load_skill_gives_the_body_and_files_and_read_skill_file_a_referen
     ref = await plugin.read_skill_file(ctx, {"name": "internal-comms",
                                              "path": "examples/3p-updates.md"})
     assert ref == (skills_dir / "internal-comms/examples/3p-updates.md").read_text()
-    # Loaded once, remembered for the session: a volatile note, never the cached prefix.
-    [note] = [s for s in plugin.build_sections(prompt(tmp_path)) if s.volatile]
-    assert "internal-comms" in note.text and "load_skill again" in note.text
-    assert not [s for s in plugin.build_sections(prompt(tmp_path, session="default:x:y:z"))
-                if s.volatile]
+    # Remembered for the conversation: a volatile note, never the cached prefix.
+    [note] = [s for s in plugin.build_sections(prompt(tmp_path), ["internal-comms", "gone"])
+              if s.volatile]
+    assert note.text.startswith("Skills loaded earlier in this conversation: internal-comms. ")
 
 
 @pytest.mark.parametrize("path", ["../webapp-testing/SKILL.md", "../../etc/passwd", "/etc/passwd",
@@ -278,6 +277,19 @@ async def test_a_loaded_skill_survives_compaction_as_a_short_note(
     assert "<available_skills>" in last.system and "internal-comms" in last.system
     assert not any("## When to use this skill" in m.content for m in last.messages)
     assert "Skills loaded earlier in this conversation: internal-comms." in last.note
+    # Kept in the database: a restarted service still knows; a new conversation does not.
+    await app.close()
+    app, channel, _ = await make_app(provider, plugins={"plugins.skills": {
+        "dir": str(skills_dir)}})
+    await channel.say("turn six")
+    await settle(app)
+    assert "Skills loaded earlier in this conversation: internal-comms." in \
+        provider.requests[-1].note
+    await channel.say("/new")
+    await settle(app)
+    await channel.say("turn seven")
+    await settle(app)
+    assert "Skills loaded earlier" not in provider.requests[-1].note
 
 
 async def test_allowed_tools_narrow_the_rest_of_the_run_and_never_widen(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
-from collections import OrderedDict
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,9 +30,11 @@ from plugins.skills.manage import set_enabled
 from roost import (
     Command,
     CommandContext,
+    Migrations,
     PromptContext,
     PromptSection,
     Runtime,
+    Services,
     Settings,
     Tool,
     ToolContext,
@@ -42,6 +44,7 @@ from roost import (
     check_keys,
     hookimpl,
     str_arg,
+    transaction,
 )
 
 PLUGIN_NAME = "plugins.skills"
@@ -50,8 +53,6 @@ SANDBOX_SKILLS = "/skills"
 CATALOG_ORDER = 380
 """The catalog's place in the system prompt: after safety, before the workspace."""
 LOADED_ORDER = 870
-MAX_SESSIONS = 10_000
-"""Sessions whose loaded skills are remembered (least recently used dropped)."""
 
 
 SKILL_TOOLS = frozenset({"load_skill", "read_skill_file"})
@@ -102,8 +103,8 @@ class SkillsPlugin:
     def __init__(self) -> None:
         self.catalog = Catalog(self.scan, check_interval=self.check_interval)
         self.settings: Settings | None = None
+        self.services: Services | None = None
         self.runtime: Runtime | None = None
-        self.loaded: OrderedDict[str, tuple[str, ...]] = OrderedDict()
         self._builtin_scan = pattern_scan(PATTERNS)
 
     def scan(self, text: str) -> list[str]:
@@ -122,11 +123,31 @@ class SkillsPlugin:
         return self.catalog.available(skills_config(self.settings).dir,
                                       agent_config(self.settings, agent), workspace)
 
-    def note_loaded(self, session: str, name: str) -> None:
-        names = self.loaded.pop(session, ())
-        self.loaded[session] = (*[n for n in names if n != name], name)
-        while len(self.loaded) > MAX_SESSIONS:
-            self.loaded.popitem(last=False)
+    async def note_loaded(self, session_key: str, name: str) -> None:
+        """Remember that the conversation of ``session_key`` loaded skill ``name``."""
+        services = self.services
+        if services is None:
+            return
+        session = await services.sessions.get(session_key)
+
+        async def write(db: Any) -> None:
+            await db.execute("INSERT OR REPLACE INTO skills_loaded (session_id, name, "
+                             "loaded_at) VALUES (?, ?, ?)", (session.id, name, time.time()))
+
+        await transaction(services.sessions.db, services.sessions.lock, write)
+
+    async def loaded(self, session_key: str) -> list[str]:
+        """The skills the current conversation of ``session_key`` loaded, oldest first
+        (a reset conversation is a new session: it starts with none)."""
+        services = self.services
+        if services is None:
+            return []
+        session = await services.sessions.get(session_key)
+        async with services.sessions.lock:
+            rows = await services.sessions.db.execute_fetchall(
+                "SELECT name FROM skills_loaded WHERE session_id = ? ORDER BY loaded_at, name",
+                (session.id,))
+        return [str(row[0]) for row in rows]
 
     async def _skill(self, context: ToolContext, args: Mapping[str, Any]) -> Available:
         name = str_arg(args, "name").strip()
@@ -153,7 +174,7 @@ class SkillsPlugin:
         check_keys(args, required=("name",))
         found = await self._skill(context, args)
         text, files = await asyncio.to_thread(self._read_skill, found)
-        self.note_loaded(context.session_key, found.name)
+        await self.note_loaded(context.session_key, found.name)
         lines = [f'<skill name="{found.name}">', text, "</skill>"]
         skill = found.entry.skill
         only = allowed_tools(skill.allowed_tools) if skill is not None else None
@@ -214,10 +235,12 @@ class SkillsPlugin:
                 continue
         return out
 
-    def roost_tools(self, settings: Settings) -> list[Tool]:
-        """The tools, for the service whose ``settings`` are given, where skills can be:
-        the global directory exists or an agent has skills of its own or its users'."""
+    def roost_tools(self, settings: Settings, services: Services | None = None) -> list[Tool]:
+        """The tools, for the service whose ``settings`` and ``services`` are given, where
+        skills can be: the global directory exists or an agent has skills of its own or its
+        users'."""
         self.settings = settings
+        self.services = services
         configured = skills_config(settings).dir.is_dir() or any(
             a.skills or a.user_skills for a in settings.agents.values())
         return self.tools() if configured else []
@@ -249,13 +272,15 @@ class SkillsPlugin:
 
     async def sections(self, prompt: PromptContext) -> list[PromptSection]:
         """:meth:`build_sections` off the event loop (a library due for a look lists its
-        directory)."""
+        directory), with the skills the conversation loaded."""
         if prompt.mode != "full" or "load_skill" not in prompt.tool_names:
             return []
-        return await asyncio.to_thread(self.build_sections, prompt)
+        loaded = await self.loaded(prompt.session_key)
+        return await asyncio.to_thread(self.build_sections, prompt, loaded)
 
-    def build_sections(self, prompt: PromptContext) -> list[PromptSection]:
-        """The catalog (stable) and the skills loaded in the conversation (volatile)."""
+    def build_sections(self, prompt: PromptContext,
+                       loaded: Sequence[str] = ()) -> list[PromptSection]:
+        """The catalog (stable) and which of ``loaded`` the run still sees (volatile)."""
         if prompt.mode != "full" or "load_skill" not in prompt.tool_names:
             return []
         skills = self.available(prompt.agent, prompt.workspace)
@@ -280,11 +305,11 @@ class SkillsPlugin:
             lines.append(f"- {name}: {description}")
         lines.append("</available_skills>")
         sections = [PromptSection("skills", "\n".join(lines), CATALOG_ORDER)]
-        loaded = [n for n in self.loaded.get(prompt.session_key, ()) if n in skills]
-        if loaded:
+        still = [n for n in loaded if n in skills]
+        if still:
             sections.append(PromptSection(
                 "skills_loaded",
-                f"Skills loaded earlier in this conversation: {', '.join(loaded)}. Keep "
+                f"Skills loaded earlier in this conversation: {', '.join(still)}. Keep "
                 "following them; if their instructions are no longer in the conversation "
                 "(older turns were summarized), call load_skill again.",
                 LOADED_ORDER, volatile=True))
@@ -331,10 +356,23 @@ def roost_plugin_config_model() -> type[SkillsConfig]:
     return SkillsConfig
 
 
+MIGRATIONS = Migrations("skills", [
+    "CREATE TABLE skills_loaded (session_id INTEGER NOT NULL, name TEXT NOT NULL, "
+    "loaded_at REAL NOT NULL, PRIMARY KEY (session_id, name));",
+])
+"""Which skills each conversation (a session's row: a reset starts a new one) loaded."""
+
+
 @hookimpl
-def roost_tools(settings: Settings) -> list[Tool]:
+def roost_migrations() -> Migrations:
+    """The ``skills_loaded`` table."""
+    return MIGRATIONS
+
+
+@hookimpl
+def roost_tools(settings: Settings, services: Services) -> list[Tool]:
     """``load_skill`` and ``read_skill_file``."""
-    return PLUGIN.roost_tools(settings)
+    return PLUGIN.roost_tools(settings, services)
 
 
 @hookimpl
