@@ -25,7 +25,7 @@ from plugins.guard_patterns import PATTERNS
 from plugins.skills.catalog import Available, Catalog, agent_config, pattern_scan
 from plugins.skills.files import list_files, read_file
 from plugins.skills.format import SkillError, parse_skill
-from plugins.skills.library import open_skill, read_skill_md
+from plugins.skills.library import guard_problem, open_skill, read_skill_md
 from plugins.skills.manage import set_enabled
 from roost import (
     Command,
@@ -195,13 +195,14 @@ class SkillsPlugin:
         fd = self._open(found)
         try:
             try:
-                skill = parse_skill(read_skill_md(fd), found.name)
+                text = read_skill_md(fd)
+                skill = parse_skill(text, found.name)
             except (SkillError, OSError) as exc:
                 raise ToolError(f"skill {found.name!r} is broken: {exc}",
                                 code="SKILL_BROKEN") from None
-            if hits := self.scan(f"{skill.description}\n{skill.body}"):
-                raise ToolError(f"skill {found.name!r} is refused: its text trips the input "
-                                f"guard ({', '.join(hits)})", code="SKILL_REFUSED")
+            trusted = found.library.state.trusted.get(found.name)
+            if problem := guard_problem(text, skill, self.scan, trusted):
+                raise ToolError(f"skill {found.name!r} is {problem}", code="SKILL_REFUSED")
             return skill.body, list_files(fd)
         finally:
             os.close(fd)

@@ -11,6 +11,7 @@ one line saying why.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -125,3 +126,8 @@ def parse_skill(text: str, folder: str) -> Skill:
         metadata=_metadata(data.get("metadata")),
         allowed_tools=_allowed_tools(data.get("allowed-tools")),
     )
+
+
+def digest(text: str) -> str:
+    """The digest an admin's trust in a ``SKILL.md`` is recorded with."""
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()

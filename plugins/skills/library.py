@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from plugins.skills.format import SKILL_FILE, Skill, SkillError, parse_skill
+from plugins.skills.format import SKILL_FILE, Skill, SkillError, digest, parse_skill
 from plugins.skills.state import STATE_FILE, SkillState, read_state
 from roost import Parts, open_beneath, open_root, read_fd
 
@@ -94,8 +94,21 @@ def read_skill_md(skill_fd: int) -> str:
         raise SkillError("SKILL.md is not UTF-8 text") from None
 
 
-def load_entry(directory_fd: int, folder: str, scan: Scan | None) -> Entry:
-    """Read, validate and scan the skill in ``folder``."""
+def guard_problem(text: str, skill: Skill, scan: Scan | None, trusted: str | None) -> str:
+    """Why the guard refuses ``skill`` (its SKILL.md ``text``), or ''; a SKILL.md an admin
+    enabled as it is now (``trusted``: its digest) passes."""
+    if scan is None:
+        return ""
+    hits = list(dict.fromkeys(scan(f"{skill.description}\n{skill.body}")))
+    if not hits or trusted == digest(text):
+        return ""
+    return "refused: its text trips the input guard (" + ", ".join(hits) + ")"
+
+
+def load_entry(directory_fd: int, folder: str, scan: Scan | None,
+               trusted: str | None = None) -> Entry:
+    """Read, validate and scan the skill in ``folder`` (``trusted``: the digest of a
+    SKILL.md an admin enabled despite the guard)."""
     try:
         skill_fd = open_skill(directory_fd, folder)
     except OSError as exc:
@@ -103,7 +116,8 @@ def load_entry(directory_fd: int, folder: str, scan: Scan | None) -> Entry:
             return Entry(folder, None, "the folder is a link; skills must be real folders")
         return Entry(folder, None, f"cannot open: {exc.strerror}")
     try:
-        skill = parse_skill(read_skill_md(skill_fd), folder)
+        text = read_skill_md(skill_fd)
+        skill = parse_skill(text, folder)
     except SkillError as exc:
         return Entry(folder, None, str(exc))
     except OSError as exc:
@@ -112,12 +126,7 @@ def load_entry(directory_fd: int, folder: str, scan: Scan | None) -> Entry:
         return Entry(folder, None, why)
     finally:
         os.close(skill_fd)
-    if scan is not None:
-        hits = list(dict.fromkeys(scan(f"{skill.description}\n{skill.body}")))
-        if hits:
-            return Entry(folder, skill, "refused: its text trips the input guard ("
-                         + ", ".join(hits) + ")")
-    return Entry(folder, skill)
+    return Entry(folder, skill, guard_problem(text, skill, scan, trusted))
 
 
 @dataclass(frozen=True)
@@ -242,7 +251,7 @@ class SkillLibrary:
                 log.warning("skills: %s holds more than %d folders; the rest are skipped",
                             self.where, MAX_SKILLS)
                 break
-            entry = load_entry(fd, folder, self.scan)
+            entry = load_entry(fd, folder, self.scan, state.trusted.get(folder))
             entry = Entry(entry.folder, entry.skill, entry.problem,
                           folder in state.disabled, self.where)
             if entry.problem and before.get(folder) != entry.problem:

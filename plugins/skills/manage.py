@@ -28,10 +28,11 @@ from plugins.skills.format import (
     Skill,
     SkillError,
     check_name,
+    digest,
     parse_skill,
     split_front_matter,
 )
-from plugins.skills.library import MAX_SKILL_BYTES, Scan
+from plugins.skills.library import MAX_SKILL_BYTES, Scan, open_skill, read_skill_md
 from plugins.skills.state import SkillState, read_state, write_state
 from roost import open_root
 
@@ -59,32 +60,56 @@ def _state_of(directory: Path) -> tuple[int, SkillState]:
 
 
 def _save(directory: Path, change: dict[str, object]) -> None:
+    """Apply ``change`` (name -> ``"disable"``, ``("enable", digest)``, a source record,
+    or ``None`` to forget the skill) to the directory's state file."""
     fd, state = _state_of(directory)
     try:
         disabled = set(state.disabled)
         sources = dict(state.sources)
+        trusted = dict(state.trusted)
         for name, value in change.items():
-            if value == "enable":
+            if isinstance(value, tuple):  # enabled by an admin, as its SKILL.md is now
                 disabled.discard(name)
+                trusted[name] = value[1]
             elif value == "disable":
                 disabled.add(name)
+                trusted.pop(name, None)
             elif value is None:
                 disabled.discard(name)
                 sources.pop(name, None)
+                trusted.pop(name, None)
             elif isinstance(value, dict):
                 sources[name] = {str(k): str(v) for k, v in value.items()}
-        write_state(fd, SkillState(frozenset(disabled), sources))
+                trusted.pop(name, None)  # a new install is scanned afresh
+        write_state(fd, SkillState(frozenset(disabled), sources, trusted))
     finally:
         os.close(fd)
 
 
 def set_enabled(directory: Path, name: str, enabled: bool) -> str:
-    """Enable or disable skill ``name`` of ``directory``; what was done, in a sentence."""
+    """Enable or disable skill ``name`` of ``directory``; what was done, in a sentence.
+
+    Enabling also trusts the skill's SKILL.md as it is now: a skill the input guard flags
+    (a false alarm an admin has read) loads until its SKILL.md changes.
+    """
     check_name(name)
-    if not (directory / name).is_dir():
+    folder = directory / name
+    if folder.is_symlink() or not folder.is_dir():
         raise SkillError(f"there is no skill {name!r} in {directory}")
-    _save(directory, {name: "enable" if enabled else "disable"})
-    return f"Skill {name} {'enabled' if enabled else 'disabled'}."
+    if not enabled:
+        _save(directory, {name: "disable"})
+        return f"Skill {name} disabled."
+    fd = open_root(directory)
+    try:
+        skill_fd = open_skill(fd, name)
+        try:
+            text = read_skill_md(skill_fd)
+        finally:
+            os.close(skill_fd)
+    finally:
+        os.close(fd)
+    _save(directory, {name: ("enable", digest(text))})
+    return f"Skill {name} enabled."
 
 
 def _check_tree(root: Path) -> None:

@@ -1,5 +1,6 @@
-"""``.roost-skills.json`` in a skills directory: which skills are disabled, where each
-installed one came from (for ``roost skills update``).
+"""``.roost-skills.json`` in a skills directory: which skills are disabled, which an admin
+enabled although the input guard flags them, where each installed one came from (for
+``roost skills update``).
 
 Written by ``roost skills`` and the ``/skills`` command, read by the library when the
 directory changes; a broken or missing file reads as "nothing disabled, no sources".
@@ -28,11 +29,15 @@ class SkillState:
 
     disabled: frozenset[str] = frozenset()
     sources: dict[str, dict[str, str]] = field(default_factory=dict)
+    trusted: dict[str, str] = field(default_factory=dict)
+    """Skill name -> the digest of the SKILL.md an admin enabled although the input guard
+    flags it; a changed SKILL.md is scanned again."""
 
     def to_json(self) -> bytes:
         """The file's bytes."""
-        return (json.dumps({"disabled": sorted(self.disabled), "sources": self.sources},
-                           indent=2, sort_keys=True) + "\n").encode()
+        return (json.dumps({"disabled": sorted(self.disabled), "sources": self.sources,
+                            "trusted": self.trusted}, indent=2, sort_keys=True)
+                + "\n").encode()
 
 
 def read_state(directory_fd: int) -> SkillState:
@@ -56,10 +61,11 @@ def read_state(directory_fd: int) -> SkillState:
         disabled = frozenset(str(n) for n in data.get("disabled", []))
         sources = {str(k): {str(a): str(b) for a, b in v.items()}
                    for k, v in dict(data.get("sources", {})).items() if isinstance(v, dict)}
+        trusted = {str(k): str(v) for k, v in dict(data.get("trusted", {})).items()}
     except (ValueError, TypeError, AttributeError) as exc:
         log.warning("skills: %s is not valid (%s); read as empty", STATE_FILE, exc)
         return SkillState()
-    return SkillState(disabled, sources)
+    return SkillState(disabled, sources, trusted)
 
 
 def write_state(directory_fd: int, state: SkillState) -> None:
