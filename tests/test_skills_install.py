@@ -9,6 +9,7 @@ import shutil
 import stat
 import subprocess
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -169,3 +170,18 @@ def test_the_command_line_installs_lists_and_exports_a_pattern(
                                           "is about: sql, slow, index.")
     assert exported.skill.body.startswith("# SQL slow query\n\nAsk for the plan.")
     assert exported.skill.metadata["roost-pattern"] == "SQL slow query"
+
+
+def test_concurrent_state_changes_are_all_kept(tmp_path: Path) -> None:
+    skills = tmp_path / "skills"
+    names_ = [f"s{i}" for i in range(16)]
+    for name in names_:
+        (skills / name).mkdir(parents=True)
+        (skills / name / "SKILL.md").write_text(
+            f"---\nname: {name}\ndescription: Skill {name}. Use for tests.\n---\nSteps.\n")
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda n: set_enabled(skills, n, False), names_))
+    assert set(names(skills).values()) == {"disabled"}
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda n: set_enabled(skills, n, True), names_))
+    assert set(names(skills).values()) == {""}

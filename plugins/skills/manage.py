@@ -12,6 +12,7 @@ sizes are bounded (:data:`MAX_TOTAL_BYTES`, :data:`MAX_FILES`).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import stat
@@ -62,8 +63,13 @@ def _state_of(directory: Path) -> tuple[int, SkillState]:
 def _save(directory: Path, change: dict[str, object]) -> None:
     """Apply ``change`` (name -> ``"disable"``, ``("enable", digest)``, a source record,
     or ``None`` to forget the skill) to the directory's state file."""
-    fd, state = _state_of(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = open_root(directory)
     try:
+        # One writer at a time (the command line and /skills may both write): read, change
+        # and replace under the directory's lock, so no change is lost.
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        state = read_state(fd)
         disabled = set(state.disabled)
         sources = dict(state.sources)
         trusted = dict(state.trusted)
