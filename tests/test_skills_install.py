@@ -8,6 +8,7 @@ import os
 import shutil
 import stat
 import subprocess
+import time
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -185,3 +186,17 @@ def test_concurrent_state_changes_are_all_kept(tmp_path: Path) -> None:
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda n: set_enabled(skills, n, True), names_))
     assert set(names(skills).values()) == {""}
+
+
+def test_staging_left_by_a_killed_install_is_swept_by_the_next(tmp_path: Path) -> None:
+    skills = tmp_path / "skills"
+    stale = skills / ".install-killed" / "skill"
+    stale.mkdir(parents=True)
+    (stale / "SKILL.md").write_text("half")
+    fresh = skills / ".install-running"
+    fresh.mkdir()
+    old = time.time() - 2 * 3600
+    os.utime(skills / ".install-killed", (old, old))
+    install(str(DATA / "internal-comms"), skills)
+    assert not (skills / ".install-killed").exists()
+    assert fresh.is_dir()  # another install may be working in it

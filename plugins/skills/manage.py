@@ -18,6 +18,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -43,6 +44,10 @@ MAX_FILES = 2_000
 """The most files a skill may hold."""
 GIT_TIMEOUT = 300.0
 ARCHIVE_SUFFIXES = (".zip", ".skill")
+STAGING = (".install-", ".remove-")
+"""Prefixes of the hidden folders installs and removals work in."""
+STALE_STAGING = 3600.0
+"""Seconds after which a staging folder counts as left behind by a killed command."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +264,7 @@ def install(source: str, directory: Path, *, path: str = "", ref: str = "",
     whose text trips ``scan`` (the built-in guard patterns by default) is refused."""
     scan = scan or pattern_scan(PATTERNS)
     directory.mkdir(parents=True, exist_ok=True)
+    sweep(directory)
     record: dict[str, str]
     with tempfile.TemporaryDirectory(prefix=".install-", dir=directory) as tmp:
         staged = Path(tmp) / "skill"
@@ -297,6 +303,19 @@ def install(source: str, directory: Path, *, path: str = "", ref: str = "",
         os.rename(Path(tmp) / skill.name, final)
     _save(directory, {skill.name: record})
     return Installed(skill.name, skill, replaced)
+
+
+def sweep(directory: Path, now: float | None = None) -> list[str]:
+    """Delete staging folders an install or removal killed midway left behind (hidden, an
+    hour old); their names."""
+    now = time.time() if now is None else now
+    swept = []
+    for entry in directory.iterdir():
+        if entry.name.startswith(STAGING) and not entry.is_symlink() and entry.is_dir() \
+                and now - entry.lstat().st_mtime > STALE_STAGING:
+            shutil.rmtree(entry, ignore_errors=True)
+            swept.append(entry.name)
+    return swept
 
 
 def _sub_parts(path: str) -> tuple[str, ...]:
