@@ -158,6 +158,13 @@ def test_the_command_line_installs_lists_and_exports_a_pattern(
     assert said.output.startswith("internal-comms") and "enabled" in said.output
     said = runner.invoke(cli, ["skills", "remove", "no-such"])
     assert said.exit_code == 1 and "there is no skill 'no-such'" in said.output
+    slip = zipped(tmp_path / "slip.skill", {**skill_files("webapp-testing"),
+                                            "webapp-testing/../../../escaped.txt": b"x"})
+    said = runner.invoke(cli, ["skills", "install", str(slip)])
+    assert said.exit_code == 1 and said.output == (
+        "roost: archive member 'webapp-testing/../../../escaped.txt' leaves its folder "
+        "(zip slip)\n")
+    assert not list(tmp_path.rglob("escaped.txt"))
     pattern = tmp_path / "slow-query.yaml"
     pattern.write_text("name: SQL slow query\ndescription: Diagnose a slow SQL query.\n"
                        "keywords: [sql, slow, index]\ninstructions: |\n  Ask for the plan.\n"
