@@ -120,6 +120,8 @@ class ToolTurns:
                                                          is_error=True)
                     self.summary.record(call.name, call.arguments, False, refused.content,
                                         None)
+                    if self.journal is not None:
+                        self.journal.result(call.id, refused)
             todo = [c for c in todo if c.id not in done]
         if self.gate is not None and any(self.gate.needs(c.name) for c in todo):
             # The run now shows a question: a follow-up message waits its turn instead
