@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,9 @@ async def test_published_skills_work_through_roost_run_and_hostile_ones_are_refu
     tmp_path = home
     shutil.copytree(DATA, tmp_path / "skills")
     hostile_skills(tmp_path / "skills", tmp_path / "outside")
-    (tmp_path / "roost.toml").write_text('[agents.default]\ntools = { allow = ["exec"] }\n')
+    (tmp_path / "roost.toml").write_text(
+        '[agents.default]\ntools = { allow = ["exec"] }\n'
+        '[plugins."plugins.skills"]\ncheck_interval = 0\n')  # every change seen at once
     async with FakeAnthropic() as llm:
         llm.reply(ToolUse("load_skill", {"name": "internal-comms"}))
         llm.reply(ToolUse("read_skill_file", {"name": "internal-comms",
@@ -80,6 +83,9 @@ async def test_published_skills_work_through_roost_run_and_hostile_ones_are_refu
         llm.reply(ToolUse("load_skill", {"name": "webapp-testing"}))
         llm.reply(ToolUse("exec", {"command": SCRIPT}))
         llm.reply("The helper starts servers first.")
+        llm.reply(ToolUse("read_skill_file", {"name": "internal-comms",
+                                              "path": "examples/3p-updates.md"}))
+        llm.reply("It is gone.")
         env = clean_env(
             ROOST_PROVIDER="anthropic", ANTHROPIC_API_KEY="sk-test",
             ANTHROPIC_BASE_URL=llm.base_url, ROOST_MODEL="claude-sonnet-test",
@@ -106,13 +112,23 @@ async def test_published_skills_work_through_roost_run_and_hostile_ones_are_refu
             seen = len(fake_telegram.sent("sendMessage"))
             fake_telegram.private_message("/skills disable webapp-testing")
             disabled = await reply(fake_telegram, seen)
+            # The comms skill's folder is swapped for a link to an attacker's copy.
+            fake = tmp_path / "outside" / "internal-comms"
+            shutil.copytree(DATA / "internal-comms", fake)
+            (fake / "examples" / "3p-updates.md").write_text("ATTACKER TEXT")
+            os.rename(tmp_path / "skills" / "internal-comms", tmp_path / "moved-away")
+            (tmp_path / "skills" / "internal-comms").symlink_to(fake)
+            seen = len(fake_telegram.sent("sendMessage"))
+            fake_telegram.private_message("read the 3P template again")
+            assert await reply(fake_telegram, seen) == "It is gone."
         finally:
             proc.terminate()
             await proc.wait()
         requests = [r.body for r in llm.requests]
         usage = llm.cache_usage
 
-    assert len(requests) == 6
+    assert len(requests) == 8
+    swapped, requests, usage = requests[6:], requests[:6], usage[:6]
     # The catalog is in the system prompt, the hostile skills are not, and the system
     # prompt (with the tools, the cached prefix) is the same bytes in every request.
     system = dumped(requests[0]["system"])
@@ -149,3 +165,7 @@ async def test_published_skills_work_through_roost_run_and_hostile_ones_are_refu
     assert disabled == "Skill webapp-testing disabled."
     state = json.loads((tmp_path / "skills" / ".roost-skills.json").read_text())
     assert state["disabled"] == ["webapp-testing"]
+    # After the swap the skill is out of the catalog and the attacker's file is never read.
+    assert "- internal-comms:" not in dumped(swapped[0]["system"])
+    after_swap = dumped(swapped[1]["messages"][-1])
+    assert "ATTACKER TEXT" not in after_swap and "NOT_FOUND" in after_swap
