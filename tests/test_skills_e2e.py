@@ -5,7 +5,8 @@ four hostile ones. The model loads a skill, reads a reference file, tries to rea
 the skill, loads the second skill and runs its script through ``exec``, which asks first:
 the approval button is pressed through the fake. Every request's system prompt (the
 cached prefix) is byte-identical and read from the prompt cache, and ``/skills`` reports
-each hostile skill with its reason.
+each hostile skill with its reason. Last, a skill's folder is swapped for a link to an
+attacker's copy: the skill leaves the catalog and the attacker's file is never read.
 """
 
 from __future__ import annotations
