@@ -394,3 +394,22 @@ async def test_an_admin_enables_a_flagged_skill_as_it_is_and_a_change_is_scanned
     set_enabled(skills_dir, "prompting", False)
     (folder / "SKILL.md").write_text(text)
     assert problem() == "refused: its text trips the input guard (delimiter_escape)"
+
+
+def test_a_failing_reload_keeps_the_previous_list_in_service(
+        skills_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    broken = False
+
+    def scan(text: str) -> list[str]:
+        if broken:
+            raise RuntimeError("guard exploded")
+        return []
+
+    lib = SkillLibrary(skills_dir, scan=scan, check_interval=0)
+    assert [e.folder for e in lib.entries()] == list(PUBLISHED)
+    put(skills_dir, "later", skill_md("later"))
+    broken = True
+    assert [e.folder for e in lib.entries()] == list(PUBLISHED)
+    assert "keeping the 2 skills listed" in caplog.text
+    broken = False
+    assert [e.folder for e in lib.entries()] == ["internal-comms", "later", "webapp-testing"]

@@ -188,7 +188,10 @@ class SkillLibrary:
             for entry in it:
                 if entry.name.startswith("."):
                     if entry.name == STATE_FILE:
-                        st = entry.stat(follow_symlinks=False)
+                        try:
+                            st = entry.stat(follow_symlinks=False)
+                        except OSError:
+                            continue  # replaced meanwhile: the next look sees the new one
                         rows.append((entry.name, st.st_mtime_ns, st.st_size))
                     continue
                 try:
@@ -233,6 +236,11 @@ class SkillLibrary:
                 if snap == old.snapshot and not force:
                     return False
                 self._state = self._rebuild(fd, snap, old)
+            except Exception:
+                # Never fail a run over it: the previous list stays in service.
+                log.exception("skills: re-reading %s failed; keeping the %d skills listed",
+                              self.where, len(old.entries))
+                return False
             finally:
                 os.close(fd)
             self.reload_count += 1
