@@ -47,6 +47,10 @@ _ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/
 _ETC_NETWORK = ("/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/host.conf",
                 "/etc/gai.conf", "/etc/services", "/etc/protocols")
 
+Mount = tuple[int, str]
+"""A directory descriptor and the path the sandbox shows it at, read-only."""
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """What one sandbox may use."""
@@ -118,11 +122,14 @@ class Sandbox:
         return bwrap is not None and disables_userns(bwrap)
 
     def argv(self, workspace: Path, command: Sequence[str], *, network: bool,
-             nproc: int, accounts: tuple[int, int] | None = None) -> list[str]:
+             nproc: int, accounts: tuple[int, int] | None = None,
+             mounts: Sequence[Mount] = ()) -> list[str]:
         """prlimit, then bwrap with its mounts and namespaces, then ``command``.
 
         ``accounts`` are two readable descriptors holding the sandbox's own
         ``/etc/passwd`` and ``/etc/group`` (one user, one group: the host's stay out).
+        ``mounts`` are directory descriptors shown read-only at their paths (bound by
+        descriptor: the directory opened is the one shown, whatever its path became).
         """
         bwrap, prlimit = self.binaries()
         lim = self.limits
@@ -150,9 +157,11 @@ class Sandbox:
             argv += ["--ro-bind-data", str(accounts[0]), "/etc/passwd",
                      "--ro-bind-data", str(accounts[1]), "/etc/group"]
         argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-                 "--bind", str(workspace), SANDBOX_WORKSPACE,
-                 # The root itself is bwrap's tmpfs: read-only, writes go nowhere.
-                 "--remount-ro", "/",
+                 "--bind", str(workspace), SANDBOX_WORKSPACE]
+        for fd, where in mounts:
+            argv += ["--ro-bind-fd", str(fd), where]
+        # The root itself is bwrap's tmpfs: read-only, writes go nowhere.
+        argv += ["--remount-ro", "/",
                  "--chdir", SANDBOX_WORKSPACE, "--clearenv",
                  "--setenv", "PATH", SANDBOX_PATH, "--setenv", "HOME", SANDBOX_WORKSPACE,
                  "--setenv", "LANG", "C.UTF-8", *self.loosen, "--", *command]
@@ -177,9 +186,9 @@ class Sandbox:
         return _tasks_of(uid) + self.limits.processes + 2
 
     async def run(self, workspace: Path, command: Sequence[str], *, network: bool,
-                  wall: float) -> Outcome:
-        """Run ``command`` in a sandbox on ``workspace``; kill it at ``wall`` seconds,
-        at the output cap, or when cancelled."""
+                  wall: float, mounts: Sequence[Mount] = ()) -> Outcome:
+        """Run ``command`` in a sandbox on ``workspace`` (with ``mounts`` read-only); kill
+        it at ``wall`` seconds, at the output cap, or when cancelled."""
         bwrap, _ = self.binaries()  # first: a host without bwrap (macOS) may have no /proc
         await asyncio.to_thread(disables_userns, bwrap)  # asked once, off the event loop
         nproc = await asyncio.to_thread(self.nproc_limit)
@@ -193,11 +202,12 @@ class Sandbox:
         started = time.monotonic()
         try:
             argv = self.argv(workspace, command, network=network, nproc=nproc,
-                             accounts=accounts)
+                             accounts=accounts, mounts=mounts)
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT, env={"PATH": SANDBOX_PATH, "LANG": "C.UTF-8"},
-                start_new_session=True, close_fds=True, pass_fds=accounts, **extra)
+                start_new_session=True, close_fds=True,
+                pass_fds=(*accounts, *(fd for fd, _ in mounts)), **extra)
         finally:
             for fd in accounts:
                 os.close(fd)

@@ -50,8 +50,9 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +62,14 @@ from plugins.exec_sandbox import (
     PROBE,
     SANDBOX_WORKSPACE,
     Limits,
+    Mount,
     Outcome,
     Sandbox,
     SandboxUnavailable,
     hand_over,
 )
 from plugins.exec_strip import Stripped, strip_special_bits
+from plugins.skills import PLUGIN as SKILLS
 from roost import (
     HealthReport,
     Runtime,
@@ -153,8 +156,18 @@ def _strip(workspace: Path) -> Stripped:
         return Stripped()
 
 
-def build_tool(settings: Settings, sandbox: Sandbox, canary: Canary) -> Tool:
-    """The ``exec`` tool running commands in ``sandbox`` while ``canary`` passes."""
+MountSource = Callable[[ToolContext], list[Mount]]
+"""The read-only folders a call's sandbox shows (descriptors the tool closes after it)."""
+
+
+def _no_mounts(context: ToolContext) -> list[Mount]:
+    return []
+
+
+def build_tool(settings: Settings, sandbox: Sandbox, canary: Canary,
+               mounts: MountSource = _no_mounts) -> Tool:
+    """The ``exec`` tool running commands in ``sandbox`` while ``canary`` passes, with
+    ``mounts(context)`` (the run's skills) shown read-only."""
     limits = sandbox.limits
     run_as = sandbox.run_as
     config = exec_config(settings)
@@ -190,10 +203,13 @@ def build_tool(settings: Settings, sandbox: Sandbox, canary: Canary) -> Tool:
             async with workspace_lock(workspace):
                 if run_as is not None:
                     await asyncio.to_thread(hand_over, workspace, run_as)
+                shown = await asyncio.to_thread(mounts, context)
                 try:
                     outcome = await sandbox.run(workspace, ["/bin/sh", "-c", command],
-                                                network=network, wall=wall)
+                                                network=network, wall=wall, mounts=shown)
                 finally:
+                    for fd, _ in shown:
+                        os.close(fd)
                     # Also after /stop or a timeout: the bits would stay on the host's disk.
                     stripped = await asyncio.shield(asyncio.to_thread(_strip, workspace))
         except SandboxUnavailable as exc:
@@ -257,9 +273,11 @@ class ExecPlugin:
     weakened sandbox; no setting reaches it, and it is logged loudly when used.
     """
 
-    def __init__(self, canaries: Canaries, *, loosen: tuple[str, ...] = ()) -> None:
+    def __init__(self, canaries: Canaries, *, loosen: tuple[str, ...] = (),
+                 mounts: MountSource = _no_mounts) -> None:
         self.canaries = canaries
         self.loosen = loosen
+        self.mounts = mounts
         if loosen:
             log.warning("exec sandbox WEAKENED with %s (tests only): its canary must fail",
                         " ".join(loosen))
@@ -275,7 +293,8 @@ class ExecPlugin:
     @hookimpl
     def roost_tools(self, settings: Settings) -> Tool:
         """The ``exec`` tool (opt-in: offered only where an agent's policy allows it)."""
-        return build_tool(settings, self.sandbox(settings), self.canary(settings))
+        return build_tool(settings, self.sandbox(settings), self.canary(settings),
+                          self.mounts)
 
     @hookimpl
     def roost_startup(self, app: Runtime) -> None:
@@ -302,7 +321,7 @@ class ExecPlugin:
 
 CANARIES = Canaries(PROBE)
 """One canary per sandbox configuration per process, shared by every app in it."""
-PLUGIN = ExecPlugin(CANARIES)
+PLUGIN = ExecPlugin(CANARIES, mounts=SKILLS.mounts)
 
 
 @hookimpl

@@ -56,6 +56,8 @@ def roost_tools(settings: SettingsModel, services: Services) -> list[Tool] | Too
       should be off unless an admin turns it on (the built-in `exec` runs shell commands) carries
       `meta={"opt_in": True}`: no tool profile offers it, not even `full`; an agent gets it only
       when its `allow` names it (`tools = { allow = ["exec"] }`) or its plugin's group.
+      A `ToolResult(text, only_tools=frozenset({...}))` narrows the tools the rest of the run
+      may call, never widening them (`load_skill` does so for a skill's `allowed-tools`).
       A tool's transient failures open its circuit breaker for every caller; a tool whose
       failures belong to one caller or target passes `breaker_key=lambda context, args: ...`
       (web_fetch: the user and the URL's host), and each key gets a breaker of its own.

@@ -72,6 +72,10 @@ class ToolResult:
     content: str
     is_error: bool = False
     parts: tuple[ContentPart, ...] = ()
+    only_tools: frozenset[str] | None = None
+    """When set, the rest of this run may call only these tools (a loaded skill's
+    ``allowed-tools``): the run's tools are narrowed to them, never widened; ``None``
+    changes nothing."""
 
 
 ToolFunc = Callable[[ToolContext, Mapping[str, Any]], Awaitable["ToolResult | str"]]

@@ -78,6 +78,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "plugins.exec_tool",
     "plugins.feedback",
     "plugins.whatsapp",
+    "plugins.skills",
 )
 """Modules of the built-in plugins, registered like external ones."""
 
