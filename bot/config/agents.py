@@ -167,6 +167,9 @@ class AgentConfig(_Strict):
     """``[agents.<name>.budgets]``: overrides of ``[budgets]`` for this agent's runs."""
     approval_timeout: float | None = Field(None, gt=0)
     """Seconds this agent's tool calls wait for approval; unset follows ``approval_timeout``."""
+    edit_policy: Literal["correct", "ignore"] | None = None
+    """What an edit of an answered message does for this agent; unset follows
+    ``edit_policy``."""
 
     @field_validator("context_window")
     @classmethod
