@@ -136,6 +136,8 @@ async def test_a_run_that_acted_gets_the_edit_as_a_correction_or_ignores_it(
     gate.release()
     await chat.settle()
     assert gate.calls == ["poke"]  # never run again
+    entry = await chat.app.inbox.original("console", "user", "1")
+    assert entry is not None and entry.message.text == "the total is 42"  # its newest text
     if policy == "ignore":
         assert chat.replies == ["ok: the total is 41"]
         return
@@ -192,6 +194,19 @@ async def test_an_edit_racing_the_runs_start_is_answered_once(roost_app: Any) ->
     await chat.settle()
     entry = await chat.app.inbox.original("console", "user", "1")
     assert entry is not None and entry.message.text == "the total is 42"
+    assert chat.replies == ["ok: the total is 42"]
+    assert "the total is 41" not in await history(chat.app, "default:console:direct:user")
+
+
+async def test_an_edit_that_arrives_before_its_message_is_applied_to_it(
+        roost_app: Any) -> None:
+    gate = Gate()
+    chat = await roost_app([calling("peek", "total")], gate, loop=True)
+    # Delivered on another path, the edit overtakes the message it edits.
+    await chat.hand_in(edit_of(chat, "1", "the total is 42", event="e1"))
+    await chat.say("the total is 41")
+    gate.release()
+    await chat.settle()
     assert chat.replies == ["ok: the total is 42"]
     assert "the total is 41" not in await history(chat.app, "default:console:direct:user")
 

@@ -19,6 +19,11 @@ session's lease, wherever the edit arrived). Applying it, by where the message i
   under ``"ignore"`` nothing happens. A deletion or a mention removed changes
   nothing then.
 
+An edit or a deletion that arrives before the message it changes (platforms deliver
+them on separate paths; discord.py handles each event in a task of its own) is kept
+in memory for :data:`EARLY_SECONDS` and applied when the message is recorded
+(:meth:`Corrections.arrived`); one whose message never comes is then forgotten.
+
 The history keeps only what the model saw: a replaced text never reaches a later
 request (the cancelled run committed nothing); a corrected message stays as it
 was answered, followed by the correction. Edits of messages Roost has no record
@@ -31,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 from bot.config.settings import Settings
@@ -44,6 +50,12 @@ log = logging.getLogger("roost.dispatch.corrections")
 
 OLD_TEXT_CHARS = 2_000
 """Characters of the earlier text a correction quotes."""
+EARLY_SECONDS = 60.0
+"""How long an edit or a deletion of a message not recorded (yet) waits for it."""
+EARLY_MAX = 256
+"""Such edits and deletions kept at most (the oldest is forgotten first)."""
+
+Early = MessageEdit | MessageDeletion
 
 Move = Callable[[Lane, Moves], None]
 """Starts the runs a lane change asks for (the dispatcher's)."""
@@ -71,6 +83,9 @@ class Corrections:
         self.policy = policy
         self.move = move
         self.hand = hand
+        self.clock = time.monotonic
+        self._early: OrderedDict[tuple[str, str, str], tuple[float, Early]] = OrderedDict()
+        """Edits and deletions of messages not recorded yet, by (channel, chat, message id)."""
 
     # -- intake ----------------------------------------------------------------------
 
@@ -88,9 +103,14 @@ class Corrections:
         for message_id, edited in changes:
             original = await self.inbox.original(channel, chat_id, message_id)
             what = "an edit" if edited is not None else "a deletion"
-            if original is None or original.kind != "message":
-                log.info("%s: %s of message %s, which was not recorded as a message to "
-                         "answer; ignored", channel, what, message_id)
+            if original is None:
+                log.info("%s: %s of message %s, which is not recorded (yet); kept in case "
+                         "it arrives", channel, what, message_id)
+                self._keep((channel, chat_id, message_id), event if isinstance(
+                    event, MessageEdit) else dataclasses.replace(event, message_ids=(message_id,)))
+                continue
+            if original.kind != "message":
+                log.info("%s: %s of command %s ignored", channel, what, message_id)
                 continue
             if edited is not None and edited.sender_id != original.message.sender_id:
                 log.warning("%s: an edit of message %s by someone else than its sender; "
@@ -111,6 +131,20 @@ class Corrections:
                 await self.hand(recorded)
             else:
                 await self.apply(recorded)
+
+    async def arrived(self, message: InboundMessage) -> None:
+        """``message`` was recorded: apply an edit or a deletion of it that came first."""
+        if not self._early:
+            return
+        kept = self._early.pop((message.channel, message.chat_id, message.message_id), None)
+        if kept is not None and self.clock() - kept[0] <= EARLY_SECONDS:
+            await self.take(kept[1])
+
+    def _keep(self, key: tuple[str, str, str], event: Early) -> None:
+        self._early[key] = (self.clock(), event)
+        self._early.move_to_end(key)
+        while len(self._early) > EARLY_MAX:
+            self._early.popitem(last=False)
 
     # -- applying ----------------------------------------------------------------------
 

@@ -180,6 +180,7 @@ class Dispatcher:
                          message.event_id)
             elif not self._closed:
                 await self.replicas.submitted(shared)
+                await self.corrections.arrived(message)
             return
         lane = self.lanes.by_key.get(key)
         # A message whose run will start at once is recorded as started.
@@ -197,6 +198,7 @@ class Dispatcher:
             return
         lane = self.lanes.lane(key, message)
         self._move(lane, self.lanes.enqueue(lane, message, entry.id, counted=now))
+        await self.corrections.arrived(message)  # an edit or a deletion that came first
 
     # -- queries and controls used by commands -------------------------------
 
