@@ -20,6 +20,11 @@ from bot.contracts.llm import LLMRequest
 from bot.contracts.messages import InboundMessage, MessageDeletion, MessageEdit
 from bot.contracts.tools import Tool, ToolContext, ToolResult
 from bot.testing.app import ChatChannel, replica_chats, scripted
+from plugins.scripted_provider import ScriptedProvider
+from plugins.web.search import web_search_tool
+from plugins.web.searxng import SearxngBackend
+from tests.conftest import AppFactory
+from tests.test_durability import crash, restart
 
 SCHEMA = {"type": "object", "properties": {}}
 
@@ -149,6 +154,18 @@ async def test_a_run_that_acted_gets_the_edit_as_a_correction_or_ignores_it(
     assert kept[0].endswith("the total is 41") and "[Correction" in kept[-2]
 
 
+async def test_only_tools_that_change_nothing_are_read_only(roost_app: Any) -> None:
+    chat = await roost_app([ANSWER])
+    tools = dict(chat.app.engine.plugins.tools)
+    # Offered only with a search backend configured.
+    tools["web_search"] = web_search_tool(SearxngBackend("http://127.0.0.1:9"), timeout=1)
+    assert sorted(name for name, tool in tools.items() if tool.read_only) == [
+        "get_error_detail", "get_tool_result", "list_files", "memory_get", "memory_search",
+        "read_file", "web_fetch", "web_search"]
+    assert not any(tools[name].read_only for name in ("write_file", "edit_file", "sql",
+                                                       "send_file", "cron"))
+
+
 async def test_an_answered_message_edited_twice_and_an_unknown_one(roost_app: Any) -> None:
     chat = await roost_app([ANSWER], loop=True)
     await chat.say("the total is 41")
@@ -209,6 +226,30 @@ async def test_an_edit_that_arrives_before_its_message_is_applied_to_it(
     await chat.settle()
     assert chat.replies == ["ok: the total is 42"]
     assert "the total is 41" not in await history(chat.app, "default:console:direct:user")
+
+
+async def test_an_edit_recorded_before_a_crash_is_applied_after_the_restart(
+        make_app: AppFactory) -> None:
+    def model() -> ScriptedProvider:
+        return scripted(calling("peek", "first"), ANSWER, loop=True)
+
+    gate = Gate()
+    app, chat, _ = await make_app(model(), gate)
+    await chat.say("first")
+    await gate.waiting()
+    await chat.say("the total is 41")  # queued
+    original = await app.inbox.original(chat.name, chat.sender, "2")
+    assert original is not None
+    # Recorded, and the process died before it was applied.
+    await app.inbox.add(edit_of(chat, "2", "the total is 42").message, original.session_key,
+                        change="edit", edit_of=original.id)
+    await crash(app)
+    gate = Gate()
+    gate.release()
+    app, chat = await restart(make_app, model(), gate)
+    await chat.settle()
+    assert [r.removeprefix("ok: ") for r in chat.replies] == ["first", "the total is 42"]
+    assert said(chat.requests, "41") == []
 
 
 @pytest.fixture
