@@ -159,7 +159,7 @@ class Corrections:
         recorded_state, before = state
         # Decided with no wait from here on: the run cannot move on meanwhile.
         where = self.lanes.find(change.session_key, change.edit_of)
-        if where is not None and isinstance(where[1], Pending):
+        if where is not None and isinstance(where[1], Pending) and not _replays(where[1]):
             await self._queued(change, before, where[0], where[1])
         elif where is not None and isinstance(where[1], Running) and _restartable(where[1]):
             await self._running(change, before, where[0], where[1])
@@ -220,7 +220,9 @@ class Corrections:
         if self._withdraws(change):
             self.inbox.close((original, change.id))
             return
-        await self.inbox.revise(original, _revised(before, change.message), close=(change.id,))
+        if not await self.inbox.revise(original, _revised(before, change.message),
+                                       close=(change.id,), if_open=True):
+            await self._answered(change, before)  # answered meanwhile
 
     async def _answered(self, change: InboxEntry, before: InboundMessage) -> None:
         original = _require(change.edit_of)
@@ -260,12 +262,17 @@ def _require(entry: int | None) -> int:
     return entry
 
 
+def _replays(pending: Pending) -> bool:
+    """Whether ``pending``'s run replays tool calls an earlier life of it journaled (they
+    may have acted)."""
+    journal = pending.journal
+    return journal is not None and bool(journal.turns or journal.results)
+
+
 def _restartable(running: Running) -> bool:
     """Whether ``running``'s run may start again: it called no tool with side effects,
     replays none from an earlier life, and is not being committed."""
-    journal = running.pending.journal
-    replays = journal is not None and bool(journal.turns or journal.results)
-    return not (running.side_effects or running.answering or replays)
+    return not (running.side_effects or running.answering or _replays(running.pending))
 
 
 def _why(change: InboxEntry) -> str:

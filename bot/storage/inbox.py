@@ -242,19 +242,22 @@ class Inbox:
         return None if row is None else (str(row[0]), decode_message(row[1]))
 
     async def revise(self, entry: int, message: InboundMessage, *,
-                     close: Sequence[int] = (), fresh: bool = False) -> None:
+                     close: Sequence[int] = (), if_open: bool = False) -> bool:
         """Entry ``entry`` now holds ``message`` (an edit applied to it), and the change
-        entries ``close`` are done, in one commit. ``fresh``: what its run journaled
-        is forgotten (the run starts again on the new text)."""
+        entries ``close`` are done, in one commit; whether it was. ``if_open``: only
+        while the entry is not finished (else nothing is written)."""
         encoded, now = encode_message(message), self.clock()
+        only = " AND state IN ('pending', 'running')" if if_open else ""
 
-        async def body(db: aiosqlite.Connection) -> None:
-            await db.execute("UPDATE inbox SET message = ? WHERE id = ?", (encoded, entry))
-            if fresh:
-                await db.execute("DELETE FROM journal WHERE inbox_id = ?", (entry,))
+        async def body(db: aiosqlite.Connection) -> bool:
+            cur = await db.execute(f"UPDATE inbox SET message = ? WHERE id = ?{only}",
+                                   (encoded, entry))
+            if cur.rowcount != 1:
+                return False
             await _close(db, now, "done", [(i,) for i in close])
+            return True
 
-        await self.writer.write(body, what="applying an edit")
+        return cast("bool", await self.writer.write(body, what="applying an edit"))
 
     async def become(self, entry: int, message: InboundMessage) -> None:
         """Change entry ``entry`` becomes an ordinary message (``message``): it is run
