@@ -139,42 +139,60 @@ async def test_telegram_a_mention_edited_away_withdraws_the_queued_message(
     assert said(model.requests, "second") == []
 
 
-async def closed(app: Roost, channel: str, chat_id: str, message_id: str) -> None:
-    """Wait until the message's inbox entry is closed (discord.py hands events in from
-    tasks of its own: there is nothing else to wait on)."""
+async def until(check: Callable[[], Awaitable[bool]]) -> None:
+    """Wait until ``check()`` holds (discord.py hands events in from tasks of its own and
+    Discord acknowledges none: there is nothing else to wait on)."""
     async with asyncio.timeout(10):
-        while True:
-            entry = await app.inbox.original(channel, chat_id, message_id)
-            if entry is not None and entry.state == "done":
-                return
+        while not await check():  # noqa: ASYNC110  (no event covers it)
             await asyncio.sleep(0.01)
+
+
+async def closed(app: Roost, channel: str, chat_id: str, message_id: str) -> None:
+    """Wait until the message's inbox entry is closed."""
+    async def done() -> bool:
+        entry = await app.inbox.original(channel, chat_id, message_id)
+        return entry is not None and entry.state == "done"
+
+    await until(done)
 
 
 def discord(app: Roost) -> DiscordChannel:
     return DiscordChannel(app.settings, guild_ready_timeout=0.05, delivery=FAST)
 
 
-async def test_discord_a_deletion_drops_a_queued_message_and_an_edit_corrects_an_answer(
+async def test_discord_a_deletion_drops_a_queued_message_and_edits_restart_then_correct(
         start: Start, fake_discord: FakeDiscord) -> None:
     model = held()
-    app = await start(model, discord, group_max_concurrent=1, stream_replies=False,
-                      **fake_discord.settings())
+    app = await start(model, discord, group_max_concurrent=1, **fake_discord.settings())
     first = await fake_discord.guild_message("the total is 41", mention=True)
     await model.waiting()
+    await fake_discord.wait_for_call("POST", rf"/channels/{CHANNEL_ID}/messages$")
+    [draft] = fake_discord.posted(CHANNEL_ID)
+    assert draft.content == "Looking into it"
     second = await fake_discord.guild_message("and this", mention=True)
     await fake_discord.delete_message(second)
     await fake_discord.edit_message(first, "", partial=True)  # an embed unfurled: no edit
     await closed(app, "discord", str(CHANNEL_ID), str(second))
-    model.release()
-    await settle(app)
-    assert said(model.requests, "and this") == []
+    # A moderator deleted the draft: withdrawing it is answered 404 Unknown Message.
+    draft.deleted = True
     await fake_discord.edit_message(first, "the total is 42", mention_bot=True)
-    await fake_discord.wait_for_call("POST", rf"/channels/{CHANNEL_ID}/messages$", count=2)
+    await settle(app)
+    [withdrawn] = fake_discord.calls_to("DELETE", rf"/messages/{draft.id}$")
+    assert withdrawn.status == 404
+    assert said(model.requests[1:], "41") == [] and said(model.requests, "and this") == []
+    await fake_discord.edit_message(first, "the total is 43", mention_bot=True)
+
+    async def corrected() -> bool:
+        return len(fake_discord.visible(CHANNEL_ID)) == 2
+
+    await until(corrected)
     await settle(app)
     replies = fake_discord.visible(CHANNEL_ID)
-    assert len(replies) == 2 and replies[0].endswith("the total is 41")
+    assert len(replies) == 2 and replies[0].endswith("the total is 42")
     correction = model.requests[-1].messages[-1].content
-    assert "[Correction" in correction and correction.endswith("the total is 42")
+    assert "[Correction" in correction and correction.endswith("the total is 43")
+    assert "the total is 42" in correction
+    await app.close()  # before the fake: discord.py would wait to reconnect to it
 
 
 def slack(app: Roost) -> SlackChannel:
