@@ -150,27 +150,35 @@ class Corrections:
 
     async def apply(self, change: InboxEntry) -> None:
         """Apply recorded change ``change`` to the message it changes (see the module
-        docstring); it is closed, or becomes a correction to run."""
-        assert change.edit_of is not None
-        state = await self.inbox.state_of(change.edit_of)
-        if state is None:
+        docstring); it is closed, or becomes a correction to run. One that fails (the
+        database, say) stays recorded and is applied again after the next start."""
+        try:
+            await self._apply(change)
+        except Exception:
+            log.exception("%s: applying the %s of message %s failed; it is tried again "
+                          "after a restart", change.message.channel, change.change,
+                          change.message.message_id)
+
+    async def _apply(self, change: InboxEntry) -> None:
+        original = change.edit_of
+        state = None if original is None else await self.inbox.state_of(original)
+        if original is None or state is None:
             self.inbox.close((change.id,))
             return
         recorded_state, before = state
         # Decided with no wait from here on: the run cannot move on meanwhile.
-        where = self.lanes.find(change.session_key, change.edit_of)
+        where = self.lanes.find(change.session_key, original)
         if where is not None and isinstance(where[1], Pending) and not _replays(where[1]):
-            await self._queued(change, before, where[0], where[1])
+            await self._queued(change, original, before, where[0], where[1])
         elif where is not None and isinstance(where[1], Running) and _restartable(where[1]):
-            await self._running(change, before, where[0], where[1])
+            await self._running(change, original, before, where[0], where[1])
         elif where is None and recorded_state in ("pending", "running"):
-            await self._waiting(change, before)  # recorded, not taken up here yet
+            await self._waiting(change, original, before)  # recorded, not taken up here yet
         else:
-            await self._answered(change, before)
+            await self._answered(change, original, before)
 
-    async def _queued(self, change: InboxEntry, before: InboundMessage, lane: Lane,
-                      pending: Pending) -> None:
-        original = _require(change.edit_of)
+    async def _queued(self, change: InboxEntry, original: int, before: InboundMessage,
+                      lane: Lane, pending: Pending) -> None:
         if self._withdraws(change):
             rest = _without(pending, original, self.settings.max_message_chars)
             if rest is None:
@@ -188,9 +196,8 @@ class Corrections:
             pending, original, change.message, self.settings.max_message_chars)
         await self.inbox.revise(original, _revised(before, change.message), close=(change.id,))
 
-    async def _running(self, change: InboxEntry, before: InboundMessage, lane: Lane,
-                       running: Running) -> None:
-        original = _require(change.edit_of)
+    async def _running(self, change: InboxEntry, original: int, before: InboundMessage,
+                       lane: Lane, running: Running) -> None:
         channel, message_id = change.message.channel, change.message.message_id
         if change.change == "delete":
             self.inbox.close((change.id,))  # started: it is answered
@@ -213,19 +220,19 @@ class Corrections:
                  "again on the new text", channel, message_id)
         await self.inbox.revise(original, _revised(before, change.message), close=(change.id,))
 
-    async def _waiting(self, change: InboxEntry, before: InboundMessage) -> None:
+    async def _waiting(self, change: InboxEntry, original: int,
+                       before: InboundMessage) -> None:
         """The message is recorded open but not queued here: its text changes where it
         is recorded, and whoever takes it up runs the new one."""
-        original = _require(change.edit_of)
         if self._withdraws(change):
             self.inbox.close((original, change.id))
             return
         if not await self.inbox.revise(original, _revised(before, change.message),
                                        close=(change.id,), if_open=True):
-            await self._answered(change, before)  # answered meanwhile
+            await self._answered(change, original, before)  # answered meanwhile
 
-    async def _answered(self, change: InboxEntry, before: InboundMessage) -> None:
-        original = _require(change.edit_of)
+    async def _answered(self, change: InboxEntry, original: int,
+                        before: InboundMessage) -> None:
         edited = change.message
         if (change.change == "delete" or edited.text == before.text
                 or not self.policy.addresses(edited)):
@@ -255,11 +262,6 @@ class Corrections:
 
     def _withdraws(self, change: InboxEntry) -> bool:
         return change.change == "delete" or not self.policy.addresses(change.message)
-
-
-def _require(entry: int | None) -> int:
-    assert entry is not None
-    return entry
 
 
 def _replays(pending: Pending) -> bool:
