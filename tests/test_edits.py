@@ -278,3 +278,34 @@ async def test_an_edit_arriving_at_the_other_replica_restarts_the_run(replicas: 
     assert chats[runner].replies == ["ok: the total is 42"] and chats[other].replies == []
     assert said(chats[runner].requests[asked:], "41") == [] and chats[other].requests == []
     assert "the total is 41" not in await history(apps[0], "default:console:direct:user")
+
+
+async def replied(chats: list[ChatChannel], count: int) -> None:
+    """Wait until the chats were sent ``count`` messages in all."""
+    async with asyncio.timeout(30):
+        while sum(len(c.sent) for c in chats) < count:
+            for chat in chats:
+                chat.arrived.clear()
+            waits = [asyncio.ensure_future(c.arrived.wait()) for c in chats]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for wait in waits:
+                wait.cancel()
+
+
+async def test_an_edit_delivered_to_both_replicas_corrects_the_answer_once(
+        replicas: Any) -> None:
+    apps, chats, gate = replicas
+    gate.release()
+    await chats[0].say("the total is 41")
+    await replied(chats, 1)  # by whichever replica claimed it
+    for app in apps:
+        await asyncio.wait_for(app.dispatcher.drain(), 30)
+    # A platform retrying its delivery at the other replica: both record it at once.
+    edit = edit_of(chats[0], "1", "the total is 42", event="e1")
+    await asyncio.gather(chats[0].hand_in(edit), chats[1].hand_in(edit))
+    await replied(chats, 2)  # the holder claims it when woken
+    for app in apps:
+        await asyncio.wait_for(app.dispatcher.drain(), 30)
+    replies = chats[0].replies + chats[1].replies
+    assert len(replies) == 2
+    assert sum("[Correction" in r and "the total is 42" in r for r in replies) == 1
