@@ -8,6 +8,7 @@ replicas sharing PostgreSQL; tests/test_edits_platforms.py drives the real SDKs.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -226,6 +227,19 @@ async def test_an_edit_that_arrives_before_its_message_is_applied_to_it(
     await chat.settle()
     assert chat.replies == ["ok: the total is 42"]
     assert "the total is 41" not in await history(chat.app, "default:console:direct:user")
+
+
+async def test_an_edit_is_no_catch_up_cursor(make_app: AppFactory) -> None:
+    # Discord catches up from each chat's newest delivery id: a snowflake, never an edit's.
+    app, _, _ = await make_app(scripted(ANSWER))
+    sent = InboundMessage(channel="discord", chat_id="c1", chat_type="group", sender_id="u",
+                          text="41", message_id="1000", event_id="1000")
+    entry = await app.inbox.add(sent, "k")
+    assert entry is not None
+    edited = MessageEdit(dataclasses.replace(sent, text="42", event_id="1000@2024-01-01"))
+    await app.dispatcher.receive(edited)
+    await app.dispatcher.drain()
+    assert await app.inbox.cursors("discord", 0, limit=10) == {"c1": "1000"}
 
 
 async def test_an_edit_recorded_before_a_crash_is_applied_after_the_restart(

@@ -386,6 +386,7 @@ class Inbox:
         async with self.lock, self.db.execute(
             f"SELECT chat_id, {thread}, event_id FROM inbox"
             " WHERE channel = ? AND received_at >= ? AND event_id NOT LIKE '~%'"
+            " AND edit_of IS NULL"  # an edit's delivery id is no place in the history
             " ORDER BY id DESC", (channel, since),
         ) as cur:
             rows = await cur.fetchall()
