@@ -25,6 +25,7 @@ from plugins.scripted_provider import ScriptedProvider
 from plugins.web.search import web_search_tool
 from plugins.web.searxng import SearxngBackend
 from tests.conftest import AppFactory
+from tests.test_approvals import APPROVE_TOUCH, Touch, is_prompt, press, touching
 from tests.test_durability import crash, restart
 
 SCHEMA = {"type": "object", "properties": {}}
@@ -165,6 +166,23 @@ async def test_only_tools_that_change_nothing_are_read_only(roost_app: Any) -> N
         "read_file", "web_fetch", "web_search"]
     assert not any(tools[name].read_only for name in ("write_file", "edit_file", "sql",
                                                        "send_file", "cron"))
+
+
+async def test_an_edit_while_a_call_waits_for_approval_withdraws_the_question(
+        roost_app: Any) -> None:
+    touch = Touch()
+    turn = {**touching("/srv/x", "ok: {message}"), "match": "total"}
+    chat = await roost_app([turn], touch, agents=APPROVE_TOUCH, loop=True)
+    await chat.say("the total is 41")
+    first = await chat.wait_for_message(is_prompt)
+    await chat.hand_in(edit_of(chat, "1", "the total is 42", event="e1"))
+    second = await chat.wait_for_message(lambda m: is_prompt(m) and m is not first)
+    await chat.hand_in(press(chat, second, "Approve", "user"))
+    await chat.settle()
+    assert touch.ran == ["/srv/x"] and chat.replies[-1] == "ok: the total is 42"
+    rows = await chat.app.approvals.store.recent()
+    assert sorted((r.state, r.decided_by) for r in rows) == [
+        ("approved", "user"), ("cancelled", "an edit of the message")]
 
 
 async def test_an_answered_message_edited_twice_and_an_unknown_one(roost_app: Any) -> None:

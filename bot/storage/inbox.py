@@ -274,7 +274,7 @@ class Inbox:
         Counted before the run does anything, so a message that kills the
         process as soon as its run starts is still given up in the end.
         ``fresh``: started again on an edited text (not counted again), what the
-        entries' earlier run journaled forgotten.
+        entries' earlier run journaled (and the approvals it asked for) forgotten.
         """
         params = [(run_id, i) for i in ids]
         count = "attempts" if fresh else "attempts + 1"
@@ -285,6 +285,10 @@ class Inbox:
                 " WHERE id = ? AND state IN ('pending', 'running')", params)
             if fresh:
                 await db.executemany("DELETE FROM journal WHERE inbox_id = ?",
+                                     [(i,) for i in ids])
+                # The earlier run's approval questions stay on record, no longer as this
+                # journal's (the new run asks again instead of finding their outcome).
+                await db.executemany("UPDATE approvals SET inbox_id = NULL WHERE inbox_id = ?",
                                      [(i,) for i in ids])
 
         await self.writer.write(body, what="marking a run started")
