@@ -219,6 +219,21 @@ async def test_a_mention_removed_or_a_deletion_withdraws_a_queued_message(
     assert said(chat.requests, "second") == said(chat.requests, "third") == []
 
 
+async def test_a_mention_edited_away_right_away_cancels_the_run_and_frees_the_chat(
+        roost_app: Any) -> None:
+    gate = Gate()
+    chat = await roost_app([calling("peek", "total")], gate, loop=True)
+    await chat.say("@bot the total is 41", group="g")
+    # Right behind it: its run is created, maybe not yet run.
+    await chat.hand_in(edit_of(chat, "1", "the total is 41", group="g", mentioned=False,
+                               event="e1"))
+    gate.release()
+    await chat.settle()
+    assert chat.replies == []
+    assert await chat.ask("@bot the total is 43", group="g") == [
+        "ok: [user (id user)]: @bot the total is 43"]
+
+
 async def test_an_edit_racing_the_runs_start_is_answered_once(roost_app: Any) -> None:
     gate = Gate()
     chat = await roost_app([calling("peek", "total")], gate, loop=True)

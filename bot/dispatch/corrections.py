@@ -180,11 +180,8 @@ class Corrections:
     async def _queued(self, change: InboxEntry, original: int, before: InboundMessage,
                       lane: Lane, pending: Pending) -> None:
         if self._withdraws(change):
-            rest = _without(pending, original, self.settings.max_message_chars)
-            if rest is None:
-                self.lanes.unqueue(lane, pending)
-            else:
-                lane.queue[lane.queue.index(pending)] = rest
+            self.lanes.replace_queued(lane, pending, _without(
+                pending, original, self.settings.max_message_chars))
             self.inbox.close((original, change.id))
             log.info("%s: queued message %s withdrawn (%s)", change.message.channel,
                      change.message.message_id, _why(change))
@@ -192,8 +189,8 @@ class Corrections:
         if change.message.text == before.text:
             self.inbox.close((change.id,))  # nothing new (a redelivery, a repeated edit)
             return
-        lane.queue[lane.queue.index(pending)] = _edited(
-            pending, original, change.message, self.settings.max_message_chars)
+        self.lanes.replace_queued(lane, pending, _edited(
+            pending, original, change.message, self.settings.max_message_chars))
         await self.inbox.revise(original, _revised(before, change.message), close=(change.id,))
 
     async def _running(self, change: InboxEntry, original: int, before: InboundMessage,
@@ -203,9 +200,8 @@ class Corrections:
             self.inbox.close((change.id,))  # started: it is answered
             return
         if not self.policy.addresses(change.message):
-            if running.run is not None:
-                self.lanes.registry.abort(running.run.run_id, lane.key, "withdrawn")
-            self.inbox.close((change.id,))
+            self.move(lane, self.lanes.withdraw(lane, running))
+            self.inbox.close((*running.pending.entries, change.id))
             log.info("%s: the run for message %s was cancelled: the edit no longer "
                      "addresses the bot", channel, message_id)
             return

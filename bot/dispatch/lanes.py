@@ -272,12 +272,24 @@ class Lanes:
                 return lane, pending
         return None
 
-    def unqueue(self, lane: Lane, pending: Pending) -> None:
-        """Take ``pending`` out of the lane's queue (withdrawn before it started)."""
-        if pending in lane.queue:
+    def replace_queued(self, lane: Lane, pending: Pending, new: Pending | None) -> None:
+        """Put ``new`` in queued ``pending``'s place (``None``: take it out, withdrawn
+        before it started)."""
+        if pending not in lane.queue:
+            return
+        if new is None:
             lane.queue.remove(pending)
+        else:
+            lane.queue[lane.queue.index(pending)] = new
         if not lane.running and not lane.queue and self.by_key.get(lane.key) is lane:
             del self.by_key[lane.key]
+
+    def withdraw(self, lane: Lane, running: Running) -> Moves:
+        """Cancel ``running``'s run (reason ``withdrawn``): it leaves the lane now (a run
+        cancelled before its first step never reaches its own cleanup)."""
+        if running.run is not None:
+            self.registry.abort(running.run.run_id, lane.key, "withdrawn")
+        return self.finished(lane, running)
 
     def restart(self, lane: Lane, running: Running, pending: Pending) -> Moves:
         """Cancel ``running``'s run (reason ``edited``) and run ``pending`` in its place."""
