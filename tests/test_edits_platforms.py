@@ -4,7 +4,8 @@ withdrawn, also when Telegram says it is gone) and one that removes the mention
 withdraws a queued message; a Discord ``MESSAGE_DELETE`` drops a queued message and a
 ``MESSAGE_UPDATE`` of an answered one is answered as a correction (an unfurl is not an
 edit); a Slack ``message_changed`` delivered twice restarts a run once, its draft's
-``chat.delete`` answered ``message_not_found``."""
+``chat.delete`` answered ``message_not_found``, and one posted to the other of two
+replicas on PostgreSQL restarts the run on the replica running it."""
 
 from __future__ import annotations
 
@@ -226,3 +227,31 @@ async def test_slack_an_edit_delivered_twice_restarts_the_run_once(
     [reply] = fake_slack.visible()
     assert reply.text.startswith("ok: ") and reply.text.endswith("the total is 42")
     assert said(model.requests[1:], "41") == [] and len(model.requests) == 2
+
+
+async def test_slack_an_edit_posted_to_the_other_replica_restarts_the_run_where_it_runs(
+        pg_url: str, tmp_path: Path, fake_slack: FakeSlack) -> None:
+    model = held()
+    async with closing_apps() as apps:
+        urls = []
+        for name in ("a", "b"):
+            app, _ = await create_app(model, data_dir=tmp_path / name, database_url=pg_url,
+                                      **fake_slack.settings())
+            apps.append(app)
+            channel = slack(app)
+            await app.add_channel(channel)
+            urls.append(channel.events_url)
+            await app.recover()  # starts claiming
+        fake_slack.events_url = urls[0]
+        original = fake_slack.message(fake_slack.mention("the total is 41"))
+        await fake_slack.post_event(original)
+        await model.waiting()  # replica a runs it: it received it and nobody held the chat
+        fake_slack.events_url = urls[1]
+        await fake_slack.post_event(fake_slack.message_changed(
+            original, fake_slack.mention("the total is 42")))
+        await fake_slack.wait_for("chat.postMessage", 2)  # the draft, then the answer
+        for app in apps:
+            await asyncio.wait_for(app.dispatcher.drain(), 30)
+        [reply] = fake_slack.visible()
+        assert reply.text.startswith("ok: ") and reply.text.endswith("the total is 42")
+        assert said(model.requests[1:], "41") == []
