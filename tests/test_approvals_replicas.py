@@ -6,6 +6,7 @@ where the press resumes the run once, without asking again."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,11 @@ import pytest
 
 from bot.app.roost import Roost
 from bot.contracts.messages import OutboundMessage
-from bot.testing.app import ChatChannel, create_app, scripted
+from bot.testing.app import ChatChannel, replica_chats, scripted
 from bot.testing.telegram import FakeTelegram
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
 from bot.testing.telegram.wire import ALICE
+from plugins.scripted_provider import ScriptedProvider
 from tests.roost_processes import start_roost, until_logged
 from tests.test_approvals import APPROVE_TOUCH, Touch, press, touching
 from tests.test_approvals_restart import AFTER, BEFORE, CONFIG, notes
@@ -31,25 +33,21 @@ from tests.test_run_all_channels import free_port
 async def replicas(pg_url: str, tmp_path: Path) -> AsyncIterator[tuple[list[Roost],
                                                                         list[ChatChannel],
                                                                         list[Touch]]]:
-    apps: list[Roost] = []
-    chats: list[ChatChannel] = []
-    touches: list[Touch] = []
-    try:
-        for name in ("a", "b"):
-            touch = Touch()
-            app, log = await create_app(scripted(touching("r", "done")), touch,
-                                        data_dir=tmp_path / name, database_url=pg_url,
-                                        agents=APPROVE_TOUCH)
-            apps.append(app)
-            touches.append(touch)
-            chat = ChatChannel()
-            await chat.attach(app, log)
-            chats.append(chat)
-            await app.recover()  # starts claiming
+    touches = [Touch(), Touch()]
+    async with contextlib.AsyncExitStack() as stack:
+        apps: list[Roost] = []
+        chats: list[ChatChannel] = []
+        for n, touch in enumerate(touches):
+            # One replica per Touch: each records what ran where.
+            app_list, chat_list = await stack.enter_async_context(replica_chats(
+                pg_url, tmp_path / str(n), _touching, touch, count=1, agents=APPROVE_TOUCH))
+            apps += app_list
+            chats += chat_list
         yield apps, chats, touches
-    finally:
-        for app in apps:
-            await app.close()
+
+
+def _touching() -> ScriptedProvider:
+    return scripted(touching("r", "done"))
 
 
 async def prompted(chats: list[ChatChannel]) -> tuple[int, OutboundMessage]:

@@ -177,6 +177,9 @@ class AgentConfig(_Strict):
     """The skills this agent may use, by name; unset: every enabled one."""
     skills_disabled: tuple[str, ...] = ()
     """Skills this agent never uses, by name."""
+    edit_policy: Literal["correct", "ignore"] | None = None
+    """What an edit of an answered message does for this agent; unset follows
+    ``edit_policy``."""
 
     @field_validator("context_window")
     @classmethod

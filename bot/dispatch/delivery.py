@@ -170,6 +170,8 @@ class RunWatch:
             self.draft.check(self.bridge.stream)
         elif event.type == "tool.call":
             self.entry.shown()
+            if not event.payload.get("read_only"):
+                self.entry.acted()
             await self.bridge.end_block()
         elif event.type == "run.retrying":
             if event.payload.get("attempt") == 0:
@@ -180,8 +182,10 @@ class RunWatch:
             else:
                 await self.bridge.restart()
         elif event.type == "activity":
-            if event.payload.get("phase") in ("committing", "approval"):
-                # Answered, or asking a person: a follow-up starts a run of its own.
+            if event.payload.get("phase") == "committing":
+                self.entry.committing()
+            elif event.payload.get("phase") == "approval":
+                # Asking a person: a follow-up starts a run of its own.
                 self.entry.shown()
             elif event.payload.get("notice"):
                 self.notify(event.payload["notice"])

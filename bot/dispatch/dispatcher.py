@@ -29,12 +29,15 @@ from bot.contracts.messages import (
     ButtonPress,
     InboundEvent,
     InboundMessage,
+    MessageDeletion,
+    MessageEdit,
     OutboundMessage,
     ReactionEvent,
     parse_command,
 )
 from bot.contracts.runtime import Runtime
 from bot.dispatch.commands import run_command
+from bot.dispatch.corrections import Corrections
 from bot.dispatch.delivery import (
     DeliveryCount,
     Redeliveries,
@@ -135,12 +138,17 @@ class Dispatcher:
             inbox, claims, admit=self.admit, busy=self.busy, resend=self._resend)
         """On PostgreSQL (several replicas): who runs which session (bot.dispatch.replicas).
         ``None`` on SQLite: this process runs what it receives."""
+        self.corrections = Corrections(
+            settings, inbox, self.lanes, policy, move=self._move,
+            hand=None if self.replicas is None else self.replicas.submitted)
+        """People's edits and deletions of the messages (bot.dispatch.corrections)."""
 
     # -- entry point -------------------------------------------------------
 
     async def receive(self, event: InboundEvent) -> None:
         """The handler channels are given: a message is :meth:`submit`-ted, a button press
-        goes to ``presses``, a reaction to :attr:`receipts`; edits and deletions are not
+        goes to ``presses``, a reaction to :attr:`receipts`, edits and deletions to
+        ``corrections``; anything else is not
         acted on yet (logged at debug level here, the one place that decides)."""
         if isinstance(event, InboundMessage):
             if self.presses is None or not await self.presses.answer_text(event):
@@ -148,6 +156,11 @@ class Dispatcher:
             return
         if isinstance(event, ReactionEvent):
             await self.receipts.reaction(event)
+            return
+        if isinstance(event, MessageEdit | MessageDeletion):
+            if self._closed:
+                raise ShuttingDown("Roost is shutting down")
+            await self.corrections.take(event)
             return
         if isinstance(event, ButtonPress) and self.presses is not None:
             try:
@@ -187,6 +200,7 @@ class Dispatcher:
             elif not self._closed:
                 self.receipts.stored(message)
                 await self.replicas.submitted(shared)
+                await self.corrections.arrived(message)
             return
         lane = self.lanes.by_key.get(key)
         # A message whose run will start at once is recorded as started.
@@ -205,6 +219,7 @@ class Dispatcher:
         self.receipts.stored(message)
         lane = self.lanes.lane(key, message)
         self._move(lane, self.lanes.enqueue(lane, message, entry.id, counted=now))
+        await self.corrections.arrived(message)  # an edit or a deletion that came first
 
     # -- queries and controls used by commands -------------------------------
 
@@ -296,7 +311,10 @@ class Dispatcher:
         if entries:
             log.info("recovering %d unfinished message(s) from the inbox", len(entries))
         for group in grouped(entries):
-            self._resume(group, await self.inbox.journal(group[-1].id))
+            if group[0].change is not None:
+                await self.corrections.apply(group[0])
+            else:
+                self._resume(group, await self.inbox.journal(group[-1].id))
 
     async def admit(self, entries: list[InboxEntry]) -> None:
         """Run entries this replica claimed (bot.dispatch.replicas), in order per session;
@@ -304,6 +322,9 @@ class Dispatcher:
         if self._closed:
             return
         for group in grouped(entries):
+            if group[0].change is not None:
+                await self.corrections.apply(group[0])
+                continue
             started = group[-1].state == "running"
             self._resume(group, await self.inbox.journal(group[-1].id) if started else None)
 
@@ -359,7 +380,7 @@ class Dispatcher:
         payer: Payer | None = None
         try:
             if pending.entries and not pending.counted:
-                await self.inbox.started(pending.entries, run_id)
+                await self.inbox.started(pending.entries, run_id, fresh=pending.fresh)
             if pending.stale_draft and channel is not None:
                 with contextlib.suppress(Exception):
                     await channel.withdraw(message.chat_id, pending.stale_draft)
@@ -436,7 +457,7 @@ class Dispatcher:
             reason = entry.run.cancel_reason if entry.run is not None else ""
             if reason == "shutdown" or not reason:
                 self.inbox.requeue(pending.entries)
-            elif reason != "merged":
+            elif reason not in ("merged", "edited"):  # those run again in another run
                 self.inbox.close(pending.entries)
                 self.receipts.ended(message, pending.entries, "dropped")
             raise

@@ -63,7 +63,9 @@ LONG_ARGUMENTS = 1500
 attached text file (the text says so), never cut silently."""
 POLL_SECONDS = 1.0
 """How often a waiting run reads its row (a press decided on another replica)."""
-CANCELLERS: Mapping[str, str] = {"stop": "/stop", "merged": "a newer message"}
+CANCELLERS: Mapping[str, str] = {"stop": "/stop", "merged": "a newer message",
+                                  "edited": "an edit of the message",
+                                  "withdrawn": "an edit of the message"}
 """``decided_by`` of a question withdrawn because its run was cancelled, by the reason."""
 NOBODY = "nobody to ask"
 UNSHOWN = "nobody: the question could not be shown"

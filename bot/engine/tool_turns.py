@@ -213,7 +213,9 @@ class ToolTurns:
         return await self.sink.on_tool_failure(call, raw, self.session_key)
 
     async def _on_call(self, call: ToolCall) -> None:
-        await self.emit("tool.call", name=call.name, id=call.id, arguments=dict(call.arguments))
+        tool = self.executor.tools.get(call.name)
+        await self.emit("tool.call", name=call.name, id=call.id, arguments=dict(call.arguments),
+                        read_only=tool is not None and tool.read_only)
 
     async def _on_result(self, outcome: ToolOutcome) -> None:
         if self.journal is not None:

@@ -545,6 +545,17 @@ MIGRATIONS: list[str] = [
     """
     CREATE INDEX approvals_waiting ON approvals(created_at, id) WHERE state = 'pending';
     """,
+    # 30: edits and deletions of received messages (bot.dispatch.corrections). Each
+    # entry keeps its platform message id, found by chat; an edit or a deletion is
+    # an entry of its own (``change``) pointing at the entry it changes (``edit_of``),
+    # so it is deduplicated, durable and run by the session's holder like a message.
+    """
+    ALTER TABLE inbox ADD COLUMN message_id TEXT;
+    ALTER TABLE inbox ADD COLUMN change TEXT;
+    ALTER TABLE inbox ADD COLUMN edit_of INTEGER;
+    CREATE INDEX inbox_message ON inbox(channel, chat_id, message_id)
+        WHERE message_id IS NOT NULL;
+    """,
 ]
 """Schema steps in order; ``PRAGMA user_version`` records how many have run.
 

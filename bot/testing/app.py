@@ -372,3 +372,25 @@ async def app_factory(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
             return chat
 
         yield factory
+
+
+@contextlib.asynccontextmanager
+async def replica_chats(database_url: str, root: Path,
+                        provider: Callable[[], LLMProvider], /, *plugins: object,
+                        count: int = 2, **settings: Any
+                        ) -> AsyncIterator[tuple[list[Roost], list[ChatChannel]]]:
+    """``count`` apps on one PostgreSQL database (replicas), each with ``plugins``, a
+    model from ``provider()`` and a :class:`ChatChannel` of its own, claiming work;
+    closed on exit. Each keeps its data under ``root / <a, b, ...>``."""
+    async with closing_apps() as apps:
+        chats: list[ChatChannel] = []
+        for n in range(count):
+            app, recorder = await create_app(provider(), *plugins,
+                                             data_dir=root / chr(ord("a") + n),
+                                             database_url=database_url, **settings)
+            apps.append(app)
+            chat = ChatChannel()
+            await chat.attach(app, recorder)
+            chats.append(chat)
+            await app.recover()  # starts claiming
+        yield apps, chats

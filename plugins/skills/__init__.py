@@ -260,7 +260,7 @@ class SkillsPlugin:
                  "it before a task that matches a skill's description, then follow them.",
                  {"type": "object", "properties": {"name": name_schema},
                   "required": ["name"], "additionalProperties": False},
-                 self.load_skill, timeout=15.0),
+                 self.load_skill, timeout=15.0, read_only=True),
             Tool("read_skill_file",
                  "Read one file of a skill (a reference, template or script), by its path "
                  "relative to the skill's folder, as load_skill lists it.",
@@ -268,7 +268,7 @@ class SkillsPlugin:
                      "name": name_schema,
                      "path": {"type": "string", "description": "e.g. references/guide.md"}},
                   "required": ["name", "path"], "additionalProperties": False},
-                 self.read_skill_file, timeout=15.0),
+                 self.read_skill_file, timeout=15.0, read_only=True),
         ]
 
     async def sections(self, prompt: PromptContext) -> list[PromptSection]:
