@@ -56,6 +56,8 @@ SERVICE_ENV: dict[str, tuple[str, str]] = {
     "TAVILY_API_KEY": (_WEB, "tavily_api_key"),
     # A secret belongs in the environment, and this is its only variable.
     "ROOST_TRANSCRIBE_API_KEY": (_TRANSCRIBE, "api_key"),
+    **{f"EMAIL_{key.upper()}": ("plugins.mail", key)
+       for key in ("imap_url", "smtp_url", "address", "username", "password")},
 }
 """Variables of moved secrets that stay ordinary overrides → (plugin, key); no warning."""
 

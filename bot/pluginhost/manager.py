@@ -76,6 +76,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "plugins.web",
     "plugins.mcp",
     "plugins.exec_tool",
+    "plugins.mail",
 )
 """Modules of the built-in plugins, registered like external ones."""
 

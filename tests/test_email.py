@@ -1,0 +1,266 @@
+"""The email channel against real servers: Dovecot (IMAP) and aiosmtpd (SMTP).
+
+Mail reaches the bot's mailbox the way a mail client's does (``imaplib`` APPEND to a
+Dovecot started once per test session); the bot reads it with aioimaplib (IDLE)
+and answers through aiosmtplib to an aiosmtpd server that wants a login. The core
+runs in-process with a scripted model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from email.message import EmailMessage
+from email.utils import make_msgid
+from typing import Any
+
+import pytest
+
+from bot.app.roost import Roost
+from bot.testing.app import EventRecorder, scripted, settle
+from bot.testing.mail import Dovecot, SmtpSink
+from plugins.mail.channel import EmailChannel
+from plugins.scripted_provider import ScriptedProvider
+from roost.channels import DeliveryPolicy
+from tests.conftest import AppFactory
+from workspaces import workspace_dir
+
+FAST = DeliveryPolicy(attempts=3, base_delay=0.05, max_delay=0.1)
+ALICE = "alice@example.com"
+BOT = "bot@example.com"
+
+
+@pytest.fixture(scope="session")
+def dovecot() -> Iterator[Dovecot]:
+    """One Dovecot for the test session (per xdist worker), started on first use."""
+    server = Dovecot().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def sink() -> AsyncIterator[SmtpSink]:
+    server = await SmtpSink().start()
+    try:
+        yield server
+    finally:
+        await server.close()
+
+
+class Mail:
+    """The bot's mailbox on Dovecot, its SMTP server, and Alice writing to it."""
+
+    def __init__(self, dovecot: Dovecot, sink: SmtpSink) -> None:
+        self.dovecot, self.sink = dovecot, sink
+        self.user = dovecot.add_user()
+
+    def table(self, **extra: Any) -> dict[str, Any]:
+        """The plugin's settings for this mailbox."""
+        return {"plugins": {"plugins.mail": {
+            "imap_url": f"imap://127.0.0.1:{self.dovecot.port}", "smtp_url": self.sink.url,
+            "address": BOT, "username": self.user, "password": "secret",
+            "smtp_username": "bot", **extra}}}
+
+    def write(self, text: str, *, subject: str = "Plans", sender: str = ALICE,
+              answers: EmailMessage | None = None, html: str | None = None,
+              headers: dict[str, str] | None = None,
+              files: list[tuple[str, str, bytes]] = ()) -> EmailMessage:  # type: ignore[assignment]
+        """Alice's mail (answering ``answers``, a reply of the bot's, if given), delivered."""
+        mail = EmailMessage()
+        mail["From"] = f"Alice <{sender}>"
+        mail["To"] = BOT
+        mail["Subject"] = subject if answers is None else answers["Subject"]
+        mail["Message-ID"] = make_msgid(domain="example.com")
+        if answers is not None:
+            mail["In-Reply-To"] = answers["Message-ID"]
+            mail["References"] = f"{answers['References']} {answers['Message-ID']}"
+        for name, value in (headers or {}).items():
+            mail[name] = value
+        mail.set_content(text)
+        if html is not None:
+            mail.add_alternative(html, subtype="html")
+        for name, mime, data in files:
+            maintype, _, subtype = mime.partition("/")
+            mail.add_attachment(data, maintype=maintype, subtype=subtype, filename=name)
+        self.dovecot.deliver(self.user, mail)
+        return mail
+
+
+@pytest.fixture
+def mail(dovecot: Dovecot, sink: SmtpSink) -> Mail:
+    return Mail(dovecot, sink)
+
+
+async def start(make_app: AppFactory, mail: Mail, provider: ScriptedProvider | None,
+                **settings: Any) -> tuple[Roost, EmailChannel, EventRecorder]:
+    """A Roost app reading ``mail``'s mailbox, once the channel is connected."""
+    extra = settings.pop("table", {})
+    app, _, log = await make_app(provider, **mail.table(**extra),
+                                 **{"dm_policy": "open", **settings})
+    channel = EmailChannel(app.settings, policy=FAST)
+    await app.add_channel(channel)
+    await connected(channel)
+    return app, channel, log
+
+
+async def connected(channel: EmailChannel) -> None:
+    async with asyncio.timeout(20):  # a hang guard
+        await channel.watcher.idling.wait()
+    assert channel.health().ready
+
+
+def user_texts(provider: ScriptedProvider) -> list[str]:
+    return [str(r.messages[-1].content) for r in provider.requests]
+
+
+# -- conversations -----------------------------------------------------------------
+
+
+async def test_a_mail_is_answered_in_its_thread_and_a_thread_is_one_conversation(
+        make_app: AppFactory, mail: Mail) -> None:
+    provider = scripted({"reply": "Hi **Alice**"}, {"reply": "Noted"}, {"reply": "Other"})
+    app, _, _ = await start(make_app, mail, provider)
+
+    first = mail.write("Can we meet on Friday?")
+    [reply] = await mail.sink.wait_for(1)
+    assert mail.sink.envelopes == [(BOT, [ALICE])]
+    assert reply["To"] == ALICE and BOT in reply["From"]
+    assert reply["Subject"] == "Re: Plans"
+    assert reply["In-Reply-To"] == first["Message-ID"]
+    assert reply["References"] == first["Message-ID"]
+    assert reply["Auto-Submitted"] == "auto-replied"
+    assert reply.get_content_type() == "multipart/alternative"
+    plain = reply.get_body(("plain",))
+    html = reply.get_body(("html",))
+    assert plain is not None and html is not None
+    assert plain.get_content().strip() == "Hi **Alice**"
+    assert "<strong>Alice</strong>" in html.get_content()
+    assert user_texts(provider) == ["Plans\n\nCan we meet on Friday?"]
+
+    # Alice answers in the thread, her client quoting the history below.
+    mail.write("Friday works.\n\nOn Mon, Alice wrote:\n> Hi **Alice**\n", answers=reply)
+    [_, second] = await mail.sink.wait_for(2)
+    assert second["Subject"] == "Re: Plans"
+    assert second["References"].split() == [first["Message-ID"], reply["Message-ID"],
+                                            second["In-Reply-To"]]
+    assert user_texts(provider)[-1] == "Friday works."
+    # A new subject is a new thread: a conversation of its own.
+    mail.write("Something else", subject="Invoices")
+    [*_, third] = await mail.sink.wait_for(3)
+    assert third["Subject"] == "Re: Invoices"
+    await settle(app)
+    requests = provider.requests
+    assert [m.role for m in requests[1].messages].count("user") == 2  # the thread's history
+    assert [m.role for m in requests[2].messages].count("user") == 1  # a thread apart
+
+
+async def test_machine_sent_mail_is_never_answered_so_nothing_loops(
+        make_app: AppFactory, mail: Mail) -> None:
+    provider = scripted({"reply": "answered"}, loop=True)
+    app, _, _ = await start(make_app, mail, provider)
+    mail.write("I am on holiday", headers={"Auto-Submitted": "auto-replied"})
+    mail.write("Weekly digest", headers={"List-Id": "<news.example.com>"})
+    mail.write("Sale!", headers={"Precedence": "bulk"})
+    mail.write("Undeliverable", sender="MAILER-DAEMON@example.com")
+    # Roost's own reply coming back (a bounce copy, another Roost answering).
+    mail.write("Re: hello", sender="other-bot@example.com",
+               headers={"Auto-Submitted": "auto-replied", "X-Auto-Response-Suppress": "All"})
+    mail.write("A person asks", headers={"Auto-Submitted": "no"})
+    [reply] = await mail.sink.wait_for(1)
+    await settle(app)
+    assert user_texts(provider) == ["Plans\n\nA person asks"]
+    assert len(mail.sink.accepted) == 1 and reply["To"] == ALICE
+
+
+async def test_html_mail_with_attachments_in_and_a_file_out_as_an_attachment(
+        make_app: AppFactory, mail: Mail) -> None:
+    provider = scripted({"steps": [
+        {"tool_calls": [{"name": "send_file", "arguments": {"path": "report.csv",
+                                                            "caption": "The report"}}]},
+        {"reply": "done"}]})
+    app, _, _ = await start(make_app, mail, provider, stream_replies=False)
+    workspace = workspace_dir(app.settings.workspaces_dir, "email", ALICE)
+    workspace.mkdir(parents=True, exist_ok=True)
+    (workspace / "report.csv").write_bytes(b"a,b\n1,2\n")
+    html = ("<html><body><p>What is in <b>this</b> file?</p>"
+            "<blockquote type='cite'>old quoted text</blockquote></body></html>")
+    mail.write("ignored: the HTML part is not preferred over this one", html=html,
+               files=[("notes.txt", "text/plain", b"hello notes")])
+    sent = await mail.sink.wait_for(2)
+    await settle(app)
+    # The model got the plain part and the attachment, fetched into the workspace.
+    text = user_texts(provider)[0]
+    assert text.startswith("Plans\n\nignored: the HTML part") and "notes.txt" in text
+    [stored] = list(workspace.rglob("notes.txt"))
+    assert stored.read_bytes() == b"hello notes"
+    # send_file: the file goes out attached to a mail in the thread, then the reply.
+    with_file = next(m for m in sent if any(True for _ in m.iter_attachments()))
+    [attached] = list(with_file.iter_attachments())
+    assert attached.get_filename() == "report.csv"
+    assert attached.get_content().replace("\r\n", "\n") == "a,b\n1,2\n"
+    assert with_file["Subject"] == "Re: Plans" and with_file["In-Reply-To"]
+    assert any("done" in m.get_body(("plain",)).get_content() for m in sent)  # type: ignore[union-attr]
+
+
+async def test_an_html_only_mail_reaches_the_model_as_text_without_its_quote(
+        make_app: AppFactory, mail: Mail) -> None:
+    provider = scripted({"reply": "ok"})
+    app, _, _ = await start(make_app, mail, provider)
+    raw = EmailMessage()
+    raw["From"], raw["To"], raw["Subject"] = ALICE, BOT, "Html"
+    raw["Message-ID"] = make_msgid(domain="example.com")
+    raw.set_content("<html><body><p>Line <b>one</b></p><p>Two &amp; three "
+                    "<a href='https://example.com/x'>link</a></p>"
+                    "<div class='gmail_quote'>On Monday you wrote: old</div></body></html>",
+                    subtype="html")
+    mail.dovecot.deliver(mail.user, raw)
+    await mail.sink.wait_for(1)
+    await settle(app)
+    assert user_texts(provider) == ["Html\n\nLine one\n\nTwo & three link "
+                                    "(https://example.com/x)"]
+
+
+async def test_stop_as_a_mail_stops_the_thread_s_run(make_app: AppFactory,
+                                                     mail: Mail) -> None:
+    provider = scripted({"match": "think", "reply": "too late", "delay": 30},
+                        {"reply": "unused"})
+    app, _, log = await start(make_app, mail, provider)
+    first = mail.write("think hard")
+    await log.wait_for("activity", limit=20)
+    # Alice writes /stop in the thread (answering her own mail).
+    mail.write("/stop", answers=_as_reply(first))
+    [reply] = await mail.sink.wait_for(1)
+    await settle(app)
+    assert reply.get_body(("plain",)).get_content().strip() == "Stopped."  # type: ignore[union-attr]
+    assert "run.cancelled" in log.types()
+
+
+def _as_reply(mail: EmailMessage) -> EmailMessage:
+    """Headers that make a mail written with ``answers=`` continue ``mail``'s thread."""
+    parent = EmailMessage()
+    parent["Subject"] = mail["Subject"]
+    parent["Message-ID"] = mail["Message-ID"]
+    parent["References"] = ""
+    return parent
+
+
+async def test_pairing_goes_by_the_sender_s_address(make_app: AppFactory, mail: Mail) -> None:
+    provider = scripted({"reply": "welcome"}, loop=True)
+    app, _, _ = await start(make_app, mail, provider, dm_policy="pairing",
+                            dm_allowlist=["email:carol@example.com"])
+    mail.write("let me in")
+    [code_mail] = await mail.sink.wait_for(1)
+    body = code_mail.get_body(("plain",)).get_content()  # type: ignore[union-attr]
+    assert provider.requests == []
+    access = app.services.access
+    assert access is not None
+    [request] = await access.pending()
+    assert request.user == f"email:{ALICE}" and request.code in body
+    assert code_mail["In-Reply-To"] is not None
+    # Someone on the allowlist by address is answered at once.
+    mail.write("hello", sender="carol@example.com")
+    [_, answer] = await mail.sink.wait_for(2)
+    assert answer["To"] == "carol@example.com"
+    assert user_texts(provider) == ["Plans\n\nhello"]
