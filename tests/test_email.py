@@ -9,9 +9,10 @@ runs in-process with a scripted model.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from email.message import EmailMessage
 from email.utils import make_msgid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,16 +31,6 @@ ALICE = "alice@example.com"
 BOT = "bot@example.com"
 
 
-@pytest.fixture(scope="session")
-def dovecot() -> Iterator[Dovecot]:
-    """One Dovecot for the test session (per xdist worker), started on first use."""
-    server = Dovecot().start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture
 async def sink() -> AsyncIterator[SmtpSink]:
     server = await SmtpSink().start()
@@ -52,16 +43,16 @@ async def sink() -> AsyncIterator[SmtpSink]:
 class Mail:
     """The bot's mailbox on Dovecot, its SMTP server, and Alice writing to it."""
 
-    def __init__(self, dovecot: Dovecot, sink: SmtpSink) -> None:
+    def __init__(self, dovecot: Dovecot, sink: SmtpSink, user: str | None = None) -> None:
         self.dovecot, self.sink = dovecot, sink
-        self.user = dovecot.add_user()
+        self.user = user or dovecot.add_user()
 
     def table(self, **extra: Any) -> dict[str, Any]:
         """The plugin's settings for this mailbox."""
         return {"plugins": {"plugins.mail": {
             "imap_url": f"imap://127.0.0.1:{self.dovecot.port}", "smtp_url": self.sink.url,
             "address": BOT, "username": self.user, "password": "secret",
-            "smtp_username": "bot", **extra}}}
+            "smtp_username": "bot", "reconnect_min_seconds": 0.05, **extra}}}
 
     def write(self, text: str, *, subject: str = "Plans", sender: str = ALICE,
               answers: EmailMessage | None = None, html: str | None = None,
@@ -264,3 +255,93 @@ async def test_pairing_goes_by_the_sender_s_address(make_app: AppFactory, mail: 
     [_, answer] = await mail.sink.wait_for(2)
     assert answer["To"] == "carol@example.com"
     assert user_texts(provider) == ["Plans\n\nhello"]
+
+
+# -- durability --------------------------------------------------------------------
+
+
+async def test_a_restart_loses_and_repeats_nothing_and_a_new_uidvalidity_is_handled(
+        make_app: AppFactory, mail: Mail, caplog: pytest.LogCaptureFixture) -> None:
+    provider = scripted({"reply": "one"}, {"reply": "two"}, {"reply": "three"})
+    app, _, _ = await start(make_app, mail, provider)
+    mail.write("first")
+    await mail.sink.wait_for(1)
+    await settle(app)
+    await app.close()
+
+    mail.write("second, while Roost is down", subject="Down")
+    app, channel, _ = await start(make_app, mail, provider)  # the same data dir: a restart
+    await mail.sink.wait_for(2)
+    await settle(app)
+    assert user_texts(provider) == ["Plans\n\nfirst", "Down\n\nsecond, while Roost is down"]
+
+    # The mailbox is rebuilt (new UIDVALIDITY) under a running Roost, whose session the
+    # server then drops mid-IDLE: it reconnects, reads everything since the last mail again,
+    # and the inbox drops the two it recorded.
+    mail.dovecot.set_uidvalidity(mail.user, 4242)
+    channel.watcher.idling.clear()
+    assert "kicked" in mail.dovecot.kick(mail.user)
+    mail.write("third, after the rebuild", subject="After")
+    [*_, third] = await mail.sink.wait_for(3)
+    await connected(channel)
+    await settle(app)
+    assert third["Subject"] == "Re: After"
+    assert user_texts(provider)[2:] == ["After\n\nthird, after the rebuild"]
+    assert len(mail.sink.accepted) == 3
+    assert "UIDVALIDITY changed" in caplog.text and "reconnecting" in caplog.text
+    assert await channel.state.get("uidvalidity") == "4242"
+
+
+async def test_smtp_4xx_is_retried_and_5xx_is_recorded_not_retried(
+        make_app: AppFactory, mail: Mail) -> None:
+    provider = scripted({"reply": "retried"}, {"reply": "refused"})
+    app, _, _ = await start(make_app, mail, provider)
+    mail.sink.refusals = ["451 4.7.1 Greylisted, try again later"]
+    mail.write("first")
+    [reply] = await mail.sink.wait_for(1)
+    assert mail.sink.attempts == 2 and reply["Subject"] == "Re: Plans"
+
+    mail.sink.refusals = ["550 5.1.1 No such user"]
+    mail.write("second", subject="Bounce")
+    await mail.sink.wait_attempts(3)
+    await settle(app)
+    inbox = app.services.inbox
+    assert inbox is not None
+    await inbox.writer.write(lambda db: db.execute("SELECT 1"))  # after the queued ones
+    async with inbox.db.execute("SELECT state, attempts, last_error FROM outbox"
+                                " ORDER BY id") as cursor:
+        rows = await cursor.fetchall()
+    assert [r[0] for r in rows] == ["delivered", "pending"]
+    assert rows[1][1] == 1 and "550 5.1.1 No such user" in rows[1][2]
+    assert mail.sink.attempts == 3 and len(mail.sink.accepted) == 1
+
+
+async def test_replicas_on_postgresql_read_the_mailbox_on_the_leader_only_and_take_over(
+        make_app: AppFactory, mail: Mail, pg_url: str, tmp_path: Path) -> None:
+    provider = scripted({"reply": "answered"}, loop=True)
+    pair: list[tuple[Roost, EmailChannel]] = []
+    for name in ("a", "b"):
+        app, _, _ = await make_app(provider, data_dir=tmp_path / name, database_url=pg_url,
+                                   lease_seconds=2, dm_policy="open", **mail.table())
+        channel = EmailChannel(app.settings, policy=FAST)
+        await app.add_channel(channel)
+        pair.append((app, channel))
+    waits = {asyncio.ensure_future(c.watcher.idling.wait()): i for i, (_, c) in enumerate(pair)}
+    done, pending = await asyncio.wait(waits, timeout=20, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    [leading] = [waits[t] for t in done]
+    (leader_app, leader), (other_app, follower) = pair[leading], pair[1 - leading]
+    assert "standby" in follower.health().detail and follower.health().ready
+
+    mail.write("first")
+    await mail.sink.wait_for(1)
+    await settle(leader_app)
+    await leader_app.close()  # the follower takes over, from the UID the leader noted
+    await connected(follower)
+    mail.write("second", subject="Later")
+    await mail.sink.wait_for(2)
+    await settle(other_app)
+    assert user_texts(provider) == ["Plans\n\nfirst", "Later\n\nsecond"]
+    assert len(mail.sink.accepted) == 2
+    del leader

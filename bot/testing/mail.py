@@ -203,6 +203,8 @@ class Held:
 
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     answer: asyncio.Future[str] | None = None
+    mail: EmailMessage | None = None
+    """The mail held (set once it ``arrived``)."""
 
     def release(self, reply: str) -> None:
         """Answer the held mail with ``reply`` (``"250 OK"`` delivers it)."""
@@ -271,17 +273,18 @@ class SmtpSink:
             async with self._arrived:
                 self._arrived.notify_all()
             return reply
-        held, self.hold = self.hold, None
-        if held is not None:
-            held.answer = asyncio.get_running_loop().create_future()
-            held.arrived.set()
-            reply = await held.answer
-            if not reply.startswith("250"):
-                return reply
         content = envelope.content if isinstance(envelope.content, bytes) else \
             str(envelope.content).encode()
         mail = BytesParser(policy=email.policy.default).parsebytes(content)
         assert isinstance(mail, EmailMessage)
+        held, self.hold = self.hold, None
+        if held is not None:
+            held.answer = asyncio.get_running_loop().create_future()
+            held.mail = mail
+            held.arrived.set()
+            reply = await held.answer
+            if not reply.startswith("250"):
+                return reply
         async with self._arrived:
             self.accepted.append(mail)
             self.envelopes.append((envelope.mail_from, list(envelope.rcpt_tos)))

@@ -43,8 +43,10 @@ class MailConfig(BaseModel):
     """The subject of a mail the bot starts (a reminder), not a reply."""
     idle_seconds: float = Field(1500.0, gt=0, le=1740)
     """Seconds an IMAP IDLE lasts before it is renewed (servers drop one after 30 min)."""
+    reconnect_min_seconds: float = Field(1.0, gt=0)
+    """The first pause before reconnecting to IMAP (doubling each failure)."""
     reconnect_max_seconds: float = Field(300.0, gt=0)
-    """The longest pause between reconnection attempts (doubling from 1 s)."""
+    """The longest pause between reconnection attempts."""
     timeout: float = Field(60.0, gt=0)
     """Seconds an IMAP or SMTP command may take."""
     max_mail_bytes: int = Field(26_214_400, gt=0)

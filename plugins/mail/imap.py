@@ -4,8 +4,8 @@
 IDLE). :class:`MailWatcher` keeps one open while this replica leads, hands every
 new mail to the core by UID order, and waits in IDLE (renewed every
 ``idle_seconds``, under the 29 minutes after which servers drop it). A dropped
-connection or a failing server makes it reconnect after 1 s, doubling to
-``reconnect_max_seconds``; meanwhile the channel reports not ready.
+connection or a failing server makes it reconnect after ``reconnect_min_seconds``,
+doubling to ``reconnect_max_seconds``; meanwhile the channel reports not ready.
 
 **Positions.** The mailbox's UIDVALIDITY and the last UID handled are kept in the
 channel's durable notes (:class:`roost.channels.ChannelState`); the last UID moves
@@ -275,7 +275,7 @@ class MailWatcher:
 
     async def _watch(self, handler: InboundHandler, state: ChannelState) -> None:
         """Connect, catch up, IDLE; on failure reconnect with back-off."""
-        backoff = 1.0
+        first = backoff = self.setup.config.reconnect_min_seconds
         while not self.stopping.is_set():
             box = self.mailbox(self.setup)
             try:
@@ -283,7 +283,7 @@ class MailWatcher:
                 log.info("email: connected to %s:%d (%s)", self.setup.imap.host,
                          self.setup.imap.port, self.setup.config.mailbox)
                 self.health = READY
-                backoff = 1.0
+                backoff = first
                 await self._catch_up(box, uidvalidity, handler, state)
                 while not self.stopping.is_set():
                     await box.idle(self.setup.config.idle_seconds, self.stopping, self.idling)
