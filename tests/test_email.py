@@ -22,7 +22,8 @@ from bot.testing.app import EventRecorder, scripted, settle
 from bot.testing.mail import Dovecot, SmtpSink
 from plugins.mail.channel import EmailChannel
 from plugins.scripted_provider import ScriptedProvider
-from roost.channels import DeliveryPolicy
+from roost import ChannelContext, InboundMessage, Settings
+from roost.channels import DeliveryPolicy, InboundEvent, MemoryState
 from tests.conftest import AppFactory
 from workspaces import workspace_dir
 
@@ -345,3 +346,84 @@ async def test_replicas_on_postgresql_read_the_mailbox_on_the_leader_only_and_ta
     assert user_texts(provider) == ["Plans\n\nfirst", "Later\n\nsecond"]
     assert len(mail.sink.accepted) == 2
     del leader
+
+
+async def test_a_mail_the_core_could_not_record_is_read_again_and_only_then_noted(
+        mail: Mail) -> None:
+    handed: list[str] = []
+    recorded = asyncio.Event()
+
+    async def handler(message: InboundEvent) -> None:
+        assert isinstance(message, InboundMessage)
+        handed.append(message.text)
+        if len(handed) == 1:
+            raise RuntimeError("the inbox could not be written")
+        recorded.set()
+
+    channel = EmailChannel(Settings(**mail.table()), policy=FAST)
+    state = MemoryState()
+    await channel.begin(handler, ChannelContext(state=state))
+    try:
+        await connected(channel)
+        uid = mail.dovecot.deliver(mail.user, _plain("hello"))
+        async with asyncio.timeout(20):  # a hang guard
+            await recorded.wait()
+        assert handed == ["Plans\n\nhello", "Plans\n\nhello"]
+        assert state.values["last_uid"] == str(uid)
+    finally:
+        await channel.stop()
+
+
+def _plain(text: str) -> EmailMessage:
+    message = EmailMessage()
+    message["From"], message["To"], message["Subject"] = ALICE, BOT, "Plans"
+    message["Message-ID"] = make_msgid(domain="example.com")
+    message.set_content(text)
+    return message
+
+
+async def test_broken_and_hostile_mail_costs_a_log_line_and_the_next_is_answered(
+        make_app: AppFactory, mail: Mail) -> None:
+    provider = scripted({"reply": "fine"}, loop=True)
+    app, channel, _ = await start(make_app, mail, provider)
+    mail.dovecot.deliver(mail.user, b"\x00\xff garbage without headers\r\n\r\n\xfe")
+    mail.dovecot.deliver(mail.user, b"From: =?bogus?Q?x?= <>\r\nSubject: x\r\n\r\nno sender")
+    mail.dovecot.deliver(mail.user, (
+        b"From: alice@example.com\r\nSubject: =?utf-8?B?!!!notbase64?=\r\n"
+        b"Message-ID: <a@b>\r\nReferences: " + b"<r@x> " * 5000 + b"\r\n"
+        b"Content-Type: multipart/mixed; boundary=zz\r\n\r\n--zz\r\n"
+        b"Content-Type: text/plain; charset=no-such-charset\r\n"
+        b"Content-Transfer-Encoding: base64\r\n\r\n@@@not base64@@@\r\n--zz\r\n"
+        b"Content-Type: application/octet-stream; name=\"../../etc/passwd\"\r\n"
+        b"Content-Disposition: attachment; filename=\"../../etc/passwd\"\r\n\r\nroot\r\n"))
+    mail.write("a normal mail after all that")
+    sent = await mail.sink.wait_for(2)
+    await settle(app)
+    assert [m["To"] for m in sent] == [ALICE, ALICE]
+    # Two threads, two sessions: the runs may finish in either order.
+    normal, odd = sorted(user_texts(provider), key=lambda t: not t.startswith("Plans"))
+    assert normal == "Plans\n\na normal mail after all that"
+    assert odd.startswith("@@@not base64@@@")  # undecodable: shown as it came
+    assert "inbox/" in odd and "/passwd" in odd and "../" not in odd
+    hostile = next(m for m in sent if m["In-Reply-To"] == "<a@b>")
+    assert len(hostile["References"].split()) <= 20  # bounded, however long the chain
+    assert channel.health().ready
+    workspace = workspace_dir(app.settings.workspaces_dir, "email", ALICE)
+    assert all(workspace in p.resolve().parents for p in workspace.rglob("*passwd*"))
+
+
+def test_a_missing_sdk_or_setting_is_one_line() -> None:
+    from bot.app.cli.serve import missing_sdk
+    from plugins.mail.config import setup
+    from roost.channels import SetupError
+
+    assert missing_sdk("email", ModuleNotFoundError(name="aioimaplib")) == \
+        "the email channel needs aioimaplib: pip install 'roost[email]'"
+    with pytest.raises(SetupError) as refused:
+        setup(Settings(plugins={"plugins.mail": {"imap_url": "imaps://imap.example.com",
+                                                 "address": "roost@example.com"}}))
+    assert str(refused.value) == "the email channel needs EMAIL_SMTP_URL and EMAIL_PASSWORD"
+    with pytest.raises(SetupError, match="is not a imap:// or imaps:// URL"):
+        setup(Settings(plugins={"plugins.mail": {
+            "imap_url": "http://x", "smtp_url": "smtps://s", "address": "r@example.com",
+            "password": "p"}}))

@@ -75,8 +75,10 @@ def test_env_example_has_one_empty_line_per_credential(tmp_path: Path) -> None:
              if line and not line.startswith("#")]
     secrets = [name for name, field in Settings.model_fields.items()
                if SecretStr in (field.annotation, *getattr(field.annotation, "__args__", ()))]
-    # The web and transcribe plugins' keys.
-    plugins = ["BRAVE_API_KEY=", "TAVILY_API_KEY=", "ROOST_TRANSCRIBE_API_KEY="]
+    # The web and transcribe plugins' keys, and the email channel's settings.
+    plugins = ["BRAVE_API_KEY=", "TAVILY_API_KEY=", "ROOST_TRANSCRIBE_API_KEY=",
+               "EMAIL_IMAP_URL=", "EMAIL_SMTP_URL=", "EMAIL_ADDRESS=", "EMAIL_USERNAME=",
+               "EMAIL_PASSWORD="]
     assert sorted(lines) == sorted([f"{env_name(n)}=" for n in secrets] + plugins)
     assert "TELEGRAM_BOT_TOKEN=" in lines and "ANTHROPIC_API_KEY=" in lines
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import AliasChoices, SecretStr
 
-from bot.config.moved import CREDENTIALS, MOVED, SERVICE_ENV
+from bot.config.moved import CREDENTIALS, EMAIL_ENV, MOVED, SERVICE_ENV
 from bot.config.settings import Settings
 
 CONFIG_NAME = "roost.toml"
@@ -66,6 +66,11 @@ data_dir = "data"
 # searxng_url = "http://searx.lan:8080"    # web_search (or BRAVE_API_KEY in .env)
 # [plugins."plugins.exec_tool"]
 # timeout = 30
+# and the email channel's (or EMAIL_* in .env; docs/platforms/email.md):
+# [plugins."plugins.mail"]
+# imap_url = "imaps://imap.example.com"
+# smtp_url = "smtps://smtp.example.com"
+# address = "roost@example.com"
 
 # Tools of an MCP server:
 # [mcp.servers.github]
@@ -124,6 +129,10 @@ def env_example() -> str:
         if hint:
             lines += ["", f"# {hint}"]
         lines.append(f"{env_name(name)}=")
+        if name == "slack_app_token":
+            lines += ["", "# Email: a mailbox of its own (pip install 'roost[email]'); "
+                      "the username only", "# when it is not the address.",
+                      *(f"{env}=" for env in EMAIL_ENV)]
     return "\n".join(lines) + "\n"
 
 

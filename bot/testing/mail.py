@@ -23,6 +23,7 @@ import itertools
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -119,9 +120,10 @@ class Dovecot:
                                                   for n in range(1, USERS + 1)))
         self.config.write_text(_CONFIG.format(base=self.base, port=self.port, uid=self.uid,
                                               gid=self.gid))
+        # A process group of its own: stop() ends the master and its children at once.
         self.process = subprocess.Popen([self.binary, "-F", "-c", str(self.config)],
                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.PIPE)
+                                        stderr=subprocess.PIPE, start_new_session=True)
         deadline = time.monotonic() + 30  # a hang guard, not a measurement
         while True:
             if self.process.poll() is not None:
@@ -136,14 +138,16 @@ class Dovecot:
             time.sleep(0.05)
 
     def stop(self) -> None:
-        """End the server and remove its directory."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        """End the server and its processes (nothing of a test server needs a clean
+        shutdown: SIGTERM makes the master wait a second for its children) and remove
+        its directory."""
+        if self.process is not None:
+            if self.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            if self.process.stderr is not None:
+                self.process.stderr.close()
         shutil.rmtree(self.base, ignore_errors=True)
 
     def add_user(self) -> str:
