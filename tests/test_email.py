@@ -9,6 +9,7 @@ runs in-process with a scripted model.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from email.message import EmailMessage
 from email.utils import make_msgid
@@ -25,6 +26,7 @@ from plugins.scripted_provider import ScriptedProvider
 from roost import ChannelContext, InboundMessage, Settings
 from roost.channels import DeliveryPolicy, InboundEvent, MemoryState
 from tests.conftest import AppFactory
+from tests.test_replicas_leader import Logged
 from workspaces import workspace_dir
 
 FAST = DeliveryPolicy(attempts=3, base_delay=0.05, max_delay=0.1)
@@ -264,6 +266,7 @@ async def test_pairing_goes_by_the_sender_s_address(make_app: AppFactory, mail: 
 async def test_a_restart_loses_and_repeats_nothing_and_a_new_uidvalidity_is_handled(
         make_app: AppFactory, mail: Mail, caplog: pytest.LogCaptureFixture) -> None:
     provider = scripted({"reply": "one"}, {"reply": "two"}, {"reply": "three"})
+    mail.write("old mail, there before Roost's first start")
     app, _, _ = await start(make_app, mail, provider)
     mail.write("first")
     await mail.sink.wait_for(1)
@@ -427,3 +430,21 @@ def test_a_missing_sdk_or_setting_is_one_line() -> None:
         setup(Settings(plugins={"plugins.mail": {
             "imap_url": "http://x", "smtp_url": "smtps://s", "address": "r@example.com",
             "password": "p"}}))
+
+
+async def test_idle_is_renewed_and_mail_still_arrives(
+        make_app: AppFactory, mail: Mail, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="roost.plugins.mail")
+    renewed = Logged("IDLE renewed")
+    renewed.setLevel(logging.DEBUG)
+    logging.getLogger("roost.plugins.mail").addHandler(renewed)
+    try:
+        provider = scripted({"reply": "still here"})
+        app, _, _ = await start(make_app, mail, provider, table={"idle_seconds": 0.2})
+        await renewed.wait(2)
+        mail.write("after two renewals")
+        await mail.sink.wait_for(1)
+        await settle(app)
+        assert user_texts(provider) == ["Plans\n\nafter two renewals"]
+    finally:
+        logging.getLogger("roost.plugins.mail").removeHandler(renewed)

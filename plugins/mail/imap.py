@@ -13,8 +13,9 @@ past a mail only once the core's handler returned for it (the mail is in the inb
 or was deliberately skipped), so a restart neither loses nor repeats one. On the
 first start the mailbox's present mail is left alone: the channel answers what
 arrives from then on. When the UIDVALIDITY changes (the mailbox was rebuilt), UIDs
-mean nothing any more: mail since the day of the last one handled is read again and
-the inbox drops what it already recorded (its key is the sender and ``Message-ID``).
+mean nothing any more: mail since the day before the last one handled (and after the
+first start) is read again and the inbox drops what it already recorded (its key is
+the sender and ``Message-ID``).
 """
 
 from __future__ import annotations
@@ -44,11 +45,15 @@ STANDBY = ChannelHealth(True, "standby: another replica reads the mailbox")
 UIDVALIDITY = "uidvalidity"
 LAST_UID = "last_uid"
 LAST_SEEN = "last_seen"
-"""Notes: the mailbox's UIDVALIDITY, the last UID handled, when a mail was last handled."""
+FIRST_START = "first_start"
+"""Notes: the mailbox's UIDVALIDITY, the last UID handled, when a mail was last handled,
+when the channel first read this mailbox (mail from before was left alone)."""
 RESCAN_MARGIN = 86_400.0
 """After a UIDVALIDITY change, mail is read again from this long before the last one handled."""
 
 _UIDVALIDITY = re.compile(rb"UIDVALIDITY (\d+)")
+_UID = re.compile(rb"UID (\d+)")
+_INTERNALDATE = re.compile(rb'INTERNALDATE "\s?(\d{1,2}-\w{3}-\d{4} \d\d:\d\d:\d\d [+-]\d{4})"')
 _FETCH_SIZE = re.compile(rb"UID (\d+).*RFC822\.SIZE (\d+)|RFC822\.SIZE (\d+).*UID (\d+)")
 
 Translate = Callable[[bytes, int, int], Awaitable[InboundMessage | None]]
@@ -118,8 +123,9 @@ class Mailbox:
                                                    "(UID RFC822.SIZE)"))
         return self._sizes(response, after)
 
-    async def since(self, when: float) -> list[tuple[int, int]]:
-        """``(uid, size)`` of every mail the server received since the day of ``when``."""
+    async def since(self, when: float, after: float) -> list[tuple[int, int]]:
+        """``(uid, size)`` of every mail the server received since the day of ``when``
+        and after the time ``after`` (its INTERNALDATE, to the second)."""
         day = datetime.datetime.fromtimestamp(when, datetime.UTC).strftime("%d-%b-%Y")
         response = await self.call(self.client.uid_search("SINCE", day, charset=None))
         if response.result != "OK":
@@ -129,8 +135,17 @@ class Mailbox:
         if not uids:
             return []
         fetched = await self.call(self.client.uid("fetch", ",".join(map(str, uids)),
-                                                  "(UID RFC822.SIZE)"))
-        return self._sizes(fetched, 0)
+                                                  "(UID RFC822.SIZE INTERNALDATE)"))
+        sizes = dict(self._sizes(fetched, 0))
+        arrived: dict[int, float] = {}
+        for line in fetched.lines:
+            uid_of, date = _UID.search(bytes(line)), _INTERNALDATE.search(bytes(line))
+            if uid_of and date:
+                stamp = datetime.datetime.strptime(date.group(1).decode(),
+                                                   "%d-%b-%Y %H:%M:%S %z").timestamp()
+                arrived[int(uid_of.group(1))] = stamp
+        return [(uid, size) for uid, size in sorted(sizes.items())
+                if arrived.get(uid, after + 1) > after]
 
     def _sizes(self, response: Any, after: int) -> list[tuple[int, int]]:
         if response.result != "OK":
@@ -166,8 +181,8 @@ class Mailbox:
         try:
             await self.call(client.protocol.wait_for_idle_response())
             idling.set()
-            waits = {asyncio.ensure_future(client.wait_server_push(timeout=seconds)),
-                     asyncio.ensure_future(self.lost.wait()),
+            push = asyncio.ensure_future(client.wait_server_push(timeout=seconds))
+            waits = {push, asyncio.ensure_future(self.lost.wait()),
                      asyncio.ensure_future(stopping.wait())}
             try:
                 await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -177,6 +192,9 @@ class Mailbox:
                 await asyncio.gather(*waits, return_exceptions=True)
             if self.lost.is_set():
                 raise MailboxError("the IMAP connection dropped")
+            if push.done() and not push.cancelled() \
+                    and isinstance(push.exception(), TimeoutError):
+                log.debug("email: IDLE renewed after %.0fs", seconds)
             client.idle_done()
             await self.call(command)
         finally:
@@ -313,6 +331,7 @@ class MailWatcher:
             await self._read_new(box, uidvalidity, handler, state)
             return
         if known is None:
+            await state.put(FIRST_START, repr(time.time()))
             present = await box.new_mail(0)
             last = present[-1][0] if present else 0
             log.info("email: first start on this mailbox: %d mail(s) there are left alone",
@@ -322,7 +341,9 @@ class MailWatcher:
             log.warning("email: the mailbox's UIDVALIDITY changed (%s to %d): reading mail "
                         "again since %s; what was handled already is dropped", known,
                         uidvalidity, time.strftime("%Y-%m-%d", time.gmtime(seen - RESCAN_MARGIN)))
-            candidates = await box.since(max(0.0, seen - RESCAN_MARGIN))
+            # Mail left alone at the first start stays alone (to the second).
+            first = int(float(await state.get(FIRST_START) or 0.0))
+            candidates = await box.since(max(0.0, seen - RESCAN_MARGIN), first)
             if candidates:
                 last = await self._hand_over(box, uidvalidity, candidates, handler, state)
             else:
