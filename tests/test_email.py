@@ -448,3 +448,28 @@ async def test_idle_is_renewed_and_mail_still_arrives(
         assert user_texts(provider) == ["Plans\n\nafter two renewals"]
     finally:
         logging.getLogger("roost.plugins.mail").removeHandler(renewed)
+
+
+async def test_with_a_trusted_server_only_mail_it_authenticated_is_read(
+        make_app: AppFactory, mail: Mail) -> None:
+    provider = scripted({"reply": "verified"}, loop=True)
+    app, _, _ = await start(make_app, mail, provider,
+                            table={"trusted_authserv_id": "mx.example.net"})
+    mail.write("no proof at all", subject="None")
+    mail.write("forged by another server", subject="Forged", headers={
+        "Authentication-Results": "evil.example; dmarc=pass header.from=example.com"})
+    mail.write("failed", subject="Failed", headers={
+        "Authentication-Results": "mx.example.net; dkim=fail header.d=example.com; "
+                                  "dmarc=fail header.from=example.com"})
+    mail.write("signed by someone else", subject="Other", headers={
+        "Authentication-Results": "mx.example.net; dkim=pass header.d=attacker.example"})
+    mail.write("DKIM of the sender's domain", subject="Dkim", headers={
+        "Authentication-Results": "mx.example.net 1; spf=fail; dkim=pass "
+                                  "header.d=example.com header.s=sel"})
+    mail.write("DMARC passed", subject="Dmarc", headers={
+        "Authentication-Results": "MX.example.net; dmarc=pass (p=reject) "
+                                  "header.from=example.com"})
+    sent = await mail.sink.wait_for(2)
+    await settle(app)
+    assert sorted(m["Subject"] for m in sent) == ["Re: Dkim", "Re: Dmarc"]
+    assert sorted(t.split("\n")[0] for t in user_texts(provider)) == ["Dkim", "Dmarc"]

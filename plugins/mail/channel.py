@@ -88,6 +88,9 @@ class EmailChannel(Channel):
         if self._salt is None:
             self._salt = secrets.token_hex(6)
             await self.state.put(SALT, self._salt)
+        if not self.mail.config.trusted_authserv_id:
+            log.warning("email: senders' addresses are taken as they come (anyone can "
+                        "write any From): set trusted_authserv_id to check them")
         self.watcher.start(handler, self.state, self.leadership)
 
     async def stop_intake(self) -> None:
@@ -112,6 +115,9 @@ class EmailChannel(Channel):
         if address == self.mail.address:
             return None  # our own mail (a copy, a bounce to ourselves)
         why = reading.automated(message)
+        trusted = self.mail.config.trusted_authserv_id
+        if why is None and trusted:
+            why = reading.authenticated(message, trusted, address)
         if why is not None:
             log.info("email: mail %d from %s skipped: %s", uid, address, why)
             return None

@@ -35,6 +35,10 @@ class MailConfig(BaseModel):
     """A different login for SMTP (default: ``username``)."""
     smtp_password: SecretStr | None = None
     """A different password for SMTP (default: ``password``)."""
+    trusted_authserv_id: str | None = None
+    """Your mail server's name in its ``Authentication-Results`` headers (``mx.example.com``):
+    set, only mail it says passed DMARC (or DKIM for the sender's domain) is read, so
+    nobody can write as someone else. Unset, ``From`` is taken as it comes."""
     mailbox: str = "INBOX"
     """The folder read for new mail."""
     display_name: str = "Roost"

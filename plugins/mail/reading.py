@@ -88,6 +88,39 @@ def sender(message: Message) -> tuple[str, str] | None:
     return address, name.strip()
 
 
+def authenticated(message: Message, authserv_id: str, address: str) -> str | None:
+    """Why ``message`` does not prove it comes from ``address``'s domain (``None``: it does).
+
+    The proof is the topmost ``Authentication-Results`` header of the server named
+    ``authserv_id`` (the receiving server adds its own on top and removes forged ones):
+    ``dmarc=pass``, or ``dkim=pass`` for the sender's domain (or a parent of it).
+    """
+    domain = address.rpartition("@")[2]
+    try:
+        results = message.get_all("Authentication-Results") or []
+    except (ValueError, TypeError, IndexError):
+        results = []
+    for raw in results:
+        server, _, rest = " ".join(str(raw).split()).partition(";")
+        if server.strip().split(" ")[0].lower() != authserv_id.lower():
+            continue
+        for method in rest.split(";"):
+            words = method.strip().lower().split()
+            if not words:
+                continue
+            name, _, verdict = words[0].partition("=")
+            props = dict(w.partition("=")[::2] for w in words[1:] if "=" in w)
+            if name == "dmarc" and verdict == "pass" \
+                    and props.get("header.from", domain) == domain:
+                return None
+            signer = props.get("header.d", "")
+            if name == "dkim" and verdict == "pass" and signer \
+                    and (domain == signer or domain.endswith("." + signer)):
+                return None
+        return f"{authserv_id} did not pass DMARC or DKIM for {domain}"
+    return f"no Authentication-Results from {authserv_id}"
+
+
 def message_ids(value: str) -> list[str]:
     """The ``<id>`` tokens of a ``References``/``In-Reply-To`` header, in order."""
     return _MSGID.findall(value)
