@@ -23,7 +23,7 @@ from bot.testing.app import EventRecorder, scripted, settle
 from bot.testing.mail import Dovecot, SmtpSink
 from plugins.mail.channel import EmailChannel
 from plugins.scripted_provider import ScriptedProvider
-from roost import ChannelContext, InboundMessage, Settings
+from roost import ChannelContext, InboundMessage, OutboundMessage, Settings
 from roost.channels import DeliveryPolicy, InboundEvent, MemoryState
 from tests.conftest import AppFactory
 from tests.test_replicas_leader import Logged
@@ -388,12 +388,14 @@ def _plain(text: str) -> EmailMessage:
 async def test_broken_and_hostile_mail_costs_a_log_line_and_the_next_is_answered(
         make_app: AppFactory, mail: Mail) -> None:
     provider = scripted({"reply": "fine"}, loop=True)
-    app, channel, _ = await start(make_app, mail, provider)
+    app, channel, _ = await start(make_app, mail, provider,
+                                  table={"max_mail_bytes": 40_000})
+    mail.write("x" * 50_000, subject="Too big")
     mail.dovecot.deliver(mail.user, b"\x00\xff garbage without headers\r\n\r\n\xfe")
     mail.dovecot.deliver(mail.user, b"From: =?bogus?Q?x?= <>\r\nSubject: x\r\n\r\nno sender")
     mail.dovecot.deliver(mail.user, (
         b"From: alice@example.com\r\nSubject: =?utf-8?B?!!!notbase64?=\r\n"
-        b"Message-ID: <a@b>\r\nReferences: " + b"<r@x> " * 5000 + b"\r\n"
+        b"Message-ID: <a@b>\r\nReferences: " + b"<r@x> " * 3000 + b"\r\n"
         b"Content-Type: multipart/mixed; boundary=zz\r\n\r\n--zz\r\n"
         b"Content-Type: text/plain; charset=no-such-charset\r\n"
         b"Content-Transfer-Encoding: base64\r\n\r\n@@@not base64@@@\r\n--zz\r\n"
@@ -473,3 +475,24 @@ async def test_with_a_trusted_server_only_mail_it_authenticated_is_read(
     await settle(app)
     assert sorted(m["Subject"] for m in sent) == ["Re: Dkim", "Re: Dmarc"]
     assert sorted(t.split("\n")[0] for t in user_texts(provider)) == ["Dkim", "Dmarc"]
+
+
+async def test_a_mail_outside_any_thread_and_a_hostile_recipient(mail: Mail) -> None:
+    channel = EmailChannel(Settings(**mail.table(subject="A note from Roost")), policy=FAST)
+
+    async def handler(message: InboundEvent) -> None:
+        raise AssertionError("nothing is read here")
+
+    await channel.begin(handler)
+    try:
+        sent = await channel.send(OutboundMessage(channel="email", chat_id=ALICE,
+                                                  text="Your reminder", kind="notice"))
+        [note] = await mail.sink.wait_for(1)
+        assert note["Message-ID"] == sent and note["Subject"] == "A note from Roost"
+        assert note["In-Reply-To"] is None and note["References"] is None
+        for hostile in ("alice@example.com\r\nBcc: eve@example.com", "eve", "<a@b>, c@d"):
+            with pytest.raises(ValueError, match="is not an address"):
+                await channel.send(OutboundMessage(channel="email", chat_id=hostile, text="x"))
+        assert mail.sink.attempts == 1
+    finally:
+        await channel.stop()

@@ -167,7 +167,7 @@ class EmailChannel(Channel):
 
     async def _send(self, message: OutboundMessage) -> str:
         to = message.chat_id
-        if reading.sender(reading.parse(f"From: {to}\r\n\r\n".encode())) is None:
+        if not reading.is_address(to):
             raise ValueError(f"email: {to!r} is not an address to reply to")
         note = None if not message.thread_id else \
             await self.state.get(thread_note(message.thread_id))

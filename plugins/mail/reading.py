@@ -121,6 +121,14 @@ def authenticated(message: Message, authserv_id: str, address: str) -> str | Non
     return f"no Authentication-Results from {authserv_id}"
 
 
+_ADDRESS = re.compile(r"[^@\s<>,;:\"'()\[\]\\]{1,64}@[A-Za-z0-9.-]{1,253}")
+
+
+def is_address(text: str) -> bool:
+    """Whether ``text`` is one plain mail address and nothing else (a reply's recipient)."""
+    return _ADDRESS.fullmatch(text) is not None
+
+
 def message_ids(value: str) -> list[str]:
     """The ``<id>`` tokens of a ``References``/``In-Reply-To`` header, in order."""
     return _MSGID.findall(value)
