@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import email.policy
 import hashlib
-import html
 import re
 from dataclasses import dataclass
 from email.headerregistry import Address
@@ -156,10 +155,13 @@ class Thread:
 
     def reply_references(self) -> list[str]:
         """``References`` of a reply to this mail: the root and the newest ids (bounded)."""
-        chain = [*self.references, self.message_id]
-        if len(chain) > MAX_REFERENCES:
-            chain = [chain[0], *chain[-(MAX_REFERENCES - 1):]]
-        return chain
+        return bounded([*self.references, self.message_id])
+
+
+def bounded(chain: list[str]) -> list[str]:
+    """``chain`` cut to :data:`MAX_REFERENCES` ids: its first (the root) and the newest."""
+    return chain if len(chain) <= MAX_REFERENCES else \
+        [chain[0], *chain[-(MAX_REFERENCES - 1):]]
 
 
 def thread_of(message: Message, fallback_id: str) -> Thread:
@@ -170,9 +172,8 @@ def thread_of(message: Message, fallback_id: str) -> Thread:
         if parent not in refs:
             refs.append(parent)
     subject = " ".join(header(message, "Subject").split())[:200]
-    return Thread(own[0] if own else fallback_id, tuple(refs[-MAX_REFERENCES:] if len(refs)
-                  <= MAX_REFERENCES else [refs[0], *refs[-(MAX_REFERENCES - 1):]]),
-                  subject, starts=not refs)
+    return Thread(own[0] if own else fallback_id, tuple(bounded(refs)), subject,
+                  starts=not refs)
 
 
 class _Text(HTMLParser):
@@ -270,7 +271,7 @@ def body_text(message: EmailMessage) -> str:
     text = _decoded(part)
     if part.get_content_subtype() == "html":
         text = html_to_text(text)
-    return strip_quoted(html.unescape(text) if "&" in text and "<" not in text else text)
+    return strip_quoted(text)
 
 
 def parts(message: EmailMessage) -> list[EmailMessage]:
