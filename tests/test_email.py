@@ -23,7 +23,7 @@ from bot.testing.app import EventRecorder, scripted, settle
 from bot.testing.mail import Dovecot, SmtpSink
 from plugins.mail.channel import EmailChannel
 from plugins.scripted_provider import ScriptedProvider
-from roost import ChannelContext, InboundMessage, OutboundMessage, Settings
+from roost import ChannelContext, ChannelHealth, InboundMessage, OutboundMessage, Settings
 from roost.channels import DeliveryPolicy, InboundEvent, MemoryState
 from tests.conftest import AppFactory
 from tests.test_replicas_leader import Logged
@@ -495,4 +495,29 @@ async def test_a_mail_outside_any_thread_and_a_hostile_recipient(mail: Mail) -> 
                 await channel.send(OutboundMessage(channel="email", chat_id=hostile, text="x"))
         assert mail.sink.attempts == 1
     finally:
+        await channel.stop()
+
+
+async def test_an_unreachable_imap_server_is_not_ready_with_a_reason(
+        mail: Mail, caplog: pytest.LogCaptureFixture) -> None:
+    from bot.testing.mail import free_port
+
+    reconnecting = Logged("reconnecting")
+    logging.getLogger("roost.plugins.mail").addHandler(reconnecting)
+    table = mail.table()
+    table["plugins"]["plugins.mail"]["imap_url"] = f"imap://127.0.0.1:{free_port()}"
+    channel = EmailChannel(Settings(**table), policy=FAST)
+
+    async def handler(message: InboundEvent) -> None:
+        raise AssertionError("nothing is read here")
+
+    try:
+        assert channel.health() == ChannelHealth(False, "connecting to IMAP")
+        await channel.begin(handler)
+        await reconnecting.wait(2)  # it keeps trying, backing off
+        health = channel.health()
+        assert not health.ready and health.detail.startswith("IMAP failing (IMAP: ")
+        assert "secret" not in health.detail
+    finally:
+        logging.getLogger("roost.plugins.mail").removeHandler(reconnecting)
         await channel.stop()
