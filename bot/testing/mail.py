@@ -22,6 +22,7 @@ import imaplib
 import itertools
 import os
 import pwd
+import shlex
 import shutil
 import signal
 import socket
@@ -103,6 +104,7 @@ class Dovecot:
         self.port = free_port()
         self.config = self.base / "dovecot.conf"
         self.process: subprocess.Popen[bytes] | None = None
+        self._watchdog: subprocess.Popen[bytes] | None = None
         self._users = itertools.count(1)
         # Mail is stored as an unprivileged user (Dovecot refuses root for mail).
         owner = pwd.getpwnam("nobody") if os.geteuid() == 0 else pwd.getpwuid(os.geteuid())
@@ -132,15 +134,31 @@ class Dovecot:
             with contextlib.suppress(OSError), socket.create_connection(
                     ("127.0.0.1", self.port), timeout=1) as probe:
                 if probe.recv(64).startswith(b"* OK"):
+                    self._watch()
                     return self
             if time.monotonic() > deadline:
                 raise DovecotUnavailable("dovecot did not take connections within 30 s")
             time.sleep(0.05)
 
+    def _watch(self) -> None:
+        """End the server if this process dies without :meth:`stop` (a timeout's kill, an
+        interrupted xdist worker): a server never outlives the tests that started it."""
+        assert self.process is not None
+        script = (f"while kill -0 {os.getpid()} 2>/dev/null; do sleep 1; done; "
+                  f"kill -KILL -{self.process.pid} 2>/dev/null; "
+                  f"rm -rf {shlex.quote(str(self.base))}")
+        self._watchdog = subprocess.Popen(
+            ["sh", "-c", script], start_new_session=True, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
     def stop(self) -> None:
         """End the server and its processes (nothing of a test server needs a clean
         shutdown: SIGTERM makes the master wait a second for its children) and remove
         its directory."""
+        if self._watchdog is not None:
+            self._watchdog.kill()
+            self._watchdog.wait()
+            self._watchdog = None
         if self.process is not None:
             if self.process.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
