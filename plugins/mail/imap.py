@@ -53,6 +53,7 @@ RESCAN_MARGIN = 86_400.0
 
 _UIDVALIDITY = re.compile(rb"UIDVALIDITY (\d+)")
 _UID = re.compile(rb"UID (\d+)")
+_UIDNEXT = re.compile(rb"UIDNEXT (\d+)")
 _INTERNALDATE = re.compile(rb'INTERNALDATE "\s?(\d{1,2}-\w{3}-\d{4} \d\d:\d\d:\d\d [+-]\d{4})"')
 _FETCH_SIZE = re.compile(rb"UID (\d+).*RFC822\.SIZE (\d+)|RFC822\.SIZE (\d+).*UID (\d+)")
 
@@ -75,6 +76,8 @@ class Mailbox:
         self.setup = setup
         self.lost = asyncio.Event()
         self.client: Any = None
+        self.uidnext: int | None = None
+        """The UID the next mail will get, as the server said at :meth:`open`."""
 
     async def open(self) -> int:
         """Connect, log in and select the mailbox; its UIDVALIDITY."""
@@ -92,11 +95,24 @@ class Mailbox:
         response = await self.call(self.client.select(config.mailbox))
         if response.result != "OK":
             raise MailboxError(f"cannot select {config.mailbox!r} ({_text(response)})")
+        validity = None
         for line in response.lines:
-            found = _UIDVALIDITY.search(bytes(line))
+            found, upcoming = _UIDVALIDITY.search(bytes(line)), _UIDNEXT.search(bytes(line))
             if found:
-                return int(found.group(1))
-        raise MailboxError("the server named no UIDVALIDITY")
+                validity = int(found.group(1))
+            if upcoming:
+                self.uidnext = int(upcoming.group(1))
+        if validity is None:
+            raise MailboxError("the server named no UIDVALIDITY")
+        return validity
+
+    async def highest_uid(self) -> int:
+        """The highest UID in the mailbox now (0: none): from UIDNEXT where the server
+        gave it, else by asking for every mail's UID."""
+        if self.uidnext is not None:
+            return self.uidnext - 1
+        present = await self.new_mail(0)
+        return present[-1][0] if present else 0
 
     async def call(self, call: Awaitable[T]) -> T:
         """``await call``, cut short (:class:`MailboxError`) when the connection drops."""
@@ -330,12 +346,13 @@ class MailWatcher:
         if known == str(uidvalidity):
             await self._read_new(box, uidvalidity, handler, state)
             return
+        # Everything up to the UID the server named at SELECT is covered here; what
+        # arrived since has a higher UID and is read as new mail below.
+        last = await box.highest_uid()
         if known is None:
             await state.put(FIRST_START, repr(time.time()))
-            present = await box.new_mail(0)
-            last = present[-1][0] if present else 0
-            log.info("email: first start on this mailbox: %d mail(s) there are left alone",
-                     len(present))
+            log.info("email: first start on this mailbox: the mail there (UIDs up to %d) "
+                     "is left alone", last)
         else:
             seen = float(await state.get(LAST_SEEN) or 0.0)
             log.warning("email: the mailbox's UIDVALIDITY changed (%s to %d): reading mail "
@@ -344,11 +361,10 @@ class MailWatcher:
             # Mail left alone at the first start stays alone (to the second).
             first = int(float(await state.get(FIRST_START) or 0.0))
             candidates = await box.since(max(0.0, seen - RESCAN_MARGIN), first)
-            if candidates:
-                last = await self._hand_over(box, uidvalidity, candidates, handler, state)
-            else:
-                present = await box.new_mail(0)
-                last = present[-1][0] if present else 0
+            await self._hand_over(box, uidvalidity, [c for c in candidates if c[0] <= last],
+                                  handler, state)
+            if self.stopping.is_set():
+                return  # cut short: the next start reads them again (the inbox dedupes)
         await state.put(UIDVALIDITY, str(uidvalidity))
         await state.put(LAST_UID, str(last))
         await self._read_new(box, uidvalidity, handler, state)
@@ -361,9 +377,8 @@ class MailWatcher:
 
     async def _hand_over(self, box: Mailbox, uidvalidity: int, mails: list[tuple[int, int]],
                          handler: InboundHandler, state: ChannelState, *,
-                         note: bool = False) -> int:
-        """Hand ``mails`` over in UID order; the last UID handed over (noted as it goes)."""
-        last = 0
+                         note: bool = False) -> None:
+        """Hand ``mails`` over in UID order (with ``note``, noting each UID as it goes)."""
         for uid, size in mails:
             if self.stopping.is_set():
                 break
@@ -377,11 +392,9 @@ class MailWatcher:
                         await self.translate(raw, uidvalidity, uid)
                     if inbound is not None:
                         await handler(inbound)
-                last = uid
                 await state.put(LAST_SEEN, repr(time.time()))
                 if note:
                     await state.put(LAST_UID, str(uid))
-        return last
 
 
 def check_setup(setup: MailSetup) -> None:
