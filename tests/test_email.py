@@ -521,3 +521,17 @@ async def test_an_unreachable_imap_server_is_not_ready_with_a_reason(
     finally:
         logging.getLogger("roost.plugins.mail").removeHandler(reconnecting)
         await channel.stop()
+
+
+async def test_a_server_without_idle_is_polled(make_app: AppFactory, dovecot: Dovecot,
+                                               sink: SmtpSink,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="roost.plugins.mail")
+    mail = Mail(dovecot, sink, dovecot.add_user(idle=False))
+    provider = scripted({"reply": "polled"})
+    app, _, _ = await start(make_app, mail, provider, table={"poll_seconds": 0.1})
+    assert "the server has no IDLE: polling every 0.1s" in caplog.text
+    mail.write("anyone there?")
+    await mail.sink.wait_for(1)
+    await settle(app)
+    assert user_texts(provider) == ["Plans\n\nanyone there?"]

@@ -106,6 +106,7 @@ class Dovecot:
         self.process: subprocess.Popen[bytes] | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._users = itertools.count(1)
+        self._noidle = itertools.count(1)
         # Mail is stored as an unprivileged user (Dovecot refuses root for mail).
         owner = pwd.getpwnam("nobody") if os.geteuid() == 0 else pwd.getpwuid(os.geteuid())
         self.uid, self.gid = owner.pw_uid, owner.pw_gid
@@ -118,8 +119,11 @@ class Dovecot:
         os.chmod(self.base, 0o755)
         # Dovecot rereads the passwd file when its mtime changes, which a second write
         # within the same second may not: every mailbox is made now, used one by one.
-        (self.base / "passwd").write_text("".join(f"user{n}:{{PLAIN}}secret\n"
-                                                  for n in range(1, USERS + 1)))
+        # The noidle users' server offers no IDLE (a per-user capability list).
+        (self.base / "passwd").write_text("".join(
+            [f"user{n}:{{PLAIN}}secret\n" for n in range(1, USERS + 1)]
+            + [f"noidle{n}:{{PLAIN}}secret::::::userdb_imap_capability=IMAP4rev1\n"
+               for n in range(1, 6)]))
         self.config.write_text(_CONFIG.format(base=self.base, port=self.port, uid=self.uid,
                                               gid=self.gid))
         # A process group of its own: stop() ends the master and its children at once.
@@ -168,8 +172,11 @@ class Dovecot:
                 self.process.stderr.close()
         shutil.rmtree(self.base, ignore_errors=True)
 
-    def add_user(self) -> str:
-        """A mailbox no test used yet (password ``secret``); its login name."""
+    def add_user(self, *, idle: bool = True) -> str:
+        """A mailbox no test used yet (password ``secret``); its login name. ``idle=False``:
+        one whose server offers no IDLE after login (five of those)."""
+        if not idle:
+            return f"noidle{next(self._noidle)}"
         number = next(self._users)
         if number > USERS:
             raise RuntimeError(f"only {USERS} mailboxes per Dovecot instance")

@@ -47,6 +47,8 @@ class MailConfig(BaseModel):
     """The subject of a mail the bot starts (a reminder), not a reply."""
     idle_seconds: float = Field(1500.0, gt=0, le=1740)
     """Seconds an IMAP IDLE lasts before it is renewed (servers drop one after 30 min)."""
+    poll_seconds: float = Field(60.0, gt=0)
+    """How often a server without IDLE is asked for new mail."""
     reconnect_min_seconds: float = Field(1.0, gt=0)
     """The first pause before reconnecting to IMAP (doubling each failure)."""
     reconnect_max_seconds: float = Field(300.0, gt=0)

@@ -76,6 +76,8 @@ class Mailbox:
         self.setup = setup
         self.lost = asyncio.Event()
         self.client: Any = None
+        self.idle_supported = True
+        """Whether the server offers IDLE after login (else :meth:`idle` polls)."""
         self.uidnext: int | None = None
         """The UID the next mail will get, as the server said at :meth:`open`."""
 
@@ -92,6 +94,9 @@ class Mailbox:
         response = await self.call(self.client.login(user, password))
         if response.result != "OK":
             raise LoginRefused(f"IMAP login refused ({_text(response)})")
+        # What the server offers may change with the login (RFC 3501): ask again.
+        await self.call(self.client.protocol.capability())
+        self.idle_supported = self.client.has_capability("IDLE")
         response = await self.call(self.client.select(config.mailbox))
         if response.result != "OK":
             raise MailboxError(f"cannot select {config.mailbox!r} ({_text(response)})")
@@ -189,8 +194,12 @@ class Mailbox:
     async def idle(self, seconds: float, stopping: asyncio.Event,
                    idling: asyncio.Event) -> None:
         """Wait in IDLE until the server reports a change, ``seconds`` pass or ``stopping``;
-        ``idling`` is set while the server has IDLE under way."""
+        ``idling`` is set while the server has IDLE under way. A server without IDLE is
+        polled instead: this waits ``poll_seconds`` (``idling`` set meanwhile)."""
         client = self.client
+        if not self.idle_supported:
+            await self._pause(min(seconds, self.setup.config.poll_seconds), stopping, idling)
+            return
         while not client.protocol.idle_queue.empty():
             client.protocol.idle_queue.get_nowait()
         command = asyncio.ensure_future(client.idle())
@@ -218,6 +227,21 @@ class Mailbox:
             if not command.done():
                 command.cancel()
                 await asyncio.gather(command, return_exceptions=True)
+
+    async def _pause(self, seconds: float, stopping: asyncio.Event,
+                     idling: asyncio.Event) -> None:
+        waits = {asyncio.ensure_future(self.lost.wait()),
+                 asyncio.ensure_future(stopping.wait())}
+        idling.set()
+        try:
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            idling.clear()
+            for wait in waits:
+                wait.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+        if self.lost.is_set():
+            raise MailboxError("the IMAP connection dropped")
 
     async def close(self) -> None:
         """Log out (best effort) and drop the connection."""
@@ -314,8 +338,10 @@ class MailWatcher:
             box = self.mailbox(self.setup)
             try:
                 uidvalidity = await box.open()
-                log.info("email: connected to %s:%d (%s)", self.setup.imap.host,
-                         self.setup.imap.port, self.setup.config.mailbox)
+                log.info("email: connected to %s:%d (%s)%s", self.setup.imap.host,
+                         self.setup.imap.port, self.setup.config.mailbox,
+                         "" if box.idle_supported else "; the server has no IDLE: polling "
+                         f"every {self.setup.config.poll_seconds:g}s")
                 self.health = READY
                 backoff = first
                 await self._catch_up(box, uidvalidity, handler, state)
