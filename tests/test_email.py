@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from email.message import EmailMessage
 from email.utils import make_msgid
@@ -60,7 +61,8 @@ class Mail:
     def write(self, text: str, *, subject: str = "Plans", sender: str = ALICE,
               answers: EmailMessage | None = None, html: str | None = None,
               headers: dict[str, str] | None = None,
-              files: list[tuple[str, str, bytes]] = ()) -> EmailMessage:  # type: ignore[assignment]
+              files: list[tuple[str, str, bytes]] = (),  # type: ignore[assignment]
+              received: float | None = None) -> EmailMessage:
         """Alice's mail (answering ``answers``, a reply of the bot's, if given), delivered."""
         mail = EmailMessage()
         mail["From"] = f"Alice <{sender}>"
@@ -78,7 +80,7 @@ class Mail:
         for name, mime, data in files:
             maintype, _, subtype = mime.partition("/")
             mail.add_attachment(data, maintype=maintype, subtype=subtype, filename=name)
-        self.dovecot.deliver(self.user, mail)
+        self.dovecot.deliver(self.user, mail, received=received)
         return mail
 
 
@@ -266,7 +268,7 @@ async def test_pairing_goes_by_the_sender_s_address(make_app: AppFactory, mail: 
 async def test_a_restart_loses_and_repeats_nothing_and_a_new_uidvalidity_is_handled(
         make_app: AppFactory, mail: Mail, caplog: pytest.LogCaptureFixture) -> None:
     provider = scripted({"reply": "one"}, {"reply": "two"}, {"reply": "three"})
-    mail.write("old mail, there before Roost's first start")
+    mail.write("old mail, there before Roost's first start", received=time.time() - 3600)
     app, _, _ = await start(make_app, mail, provider)
     mail.write("first")
     await mail.sink.wait_for(1)

@@ -188,12 +188,15 @@ class Dovecot:
         imap.login(user, password)
         return imap
 
-    def deliver(self, user: str, mail: bytes | EmailMessage) -> int:
-        """Put ``mail`` into ``user``'s INBOX (IMAP APPEND); its UID."""
+    def deliver(self, user: str, mail: bytes | EmailMessage, *,
+                received: float | None = None) -> int:
+        """Put ``mail`` into ``user``'s INBOX (IMAP APPEND); its UID. ``received``: the
+        INTERNALDATE to give it (seconds since the epoch; default now)."""
         raw = mail if isinstance(mail, bytes) else mail.as_bytes(policy=email.policy.SMTP)
         imap = self.client(user)
+        date = None if received is None else imaplib.Time2Internaldate(received)
         try:
-            status, data = imap.append("INBOX", None, None, raw)
+            status, data = imap.append("INBOX", None, date, raw)
             assert status == "OK", data
             text = (data[0] or b"").decode()
             return int(text.split("APPENDUID", 1)[1].split()[1].rstrip("]"))

@@ -145,8 +145,9 @@ class Mailbox:
         return self._sizes(response, after)
 
     async def since(self, when: float, after: float) -> list[tuple[int, int]]:
-        """``(uid, size)`` of every mail the server received since the day of ``when``
-        and after the time ``after`` (its INTERNALDATE, to the second)."""
+        """``(uid, size)`` of every mail the server received since the day of ``when``,
+        and not before the second of ``after`` (its INTERNALDATE has whole seconds: one
+        of that second is kept, as it may have come after)."""
         day = datetime.datetime.fromtimestamp(when, datetime.UTC).strftime("%d-%b-%Y")
         response = await self.call(self.client.uid_search("SINCE", day, charset=None))
         if response.result != "OK":
@@ -166,7 +167,7 @@ class Mailbox:
                                                    "%d-%b-%Y %H:%M:%S %z").timestamp()
                 arrived[int(uid_of.group(1))] = stamp
         return [(uid, size) for uid, size in sorted(sizes.items())
-                if arrived.get(uid, after + 1) > after]
+                if arrived.get(uid, after) >= int(after)]
 
     def _sizes(self, response: Any, after: int) -> list[tuple[int, int]]:
         if response.result != "OK":
@@ -385,7 +386,7 @@ class MailWatcher:
                         "again since %s; what was handled already is dropped", known,
                         uidvalidity, time.strftime("%Y-%m-%d", time.gmtime(seen - RESCAN_MARGIN)))
             # Mail left alone at the first start stays alone (to the second).
-            first = int(float(await state.get(FIRST_START) or 0.0))
+            first = float(await state.get(FIRST_START) or 0.0)
             candidates = await box.since(max(0.0, seen - RESCAN_MARGIN), first)
             await self._hand_over(box, uidvalidity, [c for c in candidates if c[0] <= last],
                                   handler, state)
