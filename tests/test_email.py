@@ -537,3 +537,34 @@ async def test_a_server_without_idle_is_polled(make_app: AppFactory, dovecot: Do
     await mail.sink.wait_for(1)
     await settle(app)
     assert user_texts(provider) == ["Plans\n\nanyone there?"]
+
+
+async def test_mail_announced_during_a_fetch_is_not_left_waiting(mail: Mail) -> None:
+    """Dovecot tells of mail that arrives during a command at that command's end, once;
+    aioimaplib drops that news when the command is a UID FETCH."""
+    got: asyncio.Queue[str] = asyncio.Queue()
+
+    async def handler(message: InboundEvent) -> None:
+        assert isinstance(message, InboundMessage)
+        await got.put(message.text)
+
+    sizes = Logged("RFC822.SIZE")  # aioimaplib logs what it receives
+    sizes.setLevel(logging.DEBUG)
+    wire = logging.getLogger("aioimaplib.aioimaplib")
+    wire.addHandler(sizes)
+    wire.setLevel(logging.DEBUG)
+    channel = EmailChannel(Settings(**mail.table()), policy=FAST)
+    await channel.begin(handler)
+    try:
+        await connected(channel)
+        seen = sizes.count
+        async with channel.watcher.reading:  # the hand-over waits here
+            mail.dovecot.deliver(mail.user, _plain("one"))
+            await sizes.wait(seen + 1)  # the watcher learnt of "one" and waits for us
+            mail.dovecot.deliver(mail.user, _plain("two"))  # announced after the next FETCH
+        async with asyncio.timeout(10):  # a hang guard (IDLE would wait 25 minutes)
+            assert [await got.get(), await got.get()] == ["Plans\n\none", "Plans\n\ntwo"]
+    finally:
+        wire.removeHandler(sizes)
+        wire.setLevel(logging.NOTSET)
+        await channel.stop()

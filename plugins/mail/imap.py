@@ -69,6 +69,39 @@ class LoginRefused(MailboxError):
     """The server refused the credentials."""
 
 
+_ANNOUNCED = re.compile(rb"(\* )?\d+ (EXISTS|RECENT)")
+
+
+class _Protocol(aioimaplib.IMAP4ClientProtocol):  # type: ignore[misc]
+    """aioimaplib's protocol, noting that the server announced new mail.
+
+    aioimaplib drops an ``EXISTS`` that comes with the answer to a ``UID FETCH`` (it
+    has no command waiting for it), and the server then does not announce that mail
+    again when IDLE starts: without this note it would wait for the next mail.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.announced = False
+
+    def _untagged_response(self, line: bytes) -> Any:
+        if _ANNOUNCED.match(line):
+            self.announced = True
+        return super()._untagged_response(line)
+
+
+class _Client(aioimaplib.IMAP4):  # type: ignore[misc]
+    """aioimaplib's client on :class:`_Protocol` (TLS when given an SSL context)."""
+
+    def create_client(self, host: str, port: int, loop: asyncio.AbstractEventLoop | None,
+                      conn_lost_cb: Callable[[Exception | None], None] | None = None,
+                      ssl_context: ssl.SSLContext | None = None) -> None:
+        running = loop or asyncio.get_running_loop()
+        self.protocol = _Protocol(running, conn_lost_cb)
+        self._client_task = running.create_task(running.create_connection(
+            lambda: self.protocol, host, port, ssl=ssl_context))
+
+
 class Mailbox:
     """One IMAP connection to the configured mailbox."""
 
@@ -85,10 +118,8 @@ class Mailbox:
         """Connect, log in and select the mailbox; its UIDVALIDITY."""
         endpoint, config = self.setup.imap, self.setup.config
         context = ssl.create_default_context() if endpoint.tls else None
-        cls = aioimaplib.IMAP4_SSL if endpoint.tls else aioimaplib.IMAP4
-        kwargs: dict[str, Any] = {"ssl_context": context} if endpoint.tls else {}
-        self.client = cls(host=endpoint.host, port=endpoint.port, timeout=config.timeout,
-                          conn_lost_cb=lambda _exc: self.lost.set(), **kwargs)
+        self.client = _Client(host=endpoint.host, port=endpoint.port, timeout=config.timeout,
+                              conn_lost_cb=lambda _exc: self.lost.set(), ssl_context=context)
         await self.call(self.client.wait_hello_from_server())
         user, password = self.setup.imap_login
         response = await self.call(self.client.login(user, password))
@@ -140,6 +171,7 @@ class Mailbox:
 
     async def new_mail(self, after: int) -> list[tuple[int, int]]:
         """``(uid, size)`` of every mail with a UID above ``after``, in UID order."""
+        self.client.protocol.announced = False  # what comes from now on is looked for again
         response = await self.call(self.client.uid("fetch", f"{after + 1}:*",
                                                    "(UID RFC822.SIZE)"))
         return self._sizes(response, after)
@@ -198,6 +230,8 @@ class Mailbox:
         ``idling`` is set while the server has IDLE under way. A server without IDLE is
         polled instead: this waits ``poll_seconds`` (``idling`` set meanwhile)."""
         client = self.client
+        if client.protocol.announced:
+            return  # new mail was announced since the last look: look again first
         if not self.idle_supported:
             await self._pause(min(seconds, self.setup.config.poll_seconds), stopping, idling)
             return
