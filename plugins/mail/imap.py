@@ -84,6 +84,10 @@ class _Protocol(aioimaplib.IMAP4ClientProtocol):  # type: ignore[misc]
         super().__init__(*args, **kwargs)
         self.announced = False
 
+    def looking(self) -> None:
+        """A look for new mail starts: what was announced before is covered by it."""
+        self.announced = False
+
     def _untagged_response(self, line: bytes) -> Any:
         if _ANNOUNCED.match(line):
             self.announced = True
@@ -171,7 +175,7 @@ class Mailbox:
 
     async def new_mail(self, after: int) -> list[tuple[int, int]]:
         """``(uid, size)`` of every mail with a UID above ``after``, in UID order."""
-        self.client.protocol.announced = False  # what comes from now on is looked for again
+        self.client.protocol.looking()  # what is announced from now on is looked for again
         response = await self.call(self.client.uid("fetch", f"{after + 1}:*",
                                                    "(UID RFC822.SIZE)"))
         return self._sizes(response, after)
