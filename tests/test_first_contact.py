@@ -78,9 +78,10 @@ def test_env_example_has_one_empty_line_per_credential(tmp_path: Path) -> None:
                if SecretStr in (field.annotation, *getattr(field.annotation, "__args__", ()))]
     # The web and transcribe plugins' keys.
     plugins = ["BRAVE_API_KEY=", "TAVILY_API_KEY=", "ROOST_TRANSCRIBE_API_KEY="]
-    # The channels of built-in plugins (WhatsApp).
+    # The channels of built-in plugins (WhatsApp, email).
     channels = ["WHATSAPP_PHONE_NUMBER_ID=", "WHATSAPP_ACCESS_TOKEN=", "WHATSAPP_APP_SECRET=",
-                "WHATSAPP_VERIFY_TOKEN="]
+                "WHATSAPP_VERIFY_TOKEN=", "EMAIL_IMAP_URL=", "EMAIL_SMTP_URL=",
+                "EMAIL_ADDRESS=", "EMAIL_USERNAME=", "EMAIL_PASSWORD="]
     assert sorted(lines) == sorted([f"{env_name(n)}=" for n in secrets] + plugins + channels)
     assert "TELEGRAM_BOT_TOKEN=" in lines and "ANTHROPIC_API_KEY=" in lines
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import AliasChoices, SecretStr
 
-from bot.config.moved import CREDENTIALS, MOVED, SERVICE_ENV
+from bot.config.moved import CREDENTIALS, EMAIL_ENV, MOVED, SERVICE_ENV
 from bot.config.settings import Settings
 
 CONFIG_NAME = "roost.toml"
@@ -66,6 +66,11 @@ data_dir = "data"
 # searxng_url = "http://searx.lan:8080"    # web_search (or BRAVE_API_KEY in .env)
 # [plugins."plugins.exec_tool"]
 # timeout = 30
+# and the email channel's (or EMAIL_* in .env; docs/platforms/email.md):
+# [plugins."plugins.mail"]
+# imap_url = "imaps://imap.example.com"
+# smtp_url = "smtps://smtp.example.com"
+# address = "roost@example.com"
 
 # WhatsApp (its credentials go in .env; the webhook is /whatsapp/webhook on http_port):
 # [plugins."plugins.whatsapp"]
@@ -95,6 +100,8 @@ PLUGIN_CHANNELS: tuple[tuple[str, tuple[str, ...]], ...] = (
      "# on ROOST_HTTP_PORT.",
      ("WHATSAPP_PHONE_NUMBER_ID", "WHATSAPP_ACCESS_TOKEN", "WHATSAPP_APP_SECRET",
       "WHATSAPP_VERIFY_TOKEN")),
+    ("Email: a mailbox of its own (pip install 'roost[email]'); the username only\n"
+     "# when it is not the address.", tuple(EMAIL_ENV)),
 )
 """Channels offered by built-in plugins: a comment and the variables ``.env.example`` lists."""
 

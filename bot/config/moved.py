@@ -63,6 +63,12 @@ SERVICE_ENV: dict[str, tuple[str, str]] = {
 }
 """Variables of moved secrets that stay ordinary overrides → (plugin, key); no warning."""
 
+EMAIL_ENV: dict[str, tuple[str, str]] = {
+    f"EMAIL_{key.upper()}": ("plugins.mail", key)
+    for key in ("imap_url", "smtp_url", "address", "username", "password")}
+"""The email channel's variables → its table's keys (``roost init`` lists them)."""
+SERVICE_ENV.update(EMAIL_ENV)
+
 CREDENTIALS: tuple[str, ...] = ("brave_api_key", "tavily_api_key", "transcribe_api_key")
 """Moved names that hold secrets: ``.env.example`` lists their variables."""
 

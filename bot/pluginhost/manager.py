@@ -79,6 +79,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "plugins.feedback",
     "plugins.whatsapp",
     "plugins.skills",
+    "plugins.mail",
 )
 """Modules of the built-in plugins, registered like external ones."""
 
