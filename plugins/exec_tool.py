@@ -65,8 +65,8 @@ from plugins.exec_sandbox import (
     Mount,
     Outcome,
     Sandbox,
+    SandboxBusy,
     SandboxUnavailable,
-    hand_over,
 )
 from plugins.exec_strip import Stripped, strip_special_bits
 from plugins.skills import PLUGIN as SKILLS
@@ -169,7 +169,6 @@ def build_tool(settings: Settings, sandbox: Sandbox, canary: Canary,
     """The ``exec`` tool running commands in ``sandbox`` while ``canary`` passes, with
     ``mounts(context)`` (the run's skills) shown read-only."""
     limits = sandbox.limits
-    run_as = sandbox.run_as
     config = exec_config(settings)
     network_agents = frozenset(config.network_agents)
     max_timeout = config.max_timeout
@@ -201,8 +200,6 @@ def build_tool(settings: Settings, sandbox: Sandbox, canary: Canary,
             # Held for the run and the clean-up: no tool that lets a library open workspace
             # paths (sql) works there while the sandbox can create links in it.
             async with workspace_lock(workspace):
-                if run_as is not None:
-                    await asyncio.to_thread(hand_over, workspace, run_as)
                 shown = await asyncio.to_thread(mounts, context)
                 try:
                     outcome = await sandbox.run(workspace, ["/bin/sh", "-c", command],
@@ -215,6 +212,9 @@ def build_tool(settings: Settings, sandbox: Sandbox, canary: Canary,
         except SandboxUnavailable as exc:
             raise ToolError(f"exec is unavailable: {exc}. Commands never run outside the "
                             "sandbox.", code="SANDBOX_UNAVAILABLE") from None
+        except SandboxBusy as exc:
+            raise ToolError(f"exec is busy: {exc}; try again shortly.",
+                            code="SANDBOX_BUSY") from None
         log.info("exec in %s: exit %s, stopped %s, %d bytes, %.2fs, %d mode(s) stripped",
                  context.session_key, outcome.returncode, outcome.stopped,
                  len(outcome.output), outcome.seconds, stripped.changed)
@@ -309,7 +309,7 @@ class ExecPlugin:
             return None
         canary = self.canary(app.settings)
         if canary.due():  # e.g. exec's plugin was enabled after the start
-            app.background(canary.check(), "the exec sandbox canary")
+            app.background(canary.refresh(), "the exec sandbox canary")
         last = canary.last
         if last is None:
             return HealthReport(HEALTH_PART, False, "canary not run yet; exec waits for it")
