@@ -18,17 +18,18 @@ agent gets it only with ``tools = { allow = ["exec"] }``. Each call runs
   (tokens, keys, ``ROOST_*``) reaches the command, nor bwrap itself;
 * limits set by ``prlimit`` before bwrap starts and inherited by every process
   in the sandbox: CPU seconds, address space, file size, open files, and
-  processes (``RLIMIT_NPROC``: what the sandbox's user already runs plus
-  ``max_processes``, so a fork bomb stops there);
+  processes (``RLIMIT_NPROC``: ``max_processes`` for the sandbox's own uid as root,
+  else what Roost's user already runs plus ``max_processes``, so a fork bomb stops there);
 * a wall-clock limit and an output cap enforced here: past either the whole
   sandbox is killed (SIGKILL to bwrap, whose ``--die-with-parent`` and PID
   namespace take every process with it). Cancelling the run (``/stop``) does the
   same.
 
-The kernel does not apply ``RLIMIT_NPROC`` to root, so when Roost runs as root
-the sandbox runs as ``uid`` (default 65534) and the workspace is handed to
-that uid (``chown``, by descriptor, never through a link) before each command;
-Roost, as root, keeps full access.
+The kernel does not apply ``RLIMIT_NPROC`` to root and counts it per uid machine-wide,
+so when Roost runs as root each sandbox runs as a uid of its own, claimed from the pool
+``uid`` .. ``uid + uids - 1`` for its lifetime (:mod:`plugins.exec_uids`), and the
+workspace is handed to that uid (``chown``, by descriptor, never through a link) before
+the command; Roost, as root, keeps full access.
 
 Where ``bwrap`` or ``prlimit`` is missing or cannot create its namespaces (a
 probe runs a real sandbox once per process), ``exec`` refuses with an error that
