@@ -208,3 +208,33 @@ async def test_the_workspace_follows_the_uid_when_it_changes(root: Path) -> None
                  workspace / "d" / "c"):
         st = path.lstat()
         assert (st.st_uid, st.st_gid) == (new, new), path
+
+
+async def test_a_claim_cancelled_mid_attempt_gives_its_uid_back() -> None:
+    # /stop while the pool is being looked at (in a thread): whatever that attempt claims
+    # afterwards must be released, or the uid stays taken for the life of the process.
+    pool = UidPool(BUSY_UID + 1, 1, 5.0)
+
+    async def hold() -> None:
+        async with pool.claim():
+            await asyncio.Event().wait()
+
+    holder = asyncio.create_task(hold())
+    await asyncio.sleep(0)  # one step: it is awaiting its first attempt now
+    holder.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await holder
+    # The attempt is a task of its own, shielded from the cancellation: it ends, then
+    # gives back what it claimed (on the loop's next turn, which until's pause is).
+    await until(lambda: asyncio.all_tasks() == {asyncio.current_task()})
+    await asyncio.sleep(0)
+    assert released(pool)
+
+
+def released(pool: UidPool) -> bool:
+    """Whether this process can claim ``pool``'s uid now (and gives it back)."""
+    claim = pool.try_claim()
+    if claim is None:
+        return False
+    claim.release()
+    return True
