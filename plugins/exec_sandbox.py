@@ -5,7 +5,8 @@ then ``bwrap`` with new user, PID, IPC, UTS, cgroup and network namespaces, nest
 user namespaces disabled where bubblewrap supports it (``--disable-userns``, 0.8.0 and
 later), no capabilities, a read-only root of ``/usr`` and a few ``/etc`` files, the
 workspace bound read-write at ``/workspace`` (bwrap mounts binds ``nosuid`` and
-``nodev``) and an environment of ``PATH``, ``HOME`` and ``LANG`` only.
+``nodev``) and an environment of ``PATH``, ``HOME`` and ``LANG`` only. As root, each
+sandbox runs as a uid it alone holds while it runs (:mod:`plugins.exec_uids`).
 """
 
 from __future__ import annotations

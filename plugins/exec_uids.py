@@ -46,17 +46,22 @@ class UidPool:
     directory: Path = LOCK_DIR
 
     def describe(self) -> str:
-        """The range in words, for messages."""
-        last = self.first + self.count - 1
-        return str(self.first) if self.count == 1 else f"{self.first}-{last}"
+        """The pool in words, for messages."""
+        if self.count == 1:
+            return f"the sandbox uid {self.first}"
+        return f"all {self.count} sandbox uids ({self.first}-{self.first + self.count - 1})"
 
     def try_claim(self) -> Claim | None:
         """A free uid, claimed until :meth:`Claim.release`; ``None`` when all are in use."""
         dir_fd = _open_lock_dir(self.directory)
         try:
             for uid in range(self.first, self.first + self.count):
-                fd = os.open(str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             0o600, dir_fd=dir_fd)
+                try:
+                    fd = os.open(str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                 0o600, dir_fd=dir_fd)
+                except OSError as exc:
+                    raise UidPoolBroken(f"cannot open the lock of sandbox uid {uid} in "
+                                        f"{self.directory}: {exc.strerror or exc}") from None
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
@@ -84,9 +89,8 @@ class UidPool:
         while (claim := await _claim_once(self)) is None:
             left = deadline - loop.time()
             if left <= 0:
-                raise UidsBusy(
-                    f"no sandbox uid of {self.describe()} came free within {self.wait:g}s "
-                    f"({self.count} commands run on this host at once)")
+                raise UidsBusy(f"{self.describe()} stayed in use for {self.wait:g}s (each "
+                               "runs one command on this host)")
             # Other processes release by closing a file: nothing to wait on but time.
             await asyncio.sleep(min(pause, left))
             pause = min(pause * 2, _LONGEST_PAUSE)

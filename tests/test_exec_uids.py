@@ -177,8 +177,8 @@ async def test_a_busy_pool_refuses_in_one_line_and_a_killed_holders_uid_comes_ba
             await run(tool, workspace, "true")
         assert refused.value.code == "SANDBOX_BUSY"
         assert str(refused.value) == (
-            f"exec is busy: no sandbox uid of {BUSY_UID} came free within 0.2s "
-            "(1 commands run on this host at once); try again shortly.")
+            f"exec is busy: the sandbox uid {BUSY_UID} stayed in use for 0.2s (each runs one "
+            "command on this host); try again shortly.")
         with pytest.raises(UidsBusy):
             async with UidPool(BUSY_UID, 1, 0.0).claim():
                 pass
