@@ -46,8 +46,8 @@ class ExecConfig(BaseModel):
     """How many uids the pool has: the commands that may run at once on this host, every
     Roost process on it sharing the pool; one more waits for a free uid."""
     uid_wait: float = Field(30.0, ge=0)
-    """Seconds a command waits for a free uid (``/stop`` ends the wait) before exec
-    refuses it as busy."""
+    """Seconds a command waits for a free uid (at most what the run's time left spares
+    beside its timeout; ``/stop`` ends the wait) before exec refuses it as busy."""
 
     @model_validator(mode="after")
     def _clear_of_minus_one(self) -> ExecConfig:

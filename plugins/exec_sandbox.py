@@ -189,13 +189,14 @@ class Sandbox:
         return bwrap, prlimit
 
     async def run(self, workspace: Path, command: Sequence[str], *, network: bool,
-                  wall: float, mounts: Sequence[Mount] = ()) -> Outcome:
+                  wall: float, mounts: Sequence[Mount] = (),
+                  uid_wait: float | None = None) -> Outcome:
         """Run ``command`` in a sandbox on ``workspace`` (with ``mounts`` read-only); kill
         it at ``wall`` seconds, at the output cap, or when cancelled.
 
-        As root, the run first claims a uid of the pool (waiting for one, or
-        :class:`SandboxBusy`), hands ``workspace`` to it and holds it until the sandbox
-        is gone: its process limit is its own, whatever other sandboxes run.
+        As root, the run first claims a uid of the pool (waiting for one at most the pool's
+        wait or ``uid_wait``, else :class:`SandboxBusy`), hands ``workspace`` to it and holds
+        it until the sandbox is gone: its process limit is its own, whatever else runs.
         """
         bwrap, _ = self.binaries()  # first: a host without bwrap (macOS) may have no /proc
         await asyncio.to_thread(disables_userns, bwrap)  # asked once, off the event loop
@@ -205,7 +206,7 @@ class Sandbox:
             return await self._run(workspace, command, None, nproc, network=network,
                                    wall=wall, mounts=mounts)
         try:
-            async with self.uids.claim() as claim:
+            async with self.uids.claim(uid_wait) as claim:
                 await asyncio.to_thread(hand_over, workspace, claim.uid)
                 # A claimed uid runs nothing else: the allowance (bwrap's two processes
                 # included) is the whole budget, beside the zombies it may still count.

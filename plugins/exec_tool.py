@@ -203,8 +203,10 @@ def build_tool(settings: Settings, sandbox: Sandbox, canary: Canary,
             async with workspace_lock(workspace):
                 shown = await asyncio.to_thread(mounts, context)
                 try:
-                    outcome = await sandbox.run(workspace, ["/bin/sh", "-c", command],
-                                                network=network, wall=wall, mounts=shown)
+                    # A wait for a free uid (as root) must leave the command its wall.
+                    outcome = await sandbox.run(
+                        workspace, ["/bin/sh", "-c", command], network=network, wall=wall,
+                        mounts=shown, uid_wait=context.remaining() - 1.0 - wall)
                 finally:
                     for fd, _ in shown:
                         os.close(fd)

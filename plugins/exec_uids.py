@@ -80,16 +80,17 @@ class UidPool:
         return None
 
     @contextlib.asynccontextmanager
-    async def claim(self) -> AsyncIterator[Claim]:
-        """A uid of the pool for the body's duration, waiting up to ``wait`` seconds for one
-        (cancellable); :class:`UidsBusy` when none came free."""
+    async def claim(self, within: float | None = None) -> AsyncIterator[Claim]:
+        """A uid of the pool for the body's duration, waiting up to ``wait`` seconds (or
+        ``within``, if shorter) for one, cancellably; :class:`UidsBusy` when none came free."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.wait
+        wait = self.wait if within is None else max(0.0, min(self.wait, within))
+        deadline = loop.time() + wait
         pause = _FIRST_PAUSE
         while (claim := await _claim_once(self)) is None:
             left = deadline - loop.time()
             if left <= 0:
-                raise UidsBusy(f"{self.describe()} stayed in use for {self.wait:g}s (each "
+                raise UidsBusy(f"{self.describe()} stayed in use for {wait:.3g}s (each "
                                "runs one command on this host)")
             # Other processes release by closing a file: nothing to wait on but time.
             await asyncio.sleep(min(pause, left))

@@ -210,6 +210,18 @@ async def test_the_workspace_follows_the_uid_when_it_changes(root: Path) -> None
         assert (st.st_uid, st.st_gid) == (new, new), path
 
 
+async def test_a_wait_for_a_uid_leaves_the_command_its_wall_clock(root: Path) -> None:  # noqa: F811
+    workspace = root / "ws"
+    workspace.mkdir()
+    tool = make_tool(root, uid=BUSY_UID + 2, uids=1, uid_wait=60)
+    assert status_and_output(await run(tool, workspace, "true"))[0].startswith("[exit code 0")
+    # 3 s left before the executor's deadline, 2 s of them the command's: no wait.
+    with holding(BUSY_UID + 2), pytest.raises(ToolError) as refused:
+        await run(tool, workspace, "true", timeout=2, ctx={"seconds": 3.0})
+    assert refused.value.code == "SANDBOX_BUSY"
+    assert f"uid {BUSY_UID + 2} stayed in use for 0s" in str(refused.value)
+
+
 async def test_a_claim_cancelled_mid_attempt_gives_its_uid_back() -> None:
     # /stop while the pool is being looked at (in a thread): whatever that attempt claims
     # afterwards must be released, or the uid stays taken for the life of the process.
