@@ -11,6 +11,10 @@ from roost import Settings
 PLUGIN_NAME = "plugins.exec_tool"
 
 
+RESERVED_UIDS: frozenset[int] = frozenset({65535, 2**32 - 1})
+"""Uids the pool never hands out: (uid_t) -1 to 16-bit programs and to the kernel."""
+
+
 class ExecConfig(BaseModel):
     """``[plugins."plugins.exec_tool"]``: the sandboxed ``exec`` tool (``exec_*`` before)."""
 
@@ -52,14 +56,12 @@ class ExecConfig(BaseModel):
     @model_validator(mode="after")
     def _clear_of_minus_one(self) -> ExecConfig:
         last = self.uid + self.uids - 1
-        for reserved in (65535, 2**32 - 1):
-            if self.uid <= reserved <= last:
-                raise ValueError(
-                    f"the sandbox uids {self.uid}-{last} (uid, uids) include {reserved}, which "
-                    "is (uid_t) -1 to the kernel or to 16-bit programs; choose a range clear of "
-                    "it (the default starts at 70000)")
         if last > 2**32 - 1:
             raise ValueError(f"the sandbox uids {self.uid}-{last} (uid, uids) pass 2^32")
+        if all(uid in RESERVED_UIDS for uid in range(self.uid, last + 1)):
+            raise ValueError(
+                f"the sandbox uids {self.uid}-{last} (uid, uids) are only (uid_t) -1 to the "
+                "kernel or to 16-bit programs; choose another (the default starts at 70000)")
         return self
 
     @field_validator("network_agents", mode="before")

@@ -21,6 +21,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from plugins.exec_config import RESERVED_UIDS
+
 LOCK_DIR = Path("/run/roost-exec-uids")
 """Where the pool's lock files live (created 0700, must be root's and writable by it alone)."""
 _FIRST_PAUSE = 0.02
@@ -56,6 +58,8 @@ class UidPool:
         dir_fd = _open_lock_dir(self.directory)
         try:
             for uid in range(self.first, self.first + self.count):
+                if uid in RESERVED_UIDS:
+                    continue
                 try:
                     fd = os.open(str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                                  0o600, dir_fd=dir_fd)

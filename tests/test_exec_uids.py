@@ -250,3 +250,20 @@ def released(pool: UidPool) -> bool:
         return False
     claim.release()
     return True
+
+
+def test_the_reserved_uid_is_skipped_so_an_older_uid_65534_still_works(tmp_path: Path) -> None:
+    from plugins.exec_config import ExecConfig
+
+    assert ExecConfig(uid=65534, uids=3).uid == 65534  # accepted, as before the pool
+    with pytest.raises(ValueError, match="uid_t"):
+        ExecConfig(uid=65535, uids=1)
+    pool = UidPool(65534, 3, 0.0, tmp_path / "locks")
+    first, second = pool.try_claim(), pool.try_claim()
+    try:
+        assert first is not None and second is not None
+        assert (first.uid, second.uid) == (65534, 65536)
+    finally:
+        for claim in (first, second):
+            if claim is not None:
+                claim.release()
