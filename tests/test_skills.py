@@ -371,6 +371,9 @@ async def test_exec_shows_no_skill_while_the_skills_plugin_is_disabled(
     assert shown() == []
     await app.set_plugin_enabled("plugins.skills", True)
     assert len(shown()) == 2
+    # A stopped service's skills reach no later one in the process (a test, an embedder).
+    await app.close()
+    assert shown() == []
 
 
 async def test_an_admin_enables_a_flagged_skill_as_it_is_and_a_change_is_scanned_again(

@@ -251,6 +251,14 @@ class SkillsPlugin:
         self.runtime = app
         self.settings = app.settings
 
+    def roost_shutdown(self, app: Runtime) -> None:
+        """Forget ``app`` once it stops, so nothing of it (its skill folders, its guard)
+        reaches a service started after it in the same process."""
+        if self.runtime is app:
+            self.runtime = None
+            self.settings = None
+            self.services = None
+
     def tools(self) -> list[Tool]:
         name_schema = {"type": "string", "description": "The skill's name, from the list of "
                        "skills in the system prompt."}
@@ -380,6 +388,12 @@ def roost_tools(settings: Settings, services: Services) -> list[Tool]:
 def roost_startup(app: Runtime) -> None:
     """From now on skills are scanned by the service's input guard."""
     PLUGIN.roost_startup(app)
+
+
+@hookimpl
+def roost_shutdown(app: Runtime) -> None:
+    """The stopped service's skills are no longer offered (to exec's mounts either)."""
+    PLUGIN.roost_shutdown(app)
 
 
 @hookimpl
