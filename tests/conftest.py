@@ -26,6 +26,7 @@ import pytest
 from bot.app.roost import Roost
 from bot.contracts.llm import LLMProvider
 from bot.testing.app import ChatChannel, EventRecorder, closing_apps, create_app
+from bot.testing.mail import Dovecot
 from bot.testing.postgres import PostgresCluster
 
 if TYPE_CHECKING:
@@ -70,6 +71,17 @@ async def make_app(tmp_path: Path) -> AsyncIterator[AppFactory]:
             return app, channel, log
 
         yield factory
+
+
+@pytest.fixture(scope="session")
+def dovecot() -> Iterator[Dovecot]:
+    """A real Dovecot IMAP server for this test session (one per xdist worker), started
+    by the first test that asks (bot/testing/mail.py)."""
+    server = Dovecot().start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")

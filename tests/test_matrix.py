@@ -265,6 +265,14 @@ async def test_edits_and_reactions_arrive_as_events_and_the_bot_reacts(
                                   and e["sender"] == bot.id)
     assert mine["content"]["m.relates_to"] == {"rel_type": "m.annotation",
                                                "event_id": said, "key": "👀"}
+    # After a restart (nothing remembered) the core names the reaction to replace.
+    bot.channel.replies.my_reactions.items.clear()
+    assert await bot.channel.react(room, said, "✅", replacing="👀")
+    await alice.wait_for(room, lambda e: e["type"] == "m.room.redaction"
+                         and e["sender"] == bot.id)
+    [now] = [e for e in await alice.events(room) if e["type"] == "m.reaction"
+             and e["sender"] == bot.id and e["content"].get("m.relates_to")]
+    assert now["content"]["m.relates_to"]["key"] == "✅"
 
 
 # -- media ------------------------------------------------------------------------------------

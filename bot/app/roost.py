@@ -115,7 +115,9 @@ class Roost:
             settings, inbox=self.inbox, store=store, engine=engine, router=self.router,
             channels=self.channels, commands=lambda: self.commands, runtime=self.runtime,
             gates=gates, policy=policy, pairing=pairing, budgets=budgets, claims=claims,
-            deliveries=metrics, presses=approvals)
+            deliveries=metrics, presses=approvals,
+            reactions=lambda reaction: host.hooks.roost_reaction(reaction=reaction,
+                                                                  app=self.runtime))
 
     @property
     def provider(self) -> LLMProvider:

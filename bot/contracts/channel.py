@@ -145,6 +145,15 @@ async def found_nothing_shown() -> None:
         await state.mark.record(False)
 
 
+class Undeliverable(Exception):
+    """Raised by :meth:`Channel.send` for a reply the platform will not take now or later
+    (WhatsApp outside its 24-hour window with no template to send instead).
+
+    The core gives the reply up at once: it stays in the outbox as failed, with this
+    exception's one-line message as the reason, and is not sent again.
+    """
+
+
 @dataclass(frozen=True, slots=True)
 class ChannelHealth:
     """Whether a channel is connected and receiving, for ``/readyz``.
@@ -405,9 +414,11 @@ class Channel:
         return False
 
     async def react(self, chat_id: str, message_id: str, emoji: str | None, *,
-                    thread_id: str | None = None) -> bool:
+                    thread_id: str | None = None, replacing: str | None = None) -> bool:
         """Set the bot's own reaction on a message to ``emoji``, replacing the one it set
-        before (``None``: remove it); ``thread_id`` as for :meth:`edit`.
+        before (``None``: remove it); ``thread_id`` as for :meth:`edit`. ``replacing`` is
+        the reaction the core believes the bot set there, for an adapter that does not
+        remember it (another replica set it, or this process restarted since).
 
         Reactions never delay a reply: they are paced at the lowest priority and
         dropped when the chat is rate limited. Returns whether the reaction was

@@ -122,9 +122,10 @@ class MatrixChannel(Channel):
                                           None)
 
     async def react(self, chat_id: str, message_id: str, emoji: str | None, *,
-                    thread_id: str | None = None) -> bool:
-        """The bot's ``m.reaction`` on a message, replacing its earlier one."""
-        return await self.replies.react(chat_id, message_id, emoji)
+                    thread_id: str | None = None, replacing: str | None = None) -> bool:
+        """The bot's ``m.reaction`` on a message, replacing its earlier one (``replacing``:
+        the one the core believes it set, looked up when this process does not know it)."""
+        return await self.replies.react(chat_id, message_id, emoji, replacing)
 
     async def withdraw(self, chat_id: str, message_id: str) -> None:
         """Redact one of the bot's messages."""

@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
+import nio
 
 from plugins.matrix.api import MatrixApi, MatrixError, refused
 from plugins.matrix.inbound import Recent
@@ -210,13 +211,18 @@ class Replies:
 
     # -- reactions and typing -------------------------------------------------------------
 
-    async def react(self, room_id: str, event_id: str, emoji: str | None) -> bool:
+    async def react(self, room_id: str, event_id: str, emoji: str | None,
+                    replacing: str | None = None) -> bool:
         """Put the bot's reaction ``emoji`` on ``event_id`` instead of its earlier one
-        (``None``: remove it). Dropped while the account is rate limited."""
+        (``None``: remove it; ``replacing``: the earlier one's key, looked up among the
+        message's reactions when this process did not set it). Dropped while the account
+        is rate limited."""
         if self.api.limiter.blocked_for("bot") > 0:
             return False
         try:
             earlier = self.my_reactions.pop(f"{room_id}|{event_id}")
+            if earlier is None and replacing:
+                earlier = await self.my_reaction(room_id, event_id, replacing)
             if earlier is not None:
                 await self.withdraw(room_id, earlier)
             if emoji is not None:
@@ -228,6 +234,23 @@ class Replies:
         except (MatrixError, RateLimited, Transient):
             return False
         return True
+
+    async def my_reaction(self, room_id: str, event_id: str, key: str) -> str | None:
+        """The id of the bot's ``key`` reaction on ``event_id`` (read from the server's
+        relations of the message, the newest 100), or ``None``."""
+        client = self.api.client
+        try:
+            async for event in client.room_get_event_relations(
+                    room_id, event_id, event_type="m.reaction", limit=100):
+                source = getattr(event, "source", None)
+                if not isinstance(source, dict) or source.get("sender") != self.api.user_id:
+                    continue
+                relation = (source.get("content") or {}).get("m.relates_to") or {}
+                if isinstance(relation, dict) and relation.get("key") == key:
+                    return str(source.get("event_id") or "") or None
+        except (aiohttp.ClientError, TimeoutError, OSError, nio.LocalProtocolError) as exc:
+            raise Transient(f"reading reactions: {short(exc, 120)}") from exc
+        return None
 
     @contextlib.asynccontextmanager
     async def typing(self, room_id: str) -> AsyncIterator[None]:
