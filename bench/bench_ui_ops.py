@@ -1,4 +1,5 @@
-"""Control UI operations pages (usage, access, outbox, jobs, plugins): page times on a big store.
+"""Control UI operations pages (usage, access, outbox, jobs, plugins, approvals): page times
+on a big store.
 
 Run with ``.venv/bin/python bench/bench_ui_ops.py`` (about two minutes: seeding, then
 ``--repeat`` fetches of each page). ``--scale 0.1`` shrinks every table.
@@ -8,7 +9,7 @@ Run with ``.venv/bin/python bench/bench_ui_ops.py`` (about two minutes: seeding,
    (per day and month: 300 users, 30 groups, 3 agents, 3 models and 50 jobs a day),
    10,000 paired users and 5,000 pairing requests (50 pending), 100,000 delivered
    replies and 2,500 open ones (500 given up), 2,000 cron jobs with 50 fires each
-   (100,000 ``job_runs`` rows, each naming a run).
+   (100,000 ``job_runs`` rows, each naming a run), 100,000 approvals (20 pending).
 2. ``roost run`` on it (a separate process: the fake Telegram, the demo script,
    ``ROOST_HTTP_PORT``), one admin added by ``roost ui user add``.
 3. Logged in, each page is fetched ``--repeat`` times one after another (two
@@ -60,7 +61,8 @@ def seed(path: Path, scale: float) -> dict[str, str]:
     now = time.time()
     n = {k: max(10, int(v * scale)) for k, v in dict(
         sessions=10_000, messages=1_000_000, runs=100_000, errors=10_000, paired=10_000,
-        requests=5_000, delivered=100_000, open=2_500, jobs=2_000).items()}
+        requests=5_000, delivered=100_000, open=2_500, jobs=2_000,
+        approvals=100_000).items()}
     db = sqlite3.connect(path)
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=OFF")
@@ -147,6 +149,18 @@ def seed(path: Path, scale: float) -> dict[str, str]:
         " (?, ?, ?, ?, 'completed')",
         [(f"j{j:05d}", now - f * 3600, now - f * 3600 + 5, run_ids[(j * fires + f) % len(run_ids)])
          for j in range(n["jobs"]) for f in range(fires)])
+    arguments = '{"command": "rm -rf ./build && make release"}'
+    db.executemany(
+        "INSERT INTO approvals (id, inbox_id, call_id, run_id, session_key, session_id,"
+        " channel, chat_id, chat_type, thread_id, requester, tool, arguments, state,"
+        " decided_by, decided_at, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?,"
+        " 'telegram', ?, 'direct', NULL, ?, 'exec', ?, ?, ?, ?, ?, ?)",
+        [(secrets.token_hex(10), i, f"call{i}", run_ids[i % len(run_ids)],
+          f"default:telegram:direct:{i % n['sessions']}", 1 + i % n["sessions"],
+          str(i % n["sessions"]), str(i % n["sessions"]), arguments,
+          "pending" if i < 20 else ("approved", "denied", "timeout")[i % 3],
+          None if i < 20 else f"user {i % 50}", None if i < 20 else now - i * 30 + 20,
+          now - i * 30, now - i * 30 + 300) for i in range(n["approvals"])])
     db.execute("COMMIT")
     db.execute("ANALYZE")
     middle = db.execute("SELECT id FROM outbox WHERE state IN ('pending', 'failed')"
@@ -155,9 +169,12 @@ def seed(path: Path, scale: float) -> dict[str, str]:
                         " approved_at DESC LIMIT 1 OFFSET ?", (n["paired"] // 2,)).fetchone()
     job = db.execute("SELECT created_at, id FROM jobs ORDER BY created_at, id LIMIT 1"
                      " OFFSET ?", (n["jobs"] // 2,)).fetchone()
+    asked = db.execute("SELECT created_at, id FROM approvals WHERE state <> 'pending' ORDER BY"
+                       " created_at DESC, id DESC LIMIT 1 OFFSET ?",
+                       (n["approvals"] // 2,)).fetchone()
     db.close()
     return {"outbox": str(middle[0]), "access": quote(f"{paired[0]!r}~{paired[1]}:{paired[2]}"),
-            "jobs": quote(f"{job[0]!r}~{job[1]}")}
+            "jobs": quote(f"{job[0]!r}~{job[1]}"), "approvals": quote(f"{asked[0]!r}~{asked[1]}")}
 
 
 def add_admin(cwd: Path, env: dict[str, str]) -> str:
@@ -200,7 +217,8 @@ async def measure(work: Path, cursors: dict[str, str], repeat: int) -> bool:
                 paths = ["/ui/usage", "/ui/usage?days=365", "/ui/access",
                          f"/ui/access?before={cursors['access']}", "/ui/outbox",
                          f"/ui/outbox?before={cursors['outbox']}", "/ui/jobs",
-                         f"/ui/jobs?after={cursors['jobs']}", "/ui/plugins"]
+                         f"/ui/jobs?after={cursors['jobs']}", "/ui/plugins", "/ui/approvals",
+                         f"/ui/approvals?before={cursors['approvals']}"]
                 rows, ok = [], True
                 for path in paths:
                     samples = []

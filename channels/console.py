@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from bot.contracts.channel import Channel, InboundHandler, ReplyStream
+from bot.contracts.channel import Capabilities, Channel, InboundHandler, ReplyStream
 from bot.contracts.messages import Button, ButtonPress, InboundMessage, OutboundMessage
 
 CHAT_ID = "console"
@@ -40,6 +40,8 @@ class ConsoleChannel(Channel):
     """Reads lines from stdin (when interactive) and prints replies to stdout."""
 
     name = "console"
+    capabilities = Capabilities(buttons=True)
+    """An approval prompt's buttons are asked as y/n/a."""
 
     def __init__(self, *, user_id: str = "local", user_name: str = "",
                  out: TextIO | None = None, read_stdin: bool = True,

@@ -11,8 +11,10 @@ is the adapter's to say, through ``check``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
-import aiohttp
+if TYPE_CHECKING:
+    import aiohttp
 
 from bot.contracts.media import MediaError, MediaTooLarge
 from bot.resilience.retry import parse_retry_after
@@ -57,6 +59,8 @@ async def fetch_capped(session: aiohttp.ClientSession, url: str, limit: int, *,
     the last try a transient failure becomes :class:`MediaError` too, with
     ``what`` ("downloading x.pdf from Slack") and the last reason in one line.
     """
+    from aiohttp import ClientError  # the caller's session has imported it already
+
     async def attempt() -> bytes:
         try:
             async with session.get(url, headers=headers,
@@ -68,7 +72,7 @@ async def fetch_capped(session: aiohttp.ClientSession, url: str, limit: int, *,
                     raise Transient(f"HTTP {response.status}")
                 check(response)
                 return await read_capped(response, limit)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        except (ClientError, TimeoutError, OSError) as exc:
             raise Transient(f"{type(exc).__name__}: {short(exc, 120)}") from exc
 
     try:

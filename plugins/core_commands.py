@@ -82,6 +82,7 @@ async def _status(ctx: CommandContext) -> str:
                                   app.breakers.snapshot()))
     lines.extend(f"{r.part}: {'ok' if r.ready else 'NOT READY'}, {r.detail}"
                  for r in await app.plugins.health(app))
+    lines.extend(await app.plugins.status_lines(ctx))
     if app.plugins.errors:
         lines.append("Plugin errors:")
         lines.extend(f"  {name}: {error}" for name, error in sorted(app.plugins.errors.items()))

@@ -100,6 +100,7 @@ def _error_detail_tool(errors: ErrorsView) -> Tool:
 
     return Tool(
         name="get_error_detail",
+        read_only=True,
         description=(
             "Fetch the complete stored information about an earlier failed tool call in this "
             "conversation: full message, stack trace and any structured fields. Failed calls "
@@ -159,6 +160,7 @@ def _tool_result_tool(results: ResultsView, max_length: int) -> Tool:
 
     return Tool(
         name="get_tool_result",
+        read_only=True,
         description=(
             "Read part of a large tool result that was stored instead of shown in full "
             "(its preview ends with '[Result stored as res_...: N characters ...]'). Returns "

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from plugins.exec_sandbox import Probe, Sandbox, SandboxUnavailable, hand_over
+from plugins.exec_sandbox import Probe, Sandbox, SandboxBusy, SandboxUnavailable
 
 log = logging.getLogger("roost.plugins.exec_tool")
 
@@ -107,7 +107,8 @@ class Canary:
 
     async def check(self) -> CanaryResult:
         """The latest result, running a canary first when there is none younger than
-        ``interval`` (``retry`` after a failure); concurrent callers share one run."""
+        ``interval`` (``retry`` after a failure); concurrent callers share one run.
+        :class:`SandboxBusy` (and no result) when no sandbox uid came free for it."""
         async with self._lock:
             last = self.last
             if last is None or self.clock() - last.at >= self._max_age(last):
@@ -118,8 +119,17 @@ class Canary:
         """Check now and every ``interval`` seconds (``retry`` after a failure), until
         cancelled."""
         while True:
-            last = await self.check()
-            await asyncio.sleep(self._max_age(last))
+            last = await self.refresh()
+            await asyncio.sleep(self.retry if last is None else self._max_age(last))
+
+    async def refresh(self) -> CanaryResult | None:
+        """:meth:`check` for background callers: when no sandbox uid came free, one
+        warning and ``None`` (tried again after ``retry`` by :meth:`watch`)."""
+        try:
+            return await self.check()
+        except SandboxBusy as exc:
+            log.warning("exec sandbox canary postponed: %s", exc)
+            return None
 
     async def run(self) -> CanaryResult:
         """Run one canary and log its verdict: a failure loudly, the same failure again
@@ -128,6 +138,8 @@ class Canary:
         self.runs += 1
         try:
             passed, detail = await self._attempt()
+        except SandboxBusy:
+            raise  # no verdict: the sandbox was not tried
         except Exception as exc:  # a canary that cannot run is a failed canary
             passed, detail = False, f"the canary could not run ({type(exc).__name__}: {exc})"
         result = CanaryResult(passed, detail, self.clock(), self.clock() - started)
@@ -149,8 +161,7 @@ class Canary:
         token, done = secrets.token_hex(16), secrets.token_hex(8)
         with tempfile.TemporaryDirectory(prefix="roost-exec-canary-") as tmp, \
                 socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
-            marker, workspace = await asyncio.to_thread(_prepare, Path(tmp), token,
-                                                        self.sandbox.run_as)
+            marker, workspace = await asyncio.to_thread(_prepare, Path(tmp), token)
             listener.bind(("127.0.0.1", 0))
             listener.listen(8)
             listener.setblocking(False)
@@ -190,16 +201,15 @@ class Canary:
                       "unprivileged bubblewrap 0.8.0 or later disables them)")
 
 
-def _prepare(place: Path, token: str, run_as: int | None) -> tuple[Path, Path]:
-    """The marker file (holding ``token``) and the workspace of a canary, in ``place``."""
+def _prepare(place: Path, token: str) -> tuple[Path, Path]:
+    """The marker file (holding ``token``) and the workspace of a canary, in ``place`` (the
+    run hands the workspace to its uid, as any exec's)."""
     place.chmod(0o755)  # reachable by the sandbox's user: only the sandbox hides it
     marker = place / "host-marker"
     marker.write_text(token + "\n")
     marker.chmod(0o644)
     workspace = place / "workspace"
     workspace.mkdir()
-    if run_as is not None:
-        hand_over(workspace, run_as)
     return marker, workspace
 
 

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from roost import Settings
 
 PLUGIN_NAME = "plugins.exec_tool"
+
+
+RESERVED_UIDS: frozenset[int] = frozenset({65535, 2**32 - 1})
+"""Uids the pool never hands out: (uid_t) -1 to 16-bit programs and to the kernel."""
 
 
 class ExecConfig(BaseModel):
@@ -35,9 +39,30 @@ class ExecConfig(BaseModel):
     network_agents: list[str] = Field(default_factory=list)
     """Agents whose commands may reach the network (comma-separated in the env); none by
     default."""
-    uid: int = Field(65534, ge=1)
-    """When Roost runs as root, commands run as this uid and gid (root ignores process
-    limits)."""
+    uid: int = Field(70000, ge=1)
+    """When Roost runs as root (root ignores process limits), the first uid of the
+    sandboxes' pool: each running command claims one of ``uid`` to ``uid + uids - 1`` (as
+    its uid and gid) for itself alone, host-wide, so one sandbox's processes never count
+    against another's limit. The default range (70000-70063) is where no account is made:
+    past distributions' users (to 60000), systemd's dynamic users (to 65519) and ``nobody``,
+    before subordinate ids (``/etc/subuid``, from 100000). Nothing else may use these uids."""
+    uids: int = Field(64, ge=1)
+    """How many uids the pool has: the commands that may run at once on this host, every
+    Roost process on it sharing the pool; one more waits for a free uid."""
+    uid_wait: float = Field(30.0, ge=0)
+    """Seconds a command waits for a free uid (at most what the run's time left spares
+    beside its timeout; ``/stop`` ends the wait) before exec refuses it as busy."""
+
+    @model_validator(mode="after")
+    def _clear_of_minus_one(self) -> ExecConfig:
+        last = self.uid + self.uids - 1
+        if last > 2**32 - 1:
+            raise ValueError(f"the sandbox uids {self.uid}-{last} (uid, uids) pass 2^32")
+        if all(uid in RESERVED_UIDS for uid in range(self.uid, last + 1)):
+            raise ValueError(
+                f"the sandbox uids {self.uid}-{last} (uid, uids) are only (uid_t) -1 to the "
+                "kernel or to 16-bit programs; choose another (the default starts at 70000)")
+        return self
 
     @field_validator("network_agents", mode="before")
     @classmethod

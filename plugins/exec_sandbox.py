@@ -5,7 +5,8 @@ then ``bwrap`` with new user, PID, IPC, UTS, cgroup and network namespaces, nest
 user namespaces disabled where bubblewrap supports it (``--disable-userns``, 0.8.0 and
 later), no capabilities, a read-only root of ``/usr`` and a few ``/etc`` files, the
 workspace bound read-write at ``/workspace`` (bwrap mounts binds ``nosuid`` and
-``nodev``) and an environment of ``PATH``, ``HOME`` and ``LANG`` only.
+``nodev``) and an environment of ``PATH``, ``HOME`` and ``LANG`` only. As root, each
+sandbox runs as a uid it alone holds while it runs (:mod:`plugins.exec_uids`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from plugins.exec_config import exec_config
+from plugins.exec_uids import UidPool, UidPoolBroken, UidsBusy, tasks_of
 from roost import Settings
 
 log = logging.getLogger("roost.plugins.exec_tool")
@@ -46,6 +48,10 @@ _ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/
               "/etc/ca-certificates")
 _ETC_NETWORK = ("/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/host.conf",
                 "/etc/gai.conf", "/etc/services", "/etc/protocols")
+
+Mount = tuple[int, str]
+"""A directory descriptor and the path the sandbox shows it at, read-only."""
+
 
 @dataclass(frozen=True, slots=True)
 class Limits:
@@ -80,6 +86,10 @@ class SandboxUnavailable(Exception):
     """bwrap or prlimit is missing, or cannot build a sandbox here."""
 
 
+class SandboxBusy(Exception):
+    """Every sandbox uid stayed in use for the pool's whole wait (Roost as root)."""
+
+
 @functools.cache
 def disables_userns(bwrap: str) -> bool:
     """Whether the bubblewrap at ``bwrap`` has ``--disable-userns`` and runs unprivileged
@@ -100,17 +110,20 @@ class Sandbox:
 
     bwrap: str
     limits: Limits
-    run_as: int | None
-    """The uid (and gid) to run as when Roost is root; ``None`` runs as Roost's user."""
+    uids: UidPool | None
+    """When Roost is root, the pool each run claims a uid (and gid) of its own from;
+    ``None`` runs as Roost's user."""
     loosen: tuple[str, ...] = ()
     """Extra bwrap arguments, last before the command: only tests set them, to prove the
     canary notices a weakened sandbox. No setting reaches this."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Sandbox:
-        """The sandbox ``settings`` describe (as the table's ``uid`` when Roost runs as root)."""
+        """The sandbox ``settings`` describe (as uids of the table's pool, ``uid`` and
+        ``uids``, when Roost runs as root)."""
         c = exec_config(settings)
-        return cls(c.bwrap, Limits.from_settings(settings), c.uid if os.geteuid() == 0 else None)
+        pool = UidPool(c.uid, c.uids, c.uid_wait) if os.geteuid() == 0 else None
+        return cls(c.bwrap, Limits.from_settings(settings), pool)
 
     def userns_disabled(self) -> bool:
         """Whether commands run with nested user namespaces disabled (bwrap 0.8.0 and later)."""
@@ -118,11 +131,14 @@ class Sandbox:
         return bwrap is not None and disables_userns(bwrap)
 
     def argv(self, workspace: Path, command: Sequence[str], *, network: bool,
-             nproc: int, accounts: tuple[int, int] | None = None) -> list[str]:
+             nproc: int, accounts: tuple[int, int] | None = None,
+             mounts: Sequence[Mount] = ()) -> list[str]:
         """prlimit, then bwrap with its mounts and namespaces, then ``command``.
 
         ``accounts`` are two readable descriptors holding the sandbox's own
         ``/etc/passwd`` and ``/etc/group`` (one user, one group: the host's stay out).
+        ``mounts`` are directory descriptors shown read-only at their paths (bound by
+        descriptor: the directory opened is the one shown, whatever its path became).
         """
         bwrap, prlimit = self.binaries()
         lim = self.limits
@@ -150,9 +166,11 @@ class Sandbox:
             argv += ["--ro-bind-data", str(accounts[0]), "/etc/passwd",
                      "--ro-bind-data", str(accounts[1]), "/etc/group"]
         argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-                 "--bind", str(workspace), SANDBOX_WORKSPACE,
-                 # The root itself is bwrap's tmpfs: read-only, writes go nowhere.
-                 "--remount-ro", "/",
+                 "--bind", str(workspace), SANDBOX_WORKSPACE]
+        for fd, where in mounts:
+            argv += ["--ro-bind-fd", str(fd), where]
+        # The root itself is bwrap's tmpfs: read-only, writes go nowhere.
+        argv += ["--remount-ro", "/",
                  "--chdir", SANDBOX_WORKSPACE, "--clearenv",
                  "--setenv", "PATH", SANDBOX_PATH, "--setenv", "HOME", SANDBOX_WORKSPACE,
                  "--setenv", "LANG", "C.UTF-8", *self.loosen, "--", *command]
@@ -170,34 +188,55 @@ class Sandbox:
             raise SandboxUnavailable("prlimit (util-linux) is not installed")
         return bwrap, prlimit
 
-    def nproc_limit(self) -> int:
-        """RLIMIT_NPROC for the next sandbox: counted per user, so what the user runs now
-        plus the sandbox's own allowance (bwrap's two processes included)."""
-        uid = self.run_as if self.run_as is not None else os.getuid()
-        return _tasks_of(uid) + self.limits.processes + 2
-
     async def run(self, workspace: Path, command: Sequence[str], *, network: bool,
-                  wall: float) -> Outcome:
-        """Run ``command`` in a sandbox on ``workspace``; kill it at ``wall`` seconds,
-        at the output cap, or when cancelled."""
+                  wall: float, mounts: Sequence[Mount] = (),
+                  uid_wait: float | None = None) -> Outcome:
+        """Run ``command`` in a sandbox on ``workspace`` (with ``mounts`` read-only); kill
+        it at ``wall`` seconds, at the output cap, or when cancelled.
+
+        As root, the run first claims a uid of the pool (waiting for one at most the pool's
+        wait or ``uid_wait``, else :class:`SandboxBusy`), hands ``workspace`` to it and holds
+        it until the sandbox is gone: its process limit is its own, whatever else runs.
+        """
         bwrap, _ = self.binaries()  # first: a host without bwrap (macOS) may have no /proc
         await asyncio.to_thread(disables_userns, bwrap)  # asked once, off the event loop
-        nproc = await asyncio.to_thread(self.nproc_limit)
+        if self.uids is None:
+            # Counted per user: what Roost's user runs now plus the sandbox's allowance.
+            nproc = await asyncio.to_thread(tasks_of, os.getuid()) + self.limits.processes + 2
+            return await self._run(workspace, command, None, nproc, network=network,
+                                   wall=wall, mounts=mounts)
+        try:
+            async with self.uids.claim(uid_wait) as claim:
+                await asyncio.to_thread(hand_over, workspace, claim.uid)
+                # A claimed uid runs nothing else: the allowance (bwrap's two processes
+                # included) is the whole budget, beside the zombies it may still count.
+                nproc = claim.zombies + self.limits.processes + 2
+                return await self._run(workspace, command, claim.uid, nproc,
+                                       network=network, wall=wall, mounts=mounts)
+        except UidsBusy as exc:
+            raise SandboxBusy(str(exc)) from None
+        except UidPoolBroken as exc:
+            raise SandboxUnavailable(str(exc)) from None
+
+    async def _run(self, workspace: Path, command: Sequence[str], run_as: int | None,
+                   nproc: int, *, network: bool, wall: float,
+                   mounts: Sequence[Mount]) -> Outcome:
         extra: dict[str, Any] = {}
         uid, gid = os.getuid(), os.getgid()
-        if self.run_as is not None:
-            uid = gid = self.run_as
+        if run_as is not None:
+            uid = gid = run_as
             extra = {"user": uid, "group": gid, "extra_groups": []}
         accounts = (_data_fd(f"sandbox:x:{uid}:{gid}:Roost sandbox:{SANDBOX_WORKSPACE}:/bin/sh\n"),
                     _data_fd(f"sandbox:x:{gid}:\n"))
         started = time.monotonic()
         try:
             argv = self.argv(workspace, command, network=network, nproc=nproc,
-                             accounts=accounts)
+                             accounts=accounts, mounts=mounts)
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT, env={"PATH": SANDBOX_PATH, "LANG": "C.UTF-8"},
-                start_new_session=True, close_fds=True, pass_fds=accounts, **extra)
+                start_new_session=True, close_fds=True,
+                pass_fds=(*accounts, *(fd for fd, _ in mounts)), **extra)
         finally:
             for fd in accounts:
                 os.close(fd)
@@ -258,22 +297,6 @@ def _kill(proc: asyncio.subprocess.Process) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def _tasks_of(uid: int) -> int:
-    """Processes and threads whose real uid is ``uid`` (what RLIMIT_NPROC counts)."""
-    count = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/status", encoding="ascii", errors="replace") as fh:
-                fields = dict(line.split(":", 1) for line in fh if ":" in line)
-        except OSError:
-            continue  # gone meanwhile
-        if int(fields.get("Uid", "-1").split()[0]) == uid:
-            count += int(fields.get("Threads", "1"))
-    return count
-
-
 def hand_over(workspace: Path, uid: int) -> None:
     """Root only: give the workspace to the sandbox's uid and check it can reach it."""
     for parent in reversed(workspace.parents):
@@ -301,16 +324,17 @@ class Probe:
 
     def __init__(self) -> None:
         self._lock = asyncio.Lock()
-        self._results: dict[tuple[str, int | None], str] = {}
+        self._results: dict[tuple[str, UidPool | None], str] = {}
 
     async def check(self, sandbox: Sandbox) -> None:
-        """Raise :class:`SandboxUnavailable` unless ``sandbox`` ran ``true`` successfully.
+        """Raise :class:`SandboxUnavailable` unless ``sandbox`` ran ``true`` successfully
+        (:class:`SandboxBusy`, and no answer kept, when it found no free uid).
 
         A missing binary is looked for again on every call (installing bubblewrap
         needs no restart); whether namespaces can be built is asked once.
         """
         sandbox.binaries()
-        key = (sandbox.bwrap, sandbox.run_as)
+        key = (sandbox.bwrap, sandbox.uids)
         async with self._lock:
             if key not in self._results:
                 self._results[key] = await self._probe(sandbox)
@@ -323,8 +347,6 @@ class Probe:
         """``""`` when a sandbox ran, else what went wrong."""
         with tempfile.TemporaryDirectory(prefix="roost-exec-probe-") as tmp:
             try:
-                if sandbox.run_as is not None:
-                    await asyncio.to_thread(hand_over, Path(tmp), sandbox.run_as)
                 outcome = await sandbox.run(Path(tmp), ["/bin/sh", "-c", "true"],
                                             network=False, wall=_PROBE_TIMEOUT)
             except SandboxUnavailable as exc:

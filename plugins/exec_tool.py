@@ -18,17 +18,18 @@ agent gets it only with ``tools = { allow = ["exec"] }``. Each call runs
   (tokens, keys, ``ROOST_*``) reaches the command, nor bwrap itself;
 * limits set by ``prlimit`` before bwrap starts and inherited by every process
   in the sandbox: CPU seconds, address space, file size, open files, and
-  processes (``RLIMIT_NPROC``: what the sandbox's user already runs plus
-  ``max_processes``, so a fork bomb stops there);
+  processes (``RLIMIT_NPROC``: ``max_processes`` for the sandbox's own uid as root,
+  else what Roost's user already runs plus ``max_processes``, so a fork bomb stops there);
 * a wall-clock limit and an output cap enforced here: past either the whole
   sandbox is killed (SIGKILL to bwrap, whose ``--die-with-parent`` and PID
   namespace take every process with it). Cancelling the run (``/stop``) does the
   same.
 
-The kernel does not apply ``RLIMIT_NPROC`` to root, so when Roost runs as root
-the sandbox runs as ``uid`` (default 65534) and the workspace is handed to
-that uid (``chown``, by descriptor, never through a link) before each command;
-Roost, as root, keeps full access.
+The kernel does not apply ``RLIMIT_NPROC`` to root and counts it per uid machine-wide,
+so when Roost runs as root each sandbox runs as a uid of its own, claimed from the pool
+``uid`` .. ``uid + uids - 1`` for its lifetime (:mod:`plugins.exec_uids`), and the
+workspace is handed to that uid (``chown``, by descriptor, never through a link) before
+the command; Roost, as root, keeps full access.
 
 Where ``bwrap`` or ``prlimit`` is missing or cannot create its namespaces (a
 probe runs a real sandbox once per process), ``exec`` refuses with an error that
@@ -50,8 +51,9 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +63,14 @@ from plugins.exec_sandbox import (
     PROBE,
     SANDBOX_WORKSPACE,
     Limits,
+    Mount,
     Outcome,
     Sandbox,
+    SandboxBusy,
     SandboxUnavailable,
-    hand_over,
 )
 from plugins.exec_strip import Stripped, strip_special_bits
+from plugins.skills import PLUGIN as SKILLS
 from roost import (
     HealthReport,
     Runtime,
@@ -153,10 +157,19 @@ def _strip(workspace: Path) -> Stripped:
         return Stripped()
 
 
-def build_tool(settings: Settings, sandbox: Sandbox, canary: Canary) -> Tool:
-    """The ``exec`` tool running commands in ``sandbox`` while ``canary`` passes."""
+MountSource = Callable[[ToolContext], list[Mount]]
+"""The read-only folders a call's sandbox shows (descriptors the tool closes after it)."""
+
+
+def _no_mounts(context: ToolContext) -> list[Mount]:
+    return []
+
+
+def build_tool(settings: Settings, sandbox: Sandbox, canary: Canary,
+               mounts: MountSource = _no_mounts) -> Tool:
+    """The ``exec`` tool running commands in ``sandbox`` while ``canary`` passes, with
+    ``mounts(context)`` (the run's skills) shown read-only."""
     limits = sandbox.limits
-    run_as = sandbox.run_as
     config = exec_config(settings)
     network_agents = frozenset(config.network_agents)
     max_timeout = config.max_timeout
@@ -188,17 +201,23 @@ def build_tool(settings: Settings, sandbox: Sandbox, canary: Canary) -> Tool:
             # Held for the run and the clean-up: no tool that lets a library open workspace
             # paths (sql) works there while the sandbox can create links in it.
             async with workspace_lock(workspace):
-                if run_as is not None:
-                    await asyncio.to_thread(hand_over, workspace, run_as)
+                shown = await asyncio.to_thread(mounts, context)
                 try:
-                    outcome = await sandbox.run(workspace, ["/bin/sh", "-c", command],
-                                                network=network, wall=wall)
+                    # A wait for a free uid (as root) must leave the command its wall.
+                    outcome = await sandbox.run(
+                        workspace, ["/bin/sh", "-c", command], network=network, wall=wall,
+                        mounts=shown, uid_wait=context.remaining() - 1.0 - wall)
                 finally:
+                    for fd, _ in shown:
+                        os.close(fd)
                     # Also after /stop or a timeout: the bits would stay on the host's disk.
                     stripped = await asyncio.shield(asyncio.to_thread(_strip, workspace))
         except SandboxUnavailable as exc:
             raise ToolError(f"exec is unavailable: {exc}. Commands never run outside the "
                             "sandbox.", code="SANDBOX_UNAVAILABLE") from None
+        except SandboxBusy as exc:
+            raise ToolError(f"exec is busy: {exc}; try again shortly.",
+                            code="SANDBOX_BUSY") from None
         log.info("exec in %s: exit %s, stopped %s, %d bytes, %.2fs, %d mode(s) stripped",
                  context.session_key, outcome.returncode, outcome.stopped,
                  len(outcome.output), outcome.seconds, stripped.changed)
@@ -257,9 +276,11 @@ class ExecPlugin:
     weakened sandbox; no setting reaches it, and it is logged loudly when used.
     """
 
-    def __init__(self, canaries: Canaries, *, loosen: tuple[str, ...] = ()) -> None:
+    def __init__(self, canaries: Canaries, *, loosen: tuple[str, ...] = (),
+                 mounts: MountSource = _no_mounts) -> None:
         self.canaries = canaries
         self.loosen = loosen
+        self.mounts = mounts
         if loosen:
             log.warning("exec sandbox WEAKENED with %s (tests only): its canary must fail",
                         " ".join(loosen))
@@ -275,7 +296,8 @@ class ExecPlugin:
     @hookimpl
     def roost_tools(self, settings: Settings) -> Tool:
         """The ``exec`` tool (opt-in: offered only where an agent's policy allows it)."""
-        return build_tool(settings, self.sandbox(settings), self.canary(settings))
+        return build_tool(settings, self.sandbox(settings), self.canary(settings),
+                          self.mounts)
 
     @hookimpl
     def roost_startup(self, app: Runtime) -> None:
@@ -290,7 +312,7 @@ class ExecPlugin:
             return None
         canary = self.canary(app.settings)
         if canary.due():  # e.g. exec's plugin was enabled after the start
-            app.background(canary.check(), "the exec sandbox canary")
+            app.background(canary.refresh(), "the exec sandbox canary")
         last = canary.last
         if last is None:
             return HealthReport(HEALTH_PART, False, "canary not run yet; exec waits for it")
@@ -302,7 +324,7 @@ class ExecPlugin:
 
 CANARIES = Canaries(PROBE)
 """One canary per sandbox configuration per process, shared by every app in it."""
-PLUGIN = ExecPlugin(CANARIES)
+PLUGIN = ExecPlugin(CANARIES, mounts=SKILLS.mounts)
 
 
 @hookimpl

@@ -129,6 +129,7 @@ def roost_tools(settings: Settings) -> list[Tool]:
     return [
         Tool(
             name="read_file",
+            read_only=True,
             description=(
                 "Read a UTF-8 text file from your workspace and return its full content. "
                 f"Files over {cap} bytes and binary files are refused. "
@@ -154,6 +155,7 @@ def roost_tools(settings: Settings) -> list[Tool]:
         ),
         Tool(
             name="list_files",
+            read_only=True,
             description=(
                 "List a directory of your workspace (not recursive), sorted by name: "
                 "directories end with '/', files show their size in bytes, hidden files "

@@ -67,6 +67,8 @@ from bot.contracts.messages import (
     InboundMessage,
     OutboundFile,
     OutboundMessage,
+    ReactionEvent,
+    ReplyReaction,
 )
 from bot.contracts.migrations import Migrations
 from bot.contracts.prompt import Order, PromptContext, PromptSection
@@ -217,6 +219,8 @@ __all__ = [
     "PromptSection",
     "ProviderError",
     "ProviderSpec",
+    "ReactionEvent",
+    "ReplyReaction",
     "ReplyStream",
     "ResultsView",
     "RetryPolicy",

@@ -19,14 +19,19 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from bot.app.roost import Roost
 from bot.contracts.llm import LLMProvider
 from bot.testing.app import ChatChannel, EventRecorder, closing_apps, create_app
+from bot.testing.mail import Dovecot
 from bot.testing.postgres import PostgresCluster
+
+if TYPE_CHECKING:
+    from tests.matrix_server import Synapse
+
 from tests.ordering import (
     DURATIONS,
     E2E_SECONDS,
@@ -66,6 +71,17 @@ async def make_app(tmp_path: Path) -> AsyncIterator[AppFactory]:
             return app, channel, log
 
         yield factory
+
+
+@pytest.fixture(scope="session")
+def dovecot() -> Iterator[Dovecot]:
+    """A real Dovecot IMAP server for this test session (one per xdist worker), started
+    by the first test that asks (bot/testing/mail.py)."""
+    server = Dovecot().start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -179,6 +195,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     def shared(item: pytest.Item) -> str | None:
         # The browser tests share one Chromium and one `roost run` per worker.
+        # The Matrix tests share one Synapse (tests/matrix_server.py) per worker.
+        if item.nodeid.startswith("tests/test_matrix"):
+            return "matrix"
         return "browser" if item.nodeid.startswith("tests/browser/") else None
 
     items[:] = deal(items, seconds, workers, group=shared)
@@ -218,3 +237,15 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
     if ARTIFACTS.is_dir() and any(p.stat().st_mtime >= _STARTED for p in ARTIFACTS.iterdir()):
         terminalreporter.write_line(f"Control UI screenshots and roost logs: {ARTIFACTS}")
+
+
+@pytest.fixture(scope="session")
+def synapse(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synapse]:
+    """One real Synapse homeserver for the session's Matrix tests (tests/matrix_server.py)."""
+    from tests.matrix_server import start
+
+    server = start(tmp_path_factory.mktemp("synapse"))
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -7,10 +7,13 @@ call's full arguments with three buttons; presses are handed in as a channel wou
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
+from bot.app.roost import Roost
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.messages import ButtonPress, OutboundMessage
 from bot.contracts.tools import Tool, ToolContext, ToolResult
@@ -45,6 +48,11 @@ APPROVE_TOUCH = {"default": {"tools": {"approve": ["touch"]}}}
 
 def is_prompt(m: OutboundMessage) -> bool:
     return bool(m.buttons)
+
+
+async def resumed(app: Roost, limit: float = 10.0) -> None:
+    """Wait until a run of ``app`` resumed after a restart waits on its approval again."""
+    await asyncio.wait_for(app.approvals.until_waiting(), limit)
 
 
 def press(chat: ChatChannel, prompt: OutboundMessage, choice: str, user: str,
@@ -262,20 +270,22 @@ async def test_a_scheduled_run_is_denied_unless_the_tool_was_pre_approved(
     from bot.engine.requests import RunOptions
 
     touch = Touch()
-    chat = await roost_app([touching("denied", "cron 1"), touching("allowed", "cron 2")],
-                           touch, agents=APPROVE_TOUCH)
+    chat = await roost_app([touching("denied", "cron 1"), touching("allowed", "cron 2"),
+                            touching("beat", "heartbeat")], touch, agents=APPROVE_TOUCH)
     assert chat.app is not None
     where = InboundMessage(channel="console", chat_id="user", chat_type="direct",
                            sender_id="user", text="scheduled")
     denied = await chat.app.dispatcher.run_scheduled(where, RunOptions(kind="cron"))
     allowed = await chat.app.dispatcher.run_scheduled(
         where, RunOptions(kind="cron", approved=("touch",)))
-    assert denied.reply == "cron 1" and allowed.reply == "cron 2"
+    beat = await chat.app.dispatcher.run_scheduled(where, RunOptions(kind="heartbeat"))
+    assert (denied.reply, allowed.reply, beat.reply) == ("cron 1", "cron 2", "heartbeat")
     assert touch.ran == ["allowed"]
     assert not any(m.buttons for m in chat.sent)  # nobody was asked
     rows = await chat.app.approvals.store.recent()
     assert sorted((r.state, r.decided_by) for r in rows) == [
-        ("approved", "pre-approved for the job"), ("denied", "nobody to ask")]
+        ("approved", "pre-approved for the job"), ("denied", "nobody to ask"),
+        ("denied", "nobody to ask")]
 
 
 async def test_the_console_asks_y_n_a_and_y_approves(tmp_path: Path) -> None:
@@ -297,6 +307,8 @@ async def test_the_console_asks_y_n_a_and_y_approves(tmp_path: Path) -> None:
         await console.say("y")
         await asyncio.wait_for(app.dispatcher.drain(), 5)
         assert touch.ran == ["c"] and "console done" in out.getvalue()
+        # The console cannot edit the prompt: the outcome is printed after it.
+        assert "Approved by local at" in out.getvalue()
     finally:
         await app.close()
 
@@ -475,3 +487,44 @@ async def test_the_database_away_for_a_moment_leaves_the_question_open(
     await chat.hand_in(press(chat, prompt, "Approve", "user"))
     await chat.settle()
     assert touch.ran == ["a.txt"] and chat.replies[-1] == "after the hiccup"
+
+
+async def test_an_agents_own_approval_timeout_applies(roost_app: Any) -> None:
+    touch = Touch()
+    chat = await roost_app([touching(reply="too slow")], touch, agents={
+        "default": {"tools": {"approve": ["touch"]}, "approval_timeout": 0.2}})
+    assert chat.app is not None and chat.app.settings.approval_timeout == 300
+    await chat.say("touch it")
+    prompt = await chat.wait_for_message(is_prompt)
+    assert "within 0.2 s" in prompt.text
+    await chat.settle()
+    assert touch.ran == [] and chat.edits[-1][1].startswith("Denied (no answer in time)")
+
+
+def expire_all(db: Path) -> None:
+    """Every question's time ran out (the process was down longer than the timeout)."""
+    with contextlib.closing(sqlite3.connect(db)) as conn, conn:
+        conn.execute("UPDATE approvals SET expires_at = 1")
+
+
+async def test_an_answer_after_the_question_expired_during_a_downtime_is_too_late(
+        roost_app: Any, tmp_path: Path) -> None:
+    data = tmp_path / "shared"
+    chat = await roost_app([touching("x")], Touch(), agents=APPROVE_TOUCH, data_dir=data)
+    await chat.say("touch it")
+    prompt = await chat.wait_for_message(is_prompt)
+    assert chat.app is not None
+    await chat.app.close()
+    # Down for longer than the approval timeout: the question expired meanwhile.
+    await asyncio.to_thread(expire_all, data / "roost.db")
+    second = Touch()
+    again = await roost_app([{"reply": "too late"}], second, agents=APPROVE_TOUCH,
+                            data_dir=data)
+    assert again.app is not None
+    await again.hand_in(press(chat, prompt, "Approve", "user"))  # before the run resumes
+    assert again.answers[-1][1] == "Already decided: Denied (no answer in time) by nobody."
+    await again.app.recover()
+    await again.settle()
+    assert second.ran == [] and again.replies[-1] == "too late"
+    tool = next(m for m in again.requests[-1].messages if m.role == "tool")
+    assert json.loads(without_summary(tool.content))["outcome"] == "timeout"

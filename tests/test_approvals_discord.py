@@ -14,7 +14,7 @@ from bot.testing.discord.wire import FakeMessage
 from channels.delivery import DeliveryPolicy
 from channels.discord import DiscordChannel
 from tests.conftest import AppFactory
-from tests.test_approvals import APPROVE_TOUCH, Touch, touching
+from tests.test_approvals import APPROVE_TOUCH, Touch, resumed, touching
 
 FAST = DeliveryPolicy(attempts=3, base_delay=0.02, max_delay=0.1)
 MESSAGES = r"/channels/\d+/messages$"
@@ -63,3 +63,27 @@ async def test_only_the_requester_decides_once_and_the_prompt_shows_the_outcome(
     assert again.followups[0]["content"].startswith("Already decided: Approved by")
     assert touch.ran == ["/srv/d"]
     assert fake_discord.visible(CHANNEL_ID)[-1] == "done"
+
+
+async def test_a_press_after_a_restart_resumes_the_run_even_acknowledged_too_late(
+        make_app: AppFactory, fake_discord: FakeDiscord) -> None:
+    first = Touch()
+    app = await started(make_app, fake_discord, first, [touching("/srv/r", "first life")])
+    await fake_discord.guild_message("touch it", mention=True)
+    message, ids = await prompt_of(fake_discord)
+    await app.close()  # stopped at the pause: the question stays open
+    second = Touch()
+    again = await started(make_app, fake_discord, second, [{"reply": "after restart"}])
+    await again.recover()
+    await resumed(again)  # the run is back at its pause before the press comes
+    # The new process is slow to acknowledge: Discord refuses the callback (10062) and
+    # the person sees "This interaction failed", but the press was handed in.
+    fake_discord.ack_within = 0.0
+    late = await fake_discord.press(message, ids["Approve"])
+    await settle(again)
+    assert first.ran == [] and second.ran == ["/srv/r"]  # once, after the decision
+    assert late.acknowledged == 0 and late.followups == []
+    assert message.content.startswith("Approved by") and message.components == []
+    assert [m for m in fake_discord.messages.values()
+            if m.content.startswith(("Approval needed", "Approved"))] == [message]  # asked once
+    assert fake_discord.visible(CHANNEL_ID)[-1] == "after restart"

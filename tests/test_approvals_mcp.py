@@ -28,6 +28,9 @@ async def test_a_destructive_mcp_tool_asks_and_a_read_only_one_does_not(make: An
     assert await chat.ask("peek at it") == ["peeked"]
     assert chat.tool_results("toolbox__peek") == ["peeked /srv/db"]
     assert sum(1 for m in chat.sent if m.buttons) == 1
+    # readOnlyHint makes the tool read-only (an edit may restart a run that called it).
+    assert [(e.payload["name"], e.payload["read_only"]) for e in chat.events
+            if e.type == "tool.call"] == [("toolbox__wipe", False), ("toolbox__peek", True)]
 
 
 async def test_a_server_configured_approve_false_is_trusted(make: Any) -> None:

@@ -15,7 +15,7 @@ from bot.testing.slack.wire import Posted
 from channels.delivery import DeliveryPolicy
 from channels.slack import SlackChannel
 from tests.conftest import AppFactory
-from tests.test_approvals import APPROVE_TOUCH, Touch, touching
+from tests.test_approvals import APPROVE_TOUCH, Touch, resumed, touching
 
 FAST = DeliveryPolicy(attempts=3, base_delay=0.02, max_delay=0.1)
 
@@ -66,3 +66,40 @@ async def test_only_the_requester_decides_once_and_the_prompt_shows_the_outcome(
     third = (await fake_slack.wait_for_responses(3))[2]
     assert third.body["text"].startswith("Already decided: Approved by alice")
     assert touch.ran == ["/srv/s"]
+
+
+async def test_a_press_after_a_restart_resumes_the_run_without_asking_again(
+        make_app: AppFactory, fake_slack: FakeSlack) -> None:
+    first = Touch()
+    app = await started(make_app, fake_slack, first, [touching("/srv/r", "first life")])
+    await fake_slack.post_event(fake_slack.message(fake_slack.mention("touch it")))
+    posted, values = await prompt_of(fake_slack)
+    await app.close()  # stopped at the pause: the question stays open
+    second = Touch()
+    again = await started(make_app, fake_slack, second, [{"reply": "after restart"}])
+    await again.recover()
+    await resumed(again)  # the run is back at its pause before the press comes
+    assert (await fake_slack.post_action(fake_slack.block_actions(
+        posted, values["Approve"]))).status == 200
+    await settle(again)
+    assert first.ran == [] and second.ran == ["/srv/r"]
+    assert (await fake_slack.wait_for_responses(1))[0].body["text"] == "Approved."
+    assert posted.text.startswith("Approved by alice")
+    prompts = [p for p in fake_slack.messages.values() if p.text.startswith("Approval needed")]
+    assert prompts == []  # the one prompt now shows the outcome; none was sent again
+    assert [p.text for p in fake_slack.messages.values()][-1] == "after restart"
+
+
+async def test_a_prompt_deleted_meanwhile_gets_its_outcome_as_a_new_message(
+        make_app: AppFactory, fake_slack: FakeSlack) -> None:
+    touch = Touch()
+    app = await started(make_app, fake_slack, touch, [touching(reply="nobody answered")],
+                        approval_timeout=0.3)
+    await fake_slack.post_event(fake_slack.message(fake_slack.mention("touch it")))
+    posted, _ = await prompt_of(fake_slack)
+    posted.deleted = True  # someone deleted the prompt: chat.update says message_not_found
+    await settle(app)
+    assert fake_slack.calls_of("chat.update")[-1].error == "message_not_found"
+    texts = [p.text for p in fake_slack.messages.values() if not p.deleted]
+    assert texts[0].startswith("Denied (no answer in time) by nobody")
+    assert texts[-1] == "nobody answered" and touch.ran == []

@@ -117,3 +117,22 @@ async def test_no_answer_in_time_gives_the_model_approval_denied(
     assert fake_telegram.messages[(ALICE["id"], mid)]["text"].startswith(
         "Denied (no answer in time)")
     assert fake_telegram.sent("sendMessage")[-1].params["text"] == "nobody answered"
+
+
+async def test_a_press_answered_after_the_query_expired_still_decides(
+        make_app: MakeApp, fake_telegram: FakeTelegram) -> None:
+    from bot.testing.telegram.interactions import QUERY_TOO_OLD
+
+    touch = Touch()
+    app = await make_app([touching("/srv/late", "done")], touch)
+    fake_telegram.private_message("touch it")
+    mid, data = await prompt_of(fake_telegram)
+    fake_telegram.interactions.answer_within = 0.0  # the answer comes too late
+    press = fake_telegram.interactions.press(mid, data["Approve"])
+    await fake_telegram.wait_confirmed(press["update_id"])
+    await settle(app)
+    [answer] = fake_telegram.calls_of("answerCallbackQuery")
+    assert (answer.status, answer.error) == (400, QUERY_TOO_OLD)
+    assert touch.ran == ["/srv/late"]  # the decision stands: the query only timed out
+    assert fake_telegram.messages[(ALICE["id"], mid)]["text"].startswith("Approved by Alice")
+    assert fake_telegram.sent("sendMessage")[-1].params["text"] == "done"

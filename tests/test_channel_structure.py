@@ -28,6 +28,7 @@ COMPOSED: dict[str, tuple[str, ...]] = {
     "channels.telegram": ("TelegramChannel",),
     "bot.testing.discord": ("FakeDiscord",),
     "bot.testing.slack": ("FakeSlack",),
+    "bot.testing.whatsapp": ("FakeWhatsApp",),
 }
 """The packages held to these rules, each with the classes that hold its parts."""
 

@@ -79,7 +79,7 @@ ENV = {**SECRETS, "OPENAI_BASE_URL": OPENAI_URL, "ROOST_HTTP_PORT": str(PORT),
 
 ARGUMENTS = {"name": "web", "error_id": "E0000000", "code": "ABCD1234",
              "names": "roost-plugin-that-does-not-exist", "source": COPY_URL,
-             "target": "sqlite:///copy.db", "role": "admin"}
+             "target": "sqlite:///copy.db", "role": "admin", "pattern_file": "patterns.yaml"}
 """A value for every required argument or option, by parameter name."""
 
 EXTRA = [("chat", "-m", "hello", "--timeout", "5"), ("mcp", "test", "tool"),

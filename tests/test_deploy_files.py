@@ -71,7 +71,7 @@ def test_the_image_is_built_in_two_stages_and_installs_extras_that_exist() -> No
 def test_the_all_extra_holds_every_platform_sdk_and_the_otlp_exporter() -> None:
     extras = _extras()
     names = {Requirement(r).name.lower() for r in extras["all"]}
-    for platform in ("telegram", "discord", "slack"):
+    for platform in ("telegram", "discord", "slack", "matrix"):
         assert {Requirement(r).name.lower() for r in extras[platform]} <= names
     assert "opentelemetry-exporter-otlp-proto-http" in names
     assert "opentelemetry-exporter-otlp-proto-http" in {

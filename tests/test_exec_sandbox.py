@@ -213,9 +213,7 @@ async def test_the_network_is_unreachable_unless_the_agent_may_use_it(
 
 
 async def test_a_fork_bomb_stops_at_the_process_limit(root: Path, workspace: Path) -> None:
-    # A uid of its own: RLIMIT_NPROC counts every process of a uid, so a bomb run as the
-    # uid other tests' sandboxes use would make their starts fail (EAGAIN) meanwhile.
-    tool = make_tool(root, max_processes=16, uid=65533)
+    tool = make_tool(root, max_processes=16)
     counting = ("python3 -c \"import os,time\nn=0\nwhile n < 5000:\n"
                 " try: pid = os.fork()\n"
                 " except OSError as e: print('fork failed after', n, e.strerror); break\n"
@@ -224,9 +222,9 @@ async def test_a_fork_bomb_stops_at_the_process_limit(root: Path, workspace: Pat
     status, output = status_and_output(result)
     words = output.split()
     assert words[:3] == ["fork", "failed", "after"], output
-    # RLIMIT_NPROC counts every process of the sandbox's user: 16 more than it ran at the
-    # start, so a sandbox of a parallel test that ends meanwhile can leave a few more.
-    assert int(words[3]) <= 32, output
+    # RLIMIT_NPROC counts every process of the sandbox's user: its 16, bwrap, sh and
+    # python among them (as root the uid is the sandbox's alone; else Roost's user's).
+    assert int(words[3]) <= 16, output
     assert "Resource temporarily unavailable" in output
     # Its sleeping children went with the sandbox when python exited.
     assert status.startswith("[exit code 0"), status

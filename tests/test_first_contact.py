@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from bot.app.init import credential_names, env_name
+from bot.app.init import PLUGIN_CHANNELS, credential_names, env_name
 from bot.config.settings import ConfigError, Settings, load_settings
 from tests.cli_forks import run_roost
 
@@ -24,7 +24,8 @@ ROOST = [sys.executable, "-m", "bot"]
 def clean_env(**extra: str) -> dict[str, str]:
     """The environment without any Roost setting or credential, plus ``extra``."""
     names = {env_name(n) for n in credential_names()} | {
-        "ANTHROPIC_BASE_URL", "OPENAI_BASE_URL", "TELEGRAM_API_BASE"}
+        "ANTHROPIC_BASE_URL", "OPENAI_BASE_URL", "TELEGRAM_API_BASE"} | {
+        v for _, variables in PLUGIN_CHANNELS for v in variables}
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("ROOST_", "OTEL_")) and k not in names}
     env.update(PYTHONUNBUFFERED="1", ROOST_DISABLE_PLUGIN_AUTOLOAD="1")
@@ -79,7 +80,12 @@ def test_env_example_has_one_empty_line_per_credential(tmp_path: Path) -> None:
                if SecretStr in (field.annotation, *getattr(field.annotation, "__args__", ()))]
     # The web and transcribe plugins' keys.
     plugins = ["BRAVE_API_KEY=", "TAVILY_API_KEY=", "ROOST_TRANSCRIBE_API_KEY="]
-    assert sorted(lines) == sorted([f"{env_name(n)}=" for n in secrets] + plugins)
+    # The channels of built-in plugins (WhatsApp, email).
+    channels = ["WHATSAPP_PHONE_NUMBER_ID=", "WHATSAPP_ACCESS_TOKEN=", "WHATSAPP_APP_SECRET=",
+                "WHATSAPP_VERIFY_TOKEN=", "EMAIL_IMAP_URL=", "EMAIL_SMTP_URL=",
+                "EMAIL_ADDRESS=", "EMAIL_USERNAME=", "EMAIL_PASSWORD=", "MATRIX_HOMESERVER=",
+                "MATRIX_USER_ID=", "MATRIX_ACCESS_TOKEN=", "MATRIX_PASSWORD="]
+    assert sorted(lines) == sorted([f"{env_name(n)}=" for n in secrets] + plugins + channels)
     assert "TELEGRAM_BOT_TOKEN=" in lines and "ANTHROPIC_API_KEY=" in lines
 
 

@@ -23,6 +23,7 @@ from bot.app.offers import provider_specs
 from bot.app.roost import Roost
 from bot.config.settings import Settings
 from bot.contracts.hookspecs import hookimpl
+from bot.contracts.messages import ReactionEvent
 from bot.contracts.providers import ProviderSpec
 from bot.contracts.runtime import Runtime
 from bot.engine.media import transcriber_of
@@ -152,11 +153,24 @@ class AllHooks:
     def roost_shutdown(self) -> None:
         self.called.add("roost_shutdown")
 
+    @hookimpl
+    def roost_reaction(self) -> None:
+        self.called.add("roost_reaction")
+
+    @hookimpl
+    def roost_status(self) -> None:
+        self.called.add("roost_status")
+
 
 async def test_a_running_app_calls_every_hook(roost_app: Any) -> None:
     plugin = AllHooks()
     chat = await roost_app([{"reply": "hi"}], ("all-hooks", plugin))
     assert await chat.ask("hello") == ["hi"]
+    # The chat channel keeps no message ids: the reply is given the one a platform would.
+    async with chat.app.store.lock:
+        await chat.app.store.db.execute("UPDATE outbox SET platform_id = 'r1'")
+    await chat.hand_in(ReactionEvent(channel=chat.name, chat_id="user", message_id="r1",
+                                     user_id="user", emoji="👍", added=True))
     await chat.ask("/status")  # what /readyz asks too
     await provider_specs(chat.app.settings, chat.app.host)  # what `roost run` does first
     await transcriber_of(chat.app.host, chat.app.settings)  # what a voice note does

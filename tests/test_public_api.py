@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 import importlib
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import roost
@@ -98,3 +100,16 @@ def test_the_plugin_guide_imports_only_from_roost() -> None:
     guide = (ROOT / "docs" / "plugins.md").read_text(encoding="utf-8")
     assert not re.findall(r"^from bot\.", guide, flags=re.M)
     assert "from roost import" in guide
+
+
+def test_loading_the_built_in_plugins_imports_no_http_client() -> None:
+    # Channel plugins' settings import roost.channels at every start; aiohttp (~0.1 s)
+    # must wait until a channel or the HTTP server actually needs it.
+    code = ("import importlib, sys\n"
+            "from bot.pluginhost.manager import BUILTIN_PLUGINS\n"
+            "for name in BUILTIN_PLUGINS: importlib.import_module(name)\n"
+            "import roost.channels\n"
+            "print(sorted(m for m in ('aiohttp', 'nio', 'aioimaplib') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    assert out.strip() == "[]"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -221,3 +222,10 @@ def test_the_manifest_asks_for_reactions_and_interactivity() -> None:
     text = manifest("help")
     assert "reactions:write" in text and "reactions:read" in text
     assert "reaction_added" in text and "interactivity:" in text
+
+
+def test_the_slack_guide_shows_the_manifest_roost_logs() -> None:
+    guide = (Path(__file__).parents[1] / "docs" / "platforms" / "slack.md").read_text("utf-8")
+    shown = guide.split("```text\n", 1)[1].split("\n```", 1)[0]
+    names = shown.split('description: "Roost commands: ', 1)[1].split('"', 1)[0]
+    assert shown == manifest(names)

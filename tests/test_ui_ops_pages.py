@@ -25,7 +25,7 @@ from bot.contracts.messages import OutboundMessage
 from bot.storage.ui_accounts import UiAccountStore
 from bot.testing.app import ChatChannel, create_app, scripted, settle
 from bot.testing.postgres import PostgresCluster
-from bot.testing.ui import UiClient, add_account, csrf_of, serve_ui
+from bot.testing.ui import UiClient, clients_by_role, csrf_of, serve_ui
 from bot.ui.queries import access as access_queries
 from tests.test_scheduler import FakeClock
 
@@ -92,15 +92,9 @@ async def start_fixture(tmp_path: Path) -> AsyncIterator[Start]:
         await chat.attach(app, recorder)
         await app.recover()  # as `roost run`: with replicas, claiming and sweeping start
         server = await serve_ui(app)
-        logged: dict[str, UiClient] = {}
-        for role in ("admin", "operator", "viewer"):
-            if accounts:
-                await add_account(app, role, PASSWORD, role)
-            client = UiClient(server.url)
-            clients.append(client)
-            status, _ = await client.log_in(role, PASSWORD)
-            assert status == 200
-            logged[role] = client
+        logged = await clients_by_role(app, server.url, ("admin", "operator", "viewer"),
+                                       PASSWORD, add=accounts)
+        clients.extend(logged.values())
         return Ui(app, chat, clock, logged)
 
     yield start

@@ -80,6 +80,7 @@ class HealthServer:
         """This process's last log records, for the Control UI's live tail (kept while serving)."""
         self._listener: Listener | None = None
         self._posts: dict[str, WebHandler] = {}
+        self._gets: dict[str, WebHandler] = {}
 
     async def wait_closing(self) -> None:
         """Return once shutdown has begun (what ends the UI's Server-Sent Events streams)."""
@@ -108,6 +109,7 @@ class HealthServer:
         listener.app.on_response_prepare.append(secure_ui_answers)
         # aiohttp's router is frozen once serving; channels mount webhooks later.
         router.add_post("/{path:.*}", self._post)
+        router.add_get("/{path:.*}", self._get)
         try:
             await listener.start()
         except OSError as exc:
@@ -131,6 +133,18 @@ class HealthServer:
     def remove_post(self, path: str) -> None:
         """Stop answering ``POST path``."""
         self._posts.pop(path, None)
+
+    def add_get(self, path: str, handler: WebHandler) -> None:
+        """Answer ``GET path`` with ``handler`` (a webhook's verification handshake)."""
+        if path in self._gets or path in ("/healthz", "/readyz", "/metrics") \
+                or path == "/ui" or path.startswith("/ui/"):
+            raise SetupError(f"GET {path} is taken on port {self.port}")
+        self._gets[path] = handler
+        log.info("GET %s served on port %d", path, self.port)
+
+    def remove_get(self, path: str) -> None:
+        """Stop answering ``GET path``."""
+        self._gets.pop(path, None)
 
     @property
     def closing(self) -> bool:
@@ -214,6 +228,15 @@ class HealthServer:
         from aiohttp import web
 
         handler = self._posts.get(request.path)
+        if handler is None:
+            return web.Response(status=404, text="not found\n")
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    async def _get(self, request: web.Request) -> web.StreamResponse:
+        from aiohttp import web
+
+        handler = self._gets.get(request.path)
         if handler is None:
             return web.Response(status=404, text="not found\n")
         response: web.StreamResponse = await handler(request)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import AliasChoices, SecretStr
 
-from bot.config.moved import CREDENTIALS, MOVED, SERVICE_ENV
+from bot.config.moved import CREDENTIALS, EMAIL_ENV, MOVED, SERVICE_ENV
 from bot.config.settings import Settings
 
 CONFIG_NAME = "roost.toml"
@@ -66,6 +66,20 @@ data_dir = "data"
 # searxng_url = "http://searx.lan:8080"    # web_search (or BRAVE_API_KEY in .env)
 # [plugins."plugins.exec_tool"]
 # timeout = 30
+# and the email channel's (or EMAIL_* in .env; docs/platforms/email.md):
+# [plugins."plugins.mail"]
+# imap_url = "imaps://imap.example.com"
+# smtp_url = "smtps://smtp.example.com"
+# address = "roost@example.com"
+
+# Matrix (MATRIX_HOMESERVER, MATRIX_USER_ID, MATRIX_ACCESS_TOKEN in .env):
+# [plugins."plugins.matrix"]
+# sync_timeout = 30
+# encryption = true               # end-to-end encrypted rooms, keys in data/matrix/
+
+# WhatsApp (its credentials go in .env; the webhook is /whatsapp/webhook on http_port):
+# [plugins."plugins.whatsapp"]
+# template_name = "roost_reply"   # sent for a reply due outside the 24-hour window
 
 # Tools of an MCP server:
 # [mcp.servers.github]
@@ -84,6 +98,20 @@ _HINTS = {
     "brave_api_key": "Web search backends (optional).",
     "transcribe_api_key": "Voice notes: the key of the transcription server (optional).",
 }
+
+
+PLUGIN_CHANNELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("WhatsApp (Cloud API): the channel plugins.whatsapp; its webhook is /whatsapp/webhook\n"
+     "# on ROOST_HTTP_PORT.",
+     ("WHATSAPP_PHONE_NUMBER_ID", "WHATSAPP_ACCESS_TOKEN", "WHATSAPP_APP_SECRET",
+      "WHATSAPP_VERIFY_TOKEN")),
+    ("Email: a mailbox of its own (pip install 'roost[email]'); the username only\n"
+     "# when it is not the address.", tuple(EMAIL_ENV)),
+    ("Matrix (pip install 'roost[matrix]'): the homeserver's URL, the bot's Matrix ID and\n"
+     "# its access token, or a password used once (the device it logs in is kept).",
+     ("MATRIX_HOMESERVER", "MATRIX_USER_ID", "MATRIX_ACCESS_TOKEN", "MATRIX_PASSWORD")),
+)
+"""Channels offered by built-in plugins: a comment and the variables ``.env.example`` lists."""
 
 
 def env_name(name: str) -> str:
@@ -124,6 +152,8 @@ def env_example() -> str:
         if hint:
             lines += ["", f"# {hint}"]
         lines.append(f"{env_name(name)}=")
+    for hint, variables in PLUGIN_CHANNELS:
+        lines += ["", f"# {hint}", *(f"{variable}=" for variable in variables)]
     return "\n".join(lines) + "\n"
 
 

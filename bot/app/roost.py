@@ -50,6 +50,7 @@ from bot.pluginhost.state import load_disabled, save_state
 from bot.scheduling.scheduler import Scheduler
 from bot.storage.access import AccessStore
 from bot.storage.approvals import ApprovalStore
+from bot.storage.channel_state import ChannelStateStore
 from bot.storage.chatter import GroupChatter
 from bot.storage.claims import Claims, fit_replica_id
 from bot.storage.control import Control, open_control
@@ -114,7 +115,9 @@ class Roost:
             settings, inbox=self.inbox, store=store, engine=engine, router=self.router,
             channels=self.channels, commands=lambda: self.commands, runtime=self.runtime,
             gates=gates, policy=policy, pairing=pairing, budgets=budgets, claims=claims,
-            deliveries=metrics, presses=approvals)
+            deliveries=metrics, presses=approvals,
+            reactions=lambda reaction: host.hooks.roost_reaction(reaction=reaction,
+                                                                  app=self.runtime))
 
     @property
     def provider(self) -> LLMProvider:
@@ -391,7 +394,9 @@ class Roost:
             http_routes=self.http,  # its webhook may share the server's port
             # Long polling and Socket Mode on one replica; bot-wide send limits shared.
             leadership=self.leader if is_postgres_url(self.settings.database) else None,
-            replicas=self.dispatcher.replicas))
+            replicas=self.dispatcher.replicas,
+            state=ChannelStateStore(channel.name, self.store.db, self.store.lock,
+                                    self.store.writer)))
         unique = {id(c): c for c in self.commands.values()}
         try:
             await channel.register_commands(list(unique.values()))

@@ -167,6 +167,19 @@ class AgentConfig(_Strict):
     """``[agents.<name>.budgets]``: overrides of ``[budgets]`` for this agent's runs."""
     approval_timeout: float | None = Field(None, gt=0)
     """Seconds this agent's tool calls wait for approval; unset follows ``approval_timeout``."""
+    skills: tuple[Path, ...] = ()
+    """Directories of Agent Skills (folders with a SKILL.md) this agent has besides the
+    global ``skills/`` (see docs/skills.md)."""
+    user_skills: bool = False
+    """Whether each user's own ``skills/`` folder in their workspace adds skills to this
+    agent's runs for that user."""
+    skills_only: tuple[str, ...] | None = None
+    """The skills this agent may use, by name; unset: every enabled one."""
+    skills_disabled: tuple[str, ...] = ()
+    """Skills this agent never uses, by name."""
+    edit_policy: Literal["correct", "ignore"] | None = None
+    """What an edit of an answered message does for this agent; unset follows
+    ``edit_policy``."""
 
     @field_validator("context_window")
     @classmethod

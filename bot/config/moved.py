@@ -26,6 +26,7 @@ _MEMORY = "plugins.memory"
 _TRANSCRIBE = "plugins.transcribe"
 _CRON = "plugins.cron"
 _FILES = "plugins.file_tools"
+_WHATSAPP = "plugins.whatsapp"
 
 MOVED: dict[str, tuple[str, str]] = {
     **{f"exec_{key}": (_EXEC, key) for key in (
@@ -56,8 +57,20 @@ SERVICE_ENV: dict[str, tuple[str, str]] = {
     "TAVILY_API_KEY": (_WEB, "tavily_api_key"),
     # A secret belongs in the environment, and this is its only variable.
     "ROOST_TRANSCRIBE_API_KEY": (_TRANSCRIBE, "api_key"),
+    # The WhatsApp channel's settings, under the names its documentation uses.
+    **{f"WHATSAPP_{key.upper()}": (_WHATSAPP, key) for key in (
+        "phone_number_id", "access_token", "app_secret", "verify_token", "api_base")},
+    # The Matrix channel's account (plugins/matrix): its SDK's usual names.
+    **{f"MATRIX_{key.upper()}": ("plugins.matrix", key) for key in (
+        "homeserver", "user_id", "access_token", "password")},
 }
 """Variables of moved secrets that stay ordinary overrides → (plugin, key); no warning."""
+
+EMAIL_ENV: dict[str, tuple[str, str]] = {
+    f"EMAIL_{key.upper()}": ("plugins.mail", key)
+    for key in ("imap_url", "smtp_url", "address", "username", "password")}
+"""The email channel's variables → its table's keys (``roost init`` lists them)."""
+SERVICE_ENV.update(EMAIL_ENV)
 
 CREDENTIALS: tuple[str, ...] = ("brave_api_key", "tavily_api_key", "transcribe_api_key")
 """Moved names that hold secrets: ``.env.example`` lists their variables."""

@@ -125,6 +125,11 @@ class Settings(BaseSettings):
     merge_window_ms: int = Field(800, ge=0)
     """A follow-up from the same sender within this window, before any output, restarts the run
     with both texts; 0 turns merging off."""
+    edit_policy: Literal["correct", "ignore"] = "correct"
+    """An edit of a message whose run already used a tool with side effects, or was
+    answered: ``correct`` gives the model the new text as a correction of the earlier
+    message; ``ignore`` drops it (per agent: ``[agents.<name>] edit_policy``). Edits
+    before that always replace the text."""
     shutdown_grace_seconds: float = Field(8.0, ge=0)
     """On SIGTERM, how long runs in flight may finish before they are cancelled
     (they then run again after the next start); under Docker's 10 s."""
@@ -294,6 +299,13 @@ class Settings(BaseSettings):
     """Stream replies by editing one message at most once a second."""
     stream_channels: dict[str, bool] = Field(default_factory=dict)
     """Per-channel override of ``stream_replies``, e.g. ``{slack = false}``."""
+    ack_reaction: str = Field("", max_length=64)
+    """The bot's reaction on a person's message once Roost has stored it (``"👀"``);
+    empty: no receipts at all."""
+    done_reaction: str = Field("✅", max_length=64)
+    """Replaces ``ack_reaction`` when the run answered (empty: the ack is removed)."""
+    error_reaction: str = Field("⚠️", max_length=64)
+    """Replaces ``ack_reaction`` when the run failed or was refused (empty: removed)."""
 
     # Platform endpoints (proxies, self-hosted Bot API servers, tests).
     telegram_api_base: str | None = Field(

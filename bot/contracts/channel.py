@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from bot.contracts.media import MediaError
@@ -145,6 +145,15 @@ async def found_nothing_shown() -> None:
         await state.mark.record(False)
 
 
+class Undeliverable(Exception):
+    """Raised by :meth:`Channel.send` for a reply the platform will not take now or later
+    (WhatsApp outside its 24-hour window with no template to send instead).
+
+    The core gives the reply up at once: it stays in the outbox as failed, with this
+    exception's one-line message as the reason, and is not sent again.
+    """
+
+
 @dataclass(frozen=True, slots=True)
 class ChannelHealth:
     """Whether a channel is connected and receiving, for ``/readyz``.
@@ -180,6 +189,12 @@ class WebRoutes(Protocol):
     def remove_post(self, path: str) -> None:
         """Stop answering ``POST path`` (404 from then on)."""
 
+    def add_get(self, path: str, handler: WebHandler) -> None:
+        """Answer ``GET path`` with ``handler`` from now on (a webhook's verification)."""
+
+    def remove_get(self, path: str) -> None:
+        """Stop answering ``GET path`` (404 from then on)."""
+
 
 class Leadership(Protocol):
     """Whether this process leads the deployment (PostgreSQL replicas elect one leader).
@@ -212,6 +227,36 @@ class LiveReplicas(Protocol):
         included (at least 1); read again every ``lease_seconds / 3``."""
 
 
+class ChannelState(Protocol):
+    """A channel's durable notes (a sync token, the last mail UID), kept in Roost's
+    database under the channel's name and shared by the replicas.
+
+    Put a position only after the events it covers were handed to the handler and
+    it returned (they are stored then), so a restart neither loses nor repeats one.
+    """
+
+    async def get(self, key: str) -> str | None:
+        """The value last put under ``key``, or ``None``."""
+
+    async def put(self, key: str, value: str) -> None:
+        """Record ``value`` under ``key``; returns once it is durable."""
+
+
+class MemoryState:
+    """A :class:`ChannelState` kept in memory: for a channel started on its own."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, str] = {}
+
+    async def get(self, key: str) -> str | None:
+        """The value last put under ``key``, or ``None``."""
+        return self.values.get(key)
+
+    async def put(self, key: str, value: str) -> None:
+        """Record ``value`` under ``key`` (until the process ends)."""
+        self.values[key] = value
+
+
 @dataclass(frozen=True, slots=True)
 class Capabilities:
     """What a channel can do beyond sending text, so the core asks only what is possible."""
@@ -242,11 +287,14 @@ class ChannelContext:
     Socket Mode receive only while it leads (``None``: always).
     ``replicas``: set when several replicas share the database; bot-wide send limits
     are divided among the live ones (``None``: this process alone).
+    ``state``: the channel's durable notes in Roost's database (``None``: keep them in
+    memory, see :class:`MemoryState`).
     """
 
     http_routes: WebRoutes | None = None
     leadership: Leadership | None = None
     replicas: LiveReplicas | None = None
+    state: ChannelState | None = None
 
 
 ALONE = ChannelContext()
@@ -286,9 +334,18 @@ class Channel:
 
     async def begin(self, handler: InboundHandler, context: ChannelContext = ALONE) -> None:
         """Keep ``context`` as :attr:`context`, then :meth:`start`: how the service starts
-        a channel, so an adapter reads what is shared with it from within ``start``."""
-        self.context = context
+        a channel, so an adapter reads what is shared with it from within ``start``.
+        Without a database behind it, :attr:`state` is kept in memory."""
+        self.context = context if context.state is not None \
+            else replace(context, state=MemoryState())
         await self.start(handler)
+
+    @property
+    def state(self) -> ChannelState:
+        """The channel's durable notes (:attr:`ChannelContext.state`); set by :meth:`begin`."""
+        if self.context.state is None:
+            raise RuntimeError(f"{self.name}: state is there once begin() has run")
+        return self.context.state
 
     async def start(self, handler: InboundHandler) -> None:
         """Connect to the platform and begin delivering inbound messages."""
@@ -357,9 +414,11 @@ class Channel:
         return False
 
     async def react(self, chat_id: str, message_id: str, emoji: str | None, *,
-                    thread_id: str | None = None) -> bool:
+                    thread_id: str | None = None, replacing: str | None = None) -> bool:
         """Set the bot's own reaction on a message to ``emoji``, replacing the one it set
-        before (``None``: remove it); ``thread_id`` as for :meth:`edit`.
+        before (``None``: remove it); ``thread_id`` as for :meth:`edit`. ``replacing`` is
+        the reaction the core believes the bot set there, for an adapter that does not
+        remember it (another replica set it, or this process restarted since).
 
         Reactions never delay a reply: they are paced at the lowest priority and
         dropped when the chat is rate limited. Returns whether the reaction was

@@ -26,7 +26,7 @@ class RunEvent:
     """One event in a run's life, delivered to every ``roost_run_event`` hook.
 
     Payloads: ``run.started`` {message}; ``activity`` {phase}; ``chunk``
-    {content}; ``tool.call`` {name, id, arguments}; ``tool.result`` {name, id,
+    {content}; ``tool.call`` {name, id, arguments, read_only}; ``tool.result`` {name, id,
     is_error, result}; ``block.reply`` {content}; ``run.retrying`` {attempt,
     maxAttempts, error}; ``run.completed`` {content, usage, silent};
     ``run.failed`` {error}; ``run.cancelled`` {reason, usage}.

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from bot.contracts.channel import ChannelSpec
-    from bot.contracts.commands import Command
+    from bot.contracts.commands import Command, CommandContext
     from bot.contracts.events import RunEvent
     from bot.contracts.guard import GuardPattern, InputCheck
     from bot.contracts.health import HealthReport
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from bot.contracts.judge import Judge
     from bot.contracts.llm import Sanitizer
     from bot.contracts.media import Transcriber
-    from bot.contracts.messages import InboundMessage
+    from bot.contracts.messages import InboundMessage, ReplyReaction
     from bot.contracts.migrations import Migrations
     from bot.contracts.prompt import PromptContext, PromptSection
     from bot.contracts.providers import ProviderSpec
@@ -56,6 +56,8 @@ def roost_tools(settings: SettingsModel, services: Services) -> list[Tool] | Too
       should be off unless an admin turns it on (the built-in `exec` runs shell commands) carries
       `meta={"opt_in": True}`: no tool profile offers it, not even `full`; an agent gets it only
       when its `allow` names it (`tools = { allow = ["exec"] }`) or its plugin's group.
+      A `ToolResult(text, only_tools=frozenset({...}))` narrows the tools the rest of the run
+      may call, never widening them (`load_skill` does so for a skill's `allowed-tools`).
       A tool's transient failures open its circuit breaker for every caller; a tool whose
       failures belong to one caller or target passes `breaker_key=lambda context, args: ...`
       (web_fetch: the user and the URL's host), and each key gets a breaker of its own.
@@ -607,3 +609,52 @@ def roost_shutdown(app: Runtime) -> None:
     ```
     """
 
+
+
+@hookspec
+def roost_reaction(reaction: ReplyReaction, app: Runtime) -> None:
+    """Someone added or removed a reaction on one of Roost's replies.
+
+    * **Called:** once per reaction added or removed, on a channel that hands reactions in
+      (Telegram, Discord, Slack), on whichever replica received it; a platform that delivers
+      again (after a restart) may call it twice for one reaction, so store idempotently.
+    * **Arguments:** `reaction.event` is the `ReactionEvent` (`user_id`, `user_name`, `emoji`:
+      the Unicode emoji, `name:id` for a Discord custom one and `:name:` for a Slack one,
+      `added`: `True` when added, `False` when removed, `channel`, `chat_id`, `message_id`);
+      `reaction.run_id` is the run whose reply it is and `reaction.session_key` its conversation;
+      `app` is the service's `Runtime`.
+    * **Not called** for the bot's own reactions, nor for reactions on messages that are not
+      Roost's replies (a person's message, an approval prompt, a notice): Roost knows no run
+      for those. A reply sent as several messages is known by its last one.
+    * **Returns:** nothing. A failure is logged and never reaches the platform. The built-in
+      `feedback` plugin records 👍/👎 this way.
+
+    ```python
+    from roost import hookimpl
+
+    @hookimpl
+    def roost_reaction(reaction, app):
+        if reaction.event.added and reaction.event.emoji == "🔥":
+            print(f"{reaction.event.user_name} liked run {reaction.run_id}")
+    ```
+    """
+
+
+@hookspec
+def roost_status(context: CommandContext) -> list[str] | str | None:
+    """Add lines to the `/status` answer.
+
+    * **Called:** on every `/status` command, after Roost's own lines.
+    * **Arguments:** `context`, the command's `CommandContext` (`context.is_admin`,
+      `context.session_key`, `context.app`).
+    * **Returns:** lines of text (or `None`). Show what only admins may see only when
+      `context.is_admin`.
+
+    ```python
+    from roost import hookimpl
+
+    @hookimpl
+    def roost_status(context):
+        return "Feed: polling" if context.is_admin else None
+    ```
+    """

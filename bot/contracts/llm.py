@@ -280,13 +280,15 @@ class Session:
 def session_key(message: InboundMessage, agent: str = "default") -> str:
     """The conversation a message belongs to.
 
-    Direct chats are per user per channel; a group shares one history, and a
-    thread or forum topic inside a group is a conversation of its own.
+    Direct chats are per user per channel (each ``conversation`` in one, such as an
+    email thread, apart); a group shares one history, and a thread or forum topic
+    inside a group is a conversation of its own.
     """
     if message.chat_type == "group":
         thread = f":{message.thread_id}" if message.thread_id else ""
         return f"{agent}:{message.channel}:group:{message.chat_id}{thread}"
-    return f"{agent}:{message.channel}:direct:{message.sender_id}"
+    apart = f":{message.conversation}" if message.conversation else ""
+    return f"{agent}:{message.channel}:direct:{message.sender_id}{apart}"
 
 
 def agent_of(key: str) -> str:

@@ -74,6 +74,9 @@ class InboundMessage:
     inbox is unique on ``(channel, event_id)``, so a redelivery is never run
     twice; ``""`` means the channel cannot redeliver (console, tests) and every
     message is new."""
+    conversation: str | None = None
+    """A conversation of its own within a direct chat (an email thread): direct
+    messages with one form a session apart from the sender's others."""
 
     def __post_init__(self) -> None:
         # Lone UTF-16 surrogates (valid JSON: "\ud83d") cannot be encoded; nothing
@@ -103,7 +106,7 @@ class InboundMessage:
 
 
 _INBOUND_TEXT = ("channel", "chat_id", "sender_id", "text", "sender_name", "message_id",
-                 "reply_to", "thread_id", "group_id", "event_id")
+                 "reply_to", "thread_id", "group_id", "conversation", "event_id")
 
 
 def _clean_fields(obj: object, names: tuple[str, ...]) -> None:
@@ -325,6 +328,16 @@ class ReactionEvent:
 
 InboundEvent = InboundMessage | ButtonPress | MessageEdit | MessageDeletion | ReactionEvent
 """Everything a channel hands the core: a message, or an interaction with one."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyReaction:
+    """A person's reaction (``event``) on one of Roost's replies: the reply of run
+    ``run_id`` in conversation ``session_key``."""
+
+    event: ReactionEvent
+    run_id: str
+    session_key: str
 
 
 def parse_command(text: str, bot_username: str = "") -> tuple[str, str] | None:

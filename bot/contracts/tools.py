@@ -72,6 +72,10 @@ class ToolResult:
     content: str
     is_error: bool = False
     parts: tuple[ContentPart, ...] = ()
+    only_tools: frozenset[str] | None = None
+    """When set, the rest of this run may call only these tools (a loaded skill's
+    ``allowed-tools``): the run's tools are narrowed to them, never widened; ``None``
+    changes nothing."""
 
 
 ToolFunc = Callable[[ToolContext, Mapping[str, Any]], Awaitable["ToolResult | str"]]
@@ -124,6 +128,10 @@ class Tool:
     breaker_key: Callable[[ToolContext, Mapping[str, Any]], str] | None = None
     """Divides the tool's circuit breaker: calls with different keys (a user and a
     host, say) open and pause apart. ``None``: one breaker for every call."""
+    read_only: bool = False
+    """The tool only reads (a file, the web, memory): calling it changes nothing, so a
+    run that called only such tools may be started again when its message is edited.
+    Unmarked tools are taken to have side effects."""
 
     def spec(self) -> ToolSpec:
         """The part of the tool the model is shown."""

@@ -382,6 +382,10 @@ class PluginsView(Protocol):
         """Every plugin's health report."""
         ...
 
+    async def status_lines(self, context: Any) -> list[str]:
+        """The lines plugins add to ``/status`` for ``context`` (a ``CommandContext``)."""
+        ...
+
 
 class OfferView(Protocol):
     """What the enabled plugins offer now."""
@@ -390,6 +394,10 @@ class OfferView(Protocol):
     def tools(self) -> Mapping[str, Tool]: ...
     @property
     def tool_groups(self) -> Mapping[str, str]: ...
+    def guard_scan(self, text: str) -> list[str]:
+        """Names of the input guard's patterns that match ``text`` (whatever the guard's
+        mode: for text from files, such as a skill, that no mode applies to)."""
+        ...
 
 
 class SnapshotSource(Protocol):

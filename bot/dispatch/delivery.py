@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from bot.config.masking import mask_text
-from bot.contracts.channel import Channel, ReplyStream, sending_mark
+from bot.contracts.channel import Channel, ReplyStream, Undeliverable, sending_mark
 from bot.contracts.events import RunEvent
 from bot.contracts.llm import Sanitizer, run_pipeline
 from bot.contracts.messages import InboundMessage, OutboundMessage
@@ -170,6 +170,8 @@ class RunWatch:
             self.draft.check(self.bridge.stream)
         elif event.type == "tool.call":
             self.entry.shown()
+            if not event.payload.get("read_only"):
+                self.entry.acted()
             await self.bridge.end_block()
         elif event.type == "run.retrying":
             if event.payload.get("attempt") == 0:
@@ -180,8 +182,10 @@ class RunWatch:
             else:
                 await self.bridge.restart()
         elif event.type == "activity":
-            if event.payload.get("phase") in ("committing", "approval"):
-                # Answered, or asking a person: a follow-up starts a run of its own.
+            if event.payload.get("phase") == "committing":
+                self.entry.committing()
+            elif event.payload.get("phase") == "approval":
+                # Asking a person: a follow-up starts a run of its own.
                 self.entry.shown()
             elif event.payload.get("notice"):
                 self.notify(event.payload["notice"])
@@ -278,11 +282,17 @@ async def deliver_result(channel: Channel | None, message: InboundMessage, resul
             return
     except Exception as exc:
         if reply is not None:
-            counts.delivery(message.channel,
-                            "failed" if result.outbox_id is not None else "given_up")
+            counts.delivery(message.channel, "failed" if result.outbox_id is not None
+                            and not isinstance(exc, Undeliverable) else "given_up")
         if result.outbox_id is None or reply is None:
             log.warning("delivering run %s to %s:%s failed: %s", result.run_id,
                         message.channel, message.chat_id, exc)
+            return
+        if isinstance(exc, Undeliverable):
+            log.warning("reply of run %s to %s:%s is undeliverable (%s); given up, it "
+                        "stays in the outbox as failed", result.run_id, message.channel,
+                        message.chat_id, exc)
+            inbox.not_delivered(result.outbox_id, final=True, error=mask_text(str(exc)))
             return
         log.warning("delivering run %s to %s:%s failed (%s); it stays in the outbox",
                     result.run_id, message.channel, message.chat_id, exc)
@@ -413,7 +423,7 @@ class Redeliveries:
                 reply, replace=draft, delivery_id=f"roost-{outbox_id}", redelivery=True),
                 self.inbox, outbox_id)
         except Exception as exc:
-            final = attempts >= REDELIVERY.retries
+            final = attempts >= REDELIVERY.retries or isinstance(exc, Undeliverable)
             self.counts.delivery(reply.channel, "given_up" if final else "failed")
             self.inbox.not_delivered(outbox_id, final=final, error=mask_text(str(exc)))
             if final:

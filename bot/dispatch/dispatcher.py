@@ -29,11 +29,15 @@ from bot.contracts.messages import (
     ButtonPress,
     InboundEvent,
     InboundMessage,
+    MessageDeletion,
+    MessageEdit,
     OutboundMessage,
+    ReactionEvent,
     parse_command,
 )
 from bot.contracts.runtime import Runtime
 from bot.dispatch.commands import run_command
+from bot.dispatch.corrections import Corrections
 from bot.dispatch.delivery import (
     DeliveryCount,
     Redeliveries,
@@ -45,6 +49,7 @@ from bot.dispatch.delivery import (
 )
 from bot.dispatch.intake import ChatPolicy, PairingPolicy
 from bot.dispatch.lanes import Lane, Lanes, Moves, Pending, Running, RunRegistry, join_messages
+from bot.dispatch.receipts import Outcome, ReactionHandler, Receipts
 from bot.dispatch.replicas import ReplicaWork, close_quietly
 from bot.engine.budgets import Budgets, Payer
 from bot.engine.context import TokenEstimator
@@ -61,6 +66,10 @@ intake_log = logging.getLogger("roost.intake")
 
 T = TypeVar("T")
 
+RECEIPTS: dict[str, Outcome] = {"completed": "done", "failed": "error", "refused": "error",
+                                "cancelled": "dropped"}
+"""The receipt a run's status puts on the messages it answered."""
+
 Leftovers = tuple[list[OutboxEntry], list[InboxEntry]]
 """What a previous process left: replies not confirmed delivered, unfinished messages."""
 
@@ -70,6 +79,10 @@ class PressHandler(Protocol):
 
     async def press(self, press: ButtonPress) -> bool:
         """Act on ``press``; ``False`` when it is not one of this handler's buttons."""
+
+    async def answer_text(self, message: InboundMessage) -> bool:
+        """Act on ``message`` if it answers a prompt in text (a channel without buttons);
+        ``False`` when it is an ordinary message."""
 
 
 class ShuttingDown(Exception):
@@ -85,7 +98,8 @@ class Dispatcher:
                  gates: GateChain, policy: ChatPolicy, pairing: PairingPolicy, budgets: Budgets,
                  claims: Claims | None = None,
                  deliveries: DeliveryCount | None = None,
-                 presses: PressHandler | None = None) -> None:
+                 presses: PressHandler | None = None,
+                 reactions: ReactionHandler | None = None) -> None:
         """``channels`` is the live mapping of running channels; ``commands()`` the
         current commands (they change when plugins do); ``runtime`` is what command
         handlers receive. ``gates`` decide who is answered and how (intake and start
@@ -94,7 +108,7 @@ class Dispatcher:
         several replicas) makes sessions run on the replica holding their lease.
         ``deliveries`` counts each reply handed to a channel (``ok``, ``failed`` (kept and
         retried) or ``given_up``). ``presses`` takes the button presses channels hand in
-        (the approval prompts')."""
+        (the approval prompts'); ``reactions`` hears of people's reactions on replies."""
         self.settings = settings
         self.presses = presses
         self.inbox = inbox
@@ -117,19 +131,36 @@ class Dispatcher:
         self._closed = False
         # Commands of one chat run in the order they were sent ("/pin a", "/pin b").
         self._command_locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+        self.receipts = Receipts(settings, channels, inbox, spawn=self._spawn,
+                                 reactions=reactions)
+        """The bot's reactions on people's messages, and people's on its replies."""
         self.replicas: ReplicaWork | None = None if claims is None else ReplicaWork(
             inbox, claims, admit=self.admit, busy=self.busy, resend=self._resend)
         """On PostgreSQL (several replicas): who runs which session (bot.dispatch.replicas).
         ``None`` on SQLite: this process runs what it receives."""
+        self.corrections = Corrections(
+            settings, inbox, self.lanes, policy, move=self._move,
+            hand=None if self.replicas is None else self.replicas.submitted)
+        """People's edits and deletions of the messages (bot.dispatch.corrections)."""
 
     # -- entry point -------------------------------------------------------
 
     async def receive(self, event: InboundEvent) -> None:
         """The handler channels are given: a message is :meth:`submit`-ted, a button press
-        goes to ``presses``; edits, deletions and reactions are not acted on yet (logged
-        at debug level here, the one place that decides)."""
+        goes to ``presses``, a reaction to :attr:`receipts`, edits and deletions to
+        ``corrections``; anything else is not
+        acted on yet (logged at debug level here, the one place that decides)."""
         if isinstance(event, InboundMessage):
-            await self.submit(event)
+            if self.presses is None or not await self.presses.answer_text(event):
+                await self.submit(event)
+            return
+        if isinstance(event, ReactionEvent):
+            await self.receipts.reaction(event)
+            return
+        if isinstance(event, MessageEdit | MessageDeletion):
+            if self._closed:
+                raise ShuttingDown("Roost is shutting down")
+            await self.corrections.take(event)
             return
         if isinstance(event, ButtonPress) and self.presses is not None:
             try:
@@ -167,7 +198,9 @@ class Dispatcher:
                 log.info("%s delivered %s again; it was recorded before", message.channel,
                          message.event_id)
             elif not self._closed:
+                self.receipts.stored(message)
                 await self.replicas.submitted(shared)
+                await self.corrections.arrived(message)
             return
         lane = self.lanes.by_key.get(key)
         # A message whose run will start at once is recorded as started.
@@ -183,8 +216,10 @@ class Dispatcher:
         if parsed is not None:
             self._spawn(self._command(message, *parsed, entry=entry.id))
             return
+        self.receipts.stored(message)
         lane = self.lanes.lane(key, message)
         self._move(lane, self.lanes.enqueue(lane, message, entry.id, counted=now))
+        await self.corrections.arrived(message)  # an edit or a deletion that came first
 
     # -- queries and controls used by commands -------------------------------
 
@@ -276,7 +311,10 @@ class Dispatcher:
         if entries:
             log.info("recovering %d unfinished message(s) from the inbox", len(entries))
         for group in grouped(entries):
-            self._resume(group, await self.inbox.journal(group[-1].id))
+            if group[0].change is not None:
+                await self.corrections.apply(group[0])
+            else:
+                self._resume(group, await self.inbox.journal(group[-1].id))
 
     async def admit(self, entries: list[InboxEntry]) -> None:
         """Run entries this replica claimed (bot.dispatch.replicas), in order per session;
@@ -284,6 +322,9 @@ class Dispatcher:
         if self._closed:
             return
         for group in grouped(entries):
+            if group[0].change is not None:
+                await self.corrections.apply(group[0])
+                continue
             started = group[-1].state == "running"
             self._resume(group, await self.inbox.journal(group[-1].id) if started else None)
 
@@ -307,6 +348,7 @@ class Dispatcher:
             self._notify(head.message, "I could not answer this message: working on it "
                          "stopped me several times, so I gave up on it. Please send it again "
                          "in a different form.")
+            self.receipts.ended(head.message, ids, "error")
             channel = self.channels.get(head.message.channel)
             if head.draft_id and channel is not None:
                 self._spawn(_quietly(channel.withdraw(head.message.chat_id, head.draft_id)))
@@ -338,7 +380,7 @@ class Dispatcher:
         payer: Payer | None = None
         try:
             if pending.entries and not pending.counted:
-                await self.inbox.started(pending.entries, run_id)
+                await self.inbox.started(pending.entries, run_id, fresh=pending.fresh)
             if pending.stale_draft and channel is not None:
                 with contextlib.suppress(Exception):
                     await channel.withdraw(message.chat_id, pending.stale_draft)
@@ -403,6 +445,7 @@ class Dispatcher:
                 await deliver_result(channel, message, result, bridge.stream,
                                      inbox=self.inbox, redeliveries=self.redeliveries,
                                      counts=self.deliveries)
+            self.receipts.ended(message, pending.entries, RECEIPTS[result.status])
             if pending.done is not None and not pending.done.done():
                 pending.done.set_result(result)
         except asyncio.CancelledError:
@@ -414,12 +457,14 @@ class Dispatcher:
             reason = entry.run.cancel_reason if entry.run is not None else ""
             if reason == "shutdown" or not reason:
                 self.inbox.requeue(pending.entries)
-            elif reason != "merged":
+            elif reason not in ("merged", "edited"):  # those run again in another run
                 self.inbox.close(pending.entries)
+                self.receipts.ended(message, pending.entries, "dropped")
             raise
         except Exception as exc:
             log.exception("run %s for %s crashed", run_id, lane.key)
             self.inbox.close(pending.entries)
+            self.receipts.ended(message, pending.entries, "error")
             if pending.done is not None and not pending.done.done():
                 pending.done.set_exception(exc)
             else:
@@ -447,6 +492,7 @@ class Dispatcher:
                 refusal: str) -> None:
         """A run refused by a budget before the model answered: nothing of it is stored."""
         self.inbox.close(pending.entries)
+        self.receipts.ended(message, pending.entries, "error")
         result = RunResult(run_id, "refused", refusal, Usage())
         if pending.from_person:
             self._notify(message, refusal)
@@ -492,6 +538,7 @@ class Dispatcher:
         """Do what a lane change asks: close and tell the dropped, start the runs."""
         for pending in moves.dropped:
             self.inbox.close(pending.entries)
+            self.receipts.ended(pending.message, pending.entries, "dropped")
             self._notify(pending.message, "Too many messages were waiting, so I dropped "
                          "this one. Send it again if you still need an answer.")
         for entry in moves.start:

@@ -68,6 +68,15 @@ class ChatPolicy:
                 message, text=message.text[:MESSAGE_CHARS], raw=None), s.group_context_messages)
         return False
 
+    def addresses(self, message: InboundMessage) -> bool:
+        """Whether ``message`` is one the bot answers as it reads now: any direct message,
+        a group message under ``all``, or one that mentions the bot under ``mention``
+        (an edit that removed the mention no longer is)."""
+        if message.chat_type == "direct":
+            return True
+        policy = self.settings.group_policy_for(message.channel, message.chat_id)
+        return policy == "all" or (policy == "mention" and message.mentioned)
+
     async def take(self, key: str) -> list[InboundMessage]:
         """The group messages kept for session ``key`` since its last run, oldest first
         (forgotten now: each is handed to one run)."""

@@ -101,6 +101,8 @@ class Pending:
     """The inbox recorded the run as started when it recorded the message."""
     texts: tuple[str, ...] = ()
     """The texts of merged messages, each kept whole where the limit allows."""
+    fresh: bool = False
+    """Started again on an edited text: what an earlier start journaled is forgotten."""
 
 
 @dataclass(slots=True)
@@ -111,6 +113,11 @@ class Running:
     run: ActiveRun | None = None
     output: bool = False
     """The run showed something or is being committed: a follow-up is not merged into it."""
+    side_effects: bool = False
+    """A tool not marked read-only was called: an edit of its message can no longer
+    restart it (bot.dispatch.corrections)."""
+    answering: bool = False
+    """The run's answer is being committed: an edit of its message is a correction."""
 
     def attach(self, run: ActiveRun) -> None:
         """The registry entry of the run started for this entry."""
@@ -118,6 +125,15 @@ class Running:
 
     def shown(self) -> None:
         """The run showed output (or its commit began): it is no longer merged into."""
+        self.output = True
+
+    def acted(self) -> None:
+        """The run called a tool that may have changed something."""
+        self.side_effects = True
+
+    def committing(self) -> None:
+        """The run's answer is being committed."""
+        self.answering = True
         self.output = True
 
 
@@ -241,6 +257,57 @@ class Lanes:
                 lane.queue[-1] = joined(last, message, entry_id, now, limit)
                 return Moves()
         return None
+
+    def find(self, key: str, entry: int) -> tuple[Lane, Pending | Running] | None:
+        """Where inbox entry ``entry`` of session ``key`` is: queued (its :class:`Pending`)
+        or in a run (its :class:`Running`); ``None`` when neither here."""
+        lane = self.by_key.get(key)
+        if lane is None:
+            return None
+        for running in lane.running:
+            if entry in running.pending.entries:
+                return lane, running
+        for pending in lane.queue:
+            if entry in pending.entries:
+                return lane, pending
+        return None
+
+    def replace_queued(self, lane: Lane, pending: Pending, new: Pending | None) -> None:
+        """Put ``new`` in queued ``pending``'s place (``None``: take it out, withdrawn
+        before it started)."""
+        if pending not in lane.queue:
+            return
+        if new is None:
+            lane.queue.remove(pending)
+        else:
+            lane.queue[lane.queue.index(pending)] = new
+        if not lane.running and not lane.queue and self.by_key.get(lane.key) is lane:
+            del self.by_key[lane.key]
+
+    def withdraw(self, lane: Lane, running: Running) -> Moves:
+        """Cancel ``running``'s run (reason ``withdrawn``): it leaves the lane now (a run
+        cancelled before its first step never reaches its own cleanup)."""
+        if running.run is not None:
+            self.registry.abort(running.run.run_id, lane.key, "withdrawn")
+        return self.finished(lane, running)
+
+    def restart(self, lane: Lane, running: Running, pending: Pending) -> Moves:
+        """Cancel ``running``'s run (reason ``edited``) and run ``pending`` in its place."""
+        if running in lane.running:
+            lane.running.remove(running)
+        if running.run is not None:
+            self.registry.abort(running.run.run_id, lane.key, "edited")
+            # A run cancelled before its first step never reaches its own cleanup.
+            self.registry.unregister(running.run.run_id)
+        return Moves([self.start(lane, pending)])
+
+    def behind(self, lane: Lane, pending: Pending) -> Moves:
+        """``pending`` starts after a run now in flight ends (even with room for it), or
+        now when none is."""
+        if lane.running:
+            lane.queue.append(pending)
+            return Moves()
+        return self.add(lane, pending)
 
     def start(self, lane: Lane, pending: Pending) -> Running:
         """``pending`` runs now: its entry among the lane's running ones."""

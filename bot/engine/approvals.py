@@ -8,6 +8,12 @@ approval runs only once approved; a denied (or unanswered, or stopped) one gets 
 structured ``APPROVAL_DENIED`` error instead. The waiting run polls its row, so a
 press decided on another replica resumes it; a row pending when the process died is
 found again by the resumed run, which waits on without asking again.
+
+Where a channel has no buttons (:attr:`Capabilities.buttons` false) the prompt says
+how to answer in text ("approve ID", "deny ID", "approve ID session", the ID being
+the first :data:`CODE_LENGTH` characters of the row's id) and
+:meth:`Approvals.answer_text` decides such a message by the same rules as a press;
+the Control UI decides through :meth:`Approvals.decide_as`.
 """
 
 from __future__ import annotations
@@ -19,13 +25,14 @@ import functools
 import json
 import logging
 import os
+import re
 import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 from bot.config.settings import Settings
 from bot.contracts.channel import Channel
@@ -33,6 +40,8 @@ from bot.contracts.llm import ToolCall
 from bot.contracts.messages import (
     Button,
     ButtonPress,
+    ButtonRows,
+    ChatType,
     InboundMessage,
     OutboundFile,
     OutboundMessage,
@@ -54,12 +63,23 @@ LONG_ARGUMENTS = 1500
 attached text file (the text says so), never cut silently."""
 POLL_SECONDS = 1.0
 """How often a waiting run reads its row (a press decided on another replica)."""
-CANCELLERS: Mapping[str, str] = {"stop": "/stop", "merged": "a newer message"}
+CANCELLERS: Mapping[str, str] = {"stop": "/stop", "merged": "a newer message",
+                                  "edited": "an edit of the message",
+                                  "withdrawn": "an edit of the message"}
 """``decided_by`` of a question withdrawn because its run was cancelled, by the reason."""
 NOBODY = "nobody to ask"
 UNSHOWN = "nobody: the question could not be shown"
 """``decided_by`` of a call whose prompt the platform refused."""
 """``decided_by`` of a scheduled run's call that no one pre-approved."""
+
+CODE_LENGTH = 6
+"""Characters of an approval's id a text prompt shows (a longer prefix answers it too)."""
+TEXT_ANSWER = re.compile(
+    r"\s*/?(?P<verb>approve|deny)\s+(?P<code>[0-9a-f]{6,20})"
+    r"(?P<session>\s+(?:for\s+(?:this\s+)?)?session)?\s*[.!]?\s*", re.IGNORECASE)
+"""A text answer to a prompt on a channel without buttons."""
+UI_DECIDER = "{name} (Control UI)"
+"""``decided_by`` of a decision taken on the Control UI's approvals page."""
 
 OUTCOMES: Mapping[str, str] = {
     "approved": "Approved", "session": "Approved for this session", "denied": "Denied",
@@ -137,6 +157,12 @@ class Approvals:
         self.clock = clock
         self.poll = poll
         self._wake: dict[str, asyncio.Event] = {}
+        self._waits = asyncio.Condition()
+
+    async def until_waiting(self, count: int = 1) -> None:
+        """Return once runs of this process wait on at least ``count`` approvals."""
+        async with self._waits:
+            await self._waits.wait_for(lambda: len(self._wake) >= count)
 
     def gate(self, message: InboundMessage, *, settings: Settings, needed: frozenset[str],
              session_key: str, session_id: int, run_id: str, inbox_id: int | None,
@@ -164,37 +190,98 @@ class Approvals:
         if row is None or row.channel != press.channel or row.chat_id != press.chat_id:
             await self._answer(channel, press, "This approval request is unknown here.")
             return True
-        if not self.may_decide(row, press):
+        if not self.may_decide(row, press.channel, press.user_id):
             await self._answer(channel, press, "Not yours to approve.", alert=True)
             return True
-        who = press.user_name or press.user_id
-        if row.state != "pending" or not await self.store.decide(
-                row.id, CHOICES[parts[2]], who):
-            current = await self.store.get(row.id) or row
-            await self._answer(channel, press, f"Already decided: "
-                               f"{OUTCOMES.get(current.state, current.state)}"
-                               f" by {current.decided_by}.")
-            return True
-        log.info("approval %s of %s in %s: %s by %s:%s", row.id, row.tool, row.session_key,
-                 CHOICES[parts[2]], press.channel, press.user_id)
-        await self._answer(channel, press, OUTCOMES[CHOICES[parts[2]]] + ".")
-        wake = self._wake.get(row.id)
-        if wake is not None:
-            wake.set()
-        decided = await self.store.get(row.id)
-        if decided is not None:
-            await self.show_outcome(decided, press.message_id)
+        acted, note = await self._decide(row, CHOICES[parts[2]], press.user_name or press.user_id,
+                                         f"{press.channel}:{press.user_id}")
+        await self._answer(channel, press, note)
+        if acted:
+            await self._decided(row.id, press.message_id)
         return True
 
-    def may_decide(self, row: Approval, press: ButtonPress) -> bool:
+    async def answer_text(self, message: InboundMessage) -> bool:
+        """Act on ``message`` if it answers a prompt in text ("approve ID", "deny ID",
+        "approve ID session") on a channel without buttons; ``False`` otherwise (it is
+        an ordinary message, as is one naming no approval of a chat asking nothing). The
+        rules are a press's; the answer is a notice."""
+        channel = self.channels.get(message.channel)
+        match = TEXT_ANSWER.fullmatch(message.text)
+        if channel is None or channel.capabilities.buttons or match is None:
+            return False
+        state: ApprovalState = "denied" if match["verb"].lower() == "deny" else (
+            "session" if match["session"] else "approved")
+        rows = await self.store.by_code(message.channel, message.chat_id,
+                                        match["code"].lower())
+        if not rows and not await self.store.asking(message.channel, message.chat_id):
+            return False  # no question here: words for the model ("approve c0ffee")
+        if len(rows) != 1:
+            note = ("This approval request is unknown here." if not rows else
+                    "More than one approval request starts so: give more of its id.")
+        elif not self.may_decide(rows[0], message.channel, message.sender_id):
+            note = "Not yours to approve."
+        else:
+            acted, note = await self._decide(rows[0], state,
+                                             message.sender_name or message.sender_id,
+                                             f"{message.channel}:{message.sender_id}")
+            if acted:
+                await self._decided(rows[0].id, told=True)
+        try:
+            await channel.send(OutboundMessage.reply_to_message(message, note, "notice"))
+        except Exception:
+            log.warning("answering an approval in text on %s failed", message.channel,
+                        exc_info=True)
+        return True
+
+    async def decide_as(self, ident: str, state: ApprovalState, name: str) -> tuple[bool, str]:
+        """Decide ``ident`` on the Control UI as its user ``name`` (whom the UI allowed):
+        ``(True, note)`` if this decided it, ``(False, note)`` if it was decided already
+        (nothing changes) or is unknown."""
+        row = await self.store.get(ident)
+        if row is None:
+            return False, "This approval request is unknown."
+        acted, note = await self._decide(row, state, UI_DECIDER.format(name=name),
+                                         f"ui:{name}")
+        if acted:
+            await self._decided(row.id)
+        return acted, note
+
+    async def _decide(self, row: Approval, state: ApprovalState, who: str,
+                      by: str) -> tuple[bool, str]:
+        """Take the decision if ``row`` is still pending and in time: whether this
+        decided it, and what the decider is told (a decision taken already is final; an
+        answer after ``expires_at``, say after a long downtime, finds it timed out)."""
+        if row.state == "pending" and self.clock() >= row.expires_at:
+            if await self.store.decide(row.id, "timeout", "nobody"):
+                await self._decided(row.id)
+            row = await self.store.get(row.id) or row
+        if row.state != "pending" or not await self.store.decide(row.id, state, who):
+            current = await self.store.get(row.id) or row
+            return False, (f"Already decided: {OUTCOMES.get(current.state, current.state)}"
+                           f" by {current.decided_by}.")
+        log.info("approval %s of %s in %s: %s by %s", row.id, row.tool, row.session_key,
+                 state, by)
+        return True, OUTCOMES[state] + "."
+
+    async def _decided(self, ident: str, message_id: str | None = None, *,
+                       told: bool = False) -> None:
+        """After a decision: the run waiting here goes on, the prompt shows the outcome."""
+        wake = self._wake.get(ident)
+        if wake is not None:
+            wake.set()
+        decided = await self.store.get(ident)
+        if decided is not None:
+            await self.show_outcome(decided, message_id, told=told)
+
+    def may_decide(self, row: Approval, channel: str, user_id: str) -> bool:
         """In a DM the person who asked; in a group per ``approvers`` (admins always,
         unless ``anyone`` may)."""
         if row.chat_type == "direct":
-            return press.user_id == row.requester
+            return user_id == row.requester
         approvers = self.settings.approvers
-        if approvers == "anyone" or self.settings.is_admin(press.channel, press.user_id):
+        if approvers == "anyone" or self.settings.is_admin(channel, user_id):
             return True
-        return approvers == "requester" and press.user_id == row.requester
+        return approvers == "requester" and user_id == row.requester
 
     async def _answer(self, channel: Channel | None, press: ButtonPress, note: str, *,
                       alert: bool = False) -> None:
@@ -205,20 +292,30 @@ class Approvals:
         except Exception:
             log.warning("answering a press on %s failed", press.channel, exc_info=True)
 
-    async def show_outcome(self, row: Approval, message_id: str | None = None) -> None:
-        """Edit the prompt to show the decision and who took it (buttons removed)."""
+    async def show_outcome(self, row: Approval, message_id: str | None = None, *,
+                           told: bool = False) -> None:
+        """Edit the prompt to show the decision and who took it (buttons removed); where
+        the prompt cannot be edited (or is gone), say it in a new notice unless the chat
+        was ``told`` already (a text answer's reply)."""
         channel = self.channels.get(row.channel)
-        target = message_id or row.prompt_id
-        if channel is None or not target:
+        if channel is None:
             return
+        target = message_id or row.prompt_id
         when = datetime.fromtimestamp(row.decided_at or self.clock(), UTC).strftime(
             "%H:%M UTC")
         text = (f"{OUTCOMES.get(row.state, row.state)} by {row.decided_by} at {when}: "
                 f"{row.tool}\n\n{shown(render_arguments(json.loads(row.arguments)))}")
         try:
-            await channel.edit(row.chat_id, target, text, (), thread_id=row.thread_id)
+            if target and await channel.edit(row.chat_id, target, text, (),
+                                             thread_id=row.thread_id):
+                return
+            if not told:
+                await channel.send(OutboundMessage(
+                    channel=row.channel, chat_id=row.chat_id, text=text,
+                    chat_type=cast(ChatType, row.chat_type),
+                    thread_id=row.thread_id, kind="notice"))
         except Exception:
-            log.warning("editing the approval prompt %s failed", row.id, exc_info=True)
+            log.warning("showing the outcome of approval %s failed", row.id, exc_info=True)
 
     # -- asking -----------------------------------------------------------------
 
@@ -226,18 +323,25 @@ class Approvals:
                   limit: float) -> None:
         """Show the prompt for ``row`` (the call's full arguments, three buttons)."""
         arguments = render_arguments(call.arguments)
+        channel = self.channels.get(message.channel)
+        if channel is None or channel.capabilities.buttons:
+            how = "Approve, Deny, or Approve for this session?"
+            buttons: ButtonRows = (
+                (Button("Approve", f"{DATA_PREFIX}{row.id}:a", "success"),
+                 Button("Deny", f"{DATA_PREFIX}{row.id}:d", "danger"),
+                 Button("Approve for this session", f"{DATA_PREFIX}{row.id}:s")),)
+        else:
+            code = await self._code(row)
+            how = (f'Reply "approve {code}", "deny {code}" or "approve {code} session" '
+                   "(approve it for the rest of this session).")
+            buttons = ()
         text = (f"Approval needed: {call.name}\n\n{shown(arguments)}\n\n"
-                f"Approve, Deny, or Approve for this session? (Denied if nobody answers "
-                f"within {limit:g} s.)")
+                f"{how} (Denied if nobody answers within {limit:g} s.)")
         files: tuple[OutboundFile, ...] = ()
         if attached(arguments):
             files = (await asyncio.to_thread(self._arguments_file, row.id, arguments),)
-        buttons = ((Button("Approve", f"{DATA_PREFIX}{row.id}:a", "success"),
-                    Button("Deny", f"{DATA_PREFIX}{row.id}:d", "danger"),
-                    Button("Approve for this session", f"{DATA_PREFIX}{row.id}:s")),)
         out = dataclasses.replace(OutboundMessage.reply_to_message(message, text, "notice"),
                                   buttons=buttons, files=files)
-        channel = self.channels.get(message.channel)
         prompt_id = None
         try:
             if channel is None:
@@ -250,6 +354,15 @@ class Approvals:
             await self.store.decide(row.id, "denied", UNSHOWN)
             return
         await self.store.prompted(row.id, prompt_id)
+
+    async def _code(self, row: Approval) -> str:
+        """The shortest prefix of ``row``'s id, from :data:`CODE_LENGTH` characters on,
+        that names no other approval of its chat."""
+        for length in range(CODE_LENGTH, len(row.id), 2):
+            named = await self.store.by_code(row.channel, row.chat_id, row.id[:length])
+            if [r.id for r in named] == [row.id]:
+                return row.id[:length]
+        return row.id
 
     def _arguments_file(self, ident: str, text: str) -> OutboundFile:
         self.files_dir.mkdir(parents=True, exist_ok=True)
@@ -264,6 +377,8 @@ class Approvals:
     async def wait(self, row: Approval) -> Approval:
         """The row once decided; an unanswered one is denied at its ``expires_at``."""
         wake = self._wake.setdefault(row.id, asyncio.Event())
+        async with self._waits:
+            self._waits.notify_all()
         try:
             while True:
                 wake.clear()

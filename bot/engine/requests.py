@@ -62,6 +62,10 @@ class PluginSnapshot:
     judges: Mapping[str, Judge] = field(default_factory=lambda: MappingProxyType({}))
     """Judges plugins offer (``roost_judges``), by name."""
 
+    def guard_scan(self, text: str) -> list[str]:
+        """Names of the guard's patterns that match ``text``, whatever its mode."""
+        return self.guard.scan(text)
+
     @classmethod
     def of(cls, guard: InputGuard, tools: Mapping[str, Tool] | None = None,
            tool_groups: Mapping[str, str] | None = None,

@@ -35,6 +35,13 @@ LOOP_REPEATS = 3
 """Identical tool calls in one run before the model is warned it is looping."""
 
 
+def narrowed(name: str, only: frozenset[str]) -> str:
+    """What the model reads for a call to ``name`` after the run's tools were narrowed."""
+    return (f"Tool {name!r} is not allowed while following the loaded skill: for the rest of "
+            f"this turn it allows only {', '.join(sorted(only)) or 'no tools'}. Do without "
+            "it, or tell the user what you would need.")
+
+
 class ToolTurns:
     """Runs one run's tool calls; what the model should read about them is :meth:`note`.
 
@@ -62,6 +69,9 @@ class ToolTurns:
         self.repeats: dict[tuple[str, str], int] = {}
         self.warning = ""
         """A loop warning for the next request's note only."""
+        self.only: frozenset[str] | None = None
+        """The tools the rest of the run may call, once a result narrowed them
+        (:attr:`ToolResult.only_tools`); ``None``: every tool of the run."""
 
     async def answer(self, calls: Sequence[ToolCall], context: ToolContext, *,
                      replayed: bool) -> list[ChatMessage]:
@@ -103,6 +113,16 @@ class ToolTurns:
                     self.summary.record(call.name, call.arguments, not result.is_error,
                                         result.content, None)
             todo = [c for c in calls if c.id not in done]
+        if self.only is not None:
+            for call in todo:
+                if call.name not in self.only:
+                    done[call.id] = refused = ToolResult(narrowed(call.name, self.only),
+                                                         is_error=True)
+                    self.summary.record(call.name, call.arguments, False, refused.content,
+                                        None)
+                    if self.journal is not None:
+                        self.journal.result(call.id, refused)
+            todo = [c for c in todo if c.id not in done]
         if self.gate is not None and any(self.gate.needs(c.name) for c in todo):
             # The run now shows a question: a follow-up message waits its turn instead
             # of cancelling the run (and the question) to merge into it.
@@ -141,6 +161,9 @@ class ToolTurns:
         for outcome in outcomes:
             result = outcome.result
             raw = outcome.error
+            if result.only_tools is not None and not outcome.is_error:
+                self.only = result.only_tools if self.only is None else \
+                    self.only & result.only_tools
             # From the raw error: the text the model sees may be the error channel's.
             self.summary.record(
                 outcome.call.name, outcome.call.arguments, not outcome.is_error,
@@ -190,7 +213,9 @@ class ToolTurns:
         return await self.sink.on_tool_failure(call, raw, self.session_key)
 
     async def _on_call(self, call: ToolCall) -> None:
-        await self.emit("tool.call", name=call.name, id=call.id, arguments=dict(call.arguments))
+        tool = self.executor.tools.get(call.name)
+        await self.emit("tool.call", name=call.name, id=call.id, arguments=dict(call.arguments),
+                        read_only=tool is not None and tool.read_only)
 
     async def _on_result(self, outcome: ToolOutcome) -> None:
         if self.journal is not None:

@@ -30,7 +30,7 @@ import pluggy
 from bot.config.settings import SetupError
 from bot.contracts import hookspecs
 from bot.contracts.channel import ChannelSpec
-from bot.contracts.commands import Command
+from bot.contracts.commands import Command, CommandContext
 from bot.contracts.guard import GuardPattern, InputCheck
 from bot.contracts.health import HealthReport
 from bot.contracts.jobs import JobSpec
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
     from bot.contracts.events import RunEvent
     from bot.contracts.judge import Judge
-    from bot.contracts.messages import InboundMessage
+    from bot.contracts.messages import InboundMessage, ReplyReaction
     from bot.contracts.prompt import PromptContext
     from bot.contracts.services import Services
     from bot.contracts.settings import SettingsModel
@@ -77,6 +77,11 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "plugins.web",
     "plugins.mcp",
     "plugins.exec_tool",
+    "plugins.feedback",
+    "plugins.whatsapp",
+    "plugins.skills",
+    "plugins.mail",
+    "plugins.matrix",
 )
 """Modules of the built-in plugins, registered like external ones."""
 
@@ -242,6 +247,10 @@ class PluginHost:
     async def health(self, app: Runtime) -> list[HealthReport]:
         """Every enabled plugin's health reports (``roost_health``)."""
         return list(await self.hooks.roost_health(app=app))
+
+    async def status_lines(self, context: CommandContext) -> list[str]:
+        """The lines enabled plugins add to ``/status`` (``roost_status``)."""
+        return list(await self.hooks.roost_status(context=context))
 
     def hooks_of(self, name: str) -> list[str]:
         """Names of the hooks plugin ``name`` implements (empty if it is not registered)."""
@@ -590,6 +599,15 @@ class Hooks:
     async def roost_shutdown(self, *, app: Runtime) -> None:
         """Tell plugins the service is stopping."""
         await self._call(hookspecs.roost_shutdown, app=app)
+
+    async def roost_reaction(self, *, reaction: ReplyReaction, app: Runtime) -> None:
+        """Tell plugins about a reaction on one of Roost's replies."""
+        await self._call(hookspecs.roost_reaction, reaction=reaction, app=app)
+
+    async def roost_status(self, *, context: CommandContext) -> Offers[str]:
+        """Lines plugins add to ``/status``."""
+        return await self._offers(hookspecs.roost_status, _instance(str), "str",
+                                  context=context)
 
 
 def _name(spec: Spec) -> str:

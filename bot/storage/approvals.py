@@ -209,3 +209,46 @@ class ApprovalStore:
                 (limit,)) as cur:
             rows = await cur.fetchall()
         return [_approval(r) for r in rows]
+
+    async def by_code(self, channel: str, chat_id: str, code: str) -> list[Approval]:
+        """The rows of the chat whose id starts with ``code`` (lowercase hex; two at
+        most: one means the code names a row)."""
+        if not code or any(c not in "0123456789abcdef" for c in code):
+            return []
+        # Ids are hex: every id starting with ``code`` sorts in [code, code + "g").
+        async with self.lock, self.db.execute(
+                f"SELECT {_COLUMNS} FROM approvals WHERE id >= ? AND id < ?"
+                " AND channel = ? AND chat_id = ? LIMIT 2",
+                (code, code + "g", channel, chat_id)) as cur:
+            rows = await cur.fetchall()
+        return [_approval(r) for r in rows]
+
+    async def asking(self, channel: str, chat_id: str) -> bool:
+        """Whether a question waits for a decision in the chat."""
+        async with self.lock, self.db.execute(
+                "SELECT 1 FROM approvals WHERE state = 'pending' AND channel = ?"
+                " AND chat_id = ? LIMIT 1", (channel, chat_id)) as cur:
+            return await cur.fetchone() is not None
+
+    async def pending(self, limit: int = 100) -> list[Approval]:
+        """The rows waiting for a decision, oldest first (the Control UI's live list)."""
+        async with self.lock, self.db.execute(
+                f"SELECT {_COLUMNS} FROM approvals WHERE state = 'pending'"
+                " ORDER BY created_at, id LIMIT ?", (limit,)) as cur:
+            rows = await cur.fetchall()
+        return [_approval(r) for r in rows]
+
+    async def decided(self, before: tuple[float, str] | None = None,
+                      limit: int = 50) -> list[Approval]:
+        """Decided rows, newest first, older than the ``(created_at, id)`` cursor."""
+        where = ""
+        params: tuple[object, ...] = ()
+        if before is not None:
+            # One range on the created_at index (an OR of two would sort every row).
+            where = " AND created_at <= ? AND (created_at < ? OR id < ?)"
+            params = (before[0], before[0], before[1])
+        async with self.lock, self.db.execute(
+                f"SELECT {_COLUMNS} FROM approvals WHERE state <> 'pending'{where}"
+                " ORDER BY created_at DESC, id DESC LIMIT ?", (*params, limit)) as cur:
+            rows = await cur.fetchall()
+        return [_approval(r) for r in rows]

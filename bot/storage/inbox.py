@@ -51,6 +51,8 @@ from bot.storage.claims import notify
 from bot.storage.db import Statements, Writer, dialect_of
 
 EntryKind = Literal["message", "command"]
+Change = Literal["edit", "delete"]
+"""What an entry that changes an earlier one records (see :meth:`Inbox.add`)."""
 
 NOTICE_ID = "roost-notice:"
 """Journal ids of notices already sent (:meth:`RunJournal.notice`); tool call ids never
@@ -75,6 +77,10 @@ class InboxEntry:
     attempts: int = 0
     run_id: str | None = None
     draft_id: str | None = None
+    change: Change | None = None
+    """Set on an edit or a deletion of entry :attr:`edit_of` (its ``message`` is the
+    edited one): applied by the session's holder, not run as it is."""
+    edit_of: int | None = None
 
 
 @dataclass(slots=True)
@@ -179,22 +185,28 @@ class Inbox:
     # -- intake ------------------------------------------------------------------
 
     async def add(self, message: InboundMessage, session_key: str,
-                  kind: EntryKind = "message", *, running: bool = False) -> InboxEntry | None:
+                  kind: EntryKind = "message", *, running: bool = False,
+                  change: Change | None = None, edit_of: int | None = None,
+                  ) -> InboxEntry | None:
         """Record ``message``; ``None`` if its delivery id was recorded before.
 
         ``running``: its run starts at once, so the entry is recorded as started
-        (one commit instead of two on the usual path).
+        (one commit instead of two on the usual path). ``change``: ``message`` is an
+        edit (or a deletion) of entry ``edit_of``, recorded to be applied in order.
+        A message (not a change) is found later by its platform id (:meth:`original`).
         """
         event_id = message.event_id or f"~{uuid.uuid4().hex}"
         state, attempts = ("running", 1) if running else ("pending", 0)
+        found_by = (message.message_id or None) if change is None else None
         row = (message.channel, event_id, session_key, message.chat_id, kind,
-               encode_message(message), self.clock(), state, attempts)
+               encode_message(message), self.clock(), state, attempts, found_by, change,
+               edit_of)
 
         async def body(db: aiosqlite.Connection) -> int | None:
             cur = await db.execute(
                 "INSERT OR IGNORE INTO inbox (channel, event_id, session_key, chat_id, kind,"
-                " message, received_at, state, attempts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                row)
+                " message, received_at, state, attempts, message_id, change, edit_of)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
             if cur.rowcount != 1:
                 return None
             if dialect_of(db) == "postgresql":  # other replicas wake when this commits
@@ -204,20 +216,82 @@ class Inbox:
         entry_id = await self.writer.write(body, what="recording an inbound message")
         if entry_id is None:
             return None
-        return InboxEntry(entry_id, message, kind, session_key, state, attempts)
+        return InboxEntry(entry_id, message, kind, session_key, state, attempts,
+                          change=change, edit_of=edit_of)
 
-    async def started(self, ids: Sequence[int], run_id: str) -> None:
+    async def original(self, channel: str, chat_id: str, message_id: str) -> InboxEntry | None:
+        """The newest message entry recorded for platform message ``message_id`` of the
+        chat (what an edit or a deletion of it changes); ``None`` when none was."""
+        async with self.lock, self.db.execute(
+            "SELECT id, kind, session_key, state, attempts, run_id, draft_id, message"
+            " FROM inbox WHERE channel = ? AND chat_id = ? AND message_id = ?"
+            " ORDER BY id DESC LIMIT 1", (channel, chat_id, message_id),
+        ) as cur:
+            row = await cur.fetchone()
+        if row is None:
+            return None
+        return InboxEntry(row[0], decode_message(row[7]), row[1], row[2], row[3], row[4],
+                          row[5], row[6])
+
+    async def state_of(self, entry: int) -> tuple[str, InboundMessage] | None:
+        """Entry ``entry``'s state and message as committed (``None``: no such entry)."""
+        async with self.lock, self.db.execute(
+            "SELECT state, message FROM inbox WHERE id = ?", (entry,),
+        ) as cur:
+            row = await cur.fetchone()
+        return None if row is None else (str(row[0]), decode_message(row[1]))
+
+    async def revise(self, entry: int, message: InboundMessage, *,
+                     close: Sequence[int] = (), if_open: bool = False) -> bool:
+        """Entry ``entry`` now holds ``message`` (an edit applied to it), and the change
+        entries ``close`` are done, in one commit; whether it was. ``if_open``: only
+        while the entry is not finished (else nothing is written)."""
+        encoded, now = encode_message(message), self.clock()
+        only = " AND state IN ('pending', 'running')" if if_open else ""
+
+        async def body(db: aiosqlite.Connection) -> bool:
+            cur = await db.execute(f"UPDATE inbox SET message = ? WHERE id = ?{only}",
+                                   (encoded, entry))
+            if cur.rowcount != 1:
+                return False
+            await _close(db, now, "done", [(i,) for i in close])
+            return True
+
+        return cast("bool", await self.writer.write(body, what="applying an edit"))
+
+    async def become(self, entry: int, message: InboundMessage) -> None:
+        """Change entry ``entry`` becomes an ordinary message (``message``): it is run
+        (and recovered) like one from now on."""
+        encoded = encode_message(message)
+        await self.writer.write(
+            lambda db: db.execute("UPDATE inbox SET message = ?, change = NULL WHERE id = ?",
+                                  (encoded, entry)),
+            what="recording a correction")
+
+    async def started(self, ids: Sequence[int], run_id: str, *, fresh: bool = False) -> None:
         """The entries' run started; returns once that is committed.
 
         Counted before the run does anything, so a message that kills the
         process as soon as its run starts is still given up in the end.
+        ``fresh``: started again on an edited text (not counted again), what the
+        entries' earlier run journaled (and the approvals it asked for) forgotten.
         """
         params = [(run_id, i) for i in ids]
-        await self.writer.write(
-            lambda db: db.executemany(
-                "UPDATE inbox SET state = 'running', attempts = attempts + 1, run_id = ?"
-                " WHERE id = ? AND state IN ('pending', 'running')", params),
-            what="marking a run started")
+        count = "attempts" if fresh else "attempts + 1"
+
+        async def body(db: aiosqlite.Connection) -> None:
+            await db.executemany(
+                f"UPDATE inbox SET state = 'running', attempts = {count}, run_id = ?"
+                " WHERE id = ? AND state IN ('pending', 'running')", params)
+            if fresh:
+                await db.executemany("DELETE FROM journal WHERE inbox_id = ?",
+                                     [(i,) for i in ids])
+                # The earlier run's approval questions stay on record, no longer as this
+                # journal's (the new run asks again instead of finding their outcome).
+                await db.executemany("UPDATE approvals SET inbox_id = NULL WHERE inbox_id = ?",
+                                     [(i,) for i in ids])
+
+        await self.writer.write(body, what="marking a run started")
 
     def set_draft(self, ids: Sequence[int], draft_id: str) -> None:
         """The run showed a draft with this platform id (replaced if the run is redone)."""
@@ -274,15 +348,42 @@ class Inbox:
         if ids is not None and not ids:
             return []
         async with self.lock, self.db.execute(
-            "SELECT id, kind, session_key, state, attempts, run_id, draft_id, message FROM inbox"
-            f" WHERE state IN ('pending', 'running'){only} ORDER BY id", tuple(ids or ()),
+            "SELECT id, kind, session_key, state, attempts, run_id, draft_id, message, change,"
+            f" edit_of FROM inbox WHERE state IN ('pending', 'running'){only} ORDER BY id",
+            tuple(ids or ()),
         ) as cur:
             rows = await cur.fetchall()
         entries = []
         for r in rows:
             entries.append(InboxEntry(r[0], decode_message(r[7]), r[1], r[2], r[3], r[4],
-                                      r[5], r[6]))
+                                      r[5], r[6], r[8], r[9]))
         return entries
+
+    async def messages_of(self, ids: Sequence[int]) -> list[InboundMessage]:
+        """The messages of entries ``ids`` (those still kept), oldest first."""
+        if not ids:
+            return []
+        async with self.lock, self.db.execute(
+            f"SELECT message FROM inbox WHERE id IN ({', '.join('?' * len(ids))}) ORDER BY id",
+            tuple(ids),
+        ) as cur:
+            rows = await cur.fetchall()
+        return [decode_message(r[0]) for r in rows]
+
+    async def reply_run(self, channel: str, chat_id: str,
+                        platform_id: str) -> tuple[str, str] | None:
+        """``(run_id, session_key)`` of the run whose reply was delivered as message
+        ``platform_id`` in chat (or thread) ``chat_id``; ``None`` if no kept reply was."""
+        async with self.lock, self.db.execute(
+            "SELECT i.run_id, i.session_key, o.chat_id, o.message FROM outbox o"
+            " JOIN inbox i ON i.id = o.inbox_id WHERE o.channel = ? AND o.platform_id = ?"
+            " AND i.run_id IS NOT NULL ORDER BY o.id DESC LIMIT 8", (channel, platform_id),
+        ) as cur:
+            rows = await cur.fetchall()
+        for run_id, session_key, to_chat, message in rows:
+            if to_chat == chat_id or decode_outbound(message).thread_id == chat_id:
+                return str(run_id), str(session_key)
+        return None
 
     async def journal(self, head: int) -> RunJournal:
         """The journal of entry ``head`` as an earlier life of its run left it."""
@@ -315,6 +416,7 @@ class Inbox:
         async with self.lock, self.db.execute(
             f"SELECT chat_id, {thread}, event_id FROM inbox"
             " WHERE channel = ? AND received_at >= ? AND event_id NOT LIKE '~%'"
+            " AND edit_of IS NULL"  # an edit's delivery id is no place in the history
             " ORDER BY id DESC", (channel, since),
         ) as cur:
             rows = await cur.fetchall()

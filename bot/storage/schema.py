@@ -524,6 +524,38 @@ MIGRATIONS: list[str] = [
     CREATE INDEX approvals_created ON approvals(created_at);
     ALTER TABLE jobs ADD COLUMN approved_tools TEXT NOT NULL DEFAULT '';
     """,
+    # 27: channels' durable notes (bot.storage.channel_state): a sync token, the last
+    # mail UID, written only after the events they cover are in the inbox.
+    """
+    CREATE TABLE channel_state (
+        channel TEXT NOT NULL,
+        key TEXT NOT NULL,
+        value TEXT NOT NULL,
+        updated_at REAL NOT NULL,
+        PRIMARY KEY (channel, key)
+    );
+    """,
+    # 28: reactions on Roost's replies (bot.dispatch.receipts) find the reply's run by
+    # the platform id its message was delivered as.
+    """
+    CREATE INDEX outbox_platform ON outbox(channel, platform_id)
+        WHERE platform_id IS NOT NULL;
+    """,
+    # 29: the Control UI's approvals page lists the questions still open, live.
+    """
+    CREATE INDEX approvals_waiting ON approvals(created_at, id) WHERE state = 'pending';
+    """,
+    # 30: edits and deletions of received messages (bot.dispatch.corrections). Each
+    # entry keeps its platform message id, found by chat; an edit or a deletion is
+    # an entry of its own (``change``) pointing at the entry it changes (``edit_of``),
+    # so it is deduplicated, durable and run by the session's holder like a message.
+    """
+    ALTER TABLE inbox ADD COLUMN message_id TEXT;
+    ALTER TABLE inbox ADD COLUMN change TEXT;
+    ALTER TABLE inbox ADD COLUMN edit_of INTEGER;
+    CREATE INDEX inbox_message ON inbox(channel, chat_id, message_id)
+        WHERE message_id IS NOT NULL;
+    """,
 ]
 """Schema steps in order; ``PRAGMA user_version`` records how many have run.
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from bot.app.roost import Roost
 from bot.config.settings import Settings
-from bot.contracts.channel import Channel, InboundHandler
+from bot.contracts.channel import Capabilities, Channel, InboundHandler
 from bot.contracts.events import RunEvent
 from bot.contracts.hookspecs import hookimpl
 from bot.contracts.llm import LLMProvider, LLMRequest
@@ -137,6 +137,8 @@ class ChatChannel(Channel):
     ``arrived`` is set whenever a message was sent or a stream finished (clear it
     before waiting); ``typing_count`` counts the typing indicators shown.
     """
+
+    capabilities = Capabilities(buttons=True, edit=True)
 
     def __init__(self, name: str = "console", *, sender: str = "user",
                  stream: bool = False) -> None:
@@ -370,3 +372,25 @@ async def app_factory(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
             return chat
 
         yield factory
+
+
+@contextlib.asynccontextmanager
+async def replica_chats(database_url: str, root: Path,
+                        provider: Callable[[], LLMProvider], /, *plugins: object,
+                        count: int = 2, **settings: Any
+                        ) -> AsyncIterator[tuple[list[Roost], list[ChatChannel]]]:
+    """``count`` apps on one PostgreSQL database (replicas), each with ``plugins``, a
+    model from ``provider()`` and a :class:`ChatChannel` of its own, claiming work;
+    closed on exit. Each keeps its data under ``root / <a, b, ...>``."""
+    async with closing_apps() as apps:
+        chats: list[ChatChannel] = []
+        for n in range(count):
+            app, recorder = await create_app(provider(), *plugins,
+                                             data_dir=root / chr(ord("a") + n),
+                                             database_url=database_url, **settings)
+            apps.append(app)
+            chat = ChatChannel()
+            await chat.attach(app, recorder)
+            chats.append(chat)
+            await app.recover()  # starts claiming
+        yield apps, chats

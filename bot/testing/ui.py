@@ -20,7 +20,7 @@ import aiohttp
 from bot.app.http import HealthServer
 from bot.app.roost import Roost
 
-__all__ = ["UiClient", "add_account", "csrf_of", "serve_ui"]
+__all__ = ["UiClient", "add_account", "clients_by_role", "csrf_of", "serve_ui"]
 
 _CSRF = re.compile(r'name="csrf"\s+value="([^"]+)"|name="csrf-token"\s+content="([^"]+)"')
 
@@ -98,3 +98,20 @@ class UiClient:
         async with self.session.post(self.base_url + "/ui/login", data={
                 "csrf": csrf_of(page), "name": name, "password": password}) as response:
             return response.status, await response.text()
+
+
+async def clients_by_role(app: Roost, url: str, roles: tuple[str, ...], password: str, *,
+                          add: bool = True) -> dict[str, UiClient]:
+    """A client logged in to the UI at ``url`` per role, as the account named after it
+    (added with ``password`` first, unless ``add`` is false: a second replica on one
+    database has them). The caller closes each client's ``session``."""
+    logged: dict[str, UiClient] = {}
+    for role in roles:
+        if add:
+            await add_account(app, role, password, role)
+        client = UiClient(url)
+        logged[role] = client
+        status, _ = await client.log_in(role, password)
+        if status != 200:
+            raise AssertionError(f"{role} could not log in: {status}")
+    return logged

@@ -267,7 +267,7 @@ class ToolExecutor:
                          timed_out=timed_out, circuit_breaker_state=breaker.state,
                          output_preview=preview(result.content))
                 return ToolOutcome(call, result.content, False, None, attempts,
-                                   parts=result.parts)
+                                   parts=result.parts, only_tools=result.only_tools)
             metrics.error(failure.classification)
             if failure.timed_out:
                 metrics.timeout_count += 1

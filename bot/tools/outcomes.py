@@ -97,10 +97,12 @@ class ToolOutcome:
     error: RawError | None = None
     parts: tuple[ContentPart, ...] = ()
     """Files the tool's result carries for the model (:attr:`ToolResult.parts`)."""
+    only_tools: frozenset[str] | None = None
+    """The tools the rest of the run is narrowed to (:attr:`ToolResult.only_tools`)."""
 
     @property
     def result(self) -> ToolResult:
-        return ToolResult(self.content, self.is_error, self.parts)
+        return ToolResult(self.content, self.is_error, self.parts, self.only_tools)
 
     @property
     def produced(self) -> bool:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from bot.app.roost import Roost
 
 __all__ = ["ROLE_RANK", "NavEntry", "Role", "Site", "UiRequest", "UiRoute", "UiUser",
-           "plain", "secure_headers", "sse", "ui_path"]
+           "changes", "plain", "secure_headers", "sse", "ui_path"]
 
 log = logging.getLogger("roost.app.ui")
 
@@ -174,6 +174,19 @@ class UiRequest:
     def redirect(self, path: str) -> web.Response:
         """``303 See Other`` to ``path`` (POST, redirect, GET); see :func:`ui_path`."""
         return web.Response(status=303, headers={"Location": ui_path(path)})
+
+
+async def changes(event: str, render: Callable[[], Awaitable[str]],
+                  every: float) -> AsyncIterator[tuple[str, str]]:
+    """A feed for :func:`sse`: ``(event, html)`` at once and each time ``render()``
+    gives another fragment than the last one, read every ``every`` seconds."""
+    last = ""
+    while True:
+        html = await render()
+        if html != last:
+            last = html
+            yield event, html
+        await asyncio.sleep(every)
 
 
 async def sse(req: UiRequest, events: AsyncIterator[tuple[str, str]]) -> web.StreamResponse:

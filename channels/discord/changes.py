@@ -205,16 +205,18 @@ class Changes:
             log.info("discord: the note for press %s was not shown (%s)", press.press_id,
                      _short(exc, 200))
 
-    async def react(self, target: int, message_id: int, emoji: str | None) -> bool:
+    async def react(self, target: int, message_id: int, emoji: str | None, *,
+                    replacing: str | None = None) -> bool:
         """Put ``emoji`` on a message in place of the bot's earlier reaction there
-        (``None``: only remove that); ``False`` if Discord refused or it would wait."""
+        (``None``: only remove that; ``replacing``: the earlier one if this process did
+        not put it); ``False`` if Discord refused or it would wait."""
         client = self.rest.client
         if client is None or client.user is None:
             return False
         me = client.user
         message = client.get_partial_messageable(target).get_partial_message(message_id)
         key = (target, message_id)
-        before = self._mine.get(key)
+        before = self._mine.get(key, replacing)
         try:
             async with asyncio.timeout(self.react_wait):
                 if emoji is not None and emoji != before:

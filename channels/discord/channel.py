@@ -238,10 +238,11 @@ class DiscordChannel(Channel):
             return True
 
     async def react(self, chat_id: str, message_id: str, emoji: str | None, *,
-                    thread_id: str | None = None) -> bool:
+                    thread_id: str | None = None, replacing: str | None = None) -> bool:
         """Put ``emoji`` in place of the bot's earlier reaction (``None``: remove it)."""
         with self.inflight.busy():
-            return await self.changes.react(int(thread_id or chat_id), int(message_id), emoji)
+            return await self.changes.react(int(thread_id or chat_id), int(message_id), emoji,
+                                            replacing=replacing)
 
     async def withdraw(self, chat_id: str, message_id: str) -> None:
         """Delete one of the bot's messages (``chat_id`` may be a thread); gone is fine."""

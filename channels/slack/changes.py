@@ -8,12 +8,13 @@ an ephemeral message. ``message_changed`` with an ``edited`` mark is a person's
 edit (without one, links were unfurled), ``message_deleted`` a deletion and
 ``reaction_added``/``_removed`` reactions (scope ``reactions:read``). The bot's
 reactions are ``reactions.add``/``.remove`` (``reactions:write``), tried once:
-a rate-limited one is dropped.
+a rate-limited one is dropped, and so is every one until its Retry-After has passed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -40,6 +41,7 @@ from channels.slack.common import (
     event_key,
     field_of,
     log,
+    retry_after,
     sdk_log,
 )
 
@@ -167,16 +169,25 @@ class Reactions:
         self.api = api
         self._mine: dict[tuple[str, str], str] = {}
         """The name of the reaction the bot last put on each message, to replace it."""
+        self._quiet_until = 0.0
+        """After a 429: no reaction call before this (``time.monotonic()``)."""
 
-    async def react(self, channel: str, ts: str, emoji: str | None) -> bool:
-        """Put ``emoji`` in place of the bot's earlier reaction (``None``: remove it);
-        each call tried once, ``False`` if Slack refused or rate-limited it."""
+    async def react(self, channel: str, ts: str, emoji: str | None, *,
+                    replacing: str | None = None) -> bool:
+        """Put ``emoji`` in place of the bot's earlier reaction (``None``: remove it;
+        ``replacing``: the earlier one if this process did not put it); each call tried
+        once, ``False`` if Slack refused or rate-limited it."""
         name = None if emoji is None else emoji_name(emoji)
         if emoji is not None and name is None:
             log.info("Slack: no emoji name known for %r; reaction not set", emoji)
             return False
+        if time.monotonic() < self._quiet_until:
+            log.debug("Slack: reaction on %s dropped (rate limited)", ts)
+            return False
         key = (channel, ts)
         before = self._mine.get(key)
+        if before is None and replacing is not None:
+            before = emoji_name(replacing)
         try:
             if name is not None and name != before:
                 await self._call("reactions.add", channel, ts, name, fine="already_reacted")
@@ -184,6 +195,8 @@ class Reactions:
                 await self._call("reactions.remove", channel, ts, before, fine="no_reaction")
         except SlackApiError as exc:
             code = error_code(exc) or f"HTTP {exc.response.status_code}"
+            if exc.response.status_code == 429 or code == "ratelimited":
+                self._quiet_until = time.monotonic() + retry_after(exc.response.headers)
             level = log.warning if code == "missing_scope" else log.info
             level("Slack: reaction on %s not set (%s)", ts, code)
             return False

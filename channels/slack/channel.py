@@ -230,9 +230,9 @@ class SlackChannel(Channel):
         return True
 
     async def react(self, chat_id: str, message_id: str, emoji: str | None, *,
-                    thread_id: str | None = None) -> bool:
+                    thread_id: str | None = None, replacing: str | None = None) -> bool:
         """``reactions.add``/``.remove`` (tried once: a rate-limited one is dropped)."""
-        return await self.reactions.react(chat_id, message_id, emoji)
+        return await self.reactions.react(chat_id, message_id, emoji, replacing=replacing)
 
     async def withdraw(self, chat_id: str, message_id: str) -> None:
         """Delete one of the bot's messages; one already gone counts as deleted."""

@@ -298,8 +298,9 @@ class TelegramChannel(Channel):
                 return False
 
     async def react(self, chat_id: str, message_id: str, emoji: str | None, *,
-                    thread_id: str | None = None) -> bool:
-        """``setMessageReaction`` (Telegram's list only), dropped rather than waiting."""
+                    thread_id: str | None = None, replacing: str | None = None) -> bool:
+        """``setMessageReaction`` (Telegram's list only; it replaces the bot's earlier
+        reaction by itself), dropped rather than waiting."""
         return await self.interactions.react(chat_id_of(chat_id), int(message_id), emoji)
 
     async def withdraw(self, chat_id: str, message_id: str) -> None:

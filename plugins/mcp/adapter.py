@@ -114,7 +114,15 @@ def _tool(server: McpServer, roost_name: str, tool: types.Tool) -> Tool:
         retry=NO_RETRY,
         meta={"group": f"{GROUP_PREFIX}{server.name}", "mcp_server": server.name,
               "mcp_tool": mcp_name, NEEDS_APPROVAL: config.approve and destructive(tool)},
+        read_only=read_only(tool),
     )
+
+
+def read_only(tool: types.Tool) -> bool:
+    """Whether the server marks ``tool`` read-only (``readOnlyHint: true``): an edit of
+    the message may restart a run that called only such tools."""
+    hints = tool.annotations
+    return hints is not None and hints.read_only_hint is True
 
 
 def destructive(tool: types.Tool) -> bool:

@@ -53,6 +53,7 @@ def memory_tools(settings: Settings, services: Services) -> list[Tool]:
     return [
         Tool(
             name="memory_search",
+            read_only=True,
             description=(
                 "Keyword search of your memory (MEMORY.md, memory/*.md). Returns the best "
                 "passages first: path, line range, snippet. Use before answering about past "
@@ -72,6 +73,7 @@ def memory_tools(settings: Settings, services: Services) -> list[Tool]:
         ),
         Tool(
             name="memory_get",
+            read_only=True,
             description=(
                 "Read lines of MEMORY.md or memory/<name>.md (e.g. a memory_search hit). "
                 "For other files use read_file."

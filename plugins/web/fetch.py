@@ -547,6 +547,7 @@ def web_fetch_tool(fetcher: WebFetcher, *, default_chars: int = 20_000) -> Tool:
 
     return Tool(
         name="web_fetch",
+        read_only=True,
         # Short: every tool's spec is sent on every turn.
         description=("Read an http(s) URL: final URL, title, then the text (HTML as Markdown, "
                      "JSON and text as sent, PDF text). Public addresses only."),

@@ -72,6 +72,7 @@ def web_search_tool(backend: SearchBackend, *, timeout: float) -> Tool:
 
     return Tool(
         name="web_search",
+        read_only=True,
         description=(
             "Search the web and get a numbered list of results (title, URL, snippet). "
             "Use web_fetch on a result's URL to read the page itself."

@@ -56,10 +56,17 @@ turns:
     steps:
       - tool_calls: [{name: read_file, arguments: {path: "no/such/file.md"}}]
       - reply: "That failed: {error_id}"
+  - match: "^write"
+    steps:
+      - tool_calls: [{name: write_file, arguments: {path: "ui-note.txt", content: "<b>hi</b>"}}]
+      - reply: "written"
   - reply: "echo: {message}"
 """
 """The model of a module that names no ``SCRIPT``: ``slow...`` takes a minute (to be
-stopped), ``fail...`` fails a tool and quotes the error ID, anything else is echoed."""
+stopped), ``fail...`` fails a tool and quotes the error ID, ``write...`` writes a file
+(which waits for approval: :data:`DEFAULT_CONFIG`), anything else is echoed."""
+DEFAULT_CONFIG = '[agents.default]\ntools = { approve = ["write_file"] }\n'
+"""The ``roost.toml`` of a module that names no ``CONFIG``."""
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
@@ -83,6 +90,7 @@ async def roost_ui(request: pytest.FixtureRequest,
     account per role. Telegram users 42-49 are on the DM allowlist; anyone else pairs."""
     cwd = tmp_path_factory.mktemp("roost-ui")
     (cwd / "script.yaml").write_text(getattr(request.module, "SCRIPT", DEFAULT_SCRIPT))
+    (cwd / "roost.toml").write_text(getattr(request.module, "CONFIG", DEFAULT_CONFIG))
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # each worker starts its own
     log = ARTIFACTS / f"{request.module.__name__.rsplit('.', 1)[-1]}{worker}.roost.log"

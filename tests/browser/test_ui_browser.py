@@ -30,6 +30,7 @@ MALLORY = user(47, "Mallory", "mallory")
 FRANK = user(48, "Frank", "frank")
 GRACE = user(49, "Grace", "grace")
 HEIDI = user(42, "Heidi", "heidi")
+IVAN = user(43, "Ivan", "ivan")
 STRANGER = user(77, "Stranger", "stranger")
 """Not on the allowlist: must pair."""
 
@@ -254,6 +255,32 @@ async def test_stopping_a_running_run_from_the_ui_stops_it_in_the_chat(
     assert not any("finished slowly" in t for t in roost_ui.telegram.sent_texts(FRANK["id"]))
     await page.goto(roost_ui.url("/ui/audit"))
     await expect(page.locator("main")).to_contain_text("operator-user")
+
+
+async def test_a_tool_call_waiting_shows_up_live_and_is_approved_from_the_page(
+    roost_ui: RoostUi, page: Page, page_errors: PageErrors,
+) -> None:
+    await roost_ui.login(page, "admin")
+    await page.goto(roost_ui.url("/ui/approvals"))
+    waiting = page.locator("#approvals-pending section", has_text="ui-note.txt")
+    await expect(waiting).to_have_count(0)
+    roost_ui.telegram.private_message("write the note", sender=IVAN)
+    # The open page shows the question without a reload (its SSE stream).
+    await expect(waiting).to_have_count(1)
+    await expect(waiting).to_contain_text("<b>hi</b>")  # the arguments, as text
+    await screenshot(page, "approvals-waiting")
+    await waiting.get_by_role("button", name=re.compile("^Approve .*[0-9a-f]$")).click()
+    await expect(waiting).to_have_count(0)
+    decided = page.locator("tbody tr", has_text="ui-note.txt").first
+    await expect(decided).to_contain_text("Approved by admin-user (Control UI)")
+    await screenshot(page, "approvals-decided")
+    await until(lambda: "written" in roost_ui.telegram.sent_texts(IVAN["id"]),
+                "the run going on after the approval")
+    # The chat's prompt shows the decision and who took it, its buttons gone.
+    assert any(m["text"].startswith("Approved by admin-user (Control UI)")
+               and "reply_markup" not in m
+               for (chat, _), m in roost_ui.telegram.messages.items() if chat == IVAN["id"])
+    assert not page_errors.dialogs
 
 
 async def test_log_in_and_every_page_renders_without_a_script_error(

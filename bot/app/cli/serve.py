@@ -127,7 +127,9 @@ async def first_done(*awaitables: Awaitable[Any]) -> None:
 
 
 PLATFORM_MODULES = {"aiogram": "aiogram", "discord": "discord.py", "slack_bolt": "slack-bolt",
-                    "slack_sdk": "slack-sdk"}
+                    "slack_sdk": "slack-sdk",
+                    "aioimaplib": "aioimaplib", "aiosmtplib": "aiosmtplib",
+                    "nio": "matrix-nio", "markdown_it": "markdown-it-py"}
 """The platform SDKs' top-level modules and the distributions that install them."""
 
 
@@ -135,7 +137,7 @@ def missing_sdk(channel: str, exc: ModuleNotFoundError) -> str:
     """What to install when channel ``channel`` could not import ``exc.name``."""
     module = (exc.name or "").partition(".")[0] or "a module"
     package = PLATFORM_MODULES.get(module, module)
-    if channel in ("telegram", "discord", "slack"):
+    if channel in ("telegram", "discord", "slack", "whatsapp", "email", "matrix"):
         return f"the {channel} channel needs {package}: pip install 'roost[{channel}]'"
     return f"the {channel} channel needs {package}: pip install {package}"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,8 +28,9 @@ from bot.testing.discord.wire import (
     user_payload,
 )
 
-EDITED = "2024-01-01T00:05:00.000000+00:00"
-"""When the users' edits are made."""
+EDITED = "2024-01-01T00:05:{:02d}.000000+00:00"
+"""When the users' edits are made: each a second after the one before, as Discord gives
+every edit a timestamp of its own."""
 
 
 class Events:
@@ -38,6 +40,7 @@ class Events:
     def __init__(self, state: State, gateway: Gateway) -> None:
         self._state = state
         self._gateway = gateway
+        self._edits = itertools.count()
 
     def message_payload(self, content: str, *, channel_id: int = CHANNEL_ID,
                         guild: bool = True, author: Mapping[str, Any] | None = None,
@@ -196,7 +199,7 @@ class Events:
         fields that changed, with no edit time (as for an embed unfurled)."""
         original = self._state.user_messages[message_id]
         data = {**original, "content": content,
-                "edited_timestamp": EDITED}
+                "edited_timestamp": EDITED.format(next(self._edits) % 60)}
         if mention_bot:
             data["content"] = f"<@{BOT_ID}> {content}"
             data["mentions"] = [user_payload(BOT_ID, "testbot", bot=True)]

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from bot.ui.kit import NavEntry, UiRequest, UiRoute, sse
+from bot.ui.kit import NavEntry, UiRequest, UiRoute, changes, sse
 from bot.ui.queries.overview import read_overview
 
 REFRESH = 2.0
@@ -19,15 +18,12 @@ async def overview(req: UiRequest) -> web.StreamResponse:
     return req.render("overview.html", facts=await read_overview(req.app))
 
 
-async def facts(req: UiRequest) -> AsyncIterator[tuple[str, str]]:
+def facts(req: UiRequest) -> AsyncIterator[tuple[str, str]]:
     """A ``facts`` event each time the rendered facts change."""
-    last = ""
-    while True:
-        html = req.fragment("_overview_facts.html", facts=await read_overview(req.app))
-        if html != last:
-            last = html
-            yield "facts", html
-        await asyncio.sleep(REFRESH)
+    async def render() -> str:
+        return req.fragment("_overview_facts.html", facts=await read_overview(req.app))
+
+    return changes("facts", render, REFRESH)
 
 
 async def events(req: UiRequest) -> web.StreamResponse:
