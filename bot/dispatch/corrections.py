@@ -84,7 +84,7 @@ class Corrections:
         self.move = move
         self.hand = hand
         self.clock = time.monotonic
-        self._early: OrderedDict[tuple[str, str, str], tuple[float, Early]] = OrderedDict()
+        self.early: OrderedDict[tuple[str, str, str], tuple[float, Early]] = OrderedDict()
         """Edits and deletions of messages not recorded yet, by (channel, chat, message id)."""
 
     # -- intake ----------------------------------------------------------------------
@@ -134,17 +134,17 @@ class Corrections:
 
     async def arrived(self, message: InboundMessage) -> None:
         """``message`` was recorded: apply an edit or a deletion of it that came first."""
-        if not self._early:
+        if not self.early:
             return
-        kept = self._early.pop((message.channel, message.chat_id, message.message_id), None)
+        kept = self.early.pop((message.channel, message.chat_id, message.message_id), None)
         if kept is not None and self.clock() - kept[0] <= EARLY_SECONDS:
             await self.take(kept[1])
 
     def _keep(self, key: tuple[str, str, str], event: Early) -> None:
-        self._early[key] = (self.clock(), event)
-        self._early.move_to_end(key)
-        while len(self._early) > EARLY_MAX:
-            self._early.popitem(last=False)
+        self.early[key] = (self.clock(), event)
+        self.early.move_to_end(key)
+        while len(self.early) > EARLY_MAX:
+            self.early.popitem(last=False)
 
     # -- applying ----------------------------------------------------------------------
 

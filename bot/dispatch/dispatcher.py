@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from bot.agents.router import AgentRouter
@@ -51,6 +51,7 @@ from bot.dispatch.intake import ChatPolicy, PairingPolicy
 from bot.dispatch.lanes import Lane, Lanes, Moves, Pending, Running, RunRegistry, join_messages
 from bot.dispatch.receipts import Outcome, ReactionHandler, Receipts
 from bot.dispatch.replicas import ReplicaWork, close_quietly
+from bot.engine.approvals import TEXT_ANSWER
 from bot.engine.budgets import Budgets, Payer
 from bot.engine.context import TokenEstimator
 from bot.engine.gates import Asking, GateChain, Stage
@@ -151,7 +152,9 @@ class Dispatcher:
         ``corrections``; anything else is not
         acted on yet (logged at debug level here, the one place that decides)."""
         if isinstance(event, InboundMessage):
-            if self.presses is None or not await self.presses.answer_text(event):
+            # Only a text shaped like "approve ID" goes to the approvals to look up.
+            if self.presses is None or TEXT_ANSWER.fullmatch(event.text) is None \
+                    or not await self.presses.answer_text(event):
                 await self.submit(event)
             return
         if isinstance(event, ReactionEvent):
@@ -198,9 +201,11 @@ class Dispatcher:
                 log.info("%s delivered %s again; it was recorded before", message.channel,
                          message.event_id)
             elif not self._closed:
-                self.receipts.stored(message)
+                if self.settings.ack_reaction:
+                    self.receipts.stored(message)
                 await self.replicas.submitted(shared)
-                await self.corrections.arrived(message)
+                if self.corrections.early:
+                    await self.corrections.arrived(message)
             return
         lane = self.lanes.by_key.get(key)
         # A message whose run will start at once is recorded as started.
@@ -216,10 +221,18 @@ class Dispatcher:
         if parsed is not None:
             self._spawn(self._command(message, *parsed, entry=entry.id))
             return
-        self.receipts.stored(message)
+        if self.settings.ack_reaction:
+            self.receipts.stored(message)
         lane = self.lanes.lane(key, message)
         self._move(lane, self.lanes.enqueue(lane, message, entry.id, counted=now))
-        await self.corrections.arrived(message)  # an edit or a deletion that came first
+        if self.corrections.early:  # an edit or a deletion that came first
+            await self.corrections.arrived(message)
+
+    def _receipt_ended(self, message: InboundMessage, entries: Sequence[int],
+                       outcome: Outcome) -> None:
+        """Replace the ack reactions of a run that ended, when acks are on."""
+        if self.settings.ack_reaction:
+            self.receipts.ended(message, entries, outcome)
 
     # -- queries and controls used by commands -------------------------------
 
@@ -348,7 +361,7 @@ class Dispatcher:
             self._notify(head.message, "I could not answer this message: working on it "
                          "stopped me several times, so I gave up on it. Please send it again "
                          "in a different form.")
-            self.receipts.ended(head.message, ids, "error")
+            self._receipt_ended(head.message, ids, "error")
             channel = self.channels.get(head.message.channel)
             if head.draft_id and channel is not None:
                 self._spawn(_quietly(channel.withdraw(head.message.chat_id, head.draft_id)))
@@ -445,7 +458,7 @@ class Dispatcher:
                 await deliver_result(channel, message, result, bridge.stream,
                                      inbox=self.inbox, redeliveries=self.redeliveries,
                                      counts=self.deliveries)
-            self.receipts.ended(message, pending.entries, RECEIPTS[result.status])
+            self._receipt_ended(message, pending.entries, RECEIPTS[result.status])
             if pending.done is not None and not pending.done.done():
                 pending.done.set_result(result)
         except asyncio.CancelledError:
@@ -459,12 +472,12 @@ class Dispatcher:
                 self.inbox.requeue(pending.entries)
             elif reason not in ("merged", "edited"):  # those run again in another run
                 self.inbox.close(pending.entries)
-                self.receipts.ended(message, pending.entries, "dropped")
+                self._receipt_ended(message, pending.entries, "dropped")
             raise
         except Exception as exc:
             log.exception("run %s for %s crashed", run_id, lane.key)
             self.inbox.close(pending.entries)
-            self.receipts.ended(message, pending.entries, "error")
+            self._receipt_ended(message, pending.entries, "error")
             if pending.done is not None and not pending.done.done():
                 pending.done.set_exception(exc)
             else:
@@ -492,7 +505,7 @@ class Dispatcher:
                 refusal: str) -> None:
         """A run refused by a budget before the model answered: nothing of it is stored."""
         self.inbox.close(pending.entries)
-        self.receipts.ended(message, pending.entries, "error")
+        self._receipt_ended(message, pending.entries, "error")
         result = RunResult(run_id, "refused", refusal, Usage())
         if pending.from_person:
             self._notify(message, refusal)
@@ -538,7 +551,7 @@ class Dispatcher:
         """Do what a lane change asks: close and tell the dropped, start the runs."""
         for pending in moves.dropped:
             self.inbox.close(pending.entries)
-            self.receipts.ended(pending.message, pending.entries, "dropped")
+            self._receipt_ended(pending.message, pending.entries, "dropped")
             self._notify(pending.message, "Too many messages were waiting, so I dropped "
                          "this one. Send it again if you still need an answer.")
         for entry in moves.start:
