@@ -98,7 +98,11 @@ def flipping(tmp_path: Path, workspace: Path) -> Iterator[Race]:
                                 str(outside), str(stop)], stdout=subprocess.PIPE)
     race = Race(workspace, inside, secret, environ)
     try:
-        time.sleep(0.2)  # running before the first read
+        # Running before the first read: its first flip makes ``d`` a link.
+        deadline = time.monotonic() + 30  # a hang guard
+        while not (workspace / "d").is_symlink():
+            assert flipper.poll() is None and time.monotonic() < deadline, "no flip"
+            time.sleep(0.002)
         yield race
     finally:
         stop.touch()
