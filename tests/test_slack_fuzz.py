@@ -126,6 +126,10 @@ CORPUS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 bad_payloads = st.tuples(st.sampled_from(sorted(CORPUS)), st.lists(mutations, max_size=3))
+EXAMPLES = 100
+BATCH = 8
+"""Up to eight bad payloads between two ordinary messages (Hypothesis draws 4.5 on average):
+about 450 mutated payloads per run, each batch still followed by an ordinary message."""
 
 
 @dataclass
@@ -190,9 +194,9 @@ async def _deliver(fuzzed: Fuzzed, kind: str, payload: Any) -> None:
 
 
 @pytest.mark.slow
-@settings(max_examples=300, deadline=None, database=None,
+@settings(max_examples=EXAMPLES, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(batch=st.lists(bad_payloads, min_size=1, max_size=3))
+@given(batch=st.lists(bad_payloads, min_size=1, max_size=BATCH))
 async def test_roost_survives_mutated_slack_payloads_and_answers_the_next_message(
     fuzzed: Fuzzed, roost_log: RoostLog, batch: list[tuple[str, list[Mutation]]],
 ) -> None:

@@ -98,7 +98,11 @@ def flipping(tmp_path: Path, workspace: Path) -> Iterator[Race]:
                                 str(outside), str(stop)], stdout=subprocess.PIPE)
     race = Race(workspace, inside, secret, environ)
     try:
-        time.sleep(0.2)  # running before the first read
+        # Running before the first read: its first flip makes ``d`` a link.
+        deadline = time.monotonic() + 30  # a hang guard
+        while not (workspace / "d").is_symlink():
+            assert flipper.poll() is None and time.monotonic() < deadline, "no flip"
+            time.sleep(0.002)
         yield race
     finally:
         stop.touch()
@@ -148,6 +152,9 @@ READS = 3000
 PROMPTS = 3000
 UPLOADS = 300
 BIG_UPLOADS = 12
+"""The most calls of each kind; each kind stops after a tenth of them once it met the links
+MET times (and an 11 MB upload went through), however fast the flipper runs."""
+MET = 5
 
 
 async def test_no_outside_byte_reaches_a_tool_result_the_prompt_or_telegram(
@@ -156,7 +163,8 @@ async def test_no_outside_byte_reaches_a_tool_result_the_prompt_or_telegram(
     read_file = next(t for t in file_tools.roost_tools(settings) if t.name == "read_file")
     [send_file] = media_tools.roost_tools(settings)
     channel = await start_tg(Inbox())
-    counts = {"read": 0, "read_refused": 0, "prompt": 0, "upload": 0, "upload_refused": 0}
+    counts = {"read": 0, "read_refused": 0, "prompt": 0, "prompt_unlinked": 0, "upload": 0,
+              "upload_refused": 0, "big": 0}
     leaked = 0
     foreign: list[str] = []  # results that are not the workspace's own bytes
 
@@ -167,6 +175,8 @@ async def test_no_outside_byte_reaches_a_tool_result_the_prompt_or_telegram(
             ctx = context(ws)
             paths = ("d/f", "file.txt", "USER.md", today_note())
             for n in range(READS):
+                if n >= READS // 10 and counts["read_refused"] >= MET:
+                    break
                 path = paths[n % len(paths)]
                 try:
                     text = await read_file.execute(ctx, {"path": path})
@@ -181,15 +191,20 @@ async def test_no_outside_byte_reaches_a_tool_result_the_prompt_or_telegram(
 
         async def prompts() -> None:
             nonlocal leaked
-            for _ in range(PROMPTS):
+            for n in range(PROMPTS):
+                if n >= PROMPTS // 10 and counts["prompt_unlinked"] >= MET:
+                    break
                 text = await asyncio.to_thread(system_prompt, ws)
                 counts["prompt"] += 1
+                counts["prompt_unlinked"] += "inside USER.md" not in text
                 leaked += race.leaked(text, "system prompt")
 
         async def uploads() -> None:
             nonlocal leaked
             ctx = context(ws, channel.send)
             for n in range(UPLOADS + BIG_UPLOADS):
+                if n >= UPLOADS // 10 and counts["upload_refused"] >= MET and counts["big"]:
+                    break
                 path = "big.bin" if n % (UPLOADS // BIG_UPLOADS + 1) == 0 else "file.txt"
                 try:
                     result = await send_file.execute(ctx, {"path": path})
@@ -198,6 +213,7 @@ async def test_no_outside_byte_reaches_a_tool_result_the_prompt_or_telegram(
                     leaked += race.leaked(str(exc), f"send_file {path} error")
                     continue
                 counts["upload"] += 1
+                counts["big"] += path == "big.bin"
                 leaked += race.leaked(result, f"send_file {path}")
 
         await asyncio.gather(reads(), prompts(), uploads())
@@ -217,6 +233,7 @@ async def test_no_outside_byte_reaches_a_tool_result_the_prompt_or_telegram(
     # The race was real: every kind of call met the links at least once.
     assert counts["read_refused"] > 0 and counts["upload_refused"] > 0
     assert counts["read"] > 0 and counts["upload"] > 0 and big > 0
+    assert counts["prompt_unlinked"] > 0
 
 
 PROMPT_ONLY = 5000
@@ -230,10 +247,10 @@ async def test_no_outside_byte_reaches_the_system_prompt_of_concurrent_builds(
 
         def builds() -> tuple[int, int]:
             found = missed = 0
-            # At least PROMPT_ONLY / 2 builds each, and on until USER.md was met as a link
+            # At least PROMPT_ONLY / 10 builds each, and on until USER.md was met as a link
             # a few times (the flipper shares two cores with everything else).
             for n in range(2 * PROMPT_ONLY):
-                if n >= PROMPT_ONLY // 2 and missed >= 5:
+                if n >= PROMPT_ONLY // 10 and missed >= 5:
                     break
                 text = system_prompt(ws)
                 found += race.leaked(text, "system prompt")
@@ -243,8 +260,8 @@ async def test_no_outside_byte_reaches_the_system_prompt_of_concurrent_builds(
         done = await asyncio.gather(asyncio.to_thread(builds), asyncio.to_thread(builds))
     leaked = sum(found for found, _ in done)
     missed = sum(m for _, m in done)
-    print(f"\nprompt race: {race.flips} flips; >= {PROMPT_ONLY} prompt builds, {missed} without "
-          f"USER.md (a link then); {leaked} outside bytes in {len(race.seen)} prompts")
+    print(f"\nprompt race: {race.flips} flips; >= {PROMPT_ONLY // 5} prompt builds, {missed} "
+          f"without USER.md (a link then); {leaked} outside bytes in {len(race.seen)} prompts")
     assert leaked == 0, race.seen[:3]
     assert race.flips > 0 and missed > 0
 
@@ -265,7 +282,7 @@ async def test_no_outside_byte_reaches_memory_get_or_memory_search(
     leaked = refused = answered = 0
     with flipping(tmp_path, ws) as race:
         for n in range(10 * MEMORY_CALLS):
-            if n >= MEMORY_CALLS and refused >= 5:
+            if n >= MEMORY_CALLS // 3 and refused >= 5:
                 break  # on until the links were met a few times, however slow the flipper
             path = ("MEMORY.md", today_note())[n % 2]
             try:
