@@ -74,6 +74,8 @@ ENV = {**SECRETS, "OPENAI_BASE_URL": OPENAI_URL, "ROOST_HTTP_PORT": str(PORT),
        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://otel:{U['otelPW']}@127.0.0.1:{PORT}",
        # pip prints the index URL it looks in; it redacts the password, not the query.
        "PIP_INDEX_URL": f"http://pip:{U['pipPW']}@127.0.0.1:{PORT}/simple?token={U['pipTOK']}",
+       # An unreachable PostgreSQL is retried once (its warning printed), not five times.
+       "ROOST_DATABASE_CONNECT_ATTEMPTS": "2",
        "PIP_RETRIES": "0", "PIP_TIMEOUT": "2", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
        "ROOST_LOG_LEVEL": "DEBUG"}
 

@@ -174,8 +174,9 @@ def test_a_missing_slack_sdk_names_slack_bolt_not_aiohttp(tmp_path: Path) -> Non
 
 @pytest.mark.e2e
 def test_an_unreachable_telegram_api_is_retried_then_one_line(tmp_path: Path) -> None:
+    # Tried twice (one retry), not five times.
     result = roost("run", cwd=tmp_path, ROOST_PROVIDER="scripted",
-                   TELEGRAM_BOT_TOKEN="123:abc",
+                   TELEGRAM_BOT_TOKEN="123:abc", ROOST_TELEGRAM_CONNECT_ATTEMPTS="2",
                    TELEGRAM_API_BASE=f"http://127.0.0.1:{closed_port()}")
     assert result.returncode == 1  # worth restarting later, unlike a setup error (2)
     lines = result.stderr.strip().splitlines()
@@ -492,7 +493,9 @@ def test_the_compose_files_instructions_make_every_file_they_mount(
 def test_an_unreachable_database_is_one_line_naming_it_masked(
         tmp_path: Path, command: tuple[str, ...]) -> None:
     url = f"postgresql://roost:pw-hunter2@127.0.0.1:{closed_port()}/roost?sslpassword=ssl-hunter3"
-    result = roost(*command, cwd=tmp_path, ROOST_DATABASE_URL=url)
+    # Tried twice (one retry, whose warning names the URL too), not six times.
+    result = roost(*command, cwd=tmp_path, ROOST_DATABASE_URL=url,
+                   ROOST_DATABASE_CONNECT_ATTEMPTS="2")
     assert result.returncode == 1
     assert "Traceback" not in result.stderr and "hunter" not in result.stderr
     last = result.stderr.strip().splitlines()[-1]
