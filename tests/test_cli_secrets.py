@@ -72,6 +72,8 @@ api_key = "{U['pluginKEY']}"
 """
 ENV = {**SECRETS, "OPENAI_BASE_URL": OPENAI_URL, "ROOST_HTTP_PORT": str(PORT),
        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://otel:{U['otelPW']}@127.0.0.1:{PORT}",
+       # The exporter's retries at exit stop after 2 s (one retry warning), not 10 s.
+       "OTEL_EXPORTER_OTLP_TIMEOUT": "2",
        # pip prints the index URL it looks in; it redacts the password, not the query.
        "PIP_INDEX_URL": f"http://pip:{U['pipPW']}@127.0.0.1:{PORT}/simple?token={U['pipTOK']}",
        # An unreachable PostgreSQL is retried once (its warning printed), not five times.
