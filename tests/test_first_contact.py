@@ -472,9 +472,10 @@ def test_the_compose_files_instructions_make_every_file_they_mount(
     (tmp_path / compose).parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(source, tmp_path / compose)
     for argv in steps:
-        argv = [*ROOST, *argv[1:]] if argv[0] == "roost" else argv
-        done = subprocess.run(argv, cwd=tmp_path, env=clean_env(), capture_output=True,
-                              text=True, timeout=120)
+        # `roost ...` as a process of its own (a fork, tests/cli_forks.py); others as written.
+        done = run_roost(argv[1:], cwd=tmp_path, env=clean_env()) if argv[0] == "roost" else \
+            subprocess.run(argv, cwd=tmp_path, env=clean_env(), capture_output=True, text=True,
+                           timeout=120)
         assert done.returncode == 0, f"{' '.join(argv)} failed: {done.stderr}"
     here = (tmp_path / compose).parent
     spec = yaml.safe_load((tmp_path / compose).read_text())
