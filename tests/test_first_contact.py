@@ -148,13 +148,9 @@ def test_short_help_flag_works_on_the_group_and_commands(tmp_path: Path) -> None
 
 
 def blocked_sdk_run(module: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    """``roost run`` in an interpreter where ``module`` cannot be imported (as if not installed)."""
-    code = (f"import sys; sys.modules[{module!r}] = None; sys.argv = ['roost', 'run']\n"
-            "from bot.app.cli import main; main()")
-    return subprocess.run([sys.executable, "-c", code], cwd=tmp_path,
-                          env=clean_env(ROOST_PROVIDER="scripted", ROOST_LOG_LEVEL="WARNING",
-                                        **env),
-                          capture_output=True, text=True, timeout=120)
+    """``roost run`` in a process where ``module`` cannot be imported (as if not installed)."""
+    return run_roost(["run"], cwd=tmp_path, blocked=[module],
+                     env=clean_env(ROOST_PROVIDER="scripted", ROOST_LOG_LEVEL="WARNING", **env))
 
 
 def test_a_missing_platform_sdk_is_one_line_naming_the_extra(tmp_path: Path) -> None:
