@@ -20,7 +20,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 __all__ = ["CHILD", "close", "run_roost"]
@@ -32,12 +32,18 @@ from bot.app.cli import main
 
 def child(job):
     # In a fork whose stdin is set: run `roost *job["args"]` in job["cwd"] with job["env"],
-    # its output to the files job["out"] and job["err"]; then exit with its code.
+    # its output to the files job["out"] and job["err"], the modules job["blocked"] (if any)
+    # not importable; then exit with its code.
     os.chdir(job["cwd"])
     os.environ.clear()
     os.environ.update(job["env"])
     for fd, path in ((1, job["out"]), (2, job["err"])):
         os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
+    for name in job.get("blocked", ()):
+        if any(m == name or m.startswith(name + ".") for m in sys.modules):
+            print(f"cli_forks: {name} is imported already, it cannot be blocked", file=sys.stderr)
+            os._exit(70)
+        sys.modules[name] = None  # as if not installed: importing it raises ImportError
     # A fresh reader on the command's stdin (the jobs came through this one's buffer).
     sys.stdin = open(0, encoding=sys.stdin.encoding, errors=sys.stdin.errors,
                      closefd=False)
@@ -121,7 +127,7 @@ class _Forker:
         return line
 
     def run(self, args: list[str], cwd: Path, env: Mapping[str, str], input: str | None,
-            timeout: float) -> subprocess.CompletedProcess[str]:
+            timeout: float, blocked: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
         with tempfile.TemporaryDirectory() as scratch, self.lock:
             files = {name: Path(scratch, name) for name in ("out", "err")}
             for path in files.values():
@@ -129,6 +135,7 @@ class _Forker:
             assert self.proc.stdin is not None
             self.proc.stdin.write(json.dumps({
                 "args": args, "cwd": str(cwd), "env": dict(env), "input": input,
+                "blocked": list(blocked),
                 **{name: str(path) for name, path in files.items()}}) + "\n")
             self.proc.stdin.flush()
             pid = int(self._line(None))
@@ -155,11 +162,12 @@ _started = threading.Lock()
 
 
 def run_roost(args: list[str], *, cwd: Path, env: Mapping[str, str], input: str | None = None,
-              timeout: float = 120, python: str = sys.executable,
+              timeout: float = 120, python: str = sys.executable, blocked: Sequence[str] = (),
               ) -> subprocess.CompletedProcess[str]:
     """``python -m bot *args`` in ``cwd`` with exactly ``env``; its output as text, like
     ``subprocess.run(..., capture_output=True, text=True)``. Its stdin is a pipe that
-    holds ``input`` and then ends, or ``/dev/null`` when ``input`` is ``None``."""
+    holds ``input`` and then ends, or ``/dev/null`` when ``input`` is ``None``. The modules
+    named in ``blocked`` cannot be imported (as if not installed)."""
     with _started:
         forker = _forkers.get(python)
         if forker is None or forker.proc.poll() is not None:
@@ -168,10 +176,13 @@ def run_roost(args: list[str], *, cwd: Path, env: Mapping[str, str], input: str 
                 **{k: v for k, v in os.environ.items() if not k.startswith(("ROOST_", "PYTHON"))},
                 **base})
     if forker.python_differs(env):
-        return subprocess.run([python, "-m", "bot", *args], cwd=cwd, env=dict(env),
+        command = ["-m", "bot", *args] if not blocked else ["-c", (
+            f"import sys; sys.modules.update(dict.fromkeys({list(blocked)!r})); "
+            f"sys.argv = ['roost', *{args!r}]; from bot.app.cli import main; main()")]
+        return subprocess.run([python, *command], cwd=cwd, env=dict(env),
                               input=input, capture_output=True, text=True, timeout=timeout,
                               stdin=subprocess.DEVNULL if input is None else None)
-    return forker.run(args, cwd, env, input, timeout)
+    return forker.run(args, cwd, env, input, timeout, blocked)
 
 
 def close(python: str | None = None) -> None:

@@ -10,11 +10,16 @@ PostgreSQL URL that cannot be reached (whose error names the URL).
 
 from __future__ import annotations
 
+import atexit
+import functools
 import json
+import select
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from typing import IO
 
 import click
 import pytest
@@ -72,8 +77,12 @@ api_key = "{U['pluginKEY']}"
 """
 ENV = {**SECRETS, "OPENAI_BASE_URL": OPENAI_URL, "ROOST_HTTP_PORT": str(PORT),
        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://otel:{U['otelPW']}@127.0.0.1:{PORT}",
+       # The exporter's retries at exit stop after 2 s (one retry warning), not 10 s.
+       "OTEL_EXPORTER_OTLP_TIMEOUT": "2",
        # pip prints the index URL it looks in; it redacts the password, not the query.
        "PIP_INDEX_URL": f"http://pip:{U['pipPW']}@127.0.0.1:{PORT}/simple?token={U['pipTOK']}",
+       # An unreachable PostgreSQL is retried once (its warning printed), not five times.
+       "ROOST_DATABASE_CONNECT_ATTEMPTS": "2",
        "PIP_RETRIES": "0", "PIP_TIMEOUT": "2", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
        "ROOST_LOG_LEVEL": "DEBUG"}
 
@@ -130,26 +139,45 @@ def start(job):
     os.dup2(read, 0)
     child(job)
 
-jobs = json.loads(sys.stdin.read())
-running, late = {}, []
-pending = list(jobs)
-while pending or running:
-    while pending and len(running) < 4:
-        job = pending.pop(0)
-        running[start(job)] = (job, time.monotonic() + 90)
-    pid, _ = os.waitpid(-1, os.WNOHANG)
-    if pid:
-        running.pop(pid, None)
-        continue
-    for pid, (job, deadline) in list(running.items()):
-        if time.monotonic() > deadline:
-            os.kill(pid, 9)
-            late.append(job["args"])
-    time.sleep(0.01)
-print(json.dumps(late))
+for line in sys.stdin:  # one batch of jobs a line; the invocations that ran late, a line
+    running, late = {}, []
+    pending = json.loads(line)
+    while pending or running:
+        while pending and len(running) < 4:
+            job = pending.pop(0)
+            running[start(job)] = (job, time.monotonic() + 90)
+        pid, _ = os.waitpid(-1, os.WNOHANG)
+        if pid:
+            running.pop(pid, None)
+            continue
+        for pid, (job, deadline) in list(running.items()):
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                late.append(job["args"])
+        time.sleep(0.01)
+    print(json.dumps(late), flush=True)
 """
-"""Runs every invocation in a fork of one process that imported the command line once
-(each fork is a fresh ``roost`` process in all but the import), four at a time."""
+"""Runs every invocation of a batch in a fork of one process that imported the command line
+once (each fork is a fresh ``roost`` process in all but the import), four at a time."""
+
+
+@functools.cache
+def driver() -> tuple[subprocess.Popen[str], IO[str]]:
+    """The :data:`DRIVER` process of this test process (both databases' batches share its
+    import) and the file of its stderr; ended at exit."""
+    errors = tempfile.TemporaryFile("w+")  # noqa: SIM115 - open for the process's life
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER], cwd=tempfile.gettempdir(),
+                            env=clean_env(**ENV), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=errors, text=True, bufsize=1)
+
+    def close() -> None:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait()
+        errors.close()
+
+    atexit.register(close)
+    return proc, errors
 
 
 def run_all(invocations: list[tuple[str, ...]], root: Path,
@@ -162,11 +190,15 @@ def run_all(invocations: list[tuple[str, ...]], root: Path,
         (cwd / "roost.toml").write_text(CONFIG)
         jobs.append({"args": list(args), "cwd": str(cwd), "out": str(cwd / "stdout"),
                      "err": str(cwd / "stderr"), "env": env})
-    done = subprocess.run([sys.executable, "-c", DRIVER], cwd=root, env=env,
-                          input=json.dumps(jobs), capture_output=True, text=True,
-                          timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-2000:]
-    late = json.loads(done.stdout.strip().splitlines()[-1])
+    proc, errors = driver()
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(json.dumps(jobs) + "\n")
+    proc.stdin.flush()
+    ready, _, _ = select.select([proc.stdout], [], [], 300)  # a hang guard
+    line = proc.stdout.readline() if ready else ""
+    errors.seek(0)
+    assert line, f"the driver did not answer:\n{errors.read()[-2000:]}"
+    late = json.loads(line)
     assert not late, f"these did not end within 90 s: {late}"
     return [(Path(job["out"]).read_text(), Path(job["err"]).read_text()) for job in jobs]
 

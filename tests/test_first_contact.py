@@ -148,13 +148,9 @@ def test_short_help_flag_works_on_the_group_and_commands(tmp_path: Path) -> None
 
 
 def blocked_sdk_run(module: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    """``roost run`` in an interpreter where ``module`` cannot be imported (as if not installed)."""
-    code = (f"import sys; sys.modules[{module!r}] = None; sys.argv = ['roost', 'run']\n"
-            "from bot.app.cli import main; main()")
-    return subprocess.run([sys.executable, "-c", code], cwd=tmp_path,
-                          env=clean_env(ROOST_PROVIDER="scripted", ROOST_LOG_LEVEL="WARNING",
-                                        **env),
-                          capture_output=True, text=True, timeout=120)
+    """``roost run`` in a process where ``module`` cannot be imported (as if not installed)."""
+    return run_roost(["run"], cwd=tmp_path, blocked=[module],
+                     env=clean_env(ROOST_PROVIDER="scripted", ROOST_LOG_LEVEL="WARNING", **env))
 
 
 def test_a_missing_platform_sdk_is_one_line_naming_the_extra(tmp_path: Path) -> None:
@@ -174,8 +170,9 @@ def test_a_missing_slack_sdk_names_slack_bolt_not_aiohttp(tmp_path: Path) -> Non
 
 @pytest.mark.e2e
 def test_an_unreachable_telegram_api_is_retried_then_one_line(tmp_path: Path) -> None:
+    # Tried twice (one retry), not five times.
     result = roost("run", cwd=tmp_path, ROOST_PROVIDER="scripted",
-                   TELEGRAM_BOT_TOKEN="123:abc",
+                   TELEGRAM_BOT_TOKEN="123:abc", ROOST_TELEGRAM_CONNECT_ATTEMPTS="2",
                    TELEGRAM_API_BASE=f"http://127.0.0.1:{closed_port()}")
     assert result.returncode == 1  # worth restarting later, unlike a setup error (2)
     lines = result.stderr.strip().splitlines()
@@ -471,9 +468,10 @@ def test_the_compose_files_instructions_make_every_file_they_mount(
     (tmp_path / compose).parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(source, tmp_path / compose)
     for argv in steps:
-        argv = [*ROOST, *argv[1:]] if argv[0] == "roost" else argv
-        done = subprocess.run(argv, cwd=tmp_path, env=clean_env(), capture_output=True,
-                              text=True, timeout=120)
+        # `roost ...` as a process of its own (a fork, tests/cli_forks.py); others as written.
+        done = run_roost(argv[1:], cwd=tmp_path, env=clean_env()) if argv[0] == "roost" else \
+            subprocess.run(argv, cwd=tmp_path, env=clean_env(), capture_output=True, text=True,
+                           timeout=120)
         assert done.returncode == 0, f"{' '.join(argv)} failed: {done.stderr}"
     here = (tmp_path / compose).parent
     spec = yaml.safe_load((tmp_path / compose).read_text())
@@ -492,7 +490,9 @@ def test_the_compose_files_instructions_make_every_file_they_mount(
 def test_an_unreachable_database_is_one_line_naming_it_masked(
         tmp_path: Path, command: tuple[str, ...]) -> None:
     url = f"postgresql://roost:pw-hunter2@127.0.0.1:{closed_port()}/roost?sslpassword=ssl-hunter3"
-    result = roost(*command, cwd=tmp_path, ROOST_DATABASE_URL=url)
+    # Tried twice (one retry, whose warning names the URL too), not six times.
+    result = roost(*command, cwd=tmp_path, ROOST_DATABASE_URL=url,
+                   ROOST_DATABASE_CONNECT_ATTEMPTS="2")
     assert result.returncode == 1
     assert "Traceback" not in result.stderr and "hunter" not in result.stderr
     last = result.stderr.strip().splitlines()[-1]

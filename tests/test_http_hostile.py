@@ -84,6 +84,17 @@ async def held_body(port: int, address: str) -> Held:
     return held
 
 
+async def first_cut(held: list[Held | None], limit: float) -> None:
+    """Return when the server has closed one of ``held`` (a hang guard of ``limit`` s)."""
+    ends = [asyncio.ensure_future(outcome(h, limit)) for h in held if h]
+    try:
+        await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for end in ends:
+            end.cancel()
+        await asyncio.gather(*ends, return_exceptions=True)
+
+
 def roost_env(tmp_path: Path, port: int, fake_slack: FakeSlack, **extra: str) -> dict[str, str]:
     (tmp_path / "script.yaml").write_text(SCRIPT)
     return clean_env(
@@ -198,9 +209,10 @@ async def test_accept_failing_for_lack_of_descriptors_is_logged_once_a_minute(
         await until_in_log(log, "roost ready", proc)
         size_before = log.stat().st_size
         held = await flood(port, 1500, [f"127.0.0.{i}" for i in range(10, 40)])
-        # asyncio tries accept() again every second while descriptors lack: let it fail
-        # for a few seconds, until the header timeout frees them.
-        await asyncio.sleep(HEADER_TIMEOUT + 2)
+        # asyncio tries accept() again every second while descriptors lack: it fails from
+        # now until the header timeout cuts the first held connections and frees some.
+        await until_in_log(log, "accept() failed", proc)
+        await first_cut(held, HEADER_TIMEOUT + 20)
         close_all(held)
         held.clear()
         await until_healthy(port)

@@ -135,7 +135,8 @@ class Roost:
         fires only when told to (``services.scheduler.run_due``; tests, benches).
         """
         store = await SessionStore.open(settings.database, settings.session_cache_size,
-                                        settings.database_pool_size)
+                                        settings.database_pool_size,
+                                        settings.database_connect_attempts)
         try:
             # Plugins an admin disabled stay disabled; essential ones cannot be.
             saved = await load_disabled(store.db, store.lock)

@@ -75,6 +75,9 @@ class Settings(BaseSettings):
     On PostgreSQL Roost creates no ``roost.db``."""
     database_pool_size: int = Field(10, ge=1)
     """PostgreSQL: at most this many connections per process."""
+    database_connect_attempts: int = Field(6, ge=1)
+    """PostgreSQL: how many times the first connection is tried while refused (waiting
+    0.2 s, doubling, between tries) before the command gives up."""
     lease_seconds: float = Field(30.0, gt=0)
     """PostgreSQL replicas: how long a replica's claim on a session's work outlives it."""
     log_level: str = "INFO"
@@ -320,6 +323,9 @@ class Settings(BaseSettings):
     answered as the channel speaking in the group, under the group policy, or ignored."""
     telegram_webhook_port: int = 8443
     """Where the webhook listens; the HTTP port's value shares that server."""
+    telegram_connect_attempts: int = Field(5, ge=1)
+    """How many times the token check (``getMe``) at start is tried while the Bot API cannot
+    be reached (waiting 0.5 s, doubling, between tries; at most as often as a reply)."""
     telegram_rate_limits: bool = True
     """Keep Telegram's documented send limits before it enforces them (about 1 message/s
     per chat, 20/min per group, 30/s in all); off only where nothing enforces them (a

@@ -64,16 +64,19 @@ def sqlite_path(target: Path | str) -> Path:
     return Path(target)
 
 
-async def connect(target: Path | str, pool_size: int = 10) -> aiosqlite.Connection:
+async def connect(target: Path | str, pool_size: int = 10,
+                  connect_attempts: int = 6) -> aiosqlite.Connection:
     """Open the database (creating an SQLite file), and migrate it.
 
     ``target``: a path or ``sqlite:///path`` (one connection, tuned for one
     writer), or a ``postgresql://`` URL (a pool of up to ``pool_size``
-    connections, :mod:`bot.storage.postgres`). The PostgreSQL connection offers
+    connections, :mod:`bot.storage.postgres`, its first connection tried up to
+    ``connect_attempts`` times while refused). The PostgreSQL connection offers
     the aiosqlite API the stores use, so it is typed as one here.
     """
     if is_postgres_url(target):
-        return cast(aiosqlite.Connection, await connect_postgres(str(target), pool_size))
+        return cast(aiosqlite.Connection, await connect_postgres(str(target), pool_size,
+                                                                connect_attempts))
     path = sqlite_path(target)
     path.parent.mkdir(parents=True, exist_ok=True)
     # isolation_level=None: Roost issues BEGIN/COMMIT itself so a run's flush is
@@ -94,14 +97,16 @@ async def connect(target: Path | str, pool_size: int = 10) -> aiosqlite.Connecti
     return db
 
 
-async def connect_postgres(url: str, pool_size: int = 10) -> PgConnection:
-    """A pool on the PostgreSQL database at ``url``, migrated."""
+async def connect_postgres(url: str, pool_size: int = 10,
+                           connect_attempts: int = 6) -> PgConnection:
+    """A pool on the PostgreSQL database at ``url``, migrated (the first connection
+    tried up to ``connect_attempts`` times while refused)."""
     try:
         from bot.storage.postgres import PgConnection
     except ImportError as exc:
         raise RuntimeError("a postgresql:// database needs asyncpg: "
                            "pip install 'roost[postgres]'") from exc
-    db = await PgConnection.open(url, pool_size)
+    db = await PgConnection.open(url, pool_size, connect_attempts)
     try:
         await migrate(cast(aiosqlite.Connection, db))
     except BaseException:

@@ -145,12 +145,15 @@ class PgConnection:
         """The database's URL (for a connection of its own: LISTEN)."""
 
     @classmethod
-    async def open(cls, url: str, pool_size: int = 10) -> PgConnection:
-        """A pool of up to ``pool_size`` connections to ``url`` (retried while refused)."""
+    async def open(cls, url: str, pool_size: int = 10,
+                   connect_attempts: int = RECONNECT.attempts) -> PgConnection:
+        """A pool of up to ``pool_size`` connections to ``url`` (tried up to
+        ``connect_attempts`` times while refused)."""
         async def connect() -> asyncpg.Pool:
             return await asyncpg.create_pool(url, min_size=1, max_size=max(1, pool_size),
                                              command_timeout=60)
-        return cls(await with_reconnect(connect, "connecting to PostgreSQL"), url=url)
+        return cls(await with_reconnect(connect, "connecting to PostgreSQL",
+                                        attempts=connect_attempts), url=url)
 
     def bound(self, conn: asyncpg.Connection) -> PgConnection:
         """This API on one connection (a transaction's), sharing the catalog cache."""
@@ -312,15 +315,17 @@ def as_sqlite_error(exc: BaseException) -> BaseException:
     return mapped
 
 
-async def with_reconnect(attempt: Callable[[], Awaitable[T]], what: str) -> T:
-    """``attempt()``, tried again on a fresh connection while the connection is lost."""
+async def with_reconnect(attempt: Callable[[], Awaitable[T]], what: str,
+                         attempts: int = RECONNECT.attempts) -> T:
+    """``attempt()``, tried again on a fresh connection while the connection is lost
+    (``attempts`` tries in all, waiting as :data:`RECONNECT` says between them)."""
     failures = 0
     while True:
         try:
             return await attempt()
         except CONNECTION_LOST as exc:
             failures += 1
-            if failures >= RECONNECT.attempts:
+            if failures >= attempts:
                 raise
             delay = RECONNECT.delay(failures)
             log.warning("PostgreSQL connection lost during %s (%s: %s); retrying in %.1fs",

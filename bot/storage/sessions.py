@@ -110,10 +110,11 @@ class SessionStore:
 
     @classmethod
     async def open(cls, path: Path | str, cache_size: int = 1000,
-                   pool_size: int = 10) -> SessionStore:
+                   pool_size: int = 10, connect_attempts: int = 6) -> SessionStore:
         """Open (and migrate) the database at ``path``: a file, ``sqlite:///...`` or
-        ``postgresql://...`` (a pool of ``pool_size`` connections)."""
-        return cls(await dbmod.connect(path, pool_size), cache_size)
+        ``postgresql://...`` (a pool of ``pool_size`` connections, the first tried up to
+        ``connect_attempts`` times while refused)."""
+        return cls(await dbmod.connect(path, pool_size, connect_attempts), cache_size)
 
     async def close(self) -> None:
         """Finish pending writes and close the database."""

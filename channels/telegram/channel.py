@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import re
 import threading
@@ -190,7 +191,10 @@ class TelegramChannel(Channel):
             self.api.deliver(DeleteWebhook(drop_pending_updates=False), "deleteWebhook",
                              scope="deleteWebhook"))  # not behind getMe (the bot's scope)
         try:
-            me = await self.api.deliver(GetMe(), "getMe")
+            policy = self.api.policy
+            attempts = min(policy.attempts, self.settings.telegram_connect_attempts)
+            me = await self.api.deliver(GetMe(), "getMe",
+                                        policy=dataclasses.replace(policy, attempts=attempts))
         except BaseException as exc:
             if unhook is not None:
                 unhook.cancel()

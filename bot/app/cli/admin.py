@@ -159,7 +159,8 @@ async def _with_errors(settings: Settings,
     if not settings.database_url and not settings.db_path.exists():
         echo(f"roost: no database at {settings.db_path}", err=True)
         return 1
-    store = await SessionStore.open(settings.database)
+    store = await SessionStore.open(
+        settings.database, connect_attempts=settings.database_connect_attempts)
     try:
         return await action(ErrorStore(store.db, store.lock))
     finally:
@@ -179,7 +180,8 @@ async def _with_access(settings: Settings, action: Callable[[Any], Awaitable[int
         echo(f"roost: no database at {settings.db_path}", err=True)
         return 1
     # WAL and the busy timeout let this write next to a running service.
-    store = await SessionStore.open(settings.database)
+    store = await SessionStore.open(
+        settings.database, connect_attempts=settings.database_connect_attempts)
     try:
         return await action(AccessStore(store.db, store.lock, store.writer,
                                         ttl=settings.pairing_code_ttl))

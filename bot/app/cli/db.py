@@ -10,6 +10,7 @@ import click
 from bot.app.cli.base import cli, cli_settings, echo, run_and_exit, setup_logging
 
 if TYPE_CHECKING:
+    from bot.config.settings import Settings
     from bot.storage.sessions import SessionStore
 
 
@@ -18,7 +19,7 @@ def db() -> None:
     """Migrate the database, or move a deployment to another one (SQLite <-> PostgreSQL)."""
 
 
-async def _open_migrated(target: Path | str, pool_size: int) -> SessionStore:
+async def _open_migrated(target: Path | str, settings: Settings) -> SessionStore:
     """The store on ``target`` with Roost's and every plugin's schema steps applied."""
     from bot.pluginhost.manager import get_plugin_manager
     from bot.pluginhost.migrations import migrate_plugins
@@ -26,7 +27,9 @@ async def _open_migrated(target: Path | str, pool_size: int) -> SessionStore:
     from bot.storage.sessions import SessionStore
 
     try:
-        store = await SessionStore.open(target, pool_size=pool_size)
+        store = await SessionStore.open(
+            target, pool_size=settings.database_pool_size,
+            connect_attempts=settings.database_connect_attempts)
     except (ValueError, RuntimeError) as exc:  # a bad URL, a missing driver
         raise click.ClickException(str(exc)) from exc
     try:
@@ -59,7 +62,7 @@ def db_migrate(ctx: click.Context, url: str | None) -> None:
     async def run() -> int:
         from bot.storage.db import schema_version
 
-        store = await _open_migrated(url or settings.database, settings.database_pool_size)
+        store = await _open_migrated(url or settings.database, settings)
         try:
             version = await schema_version(store.db)
         finally:
@@ -92,9 +95,9 @@ def db_copy(ctx: click.Context, source: str, target: str, force: bool) -> None:
         raise click.UsageError("--from and --to name the same database")
 
     async def run() -> int:
-        src = await _open_migrated(source, settings.database_pool_size)
+        src = await _open_migrated(source, settings)
         try:
-            dst = await _open_migrated(target, settings.database_pool_size)
+            dst = await _open_migrated(target, settings)
             try:
                 copied = await copy_database(
                     src.db, dst.db, force=force,

@@ -31,7 +31,8 @@ def _persisted_disabled(settings: Settings) -> set[str]:
         from bot.pluginhost.state import load_disabled
         from bot.storage.sessions import SessionStore
 
-        store = await SessionStore.open(settings.database)
+        store = await SessionStore.open(
+            settings.database, connect_attempts=settings.database_connect_attempts)
         try:
             return await load_disabled(store.db, store.lock)
         finally:
@@ -158,7 +159,8 @@ def _set_enabled(ctx: click.Context, name: str, enabled: bool) -> None:
         sys.exit(1)
 
     async def save() -> None:
-        store = await SessionStore.open(settings.database)
+        store = await SessionStore.open(
+            settings.database, connect_attempts=settings.database_connect_attempts)
         try:
             await save_state(store.db, store.lock, name, enabled)
         finally:

@@ -43,7 +43,8 @@ async def _with_accounts(settings: Settings,
 
     # WAL and the busy timeout let this write next to a running service; PostgreSQL
     # shares the accounts with every replica.
-    store = await SessionStore.open(settings.database)
+    store = await SessionStore.open(
+        settings.database, connect_attempts=settings.database_connect_attempts)
     try:
         return await action(UiAccountStore(store.db, store.lock, store.writer))
     finally:
