@@ -48,8 +48,8 @@ def killed_at_teardown() -> Iterator[list[Replica]]:
 async def test_replicas_under_load_answer_every_message_once_in_order_through_a_kill(
         tmp_path: Path, pg_url: str, fake_telegram: FakeTelegram,
         killed_at_teardown: list[Replica]) -> None:
-    replicas = await start_replicas(tmp_path, pg_url, fake_telegram, 3, lease=3)
-    killed_at_teardown += replicas
+    replicas = await start_replicas(tmp_path, pg_url, fake_telegram, 3, lease=3,
+                                    started=killed_at_teardown)
     try:
         # Not while the victim has a reply marked as being sent: at most once, it would not
         # be sent again. bench_replicas.py --only check kills regardless.
