@@ -294,7 +294,8 @@ async def test_roost_run_replicas_behind_webhooks_answer_each_message_once_in_or
                 ROOST_STREAM_REPLIES="false", ROOST_MERGE_WINDOW_MS="0", ROOST_DM_POLICY="open",
                 ROOST_DATABASE_URL=pg_url, ROOST_TELEGRAM_WEBHOOK_SECRET="s3cret",
                 ROOST_LEASE_SECONDS="3", TELEGRAM_BOT_TOKEN=fake_telegram.token,
-                TELEGRAM_API_BASE=fake_telegram.base_url)
+                TELEGRAM_API_BASE=fake_telegram.base_url,
+                ROOST_TELEGRAM_RATE_LIMITS="false")  # its 1 reply/s per chat: waits only
     url = {name: f"http://127.0.0.1:{port}/telegram" for name, port in ports.items()}
     procs: dict[str, asyncio.subprocess.Process] = {}
     rng = random.Random(19)
@@ -304,7 +305,8 @@ async def test_roost_run_replicas_behind_webhooks_answer_each_message_once_in_or
             procs[name] = await start_roost(tmp_path / name, clean_env(
                 **base, ROOST_TELEGRAM_WEBHOOK_URL=url[name],
                 ROOST_TELEGRAM_WEBHOOK_PORT=str(ports[name])))
-            await until_logged(procs[name], b"roost ready")
+        for proc in procs.values():  # both start at once
+            await until_logged(proc, b"roost ready")
         async with aiohttp.ClientSession() as http:
             for n in range(per_chat):
                 for sender in senders:
@@ -340,6 +342,7 @@ async def test_a_roost_run_replica_killed_mid_run_is_taken_over_after_its_lease(
     base = dict(ROOST_PROVIDER="scripted", ROOST_STREAM_REPLIES="false",
                 ROOST_MERGE_WINDOW_MS="0", ROOST_DM_POLICY="open", ROOST_DATABASE_URL=pg_url,
                 ROOST_TELEGRAM_WEBHOOK_SECRET="s3cret", ROOST_LEASE_SECONDS="3",
+                ROOST_TELEGRAM_RATE_LIMITS="false",  # its 1 reply/s per chat: waits only
                 TELEGRAM_BOT_TOKEN=fake_telegram.token, TELEGRAM_API_BASE=fake_telegram.base_url)
     url = {name: f"http://127.0.0.1:{port}/telegram" for name, port in ports.items()}
     procs: dict[str, asyncio.subprocess.Process] = {}
@@ -353,7 +356,8 @@ async def test_a_roost_run_replica_killed_mid_run_is_taken_over_after_its_lease(
                 **base, ROOST_SCRIPT=str(tmp_path / script),
                 ROOST_TELEGRAM_WEBHOOK_URL=url[name],
                 ROOST_TELEGRAM_WEBHOOK_PORT=str(ports[name])))
-            await until_logged(procs[name], b"roost ready")
+        for proc in procs.values():  # both start at once
+            await until_logged(proc, b"roost ready")
         for n, to in enumerate("abab"):
             await deliver(f"m{n}", to)
         await fake_telegram.wait_for("sendMessage", 4, limit=30)
@@ -381,7 +385,8 @@ async def _replicas(tmp_path: Path, envs: dict[str, dict[str, str]],
     try:
         for name, env in envs.items():
             procs[name] = await start_roost(tmp_path / name, env)
-            await until_logged(procs[name], b"roost ready")
+        for proc in procs.values():  # all start at once
+            await until_logged(proc, b"roost ready")
         yield procs
     finally:
         await _killed(procs)
