@@ -305,8 +305,7 @@ async def test_roost_run_replicas_behind_webhooks_answer_each_message_once_in_or
             procs[name] = await start_roost(tmp_path / name, clean_env(
                 **base, ROOST_TELEGRAM_WEBHOOK_URL=url[name],
                 ROOST_TELEGRAM_WEBHOOK_PORT=str(ports[name])))
-        for proc in procs.values():  # both start at once
-            await until_logged(proc, b"roost ready")
+            await until_logged(procs[name], b"roost ready")
         async with aiohttp.ClientSession() as http:
             for n in range(per_chat):
                 for sender in senders:
@@ -356,8 +355,7 @@ async def test_a_roost_run_replica_killed_mid_run_is_taken_over_after_its_lease(
                 **base, ROOST_SCRIPT=str(tmp_path / script),
                 ROOST_TELEGRAM_WEBHOOK_URL=url[name],
                 ROOST_TELEGRAM_WEBHOOK_PORT=str(ports[name])))
-        for proc in procs.values():  # both start at once
-            await until_logged(proc, b"roost ready")
+            await until_logged(procs[name], b"roost ready")
         for n, to in enumerate("abab"):
             await deliver(f"m{n}", to)
         await fake_telegram.wait_for("sendMessage", 4, limit=30)
@@ -385,8 +383,7 @@ async def _replicas(tmp_path: Path, envs: dict[str, dict[str, str]],
     try:
         for name, env in envs.items():
             procs[name] = await start_roost(tmp_path / name, env)
-        for proc in procs.values():  # all start at once
-            await until_logged(proc, b"roost ready")
+            await until_logged(procs[name], b"roost ready")
         yield procs
     finally:
         await _killed(procs)
