@@ -63,11 +63,13 @@ class Replica:
 
 
 async def start_replicas(root: Path, database_url: str, fake: FakeTelegram, count: int, *,
-                         lease: float = 3) -> list[Replica]:
+                         lease: float = 3, started: list[Replica] | None = None,
+                         ) -> list[Replica]:
     """``count`` replicas in webhook mode on ``database_url``, each on a port of its own,
     answering ``re:<text>`` at once (scripted model, no streaming); returns once all are
     ready. Roost's own Telegram send limits are off: the fake enforces none, and 1 message/s
-    per chat would measure nothing but the limiter."""
+    per chat would measure nothing but the limiter. Each is also appended to ``started`` as
+    soon as it is spawned (for a cleanup that must not depend on this call returning)."""
     script = await asyncio.to_thread(_echo_script, root)
     base = dict(ROOST_PROVIDER="scripted", ROOST_SCRIPT=str(script),
                 ROOST_STREAM_REPLIES="false", ROOST_MERGE_WINDOW_MS="0", ROOST_DM_POLICY="open",
@@ -82,6 +84,8 @@ async def start_replicas(root: Path, database_url: str, fake: FakeTelegram, coun
             proc = await start_roost(root / f"r{k}", clean_env(
                 **base, ROOST_TELEGRAM_WEBHOOK_URL=url, ROOST_TELEGRAM_WEBHOOK_PORT=str(port)))
             replicas.append(Replica(f"r{k}", url, proc))
+            if started is not None:
+                started.append(replicas[-1])
         for replica in replicas:
             replica.log += await until_logged(replica.proc, b"roost ready")
             replica.reader = asyncio.ensure_future(replica._read())

@@ -56,6 +56,7 @@ async def test_sigterm_with_50_runs_in_flight_then_restart_loses_nothing(
         unanswered = [s for s in run.sent if not run.all_answered()]
         assert unanswered, "every run finished inside the grace period: nothing was tested"
 
+        run.model.slow_delay = 0.01  # the SIGTERM is behind us: the repeated runs may be quick
         proc = await run.spawn(1)
         await run.telegram.wait_until(run.all_answered, limit=60)
         await asyncio.sleep(0.5)

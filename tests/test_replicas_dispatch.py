@@ -294,7 +294,8 @@ async def test_roost_run_replicas_behind_webhooks_answer_each_message_once_in_or
                 ROOST_STREAM_REPLIES="false", ROOST_MERGE_WINDOW_MS="0", ROOST_DM_POLICY="open",
                 ROOST_DATABASE_URL=pg_url, ROOST_TELEGRAM_WEBHOOK_SECRET="s3cret",
                 ROOST_LEASE_SECONDS="3", TELEGRAM_BOT_TOKEN=fake_telegram.token,
-                TELEGRAM_API_BASE=fake_telegram.base_url)
+                TELEGRAM_API_BASE=fake_telegram.base_url,
+                ROOST_TELEGRAM_RATE_LIMITS="false")  # its 1 reply/s per chat: waits only
     url = {name: f"http://127.0.0.1:{port}/telegram" for name, port in ports.items()}
     procs: dict[str, asyncio.subprocess.Process] = {}
     rng = random.Random(19)
@@ -340,6 +341,7 @@ async def test_a_roost_run_replica_killed_mid_run_is_taken_over_after_its_lease(
     base = dict(ROOST_PROVIDER="scripted", ROOST_STREAM_REPLIES="false",
                 ROOST_MERGE_WINDOW_MS="0", ROOST_DM_POLICY="open", ROOST_DATABASE_URL=pg_url,
                 ROOST_TELEGRAM_WEBHOOK_SECRET="s3cret", ROOST_LEASE_SECONDS="3",
+                ROOST_TELEGRAM_RATE_LIMITS="false",  # its 1 reply/s per chat: waits only
                 TELEGRAM_BOT_TOKEN=fake_telegram.token, TELEGRAM_API_BASE=fake_telegram.base_url)
     url = {name: f"http://127.0.0.1:{port}/telegram" for name, port in ports.items()}
     procs: dict[str, asyncio.subprocess.Process] = {}

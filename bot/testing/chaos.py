@@ -236,6 +236,8 @@ class ChaosRun:
     async def _stop(self, users: Sequence[asyncio.Future[None]]) -> None:
         """Users stop writing; faults stop, so what is left can settle."""
         self._stop_users.set()
+        async with self.telegram.call_cond:  # users waiting for an answer see it at once
+            self.telegram.call_cond.notify_all()
         await asyncio.gather(*users)
         self.telegram.inject_faults(0)
         self.model.faults.clear()
@@ -287,14 +289,16 @@ class ChaosRun:
     async def _wait_moment(self, mode: KillMode) -> None:
         """Wait for the kind of moment ``mode`` kills at (at most ``max_alive`` seconds).
 
-        The process first gets to catch up with what the last one left (at most
-        ``catch_up`` seconds): the moments are those of a service at work, not
-        only of one busy recovering, where every kill would hit the same runs.
+        The process first gets to catch up with what the last one left: every
+        message sent before it was ready answered or given up (at most ``catch_up``
+        seconds): the moments are those of a service at work, not only of one busy
+        recovering, where every kill would hit the same runs.
         """
         cfg = self.config
+        left = len(self.sent)
         deadline = time.monotonic() + cfg.catch_up
         # Polled: part of the state is the other process's database.
-        while time.monotonic() < deadline and not self._caught_up():  # noqa: ASYNC110
+        while time.monotonic() < deadline and not self._done(self.sent[:left]):  # noqa: ASYNC110
             await asyncio.sleep(0.1)
         alive = self.rng.uniform(cfg.min_alive, cfg.max_alive)
         trigger = {"after_ack": self._acked, "streaming": self._edited,
@@ -332,9 +336,13 @@ class ChaosRun:
 
     def _caught_up(self) -> bool:
         """Whether every acknowledged message is answered or was given up."""
+        return self._done(self._acknowledged())
+
+    def _done(self, messages: Sequence[_Sent]) -> bool:
+        """Whether each of ``messages`` is answered or was given up."""
         counts, given_up = self._answer_counts(), self._given_up()
         return all(counts.get((s.chat_id, s.number)) or s.update_id in given_up
-                   for s in self._acknowledged())
+                   for s in messages)
 
     async def _user(self, index: int) -> None:
         cfg = self.config
