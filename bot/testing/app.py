@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -351,8 +352,28 @@ async def closing_apps() -> AsyncIterator[list[Roost]]:
         yield apps
     finally:
         for app in apps:
-            with contextlib.suppress(Exception):
-                await app.close()
+            try:
+                async with asyncio.timeout(CLOSE_BOUND):
+                    with contextlib.suppress(Exception):
+                        await app.close()
+            except TimeoutError:
+                raise AssertionError(
+                    f"app.close() did not finish within {CLOSE_BOUND:g} s; what was still "
+                    f"waiting:\n{pending_stacks()}") from None
+
+
+CLOSE_BOUND = 60.0
+"""Seconds a test app may take to close before the fixture fails, naming what hangs."""
+
+
+def pending_stacks() -> str:
+    """The stack of every task still pending on the running loop, for a hang's report."""
+    out = io.StringIO()
+    for task in asyncio.all_tasks():
+        if task is not asyncio.current_task():
+            print(f"--- {task.get_name()}: {task.get_coro()!r}", file=out)
+            task.print_stack(limit=12, file=out)
+    return out.getvalue()
 
 
 @contextlib.asynccontextmanager
