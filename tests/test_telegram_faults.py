@@ -31,7 +31,7 @@ from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  
 from channels.delivery import DeliveryPolicy
 from channels.telegram import TelegramChannel
 
-USERS = 50
+USERS = 100
 PATIENT = DeliveryPolicy(attempts=8, base_delay=0.02, max_delay=0.2)
 """Eight attempts: at a 20% fault rate a reply fails for good about once in 400,000."""
 
