@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bot.contracts.llm import ContentPart, ToolSpec
 from bot.contracts.messages import OutboundMessage
+from bot.contracts.prompt import PromptContext, PromptSection
 
 SendFunc = Callable[[OutboundMessage], Awaitable["str | None"]]
 """Delivers a message through its channel now; returns the platform's message id if known."""
@@ -80,6 +81,9 @@ class ToolResult:
 
 ToolFunc = Callable[[ToolContext, Mapping[str, Any]], Awaitable["ToolResult | str"]]
 
+ToolPrompt = Callable[[PromptContext], Awaitable[Sequence[PromptSection]]]
+"""A tool's guidance for the system prompt: the sections it adds to one run's prompt."""
+
 
 @dataclass(frozen=True, slots=True)
 class ToolRetry:
@@ -132,6 +136,10 @@ class Tool:
     """The tool only reads (a file, the web, memory): calling it changes nothing, so a
     run that called only such tools may be started again when its message is edited.
     Unmarked tools are taken to have side effects."""
+    prompt: ToolPrompt | None = None
+    """Called once per run this tool is offered to (once, too, when several offered tools
+    share it); its sections join the plugins' prompt sections under the same rules (``order``,
+    ``volatile``). One that raises or outlasts ``timeout`` is logged and left out of the run."""
 
     def spec(self) -> ToolSpec:
         """The part of the tool the model is shown."""

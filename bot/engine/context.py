@@ -3,8 +3,8 @@ fitted into the window, and the token estimates they are measured with.
 
 A request's prompt has four segments, fitted into ``window - reserve``:
 
-* ROM: the system prompt from plugins' ordered sections (:func:`system_prompt`), fixed
-  for the run; volatile sections go in each request's note instead.
+* ROM: the system prompt from plugins' and offered tools' ordered sections
+  (:func:`system_prompt`), fixed for the run; volatile sections go in each request's note.
 * Kernel: who the user is and what this session pinned (USER.md, pins).
 * L2: the compaction summary of older history, as two messages.
 * L1: recent turns after the history pipeline (:func:`recent_history`: limit turns →
@@ -26,19 +26,23 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bot.agents.patterns import PatternLibrary, render
 from bot.config.settings import Settings
 from bot.contracts.llm import ChatMessage, ContentPart, LLMRequest, ToolSpec
 from bot.contracts.prompt import Order, PromptContext, PromptSection
+from bot.contracts.tools import Tool, ToolPrompt
 from bot.engine.media import drop_images
 from bot.media.images import image_tokens
 from bot.observability.tracing import RunTrace
 from bot.pluginhost.manager import PluginHost
 from workspaces import read_cached
+
+log = logging.getLogger("roost.engine.context")
 
 
 @dataclass(slots=True)
@@ -155,10 +159,12 @@ def assemble(sections: Iterable[PromptSection]) -> str:
 
 async def system_prompt(host: PluginHost, prompt: PromptContext, *, text: str,
                         patterns: PatternLibrary | None, trace: RunTrace,
-                        facts: Sequence[str]) -> SystemPrompt:
-    """Plugins' sections for ``prompt`` (and ``patterns``' best matches for ``text``), with
-    the Kernel unless the mode is minimal."""
-    sections = await host.hooks.roost_prompt_sections(prompt=prompt)
+                        facts: Sequence[str], tools: Mapping[str, Tool],
+                        tool_timeout: float) -> SystemPrompt:
+    """Plugins' sections for ``prompt``, the offered ``tools``' own (:func:`tool_sections`)
+    and ``patterns``' best matches for ``text``, with the Kernel unless the mode is minimal."""
+    sections = [*await host.hooks.roost_prompt_sections(prompt=prompt),
+                *await tool_sections(tools, prompt, tool_timeout)]
     if patterns is not None:
         sections.append(await matched_patterns(patterns, text, trace))
     # Volatile sections (the time...) go in each request's note, after the cached
@@ -171,6 +177,34 @@ async def system_prompt(host: PluginHost, prompt: PromptContext, *, text: str,
     return SystemPrompt(assemble(stable), kernel,
                         assemble([*stable, PromptSection("kernel", kernel, Order.KERNEL)]),
                         assemble(s for s in sections if s.volatile))
+
+
+async def tool_sections(tools: Mapping[str, Tool], prompt: PromptContext,
+                        tool_timeout: float) -> list[PromptSection]:
+    """The sections of each distinct ``prompt`` callable of ``tools`` (the run's offered
+    tools), called once each within its first tool's timeout (else ``tool_timeout``); one
+    that raises or takes longer is logged and left out, like a failing prompt-section hook."""
+    called: list[ToolPrompt] = []
+    sections: list[PromptSection] = []
+    for name, tool in tools.items():
+        func = tool.prompt
+        if func is None or func in called:  # bound methods of one object compare equal
+            continue
+        called.append(func)
+        try:
+            async with asyncio.timeout(tool.timeout or tool_timeout):
+                got: object = await func(prompt)
+        except Exception as exc:
+            log.error("the prompt of tool %r raised %s; left out of this run", name,
+                      type(exc).__name__, exc_info=exc)
+            continue
+        for item in got if isinstance(got, list | tuple) else [got]:
+            if isinstance(item, PromptSection):
+                sections.append(item)
+            elif item is not None:
+                log.error("the prompt of tool %r returned %s, not a PromptSection; ignored",
+                          name, type(item).__name__)
+    return sections
 
 
 async def matched_patterns(library: PatternLibrary, text: str,

@@ -198,7 +198,8 @@ class Run:
             extra_context=req.extra_context,
             agent_dir=agent.bootstrap_dir if agent.type == "predefined" else None,
         ), text=text, patterns=agent.patterns if req.mode == "full" else None,
-            trace=self.trace, facts=req.session.facts)
+            trace=self.trace, facts=req.session.facts, tools=self.tools,
+            tool_timeout=self.settings.tool_timeout)
         self.volatile = prompt.volatile
         system = prompt.text
         group = msg.chat_type == "group"

@@ -94,7 +94,7 @@ def skills_config(settings: Settings) -> SkillsConfig:
 
 
 class SkillsPlugin:
-    """The plugin: the catalog of libraries, the tools, the prompt sections, ``/skills``.
+    """The plugin: the catalog of libraries, the tools with their prompt sections, ``/skills``.
 
     ``runtime`` is the running service once it has started (its input guard scans
     skills); before that, and in the command line, the built-in patterns do.
@@ -268,7 +268,7 @@ class SkillsPlugin:
                  "it before a task that matches a skill's description, then follow them.",
                  {"type": "object", "properties": {"name": name_schema},
                   "required": ["name"], "additionalProperties": False},
-                 self.load_skill, timeout=15.0, read_only=True),
+                 self.load_skill, timeout=15.0, read_only=True, prompt=self.sections),
             Tool("read_skill_file",
                  "Read one file of a skill (a reference, template or script), by its path "
                  "relative to the skill's folder, as load_skill lists it.",
@@ -276,12 +276,12 @@ class SkillsPlugin:
                      "name": name_schema,
                      "path": {"type": "string", "description": "e.g. references/guide.md"}},
                   "required": ["name", "path"], "additionalProperties": False},
-                 self.read_skill_file, timeout=15.0, read_only=True),
+                 self.read_skill_file, timeout=15.0, read_only=True, prompt=self.sections),
         ]
 
     async def sections(self, prompt: PromptContext) -> list[PromptSection]:
-        """:meth:`build_sections` off the event loop (a library due for a look lists its
-        directory), with the skills the conversation loaded."""
+        """The tools' prompt (``Tool.prompt``): :meth:`build_sections` off the event loop (a
+        library due for a look lists its directory), with the skills the conversation loaded."""
         if prompt.mode != "full" or "load_skill" not in prompt.tool_names:
             return []
         loaded = await self.loaded(prompt.session_key)
@@ -394,12 +394,6 @@ def roost_startup(app: Runtime) -> None:
 def roost_shutdown(app: Runtime) -> None:
     """The stopped service's skills are no longer offered (to exec's mounts either)."""
     PLUGIN.roost_shutdown(app)
-
-
-@hookimpl
-async def roost_prompt_sections(prompt: PromptContext) -> list[PromptSection]:
-    """The catalog of the run's skills (stable) and which were loaded (volatile)."""
-    return await PLUGIN.sections(prompt)
 
 
 @hookimpl
