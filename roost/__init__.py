@@ -76,7 +76,7 @@ from bot.contracts.providers import LazyProvider, ProviderSpec
 from bot.contracts.runtime import NO_REPLY, RunOutcome, Runtime
 from bot.contracts.search import SearchBackend, SearchResult
 from bot.contracts.services import Services
-from bot.contracts.tools import Tool, ToolContext, ToolError, ToolResult, ToolRetry
+from bot.contracts.tools import Tool, ToolContext, ToolError, ToolPrompt, ToolResult, ToolRetry
 from bot.contracts.views import (
     ERROR_ID_EXAMPLE,
     ERROR_ID_RE,
@@ -243,6 +243,7 @@ __all__ = [
     "ToolCall",
     "ToolContext",
     "ToolError",
+    "ToolPrompt",
     "ToolResult",
     "ToolRetry",
     "ToolSpec",
