@@ -61,6 +61,9 @@ def roost_tools(settings: SettingsModel, services: Services) -> list[Tool] | Too
       A tool's transient failures open its circuit breaker for every caller; a tool whose
       failures belong to one caller or target passes `breaker_key=lambda context, args: ...`
       (web_fetch: the user and the URL's host), and each key gets a breaker of its own.
+      Guidance the model needs only with a tool goes on the tool, `Tool(..., prompt=guide)`:
+      `async def guide(prompt)` returns `PromptSection`s (as `roost_prompt_sections` does) and
+      is called once per run the tool is offered to, and only then.
     * **The context:** `ToolContext` says who runs the tool and where (`user_id`, `channel`,
       `chat_id`, `chat_type`, `thread_id`), the user's `workspace` and the `deadline`; its
       `send(OutboundMessage)` delivers a message to the chat at once, not after the run (the
@@ -278,6 +281,8 @@ def roost_prompt_sections(prompt: PromptContext) -> list[PromptSection] | Prompt
       text that changes between turns (a clock, the latest sender, something matched to this
       message) must be `PromptSection(name, text, order, volatile=True)`, which is read after the
       conversation (in the request's `note`) instead of breaking the cached prefix.
+      Text that only makes sense with one of your tools is better carried by the tool
+      (`Tool(..., prompt=...)`, see `roost_tools`): it is asked for only in runs offering it.
 
     ```python
     from roost import hookimpl, PromptSection
