@@ -6,13 +6,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from plugins.exec_uids import RESERVED_UIDS
 from roost import Settings
 
 PLUGIN_NAME = "plugins.exec_tool"
-
-
-RESERVED_UIDS: frozenset[int] = frozenset({65535, 2**32 - 1})
-"""Uids the pool never hands out: (uid_t) -1 to 16-bit programs and to the kernel."""
 
 
 class ExecConfig(BaseModel):

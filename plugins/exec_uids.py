@@ -21,7 +21,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from plugins.exec_config import RESERVED_UIDS
+RESERVED_UIDS: frozenset[int] = frozenset({65535, 2**32 - 1})
+"""Uids the pool never hands out: (uid_t) -1 to 16-bit programs and to the kernel."""
 
 LOCK_DIR = Path("/run/roost-exec-uids")
 """Where the pool's lock files live (created 0700, must be root's and writable by it alone)."""

@@ -258,12 +258,43 @@ def test_the_reserved_uid_is_skipped_so_an_older_uid_65534_still_works(tmp_path:
     assert ExecConfig(uid=65534, uids=3).uid == 65534  # accepted, as before the pool
     with pytest.raises(ValueError, match="uid_t"):
         ExecConfig(uid=65535, uids=1)
-    pool = UidPool(65534, 3, 0.0, tmp_path / "locks")
-    first, second = pool.try_claim(), pool.try_claim()
-    try:
-        assert first is not None and second is not None
-        assert (first.uid, second.uid) == (65534, 65536)
-    finally:
-        for claim in (first, second):
-            if claim is not None:
-                claim.release()
+    # 65534 is nobody's, whose processes the host may run (and then the pool rightly
+    # passes it over): the pool is asked in a PID namespace of its own, whose /proc shows
+    # only the processes it starts, so 65534 is free there until it runs one as 65534.
+    assert claimed_alone(65534, 3, tmp_path / "locks") == ["65534 65536", "65536"]
+
+
+CLAIMED_ALONE = """\
+import os, sys
+from pathlib import Path
+from plugins.exec_uids import UidPool
+pool = UidPool(int(sys.argv[1]), int(sys.argv[2]), 0.0, Path(sys.argv[3]))
+def claimed():
+    claims = []
+    while (claim := pool.try_claim()) is not None:
+        claims.append(claim)
+    for claim in claims:
+        claim.release()
+    return " ".join(str(claim.uid) for claim in claims)
+print(claimed())
+ready, go = os.pipe(), os.pipe()
+if os.fork() == 0:
+    os.setgid(pool.first)
+    os.setuid(pool.first)
+    os.write(ready[1], b"up")
+    os.read(go[0], 1)  # never written: it ends with the namespace's pid 1
+    os._exit(0)
+os.read(ready[0], 2)
+print(claimed())
+"""
+
+
+def claimed_alone(first: int, count: int, directory: Path) -> list[str]:
+    """The uids a pool hands out one after another (then gives back) in a PID namespace
+    of its own: free, then while a process of its own runs as ``first``."""
+    done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c",
+                           CLAIMED_ALONE, str(first), str(count), str(directory)],
+                          capture_output=True, text=True, timeout=60, check=False,
+                          cwd=Path(__file__).parent.parent)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()

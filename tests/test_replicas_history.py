@@ -101,6 +101,12 @@ async def two_apps(pg_url: str, tmp_path: Path) -> AsyncIterator[Apps]:
             apps.models.append(model)
             await Chats(apps.replies, apps.changed).attach(app, log)
             await app.recover()  # starts claiming (LISTEN, sweep)
+        for app in apps.apps:
+            # Each app's first sweep claims what is open: over before the first message,
+            # or it could take a message the other app received.
+            replicas = app.dispatcher.replicas
+            assert replicas is not None
+            await asyncio.wait_for(replicas.claims_done(), 60)
         yield apps
     finally:
         for app in apps.apps:
@@ -109,9 +115,9 @@ async def two_apps(pg_url: str, tmp_path: Path) -> AsyncIterator[Apps]:
 
 async def _turn(apps: Apps, chat: int, n: int, ran: dict[str, int]) -> None:
     """Turn ``n`` of the chat, to the app that did not run the one before; ``ran`` records
-    which app's model answered each turn. One message is in flight at a time and leases
-    last long (no sweep claims meanwhile), so the app that receives a message is the one
-    that claims and runs it (a first turn may still meet an app's first sweep at start)."""
+    which app's model answered each turn. One message is in flight at a time, the apps'
+    first sweeps are over and leases last long (no sweep claims meanwhile), so the app
+    that receives a message is the one that claims and runs it."""
     token = f"c{chat}m{n}"
     app = (chat + n) % 2 if not n else 1 - ran[f"c{chat}m{n - 1}"]
     if n:
@@ -168,6 +174,8 @@ async def _command_elsewhere(apps: Apps, text: str) -> int:
     await apps.released(1 - first, 0)
     await apps.say(first, 0, "c0m1", 2)
     await apps.replied(0, 3)
+    # The receiver ran it: the app whose cached session predates the command.
+    assert _turns(apps.models[first].requests[-1])[-1:] == ["c0m1"], "it ran elsewhere"
     return first
 
 
@@ -188,7 +196,6 @@ async def test_a_reset_on_the_other_replica_starts_the_next_run_afresh(
 
 async def test_group_chatter_received_by_one_replica_reaches_a_run_on_the_other(
         two_apps: Apps) -> None:
-    await _turn(two_apps, 0, 0, {})  # both apps' first claims (at start) are over now
     for n, (app, text) in enumerate([(0, "lunch at noon?"), (0, "pizza please")]):
         await two_apps.apps[app].dispatcher.submit(InboundMessage(
             "test", "g", "group", f"m{n}", text, sender_name=f"M{n}", mentioned=False,

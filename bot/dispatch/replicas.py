@@ -86,6 +86,10 @@ class ReplicaWork:
         self._halted = False
         self._stopping = False
         self._orphans = asyncio.Event()
+        self._working = 0
+        """Sweeps and claims of the loops under way."""
+        self._quiet = asyncio.Event()
+        """Set whenever one of them ends (:meth:`claims_done` checks again)."""
         self._dirty: set[str] = set()
         """Held sessions with entries recorded since they were last read (the next
         claim reads them: held sessions are not in a claim's read otherwise)."""
@@ -124,6 +128,7 @@ class ReplicaWork:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._releases, return_exceptions=True)
         self._tasks = []
+        self._quiet.set()
         await self._unlisten()
 
     async def stop_claiming(self) -> None:
@@ -133,6 +138,7 @@ class ReplicaWork:
         for task in self._tasks[:1]:  # the claim loop; the sweep goes on renewing
             task.cancel()
         await asyncio.gather(*self._tasks[:1], return_exceptions=True)
+        self._quiet.set()
         await self._unlisten()
 
     async def hand_over(self) -> None:
@@ -159,6 +165,15 @@ class ReplicaWork:
         """Wait for the releases under way (tests, shutdown)."""
         while self._releases:
             await asyncio.gather(*self._releases, return_exceptions=True)
+
+    async def claims_done(self) -> None:
+        """Wait until no sweep or claim of this replica's own loops is under way or due
+        (tests: from then on it claims only what it receives, or what a ``NOTIFY`` for a
+        session it holds or the next sweep brings)."""
+        while self._tasks and not self._tasks[0].done() and (
+                self._working or self._poked.is_set() or self._orphans.is_set()):
+            self._quiet.clear()
+            await self._quiet.wait()
 
     # -- intake ----------------------------------------------------------------
 
@@ -302,29 +317,43 @@ class ReplicaWork:
         while True:
             await self._poked.wait()
             self._poked.clear()
+            self._working += 1
             try:
                 await self.claim()
             except Exception as exc:  # a lost connection: the sweep tries again
                 log.warning("claiming inbox work failed: %s", exc)
+            finally:
+                self._ended_work()
 
     async def _sweeping(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.period):
                     await self._orphans.wait()  # or at once, when woken
+            self._working += 1
             try:
-                await self.renew()
-            except Exception as exc:
-                log.warning("renewing session leases failed: %s", exc)
-            self._orphans.clear()
-            if self._stopping:
-                continue  # renewing only, until the hand-over
-            try:
-                async with self._lock:
-                    await self.take_replies()  # of replicas that died
-            except Exception as exc:
-                log.warning("taking over the replies of dead replicas failed: %s", exc)
-            self._poked.set()  # and claim leases that expired (a replica died)
+                await self._sweep()
+            finally:
+                self._ended_work()
+
+    async def _sweep(self) -> None:
+        try:
+            await self.renew()
+        except Exception as exc:
+            log.warning("renewing session leases failed: %s", exc)
+        self._orphans.clear()
+        if self._stopping:
+            return  # renewing only, until the hand-over
+        try:
+            async with self._lock:
+                await self.take_replies()  # of replicas that died
+        except Exception as exc:
+            log.warning("taking over the replies of dead replicas failed: %s", exc)
+        self._poked.set()  # and claim leases that expired (a replica died)
+
+    def _ended_work(self) -> None:
+        self._working -= 1
+        self._quiet.set()
 
     @property
     def live(self) -> int:

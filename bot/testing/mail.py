@@ -21,7 +21,6 @@ import email.policy
 import imaplib
 import itertools
 import os
-import pwd
 import shlex
 import shutil
 import signal
@@ -45,6 +44,11 @@ class DovecotUnavailable(RuntimeError):
 
 USERS = 100
 """Mailboxes a :class:`Dovecot` instance has (``user1``...)."""
+
+MAIL_UID = 65533
+"""The uid (and gid) a root-run :class:`Dovecot` stores mail as: no account's (Debian
+reserves 65000-65533 and makes none there), so its IMAP processes never count as another
+user's, such as ``nobody``'s or a sandbox uid pool's (whose claims pass over a busy uid)."""
 
 
 def free_port() -> int:
@@ -107,9 +111,11 @@ class Dovecot:
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._users = itertools.count(1)
         self._noidle = itertools.count(1)
-        # Mail is stored as an unprivileged user (Dovecot refuses root for mail).
-        owner = pwd.getpwnam("nobody") if os.geteuid() == 0 else pwd.getpwuid(os.geteuid())
-        self.uid, self.gid = owner.pw_uid, owner.pw_gid
+        # Mail is stored as an unprivileged uid (Dovecot refuses root for mail).
+        if os.geteuid() == 0:
+            self.uid = self.gid = MAIL_UID
+        else:
+            self.uid, self.gid = os.geteuid(), os.getegid()
 
     def start(self) -> Dovecot:
         """Write the config, start the server, wait until it takes connections."""
