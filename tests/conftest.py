@@ -40,6 +40,7 @@ from tests.ordering import (
     deal,
     known_durations,
 )
+from tests.precompile import precompile
 
 CHANNEL = "test"
 """The name of the chat channel ``make_app`` adds."""
@@ -144,6 +145,19 @@ def pytest_runtestloop(session: pytest.Session) -> None:
     """Freeze what start-up and collection built, then collect garbage as usual."""
     gc.freeze()
     gc.enable()
+
+
+PACKAGES = ("bot", "channels", "plugins", "roost", "workspaces", "tests", "examples")
+"""The rootdir's directories of Python modules the suite imports."""
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """In the controller of an xdist run, compile the project and rewrite the test modules
+    once (tests/precompile.py), before the workers start and import them all at once."""
+    if getattr(config.option, "tx", None) and not config.getoption("collectonly") \
+            and not hasattr(config, "workerinput"):
+        precompile(config, PACKAGES)
 
 
 WORKERS_PER_CPU = 2
