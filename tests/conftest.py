@@ -246,11 +246,11 @@ _STARTED = time.time()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Say where the browser tests (tests/browser) left this run's screenshots and logs."""
+    """Say where the browser tests (tests/browser) left this run's logs (and screenshots)."""
     from tests.browser import ARTIFACTS
 
     if ARTIFACTS.is_dir() and any(p.stat().st_mtime >= _STARTED for p in ARTIFACTS.iterdir()):
-        terminalreporter.write_line(f"Control UI screenshots and roost logs: {ARTIFACTS}")
+        terminalreporter.write_line(f"Control UI roost logs (and screenshots): {ARTIFACTS}")
 
 
 @pytest.fixture(scope="session")
