@@ -84,14 +84,14 @@ def compile_one(path: Path, test_patterns: tuple[str, ...]) -> None:
         compileall.compile_file(path, quiet=2)
 
 
-def precompile(config: pytest.Config, packages: Iterable[str]) -> None:
-    """Compile every module under the ``packages`` of the rootdir not compiled yet, test
+def precompile(config: pytest.Config, packages: Iterable[str], root: Path | None = None) -> None:
+    """Compile every module under the ``packages`` of ``root`` (the rootdir) not compiled yet, test
     modules in pytest's rewritten form, over one process per CPU. A file that does not
     compile is skipped: importing it reports the error as it would have anyway."""
     global _config
     _config = config
     patterns = tuple(config.getini("python_files"))
-    files = sources(config.rootpath, packages)
+    files = sources(root or config.rootpath, packages)
     with ProcessPoolExecutor(len(os.sched_getaffinity(0)),
                              mp_context=multiprocessing.get_context("fork")) as pool:
         list(pool.map(compile_quietly, files, [patterns] * len(files), chunksize=16))
