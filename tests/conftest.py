@@ -164,8 +164,8 @@ WORKERS_PER_CPU = 2
 """``-n auto`` starts this many workers per CPU: most tests wait on sockets, timers and
 other processes rather than compute, so one worker per CPU leaves the CPUs idle."""
 MAX_WORKERS = 16
-"""...but no more than this: each worker collects the whole suite (~10 s of CPU) and
-may start its own PostgreSQL server."""
+"""...but no more than this: each worker collects the whole suite (seconds of CPU) and
+may start its own PostgreSQL server and Chromium."""
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
