@@ -40,6 +40,7 @@ from tests.ordering import (
     deal,
     known_durations,
 )
+from tests.precompile import precompile
 
 CHANNEL = "test"
 """The name of the chat channel ``make_app`` adds."""
@@ -146,12 +147,25 @@ def pytest_runtestloop(session: pytest.Session) -> None:
     gc.enable()
 
 
+PACKAGES = ("bot", "channels", "plugins", "roost", "workspaces", "tests", "examples")
+"""The rootdir's directories of Python modules the suite imports."""
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """In the controller of an xdist run, compile the project and rewrite the test modules
+    once (tests/precompile.py), before the workers start and import them all at once."""
+    if getattr(config.option, "tx", None) and not config.getoption("collectonly") \
+            and not hasattr(config, "workerinput"):
+        precompile(config, PACKAGES)
+
+
 WORKERS_PER_CPU = 2
 """``-n auto`` starts this many workers per CPU: most tests wait on sockets, timers and
 other processes rather than compute, so one worker per CPU leaves the CPUs idle."""
 MAX_WORKERS = 16
-"""...but no more than this: each worker collects the whole suite (~10 s of CPU) and
-may start its own PostgreSQL server."""
+"""...but no more than this: each worker collects the whole suite (seconds of CPU) and
+may start its own PostgreSQL server and Chromium."""
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
@@ -232,11 +246,11 @@ _STARTED = time.time()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Say where the browser tests (tests/browser) left this run's screenshots and logs."""
+    """Say where the browser tests (tests/browser) left this run's logs (and screenshots)."""
     from tests.browser import ARTIFACTS
 
     if ARTIFACTS.is_dir() and any(p.stat().st_mtime >= _STARTED for p in ARTIFACTS.iterdir()):
-        terminalreporter.write_line(f"Control UI screenshots and roost logs: {ARTIFACTS}")
+        terminalreporter.write_line(f"Control UI roost logs (and screenshots): {ARTIFACTS}")
 
 
 @pytest.fixture(scope="session")

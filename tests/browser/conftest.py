@@ -1,8 +1,10 @@
 """Chromium end-to-end fixtures for the Control UI: one browser per test session, one
 ``roost run`` per test module.
 
-``browser`` is Debian's ``chromium`` (the system binary, never a downloaded build) driven
-by Playwright. ``roost_ui`` starts ``roost run`` as a separate process against a
+``browser`` is Debian's Chromium (a system binary, never a downloaded build) driven by
+Playwright: its headless shell (``chromium-headless-shell``, what Playwright itself runs
+headless) where installed, as .ci/run installs it, else the full ``chromium`` in its new
+headless mode. ``roost_ui`` starts ``roost run`` as a separate process against a
 :class:`~bot.testing.telegram.FakeTelegram` with a scripted model (the module's
 ``SCRIPT``, else :data:`DEFAULT_SCRIPT`) and ``ROOST_HTTP_PORT`` on a free port, after
 adding one UI account per role with ``roost ui user add``. ``page`` is a fresh browser
@@ -71,9 +73,12 @@ DEFAULT_CONFIG = '[agents.default]\ntools = { approve = ["write_file"] }\n'
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def browser() -> AsyncIterator[Browser]:
-    """Debian's Chromium, headless, for the whole test session."""
-    executable = shutil.which("chromium")
-    assert executable, "chromium is not installed (.ci/run installs it with apt)"
+    """Debian's Chromium, headless, for the whole test session: the headless shell, the same
+    engine without the browser's own windowing and far cheaper to run,
+    else the full browser."""
+    executable = shutil.which("chromium-headless-shell") or shutil.which("chromium")
+    assert executable, \
+        "chromium-headless-shell is not installed (.ci/run installs it with apt)"
     async with async_playwright() as playwright:
         launched = await playwright.chromium.launch(
             executable_path=executable, args=list(CHROMIUM_ARGS))

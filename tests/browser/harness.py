@@ -19,7 +19,7 @@ import aiohttp
 from playwright.async_api import Page
 
 from bot.testing.telegram import FakeTelegram
-from tests.browser import ARTIFACTS
+from tests.browser import ARTIFACTS, SCREENSHOTS
 from tests.cli_forks import run_roost
 
 CHROMIUM_ARGS = (
@@ -123,9 +123,11 @@ class PageErrors:
         return [*self.console, *self.uncaught, *self.loads, *self.dialogs]
 
 
-async def screenshot(page: Page, name: str) -> Path:
+async def screenshot(page: Page, name: str) -> Path | None:
     """Save a full-page screenshot of ``page`` as ``ARTIFACTS/<name>.png`` (Playwright
-    creates the directory)."""
+    creates the directory) if :data:`~tests.browser.SCREENSHOTS` asks for screenshots."""
+    if not SCREENSHOTS:
+        return None
     path = ARTIFACTS / f"{name}.png"
     await page.screenshot(path=str(path), full_page=True)
     return path

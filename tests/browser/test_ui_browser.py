@@ -2,9 +2,9 @@
 
 One ``roost run`` serves the whole module (``roost_ui``); each test has its own browser
 context and, where it chats, its own Telegram user, so the tests do not see each
-other's sessions (under xdist a worker may start its own ``roost run``). Pages are saved
-as screenshots (``artifacts/ui``); the test visiting every page comes last, so that its
-pages show what the others did.
+other's sessions (under xdist a worker may start its own ``roost run``). With
+``ROOST_UI_SCREENSHOTS=1`` pages are saved as screenshots (``artifacts/ui``); the test
+visiting every page comes last, so that its pages show what the others did.
 """
 
 from __future__ import annotations
