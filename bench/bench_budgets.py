@@ -139,7 +139,7 @@ async def main() -> None:
     if args.postgres:
         from bot.testing.postgres import PostgresCluster
 
-        cluster = PostgresCluster().start()
+        cluster = PostgresCluster(in_ram=False).start()
     try:
         if cluster is not None:
             backends.append(("postgresql", ""))

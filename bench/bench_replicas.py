@@ -326,7 +326,7 @@ async def main() -> None:
     only = parser.parse_args().only
     began = time.perf_counter()
     load = os.getloadavg()
-    cluster = PostgresCluster().start()
+    cluster = PostgresCluster(in_ram=False).start()
     try:
         with tempfile.TemporaryDirectory(prefix="roost-bench-") as tmp:
             root = Path(tmp)

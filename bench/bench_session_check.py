@@ -55,7 +55,7 @@ async def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         rows.append(("SQLite", *await _medians(f"sqlite:///{Path(tmp) / 'roost.db'}")))
-    cluster = PostgresCluster().start()
+    cluster = PostgresCluster(in_ram=False).start()
     try:
         rows.append(("PostgreSQL", *await _medians(await cluster.create_database())))
     finally:

@@ -138,7 +138,7 @@ class Counted:
 
 
 async def main() -> None:
-    cluster = PostgresCluster().start()
+    cluster = PostgresCluster(in_ram=False).start()
     try:
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)

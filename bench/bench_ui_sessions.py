@@ -164,7 +164,7 @@ async def postgres(args: argparse.Namespace) -> None:
     """Seed a throw-away PostgreSQL server (``bot.testing.postgres``) and time the queries."""
     from bot.testing.postgres import PostgresCluster
 
-    cluster = PostgresCluster().start()
+    cluster = PostgresCluster(in_ram=False).start()
     try:
         url = await cluster.create_database()
         store = await SessionStore.open(url)

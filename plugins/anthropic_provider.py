@@ -49,7 +49,6 @@ from plugins.anthropic_stream import (
     StatusFailure,
     close_streams,
     open_stream,
-    tls_context,
 )
 from plugins.provider_retry import (
     DEFAULT_MAX_ATTEMPTS,
@@ -74,6 +73,7 @@ from roost import (
     Settings,
     ToolCall,
     Usage,
+    client_tls,
 )
 
 __all__ = ["AnthropicProvider"]
@@ -126,7 +126,7 @@ class AnthropicProvider:
                 and self._target.auth_token is None
                 and getattr(self._target, "credentials", None) is None
             )
-        tls_context()  # here, off the event loop when built by the warm-up
+        client_tls()  # here, off the event loop when built by the warm-up
         self.retry = RetryPolicy(max_attempts, retry_base_delay)
         self.breaker = breaker or CircuitBreaker()
         self.media = MediaReader(documents=True, max_pixels=ANTHROPIC_MAX_PIXELS)

@@ -30,9 +30,7 @@ closed by :func:`close_streams` (the provider's ``aclose``).
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
-import ssl
 import urllib.parse
 import urllib.request
 from collections import deque
@@ -42,10 +40,10 @@ from typing import TYPE_CHECKING, Any, Final
 from weakref import WeakKeyDictionary, ref
 
 import aiohttp
-import certifi
 
 # Built-in: the request body's JSON, with the images' base64 spliced in.
 from plugins.anthropic_body import encode_json, encode_messages
+from roost import client_tls
 
 if TYPE_CHECKING:
     import anthropic
@@ -72,17 +70,6 @@ class Event(dict[str, Any]):
 
     def __getattr__(self, name: str) -> Any:
         return self.get(name)
-
-
-@functools.cache
-def tls_context() -> ssl.SSLContext:
-    """certifi's CA bundle, as the SDK's httpx client takes it (a slim image may have
-    no system CAs); one per process.
-
-    The provider builds it when it is built (in ``roost run``'s warm-up thread), so
-    loading the bundle is not part of the first reply.
-    """
-    return ssl.create_default_context(cafile=certifi.where())
 
 
 class StatusFailure(Exception):
@@ -179,7 +166,7 @@ class Route:
             # Not trust_env: aiohttp then reads the proxy variables and
             # ~/.netrc again for every request, in a worker thread.
             session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=_MAX_CONNECTIONS, ssl=tls_context()),
+                connector=aiohttp.TCPConnector(limit=_MAX_CONNECTIONS, ssl=client_tls()),
                 timeout=self.timeout, skip_auto_headers=("User-Agent",))
             self.session, self.loop = session, loop
         return session

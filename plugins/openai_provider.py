@@ -29,6 +29,7 @@ from openai.types.chat import (
     ChatCompletionMessageParam,
 )
 
+from plugins.openai_http import http_client
 from plugins.provider_retry import (
     DEFAULT_MAX_ATTEMPTS,
     RETRYABLE_STATUSES,
@@ -90,6 +91,7 @@ class OpenAIProvider:
             # Local servers need no key, but the SDK refuses to start without one.
             api_key=(key.get_secret_value() if key is not None else "") or "not-needed",
             max_retries=0,
+            http_client=http_client(),
         )
         self.retry = RetryPolicy(max_attempts, retry_base_delay)
         self.breaker = breaker or CircuitBreaker()

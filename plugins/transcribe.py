@@ -106,6 +106,8 @@ class OpenAITranscriber:
             raise ValueError(f'[plugins."{PLUGIN_NAME}"] base_url is not set')
         # The SDK takes a second to import: not on the start path of every `roost run`.
         import openai
+
+        from plugins.openai_http import http_client
         key = config.api_key
         self.base_url = config.base_url.rstrip("/")
         self.model = config.model
@@ -116,6 +118,7 @@ class OpenAITranscriber:
             timeout=timeout,
             # An upload is idempotent: the SDK may retry connection errors and 5xx.
             max_retries=max_retries,
+            http_client=http_client(),
         )
 
     async def transcribe(self, data: bytes, mime_type: str, name: str) -> str:

@@ -27,6 +27,7 @@ from bot.config.masking import mask_text
 from bot.config.mcp import McpServerConfig
 from bot.config.mcp import expand as expand_env
 from bot.config.settings import Settings
+from bot.config.tls import client_tls
 from bot.contracts.channel import (
     Channel,
     ChannelContext,
@@ -255,6 +256,7 @@ __all__ = [
     "WorkspaceRoot",
     "agent_of",
     "check_keys",
+    "client_tls",
     "clip",
     "day_of",
     "expand_env",

@@ -3,18 +3,32 @@
 from __future__ import annotations
 
 import io
+import os
 import struct
+from statistics import NormalDist
 
 from PIL import Image
 
 __all__ = ["jpeg", "ogg_opus", "pdf", "png"]
 
 
+_GAUSSIAN = [min(255, max(0, round(128 + 48 * NormalDist().inv_cdf((u + 0.5) / 256))))
+             for u in range(256)]
+"""Uniform bytes to Gaussian noise around grey (sigma 48), as ``Image.effect_noise`` makes it."""
+
+
+def noise(width: int, height: int) -> Image.Image:
+    """Fresh grey Gaussian noise (sigma 48): random bytes through :data:`_GAUSSIAN`, several
+    times cheaper than ``Image.effect_noise`` with the same distribution."""
+    return Image.frombytes("L", (width, height), os.urandom(width * height)).point(_GAUSSIAN)
+
+
 def jpeg(width: int, height: int, *, quality: int = 90, exif: Image.Exif | None = None) -> bytes:
-    """A photo-like JPEG (noise over a gradient, so it compresses like a photo)."""
-    noise = Image.effect_noise((width, height), 48).convert("RGB")
+    """A photo-like JPEG (noise over a gradient, so it compresses like a photo); each call
+    makes a different image."""
+    noise_ = noise(width, height).convert("RGB")
     gradient = Image.linear_gradient("L").resize((width, height)).convert("RGB")
-    image = Image.blend(noise, gradient, 0.5)
+    image = Image.blend(noise_, gradient, 0.5)
     out = io.BytesIO()
     options: dict[str, object] = {"quality": quality}
     if exif is not None:

@@ -20,9 +20,8 @@ from plugins.anthropic_stream import (
     _routes,
     close_streams,
     open_stream,
-    tls_context,
 )
-from roost import Settings
+from roost import Settings, client_tls
 from tests.provider_helpers import ANTHROPIC_KEY as KEY
 
 
@@ -203,9 +202,9 @@ def test_no_proxy_exempts_a_host_from_the_environments_proxy(
 
 
 def test_the_tls_context_is_built_with_the_provider_not_in_the_first_reply() -> None:
-    tls_context.cache_clear()
+    client_tls.cache_clear()
     provider = AnthropicProvider(Settings(anthropic_api_key=KEY,
                                           anthropic_base_url="http://127.0.0.1:9"))
 
-    assert tls_context.cache_info().currsize == 1
-    assert provider is not None and tls_context() is tls_context()
+    assert client_tls.cache_info().currsize == 1
+    assert provider is not None and client_tls() is client_tls()

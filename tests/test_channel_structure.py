@@ -14,6 +14,7 @@ own package.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,8 +48,14 @@ def modules(package: str) -> Iterator[tuple[str, Path]]:
         yield name, path
 
 
-def imports(name: str, path: Path) -> Iterator[tuple[str, str | None]]:
-    """``(module, imported name)`` for each import in a module (``None``: the module)."""
+@functools.cache
+def imports(name: str, path: Path) -> tuple[tuple[str, str | None], ...]:
+    """``(module, imported name)`` for each import in a module (``None``: the module);
+    each module is parsed once per process."""
+    return tuple(_imports(name, path))
+
+
+def _imports(name: str, path: Path) -> Iterator[tuple[str, str | None]]:
     is_package = path.name == "__init__.py"
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):

@@ -55,3 +55,37 @@ def test_implementations_held_as_static_class_and_bound_methods_are_found() -> N
         assert found(HookManager(hookspecs.PROJECT_NAME), plugin) == expected
     assert {name for name, _ in found(HookManager(hookspecs.PROJECT_NAME), module)} == {
         "roost_tools", "roost_commands", "roost_guard_patterns"}
+
+
+def test_plain_functions_of_a_module_give_pluggys_options_and_a_module_type_descriptor_wins(
+        ) -> None:
+    @hookimpl(tryfirst=True)
+    def roost_tools() -> list[object]:
+        return []
+
+    def roost_commands() -> list[object]:
+        return []
+
+    roost_commands.roost_impl = "not options"  # type: ignore[attr-defined]
+
+    class Special(types.ModuleType):
+        @property
+        def roost_guard_patterns(self) -> list[object]:
+            raise AssertionError("a descriptor is never run")
+
+    def options(manager: pluggy.PluginManager, plugin: object) -> list[tuple[str, object]]:
+        manager.add_hookspecs(hookspecs)
+        manager.register(plugin)
+        return sorted((caller.name, sorted(impl.opts.items()))
+                      for caller in manager.get_hookcallers(plugin) or []
+                      for impl in caller.get_hookimpls())
+
+    for module in (types.ModuleType("plain"), Special("special")):
+        module.roost_tools = roost_tools  # type: ignore[attr-defined]
+        module.roost_commands = roost_commands  # type: ignore[attr-defined]
+        vars(module)["roost_guard_patterns"] = roost_tools  # Special's property shadows it
+        expected = options(pluggy.PluginManager(hookspecs.PROJECT_NAME), module)
+        assert options(HookManager(hookspecs.PROJECT_NAME), module) == expected
+        assert [name for name, _ in expected] == (
+            ["roost_guard_patterns", "roost_tools"] if type(module) is types.ModuleType
+            else ["roost_tools"])

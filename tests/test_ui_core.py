@@ -261,8 +261,10 @@ async def test_a_post_in_the_local_mode_needs_the_csrf_token_too(app: Roost) -> 
         status, _ = await client.post("/ui/users/add", {
             "name": "ada", "role": "admin", "password": "pw123456"}, csrf=csrf_of(page))
         assert status == 303
-    async with app.store.db.execute("SELECT name, role FROM ui_users") as cur:
-        assert [tuple(r) for r in await cur.fetchall()] == [("ada", "admin")]
+    async with app.store.db.execute("SELECT name, role, password_hash FROM ui_users") as cur:
+        [(name, role, hashed)] = await cur.fetchall()
+    assert (name, role) == ("ada", "admin")
+    assert hashed.startswith("scrypt$16384$8$1$")  # the page hashes at the product's cost
 
 
 async def test_unauthenticated_htmx_and_sse_requests_get_401_not_a_redirect(app: Roost) -> None:

@@ -11,6 +11,7 @@ list only shrinks.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 from pathlib import Path
 
@@ -99,8 +100,10 @@ def foreign_assignments(source: str) -> list[tuple[int, str, str]]:
     return found
 
 
+@functools.cache
 def scan() -> dict[tuple[str, str], list[str]]:
-    """Every foreign assignment outside the composition root and test support, by key."""
+    """Every foreign assignment outside the composition root and test support, by key
+    (the tree is parsed once per process; callers only read the result)."""
     hits: dict[tuple[str, str], list[str]] = {}
     for top in SCANNED:
         for path in sorted((ROOT / top).rglob("*.py")):

@@ -33,7 +33,7 @@ from bot.config.masking import SECRET_MASK, find_mask, mask_tree, mask_urls
 from bot.config.mcp import McpConfig
 from bot.config.mcp import masked as _masked_mcp
 from bot.config.moved import MovedEnv, relocate
-from bot.config.sources import KnownNames, TomlSource, toml_data
+from bot.config.sources import KnownNames, ListedEnv, TomlSource, toml_data
 
 GuardMode = Literal["off", "log", "warn", "block"]
 DmPolicy = Literal["pairing", "open", "allowlist", "disabled"]
@@ -415,7 +415,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, MovedEnv(settings_cls),
+        return (init_settings, ListedEnv(settings_cls, env_settings), MovedEnv(settings_cls),
                 KnownNames(settings_cls, dotenv_settings),
                 TomlSource(settings_cls))
 

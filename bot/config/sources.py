@@ -8,10 +8,16 @@ keeps only Roost's own names from ``.env``.
 from __future__ import annotations
 
 import contextvars
+import functools
 from typing import Any
 
 from pydantic import AliasChoices
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
+from pydantic_settings import (
+    BaseSettings,
+    DotEnvSettingsSource,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+)
 
 from bot.config.moved import SERVICE_ENV, relocate
 
@@ -31,11 +37,8 @@ class TomlSource(PydanticBaseSettingsSource):
         return relocate(toml_data.get() or {}, replace=False)
 
 
-class KnownNames(PydanticBaseSettingsSource):
-    """``.env`` entries that are Roost's: its fields, their aliases (``TELEGRAM_BOT_TOKEN``)
-    and every ``ROOST_*`` name (a misspelt one is still reported). Other names
-    (``OTEL_*``, a plugin's or an MCP server's ``${VAR}``) are not settings; the
-    command line puts them into the environment instead."""
+class Filtered(PydanticBaseSettingsSource):
+    """A source that passes on what another source (``inner``) reads, filtered."""
 
     def __init__(self, settings_cls: type[BaseSettings],
                  inner: PydanticBaseSettingsSource) -> None:
@@ -45,7 +48,16 @@ class KnownNames(PydanticBaseSettingsSource):
     def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
         return None, field_name, False
 
+
+class KnownNames(Filtered):
+    """``.env`` entries that are Roost's: its fields, their aliases (``TELEGRAM_BOT_TOKEN``)
+    and every ``ROOST_*`` name (a misspelt one is still reported). Other names
+    (``OTEL_*``, a plugin's or an MCP server's ``${VAR}``) are not settings; the
+    command line puts them into the environment instead."""
+
     def __call__(self) -> dict[str, Any]:
+        if isinstance(self.inner, DotEnvSettingsSource) and not self.inner.env_vars:
+            return {}  # no .env file, or an empty one
         known = set()
         for name, field in self.settings_cls.model_fields.items():
             known.add(name)
@@ -65,3 +77,25 @@ class KnownNames(PydanticBaseSettingsSource):
                 plugin, key = SERVICE_ENV[name]
                 tables.setdefault(plugin, {}).setdefault(key, value)
         return kept
+
+
+class ListedEnv(Filtered):
+    """The environment, read by pydantic-settings' own source only when one of its
+    variables names a field: otherwise that source walks every field's names and types
+    to find nothing, which was most of the cost of building settings."""
+
+    def __call__(self) -> dict[str, Any]:
+        if isinstance(self.inner, EnvSettingsSource) and not self.inner.env_nested_delimiter:
+            names = env_names(self.settings_cls)
+            if not any(name in names for name in self.inner.env_vars):
+                return {}
+        return self.inner()
+
+
+@functools.cache
+def env_names(settings_cls: type[BaseSettings]) -> frozenset[str]:
+    """Every environment variable name (as the environment source compares them) that
+    sets a field of ``settings_cls``."""
+    source = EnvSettingsSource(settings_cls)
+    return frozenset(env_name for name, field in settings_cls.model_fields.items()
+                     for _, env_name, _ in source._extract_field_info(field, name))

@@ -12,6 +12,7 @@ left out silently).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import inspect
@@ -350,9 +351,7 @@ def get_plugin_manager(
     host = PluginHost(pm, disabled=set(disabled) - ESSENTIAL_PLUGINS,
                       trace=env.get("ROOST_TRACE_PLUGINS", "") in ("1", "true"))
     allowed = load_filter(env)
-    # Read once: each lookup parses the distribution's whole METADATA (the README
-    # included), which for ~20 built-ins was most of the cost of building a host.
-    version = _version("roost")
+    version = _roost_version()
     for modname in BUILTIN_PLUGINS:
         module = importlib.import_module(modname)
         host.register(module, modname, PluginInfo(modname, "roost", version, True))
@@ -389,6 +388,13 @@ def _check(host: PluginHost) -> None:
             host.errors[name] = f"invalid: {exc}"
             log.error("plugin %r was not loaded: %s", name, exc)
             host.pm.unregister(exc.plugin)
+
+
+@functools.cache
+def _roost_version() -> str:
+    """The installed Roost's version, read once per process (a lookup parses the
+    distribution's whole METADATA, the README included)."""
+    return _version("roost")
 
 
 def _version(dist: str) -> str:

@@ -43,6 +43,7 @@ from bot.contracts.messages import (
     OutboundMessage,
 )
 from bot.pluginhost.manager import PluginHost, get_plugin_manager
+from bot.testing.fresh_db import seed_database
 from plugins.scripted_provider import ScriptedProvider, _turn
 
 __all__ = ["ChatChannel", "EventRecorder", "build_app", "closing_apps", "create_app", "scripted",
@@ -290,6 +291,9 @@ async def create_app(provider: LLMProvider | None, /, *plugins: object, data_dir
                      **settings: Any) -> tuple[Roost, EventRecorder]:
     """A Roost app with the built-in plugins, ``plugins`` and an :class:`EventRecorder`; no channel.
 
+    A new SQLite database starts as a copy of one migrated once per process
+    (:mod:`bot.testing.fresh_db`).
+
     ``provider`` answers its runs; ``None`` builds the configured one from
     ``settings`` through the provider plugins, as ``roost run`` does. The other
     arguments are :func:`build_app`'s. Close the app with ``await app.close()``.
@@ -310,8 +314,9 @@ async def create_app(provider: LLMProvider | None, /, *plugins: object, data_dir
         else:
             name = getattr(plugin, "__name__", None) or f"test-plugin-{i}"
         host.register(plugin, name)
-    app = await Roost.create(Settings(**settings), host=host, provider=provider,
-                             scheduler_clock=clock)
+    config = Settings(**settings)
+    await seed_database(config)
+    app = await Roost.create(config, host=host, provider=provider, scheduler_clock=clock)
     return app, recorder
 
 

@@ -20,7 +20,7 @@ import aiohttp
 from bot.app.http import HealthServer
 from bot.app.roost import Roost
 
-__all__ = ["UiClient", "add_account", "clients_by_role", "csrf_of", "serve_ui"]
+__all__ = ["TEST_SCRYPT_N", "UiClient", "add_account", "clients_by_role", "csrf_of", "serve_ui"]
 
 _CSRF = re.compile(r'name="csrf"\s+value="([^"]+)"|name="csrf-token"\s+content="([^"]+)"')
 
@@ -41,15 +41,22 @@ async def serve_ui(app: Roost, host: str = "127.0.0.1") -> HealthServer:
     return server
 
 
+TEST_SCRYPT_N = 16
+"""scrypt's work factor for test accounts: the hash format and the check are the product's,
+the cost is not (``tests/test_ui_cli.py`` checks the product's own cost)."""
+
+
 async def add_account(app: Roost, name: str, password: str, role: str = "admin") -> None:
-    """Create a UI account in ``app``'s database, as ``roost ui user add`` does."""
+    """Create a UI account in ``app``'s database, as ``roost ui user add`` does, hashed at a
+    test's cost (:data:`TEST_SCRYPT_N`)."""
     import time
 
     from bot.storage.ui_accounts import UiAccountStore
     from bot.ui.accounts import hash_password
 
     store = UiAccountStore(app.store.db, app.store.lock, app.store.writer)
-    if not await store.add_account(name, role, hash_password(password), time.time()):
+    hashed = hash_password(password, n=TEST_SCRYPT_N)
+    if not await store.add_account(name, role, hashed, time.time()):
         raise AssertionError(f"the account {name} exists already")
 
 

@@ -18,18 +18,22 @@ from collections import deque
 from collections.abc import Callable
 
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 1 << 14, 8, 1
-"""scrypt's cost: 16 MiB of memory per hash."""
+"""scrypt's cost for every password Roost hashes: 16 MiB of memory per hash."""
 SALT_BYTES = 16
 KEY_BYTES = 32
 
 
 
-def hash_password(password: str) -> str:
-    """``scrypt$N$r$p$salt$key`` (base64) of ``password`` with a fresh salt."""
+def hash_password(password: str, *, n: int = SCRYPT_N, r: int = SCRYPT_R,
+                  p: int = SCRYPT_P) -> str:
+    """``scrypt$N$r$p$salt$key`` (base64) of ``password`` with a fresh salt.
+
+    The product always hashes at the default cost; a lower one is for test accounts
+    (:func:`verify_password` reads the cost from the stored hash).
+    """
     salt = secrets.token_bytes(SALT_BYTES)
-    key = hashlib.scrypt(password.encode(), salt=salt, n=SCRYPT_N, r=SCRYPT_R, p=SCRYPT_P,
-                         dklen=KEY_BYTES)
-    return "$".join(["scrypt", str(SCRYPT_N), str(SCRYPT_R), str(SCRYPT_P),
+    key = hashlib.scrypt(password.encode(), salt=salt, n=n, r=r, p=p, dklen=KEY_BYTES)
+    return "$".join(["scrypt", str(n), str(r), str(p),
                      base64.b64encode(salt).decode(), base64.b64encode(key).decode()])
 
 

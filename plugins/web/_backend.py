@@ -7,8 +7,8 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from plugins.web._http import USER_AGENT, default_tls, status_error, transport_error
-from roost import ToolError
+from plugins.web._http import USER_AGENT, status_error, transport_error
+from roost import ToolError, client_tls
 
 if TYPE_CHECKING:
     import httpx
@@ -31,7 +31,7 @@ async def request_json(name: str, method: str, url: str, *, limit: float,
 
     sent = {"User-Agent": USER_AGENT, "Accept": "application/json", **(headers or {})}
     try:
-        async with httpx.AsyncClient(timeout=limit, verify=default_tls()) as client:
+        async with httpx.AsyncClient(timeout=limit, verify=client_tls()) as client:
             response = await client.request(method, url, params=params, json=json,
                                             headers=sent)
     except httpx.HTTPError as exc:

@@ -7,7 +7,6 @@ are permanent.
 
 from __future__ import annotations
 
-import functools
 import ssl
 from http import HTTPStatus
 from typing import TYPE_CHECKING
@@ -17,24 +16,12 @@ from roost import ToolError
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["USER_AGENT", "default_tls", "status_error", "transport_error", "web_error"]
+__all__ = ["USER_AGENT", "status_error", "transport_error", "web_error"]
 
 USER_AGENT = "Mozilla/5.0 (compatible; Roost/0.1; agent web tools)"
 """Sent with every request: some sites refuse clients that name none."""
 
 _RETRYABLE_STATUSES = frozenset({408, 425, 429})
-
-
-@functools.cache
-def default_tls() -> ssl.SSLContext:
-    """The TLS context of every web request (certifi's CAs, as httpx uses by default).
-
-    Made once: building one loads the CA bundle, which httpx would otherwise do for
-    every client.
-    """
-    import certifi
-
-    return ssl.create_default_context(cafile=certifi.where())
 
 
 def web_error(message: str, code: str, *, retryable: bool = False, error_type: str = "",

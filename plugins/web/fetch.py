@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from plugins.web._http import USER_AGENT, default_tls, status_error, transport_error, web_error
+from plugins.web._http import USER_AGENT, status_error, transport_error, web_error
 from plugins.web.config import web_config
 from plugins.web.markup import TooDeep, reduce_html
 from plugins.web.ssrf import AddressPolicy, Guard, Resolver, Target, check_url, system_resolver
@@ -55,6 +55,7 @@ from roost import (
     ToolError,
     ToolRetry,
     check_keys,
+    client_tls,
     int_arg,
     pdf_text,
     str_arg,
@@ -178,7 +179,7 @@ class WebFetcher:
 
         async with httpx.AsyncClient(
             timeout=httpx.Timeout(self.timeout), follow_redirects=False, trust_env=False,
-            verify=default_tls() if self.verify is True else self.verify,
+            verify=client_tls() if self.verify is True else self.verify,
             # Only codings _Decoder undoes under the byte cap (not br or zstd).
             headers={"User-Agent": USER_AGENT, "Accept": _ACCEPT,
                      "Accept-Encoding": "gzip, deflate"},
