@@ -1,0 +1,314 @@
+"""Long-running ``roost`` processes in tests, each a fork of one process that imported Roost.
+
+:func:`spawn` starts ``python -m bot *args`` as a real process of its own: its own pid
+(SIGTERM, SIGINT and SIGKILL act on it as on an exec'd one), working directory,
+environment, stdin, stdout, stderr and exit code. Only the imports are not paid again:
+it is forked from a forking process that imported Roost once, single-threaded and with
+no event loop. The forking process reaps it and writes its exit code to a pipe the
+test reads; signals go through a pidfd, which cannot reach another process once the
+pid is reused. An environment that changes how Python itself starts (``PYTHON*``,
+``LANG``, ``LC_*`` differing from the forking process's) gets an exec'd process instead.
+What differs from exec'd: ``/proc/<pid>/cmdline`` and ``environ`` show the forking
+process's, the hash seed is the forking process's, and modules the forking process
+imported are imported already (so tests of what ``roost run`` imports exec it).
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import atexit
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO
+
+__all__ = ["ForkedProcess", "close", "spawn"]
+
+_DRIVER = r"""
+import array, importlib, io, json, os, runpy, select, signal, socket, sys, time
+
+for name in ("bot.app.cli", "bot.app.roost", "bot.app.offers", "channels.telegram"):
+    importlib.import_module(name)
+from bot.pluginhost.manager import BUILTIN_PLUGINS
+for name in BUILTIN_PLUGINS:
+    importlib.import_module(name)
+
+
+def std_streams(encoding, errors, buffered):
+    # sys.stdin, stdout and stderr as Python's start-up makes them for fds 0, 1 and 2.
+    streams = []
+    for fd, mode in ((0, "r"), (1, "w"), (2, "w")):
+        tty = os.isatty(fd)
+        raw = mode == "w" and not buffered
+        buf = io.open(fd, mode + "b", buffering=0 if raw else -1, closefd=False)
+        stream = io.TextIOWrapper(
+            buf, encoding, "backslashreplace" if fd == 2 else errors, "\n",
+            line_buffering=buffered and (tty or fd == 2), write_through=not buffered)
+        stream.mode = mode
+        streams.append(stream)
+    sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__ = streams
+
+
+def child(sock, job, fds):
+    # In the fork: become `python -m bot *job["args"]` and run it; never returns to the
+    # loop (the command's exit, or an exception, ends the interpreter as usual).
+    sock.detach()
+    for target, fd in enumerate(fds[:3]):
+        os.dup2(fd, target)
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+    os.chdir(job["cwd"])
+    os.environ.clear()
+    os.environ.update(job["env"])
+    time.tzset()
+    importlib.invalidate_caches()
+    std_streams(sys.stdout.encoding, sys.stdout.errors, not os.environ.get("PYTHONUNBUFFERED"))
+    sys.path[0] = os.getcwd()
+    sys.argv = ["-m", *job["args"]]
+    runpy._run_module_as_main("bot")
+    sys.exit(0)
+
+
+sock = socket.socket(fileno=int(sys.argv[1]))
+children = {}  # pidfd: (pid, the pipe its exit code goes to)
+while True:
+    ready, _, _ = select.select([sock, *children], [], [])
+    for pidfd in [fd for fd in ready if fd is not sock]:
+        pid, status = children.pop(pidfd)
+        _, code = os.waitpid(pid, 0)
+        try:
+            os.write(status, b"%d\n" % os.waitstatus_to_exitcode(code))
+        except OSError:  # nobody reads it any more
+            pass
+        os.close(status)
+        os.close(pidfd)
+    if sock not in ready:
+        continue
+    data, ancdata, _, _ = sock.recvmsg(1 << 20, socket.CMSG_SPACE(4 * 4))
+    if not data:  # the tests are over: end what is left and go
+        for pidfd, (pid, status) in children.items():
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        break
+    fds = array.array("i")
+    for level, kind, payload in ancdata:
+        fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    job = json.loads(data)
+    for name in job["warm"]:
+        try:
+            importlib.import_module(name)
+        except Exception:  # the command itself will say why
+            pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        child(sock, job, list(fds))
+    for fd in fds[:3]:
+        os.close(fd)
+    pidfd = os.pidfd_open(pid)
+    children[pidfd] = (pid, fds[3])
+    sock.sendmsg([b"%d" % pid], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [pidfd]))])
+"""
+
+
+def startup_vars(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``env`` that shape how Python starts, which a fork cannot change
+    (``PYTHONUNBUFFERED`` can: the fork makes its std streams anew)."""
+    return {k: v for k, v in env.items()
+            if (k.startswith(("PYTHON", "LC_")) or k in ("LANG", "LANGUAGE"))
+            and k != "PYTHONUNBUFFERED"}
+
+
+class _Forker:
+    """The forking process (started on first use, ended when this process exits)."""
+
+    def __init__(self) -> None:
+        self.startup = startup_vars(os.environ)
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with theirs:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", _DRIVER, str(theirs.fileno())], cwd=tempfile.gettempdir(),
+                env={k: v for k, v in os.environ.items() if not k.startswith("ROOST_")},
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                pass_fds=[theirs.fileno()])
+        self.lock = threading.Lock()
+
+    def start(self, job: dict[str, object], fds: Sequence[int]) -> tuple[int, int]:
+        """Fork one child for ``job`` with ``fds`` (stdin, stdout, stderr, exit-code pipe);
+        its pid and a pidfd of it."""
+        with self.lock:
+            self.sock.sendmsg([json.dumps(job).encode()],
+                              [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+            data, ancdata, _, _ = self.sock.recvmsg(64, socket.CMSG_SPACE(4))
+        if not data:
+            raise RuntimeError("the forking process ended")
+        pidfds = array.array("i")
+        for _, _, payload in ancdata:
+            pidfds.frombytes(payload[:len(payload) - len(payload) % pidfds.itemsize])
+        return int(data), pidfds[0]
+
+    def close(self) -> None:
+        """End the forking process (it kills any child still running) and wait for it, so
+        its children's CPU counts as this process's."""
+        self.sock.close()
+        self.proc.wait()
+
+
+class _PipeEnd(asyncio.StreamReaderProtocol):
+    """A StreamReader's protocol that also says when its pipe is closed."""
+
+    def __init__(self, reader: asyncio.StreamReader, closed: asyncio.Future[None]) -> None:
+        super().__init__(reader)
+        self.closed = closed
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
+class ForkedProcess:
+    """What an ``asyncio.subprocess.Process`` offers the tests, for a forked child:
+    ``pid``, ``returncode``, ``stdout``/``stderr`` readers (when piped), ``wait()``,
+    ``send_signal()``, ``terminate()``, ``kill()``."""
+
+    def __init__(self, pid: int, pidfd: int, status: int,
+                 pipes: Mapping[str, tuple[asyncio.StreamReader, asyncio.Future[None]]]) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self.stdout = pipes["stdout"][0] if "stdout" in pipes else None
+        self.stderr = pipes["stderr"][0] if "stderr" in pipes else None
+        self._closed = [closed for _, closed in pipes.values()]
+        self._pidfd = pidfd
+        loop = asyncio.get_running_loop()
+        self._exited: asyncio.Future[int] = loop.create_future()
+        self._status = os.fdopen(status, "rb", buffering=0)
+        loop.add_reader(status, self._on_status)
+
+    def _on_status(self) -> None:
+        asyncio.get_running_loop().remove_reader(self._status.fileno())
+        line = self._status.read()
+        self._status.close()
+        os.close(self._pidfd)
+        if not line:
+            self._exited.set_exception(RuntimeError(f"lost the exit code of pid {self.pid}"))
+            return
+        self.returncode = int(line)
+        self._exited.set_result(self.returncode)
+
+    async def wait(self) -> int:
+        """Wait for the process to exit and its piped output to end; its exit code
+        (``-N`` for signal N)."""
+        code = await asyncio.shield(self._exited)
+        await asyncio.gather(*self._closed)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        """Send ``sig`` unless the process has ended (then it does nothing)."""
+        if self.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):  # ended; its exit code is on its way
+            signal.pidfd_send_signal(self._pidfd, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+async def _reader(fd: int) -> tuple[asyncio.StreamReader, asyncio.Future[None]]:
+    """A StreamReader on the pipe end ``fd`` and a future done when the pipe closes."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=2**16, loop=loop)
+    closed: asyncio.Future[None] = loop.create_future()
+    await loop.connect_read_pipe(lambda: _PipeEnd(reader, closed),
+                                 os.fdopen(fd, "rb", buffering=0))
+    return reader, closed
+
+
+_forker: _Forker | None = None
+_started = threading.Lock()
+
+
+def _output(target: int | IO[bytes] | None, inherited: int) -> tuple[int, int | None]:
+    """The fd the child gets for one output stream (``inherited``: this process's) and,
+    if piped, this side's end."""
+    if target == subprocess.PIPE:
+        read, written = os.pipe()
+        return written, read
+    if target == subprocess.DEVNULL:
+        return os.open(os.devnull, os.O_WRONLY), None
+    if target is None:
+        return os.dup(inherited), None
+    return os.dup(target if isinstance(target, int) else target.fileno()), None
+
+
+async def spawn(args: Sequence[str], *, cwd: Path, env: Mapping[str, str],
+                stdout: int | IO[bytes] | None = subprocess.DEVNULL,
+                stderr: int | IO[bytes] | None = subprocess.PIPE,
+                warm: Sequence[str] = ()) -> ForkedProcess | asyncio.subprocess.Process:
+    """``python -m bot *args`` in ``cwd`` with exactly ``env``, stdin ``/dev/null``;
+    ``stdout``/``stderr`` as ``asyncio.create_subprocess_exec`` takes them (``PIPE``,
+    ``DEVNULL`` or a file). ``warm`` names modules the command will import that the
+    forking process should import first (once, for every later child too)."""
+    global _forker
+    with _started:
+        if _forker is None or _forker.proc.poll() is not None:
+            _forker = _Forker()
+            atexit.register(close)
+        forker = _forker
+    if forker.startup != startup_vars(env):
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bot", *args, cwd=cwd, env=dict(env),
+            stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr)
+    fds: list[int] = []
+    ours: dict[str, int] = {}
+    try:
+        fds.append(os.open(os.devnull, os.O_RDONLY))
+        for name, target, inherited in (("stdout", stdout, 1), ("stderr", stderr, 2)):
+            theirs, mine = _output(target, inherited)
+            fds.append(theirs)
+            if mine is not None:
+                ours[name] = mine
+        status, status_theirs = os.pipe()
+        fds.append(status_theirs)
+        ours["status"] = status
+        job = {"args": list(args), "cwd": str(cwd), "env": dict(env), "warm": list(warm)}
+        starting = asyncio.ensure_future(asyncio.to_thread(forker.start, job, fds))
+        try:
+            pid, pidfd = await asyncio.shield(starting)
+        except asyncio.CancelledError:  # the fork goes ahead (it uses fds): undo it
+            with contextlib.suppress(Exception):
+                _, pidfd = await starting
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                os.close(pidfd)
+            raise
+    except BaseException:
+        for fd in ours.values():
+            os.close(fd)
+        raise
+    finally:
+        for fd in fds:
+            os.close(fd)
+    pipes = {name: await _reader(fd) for name, fd in ours.items() if name != "status"}
+    return ForkedProcess(pid, pidfd, status, pipes)
+
+
+def close() -> None:
+    """End the forking process (at the end of the tests): its children's CPU is counted
+    then."""
+    global _forker
+    with _started:
+        if _forker is not None:
+            _forker.close()
+            _forker = None
