@@ -19,19 +19,21 @@ import array
 import asyncio
 import atexit
 import contextlib
+import io
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-__all__ = ["ForkedProcess", "close", "spawn"]
+__all__ = ["ForkedPopen", "ForkedProcess", "close", "popen", "spawn"]
 
 _DRIVER = r"""
 import array, importlib, io, json, os, runpy, select, signal, socket, sys, time
@@ -142,19 +144,26 @@ class _Forker:
                 pass_fds=[theirs.fileno()])
         self.lock = threading.Lock()
 
-    def start(self, job: dict[str, object], fds: Sequence[int]) -> tuple[int, int]:
-        """Fork one child for ``job`` with ``fds`` (stdin, stdout, stderr, exit-code pipe);
-        its pid and a pidfd of it."""
-        with self.lock:
-            self.sock.sendmsg([json.dumps(job).encode()],
-                              [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-            data, ancdata, _, _ = self.sock.recvmsg(64, socket.CMSG_SPACE(4))
-        if not data:
-            raise RuntimeError("the forking process ended")
+    def start(self, job: dict[str, object], fds: Sequence[int]) -> tuple[int, int, int]:
+        """Fork one child for ``job`` with ``fds`` as its stdin, stdout and stderr; its pid,
+        a pidfd of it and the pipe its exit code will come on."""
+        status, status_theirs = os.pipe()
+        try:
+            with self.lock:
+                self.sock.sendmsg([json.dumps(job).encode()], [(
+                    socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [*fds, status_theirs]))])
+                data, ancdata, _, _ = self.sock.recvmsg(64, socket.CMSG_SPACE(4))
+            if not data:
+                raise RuntimeError("the forking process ended")
+        except BaseException:
+            os.close(status)
+            raise
+        finally:
+            os.close(status_theirs)
         pidfds = array.array("i")
         for _, _, payload in ancdata:
             pidfds.frombytes(payload[:len(payload) - len(payload) % pidfds.itemsize])
-        return int(data), pidfds[0]
+        return int(data), pidfds[0], status
 
     def close(self) -> None:
         """End the forking process (it kills any child still running) and wait for it, so
@@ -163,54 +172,25 @@ class _Forker:
         self.proc.wait()
 
 
-class _PipeEnd(asyncio.StreamReaderProtocol):
-    """A StreamReader's protocol that also says when its pipe is closed."""
+class _Forked:
+    """A forked child as this process sees it: ``pid``, ``returncode`` once its exit code
+    has been read, and signals (sent through its pidfd)."""
 
-    def __init__(self, reader: asyncio.StreamReader, closed: asyncio.Future[None]) -> None:
-        super().__init__(reader)
-        self.closed = closed
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        super().connection_lost(exc)
-        if not self.closed.done():
-            self.closed.set_result(None)
-
-
-class ForkedProcess:
-    """What an ``asyncio.subprocess.Process`` offers the tests, for a forked child:
-    ``pid``, ``returncode``, ``stdout``/``stderr`` readers (when piped), ``wait()``,
-    ``send_signal()``, ``terminate()``, ``kill()``."""
-
-    def __init__(self, pid: int, pidfd: int, status: int,
-                 pipes: Mapping[str, tuple[asyncio.StreamReader, asyncio.Future[None]]]) -> None:
+    def __init__(self, pid: int, pidfd: int, status: int) -> None:
         self.pid = pid
         self.returncode: int | None = None
-        self.stdout = pipes["stdout"][0] if "stdout" in pipes else None
-        self.stderr = pipes["stderr"][0] if "stderr" in pipes else None
-        self._closed = [closed for _, closed in pipes.values()]
         self._pidfd = pidfd
-        loop = asyncio.get_running_loop()
-        self._exited: asyncio.Future[int] = loop.create_future()
         self._status = os.fdopen(status, "rb", buffering=0)
-        loop.add_reader(status, self._on_status)
 
-    def _on_status(self) -> None:
-        asyncio.get_running_loop().remove_reader(self._status.fileno())
+    def _read_status(self) -> int:
+        """Take the exit code from the pipe (which has it, or ended)."""
         line = self._status.read()
         self._status.close()
         os.close(self._pidfd)
         if not line:
-            self._exited.set_exception(RuntimeError(f"lost the exit code of pid {self.pid}"))
-            return
+            raise RuntimeError(f"lost the exit code of pid {self.pid}")
         self.returncode = int(line)
-        self._exited.set_result(self.returncode)
-
-    async def wait(self) -> int:
-        """Wait for the process to exit and its piped output to end; its exit code
-        (``-N`` for signal N)."""
-        code = await asyncio.shield(self._exited)
-        await asyncio.gather(*self._closed)
-        return code
+        return self.returncode
 
     def send_signal(self, sig: int) -> None:
         """Send ``sig`` unless the process has ended (then it does nothing)."""
@@ -226,6 +206,94 @@ class ForkedProcess:
         self.send_signal(signal.SIGKILL)
 
 
+class ForkedProcess(_Forked):
+    """What an ``asyncio.subprocess.Process`` offers the tests, for a forked child:
+    ``pid``, ``returncode``, ``stdin`` writer and ``stdout``/``stderr`` readers (when
+    piped), ``wait()``, ``communicate()``, ``send_signal()``, ``terminate()``, ``kill()``."""
+
+    def __init__(self, pid: int, pidfd: int, status: int, stdin: asyncio.StreamWriter | None,
+                 pipes: Mapping[str, tuple[asyncio.StreamReader, asyncio.Future[None]]]) -> None:
+        super().__init__(pid, pidfd, status)
+        self.stdin = stdin
+        self.stdout = pipes["stdout"][0] if "stdout" in pipes else None
+        self.stderr = pipes["stderr"][0] if "stderr" in pipes else None
+        self._closed = [closed for _, closed in pipes.values()]
+        loop = asyncio.get_running_loop()
+        self._exited: asyncio.Future[int] = loop.create_future()
+        loop.add_reader(status, self._on_status)
+
+    def _on_status(self) -> None:
+        asyncio.get_running_loop().remove_reader(self._status.fileno())
+        try:
+            self._exited.set_result(self._read_status())
+        except RuntimeError as exc:
+            self._exited.set_exception(exc)
+
+    async def wait(self) -> int:
+        """Wait for the process to exit and its piped output to end; its exit code
+        (``-N`` for signal N)."""
+        code = await asyncio.shield(self._exited)
+        await asyncio.gather(*self._closed)
+        return code
+
+    async def communicate(self, input: bytes | None = None) -> tuple[bytes | None, bytes | None]:
+        """Write ``input`` to stdin and close it (if piped), read stdout and stderr to their
+        end, wait for the exit; the output read."""
+        if self.stdin is not None:
+            if input:
+                self.stdin.write(input)
+                with contextlib.suppress(ConnectionError):
+                    await self.stdin.drain()
+            self.stdin.close()
+        out, err = await asyncio.gather(*(asyncio.ensure_future(stream.read()) if stream else
+                                          asyncio.sleep(0, None)
+                                          for stream in (self.stdout, self.stderr)))
+        await self.wait()
+        return out, err
+
+
+class ForkedPopen(_Forked):
+    """What a ``subprocess.Popen`` offers the tests, for a forked child: ``pid``,
+    ``returncode``, ``stdin``/``stdout``/``stderr`` files (when piped), ``poll()``,
+    ``wait()``, ``send_signal()``, ``terminate()``, ``kill()``."""
+
+    def __init__(self, args: list[str], pid: int, pidfd: int, status: int,
+                 files: Mapping[str, IO[Any]]) -> None:
+        super().__init__(pid, pidfd, status)
+        self.args = args
+        self.stdin = files.get("stdin")
+        self.stdout = files.get("stdout")
+        self.stderr = files.get("stderr")
+
+    def poll(self) -> int | None:
+        """The exit code if the process has ended, else ``None``."""
+        if self.returncode is None and select.select([self._status], [], [], 0)[0]:
+            self._read_status()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait (at most ``timeout`` seconds) for the exit; its code."""
+        if self.returncode is None:
+            if not select.select([self._status], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            self._read_status()
+        assert self.returncode is not None
+        return self.returncode
+
+
+class _PipeEnd(asyncio.StreamReaderProtocol):
+    """A StreamReader's protocol that also says when its pipe is closed."""
+
+    def __init__(self, reader: asyncio.StreamReader, closed: asyncio.Future[None]) -> None:
+        super().__init__(reader)
+        self.closed = closed
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
 async def _reader(fd: int) -> tuple[asyncio.StreamReader, asyncio.Future[None]]:
     """A StreamReader on the pipe end ``fd`` and a future done when the pipe closes."""
     loop = asyncio.get_running_loop()
@@ -236,72 +304,129 @@ async def _reader(fd: int) -> tuple[asyncio.StreamReader, asyncio.Future[None]]:
     return reader, closed
 
 
+async def _writer(fd: int) -> asyncio.StreamWriter:
+    """A StreamWriter on the pipe end ``fd``."""
+    loop = asyncio.get_running_loop()
+    protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader(loop=loop))
+    transport, _ = await loop.connect_write_pipe(lambda: protocol,
+                                                 os.fdopen(fd, "wb", buffering=0))
+    return asyncio.StreamWriter(transport, protocol, None, loop)
+
+
 _forker: _Forker | None = None
 _started = threading.Lock()
 
-
-def _output(target: int | IO[bytes] | None, inherited: int) -> tuple[int, int | None]:
-    """The fd the child gets for one output stream (``inherited``: this process's) and,
-    if piped, this side's end."""
-    if target == subprocess.PIPE:
-        read, written = os.pipe()
-        return written, read
-    if target == subprocess.DEVNULL:
-        return os.open(os.devnull, os.O_WRONLY), None
-    if target is None:
-        return os.dup(inherited), None
-    return os.dup(target if isinstance(target, int) else target.fileno()), None
+Stream = int | IO[Any] | None
+"""A child's stream as ``subprocess`` takes it: ``PIPE``, ``DEVNULL``, ``STDOUT`` (for
+stderr), a file or fd, or ``None`` (this process's)."""
 
 
-async def spawn(args: Sequence[str], *, cwd: Path, env: Mapping[str, str],
-                stdout: int | IO[bytes] | None = subprocess.DEVNULL,
-                stderr: int | IO[bytes] | None = subprocess.PIPE,
-                warm: Sequence[str] = ()) -> ForkedProcess | asyncio.subprocess.Process:
-    """``python -m bot *args`` in ``cwd`` with exactly ``env``, stdin ``/dev/null``;
-    ``stdout``/``stderr`` as ``asyncio.create_subprocess_exec`` takes them (``PIPE``,
-    ``DEVNULL`` or a file). ``warm`` names modules the command will import that the
-    forking process should import first (once, for every later child too)."""
+def _stdio(stdin: Stream, stdout: Stream, stderr: Stream) -> tuple[list[int], dict[str, int]]:
+    """The fds the child gets as 0, 1 and 2, and this side's ends of the piped ones."""
+    theirs: list[int] = []
+    ours: dict[str, int] = {}
+    try:
+        for name, target in (("stdin", stdin), ("stdout", stdout), ("stderr", stderr)):
+            fd = len(theirs)
+            if target == subprocess.PIPE:
+                read, written = os.pipe()
+                theirs.append(read if fd == 0 else written)
+                ours[name] = written if fd == 0 else read
+            elif target == subprocess.STDOUT and fd == 2:
+                theirs.append(os.dup(theirs[1]))
+            elif target == subprocess.DEVNULL:
+                theirs.append(os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY))
+            elif target is None:
+                theirs.append(os.dup(fd))
+            else:
+                theirs.append(os.dup(target if isinstance(target, int) else target.fileno()))
+    except BaseException:
+        for end in [*theirs, *ours.values()]:
+            os.close(end)
+        raise
+    return theirs, ours
+
+
+@contextlib.contextmanager
+def _handing_over(theirs: Sequence[int], ours: Mapping[str, int]) -> Iterator[None]:
+    """Close the child's ends of its streams once handed over, and this side's too if
+    that failed."""
+    try:
+        yield
+    except BaseException:
+        for fd in ours.values():
+            os.close(fd)
+        raise
+    finally:
+        for fd in theirs:
+            os.close(fd)
+
+
+def _forking(env: Mapping[str, str]) -> _Forker | None:
+    """The forking process (started if need be), or ``None`` if ``env`` needs another
+    Python start."""
     global _forker
     with _started:
         if _forker is None or _forker.proc.poll() is not None:
             _forker = _Forker()
             atexit.register(close)
         forker = _forker
-    if forker.startup != startup_vars(env):
+    return forker if forker.startup == startup_vars(env) else None
+
+
+def _job(args: Sequence[str], cwd: Path, env: Mapping[str, str],
+         warm: Sequence[str]) -> dict[str, object]:
+    return {"args": list(args), "cwd": str(cwd), "env": dict(env), "warm": list(warm)}
+
+
+async def spawn(args: Sequence[str], *, cwd: Path, env: Mapping[str, str],
+                stdin: Stream = subprocess.DEVNULL, stdout: Stream = subprocess.DEVNULL,
+                stderr: Stream = subprocess.PIPE,
+                warm: Sequence[str] = ()) -> ForkedProcess | asyncio.subprocess.Process:
+    """``python -m bot *args`` in ``cwd`` with exactly ``env``, its streams as
+    ``asyncio.create_subprocess_exec`` takes them. ``warm`` names modules the command
+    will import that the forking process should import first (once, for all later
+    children too)."""
+    forker = _forking(env)
+    if forker is None:
         return await asyncio.create_subprocess_exec(
             sys.executable, "-m", "bot", *args, cwd=cwd, env=dict(env),
-            stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr)
-    fds: list[int] = []
-    ours: dict[str, int] = {}
-    try:
-        fds.append(os.open(os.devnull, os.O_RDONLY))
-        for name, target, inherited in (("stdout", stdout, 1), ("stderr", stderr, 2)):
-            theirs, mine = _output(target, inherited)
-            fds.append(theirs)
-            if mine is not None:
-                ours[name] = mine
-        status, status_theirs = os.pipe()
-        fds.append(status_theirs)
-        ours["status"] = status
-        job = {"args": list(args), "cwd": str(cwd), "env": dict(env), "warm": list(warm)}
-        starting = asyncio.ensure_future(asyncio.to_thread(forker.start, job, fds))
+            stdin=stdin, stdout=stdout, stderr=stderr)
+    theirs, ours = _stdio(stdin, stdout, stderr)
+    with _handing_over(theirs, ours):
+        starting = asyncio.ensure_future(asyncio.to_thread(
+            forker.start, _job(args, cwd, env, warm), theirs))
         try:
-            pid, pidfd = await asyncio.shield(starting)
-        except asyncio.CancelledError:  # the fork goes ahead (it uses fds): undo it
+            pid, pidfd, status = await asyncio.shield(starting)
+        except asyncio.CancelledError:  # the fork goes ahead (it uses the fds): undo it
             with contextlib.suppress(Exception):
-                _, pidfd = await starting
+                _, pidfd, status = await starting
                 signal.pidfd_send_signal(pidfd, signal.SIGKILL)
                 os.close(pidfd)
+                os.close(status)
             raise
-    except BaseException:
-        for fd in ours.values():
-            os.close(fd)
-        raise
-    finally:
-        for fd in fds:
-            os.close(fd)
-    pipes = {name: await _reader(fd) for name, fd in ours.items() if name != "status"}
-    return ForkedProcess(pid, pidfd, status, pipes)
+    writer = await _writer(ours.pop("stdin")) if "stdin" in ours else None
+    pipes = {name: await _reader(fd) for name, fd in ours.items()}
+    return ForkedProcess(pid, pidfd, status, writer, pipes)
+
+
+def popen(args: Sequence[str], *, cwd: Path, env: Mapping[str, str],
+          stdin: Stream = None, stdout: Stream = None, stderr: Stream = None,
+          text: bool = False) -> ForkedPopen | subprocess.Popen[Any]:
+    """``python -m bot *args`` in ``cwd`` with exactly ``env``, its streams (and ``text``)
+    as ``subprocess.Popen`` takes them."""
+    forker = _forking(env)
+    if forker is None:
+        return subprocess.Popen([sys.executable, "-m", "bot", *args], cwd=cwd, env=dict(env),
+                                stdin=stdin, stdout=stdout, stderr=stderr, text=text)
+    theirs, ours = _stdio(stdin, stdout, stderr)
+    with _handing_over(theirs, ours):
+        pid, pidfd, status = forker.start(_job(args, cwd, env, ()), theirs)
+    files: dict[str, IO[Any]] = {}
+    for name, fd in ours.items():
+        raw = open(fd, "wb" if name == "stdin" else "rb")  # noqa: SIM115  (the caller's)
+        files[name] = io.TextIOWrapper(raw, write_through=name == "stdin") if text else raw
+    return ForkedPopen([sys.executable, "-m", "bot", *args], pid, pidfd, status, files)
 
 
 def close() -> None:
