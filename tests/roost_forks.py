@@ -33,7 +33,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["ForkedPopen", "ForkedProcess", "close", "popen", "spawn"]
+__all__ = ["ForkedPopen", "ForkedProcess", "close", "popen", "spawn", "startup_vars"]
 
 _DRIVER = r"""
 import array, importlib, io, json, os, runpy, select, signal, socket, sys, time
