@@ -22,6 +22,7 @@ import contextlib
 import io
 import json
 import os
+import resource
 import select
 import signal
 import socket
@@ -36,7 +37,7 @@ from typing import IO, Any
 __all__ = ["ForkedPopen", "ForkedProcess", "close", "popen", "spawn", "startup_vars"]
 
 _DRIVER = r"""
-import array, importlib, io, json, os, runpy, select, signal, socket, sys, time
+import array, importlib, io, json, os, resource, runpy, select, signal, socket, sys, time
 
 for name in ("bot.app.cli", "bot.app.roost", "bot.app.offers", "channels.telegram"):
     importlib.import_module(name)
@@ -67,6 +68,8 @@ def child(sock, job, fds):
     for target, fd in enumerate(fds[:3]):
         os.dup2(fd, target)
     os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+    for limit, (soft, hard) in job["rlimits"].items():
+        resource.setrlimit(int(limit), (soft, hard))
     os.chdir(job["cwd"])
     os.environ.clear()
     os.environ.update(job["env"])
@@ -374,28 +377,33 @@ def _forking(env: Mapping[str, str]) -> _Forker | None:
     return forker if forker.startup == startup_vars(env) else None
 
 
-def _job(args: Sequence[str], cwd: Path, env: Mapping[str, str],
-         warm: Sequence[str]) -> dict[str, object]:
-    return {"args": list(args), "cwd": str(cwd), "env": dict(env), "warm": list(warm)}
+def _job(args: Sequence[str], cwd: Path, env: Mapping[str, str], warm: Sequence[str],
+         rlimits: Mapping[int, tuple[int, int]]) -> dict[str, object]:
+    return {"args": list(args), "cwd": str(cwd), "env": dict(env), "warm": list(warm),
+            "rlimits": {str(k): list(v) for k, v in rlimits.items()}}
 
 
 async def spawn(args: Sequence[str], *, cwd: Path, env: Mapping[str, str],
                 stdin: Stream = subprocess.DEVNULL, stdout: Stream = subprocess.DEVNULL,
-                stderr: Stream = subprocess.PIPE,
-                warm: Sequence[str] = ()) -> ForkedProcess | asyncio.subprocess.Process:
+                stderr: Stream = subprocess.PIPE, warm: Sequence[str] = (),
+                rlimits: Mapping[int, tuple[int, int]] | None = None,
+                ) -> ForkedProcess | asyncio.subprocess.Process:
     """``python -m bot *args`` in ``cwd`` with exactly ``env``, its streams as
-    ``asyncio.create_subprocess_exec`` takes them. ``warm`` names modules the command
-    will import that the forking process should import first (once, for all later
-    children too)."""
+    ``asyncio.create_subprocess_exec`` takes them, and the resource limits ``rlimits``
+    (``resource.RLIMIT_*``: (soft, hard); the others as the forking process has them).
+    ``warm`` names modules the command will import that the forking process should
+    import first (once, for all later children too)."""
     forker = _forking(env)
+    rlimits = dict(rlimits or {})
     if forker is None:
         return await asyncio.create_subprocess_exec(
             sys.executable, "-m", "bot", *args, cwd=cwd, env=dict(env),
-            stdin=stdin, stdout=stdout, stderr=stderr)
+            stdin=stdin, stdout=stdout, stderr=stderr,
+            preexec_fn=lambda: [resource.setrlimit(k, v) for k, v in rlimits.items()])
     theirs, ours = _stdio(stdin, stdout, stderr)
     with _handing_over(theirs, ours):
         starting = asyncio.ensure_future(asyncio.to_thread(
-            forker.start, _job(args, cwd, env, warm), theirs))
+            forker.start, _job(args, cwd, env, warm, rlimits), theirs))
         try:
             pid, pidfd, status = await asyncio.shield(starting)
         except asyncio.CancelledError:  # the fork goes ahead (it uses the fds): undo it
@@ -421,7 +429,7 @@ def popen(args: Sequence[str], *, cwd: Path, env: Mapping[str, str],
                                 stdin=stdin, stdout=stdout, stderr=stderr, text=text)
     theirs, ours = _stdio(stdin, stdout, stderr)
     with _handing_over(theirs, ours):
-        pid, pidfd, status = forker.start(_job(args, cwd, env, ()), theirs)
+        pid, pidfd, status = forker.start(_job(args, cwd, env, (), {}), theirs)
     files: dict[str, IO[Any]] = {}
     for name, fd in ours.items():
         raw = open(fd, "wb" if name == "stdin" else "rb")  # noqa: SIM115  (the caller's)
