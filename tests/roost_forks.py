@@ -37,7 +37,7 @@ from typing import IO, Any
 __all__ = ["ForkedPopen", "ForkedProcess", "close", "popen", "spawn", "startup_vars"]
 
 _DRIVER = r"""
-import array, importlib, io, json, os, resource, runpy, select, signal, socket, sys, time
+import array, importlib, io, json, os, resource, runpy, select, signal, socket, sys, time, types
 
 for name in ("bot.app.cli", "bot.app.roost", "bot.app.offers", "channels.telegram"):
     importlib.import_module(name)
@@ -78,6 +78,7 @@ def child(sock, job, fds):
     std_streams(sys.stdout.encoding, sys.stdout.errors, not os.environ.get("PYTHONUNBUFFERED"))
     sys.path[0] = os.getcwd()
     sys.argv = ["-m", *job["args"]]
+    sys.modules["__main__"] = types.ModuleType("__main__")  # not this loop's globals
     runpy._run_module_as_main("bot")
     sys.exit(0)
 
