@@ -5,7 +5,8 @@ working directory, environment, stdin, stdout, stderr and exit code, as
 ``subprocess.run([sys.executable, "-m", "bot", ...])`` gives. Importing Roost was most
 of the CPU of each such process (tests/test_cli_secrets.py forks the same way). An
 environment that changes how Python itself starts (a ``PYTHON*`` variable the forking
-process does not share) gets a real new process instead.
+process does not share, :func:`tests.roost_forks.startup_vars`) gets a real new process
+instead.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from tests.roost_forks import startup_vars
 
 __all__ = ["CHILD", "close", "run_roost"]
 
@@ -111,9 +114,9 @@ class _Forker:
         atexit.register(self.close)
 
     def python_differs(self, env: Mapping[str, str]) -> bool:
-        """Whether ``env`` sets up Python differently from the forking process."""
-        return any(self.env.get(k) != env.get(k) for k in {*self.env, *env}
-                   if k.startswith("PYTHON"))
+        """Whether ``env`` sets up Python differently from the forking process (whose
+        output is unbuffered: written to files and read at the end, that changes nothing)."""
+        return startup_vars(self.env) != startup_vars(env)
 
     def _line(self, deadline: float | None) -> str:
         assert self.proc.stdout is not None
@@ -171,10 +174,11 @@ def run_roost(args: list[str], *, cwd: Path, env: Mapping[str, str], input: str 
     with _started:
         forker = _forkers.get(python)
         if forker is None or forker.proc.poll() is not None:
-            base = {k: v for k, v in env.items() if k.startswith("PYTHON")}
+            # Python set up as for this process: a command whose environment sets it up
+            # otherwise (PYTHONPATH, say) is exec'd, not every later one.
             forker = _forkers[python] = _Forker(python, {
-                **{k: v for k, v in os.environ.items() if not k.startswith(("ROOST_", "PYTHON"))},
-                **base})
+                **{k: v for k, v in os.environ.items() if not k.startswith("ROOST_")},
+                "PYTHONUNBUFFERED": "1"})
     if forker.python_differs(env):
         command = ["-m", "bot", *args] if not blocked else ["-c", (
             f"import sys; sys.modules.update(dict.fromkeys({list(blocked)!r})); "

@@ -28,7 +28,7 @@ import psutil  # type: ignore[import-untyped]
 from bot.testing.postgres import PostgresCluster
 from bot.testing.telegram import FakeTelegram
 from bot.testing.telegram.wire import user
-from tests.roost_processes import start_roost, until_logged
+from tests.roost_processes import RoostProcess, start_roost, until_logged
 from tests.test_cli import clean_env
 from tests.test_replicas_dispatch import _via
 from tests.test_run_all_channels import free_port
@@ -43,7 +43,7 @@ class Replica:
 
     name: str
     url: str
-    proc: asyncio.subprocess.Process
+    proc: RoostProcess
     log: list[bytes] = field(default_factory=list)
     reader: asyncio.Task[None] | None = None
 

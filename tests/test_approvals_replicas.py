@@ -21,7 +21,7 @@ from bot.testing.telegram import FakeTelegram
 from bot.testing.telegram import fake_telegram as _fake_telegram  # noqa: F401  (the fixture)
 from bot.testing.telegram.wire import ALICE
 from plugins.scripted_provider import ScriptedProvider
-from tests.roost_processes import start_roost, until_logged
+from tests.roost_processes import RoostProcess, start_roost, until_logged
 from tests.test_approvals import APPROVE_TOUCH, Touch, press, touching
 from tests.test_approvals_restart import AFTER, BEFORE, CONFIG, notes
 from tests.test_approvals_telegram import prompt_of
@@ -128,7 +128,7 @@ async def test_a_replica_killed_at_the_pause_is_taken_over_and_one_press_resumes
             ROOST_TELEGRAM_WEBHOOK_URL=f"http://127.0.0.1:{port}/telegram",
             ROOST_TELEGRAM_WEBHOOK_PORT=str(port), TELEGRAM_BOT_TOKEN=fake_telegram.token,
             TELEGRAM_API_BASE=fake_telegram.base_url)
-    procs: dict[str, asyncio.subprocess.Process] = {}
+    procs: dict[str, RoostProcess] = {}
     try:
         procs["b"] = await start_roost(tmp_path / "b", envs["b"])
         await until_logged(procs["b"], b"roost ready")

@@ -13,7 +13,6 @@ import asyncio
 import logging
 import sqlite3
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -34,6 +33,7 @@ from bot.storage.usage import Limit, UsageStore, day_of
 from bot.testing.app import ChatChannel, closing_apps, create_app, settle
 from bot.testing.media import FileChat
 from tests.media_helpers import ogg_opus
+from tests.roost_forks import popen
 from tests.test_cli import clean_env
 from tests.test_scheduler import FakeClock
 
@@ -420,8 +420,8 @@ def test_a_killed_processs_reservation_is_shared_and_expires(tmp_path: Path) -> 
     script = tmp_path / "slow.yaml"
     script.write_text("turns:\n  - {reply: never, delay: 120}\n", encoding="utf-8")
     db = tmp_path / "data" / "roost.db"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bot", "chat", "-m", "hello"], cwd=tmp_path,
+    proc = popen(
+        ["chat", "-m", "hello"], cwd=tmp_path,
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env=clean_env(ROOST_PROVIDER="scripted", ROOST_SCRIPT=str(script)))
     try:

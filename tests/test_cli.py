@@ -12,6 +12,7 @@ from pathlib import Path
 
 from bot.storage.sessions import SessionStore
 from tests.cli_forks import run_roost
+from tests.roost_forks import popen
 
 ROOST = [sys.executable, "-m", "bot"]
 SECRET_VARS = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "OPENAI_API_KEY", "OPENAI_BASE_URL",
@@ -92,8 +93,8 @@ def test_version_and_plugin_listing(tmp_path: Path) -> None:
 
 
 def test_run_serves_the_console_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
-    proc = subprocess.Popen(
-        [*ROOST, "run"], cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    proc = popen(
+        ["run"], cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,
         env=clean_env(ROOST_PROVIDER="scripted", ROOST_CONSOLE="1"),
     )
@@ -128,8 +129,8 @@ def test_a_killed_process_leaves_a_loadable_session_without_orphan_tool_calls(
 ) -> None:
     script = tmp_path / "crash.yaml"
     script.write_text(CRASH_SCRIPT)
-    proc = subprocess.Popen(
-        [*ROOST, "chat"], cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    proc = popen(
+        ["chat"], cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,
         env=clean_env(ROOST_PROVIDER="scripted", ROOST_SCRIPT=str(script),
                       ROOST_MERGE_WINDOW_MS="0"),

@@ -19,7 +19,8 @@ from prompt_toolkit.output import DummyOutput
 from bot.contracts.messages import InboundMessage, OutboundMessage
 from channels.console import ConsoleChannel, describe_arguments
 from tests.cli_forks import run_roost
-from tests.test_first_contact import ROOST, clean_env, roost
+from tests.roost_forks import popen
+from tests.test_first_contact import clean_env, roost
 
 ERROR_LINE = re.compile(r"^roost> ✗ .+ \[Error ID: err_\d{8}_\d{6}_[0-9a-f]{6}\]$")
 
@@ -75,9 +76,9 @@ def test_stdin_from_dev_null_ends_the_chat_cleanly(tmp_path: Path) -> None:
 
 
 def test_a_demo_reminder_fires_in_the_open_chat(tmp_path: Path) -> None:
-    process = subprocess.Popen([*ROOST, "chat", "--demo"], cwd=tmp_path, env=clean_env(),
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    process = popen(["chat", "--demo"], cwd=tmp_path, env=clean_env(),
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, text=True)
     assert process.stdin is not None and process.stdout is not None
     try:
         process.stdin.write("remind me in 1 second to stretch\n")

@@ -15,6 +15,7 @@ import pytest
 
 from bot.testing.chaos import ChaosConfig, ChaosRun
 from bot.testing.telegram import user
+from tests.roost_processes import forked_run
 
 pytestmark = pytest.mark.e2e
 
@@ -25,7 +26,8 @@ async def test_a_refused_file_notice_is_sent_once_though_the_run_is_repeated_aft
     tmp_path: Path,
 ) -> None:
     run = ChaosRun(tmp_path, ChaosConfig(users=0, kills=0),
-                   env={"ROOST_MEDIA_MAX_FILE_MB": "1", "ROOST_STREAM_REPLIES": "false"})
+                   env={"ROOST_MEDIA_MAX_FILE_MB": "1", "ROOST_STREAM_REPLIES": "false"},
+                   spawn=forked_run)
     run.model.slow_delay = 0.5  # the answer takes seconds: the kill lands while it streams
     telegram = run.telegram
     alice = user(7001, "Alice")

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from bot.testing.chaos import ChaosConfig, ChaosRun
+from tests.roost_processes import forked_run
 
 pytestmark = pytest.mark.e2e
 
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.e2e
 async def test_kill_9_at_every_kind_of_moment_loses_and_repeats_nothing(
         tmp_path: Path) -> None:
     run = ChaosRun(tmp_path, ChaosConfig(users=3, kills=4, min_alive=0.8, max_alive=2.5,
-                                         settle=30, seed=7))
+                                         settle=30, seed=7), spawn=forked_run)
     report = await run.run()
     assert report.kills == 4
     assert report.acknowledged >= 4
@@ -43,7 +44,7 @@ async def test_kill_9_at_every_kind_of_moment_loses_and_repeats_nothing(
 
 async def test_sigterm_with_50_runs_in_flight_then_restart_loses_nothing(
         tmp_path: Path) -> None:
-    run = ChaosRun(tmp_path, env={"ROOST_SHUTDOWN_GRACE_SECONDS": "0.5"})
+    run = ChaosRun(tmp_path, env={"ROOST_SHUTDOWN_GRACE_SECONDS": "0.5"}, spawn=forked_run)
     # Answers stream for about 2 s: longer than the grace period.
     run.model.slow_delay = 0.15
     async with run.telegram, run.model:
@@ -71,7 +72,7 @@ async def test_sigterm_with_50_runs_in_flight_then_restart_loses_nothing(
 
 async def test_an_idle_service_stops_cleanly_on_sigterm_and_loses_nothing(
         tmp_path: Path) -> None:
-    run = ChaosRun(tmp_path)
+    run = ChaosRun(tmp_path, spawn=forked_run)
     async with run.telegram, run.model:
         proc = await run.spawn(0)
         run.say(0, "plain")

@@ -35,7 +35,7 @@ from bot.testing.discord import fake_discord as _fake_discord  # noqa: F401  (th
 from channels.discord import DiscordChannel
 from channels.discord.shards import snowflake_at
 from tests.conftest import AppFactory
-from tests.roost_processes import start_roost, until_logged
+from tests.roost_processes import RoostProcess, start_roost, until_logged
 from tests.test_cli import clean_env
 
 OTHER_GUILD = (1 << 22) + 7
@@ -333,11 +333,11 @@ async def test_roost_run_replicas_share_shards_and_one_takes_over_after_kill_9(
 
 @contextlib.asynccontextmanager
 async def processes() -> AsyncIterator[Callable[[Path, dict[str, str]],
-                                                Awaitable[asyncio.subprocess.Process]]]:
+                                                Awaitable[RoostProcess]]]:
     """``roost run`` processes started through it, killed at the end if still running."""
-    started: list[asyncio.subprocess.Process] = []
+    started: list[RoostProcess] = []
 
-    async def start(cwd: Path, env: dict[str, str]) -> asyncio.subprocess.Process:
+    async def start(cwd: Path, env: dict[str, str]) -> RoostProcess:
         started.append(await start_roost(cwd, env))
         return started[-1]
 

@@ -285,18 +285,17 @@ def test_roost_run_serves_health_readiness_and_metrics_and_roost_status_reads_th
     import os
     import signal
     import subprocess
-    import sys
     import time
 
     from tests.cli_forks import run_roost
+    from tests.roost_forks import popen
 
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROOST_")}
     env.update(PYTHONUNBUFFERED="1", ROOST_PROVIDER="scripted", ROOST_CONSOLE="1",
                ROOST_HTTP_PORT=str(port))
-    proc = subprocess.Popen([sys.executable, "-m", "bot", "run"], cwd=tmp_path, env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = popen(["run"], cwd=tmp_path, env=env, stdin=subprocess.PIPE,
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stderr is not None
         deadline = time.monotonic() + 30

@@ -12,7 +12,6 @@ import asyncio
 import resource
 import signal
 import socket
-import sys
 from pathlib import Path
 
 import pytest
@@ -34,6 +33,8 @@ from bot.testing.telegram import FakeTelegram
 from channels.delivery import DeliveryPolicy
 from channels.slack import SlackChannel
 from channels.telegram import TelegramChannel
+from tests.roost_forks import spawn
+from tests.roost_processes import RoostProcess
 from tests.test_cli import clean_env
 
 SCRIPT = "turns:\n  - reply: 'still here'\nloop: true\n"
@@ -52,11 +53,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def limit_open_files() -> None:
-    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
-
-
-async def until_in_log(log: Path, text: str, proc: asyncio.subprocess.Process) -> str:
+async def until_in_log(log: Path, text: str, proc: RoostProcess) -> str:
     async with asyncio.timeout(60):  # a hang guard, not a measurement
         while True:
             content = await asyncio.to_thread(log.read_text, errors="replace")
@@ -105,13 +102,13 @@ def roost_env(tmp_path: Path, port: int, fake_slack: FakeSlack, **extra: str) ->
         ROOST_HTTP_PORT=str(port), ROOST_HTTP_HEADER_TIMEOUT=str(HEADER_TIMEOUT), **extra)
 
 
-async def start_limited(tmp_path: Path, env: dict[str, str]) -> asyncio.subprocess.Process:
-    """``roost run`` with 1,024 descriptors (soft and hard), its log in ``roost.log``."""
+async def start_limited(tmp_path: Path, env: dict[str, str],
+                        soft: int = 1024) -> RoostProcess:
+    """``roost run`` with ``soft`` and 1,024 descriptors (soft and hard limits), its log in
+    ``roost.log``."""
     with (tmp_path / "roost.log").open("wb") as sink:
-        return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bot", "run", cwd=tmp_path, env=env,
-            stdin=asyncio.subprocess.DEVNULL, stdout=sink, stderr=sink,
-            preexec_fn=limit_open_files)
+        return await spawn(["run"], cwd=tmp_path, env=env, stdout=sink, stderr=sink,
+                           rlimits={resource.RLIMIT_NOFILE: (soft, 1024)})
 
 
 @pytest.mark.e2e
@@ -317,12 +314,7 @@ async def test_roost_run_raises_its_open_file_soft_limit_to_the_hard_one_and_say
         tmp_path: Path, fake_slack: FakeSlack) -> None:
     port = free_port()
     log = tmp_path / "roost.log"
-    with log.open("wb") as sink:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bot", "run", cwd=tmp_path,
-            env=roost_env(tmp_path, port, fake_slack), stdin=asyncio.subprocess.DEVNULL,
-            stdout=sink, stderr=sink,
-            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (512, 1024)))
+    proc = await start_limited(tmp_path, roost_env(tmp_path, port, fake_slack), soft=512)
     try:
         started = await until_in_log(log, "roost ready", proc)
         assert "open files: up to 1024 (soft limit raised from 512)\n" in started

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from tests.matrix_server import Proxy, Synapse, User, free_port, sends_a_message
-from tests.roost_processes import start_roost, until_logged
+from tests.roost_processes import RoostProcess, start_roost, until_logged
 from tests.test_cli import clean_env
 
 
@@ -45,7 +45,8 @@ async def test_roost_run_on_matrix_survives_restarts_kill_9_and_a_bad_gateway(
     workdir.mkdir()
     # Short long polls: a failing gateway shows within a second.
     (workdir / "roost.toml").write_text('[plugins."plugins.matrix"]\nsync_timeout = 1\n')
-    proc = await start_roost(workdir, env)
+    # The first start exec'd: the real entry path stays covered.
+    proc = await start_roost(workdir, env, fork=False)
     http = aiohttp.ClientSession(f"http://127.0.0.1:{port}")
     try:
         assert b"channels=matrix" in (await until_logged(proc, b"roost ready"))[-1]
@@ -150,7 +151,7 @@ async def test_replicas_on_postgresql_sync_on_the_leader_only_and_fail_over_afte
         ROOST_LEASE_SECONDS="3", MATRIX_HOMESERVER=synapse.url, MATRIX_USER_ID=bot.user_id,
         MATRIX_ACCESS_TOKEN=bot.token)
     first = await start_roost(tmp_path / "a", env)
-    second: asyncio.subprocess.Process | None = None
+    second: RoostProcess | None = None
     try:
         await until_logged(first, b"this replica leads: syncing")
         second = await start_roost(tmp_path / "b", env)

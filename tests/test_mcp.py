@@ -38,6 +38,7 @@ from plugins.mcp.connection import Connection
 from plugins.mcp.manager import CACHE_FILE, McpManager, ToolCache, fingerprint
 from plugins.mcp.naming import MAX_NAME, tool_name, tool_names
 from roost import Tool, ToolContext
+from tests.roost_forks import popen
 
 SERVERS = Path(__file__).parent / "mcp_servers"
 TOOLBOX = str(SERVERS / "toolbox.py")
@@ -724,9 +725,8 @@ startup = "eager"
 """)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROOST_")}
     env.update(ROOST_PROVIDER="scripted", ROOST_CONSOLE="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "bot", "run"], cwd=tmp_path, env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = popen(["run"], cwd=tmp_path, env=env, stdin=subprocess.PIPE,
+                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stderr is not None
         deadline = time.monotonic() + 60

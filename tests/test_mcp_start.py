@@ -17,6 +17,7 @@ import pytest
 from bot.agents.router import workspace_for
 from bot.testing.app import ChatChannel, app_factory
 from plugins.mcp.files import save_new
+from tests.roost_forks import spawn
 from tests.test_mcp import SERVERS, eventually, manager, offered, stdio
 
 BLOBS = {"command": sys.executable, "args": [str(SERVERS / "blobs.py")], "startup": "eager"}
@@ -138,10 +139,7 @@ async def test_roost_runs_first_message_sees_a_new_servers_tools(tmp_path: Path)
                if not k.startswith(("ROOST_", "ANTHROPIC_", "TELEGRAM_", "DISCORD_", "SLACK_"))}
         env.update(ROOST_PROVIDER="anthropic", ANTHROPIC_API_KEY="x",
                    ANTHROPIC_BASE_URL=fake.base_url, ROOST_CONSOLE="1", PYTHONUNBUFFERED="1")
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bot", "run", cwd=tmp_path, env=env,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE)
+        proc = await spawn(["run"], cwd=tmp_path, env=env, stdin=asyncio.subprocess.PIPE)
         assert proc.stdin is not None and proc.stderr is not None
         log: asyncio.Task[bytes] | None = None
         try:

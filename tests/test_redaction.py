@@ -7,7 +7,6 @@ import io
 import logging
 import os
 import signal
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from aiohttp import web
 
 from bot.config.settings import Settings
 from bot.observability import redact
+from tests.roost_forks import spawn
 
 TOKEN = "123456:SECRET-bot-token-value"
 API_KEY = "sk-ant-secret-api-key-0123456789"
@@ -130,9 +130,8 @@ async def test_roost_run_never_logs_the_token_when_telegram_redirects_in_a_loop(
     env.update(TELEGRAM_BOT_TOKEN=TOKEN, TELEGRAM_API_BASE=f"http://127.0.0.1:{port}",
                ANTHROPIC_API_KEY=API_KEY, ROOST_DATA_DIR=str(tmp_path / "data"),
                ROOST_LOG_LEVEL="DEBUG", ROOST_LOAD_PLUGINS="")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", "run", env=env, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL)
+    proc = await spawn(["run"], cwd=Path.cwd(), env=env, stdout=asyncio.subprocess.PIPE,
+                       stderr=asyncio.subprocess.STDOUT)
     try:
         assert proc.stdout is not None
         seen = b""

@@ -21,7 +21,7 @@ from bot.contracts.jobs import JobSpec
 from bot.contracts.runtime import Runtime
 from bot.testing.app import ChatChannel, EventRecorder, create_app, scripted
 from bot.testing.telegram import FakeTelegram
-from tests.roost_processes import start_roost, until_logged
+from tests.roost_processes import RoostProcess, start_roost, until_logged
 from tests.test_cli import clean_env
 from tests.test_run_all_channels import free_port
 
@@ -201,7 +201,7 @@ async def test_stop_sent_to_one_roost_run_replica_cancels_the_run_on_the_other(
                 TELEGRAM_BOT_TOKEN=fake_telegram.token,
                 TELEGRAM_API_BASE=fake_telegram.base_url)
     url = {name: f"http://127.0.0.1:{port}/telegram" for name, port in ports.items()}
-    procs: dict[str, asyncio.subprocess.Process] = {}
+    procs: dict[str, RoostProcess] = {}
     try:
         for name in ("a", "b"):
             procs[name] = await start_roost(tmp_path / name, clean_env(
@@ -235,7 +235,7 @@ async def test_stop_sent_to_one_roost_run_replica_cancels_the_run_on_the_other(
                 await proc.wait()
 
 
-async def _lease_holder(url: str, procs: dict[str, asyncio.subprocess.Process]) -> str:
+async def _lease_holder(url: str, procs: dict[str, RoostProcess]) -> str:
     """Which of ``procs`` holds the one session's lease (replica ids end in ``-<pid>-<random>``)."""
     db = await asyncpg.connect(url)
     try:

@@ -27,7 +27,7 @@ from bot.contracts.messages import InboundMessage, OutboundMessage
 from bot.testing.app import ChatChannel, create_app
 from bot.testing.telegram import FakeTelegram
 from bot.testing.telegram.wire import ALICE, BOB, Call, user
-from tests.roost_processes import start_roost, until_logged
+from tests.roost_processes import RoostProcess, start_roost, until_logged
 from tests.test_cli import clean_env
 from tests.test_run_all_channels import free_port
 
@@ -297,7 +297,7 @@ async def test_roost_run_replicas_behind_webhooks_answer_each_message_once_in_or
                 TELEGRAM_API_BASE=fake_telegram.base_url,
                 ROOST_TELEGRAM_RATE_LIMITS="false")  # its 1 reply/s per chat: waits only
     url = {name: f"http://127.0.0.1:{port}/telegram" for name, port in ports.items()}
-    procs: dict[str, asyncio.subprocess.Process] = {}
+    procs: dict[str, RoostProcess] = {}
     rng = random.Random(19)
     per_chat, senders = 8, (ALICE, BOB)
     try:
@@ -344,7 +344,7 @@ async def test_a_roost_run_replica_killed_mid_run_is_taken_over_after_its_lease(
                 ROOST_TELEGRAM_RATE_LIMITS="false",  # its 1 reply/s per chat: waits only
                 TELEGRAM_BOT_TOKEN=fake_telegram.token, TELEGRAM_API_BASE=fake_telegram.base_url)
     url = {name: f"http://127.0.0.1:{port}/telegram" for name, port in ports.items()}
-    procs: dict[str, asyncio.subprocess.Process] = {}
+    procs: dict[str, RoostProcess] = {}
 
     async def deliver(text: str, to: str) -> None:
         await _via(fake_telegram, url[to], text)
@@ -377,9 +377,9 @@ async def test_a_roost_run_replica_killed_mid_run_is_taken_over_after_its_lease(
 
 @contextlib.asynccontextmanager
 async def _replicas(tmp_path: Path, envs: dict[str, dict[str, str]],
-                    ) -> AsyncIterator[dict[str, asyncio.subprocess.Process]]:
+                    ) -> AsyncIterator[dict[str, RoostProcess]]:
     """``roost run`` per environment, each ready; whatever is left running is killed."""
-    procs: dict[str, asyncio.subprocess.Process] = {}
+    procs: dict[str, RoostProcess] = {}
     try:
         for name, env in envs.items():
             procs[name] = await start_roost(tmp_path / name, env)
@@ -389,14 +389,14 @@ async def _replicas(tmp_path: Path, envs: dict[str, dict[str, str]],
         await _killed(procs)
 
 
-async def _killed(procs: dict[str, asyncio.subprocess.Process]) -> None:
+async def _killed(procs: dict[str, RoostProcess]) -> None:
     for proc in procs.values():
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
 
 
-async def _stopped(proc: asyncio.subprocess.Process) -> None:
+async def _stopped(proc: RoostProcess) -> None:
     """SIGTERM: the process exits cleanly."""
     proc.send_signal(signal.SIGTERM)
     async with asyncio.timeout(30):

@@ -24,7 +24,7 @@ from bot.testing.slack import FakeSlack
 from bot.testing.telegram import BOB, FakeTelegram
 from channels.slack import SlackChannel
 from channels.telegram import TelegramChannel
-from tests.roost_processes import start_roost, until_logged
+from tests.roost_processes import RoostProcess, start_roost, until_logged
 from tests.test_cli import clean_env
 
 SCRIPT = "turns:\n  - reply: 'hello from roost'\nloop: true\n"
@@ -121,7 +121,7 @@ async def test_roost_run_replicas_long_poll_on_the_leader_only_and_fail_over_aft
         ROOST_DATABASE_URL=pg_url, ROOST_LEASE_SECONDS="3",
         TELEGRAM_BOT_TOKEN=fake_telegram.token, TELEGRAM_API_BASE=fake_telegram.base_url)
     first = await start_roost(tmp_path / "a", env)
-    second: asyncio.subprocess.Process | None = None
+    second: RoostProcess | None = None
     try:
         await until_logged(first, b"this replica leads: long polling")
         second = await start_roost(tmp_path / "b", env)

@@ -40,7 +40,7 @@ async def test_roost_run_answers_on_every_configured_platform(
         SLACK_BOT_TOKEN=fake_slack.bot_token, SLACK_SIGNING_SECRET=fake_slack.signing_secret,
         SLACK_API_BASE=fake_slack.base_url, ROOST_SLACK_PORT=str(port),
     )
-    proc = await start_roost(tmp_path, env)
+    proc = await start_roost(tmp_path, env, fork=False)  # exec'd: the real entry path
     try:
         line = (await until_logged(proc, b"roost ready"))[-1]
         assert b"channels=telegram,discord,slack" in line

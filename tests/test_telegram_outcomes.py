@@ -26,6 +26,7 @@ from channels.delivery import Transient
 from channels.telegram import TelegramChannel
 from channels.telegram.sender import MAX_TEXT
 from tests.media_samples import png
+from tests.roost_processes import forked_run
 from tests.test_telegram_intake import FAST, Inbox, StartTg
 from tests.test_telegram_intake import start_tg as _start_tg  # noqa: F401  (the fixture)
 
@@ -173,7 +174,7 @@ async def test_a_redelivery_posts_only_the_pieces_an_earlier_attempt_did_not(
 @pytest.mark.e2e
 async def test_a_kill_9_between_telegram_taking_a_reply_and_its_mark_leaves_one_copy(
         tmp_path: Path) -> None:
-    run = ChaosRun(tmp_path, ChaosConfig(users=1, kills=0))
+    run = ChaosRun(tmp_path, ChaosConfig(users=1, kills=0), spawn=forked_run)
     telegram = run.telegram
     async with telegram, run.model:
         proc = await run.spawn(0)

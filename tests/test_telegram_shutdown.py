@@ -7,15 +7,14 @@ update arrives or the client hangs up.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
-import sys
 from pathlib import Path
 
 import pytest
 
 from bot.testing.telegram import FakeTelegram
+from tests.roost_forks import spawn
 
 pytestmark = pytest.mark.e2e
 
@@ -27,10 +26,7 @@ async def test_sigterm_during_a_long_poll_closes_the_poll_and_exits_cleanly(
                                 "SLACK_"))}
     env.update(ROOST_PROVIDER="scripted", ROOST_DATA_DIR=str(tmp_path / "data"),
                TELEGRAM_BOT_TOKEN=fake_telegram.token, TELEGRAM_API_BASE=fake_telegram.base_url)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", "run", cwd=tmp_path, env=env,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE)
+    proc = await spawn(["run"], cwd=tmp_path, env=env)
     try:
         [poll] = await fake_telegram.wait_for("getUpdates", limit=60, ok=False)
         assert poll.status == 0  # held open: nothing to deliver

@@ -44,7 +44,8 @@ async def test_roost_run_answers_on_whatsapp_and_a_kill_9_loses_and_repeats_noth
                     ROOST_MERGE_WINDOW_MS="0", ROOST_DM_POLICY="open",
                     ROOST_HTTP_HOST="127.0.0.1", **fake_whatsapp.env(port))
     fake = fake_whatsapp
-    proc = await start_roost(tmp_path, env)
+    # The first start exec'd: the real entry path stays covered.
+    proc = await start_roost(tmp_path, env, fork=False)
     try:
         line = (await until_logged(proc, b"roost ready"))[-1]
         assert b"channels=whatsapp" in line

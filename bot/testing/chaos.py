@@ -33,22 +33,47 @@ import sqlite3
 import statistics
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import IO, Any, Literal, Protocol
 
 from bot.testing._server import DropConnection
 from bot.testing.anthropic import FakeAnthropic, Reply, ToolUse
 from bot.testing.telegram import Call, FakeTelegram, user
 
-__all__ = ["ChaosConfig", "ChaosModel", "ChaosReport", "ChaosRun", "KillMode"]
+__all__ = ["ChaosConfig", "ChaosModel", "ChaosReport", "ChaosRun", "KillMode", "RoostProcess",
+           "Spawn", "exec_roost_run"]
 
 KillMode = Literal["after_ack", "streaming", "tool", "random"]
 KILL_MODES: tuple[KillMode, ...] = ("after_ack", "streaming", "tool", "random")
 
 _TAG = re.compile(r"#(\d+)")
 _END = " end"
+
+
+class RoostProcess(Protocol):
+    """What the session does with a running ``roost run`` (``asyncio.subprocess.Process``
+    offers it)."""
+
+    @property
+    def pid(self) -> int: ...
+    @property
+    def returncode(self) -> int | None: ...
+    async def wait(self) -> int: ...
+    def send_signal(self, sig: int) -> None: ...
+    def kill(self) -> None: ...
+
+
+Spawn = Callable[[Mapping[str, str], IO[bytes]], Awaitable[RoostProcess]]
+"""Starts ``roost run`` with an environment, its stdout and stderr going to a file."""
+
+
+async def exec_roost_run(env: Mapping[str, str], log: IO[bytes]) -> RoostProcess:
+    """``python -m bot run`` exec'd with ``env``, its output to ``log``."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "run", env=dict(env), stdout=log, stderr=log,
+        stdin=asyncio.subprocess.DEVNULL)
 
 
 class ChaosModel(FakeAnthropic):
@@ -164,11 +189,14 @@ class _Sent:
 
 
 class ChaosRun:
-    """One chaos session in ``workdir`` (the data dir and process logs go there)."""
+    """One chaos session in ``workdir`` (the data dir and process logs go there); each
+    ``roost run`` is started by ``spawn`` (exec'd unless told otherwise)."""
 
     def __init__(self, workdir: Path, config: ChaosConfig | None = None,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None,
+                 spawn: Spawn = exec_roost_run) -> None:
         self.workdir = workdir
+        self._spawn = spawn
         self.config = config or ChaosConfig()
         self.extra_env = dict(env or {})
         self.rng = random.Random(self.config.seed)
@@ -242,7 +270,7 @@ class ChaosRun:
         self.telegram.inject_faults(0)
         self.model.faults.clear()
 
-    async def spawn(self, life: int) -> asyncio.subprocess.Process:
+    async def spawn(self, life: int) -> RoostProcess:
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith(("ROOST_", "TELEGRAM_",
                                                                        "ANTHROPIC_"))},
@@ -263,10 +291,10 @@ class ChaosRun:
         out = (logs / f"life-{life:03d}.log").open("wb")
         polls = len(self.telegram.calls_of("getUpdates"))
         spawned = time.monotonic()
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bot", "run", env=env, stdout=out, stderr=out,
-            stdin=asyncio.subprocess.DEVNULL)
-        out.close()
+        try:
+            proc = await self._spawn(env, out)
+        finally:
+            out.close()
 
         def ready() -> bool:
             return len(self.telegram.calls_of("getUpdates")) > polls
