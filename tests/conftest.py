@@ -226,10 +226,11 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """End the ``roost`` forking process (tests/cli_forks.py) if one ran; update
-    tests/durations.json with the tests this run ran (``--store-durations``)."""
-    if "tests.cli_forks" in sys.modules:
-        sys.modules["tests.cli_forks"].close()
+    """End the ``roost`` forking processes (tests/cli_forks.py, tests/roost_forks.py) that
+    ran; update tests/durations.json with the tests this run ran (``--store-durations``)."""
+    for forks in ("tests.cli_forks", "tests.roost_forks"):
+        if forks in sys.modules:
+            sys.modules[forks].close()
     config = session.config
     if not config.getoption("store_durations") or hasattr(config, "workerinput"):
         return
