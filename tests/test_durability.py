@@ -304,6 +304,79 @@ async def test_a_reply_the_platform_refused_is_sent_after_restart(make_app: AppF
         assert await cur.fetchall() == [("delivered", None)]
 
 
+class HeldChannel(ChatChannel):
+    """Holds each send until released, noting whether a held send was cancelled."""
+
+    def __init__(self) -> None:
+        super().__init__(CHANNEL, sender=USER)
+        self.sending = asyncio.Event()
+        self.release = asyncio.Event()
+        self.cancelled = False
+
+    async def send(self, message: OutboundMessage) -> str | None:
+        self.sending.set()
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        await super().send(message)
+        return "p1"
+
+
+async def pending_reply(make_app: AppFactory) -> None:
+    """Leave one committed reply in the outbox, as a platform outage and a crash do."""
+    model = GatedModel()
+    app, _, _ = await make_app(model)
+    await app.add_channel(FlakyChannel(failures=10))
+    await app.dispatcher.submit(InboundMessage(
+        channel="test", chat_id="u1", chat_type="direct", sender_id="u1", text="hello",
+        event_id="e1"))
+    model.answer("hi")
+    await settle(app)
+    await crash(app)
+
+
+async def test_a_shutdown_lets_a_reply_being_sent_again_finish(make_app: AppFactory) -> None:
+    await pending_reply(make_app)
+    app, _, _ = await make_app(GatedModel(), shutdown_grace_seconds=30)
+    held = HeldChannel()
+    await app.add_channel(held)
+    await app.recover()
+    async with asyncio.timeout(10):  # a hang guard
+        await held.sending.wait()  # the platform call of the recovered reply is under way
+        closing = asyncio.ensure_future(app.close())  # SIGTERM, the reply on its way
+        while not app.dispatcher.lanes.closed:  # the dispatcher's shutdown has begun
+            await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        held.release.set()  # the platform answers within the grace period
+        await closing
+    assert (held.cancelled, held.replies) == (False, ["hi"])
+    again, channel = await restart(make_app, GatedModel())
+    async with again.store.db.execute("SELECT state, platform_id FROM outbox") as cur:
+        assert await cur.fetchall() == [("delivered", "p1")]
+    assert channel.sent == []  # not sent twice
+
+
+async def test_a_shutdown_does_not_wait_for_a_reply_due_again_later(
+        make_app: AppFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("bot.dispatch.delivery.REDELIVERY", RetryPolicy.fixed(3600, 3600))
+    model = GatedModel()
+    app, _, _ = await make_app(model, shutdown_grace_seconds=30)
+    await app.add_channel(FlakyChannel(failures=1))
+    await app.dispatcher.submit(InboundMessage(
+        channel="test", chat_id="u1", chat_type="direct", sender_id="u1", text="hello",
+        event_id="e1"))
+    model.answer("hi")
+    await settle(app)  # refused once: the next attempt is due in an hour
+    assert app.dispatcher.redeliveries.tasks
+    async with asyncio.timeout(10):  # a hang guard: the hour is not waited for
+        await app.close()
+    again, channel = await restart(make_app, GatedModel())
+    await channel.wait_for_message()
+    assert channel.replies == ["hi"]  # kept in the outbox, sent after the next start
+
+
 async def test_a_reply_refused_once_is_retried_in_the_same_process(
         make_app: AppFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("bot.dispatch.delivery.REDELIVERY", RetryPolicy.fixed(0.01, 0.01))

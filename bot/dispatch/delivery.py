@@ -380,12 +380,17 @@ class Redeliveries:
         self.counts = counts
         self.tasks: set[asyncio.Task[None]] = set()
         self._waiting: dict[int, asyncio.Task[None]] = {}
+        self._sending: set[asyncio.Task[None]] = set()
+        self._stopped = False
 
     def schedule(self, outbox_id: int, reply: OutboundMessage, draft: str | None,
                  attempts: int, delay: float | None = None) -> None:
         """Send the reply again after ``delay`` (the policy's, by default), backing off.
 
-        An attempt of the same reply still waiting is replaced (a retry asked now)."""
+        An attempt of the same reply still waiting is replaced (a retry asked now). Once
+        :meth:`stop` was called nothing is scheduled: the reply stays in the outbox."""
+        if self._stopped:
+            return
         if delay is None:
             delay = REDELIVERY.delay(attempts)
         waiting = self._waiting.pop(outbox_id, None)
@@ -402,8 +407,23 @@ class Redeliveries:
         if self._waiting.get(outbox_id) is task:
             del self._waiting[outbox_id]
 
+    def stop(self) -> None:
+        """Start no more attempts (a shutdown): those waiting are cancelled, those already
+        talking to their platform go on (:meth:`sent`); what is not delivered stays in the
+        outbox for the next start."""
+        self._stopped = True
+        for task in list(self.tasks):
+            if task not in self._sending:
+                task.cancel()
+
+    async def sent(self) -> None:
+        """Return once no attempt is talking to its platform."""
+        while self._sending:
+            await asyncio.wait(set(self._sending))
+
     def cancel(self) -> None:
-        """Stop waiting: what is not delivered stays in the outbox for the next start."""
+        """Cancel every attempt, even one mid-call: what is not delivered stays in the
+        outbox for the next start."""
         for task in list(self.tasks):
             task.cancel()
 
@@ -418,6 +438,9 @@ class Redeliveries:
         if channel is None:
             log.error("reply %d: no channel %r; kept in the outbox", outbox_id, reply.channel)
             return
+        current = asyncio.current_task()
+        assert current is not None
+        self._sending.add(current)
         try:
             platform_id = await send_marked(channel, dataclasses.replace(
                 reply, replace=draft, delivery_id=f"roost-{outbox_id}", redelivery=True),
@@ -434,5 +457,7 @@ class Redeliveries:
                             outbox_id, reply.channel, reply.chat_id, exc)
                 self.schedule(outbox_id, reply, draft, attempts + 1)
             return
+        finally:
+            self._sending.discard(current)
         self.counts.delivery(reply.channel, "ok")
         self.inbox.delivered(outbox_id, platform_id)

@@ -282,22 +282,27 @@ class Dispatcher:
             await self._changed.wait()
 
     async def close(self, grace: float = 0.0) -> None:
-        """Refuse new messages, let runs in flight finish for ``grace`` seconds, cancel the rest.
+        """Refuse new messages, let runs in flight and replies being sent again finish for
+        ``grace`` seconds, cancel the rest.
 
         Queued messages do not start; like the cancelled runs' messages they
-        stay in the inbox and run after the next start.
+        stay in the inbox and run after the next start. Replies waiting to be sent
+        again stay in the outbox for it.
         """
         self._closed = True
         self.lanes.close()
-        self.redeliveries.cancel()
+        self.redeliveries.stop()
         await close_quietly(self.replicas)  # claims no more; its leases lapse
-        if grace > 0 and self._tasks:
+        if grace > 0:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(grace):
-                    await self.drain()
+                    if self._tasks:
+                        await self.drain()
+                    await self.redeliveries.sent()
         self.registry.abort_all("shutdown")
         for task in list(self._tasks):
             task.cancel()
+        self.redeliveries.cancel()
         await asyncio.gather(*self._tasks, *self.redeliveries.tasks, return_exceptions=True)
 
     async def recover(self, leftovers: Leftovers) -> None:
