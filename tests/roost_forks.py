@@ -19,6 +19,7 @@ import array
 import asyncio
 import atexit
 import contextlib
+import inspect
 import io
 import json
 import os
@@ -30,13 +31,31 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Generic, Protocol, TypeVar
 
-__all__ = ["ForkedPopen", "ForkedProcess", "close", "popen", "spawn", "startup_vars"]
+__all__ = ["ForkedPopen", "ForkedProcess", "OnDemand", "close", "popen", "spawn",
+           "startup_vars", "std_streams"]
 
-_DRIVER = r"""
+
+def std_streams(encoding: str, errors: str, buffered: bool) -> None:
+    """Make ``sys.stdin``, ``stdout`` and ``stderr`` anew, as Python's start-up makes them
+    for fds 0, 1 and 2: for a fork whose fds 0-2 were replaced."""
+    streams = []
+    for fd, mode in ((0, "r"), (1, "w"), (2, "w")):
+        tty = os.isatty(fd)
+        raw = mode == "w" and not buffered
+        buf = open(fd, mode + "b", buffering=0 if raw else -1, closefd=False)  # noqa: SIM115
+        stream = io.TextIOWrapper(
+            buf, encoding, "backslashreplace" if fd == 2 else errors, "\n",
+            line_buffering=buffered and (tty or fd == 2), write_through=not buffered)
+        setattr(stream, "mode", mode)  # noqa: B010  (as Python's own std streams have it)
+        streams.append(stream)
+    sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__ = streams
+
+
+_DRIVER = inspect.getsource(std_streams) + r"""
 import array, importlib, io, json, os, resource, runpy, select, signal, socket, sys, time, types
 
 for name in ("bot.app.cli", "bot.app.roost", "bot.app.offers", "channels.telegram"):
@@ -45,20 +64,6 @@ from bot.pluginhost.manager import BUILTIN_PLUGINS
 for name in BUILTIN_PLUGINS:
     importlib.import_module(name)
 
-
-def std_streams(encoding, errors, buffered):
-    # sys.stdin, stdout and stderr as Python's start-up makes them for fds 0, 1 and 2.
-    streams = []
-    for fd, mode in ((0, "r"), (1, "w"), (2, "w")):
-        tty = os.isatty(fd)
-        raw = mode == "w" and not buffered
-        buf = io.open(fd, mode + "b", buffering=0 if raw else -1, closefd=False)
-        stream = io.TextIOWrapper(
-            buf, encoding, "backslashreplace" if fd == 2 else errors, "\n",
-            line_buffering=buffered and (tty or fd == 2), write_through=not buffered)
-        stream.mode = mode
-        streams.append(stream)
-    sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__ = streams
 
 
 def child(sock, job, fds):
@@ -317,8 +322,49 @@ async def _writer(fd: int) -> asyncio.StreamWriter:
     return asyncio.StreamWriter(transport, protocol, None, loop)
 
 
-_forker: _Forker | None = None
-_started = threading.Lock()
+class Forking(Protocol):
+    """A forking process: ``proc`` and ``close()``, which ends it and waits for it."""
+
+    proc: subprocess.Popen[bytes]
+
+    def close(self) -> None: ...
+
+
+F = TypeVar("F", bound=Forking)
+
+
+class OnDemand(Generic[F]):
+    """One forking process made by ``start``: started on first use, again if it ended,
+    and ended by :meth:`close` (or when this process exits)."""
+
+    def __init__(self, start: Callable[[], F]) -> None:
+        self._start = start
+        self._now: F | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> F:
+        with self._lock:
+            if self._now is None or self._now.proc.poll() is not None:
+                self._now = self._start()
+                atexit.register(self.close)
+            return self._now
+
+    def running(self) -> F | None:
+        """The forking process if it runs (none is started)."""
+        with self._lock:
+            now = self._now
+        return now if now is not None and now.proc.poll() is None else None
+
+    def close(self) -> None:
+        """End the forking process, if started: its children's CPU counts as this
+        process's then."""
+        with self._lock:
+            if self._now is not None:
+                self._now.close()
+                self._now = None
+
+
+_forker = OnDemand(_Forker)
 
 Stream = int | IO[Any] | None
 """A child's stream as ``subprocess`` takes it: ``PIPE``, ``DEVNULL``, ``STDOUT`` (for
@@ -369,12 +415,7 @@ def _handing_over(theirs: Sequence[int], ours: Mapping[str, int]) -> Iterator[No
 def _forking(env: Mapping[str, str]) -> _Forker | None:
     """The forking process (started if need be), or ``None`` if ``env`` needs another
     Python start."""
-    global _forker
-    with _started:
-        if _forker is None or _forker.proc.poll() is not None:
-            _forker = _Forker()
-            atexit.register(close)
-        forker = _forker
+    forker = _forker.get()
     return forker if forker.startup == startup_vars(env) else None
 
 
@@ -441,8 +482,4 @@ def popen(args: Sequence[str], *, cwd: Path, env: Mapping[str, str],
 def close() -> None:
     """End the forking process (at the end of the tests): its children's CPU is counted
     then."""
-    global _forker
-    with _started:
-        if _forker is not None:
-            _forker.close()
-            _forker = None
+    _forker.close()
