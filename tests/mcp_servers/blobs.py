@@ -19,5 +19,10 @@ def blob(text: str) -> list[object]:
         uri=f"blobs://blob/{len(text)}", blob=data, mime_type="application/octet-stream"))]
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """Serve on stdio."""
     server.run()
+
+
+if __name__ == "__main__":
+    main()

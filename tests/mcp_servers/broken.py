@@ -2,5 +2,12 @@
 
 import sys
 
-print("broken: missing configuration", file=sys.stderr)
-sys.exit(2)
+
+def main() -> None:
+    """Complain and exit with code 2."""
+    print("broken: missing configuration", file=sys.stderr)
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

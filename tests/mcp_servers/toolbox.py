@@ -147,13 +147,18 @@ def serve_http(port: int) -> None:
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """Serve as the command line says: on stdio, or ``--http PORT``."""
     if len(sys.argv) == 3 and sys.argv[1] == "--http":
         serve_http(int(sys.argv[2]))
-    else:
-        stubborn = os.environ.get("TOOLBOX_STUBBORN") == "1"
-        if stubborn:  # outlives its stdin and SIGTERM: only SIGKILL ends it
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        server.run()
-        if stubborn:
-            time.sleep(600)
+        return
+    stubborn = os.environ.get("TOOLBOX_STUBBORN") == "1"
+    if stubborn:  # outlives its stdin and SIGTERM: only SIGKILL ends it
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    server.run()
+    if stubborn:
+        time.sleep(600)
+
+
+if __name__ == "__main__":
+    main()
