@@ -226,9 +226,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """End the ``roost`` forking processes (tests/cli_forks.py, tests/roost_forks.py) that
-    ran; update tests/durations.json with the tests this run ran (``--store-durations``)."""
-    for forks in ("tests.cli_forks", "tests.roost_forks"):
+    """End the forking processes (tests/cli_forks.py, tests/roost_forks.py,
+    tests/mcp_forks.py) that ran; update tests/durations.json with the tests this run ran
+    (``--store-durations``)."""
+    for forks in ("tests.cli_forks", "tests.roost_forks", "tests.mcp_forks"):
         if forks in sys.modules:
             sys.modules[forks].close()
     config = session.config
