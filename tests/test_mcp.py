@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import socket
@@ -38,14 +39,28 @@ from plugins.mcp.connection import Connection
 from plugins.mcp.manager import CACHE_FILE, McpManager, ToolCache, fingerprint
 from plugins.mcp.naming import MAX_NAME, tool_name, tool_names
 from roost import Tool, ToolContext
+from tests import mcp_forks
+from tests.mcp_forks import SERVERS
 from tests.roost_forks import popen
 
-SERVERS = Path(__file__).parent / "mcp_servers"
 TOOLBOX = str(SERVERS / "toolbox.py")
 
 
 def stdio(**extra: Any) -> dict[str, Any]:
-    return {"command": sys.executable, "args": [TOOLBOX], **extra}
+    """The toolbox on stdio, a fork of a process that imported the SDK (tests/mcp_forks.py)."""
+    return mcp_forks.stdio(TOOLBOX, **extra)
+
+
+def toml_server(name: str, config: dict[str, Any]) -> str:
+    """``config`` as the TOML table ``[mcp.servers.NAME]``."""
+    lines = [f"[mcp.servers.{name}]"]
+    for key, value in config.items():
+        if isinstance(value, dict):
+            value = "{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in value.items()) + " }"
+        else:
+            value = json.dumps(value)
+        lines.append(f"{key} = {value}")
+    return "\n".join(lines) + "\n"
 
 
 def call(name: str, arguments: dict[str, Any] | None = None,
@@ -75,12 +90,13 @@ def offered(app: Roost) -> set[str]:
 
 
 def children() -> set[int]:
-    """This process's live MCP server processes (the scripts in ``tests/mcp_servers``).
+    """This process's live MCP server processes: the scripts in ``tests/mcp_servers`` (and
+    their launchers) and the servers forked for them (:func:`tests.mcp_forks.live`).
 
     Only those: other processes of the worker come and go on their own (a test
     PostgreSQL server's autovacuum workers and backends are its descendants too).
     """
-    found = set()
+    found = set(mcp_forks.live())
     for process in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.NoSuchProcess):
             if process.status() != psutil.STATUS_ZOMBIE and \
@@ -248,7 +264,9 @@ async def test_stdio_server_tools_are_listed_and_called_through_a_run(make: Any)
          call("toolbox__echo_upper", {"text": "quiet"}, "loud")],
         # Lazy, the default, and not listed yet: one process lists the tools and ends,
         # the first call starts another (the other stdio tests start one: eager or cached).
-        mcp={"servers": {"toolbox": stdio()}})
+        # `python toolbox.py` itself, as configured outside the tests: the real cold start
+        # (the other tests fork it, tests/mcp_forks.py).
+        mcp={"servers": {"toolbox": {"command": sys.executable, "args": [TOOLBOX]}}})
     app = chat.app
     await eventually(lambda: "toolbox__add" in offered(app), "tools listed")
     assert {"toolbox__add", "toolbox__echo_upper", "toolbox__crash"} <= offered(app)
@@ -493,11 +511,11 @@ async def test_unused_lazy_and_per_user_servers_are_ended_and_start_again(
     for _ in range(3):
         await chat.ask("pid")
     lazy, mine, eager = (int(r) for r in chat.tool_results())
-    await eventually(lambda: gone(lazy) and gone(mine), "the idle servers ended")
-    assert not gone(eager)  # eager servers stay
     servers = manager(app).servers
-    assert servers["lazy"].status()["state"] == "idle"
-    assert not servers["mine"].users
+    # Ended, and Roost has seen it (a forked server ends before its launcher).
+    await eventually(lambda: gone(lazy) and gone(mine) and not servers["mine"].users
+                     and servers["lazy"].status()["state"] == "idle", "the idle servers ended")
+    assert not gone(eager)  # eager servers stay
     assert {"lazy__pid", "mine__pid"} <= offered(app)  # still offered
     await chat.ask("pid")
     assert int(chat.tool_results("lazy__pid")[-1]) not in (lazy, mine, eager)
@@ -527,8 +545,7 @@ async def test_a_server_that_never_starts_is_reported_and_blocks_nothing(
         toolbox_http: str, make: Any) -> None:
     chat: ChatChannel = await make(
         [call("toolbox__add", {"a": 1, "b": 2}, "three")],
-        mcp={"servers": {"broken": {"command": sys.executable,
-                                    "args": [str(SERVERS / "broken.py")]},
+        mcp={"servers": {"broken": mcp_forks.stdio(SERVERS / "broken.py"),
                          "toolbox": {"url": f"{toolbox_http}/mcp"}}})
     app = chat.app
     await eventually(lambda: "toolbox__add" in offered(app), "the good server listed")
@@ -652,18 +669,9 @@ def test_roost_mcp_list_and_test_report_each_server(toolbox_http: str, tmp_path:
 
     from bot.app.cli import cli
 
-    config = _roost_toml(tmp_path, f"""
-[mcp.servers.toolbox]
-command = {sys.executable!r}
-args = [{TOOLBOX!r}]
-
-[mcp.servers.broken]
-command = {sys.executable!r}
-args = [{str(SERVERS / "broken.py")!r}]
-
-[mcp.servers.web]
-url = "{toolbox_http}/mcp"
-""")
+    config = _roost_toml(tmp_path, toml_server("toolbox", stdio())
+                         + toml_server("broken", mcp_forks.stdio(SERVERS / "broken.py"))
+                         + toml_server("web", {"url": f"{toolbox_http}/mcp"}))
     runner = CliRunner()
     listed = runner.invoke(cli, ["--config", str(config), "mcp", "list"])
     assert listed.exit_code == 1, listed.output
@@ -707,22 +715,9 @@ def test_roost_run_leaves_no_mcp_server_behind(tmp_path: Path) -> None:
     start in the background, and SIGTERM ends Roost and every one of them."""
     import signal
 
-    _roost_toml(tmp_path, f"""
-[mcp.servers.eager]
-command = {sys.executable!r}
-args = [{TOOLBOX!r}]
-startup = "eager"
-
-[mcp.servers.lazy]
-command = {sys.executable!r}
-args = [{TOOLBOX!r}]
-
-[mcp.servers.stubborn]
-command = {sys.executable!r}
-args = [{TOOLBOX!r}]
-env = {{ TOOLBOX_STUBBORN = "1" }}
-startup = "eager"
-""")
+    _roost_toml(tmp_path, toml_server("eager", stdio(startup="eager"))
+                + toml_server("lazy", stdio())
+                + toml_server("stubborn", stdio(env={"TOOLBOX_STUBBORN": "1"}, startup="eager")))
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROOST_")}
     env.update(ROOST_PROVIDER="scripted", ROOST_CONSOLE="1", PYTHONUNBUFFERED="1")
     proc = popen(["run"], cwd=tmp_path, env=env, stdin=subprocess.PIPE,
@@ -738,14 +733,18 @@ startup = "eager"
             return [p for p in roost.children(recursive=True)
                     if TOOLBOX in " ".join(p.cmdline())]
 
-        while len(servers()) < 2:  # the eager ones stay; the lazy one lists and ends
+        # The eager ones stay; the lazy one lists and ends. Each is a launcher (a child
+        # of Roost's) and the server it forked (tests/mcp_forks.py).
+        while len(servers()) < 2 or len(mcp_forks.live()) < 2:
             assert time.monotonic() < deadline, "no MCP server was started"
             time.sleep(0.05)
         started = servers()
+        forked = set(mcp_forks.live())
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         assert not [p for p in started if p.is_running()
                     and p.status() != psutil.STATUS_ZOMBIE]
+        assert forked.isdisjoint(mcp_forks.live())
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -17,10 +17,14 @@ import pytest
 from bot.agents.router import workspace_for
 from bot.testing.app import ChatChannel, app_factory
 from plugins.mcp.files import save_new
+from tests import mcp_forks
 from tests.roost_forks import spawn
-from tests.test_mcp import SERVERS, eventually, manager, offered, stdio
+from tests.test_mcp import SERVERS, eventually, manager, offered, stdio, toml_server
 
-BLOBS = {"command": sys.executable, "args": [str(SERVERS / "blobs.py")], "startup": "eager"}
+
+def blobs_server() -> dict[str, Any]:
+    """The blobs server on stdio (forked, tests/mcp_forks.py), started eagerly."""
+    return mcp_forks.stdio(SERVERS / "blobs.py", startup="eager")
 
 
 @pytest.fixture
@@ -47,7 +51,7 @@ def saved_paths(results: list[str]) -> list[str]:
 async def test_files_returned_in_the_same_second_are_new_files_with_their_own_content(
         make: Any) -> None:
     chat: ChatChannel = await make([blobs("first", "second"), blobs("third")],
-                                   mcp={"servers": {"blobs": BLOBS}})
+                                   mcp={"servers": {"blobs": blobs_server()}})
     app = chat.app
     await eventually(lambda: "blobs__blob" in offered(app), "tools listed")
     workspace = workspace_for(app.settings.workspaces_dir, "console", "user")
@@ -72,7 +76,7 @@ async def test_files_returned_in_the_same_second_are_new_files_with_their_own_co
 async def test_a_link_in_the_workspace_is_never_followed_to_save_a_file(
         make: Any, tmp_path: Path) -> None:
     chat: ChatChannel = await make([blobs("payload")],
-                                   mcp={"servers": {"blobs": BLOBS}})
+                                   mcp={"servers": {"blobs": blobs_server()}})
     app = chat.app
     await eventually(lambda: "blobs__blob" in offered(app), "tools listed")
     outside = tmp_path / "outside"
@@ -106,7 +110,7 @@ async def test_the_first_message_waits_for_new_servers_tools_at_most_their_start
     # that never answers (the wait for it ends at its connect_timeout) and one that fails.
     silent = {"command": sys.executable, "args": ["-c", "import sys; sys.stdin.read()"],
               "connect_timeout": 1.0}
-    broken = {"command": sys.executable, "args": [str(SERVERS / "broken.py")]}
+    broken = mcp_forks.stdio(SERVERS / "broken.py")
     chat: ChatChannel = await make([{"steps": [
         {"tool_calls": [{"name": "toolbox__add", "arguments": {"a": 2, "b": 3}}]},
         {"reply": "five"}]}],
@@ -130,9 +134,8 @@ async def test_roost_runs_first_message_sees_a_new_servers_tools(tmp_path: Path)
     from bot.testing.anthropic import FakeAnthropic
 
     (tmp_path / "roost.toml").write_text(
-        f'data_dir = "{tmp_path / "data"}"\n'
-        f"[mcp.servers.toolbox]\ncommand = {sys.executable!r}\n"
-        f"args = [{str(SERVERS / 'toolbox.py')!r}]\n", encoding="utf-8")
+        f'data_dir = "{tmp_path / "data"}"\n' + toml_server("toolbox", stdio()),
+        encoding="utf-8")
     async with FakeAnthropic() as fake:
         fake.reply_text("hello")
         env = {k: v for k, v in os.environ.items()

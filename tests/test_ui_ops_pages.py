@@ -12,7 +12,6 @@ PostgreSQL too.
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +26,10 @@ from bot.testing.app import ChatChannel, create_app, scripted, settle
 from bot.testing.postgres import PostgresCluster
 from bot.testing.ui import UiClient, clients_by_role, csrf_of, serve_ui
 from bot.ui.queries import access as access_queries
+from tests import mcp_forks
 from tests.test_scheduler import FakeClock
 
-TOOLBOX = str(Path(__file__).parent / "mcp_servers" / "toolbox.py")
+TOOLBOX = mcp_forks.SERVERS / "toolbox.py"
 SCRIPT = "<script>alert('x')</script>"
 IMG = "<img src=x onerror=alert(1)>"
 PASSWORD = "correct horse battery"
@@ -324,8 +324,7 @@ async def test_run_now_runs_a_job_and_pause_stops_it_firing(start: Start) -> Non
 
 async def test_disabling_a_plugin_removes_its_tool_and_an_mcp_server_is_tested(
         start: Start) -> None:
-    ui = await start(mcp={"servers": {"toolbox": {
-        "command": sys.executable, "args": [TOOLBOX], "startup": "lazy"}}})
+    ui = await start(mcp={"servers": {"toolbox": mcp_forks.stdio(TOOLBOX, startup="lazy")}})
     assert "cron" in ui.app.plugins.now.tools
     status, body = await ui.act("admin", "/ui/plugins/disable", {"name": "plugins.cron"})
     assert status == 200 and "plugins.cron is now disabled" in body
