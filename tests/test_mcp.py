@@ -1,8 +1,9 @@
 """MCP servers' tools through real runs: a server written with the SDK (tests/mcp_servers)
 run as a stdio subprocess and as a Streamable HTTP (and SSE) server on 127.0.0.1.
 
-Each start of that server costs most of a second of CPU (importing the SDK), so starts
-are spent where the behaviour needs them: what does not depend on a process of its own
+A stdio server is a fork of a process that imported the SDK (tests/mcp_forks.py) but for
+the first test, which runs ``python toolbox.py`` itself; starts are still spent where the
+behaviour needs them: what does not depend on a process of its own
 (calling, results, timeouts, the error channel, ``/mcp``, SSE) talks to one HTTP server
 per pytest worker (:func:`toolbox_http`); a stdio server is ``eager`` (one start) where
 being lazy is not the point, or its tools are cached (:func:`seed_tool_cache`) where
