@@ -111,6 +111,7 @@ class _Forker:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             text=True, bufsize=1)
         self.lock = threading.Lock()
+        self._read = b""
         atexit.register(self.close)
 
     def python_differs(self, env: Mapping[str, str]) -> bool:
@@ -119,15 +120,22 @@ class _Forker:
         return startup_vars(self.env) != startup_vars(env)
 
     def _line(self, deadline: float | None) -> str:
+        # The pipe is read by hand: a buffered reader may take both of a job's lines (a
+        # command that ends at once) in one read, and select() would then wait for a
+        # second line that is already read.
         assert self.proc.stdout is not None
-        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-        ready, _, _ = select.select([self.proc.stdout], [], [], wait)
-        if not ready:
-            raise TimeoutError
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError("the forking process ended")
-        return line
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._read:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _, _ = select.select([fd], [], [], wait)
+            if not ready:
+                raise TimeoutError
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                raise RuntimeError("the forking process ended")
+            self._read += chunk
+        line, _, self._read = self._read.partition(b"\n")
+        return line.decode()
 
     def run(self, args: list[str], cwd: Path, env: Mapping[str, str], input: str | None,
             timeout: float, blocked: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
