@@ -25,12 +25,10 @@ from urllib.parse import urlencode
 
 from aiogram import Bot
 from aiogram.client.session.aiohttp import AiohttpSession
-from aiogram.client.session.base import BaseSession
 from aiogram.exceptions import TelegramUnauthorizedError
 from aiogram.methods import GetUpdates, TelegramMethod
 from aiogram.methods.base import Response, TelegramType
 from aiogram.types import InputFile, Update
-from aiohttp import TCPConnector
 from aiohttp.payload import BytesPayload
 from pydantic import ValidationError
 
@@ -114,20 +112,10 @@ class TolerantSession(AiohttpSession):
     """
 
     def __init__(self, *, tls: ssl.SSLContext | None = None, **kwargs: Any) -> None:
-        """``tls`` verifies the Bot API server (default: Roost's shared :func:`client_tls`).
-
-        aiogram's own ``__init__`` builds a new TLS context per session; this one sets the
-        same fields (no proxy) with the shared context instead.
-        """
-        BaseSession.__init__(self, **kwargs)
-        self._session = None
-        self._connector_type = TCPConnector
-        self._connector_init = {
-            "ssl": tls or client_tls(), "limit": 100,
-            "ttl_dns_cache": 3600,  # as aiogram: its issue #1500
-        }
-        self._should_reset_connector = True
-        self._proxy = None
+        """``tls`` verifies the Bot API server (default: Roost's shared :func:`client_tls`,
+        in place of the context aiogram makes for each session)."""
+        super().__init__(**kwargs)
+        self._connector_init["ssl"] = tls or client_tls()
         self.reported = Reported()
         self.unusable = 0
         """Updates of the last ``getUpdates`` answer that could not even be confirmed."""
