@@ -125,8 +125,10 @@ class SyncSource:
                 for task in waiting:
                     task.cancel()
                 await asyncio.gather(*waiting, return_exceptions=True)
-            if syncing.done() and not syncing.cancelled() and syncing.exception():
-                raise syncing.exception()  # type: ignore[misc]
+            if syncing.done() and not syncing.cancelled():
+                failed = syncing.exception()
+                if failed is not None:
+                    raise failed
 
     async def sync_forever(self) -> None:
         """Sync until cancelled: each answer handled, then its position recorded."""
