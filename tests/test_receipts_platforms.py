@@ -211,9 +211,14 @@ async def test_on_two_replicas_the_run_ends_elsewhere_and_still_replaces_the_ack
         [reply] = [ts for ts, m in fake_slack.messages.items() if m.text == "second answer"]
         await fake_slack.post_event(fake_slack.reaction(CHANNEL, reply, "-1::skin-tone-3"))
         receiver = apps[1 - runner]
-        async with receiver.store.lock, receiver.store.db.execute(
-                "SELECT run_id, vote, user_id FROM feedback_votes") as cur:
-            votes = await cur.fetchall()
+        votes: list[Any] = []
+        async with asyncio.timeout(10):  # the event is acknowledged before it is handled
+            while not votes:  # a row in the database: no event covers it
+                async with receiver.store.lock, receiver.store.db.execute(
+                        "SELECT run_id, vote, user_id FROM feedback_votes") as cur:
+                    votes = list(await cur.fetchall())
+                if not votes:
+                    await asyncio.sleep(0.02)
         assert [tuple(v) for v in votes] == [
             ((await run_of(apps[runner], second["ts"]))[0], "down", ALICE)]
     finally:
