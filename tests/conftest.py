@@ -12,15 +12,19 @@ many workers, which tests start first, and that Python may cache bytecode.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
+import ssl
 import sys
 import time
+import types
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import aiogram.client.session.aiohttp
 import pytest
 
 from bot.app.roost import Roost
@@ -138,6 +142,23 @@ sys.dont_write_bytecode = False
 # of CPU with it, 3.7-4.1 s without). It stays off until the tests run, which freeze what
 # collection built (never scanned again) and turn it back on.
 gc.disable()
+
+
+class _OneCertifiContext(types.ModuleType):
+    """:mod:`ssl` as aiogram's session module sees it in this suite: the certifi context it
+    makes for every session is made once per process."""
+
+    create_default_context = staticmethod(functools.cache(ssl.create_default_context))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(ssl, name)
+
+
+# aiogram's AiohttpSession makes a new certifi TLS context (~20 ms of CPU) for each session,
+# which TolerantSession replaces at once with Roost's shared client_tls(); the suite makes
+# hundreds of sessions (10 s of CPU). What a session verifies with is unchanged
+# (tests/test_client_tls.py checks that an untrusted certificate is refused).
+aiogram.client.session.aiohttp.ssl = _OneCertifiContext("ssl")  # type: ignore[attr-defined]
 
 
 @pytest.hookimpl(tryfirst=True)
