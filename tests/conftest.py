@@ -36,6 +36,7 @@ from bot.testing.postgres import PostgresCluster
 if TYPE_CHECKING:
     from tests.matrix_server import Synapse
 
+from tests import worker_forks
 from tests.ordering import (
     DURATIONS,
     E2E_SECONDS,
@@ -174,11 +175,26 @@ PACKAGES = ("bot", "channels", "plugins", "roost", "workspaces", "tests", "examp
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
-    """In the controller of an xdist run, compile the project and rewrite the test modules
-    once (tests/precompile.py), before the workers start and import them all at once."""
+    """In the controller of an xdist run, start the process the workers fork from
+    (tests/worker_forks.py), then compile the project and rewrite the test modules once
+    (tests/precompile.py), before the workers start and import them all at once."""
     if getattr(config.option, "tx", None) and not config.getoption("collectonly") \
             and not hasattr(config, "workerinput"):
+        worker_forks.start()
         precompile(config, PACKAGES)
+
+
+def pytest_xdist_setupnodes(config: pytest.Config, specs: list[Any]) -> None:
+    """Start each local worker as a fork of tests/worker_forks.py's forking process."""
+    python = worker_forks.launcher()
+    for spec in specs:
+        if python and spec.popen and not spec.python:
+            spec.python = python
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """End the workers' forking process (the workers have ended)."""
+    worker_forks.close()
 
 
 WORKERS_PER_CPU = 2

@@ -1,7 +1,7 @@
 """The MCP servers of tests/mcp_servers started as forks of one process that imported the SDK.
 
 :func:`stdio` is an ``mcp.servers`` entry whose command is a launcher
-(tests/mcp_servers/launch.py, built-in modules only: milliseconds) that hands its stdin,
+(tests/fork_launch.py, built-in modules only: milliseconds) that hands its stdin,
 stdout, stderr, working directory, environment and arguments to this process's forking
 process (tests/mcp_servers/forker.py, started on first use). That forks a child that
 runs the server's ``main()`` on those very fds; the launcher forwards SIGTERM, SIGINT and
@@ -31,7 +31,7 @@ __all__ = ["LAUNCHER", "SERVERS", "close", "live", "stdio"]
 ROOT = Path(__file__).resolve().parent.parent
 SERVERS = ROOT / "tests" / "mcp_servers"
 """The MCP servers' scripts."""
-LAUNCHER = SERVERS / "launch.py"
+LAUNCHER = ROOT / "tests" / "fork_launch.py"
 
 
 class _Forker:

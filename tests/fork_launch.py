@@ -1,13 +1,14 @@
-"""Starts a server of this directory as a fork of tests/mcp_forks.py's forking process:
-``python -S -I launch.py ADDRESS SCRIPT [ARG...]``.
+"""Starts ``python ARG...`` as a fork of a forking process (tests/forker.py) that imported
+what it needs once: ``python -S -I fork_launch.py ADDRESS ARG...``.
 
-It hands its stdin, stdout, stderr, working directory, environment and ``SCRIPT ARG...``
-to the forking process listening at the Unix socket ADDRESS (tests/mcp_servers/forker.py),
-which forks a child that runs SCRIPT's ``main()`` on those very fds. Then it forwards
-SIGTERM, SIGINT and SIGHUP to the child and exits as the child did: with its exit code, or
-killed by the same signal. When it is killed, the forking process kills the child. If
-nothing listens at ADDRESS, or the forking process declines, it becomes ``python SCRIPT
-ARG...`` (exec). It imports only modules built into the interpreter.
+It hands its stdin, stdout, stderr, working directory, environment and ``ARG...`` to the
+forking process listening at the Unix socket ADDRESS, which forks a child that runs the
+program on those very fds. Then it forwards SIGTERM, SIGINT and SIGHUP to the child and
+exits as the child did: with its exit code, or killed by the same signal. When it is
+killed, the forking process kills the child. If nothing listens at ADDRESS, or the forking
+process declines, it becomes ``python ARG...`` (exec). It imports only modules built into
+the interpreter. Used for the MCP test servers (tests/mcp_forks.py) and the xdist workers
+(tests/worker_forks.py).
 """
 
 import _signal
@@ -20,7 +21,7 @@ FORWARDED = {_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP}
 """The signals the child gets in this process's stead."""
 
 child = -1
-"""A pidfd of the forked server, once there is one."""
+"""A pidfd of the forked child, once there is one."""
 
 
 def forward(signum, frame):
@@ -31,10 +32,9 @@ def forward(signum, frame):
         pass
 
 
-def become_server():
-    """Exec ``python SCRIPT ARG...`` in this process (a forwarded signal that came
-    meanwhile is delivered first, with its default action, as the server would have
-    had it)."""
+def become_python():
+    """Exec ``python ARG...`` in this process (a forwarded signal that came meanwhile is
+    delivered first, with its default action, as that process would have had it)."""
     for signum in FORWARDED:
         _signal.signal(signum, _signal.SIG_DFL)
     _signal.pthread_sigmask(_signal.SIG_UNBLOCK, FORWARDED)
@@ -80,7 +80,7 @@ def main():
         ancdata = []
     if not ancdata:  # it declined, or is not there
         sock.close()
-        become_server()
+        become_python()
     child = int.from_bytes(ancdata[0][2][:4], sys.byteorder)
     null = posix.open("/dev/null", posix.O_RDWR)  # the child alone holds the streams now
     for fd in (0, 1, 2):

@@ -1,0 +1,159 @@
+"""The xdist workers of ``pytest -n`` start as forks of one process that imported, once,
+what the test modules import.
+
+Each worker's command (``python -u -c <execnet's bootstrap>``) gets a launcher in front
+(tests/fork_launch.py): it hands the worker's stdin, stdout, stderr, working directory and
+environment to the forking process ``python -m tests.worker_forks LISTENER CONTROL``
+(tests/forker.py), which the controller starts in ``pytest_configure``. Each worker used
+to import pytest's plugins, Roost and every SDK itself before it could collect: seconds
+of CPU each, while the CPUs had nothing else to do. A worker is still a process of its
+own (its own pid, environment, working directory, streams; signals and its exit pass
+through the launcher), but its parent is the forking process, its ``/proc`` cmdline
+that process's, and all workers share one hash seed. The test modules themselves (and
+``tests.conftest``) are not imported in advance: pytest imports them in each worker,
+with their asserts rewritten. If the imports leave a second thread running, the forking
+process declines every worker (a fork would copy a lock a thread holds) and says so on
+stderr: the launchers then exec the workers as before.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import gc
+import importlib
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from importlib.metadata import entry_points
+from pathlib import Path
+
+from tests.forker import Forker, Program
+
+__all__ = ["close", "launcher", "serve", "start"]
+
+ROOT = Path(__file__).resolve().parent.parent
+LAUNCHER = ROOT / "tests" / "fork_launch.py"
+AHEAD = ("xdist.remote", "execnet", "_pytest.python", "_pytest.fixtures")
+"""What every worker imports that no test module names."""
+
+
+def imported_by_tests(root: Path = ROOT) -> list[str]:
+    """The modules outside ``tests`` that the modules under ``root/tests`` import by name
+    (``from X import y`` counts ``X``, and ``X.y`` when that is a module)."""
+    names: set[str] = set()
+    for path in sorted((root / "tests").rglob("*.py")):
+        try:
+            tree = ast.parse(path.read_bytes())
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names.add(node.module)
+                names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return sorted(n for n in names if n.split(".")[0] not in ("tests", "__future__"))
+
+
+def import_ahead(names: list[str]) -> None:
+    """Import pytest's plugins and ``names`` (those that exist and import cleanly)."""
+    for plugin in entry_points(group="pytest11"):
+        with contextlib.suppress(Exception):
+            plugin.load()
+    for name in [*AHEAD, *names]:
+        parent, _, attribute = name.rpartition(".")
+        if parent in sys.modules and hasattr(sys.modules[parent], attribute):
+            continue  # a name in a module, not a module
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
+
+
+def worker(args: list[str]) -> Program | None:
+    """``-u [-B] -c <bootstrap>`` (an xdist worker, as execnet starts it) as a program."""
+    from execnet.gateway_io import popen_bootstrapline
+
+    *flags, dash_c, code = args if len(args) >= 2 else ["", "", ""]
+    if dash_c != "-c" or code != popen_bootstrapline or not set(flags) <= {"-u", "-B"}:
+        return None
+
+    def main() -> None:
+        exec(code, sys.modules["__main__"].__dict__)  # what -c runs
+
+    return Program(main, ["-c"], "", unbuffered="-u" in flags, write_bytecode="-B" not in flags)
+
+
+def threads() -> int:
+    """How many threads this process runs."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def serve(listener: int, control: int) -> None:
+    """Import ahead, then serve the workers' launchers on ``listener`` and ``control``."""
+    gc.disable()  # while importing: what is imported here lives as long as the process
+    import_ahead(imported_by_tests())
+    programs = worker
+    if threads() > 1:
+        print(f"tests/worker_forks.py: {threads()} threads after the imports; the xdist "
+              "workers start as their own processes", file=sys.stderr)
+        programs = lambda args: None  # noqa: E731
+    gc.freeze()  # never scanned again, nor copied into a child by the scan
+    gc.enable()
+    Forker(socket.socket(fileno=listener), socket.socket(fileno=control), programs).serve()
+
+
+class _Forking:
+    """The forking process, listening at ``address``."""
+
+    def __init__(self) -> None:
+        self.home = tempfile.mkdtemp(prefix="roost-worker-forks-")  # this user's alone
+        self.address = os.path.join(self.home, "socket")
+        self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with listener, theirs:
+            listener.bind(self.address)
+            listener.listen(64)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.worker_forks", str(listener.fileno()),
+                 str(theirs.fileno())], cwd=ROOT, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, pass_fds=[listener.fileno(), theirs.fileno()])
+
+    def close(self) -> None:
+        """End the forking process (it kills its children left) and wait for it."""
+        self.control.close()
+        self.proc.wait()
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+_forking: _Forking | None = None
+
+
+def start() -> None:
+    """Start the forking process (in the controller, before the workers)."""
+    global _forking
+    if _forking is None:
+        _forking = _Forking()
+
+
+def launcher() -> str | None:
+    """The ``python`` of an execnet ``popen`` spec that starts the worker as a fork, or
+    ``None`` if the forking process was not started."""
+    if _forking is None:
+        return None
+    return shlex.join([sys.executable, "-S", "-I", str(LAUNCHER), _forking.address])
+
+
+def close() -> None:
+    """End the forking process, after the workers ended."""
+    global _forking
+    if _forking is not None:
+        _forking.close()
+        _forking = None
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]), int(sys.argv[2]))
