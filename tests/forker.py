@@ -51,8 +51,6 @@ def parse_environ(raw: bytes) -> dict[str, str]:
 with open("/proc/self/environ", "rb") as block:
     STARTED = parse_environ(block.read())
 """The environment this process was started with."""
-ADDED = {k: v for k, v in os.environ.items() if k not in STARTED}
-"""What Python's start-up added to it (``LC_CTYPE``, PEP 538): a child gets it too."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +91,9 @@ class Forker:
         """Launchers connected that have not sent their request yet, by fd."""
         self.children: dict[int, Child] = {}
         """By the fd of their launcher's socket."""
+        self.added = {k: v for k, v in os.environ.items() if STARTED.get(k) != v}
+        """What Python's start-up (``LC_CTYPE``, PEP 538) and the imports since set in the
+        environment: a child gets it too, as it would have had it importing them itself."""
         self.pid = os.getpid()
         self.prctl = ctypes.CDLL(None, use_errno=True).prctl
 
@@ -191,7 +192,7 @@ class Forker:
         env = parse_environ(raw)
         if program is None or startup_vars(env) != startup_vars(STARTED):
             return None
-        return program, {**ADDED, **env}
+        return program, {**self.added, **env}
 
     def child(self, fds: Sequence[int], program: Program, env: dict[str, str]) -> NoReturn:
         """In the fork: become ``python ARG...`` on the launcher's fds and run the program;
