@@ -197,12 +197,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     worker_forks.close()
 
 
-WORKERS_PER_CPU = 2
-"""``-n auto`` starts this many workers per CPU: most tests wait on sockets, timers and
-other processes rather than compute, so one worker per CPU leaves the CPUs idle."""
+WORKERS_PER_CPU = 2.5
+"""``-n auto`` starts this many workers per CPU (rounded down): most tests wait on sockets,
+timers and other processes rather than compute, so one worker per CPU leaves the CPUs idle;
+a worker is a fork (tests/worker_forks.py), so one more costs little."""
 MAX_WORKERS = 16
-"""...but no more than this: each worker collects the whole suite (seconds of CPU) and
-may start its own PostgreSQL server and Chromium."""
+"""...but no more than this: each worker may start its own PostgreSQL server, Dovecot and
+Chromium."""
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
@@ -213,7 +214,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None
-    return min(WORKERS_PER_CPU * len(os.sched_getaffinity(0)), MAX_WORKERS)
+    return max(1, min(int(WORKERS_PER_CPU * len(os.sched_getaffinity(0))), MAX_WORKERS))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

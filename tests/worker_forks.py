@@ -29,12 +29,13 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
 
 from tests.forker import Forker, Program
 
-__all__ = ["close", "launcher", "serve", "start"]
+__all__ = ["Forking", "close", "launcher", "serve", "start"]
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCHER = ROOT / "tests" / "fork_launch.py"
@@ -96,10 +97,15 @@ def threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def serve(listener: int, control: int) -> None:
-    """Import ahead, then serve the workers' launchers on ``listener`` and ``control``."""
+def serve(listener: int, control: int, modules: list[str]) -> None:
+    """Import ahead (``modules``, or else pytest's plugins and what the tests import), then
+    serve the workers' launchers on ``listener`` and ``control``."""
     gc.disable()  # while importing: what is imported here lives as long as the process
-    import_ahead(imported_by_tests())
+    if modules:
+        for name in modules:
+            importlib.import_module(name)
+    else:
+        import_ahead(imported_by_tests())
     programs = worker
     if threads() > 1:
         print(f"tests/worker_forks.py: {threads()} threads after the imports; the xdist "
@@ -110,10 +116,11 @@ def serve(listener: int, control: int) -> None:
     Forker(socket.socket(fileno=listener), socket.socket(fileno=control), programs).serve()
 
 
-class _Forking:
-    """The forking process, listening at ``address``."""
+class Forking:
+    """The forking process (``modules`` to import ahead, else what the tests import),
+    listening at ``address``; its stderr goes to ``stderr`` (default: this process's)."""
 
-    def __init__(self) -> None:
+    def __init__(self, modules: Sequence[str] = (), stderr: int | None = None) -> None:
         self.home = tempfile.mkdtemp(prefix="roost-worker-forks-")  # this user's alone
         self.address = os.path.join(self.home, "socket")
         self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -123,8 +130,21 @@ class _Forking:
             listener.listen(64)
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tests.worker_forks", str(listener.fileno()),
-                 str(theirs.fileno())], cwd=ROOT, stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, pass_fds=[listener.fileno(), theirs.fileno()])
+                 str(theirs.fileno()), *modules], cwd=ROOT, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=stderr,
+                pass_fds=[listener.fileno(), theirs.fileno()])
+
+    def python(self) -> str:
+        """The ``python`` of an execnet ``popen`` spec that starts it as a fork."""
+        return shlex.join([sys.executable, "-S", "-I", str(LAUNCHER), self.address])
+
+    def live(self) -> list[int]:
+        """The pids of its children still running."""
+        self.control.send(b"live")
+        answer = self.control.recv(1 << 16)
+        if not answer.startswith(b"live:"):
+            raise RuntimeError("the workers' forking process ended")
+        return [int(pid) for pid in answer[5:].split()]
 
     def close(self) -> None:
         """End the forking process (it kills its children left) and wait for it."""
@@ -133,22 +153,20 @@ class _Forking:
         shutil.rmtree(self.home, ignore_errors=True)
 
 
-_forking: _Forking | None = None
+_forking: Forking | None = None
 
 
 def start() -> None:
     """Start the forking process (in the controller, before the workers)."""
     global _forking
     if _forking is None:
-        _forking = _Forking()
+        _forking = Forking()
 
 
 def launcher() -> str | None:
     """The ``python`` of an execnet ``popen`` spec that starts the worker as a fork, or
     ``None`` if the forking process was not started."""
-    if _forking is None:
-        return None
-    return shlex.join([sys.executable, "-S", "-I", str(LAUNCHER), _forking.address])
+    return None if _forking is None else _forking.python()
 
 
 def close() -> None:
@@ -160,4 +178,4 @@ def close() -> None:
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]), int(sys.argv[2]))
+    serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:])
