@@ -209,8 +209,14 @@ async def test_on_two_replicas_the_run_ends_elsewhere_and_still_replaces_the_ack
         assert [(c.params["name"], c.error) for c in removed] == [("eyes", "")]
         # A 👎 on the reply, received by the replica that did not run it, is stored with the run.
         [reply] = [ts for ts, m in fake_slack.messages.items() if m.text == "second answer"]
-        await fake_slack.post_event(fake_slack.reaction(CHANNEL, reply, "-1::skin-tone-3"))
         receiver = apps[1 - runner]
+        name = slack_channel(receiver).name
+        async with asyncio.timeout(10):  # the runner records the reply's ts once Slack answered
+            while True:  # a row in the database: no event covers it
+                if await receiver.inbox.reply_run(name, CHANNEL, reply) is not None:
+                    break
+                await asyncio.sleep(0.02)
+        await fake_slack.post_event(fake_slack.reaction(CHANNEL, reply, "-1::skin-tone-3"))
         votes: list[Any] = []
         async with asyncio.timeout(10):  # the event is acknowledged before it is handled
             while not votes:  # a row in the database: no event covers it
