@@ -24,7 +24,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import aiogram.client.session.aiohttp
 import pytest
 
 from bot.app.roost import Roost
@@ -155,11 +154,14 @@ class _OneCertifiContext(types.ModuleType):
         return getattr(ssl, name)
 
 
-# aiogram's AiohttpSession makes a new certifi TLS context (~20 ms of CPU) for each session,
-# which TolerantSession replaces at once with Roost's shared client_tls(); the suite makes
-# hundreds of sessions (10 s of CPU). What a session verifies with is unchanged
-# (tests/test_client_tls.py checks that an untrusted certificate is refused).
-aiogram.client.session.aiohttp.ssl = _OneCertifiContext("ssl")  # type: ignore[attr-defined]
+def one_certifi_context() -> None:
+    """aiogram's AiohttpSession makes a new certifi TLS context (~20 ms of CPU) for each
+    session, which TolerantSession replaces at once with Roost's shared client_tls(); the
+    suite makes hundreds of sessions. What a session verifies with is unchanged
+    (tests/test_client_tls.py checks that an untrusted certificate is refused)."""
+    import aiogram.client.session.aiohttp
+
+    aiogram.client.session.aiohttp.ssl = _OneCertifiContext("ssl")  # type: ignore[attr-defined]
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -177,9 +179,11 @@ PACKAGES = ("bot", "channels", "plugins", "roost", "workspaces", "tests", "examp
 def pytest_configure(config: pytest.Config) -> None:
     """In the controller of an xdist run, start the process the workers fork from
     (tests/worker_forks.py), then compile the project and rewrite the test modules once
-    (tests/precompile.py), before the workers start and import them all at once."""
-    if getattr(config.option, "tx", None) and not config.getoption("collectonly") \
-            and not hasattr(config, "workerinput"):
+    (tests/precompile.py), before the workers start and import them all at once; in a
+    process that runs tests, :func:`one_certifi_context`."""
+    if not getattr(config.option, "tx", None) or hasattr(config, "workerinput"):
+        one_certifi_context()  # a process that runs tests
+    elif not config.getoption("collectonly"):
         worker_forks.start()
         precompile(config, PACKAGES)
 
