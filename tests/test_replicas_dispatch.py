@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import inspect
 import json
 import os
 import random
@@ -140,6 +141,32 @@ async def _idle(pair: Pair) -> None:
         assert app.dispatcher.replicas is not None
         await asyncio.wait_for(app.dispatcher.replicas.releases_done(), 60)
     assert await pair.apps[0].inbox.unfinished() == []
+
+
+async def test_a_message_the_holder_records_waits_for_an_older_one_the_other_recorded(
+        make_pair: Any) -> None:
+    """The holder's wake-up for an entry the other replica recorded may come after the
+    holder records a newer one itself (a loaded fresh-clone run had it): the newer one
+    still runs second."""
+    pair: Pair = await make_pair(hold="m0")
+    holder = pair.apps[1]  # its model holds m0, so it holds the session
+    await pair.deliver(0, 1)
+    await asyncio.wait_for(pair.providers[1].holding.wait(), 30)
+    assert holder.dispatcher.replicas is not None
+    listener = holder.dispatcher.replicas._listener
+    assert listener is not None
+    woken, late = listener.on_wake, []
+    listener.on_wake = late.append  # the holder's wake-ups are late...
+    await pair.deliver(1, 0)  # ...for m1, recorded by the other replica
+    await pair.deliver(2, 1)  # m2, recorded by the holder itself
+    listener.on_wake = woken
+    for key in late:
+        if inspect.isawaitable(wake := woken(key)):
+            await wake
+    pair.providers[1].release.set()
+    await pair.answered(3)
+    await _idle(pair)
+    assert pair.seen == ["re:m0 after 0", "re:m1 after 1", "re:m2 after 2"]
 
 
 async def test_messages_delivered_to_either_replica_are_answered_once_in_order(

@@ -185,11 +185,14 @@ class ReplicaWork:
         if entry.session_key in self.held and entry.session_key not in self._backlogged:
             async with self._lock:
                 seen = self._seen.setdefault(entry.session_key, set())
-                if entry.session_key in self.held and entry.id not in seen:
+                if entry.id in seen:
+                    return
+                # An older entry another replica recorded, whose wake-up has not come yet,
+                # runs first: the claim below reads them all in order.
+                if entry.session_key in self.held and seen.issuperset(
+                        await self.claims.open_before(entry.session_key, entry.id)):
                     seen.add(entry.id)
                     await self.admit([entry])
-                    return
-                if entry.id in seen:
                     return
         if entry.session_key in self.held:
             self._dirty.add(entry.session_key)  # a backlog: read after the older entries

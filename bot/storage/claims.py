@@ -216,6 +216,16 @@ class Claims:
         self.live = await transaction(self.db, self.lock, body)
         return kept
 
+    async def open_before(self, key: str, entry_id: int,
+                          limit: int = PER_SESSION) -> tuple[int, ...]:
+        """The open entries of session ``key`` older than ``entry_id`` (at most ``limit``,
+        oldest first): what must run before it, whichever replica recorded them."""
+        async with self.lock:
+            rows = await self.db.execute_fetchall(
+                "SELECT id FROM inbox WHERE session_key = ? AND state IN ('pending', 'running')"
+                " AND id < ? ORDER BY id LIMIT ?", (key, entry_id, limit))
+        return tuple(int(r[0]) for r in rows)
+
     async def release(self, key: str, per_session: int = PER_SESSION) -> tuple[int, ...]:
         """Give up the lease on ``key`` if its entries are all done; else keep it and
         return the open entries (arrived meanwhile; at most ``per_session``), oldest
