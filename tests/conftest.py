@@ -155,9 +155,9 @@ class _OneCertifiContext(types.ModuleType):
 
 
 def one_certifi_context() -> None:
-    """aiogram's AiohttpSession makes a new certifi TLS context (~20 ms of CPU) for each
-    session, which TolerantSession replaces at once with Roost's shared client_tls(); the
-    suite makes hundreds of sessions. What a session verifies with is unchanged
+    """Make aiogram's certifi TLS context once per process: AiohttpSession makes one for
+    each session, which TolerantSession replaces at once with Roost's shared client_tls(),
+    and the suite makes hundreds of sessions. What a session verifies with is unchanged
     (tests/test_client_tls.py checks that an untrusted certificate is refused)."""
     import aiogram.client.session.aiohttp
 

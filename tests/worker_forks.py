@@ -4,12 +4,12 @@ what the test modules import.
 Each worker's command (``python -u -c <execnet's bootstrap>``) gets a launcher in front
 (tests/fork_launch.py): it hands the worker's stdin, stdout, stderr, working directory and
 environment to the forking process ``python -m tests.worker_forks LISTENER CONTROL``
-(tests/forker.py), which the controller starts in ``pytest_configure``. Each worker used
-to import pytest's plugins, Roost and every SDK itself before it could collect: seconds
-of CPU each, while the CPUs had nothing else to do. A worker is still a process of its
-own (its own pid, environment, working directory, streams; signals and its exit pass
-through the launcher), but its parent is the forking process, its ``/proc`` cmdline
-that process's, and all workers share one hash seed. The test modules themselves (and
+(tests/forker.py), which the controller starts in ``pytest_configure``, so that the
+workers do not each import pytest's plugins, Roost and every SDK before they can collect
+(bench/README.md, "Forked xdist workers"). A worker is still a process of its own (its
+own pid, environment, working directory, streams; signals and its exit pass through the
+launcher), but its parent is the forking process, its ``/proc`` cmdline that process's,
+and all workers share one hash seed. The test modules themselves (and
 ``tests.conftest``) are not imported in advance: pytest imports them in each worker,
 with their asserts rewritten. If the imports leave a second thread running, the forking
 process declines every worker (a fork would copy a lock a thread holds) and says so on
