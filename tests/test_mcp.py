@@ -732,8 +732,12 @@ def test_roost_run_leaves_no_mcp_server_behind(tmp_path: Path) -> None:
         roost = psutil.Process(proc.pid)
 
         def servers() -> list[psutil.Process]:
-            return [p for p in roost.children(recursive=True)
-                    if TOOLBOX in " ".join(p.cmdline())]
+            found = []
+            for p in roost.children(recursive=True):
+                with contextlib.suppress(psutil.NoSuchProcess):  # ended (a zombie) meanwhile
+                    if TOOLBOX in " ".join(p.cmdline()):
+                        found.append(p)
+            return found
 
         # The eager ones stay; the lazy one lists and ends. Each is a launcher (a child
         # of Roost's) and the server it forked (tests/mcp_forks.py).
