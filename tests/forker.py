@@ -23,19 +23,26 @@ import marshal
 import os
 import random
 import select
+import shutil
 import signal
 import socket
 import struct
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NoReturn
 
 from tests.roost_forks import startup_vars, std_streams
 
 PR_SET_PDEATHSIG = 1
+ROOT = Path(__file__).resolve().parent.parent
+LAUNCHER = ROOT / "tests" / "fork_launch.py"
 
 
 def parse_environ(raw: bytes) -> dict[str, str]:
@@ -220,3 +227,47 @@ class Forker:
         sys.modules["__main__"] = types.ModuleType("__main__")
         program.main()
         sys.exit(0)
+
+
+class Forking:
+    """A forking process, seen from the process that started it: ``python -m MODULE
+    LISTENER CONTROL ARG...`` (a module serving :class:`Forker` on those two sockets),
+    listening at ``address``, with ``env`` (default: this process's) and its stderr on
+    ``stderr`` (default: this process's)."""
+
+    def __init__(self, module: str, *args: str, env: Mapping[str, str] | None = None,
+                 stderr: int | None = None) -> None:
+        self.home = tempfile.mkdtemp(prefix="roost-forks-")  # this user's alone
+        self.address = os.path.join(self.home, "socket")
+        self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with listener, theirs:
+            listener.bind(self.address)
+            listener.listen(64)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", module, str(listener.fileno()), str(theirs.fileno()),
+                 *args], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=stderr,
+                pass_fds=[listener.fileno(), theirs.fileno()])
+        self.lock = threading.Lock()
+
+    def launcher(self) -> list[str]:
+        """The command that runs ``python ARG...`` as a fork (``ARG...`` appended)."""
+        return [sys.executable, "-S", "-I", str(LAUNCHER), self.address]
+
+    def live(self) -> list[int]:
+        """The pids of its children still running, once it has dealt with every launcher
+        that went away before."""
+        with self.lock:
+            self.control.send(b"live")
+            answer = self.control.recv(1 << 16)
+        if not answer.startswith(b"live:"):
+            raise RuntimeError(f"the forking process {self.proc.args[2]} ended")
+        return [int(pid) for pid in answer[5:].split()]
+
+    def close(self) -> None:
+        """End the forking process (it kills its children left) and wait for it, so its
+        children's CPU counts as this process's."""
+        self.control.close()
+        self.proc.wait()
+        shutil.rmtree(self.home, ignore_errors=True)

@@ -19,7 +19,8 @@ import psutil
 import pytest
 from execnet.gateway_io import popen_bootstrapline
 
-from tests.worker_forks import Forking, worker
+from tests.forker import Forking
+from tests.worker_forks import forking, python, worker
 
 PROBE = """
 import os, sys
@@ -38,6 +39,14 @@ def gone(pid: int) -> bool:
         return True
 
 
+def command_has(process: psutil.Process, word: str) -> bool:
+    """Whether ``word`` is an argument of ``process`` (not when it ended meanwhile)."""
+    try:
+        return word in process.cmdline()
+    except psutil.NoSuchProcess:  # a zombie too
+        return False
+
+
 def wait_until_gone(pid: int, seconds: float = 10.0) -> bool:
     deadline = time.monotonic() + seconds
     while not gone(pid):
@@ -48,10 +57,10 @@ def wait_until_gone(pid: int, seconds: float = 10.0) -> bool:
 
 
 @pytest.fixture
-def forking() -> Iterator[Forking]:
-    forks = Forking(["json"])
-    yield forks
-    forks.close()
+def forks() -> Iterator[Forking]:
+    started = forking(["json"])
+    yield started
+    started.close()
 
 
 def probe(gateway: execnet.Gateway) -> dict[str, Any]:
@@ -71,32 +80,32 @@ def test_only_execnets_bootstrap_runs_as_a_worker() -> None:
 
 
 def test_a_worker_runs_as_a_fork_on_the_launchers_streams_directory_and_environment(
-        forking: Forking, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        forks: Forking, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("ROOST_FORK_MARK", "launcher's")
-    gateway = execnet.makegateway(f"popen//python={forking.python()}")
+    gateway = execnet.makegateway(f"popen//python={python(forks)}")
     try:
         seen = probe(gateway)
-        assert seen["ppid"] == forking.proc.pid  # a fork of the forking process
+        assert seen["ppid"] == forks.proc.pid  # a fork of the forking process
         assert seen["argv"] == ["-c"] and seen["cwd"] == str(tmp_path)
         assert seen["mark"] == "launcher's" and seen["ahead"] == ["json"]
         assert seen["main"]  # a __main__ of its own, not the forking process's
-        assert forking.live() == [seen["pid"]]
+        assert forks.live() == [seen["pid"]]
     finally:
         gateway.exit()
     assert wait_until_gone(seen["pid"])
-    assert forking.live() == []
+    assert forks.live() == []
 
 
-def test_killing_the_launcher_ends_its_worker(forking: Forking) -> None:
-    gateway = execnet.makegateway(f"popen//python={forking.python()}")
+def test_killing_the_launcher_ends_its_worker(forks: Forking) -> None:
+    gateway = execnet.makegateway(f"popen//python={python(forks)}")
     seen = probe(gateway)
-    launcher = gateway._io.popen  # type: ignore[attr-defined]
+    [launcher] = [p for p in psutil.Process().children() if command_has(p, forks.address)]
     assert launcher.pid != seen["pid"] and not gone(seen["pid"])
-    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.send_signal(signal.SIGKILL)
     launcher.wait(timeout=10)
     assert wait_until_gone(seen["pid"])
-    assert forking.live() == []
+    assert forks.live() == []
 
 
 def test_a_forking_process_left_with_a_thread_declines_and_the_worker_execs(
@@ -107,9 +116,9 @@ def test_a_forking_process_left_with_a_thread_declines_and_the_worker_execs(
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the forking process's and the launcher's
     log = tmp_path / "forking.log"
     with log.open("wb") as stderr:
-        forks = Forking(["threaded"], stderr=stderr.fileno())
+        forks = forking(["threaded"], stderr=stderr.fileno())
     try:
-        gateway = execnet.makegateway(f"popen//python={forks.python()}")
+        gateway = execnet.makegateway(f"popen//python={python(forks)}")
         try:
             seen = probe(gateway)
         finally:

@@ -24,21 +24,17 @@ import importlib
 import os
 import re
 import shlex
-import shutil
 import socket
-import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from tests.forker import Forker, Program
+from tests.forker import Forker, Forking, Program
 
-__all__ = ["Forking", "close", "launcher", "serve", "start"]
+__all__ = ["close", "forking", "launcher", "python", "serve", "start"]
 
 ROOT = Path(__file__).resolve().parent.parent
-LAUNCHER = ROOT / "tests" / "fork_launch.py"
 AHEAD = ("xdist.remote", "execnet", "_pytest.python", "_pytest.fixtures")
 """What every worker imports that no test module names."""
 
@@ -116,41 +112,15 @@ def serve(listener: int, control: int, modules: list[str]) -> None:
     Forker(socket.socket(fileno=listener), socket.socket(fileno=control), programs).serve()
 
 
-class Forking:
-    """The forking process (``modules`` to import ahead, else what the tests import),
-    listening at ``address``; its stderr goes to ``stderr`` (default: this process's)."""
+def forking(modules: Sequence[str] = (), stderr: int | None = None) -> Forking:
+    """Start a forking process for workers (``modules`` to import ahead, else what the
+    tests import); its stderr goes to ``stderr`` (default: this process's)."""
+    return Forking("tests.worker_forks", *modules, stderr=stderr)
 
-    def __init__(self, modules: Sequence[str] = (), stderr: int | None = None) -> None:
-        self.home = tempfile.mkdtemp(prefix="roost-worker-forks-")  # this user's alone
-        self.address = os.path.join(self.home, "socket")
-        self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        with listener, theirs:
-            listener.bind(self.address)
-            listener.listen(64)
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.worker_forks", str(listener.fileno()),
-                 str(theirs.fileno()), *modules], cwd=ROOT, stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=stderr,
-                pass_fds=[listener.fileno(), theirs.fileno()])
 
-    def python(self) -> str:
-        """The ``python`` of an execnet ``popen`` spec that starts it as a fork."""
-        return shlex.join([sys.executable, "-S", "-I", str(LAUNCHER), self.address])
-
-    def live(self) -> list[int]:
-        """The pids of its children still running."""
-        self.control.send(b"live")
-        answer = self.control.recv(1 << 16)
-        if not answer.startswith(b"live:"):
-            raise RuntimeError("the workers' forking process ended")
-        return [int(pid) for pid in answer[5:].split()]
-
-    def close(self) -> None:
-        """End the forking process (it kills its children left) and wait for it."""
-        self.control.close()
-        self.proc.wait()
-        shutil.rmtree(self.home, ignore_errors=True)
+def python(forks: Forking) -> str:
+    """The ``python`` of an execnet ``popen`` spec that starts the worker as a fork."""
+    return shlex.join(forks.launcher())
 
 
 _forking: Forking | None = None
@@ -160,13 +130,13 @@ def start() -> None:
     """Start the forking process (in the controller, before the workers)."""
     global _forking
     if _forking is None:
-        _forking = Forking()
+        _forking = forking()
 
 
 def launcher() -> str | None:
     """The ``python`` of an execnet ``popen`` spec that starts the worker as a fork, or
     ``None`` if the forking process was not started."""
-    return None if _forking is None else _forking.python()
+    return None if _forking is None else python(_forking)
 
 
 def close() -> None:
